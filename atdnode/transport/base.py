@@ -1,13 +1,20 @@
 """The transport interface the daemon talks to: gossip topics plus framed request streams.
 
-Two implementations pass the same tests: `Libp2pTransport` (py-libp2p, Noise + yamux,
-GossipSub) and `MemoryTransport` (one process, for tests and netsim's in-memory back-end).
-Everything is trio-based. A transport never verifies ledger entries itself: the daemon
-passes a `validator` to `subscribe`, and only messages it accepts are delivered or relayed.
+Two implementations pass the same tests (tests/test_transport_contract.py):
+`Libp2pTransport` (py-libp2p, Noise + yamux, GossipSub) and `MemoryTransport` (one
+process, for tests and netsim's in-memory back-end). Everything is trio-based.
 
-Frames on streams are length-prefixed (4-byte big-endian length, then payload) because a
-libp2p stream's `read()` returns whatever happens to be buffered. A frame above
-`max_size` is a protocol violation: the reader raises `FrameError` and the stream is reset.
+Gossip. A transport never verifies ledger entries itself: the daemon passes a
+`validator` to `subscribe`, and only messages it accepts are delivered to the handler or
+relayed to other peers. A node's own publications are neither validated nor delivered to
+its own handler. `from_peer` (validator and handler) is the neighbour that forwarded the
+message to us, not necessarily its originator. Messages are at most `MAX_GOSSIP` bytes.
+
+Streams. Frames are length-prefixed (4-byte big-endian length, then payload) because a
+libp2p stream's `read()` returns whatever happens to be buffered (see framing.py). A frame
+above the reader's `max_size` is a protocol violation: the reader resets the stream and
+raises `FrameError`. A clean end of stream at a frame boundary raises `StreamClosed`;
+an end in the middle of a frame is a `FrameError`.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Awaitable, Callable
 
 MAX_FRAME = 8 << 20  # 8 MiB: one blob chunk plus headers fits with room to spare
+MAX_GOSSIP = (1 << 20) - (8 << 10)  # gossipsub drops RPCs > 1 MiB; keep room for the envelope
 
 
 class TransportError(Exception):
@@ -26,45 +34,65 @@ class FrameError(TransportError):
     """A frame was oversized, truncated or malformed; the stream it came on is closed."""
 
 
+class StreamClosed(TransportError):
+    """The peer closed its side cleanly (end of stream at a frame boundary)."""
+
+
 class Stream(ABC):
-    """A bidirectional stream to one peer, carrying length-prefixed frames."""
+    """A bidirectional stream to one peer, carrying length-prefixed frames.
+
+    `remote_peer` is the peer id; `remote_host` is the peer's IP address when the stream
+    runs over IP (libp2p), else None (in-memory). `protocol` is the negotiated protocol id.
+    """
 
     remote_peer: str
+    remote_host: str | None = None
+    protocol: str = ""
 
     @abstractmethod
     async def read_frame(self, max_size: int = MAX_FRAME) -> bytes:
-        """Return the next whole frame; raise FrameError (oversize/truncated) or TransportError (closed)."""
+        """Return the next whole frame.
+
+        Raises FrameError (oversize: the stream is reset; truncated), StreamClosed (clean
+        end of stream) or TransportError (reset / broken).
+        """
 
     @abstractmethod
     async def write_frame(self, data: bytes) -> None:
-        """Send one frame."""
+        """Send one frame (TransportError if the stream is closed or broken)."""
 
     @abstractmethod
     async def close(self) -> None:
-        """Close our side; the peer's next read sees end of stream."""
+        """Close our side; the peer's next read sees end of stream. Never raises."""
 
     @abstractmethod
     async def reset(self) -> None:
-        """Abort the stream in both directions (used on protocol violations)."""
+        """Abort the stream in both directions (used on protocol violations). Never raises."""
 
 
-# (stream) -> None; runs in the transport's nursery, one task per inbound stream.
+# (stream) -> None; runs in the transport's nursery, one task per inbound stream. The
+# transport closes the stream when the handler returns and logs (never propagates) errors.
 StreamHandler = Callable[[Stream], Awaitable[None]]
-# (data, from_peer) -> accept? Called before delivery and before relaying; must be cheap.
+# (data, from_peer) -> accept? Called before delivery and before relaying; must be cheap
+# and must not block (it runs on the event loop). An exception counts as "reject".
 Validator = Callable[[bytes, str], bool]
-# (data, from_peer) -> None
+# (data, from_peer) -> None; called for accepted messages, one at a time per topic.
 MessageHandler = Callable[[bytes, str], Awaitable[None]]
 # (peer_id) -> None, called when a connection to a new peer is up.
 PeerListener = Callable[[str], Awaitable[None]]
 
 
 class Transport(ABC):
-    """One node's network endpoint. Use as: `async with transport.run(listen): ...`."""
+    """One node's network endpoint. Use as: `async with transport.run(listen): ...`.
+
+    Subscriptions, handlers and listeners may be registered before or inside `run`.
+    Leaving `run` closes every connection and stream and cancels every task it started.
+    """
 
     @property
     @abstractmethod
     def peer_id(self) -> str:
-        """This node's peer id (`12D3KooW...` for libp2p)."""
+        """This node's peer id (`12D3KooW...`, derived from its Ed25519 key)."""
 
     @abstractmethod
     def run(self, listen: list[str]) -> AbstractAsyncContextManager[None]:
@@ -84,15 +112,19 @@ class Transport(ABC):
 
     @abstractmethod
     def on_peer_connected(self, listener: PeerListener) -> None:
-        """Register a coroutine called for every newly connected peer (either direction)."""
+        """Register a coroutine called once for every newly connected peer (either direction)."""
 
     @abstractmethod
     async def subscribe(self, topic: str, handler: MessageHandler, validator: Validator) -> None:
         """Receive gossip on `topic`; `validator` rejects messages before delivery and relay."""
 
     @abstractmethod
+    def topic_peers(self, topic: str) -> list[str]:
+        """Connected peers known to be subscribed to `topic` (publish reaches them)."""
+
+    @abstractmethod
     async def publish(self, topic: str, data: bytes) -> None:
-        """Gossip `data` (<= 1 MiB) to every subscriber of `topic`."""
+        """Gossip `data` (<= MAX_GOSSIP bytes, else TransportError) to every subscriber of `topic`."""
 
     @abstractmethod
     def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
@@ -100,8 +132,9 @@ class Transport(ABC):
 
     @abstractmethod
     async def open_stream(self, peer_id: str, protocol: str) -> Stream:
-        """Open a stream of `protocol` to a connected (or dialable) peer."""
+        """Open a stream of `protocol` to a connected (or dialable) peer; TransportError if not possible."""
 
     def bytes_counters(self) -> dict[str, int]:
-        """Bytes sent / received so far through this transport (`{"sent": n, "received": m}`)."""
+        """Application bytes sent / received so far (`{"sent": n, "received": m}`): stream
+        frames and gossip payloads, without muxer/encryption overhead."""
         return {"sent": 0, "received": 0}

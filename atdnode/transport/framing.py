@@ -1,0 +1,136 @@
+"""Length-prefixed frames over any byte stream (libp2p stream, in-memory pipe, TCP socket).
+
+Wire format: 4-byte big-endian payload length, then the payload. A libp2p stream's
+`read()` returns whatever happens to be buffered, so frames are re-assembled here.
+
+`FramedStream` implements `base.Stream` on top of a minimal `ByteStream` (receive some
+bytes / send bytes / close / abort). Each transport only adapts its native stream to
+`ByteStream`, so the framing rules -- oversize frames reset the stream, end of stream
+mid-frame is a FrameError, clean end of stream at a boundary is StreamClosed -- are the
+same code for every transport (and for blobxfer's bulk TCP channel).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Protocol
+
+from atdnode.transport.base import MAX_FRAME, FrameError, Stream, StreamClosed
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">I")
+RECV_MAX = 1 << 20  # largest single read from the byte stream
+_COALESCE = 64 << 10  # frames up to this size are sent in one write with their header
+
+
+class ByteStream(Protocol):
+    """What a transport must provide under FramedStream. Errors raise TransportError."""
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Return 1..max_bytes bytes, or b"" at a clean end of stream."""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send all of `data`."""
+
+    async def close(self) -> None:
+        """Half-close: the peer sees end of stream; never raises."""
+
+    async def abort(self) -> None:
+        """Reset in both directions; never raises."""
+
+
+class Counter:
+    """Byte counters shared by the streams of one transport (`bytes_counters()`)."""
+
+    __slots__ = ("sent", "received")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"sent": self.sent, "received": self.received}
+
+
+class FramedStream(Stream):
+    """`Stream` over a `ByteStream`. Not safe for concurrent readers (or concurrent writers)."""
+
+    def __init__(
+        self,
+        raw: ByteStream,
+        remote_peer: str,
+        *,
+        protocol: str = "",
+        remote_host: str | None = None,
+        counter: Counter | None = None,
+    ) -> None:
+        self.raw = raw  # exposed for tests that must write malformed bytes
+        self.remote_peer = remote_peer
+        self.protocol = protocol
+        self.remote_host = remote_host
+        self._counter = counter or Counter()
+        self._buf = bytearray()
+        self._closed = False
+
+    async def _fill(self, need: int) -> bool:
+        """Buffer at least `need` bytes; False on a clean end of stream before that."""
+        while len(self._buf) < need:
+            data = await self.raw.receive_some(RECV_MAX)
+            if not data:
+                return False
+            self._buf += data
+        return True
+
+    async def read_frame(self, max_size: int = MAX_FRAME) -> bytes:
+        if not await self._fill(HEADER.size):
+            if self._buf:
+                raise FrameError(f"stream from {self.remote_peer} ended inside a frame header")
+            raise StreamClosed(f"stream from {self.remote_peer} closed")
+        (n,) = HEADER.unpack_from(self._buf)
+        if n > max_size:
+            await self.reset()
+            raise FrameError(f"frame of {n} bytes from {self.remote_peer} exceeds limit {max_size}")
+        del self._buf[: HEADER.size]
+        if len(self._buf) >= n:  # common for small frames: already buffered
+            out = bytes(self._buf[:n])
+            del self._buf[:n]
+        else:
+            out = await self._read_large(n)
+        self._counter.received += HEADER.size + n
+        return out
+
+    async def _read_large(self, n: int) -> bytes:
+        """Assemble an n-byte payload into one preallocated buffer (no quadratic copies)."""
+        out = bytearray(n)
+        view = memoryview(out)
+        have = len(self._buf)
+        view[:have] = self._buf
+        self._buf = bytearray()
+        while have < n:
+            data = await self.raw.receive_some(min(RECV_MAX, n - have))
+            if not data:
+                raise FrameError(f"stream from {self.remote_peer} ended inside a {n}-byte frame")
+            view[have : have + len(data)] = data  # reads are capped at n - have
+            have += len(data)
+        return bytes(out)
+
+    async def write_frame(self, data: bytes) -> None:
+        n = len(data)
+        if n > 0xFFFFFFFF:
+            raise FrameError(f"frame of {n} bytes cannot be encoded")
+        if n <= _COALESCE:
+            await self.raw.send_all(HEADER.pack(n) + bytes(data))
+        else:
+            await self.raw.send_all(HEADER.pack(n))
+            await self.raw.send_all(data)
+        self._counter.sent += HEADER.size + n
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.raw.close()
+
+    async def reset(self) -> None:
+        self._closed = True
+        await self.raw.abort()

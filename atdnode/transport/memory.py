@@ -1,0 +1,431 @@
+"""In-process transport: `MemoryNetwork` (the hub) and `MemoryTransport` (one node on it).
+
+Same semantics as the libp2p transport (the contract tests run against both): gossip with
+a seen-cache, a validator called before delivery and relay, relaying only to subscribed
+neighbours; streams carry bytes through `framing.FramedStream`, so frame rules are shared.
+
+Links are simulated per direction (`LinkConditions`): latency, bandwidth (bytes/s), gossip
+loss probability, and up/down (partitions). Stream bytes are reliable (like TCP): they are
+delayed by serialization + latency and stall while a link is down; gossip messages on a
+down or lossy link are dropped. Every decision that uses randomness draws from a per-link
+RNG seeded from (network seed, src, dst), so a run is reproducible with trio's MockClock.
+`MemoryNetwork.link_stats()` / `node_stats()` expose byte and message counters, and
+`add_observer` hooks see every transmission (netsim builds its reports on these).
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import math
+import random
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from atdnode.transport.base import (
+    MAX_GOSSIP,
+    MessageHandler,
+    PeerListener,
+    Stream,
+    StreamHandler,
+    Transport,
+    TransportError,
+    Validator,
+)
+from atdnode.transport.memory_pipe import LinkPipe, pipe_pair
+from atdnode.transport.framing import Counter, FramedStream
+
+log = logging.getLogger(__name__)
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+SEEN_CACHE = 200_000  # message ids remembered per node (like gossipsub's seen cache)
+
+
+def peer_id_from_seed(seed: bytes) -> str:
+    """The libp2p peer id (`12D3KooW...`) of the Ed25519 key with this 32-byte seed."""
+    pk = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+    raw = b"\x00\x24\x08\x01\x12\x20" + pk  # identity multihash of protobuf PublicKey{Ed25519, pk}
+    n = int.from_bytes(raw, "big")
+    out = ""
+    while n:
+        n, r = divmod(n, 58)
+        out = _B58[r] + out
+    return "1" * (len(raw) - len(raw.lstrip(b"\0"))) + out
+
+
+@dataclass
+class LinkConditions:
+    """Simulated properties of one direction of a link."""
+
+    latency_s: float = 0.0
+    bandwidth_Bps: float | None = None  # bytes per second; None = unlimited
+    loss: float = 0.0  # probability that a gossip message is dropped
+    up: bool = True
+
+
+# observer(src, dst, kind ("gossip" | "stream"), nbytes, delivered)
+Observer = Callable[[str, str, str, int, bool], None]
+
+
+class Link:
+    """One direction src -> dst: conditions, a serialization clock, counters, an RNG."""
+
+    def __init__(self, net: "MemoryNetwork", src: str, dst: str) -> None:
+        self.net, self.src, self.dst = net, src, dst
+        self.cond = LinkConditions(**vars(net.default))
+        digest = hashlib.sha256(f"{net.seed}|{src}|{dst}".encode()).digest()
+        self.rng = random.Random(int.from_bytes(digest[:8], "big"))
+        self._busy_until = 0.0
+        self.stats = {"bytes": 0, "messages": 0, "dropped": 0}
+        self._up = trio.lowlevel.ParkingLot()
+
+    def _schedule(self, nbytes: int) -> tuple[float, float]:
+        """Reserve the link for nbytes: (serialization done, delivery time)."""
+        now = trio.current_time()
+        start = max(now, self._busy_until)
+        bw = self.cond.bandwidth_Bps
+        done = start + (nbytes / bw if bw else 0.0)
+        self._busy_until = done
+        return done, done + self.cond.latency_s
+
+    def gossip(self, nbytes: int) -> float | None:
+        """Delivery time of a gossip message, or None if it is lost (down link or loss)."""
+        if not self.cond.up or (self.cond.loss > 0 and self.rng.random() < self.cond.loss):
+            self.stats["dropped"] += 1
+            self.net._observe(self.src, self.dst, "gossip", nbytes, False)
+            return None
+        _, at = self._schedule(nbytes)
+        self._count(nbytes, "gossip")
+        return at
+
+    async def stream(self, nbytes: int) -> float:
+        """Wait while the link is down and for serialization; return the delivery time."""
+        while not self.cond.up:
+            await self._up.park()
+        done, at = self._schedule(nbytes)
+        if done > trio.current_time():
+            await trio.sleep_until(done)
+        self._count(nbytes, "stream")
+        return at
+
+    def _count(self, nbytes: int, kind: str) -> None:
+        self.stats["bytes"] += nbytes
+        self.stats["messages"] += 1
+        self.net._observe(self.src, self.dst, kind, nbytes, True)
+
+    def set(self, cond: LinkConditions) -> None:
+        self.cond = cond
+        if cond.up:
+            self._up.unpark_all()
+
+
+class MemoryNetwork:
+    """The hub all `MemoryTransport`s of one simulated network attach to."""
+
+    def __init__(self, *, seed: int = 0, default: LinkConditions | None = None) -> None:
+        self.seed = seed
+        self.default = default or LinkConditions()
+        self.nodes: dict[str, "MemoryTransport"] = {}
+        self._links: dict[tuple[str, str], Link] = {}
+        self._observers: list[Observer] = []
+        self._seq = itertools.count()  # global tie-breaker for same-time deliveries
+
+    def link(self, src: str, dst: str) -> Link:
+        key = (src, dst)
+        if key not in self._links:
+            self._links[key] = Link(self, src, dst)
+        return self._links[key]
+
+    def set_link(self, a: str, b: str, cond: LinkConditions, *, both: bool = True) -> None:
+        """Set the conditions of a -> b (and b -> a unless both=False)."""
+        self.link(a, b).set(LinkConditions(**vars(cond)))
+        if both:
+            self.link(b, a).set(LinkConditions(**vars(cond)))
+
+    def partition(self, *groups: set[str]) -> None:
+        """Take down every link between peers of different groups (others unchanged)."""
+        where = {p: i for i, g in enumerate(groups) for p in g}
+        for a, ia in where.items():
+            for b, ib in where.items():
+                if ia != ib:
+                    link = self.link(a, b)
+                    link.set(LinkConditions(**{**vars(link.cond), "up": False}))
+
+    def heal(self) -> None:
+        """Bring every link back up (stalled stream bytes then flow again)."""
+        for link in self._links.values():
+            if not link.cond.up:
+                link.set(LinkConditions(**{**vars(link.cond), "up": True}))
+
+    def add_observer(self, fn: Observer) -> None:
+        self._observers.append(fn)
+
+    def _observe(self, src: str, dst: str, kind: str, nbytes: int, delivered: bool) -> None:
+        for fn in self._observers:
+            fn(src, dst, kind, nbytes, delivered)
+
+    def link_stats(self) -> dict[tuple[str, str], dict[str, int]]:
+        """(src, dst) -> {"bytes", "messages", "dropped"} for every link used so far."""
+        return {k: dict(v.stats) for k, v in self._links.items()}
+
+    def node_stats(self, peer_id: str) -> dict[str, int]:
+        """Bytes a node put on / took off its links (gossip + streams, link level)."""
+        sent = sum(l.stats["bytes"] for (s, _), l in self._links.items() if s == peer_id)
+        recv = sum(l.stats["bytes"] for (_, d), l in self._links.items() if d == peer_id)
+        return {"sent": sent, "received": recv}
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+
+@dataclass
+class _Sub:
+    handler: MessageHandler
+    validator: Validator
+    send: trio.MemorySendChannel
+    recv: trio.MemoryReceiveChannel
+    started: bool = False
+
+
+class MemoryTransport(Transport):
+    """One node on a `MemoryNetwork`; address `/memory/<name>/p2p/<peer id>`."""
+
+    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str | None = None) -> None:
+        self.net = network
+        self._peer_id = peer_id_from_seed(seed)
+        self.name = name or self._peer_id[-8:]
+        self._conns: set[str] = set()
+        self._listeners: list[PeerListener] = []
+        self._subs: dict[str, _Sub] = {}
+        self._handlers: dict[str, StreamHandler] = {}
+        self._streams: set[LinkPipe] = set()
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._seqno = 0
+        self._inbox: list[tuple[float, int, tuple]] = []
+        self._inbox_lot = trio.lowlevel.ParkingLot()
+        self._nursery: trio.Nursery | None = None
+        self._counter = Counter()
+        self.rejected = 0  # gossip messages refused by the validator
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _run(self) -> AsyncIterator[None]:
+        if self._peer_id in self.net.nodes:
+            raise TransportError(f"peer {self._peer_id} is already on this network")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.net.nodes[self._peer_id] = self
+            nursery.start_soon(self._dispatch_gossip)
+            for topic in self._subs:
+                self._start_sub(topic)
+            try:
+                yield
+            finally:
+                self.net.nodes.pop(self._peer_id, None)
+                self._nursery = None
+                for peer in list(self._conns):
+                    self._drop_conn(peer)
+                for s in list(self._streams):
+                    s.abort_now()
+                self._streams.clear()
+                self._inbox.clear()
+                nursery.cancel_scope.cancel()
+
+    def run(self, listen: list[str] | None = None):  # listen addresses mean nothing here
+        return self._run()
+
+    def addrs(self) -> list[str]:
+        return [f"/memory/{self.name}/p2p/{self._peer_id}"]
+
+    def _require_running(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise TransportError("transport is not running")
+        return self._nursery
+
+    # -- connections -------------------------------------------------------------------
+
+    async def connect(self, addr: str) -> str:
+        self._require_running()
+        parts = addr.strip("/").split("/")
+        if len(parts) != 4 or parts[0] != "memory" or parts[2] != "p2p":
+            raise TransportError(f"not a memory multiaddr: {addr!r}")
+        peer = parts[3]
+        other = self.net.nodes.get(peer)
+        if other is None or other.name != parts[1]:
+            raise TransportError(f"no node at {addr}")
+        await self._connect_to(other)
+        return peer
+
+    async def _connect_to(self, other: "MemoryTransport") -> None:
+        await trio.lowlevel.checkpoint()
+        if other is self:
+            raise TransportError("cannot connect to self")
+        if other.peer_id in self._conns:
+            return
+        if not (self.net.link(self.peer_id, other.peer_id).cond.up and self.net.link(other.peer_id, self.peer_id).cond.up):
+            raise TransportError(f"{other.peer_id} unreachable (link down)")
+        self._conns.add(other.peer_id)
+        other._conns.add(self.peer_id)
+        self._notify_connected(other.peer_id)
+        other._notify_connected(self.peer_id)
+
+    def _notify_connected(self, peer: str) -> None:
+        if self._nursery is not None:
+            for fn in self._listeners:
+                self._nursery.start_soon(fn, peer)
+
+    def _drop_conn(self, peer: str) -> None:
+        self._conns.discard(peer)
+        other = self.net.nodes.get(peer)
+        if other is not None:
+            other._conns.discard(self.peer_id)
+
+    def peers(self) -> list[str]:
+        return sorted(self._conns)
+
+    def on_peer_connected(self, listener: PeerListener) -> None:
+        self._listeners.append(listener)
+
+    # -- gossip ------------------------------------------------------------------------
+
+    async def subscribe(self, topic: str, handler: MessageHandler, validator: Validator) -> None:
+        await trio.lowlevel.checkpoint()
+        if topic in self._subs:
+            raise TransportError(f"already subscribed to {topic!r}")
+        send, recv = trio.open_memory_channel(math.inf)
+        self._subs[topic] = _Sub(handler, validator, send, recv)
+        if self._nursery is not None:
+            self._start_sub(topic)
+
+    def _start_sub(self, topic: str) -> None:
+        sub = self._subs[topic]
+        if not sub.started:
+            sub.started = True
+            self._require_running().start_soon(self._deliver_loop, topic, sub)
+
+    async def _deliver_loop(self, topic: str, sub: _Sub) -> None:
+        async for data, frm in sub.recv:
+            try:
+                await sub.handler(data, frm)
+            except Exception:  # a handler bug must not kill the transport
+                log.exception("gossip handler for %s failed", topic)
+
+    def topic_peers(self, topic: str) -> list[str]:
+        return sorted(p for p in self._conns if p in self.net.nodes and topic in self.net.nodes[p]._subs)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self._require_running()
+        if len(data) > MAX_GOSSIP:
+            raise TransportError(f"gossip message of {len(data)} bytes exceeds {MAX_GOSSIP}")
+        await trio.lowlevel.checkpoint()
+        self._seqno += 1
+        msg = (self.peer_id, self._seqno, topic, bytes(data))
+        self._remember((self.peer_id, self._seqno))
+        self._counter.sent += len(data)
+        self._relay(msg, exclude=())
+
+    def _remember(self, mid: tuple[str, int]) -> bool:
+        """Add to the seen cache; False if it was already there."""
+        if mid in self._seen:
+            return False
+        self._seen[mid] = None
+        if len(self._seen) > SEEN_CACHE:
+            self._seen.popitem(last=False)
+        return True
+
+    def _relay(self, msg: tuple, exclude: tuple[str, ...]) -> None:
+        topic, data = msg[2], msg[3]
+        for peer in self.topic_peers(topic):
+            if peer in exclude:
+                continue
+            at = self.net.link(self.peer_id, peer).gossip(len(data))
+            if at is not None:
+                self.net.nodes[peer]._enqueue(at, msg, self.peer_id)
+
+    def _enqueue(self, at: float, msg: tuple, forwarder: str) -> None:
+        heapq.heappush(self._inbox, (at, self.net.next_seq(), (msg, forwarder)))
+        self._inbox_lot.unpark_all()
+
+    async def _dispatch_gossip(self) -> None:
+        """Process arriving gossip in delivery-time order."""
+        while True:
+            if not self._inbox:
+                await self._inbox_lot.park()
+                continue
+            at = self._inbox[0][0]
+            if at > trio.current_time():
+                with trio.move_on_at(at):  # an earlier message may arrive meanwhile
+                    await self._inbox_lot.park()
+                continue
+            _, _, (msg, forwarder) = heapq.heappop(self._inbox)
+            self._receive(msg, forwarder)
+            await trio.lowlevel.checkpoint()
+
+    def _receive(self, msg: tuple, forwarder: str) -> None:
+        origin, seqno, topic, data = msg
+        sub = self._subs.get(topic)
+        if sub is None or forwarder not in self._conns or not self._remember((origin, seqno)):
+            return
+        self._counter.received += len(data)
+        try:
+            ok = bool(sub.validator(data, forwarder))
+        except Exception:
+            log.exception("validator for %s raised; message rejected", topic)
+            ok = False
+        if not ok:
+            self.rejected += 1
+            log.debug("rejected gossip %s:%d on %s from %s", origin, seqno, topic, forwarder)
+            return
+        sub.send.send_nowait((data, forwarder))
+        self._relay(msg, exclude=(forwarder, origin))
+
+    # -- streams -----------------------------------------------------------------------
+
+    def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
+        self._handlers[protocol] = handler
+
+    async def open_stream(self, peer_id: str, protocol: str) -> Stream:
+        self._require_running()
+        other = self.net.nodes.get(peer_id)
+        if other is None or other._nursery is None:
+            raise TransportError(f"peer {peer_id} is not reachable")
+        if peer_id not in self._conns:
+            await self._connect_to(other)
+        else:
+            await trio.lowlevel.checkpoint()
+        handler = other._handlers.get(protocol)
+        if handler is None:
+            raise TransportError(f"peer {peer_id} does not support {protocol}")
+        mine, theirs = pipe_pair(self.net.link(self.peer_id, peer_id), self.net.link(peer_id, self.peer_id))
+        self._streams.add(mine)
+        other._streams.add(theirs)
+        mine.on_done = self._streams.discard
+        theirs.on_done = other._streams.discard
+        remote = FramedStream(theirs, self.peer_id, protocol=protocol, counter=other._counter)
+        other._nursery.start_soon(other._serve_stream, handler, remote)
+        return FramedStream(mine, peer_id, protocol=protocol, counter=self._counter)
+
+    async def _serve_stream(self, handler: StreamHandler, stream: Stream) -> None:
+        try:
+            await handler(stream)
+        except TransportError as e:
+            log.debug("stream %s from %s ended: %s", stream.protocol, stream.remote_peer, e)
+        except Exception:
+            log.exception("stream handler for %s failed", stream.protocol)
+            await stream.reset()
+        finally:
+            await stream.close()
+
+    def bytes_counters(self) -> dict[str, int]:
+        return self._counter.as_dict()
