@@ -1,0 +1,390 @@
+"""`Libp2pTransport`: the real network transport on py-libp2p 0.8.1.
+
+Host: Ed25519 identity from a 32-byte seed (the ledger key), TCP, Noise security and the
+yamux muxer ONLY (no mplex, secio, TLS or plaintext offered), GossipSub for the ledger
+topics and stream protocols with `framing.FramedStream` frames.
+
+py-libp2p's pubsub silently drops messages in three places; each is configured here so
+bursts are not lost (see `GossipConfig`): the per-topic spam limit (10 msg/s by default:
+disabled), the per-peer outbound RPC queue (32: raised) and the subscription channel (32:
+raised). The daemon's validator is registered as a pubsub topic validator, so libp2p
+runs it before delivering or relaying; a rejected message is never forwarded.
+"""
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import multiaddr
+import trio
+
+import libp2p.pubsub.pubsub as _pubsub_mod
+from libp2p import new_host
+from libp2p.abc import INotifee
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.tools.anyio_service import background_trio_service
+
+from atdnode.transport.base import (
+    MAX_GOSSIP,
+    MessageHandler,
+    PeerListener,
+    Stream,
+    StreamHandler,
+    Transport,
+    TransportError,
+    Validator,
+)
+from atdnode.transport.framing import Counter, FramedStream
+
+log = logging.getLogger(__name__)
+
+DIAL_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """GossipSub parameters; defaults suit consortia of a few to a few dozen nodes."""
+
+    degree: int = 6
+    degree_low: int = 4
+    degree_high: int = 12
+    heartbeat_interval: int = 1  # seconds: mesh repair and IHAVE gossip
+    peer_queue_size: int = 8192  # outbound RPCs queued per peer (libp2p default 32)
+    subscription_queue: int = 100_000  # received messages waiting for our handler (default 32)
+    pending_per_peer: int = 10_000  # messages held for a peer whose identify is pending (100)
+    seen_ttl: int = 600  # seconds a message id stays in the seen cache
+
+
+class _SizedQueues(dict):
+    """`Pubsub.peer_queues` replacement that raises each new peer queue's bound."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, peer: Any, queue: Any) -> None:
+        queue._queue.max_size = self.size  # RpcQueue -> PriorityQueue.max_size
+        super().__setitem__(peer, queue)
+
+
+class _Libp2pBytes:
+    """framing.ByteStream over a libp2p NetStream; maps libp2p errors to TransportError."""
+
+    def __init__(self, stream: Any) -> None:
+        self.s = stream
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        try:
+            return await self.s.read(max_bytes)
+        except StreamEOF:
+            return b""
+        except Exception as e:
+            raise TransportError(f"stream read failed: {type(e).__name__}: {e}") from e
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            await self.s.write(bytes(data))
+        except Exception as e:
+            raise TransportError(f"stream write failed: {type(e).__name__}: {e}") from e
+
+    async def close(self) -> None:
+        try:
+            await self.s.close()
+        except Exception as e:  # closing a broken stream is not an error worth raising
+            log.debug("stream close: %s", e)
+
+    async def abort(self) -> None:
+        try:
+            await self.s.reset()
+        except Exception as e:
+            log.debug("stream reset: %s", e)
+
+
+class _Notifee(INotifee):
+    def __init__(self, owner: "Libp2pTransport") -> None:
+        self.owner = owner
+
+    async def opened_stream(self, network: Any, stream: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def closed_stream(self, network: Any, stream: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def connected(self, network: Any, conn: Any) -> None:
+        self.owner._on_connected(str(conn.muxed_conn.peer_id))
+        await trio.lowlevel.checkpoint()
+
+    async def disconnected(self, network: Any, conn: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def listen(self, network: Any, maddr: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def listen_close(self, network: Any, maddr: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class Libp2pTransport(Transport):
+    """A py-libp2p host (Noise + yamux over TCP) with GossipSub. Run it once."""
+
+    def __init__(self, seed: bytes, *, gossip: GossipConfig | None = None) -> None:
+        if len(seed) != 32:
+            raise ValueError("an Ed25519 seed is 32 bytes")
+        self._key_pair = create_new_key_pair(seed)
+        self._id = ID.from_pubkey(self._key_pair.public_key)
+        self._peer_id = self._id.to_base58()
+        self.cfg = gossip or GossipConfig()
+        self._handlers: dict[str, StreamHandler] = {}
+        self._subs: dict[str, tuple[MessageHandler, Validator]] = {}
+        self._listeners: list[PeerListener] = []
+        self._announced: set[str] = set()  # peers whose "connected" was announced
+        self._forwarders: OrderedDict[bytes, str] = OrderedDict()  # msg id -> forwarder
+        self._counter = Counter()
+        self._host: Any = None
+        self._pubsub: Any = None
+        self._nursery: trio.Nursery | None = None
+        self.rejected = 0
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def run(self, listen: list[str]):
+        return self._run(listen)
+
+    @asynccontextmanager
+    async def _run(self, listen: list[str]) -> AsyncIterator[None]:
+        if self._host is not None:
+            raise TransportError("transport is already running")
+        try:
+            maddrs = [multiaddr.Multiaddr(a) for a in listen]
+        except Exception as e:
+            raise TransportError(f"bad listen address in {listen}: {e}") from e
+        kp = self._key_pair
+        host = new_host(
+            key_pair=kp,
+            sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=create_x25519_key_pair().private_key)},
+            muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+            listen_addrs=maddrs,
+        )
+        c = self.cfg
+        gossipsub = GossipSub(
+            protocols=[PROTOCOL_ID_V11],
+            degree=c.degree,
+            degree_low=c.degree_low,
+            degree_high=c.degree_high,
+            heartbeat_initial_delay=0.1,
+            heartbeat_interval=c.heartbeat_interval,
+            spam_protection_enabled=False,
+            eclipse_protection_enabled=False,  # all peers share 127.0.0.1 in tests and netsim
+            max_pending_messages_per_peer=c.pending_per_peer,
+        )
+        pubsub = Pubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096)
+        pubsub.peer_queues = _SizedQueues(c.peer_queue_size)
+        host.get_network().register_notifee(_Notifee(self))
+        for proto, handler in self._handlers.items():
+            host.set_stream_handler(TProtocol(proto), self._inbound(handler))
+        # Pubsub must be running before the host starts dialling or accepting.
+        async with background_trio_service(pubsub), background_trio_service(gossipsub):
+            async with host.run(maddrs):
+                await pubsub.wait_until_ready()
+                async with trio.open_nursery() as nursery:
+                    self._host, self._pubsub, self._nursery = host, pubsub, nursery
+                    try:
+                        for topic in self._subs:
+                            await self._start_sub(topic)
+                        yield
+                    finally:
+                        self._host = self._pubsub = self._nursery = None
+                        self._announced.clear()
+                        nursery.cancel_scope.cancel()
+
+    def _require(self) -> tuple[Any, Any, trio.Nursery]:
+        if self._host is None or self._nursery is None:
+            raise TransportError("transport is not running")
+        return self._host, self._pubsub, self._nursery
+
+    def addrs(self) -> list[str]:
+        host, _, _ = self._require()
+        out = []
+        for a in host.get_addrs():
+            s = str(a)
+            out.append(s if "/p2p/" in s else f"{s}/p2p/{self._peer_id}")
+        return out
+
+    # -- connections -------------------------------------------------------------------
+
+    async def connect(self, addr: str) -> str:
+        host, _, _ = self._require()
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except Exception as e:
+            raise TransportError(f"not a dialable multiaddr with /p2p/<id>: {addr!r} ({e})") from e
+        if info.peer_id == self._id:
+            raise TransportError("cannot connect to self")
+        try:
+            with trio.fail_after(DIAL_TIMEOUT):
+                await host.connect(info)
+        except trio.TooSlowError as e:
+            raise TransportError(f"dialing {addr} timed out") from e
+        except Exception as e:
+            raise TransportError(f"dialing {addr} failed: {type(e).__name__}: {e}") from e
+        peer = info.peer_id.to_base58()
+        self._on_connected(peer)
+        return peer
+
+    def _on_connected(self, peer: str) -> None:
+        if self._nursery is None or peer in self._announced:
+            return
+        self._announced.add(peer)
+        for fn in self._listeners:
+            self._nursery.start_soon(fn, peer)
+
+    def peers(self) -> list[str]:
+        host, _, _ = self._require()
+        current = sorted(p.to_base58() for p in host.get_connected_peers())
+        self._announced.intersection_update(current)  # a peer that comes back is announced again
+        return current
+
+    def on_peer_connected(self, listener: PeerListener) -> None:
+        self._listeners.append(listener)
+
+    # -- gossip ------------------------------------------------------------------------
+
+    async def subscribe(self, topic: str, handler: MessageHandler, validator: Validator) -> None:
+        if topic in self._subs:
+            raise TransportError(f"already subscribed to {topic!r}")
+        self._subs[topic] = (handler, validator)
+        if self._host is not None:
+            await self._start_sub(topic)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def _start_sub(self, topic: str) -> None:
+        _, pubsub, nursery = self._require()
+        handler, validator = self._subs[topic]
+
+        def check(forwarder: ID, msg: Any) -> bool:
+            if forwarder == self._id:  # our own publication
+                return True
+            frm = forwarder.to_base58()
+            try:
+                ok = bool(validator(msg.data, frm))
+            except Exception:
+                log.exception("validator for %s raised; message rejected", topic)
+                ok = False
+            if ok:
+                self._forwarders[pubsub.get_message_id(msg)] = frm
+                if len(self._forwarders) > 100_000:
+                    self._forwarders.popitem(last=False)
+            else:
+                self.rejected += 1
+                log.debug("rejected gossip on %s from %s", topic, frm)
+            return ok
+
+        pubsub.set_topic_validator(topic, check, False)
+        old = _pubsub_mod.SUBSCRIPTION_CHANNEL_SIZE
+        _pubsub_mod.SUBSCRIPTION_CHANNEL_SIZE = self.cfg.subscription_queue  # read by subscribe()
+        try:
+            sub = await pubsub.subscribe(topic)
+        finally:
+            _pubsub_mod.SUBSCRIPTION_CHANNEL_SIZE = old
+        nursery.start_soon(self._deliver_loop, topic, sub, handler)
+
+    async def _deliver_loop(self, topic: str, sub: Any, handler: MessageHandler) -> None:
+        _, pubsub, _ = self._require()
+        mine = self._id.to_bytes()
+        while True:
+            msg = await sub.get()
+            if msg.from_id == mine:
+                continue
+            frm = self._forwarders.pop(pubsub.get_message_id(msg), None) or ID(msg.from_id).to_base58()
+            self._counter.received += len(msg.data)
+            try:
+                await handler(msg.data, frm)
+            except Exception:  # a handler bug must not kill the transport
+                log.exception("gossip handler for %s failed", topic)
+
+    def topic_peers(self, topic: str) -> list[str]:
+        host, pubsub, _ = self._require()
+        connected = set(host.get_connected_peers())
+        return sorted(p.to_base58() for p in pubsub.peer_topics.get(topic, ()) if p in connected)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        _, pubsub, _ = self._require()
+        if len(data) > MAX_GOSSIP:
+            raise TransportError(f"gossip message of {len(data)} bytes exceeds {MAX_GOSSIP}")
+        try:
+            await pubsub.publish(topic, bytes(data))
+        except Exception as e:
+            raise TransportError(f"publish on {topic} failed: {e}") from e
+        self._counter.sent += len(data)
+
+    # -- streams -----------------------------------------------------------------------
+
+    def set_stream_handler(self, protocol: str, handler: StreamHandler) -> None:
+        self._handlers[protocol] = handler
+        if self._host is not None:
+            self._host.set_stream_handler(TProtocol(protocol), self._inbound(handler))
+
+    def _wrap(self, net_stream: Any, protocol: str) -> FramedStream:
+        try:
+            remote_host = net_stream.get_remote_address()[0]
+        except Exception:
+            remote_host = None
+        return FramedStream(
+            _Libp2pBytes(net_stream),
+            str(net_stream.muxed_conn.peer_id),
+            protocol=protocol,
+            remote_host=remote_host,
+            counter=self._counter,
+        )
+
+    def _inbound(self, handler: StreamHandler):
+        async def serve(net_stream: Any) -> None:
+            stream = self._wrap(net_stream, str(net_stream.get_protocol() or ""))
+            try:
+                await handler(stream)
+            except TransportError as e:
+                log.debug("stream %s from %s ended: %s", stream.protocol, stream.remote_peer, e)
+            except Exception:
+                log.exception("stream handler for %s failed", stream.protocol)
+                await stream.reset()
+            finally:
+                await stream.close()
+
+        return serve
+
+    async def open_stream(self, peer_id: str, protocol: str) -> Stream:
+        host, _, _ = self._require()
+        try:
+            pid = ID.from_base58(peer_id)
+        except Exception as e:
+            raise TransportError(f"bad peer id {peer_id!r}") from e
+        try:
+            with trio.fail_after(DIAL_TIMEOUT):
+                s = await host.new_stream(pid, [TProtocol(protocol)])
+        except trio.TooSlowError as e:
+            raise TransportError(f"opening {protocol} to {peer_id} timed out") from e
+        except Exception as e:
+            raise TransportError(f"opening {protocol} to {peer_id} failed: {type(e).__name__}: {e}") from e
+        return self._wrap(s, protocol)
+
+    def bytes_counters(self) -> dict[str, int]:
+        return self._counter.as_dict()
