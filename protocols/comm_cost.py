@@ -1,0 +1,207 @@
+"""Communication accounting for split learning: measured bytes and the p-FESTA paper's formulas.
+
+Measured side: :class:`ByteCounter` records every frame that crosses the client/server
+boundary, per client, per direction (``"up"`` = client -> server, ``"down"`` = server ->
+client) and per message kind, both as *wire* bytes (frame + 4-byte length prefix, what a
+stream carries) and *payload* bytes (raw tensor bytes only). :class:`InProcessChannel`
+is the in-process stand-in for a stream: it encodes, counts, and hands the receiver the
+*decoded* copy, so in-process runs exercise the codec exactly as the network does.
+
+Formula side (all figures are **per client**, in bytes; symbols as in the paper):
+
+- ``D``  samples in the client's dataset (p-FESTA uploads each sample's features once);
+- ``B``  samples the client processes per round (batches per round x batch size);
+- ``R``  training rounds (FESTA: phase 1 + phase 2 rounds);
+- ``n``  unifying period: rounds between two FedAvg exchanges of heads / tails
+  (so there are R/n exchanges, each an upload and a download of the averaged part);
+- ``F``  bytes of one sample's features crossing the cut in one direction;
+- ``G``  bytes of one sample's gradient crossing the cut in one direction;
+- ``Ph, Pb, Pt``  bytes of the head, body and tail parameters.
+
+Interpretation (stated because the paper's symbol list is terse): ``n`` is read as the
+averaging period, not the number of clients — with n = clients the per-client FL cost
+would fall as clients join, and 2R/n (...) would not be the R/n upload+download pairs of
+a FedAvg every n rounds. ``F``/``G``/``B``/``D`` count per sample, which makes ``D*F``
+(upload every sample once) and ``B*R*(F+G)`` consistent.
+
+- ``T_FL     = 2R/n (Ph+Pb+Pt)``     whole model up and down every n rounds;
+- ``T_SL     = 2BR(F+G)``            U-shaped split: features up and back, gradients up and back;
+- ``T_FESTA  = 2BR(F+G) + 2R/n (Ph+Pt)``  split traffic plus head/tail averaging;
+- ``T_pFESTA = DF + BR(F+G) + 2R Pt/n``   one upload of permuted embeddings, then per
+  sample the body output down and its gradient up, plus tail averaging.
+
+Frame headers (tens of bytes per message) are counted in wire bytes but not by the
+formulas; at realistic batch sizes they are well under 1 %.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+from protocols.tensor_frames import (DEFAULT_MAX_FRAME_BYTES, LENGTH_PREFIX_BYTES, Frame,
+                                     decode_frame, encode_frame)
+
+Direction = Literal["up", "down"]
+DIRECTIONS = ("up", "down")
+
+
+class ByteCounter:
+    """Bytes and message counts per (client, direction, kind). JSON-able via to_dict/from_dict."""
+
+    def __init__(self) -> None:
+        # (client, direction, kind) -> [messages, wire_bytes, payload_bytes]
+        self._rows: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+
+    def record(self, client_id: str, direction: Direction, kind: str, *,
+               wire_bytes: int, payload_bytes: int) -> None:
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'up' or 'down', not {direction!r}")
+        row = self._rows[(client_id, direction, kind)]
+        row[0] += 1
+        row[1] += wire_bytes
+        row[2] += payload_bytes
+
+    def clients(self) -> list[str]:
+        return sorted({c for c, _, _ in self._rows})
+
+    def kinds(self) -> list[str]:
+        return sorted({k for _, _, k in self._rows})
+
+    def total(self, client_id: str | None = None, direction: Direction | None = None,
+              kinds: Iterable[str] | None = None, *, payload: bool = False) -> int:
+        """Sum of wire bytes (or payload bytes) over the rows matching every given filter."""
+        ks = None if kinds is None else set(kinds)
+        col = 2 if payload else 1
+        return sum(v[col] for (c, d, k), v in self._rows.items()
+                   if (client_id is None or c == client_id) and (direction is None or d == direction)
+                   and (ks is None or k in ks))
+
+    def messages(self, client_id: str | None = None, kinds: Iterable[str] | None = None) -> int:
+        ks = None if kinds is None else set(kinds)
+        return sum(v[0] for (c, _, k), v in self._rows.items()
+                   if (client_id is None or c == client_id) and (ks is None or k in ks))
+
+    def merge(self, other: ByteCounter) -> None:
+        for key, (m, w, p) in other._rows.items():
+            row = self._rows[key]
+            row[0] += m
+            row[1] += w
+            row[2] += p
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [{"client": c, "direction": d, "kind": k, "messages": v[0],
+                          "wire_bytes": v[1], "payload_bytes": v[2]}
+                         for (c, d, k), v in sorted(self._rows.items())]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ByteCounter:
+        out = cls()
+        try:
+            for r in data["rows"]:
+                if r["direction"] not in DIRECTIONS:
+                    raise ValueError(f"bad direction {r['direction']!r}")
+                out._rows[(str(r["client"]), r["direction"], str(r["kind"]))] = [
+                    int(r["messages"]), int(r["wire_bytes"]), int(r["payload_bytes"])]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a ByteCounter dict: {e}") from None
+        return out
+
+
+class InProcessChannel:
+    """Carries messages between in-process peers exactly as a stream would: encode to a
+    frame, count ``len(frame) + 4`` wire bytes, decode with full validation, deliver the copy."""
+
+    def __init__(self, counter: ByteCounter | None = None, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.counter = counter if counter is not None else ByteCounter()
+        self.max_bytes = max_bytes
+
+    def send(self, client_id: str, direction: Direction, kind: str,
+             tensors: Mapping[str, torch.Tensor] | None = None,
+             meta: Mapping[str, Any] | None = None) -> Frame:
+        frame = encode_frame(tensors, {"kind": kind, **(meta or {})}, max_bytes=self.max_bytes)
+        decoded = decode_frame(frame, max_bytes=self.max_bytes)
+        self.counter.record(client_id, direction, kind, wire_bytes=len(frame) + LENGTH_PREFIX_BYTES,
+                            payload_bytes=decoded.payload_bytes)
+        return decoded
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """The paper's symbols for one client (see module docstring); sizes in bytes."""
+
+    D: int
+    B: int
+    R: int
+    n: int
+    F: int
+    G: int
+    Ph: int
+    Pb: int
+    Pt: int
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{k} must be a non-negative int, got {v!r}")
+        if self.n < 1:
+            raise ValueError("n (unifying period in rounds) must be >= 1")
+
+
+def t_fl(p: CostParams) -> float:
+    """Federated learning: the whole model (head, body, tail) up and down every n rounds."""
+    return 2 * p.R / p.n * (p.Ph + p.Pb + p.Pt)
+
+
+def t_sl(p: CostParams) -> float:
+    """Split learning (U-shaped): per sample features and gradients both ways."""
+    return 2 * p.B * p.R * (p.F + p.G)
+
+
+def t_festa(p: CostParams) -> float:
+    """FESTA: split-learning traffic plus head/tail FedAvg every n rounds."""
+    return 2 * p.B * p.R * (p.F + p.G) + 2 * p.R / p.n * (p.Ph + p.Pt)
+
+
+def t_pfesta(p: CostParams) -> float:
+    """p-FESTA: one upload of the dataset's embeddings, body output down / gradient up,
+    tail FedAvg every n rounds."""
+    return p.D * p.F + p.B * p.R * (p.F + p.G) + 2 * p.R * p.Pt / p.n
+
+
+FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta}
+
+
+def formulas(p: CostParams) -> dict[str, float]:
+    """All four formulas for the same parameters."""
+    return {name: f(p) for name, f in FORMULAS.items()}
+
+
+def compare(counter: ByteCounter, params: Mapping[str, CostParams], protocol: str,
+            kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """One row per client: measured wire/payload bytes (restricted to ``kinds``, e.g. the
+    training messages, leaving out evaluation) next to ``protocol``'s formula and the
+    relative error ``(measured_wire - formula) / formula``, plus the other formulas."""
+    if protocol not in FORMULAS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {sorted(FORMULAS)}")
+    kinds = None if kinds is None else list(kinds)
+    rows = []
+    for client, p in sorted(params.items()):
+        wire = counter.total(client, kinds=kinds)
+        pred = FORMULAS[protocol](p)
+        rows.append({"client": client, "protocol": protocol,
+                     "measured_up": counter.total(client, "up", kinds),
+                     "measured_down": counter.total(client, "down", kinds),
+                     "measured_wire": wire, "measured_payload": counter.total(client, kinds=kinds, payload=True),
+                     "formula": pred, "rel_error": (wire - pred) / pred if pred else float("nan"),
+                     "formulas": formulas(p), "params": asdict(p)})
+    return rows
+
+
+def tensor_bytes(tensors: Mapping[str, torch.Tensor] | Iterable[torch.Tensor]) -> int:
+    """Raw byte size of a set of tensors (P_h, P_b, P_t for a state dict)."""
+    ts = tensors.values() if isinstance(tensors, Mapping) else tensors
+    return sum(t.numel() * t.element_size() for t in ts)

@@ -1,0 +1,224 @@
+"""FESTA: federated split task-agnostic learning with a shared timm transformer body.
+
+Roles (no networking here; a driver moves the messages, see :func:`run_festa_inprocess`):
+
+- :class:`FestaClient` holds a task-specific *head* (timm patch embedding + cls token +
+  position embedding) and *tail* (final norm + task head) and its private data;
+- :class:`FestaServer` holds the *body* (timm ``Block`` s) shared by all clients of all tasks.
+
+One training step, as messages (kind: sender -> receiver, tensor)::
+
+    forward   client -> server  x  = head(images)          (b, 1+N, D)
+    body_out  server -> client  y  = body(x)               (b, 1+N, D)
+    grad_out  client -> server  gy = dLoss/dy (tail)       (b, 1+N, D)
+    grad_in   server -> client  gx = dLoss/dx (body)       (b, 1+N, D)   server updates body
+                                                            client updates head + tail
+
+Every ``unifying_rounds`` rounds, clients of the same task upload head+tail
+(``state_up``) and receive the sample-weighted average (``state_down``). Phase 2 freezes
+the body and keeps training (and unifying) heads and tails through it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from protocols.comm_cost import ByteCounter, CostParams, InProcessChannel, tensor_bytes
+from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, ViTSplitConfig, build_head,
+                                   task_loss, task_metric)
+from protocols.split_server import BodyServer
+from protocols.split_state import SplitProtocolError
+
+TRAIN_KINDS = ("forward", "body_out", "grad_out", "grad_in", "state_up", "state_down")
+
+
+class FestaServer(BodyServer):
+    """The FESTA body server. Message handlers: :meth:`forward`, :meth:`backward`,
+    :meth:`infer`, plus the unification / fault / persistence methods of BodyServer."""
+
+    kind = "festa"
+    unify_with_head = True
+    tail_pool = "token"
+    has_cls = True
+
+    def forward(self, client_id: str, task: str, features: torch.Tensor) -> torch.Tensor:
+        """``forward`` message -> ``body_out`` reply."""
+        if self.task_of(client_id).name != task:
+            raise SplitProtocolError(f"client {client_id} joined task {self.clients[client_id]!r}, sent {task!r}")
+        return self.body_forward(client_id, features)
+
+    def backward(self, client_id: str, grad_out: torch.Tensor) -> torch.Tensor:
+        """``grad_out`` message -> ``grad_in`` reply (updates the body unless frozen)."""
+        out = self.body_backward(client_id, grad_out)
+        assert out is not None  # FESTA always asks for the input gradient
+        return out
+
+    def infer(self, client_id: str, features: torch.Tensor) -> torch.Tensor:
+        """``eval_forward`` message -> ``eval_out`` reply; no update."""
+        return self.body_infer(client_id, features)
+
+
+class FestaClient:
+    """A FESTA client: head + tail for one task, its data, one AdamW over head and tail."""
+
+    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+                 targets: torch.Tensor, *, batch_size: int = 32, lr: float = 1e-3,
+                 weight_decay: float = 0.05, seed: int = 0) -> None:
+        if images.shape[0] != targets.shape[0]:
+            raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
+        self.client_id, self.cfg, self.task = client_id, cfg, task
+        self.images, self.targets = images, targets
+        self.head = build_head(cfg, seed=seed)
+        self.tail = TaskTail(cfg, task, pool="token", seed=seed + 1)
+        self.opt = torch.optim.AdamW([*self.head.parameters(), *self.tail.parameters()], lr=lr,
+                                     weight_decay=weight_decay)
+        self.sampler = BatchSampler(images.shape[0], batch_size, seed=seed + 2)
+        self._feats: torch.Tensor | None = None
+        self._batch_targets: torch.Tensor | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.images.shape[0])
+
+    def head_forward(self) -> torch.Tensor:
+        """Draw the next batch and return its head features (the ``forward`` message)."""
+        idx = self.sampler.next()
+        self.opt.zero_grad(set_to_none=True)
+        self._feats = self.head(self.images[idx])  # (b, 1+N, D), graph kept for head_backward
+        self._batch_targets = self.targets[idx]
+        return self._feats.detach()
+
+    def tail_step(self, body_out: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``body_out`` -> (``grad_out`` message, loss): tail loss, backward into the tail."""
+        if self._feats is None or body_out.shape != self._feats.shape:
+            raise SplitProtocolError(f"{self.client_id}: body output {tuple(body_out.shape)} does not match "
+                                     "the pending forward")
+        y = body_out.detach().requires_grad_(True)
+        loss = task_loss(self.task, self.tail(y), self._batch_targets)
+        loss.backward()
+        return y.grad.detach(), float(loss.detach())
+
+    def head_backward(self, grad_in: torch.Tensor) -> None:
+        """``grad_in`` -> backward into the head, then one optimizer step on head + tail."""
+        if self._feats is None or grad_in.shape != self._feats.shape:
+            raise SplitProtocolError(f"{self.client_id}: gradient {tuple(grad_in.shape)} does not match "
+                                     "the pending forward")
+        self._feats.backward(grad_in)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self._feats = None
+
+    def part_state(self) -> dict[str, torch.Tensor]:
+        """What this client shares at a unification (the ``state_up`` message)."""
+        out = {f"head.{k}": v.detach().clone() for k, v in self.head.state_dict().items()}
+        out.update({f"tail.{k}": v.detach().clone() for k, v in self.tail.state_dict().items()})
+        return out
+
+    def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Adopt the task's averaged head + tail (the ``state_down`` message)."""
+        self.head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")})
+        self.tail.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("tail.")})
+
+    @torch.no_grad()
+    def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
+                 infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
+        """Task metric on held-out data; ``infer`` carries head features through the server body."""
+        outs = [self.tail(infer(self.head(images[i:i + batch_size])))
+                for i in range(0, images.shape[0], batch_size)]
+        return task_metric(self.task, torch.cat(outs), targets)
+
+    def cost_params(self, *, steps_per_round: int, rounds: int, unifying_rounds: int,
+                    body_bytes: int) -> CostParams:
+        """The paper's symbols for this client (F = G = one sample's (1+N) x D float32 tokens)."""
+        f = (self.cfg.num_patches + 1) * self.cfg.embed_dim * 4
+        return CostParams(D=self.num_samples, B=steps_per_round * self.sampler.batch_size, R=rounds,
+                          n=unifying_rounds, F=f, G=f, Ph=tensor_bytes(self.head.state_dict()),
+                          Pb=body_bytes, Pt=tensor_bytes(self.tail.state_dict()))
+
+
+@dataclass
+class SplitRunResult:
+    """What an in-process run returns: per-round mean loss and final metric per client,
+    the byte counter, the paper's parameters per client, and the clients dropped."""
+
+    losses: dict[str, list[float]] = field(default_factory=dict)
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    counter: ByteCounter = field(default_factory=ByteCounter)
+    params: dict[str, CostParams] = field(default_factory=dict)
+    dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    train_kinds: tuple[str, ...] = TRAIN_KINDS
+
+
+def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, rounds: int,
+                        steps_per_round: int, unifying_rounds: int, phase2_rounds: int = 0,
+                        channel: InProcessChannel | None = None,
+                        test_data: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                        vanish: Mapping[str, tuple[int, int]] | None = None) -> SplitRunResult:
+    """Run FESTA with every message encoded, counted and decoded by ``channel``.
+
+    Rounds 1..rounds train the body; rounds+1..rounds+phase2_rounds freeze it. Clients take
+    turns step by step. ``vanish={client: (round, step)}`` makes that client send its
+    forward and then never answer: the server drops it at the round deadline (a logical
+    clock here) and the others go on. Unification after every round r with r % n == 0."""
+    ch = channel or InProcessChannel()
+    res = SplitRunResult(counter=ch.counter)
+    vanish = dict(vanish or {})
+    for c in clients:
+        server.join(c.client_id, c.task.name)
+        res.losses[c.client_id] = []
+    by_id = {c.client_id: c for c in clients}
+    total = rounds + phase2_rounds
+    for r in range(1, total + 1):
+        if r == rounds + 1:
+            server.freeze_body()
+        server.begin_round(r, deadline=float(r))
+        round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
+        for s in range(steps_per_round):
+            for cid in server.live_clients():
+                c = by_id[cid]
+                m = ch.send(cid, "up", "forward", {"x": c.head_forward()}, {"task": c.task.name, "round": r})
+                y = server.forward(cid, m.meta["task"], m.tensors["x"])
+                if vanish.get(cid) == (r, s):
+                    continue  # the client is gone: no gradient will come back
+                m = ch.send(cid, "down", "body_out", {"y": y})
+                g, loss = c.tail_step(m.tensors["y"])
+                m = ch.send(cid, "up", "grad_out", {"g": g})
+                gin = server.backward(cid, m.tensors["g"])
+                c.head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
+                round_loss[cid].append(loss)
+        for cid in server.live_clients():
+            if vanish.get(cid, (0, 0))[0] != r:
+                server.finish_round(cid)
+        server.expire(now=float(r) + 0.5)  # the deadline passed: drop whoever did not finish
+        for cid in server.live_clients():
+            res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
+        if r % unifying_rounds == 0:
+            _unify(server, by_id, ch)
+    body_bytes = tensor_bytes(server.body.state_dict())
+    for cid in server.live_clients():
+        c = by_id[cid]
+        res.params[cid] = c.cost_params(steps_per_round=steps_per_round, rounds=total,
+                                        unifying_rounds=unifying_rounds, body_bytes=body_bytes)
+        if test_data and cid in test_data:
+            def infer(x: torch.Tensor, cid: str = cid) -> torch.Tensor:
+                m = ch.send(cid, "up", "eval_forward", {"x": x})
+                return ch.send(cid, "down", "eval_out", {"y": server.infer(cid, m.tensors["x"])}).tensors["y"]
+            res.metrics[cid] = c.evaluate(*test_data[cid], infer)
+    res.dropped = dict(server.dropped)
+    return res
+
+
+def _unify(server: BodyServer, by_id: Mapping[str, Any], ch: InProcessChannel) -> None:
+    """Upload every live client's shared parts, average per task, download the average."""
+    for cid in server.live_clients():
+        m = ch.send(cid, "up", "state_up", by_id[cid].part_state(), {"samples": by_id[cid].num_samples})
+        server.submit_state(cid, m.tensors, m.meta["samples"])
+    for task in sorted({server.clients[c] for c in server.live_clients()}):
+        if not server.unify_ready(task):
+            raise SplitProtocolError(f"task {task!r}: not every live client submitted")
+        avg = server.unify(task)
+        for cid in server.live_clients(task):
+            by_id[cid].load_part_state(ch.send(cid, "down", "state_down", avg).tensors)

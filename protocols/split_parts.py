@@ -1,0 +1,261 @@
+"""Model parts and tasks shared by FESTA, p-FESTA and masked sampling distillation.
+
+All transformer parts are timm's: a client *head* is a depth-0 timm ``VisionTransformer``
+(patch embedding, cls token, position embedding; ``forward_features`` gives
+``(B, 1+N, D)``), the p-FESTA *plain embedder* is the same without cls token
+(``(B, N, D)``), and the server *body* is the ``blocks`` of a timm ``VisionTransformer``.
+A *tail* is timm-style final norm + a task head. Nothing here is re-implemented
+transformer code.
+
+Task kinds (per-task loss weights live in :class:`TaskSpec`):
+
+- ``classification`` — pooled token -> logits, cross-entropy, metric accuracy;
+- ``regression``     — pooled token -> one scalar (e.g. a severity score), MSE, metric MSE;
+- ``segmentation``   — every patch token -> one logit (a per-patch mask), BCE, metric
+  per-patch accuracy.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as Fn
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+TASK_KINDS = ("classification", "regression", "segmentation")
+
+
+@dataclass(frozen=True)
+class ViTSplitConfig:
+    """Shape of the split ViT; every peer of one service must agree on it."""
+
+    img_size: int = 16
+    patch_size: int = 4
+    in_chans: int = 1
+    embed_dim: int = 32
+    depth: int = 2
+    num_heads: int = 2
+    mlp_ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.img_size % self.patch_size:
+            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> ViTSplitConfig:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task served by the shared body. ``num_outputs``: classes for classification, 1 otherwise."""
+
+    name: str
+    kind: str
+    num_outputs: int = 1
+    loss_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in TASK_KINDS:
+            raise ValueError(f"task {self.name!r}: kind must be one of {TASK_KINDS}, not {self.kind!r}")
+        if self.num_outputs < 1 or (self.kind != "classification" and self.num_outputs != 1):
+            raise ValueError(f"task {self.name!r}: bad num_outputs {self.num_outputs} for {self.kind}")
+        if not (self.loss_weight >= 0 and math.isfinite(self.loss_weight)):
+            raise ValueError(f"task {self.name!r}: loss_weight must be finite and >= 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TaskSpec:
+        return cls(name=str(d["name"]), kind=str(d["kind"]), num_outputs=int(d.get("num_outputs", 1)),
+                   loss_weight=float(d.get("loss_weight", 1.0)))
+
+
+def _seeded(seed: int | None):
+    """Build modules deterministically without disturbing the caller's global RNG."""
+    ctx = torch.random.fork_rng(devices=[])
+    ctx.__enter__()
+    if seed is not None:
+        torch.manual_seed(seed)
+    return ctx
+
+
+def _vit(cfg: ViTSplitConfig, depth: int, **kw) -> VisionTransformer:
+    return VisionTransformer(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
+                             embed_dim=cfg.embed_dim, depth=depth, num_heads=cfg.num_heads,
+                             mlp_ratio=cfg.mlp_ratio, num_classes=0, **kw)
+
+
+class TimmStem(nn.Module):
+    """A depth-0 timm ViT used for its ``forward_features`` (patch embed + tokens + pos embed)."""
+
+    def __init__(self, vit: VisionTransformer) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, T, D)
+        return self.vit.forward_features(x)
+
+
+def build_head(cfg: ViTSplitConfig, seed: int | None = None) -> TimmStem:
+    """FESTA client head: patch embedding + cls token + position embedding -> (B, 1+N, D)."""
+    ctx = _seeded(seed)
+    try:
+        return TimmStem(_vit(cfg, 0, final_norm=False))
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def build_plain_embedder(cfg: ViTSplitConfig, seed: int = 0) -> TimmStem:
+    """p-FESTA's shared plain patch embedder (patch embed + pos embed, no cls) -> (B, N, D).
+    Frozen: ``requires_grad`` is off and it is in eval mode. Same seed -> same weights."""
+    ctx = _seeded(seed)
+    try:
+        stem = TimmStem(_vit(cfg, 0, final_norm=False, class_token=False, no_embed_class=True,
+                             global_pool="avg"))
+    finally:
+        ctx.__exit__(None, None, None)
+    stem.requires_grad_(False)
+    return stem.eval()
+
+
+class SplitBody(nn.Module):
+    """The server's transformer body: the ``blocks`` of a timm ViT, (B, T, D) -> (B, T, D).
+    No position embedding and no token-order dependence inside: permutation-equivariant."""
+
+    def __init__(self, cfg: ViTSplitConfig, seed: int | None = None) -> None:
+        super().__init__()
+        ctx = _seeded(seed)
+        try:
+            self.blocks = _vit(cfg, cfg.depth).blocks
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class TaskTail(nn.Module):
+    """Final norm + task head. ``pool``: "token" (token 0 is cls, FESTA) or "avg" (mean of
+    patch tokens, p-FESTA: order-free). Segmentation uses every patch token."""
+
+    def __init__(self, cfg: ViTSplitConfig, task: TaskSpec, pool: str, seed: int | None = None) -> None:
+        super().__init__()
+        if pool not in ("token", "avg"):
+            raise ValueError(f"pool must be 'token' or 'avg', not {pool!r}")
+        self.task, self.pool = task, pool
+        ctx = _seeded(seed)
+        try:
+            self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
+            self.head = nn.Linear(cfg.embed_dim, task.num_outputs)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.norm(tokens)  # (B, T, D)
+        patches = x[:, 1:] if self.pool == "token" else x  # (B, N, D)
+        if self.task.kind == "segmentation":
+            return self.head(patches).squeeze(-1)  # (B, N)
+        pooled = x[:, 0] if self.pool == "token" else patches.mean(1)  # (B, D)
+        out = self.head(pooled)  # (B, K)
+        return out.squeeze(-1) if self.task.kind == "regression" else out
+
+
+def task_loss(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Unweighted loss of one task (the body applies ``task.loss_weight``)."""
+    if task.kind == "classification":
+        return Fn.cross_entropy(out, target.long())
+    if task.kind == "regression":
+        return Fn.mse_loss(out, target.float())
+    return Fn.binary_cross_entropy_with_logits(out, target.float())
+
+
+def task_metric(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """accuracy (classification), mse (regression), patch_accuracy (segmentation)."""
+    if task.kind == "classification":
+        return {"accuracy": float((out.argmax(-1) == target).float().mean())}
+    if task.kind == "regression":
+        return {"mse": float(Fn.mse_loss(out, target.float()))}
+    return {"patch_accuracy": float(((out > 0).float() == target.float()).float().mean())}
+
+
+def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+    """Weighted average of structurally identical state dicts (weights need not sum to 1)."""
+    if not states or len(states) != len(weights):
+        raise ValueError("fedavg needs as many weights as states, and at least one")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("fedavg weights must sum to a positive number")
+    keys = list(states[0])
+    for s in states[1:]:
+        if list(s) != keys:
+            raise ValueError("fedavg: state dicts have different keys")
+    return {k: sum(s[k].float() * (w / total) for s, w in zip(states, weights)).to(states[0][k].dtype)
+            for k in keys}
+
+
+def part_template(cfg: ViTSplitConfig, task: TaskSpec, *, with_head: bool, pool: str) -> dict[str, torch.Tensor]:
+    """Keys and shapes of what a client of ``task`` shares at a unification ("head."/"tail.")."""
+    out = {f"tail.{k}": v for k, v in TaskTail(cfg, task, pool).state_dict().items()}
+    if with_head:
+        out.update({f"head.{k}": v for k, v in build_head(cfg).state_dict().items()})
+    return out
+
+
+# --- demo data: sklearn digits, three task kinds over the same images -------------------
+
+def digits_images(img_size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """sklearn's 1797 8x8 digits upscaled (bilinear) to ``img_size``, in [0, 1]; (N,1,H,W), (N,)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+    if img_size != 8:
+        x = Fn.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return x.clamp(0, 1), torch.tensor(d.target, dtype=torch.long)
+
+
+def digits_targets(task: TaskSpec, images: torch.Tensor, labels: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Targets for a digits task: the label (classification), the standardised amount of
+    ink as a "severity" (regression), or a per-patch ink mask (segmentation, (N, P))."""
+    if task.kind == "classification":
+        return labels
+    if task.kind == "regression":
+        ink = images.mean(dim=(1, 2, 3))
+        return (ink - ink.mean()) / ink.std()
+    patches = Fn.avg_pool2d(images.mean(1, keepdim=True), patch_size)  # (N, 1, h, w)
+    return (patches.flatten(1) > 0.2).float()  # (N, h*w), row-major = timm patch order
+
+
+class BatchSampler:
+    """Endless full batches of indices into ``n`` samples: reshuffled each epoch by its own generator."""
+
+    def __init__(self, n: int, batch_size: int, seed: int) -> None:
+        if not 1 <= batch_size <= n:
+            raise ValueError(f"batch_size {batch_size} must be in 1..{n} (the number of samples)")
+        self.n, self.batch_size = n, batch_size
+        self._gen = torch.Generator().manual_seed(seed)
+        self._order = torch.randperm(n, generator=self._gen)
+        self._pos = 0
+
+    def next(self) -> torch.Tensor:
+        if self._pos + self.batch_size > self.n:
+            self._order, self._pos = torch.randperm(self.n, generator=self._gen), 0
+        idx = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return idx
