@@ -1,0 +1,355 @@
+"""The node daemon: replicate the ledger over gossip + sync, serve and fetch blobs, obey the CLI.
+
+One `NodeDaemon` per node home. `run()` starts the transport, then:
+
+* gossips every entry this node authors (whether it was appended by the daemon or by a
+  CLI command in another process — the daemon watches its own head in the ledger), so
+  entries written while the daemon was down go out when it starts;
+* validates every gossiped entry (signature, consortium membership) *before* the
+  transport delivers or relays it, and merges accepted ones into the ledger;
+* pulls missing entries from each peer on connect and periodically (`atdnode.sync`),
+  which covers gossip loss, late joiners, restarts and healed partitions;
+* serves blobs it holds and fetches blobs announced by `weights` / `features` entries
+  (auto-fetch; `atd fetch` asks for one explicitly);
+* answers the local control socket (`atdnode.control`) for `atd node status`, `peers`,
+  `fetch`, `connect`, `stop`.
+
+Everything slow (SQLite, hashing, disk) runs in worker threads.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import trio
+
+from atdnode import control
+from atdnode.blobstore import BlobStore
+from atdnode.config import NodeConfig
+from atdnode.errors import DaemonError
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
+from atdnode.ledger_access import LedgerAccess
+from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
+from atdnode.transport.blobxfer import BlobService
+from ledger import Entry, Ledger
+from ledger.errors import LedgerError
+
+log = logging.getLogger("atd.daemon")
+
+BLOB_KINDS = ("weights", "features", "aggregate")
+
+
+def ledger_topic(genesis_id: str) -> str:
+    return f"/atd/ledger/{genesis_id}"
+
+
+class NodeDaemon:
+    """A running node. Construct, then `await run(listen, bootstrap)` inside trio."""
+
+    def __init__(
+        self,
+        home: NodeHome,
+        *,
+        transport: Transport | None = None,
+        sync_interval: float = 10.0,
+        poll_interval: float = 0.25,
+        auto_fetch: bool = True,
+    ) -> None:
+        self.home = home.require()
+        self.identity = NodeIdentity.load(home)
+        self.config = NodeConfig.load(home)
+        if not self.config.genesis_id:
+            raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
+        self.ledger = LedgerAccess(Ledger.open(home.ledger_db))
+        self.store = BlobStore(home.blobs_dir)
+        self.transport = transport or self._libp2p_transport()
+        self.blobs = BlobService(self.transport, self.store)
+        self.sync_interval = sync_interval
+        self.poll_interval = poll_interval
+        self.auto_fetch = auto_fetch
+        self.topic = ledger_topic(self.config.genesis_id)
+        self._stop = trio.Event()
+        self._members: set[bytes] = set()
+        self._announced_seq = 0
+        self._wanted: set[str] = set()
+        self._fetch_failures: dict[str, str] = {}
+        self._nursery: trio.Nursery | None = None
+        self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
+
+    def _libp2p_transport(self) -> Transport:
+        from atdnode.transport.libp2p_transport import Libp2pTransport
+
+        return Libp2pTransport(self.identity.libp2p_keypair())
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if control.daemon_running(self.home.control_socket):
+            raise DaemonError(f"a daemon already runs for {self.home.root}")
+        await self._refresh_members()
+        async with self.transport.run(listen):
+            await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
+            self.transport.set_stream_handler(SYNC_PROTOCOL, self._serve_sync)
+            self.blobs.install()
+            self.transport.on_peer_connected(self._on_peer)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(control.serve, self.home.control_socket, self._control)
+                self._write_state()
+                nursery.start_soon(self._announce_loop)
+                nursery.start_soon(self._periodic_sync)
+                nursery.start_soon(self._fetch_loop)
+                for addr in bootstrap:
+                    nursery.start_soon(self._dial_with_retry, addr)
+                log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
+                task_status.started(self.transport.addrs())
+                await self._stop.wait()
+                log.info("shutting down")
+                nursery.cancel_scope.cancel()
+        self._clear_state()
+        await self.ledger.run(lambda led: led.close())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _write_state(self) -> None:
+        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time()}
+        tmp = self.home.root / "daemon.json.tmp"
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.home.root / "daemon.json")
+
+    def _clear_state(self) -> None:
+        try:
+            (self.home.root / "daemon.json").unlink()
+        except FileNotFoundError:
+            pass
+
+    # ---------------------------------------------------------------- gossip
+
+    async def _refresh_members(self) -> None:
+        def members(led: Ledger) -> set[bytes]:
+            m = led.membership()
+            return {pk for pk in m.members if m.is_member(pk)}
+
+        self._members = await self.ledger.run(members)
+
+    def _validate(self, data: bytes, from_peer: str) -> bool:
+        """Cheap, synchronous gate before delivery and relay: signature + membership."""
+        if len(data) > MAX_GOSSIP:
+            return False
+        try:
+            entry = Entry.from_bytes(data)  # checks structure and signature
+        except LedgerError as exc:
+            log.warning("dropped gossip from %s: %s", from_peer, exc)
+            self.stats["gossip_rejected"] += 1
+            return False
+        if entry.kind != "genesis" and entry.author not in self._members:
+            # Unknown authors are not relayed; sync fetches their entries once membership is known.
+            self.stats["gossip_rejected"] += 1
+            return False
+        return True
+
+    async def _on_gossip(self, data: bytes, from_peer: str) -> None:
+        self.stats["gossip_in"] += 1
+        result = await self.ledger.merge([data])
+        for _, err in result.rejected:
+            log.warning("gossiped entry from %s rejected: %s", from_peer, err)
+        if result.added:
+            await self._after_merge()
+
+    async def _after_merge(self) -> None:
+        await self._refresh_members()
+        if self.auto_fetch:
+            await self._queue_wanted_blobs()
+
+    async def _announce_loop(self) -> None:
+        """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""
+        me = self.identity.public_key
+        while True:
+            await self._maybe_say_hello()
+            head = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
+            if head > self._announced_seq:
+                seq = self._announced_seq
+                entries = await self.ledger.run(lambda led: led.entries_after(me, seq))
+                for e in entries:
+                    try:
+                        await self.transport.publish(self.topic, e.to_bytes())
+                    except TransportError as exc:  # no peers yet: sync will carry it
+                        log.debug("publish of %s deferred: %s", e.id.hex()[:12], exc)
+                    self._announced_seq = e.seq
+                await self._after_merge()
+            await trio.sleep(self.poll_interval)
+
+    async def _maybe_say_hello(self) -> None:
+        """Append a signed `hello` (addresses, X25519 key, role) once we are a member and addrs changed."""
+        me = self.identity.public_key
+        if me not in self._members:
+            return
+        addrs = self.transport.addrs()
+
+        def current(led: Ledger):
+            hellos = led.query(kind="hello", author=me)
+            return hellos[-1].body if hellos else None
+
+        last = await self.ledger.run(current)
+        body = {
+            "addrs": addrs,
+            "x25519": self.identity.x25519_public,
+            "role": self.config.role,
+            "name": self.config.name,
+        }
+        if last is not None and last.get("addrs") == addrs and last.get("role") == body["role"]:
+            return
+        await self.ledger.run(lambda led: led.append(self.identity.signer, "hello", body))
+
+    # ---------------------------------------------------------------- sync
+
+    async def _serve_sync(self, stream: Stream) -> None:
+        await serve_sync(stream, self.ledger)
+
+    async def _on_peer(self, peer_id: str) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self.sync_with, peer_id)
+
+    async def sync_with(self, peer_id: str) -> int:
+        """Pull what `peer_id` has and we lack; returns the number of entries added."""
+        try:
+            with trio.fail_after(60):
+                stream = await self.transport.open_stream(peer_id, SYNC_PROTOCOL)
+                result = await pull(stream, self.ledger)
+        except (TransportError, trio.TooSlowError) as exc:
+            log.info("sync with %s failed: %s", peer_id, exc)
+            return 0
+        self.stats["sync_pulls"] += 1
+        self.stats["sync_added"] += result.added
+        if result.added:
+            log.info("sync with %s: %d new entries", peer_id, result.added)
+            await self._after_merge()
+        return result.added
+
+    async def _periodic_sync(self) -> None:
+        while True:
+            await trio.sleep(self.sync_interval)
+            for peer in self.transport.peers():
+                await self.sync_with(peer)
+
+    async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
+        delay = 0.2
+        end = trio.current_time() + deadline
+        while True:
+            try:
+                peer = await self.transport.connect(addr)
+                log.info("connected to bootstrap peer %s", peer)
+                return
+            except TransportError as exc:
+                if trio.current_time() + delay > end:
+                    log.warning("could not reach bootstrap %s: %s", addr, exc)
+                    return
+                await trio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # ---------------------------------------------------------------- blobs
+
+    async def _queue_wanted_blobs(self) -> None:
+        me = self.identity.public_key
+
+        def wanted(led: Ledger) -> set[str]:
+            out = set()
+            for kind in ("weights", "features"):
+                for e in led.query(kind=kind):
+                    if e.author == me:
+                        continue
+                    blob = e.body.get("blob")
+                    recipients = e.body.get("recipients")
+                    if kind == "features" and recipients is not None and self.identity.peer_id not in recipients:
+                        continue  # sealed to others: useless to us
+                    if isinstance(blob, str) and not self.store.has(blob):
+                        out.add(blob)
+            return out
+
+        self._wanted |= await self.ledger.run(wanted)
+
+    async def _fetch_loop(self) -> None:
+        while True:
+            for blob in sorted(self._wanted):
+                if self.store.has(blob) or blob in self._fetch_failures:
+                    self._wanted.discard(blob)
+                    continue
+                try:
+                    await self.fetch(blob)
+                except (DaemonError, TransportError) as exc:
+                    log.info("fetch of %s postponed: %s", blob[:12], exc)
+            await trio.sleep(max(self.poll_interval, 1.0))
+
+    async def fetch(self, blob: str, timeout: float = 600.0) -> str:
+        """Fetch `blob` from whichever connected peers hold it; returns its hash when stored."""
+        if self.store.has(blob):
+            return blob
+        peers = self.transport.peers()
+        if not peers:
+            raise DaemonError("no connected peers to fetch from")
+        with trio.fail_after(timeout):
+            await self.blobs.fetch(blob, peers)
+        self._wanted.discard(blob)
+        return blob
+
+    # ---------------------------------------------------------------- control
+
+    async def _control(self, req: dict) -> dict:
+        op = req["op"]
+        if op == "ping":
+            return {"peer_id": self.transport.peer_id}
+        if op == "status":
+            return await self.status()
+        if op == "peers":
+            return {"peers": self.transport.peers()}
+        if op == "fetch":
+            blob = req.get("blob")
+            if not isinstance(blob, str):
+                raise DaemonError("fetch needs a blob hash")
+            await self.fetch(blob, timeout=float(req.get("timeout_s", 600)))
+            return {"blob": blob, "size": self.store.size(blob)}
+        if op == "connect":
+            return {"peer": await self.transport.connect(str(req.get("addr")))}
+        if op == "sync":
+            added = 0
+            for peer in self.transport.peers():
+                added += await self.sync_with(peer)
+            return {"added": added}
+        if op == "stop":
+            self.stop()
+            return {}
+        raise DaemonError(f"unknown control op {op!r}")
+
+    async def status(self) -> dict:
+        def ledger_state(led: Ledger) -> dict:
+            from ledger.keys import peer_id_from_public_key
+
+            heads = {peer_id_from_public_key(a): s for a, s in led.heads().items()}
+            return {"heads": heads, "entries": sum(heads.values())}
+
+        state = await self.ledger.run(ledger_state)
+        return {
+            "peer_id": self.transport.peer_id,
+            "addrs": self.transport.addrs(),
+            "peers": self.transport.peers(),
+            "ledger": state,
+            "blobs": len(self.store.list()),
+            "wanted": sorted(self._wanted),
+            "bytes": self.transport.bytes_counters(),
+            "stats": dict(self.stats),
+        }
+
+
+def daemon_state(home: NodeHome) -> dict | None:
+    """The running daemon's advertised state (pid, addrs), or None if none is recorded."""
+    path: Path = home.root / "daemon.json"
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,123 @@
+"""Ledger sync protocol: a node that was away pulls what it is missing from a peer.
+
+Protocol `/atd/sync/1.0.0`, one request per stream, msgpack frames:
+
+    client -> server   {"t": "heads", "heads": {author(bytes32): seq, ...}}
+    server -> client   {"t": "entries", "e": [raw entry bytes, ...]}   (zero or more, each <= ~512 KiB)
+    server -> client   {"t": "end", "n": total entries sent}
+
+The server sends, per author it knows, every entry after the client's contiguous head
+(all of them for authors the client has never seen). The client merges each batch as it
+arrives; merging is idempotent and order-independent, so overlapping pulls, gossip
+arriving meanwhile, or an interrupted pull (retried later) are all harmless.
+Database work runs in worker threads so the trio loop never blocks.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import msgpack
+import trio
+
+from atdnode.ledger_access import LedgerAccess
+from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
+
+SYNC_PROTOCOL = "/atd/sync/1.0.0"
+BATCH_BYTES = 512 << 10
+MAX_SYNC_FRAME = 2 << 20
+MAX_AUTHORS = 100_000
+
+log = logging.getLogger(__name__)
+
+
+class SyncProtocolError(TransportError):
+    """A peer sent a sync message that does not follow the protocol."""
+
+
+@dataclass
+class SyncResult:
+    received: int = 0
+    added: int = 0
+    rejected: int = 0
+
+
+def _decode(frame: bytes) -> dict:
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise SyncProtocolError(f"undecodable sync frame: {exc}") from exc
+    if not isinstance(msg, dict) or "t" not in msg:
+        raise SyncProtocolError("sync frame is not a typed map")
+    return msg
+
+
+async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
+    """Answer one heads request on `stream` with the entries the requester lacks."""
+    try:
+        msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
+        heads = msg.get("heads")
+        if msg["t"] != "heads" or not isinstance(heads, dict) or len(heads) > MAX_AUTHORS:
+            raise SyncProtocolError("expected a heads map")
+        theirs: dict[bytes, int] = {}
+        for author, seq in heads.items():
+            if not isinstance(author, bytes) or len(author) != 32 or not isinstance(seq, int):
+                raise SyncProtocolError("malformed heads entry")
+            theirs[author] = seq
+        missing = await ledger.run(lambda led: _missing_raw(led, theirs))
+        sent = 0
+        batch: list[bytes] = []
+        size = 0
+        for raw in missing:
+            batch.append(raw)
+            size += len(raw)
+            if size >= BATCH_BYTES:
+                await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+                sent += len(batch)
+                batch, size = [], 0
+        if batch:
+            await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+            sent += len(batch)
+        await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
+    except (SyncProtocolError, FrameError) as exc:
+        log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
+        await stream.reset()
+        return
+    except TransportError as exc:
+        log.info("sync stream to %s ended early: %s", stream.remote_peer, exc)
+    finally:
+        await stream.close()
+
+
+def _missing_raw(led, theirs: dict[bytes, int]) -> list[bytes]:
+    out: list[bytes] = []
+    for author, seq in led.heads().items():
+        if theirs.get(author, 0) < seq:
+            out.extend(e.to_bytes() for e in led.entries_after(author, theirs.get(author, 0)))
+    return out
+
+
+async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
+    """Send our heads on `stream` and merge everything the peer returns."""
+    result = SyncResult()
+    heads = await ledger.run(lambda led: led.heads())
+    try:
+        await stream.write_frame(msgpack.packb({"t": "heads", "heads": heads}))
+        while True:
+            msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
+            if msg["t"] == "end":
+                break
+            entries = msg.get("e")
+            if msg["t"] != "entries" or not isinstance(entries, list):
+                raise SyncProtocolError(f"unexpected sync message {msg['t']!r}")
+            if not all(isinstance(e, bytes) for e in entries):
+                raise SyncProtocolError("entries must be raw bytes")
+            result.received += len(entries)
+            merged = await ledger.merge(entries)
+            result.added += len(merged.added)
+            result.rejected += len(merged.rejected)
+    except StreamClosed as exc:
+        raise SyncProtocolError("peer closed the sync stream before its end marker") from exc
+    finally:
+        await stream.close()
+    return result

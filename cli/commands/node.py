@@ -1,0 +1,151 @@
+"""`atd node start|status|stop`, `atd peers`, `atd fetch`: run and drive the daemon."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from atdnode import control
+from atdnode.home import NodeHome
+
+node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
+
+HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
+
+
+def _setup_logging(home: NodeHome, verbose: bool) -> None:
+    home.logs_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(home.logs_dir / "daemon.log")):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    # py-libp2p is chatty at INFO; keep its warnings.
+    for name in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@node_app.command("start")
+def start(
+    home: Path = HOME_OPT,
+    listen: List[str] = typer.Option(["/ip4/127.0.0.1/tcp/0"], "--listen", help="Multiaddr to listen on (repeatable)."),
+    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial (repeatable)."),
+    role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
+    sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
+    no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+) -> None:
+    """Run the daemon in the foreground until Ctrl-C / SIGTERM.
+
+    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
+    """
+    import trio
+
+    from atdnode.config import NodeConfig
+    from atdnode.daemon import NodeDaemon
+
+    h = NodeHome.at(home).require()
+    _setup_logging(h, verbose)
+    if role is not None:
+        cfg = NodeConfig.load(h)
+        cfg.role = role
+        cfg.save(h)
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def on_signals() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        daemon.stop()
+                        return
+
+            nursery.start_soon(on_signals)
+            addrs = await nursery.start(daemon.run, list(listen), list(bootstrap))
+            for a in addrs:
+                typer.echo(a)
+            sys.stdout.flush()
+            await daemon._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@node_app.command("status")
+def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Addresses, peers, ledger heads and blobs of the running daemon (or the offline state)."""
+    h = NodeHome.at(home).require()
+    if control.daemon_running(h.control_socket):
+        st = control.call(h.control_socket, "status")
+        st.pop("ok", None)
+        st["running"] = True
+    else:
+        st = _offline_status(h)
+    if as_json:
+        typer.echo(json.dumps(st, indent=2, default=str))
+        return
+    typer.echo(f"peer id : {st['peer_id']}")
+    typer.echo(f"running : {st['running']}")
+    for a in st.get("addrs", []):
+        typer.echo(f"address : {a}")
+    typer.echo(f"peers   : {len(st.get('peers', []))}")
+    typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
+    typer.echo(f"blobs   : {st['blobs']}")
+
+
+def _offline_status(h: NodeHome) -> dict:
+    from atdnode.blobstore import BlobStore
+    from atdnode.identity import NodeIdentity
+    from ledger import Ledger
+    from ledger.keys import peer_id_from_public_key
+
+    led = Ledger.open(h.ledger_db)
+    try:
+        heads = {peer_id_from_public_key(a): s for a, s in led.heads().items()}
+    finally:
+        led.close()
+    return {
+        "peer_id": NodeIdentity.load(h).peer_id,
+        "running": False,
+        "addrs": [],
+        "peers": [],
+        "ledger": {"heads": heads, "entries": sum(heads.values())},
+        "blobs": len(BlobStore(h.blobs_dir).list()),
+    }
+
+
+@node_app.command("stop")
+def stop(home: Path = HOME_OPT) -> None:
+    """Ask the running daemon to shut down cleanly."""
+    control.call(NodeHome.at(home).require().control_socket, "stop")
+    typer.echo("stopping")
+
+
+def peers(home: Path = HOME_OPT) -> None:
+    """List the peers the running daemon is connected to."""
+    reply = control.call(NodeHome.at(home).require().control_socket, "peers")
+    for p in reply["peers"]:
+        typer.echo(p)
+
+
+def fetch(
+    home: Path = HOME_OPT,
+    blob: str = typer.Argument(..., help="SHA-256 (hex) of the blob to fetch."),
+    timeout: float = typer.Option(600.0, help="Give up after this many seconds."),
+) -> None:
+    """Fetch a blob from the peers that hold it (needs a running daemon)."""
+    reply = control.call(NodeHome.at(home).require().control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
+    typer.echo(f"{reply['blob']} {reply['size']} bytes")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")
+    app.command("peers")(peers)
+    app.command("fetch")(fetch)
