@@ -1,0 +1,285 @@
+"""p-FESTA: a frozen plain patch embedder on clients, random patch permutation, and a server
+that stores the permuted embeddings once and trains the body against clients' task tails.
+
+Message flow (kind: sender -> receiver)::
+
+    upload    client -> server  once: every image's N patch embeddings (pos embed added),
+                                each image under a fresh random permutation     (k, N, D)
+                                (the permutation keys never leave the client)
+    body_out  server -> client  per step: body(stored[idx]) and the indices       (b, N, D)
+    grad_out  client -> server  the client un-permutes with its keys, runs its tail,
+                                and returns dLoss/d body_out in permuted order     (b, N, D)
+    state_up / state_down       tails averaged per task every ``unifying_rounds``
+
+The body has no position embedding and no cls token inside, so it is permutation-
+equivariant: ``body(x[:, p]) == body(x)[:, p]``. Classification / regression tails pool
+by the mean over tokens; segmentation tails see tokens back in image order.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
+from protocols.festa import SplitRunResult, _unify
+from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, ViTSplitConfig, task_loss,
+                                   task_metric)
+from protocols.split_server import BodyServer
+from protocols.split_state import SplitProtocolError, check_features
+
+TRAIN_KINDS = ("upload", "body_out", "grad_out", "state_up", "state_down")
+
+
+def random_permutations(batch: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """One fresh uniform permutation of ``n`` positions per image: (batch, n) long."""
+    return torch.argsort(torch.rand(batch, n, generator=gen), dim=1)
+
+
+def permute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``out[b, j] = tokens[b, perm[b, j]]`` for (B, N, D) tokens and (B, N) keys."""
+    return tokens.gather(1, perm.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
+
+
+def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`permute_tokens` (differentiable: gradients flow back permuted)."""
+    return permute_tokens(tokens, torch.argsort(perm, dim=1))
+
+
+class FeatureStore:
+    """Permuted embeddings each client uploaded once, received in order in chunks."""
+
+    def __init__(self, token_shape: tuple[int, int], max_batch: int) -> None:
+        self.token_shape, self.max_batch = token_shape, max_batch
+        self.features: dict[str, torch.Tensor] = {}
+        self.received: dict[str, int] = {}
+
+    def open(self, client_id: str, num_samples: int) -> None:
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise SplitProtocolError(f"{client_id}: num_samples must be a positive int")
+        if self.features.get(client_id) is not None and self.features[client_id].shape[0] == num_samples:
+            return  # re-join after a restart or drop: keep what was uploaded
+        self.features[client_id] = torch.empty(num_samples, *self.token_shape)
+        self.received[client_id] = 0
+
+    def receive(self, client_id: str, start: int, feats: torch.Tensor) -> None:
+        if client_id not in self.features:
+            raise SplitProtocolError(f"{client_id} uploads without having joined")
+        check_features("upload", feats, self.token_shape, self.max_batch)
+        have, total = self.received[client_id], self.features[client_id].shape[0]
+        if start != have:
+            raise SplitProtocolError(f"{client_id}: upload chunk starts at {start}, expected {have}")
+        if have + feats.shape[0] > total:
+            raise SplitProtocolError(f"{client_id}: upload exceeds the announced {total} samples")
+        self.features[client_id][have:have + feats.shape[0]] = feats
+        self.received[client_id] = have + feats.shape[0]
+
+    def complete(self, client_id: str) -> bool:
+        return client_id in self.features and self.received[client_id] == self.features[client_id].shape[0]
+
+    def get(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
+        if not self.complete(client_id):
+            raise SplitProtocolError(f"{client_id}: upload incomplete ({self.received.get(client_id, 0)} samples)")
+        return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long)]
+
+    def all_features(self) -> torch.Tensor:
+        """Every complete client's embeddings stacked: (M, N, D)."""
+        done = [self.features[c] for c in sorted(self.features) if self.complete(c)]
+        return torch.cat(done) if done else torch.empty(0, *self.token_shape)
+
+    def to_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        return ({f"store.{c}": f for c, f in self.features.items()}, dict(self.received))
+
+    def load_state(self, tensors: Mapping[str, torch.Tensor], received: Mapping[str, int]) -> None:
+        for c, n in received.items():
+            self.features[c], self.received[c] = tensors[f"store.{c}"].clone(), int(n)
+
+
+class PFestaServer(BodyServer):
+    """The p-FESTA server: stores uploads, chooses batches, trains the body."""
+
+    kind = "pfesta"
+    unify_with_head = False
+    tail_pool = "avg"
+    has_cls = False
+
+    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32, **kw: Any) -> None:
+        super().__init__(cfg, tasks, **kw)
+        self.batch_size = batch_size
+        self.store = FeatureStore(self.token_shape, self.max_batch)
+        self._samplers: dict[str, BatchSampler] = {}
+
+    def join(self, client_id: str, task: str, num_samples: int = 1) -> None:  # type: ignore[override]
+        """Admit a client that will upload ``num_samples`` embeddings (kept across re-joins)."""
+        super().join(client_id, task)
+        self.store.open(client_id, num_samples)
+
+    def receive_features(self, client_id: str, start: int, feats: torch.Tensor) -> None:
+        """``upload`` message: a chunk of permuted embeddings starting at sample ``start``."""
+        self.task_of(client_id)
+        self.store.receive(client_id, start, feats)
+
+    def next_indices(self, client_id: str) -> list[int]:
+        """The server's choice of the client's next training batch."""
+        self.task_of(client_id)
+        if client_id not in self._samplers:
+            n = self.store.features[client_id].shape[0]
+            self._samplers[client_id] = BatchSampler(n, min(self.batch_size, n),
+                                                     seed=self.seed + self.version + len(self._samplers))
+        return self._samplers[client_id].next().tolist()
+
+    def forward(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
+        """Body output for stored samples ``idx`` (the ``body_out`` message)."""
+        n = self.store.features.get(client_id, torch.empty(0)).shape[0]
+        if not idx or any(not isinstance(i, int) or not 0 <= i < n for i in idx):
+            raise SplitProtocolError(f"{client_id}: indices must be ints in 0..{n - 1}")
+        return self.body_forward(client_id, self.store.get(client_id, idx), need_input_grad=False)
+
+    def backward(self, client_id: str, grad_out: torch.Tensor) -> None:
+        """``grad_out`` message: update the body; nothing goes back (the embedder is frozen)."""
+        self.body_backward(client_id, grad_out)
+
+    def infer(self, client_id: str, features: torch.Tensor) -> torch.Tensor:
+        """``eval_forward`` -> ``eval_out``: body output for fresh (permuted) test embeddings."""
+        return self.body_infer(client_id, features)
+
+    def _extra_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        t, received = self.store.to_state()
+        return t, {"received": received, "batch_size": self.batch_size}
+
+    def _load_extra_state(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -> None:
+        self.batch_size = int(scalars["batch_size"])
+        self.store.load_state(tensors, scalars["received"])
+
+
+class PFestaClient:
+    """A p-FESTA client: the shared frozen embedder, its permutation keys, a task tail."""
+
+    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+                 targets: torch.Tensor, embedder: TimmStem, *, permute: bool = True, lr: float = 1e-3,
+                 weight_decay: float = 0.05, seed: int = 0) -> None:
+        if images.shape[0] != targets.shape[0]:
+            raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
+        self.client_id, self.cfg, self.task = client_id, cfg, task
+        self.images, self.targets, self.embedder, self.permute = images, targets, embedder, permute
+        self.tail = TaskTail(cfg, task, pool="avg", seed=seed + 1)
+        self.opt = torch.optim.AdamW(self.tail.parameters(), lr=lr, weight_decay=weight_decay)
+        self._gen = torch.Generator().manual_seed(seed + 2)
+        n = cfg.num_patches
+        self.keys = torch.arange(n).repeat(images.shape[0], 1)  # (M, N); replaced at upload
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.images.shape[0])
+
+    @torch.no_grad()
+    def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of ``images`` under fresh permutations: (tokens (b, N, D), keys (b, N))."""
+        tokens = self.embedder(images)  # (b, N, D), pos embed added
+        keys = (random_permutations(tokens.shape[0], tokens.shape[1], self._gen) if self.permute
+                else torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1))
+        return permute_tokens(tokens, keys), keys
+
+    def upload_chunks(self, chunk: int = 256) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start, permuted embeddings) for the one-time ``upload``; remembers the keys."""
+        for start in range(0, self.num_samples, chunk):
+            feats, keys = self.embed(self.images[start:start + chunk])
+            self.keys[start:start + chunk] = keys
+            yield start, feats
+
+    def tail_step(self, idx: Sequence[int], body_out: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``body_out`` for stored samples ``idx`` -> (``grad_out`` in permuted order, loss)."""
+        if (body_out.dim() != 3 or body_out.shape[0] != len(idx)
+                or any(not 0 <= i < self.num_samples for i in idx)):
+            raise SplitProtocolError(f"{self.client_id}: body output {tuple(body_out.shape)} does not fit "
+                                     f"{len(idx)} indices of {self.num_samples} samples")
+        ix = torch.as_tensor(list(idx), dtype=torch.long)
+        y = body_out.detach().requires_grad_(True)
+        out = self.tail(unpermute_tokens(y, self.keys[ix]))  # tail sees image order
+        loss = task_loss(self.task, out, self.targets[ix])
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return y.grad.detach(), float(loss.detach())
+
+    def part_state(self) -> dict[str, torch.Tensor]:
+        return {f"tail.{k}": v.detach().clone() for k, v in self.tail.state_dict().items()}
+
+    def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.tail.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("tail.")})
+
+    @torch.no_grad()
+    def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
+                 infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
+        """Task metric on held-out images, sent permuted like training data."""
+        outs = []
+        for i in range(0, images.shape[0], batch_size):
+            feats, keys = self.embed(images[i:i + batch_size])
+            outs.append(self.tail(unpermute_tokens(infer(feats), keys)))
+        return task_metric(self.task, torch.cat(outs), targets)
+
+    def cost_params(self, *, batch_size: int, steps_per_round: int, rounds: int, unifying_rounds: int,
+                    body_bytes: int) -> CostParams:
+        """The paper's symbols; F = G = one sample's N x D float32 tokens, Ph = frozen embedder."""
+        f = self.cfg.num_patches * self.cfg.embed_dim * 4
+        return CostParams(D=self.num_samples, B=steps_per_round * batch_size, R=rounds, n=unifying_rounds,
+                          F=f, G=f, Ph=tensor_bytes(self.embedder.state_dict()), Pb=body_bytes,
+                          Pt=tensor_bytes(self.tail.state_dict()))
+
+
+def upload_all(server: PFestaServer, client: PFestaClient, ch: InProcessChannel, chunk: int = 256) -> None:
+    """The one-time upload of a client's permuted embeddings through ``ch``."""
+    for start, feats in client.upload_chunks(chunk):
+        m = ch.send(client.client_id, "up", "upload", {"x": feats}, {"start": start})
+        server.receive_features(client.client_id, m.meta["start"], m.tensors["x"])
+
+
+def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], *, rounds: int,
+                         steps_per_round: int, unifying_rounds: int, upload_chunk: int = 256,
+                         channel: InProcessChannel | None = None,
+                         test_data: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                         vanish: Mapping[str, tuple[int, int]] | None = None) -> SplitRunResult:
+    """Run p-FESTA with every message through ``channel``: upload once, then ``rounds`` rounds
+    of ``steps_per_round`` server-chosen batches per client, tails unified every n rounds.
+    ``vanish={client: (round, step)}``: that client receives its body output and never answers."""
+    ch = channel or InProcessChannel()
+    res = SplitRunResult(counter=ch.counter, train_kinds=TRAIN_KINDS)
+    vanish = dict(vanish or {})
+    by_id = {c.client_id: c for c in clients}
+    for c in clients:
+        server.join(c.client_id, c.task.name, c.num_samples)
+        upload_all(server, c, ch, upload_chunk)
+        res.losses[c.client_id] = []
+    for r in range(1, rounds + 1):
+        server.begin_round(r, deadline=float(r))
+        round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
+        for s in range(steps_per_round):
+            for cid in server.live_clients():
+                idx = server.next_indices(cid)
+                m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
+                if vanish.get(cid) == (r, s):
+                    continue  # gone: its gradient never arrives
+                g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
+                server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
+                round_loss[cid].append(loss)
+        for cid in server.live_clients():
+            if vanish.get(cid, (0, 0))[0] != r:
+                server.finish_round(cid)
+        server.expire(now=float(r) + 0.5)
+        for cid in server.live_clients():
+            res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
+        if r % unifying_rounds == 0:
+            _unify(server, by_id, ch)
+    body_bytes = tensor_bytes(server.body.state_dict())
+    for cid in server.live_clients():
+        c = by_id[cid]
+        res.params[cid] = c.cost_params(batch_size=server._samplers[cid].batch_size, steps_per_round=steps_per_round,
+                                        rounds=rounds, unifying_rounds=unifying_rounds, body_bytes=body_bytes)
+        if test_data and cid in test_data:
+            def infer(x: torch.Tensor, cid: str = cid) -> torch.Tensor:
+                m = ch.send(cid, "up", "eval_forward", {"x": x})
+                return ch.send(cid, "down", "eval_out", {"y": server.infer(cid, m.tensors["x"])}).tensors["y"]
+            res.metrics[cid] = c.evaluate(*test_data[cid], infer)
+    res.dropped = dict(server.dropped)
+    return res
