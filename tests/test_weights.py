@@ -187,3 +187,15 @@ def test_meta_is_json_in_header(store):
     raw = store.get_bytes(h)
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     assert json.loads(header["__metadata__"]["atd"]) == {"k": [1, "two"]}
+
+
+def test_non_finite_mixed_and_complex(store):
+    t = torch.ones(100)
+    t[3], t[7], t[9] = float("nan"), float("inf"), float("-inf")
+    c = torch.zeros(3, dtype=torch.complex64)
+    c[1] = complex(0.0, float("inf"))
+    h = save_weights(store, {"mixed": t, "c": c, "fine": torch.zeros(0)}, {})
+    with pytest.raises(WeightsError) as ei:
+        load_weights(store, h)
+    assert "'mixed' has 1 NaN and 2 inf values" in str(ei.value)
+    assert "'c' has 0 NaN and 1 inf values" in str(ei.value)
