@@ -529,10 +529,11 @@ class PartialBlob:
         if self.closed:
             raise BlobError(f"download of blob {self.manifest.blob} is closed")
 
-    def write_chunk(self, i: int, data: bytes | bytearray | memoryview, *, sync: bool = True) -> bool:
+    def write_chunk(self, i: int, data: bytes | bytearray | memoryview, sync: bool = True) -> bool:
         """Verify chunk `i` against the manifest and write it. BlobError (nothing recorded)
         on a wrong length or hash, or a full disk. Returns False if already held.
-        With sync=False the chunk is recorded durably only at the next `flush()`."""
+        With sync=False the chunk is recorded durably only at the next `flush()`.
+        (`sync` is positional too, for trio.to_thread.run_sync.)"""
         self._check_open()
         off, n = self.manifest.span(i)
         mv = memoryview(data).cast("B")

@@ -512,3 +512,14 @@ def test_partial_blob_context_manager_closes(src, tmp_path):
         p.write_chunk(4, _chunk(data, m, 4), sync=False)
     assert p.closed
     assert s.partial(m).missing() == [0, 1, 2, 3, 5, 6]  # close() flushed
+
+
+def test_write_chunk_sync_flag_positional(src, tmp_path):
+    """trio.to_thread.run_sync passes positional arguments only."""
+    _, _, m, data = src
+    s = BlobStore(tmp_path, chunk_size=CS)
+    p = s.partial(m)
+    assert p.write_chunk(0, _chunk(data, m, 0), False)
+    assert BlobStore(tmp_path).partial(m).missing() == list(range(7))
+    p.flush()
+    assert BlobStore(tmp_path).partial(m).missing() == list(range(1, 7))
