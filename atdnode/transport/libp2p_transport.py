@@ -25,6 +25,7 @@ import libp2p.pubsub.pubsub as _pubsub_mod
 from libp2p import new_host
 from libp2p.abc import INotifee
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
@@ -141,10 +142,14 @@ class _Notifee(INotifee):
 class Libp2pTransport(Transport):
     """A py-libp2p host (Noise + yamux over TCP) with GossipSub. Run it once."""
 
-    def __init__(self, seed: bytes, *, gossip: GossipConfig | None = None) -> None:
-        if len(seed) != 32:
-            raise ValueError("an Ed25519 seed is 32 bytes")
-        self._key_pair = create_new_key_pair(seed)
+    def __init__(self, key: bytes | KeyPair, *, gossip: GossipConfig | None = None) -> None:
+        """`key`: the node's 32-byte Ed25519 seed, or a libp2p Ed25519 KeyPair made from it."""
+        if isinstance(key, KeyPair):
+            self._key_pair = key
+        elif isinstance(key, (bytes, bytearray)) and len(key) == 32:
+            self._key_pair = create_new_key_pair(bytes(key))
+        else:
+            raise ValueError("Libp2pTransport needs a 32-byte Ed25519 seed or a libp2p KeyPair")
         self._id = ID.from_pubkey(self._key_pair.public_key)
         self._peer_id = self._id.to_base58()
         self.cfg = gossip or GossipConfig()
@@ -214,6 +219,10 @@ class Libp2pTransport(Transport):
                         self._host = self._pubsub = self._nursery = None
                         self._announced.clear()
                         nursery.cancel_scope.cancel()
+                        # Close connections explicitly: libp2p's own shutdown cancels their
+                        # tasks and leaves sockets to the garbage collector.
+                        with trio.CancelScope(shield=True), trio.move_on_after(5):
+                            await host.get_network().close()
 
     def _require(self) -> tuple[Any, Any, trio.Nursery]:
         if self._host is None or self._nursery is None:

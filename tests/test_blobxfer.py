@@ -1,0 +1,256 @@
+"""Blob protocol on both transports: fetch, resume, bad-chunk peer, multi-holder, bad frames.
+
+libp2p runs use the bulk TCP channel by default (one test also forces plain streams);
+the in-memory transport always uses streams. Every wait has a deadline.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+import trio
+
+from atdnode.blobstore import BlobStore
+from atdnode.transport.base import Transport, TransportError
+from atdnode.transport.blobfetch import FetchConfig, FetchError
+from atdnode.transport.blobxfer import PROTOCOL, BlobService, open_bulk, pack, read_header
+from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+
+KINDS = ["memory", "libp2p"]
+CHUNK = 64 << 10
+NCHUNKS = 24
+
+
+def seed(i: int) -> bytes:
+    return hashlib.sha256(f"blob-node-{i}".encode()).digest()
+
+
+def blob_bytes() -> bytes:
+    return random.Random(5).randbytes(NCHUNKS * CHUNK - 1234)  # last chunk is short
+
+
+class Node:
+    def __init__(self, t: Transport, store: BlobStore, svc: BlobService) -> None:
+        self.t, self.store, self.svc = t, store, svc
+        self.stop = trio.Event()
+
+
+@asynccontextmanager
+async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: FetchConfig | None = None) -> AsyncIterator[list[Node]]:
+    """n running nodes, each with its own store and BlobService, all connected to node 0.
+    A node whose `stop` event is set shuts its transport down (like a killed peer)."""
+    net = MemoryNetwork(seed=11)
+    nodes: list[Node] = []
+    for i in range(n):
+        if kind == "memory":
+            t: Transport = MemoryTransport(net, seed(i))
+        else:
+            from atdnode.transport.libp2p_transport import Libp2pTransport
+
+            t = Libp2pTransport(seed(i))
+        store = BlobStore(tmp / f"n{i}", chunk_size=CHUNK)
+        svc = BlobService(t, store, bulk=bulk, config=cfg or FetchConfig(bulk=bulk, batch_bytes=4 * CHUNK))
+        svc.install()
+        nodes.append(Node(t, store, svc))
+
+    async def run_node(node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with node.t.run(["/ip4/127.0.0.1/tcp/0"]):
+            task_status.started()
+            await node.stop.wait()
+
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await nursery.start(run_node, node)
+        for node in nodes[1:]:
+            await node.t.connect(nodes[0].t.addrs()[0])
+        yield nodes
+        for node in nodes:
+            node.stop.set()
+
+
+def run(fn, *args, timeout: float = 90.0) -> None:
+    async def main() -> None:
+        with trio.fail_after(timeout):
+            await fn(*args)
+
+    trio.run(main)
+
+
+async def until(cond, timeout: float = 20.0) -> None:
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.005)
+
+
+def corrupt(store: BlobStore, h: str, chunks: list[int]) -> None:
+    """Flip one byte in each listed chunk of a held blob (its cached manifest stays right)."""
+    store.manifest(h)  # computed while the bytes are still good
+    p = store.path(h)
+    p.chmod(0o600)
+    raw = bytearray(p.read_bytes())
+    for i in chunks:
+        raw[i * CHUNK + 7] ^= 0xFF
+    p.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fetch_one_holder(kind: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(kind, 2, tmp_path) as (a, b):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            m = a.store.manifest(h)
+            assert await b.svc.fetch(h, [a.t.peer_id], manifest_hash=m.hash) == h
+            assert b.store.get_bytes(h) == data
+            rep = b.svc.fetcher.reports[h]
+            assert rep.chunks_from[a.t.peer_id] == NCHUNKS and rep.bytes == len(data)
+            assert rep.modes[a.t.peer_id] == ("bulk" if kind == "libp2p" else "stream")
+            assert a.svc.server.served_chunks == NCHUNKS
+            # already held: no traffic; unknown blob: clear error
+            assert await b.svc.fetch(h, [a.t.peer_id]) == h
+            with pytest.raises(FetchError, match="no peer holds"):
+                await b.svc.fetch("ab" * 32, [a.t.peer_id])
+            with pytest.raises(FetchError, match="offers manifest"):
+                await b.svc.fetch(a.store.put_bytes(b"other"), [a.t.peer_id], manifest_hash="00" * 32)
+
+    run(body)
+
+
+def test_libp2p_plain_streams_when_bulk_disabled(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster("libp2p", 2, tmp_path, bulk=False) as (a, b):
+            h = a.store.put_bytes(blob_bytes())
+            assert await b.svc.fetch(h, [a.t.peer_id]) == h
+            assert b.svc.fetcher.reports[h].modes == {a.t.peer_id: "stream"}
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_after_holder_dies(kind: str, tmp_path: Path) -> None:
+    """The only holder dies mid-fetch: FetchError, chunks so far kept; after a 'restart' of
+    the fetching store, a second holder supplies only the missing chunks."""
+
+    async def body() -> None:
+        cfg = FetchConfig(batch_bytes=CHUNK, per_peer=1, flush_bytes=CHUNK)
+        async with cluster(kind, 3, tmp_path, cfg=cfg) as (a, b, c):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            c.store.put_bytes(data)
+            m = a.store.manifest(h)
+            result: list[BaseException] = []
+
+            async def fetch() -> None:
+                try:
+                    await b.svc.fetch(h, [a.t.peer_id], manifest_hash=m.hash)
+                except FetchError as e:
+                    result.append(e)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(fetch)
+                await until(lambda: h in b.svc.fetcher.reports and b.svc.fetcher.reports[h].bytes >= 4 * CHUNK)
+                a.stop.set()  # the holder goes away mid-transfer
+            assert result and isinstance(result[0], FetchError)
+            got = b.svc.fetcher.reports[h].chunks_from[a.t.peer_id]
+            assert 4 <= got < NCHUNKS
+            # "restart": a fresh store object on the same directory resumes from disk
+            b.svc.fetcher.store = b.store = BlobStore(b.store.root, chunk_size=CHUNK)
+            assert len(b.store.partial(m).missing()) == NCHUNKS - got
+            await b.t.connect(c.t.addrs()[0])
+            assert await b.svc.fetch(h, [c.t.peer_id], manifest_hash=m.hash) == h
+            rep = b.svc.fetcher.reports[h]
+            assert rep.resumed_chunks == got
+            assert c.svc.server.served_chunks == NCHUNKS - got
+            assert b.store.get_bytes(h) == data
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_chunk_peer_detected_and_chunk_refetched(kind: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(kind, 3, tmp_path) as (a, b, c):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            c.store.put_bytes(data)
+            m = a.store.manifest(h)
+            corrupt(a.store, h, list(range(NCHUNKS)))  # a now serves wrong bytes for every chunk
+            await b.t.connect(c.t.addrs()[0])
+            # only the bad peer: every chunk it sends is rejected, nothing is written
+            with pytest.raises(FetchError, match="still missing"):
+                await b.svc.fetch(h, [a.t.peer_id], manifest_hash=m.hash)
+            rep = b.svc.fetcher.reports[h]
+            assert a.t.peer_id in rep.bad_peers and "does not match" in rep.bad_peers[a.t.peer_id]
+            assert rep.bytes == 0 and len(b.store.partial(m).missing()) == NCHUNKS
+            # bad + good peer: the good one supplies everything, including re-fetched chunks
+            assert await b.svc.fetch(h, [a.t.peer_id, c.t.peer_id], manifest_hash=m.hash) == h
+            rep = b.svc.fetcher.reports[h]
+            assert rep.chunks_from[a.t.peer_id] == 0 and rep.chunks_from[c.t.peer_id] == NCHUNKS
+            assert b.store.get_bytes(h) == data
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_multi_holder_parallel(kind: str, tmp_path: Path) -> None:
+    async def body() -> None:
+        cfg = FetchConfig(batch_bytes=CHUNK, per_peer=2, max_streams=6)
+        async with cluster(kind, 4, tmp_path, cfg=cfg) as nodes:
+            data = blob_bytes()
+            holders = nodes[1:]
+            for n in holders:
+                h = n.store.put_bytes(data)
+            fetcher = nodes[0]
+            assert await fetcher.svc.fetch(h, [n.t.peer_id for n in holders]) == h
+            rep = fetcher.svc.fetcher.reports[h]
+            assert sum(rep.chunks_from.values()) == NCHUNKS
+            assert set(rep.chunks_from) == {n.t.peer_id for n in holders}  # work was spread
+            assert fetcher.store.get_bytes(h) == data
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_malformed_and_oversized_requests_reset_only_that_stream(kind: str, tmp_path: Path, caplog) -> None:
+    async def body() -> None:
+        async with cluster(kind, 2, tmp_path) as (a, b):
+            h = a.store.put_bytes(blob_bytes())
+            bad_requests = [
+                b"\xc1 not msgpack",
+                pack({"op": "get", "blob": h, "chunk_size": CHUNK, "chunks": ["x"]}),
+                pack({"op": "get", "blob": h, "chunk_size": 1 << 30, "chunks": [0]}),
+                pack({"op": "teleport", "blob": h}),
+                pack({"op": "manifest", "blob": "not-a-hash"}),
+                b"\x00" * (70 << 10),  # over the 64 KiB header limit
+            ]
+            for req in bad_requests:
+                s = await b.t.open_stream(a.t.peer_id, PROTOCOL)
+                await s.write_frame(req)
+                with pytest.raises(TransportError), trio.fail_after(10):
+                    await s.read_frame()
+            # a chunk index past the end is answered (not a protocol violation)
+            s = await b.t.open_stream(a.t.peer_id, PROTOCOL)
+            await s.write_frame(pack({"op": "get", "blob": h, "chunk_size": CHUNK, "chunks": [NCHUNKS + 5]}))
+            with trio.fail_after(10):
+                assert "error" in await read_header(s)
+            await s.close()
+            if kind == "libp2p":  # a bulk connection with a wrong token is refused
+                s = await b.t.open_stream(a.t.peer_id, PROTOCOL)
+                await s.write_frame(pack({"op": "bulk", "blob": h, "conns": 1}))
+                offer = await read_header(s)
+                bulk = await open_bulk(s.remote_host, offer["port"], b"\x01" * 32, a.t.peer_id)
+                await bulk.write_frame(pack({"op": "manifest", "blob": h}))
+                with pytest.raises(TransportError), trio.fail_after(10):
+                    await bulk.read_frame()
+                await bulk.close()
+                await s.close()
+            # the node still serves normally
+            assert await b.svc.fetch(h, [a.t.peer_id]) == h
+            assert a.t.peer_id in b.t.peers()
+
+    run(body)
+    assert any("reset" in r.getMessage() or "closed" in r.getMessage() for r in caplog.records)
