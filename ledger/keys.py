@@ -1,0 +1,136 @@
+"""Ed25519 keys, signatures, and libp2p peer ids — in pure Python (no libp2p import).
+
+A node's ledger author is its raw 32-byte Ed25519 public key. For display and for the
+transport it is written as a libp2p peer id: base58btc of the identity multihash
+(code 0x00, length 36) over the protobuf ``PublicKey{Type=Ed25519(1), Data=pubkey}``,
+which gives ``12D3KooW...``. The same bytes are what libp2p's ``ID.from_pubkey`` computes
+(checked in tests/test_identity.py).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ledger.errors import BadPeerId, BadSignature
+
+PUBLIC_KEY_LEN = 32
+SIGNATURE_LEN = 64
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(_B58)}
+# protobuf PublicKey: field 1 (Type) varint 1 = Ed25519; field 2 (Data) length-delimited 32 bytes.
+_PROTO_PREFIX = b"\x08\x01\x12\x20"
+# identity multihash: code 0x00, digest length 36 (= len(protobuf)).
+_PEER_ID_PREFIX = b"\x00\x24" + _PROTO_PREFIX
+
+
+def b58encode(data: bytes) -> str:
+    """Base58btc (bitcoin alphabet), leading zero bytes kept as '1'."""
+    n = int.from_bytes(data, "big")
+    out: list[str] = []
+    while n:
+        n, r = divmod(n, 58)
+        out.append(_B58[r])
+    pad = len(data) - len(data.lstrip(b"\0"))
+    return "1" * pad + "".join(reversed(out))
+
+
+def b58decode(text: str) -> bytes:
+    """Inverse of `b58encode`; raises BadPeerId on a character outside the alphabet."""
+    n = 0
+    for c in text:
+        try:
+            n = n * 58 + _B58_INDEX[c]
+        except KeyError:
+            raise BadPeerId(f"invalid base58 character {c!r} in {text!r}") from None
+    pad = len(text) - len(text.lstrip("1"))
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
+    return b"\0" * pad + body
+
+
+@lru_cache(maxsize=4096)
+def peer_id_from_public_key(public_key: bytes) -> str:
+    """libp2p peer id (``12D3KooW...``) of a raw 32-byte Ed25519 public key."""
+    if not isinstance(public_key, bytes) or len(public_key) != PUBLIC_KEY_LEN:
+        raise BadPeerId("an Ed25519 public key is 32 bytes")
+    return b58encode(_PEER_ID_PREFIX + public_key)
+
+
+def public_key_from_peer_id(peer_id: str) -> bytes:
+    """The raw Ed25519 public key inside an identity-multihash peer id; BadPeerId otherwise."""
+    if not isinstance(peer_id, str) or not 40 <= len(peer_id) <= 60:
+        raise BadPeerId(f"not an Ed25519 peer id: {peer_id!r}")
+    raw = b58decode(peer_id.strip())
+    if len(raw) != len(_PEER_ID_PREFIX) + PUBLIC_KEY_LEN or not raw.startswith(_PEER_ID_PREFIX):
+        raise BadPeerId(f"not an Ed25519 identity peer id: {peer_id!r}")
+    return raw[len(_PEER_ID_PREFIX):]
+
+
+def parse_author(text: str) -> bytes:
+    """A peer id or a 64-hex public key -> raw public key (BadPeerId if neither)."""
+    text = text.strip()
+    if len(text) == 2 * PUBLIC_KEY_LEN:
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            pass
+    return public_key_from_peer_id(text)
+
+
+def describe_author(author: bytes) -> str:
+    """Peer id for a well-formed key, else a hex dump (used in error messages)."""
+    if isinstance(author, bytes) and len(author) == PUBLIC_KEY_LEN:
+        return peer_id_from_public_key(author)
+    return f"<bad author {bytes(author).hex() if isinstance(author, (bytes, bytearray)) else author!r}>"
+
+
+@lru_cache(maxsize=4096)
+def _public_key_object(public_key: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(public_key)
+
+
+def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> None:
+    """Return None if `signature` is the Ed25519 signature of `data` by `public_key`; else BadSignature."""
+    if len(signature) != SIGNATURE_LEN:
+        raise BadSignature("signature is not 64 bytes")
+    try:
+        _public_key_object(bytes(public_key)).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        raise BadSignature("Ed25519 signature does not verify") from None
+
+
+class Signer:
+    """An Ed25519 private key that signs ledger entries. `.public_key` is the ledger author."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._key = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        self.peer_id: str = peer_id_from_public_key(self.public_key)
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> "Signer":
+        """Deterministic key from a 32-byte seed (the file format of HOME/node.key)."""
+        if not isinstance(seed, (bytes, bytearray)) or len(seed) != 32:
+            raise ValueError("an Ed25519 seed is exactly 32 bytes")
+        return cls(Ed25519PrivateKey.from_private_bytes(bytes(seed)))
+
+    @classmethod
+    def generate(cls) -> "Signer":
+        return cls(Ed25519PrivateKey.generate())
+
+    def seed(self) -> bytes:
+        """The raw 32-byte private seed (handle with care: this is the node's secret)."""
+        return self._key.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def __repr__(self) -> str:
+        return f"Signer({self.peer_id})"

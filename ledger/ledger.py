@@ -1,0 +1,247 @@
+"""`Ledger`: the public face of the replicated, signed, hash-chained log (SQLite-backed).
+
+    led = Ledger.open(path)                         # creates tables; WAL
+    e = led.append(signer, "hello", {...})          # seq / prev / lamport filled in, signed, stored
+    res = led.merge(entries_or_wire_bytes)          # idempotent, order independent
+    led.verify()                                    # raises the first LedgerError, or returns a report
+
+Log order is (lamport, author, seq). Only entries in the log are returned by `query`,
+`all_entries`, `heads` and (by default) `get` / `entries_after`; held entries (waiting for a
+predecessor or an admission) and fork evidence stay in the store. See membership.py for
+the rules. A Ledger object is safe to share between threads (one lock); several
+processes may open the same file (SQLite locking, one transaction per append / merge).
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Iterable
+
+from ledger.encoding import decode_payload
+from ledger.entry import Entry
+from ledger.errors import (
+    Equivocation, LedgerError, MalformedEntry, NotAdmin, RevokedAuthor, UnknownAuthor, WrongConsortium,
+)
+from ledger.keys import Signer
+from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
+from ledger.merge import Batch, MergeResult, store_membership
+from ledger.store import ZERO, Store
+from ledger.verify import VerifyReport, verify_store
+
+_SELECT = "SELECT payload, sig, id FROM entries"
+_ORDER = " ORDER BY lamport, author, seq"
+
+
+def _entry(row: tuple) -> Entry:
+    payload, sig, entry_id = row
+    return Entry._trusted(payload, sig, decode_payload(payload, check_canonical=False), entry_id)
+
+
+class Ledger:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
+        """Open (or create) the ledger at `path`; `genesis_id` pins the consortium (WrongConsortium
+        if the ledger is already pinned to another). An unpinned ledger adopts the first genesis
+        entry it stores."""
+        store = Store(path)
+        if genesis_id is not None:
+            if not isinstance(genesis_id, bytes) or len(genesis_id) != 32:
+                store.close()
+                raise MalformedEntry("a genesis id is 32 bytes")
+            with store.transaction():
+                pin = store.genesis_pin()
+                if pin is None:
+                    store.set_meta("genesis", genesis_id)
+                elif pin != genesis_id:
+                    store.close()
+                    raise WrongConsortium(f"ledger is pinned to genesis {pin.hex()}, not {genesis_id.hex()}")
+        return cls(store)
+
+    def close(self) -> None:
+        with self._lock:
+            self._store.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    @property
+    def genesis_id(self) -> bytes | None:
+        with self._lock:
+            return self._store.genesis_pin()
+
+    # --- writing -----------------------------------------------------------------------
+    def append(self, signer: Signer, kind: str, body: dict) -> Entry:
+        """Sign and store the signer's next entry (one transaction). Raises Equivocation /
+        RevokedAuthor for a signer that may not write, NotAdmin / UnknownAuthor for a member
+        entry it may not make, WrongConsortium for a second genesis. The entry of a signer
+        not (yet) admitted is stored held and enters the log once its admission arrives."""
+        with self._lock, self._store.transaction():
+            s = self._store
+            me = signer.public_key
+            if s.frozen_seq(me) is not None:
+                raise Equivocation("this key forked its chain; it may not append", author=me)
+            status = s.member_status(me)
+            if status is not None and status.revoked:
+                raise RevokedAuthor("this key's membership was revoked", author=me)
+            if kind == "member":
+                self._check_member_change(signer, body, store_membership(s))
+            seq, prev, own_lamport = self._tip(me)
+            if kind == "genesis":
+                if s.genesis_pin() is not None:
+                    raise WrongConsortium("this ledger already belongs to a consortium")
+                if seq != 0:
+                    raise MalformedEntry("a genesis must be its author's first entry", author=me)
+            lamport = max(s.max_log_lamport(), own_lamport) + 1
+            e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
+            batch = Batch(s)
+            err = batch.add(e)
+            if err is not None:
+                raise err
+            batch.finish()
+            return e
+
+    def _tip(self, author: bytes) -> tuple[int, bytes, int]:
+        """(seq, id, lamport) of the author's last contiguous stored entry, held ones included."""
+        seq, eid, lamport = self._store.log_head(author)
+        while True:
+            near = self._store.rows_at(author, seq + 1, seq + 1)
+            if len(near) != 1 or near[0][1] != HELD or (seq and near[0][0].prev != eid):
+                return seq, eid, lamport
+            row = near[0][0]
+            seq, eid, lamport = row.seq, row.id, row.lamport
+
+    @staticmethod
+    def _check_member_change(signer: Signer, body: dict, m: Membership) -> None:
+        me = signer.public_key
+        target = body.get("member") if isinstance(body, dict) else None
+        if not m.is_admin(me):
+            raise NotAdmin("only an admin can admit or revoke members", author=me)
+        status = m.members.get(target) if isinstance(target, bytes) else None
+        if body.get("action") == "admit":
+            if status is not None and status.revoked:
+                raise RevokedAuthor("that key was revoked; revocation is permanent", author=target)
+            if body.get("admin") and me != m.founder:
+                raise NotAdmin("only the founder can grant admin", author=me)
+        elif body.get("action") == "revoke":
+            if target == m.founder:
+                raise NotAdmin("the founder cannot be revoked", author=me)
+            if status is None:
+                raise UnknownAuthor("cannot revoke a key that is not a member", author=target)
+            if status.admin and me != m.founder:
+                raise NotAdmin("only the founder can revoke an admin", author=me)
+
+    def create_genesis(self, signer: Signer, consortium: str, members: Iterable[tuple[bytes, bool]] = ()) -> Entry:
+        """The founder's genesis entry: consortium name, founder (admin), optional initial members."""
+        body = {"consortium": consortium, "founder": signer.public_key,
+                "members": [[bytes(k), bool(a)] for k, a in members]}
+        return self.append(signer, "genesis", body)
+
+    def admit(self, signer: Signer, key: bytes, *, admin: bool = False, name: str | None = None) -> Entry:
+        body: dict = {"action": "admit", "member": key, "admin": admin}
+        if name:
+            body["name"] = name
+        return self.append(signer, "member", body)
+
+    def revoke(self, signer: Signer, key: bytes) -> Entry:
+        """Revoke `key`, accepting its entries up to the highest seq this ledger has in its log."""
+        upto = self.heads().get(key, 0)
+        return self.append(signer, "member", {"action": "revoke", "member": key, "upto": upto})
+
+    def merge(self, items: Iterable[Entry | bytes]) -> MergeResult:
+        """Verify and store foreign entries in one transaction; never raises for bad entries
+        (they are listed in `.rejected`)."""
+        parsed: list[Entry] = []
+        early: list[tuple[bytes | None, LedgerError]] = []
+        for item in items:
+            try:
+                e = item if isinstance(item, Entry) else Entry.from_bytes(item)
+                e.verify()
+                parsed.append(e)
+            except LedgerError as exc:
+                early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
+        with self._lock, self._store.transaction():
+            batch = Batch(self._store)
+            rejected = list(early)
+            for e in parsed:
+                err = batch.add(e)
+                if err is not None:
+                    rejected.append((e.id, err))
+            res = batch.finish()
+            res.rejected = rejected + res.rejected
+            return res
+
+    # --- reading -----------------------------------------------------------------------
+    def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:
+        with self._lock:
+            q = _SELECT + " WHERE id=?" + ("" if include_held else " AND state=0")
+            row = self._store.conn.execute(q, (entry_id,)).fetchone()
+            return None if row is None else _entry(row)
+
+    def state(self, entry_id: bytes) -> str | None:
+        """'log', 'held', 'evidence', or None when not stored."""
+        with self._lock:
+            st = self._store.state_of(entry_id)
+            return None if st is None else STATE_NAMES[st]
+
+    def query(self, kind: str | None = None, author: bytes | None = None) -> list[Entry]:
+        """Log entries, optionally of one kind and/or author, in log order."""
+        q, args = _SELECT + " WHERE state=0", []
+        if kind is not None:
+            q, args = q + " AND kind=?", args + [kind]
+        if author is not None:
+            q, args = q + " AND author=?", args + [author]
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(q + _ORDER, args)]
+
+    def all_entries(self) -> list[Entry]:
+        return self.query()
+
+    def heads(self) -> dict[bytes, int]:
+        """author -> highest seq in the log (contiguous from 1 by construction)."""
+        with self._lock:
+            return dict(self._store.conn.execute(
+                "SELECT author, MAX(seq) FROM entries WHERE state=0 GROUP BY author"))
+
+    def entries_after(self, author: bytes, seq: int, *, include_held: bool = False) -> list[Entry]:
+        """The author's entries with seq > `seq`, ascending (log only unless include_held)."""
+        q = _SELECT + " WHERE author=? AND seq>?" + (f" AND state!={EVIDENCE}" if include_held else " AND state=0")
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(q + " ORDER BY seq", (author, seq))]
+
+    def membership(self) -> Membership:
+        with self._lock:
+            return store_membership(self._store)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            counts = dict(self._store.conn.execute("SELECT state, COUNT(*) FROM entries GROUP BY state"))
+        return {name: counts.get(st, 0) for st, name in STATE_NAMES.items()}
+
+    def raw_rows(self) -> list[bytes]:
+        """Wire bytes of every stored entry: log first (log order), then held and evidence."""
+        with self._lock:
+            cur = self._store.conn.execute(
+                "SELECT payload, sig FROM entries ORDER BY state != 0, CASE WHEN state=0 THEN lamport END,"
+                " CASE WHEN state=0 THEN author END, CASE WHEN state=0 THEN seq END, pos")
+            from ledger.encoding import encode_wire
+
+            return [encode_wire(p, s) for p, s in cur]
+
+    def verify(self) -> VerifyReport:
+        """Re-verify every stored row (see verify.py); raises the first LedgerError."""
+        with self._lock:
+            return verify_store(self._store)
+
+
+__all__ = ["Ledger", "MergeResult", "LOG", "HELD", "EVIDENCE", "ZERO"]

@@ -1,0 +1,199 @@
+"""SQLite persistence of the ledger: schema, rows, and the store's own hash chain.
+
+Every stored entry is one row of `entries`, appended at position `pos` = 1, 2, ... and never
+deleted; `payload` and `sig` are the exact signed bytes, the other entry columns are
+indexes that verification cross-checks against the payload. `state` is the derived
+placement (log / held / evidence, see membership.py). `link` chains the rows in insertion
+order — link_i = sha256(LINK_DOMAIN + link_{i-1} + id_i) — and `meta` keeps the row count
+and last link, so a deleted, inserted or reordered row is detectable.
+
+`members` and `frozen` cache derived membership and fork points; verify recomputes them.
+All writes happen inside `Store.transaction()` (BEGIN IMMEDIATE ... COMMIT).
+"""
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ledger.errors import LedgerError, TamperedStore
+from ledger.membership import HELD, LOG, MemberStatus, Row
+
+SCHEMA_VERSION = 1
+LINK_DOMAIN = b"atd-ledger-store-v1\0"
+ZERO = b"\0" * 32
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE IF NOT EXISTS entries(
+    pos     INTEGER PRIMARY KEY,
+    id      BLOB NOT NULL UNIQUE,
+    author  BLOB NOT NULL,
+    seq     INTEGER NOT NULL,
+    prev    BLOB NOT NULL,
+    lamport INTEGER NOT NULL,
+    kind    TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    sig     BLOB NOT NULL,
+    state   INTEGER NOT NULL,
+    link    BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_chain ON entries(author, seq);
+CREATE INDEX IF NOT EXISTS entries_log ON entries(state, lamport, author, seq);
+CREATE INDEX IF NOT EXISTS entries_kind ON entries(kind, state);
+CREATE TABLE IF NOT EXISTS members(
+    key BLOB PRIMARY KEY, admin INTEGER NOT NULL, revoked INTEGER NOT NULL, upto INTEGER, name TEXT
+);
+CREATE TABLE IF NOT EXISTS frozen(author BLOB PRIMARY KEY, seq INTEGER NOT NULL);
+"""
+
+ROW_COLUMNS = "id, author, seq, prev, lamport, kind"
+
+
+def next_link(prev_link: bytes, entry_id: bytes) -> bytes:
+    h = hashlib.sha256(LINK_DOMAIN)
+    h.update(prev_link)
+    h.update(entry_id)
+    return h.digest()
+
+
+class Store:
+    """Thin SQL layer; no ledger rules live here."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        try:
+            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA busy_timeout=30000")
+            self.conn.executescript(_SCHEMA)
+            with self.transaction():
+                version = self.meta("schema")
+                if version is None:
+                    self.set_meta("schema", SCHEMA_VERSION)
+                    self.set_meta("count", 0)
+                    self.set_meta("tip", ZERO)
+                elif version != SCHEMA_VERSION:
+                    raise LedgerError(f"ledger schema {version!r} is not supported (expected {SCHEMA_VERSION})")
+        except sqlite3.DatabaseError as exc:
+            raise TamperedStore(f"cannot open ledger database {self.path}: {exc}") from None
+        self._count = 0
+        self._tip = ZERO
+
+    # --- transactions ------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._count = self.meta("count") or 0
+            self._tip = self.meta("tip") or ZERO
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # --- meta --------------------------------------------------------------------------
+    def meta(self, key: str):
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    def genesis_pin(self) -> bytes | None:
+        return self.meta("genesis")
+
+    # --- rows --------------------------------------------------------------------------
+    def insert(self, row: Row, payload: bytes, sig: bytes, state: int) -> None:
+        """Append a row at the end of the store chain (inside a transaction)."""
+        link = next_link(self._tip, row.id)
+        self._count += 1
+        self.conn.execute(
+            "INSERT INTO entries(pos, id, author, seq, prev, lamport, kind, payload, sig, state, link)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
+        )
+        self._tip = link
+        self.set_meta("count", self._count)
+        self.set_meta("tip", link)
+
+    def has(self, entry_id: bytes) -> bool:
+        return self.conn.execute("SELECT 1 FROM entries WHERE id=?", (entry_id,)).fetchone() is not None
+
+    def state_of(self, entry_id: bytes) -> int | None:
+        row = self.conn.execute("SELECT state FROM entries WHERE id=?", (entry_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_state(self, entry_id: bytes, state: int) -> None:
+        self.conn.execute("UPDATE entries SET state=? WHERE id=?", (state, entry_id))
+
+    def rows_at(self, author: bytes, lo: int, hi: int) -> list[tuple[Row, int]]:
+        """(row, state) of `author` with lo <= seq <= hi."""
+        cur = self.conn.execute(
+            f"SELECT {ROW_COLUMNS}, state FROM entries WHERE author=? AND seq BETWEEN ? AND ?", (author, lo, hi)
+        )
+        return [(Row(*r[:6]), r[6]) for r in cur]
+
+    def log_head(self, author: bytes) -> tuple[int, bytes, int]:
+        """(seq, id, lamport) of the author's last log entry, or (0, ZERO, 0)."""
+        r = self.conn.execute(
+            "SELECT seq, id, lamport FROM entries WHERE author=? AND state=? ORDER BY seq DESC LIMIT 1",
+            (author, LOG),
+        ).fetchone()
+        return (r[0], r[1], r[2]) if r else (0, ZERO, 0)
+
+    def count_waiting(self, author: bytes | None = None) -> int:
+        if author is None:
+            return self.conn.execute("SELECT COUNT(*) FROM entries WHERE state=?", (HELD,)).fetchone()[0]
+        return self.conn.execute(
+            "SELECT COUNT(*) FROM entries WHERE author=? AND state!=?", (author, LOG)
+        ).fetchone()[0]
+
+    def max_log_lamport(self) -> int:
+        r = self.conn.execute("SELECT MAX(lamport) FROM entries WHERE state=?", (LOG,)).fetchone()
+        return r[0] or 0
+
+    def all_rows(self) -> list[tuple[Row, int]]:
+        return [(Row(*r[:6]), r[6]) for r in self.conn.execute(f"SELECT {ROW_COLUMNS}, state FROM entries ORDER BY pos")]
+
+    def payloads_of_kinds(self, kinds: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
+        q = ",".join("?" * len(kinds))
+        return list(self.conn.execute(f"SELECT id, payload FROM entries WHERE kind IN ({q})", kinds))
+
+    # --- derived caches ----------------------------------------------------------------
+    def frozen_seq(self, author: bytes) -> int | None:
+        r = self.conn.execute("SELECT seq FROM frozen WHERE author=?", (author,)).fetchone()
+        return None if r is None else r[0]
+
+    def set_frozen(self, author: bytes, seq: int) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO frozen(author, seq) VALUES (?, ?)", (author, seq))
+
+    def all_frozen(self) -> dict[bytes, int]:
+        return dict(self.conn.execute("SELECT author, seq FROM frozen"))
+
+    def member_status(self, key: bytes) -> MemberStatus | None:
+        r = self.conn.execute("SELECT admin, revoked, upto, name FROM members WHERE key=?", (key,)).fetchone()
+        return None if r is None else MemberStatus(bool(r[0]), bool(r[1]), r[2], r[3])
+
+    def all_members(self) -> dict[bytes, MemberStatus]:
+        return {k: MemberStatus(bool(a), bool(rv), u, n)
+                for k, a, rv, u, n in self.conn.execute("SELECT key, admin, revoked, upto, name FROM members")}
+
+    def replace_members(self, members: dict[bytes, MemberStatus]) -> None:
+        self.conn.execute("DELETE FROM members")
+        self.conn.executemany(
+            "INSERT INTO members(key, admin, revoked, upto, name) VALUES (?,?,?,?,?)",
+            [(k, int(s.admin), int(s.revoked), s.upto, s.name) for k, s in members.items()],
+        )
+
+    def replace_frozen(self, freeze: dict[bytes, int]) -> None:
+        self.conn.execute("DELETE FROM frozen")
+        self.conn.executemany("INSERT INTO frozen(author, seq) VALUES (?, ?)", list(freeze.items()))
