@@ -123,6 +123,7 @@ class Signer:
     def generate(cls) -> "Signer":
         return cls(Ed25519PrivateKey.generate())
 
+    @property
     def seed(self) -> bytes:
         """The raw 32-byte private seed (handle with care: this is the node's secret)."""
         return self._key.private_bytes(
