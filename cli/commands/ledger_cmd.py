@@ -1,0 +1,95 @@
+"""`atd ledger show|verify|export|import`: inspect, check and move the signed ledger."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from atdnode.home import NodeHome
+
+ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
+HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
+
+
+def _open(home: Path):
+    from ledger import Ledger
+
+    return Ledger.open(NodeHome.at(home).require().ledger_db)
+
+
+@ledger_app.command("show")
+def show(
+    home: Path = HOME_OPT,
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only entries of this kind (genesis, member, hello, weights, ...)."),
+    author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or hex public key)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of entries (id, author, seq, lamport, kind, body, ...)."),
+) -> None:
+    """List the entries in the log, in log order (lamport, author, seq)."""
+    from ledger import parse_author
+
+    key = parse_author(author) if author else None
+    with _open(home) as led:
+        entries = led.query(kind=kind, author=key)
+    if as_json:
+        typer.echo(json.dumps([e.to_json() for e in entries]))
+        return
+    for e in entries:
+        j = e.to_json()
+        body = json.dumps(j["body"], sort_keys=True)
+        if len(body) > 100:
+            body = body[:97] + "..."
+        typer.echo(f"{e.lamport:>6} {j['author'][-8:]}#{e.seq:<5} {e.kind:<9} {j['id'][:16]} {body}")
+
+
+@ledger_app.command("verify")
+def verify(home: Path = HOME_OPT) -> None:
+    """Re-verify every stored entry (signatures, ids, chains, membership, store integrity).
+
+    Exits 0 when intact; otherwise prints the first problem, naming the entry, and exits non-zero.
+    """
+    with _open(home) as led:
+        report = led.verify()
+    typer.echo(report.summary())
+
+
+@ledger_app.command("export")
+def export(
+    file: Path = typer.Argument(..., help="Dump file to write (replaced atomically)."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Write every stored entry to a self-verifying dump file."""
+    from ledger.dump import export_dump
+
+    with _open(home) as led:
+        n = export_dump(led, file)
+    typer.echo(f"exported {n} entries to {file}")
+
+
+@ledger_app.command("import")
+def import_(
+    file: Path = typer.Argument(..., help="Dump file made by `atd ledger export`."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Merge a dump into this node's ledger (every entry is verified; reports what happened)."""
+    from atdnode.config import NodeConfig
+    from ledger.dump import import_dump
+
+    h = NodeHome.at(home).require()
+    with _open(home) as led:
+        res = import_dump(led, file)
+        m = led.membership()
+    cfg = NodeConfig.load(h)
+    if m.consortium and (cfg.consortium != m.consortium or cfg.genesis_id is None):
+        cfg.consortium = m.consortium
+        cfg.genesis_id = m.genesis_id.hex() if m.genesis_id else cfg.genesis_id
+        cfg.save(h)
+    typer.echo(f"imported {file}: {len(res.added)} added to the log, {len(res.pending)} pending, "
+               f"{len(res.rejected)} rejected, {res.duplicates} already present")
+    for entry_id, err in res.rejected[:10]:
+        typer.echo(f"  rejected: {err}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ledger_app, name="ledger")

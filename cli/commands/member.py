@@ -1,0 +1,79 @@
+"""`atd member add|revoke|list`: consortium membership, recorded as signed `member` entries."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from atdnode.home import NodeHome
+
+member_app = typer.Typer(help="Admit, revoke and list consortium members (admins only for changes).",
+                         no_args_is_help=True)
+HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
+
+
+def _ident_and_ledger(home: Path):
+    from atdnode.identity import NodeIdentity
+    from ledger import Ledger
+
+    h = NodeHome.at(home).require()
+    return NodeIdentity.load(h), Ledger.open(h.ledger_db)
+
+
+@member_app.command("add")
+def add(
+    peer_id: str = typer.Argument(..., help="Peer id (12D3KooW...) of the node to admit (`atd id` on that node)."),
+    home: Path = HOME_OPT,
+    admin: bool = typer.Option(False, "--admin", help="Also make it an admin (founder only)."),
+    name: str = typer.Option("", "--name", help="Optional human-readable name recorded with the admission."),
+) -> None:
+    """Admit a node to the consortium (signed by this node, which must be an admin)."""
+    from ledger import parse_author
+
+    key = parse_author(peer_id)
+    ident, led = _ident_and_ledger(home)
+    with led:
+        e = led.admit(ident.signer, key, admin=admin, name=name or None)
+    typer.echo(f"admitted {peer_id}{' as admin' if admin else ''} (entry {e.id.hex()})")
+
+
+@member_app.command("revoke")
+def revoke(
+    peer_id: str = typer.Argument(..., help="Peer id of the member to revoke."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Revoke a member for good: its entries beyond those already in this ledger are refused."""
+    from ledger import parse_author
+
+    key = parse_author(peer_id)
+    ident, led = _ident_and_ledger(home)
+    with led:
+        e = led.revoke(ident.signer, key)
+    typer.echo(f"revoked {peer_id} after seq {e.body['upto']} (entry {e.id.hex()})")
+
+
+@member_app.command("list")
+def list_members(
+    home: Path = HOME_OPT,
+    as_json: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List members as this node's ledger knows them."""
+    from ledger import peer_id_from_public_key
+
+    _, led = _ident_and_ledger(home)
+    with led:
+        m = led.membership()
+    rows = [{"peer_id": peer_id_from_public_key(k), "admin": s.admin, "revoked": s.revoked, "upto": s.upto,
+             "name": s.name, "founder": k == m.founder} for k, s in sorted(m.members.items())]
+    if as_json:
+        typer.echo(json.dumps({"consortium": m.consortium, "members": rows}))
+        return
+    typer.echo(f"consortium: {m.consortium or '(no genesis yet)'}")
+    for r in rows:
+        flags = [f for f, on in (("founder", r["founder"]), ("admin", r["admin"]), ("revoked", r["revoked"])) if on]
+        typer.echo(f"{r['peer_id']}  {','.join(flags) or 'member'}  {r['name'] or ''}".rstrip())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(member_app, name="member")
