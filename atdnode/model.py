@@ -312,7 +312,9 @@ def check_meta(meta: dict, cfg: ModelConfig, *, label_fp: str | None, labels: li
     if part not in PARTS:
         raise WeightsError(f"{what}: not an atd weight set (part {part!r})")
     theirs = ModelConfig.from_dict(meta.get("model") or {})
-    d = cfg.diff(theirs, ignore=("num_classes",) if part == "extractor" else ())
+    ignore = ("num_classes",) if part == "extractor" else ()
+    d = [f"{f} {getattr(theirs, f)} (weights) vs {getattr(cfg, f)} (model)"
+         for f in cfg.to_dict() if f not in ignore and getattr(theirs, f) != getattr(cfg, f)]
     if d:
         raise WeightsError(f"{what} ({part}) were made for another model: {', '.join(d)}")
     if part != "extractor" and label_fp is not None and meta.get("label_fp") != label_fp:

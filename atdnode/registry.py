@@ -1,0 +1,195 @@
+"""The node's local model registry (HOME/models) and its in-progress training runs (HOME/runs).
+
+Models: one JSON file per trained model.
+
+A record names everything needed to rebuild, compare or publish the model: its config,
+label space (+ fingerprint), training sample count, test metrics, the blob hashes of the
+full / extractor / head weight sets, provenance (data spec, init-from blob, run key) and
+its creation time. The id is a hash of the record's content, so the same record written
+twice is one file. Files are written atomically (tmp + fsync + rename).
+
+Runs: `RunCheckpoint` keeps the last finished epoch of a run as our own files, without
+pickle: model state as safetensors, the optimizer's tensors flattened into a second
+safetensors file, and its scalar parts plus the run's history in `state.json`, which is
+replaced atomically last — so a kill at any moment leaves the previous epoch intact.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from atdnode.errors import ConfigError
+from atdnode.home import NodeHome
+
+
+@dataclass
+class ModelRecord:
+    model: dict  # ModelConfig.to_dict()
+    labels: list[str]
+    label_fp: str
+    samples: int
+    metrics: dict
+    blobs: dict  # {"full": hex, "extractor": hex, "head": hex}
+    provenance: dict = field(default_factory=dict)  # data, init_from, run_key, seed, ...
+    files: dict = field(default_factory=dict)  # e.g. {"confusion_png": path relative to home}
+    created: float = field(default_factory=time.time)
+    id: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelRecord":
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise ConfigError(f"bad model record: {exc}") from None
+
+    def content_id(self) -> str:
+        body = {k: v for k, v in self.to_dict().items() if k != "id"}
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class ModelRegistry:
+    """`add(record) -> id`, `get(id | prefix | "latest")`, `list()` (oldest first)."""
+
+    def __init__(self, home: NodeHome) -> None:
+        self.dir = home.models_dir
+
+    def add(self, record: ModelRecord) -> str:
+        record.id = record.content_id()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"{record.id}.json"
+        _write_json(path, record.to_dict())
+        return record.id
+
+    def _load(self, path: Path) -> ModelRecord:
+        try:
+            return ModelRecord.from_dict(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: unreadable model record ({exc})") from None
+
+    def list(self) -> list[ModelRecord]:
+        if not self.dir.is_dir():
+            return []
+        recs = [self._load(p) for p in self.dir.glob("*.json")]
+        return sorted(recs, key=lambda r: (r.created, r.id))
+
+    def get(self, ref: str = "latest") -> ModelRecord:
+        if ref == "latest":
+            recs = self.list()
+            if not recs:
+                raise ConfigError(f"no trained models in {self.dir} (run `atd train` first)")
+            return recs[-1]
+        exact = self.dir / f"{ref}.json"
+        if exact.is_file():
+            return self._load(exact)
+        hits = sorted(self.dir.glob(f"{ref}*.json")) if ref and ref.isalnum() else []
+        if len(hits) == 1:
+            return self._load(hits[0])
+        raise ConfigError(f"model {ref!r} {'is ambiguous' if hits else 'not found'} in {self.dir}")
+
+    def path(self, model_id: str) -> Path:
+        return self.dir / f"{model_id}.json"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """optimizer.state_dict() -> (tensors "state.<param>.<name>", JSON-able rest)."""
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for name, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{pid}.{name}"] = v
+            else:
+                scalars[f"{pid}.{name}"] = v
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, {"groups": groups, "scalars": scalars}
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, v in tensors.items():
+        _, pid, name = key.split(".", 2)
+        state.setdefault(int(pid), {})[name] = v
+    for key, v in rest["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = v
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in rest["groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+class RunCheckpoint:
+    """The resumable state of one training run, in `dir` (HOME/runs/<run key>)."""
+
+    def __init__(self, dir: Path) -> None:
+        self.dir = Path(dir)
+        self.state_file = self.dir / "state.json"
+
+    def read(self) -> dict:
+        """{} when the run never finished an epoch; else {"epoch", "history", "done", ...}."""
+        if not self.state_file.is_file():
+            return {}
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{self.state_file}: unreadable run state ({exc}); delete the folder to restart") from None
+
+    def save(self, epoch: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, history: list) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        mfile, ofile = f"model-e{epoch}.safetensors", f"optim-e{epoch}.safetensors"
+        _save_tensors(model.state_dict(), self.dir / mfile)
+        otensors, orest = flatten_optimizer(optimizer.state_dict())
+        _save_tensors(otensors, self.dir / ofile)
+        old = self.read()
+        _write_json(self.state_file, {"epoch": epoch, "model": mfile, "optim": ofile, "optim_rest": orest,
+                                      "history": history, "done": False})
+        for name in (old.get("model"), old.get("optim")):
+            if name and name not in (mfile, ofile):
+                (self.dir / name).unlink(missing_ok=True)
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Load the last finished epoch into model + optimizer; returns that epoch count."""
+        st = self.read()
+        try:
+            msd = load_file(str(self.dir / st["model"]))
+            otensors = load_file(str(self.dir / st["optim"]))
+            model.load_state_dict(msd)
+            optimizer.load_state_dict(unflatten_optimizer(otensors, st["optim_rest"]))
+        except (OSError, KeyError, ValueError, RuntimeError, SafetensorError) as exc:
+            raise ConfigError(f"{self.dir}: cannot resume ({exc}); delete the folder to restart") from None
+        return int(st["epoch"])
+
+    def finish(self, model_id: str) -> None:
+        st = self.read()
+        for name in (st.get("model"), st.get("optim")):
+            if name:
+                (self.dir / name).unlink(missing_ok=True)
+        _write_json(self.state_file, {"epoch": st.get("epoch"), "history": st.get("history", []),
+                                      "done": True, "model_id": model_id})

@@ -1,0 +1,310 @@
+"""Local training of a node's ViT: AdamW + cross-entropy, resumable, deterministic on CPU.
+
+`train(home, data_spec, cfg, opts)` loads the data, builds (or initialises) the model,
+runs the epochs with a checkpoint after each finished one under HOME/runs/<run key>,
+evaluates on the test split, stores the full / extractor / head weight sets in the blob
+store and a record in the model registry. Training shares nothing.
+
+Determinism: the initial weights come from `torch.manual_seed(seed)`; each epoch's
+shuffle, augmentation and any dropout are pure functions of (seed, epoch), so a run
+killed after epoch e and restarted from its checkpoint ends with the same weights as an
+uninterrupted one (bitwise on CPU, where deterministic algorithms are switched on).
+
+Hook for adversarial training (issue 5): `TrainOptions.batch_transform` is called on
+every training batch as `transform(model, images, labels) -> images` after augmentation
+(with the bare model, not the DDP wrapper); its `describe()` dict enters the run key and
+the provenance. `evaluate(..., transform=...)` gives accuracy under the same transform.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atdnode import ddp
+from atdnode.augment import SmallClassAugment
+from atdnode.data import LabeledImages, load_dataset
+from atdnode.errors import ConfigError
+from atdnode.features import extract_features, progress_bar  # noqa: F401  (re-exported, INTERFACES)
+from atdnode.home import NodeHome
+from atdnode.metrics import classification_metrics, save_confusion_png
+from atdnode.model import ModelConfig, build_model, export_part, freeze_blocks
+from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
+
+
+class BatchTransform(Protocol):
+    def __call__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+
+    def describe(self) -> dict: ...
+
+
+@dataclass
+class TrainOptions:
+    epochs: int = 3
+    batch_size: int = 64
+    lr: float = 3e-3  # VGS-ATD; from scratch on tiny data 1e-3 is steadier (see `atd train --help`)
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0  # linear warmup, then cosine decay to 0 (per step)
+    init_from: str | None = None  # blob hash in the node's store, or a checkpoint file
+    freeze_blocks: int = 0
+    seed: int = 0
+    augment: bool = True
+    augment_threshold: int = 1000
+    augment_prob: float = 0.5
+    pretrained: bool = False  # timm pretrained-by-name (needs a reachable hub)
+    device: str | None = None
+    progress: bool = False
+    log: Callable[[str], None] | None = None
+    batch_transform: BatchTransform | None = None
+    extra_provenance: dict = field(default_factory=dict)
+
+    def key_fields(self) -> dict:
+        """What decides the result (and so the run key); excludes display and device."""
+        return {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "wd": self.weight_decay,
+                "warmup": self.warmup_epochs, "init_from": self.init_from, "freeze": self.freeze_blocks,
+                "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob],
+                "pretrained": self.pretrained,
+                "transform": self.batch_transform.describe() if self.batch_transform else None}
+
+
+def run_key(data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> str:
+    raw = json.dumps({"data": data_spec, "model": cfg.to_dict(), **opts.key_fields()}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no decay for biases, norms and timm's `no_weight_decay()` tokens."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_at(step: int, total: int, warmup: int, base: float) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+class Trainer:
+    """The epoch loop on in-memory data (no DataLoader: the tensors are already there)."""
+
+    def __init__(self, model: nn.Module, data: LabeledImages, opts: TrainOptions, ctx: ddp.DistContext) -> None:
+        self.model, self.data, self.opts, self.ctx = model, data, opts, ctx
+        self.device = ctx.device
+        self.amp = self.device.type == "cuda"
+        self.net: nn.Module = model
+        if ctx.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=opts.lr)
+        self.steps_per_epoch = math.ceil(len(data) / opts.batch_size)
+        self.total_steps = self.steps_per_epoch * opts.epochs
+        self.warmup = min(self.total_steps, round(opts.warmup_epochs * self.steps_per_epoch))
+        self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
+                                          prob=opts.augment_prob, seed=opts.seed) if opts.augment else None)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.opts.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.data), generator=g)
+
+    def train_epoch(self, epoch: int, on_batch: Callable[[int, float, float], None] | None = None) -> dict:
+        """One pass over the data (0-based `epoch`); returns mean loss and accuracy over all ranks."""
+        opts, ctx = self.opts, self.ctx
+        torch.manual_seed(opts.seed * 7919 + epoch)  # dropout / drop-path, if the model has any
+        self.net.train()
+        order = self.epoch_order(epoch)
+        stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count (this rank)
+        for b in range(self.steps_per_epoch):
+            step = epoch * self.steps_per_epoch + b
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr_at(step, self.total_steps, self.warmup, opts.lr)
+            gidx = order[b * opts.batch_size:(b + 1) * opts.batch_size]  # the global batch
+            lo, hi = ctx.slice(len(gidx))
+            idx = gidx[lo:hi]
+            x, y = self.data.images[idx], self.data.labels[idx]
+            if self.augment is not None:
+                x = self.augment(x, y, idx, epoch)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if opts.batch_transform is not None:
+                x = opts.batch_transform(self.model, x, y)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = self.net(x)  # (b, K)
+                loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+            # scaled so DDP's gradient average equals the mean over the global batch
+            (loss_sum * (ctx.world / len(gidx))).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                correct = (logits.argmax(1) == y).sum()
+            stats += torch.tensor([loss_sum.item(), correct.item(), len(y)], dtype=torch.float64)
+            if on_batch is not None:
+                on_batch(len(gidx), stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item())
+        ctx.sum_(stats)
+        return {"epoch": epoch + 1, "loss": stats[0].item() / stats[2].item(), "accuracy": stats[1].item() / stats[2].item()}
+
+
+@torch.no_grad()
+def _predict(model: nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        return model(images.to(device)).argmax(1).cpu()
+
+
+def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, device: torch.device | str | None = None,
+             transform: BatchTransform | None = None) -> dict:
+    """Macro metrics + confusion matrix of `model` on `data` (optionally on transformed inputs,
+    e.g. adversarial examples). The model's train/eval mode is restored afterwards."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was = model.training
+    model.eval()
+    preds = []
+    try:
+        for s in range(0, len(data), batch_size):
+            x, y = data.images[s:s + batch_size].to(device), data.labels[s:s + batch_size].to(device)
+            if transform is not None:
+                with torch.enable_grad():
+                    x = transform(model, x, y).detach()
+            preds.append(_predict(model, x, device))
+    finally:
+        model.train(was)
+    pred = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
+    return classification_metrics(data.labels.numpy(), pred.numpy(), len(data.classes))
+
+
+def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | None, Path | None]:
+    """`--init-from` -> (blob hash, None) or (None, checkpoint file). An atd weight-set file
+    is imported into the store first, so provenance can name it by hash."""
+    from atdnode.weights import read_meta
+
+    if init_from is None:
+        return None, None
+    p = Path(init_from).expanduser()
+    if p.is_file():
+        if p.suffix == ".safetensors":
+            try:
+                from safetensors import safe_open
+
+                with safe_open(str(p), framework="pt") as f:
+                    is_atd = "atd" in (f.metadata() or {})
+            except Exception:
+                is_atd = False
+            if is_atd:
+                h = store.put_file(p)
+                read_meta(store, h)
+                return h, None
+        return None, p
+    h = init_from.lower()
+    if len(h) >= 8 and all(c in "0123456789abcdef" for c in h):
+        if len(h) < 64:  # unique prefix of a held blob
+            hits = [b for b in store.list() if b.startswith(h)]
+            if len(hits) == 1:
+                h = hits[0]
+        if store.has(h):
+            return h, None
+    raise ConfigError(f"--init-from {init_from}: neither a file nor a blob in {home.blobs_dir}")
+
+
+def _build(home: NodeHome, store, cfg: ModelConfig, data: LabeledImages, opts: TrainOptions) -> tuple[nn.Module, dict]:
+    from atdnode.model import import_part
+    from atdnode.weights import read_meta
+
+    blob, ckpt = _resolve_init(home, store, opts.init_from)
+    torch.manual_seed(opts.seed)
+    model = build_model(cfg, checkpoint=ckpt, pretrained=opts.pretrained)
+    prov: dict = {"init_from": blob or (str(ckpt) if ckpt else None), "init_part": None}
+    if blob is not None:
+        meta = read_meta(store, blob)
+        same_labels = meta.get("label_fp") == data.label_fp
+        part = meta.get("part") if (meta.get("part") == "extractor" or same_labels) else "extractor"
+        if part == "head":
+            raise ConfigError(f"--init-from {blob[:12]} is a head-only weight set; give an extractor or full set")
+        import_part(store, blob, model, cfg, label_fp=data.label_fp, labels=data.classes, part=part)
+        prov["init_part"] = part
+    elif ckpt is not None:
+        prov["init_part"] = "checkpoint"
+    freeze_blocks(model, opts.freeze_blocks)
+    return model, prov
+
+
+def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> ModelRecord | None:
+    """Train (or resume, or return the finished result of) the run these arguments define.
+
+    `cfg.num_classes` is set from the data's label space. Returns the registry record on
+    the main process (None on other DDP ranks).
+    """
+    from atdnode.blobstore import BlobStore
+
+    log = opts.log or (lambda _msg: None)
+    ctx = ddp.init_from_env(opts.device)
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    if ctx.device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        home.make_dirs()
+        store = BlobStore(home.blobs_dir)
+        data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+        test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
+        cfg = cfg.with_classes(len(data.classes))
+        key = run_key(data_spec, cfg, opts)
+        ck = RunCheckpoint(home.runs_dir / key)
+        state = ck.read()
+        if state.get("done"):
+            log(f"run {key} already finished: model {state['model_id']}")
+            return ModelRegistry(home).get(state["model_id"]) if ctx.is_main else None
+        model, prov = _build(home, store, cfg, data, opts)
+        model.to(ctx.device)
+        trainer = Trainer(model, data, opts, ctx)
+        start = ck.restore(model, trainer.optimizer) if state else 0
+        history = list(state.get("history", []))
+        if start:
+            log(f"resuming run {key} at epoch {start + 1}/{opts.epochs}")
+        else:
+            log(f"run {key}: {len(data)} train / {len(test)} test images, {len(data.classes)} classes, "
+                f"{cfg.name} d={cfg.embed_dim} depth={cfg.depth} on {ctx.device} x{ctx.world}")
+        t0 = time.perf_counter()
+        with progress_bar(opts.progress and ctx.is_main, "loss", "acc") as bar:
+            for epoch in range(start, opts.epochs):
+                task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=len(data), loss="", acc="")
+                cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
+                stats = trainer.train_epoch(epoch, cb)
+                history.append(stats)
+                if ctx.is_main:
+                    ck.save(epoch + 1, model, trainer.optimizer, history)
+                ctx.barrier()
+                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}")
+        train_s = time.perf_counter() - t0
+        if not ctx.is_main:
+            return None
+        metrics = evaluate(model, test, device=ctx.device)
+        metrics.update(train_loss=history[-1]["loss"] if history else None,
+                       train_accuracy=history[-1]["accuracy"] if history else None,
+                       train_seconds=round(train_s, 3), history=history)
+        png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
+                                 title=f"{cfg.name} on {data_spec} (acc {metrics['accuracy']:.3f})")
+        prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(), **opts.extra_provenance)
+        common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),
+                      extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key}})
+        model.cpu()
+        blobs = {part: export_part(store, model, cfg, part, **common) for part in ("full", "extractor", "head")}
+        rec = ModelRecord(model=cfg.to_dict(), labels=data.classes, label_fp=data.label_fp, samples=len(data),
+                          metrics=metrics, blobs=blobs, provenance=prov,
+                          files={"confusion_png": str(png.relative_to(home.root))})
+        model_id = ModelRegistry(home).add(rec)
+        ck.finish(model_id)
+        log(f"model {model_id}: test accuracy {metrics['accuracy']:.4f} f1 {metrics['f1']:.4f}")
+        return rec
+    finally:
+        torch.use_deterministic_algorithms(prev_det)
+        ddp.shutdown(ctx)
