@@ -1,0 +1,293 @@
+"""The methods VGS-ATD is compared with, on exactly the scenario's partitions.
+
+    centralized  every node uploads its training data raw; one model is trained on the pool
+    fedavg       R rounds: the server sends the global model, every node trains
+                 `local_epochs` and sends it back, the server averages by sample count
+                 (`protocols.aggregation.weighted_average`); FedProx when `fedprox_mu > 0`
+    swarm        R rounds: the model travels node to node, each trains `local_epochs` on it;
+                 the last node then sends the final model to every other node
+    local        every node trains on its own data only; nothing is sent
+
+Phases: a baseline keeps its state from one phase to the next (the model is warm-started,
+its head widened for new classes — `learn.expand_head`) and trains with the data of every
+node present in the phase. Byte accounting is analytic and stated per node: model
+transfers count the raw tensor bytes of the full model (`learn.state_bytes`), raw data
+uploads count uint8 pixels + int64 labels; the server is the pseudo-node `"server"`.
+Times: compute is measured (wall clock); network time is estimated from the scenario's
+default link (latency + bytes / bandwidth), with nodes working in parallel where the
+method allows (FedAvg rounds, local training) and in sequence where it does not (swarm).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from netsim.learn import (
+    expand_head,
+    full_state,
+    model_config,
+    predict,
+    score,
+    state_bytes,
+    to_global,
+    train_model,
+)
+from netsim.nodedata import ScenarioData
+from netsim.scenario import NetworkSpec, Scenario
+from protocols.aggregation import compute_weights, weighted_average
+
+BASELINES = ("centralized", "fedavg", "swarm", "local")
+SERVER = "server"
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PhaseResult:
+    """One method after one phase."""
+
+    method: str
+    phase: int
+    per_node: dict[str, dict] = field(default_factory=dict)  # own test set
+    overall: dict = field(default_factory=dict)  # mean over nodes, pooled test of the phase
+    bytes: dict[str, dict[str, int]] = field(default_factory=dict)  # this phase: sent / received
+    ready_s: float = 0.0  # time until every present node can predict (this phase)
+    compute_s: float = 0.0  # summed compute of every node (this phase)
+    outcomes: dict[str, str] = field(default_factory=dict)  # node -> what it ended with
+    notes: list[str] = field(default_factory=list)
+
+    def add_bytes(self, node: str, sent: int = 0, received: int = 0) -> None:
+        b = self.bytes.setdefault(node, {"sent": 0, "received": 0})
+        b["sent"] += int(sent)
+        b["received"] += int(received)
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "phase": self.phase, "per_node": self.per_node, "overall": self.overall,
+                "bytes": self.bytes, "ready_s": round(self.ready_s, 3), "compute_s": round(self.compute_s, 3),
+                "outcomes": self.outcomes, "notes": self.notes}
+
+
+def transfer_s(net: NetworkSpec, nbytes: int) -> float:
+    """Estimated seconds to move `nbytes` over one default link."""
+    bw = net.bandwidth_mbps
+    return net.latency_ms / 1000.0 + (nbytes * 8 / (bw * 1e6) if bw else 0.0)
+
+
+Predictor = Callable[[torch.Tensor], np.ndarray]  # images -> indices into the global label space
+
+
+def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors: dict[str, Predictor]) -> None:
+    """Fill per-node metrics (own test set) and overall metrics (mean over nodes on the
+    phase's pooled test set) from each node's predictor."""
+    pooled = data.pooled_test(phase)
+    space = data.label_space
+    pooled_true = to_global(pooled.labels.numpy(), pooled.classes, space)
+    overall = []
+    for name in data.present(phase):
+        nd = data.nodes[name]
+        pred = predictors.get(name)
+        if pred is None:
+            res.per_node[name] = {"status": res.outcomes.get(name, "no model")}
+            continue
+        y_true = to_global(nd.test.labels.numpy(), nd.classes, space)
+        res.per_node[name] = score(y_true, pred(nd.test.images))
+        overall.append(score(pooled_true, pred(pooled.images)))
+    if overall:
+        res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in ("accuracy", "precision",
+                                                                                   "sensitivity", "f1")}
+        res.overall["n"] = int(len(pooled))
+        res.overall["nodes"] = len(overall)
+
+
+def model_predictor(model: nn.Module, classes: list[str], space: list[str]) -> Predictor:
+    return lambda images: to_global(predict(model, images), classes, space)
+
+
+class _Global:
+    """A single model over a growing label space, shared by centralized / fedavg / swarm."""
+
+    def __init__(self, scn: Scenario, data: ScenarioData) -> None:
+        self.scn, self.data = scn, data
+        self.state: dict[str, torch.Tensor] | None = None
+        self.classes: list[str] = []
+
+    def start_phase(self, phase: int) -> tuple[list[str], list[str]]:
+        """Present nodes and the phase's label space; widens the carried model's head."""
+        classes = self.data.classes_at(phase)
+        if self.state is not None and classes != self.classes:
+            self.state = expand_head(self.state, self.classes, classes, model_config(self.scn.model, len(classes)),
+                                     seed=self.scn.seed + 1000 * phase)
+        self.classes = classes
+        return self.data.present(phase), classes
+
+    def cfg(self):
+        return model_config(self.scn.model, len(self.classes))
+
+    def model(self) -> nn.Module:
+        from atdnode.model import build_model
+
+        m = build_model(self.cfg())
+        m.load_state_dict(self.state)
+        m.eval()
+        return m
+
+
+def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    g = _Global(scn, data)
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult("centralized", phase)
+        names, classes = g.start_phase(phase)
+        upload = 0.0
+        for n in names:
+            if data.nodes[n].phase == phase:  # earlier nodes' data is already at the server
+                b = data.nodes[n].raw_bytes
+                res.add_bytes(n, sent=b)
+                res.add_bytes(SERVER, received=b)
+                upload = max(upload, transfer_s(scn.network, b))
+        log(f"centralized phase {phase}: training on {len(names)} nodes' pooled data")
+        t = train_model(g.cfg(), data.pooled_train(names, classes), scn.train, seed=scn.seed + phase,
+                        init=g.state, init_part="full")
+        g.state = full_state(t.model)
+        m = state_bytes(g.state)
+        for n in names:
+            res.add_bytes(n, received=m)
+            res.add_bytes(SERVER, sent=m)
+            res.outcomes[n] = "global model"
+        res.compute_s = t.seconds
+        res.ready_s = upload + t.seconds + transfer_s(scn.network, m)
+        evaluate_phase(res, data, phase, {n: model_predictor(t.model, classes, data.label_space) for n in names})
+        out.append(res)
+    return out
+
+
+def run_fedavg(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    g = _Global(scn, data)
+    b = scn.baselines
+    name = "fedprox" if b.fedprox_mu > 0 else "fedavg"
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult("fedavg", phase)
+        if b.fedprox_mu > 0:
+            res.notes.append(f"FedProx mu={b.fedprox_mu}")
+        names, classes = g.start_phase(phase)
+        cfg = g.cfg()
+        if g.state is None:  # every node must start from the same model
+            from atdnode.model import build_model
+
+            torch.manual_seed(scn.seed)
+            g.state = full_state(build_model(cfg))
+        samples = [len(data.nodes[n].train) for n in names]
+        weights = compute_weights("samples", counts=samples)
+        for r in range(b.rounds):
+            log(f"{name} phase {phase}: round {r + 1}/{b.rounds}")
+            states, slowest = [], 0.0
+            for k, n in enumerate(names):
+                train = data.pooled_train([n], classes)
+                t = train_model(cfg, train, scn.train, seed=scn.seed + 7919 * r + k + 101 * phase,
+                                epochs=b.local_epochs, init=g.state, init_part="full", prox_mu=b.fedprox_mu,
+                                warmup_epochs=0.0)
+                states.append(full_state(t.model))
+                res.compute_s += t.seconds
+                slowest = max(slowest, t.seconds)
+            m = state_bytes(g.state)
+            for n in names:  # the server sends the round's global model ...
+                res.add_bytes(n, received=m)
+                res.add_bytes(SERVER, sent=m)
+            m = state_bytes(states[0])  # ... and gets every local model back
+            for n in names:
+                res.add_bytes(n, sent=m)
+                res.add_bytes(SERVER, received=m)
+            g.state = weighted_average([lambda s=s: s for s in states], weights)
+            res.ready_s += slowest + 2 * transfer_s(scn.network, m)
+        m = state_bytes(g.state)
+        for n in names:  # the final global model goes back to every node
+            res.add_bytes(n, received=m)
+            res.add_bytes(SERVER, sent=m)
+            res.outcomes[n] = "global model"
+        model = g.model()
+        evaluate_phase(res, data, phase, {n: model_predictor(model, classes, data.label_space) for n in names})
+        out.append(res)
+    return out
+
+
+def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    g = _Global(scn, data)
+    b = scn.baselines
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult("swarm", phase)
+        names, classes = g.start_phase(phase)
+        cfg = g.cfg()
+        prev = None
+        for r in range(b.rounds):
+            log(f"swarm phase {phase}: round {r + 1}/{b.rounds}")
+            for k, n in enumerate(names):
+                if g.state is not None and prev != n:
+                    m = state_bytes(g.state)
+                    if prev is not None:
+                        res.add_bytes(prev, sent=m)
+                        res.add_bytes(n, received=m)
+                        res.ready_s += transfer_s(scn.network, m)
+                t = train_model(cfg, data.pooled_train([n], classes), scn.train,
+                                seed=scn.seed + 7919 * r + k + 101 * phase, epochs=b.local_epochs, init=g.state,
+                                init_part="full", warmup_epochs=0.0)
+                g.state = full_state(t.model)
+                res.compute_s += t.seconds
+                res.ready_s += t.seconds
+                prev = n
+        m = state_bytes(g.state)
+        for n in names:  # the last holder hands the final model to everyone else
+            if n != prev:
+                res.add_bytes(prev, sent=m)
+                res.add_bytes(n, received=m)
+            res.outcomes[n] = "swarm model"
+        res.ready_s += transfer_s(scn.network, m * max(0, len(names) - 1))
+        model = g.model()
+        evaluate_phase(res, data, phase, {n: model_predictor(model, classes, data.label_space) for n in names})
+        out.append(res)
+    return out
+
+
+def run_local(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    models: dict[str, nn.Module] = {}
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult("local", phase)
+        slowest = 0.0
+        for n in data.present(phase):
+            nd = data.nodes[n]
+            if n not in models:
+                log(f"local phase {phase}: {n} trains alone")
+                t = train_model(model_config(scn.model, len(nd.classes)), nd.train, scn.train,
+                                seed=scn.seed + sum(map(ord, n)))
+                models[n] = t.model
+                res.compute_s += t.seconds
+                slowest = max(slowest, t.seconds)
+            res.add_bytes(n)
+            res.outcomes[n] = "own model only"
+        res.ready_s = slowest
+        evaluate_phase(res, data, phase, {n: model_predictor(models[n], data.nodes[n].classes, data.label_space)
+                                          for n in data.present(phase)})
+        out.append(res)
+    return out
+
+
+def data_phases(data: ScenarioData) -> list[int]:
+    return sorted({d.phase for d in data.nodes.values()})
+
+
+RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_swarm, "local": run_local}
+
+
+def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    """Run one baseline over every phase of the scenario; one result per phase."""
+    try:
+        runner = RUNNERS[method]
+    except KeyError:
+        raise ValueError(f"unknown baseline {method!r} (one of {', '.join(BASELINES)})") from None
+    return runner(scn, data, log)

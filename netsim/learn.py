@@ -1,0 +1,128 @@
+"""In-process learning steps shared by the VGS-ATD runner and the baselines.
+
+Everything goes through the node's own code: `atdnode.model` builds and splits the timm
+ViT, `atdnode.training.Trainer` runs the epochs (AdamW, warmup + cosine, seeded order),
+`atdnode.features.extract_features` gives CLS features. Nothing here touches a network.
+
+Metrics (`score`) are macro-averaged over the classes present in the test set, so a node
+whose test data holds 3 classes is not penalised for the 7 it never sees; predictions of
+other classes count as errors.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from atdnode import ddp
+from atdnode.data import LabeledImages
+from atdnode.model import ModelConfig, build_model, extractor_state, freeze_blocks, load_part
+from atdnode.training import Trainer, TrainOptions
+from netsim.scenario import ModelSpec, TrainSpec
+
+METRICS = ("accuracy", "precision", "sensitivity", "f1")
+
+
+def model_config(spec: ModelSpec, num_classes: int) -> ModelConfig:
+    return ModelConfig.resolve(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
+                               embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
+                               in_chans=spec.in_chans, num_classes=num_classes)
+
+
+@dataclass
+class Trained:
+    model: nn.Module
+    seconds: float  # wall-clock compute time of this step
+
+
+def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed: int, epochs: int | None = None,
+                init: dict[str, torch.Tensor] | None = None, init_part: str = "extractor", freeze: int = 0,
+                prox_mu: float = 0.0, warmup_epochs: float = 0.5) -> Trained:
+    """Train a fresh model of `cfg` on `data`, optionally initialised from `init` (a part's
+    tensors), with the first `freeze` blocks frozen and an optional FedProx term
+    `mu/2 * ||w - w_init||^2` (added to each parameter's gradient by a hook)."""
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    if init is not None:
+        load_part(model, init, init_part)
+    freeze_blocks(model, freeze)
+    hooks = []
+    if prox_mu > 0:
+        ref = {k: v.detach().clone() for k, v in model.named_parameters()}
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                hooks.append(p.register_hook(lambda g, p=p, r=ref[name]: g + prox_mu * (p.detach() - r)))
+    opts = TrainOptions(epochs=epochs or spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
+                        weight_decay=spec.weight_decay, warmup_epochs=warmup_epochs, seed=seed, augment=spec.augment)
+    trainer = Trainer(model, data, opts, ddp.DistContext())
+    for e in range(opts.epochs):
+        trainer.train_epoch(e)
+    for h in hooks:
+        h.remove()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.eval()
+    return Trained(model, time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> np.ndarray:
+    """Arg-max class indices (into the model's own label space)."""
+    model.eval()
+    out = [model(images[s:s + batch_size]).argmax(1) for s in range(0, len(images), batch_size)]
+    return torch.cat(out).numpy() if out else np.empty(0, dtype=np.int64)
+
+
+def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
+    """Map indices into `own` to indices into `space` (a superset)."""
+    pos = {c: i for i, c in enumerate(space)}
+    table = np.asarray([pos[c] for c in own], dtype=np.int64)
+    return table[pred]
+
+
+def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    if len(y_true) == 0:
+        return {k: 0.0 for k in METRICS} | {"n": 0}
+    labels = np.unique(y_true)
+    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro", zero_division=0)
+    return {"accuracy": round(float((y_true == y_pred).mean()), 6), "precision": round(float(p), 6),
+            "sensitivity": round(float(r), 6), "f1": round(float(f), 6), "n": int(len(y_true))}
+
+
+def state_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Raw tensor bytes of a weight set (what a transfer of it costs, without headers)."""
+    return int(sum(t.numel() * t.element_size() for t in tensors.values()))
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def expand_head(state: dict[str, torch.Tensor], old: list[str], new: list[str], cfg: ModelConfig,
+                seed: int) -> dict[str, torch.Tensor]:
+    """A full state for label space `new` from one over `old` (a subset): extractor and the
+    head rows of known classes are kept, rows of new classes come from a fresh seeded init."""
+    torch.manual_seed(seed)
+    fresh = full_state(build_model(cfg))
+    out = {k: v.clone() for k, v in state.items() if not k.startswith("head.")}
+    pos = {c: i for i, c in enumerate(old)}
+    for k in ("head.weight", "head.bias"):
+        w = fresh[k].clone()
+        for j, c in enumerate(new):
+            if c in pos:
+                w[j] = state[k][pos[c]]
+        out[k] = w
+    return out
+
+
+def extractor_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return extractor_state(model)

@@ -1,0 +1,172 @@
+"""Every node's train / test data for a scenario, loaded once through `atdnode.data`.
+
+Class names become global labels: the data set's own names when the scenario uses one
+data set, else `"<dataset>:<class>"`, so digits "3" and an .npz class "3" never merge.
+Cohorts that draw on the same data set get disjoint training samples: per class, the
+samples are dealt (seeded) among the cohorts that use that class, then each cohort's
+share is partitioned among its nodes (`netsim.partition`). Test data is not divided: a
+node's test set is the data set's test samples of its label space.
+
+A node's label space is its cohort's classes (the hospitals agreed on them), except under
+the `disjoint` scheme, where it is the node's own class set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from atdnode.data import LabeledImages, load_dataset
+from netsim.partition import NodeSplit, class_subset, partition_cohort, _rng
+from netsim.scenario import Scenario, ScenarioError
+
+
+@dataclass
+class NodeData:
+    name: str
+    cohort: str
+    phase: int
+    group: str
+    dataset: str
+    classes: list[str]  # the node's label space (global names); labels below index into it
+    train: LabeledImages
+    test: LabeledImages
+    class_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes to ship this node's training data raw (uint8 pixels + int64 labels)."""
+        return int(self.train.images[0].numel() * len(self.train) + 8 * len(self.train))
+
+
+@dataclass
+class ScenarioData:
+    nodes: dict[str, NodeData]
+    label_space: list[str]  # union of every node's classes, dataset order
+    tests: dict[str, LabeledImages]  # dataset -> its whole test split (global labels)
+    test_index: dict[str, dict[str, np.ndarray]]  # node -> dataset -> test indices
+
+    def present(self, phase: int) -> list[str]:
+        """Nodes that have joined by `phase` (in scenario order)."""
+        return [n for n, d in self.nodes.items() if d.phase <= phase]
+
+    def classes_at(self, phase: int) -> list[str]:
+        have = {c for n in self.present(phase) for c in self.nodes[n].classes}
+        return [c for c in self.label_space if c in have]
+
+    def pooled_train(self, names: list[str], classes: list[str]) -> LabeledImages:
+        """The training data of `names`, labels re-indexed into `classes`."""
+        return concat([self.nodes[n].train for n in names], classes)
+
+    def pooled_test(self, phase: int) -> LabeledImages:
+        """Union of the present nodes' test sets (each sample once), global label space of the phase."""
+        classes = self.classes_at(phase)
+        parts = []
+        for ds, test in self.tests.items():
+            idx = sorted({int(i) for n in self.present(phase) for i in self.test_index[n].get(ds, [])})
+            if idx:
+                parts.append(subset(test, np.asarray(idx, dtype=np.int64), test.classes))
+        return concat(parts, classes)
+
+
+def subset(data: LabeledImages, idx: np.ndarray, classes: list[str]) -> LabeledImages:
+    """Rows `idx` of `data`, labels re-indexed into `classes` (every row's class must be in it)."""
+    names = [data.classes[int(l)] for l in data.labels[idx]]
+    pos = {c: i for i, c in enumerate(classes)}
+    labels = torch.tensor([pos[c] for c in names], dtype=torch.int64)
+    return LabeledImages(images=data.images[torch.from_numpy(idx)], labels=labels, classes=list(classes), spec=data.spec)
+
+
+def concat(parts: list[LabeledImages], classes: list[str]) -> LabeledImages:
+    """Concatenate, re-indexing labels into `classes`."""
+    pos = {c: i for i, c in enumerate(classes)}
+    images = torch.cat([p.images for p in parts])
+    labels = torch.cat([torch.tensor([pos[p.classes[int(l)]] for l in p.labels], dtype=torch.int64) for p in parts])
+    return LabeledImages(images=images, labels=labels, classes=list(classes), spec="+".join(p.spec for p in parts))
+
+
+def _rename(data: LabeledImages, prefix: str | None) -> LabeledImages:
+    if prefix is None:
+        return data
+    return LabeledImages(images=data.images, labels=data.labels, classes=[f"{prefix}:{c}" for c in data.classes],
+                         spec=data.spec)
+
+
+def load_scenario_data(scn: Scenario) -> ScenarioData:
+    """Load the data sets and partition them among the nodes (deterministic in scn.seed)."""
+    m = scn.model
+    used = {c.dataset for c in scn.cohorts}
+    multi = len(used) > 1
+    trains: dict[str, LabeledImages] = {}
+    tests: dict[str, LabeledImages] = {}
+    for d in scn.datasets:
+        if d.name not in used:
+            continue
+        prefix = d.name if multi else None
+        trains[d.name] = _rename(load_dataset(d.spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
+        tests[d.name] = _rename(load_dataset(d.spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
+    pools = _cohort_pools(scn, trains, multi)
+    nodes: dict[str, NodeData] = {}
+    test_index: dict[str, dict[str, np.ndarray]] = {}
+    for co in scn.cohorts:
+        tr, te = trains[co.dataset], tests[co.dataset]
+        names = tr.classes
+        cls = None if co.classes is None else tuple(_global(c, co.dataset, multi) for c in co.classes)
+        sets = None if co.class_sets is None else tuple(tuple(_global(c, co.dataset, multi) for c in s)
+                                                        for s in co.class_sets)
+        labels = tr.labels.numpy()
+        splits = partition_cohort(nodes=co.nodes, train_labels=labels, pool=pools[co.name],
+                                  test_labels=te.labels.numpy(), names=names, scheme=co.partition, seed=scn.seed,
+                                  salt=co.name, classes=cls, alpha=co.alpha, fractions=co.fractions, class_sets=sets, train_samples=co.train_samples,
+                                  test_samples=co.test_samples)
+        cohort_classes = [names[i] for i in np.unique(labels[pools[co.name]])]
+        for sp in splits:
+            space = list(sp.classes) if co.partition == "disjoint" else cohort_classes
+            nodes[sp.node] = _node_data(sp, co, tr, te, space)
+            test_index[sp.node] = {co.dataset: _test_idx(te, space, co.test_samples, scn.seed, sp.node)}
+            nodes[sp.node].test = subset(te, test_index[sp.node][co.dataset], space)
+    order = [c for ds in trains for c in trains[ds].classes]
+    have = {c for d in nodes.values() for c in d.classes}
+    return ScenarioData(nodes=nodes, label_space=[c for c in order if c in have], tests=tests, test_index=test_index)
+
+
+def _global(c: str, ds: str, multi: bool) -> str:
+    return f"{ds}:{c}" if multi else c
+
+
+def _test_idx(te: LabeledImages, space: list[str], cap: int | None, seed: int, node: str) -> np.ndarray:
+    idx = class_subset(te.labels.numpy(), te.classes, tuple(space))
+    if cap is not None and cap < len(idx):
+        idx = np.sort(idx[_rng(seed, f"test:{node}").permutation(len(idx))[:cap]])
+    return idx
+
+
+def _node_data(sp: NodeSplit, co, tr: LabeledImages, te: LabeledImages, space: list[str]) -> NodeData:
+    train = subset(tr, sp.train, space)
+    counts = {space[i]: int(n) for i, n in enumerate(torch.bincount(train.labels, minlength=len(space)).tolist())}
+    return NodeData(name=sp.node, cohort=co.name, phase=co.phase, group=co.group, dataset=co.dataset,
+                    classes=list(space), train=train, test=train, class_counts=counts)
+
+
+def _cohort_pools(scn: Scenario, trains: dict[str, LabeledImages], multi: bool) -> dict[str, np.ndarray]:
+    """Per class, deal the data set's training samples (seeded) among the cohorts using that class."""
+    pools: dict[str, list[np.ndarray]] = {c.name: [] for c in scn.cohorts}
+    for ds, tr in trains.items():
+        labels = tr.labels.numpy()
+        users = [c for c in scn.cohorts if c.dataset == ds]
+        for k, name in enumerate(tr.classes):
+            takers = [c.name for c in users if c.classes is None
+                      or name in {_global(x, ds, multi) for x in c.classes}]
+            if not takers:
+                continue
+            idx = np.flatnonzero(labels == k)
+            idx = idx[_rng(scn.seed, f"pool:{ds}:{name}").permutation(len(idx))]
+            for j, t in enumerate(takers):
+                pools[t].append(idx[j::len(takers)])
+    out = {}
+    for name, parts in pools.items():
+        if not parts:
+            raise ScenarioError(f"{scn.source}: cohort {name!r} has no training samples (check its classes)")
+        out[name] = np.sort(np.concatenate(parts))
+    return out
