@@ -89,7 +89,7 @@ class NodeDaemon:
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        if control.daemon_running(self.home.control_socket):
+        if await trio.to_thread.run_sync(control.daemon_running, self.home.control_socket):
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         await self._refresh_members()
         async with self.transport.run(listen):
@@ -104,6 +104,7 @@ class NodeDaemon:
                 nursery.start_soon(self._announce_loop)
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
+                nursery.start_soon(self._discovery_loop)
                 for addr in bootstrap:
                     nursery.start_soon(self._dial_with_retry, addr)
                 log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
@@ -252,6 +253,36 @@ class NodeDaemon:
                     return
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _discovery_loop(self) -> None:
+        """Dial members whose signed `hello` entries announce addresses we are not connected to."""
+        me = self.identity.public_key
+        tried: dict[str, float] = {}
+
+        def hellos(led: Ledger) -> dict[bytes, list[str]]:
+            out: dict[bytes, list[str]] = {}
+            for e in led.query(kind="hello"):
+                if e.author != me and isinstance(e.body.get("addrs"), list):
+                    out[e.author] = [a for a in e.body["addrs"] if isinstance(a, str)]
+            return out
+
+        while True:
+            connected = set(self.transport.peers())
+            for author, addrs in (await self.ledger.run(hellos)).items():
+                if author not in self._members:
+                    continue
+                for addr in addrs:
+                    peer = addr.rsplit("/p2p/", 1)[-1]
+                    if peer in connected or trio.current_time() - tried.get(addr, -1e9) < 30:
+                        continue
+                    tried[addr] = trio.current_time()
+                    try:
+                        with trio.move_on_after(10):
+                            await self.transport.connect(addr)
+                            break
+                    except TransportError as exc:
+                        log.debug("could not dial %s: %s", addr, exc)
+            await trio.sleep(max(self.poll_interval * 4, 1.0))
 
     # ---------------------------------------------------------------- blobs
 

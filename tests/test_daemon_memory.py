@@ -1,0 +1,179 @@
+"""The daemon on the in-memory transport: replication, validation, sync after absence, blob fetch.
+
+These run several real `NodeDaemon`s (real ledgers, blob stores, control sockets) in one
+trio run; only the network is simulated. Waits are on conditions with deadlines.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from atdnode import control
+from atdnode.blobstore import BlobStore
+from atdnode.daemon import NodeDaemon
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
+from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from cli.app import app
+from ledger import Entry, Ledger
+
+runner = CliRunner()
+
+
+def cli(*args: str) -> str:
+    res = runner.invoke(app, list(args))
+    assert res.exit_code == 0, f"atd {' '.join(args)}: {res.output} {res.exception!r}"
+    return res.output
+
+
+def make_consortium(root: Path, n: int) -> list[NodeHome]:
+    homes = [root / f"n{i}" for i in range(n)]
+    cli("init", "--home", str(homes[0]), "--genesis", "--consortium", "test")
+    led = Ledger.open(homes[0] / "ledger.db")
+    genesis = led.query(kind="genesis")[0].id.hex()
+    led.close()
+    for h in homes[1:]:
+        cli("init", "--home", str(h), "--join", genesis)
+        peer = cli("id", "--home", str(h)).strip()
+        cli("member", "add", "--home", str(homes[0]), peer)
+    return [NodeHome.at(h) for h in homes]
+
+
+def daemon_on(net: MemoryNetwork, home: NodeHome) -> NodeDaemon:
+    seed = NodeIdentity.load(home).signer.seed
+    return NodeDaemon(home, transport=MemoryTransport(net, seed), sync_interval=0.5, poll_interval=0.05)
+
+
+def ids(home: NodeHome) -> set[bytes]:
+    led = Ledger.open(home.ledger_db)
+    try:
+        return {e.id for e in led.all_entries()}
+    finally:
+        led.close()
+
+
+async def wait_for(cond, what: str, timeout: float = 20.0) -> None:
+    with trio.move_on_after(timeout) as scope:
+        while not cond():
+            await trio.sleep(0.05)
+    if scope.cancelled_caught:
+        raise AssertionError(f"timed out waiting for {what}")
+
+
+def append(home: NodeHome, kind: str, body: dict) -> Entry:
+    ident = NodeIdentity.load(home)
+    led = Ledger.open(home.ledger_db)
+    try:
+        return led.append(ident.signer, kind, body)
+    finally:
+        led.close()
+
+
+def test_entries_replicate_and_late_node_catches_up(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 3)
+    net = MemoryNetwork(seed=1)
+
+    async def main() -> None:
+        d = [daemon_on(net, h) for h in homes]
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d[0].run, [], [])
+            await nursery.start(d[1].run, [], [a0[0]])
+            # node 1 publishes while node 2 is still offline
+            e1 = append(homes[1], "metrics", {"acc": 0.5})
+            await wait_for(lambda: e1.id in ids(homes[0]), "entry from node 1 at node 0")
+            await nursery.start(d[2].run, [], [a0[0]])
+            e2 = append(homes[2], "metrics", {"acc": 0.7})
+            await wait_for(lambda: ids(homes[0]) == ids(homes[1]) == ids(homes[2]) and e2.id in ids(homes[1]),
+                           "all three ledgers to hold the same entries")
+            st = await trio.to_thread.run_sync(control_status, homes[2])
+            assert st["peer_id"] == NodeIdentity.load(homes[2]).peer_id
+            for x in d:
+                x.stop()
+        for h in homes:
+            Ledger.open(h.ledger_db).verify()
+
+    trio.run(main)
+
+
+def control_status(home: NodeHome) -> dict:
+    # the CLI side of the control socket is blocking; from inside trio run it in a thread
+    return control.call(home.control_socket, "status")
+
+
+def test_non_member_entries_never_enter(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    outsider = tmp_path / "outsider"
+    led = Ledger.open(homes[0].ledger_db)
+    genesis = led.query(kind="genesis")[0].id.hex()
+    led.close()
+    cli("init", "--home", str(outsider), "--join", genesis)  # never admitted
+    out_home = NodeHome.at(outsider)
+    net = MemoryNetwork(seed=2)
+
+    async def main() -> None:
+        d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
+        rogue = MemoryTransport(net, NodeIdentity.load(out_home).signer.seed)
+        bad = append(out_home, "metrics", {"spam": True})
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            async with rogue.run([]):
+                await rogue.connect(a0[0])
+                await rogue.subscribe(d0.topic, _ignore, lambda data, peer: True)
+                await wait_for(lambda: d0.topic and d0.transport.peers(), "rogue connected")
+                await rogue.publish(d0.topic, bad.to_bytes())
+                good = append(homes[1], "metrics", {"ok": 1})
+                await wait_for(lambda: good.id in ids(homes[0]), "a member's entry after the rogue one")
+            assert bad.id not in ids(homes[0]) and bad.id not in ids(homes[1])
+            assert d0.stats["gossip_rejected"] >= 1
+            d0.stop()
+            d1.stop()
+
+    trio.run(main)
+
+
+async def _ignore(data: bytes, peer: str) -> None:
+    return None
+
+
+def test_blob_announced_by_weights_entry_is_fetched(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    payload = bytes(range(256)) * 20_000  # 5 MB, several chunks
+    store0 = BlobStore(homes[0].blobs_dir)
+    blob = store0.put_bytes(payload)
+    manifest = store0.manifest(blob)
+    net = MemoryNetwork(seed=3)
+
+    async def main() -> None:
+        d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            append(homes[0], "weights", {"blob": blob, "size": len(payload), "manifest": manifest.hash,
+                                         "part": "extractor", "model": {}, "labels": [], "samples": 0})
+            store1 = BlobStore(homes[1].blobs_dir)
+            await wait_for(lambda: store1.has(blob), "node 1 to auto-fetch the announced blob", timeout=60)
+            assert store1.get_bytes(blob) == payload
+            d0.stop()
+            d1.stop()
+
+    trio.run(main)
+
+
+def test_second_daemon_on_same_home_is_refused(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 1)
+    net = MemoryNetwork(seed=4)
+
+    async def main() -> None:
+        d0 = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d0.run, [], [])
+            twin = daemon_on(MemoryNetwork(seed=5), homes[0])
+            with pytest.raises(Exception, match="already runs"):
+                await twin.run([], [])
+            d0.stop()
+
+    trio.run(main)
