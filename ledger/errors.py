@@ -37,6 +37,8 @@ class LedgerError(Exception):
             parts.append(f"id {self.entry_id.hex()}")
         if not parts:
             return self.reason
+        if self.seq is None and self.entry_id is None:
+            return f"{self.reason} (key {parts[0]})"
         return f"{self.reason}: entry {' '.join(parts)}"
 
 

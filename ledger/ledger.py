@@ -56,9 +56,9 @@ class Ledger:
                 pin = store.genesis_pin()
                 if pin is None:
                     store.set_meta("genesis", genesis_id)
-                elif pin != genesis_id:
-                    store.close()
-                    raise WrongConsortium(f"ledger is pinned to genesis {pin.hex()}, not {genesis_id.hex()}")
+            if pin is not None and pin != genesis_id:
+                store.close()
+                raise WrongConsortium(f"ledger is pinned to genesis {pin.hex()}, not {genesis_id.hex()}")
         return cls(store)
 
     def close(self) -> None:

@@ -1,0 +1,107 @@
+"""Node identity and config: key files, peer ids equal to libp2p's, TOML config round trip."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from atdnode.config import NodeConfig
+from atdnode.errors import ConfigError
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity, init_home
+from ledger import Ledger, Signer, peer_id_from_public_key
+
+
+def test_create_writes_private_keys_0600_and_loads_back(tmp_path):
+    home = NodeHome.at(tmp_path / "n")
+    ident = NodeIdentity.create(home)
+    for f in (home.key_file, home.x25519_key_file):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert len(f.read_bytes()) == 32
+    again = NodeIdentity.load(home)
+    assert again.public_key == ident.public_key and again.peer_id == ident.peer_id
+    assert again.x25519_public == ident.x25519_public and len(again.x25519_public) == 32
+    assert ident.peer_id.startswith("12D3KooW")
+
+
+def test_refuses_to_overwrite_a_key(tmp_path):
+    home = NodeHome.at(tmp_path / "n")
+    ident = NodeIdentity.create(home)
+    with pytest.raises(ConfigError, match="refusing"):
+        NodeIdentity.create(home)
+    assert NodeIdentity.load(home).public_key == ident.public_key
+
+
+def test_load_rejects_missing_short_or_world_readable_keys(tmp_path):
+    home = NodeHome.at(tmp_path / "n")
+    with pytest.raises(ConfigError, match="missing"):
+        NodeIdentity.load(home)
+    NodeIdentity.create(home)
+    os.chmod(home.key_file, 0o644)
+    with pytest.raises(ConfigError, match="other users"):
+        NodeIdentity.load(home)
+    os.chmod(home.key_file, 0o600)
+    home.key_file.write_bytes(b"short")
+    with pytest.raises(ConfigError, match="32-byte"):
+        NodeIdentity.load(home)
+
+
+def test_peer_id_equals_libp2p_and_keypair_comes_from_the_same_seed(tmp_path):
+    from libp2p.crypto.ed25519 import Ed25519PublicKey as Libp2pPublicKey
+    from libp2p.peer.id import ID
+
+    for seed in (b"\x00" * 32, bytes(range(32)), os.urandom(32)):
+        signer = Signer.from_seed(seed)
+        expected = ID.from_pubkey(Libp2pPublicKey.from_bytes(signer.public_key)).to_base58()
+        assert peer_id_from_public_key(signer.public_key) == expected == signer.peer_id
+    ident = NodeIdentity.create(NodeHome.at(tmp_path / "n"))
+    kp = ident.libp2p_keypair()
+    assert kp.public_key.to_bytes() == ident.public_key
+    assert ID.from_pubkey(kp.public_key).to_base58() == ident.peer_id
+    msg = b"same key on the wire and on the ledger"
+    assert kp.public_key.verify(msg, ident.signer.sign(msg))
+
+
+def test_config_round_trip_keeps_unknown_keys(tmp_path):
+    home = NodeHome.at(tmp_path / "n")
+    cfg = NodeConfig(name="h1", genesis_id="ab" * 32, consortium="demo", bootstrap=["/ip4/127.0.0.1/tcp/1/p2p/x"],
+                     role="festa-server", extra={"data": {"spec": "synthetic:4"}})
+    cfg.save(home)
+    assert NodeConfig.load(home) == cfg
+    assert "genesis_id" not in NodeConfig(name="x").to_dict()
+
+
+@pytest.mark.parametrize("text,match", [
+    ("name = 3\n", "name"), ("genesis_id = 'zz'\n", "genesis_id"), ("listen = 'x'\n", "listen"),
+    ("name = [\n", "TOML"),
+])
+def test_bad_config_is_a_config_error(tmp_path, text, match):
+    home = NodeHome.at(tmp_path / "n")
+    home.make_dirs()
+    home.config_file.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        NodeConfig.load(home)
+
+
+def test_init_home_founder_and_joiner(tmp_path):
+    a = NodeHome.at(tmp_path / "a")
+    ident = init_home(a, consortium="demo")
+    cfg = NodeConfig.load(a)
+    assert cfg.name == "a" and cfg.consortium == "demo"
+    with Ledger.open(a.ledger_db) as led:
+        (g,) = led.query(kind="genesis")
+        assert g.author == ident.public_key and g.id.hex() == cfg.genesis_id
+        assert led.membership().is_admin(ident.public_key)
+    b = NodeHome.at(tmp_path / "b")
+    init_home(b, name="bee", join=cfg.genesis_id)
+    assert NodeConfig.load(b).genesis_id == cfg.genesis_id
+    with Ledger.open(b.ledger_db) as led:
+        assert led.genesis_id.hex() == cfg.genesis_id and led.all_entries() == []
+    for kwargs, match in ((dict(consortium="x"), "already holds"), ):
+        with pytest.raises(ConfigError, match=match):
+            init_home(a, **kwargs)
+    with pytest.raises(ConfigError, match="64-hex"):
+        init_home(NodeHome.at(tmp_path / "c"), join="nothex")
+    with pytest.raises(ConfigError, match="either"):
+        init_home(NodeHome.at(tmp_path / "d"), consortium="x", join=cfg.genesis_id)
