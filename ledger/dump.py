@@ -37,7 +37,10 @@ def export_dump(ledger: Ledger, path: str | Path) -> int:
 
 def read_dump(data: bytes) -> tuple[bytes | None, list[bytes]]:
     """(genesis id, wire entries) of dump bytes; MalformedEntry if it is not a dump."""
-    obj = unpack(data)
+    try:
+        obj = unpack(data)
+    except MalformedEntry as exc:
+        raise MalformedEntry(f"not an atd ledger dump ({exc.reason})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise MalformedEntry("not an atd ledger dump")
     if obj.get("version") != VERSION:
