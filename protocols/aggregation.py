@@ -1,0 +1,560 @@
+"""Aggregation rules: weightings and a streaming weighted average of tensor dicts.
+
+Weightings (each returns a float64 probability vector, one weight per input):
+
+=================  ==========================================================
+``uniform``        w_i = 1 / N
+``samples``        w_i = n_i / sum_j n_j              (n_i = training samples)
+``sqrt-classes``   alpha_i = sqrt(C_i) / sum_j sqrt(C_j)   VGS-ATD Eq. 11
+``model-count``    beta_i = n_i / sum_j n_j  (n_i = base models in group i) Eq. 12
+``fedwavg``        w_i = softmax_i(q * cos(L_ref, L_i))    FedWAvg Eq. 3
+=================  ==========================================================
+
+FedWAvg compares one *last layer* tensor per model with the same tensor of a
+reference model (the caller's choice: the aggregating node's own model, or the
+previous global model when run in rounds). For timm ViTs atd uses
+``head.weight`` when the heads are comparable (same label space), otherwise the
+last encoder block's ``blocks.{L-1}.mlp.fc2.weight``; :func:`last_layer_key`
+picks it.
+
+The average (:func:`weighted_average`) takes *loaders* -- zero-argument
+callables returning a mapping ``name -> torch.Tensor`` -- so only one input is
+materialised at a time. :class:`SafetensorsStream` is a lazy mapping over a
+safetensors file that the average reads chunk by chunk from small mapped
+windows, so peak memory is the accumulator plus a few MiB.
+
+Arithmetic contract (so a peer can recompute an aggregate bit for bit and
+compare hashes): for every element, in input order,
+``acc = w_0 * x_0`` then ``acc = acc + (w_i * x_i)``, each ``*`` and ``+`` a
+separately rounded IEEE-754 operation (no fused multiply-add) in the
+accumulation dtype; the result is cast back to the input dtype. The
+accumulation dtype is ``promote(input dtype, accumulate_dtype)``: float32 by
+default (error after N inputs is a few ulp; memory stays at one model), pass
+``accumulate_dtype=torch.float64`` for extra precision at twice the
+accumulator memory and about half the speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "AggregationError", "WEIGHTINGS", "HEAD_PREFIXES", "Loader",
+    "uniform_weights", "sample_weights", "sqrt_class_weights", "model_count_weights",
+    "fedwavg_weights", "compute_weights", "check_weights", "last_layer_key",
+    "load_tensor", "part_filter", "SafetensorsStream", "safetensors_loader",
+    "weighted_average",
+]
+
+Loader = Callable[[], Mapping[str, torch.Tensor]]
+WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count", "fedwavg")
+HEAD_PREFIXES = ("head.",)  # timm ViT classifier; everything else is the extractor
+CHUNK_BYTES = 512 * 1024  # arithmetic chunk: its product stays in L2 until it is added
+WINDOW_BYTES = 16 * 1024 * 1024  # SafetensorsStream maps files in windows this large
+_WEIGHT_SUM_TOL = 1e-6
+
+
+class AggregationError(ValueError):
+    """Bad aggregation input. ``index``/``name``/``key`` locate it when known."""
+
+    def __init__(self, message: str, *, index: int | None = None,
+                 name: str | None = None, key: str | None = None) -> None:
+        where = []
+        if index is not None:
+            where.append(f"input {index}" + (f" ({name})" if name else ""))
+        if key is not None:
+            where.append(f"key {key!r}")
+        super().__init__(": ".join([", ".join(where), message]) if where else message)
+        self.index, self.name, self.key = index, name, key
+
+
+# ---------------------------------------------------------------- weightings
+
+def _counts(values: Sequence[float], what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise AggregationError(f"{what} must be numbers: {e}") from None
+    if arr.ndim != 1 or arr.size == 0:
+        raise AggregationError(f"{what} must be a non-empty 1-D sequence")
+    if not np.all(np.isfinite(arr)):
+        raise AggregationError(f"{what} must be finite, got {arr.tolist()}")
+    if np.any(arr < 0):
+        raise AggregationError(f"{what} must be >= 0, got {arr.tolist()}")
+    if arr.sum() <= 0:
+        raise AggregationError(f"{what} must not all be zero")
+    return arr
+
+
+def uniform_weights(n: int) -> np.ndarray:
+    """``1/n`` each."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise AggregationError(f"uniform weighting needs n >= 1 inputs, got {n!r}")
+    return np.full(int(n), 1.0 / n, dtype=np.float64)
+
+
+def sample_weights(samples: Sequence[float]) -> np.ndarray:
+    """``n_i / sum_j n_j`` for the inputs' sample counts."""
+    arr = _counts(samples, "sample counts")
+    return arr / arr.sum()
+
+
+def sqrt_class_weights(classes: Sequence[float]) -> np.ndarray:
+    """VGS-ATD Eq. 11: ``sqrt(C_i) / sum_j sqrt(C_j)`` for class counts C_i."""
+    arr = np.sqrt(_counts(classes, "class counts"))
+    return arr / arr.sum()
+
+
+def model_count_weights(models: Sequence[float]) -> np.ndarray:
+    """VGS-ATD Eq. 12: ``n_i / sum_j n_j`` for the number of base models per group."""
+    arr = _counts(models, "model counts")
+    return arr / arr.sum()
+
+
+def fedwavg_weights(reference: torch.Tensor | np.ndarray,
+                    layers: Sequence[torch.Tensor | np.ndarray], *, q: float = 1.0) -> np.ndarray:
+    """FedWAvg Eq. 3: ``softmax_i(q * cos(reference, layers[i]))``.
+
+    Tensors are flattened and compared in float64; every layer must have the
+    reference's shape and a non-zero, finite norm. ``q`` (the scale) sharpens
+    the weighting as it grows; ``q = 0`` gives uniform weights.
+    """
+    if not math.isfinite(q):
+        raise AggregationError(f"fedwavg scale q must be finite, got {q!r}")
+    if len(layers) == 0:
+        raise AggregationError("fedwavg needs at least one layer")
+    ref = _as_vector(reference, "reference", None)
+    cos = np.empty(len(layers), dtype=np.float64)
+    for i, layer in enumerate(layers):
+        v = _as_vector(layer, f"layer {i}", ref.shape)
+        cos[i] = float(ref @ v) / (np.linalg.norm(ref) * np.linalg.norm(v))
+    z = q * cos
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _as_vector(t: torch.Tensor | np.ndarray, what: str, shape: tuple | None) -> np.ndarray:
+    arr = t.detach().cpu().double().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+    arr = arr.reshape(-1)
+    if shape is not None and arr.shape != shape:
+        raise AggregationError(f"fedwavg {what} has {arr.size} elements, reference has {shape[0]}")
+    if not np.all(np.isfinite(arr)) or not np.linalg.norm(arr) > 0:
+        raise AggregationError(f"fedwavg {what} must be finite with non-zero norm")
+    return arr
+
+
+def compute_weights(weighting: str, *, n: int | None = None, counts: Sequence[float] | None = None,
+                    reference: torch.Tensor | np.ndarray | None = None,
+                    layers: Sequence[torch.Tensor | np.ndarray] | None = None,
+                    q: float = 1.0) -> np.ndarray:
+    """Dispatch by name (one of :data:`WEIGHTINGS`).
+
+    ``uniform`` uses ``n``; ``samples``/``sqrt-classes``/``model-count`` use
+    ``counts`` (samples, classes, or base models per input); ``fedwavg`` uses
+    ``reference``, ``layers`` and ``q``.
+    """
+    if weighting == "uniform":
+        return uniform_weights(n if n is not None else len(counts or layers or []))
+    if weighting in ("samples", "sqrt-classes", "model-count"):
+        if counts is None:
+            raise AggregationError(f"weighting {weighting!r} needs counts")
+        fn = {"samples": sample_weights, "sqrt-classes": sqrt_class_weights,
+              "model-count": model_count_weights}[weighting]
+        return fn(counts)
+    if weighting == "fedwavg":
+        if reference is None or layers is None:
+            raise AggregationError("weighting 'fedwavg' needs reference and layers")
+        return fedwavg_weights(reference, layers, q=q)
+    raise AggregationError(f"unknown weighting {weighting!r}; expected one of {', '.join(WEIGHTINGS)}")
+
+
+def check_weights(weights: Sequence[float], n: int | None = None) -> np.ndarray:
+    """Return ``weights`` as float64 if they are a probability vector (finite,
+    >= 0, sum 1 within 1e-6, length ``n``); raise :class:`AggregationError` if not.
+    They are used as given (no renormalisation), so recorded weights replay exactly."""
+    try:
+        w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise AggregationError(f"weights must be numbers: {e}") from None
+    if w.ndim != 1 or w.size == 0:
+        raise AggregationError("weights must be a non-empty 1-D sequence")
+    if n is not None and w.size != n:
+        raise AggregationError(f"{w.size} weights for {n} inputs")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise AggregationError(f"weights must be finite and >= 0, got {w.tolist()}")
+    if abs(w.sum() - 1.0) > _WEIGHT_SUM_TOL:
+        raise AggregationError(f"weights must sum to 1, got sum {w.sum()!r}")
+    return w
+
+
+def last_layer_key(keys: Iterable[str], *, heads_comparable: bool) -> str:
+    """The tensor FedWAvg compares for a timm ViT: ``head.weight`` when the heads
+    share a label space, else the last block's ``mlp.fc2.weight``."""
+    keys = set(keys)
+    if heads_comparable and "head.weight" in keys:
+        return "head.weight"
+    blocks = [int(k.split(".")[1]) for k in keys
+              if k.startswith("blocks.") and k.endswith(".mlp.fc2.weight") and k.split(".")[1].isdigit()]
+    if not blocks:
+        raise AggregationError("no 'head.weight' or 'blocks.N.mlp.fc2.weight' to compare")
+    return f"blocks.{max(blocks)}.mlp.fc2.weight"
+
+
+def load_tensor(loader: Loader, key: str) -> torch.Tensor:
+    """One tensor of one input (e.g. its FedWAvg layer), closing lazy sources."""
+    src = loader()
+    try:
+        if key not in src:
+            raise AggregationError("missing", key=key)
+        return src[key].detach().clone()
+    finally:
+        _close(src)
+
+
+def part_filter(*, include_head: bool,
+                head_prefixes: Sequence[str] = HEAD_PREFIXES) -> Callable[[str], bool]:
+    """Key predicate: extractor keys only, or extractor + head (only when the
+    inputs' label spaces match)."""
+    prefixes = tuple(head_prefixes)
+    if include_head:
+        return lambda key: True
+    return lambda key: not key.startswith(prefixes)
+
+
+# ---------------------------------------------------------------- safetensors
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+              "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+_MAX_HEADER = 100 * 1024 * 1024
+_NP_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+class SafetensorsStream(Mapping[str, torch.Tensor]):
+    """Lazy read-only mapping over a safetensors file (little-endian hosts).
+
+    The header is parsed and checked when constructed (dtypes, shapes, offsets
+    inside the file, byte sizes); tensor bytes are read only on ``[key]`` (a
+    fresh tensor) or :meth:`iter_chunks` (zero-copy views of mapped windows).
+    Raises :class:`AggregationError` for a malformed file. Close it (or use it
+    as a context manager) when done; :func:`weighted_average` does.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self._f = open(self.path, "rb", buffering=0)
+        try:
+            self._entries, self.metadata = self._parse()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _parse(self) -> tuple[dict[str, tuple[tuple[int, ...], torch.dtype, int, int]], dict[str, str]]:
+        size = os.fstat(self._f.fileno()).st_size
+        bad = lambda why: AggregationError(f"{self.path}: not a valid safetensors file: {why}")  # noqa: E731
+        if size < 8:
+            raise bad("shorter than 8 bytes")
+        (n,) = struct.unpack("<Q", self._read_at(0, 8))
+        if n > _MAX_HEADER or 8 + n > size:
+            raise bad(f"header length {n} out of range")
+        try:
+            header = json.loads(self._read_at(8, n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise bad(f"header is not JSON ({e})") from None
+        if not isinstance(header, dict):
+            raise bad("header is not a JSON object")
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise bad("__metadata__ must map strings to strings")
+        base, entries = 8 + n, {}
+        for key, e in header.items():
+            try:
+                dtype = _ST_DTYPES[e["dtype"]]
+                shape = tuple(e["shape"])
+                start, end = e["data_offsets"]
+                if not all(type(v) is int for v in (*shape, start, end)):
+                    raise TypeError
+            except (KeyError, TypeError, ValueError):
+                raise bad(f"tensor {key!r}: bad dtype/shape/data_offsets {e!r}") from None
+            numel = math.prod(shape)
+            if min(shape, default=0) < 0 or not 0 <= start <= end or base + end > size \
+                    or end - start != numel * dtype.itemsize:
+                raise bad(f"tensor {key!r}: offsets {start}..{end} do not fit shape {shape} {e['dtype']}")
+            entries[key] = (shape, dtype, base + start, end - start)
+        return entries, meta
+
+    def _read_at(self, offset: int, n: int) -> bytes:
+        buf = bytearray(n)
+        self._readinto_at(offset, memoryview(buf))
+        return bytes(buf)
+
+    def _readinto_at(self, offset: int, view: memoryview) -> None:
+        # positional reads: no shared file position
+        done, fd = 0, self._f.fileno()
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if not got:
+                raise AggregationError(f"{self.path}: truncated at byte {offset + done}")
+            done += got
+
+    def spec(self, key: str) -> tuple[tuple[int, ...], torch.dtype]:
+        """``(shape, dtype)`` of ``key`` without reading its data."""
+        shape, dtype, _, _ = self._entries[key]
+        return shape, dtype
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        shape, dtype, offset, nbytes = self._entries[key]
+        out = torch.empty(shape, dtype=dtype)
+        if nbytes:
+            self._readinto_at(offset, memoryview(out.reshape(-1).view(torch.uint8).numpy()))
+        return out
+
+    def iter_chunks(self, keys: Sequence[str], *,
+                    chunk_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(key, chunk)`` for ``keys`` in order, each chunk a 1-D tensor of
+        that key's next elements (at most ``chunk_bytes``, default :data:`CHUNK_BYTES`;
+        none for an empty tensor).
+
+        Chunks are read-only views of the file mapped in windows of at most
+        ``WINDOW_BYTES``, so no bytes are copied and at most two windows are
+        resident (RSS) at a time; each window is unmapped once its last chunk
+        is dropped. Use a chunk before asking for the next one. The file must
+        not be truncated while it is read (blobs are immutable).
+        """
+        chunk_bytes = chunk_bytes or CHUNK_BYTES
+        for key in keys:
+            _, dtype, offset, nbytes = self._entries[key]
+            step = max(1, chunk_bytes // dtype.itemsize)
+            window = max(step, WINDOW_BYTES // dtype.itemsize // step * step)  # whole chunks
+            numel = nbytes // dtype.itemsize
+            for first in range(0, numel, window):
+                n = min(window, numel - first)
+                start = offset + first * dtype.itemsize
+                lead = start % mmap.ALLOCATIONGRANULARITY
+                mapped = mmap.mmap(self._f.fileno(), lead + n * dtype.itemsize, offset=start - lead,
+                                   access=mmap.ACCESS_COPY)  # private: writable view, never written
+                data = torch.frombuffer(mapped, dtype=dtype, count=n, offset=lead)  # keeps `mapped` alive
+                del mapped
+                for p in range(0, n, step):
+                    yield key, data[p:p + step]
+                del data
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def safetensors_loader(path: str | os.PathLike) -> Loader:
+    """A loader for :func:`weighted_average` that streams ``path``."""
+    return functools.partial(SafetensorsStream, path)
+
+
+# ---------------------------------------------------------------- averaging
+
+def weighted_average(loaders: Sequence[Loader], weights: Sequence[float], *,
+                     names: Sequence[str] | None = None,
+                     key_filter: Callable[[str], bool] | None = None,
+                     accumulate_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Average CPU tensor dicts, loading one input at a time.
+
+    ``loaders[i]()`` returns input i (a dict, or a lazy mapping such as
+    :class:`SafetensorsStream`, which is read in cache-sized chunks). Only keys
+    accepted by ``key_filter`` take part. Input 0 fixes the structure; every
+    other input must have the same keys, shapes and dtypes, and every value
+    must be finite -- otherwise :class:`AggregationError` names the input
+    (index and ``names[i]``) and the key. ``weights`` must already be a
+    probability vector (see :func:`check_weights`). Floating tensors are
+    averaged per the module's arithmetic contract; non-floating tensors (e.g.
+    counters) must be equal in all inputs and are passed through. Returns a
+    new dict in input 0's key order and dtypes. Errors raised by a loader
+    propagate with a note naming the input.
+
+    Finiteness is checked once, on the result (a NaN or infinity in any input
+    reaches it, even with weight 0); only if that fails are the loaders
+    called again to find the input that holds it.
+    """
+    loaders = list(loaders)
+    w = check_weights(weights, len(loaders))
+    if accumulate_dtype not in (torch.float32, torch.float64):
+        raise AggregationError(f"accumulate_dtype must be torch.float32 or torch.float64, got {accumulate_dtype}")
+    if names is not None and len(names) != len(w):
+        raise AggregationError(f"{len(names)} names for {len(w)} inputs")
+    accept = key_filter or (lambda key: True)
+    spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    acc: dict[str, torch.Tensor] = {}
+    work: dict[torch.dtype, np.ndarray] = {}
+    not_finite: list[str] = []
+    for i, loader in enumerate(loaders):
+        src = _load(loader, i, names)
+        try:
+            _accumulate_input(src, i, names[i] if names else None, float(w[i]), accept,
+                              accumulate_dtype, spec, acc, work,
+                              not_finite if i == len(w) - 1 else None)
+        finally:
+            _close(src)
+    if not_finite:
+        _locate_non_finite(loaders, names, not_finite)
+    out = {}
+    for key, (_, dtype) in spec.items():
+        t = acc.pop(key)  # free each float64 accumulator as soon as it is cast
+        out[key] = t if t.dtype == dtype else t.to(dtype)
+    return out
+
+
+def _load(loader: Loader, i: int, names: Sequence[str] | None) -> Mapping[str, torch.Tensor]:
+    name = names[i] if names else None
+    try:
+        src = loader()
+    except Exception as e:
+        e.add_note(f"while loading aggregation input {i}" + (f" ({name})" if name else ""))
+        raise
+    if not isinstance(src, Mapping):
+        _close(src)
+        raise AggregationError(f"loader returned {type(src).__name__}, not a mapping", index=i, name=name)
+    return src
+
+
+def _locate_non_finite(loaders: Sequence[Loader], names: Sequence[str] | None, keys: list[str]) -> None:
+    for i, loader in enumerate(loaders):
+        src = _load(loader, i, names)
+        try:
+            for key in keys:
+                if not bool(torch.isfinite(src[key]).all()):
+                    raise AggregationError("contains NaN or infinity", index=i,
+                                           name=names[i] if names else None, key=key)
+        finally:
+            _close(src)
+    raise AggregationError("weighted sum overflows although every input is finite", key=keys[0])
+
+
+def _accumulate_input(src: Mapping[str, torch.Tensor], i: int, name: str | None, wi: float,
+                      accept: Callable[[str], bool], accumulate_dtype: torch.dtype, spec: dict,
+                      acc: dict, work: dict, not_finite: list[str] | None) -> None:
+    """Add ``wi *`` input i into ``acc``; on the last input (``not_finite`` given)
+    also collect the keys whose result is not finite."""
+    keys = [k for k in src.keys() if accept(k)]
+    if i == 0:
+        if not keys:
+            raise AggregationError("no tensors to average (after the key filter)", index=i, name=name)
+    else:
+        present = set(keys)
+        missing = [k for k in spec if k not in present]
+        if missing:
+            raise AggregationError("missing (present in input 0)", index=i, name=name, key=missing[0])
+        extra = [k for k in keys if k not in spec]
+        if extra:
+            raise AggregationError("not present in input 0", index=i, name=name, key=extra[0])
+        keys = list(spec)
+
+    def admit(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+        """Check structure; set up the accumulator; True for floating keys."""
+        if i == 0:
+            spec[key] = (shape, dtype)
+        elif (shape, dtype) != spec[key]:
+            raise AggregationError(f"{shape} {dtype} differs from input 0's {spec[key][0]} {spec[key][1]}",
+                                   index=i, name=name, key=key)
+        if not dtype.is_floating_point:
+            value = src[key]
+            if i == 0:
+                acc[key] = value.clone()
+            elif not torch.equal(value, acc[key]):
+                raise AggregationError("non-floating tensor differs from input 0", index=i, name=name, key=key)
+            return False
+        acc_dtype = torch.promote_types(dtype, accumulate_dtype)
+        if i == 0:
+            # numpy allocations get transparent huge pages: far fewer page faults
+            acc[key] = torch.from_numpy(np.empty(shape, dtype=_NP_FLOAT[acc_dtype]))
+        if acc_dtype not in work:
+            work[acc_dtype] = np.empty(CHUNK_BYTES // 2, dtype=_NP_FLOAT[acc_dtype])  # >= any chunk
+        return True
+
+    def add(key: str, chunks: Iterable[torch.Tensor]) -> None:
+        finite = _add_chunks(chunks, acc[key].reshape(-1).numpy(), work[acc[key].dtype], wi,
+                             first=(i == 0), check=not_finite is not None)
+        if not finite:
+            not_finite.append(key)
+
+    if isinstance(src, SafetensorsStream):  # shapes from the header, data read ahead in chunks
+        floats = [key for key in keys if admit(key, *src.spec(key))]
+        for key, group in itertools.groupby(src.iter_chunks(floats), key=lambda kc: kc[0]):
+            add(key, (chunk for _, chunk in group))
+        return
+    for key in keys:
+        tensor = src[key]
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            raise AggregationError("value is not a CPU torch.Tensor", index=i, name=name, key=key)
+        if admit(key, tuple(tensor.shape), tensor.dtype):
+            flat = tensor.detach().reshape(-1)
+            step = max(1, CHUNK_BYTES // tensor.dtype.itemsize)
+            add(key, (flat[p:p + step] for p in range(0, flat.numel(), step)))
+
+
+def _add_chunks(chunks: Iterable[torch.Tensor], acc: np.ndarray, work: np.ndarray,
+                wi: float, *, first: bool, check: bool) -> bool:
+    """``acc = wi * x`` (first input) or ``acc += wi * x``, chunk by chunk;
+    with ``check``, return whether the updated ``acc`` is finite.
+
+    The arithmetic is numpy on cache-sized chunks: single-threaded (small
+    torch ops would each pay a thread hand-off, slow on a busy machine), and
+    product and sum are separately rounded, so no fused multiply-add can make
+    results differ between CPUs. The check reads the chunk while cached.
+    """
+    pos, finite = 0, True
+    with np.errstate(all="ignore"):  # NaN/inf are detected and reported below
+        for chunk in chunks:  # (n,) torch, input dtype
+            pos = _add_chunk(chunk, acc, work, pos, wi, first)
+            if check and finite:
+                dst = acc[pos - chunk.numel():pos]
+                if not math.isfinite(dst.sum()):
+                    finite = bool(np.isfinite(dst).all())  # the sum alone may overflow
+    if pos != acc.size:
+        raise AggregationError(f"read {pos} of {acc.size} elements")
+    return finite
+
+
+def _add_chunk(chunk: torch.Tensor, acc: np.ndarray, work: np.ndarray, pos: int, wi: float,
+               first: bool) -> int:
+    """Add ``wi * chunk`` at ``acc[pos:]`` (or store it, for the first input); return the new pos."""
+    n = chunk.numel()
+    dst = acc[pos:pos + n]
+    prod = dst if first else work[:n]
+    if chunk.dtype == torch.bfloat16:  # numpy has no bfloat16: widen exactly in torch
+        torch.from_numpy(prod).copy_(chunk)
+        np.multiply(prod, wi, out=prod)
+    else:
+        x = chunk.numpy()
+        if x.dtype != prod.dtype:
+            np.copyto(prod, x)  # exact upcast, then multiply in the accumulation dtype
+            x = prod
+        np.multiply(x, wi, out=prod)
+    if not first:
+        np.add(dst, prod, out=dst)
+    return pos + n
+
+
+def _close(src: object) -> None:
+    close = getattr(src, "close", None)
+    if callable(close):
+        close()
