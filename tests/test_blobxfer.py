@@ -17,7 +17,7 @@ import trio
 from atdnode.blobstore import BlobStore
 from atdnode.transport.base import Transport, TransportError
 from atdnode.transport.blobfetch import FetchConfig, FetchError
-from atdnode.transport.blobxfer import PROTOCOL, BlobService, open_bulk, pack, read_header
+from atdnode.transport.blobxfer import PROTOCOL, BlobService, BulkConn, pack, read_header
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 
 KINDS = ["memory", "libp2p"]
@@ -143,14 +143,13 @@ def test_resume_after_holder_dies(kind: str, tmp_path: Path) -> None:
             c.store.put_bytes(data)
             m = a.store.manifest(h)
             result: list[BaseException] = []
-            serve_one, stuck = a.svc.server._send_one, trio.Event()
+            stuck = trio.Event()
 
-            async def stall_after_six(stream, i, data) -> None:  # the holder hangs, then dies
+            async def stall_after_six(peer: str, idx: list[int]) -> None:  # the holder hangs, then dies
                 if a.svc.server.served_chunks >= 6:
                     await stuck.wait()  # never set
-                await serve_one(stream, i, data)
 
-            a.svc.server._send_one = stall_after_six
+            a.svc.server.before_batch = stall_after_six
 
             async def fetch() -> None:
                 try:
@@ -250,10 +249,10 @@ def test_malformed_and_oversized_requests_reset_only_that_stream(kind: str, tmp_
                 s = await b.t.open_stream(a.t.peer_id, PROTOCOL)
                 await s.write_frame(pack({"op": "bulk", "blob": h, "conns": 1}))
                 offer = await read_header(s)
-                bulk = await open_bulk(s.remote_host, offer["port"], b"\x01" * 32, a.t.peer_id)
-                await bulk.write_frame(pack({"op": "manifest", "blob": h}))
+                bulk = await BulkConn.open(s.remote_host, offer["port"], b"\x01" * 32, a.t.peer_id)
                 with pytest.raises(TransportError), trio.fail_after(10):
-                    await bulk.read_frame()
+                    await bulk.request(pack({"op": "get", "blob": h, "chunk_size": CHUNK, "chunks": [0]}))
+                    await bulk.chunk(0, CHUNK)
                 await bulk.close()
                 await s.close()
             # the node still serves normally

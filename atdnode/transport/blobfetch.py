@@ -19,8 +19,10 @@
 4. When every chunk is written, `complete()` checks the whole blob and moves it into the
    store. If holders run out first, FetchError; what was written stays for a resume.
 
-Memory is bounded by buffers: per worker at most one chunk being received, one queued
-and one being written, whatever the blob size.
+Memory is bounded by buffers, whatever the blob size: per worker one chunk being received,
+`pipeline_bytes` of chunks queued for the writer and one being written. The queue keeps
+the connection busy while a writer thread hashes, so a single connection is not a
+stop-and-go ping-pong between processes.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ import trio
 
 from atdnode.blobstore import BlobStore, Manifest, PartialBlob, check_hash
 from atdnode.errors import BlobError
-from atdnode.transport.base import MAX_FRAME, FrameError, Stream, Transport, TransportError
-from atdnode.transport.blobxfer import HEADER_MAX, MAX_BATCH, PROTOCOL, open_bulk, pack, read_header
+from atdnode.transport.base import FrameError, Stream, Transport, TransportError
+from atdnode.transport.blobwire import MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, pack, read_header
+from atdnode.transport.bulk import BulkConn
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class FetchConfig:
     batch_bytes: int = 16 << 20  # chunks requested per round trip, in bytes
     stall_timeout: float = 30.0  # a holder silent this long is dropped
     flush_bytes: int = 64 << 20  # make written chunks durable (resumable) every this many bytes
+    pipeline_bytes: int = 8 << 20  # per worker: received chunks waiting for the writer thread
 
 
 @dataclass
@@ -145,7 +149,7 @@ class BlobFetcher:
             holders = sorted(p for p, (_, pm) in probes.items() if pm.hash == m.hash) + sorted(
                 p for p, (_, pm) in probes.items() if pm.hash != m.hash)  # any holder can serve byte ranges
             report.manifest, report.holders = m.hash, holders
-            if m.chunk_size > MAX_FRAME - HEADER_MAX:
+            if m.chunk_size > MAX_CHUNK:
                 raise FetchError(f"blob {blob[:12]}: chunk size {m.chunk_size} exceeds the frame limit")
             partial = await trio.to_thread.run_sync(self.store.partial, m)
             job = _Job(m, partial, report, self.cfg)
@@ -215,7 +219,7 @@ class BlobFetcher:
 
     async def _peer(self, job: _Job, peer: str, first: Stream, n: int) -> None:
         """Run up to n workers against one holder: over a bulk channel if offered, else streams."""
-        streams: list[Stream] = []
+        conns: list[StreamChunks | BulkConn] = []
         control: Stream | None = None
         try:
             if self.cfg.bulk and first.remote_host:
@@ -228,24 +232,21 @@ class BlobFetcher:
                         raise FrameError("malformed bulk offer")
                     control = first
                     for _ in range(n):
-                        streams.append(await open_bulk(first.remote_host, port, token, peer))
+                        conns.append(await BulkConn.open(first.remote_host, port, token, peer, self.cfg.stall_timeout))
                     job.report.modes[peer] = "bulk"
-                else:
-                    streams.append(first)
-            else:
-                streams.append(first)
             if control is None:
                 job.report.modes[peer] = "stream"
+                conns.append(StreamChunks(first))
                 for _ in range(n - 1):
-                    streams.append(await self.transport.open_stream(peer, PROTOCOL))
+                    conns.append(StreamChunks(await self.transport.open_stream(peer, PROTOCOL)))
             async with trio.open_nursery() as nursery:
-                for s in streams:
-                    nursery.start_soon(self._worker, job, peer, s)
+                for c in conns:
+                    nursery.start_soon(self._worker, job, peer, c)
         except (TransportError, trio.TooSlowError) as e:
             job.fail(peer, f"{type(e).__name__}: {e}")
         finally:
-            for s in streams:
-                await s.close()
+            for c in conns:
+                await c.close()
             if control is not None:
                 with trio.move_on_after(2):  # let the server report it is done; not essential
                     try:
@@ -254,22 +255,23 @@ class BlobFetcher:
                         pass
                 await control.close()
 
-    async def _worker(self, job: _Job, peer: str, stream: Stream) -> None:
+    async def _worker(self, job: _Job, peer: str, conn: StreamChunks | BulkConn) -> None:
         owned: set[int] = set()
-        send, recv = trio.open_memory_channel(1)
+        send, recv = trio.open_memory_channel(max(1, self.cfg.pipeline_bytes // job.m.chunk_size))
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, job, peer, recv, owned, nursery.cancel_scope)
                 async with send:
                     try:
-                        await self._receive(job, peer, stream, send, owned)
+                        await self._receive(job, peer, conn, send, owned)
                     except (TransportError, trio.TooSlowError) as e:
                         job.fail(peer, f"{type(e).__name__}: {e}")
-                        await stream.reset()
+                        await conn.reset()
         finally:
             job.give_back(owned)
 
-    async def _receive(self, job: _Job, peer: str, stream: Stream, send: trio.MemorySendChannel, owned: set[int]) -> None:
+    async def _receive(self, job: _Job, peer: str, conn: StreamChunks | BulkConn, send: trio.MemorySendChannel,
+                       owned: set[int]) -> None:
         m, stall = job.m, self.cfg.stall_timeout
         while job.usable(peer):
             batch = job.take()
@@ -280,21 +282,10 @@ class BlobFetcher:
                 continue
             owned.update(batch)
             with trio.fail_after(stall):
-                await stream.write_frame(pack({"op": "get", "blob": m.blob, "chunk_size": m.chunk_size, "chunks": batch}))
+                await conn.request(pack({"op": "get", "blob": m.blob, "chunk_size": m.chunk_size, "chunks": batch}))
             for i in batch:
                 with trio.fail_after(stall):
-                    hdr = await read_header(stream)
-                if hdr.get("i") != i:
-                    raise FrameError(f"expected chunk {i}, got header {hdr!r:.60}")
-                if "error" in hdr:
-                    raise TransportError(f"does not serve chunk {i}: {hdr['error']!r:.60}")
-                n = m.span(i)[1]
-                if hdr.get("n") != n:
-                    raise FrameError(f"announced {hdr.get('n')!r:.20} bytes for chunk {i}, expected {n}")
-                with trio.fail_after(stall):
-                    data = await stream.read_frame(n)
-                if len(data) != n:
-                    raise FrameError(f"sent {len(data)} bytes for chunk {i}, expected {n}")
+                    data = await conn.chunk(i, m.span(i)[1])
                 await send.send((i, data))
 
     async def _writer(self, job: _Job, peer: str, recv: trio.MemoryReceiveChannel, owned: set[int], scope: trio.CancelScope) -> None:

@@ -32,107 +32,31 @@ that one stream reset with a logged reason; nothing else is affected.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import os
-import secrets
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-import msgpack
 import trio
 
 from atdnode.blobstore import BlobStore, check_hash
 from atdnode.errors import BlobError
-from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
-from atdnode.transport.framing import FramedStream
+from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport
+from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protocol's public names)
+    HEADER_MAX,
+    MAX_BATCH,
+    PROTOCOL,
+    StreamChunks,
+    chunk_request,
+    pack,
+    read_header,
+    unpack,
+)
+from atdnode.transport.bulk import BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = "/atd/blob/1.0.0"
-HEADER_MAX = 64 << 10
-MAX_BATCH = 256
-IDLE_TIMEOUT = 60.0  # server: a request stream silent this long is closed
-BULK_ACCEPT_TIMEOUT = 10.0  # server: how long a bulk token stays usable
-TOKEN_BYTES = 32
-
-
-def pack(obj: dict) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-def unpack(raw: bytes) -> dict:
-    """Decode a header frame; FrameError unless it is a msgpack map with string keys."""
-    try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=HEADER_MAX)
-    except Exception as e:
-        raise FrameError(f"malformed header frame ({type(e).__name__})") from None
-    if not isinstance(obj, dict):
-        raise FrameError("malformed header frame (not a map)")
-    return obj
-
-
-async def read_header(stream: Stream) -> dict:
-    return unpack(await stream.read_frame(HEADER_MAX))
-
-
-def _chunk_list(req: dict) -> tuple[int, list[int]]:
-    cs, idx = req.get("chunk_size"), req.get("chunks")
-    if type(cs) is not int or not 1 <= cs <= (8 << 20) - HEADER_MAX:
-        raise FrameError(f"bad chunk_size {cs!r:.20}")
-    if not isinstance(idx, list) or not 1 <= len(idx) <= MAX_BATCH or any(type(i) is not int or i < 0 for i in idx):
-        raise FrameError("bad chunk list")
-    return cs, idx
-
-
-class _TcpBytes:
-    """framing.ByteStream over a trio SocketStream (the bulk channel)."""
-
-    def __init__(self, s: trio.SocketStream) -> None:
-        self.s = s
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        try:
-            return await self.s.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            raise TransportError(f"bulk connection broke: {e}") from e
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            await self.s.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            raise TransportError(f"bulk connection broke: {e}") from e
-
-    async def close(self) -> None:
-        # Bulk connections carry one exchange: closing is final (the peer sees EOF) and must
-        # release the socket even when cancelled, so the peer never waits for a timeout.
-        await self.abort()
-
-    async def abort(self) -> None:
-        with trio.CancelScope(shield=True):
-            await self.s.aclose()
-
-
-def _tune(sock: trio.SocketStream) -> None:
-    import socket
-
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
-        except OSError:
-            pass
-
-
-async def open_bulk(host: str, port: int, token: bytes, peer: str) -> FramedStream:
-    """Client side: connect to a bulk port and present the token."""
-    try:
-        with trio.fail_after(BULK_ACCEPT_TIMEOUT):
-            s = await trio.open_tcp_stream(host, port)
-    except (OSError, trio.TooSlowError) as e:
-        raise TransportError(f"bulk connect to {host}:{port} failed: {e}") from e
-    _tune(s)
-    fs = FramedStream(_TcpBytes(s), peer, protocol=PROTOCOL + "#bulk", remote_host=host)
-    await fs.write_frame(token)
-    return fs
+IDLE_TIMEOUT = 60.0  # server: a request stream (or bulk connection) silent this long is closed
+READ_AHEAD_BYTES = 4 << 20  # server: chunks read ahead of the stream, per stream
 
 
 class BlobServer:
@@ -142,6 +66,9 @@ class BlobServer:
         self.transport, self.store, self.bulk = transport, store, bulk
         self._slots = trio.Semaphore(max_streams)
         self.served_chunks = 0  # chunks sent so far (tests and stats)
+        # Awaited before each `get` batch is served, on streams and bulk connections alike:
+        # (peer, chunk indexes) -> None. Tests stall a holder with it; netsim may shape.
+        self.before_batch: Callable[[str, list[int]], Awaitable[None]] | None = None
         self.served_bytes = 0
 
     def install(self) -> None:
@@ -198,7 +125,9 @@ class BlobServer:
             await stream.write_frame(pack({"ok": True}))
             await stream.write_frame(m.to_bytes())
         elif op == "get":
-            cs, idx = _chunk_list(req)
+            cs, idx = chunk_request(req)
+            if self.before_batch is not None:
+                await self.before_batch(stream.remote_peer, idx)
             await self._send_chunks(stream, blob, cs, idx, held)
         elif op == "bulk" and only_blob is None:
             conns = req.get("conns")
@@ -207,7 +136,7 @@ class BlobServer:
             if not (held and bulk_allowed and stream.remote_host):
                 await stream.write_frame(pack({"ok": False, "error": "bulk channel not offered"}))
                 return
-            await self._bulk(stream, blob, conns)
+            await serve_bulk(self, stream, blob, conns, _bind_host(self.transport), IDLE_TIMEOUT)
         else:
             raise FrameError(f"unknown op {op!r:.30}")
 
@@ -225,8 +154,8 @@ class BlobServer:
                 off = i * cs
                 return os.pread(fd, min(cs, size - off), off) if off < size else None
 
-            # one chunk is read (in a thread) while the previous one is sent: <= 3 chunks in memory
-            send_ch, recv_ch = trio.open_memory_channel(1)
+            # chunks are read (in a thread) ahead of the one being sent: <= READ_AHEAD + 2 in memory
+            send_ch, recv_ch = trio.open_memory_channel(max(1, READ_AHEAD_BYTES // cs))
 
             async def produce() -> None:
                 async with send_ch:
@@ -249,54 +178,6 @@ class BlobServer:
         await stream.write_frame(data)
         self.served_chunks += 1
         self.served_bytes += len(data)
-
-    async def _bulk(self, stream: Stream, blob: str, conns: int) -> None:
-        """Open a one-time TCP port, serve up to `conns` token-bearing connections on it."""
-        token = secrets.token_bytes(TOKEN_BYTES)
-        bind = _bind_host(self.transport)
-        listeners = await trio.open_tcp_listeners(0, host=bind)
-        port = listeners[0].socket.getsockname()[1]
-        await stream.write_frame(pack({"ok": True, "port": port, "token": token}))
-        accepted = 0
-        try:
-            async with trio.open_nursery() as nursery:
-                with trio.move_on_after(BULK_ACCEPT_TIMEOUT):
-                    while accepted < conns:
-                        sock = await listeners[0].accept()
-                        ok = await self._check_token(sock, token, stream.remote_peer)
-                        if ok is not None:
-                            accepted += 1
-                            nursery.start_soon(self._serve_bulk, ok, blob)
-                for lst in listeners:  # no more connections; served ones finish in the nursery
-                    await lst.aclose()
-        finally:
-            for lst in listeners:
-                await lst.aclose()
-        await stream.write_frame(pack({"done": True, "conns": accepted}))
-
-    async def _check_token(self, sock: trio.SocketStream, token: bytes, peer: str) -> FramedStream | None:
-        _tune(sock)
-        fs = FramedStream(_TcpBytes(sock), peer, protocol=PROTOCOL + "#bulk")
-        try:
-            with trio.fail_after(BULK_ACCEPT_TIMEOUT):
-                got = await fs.read_frame(TOKEN_BYTES)
-        except (TransportError, trio.TooSlowError) as e:
-            log.warning("bulk connection for %s dropped before its token: %s", peer, e)
-            await fs.reset()
-            return None
-        if not hmac.compare_digest(got, token):
-            log.warning("bulk connection with a wrong token (for peer %s) refused", peer)
-            await fs.reset()
-            return None
-        return fs
-
-    async def _serve_bulk(self, fs: FramedStream, blob: str) -> None:
-        try:
-            await self._serve(fs, bulk_allowed=False, only_blob=blob)
-        except TransportError as e:
-            log.debug("bulk connection ended: %s", e)
-        finally:
-            await fs.close()
 
 
 def _bind_host(transport: Transport) -> str:

@@ -1,0 +1,75 @@
+"""Wire helpers shared by the blob server, the fetcher and the bulk channel (see blobxfer.py
+for the protocol). Header frames are msgpack maps of at most HEADER_MAX bytes."""
+from __future__ import annotations
+
+import msgpack
+
+from atdnode.transport.base import MAX_FRAME, FrameError, Stream, TransportError
+
+PROTOCOL = "/atd/blob/1.0.0"
+HEADER_MAX = 64 << 10
+MAX_BATCH = 256  # chunk indexes per `get` request
+MAX_CHUNK = MAX_FRAME - HEADER_MAX  # largest chunk a manifest may use over this protocol
+TOKEN_BYTES = 32
+
+
+def pack(obj: dict) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(raw: bytes | bytearray) -> dict:
+    """Decode a header frame; FrameError unless it is a msgpack map with string keys."""
+    try:
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=HEADER_MAX)
+    except Exception as e:
+        raise FrameError(f"malformed header frame ({type(e).__name__})") from None
+    if not isinstance(obj, dict):
+        raise FrameError("malformed header frame (not a map)")
+    return obj
+
+
+async def read_header(stream: Stream) -> dict:
+    return unpack(await stream.read_frame(HEADER_MAX))
+
+
+def chunk_request(req: dict) -> tuple[int, list[int]]:
+    """(chunk_size, indexes) of a `get` request; FrameError if malformed."""
+    cs, idx = req.get("chunk_size"), req.get("chunks")
+    if type(cs) is not int or not 1 <= cs <= MAX_CHUNK:
+        raise FrameError(f"bad chunk_size {cs!r:.20}")
+    if not isinstance(idx, list) or not 1 <= len(idx) <= MAX_BATCH or any(type(i) is not int or i < 0 for i in idx):
+        raise FrameError("bad chunk list")
+    return cs, idx
+
+
+def check_chunk_header(hdr: dict, i: int, n: int) -> None:
+    """Client: the header announcing chunk i must promise exactly n bytes."""
+    if hdr.get("i") != i:
+        raise FrameError(f"expected chunk {i}, got header {hdr!r:.60}")
+    if "error" in hdr:
+        raise TransportError(f"does not serve chunk {i}: {hdr['error']!r:.60}")
+    if hdr.get("n") != n:
+        raise FrameError(f"announced {hdr.get('n')!r:.20} bytes for chunk {i}, expected {n}")
+
+
+class StreamChunks:
+    """Client view of a blob stream: send a request, then receive chunks one by one."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    async def request(self, header: bytes) -> None:
+        await self.stream.write_frame(header)
+
+    async def chunk(self, i: int, n: int) -> bytes:
+        check_chunk_header(await read_header(self.stream), i, n)
+        data = await self.stream.read_frame(n)
+        if len(data) != n:
+            raise FrameError(f"sent {len(data)} bytes for chunk {i}, expected {n}")
+        return data
+
+    async def close(self) -> None:
+        await self.stream.close()
+
+    async def reset(self) -> None:
+        await self.stream.reset()

@@ -1,0 +1,235 @@
+"""Blob transfer throughput between two nodes (two OS processes) on loopback, vs raw TCP.
+
+    python bench/transfer_bench.py --size-mb 350 [--chunk-mb 1] [--streams 4] [--modes ...]
+
+Prints one JSON object. For each mode, MB/s of a complete fetch (manifest, chunks verified
+against the manifest, written to a fresh blob store, whole-blob check, fsync, rename) and
+its ratio to the baseline measured in the same run: the same bytes sent over one raw TCP
+connection between two processes and SHA-256 hashed by the receiver (no disk writes).
+
+Modes: `single` (one py-libp2p stream: Noise + yamux), `parallel` (--streams libp2p
+streams), `bulk` (token-authenticated TCP bulk channel negotiated over libp2p, 1 and
+--streams connections). `rss`: both processes serve and fetch a blob of --size-mb at the
+same time (bulk); their peak RSS is reported next to the blob size.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+SEED_A = hashlib.sha256(b"bench-node-a").digest()
+SEED_B = hashlib.sha256(b"bench-node-b").digest()
+BUF = 1 << 20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def make_file(path: Path, size: int) -> None:
+    """Random bytes, written in 8 MiB pieces (never the whole file in memory)."""
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, 8 << 20)
+            f.write(os.urandom(n))
+            left -= n
+
+
+# -- baseline: raw TCP + SHA-256 ----------------------------------------------------------
+
+
+def tcp_sender(path: str) -> None:
+    """Child: accept one connection, send the file in 1 MiB blocks."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    print(srv.getsockname()[1], flush=True)
+    conn, _ = srv.accept()
+    buf = bytearray(BUF)
+    with open(path, "rb", buffering=0) as f, conn:
+        while n := f.readinto(buf):
+            conn.sendall(memoryview(buf)[:n])
+    srv.close()
+
+
+def baseline(path: Path, size: int) -> dict:
+    child = subprocess.Popen([sys.executable, __file__, "--role", "tcp-send", "--file", str(path)], stdout=subprocess.PIPE, text=True)
+    port = int(child.stdout.readline())
+    t0 = time.perf_counter()
+    s = socket.create_connection(("127.0.0.1", port))
+    h, got, buf = hashlib.sha256(), 0, bytearray(BUF)
+    view = memoryview(buf)
+    while n := s.recv_into(buf):
+        h.update(view[:n])
+        got += n
+    digest = h.hexdigest()
+    dt = time.perf_counter() - t0
+    s.close()
+    child.wait()
+    assert got == size
+    return {"seconds": round(dt, 3), "MBps": round(size / 1e6 / dt, 1), "sha256": digest}
+
+
+# -- libp2p nodes ------------------------------------------------------------------------
+
+
+async def node_main(seed: bytes, home: Path, files: list[str], chunk: int, control) -> None:
+    """Run one node: hold `files` as blobs, then obey commands (JSON lines) from `control`."""
+    from atdnode.blobstore import BlobStore
+    from atdnode.transport.blobfetch import FetchConfig
+    from atdnode.transport.blobxfer import BlobService
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    store = BlobStore(home / "blobs", chunk_size=chunk)
+    held = []
+    for f in files:
+        h = await trio.to_thread.run_sync(store.put_file, f)
+        m = await trio.to_thread.run_sync(store.manifest, h)
+        held.append({"blob": h, "manifest": m.hash})
+    t = Libp2pTransport(seed)
+    svc = BlobService(t, store)
+    svc.install()
+    async with t.run(["/ip4/127.0.0.1/tcp/0"]):
+        await control.send({"addr": t.addrs()[0], "peer": t.peer_id, "held": held, "rss_idle_mb": round(current_rss_mb(), 1)})
+        while True:
+            cmd = await control.receive()
+            if cmd["op"] == "quit":
+                await control.send({"peak_rss_mb": round(peak_rss_mb(), 1)})
+                return
+            if cmd["op"] == "connect":
+                await t.connect(cmd["addr"])
+                await control.send({"ok": True})
+            elif cmd["op"] == "fetch":
+                fresh = home / f"fetch-{cmd['tag']}"
+                svc.fetcher.store = BlobStore(fresh, chunk_size=chunk)
+                svc.fetcher.cfg = FetchConfig(**cmd["cfg"])
+                t0 = time.perf_counter()
+                h = await svc.fetch(cmd["blob"], [cmd["peer"]], manifest_hash=cmd["manifest"])
+                dt = time.perf_counter() - t0
+                rep = svc.fetcher.reports[h]
+                await trio.to_thread.run_sync(shutil.rmtree, fresh)
+                await control.send({"seconds": round(dt, 3), "modes": list(rep.modes.values()), "bytes": rep.bytes})
+
+
+class PipeControl:
+    """JSON lines over a child's stdin/stdout (child side)."""
+
+    async def send(self, obj: dict) -> None:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    async def receive(self) -> dict:
+        return json.loads(await trio.to_thread.run_sync(sys.stdin.readline))
+
+
+class Child:
+    """A node in a subprocess (parent side)."""
+
+    def __init__(self, seed: bytes, home: Path, files: list[Path], chunk: int) -> None:
+        args = [sys.executable, __file__, "--role", "node", "--seed", seed.hex(), "--home", str(home), "--chunk", str(chunk)]
+        args += [a for f in files for a in ("--file", str(f))]
+        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def send(self, obj: dict) -> None:
+        self.p.stdin.write(json.dumps(obj) + "\n")
+        self.p.stdin.flush()
+
+    def receive(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("bench node died")
+        return json.loads(line)
+
+    def call(self, obj: dict) -> dict:
+        self.send(obj)
+        return self.receive()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mb", type=float, default=350)
+    ap.add_argument("--chunk-mb", type=float, default=1.0, help="manifest chunk size (the daemon's store uses 1)")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--modes", default="single,parallel,bulk,rss")
+    ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--file", action="append", default=[], help=argparse.SUPPRESS)
+    ap.add_argument("--seed", help=argparse.SUPPRESS)
+    ap.add_argument("--home", help=argparse.SUPPRESS)
+    ap.add_argument("--chunk", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role == "tcp-send":
+        return tcp_sender(a.file[0])
+    if a.role == "node":
+        return trio.run(node_main, bytes.fromhex(a.seed), Path(a.home), a.file, a.chunk, PipeControl())
+
+    size, chunk, modes = int(a.size_mb * 1e6), int(a.chunk_mb * 2**20), a.modes.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="atd-xfer-"))
+    out: dict = {"size_mb": a.size_mb, "chunk_mb": a.chunk_mb, "streams": a.streams, "cpus": os.cpu_count()}
+    try:
+        fx, fy = tmp / "x.bin", tmp / "y.bin"
+        make_file(fx, size)
+        out["baseline_tcp_sha256"] = base = baseline(fx, size)
+        need_y = "rss" in modes
+        if need_y:
+            make_file(fy, size)
+        A = Child(SEED_A, tmp / "a", [fx], chunk)
+        B = Child(SEED_B, tmp / "b", [fy] if need_y else [], chunk)
+        ia, ib = A.receive(), B.receive()
+        B.call({"op": "connect", "addr": ia["addr"]})
+        x = ia["held"][0]
+        runs = {
+            "single": {"bulk": False, "per_peer": 1, "max_streams": 1},
+            "parallel": {"bulk": False, "per_peer": a.streams, "max_streams": a.streams},
+            "bulk": {"bulk": True, "per_peer": 1, "max_streams": 1},
+            "bulk_parallel": {"bulk": True, "per_peer": a.streams, "max_streams": a.streams},
+        }
+        for name, cfg in runs.items():
+            if name.split("_")[0] not in modes and name not in modes:
+                continue
+            r = B.call({"op": "fetch", "tag": name, "blob": x["blob"], "manifest": x["manifest"], "peer": ia["peer"], "cfg": cfg})
+            r["MBps"] = round(size / 1e6 / r["seconds"], 1)
+            r["ratio"] = round(r["MBps"] / base["MBps"], 3)
+            out[name] = r
+        if need_y:  # both nodes serve and fetch at the same time
+            y = ib["held"][0]
+            cfg = {"bulk": True, "per_peer": 1, "max_streams": 1}
+            A.call({"op": "connect", "addr": ib["addr"]})
+            B.send({"op": "fetch", "tag": "rss", "blob": x["blob"], "manifest": x["manifest"], "peer": ia["peer"], "cfg": cfg})
+            A.send({"op": "fetch", "tag": "rss", "blob": y["blob"], "manifest": y["manifest"], "peer": ib["peer"], "cfg": cfg})
+            rb, ra = B.receive(), A.receive()
+            out["rss_serve_and_fetch"] = {
+                "blob_mb": a.size_mb,
+                "a": {"idle_mb": ia["rss_idle_mb"], **A.call({"op": "quit"}), "fetch_s": ra["seconds"]},
+                "b": {"idle_mb": ib["rss_idle_mb"], **B.call({"op": "quit"}), "fetch_s": rb["seconds"]},
+            }
+        else:
+            A.call({"op": "quit"})
+            B.call({"op": "quit"})
+        A.p.wait(30)
+        B.p.wait(30)
+        best = max((k for k in ("single", "parallel", "bulk", "bulk_parallel") if k in out), key=lambda k: out[k]["ratio"])
+        out["best"] = {"mode": best, "ratio": out[best]["ratio"], "target": 0.3}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
