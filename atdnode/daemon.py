@@ -77,6 +77,7 @@ class NodeDaemon:
         self._members: set[bytes] = set()
         self._announced_seq = 0
         self._wanted: set[str] = set()
+        self._manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
         self._fetch_failures: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
@@ -291,6 +292,9 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
+            for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
+                if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
+                    self._manifests.setdefault(e.body["blob"], e.body["manifest"])
             for kind in ("weights", "features"):
                 for e in led.query(kind=kind):
                     if e.author == me:
@@ -324,10 +328,19 @@ class NodeDaemon:
         peers = self.transport.peers()
         if not peers:
             raise DaemonError("no connected peers to fetch from")
+        if blob not in self._manifests:
+            await self._queue_wanted_blobs()  # learn the manifest hash the signed entry names
         with trio.fail_after(timeout):
-            await self.blobs.fetch(blob, peers)
+            await self.blobs.fetch(blob, peers, manifest_hash=self._manifests.get(blob))
         self._wanted.discard(blob)
         return blob
+
+    def fetch_report(self, blob: str) -> dict:
+        rep = self.blobs.fetcher.reports.get(blob)
+        if rep is None:
+            return {}
+        return {"bytes": rep.bytes, "resumed_chunks": rep.resumed_chunks, "holders": list(rep.holders),
+                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers), "seconds": rep.seconds}
 
     # ---------------------------------------------------------------- control
 
@@ -344,7 +357,7 @@ class NodeDaemon:
             if not isinstance(blob, str):
                 raise DaemonError("fetch needs a blob hash")
             await self.fetch(blob, timeout=float(req.get("timeout_s", 600)))
-            return {"blob": blob, "size": self.store.size(blob)}
+            return {"blob": blob, "size": self.store.size(blob), "report": self.fetch_report(blob)}
         if op == "connect":
             return {"peer": await self.transport.connect(str(req.get("addr")))}
         if op == "sync":

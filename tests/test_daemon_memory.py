@@ -177,3 +177,92 @@ def test_second_daemon_on_same_home_is_refused(tmp_path: Path) -> None:
             d0.stop()
 
     trio.run(main)
+
+
+def test_restart_mid_fetch_resumes_instead_of_starting_over(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    store0 = BlobStore(homes[0].blobs_dir)
+    payload = bytes(range(256)) * (4 * 4096 * 8)  # 8 MiB = 8 chunks
+    blob = store0.put_bytes(payload)
+    total_chunks = store0.manifest(blob).num_chunks
+    append(homes[0], "weights", {"blob": blob, "size": len(payload), "manifest": store0.manifest(blob).hash,
+                                 "part": "full"})
+    net = MemoryNetwork(seed=6)
+    from atdnode.transport.memory import LinkConditions
+
+    async def first_run() -> None:
+        d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
+        d1.auto_fetch = False
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            await wait_for(lambda: d1.transport.peers(), "connection")
+            # a slow link: ~1 chunk per 0.2 s, so the fetch is still running when node 1 stops
+            net.set_link(d0.transport.peer_id, d1.transport.peer_id, LinkConditions(bandwidth_Bps=5 << 20))
+            fetch_scope = trio.CancelScope()
+
+            async def fetch_until_cancelled() -> None:
+                with fetch_scope:
+                    await d1.fetch(blob)
+
+            nursery.start_soon(fetch_until_cancelled)
+            await wait_for(lambda: _chunks_fetched(d1, blob) >= 2, "some chunks fetched", timeout=30)
+            fetch_scope.cancel()  # node 1 shuts down mid-fetch
+            d1.stop()
+            d0.stop()
+
+    trio.run(first_run)
+    store1 = BlobStore(homes[1].blobs_dir)
+    assert not store1.has(blob)
+    net2 = MemoryNetwork(seed=7)
+
+    async def second_run() -> dict:
+        d0, d1 = daemon_on(net2, homes[0]), daemon_on(net2, homes[1])
+        d1.auto_fetch = False
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            await wait_for(lambda: d1.transport.peers(), "connection")
+            await d1.fetch(blob)
+            report = d1.fetch_report(blob)
+            d1.stop()
+            d0.stop()
+        return report
+
+    report = trio.run(second_run)
+    assert BlobStore(homes[1].blobs_dir).get_bytes(blob) == payload
+    assert report["resumed_chunks"] >= 2
+    chunk = store0.manifest(blob).chunk_size
+    assert report["resumed_chunks"] < total_chunks
+    assert report["bytes"] <= (total_chunks - report["resumed_chunks"]) * chunk
+
+
+def _chunks_fetched(d: NodeDaemon, blob: str) -> int:
+    rep = d.blobs.fetcher.reports.get(blob)
+    return sum(rep.chunks_from.values()) if rep else 0
+
+
+def test_gossiped_entry_with_bad_signature_is_dropped(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    net = MemoryNetwork(seed=8)
+
+    async def main() -> None:
+        d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            await wait_for(lambda: d1.transport.peers(), "connection")
+            # a member's genuine entry, signature flipped in transit (never stored by its author)
+            ident = NodeIdentity.load(homes[1])
+            forged = Entry.create(ident.signer, seq=99, prev=b"\x01" * 32, lamport=99, kind="metrics", body={"x": 1})
+            raw = bytearray(forged.to_bytes())
+            raw[-1] ^= 0x01
+            await d1.transport.publish(d1.topic, bytes(raw))
+            good = append(homes[1], "metrics", {"ok": 2})
+            await wait_for(lambda: good.id in ids(homes[0]), "the member's next genuine entry")
+            assert forged.id not in ids(homes[0])
+            assert d0.stats["gossip_rejected"] >= 1
+            d0.stop()
+            d1.stop()
+
+    trio.run(main)
