@@ -113,6 +113,11 @@ class Ledger:
 
     def _tip(self, author: bytes) -> tuple[int, bytes, int]:
         """(seq, id, lamport) of the author's last contiguous stored entry, held ones included."""
+        top = self._store.top_row(author)
+        if top is None:
+            return 0, ZERO, 0
+        if top[1] == LOG:  # the common case: no held rows above the log head
+            return top[0].seq, top[0].id, top[0].lamport
         seq, eid, lamport = self._store.log_head(author)
         while True:
             near = self._store.rows_at(author, seq + 1, seq + 1)

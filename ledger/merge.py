@@ -95,7 +95,8 @@ class Batch:
 
         fork: int | None = None
         err: LedgerError | None = None
-        for r, _ in s.rows_at(e.author, e.seq - 1, e.seq + 1):
+        near = s.rows_at(e.author, e.seq - 1, e.seq + 1)
+        for r, _ in near:
             if r.seq == e.seq:
                 fork, err = e.seq, Equivocation("two different entries signed for the same seq", **where)
             elif r.seq == e.seq - 1 and (e.prev != r.id or e.lamport <= r.lamport):
@@ -120,7 +121,8 @@ class Batch:
             self._insert(e, LOG)
             if e.kind in ("member", "genesis"):
                 self.recompute = True
-            self._promote(e.author, e.seq + 1)
+            if any(r.seq == e.seq + 1 for r, _ in near):
+                self._promote(e.author, e.seq + 1)
             return None
 
         if s.count_waiting(e.author) >= MAX_WAITING_PER_AUTHOR or (
@@ -167,25 +169,26 @@ class Batch:
         if self.recompute:
             self._rederive()
         s, res = self.s, self.result
+        final: dict[bytes, int] = {}
         placed: list[tuple[tuple, bytes]] = []
         for entry_id, old in self._before.items():
-            r = s.conn.execute("SELECT state, lamport, author, seq FROM entries WHERE id=?", (entry_id,)).fetchone()
-            new = r[0]
+            new, lamport, author, seq = s.conn.execute(
+                "SELECT state, lamport, author, seq FROM entries WHERE id=?", (entry_id,)).fetchone()
+            final[entry_id] = new
             if new == LOG and old != LOG:
-                placed.append(((r[1], r[2], r[3]), entry_id))
+                placed.append(((lamport, author, seq), entry_id))
             elif old == LOG and new != LOG:
                 res.removed.append(entry_id)
         res.added = [i for _, i in sorted(placed)]
-        membership = store_membership(s) if any(s.state_of(e.id) != LOG for e in self._stored) else None
-        for e in self._stored:
-            state = s.state_of(e.id)
-            if state == LOG:
+        waiting = [e for e in self._stored if final[e.id] != LOG]
+        membership = store_membership(s) if waiting else None
+        for e in waiting:
+            row = Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind)
+            if final[e.id] == EVIDENCE:
+                res.rejected.append((e.id, self._evidence_err.get(e.id)
+                                     or why_not_logged(row, s.frozen_seq(e.author), membership)))
                 continue
-            if state == EVIDENCE:
-                res.rejected.append((e.id, self._evidence_err.get(e.id) or why_not_logged(
-                    Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), s.frozen_seq(e.author), membership)))
-                continue
-            why = why_not_logged(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), s.frozen_seq(e.author), membership)
+            why = why_not_logged(row, s.frozen_seq(e.author), membership)
             if isinstance(why, RevokedAuthor):
                 res.rejected.append((e.id, why))
             else:

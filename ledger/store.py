@@ -86,11 +86,18 @@ class Store:
     # --- transactions ------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); the row count / tip header is
+        read once at the start and written once at the end."""
         self.conn.execute("BEGIN IMMEDIATE")
         try:
-            self._count = self.meta("count") or 0
-            self._tip = self.meta("tip") or ZERO
+            header = dict(self.conn.execute("SELECT key, value FROM meta WHERE key IN ('count', 'tip')"))
+            self._count = header.get("count") or 0
+            self._tip = header.get("tip") or ZERO
+            start = self._count
             yield
+            if self._count != start:
+                self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('count', ?), ('tip', ?)",
+                                  (self._count, self._tip))
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
@@ -122,8 +129,6 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
-        self.set_meta("count", self._count)
-        self.set_meta("tip", link)
 
     def has(self, entry_id: bytes) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE id=?", (entry_id,)).fetchone() is not None
@@ -149,6 +154,14 @@ class Store:
             (author, LOG),
         ).fetchone()
         return (r[0], r[1], r[2]) if r else (0, ZERO, 0)
+
+    def top_row(self, author: bytes) -> tuple[Row, int] | None:
+        """(row, state) of the author's highest-seq row that is not fork evidence."""
+        r = self.conn.execute(
+            f"SELECT {ROW_COLUMNS}, state FROM entries WHERE author=? AND state!=2 ORDER BY seq DESC LIMIT 1",
+            (author,),
+        ).fetchone()
+        return None if r is None else (Row(*r[:6]), r[6])
 
     def count_waiting(self, author: bytes | None = None) -> int:
         if author is None:

@@ -1,0 +1,109 @@
+"""Ledger benchmark: append+sign and verify throughput against bare Ed25519 loops (same run).
+
+    python bench/ledger_bench.py [--quick] [--n 10000] [--big 100000]
+
+Prints one JSON object:
+  append_sign: Ledger.append of n entries (one SQLite transaction each) vs a bare
+               Ed25519 sign loop over the same signed bytes -> ratio
+  verify:      Ledger.verify() of those n entries (read back from SQLite) vs a bare
+               Ed25519 verify loop over the same (bytes, sig) pairs -> ratio (target >= 0.5)
+  verify_big:  Ledger.verify() of a `big`-entry, 8-author ledger read from SQLite, entries/s
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ledger import Entry, Ledger, Signer, ZERO_HASH
+
+
+def body(i: int) -> dict:
+    return {"blob": os.urandom(32).hex(), "size": 1000 + i, "part": "extractor", "samples": i, "metrics": {"acc": 0.5}}
+
+
+def bench_append_verify(path: str, n: int) -> dict:
+    seed = os.urandom(32)
+    signer = Signer.from_seed(seed)
+    led = Ledger.open(path)
+    led.create_genesis(signer, "bench")
+    bodies = [body(i) for i in range(n)]
+    t0 = time.perf_counter()
+    entries = [led.append(signer, "weights", b) for b in bodies]
+    t_append = time.perf_counter() - t0
+
+    raw_key = Ed25519PrivateKey.from_private_bytes(seed)
+    msgs = [e.signed_bytes() for e in entries]
+    t0 = time.perf_counter()
+    sigs = [raw_key.sign(m) for m in msgs]
+    t_sign = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    led.verify()
+    t_verify = time.perf_counter() - t0
+    pk = Ed25519PublicKey.from_public_bytes(signer.public_key)
+    t0 = time.perf_counter()
+    for m, s in zip(msgs, sigs):
+        pk.verify(s, m)
+    t_bare_verify = time.perf_counter() - t0
+    led.close()
+    total = n + 1  # verify also covers the genesis entry
+    return {
+        "append_sign": {"n": n, "entries_per_s": round(n / t_append), "bare_sign_per_s": round(n / t_sign),
+                        "ratio": round(t_sign / t_append, 3)},
+        "verify": {"n": total, "entries_per_s": round(total / t_verify), "bare_verify_per_s": round(n / t_bare_verify),
+                   "ratio": round((total / t_verify) / (n / t_bare_verify), 3), "target": 0.5},
+    }
+
+
+def bench_big(path: str, n: int, authors: int = 8) -> dict:
+    signers = [Signer.generate() for _ in range(authors)]
+    led = Ledger.open(path)
+    g = led.create_genesis(signers[0], "bench", members=[(s.public_key, False) for s in signers[1:]])
+    heads = {s.public_key: (1, g.id) if s is signers[0] else (0, ZERO_HASH) for s in signers}
+    t0 = time.perf_counter()
+    batch: list[Entry] = []
+    for i in range(n - 1):
+        s = signers[i % authors]
+        seq, prev = heads[s.public_key]
+        e = Entry.create(s, seq=seq + 1, prev=prev, lamport=i + 2, kind="metrics", body={"i": i, "acc": 0.5})
+        heads[s.public_key] = (seq + 1, e.id)
+        batch.append(e)
+        if len(batch) == 10_000:
+            led.merge(batch)
+            batch = []
+    led.merge(batch)
+    t_build = time.perf_counter() - t0
+    led.close()
+    led = Ledger.open(path)  # verification reads everything back from SQLite
+    t0 = time.perf_counter()
+    report = led.verify()
+    t_verify = time.perf_counter() - t0
+    led.close()
+    assert report.log == n, report
+    return {"n": n, "authors": authors, "entries_per_s": round(n / t_verify), "seconds": round(t_verify, 2),
+            "build_entries_per_s": round((n - 1) / t_build), "db_mb": round(os.path.getsize(path) / 2**20, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small counts (1,000 / 10,000) for a smoke run")
+    ap.add_argument("--n", type=int, default=None, help="entries for append / verify (default 10,000)")
+    ap.add_argument("--big", type=int, default=None, help="entries for the big verification (default 100,000)")
+    args = ap.parse_args()
+    n = args.n or (1_000 if args.quick else 10_000)
+    big = args.big or (10_000 if args.quick else 100_000)
+    with tempfile.TemporaryDirectory() as d:
+        out = bench_append_verify(os.path.join(d, "small.db"), n)
+        out["verify_big"] = bench_big(os.path.join(d, "big.db"), big)
+    out["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
