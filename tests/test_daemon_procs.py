@@ -74,9 +74,9 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         daemons[0] = start_daemon(homes[0])
         addr = _status(homes[0])["addrs"][0]
         daemons[1] = start_daemon(homes[1], "--bootstrap", addr, "--no-auto-fetch")
-        # node 3 is offline while node 1 publishes a 40 MB blob
+        # node 3 is offline while node 1 publishes a 150 MB blob
         blob_file = tmp_path / "big.bin"
-        blob_file.write_bytes(bytes(range(256)) * (160 * 1024))
+        blob_file.write_bytes(bytes(range(256)) * (600 * 1024))
         from atdnode.blobstore import BlobStore
 
         store = BlobStore(homes[0] / "blobs")
@@ -91,10 +91,20 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         # node 3 comes back late: it catches up by sync and fetches even though node 1 dies
         daemons[2] = start_daemon(homes[2], "--bootstrap", addr, "--no-auto-fetch")
         wait_until(lambda: entry_ids(homes[2]) >= entry_ids(homes[0]), 60, "node 3 to catch up by sync")
-        daemons[0].kill9()
         node2 = atd("id", "--home", str(homes[1])).stdout.strip()
         wait_until(lambda: node2 in _status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
-        atd("fetch", "--home", str(homes[2]), blob, "--timeout", "120")
+        # node 3 fetches from both holders; node 1 is killed -9 as soon as the download is under way
+        import subprocess
+        from tests.nodeprocs import ATD, _env
+
+        fetcher = subprocess.Popen([*ATD, "fetch", "--home", str(homes[2]), blob, "--timeout", "120"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        partial = homes[2] / "blobs" / "partial"
+        wait_until(lambda: fetcher.poll() is not None or (partial.is_dir() and any(partial.iterdir())), 60,
+                   "node 3's download to start")
+        daemons[0].kill9()
+        out, err = fetcher.communicate(timeout=180)
+        assert fetcher.returncode == 0, err
         assert BlobStore(homes[2] / "blobs").get_bytes(blob) == blob_file.read_bytes()
     finally:
         for d in daemons.values():
