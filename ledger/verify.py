@@ -44,7 +44,11 @@ class VerifyReport:
 def verify_store(store: Store) -> VerifyReport:
     """Raise the first LedgerError found in the store; return a report when it is intact."""
     try:
-        return _verify(store)
+        store.conn.execute("BEGIN")  # one read snapshot, even while another process appends
+        try:
+            return _verify(store)
+        finally:
+            store.conn.execute("ROLLBACK")
     except sqlite3.DatabaseError as exc:
         raise TamperedStore(f"ledger database is unreadable: {exc}") from None
 
