@@ -78,7 +78,9 @@ class Store:
                     self.set_meta("tip", ZERO)
                 elif version != SCHEMA_VERSION:
                     raise LedgerError(f"ledger schema {version!r} is not supported (expected {SCHEMA_VERSION})")
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.OperationalError as exc:
+            raise LedgerError(f"cannot open ledger database {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:  # not a database / corrupt file
             raise TamperedStore(f"cannot open ledger database {self.path}: {exc}") from None
         self._count = 0
         self._tip = ZERO

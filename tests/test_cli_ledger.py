@@ -131,3 +131,14 @@ def test_export_import_counts_and_bad_dump(pair, capsys, tmp_path):
     Path(dump).write_bytes(b"junk")
     code, _, err = atd(capsys, "ledger", "import", "--home", b, dump)
     assert code != 0 and "dump" in err
+
+
+def test_missing_ledger_is_an_error_not_a_fresh_ledger(pair, capsys):
+    a, *_ = pair
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(a) / f"ledger.db{suffix}"
+        if p.exists():
+            p.unlink()
+    code, _, err = atd(capsys, "ledger", "verify", "--home", a)
+    assert code != 0 and "missing" in err
+    assert not (Path(a) / "ledger.db").exists()

@@ -14,9 +14,13 @@ HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd i
 
 
 def _open(home: Path):
+    from atdnode.errors import ConfigError
     from ledger import Ledger
 
-    return Ledger.open(NodeHome.at(home).require().ledger_db)
+    h = NodeHome.at(home).require()
+    if not h.ledger_db.exists():
+        raise ConfigError(f"{h.ledger_db} is missing; this node's ledger is gone")
+    return Ledger.open(h.ledger_db)
 
 
 @ledger_app.command("show")

@@ -17,7 +17,11 @@ def _ident_and_ledger(home: Path):
     from atdnode.identity import NodeIdentity
     from ledger import Ledger
 
+    from atdnode.errors import ConfigError
+
     h = NodeHome.at(home).require()
+    if not h.ledger_db.exists():
+        raise ConfigError(f"{h.ledger_db} is missing; this node's ledger is gone")
     return NodeIdentity.load(h), Ledger.open(h.ledger_db)
 
 
