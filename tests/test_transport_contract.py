@@ -26,15 +26,15 @@ def seed(i: int) -> bytes:
 
 
 @asynccontextmanager
-async def nodes(kind: str, n: int, *, net: MemoryNetwork | None = None) -> AsyncIterator[list[Transport]]:
-    """n running transports of one kind (not yet connected)."""
+async def nodes(kind: str, n: int, *, net: MemoryNetwork | None = None, first: int = 0) -> AsyncIterator[list[Transport]]:
+    """n running transports of one kind (not yet connected), keys seed(first) ... seed(first + n - 1)."""
     if kind == "memory":
         net = net or MemoryNetwork(seed=7)
-        ts: list[Transport] = [MemoryTransport(net, seed(i)) for i in range(n)]
+        ts: list[Transport] = [MemoryTransport(net, seed(i)) for i in range(first, first + n)]
     else:
         from atdnode.transport.libp2p_transport import Libp2pTransport
 
-        ts = [Libp2pTransport(seed(i)) for i in range(n)]
+        ts = [Libp2pTransport(seed(i)) for i in range(first, first + n)]
     async with AsyncExitStack() as stack:
         for t in ts:
             await stack.enter_async_context(t.run(["/ip4/127.0.0.1/tcp/0"]))
@@ -96,6 +96,27 @@ def test_connect_and_peer_listener(kind: str) -> None:
             assert a.peers() == [b.peer_id] and b.peers() == [a.peer_id]
             await b.connect(a.addrs()[0])  # idempotent; listeners fire once per peer
             assert seen_b == [a.peer_id]
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_peer_that_returns_is_announced_again(kind: str) -> None:
+    async def body() -> None:
+        net = MemoryNetwork(seed=1)
+        async with nodes(kind, 1, net=net) as (a,):
+            seen: list[str] = []
+
+            async def listener(p: str) -> None:
+                seen.append(p)
+
+            a.on_peer_connected(listener)
+            for round_ in (1, 2):  # the same node (same key) goes away and comes back
+                async with nodes(kind, 1, net=net, first=1) as (b,):
+                    await b.connect(a.addrs()[0])
+                    await wait_for(lambda: len(seen) == round_)
+                await wait_for(lambda: a.peers() == [])
+            assert seen == [peer_id_from_seed(seed(1))] * 2
 
     run(body)
 

@@ -130,6 +130,9 @@ class _Notifee(INotifee):
         await trio.lowlevel.checkpoint()
 
     async def disconnected(self, network: Any, conn: Any) -> None:
+        peer = conn.muxed_conn.peer_id
+        if not [c for c in network.get_connections(peer) if c is not conn]:  # last one: announce again on return
+            self.owner._announced.discard(str(peer))
         await trio.lowlevel.checkpoint()
 
     async def listen(self, network: Any, maddr: Any) -> None:
@@ -267,9 +270,7 @@ class Libp2pTransport(Transport):
 
     def peers(self) -> list[str]:
         host, _, _ = self._require()
-        current = sorted(p.to_base58() for p in host.get_connected_peers())
-        self._announced.intersection_update(current)  # a peer that comes back is announced again
-        return current
+        return sorted(p.to_base58() for p in host.get_connected_peers())
 
     def on_peer_connected(self, listener: PeerListener) -> None:
         self._listeners.append(listener)
