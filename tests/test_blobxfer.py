@@ -178,6 +178,36 @@ def test_resume_after_holder_dies(kind: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_holder_dies_mid_fetch_other_holder_finishes(kind: str, tmp_path: Path) -> None:
+    """Holder a hangs on its first batch and is then killed: its chunk goes back to the
+    queue and holder c, which has served everything else, serves it too."""
+
+    async def body() -> None:
+        cfg = FetchConfig(batch_bytes=CHUNK, per_peer=1)
+        async with cluster(kind, 3, tmp_path, cfg=cfg) as (a, b, c):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            c.store.put_bytes(data)
+            await b.t.connect(c.t.addrs()[0])
+            hang = trio.Event()
+
+            async def hang_forever(peer: str, idx: list[int]) -> None:
+                await hang.wait()  # never set
+
+            a.svc.server.before_batch = hang_forever
+            async with trio.open_nursery() as n:
+                n.start_soon(b.svc.fetch, h, [a.t.peer_id, c.t.peer_id])
+                await until(lambda: c.svc.server.served_chunks == NCHUNKS - 1)
+                a.stop.set()  # "kill" a while b waits for its chunk
+            rep = b.svc.fetcher.reports[h]
+            assert rep.chunks_from == {c.t.peer_id: NCHUNKS}
+            assert a.t.peer_id in rep.failed_peers
+            assert b.store.get_bytes(h) == data
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_bad_chunk_peer_detected_and_chunk_refetched(kind: str, tmp_path: Path) -> None:
     async def body() -> None:
         async with cluster(kind, 3, tmp_path) as (a, b, c):

@@ -78,7 +78,11 @@ class _SizedQueues(dict):
         self.size = size
 
     def __setitem__(self, peer: Any, queue: Any) -> None:
-        queue._queue.max_size = self.size  # RpcQueue -> PriorityQueue.max_size
+        inner = getattr(queue, "_queue", None)  # RpcQueue -> PriorityQueue (libp2p 0.8.1 internals)
+        if inner is not None and hasattr(inner, "max_size"):
+            inner.max_size = self.size
+        else:
+            log.warning("cannot raise the pubsub peer queue bound (libp2p internals changed); bursts may drop")
         super().__setitem__(peer, queue)
 
 
