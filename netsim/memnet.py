@@ -1,0 +1,308 @@
+"""The in-memory back-end: N real `NodeDaemon`s in one process over one `MemoryNetwork`.
+
+Each node is the daemon the CLI runs — real ledger (SQLite), blob store, sync protocol,
+blob protocol, control socket — with a `MemoryTransport` instead of libp2p. The network
+simulates per-link latency (with a seeded per-link jitter, so no two paths tie exactly),
+bandwidth, gossip loss and partitions (see `atdnode.transport.memory`).
+
+Simulated time. `simulate(fn, seed=...)` runs `fn` under trio's `MockClock` with
+`autojump_threshold=0`: whenever every task is waiting, the clock jumps to the next
+deadline, so a 60 s gossip scenario takes as long as its work, not 60 s. Inside the
+simulation `trio.to_thread.run_sync` runs its function inline on the event loop (the
+daemon's SQLite, hashing and disk calls then take zero simulated time and run in a fixed
+order), and trio's scheduler shuffle is seeded — together with the seeded keys and link
+RNGs this makes a run a pure function of the scenario seed.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+import trio
+import trio.testing
+
+from atdnode.daemon import NodeDaemon
+from atdnode.transport.base import TransportError
+from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
+from ledger import Ledger, Signer, peer_id_from_public_key
+from netsim.homes import Consortium, make_consortium
+from netsim.scenario import NetworkSpec
+
+log = logging.getLogger("netsim.memnet")
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------ simulated time
+
+@contextmanager
+def inline_threads() -> Iterator[None]:
+    """Make `trio.to_thread.run_sync` call its function inline (simulation only)."""
+    original = trio.to_thread.run_sync
+
+    async def run_inline(fn: Callable[..., T], *args: Any, **_kw: Any) -> T:
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        trio.to_thread.run_sync = original  # type: ignore[assignment]
+
+
+def _seed_scheduler(seed: int) -> None:
+    """trio reverses each batch of runnable tasks at random; seed that coin (private API,
+    best effort: without it runs are still correct, only possibly less reproducible)."""
+    r = getattr(getattr(trio._core, "_run", None), "_r", None)
+    if isinstance(r, random.Random):
+        r.seed(seed)
+
+
+def simulate(fn: Callable[[], Awaitable[T]], *, seed: int = 0) -> T:
+    """Run `fn()` in a fresh trio run on simulated time (see the module doc)."""
+    _seed_scheduler(seed)
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    with inline_threads():
+        return trio.run(fn, clock=clock)
+
+
+# ------------------------------------------------------------------ the network
+
+def link_conditions(net: NetworkSpec, *, latency_ms: float | None = None, bandwidth_mbps: float | None = None,
+                    loss: float | None = None, jitter_u: float = 0.0) -> LinkConditions:
+    lat = net.latency_ms if latency_ms is None else latency_ms
+    bw = net.bandwidth_mbps if bandwidth_mbps is None else bandwidth_mbps
+    return LinkConditions(latency_s=lat / 1000.0 * (1.0 + net.jitter * jitter_u),
+                          bandwidth_Bps=bw * 1e6 / 8 if bw else None,
+                          loss=net.loss if loss is None else loss)
+
+
+class SimNetwork(MemoryNetwork):
+    """A `MemoryNetwork` whose links get the scenario's conditions, with a seeded
+    latency jitter per node pair (the same both ways) applied when a link is first used."""
+
+    def __init__(self, spec: NetworkSpec, *, seed: int) -> None:
+        super().__init__(seed=seed, default=link_conditions(spec))
+        self.spec = spec
+        self._fresh: set[tuple[str, str]] = set()
+
+    def jitter(self, a: str, b: str) -> float:
+        lo, hi = sorted((a, b))
+        d = hashlib.sha256(f"{self.seed}|jitter|{lo}|{hi}".encode()).digest()
+        return int.from_bytes(d[:8], "big") / 2**64 * 2 - 1  # in [-1, 1)
+
+    def link(self, src: str, dst: str):
+        lk = super().link(src, dst)
+        if (src, dst) not in self._fresh:
+            self._fresh.add((src, dst))
+            if lk.cond.up and lk.cond == self.default:
+                lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
+        return lk
+
+
+class CappedTransport(MemoryTransport):
+    """A `MemoryTransport` that stops dialing once it has `max_peers` connections — the
+    connection manager a real deployment needs (the daemon's discovery would otherwise
+    dial every member it hears of, a full mesh: N^2 links and N^2 gossip copies).
+    Inbound connections are still accepted, so degrees stay around 2 x max_peers at most."""
+
+    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str, max_peers: int) -> None:
+        super().__init__(network, seed, name=name)
+        self.max_peers = max_peers
+
+    async def connect(self, addr: str) -> str:
+        peer = addr.rsplit("/p2p/", 1)[-1]
+        if peer not in self.peers() and len(self.peers()) >= self.max_peers:
+            await trio.lowlevel.checkpoint()
+            raise TransportError(f"connection limit ({self.max_peers}) reached")
+        return await super().connect(addr)
+
+
+# ------------------------------------------------------------------ the cluster
+
+class MemCluster:
+    """Real daemons for `names` on one simulated network. Use inside `simulate()`:
+
+        cluster = MemCluster(root, names, seed=1, network=spec)
+        async with cluster.running():
+            await cluster.start("n0"); await cluster.start("n1", bootstrap=["n0"]) ...
+
+    Node operations mirror what an operator (or a crash) does to a real node: `kill`
+    (the process dies: no clean shutdown), `stop` (SIGTERM), `restart`, plus network
+    faults (`partition`, `heal`, `set_link`). `append` writes a ledger entry the way a CLI
+    command does; the daemon gossips it.
+    """
+
+    def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
+                 sync_interval: float = 5.0, poll_interval: float = 0.1, max_peers: int = 8,
+                 consortium: Consortium | None = None) -> None:
+        self.names = list(names)
+        self.seed = seed
+        self.net = SimNetwork(network, seed=seed)
+        self.c = consortium or make_consortium(root, self.names, seed=seed)
+        self.sync_interval = sync_interval
+        self.poll_interval = poll_interval
+        self.max_peers = max_peers
+        self.daemons: dict[str, NodeDaemon] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._done: dict[str, trio.Event] = {}
+        self.status: dict[str, str] = {n: "not started" for n in self.names}
+        self.errors: dict[str, str] = {}
+        self._nursery: trio.Nursery | None = None
+        self.addrs: dict[str, str] = {}
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def peer_ids(self) -> dict[str, str]:
+        return self.c.peer_ids
+
+    def name_of(self, peer_id: str) -> str:
+        return {p: n for n, p in self.c.peer_ids.items()}[peer_id]
+
+    def running(self):
+        cluster = self
+
+        class _Run:
+            async def __aenter__(self) -> "MemCluster":
+                self._cm = trio.open_nursery()
+                cluster._nursery = await self._cm.__aenter__()
+                return cluster
+
+            async def __aexit__(self, *exc: object) -> bool | None:
+                for n in list(cluster._scopes):
+                    cluster._scopes[n].cancel()
+                cluster._nursery.cancel_scope.cancel()
+                try:
+                    return await self._cm.__aexit__(*exc)
+                finally:
+                    cluster._close_all()
+
+        return _Run()
+
+    def alive(self, name: str) -> bool:
+        return self.status.get(name) == "running"
+
+    def address(self, name: str) -> str:
+        return f"/memory/{name}/p2p/{self.c.peer_ids[name]}"
+
+    async def start(self, name: str, bootstrap: list[str] = ()) -> None:
+        """Start `name`'s daemon, dialing the named peers; returns once it is ready."""
+        if self._nursery is None:
+            raise RuntimeError("use `async with cluster.running():`")
+        if self.alive(name):
+            return
+        addrs = [self.address(b) for b in bootstrap if b != name]
+        await self._nursery.start(self._run_node, name, addrs)
+
+    async def _run_node(self, name: str, bootstrap: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
+        transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers)
+        daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
+                            poll_interval=self.poll_interval)
+        done = trio.Event()
+        self._done[name] = done
+        self.daemons[name] = daemon
+        try:
+            with trio.CancelScope() as scope:
+                self._scopes[name] = scope
+                self.status[name] = "running"
+                await daemon.run([], bootstrap, task_status=task_status)
+            if not scope.cancelled_caught:
+                self.status[name] = "stopped"
+        except Exception as exc:  # a crashing node is an outcome, not a harness failure
+            self.status[name] = "crashed"
+            self.errors[name] = f"{type(exc).__name__}: {exc}"
+            log.exception("node %s crashed", name)
+        finally:
+            self._scopes.pop(name, None)
+            self._close_ledger(daemon)
+            done.set()
+
+    @staticmethod
+    def _close_ledger(daemon: NodeDaemon) -> None:
+        try:
+            daemon.ledger.ledger.close()
+        except Exception:  # already closed by a clean stop
+            pass
+
+    def _close_all(self) -> None:
+        for d in self.daemons.values():
+            self._close_ledger(d)
+
+    async def kill(self, name: str) -> None:
+        """The node dies at once (no clean shutdown): its connections drop, its disk stays."""
+        scope = self._scopes.get(name)
+        if scope is not None:
+            scope.cancel()
+            await self._done[name].wait()
+        self.status[name] = "killed"
+
+    async def stop(self, name: str, *, status: str = "stopped") -> None:
+        """Clean shutdown (what SIGTERM does)."""
+        if self.alive(name):
+            self.daemons[name].stop()
+            await self._done[name].wait()
+        self.status[name] = status
+
+    async def restart(self, name: str, bootstrap: list[str] = ()) -> None:
+        if self.alive(name):
+            await self.kill(name)
+        await self.start(name, list(bootstrap))
+
+    # -- network faults ----------------------------------------------------------------
+
+    def partition(self, groups: list[list[str]]) -> None:
+        self.net.partition(*[{self.c.peer_ids[n] for n in g} for g in groups])
+
+    def heal(self) -> None:
+        self.net.heal()
+
+    def set_link(self, a: str, b: str, *, latency_ms: float | None = None, bandwidth_mbps: float | None = None,
+                 loss: float | None = None) -> None:
+        pa, pb = self.c.peer_ids[a], self.c.peer_ids[b]
+        cond = link_conditions(self.net.spec, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps, loss=loss,
+                               jitter_u=self.net.jitter(pa, pb))
+        self.net.set_link(pa, pb, cond)
+
+    # -- ledger ------------------------------------------------------------------------
+
+    def _ledger_call(self, name: str, fn: Callable[[Ledger], T]) -> T:
+        if self.alive(name):
+            return fn(self.daemons[name].ledger.ledger)
+        with Ledger.open(self.c.homes[name].ledger_db) as led:  # what a CLI command does
+            return fn(led)
+
+    async def append(self, name: str, kind: str, body: dict) -> int:
+        """Append a signed entry to `name`'s ledger (its daemon gossips it); returns its seq."""
+        signer = Signer.from_seed(self.c.seeds[name])
+        await trio.lowlevel.checkpoint()
+        return self._ledger_call(name, lambda led: led.append(signer, kind, body)).seq
+
+    async def heads(self, name: str) -> dict[str, int]:
+        """Author peer id -> highest contiguous seq in `name`'s ledger."""
+        await trio.lowlevel.checkpoint()
+        return {peer_id_from_public_key(a): s for a, s in self._ledger_call(name, lambda led: led.heads()).items()}
+
+    def peers(self, name: str) -> list[str]:
+        d = self.daemons.get(name)
+        return d.transport.peers() if d is not None and self.alive(name) else []
+
+    def entry_ids(self, name: str) -> set[bytes]:
+        return self._ledger_call(name, lambda led: {e.id for e in led.all_entries()})
+
+    # -- counters ----------------------------------------------------------------------
+
+    def link_bytes(self, name: str) -> dict[str, int]:
+        """Bytes the node put on / took off its links (gossip + streams), over the whole run."""
+        return self.net.node_stats(self.c.peer_ids[name])
+
+    def node_bytes(self, name: str) -> dict[str, int]:
+        return self.link_bytes(name)
+
+    def app_bytes(self, name: str) -> dict[str, int]:
+        d = self.daemons.get(name)
+        return d.transport.bytes_counters() if d is not None else {"sent": 0, "received": 0}
