@@ -350,3 +350,16 @@ def test_load_tensor(tmp_path):
     assert torch.equal(t, m["head.weight"])
     with pytest.raises(AggregationError, match="missing"):
         load_tensor(_loader(m), "nope")
+
+
+def test_horizontal_average_heads_only_when_label_spaces_match():
+    from protocols.vgs import heads_comparable, horizontal_average
+
+    a, b = _model(0), _model(1)
+    out, with_head = horizontal_average([_loader(a), _loader(b)], [0.5, 0.5],
+                                        label_spaces=[["x", "y", "z"], ["x", "y", "z"]])
+    assert with_head and "head.weight" in out
+    out, with_head = horizontal_average([_loader(a), _loader(b)], [0.5, 0.5],
+                                        label_spaces=[["x", "y", "z"], ["z", "y", "x"]])  # same set, other order
+    assert not with_head and not any(k.startswith("head.") for k in out)
+    assert not heads_comparable([]) and heads_comparable([["a"]])

@@ -156,3 +156,47 @@ def test_load_rejects_foreign_file(tmp_path):
     with pytest.raises(EnsembleError):
         EnsembleClassifier.load(tmp_path / "junk")
     assert FORMAT == "atd-ensemble-v1"
+
+
+# ---------------------------------------------------------------- vertical mode (protocols.vgs)
+
+def test_vertical_disjoint_nodes_share_encrypted_features(digits):
+    """Three nodes with disjoint digit classes; node 0 builds one 10-class classifier."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from protocols.feature_crypto import open_sealed, public_bytes, seal
+    from protocols.vgs import fit_vertical_ensemble
+
+    Xtr, Xte, ytr, yte = digits
+    spaces = [["0", "1", "2"], ["3", "4", "5"], ["6", "7", "8", "9"]]
+    keys = [X25519PrivateKey.generate() for _ in spaces]
+    local = []
+    for names in spaces:  # each node's own features, labels index its own class list
+        mask = np.isin(ytr, [int(c) for c in names])
+        local.append((Xtr[mask].astype(np.float32), np.array([names.index(str(v)) for v in ytr[mask]]), names))
+    # nodes 1 and 2 seal their features to node 0 (and to each other)
+    blobs = [seal(X, y, names, {f"n{j}": public_bytes(keys[j]) for j in range(3) if j != i}, keys[i],
+                  sender_id=f"n{i}") for i, (X, y, names) in enumerate(local)]
+    received = [open_sealed(blobs[i], keys[0], "n0") for i in (1, 2)]
+    ens, classes = fit_vertical_ensemble([local[0], *received], pca_components=32, seed=0, rf_trees=50)
+    assert classes == [str(d) for d in range(10)]
+    predicted = np.array([int(classes[c]) for c in ens.predict(Xte)])
+    assert (predicted == yte).mean() > 0.9
+
+
+def test_merge_labeled_features():
+    from protocols.vgs import merge_labeled_features
+
+    a = (np.ones((2, 3), np.float32), np.array([1, 0]), ["cat", "dog"])
+    b = (np.zeros((1, 3), np.float32), np.array([0]), ["ant"])
+    m = merge_labeled_features([a, b])
+    assert m.classes == ["ant", "cat", "dog"] and m.y.tolist() == [2, 1, 0] and m.X.shape == (3, 3)
+    assert merge_labeled_features([b, a]).classes == m.classes  # arrival order does not matter
+    with pytest.raises(EnsembleError, match="features"):
+        merge_labeled_features([a, (np.zeros((1, 4), np.float32), np.array([0]), ["ant"])])
+    with pytest.raises(EnsembleError, match="index"):
+        merge_labeled_features([(np.zeros((1, 3)), np.array([2]), ["a", "b"])])
+    with pytest.raises(EnsembleError, match="not in the target"):
+        merge_labeled_features([a], classes=["cat"])
+    with pytest.raises(EnsembleError, match="no feature"):
+        merge_labeled_features([])
