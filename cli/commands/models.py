@@ -29,17 +29,14 @@ def models_cmd(
     if not recs:
         typer.echo("no models yet (run `atd train`)")
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table("id", "created", "model", "img/patch/dim/depth", "classes", "samples", "acc", "f1", "init from")
+    typer.echo(f"{'id':16}  {'created':16}  {'model':24} {'img/patch/dim/depth':19} {'classes':24} "
+               f"{'samples':>7} {'acc':>6} {'f1':>6}  init from")
     for r in recs:
         m, c = r.metrics, r.model
-        t.add_row(r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), c["name"],
-                  f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
-                  _classes(r.labels), str(r.samples), f"{m.get('accuracy', 0):.3f}", f"{m.get('f1', 0):.3f}",
-                  (r.provenance.get("init_from") or "-")[:12])
-    Console().print(t)
+        arch = f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+        typer.echo(f"{r.id:16}  {created:16}  {c['name']:24} {arch:19} {_classes(r.labels):24} {r.samples:>7} "
+                   f"{m.get('accuracy', 0):>6.3f} {m.get('f1', 0):>6.3f}  {(r.provenance.get('init_from') or '-')[:12]}")
 
 
 def _classes(labels: list[str]) -> str:

@@ -1,0 +1,79 @@
+"""`atd train` and `atd models` through the CLI."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from typer.testing import CliRunner
+
+from atdnode.errors import ConfigError, DataError
+from atdnode.home import NodeHome
+from atdnode.identity import init_home
+from cli.app import app
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
+        "--depth", "2", "--heads", "2", "--epochs", "1", "--batch-size", "32", "--seed", "0"]
+runner = CliRunner()
+
+
+def _home(tmp_path) -> Path:
+    h = NodeHome.at(tmp_path / "node")
+    init_home(h, consortium="demo")
+    return h.root
+
+
+def test_train_then_models_json_and_table(tmp_path):
+    home = _home(tmp_path)
+    r = runner.invoke(app, ["train", "--home", str(home), "--data", "digits?classes=0,1,2&limit=90", *TINY, "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout[r.stdout.index("{"):])
+    assert rec["labels"] == ["0", "1", "2"] and rec["samples"] == 90 and rec["model"]["embed_dim"] == 32
+    assert set(rec["blobs"]) == {"full", "extractor", "head"} and "accuracy" in rec["metrics"]
+    assert (home / rec["files"]["confusion_png"]).is_file()
+
+    r = runner.invoke(app, ["models", "--home", str(home), "--json"])
+    assert r.exit_code == 0
+    listed = json.loads(r.stdout)
+    assert [m["id"] for m in listed] == [rec["id"]]
+    assert listed[0]["metrics"]["f1"] == rec["metrics"]["f1"] and listed[0]["label_fp"] == rec["label_fp"]
+
+    r = runner.invoke(app, ["models", "--home", str(home)])
+    assert r.exit_code == 0 and rec["id"] in r.stdout and "vit_tiny_patch16_224" in r.stdout
+
+    # plain output names the model and its metrics; a second run reuses the finished one
+    r = runner.invoke(app, ["train", "--home", str(home), "--data", "digits?classes=0,1,2&limit=90", *TINY])
+    assert r.exit_code == 0 and f"model {rec['id']}" in r.stdout and "sensitivity" in r.stdout
+
+
+def test_models_empty_and_errors(tmp_path):
+    home = _home(tmp_path)
+    r = runner.invoke(app, ["models", "--home", str(home)])
+    assert r.exit_code == 0 and "no models yet" in r.stdout
+    r = runner.invoke(app, ["train", "--home", str(home), "--data", "digits?classes=x", *TINY])
+    assert isinstance(r.exception, DataError)
+    r = runner.invoke(app, ["train", "--home", str(tmp_path / "none"), *TINY])
+    assert isinstance(r.exception, ConfigError)
+    r = runner.invoke(app, ["train", "--home", str(home), "--model", "vit_nope", *TINY[2:]])
+    assert isinstance(r.exception, ConfigError)
+
+
+def test_errors_print_one_line_without_traceback(tmp_path):
+    home = _home(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--home", str(home), "--data",
+                        f"folder:{tmp_path / 'missing'}", *TINY], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=300)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'}: no such folder"]
+
+
+def test_help_documents_the_learning_rate():
+    r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert "3e-3" in r.stdout and "1e-3" in r.stdout and "--init-from" in r.stdout and "--freeze-blocks" in r.stdout
