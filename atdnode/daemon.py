@@ -41,7 +41,9 @@ from ledger.errors import LedgerError
 
 log = logging.getLogger("atd.daemon")
 
-BLOB_KINDS = ("weights", "features", "aggregate")
+BLOB_KINDS_SET = {"weights", "features", "aggregate"}
+MERGE_BATCH = 512
+INBOX_SIZE = 20_000
 
 
 def ledger_topic(genesis_id: str) -> str:
@@ -80,6 +82,8 @@ class NodeDaemon:
         self._manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
         self._fetch_failures: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
+        self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
+        self.merge_observers: list = []  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
 
     def _libp2p_transport(self) -> Transport:
@@ -102,6 +106,7 @@ class NodeDaemon:
                 self._nursery = nursery
                 await nursery.start(control.serve, self.home.control_socket, self._control)
                 self._write_state()
+                nursery.start_soon(self._merge_loop)
                 nursery.start_soon(self._announce_loop)
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
@@ -157,16 +162,36 @@ class NodeDaemon:
         return True
 
     async def _on_gossip(self, data: bytes, from_peer: str) -> None:
+        """Queue an accepted gossip message; `_merge_loop` merges queued ones in batches."""
         self.stats["gossip_in"] += 1
-        result = await self.ledger.merge([data])
-        for _, err in result.rejected:
-            log.warning("gossiped entry from %s rejected: %s", from_peer, err)
-        if result.added:
-            await self._after_merge()
+        try:
+            self._inbox_send.send_nowait(data)
+        except trio.WouldBlock:  # overload: drop it here, the periodic sync fetches it later
+            self.stats["gossip_overflow"] = self.stats.get("gossip_overflow", 0) + 1
 
-    async def _after_merge(self) -> None:
-        await self._refresh_members()
-        if self.auto_fetch:
+    async def _merge_loop(self) -> None:
+        """Merge gossiped entries in batches: one transaction for whatever arrived meanwhile."""
+        while True:
+            batch = [await self._inbox_recv.receive()]
+            while len(batch) < MERGE_BATCH:
+                try:
+                    batch.append(self._inbox_recv.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            result = await self.ledger.merge(batch)
+            for _, err in result.rejected:
+                log.warning("gossiped entry rejected: %s", err)
+            if result.added:
+                kinds = {Entry.from_bytes(raw).kind for raw in batch}
+                for fn in self.merge_observers:
+                    fn(list(result.added))
+                await self._after_merge(kinds)
+
+    async def _after_merge(self, kinds: set[str] | None = None) -> None:
+        """Refresh what depends on the log, but only for the kinds of entries that changed it."""
+        if kinds is None or kinds & {"genesis", "member"}:
+            await self._refresh_members()
+        if self.auto_fetch and (kinds is None or kinds & BLOB_KINDS_SET):
             await self._queue_wanted_blobs()
 
     async def _announce_loop(self) -> None:
@@ -184,8 +209,19 @@ class NodeDaemon:
                     except TransportError as exc:  # no peers yet: sync will carry it
                         log.debug("publish of %s deferred: %s", e.id.hex()[:12], exc)
                     self._announced_seq = e.seq
-                await self._after_merge()
+                await self._after_merge({e.kind for e in entries})
             await trio.sleep(self.poll_interval)
+
+    async def append(self, kind: str, body: dict) -> Entry:
+        """Sign and store an entry, and gossip it at once (no wait for the announce loop)."""
+        entry = await self.ledger.run(lambda led: led.append(self.identity.signer, kind, body))
+        if entry.seq == self._announced_seq + 1:
+            try:
+                await self.transport.publish(self.topic, entry.to_bytes())
+                self._announced_seq = entry.seq
+            except TransportError as exc:
+                log.debug("publish deferred: %s", exc)
+        return entry
 
     async def _maybe_say_hello(self) -> None:
         """Append a signed `hello` (addresses, X25519 key, role) once we are a member and addrs changed."""

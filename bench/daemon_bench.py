@@ -1,0 +1,155 @@
+"""Daemon benchmarks (issue 4), printing JSON.
+
+gossip: N daemons (real libp2p: Noise + yamux + GossipSub, one process, loopback), a
+    connected mesh; E entries of ~1 KB are appended round-robin and gossiped at once.
+    Reports the delivery ratio (entries merged by the N-1 other ledgers / expected) and the
+    p50 / p99 latency from append to merge in each other ledger. Baseline for the ratio:
+    a bare `Ledger.merge` of the same entries in one process (per-entry cost, same run).
+rss: a subprocess with two daemons (one holds a blob, the other fetches it); reports its
+    peak RSS next to the blob size: memory must be bounded by buffers, not by blob size.
+
+    python bench/daemon_bench.py [--nodes 5] [--entries 500] [--rate 100] [--blob-mb 350]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from atdnode.daemon import NodeDaemon  # noqa: E402
+from atdnode.home import NodeHome  # noqa: E402
+from atdnode.identity import NodeIdentity, init_home  # noqa: E402
+from ledger import Ledger  # noqa: E402
+
+
+def consortium(root: Path, n: int) -> list[NodeHome]:
+    homes = [NodeHome.at(root / f"n{i}") for i in range(n)]
+    founder = init_home(homes[0], consortium="bench")
+    with Ledger.open(homes[0].ledger_db) as led:
+        genesis = led.query(kind="genesis")[0].id.hex()
+        for h in homes[1:]:
+            ident = init_home(h, join=genesis)
+            led.admit(founder.signer, ident.public_key)
+        raw = [e.to_bytes() for e in led.all_entries()]
+    for h in homes[1:]:
+        with Ledger.open(h.ledger_db) as led:
+            led.merge(raw)
+    return homes
+
+
+async def gossip_bench(n: int, entries: int, rate: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        homes = consortium(Path(tmp), n)
+        daemons = [NodeDaemon(h, sync_interval=3600, poll_interval=0.5, auto_fetch=False) for h in homes]
+        sent: dict[bytes, float] = {}
+        arrivals: list[list[float]] = [[] for _ in range(n)]
+        for i, d in enumerate(daemons):
+            d.merge_observers.append(
+                lambda ids, i=i: arrivals[i].extend(time.perf_counter() - sent[x] for x in ids if x in sent))
+        async with trio.open_nursery() as nursery:
+            first = await nursery.start(daemons[0].run, ["/ip4/127.0.0.1/tcp/0"], [])
+            for d in daemons[1:]:
+                await nursery.start(d.run, ["/ip4/127.0.0.1/tcp/0"], [first[0]])
+            # full mesh, then let gossipsub form its mesh before measuring
+            for d in daemons[1:]:
+                for other in daemons[1:]:
+                    if other is not d:
+                        await d.transport.connect(other.transport.addrs()[0])
+            with trio.fail_after(30):
+                while any(len(d.transport.topic_peers(d.topic)) < n - 1 for d in daemons):
+                    await trio.sleep(0.05)
+            await trio.sleep(2.0)  # gossipsub heartbeat builds the mesh
+            pad = "x" * 900
+            t0 = time.perf_counter()
+            for k in range(entries):
+                d = daemons[k % n]
+                body = {"k": k, "pad": pad}
+                entry_t = time.perf_counter()
+                e = await d.append("metrics", body)
+                sent[e.id] = entry_t
+                await trio.sleep_until(trio.current_time() + max(0.0, (k + 1) / rate - (time.perf_counter() - t0)))
+            expected = entries * (n - 1)
+            with trio.move_on_after(30):
+                while sum(len(a) for a in arrivals) < expected:
+                    await trio.sleep(0.05)
+            for d in daemons:
+                d.stop()
+        lat = sorted(x for a in arrivals for x in a)
+        return {
+            "nodes": n, "entries": entries, "rate_per_s": rate, "entry_bytes": len(e.to_bytes()),
+            "delivered": len(lat), "expected": expected, "delivery_ratio": round(len(lat) / expected, 4),
+            "latency_p50_ms": round(1000 * statistics.median(lat), 2) if lat else None,
+            "latency_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
+        }
+
+
+def rss_child(blob_mb: int) -> None:
+    """Run in a subprocess: two daemons, one fetches a blob_mb blob from the other."""
+    async def main() -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            homes = consortium(Path(tmp), 2)
+            src = Path(tmp) / "blob.bin"
+            with open(src, "wb") as f:
+                chunk = os.urandom(1 << 20)
+                for _ in range(blob_mb):
+                    f.write(chunk)
+            from atdnode.blobstore import BlobStore
+
+            blob = BlobStore(homes[0].blobs_dir).put_file(src)
+            src.unlink()
+            d0, d1 = (NodeDaemon(h, sync_interval=3600, auto_fetch=False) for h in homes)
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            async with trio.open_nursery() as nursery:
+                a0 = await nursery.start(d0.run, ["/ip4/127.0.0.1/tcp/0"], [])
+                await nursery.start(d1.run, ["/ip4/127.0.0.1/tcp/0"], [a0[0]])
+                with trio.fail_after(30):
+                    while not d1.transport.peers():
+                        await trio.sleep(0.02)
+                t = time.perf_counter()
+                await d1.fetch(blob)
+                secs = time.perf_counter() - t
+                d0.stop()
+                d1.stop()
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return {"blob_mb": blob_mb, "fetch_s": round(secs, 3), "fetch_MBps": round(blob_mb * 1.048576 / secs, 1),
+                    "rss_before_mb": round(base / 1024, 1), "peak_rss_mb": round(peak / 1024, 1),
+                    "peak_rss_growth_mb": round((peak - base) / 1024, 1)}
+
+    print(json.dumps(trio.run(main)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=5)
+    ap.add_argument("--entries", type=int, default=500)
+    ap.add_argument("--rate", type=float, default=100.0, help="entries appended per second (all nodes together)")
+    ap.add_argument("--blob-mb", type=int, default=350)
+    ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        rss_child(args.blob_mb)
+        return
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    out = {"gossip": trio.run(gossip_bench, args.nodes, args.entries, args.rate)}
+    child = subprocess.run([sys.executable, __file__, "--rss-child", "--blob-mb", str(args.blob_mb)],
+                           capture_output=True, text=True, check=True)
+    out["rss"] = json.loads(child.stdout.strip().splitlines()[-1])
+    out["rss"]["peak_over_blob"] = round(out["rss"]["peak_rss_growth_mb"] / args.blob_mb, 3)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
