@@ -13,12 +13,13 @@ the `disjoint` scheme, where it is the node's own class set.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from atdnode.data import LabeledImages, load_dataset
-from netsim.partition import NodeSplit, class_subset, partition_cohort, _rng
+from atdnode.data import MEAN, STD, LabeledImages, load_dataset
+from netsim.partition import NodeSplit, _rng, class_subset, partition_cohort, write_npz
 from netsim.scenario import Scenario, ScenarioError
 
 
@@ -86,11 +87,35 @@ def concat(parts: list[LabeledImages], classes: list[str]) -> LabeledImages:
     return LabeledImages(images=images, labels=labels, classes=list(classes), spec="+".join(p.spec for p in parts))
 
 
-def _rename(data: LabeledImages, prefix: str | None) -> LabeledImages:
-    if prefix is None:
-        return data
-    return LabeledImages(images=data.images, labels=data.labels, classes=[f"{prefix}:{c}" for c in data.classes],
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """Normalised float images (N, C, H, W) -> uint8 (N, H, W) or (N, H, W, C), as stored in .npz."""
+    u8 = torch.round((images * STD + MEAN).clamp(0, 1) * 255.0).to(torch.uint8)
+    u8 = u8[:, 0] if u8.shape[1] == 1 else u8.permute(0, 2, 3, 1)
+    return u8.contiguous().numpy()
+
+
+def from_uint8(u8: np.ndarray) -> torch.Tensor:
+    """The exact inverse path `atdnode.data` takes when it reads a .npz at the model's size."""
+    x = torch.from_numpy(np.ascontiguousarray(u8)).float() / 255.0
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    return (x.clamp(0, 1) - MEAN) / STD
+
+
+def _prepare(data: LabeledImages, prefix: str | None) -> LabeledImages:
+    """Quantise to uint8 pixels (what the nodes' .npz files hold, so every method sees the
+    very same pixels) and namespace the class names when several data sets are mixed."""
+    classes = data.classes if prefix is None else [f"{prefix}:{c}" for c in data.classes]
+    return LabeledImages(images=from_uint8(to_uint8(data.images)), labels=data.labels, classes=classes,
                          spec=data.spec)
+
+
+def write_node_npz(node: NodeData, path: Path) -> Path:
+    """Write the node's train and test data as a MedMNIST-layout .npz that `atdnode.data`
+    reads back (`npz:PATH`) to exactly `node.train` / `node.test`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_npz(path, to_uint8(node.train.images), node.train.labels.numpy(), node.classes,
+              to_uint8(node.test.images), node.test.labels.numpy())
+    return path
 
 
 def load_scenario_data(scn: Scenario) -> ScenarioData:
@@ -104,8 +129,8 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         if d.name not in used:
             continue
         prefix = d.name if multi else None
-        trains[d.name] = _rename(load_dataset(d.spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
-        tests[d.name] = _rename(load_dataset(d.spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
+        trains[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
+        tests[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
     pools = _cohort_pools(scn, trains, multi)
     nodes: dict[str, NodeData] = {}
     test_index: dict[str, dict[str, np.ndarray]] = {}

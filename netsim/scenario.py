@@ -4,7 +4,8 @@ A scenario names the nodes and their data (cohorts of nodes that share one parti
 scheme over one data set), the phases of the VGS-ATD protocol, the methods to compare,
 the network conditions, the faults, and optionally a gossip workload:
 
-    [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s
+    [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s,
+                 step_deadline_s
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
     [baselines]  rounds, local_epochs, fedprox_mu
@@ -16,7 +17,8 @@ the network conditions, the faults, and optionally a gossip workload:
     [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting
     [[faults]]   kind, at_s | at_phase, node, nodes, groups, a, b, latency_ms, ...
     [workload]   kind = "gossip", entries, entry_bytes, publishers, interval_s, deadline_s
-    [topology]   nodes (count, for network-only scenarios), degree
+    [topology]   nodes (count, for network-only scenarios), degree, max_peers, peers
+                 ("daemon" | "lite"), sync_interval_s, poll_interval_s
 
 Every problem raises `ScenarioError` naming the file and the key path, e.g.
 `three_phase.toml: cohorts[1].partition: 'dirichlet' is not one of iid, label_skew, ...`.
@@ -154,6 +156,10 @@ class WorkloadSpec:
 class TopologySpec:
     nodes: int = 0  # extra data-less nodes n0..n{k-1} (network-only scenarios)
     degree: int = 3  # bootstrap peers each node dials (seeded choice among earlier nodes)
+    max_peers: int = 8  # a node stops dialing out beyond this many connections
+    peers: str = "daemon"  # in-memory node kind: "daemon" (NodeDaemon) | "lite" (gossip-only, 1000+ nodes)
+    sync_interval_s: float = 5.0  # daemons' periodic ledger sync
+    poll_interval_s: float = 0.1  # daemons' ledger poll (own entries to announce)
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,7 @@ class Scenario:
     description: str = ""
     methods: tuple[str, ...] = METHODS
     deadline_s: float = 1800.0
+    step_deadline_s: float = 300.0
     model: ModelSpec = ModelSpec()
     train: TrainSpec = TrainSpec()
     baselines: BaselineSpec = BaselineSpec()
@@ -364,7 +371,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         workload = c.build(WorkloadSpec, c.table(raw, "workload", "workload"), "workload", {"publishers": c.strs})
     topo = c.build(TopologySpec, c.table(raw, "topology", "topology"), "topology")
     scn = Scenario(name=hdr.name, seed=hdr.seed, backend=hdr.backend, description=hdr.description,
-                   methods=hdr.methods, deadline_s=hdr.deadline_s, model=model, train=train, baselines=base,
+                   methods=hdr.methods, deadline_s=hdr.deadline_s, step_deadline_s=hdr.step_deadline_s, model=model, train=train, baselines=base,
                    ensemble=ens, network=net, datasets=datasets, cohorts=cohorts, phases=phases, faults=faults,
                    workload=workload, topology=topo, source=source)
     validate(scn)
@@ -379,6 +386,7 @@ class _Header:
     description: str = ""
     methods: tuple[str, ...] = METHODS
     deadline_s: float = 1800.0
+    step_deadline_s: float = 300.0
 
 
 def _opt_float(c: _Ctx):
@@ -452,8 +460,16 @@ def validate(s: Scenario) -> None:
         _check_fault(c, f"faults[{i}]", f, set(names), known)
     if s.workload is not None:
         _check_workload(c, s.workload, set(names))
-    if s.topology.nodes < 0 or s.topology.degree < 1:
-        raise c.fail("topology", "nodes must be >= 0 and degree >= 1")
+    t = s.topology
+    if t.nodes < 0 or t.degree < 1 or t.max_peers < 1:
+        raise c.fail("topology", "nodes must be >= 0, degree and max_peers >= 1")
+    if t.peers not in ("daemon", "lite"):
+        raise c.fail("topology.peers", f"{t.peers!r} is not one of daemon, lite")
+    if t.peers == "lite" and s.learning:
+        raise c.fail("topology.peers", "gossip-only \"lite\" peers cannot train; use \"daemon\" with cohorts")
+    _positive(c, "topology.sync_interval_s", t.sync_interval_s)
+    _positive(c, "topology.poll_interval_s", t.poll_interval_s)
+    _positive(c, "scenario.step_deadline_s", s.step_deadline_s)
     if not names:
         raise c.fail("cohorts", "the scenario has no nodes (add [[cohorts]] or [topology] nodes)")
     if "vgs-atd" not in s.methods and not s.learning and s.workload is None:

@@ -1,0 +1,147 @@
+"""Run a whole scenario: VGS-ATD on the chosen back-end, the baselines, the gossip workload,
+and the report. This is the Python API behind `atd netsim run` (and what the tests call).
+
+    report = run_scenario(load_scenario("three_phase.toml"), out=Path("/tmp/sim"))
+
+The report dict (also written as report.json) has: scenario, backend, nodes (data per
+node), methods ({method: [one dict per phase]}), forgetting, gossip (when the scenario has
+a workload), vgs_faults, notes, wall_s. `progress(msg)` gets one line per step.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from netsim.baselines import BASELINES, run_baseline
+from netsim.report import forgetting, write_report
+from netsim.scenario import Scenario
+
+Progress = Callable[[str], None]
+
+
+def _workdir(keep: Path | None) -> Path:
+    """Node homes and data live here. A fixed-length temp path keeps entry and blob sizes
+    (which name file paths) identical between runs of one scenario."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="atd-netsim-", dir=keep))
+    return Path(tempfile.mkdtemp(prefix="atd-netsim-"))
+
+
+def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress = lambda _m: None,
+                 keep_homes: Path | None = None) -> dict:
+    """Run `scn` and return its report (written into `out` when given)."""
+    t_start = time.perf_counter()
+    work = _workdir(keep_homes)
+    report: dict = {"scenario": _scenario_info(scn), "backend": scn.backend, "nodes": {}, "methods": {},
+                    "notes": [], "vgs_faults": []}
+    try:
+        if scn.learning:
+            _learning(scn, work, report, progress)
+        if scn.workload is not None:
+            report["gossip"] = run_gossip_scenario(scn, work / "gossip", progress=progress)
+    finally:
+        if keep_homes is None:
+            shutil.rmtree(work, ignore_errors=True)
+    report["wall_s"] = round(time.perf_counter() - t_start, 3)
+    if out is not None:
+        report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
+    return report
+
+
+def _scenario_info(scn: Scenario) -> dict:
+    return {"name": scn.name, "description": scn.description, "seed": scn.seed, "source": scn.source,
+            "methods": list(scn.methods), "model": asdict(scn.model), "train": asdict(scn.train),
+            "baselines": asdict(scn.baselines), "network": {k: v for k, v in asdict(scn.network).items()
+                                                           if k != "links"},
+            "phases": {p: scn.phase(p).mode for p in scn.phase_numbers()}}
+
+
+def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> None:
+    from netsim.nodedata import load_scenario_data
+
+    progress("loading and partitioning the data")
+    data = load_scenario_data(scn)
+    report["label_space"] = data.label_space
+    for n, d in data.nodes.items():
+        report["nodes"][n] = {"phase": d.phase, "group": d.group, "cohort": d.cohort, "dataset": d.dataset,
+                              "classes": d.classes, "train": len(d.train), "test": len(d.test),
+                              "class_counts": d.class_counts}
+    if "vgs-atd" in scn.methods:
+        if scn.backend == "memory":
+            phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress)
+        else:
+            from netsim.procnet import run_vgs_process
+
+            phases, faults, notes = run_vgs_process(scn, data, work / "vgs", progress=progress)
+            report["notes"] += notes
+        report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
+        report["vgs_faults"] = faults
+    for m in scn.methods:
+        if m in BASELINES:
+            progress(f"baseline {m}")
+            report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress)]
+    phase1 = [n for n, d in data.nodes.items() if d.phase == 1]
+    report["forgetting"] = forgetting(report["methods"], phase1)
+
+
+def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lambda _m: None,
+                   observer=None) -> tuple[list, list[dict]]:
+    """VGS-ATD on the in-memory back-end; returns (phase results, fault outcomes).
+    `observer(src, dst, kind, nbytes, delivered)` sees every transmission (tests use it)."""
+    from netsim.memnet import MemCluster, simulate
+    from netsim.vgs import VgsRunner
+
+    names = list(data.nodes)
+    t = scn.topology
+    cluster = MemCluster(work / "homes", names, seed=scn.seed, network=scn.network,
+                         sync_interval=t.sync_interval_s, poll_interval=t.poll_interval_s, max_peers=t.max_peers)
+    if observer is not None:
+        cluster.net.add_observer(observer)
+    runner = VgsRunner(scn, data, cluster, work, log=progress)
+    phases = simulate(runner.run, seed=scn.seed)
+    return phases, runner.fault_log
+
+
+def run_gossip_scenario(scn: Scenario, work: Path, *, progress: Progress = lambda _m: None) -> dict:
+    """The gossip workload with faults on the scenario's back-end; returns its report dict."""
+    from netsim.workload import run_gossip
+
+    names = scn.node_names()
+    t = scn.topology
+    if scn.backend == "process":
+        from netsim.procnet import ProcCluster, run_trio
+
+        cluster = ProcCluster(work, names, seed=scn.seed, network=scn.network, sync_interval=t.sync_interval_s)
+
+        async def main() -> dict:
+            async with cluster.running():
+                rep = await run_gossip(cluster, scn, log=progress)
+            d = rep.to_dict()
+            d["notes"] = cluster.notes + d["notes"]
+            return d
+
+        return run_trio(main)
+    from netsim.memnet import MemCluster, simulate
+
+    if t.peers == "lite":
+        from netsim.litenode import LiteCluster
+
+        cluster = LiteCluster(names, seed=scn.seed, network=scn.network, sync_interval=t.sync_interval_s,
+                              max_peers=t.max_peers)
+    else:
+        cluster = MemCluster(work, names, seed=scn.seed, network=scn.network, sync_interval=t.sync_interval_s,
+                             poll_interval=t.poll_interval_s, max_peers=t.max_peers)
+
+    async def main() -> dict:
+        async with cluster.running():
+            rep = await run_gossip(cluster, scn, log=progress)
+        d = rep.to_dict()
+        d["peers"] = t.peers
+        return d
+
+    return simulate(main, seed=scn.seed)
