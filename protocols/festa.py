@@ -86,6 +86,7 @@ class FestaClient:
     def head_forward(self) -> torch.Tensor:
         """Draw the next batch and return its head features (the ``forward`` message)."""
         idx = self.sampler.next()
+        self.head.train()
         self.opt.zero_grad(set_to_none=True)
         self._feats = self.head(self.images[idx])  # (b, 1+N, D), graph kept for head_backward
         self._batch_targets = self.targets[idx]
@@ -97,6 +98,7 @@ class FestaClient:
             raise SplitProtocolError(f"{self.client_id}: body output {tuple(body_out.shape)} does not match "
                                      "the pending forward")
         y = body_out.detach().requires_grad_(True)
+        self.tail.train()
         loss = task_loss(self.task, self.tail(y), self._batch_targets)
         loss.backward()
         return y.grad.detach(), float(loss.detach())
@@ -126,6 +128,8 @@ class FestaClient:
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
         """Task metric on held-out data; ``infer`` carries head features through the server body."""
+        self.head.eval()
+        self.tail.eval()
         outs = [self.tail(infer(self.head(images[i:i + batch_size])))
                 for i in range(0, images.shape[0], batch_size)]
         return task_metric(self.task, torch.cat(outs), targets)

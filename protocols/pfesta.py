@@ -195,6 +195,7 @@ class PFestaClient:
             raise SplitProtocolError(f"{self.client_id}: body output {tuple(body_out.shape)} does not fit "
                                      f"{len(idx)} indices of {self.num_samples} samples")
         ix = torch.as_tensor(list(idx), dtype=torch.long)
+        self.tail.train()
         y = body_out.detach().requires_grad_(True)
         out = self.tail(unpermute_tokens(y, self.keys[ix]))  # tail sees image order
         loss = task_loss(self.task, out, self.targets[ix])
@@ -213,6 +214,7 @@ class PFestaClient:
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
         """Task metric on held-out images, sent permuted like training data."""
+        self.tail.eval()
         outs = []
         for i in range(0, images.shape[0], batch_size):
             feats, keys = self.embed(images[i:i + batch_size])

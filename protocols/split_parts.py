@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as Fn
+from timm.layers import build_sincos2d_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -119,13 +120,27 @@ def build_head(cfg: ViTSplitConfig, seed: int | None = None) -> TimmStem:
         ctx.__exit__(None, None, None)
 
 
-def build_plain_embedder(cfg: ViTSplitConfig, seed: int = 0) -> TimmStem:
+def build_plain_embedder(cfg: ViTSplitConfig, seed: int = 0, content_gain: float = 2.0) -> TimmStem:
     """p-FESTA's shared plain patch embedder (patch embed + pos embed, no cls) -> (B, N, D).
-    Frozen: ``requires_grad`` is off and it is in eval mode. Same seed -> same weights."""
+
+    Frozen: ``requires_grad`` is off and it is in eval mode. Same seed -> same weights.
+    The position embedding is timm's fixed 2-D sin-cos table (as in MAE) rather than a
+    random learnable one, and the patch projection is a random orthogonal map scaled by
+    ``content_gain`` (information-preserving when D >= C*p*p). timm's default init (made
+    for *trained* embedders) leaves patch content ~30x weaker than position, which a
+    frozen embedder cannot fix; with these choices content and position have similar scale."""
     ctx = _seeded(seed)
     try:
         stem = TimmStem(_vit(cfg, 0, final_norm=False, class_token=False, no_embed_class=True,
                              global_pool="avg"))
+        side = cfg.img_size // cfg.patch_size
+        proj = stem.vit.patch_embed.proj  # Conv2d(C, D, p, p)
+        with torch.no_grad():
+            stem.vit.pos_embed.copy_(build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0))
+            w = torch.empty(proj.out_channels, proj.in_channels * cfg.patch_size ** 2)
+            nn.init.orthogonal_(w, gain=content_gain)
+            proj.weight.copy_(w.reshape_as(proj.weight))
+            proj.bias.zero_()
     finally:
         ctx.__exit__(None, None, None)
     stem.requires_grad_(False)
@@ -150,7 +165,7 @@ class SplitBody(nn.Module):
 
 class TaskTail(nn.Module):
     """Final norm + task head. ``pool``: "token" (token 0 is cls, FESTA) or "avg" (mean of
-    patch tokens, p-FESTA: order-free). Segmentation uses every patch token."""
+    the normalised patch tokens, p-FESTA: order-free). Segmentation uses every patch token."""
 
     def __init__(self, cfg: ViTSplitConfig, task: TaskSpec, pool: str, seed: int | None = None) -> None:
         super().__init__()
@@ -160,6 +175,10 @@ class TaskTail(nn.Module):
         ctx = _seeded(seed)
         try:
             self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
+            # MAE-style probe norm: standardise pooled features across the batch so a linear
+            # head is well conditioned even while the body still returns near-identical means
+            self.bn = (nn.BatchNorm1d(cfg.embed_dim, affine=False)
+                       if pool == "avg" and task.kind != "segmentation" else nn.Identity())
             self.head = nn.Linear(cfg.embed_dim, task.num_outputs)
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
@@ -167,12 +186,14 @@ class TaskTail(nn.Module):
             ctx.__exit__(None, None, None)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.norm(tokens)  # (B, T, D)
-        patches = x[:, 1:] if self.pool == "token" else x  # (B, N, D)
         if self.task.kind == "segmentation":
-            return self.head(patches).squeeze(-1)  # (B, N)
-        pooled = x[:, 0] if self.pool == "token" else patches.mean(1)  # (B, D)
-        out = self.head(pooled)  # (B, K)
+            patches = tokens[:, 1:] if self.pool == "token" else tokens  # (B, N, D)
+            return self.head(self.norm(patches)).squeeze(-1)  # (B, N)
+        # normalise every token, then pool: the per-token norm is the only non-linearity
+        # between a near-identity fresh body and the mean, and keeps spatial information
+        x = self.norm(tokens)  # (B, T, D)
+        pooled = x[:, 0] if self.pool == "token" else x.mean(1)  # (B, D)
+        out = self.head(self.bn(pooled))  # (B, K)
         return out.squeeze(-1) if self.task.kind == "regression" else out
 
 
