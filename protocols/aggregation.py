@@ -545,10 +545,10 @@ def _add_chunk(chunk: torch.Tensor, acc: np.ndarray, work: np.ndarray, pos: int,
         np.multiply(prod, wi, out=prod)
     else:
         x = chunk.numpy()
-        if x.dtype != prod.dtype:
-            np.copyto(prod, x)  # exact upcast, then multiply in the accumulation dtype
+        if x.dtype != prod.dtype:  # exact upcast first (faster than a casting ufunc loop)
+            np.copyto(prod, x)
             x = prod
-        np.multiply(x, wi, out=prod)
+        np.multiply(x, wi, out=prod)  # w rounded to the accumulation dtype
     if not first:
         np.add(dst, prod, out=dst)
     return pos + n
