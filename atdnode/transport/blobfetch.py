@@ -19,8 +19,8 @@
 4. When every chunk is written, `complete()` checks the whole blob and moves it into the
    store. If holders run out first, FetchError; what was written stays for a resume.
 
-Memory is bounded by buffers, whatever the blob size: per worker one chunk being received,
-`pipeline_bytes` of chunks queued for the writer and one being written. The queue keeps
+Memory is bounded by buffers, whatever the blob size: per worker a fixed set of
+`pipeline_bytes` + 2 chunks of buffers (one being received, the rest queued or being written). The queue keeps
 the connection busy while a writer thread hashes, so a single connection is not a
 stop-and-go ping-pong between processes.
 """
@@ -256,14 +256,21 @@ class BlobFetcher:
                 await control.close()
 
     async def _worker(self, job: _Job, peer: str, conn: StreamChunks | BulkConn) -> None:
+        # A fixed set of chunk buffers circulates receiver -> writer -> receiver: memory per
+        # worker is bounded by it, and no chunk-sized allocation happens per chunk (which
+        # otherwise lets glibc's heap grow with the blob size through fragmentation).
+        depth = max(1, self.cfg.pipeline_bytes // job.m.chunk_size)
+        free_send, free_recv = trio.open_memory_channel(depth + 2)
+        for _ in range(depth + 2):  # streams deliver frames as fresh bytes: no buffers needed
+            free_send.send_nowait(bytearray(job.m.chunk_size) if isinstance(conn, BulkConn) else None)
         owned: set[int] = set()
-        send, recv = trio.open_memory_channel(max(1, self.cfg.pipeline_bytes // job.m.chunk_size))
+        send, recv = trio.open_memory_channel(depth)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, job, peer, recv, owned, nursery.cancel_scope)
+                nursery.start_soon(self._writer, job, peer, recv, free_send, owned, nursery.cancel_scope)
                 async with send:
                     try:
-                        await self._receive(job, peer, conn, send, owned)
+                        await self._receive(job, peer, conn, send, free_recv, owned)
                     except (TransportError, trio.TooSlowError) as e:
                         job.fail(peer, f"{type(e).__name__}: {e}")
                         await conn.reset()
@@ -271,7 +278,7 @@ class BlobFetcher:
             job.give_back(owned)
 
     async def _receive(self, job: _Job, peer: str, conn: StreamChunks | BulkConn, send: trio.MemorySendChannel,
-                       owned: set[int]) -> None:
+                       free: trio.MemoryReceiveChannel, owned: set[int]) -> None:
         m, stall = job.m, self.cfg.stall_timeout
         while job.usable(peer):
             batch = job.take()
@@ -284,23 +291,28 @@ class BlobFetcher:
             with trio.fail_after(stall):
                 await conn.request(pack({"op": "get", "blob": m.blob, "chunk_size": m.chunk_size, "chunks": batch}))
             for i in batch:
+                buf = await free.receive()
                 with trio.fail_after(stall):
-                    data = await conn.chunk(i, m.span(i)[1])
-                await send.send((i, data))
+                    data = await conn.chunk(i, m.span(i)[1], buf)
+                await send.send((i, data, buf))
 
-    async def _writer(self, job: _Job, peer: str, recv: trio.MemoryReceiveChannel, owned: set[int], scope: trio.CancelScope) -> None:
+    async def _writer(self, job: _Job, peer: str, recv: trio.MemoryReceiveChannel, free: trio.MemorySendChannel,
+                      owned: set[int], scope: trio.CancelScope) -> None:
         async with recv:
-            async for i, data in recv:
+            async for i, data, buf in recv:
                 try:
                     await trio.to_thread.run_sync(job.partial.write_chunk, i, data, False)
                 except BlobError as e:  # hash mismatch (or the disk): never trust this peer for this blob
                     job.fail(peer, str(e), bad=True)
                     scope.cancel()
                     return
+                n = len(data)
+                del data
+                free.send_nowait(buf)  # the buffer may be reused: write_chunk is done with it
                 owned.discard(i)
                 job.report.chunks_from[peer] += 1
-                job.report.bytes += len(data)
-                job.unflushed += len(data)
+                job.report.bytes += n
+                job.unflushed += n
                 if job.unflushed >= self.cfg.flush_bytes:
                     job.unflushed = 0
                     await trio.to_thread.run_sync(job.partial.flush)

@@ -61,7 +61,8 @@ class StreamChunks:
     async def request(self, header: bytes) -> None:
         await self.stream.write_frame(header)
 
-    async def chunk(self, i: int, n: int) -> bytes:
+    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytes:
+        """Chunk i (exactly n bytes); `buf` is ignored (frames arrive as new bytes objects)."""
         check_chunk_header(await read_header(self.stream), i, n)
         data = await self.stream.read_frame(n)
         if len(data) != n:

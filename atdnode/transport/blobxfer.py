@@ -65,11 +65,11 @@ class BlobServer:
     def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, max_streams: int = 32) -> None:
         self.transport, self.store, self.bulk = transport, store, bulk
         self._slots = trio.Semaphore(max_streams)
-        self.served_chunks = 0  # chunks sent so far (tests and stats)
+        self.served_chunks = 0  # chunks / bytes sent so far (tests and stats)
+        self.served_bytes = 0
         # Awaited before each `get` batch is served, on streams and bulk connections alike:
         # (peer, chunk indexes) -> None. Tests stall a holder with it; netsim may shape.
         self.before_batch: Callable[[str, list[int]], Awaitable[None]] | None = None
-        self.served_bytes = 0
 
     def install(self) -> None:
         self.transport.set_stream_handler(PROTOCOL, self.handle)
@@ -83,11 +83,11 @@ class BlobServer:
             await stream.reset()
             return
         try:
-            await self._serve(stream, bulk_allowed=self.bulk)
+            await self._serve(stream)
         finally:
             self._slots.release()
 
-    async def _serve(self, stream: Stream, *, bulk_allowed: bool, only_blob: str | None = None) -> None:
+    async def _serve(self, stream: Stream) -> None:
         while True:
             try:
                 with trio.fail_after(IDLE_TIMEOUT):
@@ -102,26 +102,33 @@ class BlobServer:
                 await stream.reset()
                 return
             try:
-                await self._one(stream, req, bulk_allowed, only_blob)
+                await self._one(stream, req)
             except FrameError as e:
                 log.warning("blob request from %s rejected, stream reset: %s", stream.remote_peer, e)
                 await stream.reset()
                 return
+            except BlobError as e:  # our store changed under the request (blob deleted, unreadable)
+                log.warning("blob request from %s failed, stream reset: %s", stream.remote_peer, e)
+                await stream.reset()
+                return
 
-    async def _one(self, stream: Stream, req: dict, bulk_allowed: bool, only_blob: str | None) -> None:
+    async def _one(self, stream: Stream, req: dict) -> None:
         op, blob = req.get("op"), req.get("blob")
         try:
             blob = check_hash(blob)
         except BlobError as e:
             raise FrameError(str(e)) from None
-        if only_blob is not None and blob != only_blob:
-            raise FrameError("bulk connection used for another blob")
         held = await trio.to_thread.run_sync(self.store.has, blob)
         if op == "manifest":
             if not held:
                 await stream.write_frame(pack({"ok": False, "error": "not held"}))
                 return
-            m = await trio.to_thread.run_sync(self.store.manifest, blob)
+            try:
+                m = await trio.to_thread.run_sync(self.store.manifest, blob)
+            except BlobError as e:  # e.g. our copy turned out corrupt: say so, keep serving others
+                log.warning("cannot serve blob %s: %s", blob[:12], e)
+                await stream.write_frame(pack({"ok": False, "error": "unavailable"}))
+                return
             await stream.write_frame(pack({"ok": True}))
             await stream.write_frame(m.to_bytes())
         elif op == "get":
@@ -129,11 +136,11 @@ class BlobServer:
             if self.before_batch is not None:
                 await self.before_batch(stream.remote_peer, idx)
             await self._send_chunks(stream, blob, cs, idx, held)
-        elif op == "bulk" and only_blob is None:
+        elif op == "bulk":
             conns = req.get("conns")
             if type(conns) is not int or not 1 <= conns <= 16:
                 raise FrameError(f"bad conns {conns!r:.20}")
-            if not (held and bulk_allowed and stream.remote_host):
+            if not (held and self.bulk and stream.remote_host):
                 await stream.write_frame(pack({"ok": False, "error": "bulk channel not offered"}))
                 return
             await serve_bulk(self, stream, blob, conns, _bind_host(self.transport), IDLE_TIMEOUT)

@@ -73,7 +73,8 @@ class BlockingFrames:
             raise TransportError(f"bulk connection with {self.peer} broke: {e}") from e
         return got
 
-    def read_frame(self, max_size: int) -> bytearray:
+    def read_frame(self, max_size: int, into: bytearray | None = None) -> bytearray | memoryview:
+        """The next frame: a new bytearray, or a view of `into` (reused, len(into) >= max_size)."""
         head = bytearray(_LEN.size)
         got = self._exact(memoryview(head))
         if got == 0:
@@ -83,10 +84,10 @@ class BlockingFrames:
         (n,) = _LEN.unpack(head)
         if n > max_size:
             raise FrameError(f"frame of {n} bytes from {self.peer} exceeds limit {max_size}")
-        out = bytearray(n)
-        if self._exact(memoryview(out)) < n:
+        out = memoryview(into)[:n] if into is not None else memoryview(bytearray(n))
+        if self._exact(out) < n:
             raise FrameError(f"bulk connection from {self.peer} ended inside a {n}-byte frame")
-        return out
+        return out if into is not None else out.obj
 
     def write_frame(self, data: bytes) -> None:
         self._send(_LEN.pack(len(data)) + data)
@@ -144,10 +145,12 @@ class BulkConn:
     async def request(self, header: bytes) -> None:
         await self._call(self.f.write_frame, header)
 
-    async def chunk(self, i: int, n: int) -> bytearray:
-        def recv() -> bytearray:
+    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytearray | memoryview:
+        """Chunk i (exactly n bytes), received into `buf` when given (no allocation per chunk)."""
+
+        def recv() -> bytearray | memoryview:
             check_chunk_header(unpack(self.f.read_frame(HEADER_MAX)), i, n)
-            return self.f.read_frame(n)  # longer than n: FrameError; shorter: checked below
+            return self.f.read_frame(n, buf)  # longer than n: FrameError; shorter: checked below
 
         data = await self._call(recv)
         if len(data) != n:
