@@ -2,16 +2,18 @@
 
 Roles (no networking here; a driver moves the messages, see :func:`run_festa_inprocess`):
 
-- :class:`FestaClient` holds a task-specific *head* (timm patch embedding + cls token +
-  position embedding) and *tail* (final norm + task head) and its private data;
+- :class:`FestaClient` holds a task-specific *head* (timm patch embedding + position
+  embedding, optionally a cls token) and *tail* (final norm + task head) and its private data;
 - :class:`FestaServer` holds the *body* (timm ``Block`` s) shared by all clients of all tasks.
 
 One training step, as messages (kind: sender -> receiver, tensor)::
 
-    forward   client -> server  x  = head(images)          (b, 1+N, D)
-    body_out  server -> client  y  = body(x)               (b, 1+N, D)
-    grad_out  client -> server  gy = dLoss/dy (tail)       (b, 1+N, D)
-    grad_in   server -> client  gx = dLoss/dx (body)       (b, 1+N, D)   server updates body
+    forward   client -> server  x  = head(images)          (b, T, D)
+    body_out  server -> client  y  = body(x)               (b, T, D)
+    grad_out  client -> server  gy = dLoss/dy (tail)       (b, T, D)
+    grad_in   server -> client  gx = dLoss/dx (body)       (b, T, D)   server updates body
+
+with T = N patch tokens (default, tails average them) or 1+N with ``class_token=True``.
                                                             client updates head + tail
 
 Every ``unifying_rounds`` rounds, clients of the same task upload head+tail
@@ -41,8 +43,16 @@ class FestaServer(BodyServer):
 
     kind = "festa"
     unify_with_head = True
-    tail_pool = "token"
-    has_cls = True
+
+    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, class_token: bool = False,
+                 **kw: Any) -> None:
+        """``class_token``: heads send a cls token first and tails pool it (timm "token");
+        otherwise tails average the patch tokens (timm "avg"), which trains faster here."""
+        self.has_cls, self.tail_pool = class_token, ("token" if class_token else "avg")
+        super().__init__(cfg, tasks, **kw)
+
+    def _ctor_kwargs(self) -> dict[str, Any]:
+        return {"class_token": self.has_cls}
 
     def forward(self, client_id: str, task: str, features: torch.Tensor) -> torch.Tensor:
         """``forward`` message -> ``body_out`` reply."""
@@ -66,17 +76,19 @@ class FestaClient:
 
     def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, *, batch_size: int = 32, lr: float = 1e-3,
-                 weight_decay: float = 0.05, seed: int = 0) -> None:
+                 weight_decay: float = 0.05, class_token: bool = False, seed: int = 0) -> None:
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
         self.client_id, self.cfg, self.task = client_id, cfg, task
         self.images, self.targets = images, targets
-        self.head = build_head(cfg, seed=seed)
-        self.tail = TaskTail(cfg, task, pool="token", seed=seed + 1)
+        self.class_token = class_token
+        self.head = build_head(cfg, seed=seed, class_token=class_token)
+        self.tail = TaskTail(cfg, task, pool="token" if class_token else "avg", seed=seed + 1)
         self.opt = torch.optim.AdamW([*self.head.parameters(), *self.tail.parameters()], lr=lr,
                                      weight_decay=weight_decay)
         self.sampler = BatchSampler(images.shape[0], batch_size, seed=seed + 2)
         self._feats: torch.Tensor | None = None
+        self._batch_idx: torch.Tensor | None = None
         self._batch_targets: torch.Tensor | None = None
 
     @property
@@ -88,8 +100,8 @@ class FestaClient:
         idx = self.sampler.next()
         self.head.train()
         self.opt.zero_grad(set_to_none=True)
-        self._feats = self.head(self.images[idx])  # (b, 1+N, D), graph kept for head_backward
-        self._batch_targets = self.targets[idx]
+        self._feats = self.head(self.images[idx])  # (b, T, D), graph kept for head_backward
+        self._batch_idx, self._batch_targets = idx, self.targets[idx]
         return self._feats.detach()
 
     def tail_step(self, body_out: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -136,8 +148,8 @@ class FestaClient:
 
     def cost_params(self, *, steps_per_round: int, rounds: int, unifying_rounds: int,
                     body_bytes: int) -> CostParams:
-        """The paper's symbols for this client (F = G = one sample's (1+N) x D float32 tokens)."""
-        f = (self.cfg.num_patches + 1) * self.cfg.embed_dim * 4
+        """The paper's symbols for this client (F = G = one sample's (N [+1 cls]) x D float32 tokens)."""
+        f = (self.cfg.num_patches + int(self.class_token)) * self.cfg.embed_dim * 4
         return CostParams(D=self.num_samples, B=steps_per_round * self.sampler.batch_size, R=rounds,
                           n=unifying_rounds, F=f, G=f, Ph=tensor_bytes(self.head.state_dict()),
                           Pb=body_bytes, Pt=tensor_bytes(self.tail.state_dict()))
@@ -169,7 +181,7 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
     clock here) and the others go on. Unification after every round r with r % n == 0."""
     ch = channel or InProcessChannel()
     res = SplitRunResult(counter=ch.counter)
-    vanish = dict(vanish or {})
+    vanish, gone = dict(vanish or {}), set()
     for c in clients:
         server.join(c.client_id, c.task.name)
         res.losses[c.client_id] = []
@@ -182,10 +194,13 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
         round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
         for s in range(steps_per_round):
             for cid in server.live_clients():
+                if cid in gone:
+                    continue
                 c = by_id[cid]
                 m = ch.send(cid, "up", "forward", {"x": c.head_forward()}, {"task": c.task.name, "round": r})
                 y = server.forward(cid, m.meta["task"], m.tensors["x"])
                 if vanish.get(cid) == (r, s):
+                    gone.add(cid)
                     continue  # the client is gone: no gradient will come back
                 m = ch.send(cid, "down", "body_out", {"y": y})
                 g, loss = c.tail_step(m.tensors["y"])
@@ -194,7 +209,7 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
                 c.head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
                 round_loss[cid].append(loss)
         for cid in server.live_clients():
-            if vanish.get(cid, (0, 0))[0] != r:
+            if cid not in gone:
                 server.finish_round(cid)
         server.expire(now=float(r) + 0.5)  # the deadline passed: drop whoever did not finish
         for cid in server.live_clients():

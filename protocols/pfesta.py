@@ -247,7 +247,7 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
     ``vanish={client: (round, step)}``: that client receives its body output and never answers."""
     ch = channel or InProcessChannel()
     res = SplitRunResult(counter=ch.counter, train_kinds=TRAIN_KINDS)
-    vanish = dict(vanish or {})
+    vanish, gone = dict(vanish or {}), set()
     by_id = {c.client_id: c for c in clients}
     for c in clients:
         server.join(c.client_id, c.task.name, c.num_samples)
@@ -258,15 +258,18 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
         round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
         for s in range(steps_per_round):
             for cid in server.live_clients():
+                if cid in gone:
+                    continue
                 idx = server.next_indices(cid)
                 m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
                 if vanish.get(cid) == (r, s):
+                    gone.add(cid)
                     continue  # gone: its gradient never arrives
                 g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
                 server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
                 round_loss[cid].append(loss)
         for cid in server.live_clients():
-            if vanish.get(cid, (0, 0))[0] != r:
+            if cid not in gone:
                 server.finish_round(cid)
         server.expire(now=float(r) + 0.5)
         for cid in server.live_clients():

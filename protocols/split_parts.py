@@ -111,36 +111,49 @@ class TimmStem(nn.Module):
         return self.vit.forward_features(x)
 
 
-def build_head(cfg: ViTSplitConfig, seed: int | None = None) -> TimmStem:
-    """FESTA client head: patch embedding + cls token + position embedding -> (B, 1+N, D)."""
+def _content_friendly_init(stem: TimmStem, cfg: ViTSplitConfig, content_gain: float) -> None:
+    """2-D sin-cos position embedding and an orthogonal patch projection scaled by
+    ``content_gain``. timm's default init (a 0.02-std position embedding, default conv
+    init) is made for long training and leaves patch content ~30x weaker than position at
+    this scale; a frozen embedder could never fix that, a trainable head fixes it slowly."""
+    side = cfg.img_size // cfg.patch_size
+    proj = stem.vit.patch_embed.proj  # Conv2d(C, D, p, p)
+    pos = build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0)  # (1, N, D)
+    with torch.no_grad():
+        stem.vit.pos_embed[:, -pos.shape[1]:].copy_(pos)  # FESTA's cls slot (first) keeps timm's init
+        w = torch.empty(proj.out_channels, proj.in_channels * cfg.patch_size ** 2)
+        nn.init.orthogonal_(w, gain=content_gain)
+        proj.weight.copy_(w.reshape_as(proj.weight))
+        proj.bias.zero_()
+
+
+def build_head(cfg: ViTSplitConfig, seed: int | None = None, *, class_token: bool = False,
+               content_gain: float = 2.0) -> TimmStem:
+    """FESTA client head, trainable: patch embedding + position embedding (+ cls token if
+    ``class_token``) -> (B, N, D) or (B, 1+N, D); initialised like the plain embedder (see
+    :func:`_content_friendly_init`)."""
     ctx = _seeded(seed)
     try:
-        return TimmStem(_vit(cfg, 0, final_norm=False))
+        kw = {} if class_token else {"class_token": False, "no_embed_class": True, "global_pool": "avg"}
+        stem = TimmStem(_vit(cfg, 0, final_norm=False, **kw))
+        _content_friendly_init(stem, cfg, content_gain)
     finally:
         ctx.__exit__(None, None, None)
+    return stem
 
 
 def build_plain_embedder(cfg: ViTSplitConfig, seed: int = 0, content_gain: float = 2.0) -> TimmStem:
     """p-FESTA's shared plain patch embedder (patch embed + pos embed, no cls) -> (B, N, D).
 
     Frozen: ``requires_grad`` is off and it is in eval mode. Same seed -> same weights.
-    The position embedding is timm's fixed 2-D sin-cos table (as in MAE) rather than a
-    random learnable one, and the patch projection is a random orthogonal map scaled by
-    ``content_gain`` (information-preserving when D >= C*p*p). timm's default init (made
-    for *trained* embedders) leaves patch content ~30x weaker than position, which a
-    frozen embedder cannot fix; with these choices content and position have similar scale."""
+    The position embedding is timm's fixed 2-D sin-cos table (as in MAE) and the patch
+    projection a random orthogonal map scaled by ``content_gain`` (information-preserving
+    when D >= C*p*p), so content and position have similar scale."""
     ctx = _seeded(seed)
     try:
         stem = TimmStem(_vit(cfg, 0, final_norm=False, class_token=False, no_embed_class=True,
                              global_pool="avg"))
-        side = cfg.img_size // cfg.patch_size
-        proj = stem.vit.patch_embed.proj  # Conv2d(C, D, p, p)
-        with torch.no_grad():
-            stem.vit.pos_embed.copy_(build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0))
-            w = torch.empty(proj.out_channels, proj.in_channels * cfg.patch_size ** 2)
-            nn.init.orthogonal_(w, gain=content_gain)
-            proj.weight.copy_(w.reshape_as(proj.weight))
-            proj.bias.zero_()
+        _content_friendly_init(stem, cfg, content_gain)
     finally:
         ctx.__exit__(None, None, None)
     stem.requires_grad_(False)
@@ -231,10 +244,11 @@ def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float
 
 
 def part_template(cfg: ViTSplitConfig, task: TaskSpec, *, with_head: bool, pool: str) -> dict[str, torch.Tensor]:
-    """Keys and shapes of what a client of ``task`` shares at a unification ("head."/"tail.")."""
+    """Keys and shapes of what a client of ``task`` shares at a unification ("head."/"tail.").
+    A head has a cls token exactly when the tail pools by token."""
     out = {f"tail.{k}": v for k, v in TaskTail(cfg, task, pool).state_dict().items()}
     if with_head:
-        out.update({f"head.{k}": v for k, v in build_head(cfg).state_dict().items()})
+        out.update({f"head.{k}": v for k, v in build_head(cfg, class_token=pool == "token").state_dict().items()})
     return out
 
 

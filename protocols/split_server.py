@@ -47,6 +47,8 @@ class BodyServer:
 
     def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024) -> None:
+        if self.has_cls != (self.tail_pool == "token"):
+            raise ValueError("a cls token goes with token pooling, and only with it")
         if not tasks or len({t.name for t in tasks}) != len(tasks):
             raise ValueError("a split server needs at least one task, with unique names")
         self.cfg, self.tasks = cfg, {t.name: t for t in tasks}
@@ -202,6 +204,10 @@ class BodyServer:
 
     # --- persistence ----------------------------------------------------------------------
 
+    def _ctor_kwargs(self) -> dict[str, Any]:
+        """Subclass constructor arguments to persist (JSON values)."""
+        return {}
+
     def _extra_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {}, {}
 
@@ -218,7 +224,7 @@ class BodyServer:
         tensors.update(extra_t)
         scalars = {"kind": self.kind, "cfg": self.cfg.to_dict(), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
-                   "max_batch": self.max_batch, "frozen": self.frozen, "version": self.version,
+                   "max_batch": self.max_batch, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
                    "clients": self.clients, "dropped": self.dropped, "events": self.events,
                    "rounds": self.rounds.to_dict(), "opt": opt_meta, "extra": extra_s}
         save_state(directory, tensors, scalars)
@@ -231,7 +237,8 @@ class BodyServer:
             raise SplitStateError(f"{directory} holds a {s.get('kind')!r} server, not {cls.kind!r}")
         try:
             srv = cls(ViTSplitConfig.from_dict(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
-                      lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"])
+                      lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
+                      **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}
             srv.body.load_state_dict(body, strict=True)
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
