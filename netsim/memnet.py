@@ -54,19 +54,37 @@ def inline_threads() -> Iterator[None]:
         trio.to_thread.run_sync = original  # type: ignore[assignment]
 
 
-def _seed_scheduler(seed: int) -> None:
-    """trio reverses each batch of runnable tasks at random; seed that coin (private API,
-    best effort: without it runs are still correct, only possibly less reproducible)."""
-    r = getattr(getattr(trio._core, "_run", None), "_r", None)
+@contextmanager
+def deterministic_scheduling(seed: int) -> Iterator[None]:
+    """Make trio run each batch of runnable tasks in an order fixed by the seed.
+
+    trio normally flips a coin per batch, and tasks woken by equal deadlines (every
+    daemon's 1 s fetch loop) enter a batch in memory-address order. trio's own switch for
+    reproducible runs (`_ALLOW_DETERMINISTIC_SCHEDULING`, used under Hypothesis) sorts
+    each batch by task creation order, then shuffles it with its seeded RNG. Private API,
+    best effort: without it a run is still correct, only its byte counts may vary a little.
+    """
+    run_mod = getattr(trio._core, "_run", None)
+    r = getattr(run_mod, "_r", None)
+    old = getattr(run_mod, "_ALLOW_DETERMINISTIC_SCHEDULING", None)
+    state = r.getstate() if isinstance(r, random.Random) else None
     if isinstance(r, random.Random):
         r.seed(seed)
+        if old is not None:
+            run_mod._ALLOW_DETERMINISTIC_SCHEDULING = True
+    try:
+        yield
+    finally:
+        if state is not None:
+            r.setstate(state)
+            if old is not None:
+                run_mod._ALLOW_DETERMINISTIC_SCHEDULING = old
 
 
 def simulate(fn: Callable[[], Awaitable[T]], *, seed: int = 0) -> T:
     """Run `fn()` in a fresh trio run on simulated time (see the module doc)."""
-    _seed_scheduler(seed)
     clock = trio.testing.MockClock(autojump_threshold=0)
-    with inline_threads():
+    with inline_threads(), deterministic_scheduling(seed):
         return trio.run(fn, clock=clock)
 
 
@@ -139,7 +157,7 @@ class MemCluster:
 
     def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
                  sync_interval: float = 5.0, poll_interval: float = 0.1, max_peers: int = 8,
-                 consortium: Consortium | None = None) -> None:
+                 auto_fetch: bool = True, consortium: Consortium | None = None) -> None:
         self.names = list(names)
         self.seed = seed
         self.net = SimNetwork(network, seed=seed)
@@ -147,6 +165,7 @@ class MemCluster:
         self.sync_interval = sync_interval
         self.poll_interval = poll_interval
         self.max_peers = max_peers
+        self.auto_fetch = auto_fetch
         self.daemons: dict[str, NodeDaemon] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         self._done: dict[str, trio.Event] = {}
@@ -202,7 +221,7 @@ class MemCluster:
     async def _run_node(self, name: str, bootstrap: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
         transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers)
         daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
-                            poll_interval=self.poll_interval)
+                            poll_interval=self.poll_interval, auto_fetch=self.auto_fetch)
         done = trio.Event()
         self._done[name] = done
         self.daemons[name] = daemon
@@ -293,6 +312,26 @@ class MemCluster:
 
     def entry_ids(self, name: str) -> set[bytes]:
         return self._ledger_call(name, lambda led: {e.id for e in led.all_entries()})
+
+    async def fetch(self, name: str, blob: str, manifest: str, sources: list[str], timeout: float) -> str:
+        """Fetch `blob` into `name`'s store over the blob protocol from the live `sources`
+        (e.g. its publisher; any connected holder when none is up): "ok", "held" or why not."""
+        d = self.daemons.get(name)
+        if d is None or not self.alive(name):
+            return "node is down"
+        if d.store.has(blob):
+            return "held"
+        peers = [self.c.peer_ids[s] for s in sources if s != name and self.alive(s)] or d.transport.peers()
+        if not peers:
+            return "no peer to fetch from"
+        try:
+            with trio.fail_after(timeout):
+                await d.blobs.fetch(blob, peers, manifest_hash=manifest)
+        except trio.TooSlowError:
+            return f"timeout after {timeout:g} s"
+        except Exception as exc:  # BlobError, TransportError, ...: the outcome names it
+            return f"{type(exc).__name__}: {exc}"
+        return "ok"
 
     # -- counters ----------------------------------------------------------------------
 

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import trio
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import LabeledImages
 from atdnode.features import extract_features
 from atdnode.home import NodeHome
-from atdnode.model import ModelConfig, build_model, head_keys, load_part
+from atdnode.model import ModelConfig, build_model, load_part
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.training import TrainOptions, train
 from atdnode.weights import load_weights, save_weights
@@ -43,6 +42,7 @@ class Pub:
     node: str
     entry: str  # hex entry id
     blob: str
+    manifest: str  # hash of the blob's chunk manifest, as the signed entry names it
     kind: str  # weights | features
     part: str  # full | extractor | features
     labels: tuple[str, ...]
@@ -94,7 +94,8 @@ class NodeOps:
         t0 = time.perf_counter()
         p = publish_weights(self.home, model=model_id, part=part)
         rec = self.registry.get(model_id)
-        pub = Pub(self.name, p.entry.id.hex(), p.blob, "weights", part, tuple(rec.labels), int(rec.samples))
+        pub = Pub(self.name, p.entry.id.hex(), p.blob, p.entry.body["manifest"], "weights", part, tuple(rec.labels),
+                  int(rec.samples))
         return Step(time.perf_counter() - t0, model_id=model_id, pub=pub)
 
     def aggregate(self, inputs: list[Pub], weighting: str) -> Step:
@@ -157,18 +158,20 @@ class NodeOps:
                 "recipients": sorted(pid for pid, _ in recipients.values()), "labels": list(data.classes),
                 "samples": int(len(y)), "dim": int(X.shape[1]), "model_id": model_id}
         entry = self._append("features", body)
-        pub = Pub(self.name, entry.id.hex(), blob, "features", "features", tuple(data.classes), int(len(y)))
+        pub = Pub(self.name, entry.id.hex(), blob, body["manifest"], "features", "features", tuple(data.classes),
+                  int(len(y)))
         return Step(time.perf_counter() - t0, pub=pub, detail={"X": X, "y": y})
 
     def open_features(self, pub: Pub) -> tuple[np.ndarray, np.ndarray, list[str]]:
         opened = open_sealed(self.store.get_bytes(pub.blob), self.x25519, self.peer_id)
         return opened.features, opened.labels, opened.class_names
 
-    def has(self, pub: Pub) -> bool:
-        if not self.store.has(pub.blob):
-            return False
+    def has_entry(self, pub: Pub) -> bool:
         with Ledger.open(self.home.ledger_db) as led:
             return led.get(bytes.fromhex(pub.entry)) is not None
+
+    def has(self, pub: Pub) -> bool:
+        return self.store.has(pub.blob) and self.has_entry(pub)
 
 
 # ------------------------------------------------------------------ ensembles
@@ -199,9 +202,3 @@ class EnsembleCache:
 def _metrics(m: dict) -> dict:
     return {k: round(float(m[k]), 6) for k in ("accuracy", "f1") if k in m}
 
-
-async def checkpoint() -> None:
-    await trio.lowlevel.checkpoint()
-
-
-__all__ = ["NodeOps", "Pub", "Step", "EnsembleCache", "head_keys"]
