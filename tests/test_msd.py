@@ -1,0 +1,98 @@
+"""Masked sampling distillation: schedule, views, EMA/centring mechanics, one-round traffic,
+and the digits experiment (MSD-initialised fine-tuning vs scratch, same labels and budget)."""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from protocols.comm_cost import tensor_bytes
+from protocols.msd import (MSDConfig, MSDTrainer, cosine_momentum, evaluate_local, fine_tune, run_msd_inprocess,
+                           sample_view)
+from protocols.pfesta import permute_tokens, random_permutations
+from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images
+
+CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CLS = TaskSpec("digit", "classification", 10)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="sharpening"):
+        MSDConfig(teacher_temp=0.1, student_temp=0.1)
+    with pytest.raises(ValueError, match="student_keep <= teacher_keep"):
+        MSDConfig(student_keep=0.9, teacher_keep=0.5)
+    with pytest.raises(ValueError, match="two views"):
+        MSDConfig(teacher_views=1, student_views=0)
+    with pytest.raises(ValueError, match="features must be"):
+        MSDTrainer(CFG, MSDConfig(steps=1)).train(torch.zeros(10, 16, 8))
+
+
+def test_cosine_momentum_schedule():
+    vals = [cosine_momentum(s, 100, 0.95) for s in range(101)]
+    assert vals[0] == pytest.approx(0.95) and vals[-1] == pytest.approx(1.0) and vals[50] == pytest.approx(0.975)
+    assert all(a <= b for a, b in zip(vals, vals[1:]))
+
+
+def test_views_are_token_subsets():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 16, 4, generator=g)
+    v = sample_view(x, 0.3, g)
+    assert v.shape == (3, math.ceil(0.3 * 16), 4)
+    for b in range(3):
+        rows = {tuple(r.tolist()) for r in x[b]}
+        picked = [tuple(r.tolist()) for r in v[b]]
+        assert set(picked) <= rows and len(set(picked)) == len(picked)  # distinct tokens of that image
+
+
+def test_one_step_updates_student_ema_teacher_and_centre():
+    cfg = MSDConfig(steps=1, batch_size=8, momentum_start=0.9)
+    tr = MSDTrainer(CFG, cfg)
+    t0 = copy.deepcopy(tr.teacher)
+    assert not any(p.requires_grad for p in tr.teacher.parameters())
+    res = tr.train(torch.randn(16, 16, 32))
+    m = cosine_momentum(0, 1, 0.9)
+    for pt, p0, ps in zip(tr.teacher.parameters(), t0.parameters(), tr.student.parameters()):
+        assert torch.allclose(pt, m * p0 + (1 - m) * ps, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(tr.student.parameters(), t0.parameters()))
+    assert tr.center.abs().sum() > 0 and len(res.losses) == 1 and math.isfinite(res.losses[0])
+    assert res.body_state.keys() == SplitBody(CFG).state_dict().keys()  # what clients load
+
+
+def test_msd_pretraining_beats_scratch_on_digits():
+    """One round: two clients upload permuted embeddings of 600 unlabelled digits each, the
+    server distils, clients fine-tune from the published body with 50 labels. Against the
+    same fine-tuning from a random body (same labels, seed, steps, lr) it is more accurate.
+
+    Measured while building (4 label draws): MSD 0.56-0.57 vs scratch 0.49 mean accuracy at
+    60 fine-tuning steps. With longer fine-tuning (150-300 steps) scratch catches up and
+    slightly overtakes (about 0.69 vs 0.70): at this scale MSD buys a head start."""
+    torch.set_num_threads(1)
+    x, y = digits_images(16)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
+    emb = build_plain_embedder(CFG, seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        tokens = emb(x[:1200])
+    feats = permute_tokens(tokens, random_permutations(1200, CFG.num_patches, g))
+    result, ch = run_msd_inprocess(CFG, {"h1": feats[:600], "h2": feats[600:]}, MSDConfig(seed=0))
+    # one round of communication: D*F up, Pb down, nothing else
+    pb = tensor_bytes(result.body_state)
+    for cid in ("h1", "h2"):
+        assert set(ch.counter.kinds()) == {"upload", "weights"}
+        assert ch.counter.total(cid, "up", payload=True) == 600 * 16 * 32 * 4
+        assert ch.counter.total(cid, "down", payload=True) == pb
+        assert ch.counter.messages(cid, ["weights"]) == 1
+    assert result.losses[-1] < result.losses[0] and result.losses[-1] < 0.6 * math.log(64)  # not uniform
+    xtest, ytest = x[1300:], y[1300:]
+    msd_acc, scratch_acc = [], []
+    for seed in range(3):
+        lab = torch.randperm(1200, generator=torch.Generator().manual_seed(100 + seed))[:50]
+        for state, out in ((result.body_state, msd_acc), (None, scratch_acc)):
+            body, tail = fine_tune(emb, CFG, CLS, x[lab], y[lab], body_state=state, steps=60, lr=2e-3, seed=seed)
+            out.append(evaluate_local(emb, body, tail, CLS, xtest, ytest)["accuracy"])
+    print("msd", msd_acc, "scratch", scratch_acc)
+    assert sum(msd_acc) / 3 > sum(scratch_acc) / 3 + 0.03
+    assert sum(m > s for m, s in zip(msd_acc, scratch_acc)) >= 2
