@@ -261,7 +261,7 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
             raise
 
     def _parse(self) -> tuple[dict[str, tuple[tuple[int, ...], torch.dtype, int, int]], dict[str, str]]:
-        size = os.fstat(self._f.fileno()).st_size
+        size = self._size = os.fstat(self._f.fileno()).st_size
         bad = lambda why: AggregationError(f"{self.path}: not a valid safetensors file: {why}")  # noqa: E731
         if size < 8:
             raise bad("shorter than 8 bytes")
@@ -322,30 +322,34 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
 
     def iter_chunks(self, keys: Sequence[str], *,
                     chunk_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(key, chunk)`` for ``keys`` in order, each chunk a 1-D tensor of
-        that key's next elements (at most ``chunk_bytes``, default :data:`CHUNK_BYTES`;
-        none for an empty tensor).
+        """Yield ``(key, chunk)`` for ``keys`` in *file order*, each chunk a 1-D
+        tensor of that key's next elements (at most ``chunk_bytes``, default
+        :data:`CHUNK_BYTES`; none for an empty tensor).
 
-        Chunks are read-only views of the file mapped in windows of at most
-        ``WINDOW_BYTES``, so no bytes are copied and at most two windows are
-        resident (RSS) at a time; each window is unmapped once its last chunk
-        is dropped. Use a chunk before asking for the next one. The file must
-        not be truncated while it is read (blobs are immutable).
+        Chunks are views of the file mapped in windows of about
+        ``WINDOW_BYTES`` shared by neighbouring tensors, so no bytes are copied
+        and at most two windows are resident (RSS) at a time; a window is
+        unmapped once its last chunk is dropped. Use a chunk before asking for
+        the next one. The file must not be truncated while it is read (blobs
+        are immutable).
         """
         chunk_bytes = chunk_bytes or CHUNK_BYTES
-        for key in keys:
+        window: tuple[int, int, mmap.mmap] | None = None  # file range [start, end) and its mapping
+        for key in sorted(keys, key=lambda k: self._entries[k][2]):
             _, dtype, offset, nbytes = self._entries[key]
             step = max(1, chunk_bytes // dtype.itemsize)
-            window = max(step, WINDOW_BYTES // dtype.itemsize // step * step)  # whole chunks
+            piece = max(step, WINDOW_BYTES // dtype.itemsize // step * step)  # elements, whole chunks
             numel = nbytes // dtype.itemsize
-            for first in range(0, numel, window):
-                n = min(window, numel - first)
+            for first in range(0, numel, piece):
+                n = min(piece, numel - first)
                 start = offset + first * dtype.itemsize
-                lead = start % mmap.ALLOCATIONGRANULARITY
-                mapped = mmap.mmap(self._f.fileno(), lead + n * dtype.itemsize, offset=start - lead,
-                                   access=mmap.ACCESS_COPY)  # private: writable view, never written
-                data = torch.frombuffer(mapped, dtype=dtype, count=n, offset=lead)  # keeps `mapped` alive
-                del mapped
+                end = start + n * dtype.itemsize
+                if window is None or start < window[0] or end > window[1]:
+                    base = start - start % mmap.ALLOCATIONGRANULARITY
+                    length = min(max(WINDOW_BYTES, end - base), self._size - base)
+                    window = (base, base + length, mmap.mmap(self._f.fileno(), length, offset=base,
+                                                             access=mmap.ACCESS_COPY))  # never written
+                data = torch.frombuffer(window[2], dtype=dtype, count=n, offset=start - window[0])
                 for p in range(0, n, step):
                     yield key, data[p:p + step]
                 del data
