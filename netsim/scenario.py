@@ -10,7 +10,8 @@ the network conditions, the faults, and optionally a gossip workload:
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
     [baselines]  rounds, local_epochs, fedprox_mu
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
-    [network]    latency_ms, bandwidth_mbps, loss, jitter; [[network.links]] a, b, ...
+    [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
+                 [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH")
     [[cohorts]]  name, phase, group, dataset, classes, partition, alpha, fractions,
                  class_sets, train_samples, test_samples, nodes
@@ -95,6 +96,7 @@ class NetworkSpec:
     bandwidth_mbps: float | None = 100.0  # megabits per second; None = unlimited
     loss: float = 0.0  # gossip loss probability
     jitter: float = 0.1  # per-link seeded latency spread (fraction), avoids exact ties
+    namespaces: str = "off"  # process back-end: "auto" = netns + tc netem where the machine allows it
     links: tuple[LinkSpec, ...] = ()
 
 
@@ -489,6 +491,8 @@ def _check_network(c: _Ctx, s: Scenario) -> None:
         _positive(c, "network.bandwidth_mbps", n.bandwidth_mbps)
     if not 0 <= n.loss < 1:
         raise c.fail("network.loss", f"must be in [0, 1), got {n.loss}")
+    if n.namespaces not in ("off", "auto"):
+        raise c.fail("network.namespaces", f"{n.namespaces!r} is not one of off, auto")
     if not 0 <= n.jitter < 1:
         raise c.fail("network.jitter", f"must be in [0, 1), got {n.jitter}")
     nodes = set(s.node_names())

@@ -135,6 +135,8 @@ async def _converge(cluster: Any, rep: GossipReport, published: list[Published],
             await trio.sleep(0.05)
     up = [n for n in cluster.names if cluster.alive(n)]
     expected = _expected(cluster, seqs, heads, up, pid)
+    if hasattr(cluster, "refresh_all"):  # process back-end: read the daemons' byte counters now
+        await cluster.refresh_all()
     total = _count(expected)
     for n in cluster.names:
         h = heads.get(n)

@@ -1,0 +1,317 @@
+"""The process back-end: real `atd node start` daemons as OS processes.
+
+Each node is its own process (py-libp2p, Noise + yamux, GossipSub) listening on
+127.0.0.1 — or, where the machine allows it and the scenario asks for it
+(`[network] namespaces = "auto"`), inside its own network namespace behind a veth pair
+on a private bridge, with `tc netem` shaping latency / rate / loss (see `netns.py`).
+Where namespaces are not available, the report says so and the run goes on without them.
+
+The driver talks to each daemon the way the CLI does: homes made in-process
+(`homes.make_consortium`), entries appended to the node's ledger file (the daemon
+gossips them), state read over the control socket (`atd node status`), blobs fetched
+through the control socket (`atd fetch`). Readiness is a signal — a daemon prints its
+listen address only when ready — and every wait has a deadline.
+
+Faults: kill = SIGKILL, leave = SIGTERM for good, restart = start again on the same home.
+Partitions and slow links need namespaces; without them they are `FaultUnsupported`.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Awaitable, Callable, TypeVar
+
+import trio
+
+from atdnode import control
+from atdnode.errors import DaemonError
+from ledger import Ledger, Signer, peer_id_from_public_key
+from netsim.faults import FaultUnsupported
+from netsim.homes import make_consortium
+from netsim.scenario import NetworkSpec
+
+T = TypeVar("T")
+ATD = [sys.executable, "-m", "cli.app"]
+READY_TIMEOUT = 90.0
+
+
+def run_trio(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run on the real clock (the process back-end's time is wall time)."""
+    return trio.run(fn)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.proc: trio.Process | None = None
+        self.addr: str | None = None
+        self.log = None
+        self.bytes_done = {"sent": 0, "received": 0}  # counters of earlier incarnations
+        self.bytes_now = {"sent": 0, "received": 0}
+
+
+class ProcCluster:
+    """Daemons for `names` as OS processes; the calls of `memnet.MemCluster`."""
+
+    def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
+                 sync_interval: float = 5.0, auto_fetch: bool = True) -> None:
+        self.root = Path(root)
+        self.names = list(names)
+        self.seed = seed
+        self.spec = network
+        self.sync_interval = sync_interval
+        self.auto_fetch = auto_fetch
+        self.c = make_consortium(self.root / "homes", self.names, seed=seed)
+        self.status = {n: "not started" for n in self.names}
+        self.nodes = {n: _Node() for n in self.names}
+        self.notes: list[str] = []
+        self.netns = None
+        if network.namespaces == "auto":
+            from netsim.netns import NetnsLab, netns_available
+
+            ok, why = netns_available()
+            if ok:
+                self.netns = NetnsLab(self.names, seed=seed, network=network)
+                self.notes.append(f"network namespaces + tc netem in use ({self.netns.describe()})")
+            else:
+                self.notes.append(f"network namespaces not available here ({why}); daemons run on 127.0.0.1 "
+                                  "without latency / bandwidth / loss shaping, and partitions / slow links "
+                                  "are reported as unsupported")
+        else:
+            self.notes.append("daemons run on 127.0.0.1 (no namespaces); link conditions are not simulated")
+
+    @property
+    def peer_ids(self) -> dict[str, str]:
+        return self.c.peer_ids
+
+    def running(self):
+        cluster = self
+
+        class _Run:
+            async def __aenter__(self) -> "ProcCluster":
+                if cluster.netns is not None:
+                    await trio.to_thread.run_sync(cluster.netns.setup)
+                return cluster
+
+            async def __aexit__(self, *exc: object) -> None:
+                with trio.CancelScope(shield=True):
+                    for n in cluster.names:
+                        if cluster.alive(n):
+                            await cluster.stop(n, status=cluster.status[n] if cluster.status[n] != "running"
+                                               else "running at the end")
+                    if cluster.netns is not None:
+                        await trio.to_thread.run_sync(cluster.netns.teardown)
+
+        return _Run()
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def alive(self, name: str) -> bool:
+        p = self.nodes[name].proc
+        return self.status.get(name) == "running" and p is not None and p.returncode is None
+
+    def _listen(self, name: str) -> str:
+        ip = self.netns.ip(name) if self.netns is not None else "127.0.0.1"
+        return f"/ip4/{ip}/tcp/0"
+
+    async def start(self, name: str, bootstrap: list[str] = ()) -> None:
+        """Start `name`'s daemon; returns once it printed its address (deadline)."""
+        if self.alive(name):
+            return
+        node = self.nodes[name]
+        home = self.c.homes[name]
+        args = [*ATD, "node", "start", "--home", str(home.root), "--listen", self._listen(name),
+                "--sync-interval", str(self.sync_interval)]
+        if not self.auto_fetch:
+            args.append("--no-auto-fetch")
+        for b in bootstrap:
+            if self.nodes[b].addr:
+                args += ["--bootstrap", self.nodes[b].addr]
+        if self.netns is not None:
+            args = self.netns.wrap(name, args)
+        node.log = open(home.root / "netsim-daemon.log", "ab")
+        node.proc = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE, stderr=node.log, env=_env())
+        line = b""
+        with trio.move_on_after(READY_TIMEOUT):
+            while not line.endswith(b"\n"):
+                chunk = await node.proc.stdout.receive_some(4096)
+                if not chunk:
+                    break
+                line += chunk
+        if not line.endswith(b"\n"):
+            node.proc.kill()
+            self.status[name] = "failed to start"
+            raise DaemonError(f"{name}: daemon printed no address within {READY_TIMEOUT:g} s "
+                              f"(see {home.root / 'netsim-daemon.log'})")
+        node.addr = line.decode().splitlines()[0].strip()
+        node.bytes_now = {"sent": 0, "received": 0}
+        self.status[name] = "running"
+
+    async def _wait_exit(self, name: str, timeout: float) -> bool:
+        p = self.nodes[name].proc
+        with trio.move_on_after(timeout):
+            await p.wait()
+            return True
+        return False
+
+    def _retire(self, name: str) -> None:
+        node = self.nodes[name]
+        for k in ("sent", "received"):
+            node.bytes_done[k] += node.bytes_now[k]
+        node.bytes_now = {"sent": 0, "received": 0}
+        if node.log is not None:
+            node.log.close()
+            node.log = None
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL: the process dies at once."""
+        await self._refresh_bytes(name)
+        p = self.nodes[name].proc
+        if p is not None and p.returncode is None:
+            p.kill()
+            await self._wait_exit(name, 30)
+        self._retire(name)
+        self.status[name] = "killed"
+
+    async def stop(self, name: str, *, status: str = "stopped") -> None:
+        """SIGTERM and wait for the clean shutdown (SIGKILL after 30 s)."""
+        await self._refresh_bytes(name)
+        p = self.nodes[name].proc
+        if p is not None and p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+            if not await self._wait_exit(name, 30):
+                p.kill()
+                await self._wait_exit(name, 10)
+                self.notes.append(f"{name} ignored SIGTERM for 30 s and was killed")
+        self._retire(name)
+        self.status[name] = status
+
+    async def restart(self, name: str, bootstrap: list[str] = ()) -> None:
+        if self.alive(name):
+            await self.kill(name)
+        await self.start(name, list(bootstrap))
+
+    # -- network faults ----------------------------------------------------------------
+
+    def _need_netns(self, what: str):
+        if self.netns is None:
+            raise FaultUnsupported(f"{what} needs network namespaces, not available for this run "
+                                   "(root + `ip netns` + `tc` and [network] namespaces = \"auto\")")
+        return self.netns
+
+    def partition(self, groups: list[list[str]]) -> None:
+        self._need_netns("a partition").partition(groups)
+
+    def heal(self) -> None:
+        self._need_netns("heal").heal()
+
+    def set_link(self, a: str, b: str, *, latency_ms: float | None = None, bandwidth_mbps: float | None = None,
+                 loss: float | None = None) -> None:
+        self._need_netns("a slow link").set_link(a, b, latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps,
+                                                 loss=loss)
+
+    # -- ledger and daemon state ---------------------------------------------------------
+
+    async def _status(self, name: str) -> dict | None:
+        if not self.alive(name):
+            return None
+        sock = self.c.homes[name].control_socket
+        try:
+            return await trio.to_thread.run_sync(lambda: control.call(sock, "status", timeout=30))
+        except DaemonError:
+            return None
+
+    async def _refresh_bytes(self, name: str) -> None:
+        st = await self._status(name)
+        if st is not None:
+            self.nodes[name].bytes_now = {k: int(st["bytes"].get(k, 0)) for k in ("sent", "received")}
+
+    async def append(self, name: str, kind: str, body: dict) -> int:
+        """Append to the node's ledger file, as a CLI command does; the daemon gossips it."""
+        signer = Signer.from_seed(self.c.seeds[name])
+        path = self.c.homes[name].ledger_db
+
+        def go() -> int:
+            with Ledger.open(path) as led:
+                return led.append(signer, kind, body).seq
+
+        return await trio.to_thread.run_sync(go)
+
+    async def heads(self, name: str) -> dict[str, int]:
+        st = await self._status(name)
+        if st is not None:
+            return {k: int(v) for k, v in st["ledger"]["heads"].items()}
+        path = self.c.homes[name].ledger_db
+
+        def read() -> dict[str, int]:
+            with Ledger.open(path) as led:
+                return {peer_id_from_public_key(a): s for a, s in led.heads().items()}
+
+        return await trio.to_thread.run_sync(read)
+
+    def peers(self, name: str) -> list[str]:
+        """Connected peers (blocking control call: for use between steps)."""
+        if not self.alive(name):
+            return []
+        try:
+            return control.call(self.c.homes[name].control_socket, "peers", timeout=10)["peers"]
+        except DaemonError:
+            return []
+
+    async def apeers(self, name: str) -> list[str]:
+        return await trio.to_thread.run_sync(self.peers, name)
+
+    async def fetch(self, name: str, blob: str, manifest: str, sources: list[str], timeout: float) -> str:
+        """`atd fetch`: ask the node's daemon to fetch `blob` from its peers."""
+        if not self.alive(name):
+            return "node is down"
+        sock = self.c.homes[name].control_socket
+        try:
+            await trio.to_thread.run_sync(lambda: control.call(sock, "fetch", blob=blob, timeout_s=timeout,
+                                                               timeout=timeout + 30))
+        except DaemonError as exc:
+            return str(exc)
+        return "ok"
+
+    def node_bytes(self, name: str) -> dict[str, int]:
+        """Application bytes (gossip + libp2p stream frames) the node's daemon counted, over
+        all its incarnations; with namespaces, the node's interface counters instead."""
+        if self.netns is not None:
+            return self.netns.counters(name)
+        n = self.nodes[name]
+        return {k: n.bytes_done[k] + n.bytes_now[k] for k in ("sent", "received")}
+
+    link_bytes = node_bytes
+
+    async def refresh_all(self) -> None:
+        for n in self.names:
+            await self._refresh_bytes(n)
+
+
+def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None) -> tuple[list, list[dict], list[str]]:
+    """VGS-ATD with every node a real daemon process; the protocol steps run in this
+    process against the node homes (the library calls behind the CLI commands), the bytes
+    move between the daemons. Returns (phase results, fault outcomes, notes)."""
+    from netsim.vgs import VgsRunner
+
+    t = scn.topology
+    cluster = ProcCluster(work / "procs", list(data.nodes), seed=scn.seed, network=scn.network,
+                          sync_interval=t.sync_interval_s, auto_fetch=False)
+    runner = VgsRunner(scn, data, cluster, work, log=progress, real_clock=True)
+    phases = run_trio(runner.run)
+    notes = cluster.notes + ["process back-end: bytes are what each daemon's transport counted (gossip and "
+                             "libp2p stream frames); blob bytes sent over the daemons' bulk TCP channel "
+                             "are not in those counters" if cluster.netns is None else
+                             "process back-end: bytes are each node's interface counters (wire bytes)"]
+    return phases, runner.fault_log, notes
