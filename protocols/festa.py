@@ -215,7 +215,7 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
         for cid in server.live_clients():
             res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
         if r % unifying_rounds == 0:
-            _unify(server, by_id, ch)
+            unify_clients(server, by_id, ch)
     body_bytes = tensor_bytes(server.body.state_dict())
     for cid in server.live_clients():
         c = by_id[cid]
@@ -230,7 +230,7 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
     return res
 
 
-def _unify(server: BodyServer, by_id: Mapping[str, Any], ch: InProcessChannel) -> None:
+def unify_clients(server: BodyServer, by_id: Mapping[str, Any], ch: InProcessChannel) -> None:
     """Upload every live client's shared parts, average per task, download the average."""
     for cid in server.live_clients():
         m = ch.send(cid, "up", "state_up", by_id[cid].part_state(), {"samples": by_id[cid].num_samples})

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
-from protocols.festa import SplitRunResult, _unify
+from protocols.festa import SplitRunResult, unify_clients
 from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, ViTSplitConfig, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
@@ -110,7 +110,7 @@ class PFestaServer(BodyServer):
         self.store = FeatureStore(self.token_shape, self.max_batch)
         self._samplers: dict[str, BatchSampler] = {}
 
-    def join(self, client_id: str, task: str, num_samples: int = 1) -> None:  # type: ignore[override]
+    def join(self, client_id: str, task: str, num_samples: int) -> None:  # type: ignore[override]
         """Admit a client that will upload ``num_samples`` embeddings (kept across re-joins)."""
         super().join(client_id, task)
         self.store.open(client_id, num_samples)
@@ -275,7 +275,7 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
         for cid in server.live_clients():
             res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
         if r % unifying_rounds == 0:
-            _unify(server, by_id, ch)
+            unify_clients(server, by_id, ch)
     body_bytes = tensor_bytes(server.body.state_dict())
     for cid in server.live_clients():
         c = by_id[cid]
