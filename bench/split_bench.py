@@ -1,0 +1,90 @@
+"""Benchmark: split-learning wire costs (pure, in-process; no network).
+
+* ``codec`` -- tensor-frame encode + strict decode of one ViT-B/16 feature batch
+  (``--batch`` x 197 x 768 float32) against the baseline of a bare copy out and back
+  (``tobytes`` + ``frombuffer().copy()``): ratio = frame throughput / copy throughput.
+* ``comm``  -- FESTA and p-FESTA on the same tiny digits setting (2 clients, 2 tasks):
+  measured wire bytes per client vs the paper's formulas, and p-FESTA / FESTA.
+
+    python bench/split_bench.py            # ~1 min on a small CPU
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from protocols import festa, pfesta
+from protocols.comm_cost import compare
+from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.tensor_frames import decode_frame, encode_frame
+
+
+def _best(fn, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_codec(batch: int, rounds: int) -> dict:
+    x = torch.randn(batch, 197, 768)
+    nbytes = x.numel() * 4
+    t_frame = _best(lambda: decode_frame(encode_frame({"x": x}, {"kind": "forward"})), rounds)
+    t_copy = _best(lambda: torch.from_numpy(np.frombuffer(x.numpy().tobytes(), dtype=np.float32).copy()), rounds)
+    return {"bytes": nbytes, "frame_MBps": nbytes / t_frame / 1e6, "copy_MBps": nbytes / t_copy / 1e6,
+            "ratio_frame_vs_copy": t_copy / t_frame}
+
+
+def bench_comm(rounds: int, steps: int, n: int) -> dict:
+    torch.set_num_threads(1)
+    cfg = ViTSplitConfig()
+    tasks = [TaskSpec("digit", "classification", 10), TaskSpec("ink", "segmentation", 1, 0.5)]
+    x, y = digits_images(16)
+    data = {cid: (t, x[lo:lo + 300], digits_targets(t, x[lo:lo + 300], y[lo:lo + 300], 4))
+            for cid, t, lo in (("a", tasks[0], 0), ("c", tasks[1], 300))}
+    test = {cid: (x[1400:], digits_targets(t, x[1400:], y[1400:], 4)) for cid, (t, _, _) in data.items()}
+    setting = dict(rounds=rounds, steps_per_round=steps, unifying_rounds=n, test_data=test)
+    t0 = time.perf_counter()
+    f = festa.run_festa_inprocess(festa.FestaServer(cfg, tasks, lr=3e-3),
+                                  [festa.FestaClient(c, cfg, t, xs, ys, seed=i)
+                                   for i, (c, (t, xs, ys)) in enumerate(data.items())], **setting)
+    t_f = time.perf_counter() - t0
+    emb = build_plain_embedder(cfg)
+    t0 = time.perf_counter()
+    p = pfesta.run_pfesta_inprocess(pfesta.PFestaServer(cfg, tasks, lr=3e-3),
+                                    [pfesta.PFestaClient(c, cfg, t, xs, ys, emb, seed=i)
+                                     for i, (c, (t, xs, ys)) in enumerate(data.items())], **setting)
+    t_p = time.perf_counter() - t0
+    out = {"setting": {"samples_per_client": 300, "batch": 32, **{k: v for k, v in setting.items() if k != "test_data"}}}
+    for name, res, kinds, secs in (("festa", f, festa.TRAIN_KINDS, t_f), ("pfesta", p, pfesta.TRAIN_KINDS, t_p)):
+        rows = compare(res.counter, res.params, name, kinds)
+        out[name] = {"seconds": round(secs, 2), "metrics": res.metrics,
+                     "clients": {r["client"]: {"measured_wire": r["measured_wire"], "formula": r["formula"],
+                                               "rel_error": round(r["rel_error"], 5), "T_FL": r["formulas"]["fl"],
+                                               "T_SL": r["formulas"]["sl"]} for r in rows}}
+    out["ratio_pfesta_vs_festa_measured"] = (sum(v["measured_wire"] for v in out["pfesta"]["clients"].values())
+                                             / sum(v["measured_wire"] for v in out["festa"]["clients"].values()))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5, help="timing repetitions for the codec")
+    ap.add_argument("--train-rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--unify", type=int, default=2)
+    a = ap.parse_args()
+    print(json.dumps({"codec": bench_codec(a.batch, a.rounds),
+                      "comm": bench_comm(a.train_rounds, a.steps, a.unify)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
