@@ -58,6 +58,7 @@ class _Node:
         self.addr: str | None = None
         self.log = None
         self.bytes_done = {"sent": 0, "received": 0}  # counters of earlier incarnations
+        self.blob_bytes = {"sent": 0, "received": 0}  # payload of blobs fetched via `fetch`
         self.bytes_now = {"sent": 0, "received": 0}
 
 
@@ -278,10 +279,14 @@ class ProcCluster:
             return "node is down"
         sock = self.c.homes[name].control_socket
         try:
-            await trio.to_thread.run_sync(lambda: control.call(sock, "fetch", blob=blob, timeout_s=timeout,
-                                                               timeout=timeout + 30))
+            rep = await trio.to_thread.run_sync(lambda: control.call(sock, "fetch", blob=blob, timeout_s=timeout,
+                                                                     timeout=timeout + 30))
         except DaemonError as exc:
             return str(exc)
+        if self.netns is None and sources:  # the bulk channel is outside the transport's counters
+            size = int(rep.get("size", 0))
+            self.nodes[name].blob_bytes["received"] += size
+            self.nodes[sources[0]].blob_bytes["sent"] += size
         return "ok"
 
     def node_bytes(self, name: str) -> dict[str, int]:
@@ -290,7 +295,7 @@ class ProcCluster:
         if self.netns is not None:
             return self.netns.counters(name)
         n = self.nodes[name]
-        return {k: n.bytes_done[k] + n.bytes_now[k] for k in ("sent", "received")}
+        return {k: n.bytes_done[k] + n.bytes_now[k] + n.blob_bytes[k] for k in ("sent", "received")}
 
     link_bytes = node_bytes
 
@@ -311,7 +316,8 @@ def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None) -> tuple
     runner = VgsRunner(scn, data, cluster, work, log=progress, real_clock=True)
     phases = run_trio(runner.run)
     notes = cluster.notes + ["process back-end: bytes are what each daemon's transport counted (gossip and "
-                             "libp2p stream frames); blob bytes sent over the daemons' bulk TCP channel "
-                             "are not in those counters" if cluster.netns is None else
+                             "libp2p stream frames) plus the payload of each blob a node fetched, counted as "
+                             "received by it and sent by its publisher (the daemons' bulk TCP channel is "
+                             "outside the transport's counters)" if cluster.netns is None else
                              "process back-end: bytes are each node's interface counters (wire bytes)"]
     return phases, runner.fault_log, notes

@@ -1,0 +1,116 @@
+"""Each fault on the in-memory back-end: real daemons on a simulated network (fast: the
+clock is simulated), plus the gossip-only peers used for 1,000-node runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from netsim.report import strip_timing
+from netsim.run import run_gossip_scenario
+from netsim.scenario import scenario_from_dict
+
+
+def scenario(nodes: int = 4, entries: int = 24, faults: list | None = None, **topo) -> object:
+    return scenario_from_dict({
+        "scenario": {"name": "faults", "seed": 11},
+        "network": {"latency_ms": 20, "bandwidth_mbps": 50},
+        "topology": {"nodes": nodes, "degree": 2, "sync_interval_s": 2, "poll_interval_s": 0.1, **topo},
+        "workload": {"entries": entries, "entry_bytes": 200, "interval_s": 0.05, "deadline_s": 60},
+        "faults": faults or [],
+    })
+
+
+def run(tmp_path: Path, **kw) -> dict:
+    return run_gossip_scenario(scenario(**kw), tmp_path)
+
+
+def fault(rep: dict, kind: str) -> dict:
+    (f,) = [f for f in rep["faults"] if f["kind"] == kind]
+    return f
+
+
+def test_no_fault_every_node_gets_every_entry(tmp_path: Path) -> None:
+    rep = run(tmp_path)
+    assert rep["converged"] and rep["entries"] == 24
+    assert all(n["complete"] and n["held"] == 24 for n in rep["nodes"].values())
+    assert all(n["bytes"]["received"] > 24 * 200 for n in rep["nodes"].values())
+
+
+def test_kill_without_restart(tmp_path: Path) -> None:
+    rep = run(tmp_path, faults=[{"kind": "kill", "node": "n3", "at_s": 0.2}])
+    assert fault(rep, "kill")["status"] == "done"
+    n3 = rep["nodes"]["n3"]
+    assert n3["status"] == "killed" and not n3["complete"] and n3["missing"] > 0
+    assert rep["converged"]  # the live nodes hold everything that got out
+    live = [v for k, v in rep["nodes"].items() if k != "n3"]
+    assert all(v["complete"] for v in live)
+
+
+def test_kill_then_restart_catches_up(tmp_path: Path) -> None:
+    rep = run(tmp_path, faults=[{"kind": "kill", "node": "n2", "at_s": 0.2},
+                                {"kind": "restart", "node": "n2", "at_s": 1.5}])
+    assert [f["status"] for f in rep["faults"]] == ["done", "done"]
+    assert rep["converged"] and rep["nodes"]["n2"]["complete"] and rep["nodes"]["n2"]["status"] == "running"
+    # its entries appended while it was down (as a CLI would) went out after the restart
+    assert rep["entries"] == 24 and all(v["held"] == 24 for v in rep["nodes"].values())
+    assert rep["nodes"]["n2"]["complete_at_s"] >= 1.5
+
+
+def test_partition_then_heal(tmp_path: Path) -> None:
+    rep = run(tmp_path, faults=[{"kind": "partition", "groups": [["n0", "n1"], ["n2", "n3"]], "at_s": 0.0},
+                                {"kind": "heal", "at_s": 3.0}])
+    assert [f["status"] for f in rep["faults"]] == ["done", "done"]
+    assert rep["converged"]
+    # nothing can cross the cut before the heal
+    assert rep["time_to_converge_s"] >= 3.0
+    assert all(v["complete"] for v in rep["nodes"].values())
+
+
+def test_partition_without_heal_is_reported(tmp_path: Path) -> None:
+    s = scenario(faults=[{"kind": "partition", "groups": [["n0", "n1"], ["n2", "n3"]], "at_s": 0.0}])
+    s = s.replace(workload=s.workload.__class__(entries=8, entry_bytes=100, interval_s=0.05, deadline_s=5.0))
+    rep = run_gossip_scenario(s, tmp_path)
+    assert not rep["converged"] and any("deadline" in n for n in rep["notes"])
+    assert any(not v["complete"] for v in rep["nodes"].values())
+
+
+def test_slow_link_delays_delivery(tmp_path: Path) -> None:
+    fast = run(tmp_path / "fast", nodes=2, entries=4)
+    slow = run(tmp_path / "slow", nodes=2, entries=4,
+               faults=[{"kind": "slow_link", "a": "n0", "b": "n1", "latency_ms": 1500, "at_s": 0.0}])
+    assert fault(slow, "slow_link")["status"] == "done" and slow["converged"]
+    assert slow["time_to_converge_s"] >= fast["time_to_converge_s"] + 1.4
+
+
+def test_late_joiner_catches_up_by_sync(tmp_path: Path) -> None:
+    rep = run(tmp_path, faults=[{"kind": "late_join", "node": "n3", "at_s": 2.0}])
+    assert fault(rep, "late_join")["status"] == "done"
+    n3 = rep["nodes"]["n3"]
+    assert n3["status"] == "running" and n3["complete"] and n3["complete_at_s"] >= 2.0
+    assert rep["converged"]
+
+
+def test_leave_for_good(tmp_path: Path) -> None:
+    rep = run(tmp_path, faults=[{"kind": "leave", "node": "n1", "at_s": 0.4}])
+    assert fault(rep, "leave")["status"] == "done"
+    assert rep["nodes"]["n1"]["status"] == "left"
+    assert rep["converged"] and all(v["complete"] for k, v in rep["nodes"].items() if k != "n1")
+    # what n1 published before leaving reached the others
+    assert rep["nodes"]["n0"]["held"] == rep["nodes"]["n0"]["expected"] > 0
+
+
+def test_same_seed_same_report(tmp_path: Path) -> None:
+    faults = [{"kind": "kill", "node": "n1", "at_s": 0.3}, {"kind": "restart", "node": "n1", "at_s": 1.0}]
+    a = run(tmp_path / "a", faults=faults)
+    b = run(tmp_path / "b", faults=faults)
+    assert strip_timing(a) == strip_timing(b)
+    assert a["time_to_converge_s"] == b["time_to_converge_s"]  # simulated time is reproducible too
+
+
+@pytest.mark.parametrize("faults", [[], [{"kind": "kill", "node": "n5", "at_s": 0.1},
+                                         {"kind": "restart", "node": "n5", "at_s": 0.8}]])
+def test_lite_peers(tmp_path: Path, faults: list) -> None:
+    rep = run(tmp_path, nodes=40, entries=20, peers="lite", faults=faults)
+    assert rep["peers"] == "lite" and rep["converged"]
+    assert all(v["complete"] for v in rep["nodes"].values())

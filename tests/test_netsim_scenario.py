@@ -1,0 +1,121 @@
+"""netsim scenario files and partitions: validation errors name the key; partitions are
+deterministic, disjoint and shaped as asked."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from netsim.partition import label_skew, partition_cohort, quantity_skew
+from netsim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenario
+
+BASE = {"scenario": {"name": "t"}, "datasets": [{"name": "digits", "spec": "digits"}],
+        "cohorts": [{"name": "a", "nodes": ["h1", "h2"], "dataset": "digits"}]}
+
+
+def with_(**sections) -> dict:
+    raw = {k: (dict(v) if isinstance(v, dict) else list(v)) for k, v in BASE.items()}
+    for k, v in sections.items():
+        raw[k] = v
+    return raw
+
+
+def test_shipped_scenarios_load() -> None:
+    for name in ("three_phase", "demo"):
+        s = load_scenario(shipped_scenario(name))
+        assert s.learning and s.phase_numbers() == [1, 2, 3]
+        assert [s.phase(p).mode for p in (1, 2, 3)] == ["horizontal", "vertical", "hierarchical"]
+
+
+@pytest.mark.parametrize("raw, where", [
+    (with_(scenario={"name": "t", "backend": "cloud"}), "scenario.backend"),
+    (with_(scenario={"name": "t", "methods": ["fedsgd"]}), "scenario.methods"),
+    (with_(scenario={"seed": 1}), "missing required key name"),
+    (with_(model={"img_size": 10, "patch_size": 4}), "model.patch_size"),
+    (with_(model={"depth": "two"}), "model.depth"),
+    (with_(train={"freeze_blocks": 9}), "train.freeze_blocks"),
+    (with_(network={"loss": 1.5}), "network.loss"),
+    (with_(cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "mnist"}]), "cohorts[0].dataset"),
+    (with_(cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "digits", "partition": "dirichlet"}]),
+     "cohorts[0].partition"),
+    (with_(cohorts=[{"name": "a", "nodes": ["h1", "h1"], "dataset": "digits"}]), "used twice"),
+    (with_(cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "digits", "phase": 2}]), "phases must be 1, 2"),
+    (with_(cohorts=[{"name": "a", "nodes": ["h1", "h2"], "dataset": "digits", "partition": "disjoint",
+                     "class_sets": [["1"], ["1"]]}]), "disjoint"),
+    (with_(faults=[{"kind": "kill", "at_s": 1}]), "needs node"),
+    (with_(faults=[{"kind": "kill", "node": "zz", "at_s": 1}]), "unknown node"),
+    (with_(faults=[{"kind": "kill", "node": "h1"}]), "exactly one of at_s"),
+    (with_(faults=[{"kind": "partition", "groups": [["h1"]], "at_s": 0}]), "at least two groups"),
+    (with_(faults=[{"kind": "slow_link", "a": "h1", "b": "h2", "at_s": 0}]), "needs latency_ms"),
+    (with_(faults=[{"kind": "meteor", "at_s": 0}]), "faults[0].kind"),
+    (with_(workload={"entries": 0}), "workload.entries"),
+    (with_(bogus={}), "unknown section"),
+    (with_(train={"epochz": 3}), "unknown key(s) epochz"),
+])
+def test_bad_scenarios_name_the_key(raw: dict, where: str) -> None:
+    with pytest.raises(ScenarioError, match=None) as err:
+        scenario_from_dict(raw, source="x.toml")
+    assert where in str(err.value) and str(err.value).startswith("x.toml")
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no such scenario"):
+        load_scenario(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[scenario\nname=")
+    with pytest.raises(ScenarioError, match="not valid TOML"):
+        load_scenario(bad)
+
+
+def test_relative_npz_paths_resolve_against_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text('[scenario]\nname="t"\n[[datasets]]\nname="m"\nspec="npz:data/x.npz?limit=5"\n'
+                 '[[cohorts]]\nname="a"\nnodes=["h1"]\ndataset="m"\n')
+    s = load_scenario(f)
+    assert s.datasets[0].spec == f"npz:{tmp_path / 'data' / 'x.npz'}?limit=5"
+
+
+LABELS = np.repeat(np.arange(10), 50)
+NAMES = [str(i) for i in range(10)]
+
+
+@pytest.mark.parametrize("scheme", ["iid", "label_skew", "quantity_skew", "disjoint"])
+def test_partitions_are_deterministic_and_disjoint(scheme: str) -> None:
+    kw = dict(nodes=("a", "b", "c"), train_labels=LABELS, test_labels=LABELS, names=NAMES, scheme=scheme,
+              seed=7, salt="c", alpha=0.5)
+    one, two = partition_cohort(**kw), partition_cohort(**kw)
+    assert all(np.array_equal(x.train, y.train) for x, y in zip(one, two))
+    seen = np.concatenate([s.train for s in one])
+    assert len(seen) == len(set(seen.tolist())) == len(LABELS)  # disjoint and complete
+    other = partition_cohort(**{**kw, "seed": 8})
+    if scheme != "disjoint":
+        assert any(not np.array_equal(x.train, y.train) for x, y in zip(one, other))
+    if scheme == "disjoint":
+        sets = [set(LABELS[s.train].tolist()) for s in one]
+        assert not (sets[0] & sets[1]) and not (sets[1] & sets[2])
+
+
+def test_skews_have_the_asked_shape() -> None:
+    rng = np.random.default_rng(0)
+    idx = np.arange(len(LABELS))
+    parts = label_skew(idx, LABELS, 4, rng, alpha=0.1)
+    # strong skew: most nodes are dominated by few classes
+    top = [np.bincount(LABELS[p], minlength=10).max() / len(p) for p in parts]
+    assert np.mean(top) > 0.3
+    sizes = [len(p) for p in quantity_skew(idx, 3, rng, fractions=(0.6, 0.3, 0.1), min_per_node=0)]
+    assert sizes == [300, 150, 50]
+
+
+def test_cohorts_sharing_a_dataset_get_disjoint_samples() -> None:
+    from netsim.nodedata import load_scenario_data
+
+    raw = with_(model={"img_size": 8, "patch_size": 4},
+                cohorts=[{"name": "a", "nodes": ["h1", "h2"], "dataset": "digits", "classes": ["0", "1"]},
+                         {"name": "b", "phase": 2, "nodes": ["h3"], "dataset": "digits", "classes": ["1", "2"]}])
+    data = load_scenario_data(scenario_from_dict(raw))
+    assert data.nodes["h3"].classes == ["1", "2"] and data.nodes["h1"].classes == ["0", "1"]
+    a = {tuple(x.flatten().tolist()) for n in ("h1", "h2") for x in data.nodes[n].train.images}
+    b = {tuple(x.flatten().tolist()) for x in data.nodes["h3"].train.images}
+    assert len(a & b) <= 2  # the digits set has a few exact duplicate images, nothing more
+    assert data.classes_at(1) == ["0", "1"] and data.classes_at(2) == ["0", "1", "2"]
