@@ -30,6 +30,8 @@ compute (steps of different nodes in one stage run in parallel on real hardware)
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,8 +75,11 @@ class VgsRunner:
         self.scn, self.data, self.cluster, self.log = scn, data, cluster, log
         self.real_clock = real_clock
         self.ops: dict[str, NodeOps] = {}
+        # The data spec (a path) enters weight-set metadata, so its length changes blob sizes:
+        # a fixed-length temp directory keeps runs of one scenario byte-for-byte comparable.
+        self.data_dir = Path(tempfile.mkdtemp(prefix="atd-netsim-data-"))
         for name, nd in data.nodes.items():
-            spec = f"npz:{write_node_npz(nd, workdir / 'data' / f'{name}.npz')}"
+            spec = f"npz:{write_node_npz(nd, self.data_dir / f'{name}.npz')}"
             self.ops[name] = NodeOps(name, cluster.c.homes[name], seed=scn.seed, spec=spec,
                                      cfg=model_config(scn.model, len(nd.classes)))
         self.state = {n: NodeState() for n in data.nodes}
@@ -90,9 +95,12 @@ class VgsRunner:
 
     async def run(self) -> list[PhaseResult]:
         out = []
-        async with self.cluster.running():
-            for p in sorted({d.phase for d in self.data.nodes.values()}):
-                out.append(await self._phase(p))
+        try:
+            async with self.cluster.running():
+                for p in sorted({d.phase for d in self.data.nodes.values()}):
+                    out.append(await self._phase(p))
+        finally:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
         return out
 
     async def _phase(self, p: int) -> PhaseResult:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from sklearn.exceptions import ConvergenceWarning
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import LabeledImages
@@ -194,7 +196,9 @@ class EnsembleCache:
         key = h.hexdigest()
         if key not in self._cache:
             t0 = time.perf_counter()
-            ens, names = fit_vertical_ensemble(parts, classes=classes, **self.params)
+            with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                ens, names = fit_vertical_ensemble(parts, classes=classes, **self.params)
             self._cache[key] = (ens, names, time.perf_counter() - t0)
         return self._cache[key]
 

@@ -1,0 +1,148 @@
+"""The VGS-ATD three-phase runner and the baselines on a tiny scenario (in-memory back-end:
+real daemons, real training, simulated network)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from netsim.baselines import BASELINES, SERVER, run_baseline
+from netsim.nodedata import load_scenario_data
+from netsim.report import strip_timing, write_report
+from netsim.run import run_scenario, run_vgs_memory
+from netsim.scenario import scenario_from_dict
+
+torch.set_num_threads(1)
+
+TINY = {
+    "scenario": {"name": "tiny", "seed": 1, "methods": ["vgs-atd"], "step_deadline_s": 30},
+    "model": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
+    "train": {"epochs": 1, "lr": 3e-3, "freeze_blocks": 0},
+    "baselines": {"rounds": 2},
+    "ensemble": {"pca_components": 8, "mlp_epochs": 30},
+    "topology": {"degree": 2, "poll_interval_s": 0.2},
+    "datasets": [{"name": "digits", "spec": "digits"}],
+    "cohorts": [
+        {"name": "a", "nodes": ["a1", "a2"], "dataset": "digits", "classes": ["0", "1", "2"],
+         "partition": "label_skew", "alpha": 1.0, "train_samples": 120, "test_samples": 40},
+        {"name": "b", "phase": 2, "nodes": ["b1"], "dataset": "digits", "classes": ["3", "4"],
+         "train_samples": 60, "test_samples": 40},
+        {"name": "c", "phase": 3, "group": "B", "nodes": ["c1", "c2"], "dataset": "digits",
+         "classes": ["0", "1", "2", "3", "4"], "train_samples": 100, "test_samples": 40},
+    ],
+}
+
+
+def tiny(**scenario) -> object:
+    raw = json.loads(json.dumps(TINY))
+    raw["scenario"].update(scenario)
+    return scenario_from_dict(raw)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[dict, dict]:
+    """One VGS-ATD run with an observer counting every byte the simulated links carry."""
+    seen: dict[str, dict[str, int]] = {}
+
+    def observe(src: str, dst: str, kind: str, nbytes: int, delivered: bool) -> None:
+        if delivered:
+            seen.setdefault(src, {"sent": 0, "received": 0})["sent"] += nbytes
+            seen.setdefault(dst, {"sent": 0, "received": 0})["received"] += nbytes
+
+    scn = tiny()
+    data = load_scenario_data(scn)
+    phases, faults = run_vgs_memory(scn, data, tmp_path_factory.mktemp("vgs"), observer=observe)
+    return {"phases": [p.to_dict() for p in phases], "faults": faults}, seen
+
+
+def test_three_phases_produce_predictors_and_metrics(first_run) -> None:
+    rep, _ = first_run
+    ph = rep["phases"]
+    assert [p["phase"] for p in ph] == [1, 2, 3]
+    assert set(ph[0]["per_node"]) == {"a1", "a2"} and set(ph[2]["per_node"]) == {"a1", "a2", "b1", "c1", "c2"}
+    assert ph[0]["outcomes"]["a1"].startswith("global model, horizontal (2/2")
+    assert ph[1]["outcomes"]["b1"].startswith("ensemble over 5 classes from 3 feature sets")
+    assert ph[2]["outcomes"]["c1"].startswith("ensemble over 5 classes from 5 feature sets")
+    assert any("groups combined: A (5 classes, 3 models), B (5 classes, 2 models)" in n for n in ph[2]["notes"])
+    for p in ph:
+        for m in p["per_node"].values():
+            assert set(m) >= {"accuracy", "precision", "sensitivity", "f1"} and 0 <= m["accuracy"] <= 1
+        assert p["overall"]["accuracy"] > 0.3  # well above chance (1/3 .. 1/5)
+        assert p["compute_s"] > 0 and p["ready_s"] > 0
+    assert not any("no " in n and "from" in n for p in ph for n in p["notes"])  # no wait ran out
+
+
+def test_report_bytes_match_the_transport(first_run) -> None:
+    rep, seen = first_run
+    from netsim.homes import node_seed
+    from ledger import Signer
+
+    pid = {n: Signer.from_seed(node_seed(1, n)).peer_id for n in ("a1", "a2", "b1", "c1", "c2")}
+    for n, p in pid.items():
+        total = {k: sum(ph["bytes"].get(n, {}).get(k, 0) for ph in rep["phases"]) for k in ("sent", "received")}
+        assert total == seen[p], n
+        assert total["sent"] > 0 and total["received"] > 0
+    # weights and sealed features are far bigger than the gossip around them
+    assert sum(v["received"] for v in rep["phases"][2]["bytes"].values()) > 100_000
+
+
+def test_same_seed_same_report(first_run, tmp_path: Path) -> None:
+    rep, _ = first_run
+    scn = tiny()
+    phases, faults = run_vgs_memory(scn, load_scenario_data(scn), tmp_path)
+    again = {"phases": [p.to_dict() for p in phases], "faults": faults}
+    assert strip_timing(again) == strip_timing(rep)
+
+
+def test_a_killed_node_is_waited_for_with_a_deadline(tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(TINY))
+    raw["cohorts"] = raw["cohorts"][:2]
+    raw["scenario"]["step_deadline_s"] = 20
+    raw["faults"] = [{"kind": "partition", "groups": [["a1", "a2"], ["b1"]], "at_phase": 2},
+                     {"kind": "kill", "node": "a2", "at_phase": 2}]
+    scn = scenario_from_dict(raw)
+    phases, faults = run_vgs_memory(scn, load_scenario_data(scn), tmp_path)
+    assert [f["status"] for f in faults] == ["done", "done"]
+    p2 = phases[1]
+    assert p2.outcomes["a2"] == "killed before phase 2"
+    assert "status" in p2.per_node["a2"]  # no metrics for a dead node
+    assert any("b1: no" in n for n in p2.notes)  # b1 could not get the base extractor: recorded
+    assert "accuracy" in p2.per_node["a1"]  # a1 still predicts (its own features only)
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_every_baseline_on_a_three_node_scenario(method: str) -> None:
+    raw = json.loads(json.dumps(TINY))
+    raw["cohorts"] = [raw["cohorts"][0], {**raw["cohorts"][1], "nodes": ["b1"]}]
+    scn = scenario_from_dict(raw)
+    data = load_scenario_data(scn)
+    res = run_baseline(method, scn, data, log=lambda _m: None)
+    assert [r.phase for r in res] == [1, 2]
+    assert set(res[1].per_node) == {"a1", "a2", "b1"}
+    assert res[1].overall["accuracy"] > 0.15
+    sent = sum(b["sent"] for b in res[1].bytes.values())
+    if method == "local":
+        assert sent == 0
+    else:
+        assert sent > 0
+    if method == "fedavg":  # 2 rounds x 3 nodes x (down + up) + final download, all full models
+        model = res[1].bytes["a1"]["sent"] // 2
+        assert res[1].bytes[SERVER]["received"] == 3 * 2 * model
+    if method == "centralized":  # only the new node uploads its data in phase 2
+        assert res[1].bytes["a1"]["sent"] == 0 and res[1].bytes["b1"]["sent"] == data.nodes["b1"].raw_bytes
+
+
+def test_run_scenario_writes_the_report(tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(TINY))
+    raw["cohorts"] = raw["cohorts"][:1]
+    raw["scenario"]["methods"] = ["vgs-atd", "local"]
+    rep = run_scenario(scenario_from_dict(raw), tmp_path / "out")
+    for f in ("report.json", "report.md", "accuracy.png", "bytes.png", "forgetting.png"):
+        assert (tmp_path / "out" / f).stat().st_size > 0, f
+    assert (tmp_path / "out" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| vgs-atd | 1 |" in md and "| local | 1 |" in md
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["forgetting"]["vgs-atd"]["1"] is not None
+    assert set(rep["nodes"]) == {"a1", "a2"}
