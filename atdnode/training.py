@@ -42,9 +42,46 @@ from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
 
 class BatchTransform(Protocol):
-    def __call__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor: ...
+    """`transform(model, images, labels, generator) -> images`; `generator` is seeded from
+    (seed, epoch, batch, rank) by the loop, so a resumed run draws the same randomness."""
+
+    def __call__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor: ...
 
     def describe(self) -> dict: ...
+
+
+class AdversarialTransform:
+    """Federated adversarial training (FedWAvg): a share `pgd.ratio` of each batch is
+    replaced by PGD examples (protocols.adversarial); `robust()` is the eval-time attack."""
+
+    def __init__(self, pgd) -> None:  # pgd: protocols.adversarial.PGDConfig
+        self.pgd = pgd
+
+    def __call__(self, model, images, labels, generator):
+        from protocols.adversarial import adversarial_batch
+
+        return adversarial_batch(model, images, labels, ratio=self.pgd.ratio, generator=generator,
+                                 **self.pgd.attack_kwargs())
+
+    def robust(self) -> "BatchTransform":
+        from protocols.adversarial import pgd_attack
+
+        pgd = self.pgd
+
+        class _Attack:
+            def __call__(self, model, images, labels, generator):
+                return pgd_attack(model, images, labels, generator=generator, **pgd.attack_kwargs())
+
+            def describe(self):
+                return {"attack": "pgd"}
+
+        return _Attack()
+
+    def describe(self) -> dict:
+        from dataclasses import asdict
+
+        return {"adversarial": "pgd", **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.pgd).items()}}
 
 
 @dataclass
@@ -89,6 +126,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if p.requires_grad:
             (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _seed_of(*parts: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -139,7 +182,8 @@ class Trainer:
                 x = self.augment(x, y, idx, epoch)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if opts.batch_transform is not None:
-                x = opts.batch_transform(self.model, x, y)
+                g = torch.Generator().manual_seed(_seed_of(opts.seed, epoch, b, ctx.rank))
+                x = opts.batch_transform(self.model, x, y, g)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
                 logits = self.net(x)  # (b, K)
                 loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
@@ -174,8 +218,9 @@ def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, de
         for s in range(0, len(data), batch_size):
             x, y = data.images[s:s + batch_size].to(device), data.labels[s:s + batch_size].to(device)
             if transform is not None:
+                g = torch.Generator().manual_seed(s)
                 with torch.enable_grad():
-                    x = transform(model, x, y).detach()
+                    x = transform(model, x, y, g).detach()
             preds.append(_predict(model, x, device))
     finally:
         model.train(was)
@@ -211,7 +256,7 @@ def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | N
             hits = [b for b in store.list() if b.startswith(h)]
             if len(hits) == 1:
                 h = hits[0]
-        if store.has(h):
+        if len(h) == 64 and store.has(h):
             return h, None
     raise ConfigError(f"--init-from {init_from}: neither a file nor a blob in {home.blobs_dir}")
 
@@ -288,6 +333,9 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         if not ctx.is_main:
             return None
         metrics = evaluate(model, test, device=ctx.device)
+        robust = getattr(opts.batch_transform, "robust", None)
+        if robust is not None:  # adversarial training: also report accuracy under the attack
+            metrics["robust_accuracy"] = evaluate(model, test, device=ctx.device, transform=robust())["accuracy"]
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)

@@ -12,25 +12,17 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.errors import CliError
 
 HELP = """Train a timm ViT on this node's private images and register it locally.
 
-Optimiser: AdamW with the VGS-ATD defaults (--lr 3e-3, --weight-decay 0.05), one epoch of
-linear warmup then cosine decay, cross-entropy. Those defaults suit fine-tuning (e.g.
---init-from a peer's extractor). From scratch on small data a lower rate is steadier:
-for the tiny ViT on `digits` (img 32, patch 8) --lr 1e-3 reaches a higher test accuracy
-in few epochs than 3e-3.
+Optimiser: AdamW with the VGS-ATD defaults (--lr 3e-3, --weight-decay 0.05), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. LRNOTE
 
-DATA is `digits`, `npz:PATH` or `folder:PATH` with options such as
-`digits?classes=0,1,2&shard=1/3&limit=300&seed=0` (see atdnode.data).
+DATA is `digits`, `npz:PATH` or `folder:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0`.
 
-Interrupted runs (Ctrl-C, kill -9) continue from the last finished epoch when the same
-command is run again; a finished run just prints its result. The model goes to the blob
-store (full / extractor / head weight sets) and `atd models`; the test confusion matrix
-is written as a PNG under HOME/runs/. Nothing is published: that is `atd publish-weights`.
+Interrupted runs (Ctrl-C, kill -9) continue from the last finished epoch when the same command is run again; a finished run just prints its result. The model goes to the blob store (full / extractor / head weight sets) and to `atd models`; the test confusion matrix is written as a PNG under HOME/runs/. Nothing is published: that is a separate, signed step.
 
-Several processes / GPUs: --nproc-per-node N (re-runs itself under torchrun), or
-`torchrun --standalone --nproc_per_node N --no-python atd train ...`.
+Several processes or GPUs: --nproc-per-node N (re-runs itself under torchrun), or `torchrun --standalone --nproc_per_node N --no-python atd train ...`.
 """
 
 
@@ -60,6 +52,11 @@ def train_cmd(
     augment_threshold: int = typer.Option(1000, "--augment-threshold", help="Classes with fewer samples are augmented."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."),
+    adv_ratio: float = typer.Option(0.5, "--adv-ratio", help="Share of each batch replaced by PGD examples."),
+    pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
+    pgd_step: str = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units."),
+    pgd_steps: int = typer.Option(7, "--pgd-steps", min=0, help="PGD steps."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
@@ -73,10 +70,23 @@ def train_cmd(
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
                               depth=depth, num_heads=heads, in_chans=in_chans)
     main = int(os.environ.get("RANK", "0")) == 0
+    transform = None
+    if adversarial:
+        from atdnode.data import MEAN, STD
+        from atdnode.training import AdversarialTransform
+        from protocols.adversarial import AdversarialError, PGDConfig
+
+        try:
+            pgd = PGDConfig(eps=_fraction(pgd_eps), step=_fraction(pgd_step), steps=pgd_steps, ratio=adv_ratio,
+                            mean=(MEAN,) * cfg.in_chans, std=(STD,) * cfg.in_chans)
+        except AdversarialError as exc:
+            raise CliError(f"--adversarial: {exc}") from None
+        transform = AdversarialTransform(pgd)
     opts = TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
                         augment=augment, augment_threshold=augment_threshold, pretrained=pretrained, device=device,
-                        progress=not as_json and main and sys.stderr.isatty(), log=_log if main else None)
+                        progress=not as_json and main and sys.stderr.isatty(), log=_log if main else None,
+                        batch_transform=transform)
     rec = train(h, data, cfg, opts)
     if rec is None:  # a non-main DDP rank
         return
@@ -87,9 +97,20 @@ def train_cmd(
     typer.echo(f"model {rec.id}  {rec.model['name']} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
     typer.echo(f"  test accuracy {m['accuracy']:.4f}  precision {m['precision']:.4f}  "
                f"sensitivity {m['recall']:.4f}  f1 {m['f1']:.4f}  (n={m['n']})")
+    if "robust_accuracy" in m:
+        typer.echo(f"  robust accuracy (PGD) {m['robust_accuracy']:.4f}")
     typer.echo(f"  full weights {rec.blobs['full']}")
     typer.echo(f"  extractor    {rec.blobs['extractor']}")
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
+
+
+def _fraction(text: str) -> float:
+    """'8/255' or '0.03' -> float."""
+    try:
+        num, _, den = text.partition("/")
+        return float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise CliError(f"not a number or fraction: {text!r}") from None
 
 
 def _log(msg: str) -> None:
