@@ -33,6 +33,7 @@ from atdnode.errors import DaemonError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
+from atdnode.split import role_services
 from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
@@ -85,6 +86,10 @@ class NodeDaemon:
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
         self.merge_observers: list = []  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
+        # Extension point: role services (e.g. a split-learning server). Each has
+        # `install(daemon)` (called once the transport runs: register stream handlers) and
+        # `async run(daemon)` (started in the daemon's nursery). Tests may append their own.
+        self.services: list = role_services(home, self.config)
 
     def _libp2p_transport(self) -> Transport:
         from atdnode.transport.libp2p_transport import Libp2pTransport
@@ -101,6 +106,8 @@ class NodeDaemon:
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
             self.transport.set_stream_handler(SYNC_PROTOCOL, self._serve_sync)
             self.blobs.install()
+            for service in self.services:
+                service.install(self)
             self.transport.on_peer_connected(self._on_peer)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -111,6 +118,8 @@ class NodeDaemon:
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
                 nursery.start_soon(self._discovery_loop)
+                for service in self.services:
+                    nursery.start_soon(service.run, self)
                 for addr in bootstrap:
                     nursery.start_soon(self._dial_with_retry, addr)
                 log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
