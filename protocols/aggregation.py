@@ -19,9 +19,10 @@ picks it.
 
 The average (:func:`weighted_average`) takes *loaders* -- zero-argument
 callables returning a mapping ``name -> torch.Tensor`` -- so only one input is
-materialised at a time. :class:`SafetensorsStream` is a lazy mapping over a
-safetensors file that the average reads chunk by chunk from small mapped
-windows, so peak memory is the accumulator plus a few MiB.
+materialised at a time. With :func:`safetensors_loader` inputs nothing is
+materialised: :class:`SafetensorsStream` maps small windows of each file and
+the result is computed chunk by chunk from all inputs at once, so peak memory
+is the result plus a few MiB.
 
 Arithmetic contract (so a peer can recompute an aggregate bit for bit and
 compare hashes): for every element, in input order,
@@ -29,15 +30,13 @@ compare hashes): for every element, in input order,
 separately rounded IEEE-754 operation (no fused multiply-add) in the
 accumulation dtype; the result is cast back to the input dtype. The
 accumulation dtype is ``promote(input dtype, accumulate_dtype)``: float32 by
-default (error after N inputs is a few ulp; memory stays at one model), pass
-``accumulate_dtype=torch.float64`` for extra precision at twice the
-accumulator memory and about half the speed.
+default (error after N inputs is a few ulp), or ``accumulate_dtype=torch.float64``
+for extra precision at about half the speed (and, for loaders other than
+safetensors streams, twice the accumulator memory).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import math
 import mmap
@@ -246,13 +245,15 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
 
     The header is parsed and checked when constructed (dtypes, shapes, offsets
     inside the file, byte sizes); tensor bytes are read only on ``[key]`` (a
-    fresh tensor) or :meth:`iter_chunks` (zero-copy views of mapped windows).
+    fresh tensor) or :meth:`view` (zero-copy views of mapped windows).
     Raises :class:`AggregationError` for a malformed file. Close it (or use it
     as a context manager) when done; :func:`weighted_average` does.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
+        self.window_bytes = WINDOW_BYTES
+        self._window: tuple[int, int, mmap.mmap] | None = None  # file range [start, end) and its mapping
         self._f = open(self.path, "rb", buffering=0)
         try:
             self._entries, self.metadata = self._parse()
@@ -320,39 +321,31 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
             self._readinto_at(offset, memoryview(out.reshape(-1).view(torch.uint8).numpy()))
         return out
 
-    def iter_chunks(self, keys: Sequence[str], *,
-                    chunk_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(key, chunk)`` for ``keys`` in *file order*, each chunk a 1-D
-        tensor of that key's next elements (at most ``chunk_bytes``, default
-        :data:`CHUNK_BYTES`; none for an empty tensor).
+    def offset(self, key: str) -> int:
+        """Where ``key``'s bytes start in the file."""
+        return self._entries[key][2]
 
-        Chunks are views of the file mapped in windows of about
-        ``WINDOW_BYTES`` shared by neighbouring tensors, so no bytes are copied
-        and at most two windows are resident (RSS) at a time; a window is
-        unmapped once its last chunk is dropped. Use a chunk before asking for
-        the next one. The file must not be truncated while it is read (blobs
-        are immutable).
+    def view(self, key: str, start: int, count: int) -> torch.Tensor:
+        """Elements ``[start, start + count)`` of ``key`` (flattened), as a 1-D view
+        of a mapped window of the file -- no copy.
+
+        The window (about :attr:`window_bytes`, reused while requests fall
+        inside it, so read tensors in file order) stays mapped while a view of
+        it lives; at most the current window is held by the stream itself. The
+        file must not be truncated while it is read (blobs are immutable).
         """
-        chunk_bytes = chunk_bytes or CHUNK_BYTES
-        window: tuple[int, int, mmap.mmap] | None = None  # file range [start, end) and its mapping
-        for key in sorted(keys, key=lambda k: self._entries[k][2]):
-            _, dtype, offset, nbytes = self._entries[key]
-            step = max(1, chunk_bytes // dtype.itemsize)
-            piece = max(step, WINDOW_BYTES // dtype.itemsize // step * step)  # elements, whole chunks
-            numel = nbytes // dtype.itemsize
-            for first in range(0, numel, piece):
-                n = min(piece, numel - first)
-                start = offset + first * dtype.itemsize
-                end = start + n * dtype.itemsize
-                if window is None or start < window[0] or end > window[1]:
-                    base = start - start % mmap.ALLOCATIONGRANULARITY
-                    length = min(max(WINDOW_BYTES, end - base), self._size - base)
-                    window = (base, base + length, mmap.mmap(self._f.fileno(), length, offset=base,
-                                                             access=mmap.ACCESS_COPY))  # never written
-                data = torch.frombuffer(window[2], dtype=dtype, count=n, offset=start - window[0])
-                for p in range(0, n, step):
-                    yield key, data[p:p + step]
-                del data
+        _, dtype, offset, nbytes = self._entries[key]
+        if start < 0 or count < 0 or (start + count) * dtype.itemsize > nbytes:
+            raise IndexError(f"{key!r}: elements {start}..{start + count} out of range")
+        lo = offset + start * dtype.itemsize
+        hi = lo + count * dtype.itemsize
+        w = self._window
+        if w is None or lo < w[0] or hi > w[1]:
+            base = lo - lo % mmap.ALLOCATIONGRANULARITY
+            length = max(min(self.window_bytes, self._size - base), hi - base)
+            w = self._window = (base, base + length, mmap.mmap(self._f.fileno(), length, offset=base,
+                                                               access=mmap.ACCESS_COPY))  # never written
+        return torch.frombuffer(w[2], dtype=dtype, count=count, offset=lo - w[0])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -361,6 +354,7 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
         return len(self._entries)
 
     def close(self) -> None:
+        self._window = None
         self._f.close()
 
     def __enter__(self) -> SafetensorsStream:
@@ -370,9 +364,24 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
         self.close()
 
 
-def safetensors_loader(path: str | os.PathLike) -> Loader:
+class SafetensorsLoader:
+    """A loader (``SafetensorsLoader(path)()`` opens a :class:`SafetensorsStream`).
+    When every input of :func:`weighted_average` is one of these, it reads all
+    inputs side by side, chunk by chunk (see there)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+
+    def __call__(self) -> SafetensorsStream:
+        return SafetensorsStream(self.path)
+
+    def __repr__(self) -> str:
+        return f"SafetensorsLoader({self.path!r})"
+
+
+def safetensors_loader(path: str | os.PathLike) -> SafetensorsLoader:
     """A loader for :func:`weighted_average` that streams ``path``."""
-    return functools.partial(SafetensorsStream, path)
+    return SafetensorsLoader(path)
 
 
 # ---------------------------------------------------------------- averaging
@@ -381,19 +390,28 @@ def weighted_average(loaders: Sequence[Loader], weights: Sequence[float], *,
                      names: Sequence[str] | None = None,
                      key_filter: Callable[[str], bool] | None = None,
                      accumulate_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Average CPU tensor dicts, loading one input at a time.
+    """Average CPU tensor dicts without holding more than one input.
 
-    ``loaders[i]()`` returns input i (a dict, or a lazy mapping such as
-    :class:`SafetensorsStream`, which is read in cache-sized chunks). Only keys
-    accepted by ``key_filter`` take part. Input 0 fixes the structure; every
-    other input must have the same keys, shapes and dtypes, and every value
-    must be finite -- otherwise :class:`AggregationError` names the input
-    (index and ``names[i]``) and the key. ``weights`` must already be a
+    ``loaders[i]()`` returns input i as a mapping ``name -> CPU tensor``. Only
+    keys accepted by ``key_filter`` take part. Input 0 fixes the structure;
+    every other input must have the same keys, shapes and dtypes, and every
+    value must be finite -- otherwise :class:`AggregationError` names the
+    input (index and ``names[i]``) and the key. ``weights`` must already be a
     probability vector (see :func:`check_weights`). Floating tensors are
     averaged per the module's arithmetic contract; non-floating tensors (e.g.
     counters) must be equal in all inputs and are passed through. Returns a
     new dict in input 0's key order and dtypes. Errors raised by a loader
     propagate with a note naming the input.
+
+    Two schedules, same result bit for bit:
+
+    * every loader a :class:`SafetensorsLoader`: all files are opened (headers
+      only; all structure is checked before any arithmetic) and each chunk of
+      the result is computed from all inputs while it sits in cache, so the
+      accumulator goes through memory once instead of once per input. Memory:
+      the result plus a few MiB of mapped windows;
+    * otherwise: one input after the other (loaded, added, released), so
+      memory is one input plus the accumulator.
 
     Finiteness is checked once, on the result (a NaN or infinity in any input
     reaches it, even with weight 0); only if that fails are the loaders
@@ -405,30 +423,18 @@ def weighted_average(loaders: Sequence[Loader], weights: Sequence[float], *,
         raise AggregationError(f"accumulate_dtype must be torch.float32 or torch.float64, got {accumulate_dtype}")
     if names is not None and len(names) != len(w):
         raise AggregationError(f"{len(names)} names for {len(w)} inputs")
+    names = list(names) if names is not None else [None] * len(w)
     accept = key_filter or (lambda key: True)
-    spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-    acc: dict[str, torch.Tensor] = {}
-    work: dict[torch.dtype, np.ndarray] = {}
-    not_finite: list[str] = []
-    for i, loader in enumerate(loaders):
-        src = _load(loader, i, names)
-        try:
-            _accumulate_input(src, i, names[i] if names else None, float(w[i]), accept,
-                              accumulate_dtype, spec, acc, work,
-                              not_finite if i == len(w) - 1 else None)
-        finally:
-            _close(src)
+    if all(isinstance(loader, SafetensorsLoader) for loader in loaders):
+        out, not_finite = _average_side_by_side(loaders, w, names, accept, accumulate_dtype)
+    else:
+        out, not_finite = _average_one_by_one(loaders, w, names, accept, accumulate_dtype)
     if not_finite:
         _locate_non_finite(loaders, names, not_finite)
-    out = {}
-    for key, (_, dtype) in spec.items():
-        t = acc.pop(key)  # free each float64 accumulator as soon as it is cast
-        out[key] = t if t.dtype == dtype else t.to(dtype)
     return out
 
 
-def _load(loader: Loader, i: int, names: Sequence[str] | None) -> Mapping[str, torch.Tensor]:
-    name = names[i] if names else None
+def _load(loader: Loader, i: int, name: str | None) -> Mapping[str, torch.Tensor]:
     try:
         src = loader()
     except Exception as e:
@@ -440,107 +446,159 @@ def _load(loader: Loader, i: int, names: Sequence[str] | None) -> Mapping[str, t
     return src
 
 
-def _locate_non_finite(loaders: Sequence[Loader], names: Sequence[str] | None, keys: list[str]) -> None:
+def _close(src: object) -> None:
+    close = getattr(src, "close", None)
+    if callable(close):
+        close()
+
+
+def _locate_non_finite(loaders: Sequence[Loader], names: list[str | None], keys: list[str]) -> None:
     for i, loader in enumerate(loaders):
-        src = _load(loader, i, names)
+        src = _load(loader, i, names[i])
         try:
             for key in keys:
                 if not bool(torch.isfinite(src[key]).all()):
-                    raise AggregationError("contains NaN or infinity", index=i,
-                                           name=names[i] if names else None, key=key)
+                    raise AggregationError("contains NaN or infinity", index=i, name=names[i], key=key)
         finally:
             _close(src)
     raise AggregationError("weighted sum overflows although every input is finite", key=keys[0])
 
 
-def _accumulate_input(src: Mapping[str, torch.Tensor], i: int, name: str | None, wi: float,
-                      accept: Callable[[str], bool], accumulate_dtype: torch.dtype, spec: dict,
-                      acc: dict, work: dict, not_finite: list[str] | None) -> None:
-    """Add ``wi *`` input i into ``acc``; on the last input (``not_finite`` given)
-    also collect the keys whose result is not finite."""
+def _filtered_keys(src: Mapping[str, torch.Tensor], i: int, name: str | None,
+                   accept: Callable[[str], bool], spec: dict) -> list[str]:
+    """Input i's keys (in input 0's order for i > 0); missing/extra keys are errors."""
     keys = [k for k in src.keys() if accept(k)]
     if i == 0:
         if not keys:
             raise AggregationError("no tensors to average (after the key filter)", index=i, name=name)
-    else:
-        present = set(keys)
-        missing = [k for k in spec if k not in present]
-        if missing:
-            raise AggregationError("missing (present in input 0)", index=i, name=name, key=missing[0])
-        extra = [k for k in keys if k not in spec]
-        if extra:
-            raise AggregationError("not present in input 0", index=i, name=name, key=extra[0])
-        keys = list(spec)
-
-    def admit(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-        """Check structure; set up the accumulator; True for floating keys."""
-        if i == 0:
-            spec[key] = (shape, dtype)
-        elif (shape, dtype) != spec[key]:
-            raise AggregationError(f"{shape} {dtype} differs from input 0's {spec[key][0]} {spec[key][1]}",
-                                   index=i, name=name, key=key)
-        if not dtype.is_floating_point:
-            value = src[key]
-            if i == 0:
-                acc[key] = value.clone()
-            elif not torch.equal(value, acc[key]):
-                raise AggregationError("non-floating tensor differs from input 0", index=i, name=name, key=key)
-            return False
-        acc_dtype = torch.promote_types(dtype, accumulate_dtype)
-        if i == 0:
-            # numpy allocations get transparent huge pages: far fewer page faults
-            acc[key] = torch.from_numpy(np.empty(shape, dtype=_NP_FLOAT[acc_dtype]))
-        if acc_dtype not in work:
-            work[acc_dtype] = np.empty(CHUNK_BYTES // 2, dtype=_NP_FLOAT[acc_dtype])  # >= any chunk
-        return True
-
-    def add(key: str, chunks: Iterable[torch.Tensor]) -> None:
-        finite = _add_chunks(chunks, acc[key].reshape(-1).numpy(), work[acc[key].dtype], wi,
-                             first=(i == 0), check=not_finite is not None)
-        if not finite:
-            not_finite.append(key)
-
-    if isinstance(src, SafetensorsStream):  # shapes from the header, data read ahead in chunks
-        floats = [key for key in keys if admit(key, *src.spec(key))]
-        for key, group in itertools.groupby(src.iter_chunks(floats), key=lambda kc: kc[0]):
-            add(key, (chunk for _, chunk in group))
-        return
-    for key in keys:
-        tensor = src[key]
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-            raise AggregationError("value is not a CPU torch.Tensor", index=i, name=name, key=key)
-        if admit(key, tuple(tensor.shape), tensor.dtype):
-            flat = tensor.detach().reshape(-1)
-            step = max(1, CHUNK_BYTES // tensor.dtype.itemsize)
-            add(key, (flat[p:p + step] for p in range(0, flat.numel(), step)))
+        return keys
+    present = set(keys)
+    missing = [k for k in spec if k not in present]
+    if missing:
+        raise AggregationError("missing (present in input 0)", index=i, name=name, key=missing[0])
+    extra = [k for k in keys if k not in spec]
+    if extra:
+        raise AggregationError("not present in input 0", index=i, name=name, key=extra[0])
+    return list(spec)
 
 
-def _add_chunks(chunks: Iterable[torch.Tensor], acc: np.ndarray, work: np.ndarray,
-                wi: float, *, first: bool, check: bool) -> bool:
-    """``acc = wi * x`` (first input) or ``acc += wi * x``, chunk by chunk;
-    with ``check``, return whether the updated ``acc`` is finite.
+def _admit(spec: dict, i: int, name: str | None, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    if i == 0:
+        spec[key] = (shape, dtype)
+    elif (shape, dtype) != spec[key]:
+        raise AggregationError(f"{shape} {dtype} differs from input 0's {spec[key][0]} {spec[key][1]}",
+                               index=i, name=name, key=key)
 
-    The arithmetic is numpy on cache-sized chunks: single-threaded (small
-    torch ops would each pay a thread hand-off, slow on a busy machine), and
-    product and sum are separately rounded, so no fused multiply-add can make
-    results differ between CPUs. The check reads the chunk while cached.
-    """
-    pos, finite = 0, True
-    with np.errstate(all="ignore"):  # NaN/inf are detected and reported below
-        for chunk in chunks:  # (n,) torch, input dtype
-            pos = _add_chunk(chunk, acc, work, pos, wi, first)
-            if check and finite:
-                dst = acc[pos - chunk.numel():pos]
-                if not math.isfinite(dst.sum()):
-                    finite = bool(np.isfinite(dst).all())  # the sum alone may overflow
-    if pos != acc.size:
-        raise AggregationError(f"read {pos} of {acc.size} elements")
-    return finite
+
+def _same_as_first(value: torch.Tensor, first: torch.Tensor, i: int, name: str | None, key: str) -> None:
+    if not torch.equal(value, first):
+        raise AggregationError("non-floating tensor differs from input 0", index=i, name=name, key=key)
+
+
+def _new_acc(shape: tuple[int, ...], dtype: torch.dtype, accumulate_dtype: torch.dtype) -> np.ndarray:
+    # numpy allocations get transparent huge pages: far fewer page faults
+    return np.empty(shape, dtype=_NP_FLOAT[torch.promote_types(dtype, accumulate_dtype)])
+
+
+def _result(acc: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(acc)
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _average_side_by_side(loaders: Sequence[SafetensorsLoader], w: np.ndarray, names: list[str | None],
+                          accept: Callable[[str], bool], accumulate_dtype: torch.dtype
+                          ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    streams: list[SafetensorsStream] = []
+    try:
+        spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        for i, loader in enumerate(loaders):  # open every input and check all structure first
+            streams.append(_load(loader, i, names[i]))
+            for key in _filtered_keys(streams[i], i, names[i], accept, spec):
+                _admit(spec, i, names[i], key, *streams[i].spec(key))
+        window = max(4 * CHUNK_BYTES, WINDOW_BYTES // len(streams))  # all windows together ~ WINDOW_BYTES
+        for s in streams:
+            s.window_bytes = window
+        out, not_finite = {}, []
+        work = {t: np.empty(CHUNK_BYTES // 2, dtype=t) for t in (np.float32, np.float64)}  # >= any chunk
+        for key in sorted(spec, key=streams[0].offset):  # file order: windows are reused
+            shape, dtype = spec[key]
+            if not dtype.is_floating_point:
+                first = streams[0][key]
+                for i in range(1, len(streams)):
+                    _same_as_first(streams[i][key], first, i, names[i], key)
+                out[key] = first
+                continue
+            acc = _new_acc(shape, dtype, accumulate_dtype)
+            flat, step, finite = acc.reshape(-1), max(1, CHUNK_BYTES // dtype.itemsize), True
+            with np.errstate(all="ignore"):  # NaN/inf are detected on the result
+                for pos in range(0, flat.size, step):
+                    n = min(step, flat.size - pos)
+                    for i, s in enumerate(streams):
+                        _add_chunk(s.view(key, pos, n), flat, work[flat.dtype.type], pos, float(w[i]), i == 0)
+                    finite = finite and _finite(flat[pos:pos + n])
+            if not finite:
+                not_finite.append(key)
+            out[key] = _result(acc, dtype)  # a float64 accumulator is cast as soon as its key is done
+    finally:
+        for s in streams:
+            _close(s)
+    return {key: out[key] for key in spec}, not_finite
+
+
+def _average_one_by_one(loaders: Sequence[Loader], w: np.ndarray, names: list[str | None],
+                        accept: Callable[[str], bool], accumulate_dtype: torch.dtype
+                        ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    spec: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    acc: dict[str, np.ndarray | torch.Tensor] = {}
+    work = {t: np.empty(CHUNK_BYTES // 2, dtype=t) for t in (np.float32, np.float64)}
+    not_finite: list[str] = []
+    last = len(loaders) - 1
+    for i, loader in enumerate(loaders):
+        src = _load(loader, i, names[i])
+        try:
+            with np.errstate(all="ignore"):  # NaN/inf are detected on the result
+                for key in _filtered_keys(src, i, names[i], accept, spec):
+                    tensor = src[key]
+                    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+                        raise AggregationError("value is not a CPU torch.Tensor", index=i, name=names[i], key=key)
+                    _admit(spec, i, names[i], key, tuple(tensor.shape), tensor.dtype)
+                    if not tensor.dtype.is_floating_point:
+                        if i == 0:
+                            acc[key] = tensor.clone()
+                        else:
+                            _same_as_first(tensor, acc[key], i, names[i], key)
+                        continue
+                    if i == 0:
+                        acc[key] = _new_acc(tuple(tensor.shape), tensor.dtype, accumulate_dtype)
+                    flat, x = acc[key].reshape(-1), tensor.detach().reshape(-1)
+                    step = max(1, CHUNK_BYTES // tensor.dtype.itemsize)
+                    for pos in range(0, x.numel(), step):
+                        _add_chunk(x[pos:pos + step], flat, work[flat.dtype.type], pos, float(w[i]), i == 0)
+                    if i == last and not _finite(flat):
+                        not_finite.append(key)
+        finally:
+            _close(src)
+    out = {}
+    for key, (_, dtype) in spec.items():
+        a = acc.pop(key)  # free each float64 accumulator as soon as it is cast
+        out[key] = a if isinstance(a, torch.Tensor) else _result(a, dtype)
+    return out, not_finite
+
+
+def _finite(a: np.ndarray) -> bool:
+    # one cheap reduction; only a non-finite sum (NaN, inf, or overflow) needs the exact test
+    return math.isfinite(a.sum()) or bool(np.isfinite(a).all())
 
 
 def _add_chunk(chunk: torch.Tensor, acc: np.ndarray, work: np.ndarray, pos: int, wi: float,
-               first: bool) -> int:
-    """Add ``wi * chunk`` at ``acc[pos:]`` (or store it, for the first input); return the new pos."""
+               first: bool) -> None:
+    """``acc[pos:pos+n] = wi * chunk`` (first input) or ``+= wi * chunk``.
+
+    numpy on cache-sized chunks: single-threaded (small torch ops would each
+    pay a thread hand-off, slow on a busy machine), and product and sum are
+    separately rounded, so no fused multiply-add can make results differ
+    between CPUs.
+    """
     n = chunk.numel()
     dst = acc[pos:pos + n]
     prod = dst if first else work[:n]
@@ -555,10 +613,3 @@ def _add_chunk(chunk: torch.Tensor, acc: np.ndarray, work: np.ndarray, pos: int,
         np.multiply(x, wi, out=prod)  # w rounded to the accumulation dtype
     if not first:
         np.add(dst, prod, out=dst)
-    return pos + n
-
-
-def _close(src: object) -> None:
-    close = getattr(src, "close", None)
-    if callable(close):
-        close()

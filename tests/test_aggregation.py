@@ -260,6 +260,20 @@ def test_integer_tensors_pass_through_when_equal():
         weighted_average([_loader(a), _loader(c)], [0.5, 0.5])
 
 
+def test_stream_structure_errors_named(tmp_path):
+    models = [_model(s) for s in range(3)]
+    models[2]["norm.bias"] = torch.zeros(9)
+    del models[1]["head.bias"]
+    paths = []
+    for i, m in enumerate(models):
+        paths.append(tmp_path / f"s{i}.safetensors")
+        save_file(m, paths[-1])
+    with pytest.raises(AggregationError, match=r"input 1 \(b\), key 'head.bias': missing"):
+        weighted_average([safetensors_loader(p) for p in paths], uniform_weights(3), names=["a", "b", "c"])
+    with pytest.raises(AggregationError, match=r"input 1, key 'norm.bias': \(9,\)"):
+        weighted_average([safetensors_loader(p) for p in (paths[0], paths[2])], [0.5, 0.5])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_float_dtypes_keep_dtype(dtype, tmp_path):
     models = [{k: v.to(dtype) for k, v in _model(s).items()} for s in range(3)]
@@ -294,8 +308,15 @@ def test_stream_equals_in_memory_bitwise(tmp_path, monkeypatch):
     assert set(disk) == set(mem)  # safetensors files store keys sorted
     for k in mem:
         assert torch.equal(mem[k], disk[k]), k
+    # the one-by-one schedule (any other loader) gives the same bits
+    wrapped = weighted_average([lambda p=p: SafetensorsStream(p) for p in paths], w)
+    for k in mem:
+        assert torch.equal(wrapped[k], disk[k]), k
     with SafetensorsStream(paths[0]) as s:
         assert s.metadata == {"atd": "{}"}
+        assert torch.equal(s.view("norm.bias", 3, 5), models[0]["norm.bias"][3:8])
+        with pytest.raises(IndexError):
+            s.view("norm.bias", 20, 5)
         assert s.spec("norm.bias") == ((24,), torch.float32)
         assert torch.equal(s["head.weight"], models[0]["head.weight"])
         assert len(s) == 5 and set(s) == set(models[0])
