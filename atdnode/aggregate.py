@@ -1,22 +1,39 @@
 """Node-level one-time aggregation: pick published weight sets, combine them, record it.
 
-The math is `protocols.aggregation`; this module chooses inputs from the ledger, checks
-them (blob hash, model config, part, label space), runs the streaming average, stores the
-result as a safetensors blob and appends a signed `aggregate` entry naming the input
-entries, the weighting, the exact weights and the result blob. Anyone holding the same
-inputs recomputes the result bit for bit (`verify_aggregate`), because the average follows
-a fixed arithmetic order.
+Every aggregation is an `aggregate` ledger entry whose body names the input entries, the
+weighting, the exact weights and the result blob, so a peer holding the inputs can
+recompute it bit for bit (`verify_aggregate`): the average follows a fixed arithmetic
+order (protocols.aggregation) and the result's safetensors metadata is a function of the
+inputs (`result_meta`). The recorded weights are recomputed from the weighting rule too,
+so an entry cannot claim "uniform" and use other weights.
 
-When the inputs are extractors, the node's global model is the fused extractor plus its
-own head (registered in the model registry, so `atd classify` and `publish-weights` can
-use it). When the inputs are full models over the same label space, heads are averaged too.
+Modes (the `mode` field):
+
+horizontal    weighted average of compatible weight sets (this module); heads take part
+              only when every input is a full set over the same label list
+vertical      weighted average of extractors only (never heads), then the downstream
+              ensemble (`atdnode.vertical`)
+group         one group model of a hierarchical aggregation (`atdnode.hierarchical_node`)
+hierarchical  group models combined with sqrt-classes / model-count weights (same module)
+
+Common body fields: mode, weighting, q, weights, inputs (hex entry ids), head (bool: were
+heads averaged), part (of the result), blob, size, manifest, model (config dict).
+
+The node's global model is the result plus its own head (or the result itself when heads
+were averaged); it is registered in the model registry, so `atd classify`,
+`atd share-features` and `atd publish-weights` can use it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
 
 from atdnode.blobstore import BlobStore
-from atdnode.errors import AtdError, ConfigError
+from atdnode.errors import AtdError, BlobError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig
@@ -28,11 +45,15 @@ from protocols.aggregation import (
     compute_weights,
     last_layer_key,
     load_tensor,
+    part_filter,
     safetensors_loader,
     weighted_average,
 )
+from protocols.vgs import heads_comparable
 
-HORIZONTAL_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
+AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
+MODES = ("horizontal", "vertical", "hierarchical")
+_WEIGHT_TOL = 1e-12  # recorded vs recomputed weights (both float64 from the same formula)
 
 
 class AggregateError(AtdError):
@@ -46,75 +67,116 @@ class AggregateResult:
     weights: list[float]
     inputs: list[str]
     model_id: str | None
+    head: bool = False
+    details: dict = field(default_factory=dict)  # mode-specific: ensemble, groups, skipped features
+
+    def to_json(self) -> dict:
+        return {"entry": self.entry.id.hex(), "blob": self.blob, "weights": self.weights, "inputs": self.inputs,
+                "model": self.model_id, "head": self.head, **self.details}
 
 
-def _weights_entries(led: Ledger, ids: list[str] | None) -> list[Entry]:
-    if ids:
-        out = []
-        for h in ids:
-            try:
-                e = led.get(bytes.fromhex(h))
-            except ValueError:
-                raise AggregateError(f"input {h!r} is not a hex entry id") from None
-            if e is None:
-                raise AggregateError(f"input entry {h[:16]} is not in this node's ledger")
-            if e.kind != "weights":
-                raise AggregateError(f"input entry {h[:16]} is a {e.kind} entry, not weights")
-            out.append(e)
-        return out
-    return led.query(kind="weights")
+@contextmanager
+def opened(home: NodeHome) -> Iterator[tuple[NodeIdentity, BlobStore, Ledger]]:
+    """The node's identity, blob store and ledger (closed on exit)."""
+    ident = NodeIdentity.load(home)
+    store = BlobStore(home.blobs_dir)
+    led = Ledger.open(home.ledger_db)
+    try:
+        yield ident, store, led
+    finally:
+        led.close()
+
+
+def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input") -> Entry:
+    """The entry with hex id `ref` (must be one of `kinds`), or AggregateError."""
+    try:
+        raw = bytes.fromhex(ref)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise AggregateError(f"{what} {ref!r} is not a 64-hex-digit entry id")
+    e = led.get(raw)
+    if e is None:
+        raise AggregateError(f"{what} entry {ref[:16]} is not in this node's ledger")
+    if e.kind not in kinds:
+        raise AggregateError(f"{what} entry {ref[:16]} is a {e.kind} entry, not {' or '.join(kinds)}")
+    return e
+
+
+def own_model(home: NodeHome, ref: str = "latest") -> ModelRecord:
+    """The node's own current model (its config, head and data spec anchor aggregation)."""
+    return ModelRegistry(home).get(ref)
 
 
 def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[str] | None = None,
-                  part: str | None = None) -> list[Entry]:
+                  parts: tuple[str, ...] | None = None) -> list[Entry]:
     """Published weight sets this node holds that fit its own model (default: all of them).
 
-    Explicitly named inputs that do not fit are an error; when defaulting, misfits are skipped.
+    Explicitly named inputs that do not fit are an error; when defaulting, misfits are
+    skipped and a blob published twice counts once. The model config must match except
+    for the class count (heads are averaged only when label spaces match).
     """
-    own = ModelRegistry(home).get("latest")
-    cfg = ModelConfig.from_dict(own.model)
+    cfg = ModelConfig.from_dict(own_model(home).model)
+    entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else led.query(kind="weights")
     chosen: list[Entry] = []
-    for e in _weights_entries(led, ids):
+    seen: set[str] = set()
+    for e in entries:
         b = e.body
         problem = None
-        if not store.has(str(b.get("blob"))):
+        if b.get("part") == "head" or (parts is not None and b.get("part") not in parts):
+            problem = f"it is a {b.get('part')} set; this mode takes {' or '.join(parts or ('extractor', 'full'))}"
+        elif not isinstance(b.get("blob"), str) or not store.has(b["blob"]):
             problem = "its blob has not been fetched (is the daemon running?)"
-        elif part is not None and b.get("part") != part:
-            problem = f"it is a {b.get('part')} set, not {part}"
         else:
-            their = ModelConfig.from_dict(b.get("model") or {})
-            diff = cfg.diff(their, ignore=("num_classes",) if b.get("part") == "extractor" else ())
+            try:
+                diff = cfg.diff(ModelConfig.from_dict(b.get("model") or {}), ignore=("num_classes",))
+            except AtdError as exc:
+                diff = [str(exc)]
             if diff:
                 problem = "another model config: " + ", ".join(diff)
         if problem:
             if ids:
                 raise AggregateError(f"input {e.id.hex()[:16]}: {problem}")
             continue
+        if b["blob"] in seen and not ids:
+            continue
+        seen.add(b["blob"])
         chosen.append(e)
     if not chosen:
         raise AggregateError("no compatible published weight sets held locally (publish and fetch first)")
-    parts = {e.body["part"] for e in chosen}
-    if len(parts) > 1:
-        raise AggregateError(f"inputs mix parts {sorted(parts)}; choose one with --inputs")
+    if len({e.body["part"] for e in chosen}) > 1 and parts is None:
+        raise AggregateError(f"inputs mix parts {sorted({e.body['part'] for e in chosen})}; choose some with --inputs")
     return chosen
 
 
-def horizontal_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: float = 1.0) -> list[float]:
-    """Per-input weights for a horizontal average, per the named weighting."""
-    if weighting == "uniform":
-        w = compute_weights("uniform", n=len(inputs))
-    elif weighting == "samples":
-        w = compute_weights("samples", counts=[int(e.body.get("samples", 0)) for e in inputs])
-    elif weighting == "sqrt-classes":
-        w = compute_weights("sqrt-classes", counts=[len(e.body.get("labels", [])) for e in inputs])
-    elif weighting == "fedwavg":
-        loaders = [safetensors_loader(store.path(e.body["blob"])) for e in inputs]
-        same_labels = len({e.body.get("label_fp") for e in inputs}) == 1 and inputs[0].body.get("part") != "extractor"
-        key = last_layer_key(read_keys(store, inputs[0].body["blob"]), heads_comparable=same_labels)
-        layers = [load_tensor(ld, key) for ld in loaders]
-        w = compute_weights("fedwavg", reference=layers[0], layers=layers, q=q)
-    else:
-        raise AggregateError(f"weighting {weighting!r} is not for horizontal mode ({', '.join(HORIZONTAL_WEIGHTINGS)})")
+def heads_averaged(inputs: list[Entry]) -> bool:
+    """Heads take part only when every input is a full set over the same ordered label list."""
+    return all(e.body.get("part") == "full" for e in inputs) and heads_comparable(
+        [list(e.body.get("labels") or []) for e in inputs])
+
+
+def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: float = 1.0,
+                  head: bool = False) -> list[float]:
+    """Per-input weights for an average of weight sets, per the named weighting.
+
+    fedwavg compares each input's last layer with input 0's (the reference).
+    """
+    try:
+        if weighting == "uniform":
+            w = compute_weights("uniform", n=len(inputs))
+        elif weighting == "samples":
+            w = compute_weights("samples", counts=[int(e.body.get("samples", 0)) for e in inputs])
+        elif weighting == "sqrt-classes":
+            w = compute_weights("sqrt-classes", counts=[len(e.body.get("labels") or []) for e in inputs])
+        elif weighting == "fedwavg":
+            key = last_layer_key(read_keys(store, inputs[0].body["blob"]), heads_comparable=head)
+            layers = [load_tensor(safetensors_loader(store.path(e.body["blob"])), key) for e in inputs]
+            w = compute_weights("fedwavg", reference=layers[0], layers=layers, q=q)
+        else:
+            raise AggregateError(f"weighting {weighting!r} does not apply to weight sets "
+                                 f"(choose from {', '.join(AVERAGE_WEIGHTINGS)})")
+    except AggregationError as exc:
+        raise AggregateError(f"{weighting} weights: {exc}") from None
     return [float(x) for x in w]
 
 
@@ -126,99 +188,159 @@ def read_keys(store: BlobStore, blob: str) -> list[str]:
         src.close()
 
 
-def _average(store: BlobStore, inputs: list[Entry], weights: list[float]) -> dict:
-    for e in inputs:
-        store.verify(e.body["blob"])  # the bytes are what the signed entry names
-    loaders = [safetensors_loader(store.path(e.body["blob"])) for e in inputs]
-    names = [f"entry {e.id.hex()[:12]}" for e in inputs]
+def average_blobs(store: BlobStore, blobs: list[str], weights: list[float], *, names: list[str],
+                  head: bool) -> dict[str, torch.Tensor]:
+    """Streaming weighted average of held safetensors blobs (each verified against its hash first)."""
+    for b, name in zip(blobs, names):
+        try:
+            store.verify(b)  # the bytes are what the signed entry names
+        except BlobError as exc:
+            raise AggregateError(f"{name}: {exc}") from None
+    loaders = [safetensors_loader(store.path(b)) for b in blobs]
+    keep = None if head else part_filter(include_head=False)
     try:
-        return weighted_average(loaders, weights, names=names)
+        return weighted_average(loaders, weights, names=names, key_filter=keep)
     except AggregationError as exc:
         raise AggregateError(str(exc)) from None
+
+
+def result_meta(store: BlobStore, first_blob: str, *, part: str, mode: str, weighting: str) -> dict:
+    """Metadata of a result blob: a function of its first input, so peers recompute the same hash."""
+    return {**read_meta(store, first_blob), "part": part, "aggregate": {"mode": mode, "weighting": weighting}}
+
+
+def blob_fields(store: BlobStore, blob: str) -> dict:
+    return {"blob": blob, "size": store.size(blob), "manifest": store.manifest(blob).hash}
+
+
+def average_entries(store: BlobStore, inputs: list[Entry], weights: list[float], *, head: bool, mode: str,
+                    weighting: str) -> tuple[str, str]:
+    """Average the inputs' blobs and store the result; returns (blob, part)."""
+    part = "full" if head else "extractor"
+    tensors = average_blobs(store, [e.body["blob"] for e in inputs], weights,
+                            names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=head)
+    meta = result_meta(store, inputs[0].body["blob"], part=part, mode=mode, weighting=weighting)
+    return save_weights(store, tensors, meta), part
+
+
+def extractor_of(store: BlobStore, blob: str, part: str) -> str:
+    """The extractor weight set of a result blob: itself, or its non-head tensors (deterministic)."""
+    if part != "full":
+        return blob
+    tensors, meta = load_weights(store, blob)
+    return save_weights(store, {k: v for k, v in tensors.items() if not k.startswith("head.")},
+                        {**meta, "part": "extractor"})
+
+
+def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob: str, part: str, entry: Entry,
+                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None) -> str:
+    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head."""
+    ext_blob = extractor_of(store, blob, part)
+    if part == "full":
+        full_blob = blob
+    else:
+        full, meta = load_weights(store, base.blobs["full"])
+        fused, _ = load_weights(store, blob)
+        full.update(fused)
+        full_blob = save_weights(store, full, {**meta, "part": "full", "aggregate": entry.id.hex()})
+    inputs = list(entry.body.get("inputs", []))
+    prov = {"aggregate": entry.id.hex(), "entries": inputs, "kind": kind, "base": base.id,
+            "data": base.provenance.get("data"), **(extra_provenance or {})}
+    labels, label_fp, cfg = list(base.labels), base.label_fp, base.model
+    if part == "full":  # averaged heads: the record describes them, not the base's head
+        meta = read_meta(store, blob)
+        labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
+    rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
+                      blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
+    return ModelRegistry(home).add(rec)
 
 
 def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: list[str] | None = None,
                          q: float = 1.0) -> AggregateResult:
     """Average compatible published weight sets; record an `aggregate` entry; register the global model."""
-    ident = NodeIdentity.load(home)
-    store = BlobStore(home.blobs_dir)
-    led = Ledger.open(home.ledger_db)
-    try:
+    with opened(home) as (ident, store, led):
+        base = own_model(home)
         chosen = select_inputs(home, led, store, ids=inputs)
-        weights = horizontal_weights(store, chosen, weighting, q=q)
-        result = _average(store, chosen, weights)
-        part = chosen[0].body["part"]
-        first_meta = read_meta(store, chosen[0].body["blob"])
-        meta = {**first_meta, "part": part, "aggregate": {"mode": "horizontal", "weighting": weighting}}
-        blob = save_weights(store, result, meta)
+        head = heads_averaged(chosen)
+        weights = input_weights(store, chosen, weighting, q=q, head=head)
+        blob, part = average_entries(store, chosen, weights, head=head, mode="horizontal", weighting=weighting)
         ids = [e.id.hex() for e in chosen]
-        body = {
-            "mode": "horizontal",
-            "weighting": weighting,
-            "q": q,
-            "weights": weights,
-            "inputs": ids,
-            "part": part,
-            "blob": blob,
-            "size": store.size(blob),
-            "manifest": store.manifest(blob).hash,
-            "model": chosen[0].body.get("model"),
-        }
+        body = {"mode": "horizontal", "weighting": weighting, "q": float(q), "weights": weights, "inputs": ids,
+                "head": head, "part": part, **blob_fields(store, blob), "model": chosen[0].body.get("model")}
         entry = led.append(ident.signer, "aggregate", body)
-    finally:
-        led.close()
-    model_id = _register_global(home, store, blob, part, ids, entry)
-    return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id)
+    model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal")
+    return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=head)
 
 
-def _register_global(home: NodeHome, store: BlobStore, blob: str, part: str, ids: list[str], entry: Entry) -> str | None:
-    """Global model = fused extractor + this node's own head (or the fused full model)."""
-    reg = ModelRegistry(home)
-    own = reg.get("latest")
-    if part == "extractor":
-        fused, _ = load_weights(store, blob)
-        head_blob = own.blobs.get("full")
-        if not head_blob:
-            return None
-        full, meta = load_weights(store, head_blob)
-        full.update(fused)
-        full_blob = save_weights(store, full, {**meta, "part": "full", "aggregate": entry.id.hex()})
-    elif part == "full":
-        full_blob = blob
-    else:
-        return None
-    rec = ModelRecord(
-        model=own.model, labels=own.labels, label_fp=own.label_fp, samples=own.samples, metrics={},
-        blobs={"full": full_blob, "extractor": blob if part == "extractor" else ""},
-        provenance={"aggregate": entry.id.hex(), "entries": ids, "kind": "global-horizontal"},
-    )
-    return reg.add(rec)
+# ---------------------------------------------------------------- verification
+
+def check_recorded_weights(entry: Entry, expected: list[float]) -> list[float]:
+    """The entry's recorded weights, if they are what its weighting rule gives; else AggregateError."""
+    got = entry.body.get("weights")
+    if not isinstance(got, list) or len(got) != len(expected) or not all(isinstance(x, float) for x in got):
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} records malformed weights {got!r}")
+    if not np.allclose(got, expected, rtol=0.0, atol=_WEIGHT_TOL):
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recorded weights "
+                             f"{[round(x, 6) for x in got]} are not the {entry.body.get('weighting')} weights of its "
+                             f"inputs {[round(x, 6) for x in expected]}")
+    return got
+
+
+def check_result(store: BlobStore, entry: Entry, tensors: dict[str, torch.Tensor], meta: dict) -> str:
+    """The recomputed result must hash to the recorded blob. It is serialised in a scratch
+    store first, so a mismatch leaves nothing behind; a match is kept (we now hold it)."""
+    import tempfile
+
+    recorded = entry.body.get("blob")
+    with tempfile.TemporaryDirectory(prefix="atd-verify-") as tmp:
+        scratch = BlobStore(tmp)
+        blob = save_weights(scratch, tensors, meta)
+        if blob != recorded:
+            raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recomputed result {blob[:16]}, "
+                                 f"recorded {str(recorded)[:16]}")
+        if not store.has(blob):
+            store.put_file(scratch.path(blob))
+    return blob
+
+
+def recompute_average(led: Ledger, store: BlobStore, entry: Entry) -> str:
+    """Verify a horizontal / vertical / group aggregate from its input weight sets."""
+    body = entry.body
+    mode = body.get("mode")
+    inputs = [entry_of(led, h, ("weights",)) for h in body.get("inputs") or []]
+    if not inputs:
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} names no inputs")
+    for e in inputs:
+        if not store.has(str(e.body.get("blob"))):
+            raise AggregateError(f"input blob {str(e.body.get('blob'))[:12]} is not held here (fetch it first)")
+    head = heads_averaged(inputs) if mode != "vertical" else False
+    if bool(body.get("head", head)) != head:
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: it says heads were "
+                             f"{'' if body.get('head') else 'not '}averaged, its inputs say otherwise")
+    weighting = str(body.get("weighting"))
+    expected = input_weights(store, inputs, weighting, q=float(body.get("q", 1.0)), head=head)
+    weights = check_recorded_weights(entry, expected)
+    part = "full" if head else "extractor"
+    tensors = average_blobs(store, [e.body["blob"] for e in inputs], weights,
+                            names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=head)
+    meta = result_meta(store, inputs[0].body["blob"], part=part, mode=str(mode), weighting=weighting)
+    return check_result(store, entry, tensors, meta)
+
+
+def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
+    """Recompute any aggregate entry (dispatch by mode); returns the verified result hash."""
+    mode = entry.body.get("mode")
+    if mode in ("horizontal", "vertical", "group"):
+        return recompute_average(led, store, entry)
+    if mode == "hierarchical":
+        from atdnode.hierarchical_node import recompute_hierarchical
+
+        return recompute_hierarchical(led, store, entry)
+    raise AggregateError(f"aggregate {entry.id.hex()[:16]} has unknown mode {mode!r}")
 
 
 def verify_aggregate(home: NodeHome, entry_id: str) -> str:
     """Recompute an `aggregate` entry from its inputs; return the result hash or raise AggregateError."""
     store = BlobStore(home.blobs_dir)
-    led = Ledger.open(home.ledger_db)
-    try:
-        try:
-            e = led.get(bytes.fromhex(entry_id))
-        except ValueError:
-            raise AggregateError(f"{entry_id!r} is not a hex entry id") from None
-        if e is None or e.kind != "aggregate":
-            raise AggregateError(f"no aggregate entry {entry_id[:16]} in this ledger")
-        body = e.body
-        if body.get("mode") != "horizontal":
-            raise ConfigError(f"verification of {body.get('mode')} aggregates is done with its own command")
-        inputs = _weights_entries(led, list(body["inputs"]))
-    finally:
-        led.close()
-    for i in inputs:
-        if not store.has(i.body["blob"]):
-            raise AggregateError(f"input blob {i.body['blob'][:12]} is not held here (fetch it first)")
-    result = _average(store, inputs, [float(x) for x in body["weights"]])
-    meta = {**read_meta(store, inputs[0].body["blob"]), "part": body["part"],
-            "aggregate": {"mode": "horizontal", "weighting": body["weighting"]}}
-    blob = save_weights(store, result, meta)
-    if blob != body["blob"]:
-        raise AggregateError(f"aggregate {entry_id[:16]} does not verify: recomputed {blob[:16]}, recorded {body['blob'][:16]}")
-    return blob
+    with Ledger.open(home.ledger_db) as led:
+        return verify_entry(led, store, entry_of(led, entry_id, ("aggregate",), "aggregate"))

@@ -1,4 +1,4 @@
-"""`atd aggregate`: one-time aggregation of published weights, recorded on the ledger."""
+"""`atd aggregate`: one-time aggregation (horizontal / vertical / hierarchical), recorded on the ledger."""
 from __future__ import annotations
 
 import json
@@ -8,22 +8,37 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.errors import CliError
+
+HELP = "\n\n".join([
+    "Combine published weight sets into this node's global model and record how.",
+    "horizontal: average compatible weight sets (heads too when every input is a full set over the same labels); the global model predicts directly. vertical: average extractors, then fit PCA -> MLP + RF + SVM (soft vote) on CLS features of this node's data plus the features peers sealed to it with the same fused extractor (`atd share-features`); run it again after peers shared. hierarchical: each --group NAME=ENTRY_ID,... is averaged once (a stored group model with the same name and members is reused, never rebuilt; NAME=AGGREGATE_ENTRY reuses that aggregate), then group models combine with sqrt-classes or model-count weights, then the ensemble as in vertical mode.",
+    'The `aggregate` entry names the input entries, the weighting, the exact weights and the result blob, so any peer holding the inputs can recompute and check it with --verify.',
+])
+
+
+def _split(values: Optional[List[str]]) -> list[str] | None:
+    out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return out or None
 
 
 def aggregate(
     home: Path = typer.Option(..., "--home", help="Node home directory."),
     mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
-    weighting: str = typer.Option("uniform", "--weighting", help="uniform | samples | sqrt-classes | model-count | fedwavg."),
-    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Entry ids of the weights entries to combine (default: every compatible one held)."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
+    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids to combine, repeatable or comma-separated (default: every compatible one held)."),
+    group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
+    group_weighting: str = typer.Option("samples", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
+    features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
     q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
-    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry from its inputs and check its result hash."),
+    pca_components: int = typer.Option(500, "--pca-components", min=1, help="Ensemble PCA components (capped by feature width and samples)."),
+    mlp_iter: int = typer.Option(300, "--mlp-iter", min=1, help="Ensemble MLP max iterations."),
+    rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
+    seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
+    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Combine published weight sets into this node's global model and record how.
-
-    The `aggregate` entry names the input entries, the weighting, the exact weights and
-    the result blob, so any peer can recompute and check it with `--verify`.
-    """
     from atdnode import aggregate as agg
 
     h = NodeHome.at(home).require()
@@ -31,18 +46,48 @@ def aggregate(
         blob = agg.verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
-    if mode != "horizontal":
-        from atdnode.errors import ConfigError
+    if mode not in agg.MODES:
+        raise CliError(f"--mode {mode!r}: choose from {', '.join(agg.MODES)}")
+    ids, feats = _split(inputs), _split(features)
+    if group and mode != "hierarchical":
+        raise CliError("--group applies to --mode hierarchical only")
+    if mode == "hierarchical" and ids:
+        raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
+    if mode == "horizontal" and (feats or data):
+        raise CliError("--features / --data apply to vertical and hierarchical modes")
+    from atdnode.vertical import EnsembleOptions
 
-        raise ConfigError(f"mode {mode!r} is not available in this build (horizontal is)")
-    res = agg.aggregate_horizontal(h, weighting=weighting, inputs=inputs or None, q=q)
-    out = {"entry": res.entry.id.hex(), "blob": res.blob, "weights": res.weights, "inputs": res.inputs, "model": res.model_id}
-    if as_json:
-        typer.echo(json.dumps(out))
+    opts = EnsembleOptions(pca_components=pca_components, mlp_max_iter=mlp_iter, rf_trees=rf_trees, seed=seed)
+    if mode == "horizontal":
+        res = agg.aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q)
+    elif mode == "vertical":
+        from atdnode.vertical import aggregate_vertical
+
+        res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
+                                 features=feats, options=opts)
     else:
-        typer.echo(f"aggregated {len(res.inputs)} weight sets ({weighting}) -> {res.blob}")
-        typer.echo(f"entry {out['entry']}; global model {res.model_id}")
+        from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
+
+        res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
+                                     weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
+                                     data_spec=data, features=feats, options=opts)
+    if as_json:
+        typer.echo(json.dumps(res.to_json()))
+        return
+    d = res.details
+    typer.echo(f"{mode}: combined {len(res.inputs)} {'groups' if mode == 'hierarchical' else 'weight sets'} "
+               f"({weighting or ('sqrt-classes' if mode == 'hierarchical' else 'uniform')}, weights "
+               f"{', '.join(f'{w:.4f}' for w in res.weights)}) -> {res.blob}")
+    for g in d.get("groups", []):
+        typer.echo(f"  group {g['name']}: {'reused' if g['reused'] else 'built'} {g['entry'][:16]} "
+                   f"({g['n_classes']} classes, {g['n_models']} models)")
+    if "ensemble" in d:
+        typer.echo(f"  ensemble over {len(d['classes'])} classes from {d['samples']} samples "
+                   f"({len(d['features'])} shared feature sets) -> {d['ensemble']}")
+    for s in d.get("skipped", []):
+        typer.echo(f"  skipped features {s['entry'][:16]}: {s['why']}")
+    typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("aggregate")(aggregate)
+    app.command("aggregate", help=HELP)(aggregate)

@@ -1,0 +1,122 @@
+"""Predict with the node's model on a data spec and score it (`atd classify`).
+
+A registry record with an ensemble (`blobs["ensemble"]`, from vertical or hierarchical
+aggregation) predicts with CLS features of its extractor -> the ensemble, over the
+ensemble's classes (`provenance["ensemble_classes"]`); any other record predicts with its
+own head over its `labels`.
+
+The classifier's classes and the data's are matched by name. Test samples of a class the
+classifier does not know count as errors (and are listed as `unknown_classes`). Accuracy is
+over all samples; precision, sensitivity (recall) and F1 are macro averages over the
+classes present in the data; the confusion matrix (rows true, columns predicted) spans
+the data's classes followed by any other class the classifier predicted, and is written
+as a PNG.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from atdnode.blobstore import BlobStore
+from atdnode.data import load_dataset
+from atdnode.errors import AtdError
+from atdnode.features import extract_features
+from atdnode.home import NodeHome
+from atdnode.metrics import classification_metrics, save_confusion_png
+from atdnode.model import ModelConfig, build_model, load_part, part_spec
+from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.weights import load_weights
+
+
+class ClassifyError(AtdError):
+    """The model cannot classify this data (no classes in common, malformed record)."""
+
+
+@dataclass
+class ClassifyResult:
+    model_id: str
+    kind: str  # "ensemble" | "model"
+    classes: list[str]  # rows / columns of the confusion matrix
+    unknown_classes: list[str]  # data classes the classifier cannot predict
+    metrics: dict
+    png: Path
+
+    def to_json(self) -> dict:
+        m = self.metrics
+        return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
+                "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
+                "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
+                "png": str(self.png)}
+
+
+def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
+    """The record's full weight set in a fresh model (keys, shapes and finiteness checked)."""
+    model = build_model(ModelConfig.from_dict(record.model))
+    blob = record.blobs.get("full")
+    if not blob:
+        raise ClassifyError(f"model {record.id} has no full weight set")
+    tensors, _ = load_weights(store, blob, expect=part_spec(model, "full"))
+    load_part(model, tensors, "full")
+    return model.eval()
+
+
+def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256
+                  ) -> tuple[list[str], np.ndarray, str]:
+    """(classifier classes, predicted index per image into them, kind)."""
+    from atdnode.data import LabeledImages
+
+    model = load_full_model(store, record)
+    ens_blob = record.blobs.get("ensemble")
+    if ens_blob:
+        from atdnode.vertical import load_ensemble
+
+        names = list(record.provenance.get("ensemble_classes") or [])
+        ens = load_ensemble(store, ens_blob)
+        if not names or int(ens.classes_.max()) >= len(names):
+            raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
+        dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
+        X, _ = extract_features(model, dummy, batch_size)
+        return names, ens.predict(X).astype(np.int64), "ensemble"
+    preds = []
+    with torch.no_grad():
+        for s in range(0, len(images), batch_size):
+            preds.append(model(images[s:s + batch_size]).argmax(1))
+    pred = torch.cat(preds).numpy().astype(np.int64) if preds else np.zeros(0, np.int64)
+    return list(record.labels), pred, "model"
+
+
+def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[int]) -> tuple[float, float, float]:
+    from sklearn.metrics import precision_recall_fscore_support
+
+    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=present, average="macro", zero_division=0)
+    return float(p), float(r), float(f)
+
+
+def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
+             out: str | Path | None = None, batch_size: int = 256) -> ClassifyResult:
+    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG."""
+    record = ModelRegistry(home).get(model)
+    cfg = ModelConfig.from_dict(record.model)
+    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    store = BlobStore(home.blobs_dir)
+    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size)
+    if not set(names) & set(data.classes):
+        raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
+    space = list(data.classes) + [c for c in names if c not in data.classes]
+    index = {c: i for i, c in enumerate(space)}
+    y_true = np.asarray([index[data.classes[int(t)]] for t in data.labels], dtype=np.int64)
+    y_pred = np.asarray([index[names[int(p)]] for p in pred], dtype=np.int64)
+    metrics = classification_metrics(y_true, y_pred, len(space))
+    present = sorted({int(t) for t in y_true})
+    metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
+    metrics["sensitivity"] = metrics["recall"]
+    tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
+    png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
+    save_confusion_png(metrics["confusion"], space, png,
+                       title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
+    return ClassifyResult(model_id=record.id, kind=kind, classes=space,
+                          unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)
