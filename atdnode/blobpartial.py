@@ -1,0 +1,287 @@
+"""Resumable chunk-by-chunk downloads into the blob store (`BlobStore.partial`).
+
+Split out of blobstore.py: a `PartialBlob` writes verified chunks into a preallocated file
+under `partial/`, records each one in an append-only, fsync'd sidecar, and on `complete()`
+checks the whole-blob hash and renames the file into the store atomically.
+"""
+from __future__ import annotations
+import errno
+import hashlib
+import os
+import struct
+import threading
+from atdnode.errors import BlobError
+
+from atdnode.blobstore import BlobStore, Manifest, _fsync_dir, _remove, _write_all, _write_error
+
+_STATE_MAGIC = b"ATDPART1"
+_REC = struct.Struct("<II")
+_REC_CHECK = 0x5A7DC0DE  # second word of a record = index ^ this; catches garbage records
+
+
+class PartialBlob:
+    """A download of one blob, chunk by chunk in any order, that survives restarts.
+
+    `write_chunk` verifies a chunk against the manifest before writing it into a
+    preallocated file, and records it in an append-only sidecar after the data is on disk
+    (fsync'd unless `sync=False`; then `flush()` records it). After a restart,
+    `store.partial(same manifest).missing()` lists only unrecorded chunks. `complete()`
+    verifies the whole-blob hash and renames the file into the store atomically.
+    A sidecar or data file that does not match the manifest restarts the download.
+    """
+
+    def __init__(self, store: BlobStore, manifest: Manifest) -> None:
+        self.store, self.manifest = store, manifest
+        h, d = manifest.blob, store.partial_dir
+        self._data_p, self._state_p, self._man_p = d / h, d / (h + ".state"), d / (h + ".manifest")
+        self._lock = threading.Lock()  # guards the sets below and the state fd
+        self._done: set[int] = set()  # recorded on disk
+        self._pending: set[int] = set()  # written + verified, not yet recorded (sync=False)
+        self._hash_lock = threading.Lock()  # whole-blob hash over the written prefix
+        self._hasher, self._hashed = hashlib.sha256(), 0
+        self._fd = self._state_fd = -1
+        self.closed = False
+        if store.has(h):  # already held: nothing to fetch
+            self._held = True
+            return
+        self._held = False
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if not self._resume():
+                self._start()
+        except OSError as e:
+            self._close_fds()
+            raise _write_error(e, f"the download of blob {h}") from None
+
+    def _resume(self) -> bool:
+        try:
+            st = self._state_p.read_bytes()
+            if self._data_p.stat().st_size != self.manifest.size:
+                return False
+        except FileNotFoundError:
+            return False
+        head = _STATE_MAGIC + bytes.fromhex(self.manifest.hash)
+        if not st.startswith(head):
+            return False
+        body, valid = st[len(head):], len(head)
+        for off in range(0, len(body) - len(body) % _REC.size, _REC.size):
+            i, chk = _REC.unpack_from(body, off)
+            if chk != i ^ _REC_CHECK or i >= self.manifest.num_chunks:
+                break  # keep the valid prefix, drop the rest
+            self._done.add(i)
+            valid += _REC.size
+        self._fd = os.open(self._data_p, os.O_RDWR)
+        self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
+        os.ftruncate(self._state_fd, valid)  # cut a torn or garbage tail
+        self._state_len = valid
+        return True
+
+    def _start(self) -> None:
+        self._close_fds()
+        self._done.clear()
+        m = self.manifest
+        self._fd = os.open(self._data_p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        if m.size:
+            try:
+                os.posix_fallocate(self._fd, 0, m.size)  # reserve the space now: a full disk fails here
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    self._discard_files()
+                    raise
+                os.ftruncate(self._fd, m.size)
+        for p, raw in ((self._man_p, m.to_bytes()), (self._state_p, _STATE_MAGIC + bytes.fromhex(m.hash))):
+            tmp = p.with_name(p.name + ".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, memoryview(raw))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, p)
+        _fsync_dir(self._data_p.parent)
+        self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
+        self._state_len = len(_STATE_MAGIC) + 32
+
+    # ----- progress
+    def missing(self) -> list[int]:
+        """Chunk indexes not yet written and verified, ascending."""
+        if self._held:
+            return []
+        with self._lock:
+            have = self._done | self._pending
+        return [i for i in range(self.manifest.num_chunks) if i not in have]
+
+    def have(self) -> list[int]:
+        """Chunk indexes written and verified, ascending."""
+        if self._held:
+            return list(range(self.manifest.num_chunks))
+        with self._lock:
+            return sorted(self._done | self._pending)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise BlobError(f"download of blob {self.manifest.blob} is closed")
+
+    def write_chunk(self, i: int, data: bytes | bytearray | memoryview, sync: bool = True) -> bool:
+        """Verify chunk `i` against the manifest and write it. BlobError (nothing recorded)
+        on a wrong length or hash, or a full disk. Returns False if already held.
+        With sync=False the chunk is recorded durably only at the next `flush()`.
+        (`sync` is positional too, for trio.to_thread.run_sync.)"""
+        self._check_open()
+        off, n = self.manifest.span(i)
+        mv = memoryview(data).cast("B")
+        if len(mv) != n:
+            raise BlobError(f"chunk {i} of blob {self.manifest.blob[:16]} has {len(mv)} bytes, expected {n}")
+        got = hashlib.sha256(mv).hexdigest()
+        if got != self.manifest.chunks[i]:
+            raise BlobError(f"chunk {i} of blob {self.manifest.blob[:16]} does not match the manifest "
+                            f"(hash {got[:16]}, expected {self.manifest.chunks[i][:16]}); rejected")
+        with self._lock:
+            if self._held or i in self._done or i in self._pending:
+                return False
+        try:
+            _write_all(self._fd, mv, off)
+        except OSError as e:
+            raise _write_error(e, f"chunk {i} of blob {self.manifest.blob}") from None
+        with self._lock:
+            self._pending.add(i)
+        self._advance_hash(i, mv)
+        if sync:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Make the data of every written chunk durable, then record those chunks."""
+        self._check_open()
+        with self._lock:
+            todo = sorted(self._pending)
+            if not todo:
+                return
+            try:
+                os.fdatasync(self._fd)
+                _write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
+                os.fdatasync(self._state_fd)
+            except OSError as e:
+                os.ftruncate(self._state_fd, self._state_len)  # never leave a torn record
+                raise _write_error(e, f"the download state of blob {self.manifest.blob}") from None
+            self._state_len += _REC.size * len(todo)
+            self._done.update(todo)
+            self._pending.difference_update(todo)
+
+    def _advance_hash(self, i: int | None = None, mv: memoryview | None = None, *, wait: bool = False) -> None:
+        """Extend the whole-blob hash over the written prefix, so complete() rarely has to
+        re-read the file. Non-blocking unless `wait`: a busy thread will catch up."""
+        if not self._hash_lock.acquire(blocking=wait):
+            return
+        try:
+            while self._hashed < self.manifest.num_chunks:
+                k = self._hashed
+                with self._lock:
+                    if k not in self._done and k not in self._pending:
+                        return
+                if k == i and mv is not None:
+                    self._hasher.update(mv)
+                else:
+                    off, n = self.manifest.span(k)
+                    self._hasher.update(os.pread(self._fd, n, off))
+                self._hashed += 1
+        finally:
+            self._hash_lock.release()
+
+    def complete(self) -> str:
+        """Verify the whole blob and move it into the store; returns its hash.
+        BlobError if chunks are missing; if the whole hash is wrong, chunks that changed on
+        disk are un-recorded (fetch them again) or, if every chunk still matches, the
+        manifest itself is inconsistent and the download is discarded."""
+        self._check_open()
+        h = self.manifest.blob
+        if self._held:
+            self.close()
+            return h
+        self.flush()
+        if miss := self.missing():
+            raise BlobError(f"blob {h} is incomplete: {len(miss)} of {self.manifest.num_chunks} chunks missing")
+        self._advance_hash(wait=True)
+        got = self._hasher.hexdigest()
+        if got != h:
+            self._recover_from_bad_hash(got)
+        try:
+            os.fsync(self._fd)
+            self._close_fds()
+            dest = self.store._blob_path(h)
+            self.store._shard(h)
+            os.replace(self._data_p, dest)
+            _fsync_dir(dest.parent)
+        except OSError as e:
+            raise _write_error(e, f"blob {h}") from None
+        self.store._cache_manifest(self.manifest)
+        self._discard_files()
+        self.closed = True
+        self.store._forget_partial(self)
+        return h
+
+    def _recover_from_bad_hash(self, got: str) -> None:
+        m = self.manifest
+        bad = [k for k in range(m.num_chunks)
+               if hashlib.sha256(os.pread(self._fd, m.span(k)[1], m.span(k)[0])).hexdigest() != m.chunks[k]]
+        if not bad:
+            self.discard()
+            raise BlobError(f"manifest {m.hash[:16]} of blob {m.blob} is inconsistent: every chunk matches "
+                            f"but the whole blob hashes to {got}; download discarded")
+        with self._lock:
+            self._done.difference_update(bad)
+            keep = sorted(self._done)
+        with self._hash_lock:
+            self._hasher, self._hashed = hashlib.sha256(), 0
+        tmp = self._state_p.with_name(self._state_p.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(m.hash)
+                                      + b"".join(_REC.pack(k, k ^ _REC_CHECK) for k in keep)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._state_p)
+        os.close(self._state_fd)
+        self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
+        self._state_len = os.fstat(self._state_fd).st_size
+        raise BlobError(f"blob {m.blob}: chunks {bad[:10]} changed on disk after they were verified; "
+                        "fetch them again")
+
+    # ----- lifecycle
+    def _close_fds(self) -> None:
+        for attr in ("_fd", "_state_fd"):
+            fd = getattr(self, attr)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, attr, -1)
+
+    def _discard_files(self) -> None:
+        for p in (self._data_p, self._state_p, self._man_p):
+            _remove(p)
+
+    def close(self) -> None:
+        """Flush and release files; the download can be resumed later via store.partial()."""
+        if self.closed:
+            return
+        if not self._held:
+            try:
+                self.flush()
+            finally:
+                self._close_fds()
+        self.closed = True
+        self.store._forget_partial(self)
+
+    def discard(self) -> None:
+        """Abandon the download and delete its files."""
+        self._close_fds()
+        if not self._held:
+            self._discard_files()
+        self.closed = True
+        self.store._forget_partial(self)
+
+    def __enter__(self) -> "PartialBlob":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
