@@ -97,12 +97,13 @@ def gather_parts(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Led
     for e in _candidate_features(led, ident, features):
         eid = e.id.hex()
         why = None
+        recipient = ident.peer_id in (e.body.get("recipients") or [])
         if e.author == ident.public_key:
             why = "this node's own features (its data is used directly)"
-        elif e.body.get("extractor") != extractor:
+        elif recipient and e.body.get("extractor") != extractor:  # not worth decrypting
             why = (f"made with extractor {str(e.body.get('extractor'))[:12]}, not this node's "
                    f"{extractor[:12]} (the sender fused other inputs, or has not re-shared)")
-        else:
+        else:  # a non-recipient gets the envelope's own refusal
             try:
                 op = open_features(ident, store, led, e)
             except FeaturesError as exc:
