@@ -1,0 +1,250 @@
+"""`atd split join`: take part in a split-learning campaign as a client, without a daemon.
+
+The client starts a transient transport with the node's own identity (so the server sees
+its consortium peer id), dials the server (addresses from ``--server-addr`` or from the
+server's signed ``hello`` entry in the local ledger, or the config's bootstrap list),
+pulls the ledger from it (so the local ledger learns the ``service`` — and for MSD the
+``weights`` — entries), asks for the offer and checks it against the signed ``service``
+entry, loads its data, and runs its role (`roles.py`). If the stream breaks it dials
+again (until ``reconnect_timeout``) and resumes with the same learning state. At the end
+it evaluates the task metric through the server and writes a comm record (measured bytes
+per direction and kind + the paper's CostParams) under ``HOME/split/records/``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from atdnode.blobstore import BlobStore
+from atdnode.config import NodeConfig
+from atdnode.data import load_dataset
+from atdnode.errors import AtdError
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
+from atdnode.ledger_access import LedgerAccess
+from atdnode.split import SPLIT_PROTOCOL
+from atdnode.split.report import make_record, write_record
+from atdnode.split.roles import ROLES, Task, prepare
+from atdnode.split.session import RemoteError, SplitChannel
+from atdnode.sync import SYNC_PROTOCOL, pull
+from atdnode.transport.base import Stream, Transport, TransportError
+from ledger import Ledger, public_key_from_peer_id
+from ledger.errors import LedgerError
+from protocols.comm_cost import ByteCounter
+from protocols.split_parts import TaskSpec
+from protocols.split_state import SplitError
+
+log = logging.getLogger("atd.split.client")
+
+
+class SplitJoinError(AtdError):
+    """A split session could not be run or completed; the message says why."""
+
+
+@dataclass
+class JoinOptions:
+    """`atd split join` options (see the CLI help for each)."""
+
+    server: str
+    task: str
+    data: str
+    server_addrs: list[str] = field(default_factory=list)
+    rounds: int | None = None
+    seed: int = 0
+    lr: float | None = None
+    evaluate: bool = True
+    test_data: str | None = None  # default: the test split of `data`
+    sync: bool = True
+    permute: bool = True
+    reconnect_timeout: float = 60.0
+    read_timeout: float = 600.0  # the server may hold a reply until a round opens / MSD trains
+    finetune_steps: int = 100
+    finetune_lr: float = 2e-3
+    compare_scratch: bool = False
+
+
+@dataclass
+class JoinResult:
+    record: dict[str, Any]
+    path: Path
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.record["metrics"]
+
+
+def server_addresses(home: NodeHome, server: str, extra: list[str] = ()) -> list[str]:
+    """Where to dial ``server``: explicit addresses first, then its latest signed ``hello``,
+    then matching bootstrap entries of the config. SplitJoinError if none is known."""
+    try:
+        pk = public_key_from_peer_id(server)
+    except ValueError:
+        raise SplitJoinError(f"{server!r} is not a peer id") from None
+    for a in extra:
+        if not a.endswith(f"/p2p/{server}"):
+            raise SplitJoinError(f"--server-addr {a} does not end with /p2p/{server}")
+    out = list(extra)
+    led = Ledger.open(home.ledger_db)
+    try:
+        hellos = led.query(kind="hello", author=pk)
+    finally:
+        led.close()
+    if hellos and isinstance(hellos[-1].body.get("addrs"), list):
+        out += [a for a in hellos[-1].body["addrs"] if isinstance(a, str)]
+    out += [a for a in NodeConfig.load(home).bootstrap if a.endswith(f"/p2p/{server}")]
+    out = list(dict.fromkeys(out))
+    if not out:
+        raise SplitJoinError(f"no address known for server {server}: pass --server-addr MULTIADDR "
+                             "(or let a daemon sync the ledger so it holds the server's hello entry)")
+    return out
+
+
+class _Link:
+    """Dial the server and open split streams, retrying until ``timeout``."""
+
+    def __init__(self, transport: Transport, server: str, addrs: list[str], timeout: float) -> None:
+        self.transport, self.server, self.addrs, self.timeout = transport, server, addrs, timeout
+
+    async def _connect(self) -> None:
+        if self.server in self.transport.peers():
+            return
+        errors = []
+        for a in self.addrs:
+            try:
+                await self.transport.connect(a)
+                return
+            except TransportError as e:
+                errors.append(f"{a}: {e}")
+        raise TransportError("; ".join(errors) or "no address")
+
+    async def open(self, protocol: str = SPLIT_PROTOCOL) -> Stream:
+        end, delay, last = trio.current_time() + self.timeout, 0.2, None
+        while True:
+            try:
+                await self._connect()
+                return await self.transport.open_stream(self.server, protocol)
+            except TransportError as e:
+                last = e
+            if trio.current_time() + delay > end:
+                raise SplitJoinError(f"cannot reach split server {self.server}: {last}")
+            await trio.sleep(delay)  # back off before dialling again
+            delay = min(2 * delay, 2.0)
+
+
+async def _sync(link: _Link, ledger: LedgerAccess) -> None:
+    """Pull the server's ledger (best effort: the session does not depend on it)."""
+    try:
+        with trio.fail_after(30):
+            await pull(await link.open(SYNC_PROTOCOL), ledger)
+    except (TransportError, SplitJoinError, trio.TooSlowError, LedgerError) as e:
+        log.info("ledger sync with the server failed: %s", e)
+
+
+def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any]) -> str | None:
+    """The id of the server's signed service entry; SplitJoinError if it contradicts the offer."""
+    found = ledger.query(kind="service", author=public_key_from_peer_id(server))
+    if not found:
+        return None
+    body = found[-1].body
+    for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds"):
+        if body.get(key) != offer.get(key):
+            raise SplitJoinError(f"the server's offer differs from its signed service entry in {key!r}")
+    return found[-1].id.hex()
+
+
+async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> JoinResult:
+    """One client session over a running ``transport`` (whose peer id is this node's)."""
+    ident = NodeIdentity.load(home)
+    if transport.peer_id != ident.peer_id:
+        raise SplitJoinError("the transport must run with this node's identity")
+    addrs = server_addresses(home, opts.server, opts.server_addrs)
+    link = _Link(transport, opts.server, addrs, opts.reconnect_timeout)
+    ledger = LedgerAccess(Ledger.open(home.ledger_db))
+    counter, started = ByteCounter(), time.time()
+    try:
+        if opts.sync:
+            await _sync(link, ledger)
+        stream = await link.open()
+        ch = SplitChannel(stream, counter, ident.peer_id, side="client", max_frame=64 << 20,
+                          read_timeout=opts.read_timeout)
+        try:
+            await ch.send("info")
+            offer = (await ch.recv("offer")).meta.get("offer")
+            if not isinstance(offer, dict) or offer.get("algorithm") not in ROLES:
+                raise SplitJoinError(f"the server made no usable offer: {offer!r:.200}")
+            entry = await ledger.run(lambda led: _check_offer(led, opts.server, offer))
+            role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts)
+            reconnects = 0
+            while True:
+                ch = SplitChannel(stream, counter, ident.peer_id, side="client", max_frame=int(offer["max_frame"]),
+                                  read_timeout=opts.read_timeout)
+                try:
+                    await role.session(ch, resume=reconnects > 0)
+                    break
+                except (TransportError, trio.TooSlowError) as e:
+                    reconnects += 1
+                    log.warning("split stream lost (%s); reconnecting", e)
+                    await stream.reset()
+                    stream = await link.open()
+        except RemoteError as e:
+            raise SplitJoinError(f"server {opts.server[-8:]} refused: {e}") from None
+        except SplitError as e:
+            await ch.send_error(str(e))
+            raise SplitJoinError(f"split protocol error: {e}") from None
+        finally:
+            await stream.close()
+        if offer["algorithm"] == "msd":
+            await trio.to_thread.run_sync(role.finetune)
+        if opts.sync:
+            await _sync(link, ledger)  # learn what the session produced (e.g. the weights entry)
+        out = role.out
+        rec = make_record(side="client", algorithm=offer["algorithm"], client=ident.peer_id, server=opts.server,
+                          task=role.t.spec.to_dict(), params=out.params, counter=counter.to_dict(),
+                          train_kinds=out.train_kinds, rounds=sorted(out.rounds), metrics=out.metrics,
+                          losses={str(k): v for k, v in sorted(out.losses.items())}, data=opts.data,
+                          reconnects=reconnects, service_entry=entry, started=started, **out.extra)
+        path = await trio.to_thread.run_sync(lambda: write_record(home, rec))
+        return JoinResult(record=rec, path=path)
+    finally:
+        await ledger.run(lambda led: led.close())
+
+
+def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOptions):
+    """Load the data for the offered body and build the algorithm's client role."""
+    specs = {t["name"]: TaskSpec.from_dict(t) for t in offer["tasks"]}
+    if opts.task not in specs:
+        raise SplitJoinError(f"task {opts.task!r} is not offered; the server offers {sorted(specs)}")
+    spec = specs[opts.task]
+    body = offer["body"]
+    train = load_dataset(opts.data, body["img_size"], body["in_chans"], "train", seed=0)
+    x, y = prepare(train, spec, body["patch_size"])
+    test = None
+    if opts.evaluate:
+        held = load_dataset(opts.test_data or opts.data, body["img_size"], body["in_chans"], "test", seed=0)
+        test = prepare(held, spec, body["patch_size"])
+    t = Task(client=cid, offer=offer, spec=spec, x=x, y=y, test=test, rounds=opts.rounds, seed=opts.seed,
+             lr=opts.lr, permute=opts.permute, store=BlobStore(home.blobs_dir), finetune_steps=opts.finetune_steps,
+             finetune_lr=opts.finetune_lr, compare_scratch=opts.compare_scratch)
+    return ROLES[offer["algorithm"]](t)
+
+
+def join(home: NodeHome, opts: JoinOptions, *, listen: str = "/ip4/127.0.0.1/tcp/0") -> JoinResult:
+    """`atd split join`: run a session over a transient libp2p transport (blocking)."""
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    ident = NodeIdentity.load(home)
+
+    async def main() -> JoinResult:
+        transport = Libp2pTransport(ident.libp2p_keypair())
+        async with transport.run([listen]):
+            return await run_join(home, transport, opts)
+
+    try:
+        return trio.run(main)
+    except SplitError as e:
+        raise SplitJoinError(str(e)) from None

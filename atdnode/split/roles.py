@@ -1,0 +1,235 @@
+"""Client roles of one split session, one class per algorithm, around the pure roles of
+`protocols` (FestaClient, PFestaClient, MSD fine-tuning). Each keeps its learning state
+across re-connections: `session(ch, resume)` runs one stream (join -> welcome -> the
+algorithm's messages -> evaluation -> bye) and may be called again on a new stream after
+a transport error, with ``resume=True``, to continue where the server says.
+
+Images arrive from `atdnode.data` normalised to [-1, 1]; the split models work on
+[0, 1] pixels (as `protocols.split_parts.digits_images`), so they are mapped back.
+Targets per task kind: the labels (classification), the standardised amount of ink as a
+severity score (regression), a per-patch ink mask (segmentation) — `digits_targets`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import trio
+
+from atdnode.blobstore import BlobStore
+from atdnode.data import MEAN, STD, LabeledImages
+from atdnode.split.session import SplitChannel, meta_int, tensor
+from atdnode.weights import WeightsError, load_weights, save_weights
+from protocols import festa, pfesta
+from protocols.comm_cost import CostParams, tensor_bytes
+from protocols.msd import evaluate_local, fine_tune
+from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_targets
+from protocols.split_state import SplitProtocolError
+
+EVAL_BATCH = 64
+
+
+@dataclass
+class Task:
+    """Everything a role needs besides the channel: identity, offer, task, data, options."""
+
+    client: str
+    offer: dict[str, Any]
+    spec: TaskSpec
+    x: torch.Tensor        # (D, C, H, W) in [0, 1]
+    y: torch.Tensor        # targets of spec
+    test: tuple[torch.Tensor, torch.Tensor] | None
+    rounds: int | None = None
+    seed: int = 0
+    lr: float | None = None
+    permute: bool = True
+    store: BlobStore | None = None
+    finetune_steps: int = 100
+    finetune_lr: float = 2e-3
+    compare_scratch: bool = False
+
+    @property
+    def cfg(self) -> ViTSplitConfig:
+        return ViTSplitConfig.from_dict(self.offer["body"])
+
+
+def prepare(data: LabeledImages, spec: TaskSpec, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[0, 1] images and the task's targets; SplitProtocolError if the labels do not fit."""
+    x = (data.images * STD + MEAN).clamp(0, 1)
+    if spec.kind == "classification" and len(data.classes) > spec.num_outputs:
+        raise SplitProtocolError(f"task {spec.name!r} has {spec.num_outputs} classes, the data {len(data.classes)}")
+    return x, digits_targets(spec, x, data.labels, patch_size)
+
+
+@dataclass
+class Outcome:
+    """What a finished role reports (comm record fields)."""
+
+    rounds: list[int] = field(default_factory=list)
+    losses: dict[int, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: CostParams | None = None
+    train_kinds: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+async def _join(ch: SplitChannel, t: Task, resume: bool) -> dict[str, Any]:
+    await ch.send("join", None, {"task": t.spec.name, "num_samples": int(t.x.shape[0]),
+                                 "rounds": t.rounds, "resume": resume})
+    return (await ch.recv("welcome")).meta
+
+
+async def _evaluate(ch: SplitChannel, evaluate, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Run a protocols ``evaluate(images, targets, infer)`` in a worker thread whose
+    ``infer`` carries each batch through the server body over ``ch``."""
+
+    async def remote(feats: torch.Tensor) -> torch.Tensor:
+        await ch.send("eval_forward", {"x": feats})
+        return tensor(await ch.recv("eval_out"), "y")
+
+    return await trio.to_thread.run_sync(lambda: evaluate(x, y, lambda f: trio.from_thread.run(remote, f),
+                                                          batch_size=EVAL_BATCH))
+
+
+class FestaRole:
+    """FESTA: head + tail here, body on the server; this side drives every step."""
+
+    def __init__(self, t: Task) -> None:
+        self.t, self.out = t, Outcome(train_kinds=festa.TRAIN_KINDS)
+        self.client: festa.FestaClient | None = None
+        self.body_bytes = 0
+
+    async def session(self, ch: SplitChannel, resume: bool) -> None:
+        t, off = self.t, self.t.offer
+        w = await _join(ch, t, resume)
+        self.body_bytes = int(w["body_bytes"])
+        if self.client is None:
+            self.client = festa.FestaClient(t.client, t.cfg, t.spec, t.x, t.y, batch_size=int(w["batch_size"]),
+                                            lr=t.lr or off["lr"], class_token=bool(off["class_token"]), seed=t.seed)
+        c, steps, n = self.client, int(off["steps_per_round"]), int(off["unifying_rounds"])
+        for r in range(int(w["next_round"]), int(w["last_round"]) + 1):
+            losses = []
+            for _ in range(steps):
+                feats = await trio.to_thread.run_sync(c.head_forward)
+                await ch.send("forward", {"x": feats}, {"task": t.spec.name, "round": r})
+                y = tensor(await ch.recv("body_out"), "y")
+                g, loss = await trio.to_thread.run_sync(c.tail_step, y)
+                await ch.send("grad_out", {"g": g})
+                gin = tensor(await ch.recv("grad_in"), "g")
+                await trio.to_thread.run_sync(c.head_backward, gin)
+                losses.append(loss)
+            self.out.losses[r] = sum(losses) / len(losses)
+            if r % n == 0:
+                await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
+                c.load_part_state((await ch.recv("state_down")).tensors)
+            if r not in self.out.rounds:
+                self.out.rounds.append(r)
+        if t.test is not None and not self.out.metrics:
+            self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
+        await ch.send("bye")
+        self.out.params = c.cost_params(steps_per_round=steps, rounds=len(self.out.rounds), unifying_rounds=n,
+                                        body_bytes=self.body_bytes)
+
+
+class PFestaRole:
+    """p-FESTA: frozen shared embedder, permutation keys kept here, task tail; the server
+    chooses the batches."""
+
+    def __init__(self, t: Task) -> None:
+        self.t, self.out = t, Outcome(train_kinds=pfesta.TRAIN_KINDS)
+        self.embedder = build_plain_embedder(t.cfg, seed=int(t.offer["embedder_seed"]))
+        self.client = pfesta.PFestaClient(t.client, t.cfg, t.spec, t.x, t.y, self.embedder, permute=t.permute,
+                                          lr=t.lr or t.offer["lr"], seed=t.seed)
+        self.uploaded_any = False
+
+    async def upload(self, ch: SplitChannel, start: int) -> None:
+        """Permuted embeddings of samples start.. in chunks; keys stay in ``client.keys``."""
+        c, chunk = self.client, int(self.t.offer["upload_chunk"])
+        for s0 in range(start, c.num_samples, chunk):
+            feats, keys = await trio.to_thread.run_sync(c.embed, c.images[s0:s0 + chunk])
+            c.keys[s0:s0 + feats.shape[0]] = keys
+            await ch.send("upload", {"x": feats}, {"start": s0})
+            self.uploaded_any = True
+
+    async def session(self, ch: SplitChannel, resume: bool) -> None:
+        t, c, off = self.t, self.client, self.t.offer
+        w = await _join(ch, t, resume and self.uploaded_any)
+        await self.upload(ch, int(w["uploaded"]))
+        steps, losses = int(off["steps_per_round"]), {}
+        while True:
+            m = await ch.recv("body_out", "done")
+            if m.meta["kind"] == "done":
+                break
+            idx, r, step = m.meta.get("idx"), meta_int(m, "round", low=1), meta_int(m, "step")
+            if not isinstance(idx, list) or not all(isinstance(i, int) for i in idx):
+                raise SplitProtocolError("body_out: idx must be a list of ints")
+            g, loss = await trio.to_thread.run_sync(c.tail_step, idx, tensor(m, "y"))
+            await ch.send("grad_out", {"g": g})
+            losses.setdefault(r, []).append(loss)
+            if m.meta.get("unify"):
+                await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
+                c.load_part_state((await ch.recv("state_down")).tensors)
+            if step == steps - 1 and r not in self.out.rounds:
+                self.out.rounds.append(r)
+                self.out.losses[r] = sum(losses[r]) / len(losses[r])
+        if t.test is not None and not self.out.metrics:
+            self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
+        await ch.send("bye")
+        self.out.params = c.cost_params(batch_size=int(w["batch_size"]), steps_per_round=steps,
+                                        rounds=len(self.out.rounds), unifying_rounds=int(off["unifying_rounds"]),
+                                        body_bytes=int(w["body_bytes"]))
+
+
+class MSDRole(PFestaRole):
+    """MSD: upload permuted embeddings once, receive the distilled body, fine-tune here."""
+
+    def __init__(self, t: Task) -> None:
+        super().__init__(t)
+        self.out = Outcome(train_kinds=("upload", "weights"))
+        self.body: dict[str, torch.Tensor] | None = None
+
+    async def session(self, ch: SplitChannel, resume: bool) -> None:
+        t = self.t
+        w = await _join(ch, t, resume and self.uploaded_any)
+        await self.upload(ch, int(w["uploaded"]))
+        m = await ch.recv("weights")
+        self.body = await trio.to_thread.run_sync(self._check_weights, m)
+        self.out.extra.update({"weights_entry": m.meta.get("entry"), "weights_blob": m.meta.get("blob")})
+        await ch.send("bye")
+        f = t.cfg.num_patches * t.cfg.embed_dim * 4
+        self.out.params = CostParams(D=int(t.x.shape[0]), B=0, R=1, n=1, F=f, G=f,
+                                     Ph=tensor_bytes(self.embedder.state_dict()), Pb=int(w["body_bytes"]), Pt=0)
+        self.out.rounds = [1]
+
+    def _check_weights(self, m) -> dict[str, torch.Tensor]:
+        """Store the received body as the published blob (same bytes -> same hash) and load it
+        back through the checked loader (keys, shapes, dtypes, finiteness)."""
+        meta = m.meta.get("weights_meta")
+        if not isinstance(meta, dict) or self.t.store is None:
+            raise SplitProtocolError("weights: no weights_meta to rebuild the published blob")
+        try:
+            blob = save_weights(self.t.store, m.tensors, meta)
+            if blob != m.meta.get("blob"):
+                raise SplitProtocolError(f"weights differ from the published blob {m.meta.get('blob')}")
+            expect = {k: (tuple(v.shape), v.dtype) for k, v in SplitBody(self.t.cfg).state_dict().items()}
+            tensors, _ = load_weights(self.t.store, blob, expect=expect)
+        except WeightsError as e:
+            raise SplitProtocolError(f"weights: {e}") from None
+        return tensors
+
+    def finetune(self) -> None:
+        """Fine-tune body + tail locally from the distilled body (and from scratch, if asked)."""
+        t = self.t
+        assert self.body is not None
+        runs = [("", self.body)] + ([("scratch_", None)] if t.compare_scratch else [])
+        for prefix, state in runs:
+            body, tail = fine_tune(self.embedder, t.cfg, t.spec, t.x, t.y, body_state=state,
+                                   steps=t.finetune_steps, lr=t.finetune_lr, seed=t.seed)
+            if t.test is not None:
+                got = evaluate_local(self.embedder, body, tail, t.spec, *t.test)
+                self.out.metrics.update({prefix + k: v for k, v in got.items() if math.isfinite(v)})
+
+
+ROLES = {"festa": FestaRole, "pfesta": PFestaRole, "msd": MSDRole}

@@ -1,0 +1,258 @@
+"""The split-learning server role inside the node daemon (`atd node start --role ...`).
+
+A node started with ``--role festa-server | pfesta-server | msd-server`` gets one
+`SplitService` (see `atdnode.split.role_services`). It
+
+* announces a signed ``service`` entry: role, algorithm, tasks, body config, schedule and
+  the stream protocol id (`SPLIT_PROTOCOL`);
+* serves `SPLIT_PROTOCOL`, one stream per client session (messages in `session.py`);
+  a client is the authenticated remote peer id and must be a consortium member;
+* runs the campaign (`campaign.py`): rounds with deadlines, per-task unification,
+  FESTA's frozen-body phase 2, or MSD's single round ending in a ``weights`` entry;
+* saves the protocol server (`protocols` save/load), the round board and the byte counter
+  under ``HOME/split/server/<algorithm>/`` after every round, so a restarted node resumes.
+
+Faults: a client whose stream breaks is dropped at once, one that stays silent is dropped
+at the round deadline, one that sends a malformed frame gets an ``error`` message and
+only its stream is closed (all recorded in the protocol server's ``dropped`` / ``events``).
+The others go on. A dropped client may join again (``resume``) and continues next round.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from atdnode.home import NodeHome
+from atdnode.split import SPLIT_PROTOCOL
+from atdnode.split.campaign import Campaign
+from atdnode.split.msd_campaign import MSDCampaign
+from atdnode.split.rounds import Board, Member
+from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
+from atdnode.split.settings import SplitSettings
+from atdnode.transport.base import FrameError, Stream, TransportError
+from ledger.errors import LedgerError
+from protocols.comm_cost import ByteCounter
+from protocols.split_state import SplitProtocolError
+
+log = logging.getLogger("atd.split")
+
+ROLE_OF = {"festa": "festa-server", "pfesta": "pfesta-server", "msd": "msd-server"}
+
+
+@dataclass
+class Session:
+    """One client stream being served."""
+
+    client: str
+    channel: SplitChannel
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    admitted: bool = False
+    clean: bool = False  # the client said bye
+
+
+class SplitService:
+    """A split server. `install(daemon)` registers the stream handler; `run(daemon)` runs
+    the campaign in the daemon's nursery. Tests may pass ``settings`` explicitly."""
+
+    def __init__(self, home: NodeHome, algorithm: str, *, settings: SplitSettings | None = None) -> None:
+        if algorithm not in ROLE_OF:
+            raise ValueError(f"unknown split algorithm {algorithm!r}")
+        self.home, self.algorithm = home, algorithm
+        self.settings = settings
+        self.dir = Path(home.root) / "split" / "server" / algorithm
+        self.counter = ByteCounter()
+        self.sessions: dict[str, Session] = {}
+        self.board: Board | None = None
+        self.campaign: Campaign | MSDCampaign | None = None
+        self.daemon: Any = None
+        self.service_entry: str | None = None
+        self.failed: str | None = None
+        self.ready = trio.Event()  # state loaded, handler may admit clients
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def install(self, daemon: Any) -> None:
+        self.daemon = daemon
+        if self.settings is None:
+            self.settings = SplitSettings.load(self.home)
+        daemon.transport.set_stream_handler(SPLIT_PROTOCOL, self._handle)
+
+    async def run(self, daemon: Any) -> None:
+        """Load or create the server state, announce the offer, run the campaign, then keep
+        serving (evaluation, late questions) until the daemon stops."""
+        self.daemon = daemon
+        assert self.settings is not None, "install() first"
+        self.board = Board(self.settings.total_rounds(self.algorithm))
+        self.campaign = (MSDCampaign if self.algorithm == "msd" else Campaign)(self)
+        try:
+            await self.campaign.open_state()
+        except Exception as e:
+            self.failed = f"split server state unusable: {e}"
+            log.error("%s", self.failed)
+            self.ready.set()
+            raise
+        self.ready.set()
+        await self._announce()
+        try:
+            await self.campaign.run()
+        except Exception as e:  # keep the node alive; clients are told why
+            self.failed = f"split campaign failed: {type(e).__name__}: {e}"
+            log.exception("split campaign failed")
+            for s in list(self.sessions.values()):
+                s.scope.cancel()
+        await trio.sleep_forever()
+
+    @property
+    def offer(self) -> dict[str, Any]:
+        assert self.settings is not None
+        return self.settings.offer(self.algorithm)
+
+    async def _announce(self) -> None:
+        """Append a signed `service` entry unless our latest one already says the same."""
+        body = {"role": ROLE_OF[self.algorithm], "protocol": SPLIT_PROTOCOL, **self.offer}
+        me = self.daemon.identity.public_key
+
+        def latest(led):
+            found = led.query(kind="service", author=me)
+            return found[-1] if found else None
+
+        for _ in range(30):
+            try:
+                last = await self.daemon.ledger.run(latest)
+                if last is not None and last.body == body:
+                    self.service_entry = last.id.hex()
+                    return
+                entry = await self.daemon.append("service", body)
+                self.service_entry = entry.id.hex()
+                log.info("announced %s service %s", self.algorithm, self.service_entry[:12])
+                return
+            except LedgerError as e:  # e.g. not admitted yet
+                log.warning("could not announce the split service yet: %s", e)
+                await trio.sleep(2.0)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _handle(self, stream: Stream) -> None:
+        """One client session: admission, the algorithm's message loop, evaluation, bye."""
+        await self.ready.wait()
+        assert self.settings is not None and self.campaign is not None
+        sess = Session(stream.remote_peer, SplitChannel(stream, self.counter, stream.remote_peer, side="server",
+                                                        max_frame=self.settings.max_frame))
+        try:
+            with sess.scope:
+                await self._session(sess)
+        except (MalformedFrame, FrameError) as e:
+            await self._fault(sess, f"malformed frame: {e}")
+        except SplitProtocolError as e:
+            await self._fault(sess, str(e))
+        except trio.TooSlowError:
+            await self._fault(sess, f"silent for {self.settings.round_timeout:.0f} s")
+        except TransportError as e:
+            if sess.admitted and not sess.clean and self.sessions.get(sess.client) is sess:
+                await self.drop(sess.client, f"disconnected: {e}", current=sess)
+        finally:
+            if self.sessions.get(sess.client) is sess:
+                del self.sessions[sess.client]
+                assert self.board is not None
+                self.board.ready.discard(sess.client)
+                self.board.notify()
+        if sess.scope.cancelled_caught or not sess.clean:
+            await stream.reset()
+
+    async def _session(self, sess: Session) -> None:
+        ch = sess.channel
+        first = await self.recv(sess, "info", "join")
+        if first.meta["kind"] == "info":
+            await ch.send("offer", None, {"offer": self.offer, "service_entry": self.service_entry})
+            first = await self.recv(sess, "join", "bye")
+            if first.meta["kind"] == "bye":
+                sess.clean = True
+                return
+        if self.failed:
+            raise SplitProtocolError(self.failed)
+        welcome = await self.campaign.admit(sess, first)
+        await ch.send("welcome", None, welcome)
+        await self.campaign.serve(sess)
+
+    async def recv(self, sess: Session, *kinds: str):
+        """Receive from a client with the idle limit (round_timeout) -> trio.TooSlowError."""
+        assert self.settings is not None
+        with trio.fail_after(self.settings.round_timeout):
+            return await sess.channel.recv(*kinds)
+
+    async def _fault(self, sess: Session, reason: str) -> None:
+        """A client broke the protocol: record it, tell it, close only its stream."""
+        log.info("split client %s: %s", sess.client[-8:], reason)
+        if sess.admitted and self.sessions.get(sess.client) is sess:
+            await self.drop(sess.client, reason, current=sess)
+        await sess.channel.send_error(reason)
+
+    async def drop(self, client: str, reason: str, *, current: Session | None = None) -> None:
+        """Drop ``client`` from the campaign (recorded by the protocol server), cancel its
+        session unless it is the caller, and wake the coordinator."""
+        assert self.board is not None and self.campaign is not None
+        await self.campaign.drop_member(client, reason)
+        b = self.board
+        b.ready.discard(client)
+        b.round_members.discard(client)
+        b.submitted.pop(client, None)
+        b.downloads.pop(client, None)
+        sess = self.sessions.get(client)
+        if sess is not None and sess is not current:
+            sess.scope.cancel()
+        b.notify()
+        log.info("dropped split client %s: %s", client[-8:], reason)
+
+    # ------------------------------------------------------------------ persistence
+
+    def write_json(self, name: str, data: Any) -> None:
+        """Atomic JSON file under the service directory (worker thread)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / name
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def read_json(self, name: str) -> Any | None:
+        try:
+            return json.loads((self.dir / name).read_text())
+        except FileNotFoundError:
+            return None
+
+    async def check_member(self, client: str) -> None:
+        """SplitProtocolError unless ``client`` is a (non-revoked) member of the consortium."""
+        from ledger import public_key_from_peer_id
+
+        try:
+            pk = public_key_from_peer_id(client)
+        except ValueError:
+            raise SplitProtocolError(f"{client} is not an Ed25519 peer id") from None
+        if not await self.daemon.ledger.run(lambda led: led.membership().is_member(pk)):
+            raise SplitProtocolError(f"{client} is not a member of this consortium")
+
+    def member(self, client: str) -> Member:
+        assert self.board is not None
+        m = self.board.members.get(client)
+        if m is None:
+            raise SplitProtocolError(f"client {client} has not joined")
+        return m
+
+    def join_fields(self, frame) -> tuple[str, int, int | None, bool]:
+        """(task, num_samples, rounds or None, resume) of a ``join`` message, validated."""
+        task = frame.meta.get("task")
+        if not isinstance(task, str):
+            raise SplitProtocolError("join: task must be a string")
+        num = meta_int(frame, "num_samples", low=1)
+        rounds = frame.meta.get("rounds")
+        if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1):
+            raise SplitProtocolError("join: rounds must be a positive integer or absent")
+        return task, num, rounds, bool(frame.meta.get("resume", False))

@@ -1,0 +1,163 @@
+"""`atd split configure|join|report|finetune`: split learning (FESTA, p-FESTA, MSD).
+
+A server is a node started with `atd node start --role festa-server|pfesta-server|msd-server`;
+`atd split configure` writes what it offers (the `[split]` table of its config.toml).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from atdnode.home import NodeHome
+
+split_app = typer.Typer(help="Split learning over libp2p: FESTA, p-FESTA, masked sampling distillation.",
+                        no_args_is_help=True)
+
+HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
+
+
+@split_app.command("configure")
+def configure(
+    home: Path = HOME_OPT,
+    task: List[str] = typer.Option([], "--task", help="NAME:KIND[:OUTPUTS[:LOSS_WEIGHT]] (repeatable), KIND one of "
+                                   "classification, regression, segmentation. Replaces the task list."),
+    img_size: Optional[int] = typer.Option(None, help="Body: image size."),
+    patch_size: Optional[int] = typer.Option(None, help="Body: patch size."),
+    in_chans: Optional[int] = typer.Option(None, help="Body: image channels."),
+    embed_dim: Optional[int] = typer.Option(None, help="Body: embedding width."),
+    depth: Optional[int] = typer.Option(None, help="Body: transformer blocks on the server."),
+    heads: Optional[int] = typer.Option(None, help="Body: attention heads."),
+    rounds: Optional[int] = typer.Option(None, help="Training rounds (FESTA: phase 1)."),
+    phase2_rounds: Optional[int] = typer.Option(None, help="FESTA: extra rounds with the body frozen."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Batches per client per round."),
+    unify_every: Optional[int] = typer.Option(None, help="Average heads/tails per task every n rounds."),
+    batch_size: Optional[int] = typer.Option(None, help="Samples per batch."),
+    lr: Optional[float] = typer.Option(None, help="AdamW learning rate (server body and, by default, clients)."),
+    clients: Optional[int] = typer.Option(None, help="Round 1 opens once this many clients are ready ..."),
+    start_timeout: Optional[float] = typer.Option(None, help="... or after this many seconds with at least one."),
+    round_timeout: Optional[float] = typer.Option(None, help="Drop a client that has not finished a round by then."),
+    msd_steps: Optional[int] = typer.Option(None, help="MSD: distillation steps on the server."),
+    msd_batch: Optional[int] = typer.Option(None, help="MSD: distillation batch size."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the server body."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
+) -> None:
+    """Set what this node offers as a split-learning server (the split table of config.toml)."""
+    from atdnode.split.settings import DEFAULT_BODY, SplitSettings, parse_task
+
+    h = NodeHome.at(home).require()
+    cur = SplitSettings.load(h)
+    body = dict(DEFAULT_BODY)
+    body.update(cur.body)
+    for key, v in (("img_size", img_size), ("patch_size", patch_size), ("in_chans", in_chans),
+                   ("embed_dim", embed_dim), ("depth", depth), ("num_heads", heads)):
+        if v is not None:
+            body[key] = v
+    msd = dict(cur.msd)
+    if msd_steps is not None:
+        msd["steps"] = msd_steps
+    if msd_batch is not None:
+        msd["batch_size"] = msd_batch
+    new = cur.updated(tasks=tuple(parse_task(t) for t in task) or None, body=body, msd=msd, rounds=rounds,
+                      phase2_rounds=phase2_rounds, steps_per_round=steps, unifying_rounds=unify_every,
+                      batch_size=batch_size, lr=lr, clients=clients, start_timeout=start_timeout,
+                      round_timeout=round_timeout, seed=seed)
+    new.save(h)
+    if as_json:
+        typer.echo(json.dumps(new.to_dict(), indent=2))
+    else:
+        tasks = ", ".join(f"{t['name']} ({t['kind']})" for t in new.tasks)
+        typer.echo(f"split service: tasks {tasks}; {new.rounds} rounds x {new.steps_per_round} steps, "
+                   f"unify every {new.unifying_rounds}, batch {new.batch_size}, {new.clients} client(s) to start")
+
+
+@split_app.command("join")
+def join(
+    home: Path = HOME_OPT,
+    server: str = typer.Option(..., "--server", help="Peer id of the split server."),
+    task: str = typer.Option(..., "--task", help="Task name, one of those the server offers."),
+    data: str = typer.Option(..., "--data", help="Data spec (e.g. 'digits?shard=1/2&limit=200'); see `atd train`."),
+    server_addr: List[str] = typer.Option([], "--server-addr", help="Server multiaddr (…/p2p/<id>); default: its "
+                                          "hello entry in the local ledger (repeatable)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Take part in at most R rounds (default: all)."),
+    test_data: Optional[str] = typer.Option(None, help="Evaluation data spec (default: the test split of --data)."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the task metric at the end."),
+    no_sync: bool = typer.Option(False, "--no-sync", help="Do not pull the server's ledger."),
+    no_permute: bool = typer.Option(False, "--no-permute", help="p-FESTA/MSD: send patches in order (ablation)."),
+    seed: int = typer.Option(0, help="Seed of this client's parts and sampling."),
+    lr: Optional[float] = typer.Option(None, help="Client learning rate (default: the server's)."),
+    reconnect_timeout: float = typer.Option(60.0, help="Keep re-dialling a lost server this long."),
+    read_timeout: float = typer.Option(600.0, help="Give up on a server silent this long."),
+    finetune_steps: int = typer.Option(100, help="MSD: local fine-tuning steps after the round."),
+    compare_scratch: bool = typer.Option(False, help="MSD: also fine-tune from a random body, for comparison."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comm record as JSON."),
+) -> None:
+    """Join a split-learning server as a client: run the protocol, report the task metric and
+    write a comm record (measured bytes + the paper's parameters) under HOME/split/records.
+
+    Runs without a daemon: a transient libp2p endpoint with this node's identity. With an
+    MSD server the client uploads once, receives the distilled body and fine-tunes it here."""
+    from atdnode.split.client import JoinOptions
+    from atdnode.split.client import join as run
+
+    h = NodeHome.at(home).require()
+    opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
+                       seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
+                       permute=not no_permute, reconnect_timeout=reconnect_timeout, read_timeout=read_timeout,
+                       finetune_steps=finetune_steps, compare_scratch=compare_scratch)
+    res = run(h, opts)
+    if as_json:
+        typer.echo(json.dumps(res.record, indent=2, default=str))
+        return
+    rec = res.record
+    metric = " ".join(f"{k}={v:.4f}" for k, v in rec["metrics"].items())
+    typer.echo(f"{rec['algorithm']} task {rec['task']['name']}: {len(rec['rounds'])} round(s), {metric or 'no metric'}")
+    typer.echo(f"comm record: {res.path}")
+
+
+@split_app.command("report")
+def report(
+    home: List[Path] = typer.Option(..., "--home", help="Node home(s) whose comm records to show (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable rows."),
+) -> None:
+    """Measured bytes per client next to the p-FESTA paper's formulas (T_FL, T_SL, T_FESTA,
+    T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
+    from atdnode.split.report import load_records, render, report_row
+
+    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h))]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        typer.echo("no split comm records")
+    else:
+        typer.echo(render(rows))
+
+
+@split_app.command("finetune")
+def finetune(
+    home: Path = HOME_OPT,
+    task: str = typer.Option(..., "--task", help="Task name (one of the MSD service's tasks)."),
+    data: str = typer.Option(..., "--data", help="Labelled data spec to fine-tune and evaluate on."),
+    weights: str = typer.Option("latest", "--weights", help="The MSD weights entry id (or prefix, or latest)."),
+    steps: int = typer.Option(100, help="Fine-tuning steps."),
+    lr: float = typer.Option(2e-3, help="Fine-tuning learning rate."),
+    seed: int = typer.Option(0, help="Seed of the tail, sampling."),
+    compare_scratch: bool = typer.Option(False, help="Also fine-tune from a random body."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Fine-tune body + task tail from a published MSD body and report the task metric."""
+    from atdnode.split.finetune import finetune_from_entry
+
+    out = finetune_from_entry(NodeHome.at(home).require(), task=task, data=data, ref=weights, steps=steps, lr=lr,
+                              seed=seed, compare_scratch=compare_scratch)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        metric = " ".join(f"{k}={v:.4f}" for k, v in out["metrics"].items())
+        typer.echo(f"fine-tuned {task} from {out['entry'][:12]} on {out['samples']} samples: {metric}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(split_app, name="split")
