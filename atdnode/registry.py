@@ -19,16 +19,15 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
+
+if TYPE_CHECKING:  # torch is imported lazily: `atd models` should not pay for it
+    import torch
 
 
 @dataclass
@@ -113,6 +112,8 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
     with open(tmp, "rb") as f:
@@ -122,6 +123,8 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 def flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
     """optimizer.state_dict() -> (tensors "state.<param>.<name>", JSON-able rest)."""
+    import torch
+
     tensors, scalars = {}, {}
     for pid, st in sd["state"].items():
         for name, v in st.items():
@@ -176,6 +179,9 @@ class RunCheckpoint:
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load the last finished epoch into model + optimizer; returns that epoch count."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
         st = self.read()
         try:
             msd = load_file(str(self.dir / st["model"]))
