@@ -1,0 +1,154 @@
+"""`atd aggregate` horizontal acceptance, `--verify` against tampering (horizontal and
+vertical), and the command's errors."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from atdnode.aggregate import AggregateError, average_blobs, result_meta
+from atdnode.blobstore import BlobStore
+from atdnode.identity import NodeIdentity
+from atdnode.weights import save_weights
+from cli.app import app, main
+from ledger import Ledger
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, latest, skewed_trio, sync
+
+runner = CliRunner()
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def cli(*args: str) -> dict:
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def fails(*args: str) -> Exception:
+    r = runner.invoke(app, list(args))
+    assert r.exit_code != 0 and r.exception is not None, r.output
+    return r.exception
+
+
+@pytest.fixture
+def skewed(tmp_path_factory, tmp_path):
+    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+    return copy_homes(template, tmp_path / "homes")
+
+
+@pytest.fixture
+def disjoint(tmp_path_factory, tmp_path):
+    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+    return copy_homes(template, tmp_path / "homes")
+
+
+def fine_tuned(home) -> list[str]:
+    """The three fine-tuned full sets (the first weights entry is a's shared base)."""
+    with Ledger.open(home.ledger_db) as led:
+        return [e.id.hex() for e in led.query(kind="weights")][1:]
+
+
+def test_horizontal_on_skewed_nodes_beats_every_single_node(skewed):
+    single = {h.root.name: cli("classify", "--home", str(h.root), "--data", "digits", "--model", latest(h).id)["accuracy"]
+              for h in skewed}
+    inputs = fine_tuned(skewed[0])
+    out = cli("aggregate", "--home", str(skewed[0].root), "--mode", "horizontal", "--inputs", ",".join(inputs))
+    assert set(out) >= {"entry", "blob", "weights", "inputs", "model"} and out["inputs"] == inputs
+    assert out["head"] is True and out["weights"] == [1 / 3] * 3
+    glob = cli("classify", "--home", str(skewed[0].root), "--data", "digits")
+    assert glob["model"] == out["model"] and glob["kind"] == "model"
+    print(f"horizontal: single nodes {single}, global {glob['accuracy']:.4f}")
+    assert glob["accuracy"] >= max(single.values()), (single, glob["accuracy"])  # measured 0.546 vs 0.507
+    # samples weighting: proportional to the recorded sample counts
+    with Ledger.open(skewed[0].ledger_db) as led:
+        counts = [led.get(bytes.fromhex(i)).body["samples"] for i in inputs]
+    by_samples = cli("aggregate", "--home", str(skewed[0].root), "--weighting", "samples", "--inputs", *inputs[:1],
+                     "--inputs", ",".join(inputs[1:]))
+    assert by_samples["weights"] == pytest.approx([n / sum(counts) for n in counts], abs=1e-15)
+    sync(skewed)
+    for entry in (out["entry"], by_samples["entry"]):
+        assert cli("aggregate", "--home", str(skewed[2].root), "--verify", entry)["verified"]
+
+
+def _forge(home, entry_id: str, **changes) -> str:
+    """Node `home` signs a copy of aggregate `entry_id` with `changes` in its body."""
+    ident = NodeIdentity.load(home)
+    with Ledger.open(home.ledger_db) as led:
+        body = {**led.get(bytes.fromhex(entry_id)).body, **changes}
+        return led.append(ident.signer, "aggregate", body).id.hex()
+
+
+@pytest.mark.parametrize("mode", ["horizontal", "vertical"])
+def test_verify_catches_results_that_do_not_match_their_inputs(disjoint, mode):
+    a, b, c = disjoint
+    extra = ENSEMBLE_ARGS if mode == "vertical" else []
+    out = cli("aggregate", "--home", str(a.root), "--mode", mode, *extra)
+    assert len(out["inputs"]) == 3 and out["head"] is False  # three extractors
+    store = BlobStore(a.blobs_dir)
+    with Ledger.open(a.ledger_db) as led:
+        blobs = [led.get(bytes.fromhex(i)).body["blob"] for i in out["inputs"]]
+    # 1) weights that are not the weighting's: the result matches them, the rule does not
+    skew = [0.5, 0.25, 0.25]
+    tensors = average_blobs(store, blobs, skew, names=["x", "y", "z"], head=False)
+    other = save_weights(store, tensors, result_meta(store, blobs[0], part="extractor", mode=mode, weighting="uniform"))
+    forged_weights = _forge(a, out["entry"], weights=skew, blob=other)
+    # 2) the right weights, a result blob that is not their average
+    forged_blob = _forge(a, out["entry"], blob=blobs[0])
+    # 3) a claim that heads were averaged
+    forged_head = _forge(a, out["entry"], head=True)
+    sync(disjoint)
+    for entry, why in ((forged_weights, "are not the uniform weights"), (forged_blob, "recomputed result"),
+                       (forged_head, "heads")):
+        err = fails("aggregate", "--home", str(c.root), "--verify", entry)
+        assert isinstance(err, AggregateError) and why in str(err), err
+    assert cli("aggregate", "--home", str(c.root), "--verify", out["entry"])["verified"]
+    # 4) an input blob damaged on disk is named, not averaged
+    path = BlobStore(c.blobs_dir).path(blobs[1])
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    err = fails("aggregate", "--home", str(c.root), "--verify", out["entry"])
+    assert isinstance(err, AggregateError) and "entry" in str(err)
+
+
+def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
+    a = disjoint[0]
+    with Ledger.open(a.ledger_db) as led:
+        hello = led.query(kind="hello")[0].id.hex()
+        weights = led.query(kind="weights")[0].id.hex()
+    for args, why in ((["--verify", "xyz"], "not a 64-hex-digit"),
+                      (["--verify", "ab" * 32], "not in this node's ledger"),
+                      (["--verify", weights], "is a weights entry"),
+                      (["--inputs", hello], "is a hello entry"),
+                      (["--weighting", "model-count"], "does not apply"),
+                      (["--mode", "horizontal", "--group", f"g={weights}"], "--group applies"),
+                      (["--features", weights], "--features / --data")):
+        err = fails("aggregate", "--home", str(a.root), *args)
+        assert why in str(err), (args, err)
+    # a node without any trained model
+    from atdnode.home import NodeHome
+    from atdnode.identity import init_home
+
+    lone = NodeHome.at(tmp_path / "lone")
+    init_home(lone, consortium="x")
+    assert "no trained models" in str(fails("aggregate", "--home", str(lone.root)))
+    monkeypatch.setattr(sys, "argv", ["atd", "aggregate", "--home", str(a.root), "--verify", "ab" * 32])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and err.count("\n") == 1 and err.startswith("error: aggregate entry")
+
+
+def test_default_inputs_skip_what_does_not_fit(disjoint):
+    a = disjoint[0]
+    # horizontal by default takes every held extractor; a head-only publication is not a candidate
+    from atdnode.publish import publish_weights
+
+    head = publish_weights(a, part="head")
+    out = cli("aggregate", "--home", str(a.root))
+    assert head.entry.id.hex() not in out["inputs"] and len(out["inputs"]) == 3
+    err = fails("aggregate", "--home", str(a.root), "--inputs", head.entry.id.hex())
+    assert isinstance(err, AggregateError) and "head set" in str(err)
