@@ -152,6 +152,8 @@ class Campaign:
                 b.members[c].rounds_done.append(r)
             b.completed = r
             await self.save()
+            for fn in self.svc.round_observers:
+                await fn(r)
             r += 1
         b.done = True
         b.notify()

@@ -145,16 +145,36 @@ async def _sync(link: _Link, ledger: LedgerAccess) -> None:
         log.info("ledger sync with the server failed: %s", e)
 
 
-def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any]) -> str | None:
-    """The id of the server's signed service entry; SplitJoinError if it contradicts the offer."""
-    found = ledger.query(kind="service", author=public_key_from_peer_id(server))
-    if not found:
+async def _verified_entry(link: _Link, ledger: LedgerAccess, server: str, offer: dict[str, Any],
+                          named: str | None) -> str | None:
+    """Check the offer against the server's signed ``service`` entry ``named`` (pulled again
+    if the local ledger lacks it); returns its id, or None when none was named."""
+    if named is None:
         return None
-    body = found[-1].body
+    if not isinstance(named, str):
+        raise SplitJoinError("the server named a malformed service entry id")
+
+    def has(led: Ledger) -> bool:
+        try:
+            return led.get(bytes.fromhex(named)) is not None
+        except ValueError:
+            raise SplitJoinError(f"the server named a malformed service entry id {named!r:.80}") from None
+
+    if not await ledger.run(has):
+        await _sync(link, ledger)
+    return await ledger.run(lambda led: _check_offer(led, server, offer, named))
+
+
+def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str) -> str:
+    """SplitJoinError unless entry ``named`` is the server's service entry and says what the offer says."""
+    entry = ledger.get(bytes.fromhex(named))
+    if entry is None or entry.kind != "service" or entry.author != public_key_from_peer_id(server):
+        raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
+    body = entry.body
     for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds"):
         if body.get(key) != offer.get(key):
             raise SplitJoinError(f"the server's offer differs from its signed service entry in {key!r}")
-    return found[-1].id.hex()
+    return entry.id.hex()
 
 
 async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> JoinResult:
@@ -174,10 +194,11 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
                           read_timeout=opts.read_timeout)
         try:
             await ch.send("info")
-            offer = (await ch.recv("offer")).meta.get("offer")
+            offer_msg = (await ch.recv("offer")).meta
+            offer, named = offer_msg.get("offer"), offer_msg.get("service_entry")
             if not isinstance(offer, dict) or offer.get("algorithm") not in ROLES:
                 raise SplitJoinError(f"the server made no usable offer: {offer!r:.200}")
-            entry = await ledger.run(lambda led: _check_offer(led, opts.server, offer))
+            entry = await _verified_entry(link, ledger, opts.server, offer, named if opts.sync else None)
             role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts)
             reconnects = 0
             while True:

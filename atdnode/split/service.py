@@ -74,6 +74,9 @@ class SplitService:
         self.service_entry: str | None = None
         self.failed: str | None = None
         self.ready = trio.Event()  # state loaded, handler may admit clients
+        # awaited with the round number after each completed (and saved) round; tests and
+        # monitors hook in here (a slow observer holds the next round back)
+        self.round_observers: list = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -97,8 +100,8 @@ class SplitService:
             log.error("%s", self.failed)
             self.ready.set()
             raise
+        await self._announce()  # before admitting anyone: every offer names the signed entry
         self.ready.set()
-        await self._announce()
         try:
             await self.campaign.run()
         except Exception as e:  # keep the node alive; clients are told why

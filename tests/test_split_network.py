@@ -1,0 +1,439 @@
+"""Split learning over the network (issue 7): real daemons, ledgers and protocol servers;
+the in-memory transport for the sessions and faults, real OS processes on 127.0.0.1 for
+the acceptance run. Tiny settings: 16 px digits, 4 px patches, 32 wide, 2 blocks.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from atdnode.config import NodeConfig
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
+from atdnode.split import SPLIT_PROTOCOL
+from atdnode.split.client import JoinOptions, SplitJoinError, run_join
+from atdnode.split.finetune import finetune_from_entry
+from atdnode.split.report import load_records, report_row
+from atdnode.split.session import RemoteError, SplitChannel
+from atdnode.split.settings import SplitConfigError, SplitSettings, parse_task
+from atdnode.transport.base import StreamClosed, TransportError
+from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from ledger import Ledger
+from protocols.comm_cost import ByteCounter
+from tests.test_daemon_memory import daemon_on, make_consortium, wait_for
+
+torch.set_num_threads(1)
+
+TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
+         {"name": "ink", "kind": "segmentation", "loss_weight": 0.5},
+         {"name": "severity", "kind": "regression", "loss_weight": 0.5}]
+BODY = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
+BASE = {"tasks": TASKS, "body": BODY, "rounds": 2, "steps_per_round": 3, "unifying_rounds": 1, "batch_size": 16,
+        "clients": 2, "start_timeout": 30.0, "round_timeout": 20.0, "lr": 3e-3}
+TOKENS = (16, 32)  # (N patches, D) at the cut
+
+
+def data(i: int, n: int = 2, limit: int = 120) -> str:
+    return f"digits?shard={i}/{n}&limit={limit}"
+
+
+def configure(home: NodeHome, role: str, **kw) -> None:
+    cfg = NodeConfig.load(home)
+    cfg.role = role
+    cfg.save(home)
+    SplitSettings.from_dict({**BASE, **kw}).save(home)
+
+
+async def client(net: MemoryNetwork, home: NodeHome, server, task: str, spec: str, **kw):
+    t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
+    async with t.run([]):
+        return await run_join(home, t, JoinOptions(server=server.transport.peer_id, task=task, data=spec,
+                                                   server_addrs=server.transport.addrs(), **kw))
+
+
+def check_record(res, algorithm: str, tol: float = 0.05) -> dict:
+    row = report_row(res.record)
+    assert row["algorithm"] == algorithm and row["side"] == "client"
+    assert abs(row["rel_error"]) < tol, row
+    return row
+
+
+def test_pfesta_two_tasks_over_the_network(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 3)
+    configure(homes[0], "pfesta-server")
+    net = MemoryNetwork(seed=11)
+    results: dict = {}
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+            svc = server.services[0]
+
+            async def go(name, home, task, spec):
+                results[name] = await client(net, home, server, task, spec)
+
+            async with trio.open_nursery() as clients:
+                clients.start_soon(go, "a", homes[1], "digit", data(1))
+                clients.start_soon(go, "b", homes[2], "ink", data(2))
+            assert svc.board.done and svc.board.completed == 2
+            server.stop()
+
+    trio.run(main)
+    a, b = results["a"], results["b"]
+    assert set(a.metrics) == {"accuracy"} and set(b.metrics) == {"patch_accuracy"}
+    assert b.metrics["patch_accuracy"] > 0.6
+    for res in (a, b):
+        row = check_record(res, "pfesta")
+        c = ByteCounter.from_dict(res.record["counter"])
+        cid = res.record["client"]
+        # each sample's permuted embeddings went up exactly once; R*B samples of body output down
+        assert c.total(cid, "up", ["upload"], payload=True) == 120 * TOKENS[0] * TOKENS[1] * 4
+        assert c.messages(cid, ["body_out"]) == c.messages(cid, ["grad_out"]) == 2 * 3
+        assert c.messages(cid, ["state_up"]) == c.messages(cid, ["state_down"]) == 2
+        assert row["measured"] < row["T_FESTA"]  # p-FESTA's saving at this setting
+        assert res.record["service_entry"] is not None  # the client checked the signed offer
+    # the server counted the same training bytes per client as the client did
+    server_rows = {r["client"]: r for r in map(report_row, load_records(homes[0]))}
+    for res in (a, b):
+        mine = report_row(res.record)
+        theirs = server_rows[res.record["client"]]
+        assert theirs["side"] == "server" and theirs["measured"] == mine["measured"]
+        assert theirs["params"] == mine["params"]
+    led = Ledger.open(homes[1].ledger_db)  # the client's ledger learned the signed offer by sync
+    try:
+        (svc_entry,) = led.query(kind="service")
+    finally:
+        led.close()
+    assert svc_entry.body["algorithm"] == "pfesta" and svc_entry.body["protocol"] == SPLIT_PROTOCOL
+    assert [t["name"] for t in svc_entry.body["tasks"]] == ["digit", "ink", "severity"]
+
+
+def test_festa_multitask_with_frozen_phase2(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 3)
+    configure(homes[0], "festa-server", phase2_rounds=1)
+    net = MemoryNetwork(seed=12)
+    results: dict = {}
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+            svc = server.services[0]
+
+            async def go(name, home, task, spec):
+                results[name] = await client(net, home, server, task, spec)
+
+            async with trio.open_nursery() as clients:
+                clients.start_soon(go, "a", homes[1], "digit", data(1))
+                clients.start_soon(go, "b", homes[2], "severity", data(2))
+            srv = svc.campaign.server
+            assert srv.frozen and svc.board.completed == 3
+            events = [e["event"] for e in srv.events]
+            assert events.count("unify") == 3 * 2 and "freeze" in events
+            server.stop()
+
+    trio.run(main)
+    a, b = results["a"], results["b"]
+    assert set(a.metrics) == {"accuracy"} and set(b.metrics) == {"mse"}
+    for res in (a, b):
+        check_record(res, "festa")
+        c = ByteCounter.from_dict(res.record["counter"])
+        cid = res.record["client"]
+        for kind in ("forward", "body_out", "grad_out", "grad_in"):
+            assert c.messages(cid, [kind]) == 3 * 3
+        assert res.record["rounds"] == [1, 2, 3] and res.record["params"]["R"] == 3
+
+
+def test_vanished_and_silent_clients_do_not_stall_the_server(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 4)
+    configure(homes[0], "festa-server", clients=3, round_timeout=3.0, rounds=2, steps_per_round=2)
+    net = MemoryNetwork(seed=13)
+    results: dict = {}
+
+    async def rogue(home: NodeHome, server, *, vanish: bool) -> None:
+        """Join, send one forward, read its body output, then reset (vanish) or go silent."""
+        t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
+        async with t.run([]):
+            stream = await t.open_stream(server.transport.peer_id, SPLIT_PROTOCOL)
+            ch = SplitChannel(stream, ByteCounter(), t.peer_id, side="client", max_frame=1 << 24)
+            await ch.send("join", None, {"task": "digit", "num_samples": 50})
+            assert (await ch.recv("welcome")).meta["next_round"] == 1
+            await ch.send("forward", {"x": torch.zeros(4, *TOKENS)}, {"task": "digit", "round": 1})
+            await ch.recv("body_out")
+            if vanish:
+                await stream.reset()
+                return
+            with pytest.raises(TransportError):  # silent: the server drops it at the deadline
+                await ch.recv()
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+            svc = server.services[0]
+
+            async def good():
+                results["a"] = await client(net, homes[1], server, "digit", data(1))
+
+            t0 = trio.current_time()
+            async with trio.open_nursery() as clients:
+                clients.start_soon(good)
+                clients.start_soon(lambda: rogue(homes[2], server, vanish=True))
+                clients.start_soon(lambda: rogue(homes[3], server, vanish=False))
+            took = trio.current_time() - t0
+            dropped = svc.campaign.server.dropped
+            ids = [NodeIdentity.load(h).peer_id for h in homes[2:]]
+            assert dropped[ids[0]]["reason"].startswith("disconnected") and dropped[ids[0]]["round"] == 1
+            assert "round 1" in dropped[ids[1]]["reason"]
+            assert svc.board.completed == 2 and took < 2 * 3.0 + 10  # one deadline, not one per round
+            server.stop()
+
+    trio.run(main)
+    assert results["a"].record["rounds"] == [1, 2] and "accuracy" in results["a"].metrics
+
+
+def test_malformed_frame_closes_only_that_clients_stream(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 3)
+    configure(homes[0], "pfesta-server", clients=2, rounds=2, steps_per_round=2)
+    net = MemoryNetwork(seed=14)
+    results: dict = {}
+
+    async def garbler(home: NodeHome, server) -> None:
+        t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
+        async with t.run([]):
+            stream = await t.open_stream(server.transport.peer_id, SPLIT_PROTOCOL)
+            ch = SplitChannel(stream, ByteCounter(), t.peer_id, side="client", max_frame=1 << 24)
+            await ch.send("join", None, {"task": "ink", "num_samples": 40})
+            await ch.recv("welcome")
+            await stream.write_frame(b"ATF1\x00\x00\x00\x05junk!")  # a frame header promising garbage
+            with pytest.raises(RemoteError, match="malformed"):
+                await ch.recv()
+            with pytest.raises((StreamClosed, TransportError)):
+                await ch.recv()
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+            svc = server.services[0]
+
+            async def good():
+                results["a"] = await client(net, homes[1], server, "digit", data(1))
+
+            async with trio.open_nursery() as clients:
+                clients.start_soon(good)
+                clients.start_soon(garbler, homes[2], server)
+            bad = NodeIdentity.load(homes[2]).peer_id
+            assert svc.campaign.server.dropped[bad]["reason"].startswith("malformed frame")
+            assert svc.counter.messages(bad, ["malformed"]) == 1  # its bytes were counted too
+            server.stop()
+
+    trio.run(main)
+    assert results["a"].record["rounds"] == [1, 2]
+
+
+def test_restarted_server_resumes_from_saved_state(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    configure(homes[0], "pfesta-server", clients=1, rounds=3, steps_per_round=2)
+    net = MemoryNetwork(seed=15)
+    results: dict = {}
+    seen: dict = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as outer:
+            first = daemon_on(net, homes[0])
+            stopped = trio.Event()
+
+            async def after_round(r: int) -> None:
+                if r == 1:  # crash right after round 1 was saved, before round 2 opens
+                    seen["version"] = first.services[0].campaign.server.version
+                    first.stop()
+                    await trio.sleep_forever()
+
+            first.services[0].round_observers.append(after_round)
+
+            async def run_first():
+                await first.run([], [])
+                stopped.set()
+
+            outer.start_soon(run_first)
+            await wait_for(lambda: first.services[0].ready.is_set(), "first server ready")
+
+            async def go():
+                results["a"] = await client(net, homes[1], first, "ink", data(1, limit=80), reconnect_timeout=30.0)
+
+            outer.start_soon(go)
+            await stopped.wait()
+            second = daemon_on(net, homes[0])
+            await outer.start(second.run, [], [])
+            svc = second.services[0]
+            await wait_for(lambda: "a" in results, "the client to finish after the restart", timeout=60)
+            seen["loaded"] = svc.campaign.resumed
+            seen["completed"] = svc.board.completed
+            seen["final_version"] = svc.campaign.server.version
+            second.stop()
+
+    trio.run(main)
+    rec = results["a"].record
+    cid = rec["client"]
+    assert seen["loaded"] == {cid} and seen["completed"] == 3
+    assert seen["final_version"] == seen["version"] + 2 * 2  # rounds 2, 3 continued the saved body
+    assert rec["reconnects"] >= 1 and rec["rounds"] == [1, 2, 3]
+    c = ByteCounter.from_dict(rec["counter"])
+    assert c.total(cid, "up", ["upload"], payload=True) == 80 * TOKENS[0] * TOKENS[1] * 4  # not re-uploaded
+
+
+def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 3)
+    configure(homes[0], "msd-server", msd={"steps": 15, "batch_size": 64})
+    net = MemoryNetwork(seed=16)
+    results: dict = {}
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+
+            async def go(name, home, task, spec):
+                results[name] = await client(net, home, server, task, spec, finetune_steps=20)
+
+            async with trio.open_nursery() as clients:
+                clients.start_soon(go, "a", homes[1], "digit", data(1))
+                clients.start_soon(go, "b", homes[2], "ink", data(2))
+            server.stop()
+
+    trio.run(main)
+    led = Ledger.open(homes[0].ledger_db)
+    try:
+        (w,) = led.query(kind="weights")
+    finally:
+        led.close()
+    ids = {results["a"].record["client"], results["b"].record["client"]}
+    assert w.body["part"] == "body" and w.body["algorithm"] == "msd" and set(w.body["authorized"]) == ids
+    for res in results.values():
+        rec = res.record
+        assert rec["weights_entry"] == w.id.hex() and rec["weights_blob"] == w.body["blob"]
+        row = check_record(res, "msd", tol=0.01)
+        assert row["measured_down"] >= row["params"]["Pb"]
+    assert "accuracy" in results["a"].metrics and "patch_accuracy" in results["b"].metrics
+    # later, from the entry the client's ledger learned by sync and the blob it stored
+    out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=10)
+    assert out["entry"] == w.id.hex() and 0.0 <= out["metrics"]["accuracy"] <= 1.0
+
+
+def test_join_errors_are_clear(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    configure(homes[0], "pfesta-server", clients=1)
+    outsider = tmp_path / "outsider"
+    from tests.test_daemon_memory import cli
+
+    led = Ledger.open(homes[0].ledger_db)
+    genesis = led.query(kind="genesis")[0].id.hex()
+    led.close()
+    cli("init", "--home", str(outsider), "--join", genesis)
+    net = MemoryNetwork(seed=17)
+    server_id = NodeIdentity.load(homes[0]).peer_id
+    with pytest.raises(SplitJoinError, match="no address known"):
+        trio.run(lambda: client_no_addr(net, homes[1], server_id))
+
+    async def main() -> None:
+        server = daemon_on(net, homes[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, [], [])
+            with pytest.raises(SplitJoinError, match="not offered"):
+                await client(net, homes[1], server, "nosuchtask", data(1))
+            with pytest.raises(SplitJoinError, match="not a member"):
+                await client(net, NodeHome.at(outsider), server, "digit", data(1), sync=False)
+            server.stop()
+
+    trio.run(main)
+
+
+async def client_no_addr(net, home, server_id):
+    t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
+    async with t.run([]):
+        await run_join(home, t, JoinOptions(server=server_id, task="digit", data=data(1)))
+
+
+def test_settings_validate_and_round_trip(tmp_path: Path) -> None:
+    s = SplitSettings.from_dict({**BASE, "msd": {"steps": 3}})
+    assert SplitSettings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert s.total_rounds("festa") == 2 and s.total_rounds("msd") == 1
+    assert parse_task("ink:segmentation::0.5") == {"name": "ink", "kind": "segmentation", "num_outputs": 1,
+                                                   "loss_weight": 0.5}
+    for bad, match in (({"rounds": -1}, "rounds"), ({"tasks": []}, "at least one task"),
+                       ({"body": {"img_size": 15}}, "multiple"), ({"bogus": 1}, "unknown split setting"),
+                       ({"msd": {"student_keep": 2.0}}, "msd"), ({"round_timeout": 0.0}, "round_timeout")):
+        with pytest.raises(SplitConfigError, match=match):
+            SplitSettings.from_dict({**BASE, **bad})
+    for bad in ("ink", "x:blob", "a:classification:ten"):
+        with pytest.raises(SplitConfigError):
+            parse_task(bad)
+
+
+# ---------------------------------------------------------------------------- processes
+
+def _cli(*args: str) -> str:
+    from tests.test_daemon_memory import cli
+
+    return cli(*args)
+
+
+@pytest.mark.slow
+def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> None:
+    """A p-FESTA server and two clients with two tasks as separate processes on loopback (and,
+    for the comparison, the same two clients against a FESTA server with the same setting)."""
+    from tests.nodeprocs import ATD, _env, atd, start_daemon
+
+    homes = [Path(h.root) for h in make_consortium(tmp_path, 4)]
+    ps, fs, c1, c2 = homes
+    setting = ["--task", "digit:classification:10", "--task", "ink:segmentation::0.5", "--rounds", "3",
+               "--steps", "4", "--unify-every", "1", "--batch-size", "16", "--clients", "2",
+               "--start-timeout", "120", "--round-timeout", "120"]
+    _cli("split", "configure", "--home", str(ps), *setting)
+    _cli("split", "configure", "--home", str(fs), *setting)
+    servers = [start_daemon(ps, "--role", "pfesta-server"), start_daemon(fs, "--role", "festa-server")]
+    procs = []
+    try:
+        jobs = [(c, srv, home, task, spec) for srv, home in zip(servers, (ps, fs))
+                for c, task, spec in ((c1, "digit", data(1, limit=150)), (c2, "ink", data(2, limit=150)))]
+        for c, srv, home, task, spec in jobs:
+            peer = atd("id", "--home", str(home)).stdout.strip()
+            procs.append(subprocess.Popen(
+                [*ATD, "split", "join", "--home", str(c), "--server", peer, "--server-addr", srv.addrs[0],
+                 "--task", task, "--data", spec, "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err[-3000:]
+            outs.append(json.loads(out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for d in servers:
+            d.terminate()
+    metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs}
+    assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
+    assert all(metrics[(a, "digit")]["accuracy"] >= 0 and metrics[(a, "ink")]["patch_accuracy"] > 0.5
+               for a in ("pfesta", "festa"))
+    report = atd("split", "report", "--home", str(c1), "--home", str(c2), "--json")
+    rows = json.loads(report.stdout)
+    assert len(rows) == 4
+    for row in rows:
+        assert abs(row["rel_error"]) < 0.05, row
+    for client_home in (c1, c2):
+        mine = {r["algorithm"]: r for r in rows if r["record"].startswith(str(client_home))}
+        assert mine["pfesta"]["measured"] < mine["festa"]["measured"]
+        # the same setting: same D, B, R, n, F, G for both algorithms
+        same = ("D", "B", "R", "n", "F", "G")
+        assert {k: mine["pfesta"]["params"][k] for k in same} == {k: mine["festa"]["params"][k] for k in same}
+    table = atd("split", "report", "--home", str(c1)).stdout
+    assert "T_pFESTA" in table and "pfesta" in table and "festa" in table
