@@ -1,0 +1,84 @@
+"""`atd classify` on plain models (label spaces matched by name), its errors, and
+`atd train --adversarial` reporting clean and robust accuracy."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from atdnode.classify import ClassifyError
+from atdnode.errors import ConfigError, DataError
+from atdnode.home import NodeHome
+from atdnode.identity import init_home
+from cli.app import app
+from cli.errors import CliError
+from tests.vgs_homes import CFG, copy_homes, disjoint_trio, latest
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def trio(tmp_path_factory, tmp_path):
+    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+    return copy_homes(template, tmp_path / "homes")
+
+
+def cli(*args: str) -> dict:
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_classify_matches_training_metrics_on_the_same_split(trio):
+    a = trio[0]
+    rec = latest(a)
+    out = cli("classify", "--home", str(a.root), "--data", rec.provenance["data"])
+    assert out["kind"] == "model" and out["model"] == rec.id and out["classes"] == ["0", "1", "2"]
+    for k in ("accuracy", "precision", "sensitivity", "f1"):
+        assert out[k] == pytest.approx(rec.metrics[k if k != "sensitivity" else "recall"], abs=1e-12), k
+    assert out["confusion"] == rec.metrics["confusion"] and out["n"] == rec.metrics["n"]
+
+
+def test_classes_the_model_does_not_know_count_as_errors(trio, tmp_path):
+    a = trio[0]
+    png = tmp_path / "cm.png"
+    out = cli("classify", "--home", str(a.root), "--data", "digits", "--out", str(png))
+    assert out["unknown_classes"] == [str(i) for i in range(3, 10)] and out["classes"] == [str(i) for i in range(10)]
+    assert len(out["confusion"]) == 10 and sum(map(sum, out["confusion"])) == out["n"] == 359
+    # only rows 0-2 can have correct predictions; columns 3-9 stay empty (the model has no such class)
+    assert all(out["confusion"][r][c] == 0 for r in range(10) for c in range(3, 10))
+    assert out["accuracy"] <= 108 / 359 and png.read_bytes()[:4] == b"\x89PNG" and out["png"] == str(png)
+    r = runner.invoke(app, ["classify", "--home", str(a.root), "--data", "digits"])
+    assert r.exit_code == 0 and "sensitivity" in r.stdout and "does not know: 3, 4" in r.stdout
+    assert (a.root / "classify").is_dir()
+
+
+@pytest.mark.parametrize("args, error, why", [
+    (["--data", "digits?classes=7,8"], ClassifyError, "none of the data's"),
+    (["--data", "digits?classes=x"], DataError, "unknown classes"),
+    (["--data", "digits", "--model", "nope"], ConfigError, "not found"),
+    (["--data", "digits", "--split", "val"], DataError, "unknown split"),
+])
+def test_classify_errors(trio, args, error, why):
+    r = runner.invoke(app, ["classify", "--home", str(trio[0].root), *args])
+    assert isinstance(r.exception, error) and why in str(r.exception), r.exception
+
+
+def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
+    home = NodeHome.at(tmp_path / "n")
+    init_home(home, consortium="demo")
+    tiny = ["--model", "vit_tiny_patch16_224", "--img-size", str(CFG["img_size"]), "--patch-size",
+            str(CFG["patch_size"]), "--embed-dim", "32", "--depth", "1", "--heads", "2", "--epochs", "2",
+            "--batch-size", "16", "--no-augment", "--seed", "0"]
+    args = ["train", "--home", str(home.root), "--data", "digits?classes=0,1,2&limit=120", *tiny,
+            "--adversarial", "--adv-ratio", "0.5", "--pgd-steps", "3"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "robust accuracy (PGD)" in r.stdout and "test accuracy" in r.stdout
+    m = latest(home).metrics
+    print(f"adversarial training: clean {m['accuracy']:.3f} robust {m['robust_accuracy']:.3f}")
+    assert 0.0 <= m["robust_accuracy"] <= m["accuracy"] <= 1.0
+    assert latest(home).provenance["options"]["transform"]["adversarial"] == "pgd"
+    r = runner.invoke(app, [*args[:-4], "--adversarial", "--adv-ratio", "2"])
+    assert isinstance(r.exception, CliError) and "ratio" in str(r.exception)
