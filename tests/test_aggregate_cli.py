@@ -125,7 +125,8 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
                       (["--inputs", hello], "is a hello entry"),
                       (["--weighting", "model-count"], "does not apply"),
                       (["--mode", "horizontal", "--group", f"g={weights}"], "--group applies"),
-                      (["--features", weights], "--features / --data")):
+                      (["--features", weights], "--features / --data"),
+                      (["--mode", "vertical", "--mlp-hidden", "64,x"], "--mlp-hidden")):
         err = fails("aggregate", "--home", str(a.root), *args)
         assert why in str(err), (args, err)
     # a node without any trained model

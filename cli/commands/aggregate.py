@@ -34,6 +34,7 @@ def aggregate(
     q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
     pca_components: int = typer.Option(500, "--pca-components", min=1, help="Ensemble PCA components (capped by feature width and samples)."),
     mlp_iter: int = typer.Option(300, "--mlp-iter", min=1, help="Ensemble MLP max iterations."),
+    mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry from its inputs and check its weights and result hash."),
@@ -57,7 +58,14 @@ def aggregate(
         raise CliError("--features / --data apply to vertical and hierarchical modes")
     from atdnode.vertical import EnsembleOptions
 
-    opts = EnsembleOptions(pca_components=pca_components, mlp_max_iter=mlp_iter, rf_trees=rf_trees, seed=seed)
+    try:
+        hidden = tuple(int(x) for x in mlp_hidden.split(",") if x.strip())
+    except ValueError:
+        hidden = ()
+    if not hidden or min(hidden) < 1:
+        raise CliError(f"--mlp-hidden {mlp_hidden!r}: expected positive integers like 256 or 128,64")
+    opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
+                           seed=seed)
     if mode == "horizontal":
         res = agg.aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q)
     elif mode == "vertical":
