@@ -16,7 +16,7 @@ from atdnode.config import NodeConfig
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.split import SPLIT_PROTOCOL
-from atdnode.split.client import JoinOptions, SplitJoinError, run_join
+from atdnode.split.client import JoinOptions, SplitJoinError, run_join, single_error
 from atdnode.split.finetune import finetune_from_entry
 from atdnode.split.report import load_records, report_row
 from atdnode.split.session import RemoteError, SplitChannel
@@ -51,9 +51,12 @@ def configure(home: NodeHome, role: str, **kw) -> None:
 
 async def client(net: MemoryNetwork, home: NodeHome, server, task: str, spec: str, **kw):
     t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
-    async with t.run([]):
-        return await run_join(home, t, JoinOptions(server=server.transport.peer_id, task=task, data=spec,
-                                                   server_addrs=server.transport.addrs(), **kw))
+    try:
+        async with t.run([]):
+            return await run_join(home, t, JoinOptions(server=server.transport.peer_id, task=task, data=spec,
+                                                       server_addrs=server.transport.addrs(), **kw))
+    except BaseExceptionGroup as eg:  # the transport's nursery wraps a client error
+        raise single_error(eg) from None
 
 
 def check_record(res, algorithm: str, tol: float = 0.05) -> dict:
@@ -169,7 +172,7 @@ def test_vanished_and_silent_clients_do_not_stall_the_server(tmp_path: Path) -> 
             if vanish:
                 await stream.reset()
                 return
-            with pytest.raises(TransportError):  # silent: the server drops it at the deadline
+            with pytest.raises(RemoteError, match="round 1"):  # silent: dropped at the deadline, told why
                 await ch.recv()
 
     async def main() -> None:
@@ -200,7 +203,7 @@ def test_vanished_and_silent_clients_do_not_stall_the_server(tmp_path: Path) -> 
 
 def test_malformed_frame_closes_only_that_clients_stream(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 3)
-    configure(homes[0], "pfesta-server", clients=2, rounds=2, steps_per_round=2)
+    configure(homes[0], "pfesta-server", clients=1, rounds=2, steps_per_round=2)
     net = MemoryNetwork(seed=14)
     results: dict = {}
 
@@ -357,8 +360,11 @@ def test_join_errors_are_clear(tmp_path: Path) -> None:
 
 async def client_no_addr(net, home, server_id):
     t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
-    async with t.run([]):
-        await run_join(home, t, JoinOptions(server=server_id, task="digit", data=data(1)))
+    try:
+        async with t.run([]):
+            await run_join(home, t, JoinOptions(server=server_id, task="digit", data=data(1)))
+    except BaseExceptionGroup as eg:
+        raise single_error(eg) from None
 
 
 def test_settings_validate_and_round_trip(tmp_path: Path) -> None:

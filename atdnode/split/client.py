@@ -267,5 +267,19 @@ def join(home: NodeHome, opts: JoinOptions, *, listen: str = "/ip4/127.0.0.1/tcp
 
     try:
         return trio.run(main)
+    except BaseExceptionGroup as eg:  # the transport's nursery wraps what went wrong inside it
+        leaf = single_error(eg)
+        if isinstance(leaf, AtdError):
+            raise leaf from None
+        if isinstance(leaf, SplitError):
+            raise SplitJoinError(str(leaf)) from None
+        raise
     except SplitError as e:
         raise SplitJoinError(str(e)) from None
+
+
+def single_error(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups of one member, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -54,6 +54,7 @@ class Session:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     admitted: bool = False
     clean: bool = False  # the client said bye
+    dropped: str | None = None  # why the coordinator cancelled this session (told to the client)
 
 
 class SplitService:
@@ -155,7 +156,7 @@ class SplitService:
         except SplitProtocolError as e:
             await self._fault(sess, str(e))
         except trio.TooSlowError:
-            await self._fault(sess, f"silent for {self.settings.round_timeout:.0f} s")
+            await self._fault(sess, f"silent for {self.idle_timeout:.0f} s")
         except TransportError as e:
             if sess.admitted and not sess.clean and self.sessions.get(sess.client) is sess:
                 await self.drop(sess.client, f"disconnected: {e}", current=sess)
@@ -165,7 +166,9 @@ class SplitService:
                 assert self.board is not None
                 self.board.ready.discard(sess.client)
                 self.board.notify()
-        if sess.scope.cancelled_caught or not sess.clean:
+        if sess.scope.cancelled_caught and sess.dropped:
+            await sess.channel.send_error(sess.dropped)
+        elif sess.scope.cancelled_caught:  # replaced by a newer session of the same client
             await stream.reset()
 
     async def _session(self, sess: Session) -> None:
@@ -183,10 +186,16 @@ class SplitService:
         await ch.send("welcome", None, welcome)
         await self.campaign.serve(sess)
 
-    async def recv(self, sess: Session, *kinds: str):
-        """Receive from a client with the idle limit (round_timeout) -> trio.TooSlowError."""
+    @property
+    def idle_timeout(self) -> float:
+        """Longest a client may keep a stream silent (loading data, evaluating...); stalls
+        inside a round are caught earlier by the round deadline."""
         assert self.settings is not None
-        with trio.fail_after(self.settings.round_timeout):
+        return max(self.settings.round_timeout, self.settings.start_timeout)
+
+    async def recv(self, sess: Session, *kinds: str):
+        """Receive from a client within the idle limit (else trio.TooSlowError)."""
+        with trio.fail_after(self.idle_timeout):
             return await sess.channel.recv(*kinds)
 
     async def _fault(self, sess: Session, reason: str) -> None:
@@ -208,6 +217,7 @@ class SplitService:
         b.downloads.pop(client, None)
         sess = self.sessions.get(client)
         if sess is not None and sess is not current:
+            sess.dropped = f"dropped: {reason}"
             sess.scope.cancel()
         b.notify()
         log.info("dropped split client %s: %s", client[-8:], reason)
