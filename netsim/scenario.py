@@ -342,13 +342,6 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         raise c.fail("scenario", "missing required key name")
     head_conv = {"methods": lambda v, w: c.strs(v, w)}
     hdr = c.build(_Header, head, "scenario", head_conv)
-    if hdr.backend not in BACKENDS:
-        raise c.fail("scenario.backend", f"{hdr.backend!r} is not one of {', '.join(BACKENDS)}")
-    for m in hdr.methods:
-        if m not in METHODS:
-            raise c.fail("scenario.methods", f"{m!r} is not one of {', '.join(METHODS)}")
-    if not hdr.methods:
-        raise c.fail("scenario.methods", "must name at least one method")
 
     model = c.build(ModelSpec, c.table(raw, "model", "model"), "model")
     train = c.build(TrainSpec, c.table(raw, "train", "train"), "train")
@@ -416,6 +409,13 @@ def _resolve_dataset(d: DatasetSpec, base_dir: Path | None) -> DatasetSpec:
 def validate(s: Scenario) -> None:
     """Cross-field checks; raises ScenarioError naming the offending key."""
     c = _Ctx(s.source)
+    if s.backend not in BACKENDS:
+        raise c.fail("scenario.backend", f"{s.backend!r} is not one of {', '.join(BACKENDS)}")
+    for m in s.methods:
+        if m not in METHODS:
+            raise c.fail("scenario.methods", f"{m!r} is not one of {', '.join(METHODS)}")
+    if not s.methods:
+        raise c.fail("scenario.methods", "must name at least one method")
     _positive(c, "scenario.deadline_s", s.deadline_s)
     for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans"):
         _positive(c, f"model.{k}", getattr(s.model, k))

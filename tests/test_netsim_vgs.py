@@ -146,3 +146,24 @@ def test_run_scenario_writes_the_report(tmp_path: Path) -> None:
     assert "| vgs-atd | 1 |" in md and "| local | 1 |" in md
     assert json.loads((tmp_path / "out" / "report.json").read_text())["forgetting"]["vgs-atd"]["1"] is not None
     assert set(rep["nodes"]) == {"a1", "a2"}
+
+
+def test_cli_netsim_run_and_errors(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from netsim.scenario import ScenarioError
+
+    f = tmp_path / "s.toml"
+    f.write_text('[scenario]\nname = "cli"\nmethods = ["local", "centralized"]\n'
+                 '[model]\nimg_size = 8\npatch_size = 4\nembed_dim = 16\ndepth = 1\n[train]\nepochs = 1\n'
+                 '[[datasets]]\nname = "digits"\nspec = "digits"\n'
+                 '[[cohorts]]\nname = "a"\nnodes = ["h1", "h2"]\ndataset = "digits"\ntrain_samples = 100\n')
+    runner = CliRunner()
+    res = runner.invoke(app, ["netsim", "run", str(f), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "centralized" in res.output and (tmp_path / "out" / "report.md").is_file()
+    res = runner.invoke(app, ["netsim", "run", str(f), "--backend", "cloud"])
+    assert isinstance(res.exception, ScenarioError) and "scenario.backend" in str(res.exception)
+    res = runner.invoke(app, ["netsim", "run", "no_such_scenario"])
+    assert isinstance(res.exception, ScenarioError) and "no shipped scenario" in str(res.exception)
