@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import trio
@@ -45,6 +46,7 @@ log = logging.getLogger("atd.daemon")
 BLOB_KINDS_SET = {"weights", "features", "aggregate"}
 MERGE_BATCH = 512
 INBOX_SIZE = 20_000
+VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to _on_gossip
 
 
 def ledger_topic(genesis_id: str) -> str:
@@ -84,6 +86,7 @@ class NodeDaemon:
         self._fetch_failures: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
+        self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
         self.merge_observers: list = []  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
         # Extension point: role services (e.g. a split-learning server). Each has
@@ -168,13 +171,18 @@ class NodeDaemon:
             # Unknown authors are not relayed; sync fetches their entries once membership is known.
             self.stats["gossip_rejected"] += 1
             return False
+        # Handed to _on_gossip, which receives these same bytes right after: the entry is
+        # parsed and its signature checked once per node, not again by merge.
+        self._validated[data] = entry
+        if len(self._validated) > VALIDATED_KEEP:
+            self._validated.popitem(last=False)
         return True
 
     async def _on_gossip(self, data: bytes, from_peer: str) -> None:
         """Queue an accepted gossip message; `_merge_loop` merges queued ones in batches."""
         self.stats["gossip_in"] += 1
         try:
-            self._inbox_send.send_nowait(data)
+            self._inbox_send.send_nowait(self._validated.pop(data, None) or data)
         except trio.WouldBlock:  # overload: drop it here, the periodic sync fetches it later
             self.stats["gossip_overflow"] = self.stats.get("gossip_overflow", 0) + 1
 
@@ -191,7 +199,7 @@ class NodeDaemon:
             for _, err in result.rejected:
                 log.warning("gossiped entry rejected: %s", err)
             if result.added:
-                kinds = {Entry.from_bytes(raw).kind for raw in batch}
+                kinds = {_kind(item) for item in batch}
                 for fn in self.merge_observers:
                     fn(list(result.added))
                 await self._after_merge(kinds)
@@ -433,6 +441,16 @@ class NodeDaemon:
             "bytes": self.transport.bytes_counters(),
             "stats": dict(self.stats),
         }
+
+
+def _kind(item: Entry | bytes) -> str | None:
+    """The kind of a queued gossip item (a validated Entry, or raw bytes merge accepted)."""
+    if isinstance(item, Entry):
+        return item.kind
+    try:
+        return Entry.from_bytes(item).kind
+    except LedgerError:
+        return None
 
 
 def daemon_state(home: NodeHome) -> dict | None:
