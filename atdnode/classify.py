@@ -10,7 +10,7 @@ classifier does not know count as errors (and are listed as `unknown_classes`). 
 over all samples; precision, sensitivity (recall) and F1 are macro averages over the
 classes present in the data; the confusion matrix (rows true, columns predicted) spans
 the data's classes followed by any other class the classifier predicted, and is written
-as a PNG.
+as a PNG. Optionally, accuracy under a PGD attack (protocols.adversarial; head models only).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class ClassifyResult:
         return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
                 "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
                 "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
-                "png": str(self.png)}
+                "png": str(self.png), **({"robust_accuracy": m["robust_accuracy"]} if "robust_accuracy" in m else {})}
 
 
 def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
@@ -96,9 +96,33 @@ def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[in
     return float(p), float(r), float(f)
 
 
+def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> float:
+    """Accuracy under PGD (`pgd`: protocols.adversarial.PGDConfig) of a model predicting with
+    its head; samples of classes it does not know count as errors, as in the clean metrics."""
+    from protocols.adversarial import AdversarialError, robust_accuracy
+
+    if record.blobs.get("ensemble"):
+        raise ClassifyError(f"model {record.id} predicts with an ensemble (PCA, trees): PGD needs gradients "
+                            f"through the classifier, so robust accuracy is for head models only")
+    model = load_full_model(store, record)
+    index = {c: i for i, c in enumerate(record.labels)}
+    names = [data.classes[int(t)] for t in data.labels]
+    known = torch.tensor([c in index for c in names], dtype=torch.bool)
+    if not bool(known.any()):
+        return 0.0
+    y = torch.tensor([index[c] for c, k in zip(names, known.tolist()) if k], dtype=torch.int64)
+    try:
+        rep = robust_accuracy(model, (data.images[known], y), generator=torch.Generator().manual_seed(0),
+                              **pgd.attack_kwargs())
+    except AdversarialError as exc:
+        raise ClassifyError(f"robust accuracy: {exc}") from None
+    return rep.robust * rep.n / len(names)
+
+
 def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
-             out: str | Path | None = None, batch_size: int = 256) -> ClassifyResult:
-    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG."""
+             out: str | Path | None = None, batch_size: int = 256, pgd=None) -> ClassifyResult:
+    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
+    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`."""
     record = ModelRegistry(home).get(model)
     cfg = ModelConfig.from_dict(record.model)
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
@@ -114,6 +138,8 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     present = sorted({int(t) for t in y_true})
     metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
     metrics["sensitivity"] = metrics["recall"]
+    if pgd is not None:
+        metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd)
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     save_confusion_png(metrics["confusion"], space, png,

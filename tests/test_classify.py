@@ -80,5 +80,11 @@ def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
     print(f"adversarial training: clean {m['accuracy']:.3f} robust {m['robust_accuracy']:.3f}")
     assert 0.0 <= m["robust_accuracy"] <= m["accuracy"] <= 1.0
     assert latest(home).provenance["options"]["transform"]["adversarial"] == "pgd"
+    # `atd classify --robust` runs the same attack on the same split: the same number
+    out = cli("classify", "--home", str(home.root), "--data", "digits?classes=0,1,2&limit=120", "--robust",
+              "--pgd-steps", "3")
+    assert out["accuracy"] == m["accuracy"] and out["robust_accuracy"] == pytest.approx(m["robust_accuracy"])
+    r = runner.invoke(app, ["classify", "--home", str(home.root), "--data", "digits", "--robust", "--pgd-eps", "-1"])
+    assert isinstance(r.exception, CliError) and "eps" in str(r.exception)
     r = runner.invoke(app, [*args[:-4], "--adversarial", "--adv-ratio", "2"])
     assert isinstance(r.exception, CliError) and "ratio" in str(r.exception)

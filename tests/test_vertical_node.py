@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atdnode.aggregate import AggregateError
+from atdnode.classify import ClassifyError
 from atdnode.features_share import FeaturesError
 from cli.app import app
 from ledger import Ledger
@@ -56,6 +57,8 @@ def test_disjoint_labels_give_every_node_one_ten_class_classifier(trio):
         assert out["model"] == r["model"] and out["kind"] == "ensemble" and out["n"] == 359
         assert out["unknown_classes"] == [] and Path(out["png"]).read_bytes()[:4] == b"\x89PNG"
         accs.append(out["accuracy"])
+    r = runner.invoke(app, ["classify", "--home", str(trio[0].root), "--data", "digits", "--robust"])
+    assert isinstance(r.exception, ClassifyError) and "ensemble" in str(r.exception)
     print(f"vertical ensemble accuracy on the digits test split (10 classes): {accs}")
     assert min(accs) > 0.4, accs  # chance is 0.1; measured 0.61
     # any peer holding the inputs can check the fusion

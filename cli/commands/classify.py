@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.errors import CliError
 
 
 def classify(
@@ -16,6 +17,10 @@ def classify(
     model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
     split: str = typer.Option("test", "--split", help="test | train."),
     out: Optional[Path] = typer.Option(None, "--out", help="Confusion-matrix PNG path (default: HOME/classify/MODEL-SPEC.png)."),
+    robust: bool = typer.Option(False, "--robust", help="Also report accuracy under a PGD attack (models with a head)."),
+    pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
+    pgd_step: str = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units."),
+    pgd_steps: int = typer.Option(7, "--pgd-steps", min=0, help="PGD steps."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Predict with the node's global model or ensemble and report accuracy, precision,
@@ -23,11 +28,14 @@ def classify(
 
     A model from vertical or hierarchical aggregation predicts with its ensemble over the
     union of the shared label spaces; others with their own head. Samples of classes the
-    model does not know count as errors.
+    model does not know count as errors. --robust adds accuracy under the PGD attack of
+    `atd train --adversarial` (eps 8/255, step 2/255, 7 steps by default).
     """
     from atdnode.classify import classify as run
 
-    res = run(NodeHome.at(home).require(), data, model=model, split=split, out=out)
+    h = NodeHome.at(home).require()
+    pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
+    res = run(h, data, model=model, split=split, out=out, pgd=pgd)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
@@ -35,9 +43,33 @@ def classify(
     typer.echo(f"model {res.model_id} ({res.kind}) on {data} [{split}], n={m['n']}")
     typer.echo(f"  accuracy {m['accuracy']:.4f}  precision {m['precision']:.4f}  "
                f"sensitivity {m['sensitivity']:.4f}  f1 {m['f1']:.4f}")
+    if "robust_accuracy" in m:
+        typer.echo(f"  robust accuracy (PGD) {m['robust_accuracy']:.4f}")
     if res.unknown_classes:
         typer.echo(f"  classes the model does not know: {', '.join(res.unknown_classes)}")
     typer.echo(f"  confusion matrix {res.png}")
+
+
+def _fraction(text: str) -> float:
+    try:
+        num, _, den = text.partition("/")
+        return float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise CliError(f"not a number or fraction: {text!r}") from None
+
+
+def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
+    """The attack `atd train --adversarial` uses, on this model's input normalisation."""
+    from atdnode.data import MEAN, STD
+    from atdnode.registry import ModelRegistry
+    from protocols.adversarial import AdversarialError, PGDConfig
+
+    chans = int(ModelRegistry(home).get(model).model["in_chans"])
+    try:
+        return PGDConfig(eps=_fraction(eps), step=_fraction(step), steps=steps, mean=(MEAN,) * chans,
+                         std=(STD,) * chans)
+    except AdversarialError as exc:
+        raise CliError(f"--robust: {exc}") from None
 
 
 def register(app: typer.Typer) -> None:
