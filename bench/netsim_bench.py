@@ -1,0 +1,178 @@
+"""netsim benchmarks; prints one JSON object.
+
+(a) `procs`: 30 real `atd node start` daemons on 127.0.0.1 (the paper's 29 nodes and one
+    more); every node publishes its share of 1,000 signed entries (256-byte bodies) as
+    fast as its ledger takes them; measured: seconds from the first publication until
+    every node holds all 1,000, and the peak total RSS of the daemon processes (sampled
+    every 0.25 s). Baseline in the same run: the same 1,000 entries verified and merged
+    into 30 ledgers by one process, no network (`merge_baseline_s`); the ratio says what
+    the network layer costs on top of the ledger work.
+(b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
+    gossip, signed entries verified on arrival, the real sync protocol) under a gossip
+    workload (20 publishers, 1 entry/s each for 10 simulated seconds); measured:
+    simulated seconds per wall second over the whole run (start-up included). Baseline in
+    the same run: the same workload on 100 full node daemons (SQLite ledgers, hello and
+    discovery loops) on the same back-end.
+
+    python bench/netsim_bench.py [procs] [memory] [--nodes 30] [--entries 1000] [--peers 1000] [--daemons 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netsim.scenario import scenario_from_dict  # noqa: E402
+
+
+def bench_procs(nodes: int, entries: int) -> dict:
+    from netsim.procnet import ProcCluster
+    from netsim.workload import run_gossip
+
+    scn = scenario_from_dict({
+        "scenario": {"name": "bench-procs", "seed": 1, "backend": "process"},
+        "topology": {"nodes": nodes, "degree": 3, "sync_interval_s": 10},
+        "workload": {"entries": entries, "entry_bytes": 256, "interval_s": 0.0, "deadline_s": 600},
+    })
+    root = Path(tempfile.mkdtemp(prefix="atd-bench-"))
+    cluster = ProcCluster(root, scn.node_names(), seed=scn.seed, network=scn.network, sync_interval=10)
+    peak = {"rss": 0, "procs": 0}
+
+    async def sample(stop: trio.Event) -> None:
+        while not stop.is_set():
+            total, n = 0, 0
+            for node in cluster.nodes.values():
+                p = node.proc
+                if p is not None and p.returncode is None:
+                    try:
+                        proc = psutil.Process(p.pid)
+                        total += proc.memory_info().rss
+                        total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+                        n += 1
+                    except psutil.Error:
+                        pass
+            if total > peak["rss"]:
+                peak.update(rss=total, procs=n)
+            with trio.move_on_after(0.25):
+                await stop.wait()
+
+    async def run() -> dict:
+        stop = trio.Event()
+        async with cluster.running():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sample, stop)
+                rep = await run_gossip(cluster, scn)
+                stop.set()
+        return rep.to_dict()
+
+    rep = trio.run(run)
+    base = merge_baseline(nodes, entries)
+    conv = rep["time_to_converge_s"]
+    return {
+        "daemons": nodes, "entries": rep["entries"], "converged": rep["converged"],
+        "seconds_until_every_node_holds_all": conv, "publish_s": rep["publish_s"],
+        "peak_total_rss_mb": round(peak["rss"] / 2**20, 1),
+        "rss_per_daemon_mb": round(peak["rss"] / 2**20 / max(1, peak["procs"]), 1),
+        "merge_baseline_s": round(base, 3),
+        "ratio_to_merge_baseline": round(conv / base, 2) if conv else None,
+        "notes": rep["notes"],
+    }
+
+
+def merge_baseline(nodes: int, entries: int) -> float:
+    """Verify + merge `entries` signed entries into `nodes` fresh ledgers in one process."""
+    from ledger import Ledger, Signer
+    from netsim.homes import node_seed
+
+    root = Path(tempfile.mkdtemp(prefix="atd-bench-merge-"))
+    signers = [Signer.from_seed(node_seed(9, f"n{i}")) for i in range(nodes)]
+    dbs = [Ledger.open(root / f"p{i}.db") for i in range(nodes)]
+    try:
+        g = dbs[0].create_genesis(signers[0], "bench", [(s.public_key, False) for s in signers[1:]])
+        for led in dbs[1:]:
+            led.merge([g.to_bytes()])
+        authors = [Ledger.open(root / f"a{i}.db") for i in range(nodes)]
+        for led in authors:
+            led.merge([g.to_bytes()])
+        payload = os.urandom(256)
+        raws = [authors[k % nodes].append(signers[k % nodes], "metrics", {"netsim": k, "pad": payload}).to_bytes()
+                for k in range(entries)]
+        for a in authors:
+            a.close()
+        t0 = time.perf_counter()
+        for led in dbs:
+            led.merge(raws)
+        return time.perf_counter() - t0
+    finally:
+        for d in dbs:
+            d.close()
+
+
+def bench_memory(peers: int, daemons: int) -> dict:
+    from netsim.litenode import LiteCluster
+    from netsim.memnet import MemCluster, simulate
+    from netsim.workload import run_gossip
+
+    def scenario(n: int, kind: str):
+        return scenario_from_dict({
+            "scenario": {"name": f"bench-mem-{kind}", "seed": 1},
+            "network": {"latency_ms": 20, "bandwidth_mbps": 100},
+            "topology": {"nodes": n, "degree": 3, "max_peers": 6, "peers": kind, "sync_interval_s": 5},
+            "workload": {"entries": 200, "entry_bytes": 256, "interval_s": 1.0, "deadline_s": 120,
+                         "publishers": [f"n{i}" for i in range(0, n, max(1, n // 20))][:20]},
+        })
+
+    out = {}
+    for n, kind in ((peers, "lite"), (daemons, "daemon")):
+        s = scenario(n, kind)
+        with tempfile.TemporaryDirectory(prefix="atd-bench-mem-") as d:
+            t_setup = time.perf_counter()
+            if kind == "lite":
+                cluster = LiteCluster(s.node_names(), seed=s.seed, network=s.network, sync_interval=5, max_peers=6)
+            else:
+                cluster = MemCluster(Path(d), s.node_names(), seed=s.seed, network=s.network, sync_interval=5,
+                                     poll_interval=0.1, max_peers=6)
+            setup = time.perf_counter() - t_setup
+
+            async def run() -> dict:
+                t0, w0 = trio.current_time(), time.perf_counter()
+                async with cluster.running():
+                    rep = await run_gossip(cluster, s)
+                return {"rep": rep, "sim": trio.current_time() - t0, "wall": time.perf_counter() - w0}
+
+            r = simulate(run, seed=s.seed)
+        rep = r["rep"]
+        out[kind] = {"nodes": n, "entries": rep.entries, "converged": rep.converged,
+                     "time_to_converge_sim_s": rep.time_to_converge_s, "simulated_s": round(r["sim"], 3),
+                     "wall_s": round(r["wall"], 2), "setup_wall_s": round(setup, 2),
+                     "sim_s_per_wall_s": round(r["sim"] / r["wall"], 4)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("parts", nargs="*", default=["procs", "memory"])
+    ap.add_argument("--nodes", type=int, default=30)
+    ap.add_argument("--entries", type=int, default=1000)
+    ap.add_argument("--peers", type=int, default=1000)
+    ap.add_argument("--daemons", type=int, default=100)
+    a = ap.parse_args()
+    result: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+    if "procs" in a.parts:
+        result["procs"] = bench_procs(a.nodes, a.entries)
+    if "memory" in a.parts:
+        result["memory"] = bench_memory(a.peers, a.daemons)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
