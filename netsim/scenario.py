@@ -27,7 +27,7 @@ Every problem raises `ScenarioError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 

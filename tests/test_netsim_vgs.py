@@ -10,7 +10,7 @@ import torch
 
 from netsim.baselines import BASELINES, SERVER, run_baseline
 from netsim.nodedata import load_scenario_data
-from netsim.report import strip_timing, write_report
+from netsim.report import strip_timing
 from netsim.run import run_scenario, run_vgs_memory
 from netsim.scenario import scenario_from_dict
 

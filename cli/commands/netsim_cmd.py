@@ -45,7 +45,6 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),
 ) -> None:
-    from netsim.run import run_scenario
     from netsim.scenario import validate
 
     scn = resolve_scenario(scenario)
@@ -86,7 +85,6 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
     """Run with a live status line and a log of steps on stderr."""
     from rich.console import Console
 
-    from netsim.run import run_scenario
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
