@@ -85,6 +85,7 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
     """Run with a live status line and a log of steps on stderr."""
     from rich.console import Console
 
+    from netsim.run import run_scenario
 
     console = Console(stderr=True)
     t0 = time.perf_counter()
