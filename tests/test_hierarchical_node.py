@@ -41,9 +41,10 @@ def hier(home, *groups: str, weighting: str | None = None) -> dict:
     return cli(*args)
 
 
-def weights_by_node(home) -> list[str]:
-    with Ledger.open(home.ledger_db) as led:
-        return [e.id.hex() for e in led.query(kind="weights")]  # a, then b, then c (log order)
+def weights_by_node(trio) -> list[str]:
+    """The weights entries of a, b and c (each published its extractor once)."""
+    with Ledger.open(trio[0].ledger_db) as led:
+        return [led.query(kind="weights", author=NodeIdentity.load(h).public_key)[0].id.hex() for h in trio]
 
 
 def fingerprint(home, blob: str) -> tuple[int, str]:
@@ -53,7 +54,7 @@ def fingerprint(home, blob: str) -> tuple[int, str]:
 
 def test_late_group_reuses_the_first_group_model(trio):
     a, b, c = trio
-    wa, wb, wc = weights_by_node(a)
+    wa, wb, wc = weights_by_node(trio)
     first = hier(a, f"g1={wa},{wb}")
     g1 = first["groups"][0]
     assert not g1["reused"] and g1["n_classes"] == 6 and g1["n_models"] == 2 and first["weights"] == [1.0]
@@ -88,7 +89,7 @@ def test_late_group_reuses_the_first_group_model(trio):
 
 def test_verify_catches_forged_group_sizes_and_weights(trio):
     a, b, c = trio
-    wa, wb, wc = weights_by_node(a)
+    wa, wb, wc = weights_by_node(trio)
     res = hier(a, f"g1={wa},{wb}", f"g2={wc}", weighting="model-count")
     ident = NodeIdentity.load(a)
     with Ledger.open(a.ledger_db) as led:
@@ -106,7 +107,7 @@ def test_verify_catches_forged_group_sizes_and_weights(trio):
 
 def test_group_option_errors(trio):
     a = trio[0]
-    wa, wb, wc = weights_by_node(a)
+    wa, wb, wc = weights_by_node(trio)
     base = ["aggregate", "--home", str(a.root), "--mode", "hierarchical"]
     for args, why in (([], "at least one --group"),
                       (["--group", "g1"], "NAME=ENTRY_ID"),

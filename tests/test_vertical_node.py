@@ -9,10 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from atdnode.aggregate import AggregateError
+from atdnode.blobstore import BlobStore
 from atdnode.classify import ClassifyError
 from atdnode.features_share import FeaturesError
+from atdnode.publish import publish_weights
+from atdnode.weights import load_weights
 from cli.app import app
-from ledger import Ledger
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, latest, peer_ids, sync
 
 runner = CliRunner()
@@ -80,11 +82,12 @@ def test_features_from_another_extractor_are_skipped_or_refused(trio):
 
 
 def test_vertical_inputs_and_option_errors(trio):
-    with Ledger.open(trio[0].ledger_db) as led:
-        full = [e.id.hex() for e in led.query(kind="weights")]
     # a full set named explicitly is fused without its head
-    r = vertical(trio[0], "--inputs", full[0])
-    assert r["head"] is False and r["inputs"] == [full[0]]
+    full = [publish_weights(h, part="full").entry.id.hex() for h in trio[:2]]
+    sync(trio)
+    r = vertical(trio[0], "--inputs", ",".join(full))
+    assert r["head"] is False and r["inputs"] == full
+    assert "head.weight" not in load_weights(BlobStore(trio[0].blobs_dir), r["blob"])[0]
     bad = runner.invoke(app, ["aggregate", "--home", str(trio[0].root), "--mode", "vertical", "--group", "g=" + full[0]])
     assert bad.exit_code != 0 and "--group" in str(bad.exception)
     bad = runner.invoke(app, ["aggregate", "--home", str(trio[0].root), "--mode", "sideways"])
