@@ -12,8 +12,15 @@ from cli.errors import CliError
 
 HELP = "\n\n".join([
     "Combine published weight sets into this node's global model and record how.",
-    "horizontal: average compatible weight sets (heads too when every input is a full set over the same labels); the global model predicts directly. vertical: average extractors, then fit PCA -> MLP + RF + SVM (soft vote) on CLS features of this node's data plus the features peers sealed to it with the same fused extractor (`atd share-features`); run it again after peers shared. hierarchical: each --group NAME=ENTRY_ID,... is averaged once (a stored group model with the same name and members is reused, never rebuilt; NAME=AGGREGATE_ENTRY reuses that aggregate), then group models combine with sqrt-classes or model-count weights, then the ensemble as in vertical mode.",
-    'The `aggregate` entry names the input entries, the weighting, the exact weights and the result blob, so any peer holding the inputs can recompute and check it with --verify.',
+    'horizontal: average compatible weight sets (heads too when every input is a full set over the same '
+    'labels); the global model predicts directly. vertical: average extractors, then fit PCA -> MLP + RF '
+    "+ SVM (soft vote) on CLS features of this node's data plus the features peers sealed to it with the "
+    'same fused extractor (`atd share-features`); run it again after peers shared. hierarchical: each '
+    '--group NAME=ENTRY_ID,... is averaged once (a stored group model with the same name and members is '
+    'reused, never rebuilt; NAME=AGGREGATE_ENTRY reuses that aggregate), then group models combine with '
+    'sqrt-classes or model-count weights, then the ensemble as in vertical mode.',
+    'The `aggregate` entry names the input entries, the weighting, the exact weights and the result blob,'
+    ' so any peer holding the inputs can recompute and check it with --verify.',
 ])
 
 
@@ -88,7 +95,7 @@ def aggregate(
                f"{', '.join(f'{w:.4f}' for w in res.weights)}) -> {res.blob}")
     for g in d.get("groups", []):
         typer.echo(f"  group {g['name']}: {'reused' if g['reused'] else 'built'} {g['entry'][:16]} "
-                   f"({g['n_classes']} classes, {g['n_models']} models)")
+                   f"({g['n_classes']} classes, {g['n_models']} base model(s))")
     if "ensemble" in d:
         typer.echo(f"  ensemble over {len(d['classes'])} classes from {d['samples']} samples "
                    f"({len(d['features'])} shared feature sets) -> {d['ensemble']}")
