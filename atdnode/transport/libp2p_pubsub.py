@@ -71,34 +71,37 @@ class CoalescingPubsub(Pubsub):
                 if rpc is None:
                     return
                 if _publish_only(rpc):
-                    rpc, carry = self._coalesce(rpc, inner, limit)
+                    rpc, carry, merged = coalesce_publish(rpc, inner.pop, limit)
+                    CoalescingPubsub.coalesced_rpcs += merged
                 if not await self.write_msg(stream, rpc):
                     return
         except Exception:
             log.debug("sending loop for %s terminated with error", peer_id, exc_info=True)
             self._handle_dead_peer(peer_id)
 
-    def _coalesce(self, first: Any, inner: Any, limit: int) -> tuple[Any, Any]:
-        """One RPC with `first`'s messages and those of the publish-only RPCs queued
-        behind it; returns it and the first queued RPC that was not merged (or None)."""
-        out = rpc_pb2.RPC()
-        out.publish.extend(first.publish)
-        size = out.ByteSize()
-        merged = 0
-        carry = None
-        while True:
-            nxt = inner.pop()
-            if nxt is None:
-                break
-            extra = nxt.ByteSize()
-            if not _publish_only(nxt) or size + extra > limit:
-                carry = nxt
-                break
-            out.publish.extend(nxt.publish)
-            size += extra
-            merged += 1
-        CoalescingPubsub.coalesced_rpcs += merged
-        return out, carry
+
+def coalesce_publish(first: Any, pop: Callable[[], Any], limit: int) -> tuple[Any, Any, int]:
+    """Merge publish-only RPCs: `first` (publish-only) and those `pop()` returns next.
+
+    Stops at the first RPC that is not publish-only or would take the merged RPC past
+    `limit` bytes, and returns it as `carry` (to be sent next, order kept), or None when
+    `pop()` ran dry (returned None). Returns (merged RPC without senderRecord, carry, how
+    many RPCs were merged into `first`).
+    """
+    out = rpc_pb2.RPC()
+    out.publish.extend(first.publish)
+    size = out.ByteSize()
+    merged = 0
+    while True:
+        nxt = pop()
+        if nxt is None:
+            return out, None, merged
+        extra = nxt.ByteSize()
+        if not _publish_only(nxt) or size + extra > limit:
+            return out, nxt, merged
+        out.publish.extend(nxt.publish)
+        size += extra
+        merged += 1
 
 
 def cache_addrs(host: Any, ttl: float = ADDRS_TTL) -> None:
