@@ -70,7 +70,7 @@ def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
     init_home(home, consortium="demo")
     tiny = ["--model", "vit_tiny_patch16_224", "--img-size", str(CFG["img_size"]), "--patch-size",
             str(CFG["patch_size"]), "--embed-dim", "32", "--depth", "1", "--heads", "2", "--epochs", "2",
-            "--batch-size", "16", "--no-augment", "--seed", "0"]
+            "--batch-size", "16", "--no-augment", "--seed", "0", "--device", "cpu"]
     args = ["train", "--home", str(home.root), "--data", "digits?classes=0,1,2&limit=120", *tiny,
             "--adversarial", "--adv-ratio", "0.5", "--pgd-steps", "3"]
     r = runner.invoke(app, args)

@@ -91,7 +91,8 @@ def copy_blob(stores: list[BlobStore], dst: BlobStore, blob) -> None:
 def train_node(home: NodeHome, spec: str, *, init_from: str | None = None, freeze: int = 0, epochs: int = 2,
                lr: float = 3e-3, seed: int = 0, batch_size: int = 16):
     return train(home, spec, cfg(), TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, warmup_epochs=0.2,
-                                                 init_from=init_from, freeze_blocks=freeze, seed=seed, augment=False))
+                                                 init_from=init_from, freeze_blocks=freeze, seed=seed, augment=False,
+                                                 device="cpu"))  # the numbers the tests assert are CPU ones
 
 
 def copy_homes(template: Path, dst: Path) -> list[NodeHome]:
