@@ -391,30 +391,42 @@ def _cli(*args: str) -> str:
     return cli(*args)
 
 
+def _service_in_log(home: Path) -> bool:
+    led = Ledger.open(home / "ledger.db")
+    try:
+        me = NodeIdentity.load(NodeHome.at(home)).public_key
+        return bool(led.query(kind="service", author=me))
+    finally:
+        led.close()
+
+
 @pytest.mark.slow
 def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> None:
-    """A p-FESTA server and two clients with two tasks as separate processes on loopback (and,
-    for the comparison, the same two clients against a FESTA server with the same setting)."""
-    from tests.nodeprocs import ATD, _env, atd, start_daemon
+    """A p-FESTA server and two clients with two tasks run as three OS processes on loopback.
+    For the comparison the same two clients also join a FESTA server with the same setting,
+    over real libp2p too, inside this test's process (three more interpreters would only add
+    start-up time). Then `atd split report` shows measured vs formula bytes for both."""
+    from tests.nodeprocs import ATD, _env, atd, start_daemon, wait_until
 
-    homes = [Path(h.root) for h in make_consortium(tmp_path, 4)]
-    ps, fs, c1, c2 = homes
+    homes = make_consortium(tmp_path, 4)
+    ps, fs, c1, c2 = (Path(h.root) for h in homes)
     setting = ["--task", "digit:classification:10", "--task", "ink:segmentation::0.5", "--rounds", "3",
                "--steps", "4", "--unify-every", "1", "--batch-size", "16", "--clients", "2",
                "--start-timeout", "120", "--round-timeout", "120"]
     _cli("split", "configure", "--home", str(ps), *setting)
-    _cli("split", "configure", "--home", str(fs), *setting)
-    servers = [start_daemon(ps, "--role", "pfesta-server"), start_daemon(fs, "--role", "festa-server")]
-    procs = []
+    _cli("split", "configure", "--home", str(fs), *setting, "--json")
+    jobs = ((c1, "digit", data(1, limit=150)), (c2, "ink", data(2, limit=150)))
+    server = start_daemon(ps, "--role", "pfesta-server")
+    procs: list[subprocess.Popen] = []
     try:
-        jobs = [(c, srv, home, task, spec) for srv, home in zip(servers, (ps, fs))
-                for c, task, spec in ((c1, "digit", data(1, limit=150)), (c2, "ink", data(2, limit=150)))]
-        for c, srv, home, task, spec in jobs:
-            peer = atd("id", "--home", str(home)).stdout.strip()
+        peer = NodeIdentity.load(NodeHome.at(ps)).peer_id
+        for c, task, spec in jobs:
             procs.append(subprocess.Popen(
-                [*ATD, "split", "join", "--home", str(c), "--server", peer, "--server-addr", srv.addrs[0],
+                [*ATD, "split", "join", "--home", str(c), "--server", peer, "--server-addr", server.addrs[0],
                  "--task", task, "--data", spec, "--json"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+        festa_out = trio.run(_festa_over_libp2p, NodeHome.at(fs), [(NodeHome.at(c), t, d) for c, t, d in jobs],
+                             server.addrs[0])
         outs = []
         for p in procs:
             out, err = p.communicate(timeout=240)
@@ -424,22 +436,56 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        for d in servers:
-            d.terminate()
-    metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs}
+        server.terminate()
+    metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
-    assert all(metrics[(a, "digit")]["accuracy"] >= 0 and metrics[(a, "ink")]["patch_accuracy"] > 0.5
-               for a in ("pfesta", "festa"))
-    report = atd("split", "report", "--home", str(c1), "--home", str(c2), "--json")
-    rows = json.loads(report.stdout)
+    for algo in ("pfesta", "festa"):
+        assert 0.0 <= metrics[(algo, "digit")]["accuracy"] <= 1.0 and metrics[(algo, "ink")]["patch_accuracy"] > 0.5
+    rows = json.loads(atd("split", "report", "--home", str(c1), "--home", str(c2), "--json").stdout)
     assert len(rows) == 4
     for row in rows:
         assert abs(row["rel_error"]) < 0.05, row
     for client_home in (c1, c2):
         mine = {r["algorithm"]: r for r in rows if r["record"].startswith(str(client_home))}
         assert mine["pfesta"]["measured"] < mine["festa"]["measured"]
-        # the same setting: same D, B, R, n, F, G for both algorithms
-        same = ("D", "B", "R", "n", "F", "G")
+        same = ("D", "B", "R", "n", "F", "G")  # the same setting for both algorithms
         assert {k: mine["pfesta"]["params"][k] for k in same} == {k: mine["festa"]["params"][k] for k in same}
-    table = atd("split", "report", "--home", str(c1)).stdout
+    table = _cli("split", "report", "--home", str(c1))
     assert "T_pFESTA" in table and "pfesta" in table and "festa" in table
+
+
+async def _festa_over_libp2p(fs: NodeHome, jobs, bootstrap: str) -> list[dict]:
+    """A FESTA server daemon and two clients on real libp2p transports, in this process."""
+    from atdnode.daemon import NodeDaemon
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    cfg = NodeConfig.load(fs)
+    cfg.role = "festa-server"  # what `atd node start --role festa-server` stores
+    cfg.save(fs)
+    daemon = NodeDaemon(fs, sync_interval=1.0, poll_interval=0.1)
+    out: list[dict] = []
+    async with trio.open_nursery() as nursery:
+        addrs = await nursery.start(daemon.run, ["/ip4/127.0.0.1/tcp/0"], [bootstrap])
+        # it learns the membership (and its offer enters its log) from the founder
+        await wait_for(lambda: _service_in_log(Path(fs.root)), "the FESTA offer in the log", timeout=90)
+
+        async def one(home: NodeHome, task: str, spec: str) -> None:
+            t = Libp2pTransport(NodeIdentity.load(home).libp2p_keypair())
+            async with t.run(["/ip4/127.0.0.1/tcp/0"]):
+                res = await run_join(home, t, JoinOptions(server=daemon.transport.peer_id, task=task, data=spec,
+                                                          server_addrs=addrs))
+                out.append(res.record)
+
+        async with trio.open_nursery() as clients:
+            for home, task, spec in jobs:
+                clients.start_soon(one, home, task, spec)
+        daemon.stop()
+    return out
+
+
+def _service_in_log(home: Path) -> bool:
+    led = Ledger.open(home / "ledger.db")
+    try:
+        return bool(led.query(kind="service", author=NodeIdentity.load(NodeHome.at(home)).public_key))
+    finally:
+        led.close()

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import logging
+
 import trio
 
 from atdnode.split.report import server_record, write_record
@@ -30,6 +32,8 @@ from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
 from protocols.split_parts import build_plain_embedder, part_template
 from protocols.split_state import SplitProtocolError, SplitStateError
+
+log = logging.getLogger("atd.split")
 
 if TYPE_CHECKING:
     from atdnode.split.service import Session, SplitService
@@ -152,6 +156,7 @@ class Campaign:
                 b.members[c].rounds_done.append(r)
             b.completed = r
             await self.save()
+            log.info("split round %d/%d done: %d client(s)", r, b.total, len(b.round_members))
             for fn in self.svc.round_observers:
                 await fn(r)
             r += 1
@@ -216,6 +221,7 @@ class Campaign:
         if self.algo == "festa":
             b.ready.add(cid)
         b.notify()
+        log.info("split client %s joined for %s (rounds %d..%d, resume=%s)", cid[-8:], task, next_round, last, resume)
         return {"client": cid, "offer": self.svc.offer, "service_entry": self.svc.service_entry,
                 "next_round": next_round, "last_round": last, "uploaded": uploaded,
                 "batch_size": min(self.s.batch_size, num), "body_bytes": self.pb}

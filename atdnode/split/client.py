@@ -31,7 +31,7 @@ from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.session import RemoteError, SplitChannel
-from atdnode.sync import SYNC_PROTOCOL, pull
+from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
@@ -186,6 +186,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
     link = _Link(transport, opts.server, addrs, opts.reconnect_timeout)
     ledger = LedgerAccess(Ledger.open(home.ledger_db))
     counter, started = ByteCounter(), time.time()
+    transport.set_stream_handler(SYNC_PROTOCOL, lambda s: serve_sync(s, ledger))  # daemons pull from peers
     try:
         if opts.sync:
             await _sync(link, ledger)
@@ -200,6 +201,8 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
                 raise SplitJoinError(f"the server made no usable offer: {offer!r:.200}")
             entry = await _verified_entry(link, ledger, opts.server, offer, named if opts.sync else None)
             role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts)
+            log.info("joining %s server %s for task %s with %d samples", offer["algorithm"], opts.server[-8:],
+                     opts.task, role.t.x.shape[0])
             reconnects = 0
             while True:
                 ch = SplitChannel(stream, counter, ident.peer_id, side="client", max_frame=int(offer["max_frame"]),
@@ -219,6 +222,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
             raise SplitJoinError(f"split protocol error: {e}") from None
         finally:
             await stream.close()
+        log.info("session done: rounds %s, metrics %s", role.out.rounds, role.out.metrics)
         if offer["algorithm"] == "msd":
             await trio.to_thread.run_sync(role.finetune)
         if opts.sync:

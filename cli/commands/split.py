@@ -93,6 +93,7 @@ def join(
     finetune_steps: int = typer.Option(100, help="MSD: local fine-tuning steps after the round."),
     compare_scratch: bool = typer.Option(False, help="MSD: also fine-tune from a random body, for comparison."),
     as_json: bool = typer.Option(False, "--json", help="Print the comm record as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress on stderr."),
 ) -> None:
     """Join a split-learning server as a client: run the protocol, report the task metric and
     write a comm record (measured bytes + the paper's parameters) under HOME/split/records.
@@ -102,6 +103,12 @@ def join(
     from atdnode.split.client import JoinOptions
     from atdnode.split.client import join as run
 
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        for name in ("libp2p", "multiaddr", "async_service"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     h = NodeHome.at(home).require()
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
