@@ -332,7 +332,7 @@ def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
 
 def test_join_errors_are_clear(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 2)
-    configure(homes[0], "pfesta-server", clients=1)
+    configure(homes[0], "pfesta-server", clients=1, max_samples=100)
     outsider = tmp_path / "outsider"
     from tests.test_daemon_memory import cli
 
@@ -352,7 +352,10 @@ def test_join_errors_are_clear(tmp_path: Path) -> None:
             with pytest.raises(SplitJoinError, match="not offered"):
                 await client(net, homes[1], server, "nosuchtask", data(1))
             with pytest.raises(SplitJoinError, match="not a member"):
-                await client(net, NodeHome.at(outsider), server, "digit", data(1), sync=False)
+                await client(net, NodeHome.at(outsider), server, "digit", data(1, limit=50), sync=False)
+            with pytest.raises(SplitJoinError, match="120 samples exceed"):  # refused by the server
+                await client(net, homes[1], server, "digit", data(1))
+            assert not server.services[0].board.members  # nobody was admitted
             server.stop()
 
     trio.run(main)
@@ -365,6 +368,33 @@ async def client_no_addr(net, home, server_id):
             await run_join(home, t, JoinOptions(server=server_id, task="digit", data=data(1)))
     except BaseExceptionGroup as eg:
         raise single_error(eg) from None
+
+
+def test_report_rows_render_and_bad_records(tmp_path: Path) -> None:
+    from atdnode.split.report import SplitReportError, make_record, render, write_record
+    from protocols.comm_cost import CostParams, t_pfesta
+
+    home = NodeHome.at(tmp_path)
+    p = CostParams(D=10, B=4, R=2, n=1, F=100, G=100, Ph=50, Pb=500, Pt=20)
+    counter = ByteCounter()
+    counter.record("c1", "up", "upload", wire_bytes=1000, payload_bytes=1000)
+    counter.record("c1", "down", "body_out", wire_bytes=800, payload_bytes=800)
+    counter.record("c1", "up", "grad_out", wire_bytes=800, payload_bytes=800)
+    counter.record("c1", "up", "state_up", wire_bytes=40, payload_bytes=40)
+    counter.record("c1", "down", "state_down", wire_bytes=40, payload_bytes=40)
+    counter.record("c1", "up", "join", wire_bytes=30, payload_bytes=0)
+    counter.record("c2", "up", "upload", wire_bytes=5, payload_bytes=5)  # another client's row: not kept
+    rec = make_record(side="client", algorithm="pfesta", client="c1", server="s" * 52, task={"name": "digit"},
+                      params=p, counter=counter.to_dict(), train_kinds=["upload", "body_out", "grad_out",
+                                                                          "state_up", "state_down"], rounds=[1, 2])
+    write_record(home, rec)
+    (row,) = [report_row(r) for r in load_records(home)]
+    assert row["measured"] == 2680 == t_pfesta(p) and row["rel_error"] == 0.0 and row["other_bytes"] == 30
+    assert row["T_FESTA"] > row["T_pFESTA"]
+    assert "T_pFESTA" in render([row]) and "pfesta" in render([row])
+    (tmp_path / "split" / "records" / "zz-bad.json").write_text('{"version": 1}')
+    with pytest.raises(SplitReportError, match="zz-bad.json"):
+        load_records(home)
 
 
 def test_settings_validate_and_round_trip(tmp_path: Path) -> None:

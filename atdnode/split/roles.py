@@ -63,6 +63,24 @@ def prepare(data: LabeledImages, spec: TaskSpec, patch_size: int) -> tuple[torch
     return x, digits_targets(spec, x, data.labels, patch_size)
 
 
+def _like(t: torch.Tensor, shape: tuple[int, ...] | torch.Size, what: str) -> torch.Tensor:
+    """``t`` if it is a float32 tensor of ``shape``, else SplitProtocolError (a server's reply)."""
+    if t.dtype != torch.float32 or tuple(t.shape) != tuple(shape):
+        raise SplitProtocolError(f"{what}: {t.dtype} {tuple(t.shape)}, expected float32 {tuple(shape)}")
+    return t
+
+
+def _load_parts(client: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Adopt the task's averaged parts (``state_down``) if they fit this client's parts exactly."""
+    mine = client.part_state()
+    if set(tensors) != set(mine):
+        raise SplitProtocolError(f"state_down: keys differ from this client's parts ({len(tensors)} vs {len(mine)})")
+    for k, v in mine.items():
+        if tensors[k].dtype != v.dtype or tensors[k].shape != v.shape:
+            raise SplitProtocolError(f"state_down: {k} is {tensors[k].dtype} {tuple(tensors[k].shape)}")
+    client.load_part_state(tensors)
+
+
 @dataclass
 class Outcome:
     """What a finished role reports (comm record fields)."""
@@ -87,7 +105,7 @@ async def _evaluate(ch: SplitChannel, evaluate, x: torch.Tensor, y: torch.Tensor
 
     async def remote(feats: torch.Tensor) -> torch.Tensor:
         await ch.send("eval_forward", {"x": feats})
-        return tensor(await ch.recv("eval_out"), "y")
+        return _like(tensor(await ch.recv("eval_out"), "y"), feats.shape, "eval_out")
 
     return await trio.to_thread.run_sync(lambda: evaluate(x, y, lambda f: trio.from_thread.run(remote, f),
                                                           batch_size=EVAL_BATCH))
@@ -123,7 +141,7 @@ class FestaRole:
             self.out.losses[r] = sum(losses) / len(losses)
             if r % n == 0:
                 await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
-                c.load_part_state((await ch.recv("state_down")).tensors)
+                _load_parts(c, (await ch.recv("state_down")).tensors)
             if r not in self.out.rounds:
                 self.out.rounds.append(r)
         if t.test is not None and not self.out.metrics:
@@ -165,12 +183,13 @@ class PFestaRole:
             idx, r, step = m.meta.get("idx"), meta_int(m, "round", low=1), meta_int(m, "step")
             if not isinstance(idx, list) or not all(isinstance(i, int) for i in idx):
                 raise SplitProtocolError("body_out: idx must be a list of ints")
-            g, loss = await trio.to_thread.run_sync(c.tail_step, idx, tensor(m, "y"))
+            y = _like(tensor(m, "y"), (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
+            g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
             await ch.send("grad_out", {"g": g})
             losses.setdefault(r, []).append(loss)
             if m.meta.get("unify"):
                 await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
-                c.load_part_state((await ch.recv("state_down")).tensors)
+                _load_parts(c, (await ch.recv("state_down")).tensors)
             if step == steps - 1 and r not in self.out.rounds:
                 self.out.rounds.append(r)
                 self.out.losses[r] = sum(losses[r]) / len(losses[r])

@@ -265,6 +265,9 @@ class SplitService:
         if not isinstance(task, str):
             raise SplitProtocolError("join: task must be a string")
         num = meta_int(frame, "num_samples", low=1)
+        assert self.settings is not None
+        if num > self.settings.max_samples:
+            raise SplitProtocolError(f"join: {num} samples exceed this server's limit of {self.settings.max_samples}")
         rounds = frame.meta.get("rounds")
         if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1):
             raise SplitProtocolError("join: rounds must be a positive integer or absent")

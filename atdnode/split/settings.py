@@ -11,6 +11,7 @@
     clients = 1           # round 1 opens once this many clients joined (p-FESTA / MSD: and uploaded) ...
     start_timeout = 300   # ... or once this many seconds passed with at least one
     round_timeout = 120   # a client that has not finished a round by then is dropped
+    max_samples = 50000   # largest dataset a client may announce (the server stores its uploads)
     msd = {steps = 200, batch_size = 128}   # MSDConfig overrides
 
 Every key is optional (defaults below: a tiny digits setting). `SplitSettings.offer()` is
@@ -61,6 +62,7 @@ class SplitSettings:
     start_timeout: float = 300.0
     round_timeout: float = 120.0
     upload_chunk: int = 256
+    max_samples: int = 50_000  # per client: p-FESTA / MSD servers store every uploaded sample
     max_frame: int = MAX_FRAME_DEFAULT
     msd: dict = field(default_factory=dict)
 
@@ -69,7 +71,8 @@ class SplitSettings:
         from protocols.split_parts import TaskSpec, ViTSplitConfig
 
         ints = {"rounds": 0, "steps_per_round": 1, "unifying_rounds": 1, "phase2_rounds": 0, "batch_size": 1,
-                "seed": 0, "embedder_seed": 0, "clients": 1, "upload_chunk": 1, "max_frame": 1 << 16}
+                "seed": 0, "embedder_seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
+                "max_frame": 1 << 16}
         for key, low in ints.items():
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < low:
