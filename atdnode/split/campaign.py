@@ -174,7 +174,11 @@ class Campaign:
         for c in sorted(b.round_members):
             by_task.setdefault(b.members[c].task, []).append(c)
         for task, clients in sorted(by_task.items()):
-            avg = await self.call(self.server.unify, task)
+            try:
+                avg = await self.call(self.server.unify, task)
+            except SplitProtocolError as e:  # its clients were dropped meanwhile
+                log.info("no unification of task %s in round %d: %s", task, r, e)
+                continue
             for c in clients:
                 b.downloads[c] = (r, avg)
         b.notify()
@@ -240,7 +244,7 @@ class Campaign:
             await self._serve_pfesta(sess)
 
     async def _serve_festa(self, sess: Session) -> None:
-        cid, ch, b, steps = sess.client, sess.channel, self.board, self.s.steps_per_round
+        cid, ch, steps = sess.client, sess.channel, self.s.steps_per_round
         done_steps: dict[int, int] = {}
         while True:
             m = await self.svc.recv(sess, "forward", "state_up", "eval_forward", "bye")

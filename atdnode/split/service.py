@@ -96,11 +96,11 @@ class SplitService:
         self.campaign = (MSDCampaign if self.algorithm == "msd" else Campaign)(self)
         try:
             await self.campaign.open_state()
-        except Exception as e:
+        except Exception as e:  # the node keeps replicating; split clients are told why
             self.failed = f"split server state unusable: {e}"
             log.error("%s", self.failed)
             self.ready.set()
-            raise
+            await trio.sleep_forever()
         await self._announce()  # before admitting anyone: every offer names the signed entry
         self.ready.set()
         try:
@@ -108,8 +108,9 @@ class SplitService:
         except Exception as e:  # keep the node alive; clients are told why
             self.failed = f"split campaign failed: {type(e).__name__}: {e}"
             log.exception("split campaign failed")
-            for s in list(self.sessions.values()):
-                s.scope.cancel()
+            for sess in list(self.sessions.values()):
+                sess.dropped = self.failed
+                sess.scope.cancel()
         await trio.sleep_forever()
 
     @property
@@ -182,6 +183,7 @@ class SplitService:
                 return
         if self.failed:
             raise SplitProtocolError(self.failed)
+        assert self.campaign is not None
         welcome = await self.campaign.admit(sess, first)
         await ch.send("welcome", None, welcome)
         await self.campaign.serve(sess)
