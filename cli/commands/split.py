@@ -103,12 +103,13 @@ def join(
     from atdnode.split.client import JoinOptions
     from atdnode.split.client import join as run
 
-    if verbose:
-        import logging
+    import logging
 
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-        for name in ("libp2p", "multiaddr", "async_service"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
+    for name in ("libp2p", "multiaddr", "async_service"):
+        # py-libp2p logs the cancellation of its tasks at shutdown as errors; keep them for -v
+        logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
     h = NodeHome.at(home).require()
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
