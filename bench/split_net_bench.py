@@ -37,7 +37,7 @@ from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Ledger
 from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.split_parts import build_plain_embedder, digits_targets
 
 TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
          {"name": "ink", "kind": "segmentation", "loss_weight": 0.5}]
