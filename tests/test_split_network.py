@@ -421,22 +421,13 @@ def _cli(*args: str) -> str:
     return cli(*args)
 
 
-def _service_in_log(home: Path) -> bool:
-    led = Ledger.open(home / "ledger.db")
-    try:
-        me = NodeIdentity.load(NodeHome.at(home)).public_key
-        return bool(led.query(kind="service", author=me))
-    finally:
-        led.close()
-
-
 @pytest.mark.slow
 def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> None:
     """A p-FESTA server and two clients with two tasks run as three OS processes on loopback.
     For the comparison the same two clients also join a FESTA server with the same setting,
     over real libp2p too, inside this test's process (three more interpreters would only add
     start-up time). Then `atd split report` shows measured vs formula bytes for both."""
-    from tests.nodeprocs import ATD, _env, atd, start_daemon, wait_until
+    from tests.nodeprocs import ATD, _env, atd, start_daemon
 
     homes = make_consortium(tmp_path, 4)
     ps, fs, c1, c2 = (Path(h.root) for h in homes)
