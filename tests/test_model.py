@@ -1,6 +1,7 @@
 """The timm ViT split: extractor + head reproduce the model, weight-set export/import, checkpoints."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -202,3 +203,21 @@ def test_freeze_blocks():
     assert m.norm.weight.requires_grad and m.head.weight.requires_grad
     with pytest.raises(ConfigError):
         freeze_blocks(m, 4)
+
+
+def test_extract_features_matches_cls_features_and_restores_mode():
+    from atdnode.data import LabeledImages
+    from atdnode.features import extract_features
+
+    torch.manual_seed(3)
+    m = build_model(tiny())
+    m.train()
+    data = LabeledImages(images=torch.randn(10, 3, 16, 16), labels=torch.arange(10) % 5, classes=LABELS)
+    feats, labels = extract_features(m, data, batch_size=4)
+    assert m.training  # mode restored
+    assert feats.dtype == np.float32 and feats.shape == (10, 32)
+    assert labels.tolist() == (torch.arange(10) % 5).tolist()
+    m.eval()
+    with torch.no_grad():
+        want = cls_features(m, data.images).numpy()
+    assert np.allclose(feats, want, atol=1e-5)
