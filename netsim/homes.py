@@ -43,9 +43,11 @@ class Consortium:
         return self.genesis.id.hex()
 
 
-def make_consortium(root: Path, names: list[str], *, seed: int, consortium: str = "netsim") -> Consortium:
+def make_consortium(root: Path, names: list[str], *, seed: int, consortium: str = "netsim",
+                    roles: dict[str, str] | None = None) -> Consortium:
     """Create a home for each name under `root` (which must not hold them yet); the first
-    node founds the consortium and its genesis admits all the others."""
+    node founds the consortium and its genesis admits all the others. `roles` (default
+    "node") go into each node's config, hence into its signed hello entry."""
     root.mkdir(parents=True, exist_ok=True)
     homes: dict[str, NodeHome] = {}
     seeds: dict[str, bytes] = {}
@@ -64,7 +66,8 @@ def make_consortium(root: Path, names: list[str], *, seed: int, consortium: str 
     with Ledger.open(homes[founder].ledger_db) as led:
         genesis = led.create_genesis(signer, consortium, members)
     for name in names:
-        NodeConfig(name=name, genesis_id=genesis.id.hex(), consortium=consortium).save(homes[name])
+        NodeConfig(name=name, genesis_id=genesis.id.hex(), consortium=consortium,
+                   role=(roles or {}).get(name, "node")).save(homes[name])
         if name != founder:
             with Ledger.open(homes[name].ledger_db, genesis_id=genesis.id) as led:
                 led.merge([genesis.to_bytes()])

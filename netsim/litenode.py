@@ -183,6 +183,9 @@ class LiteCluster:
         self._scopes: dict[str, trio.CancelScope] = {}
         self._done: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        for link in network.links:
+            self.set_link(link.a, link.b, latency_ms=link.latency_ms, bandwidth_mbps=link.bandwidth_mbps,
+                          loss=link.loss)
 
     def running(self):
         cluster = self

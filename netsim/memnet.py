@@ -157,11 +157,12 @@ class MemCluster:
 
     def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
                  sync_interval: float = 5.0, poll_interval: float = 0.1, max_peers: int = 8,
-                 auto_fetch: bool = True, consortium: Consortium | None = None) -> None:
+                 auto_fetch: bool = True, roles: dict[str, str] | None = None,
+                 consortium: Consortium | None = None) -> None:
         self.names = list(names)
         self.seed = seed
         self.net = SimNetwork(network, seed=seed)
-        self.c = consortium or make_consortium(root, self.names, seed=seed)
+        self.c = consortium or make_consortium(root, self.names, seed=seed, roles=roles)
         self.sync_interval = sync_interval
         self.poll_interval = poll_interval
         self.max_peers = max_peers
@@ -173,6 +174,9 @@ class MemCluster:
         self.errors: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
         self.addrs: dict[str, str] = {}
+        for link in network.links:  # the scenario's per-link conditions
+            self.set_link(link.a, link.b, latency_ms=link.latency_ms, bandwidth_mbps=link.bandwidth_mbps,
+                          loss=link.loss)
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -67,14 +67,14 @@ class ProcCluster:
     """Daemons for `names` as OS processes; the calls of `memnet.MemCluster`."""
 
     def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
-                 sync_interval: float = 5.0, auto_fetch: bool = True) -> None:
+                 sync_interval: float = 5.0, auto_fetch: bool = True, roles: dict[str, str] | None = None) -> None:
         self.root = Path(root)
         self.names = list(names)
         self.seed = seed
         self.spec = network
         self.sync_interval = sync_interval
         self.auto_fetch = auto_fetch
-        self.c = make_consortium(self.root / "homes", self.names, seed=seed)
+        self.c = make_consortium(self.root / "homes", self.names, seed=seed, roles=roles)
         self.status = {n: "not started" for n in self.names}
         self.nodes = {n: _Node() for n in self.names}
         self.notes: list[str] = []
@@ -104,6 +104,11 @@ class ProcCluster:
             async def __aenter__(self) -> "ProcCluster":
                 if cluster.netns is not None:
                     await trio.to_thread.run_sync(cluster.netns.setup)
+                    for link in cluster.spec.links:
+                        cluster.set_link(link.a, link.b, latency_ms=link.latency_ms,
+                                         bandwidth_mbps=link.bandwidth_mbps, loss=link.loss)
+                elif cluster.spec.links:
+                    cluster.notes.append("[[network.links]] conditions need namespaces; not applied")
                 return cluster
 
             async def __aexit__(self, *exc: object) -> None:
@@ -323,7 +328,7 @@ def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None) -> tuple
 
     t = scn.topology
     cluster = ProcCluster(work / "procs", list(data.nodes), seed=scn.seed, network=scn.network,
-                          sync_interval=t.sync_interval_s, auto_fetch=False)
+                          sync_interval=t.sync_interval_s, auto_fetch=False, roles=scn.node_roles())
     runner = VgsRunner(scn, data, cluster, work, log=progress, real_clock=True)
     phases = run_trio(runner.run)
     notes = cluster.notes + ["process back-end: bytes are what each daemon's transport counted (gossip and "

@@ -100,7 +100,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
     t = scn.topology
     cluster = MemCluster(work / "homes", names, seed=scn.seed, network=scn.network,
                          sync_interval=t.sync_interval_s, poll_interval=t.poll_interval_s, max_peers=t.max_peers,
-                         auto_fetch=False)
+                         auto_fetch=False, roles=scn.node_roles())
     if observer is not None:
         cluster.net.add_observer(observer)
     runner = VgsRunner(scn, data, cluster, work, log=progress)

@@ -13,7 +13,7 @@ the network conditions, the faults, and optionally a gossip workload:
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH")
-    [[cohorts]]  name, phase, group, dataset, classes, partition, alpha, fractions,
+    [[cohorts]]  name, phase, group, role, dataset, classes, partition, alpha, fractions,
                  class_sets, train_samples, test_samples, nodes
     [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting
     [[faults]]   kind, at_s | at_phase, node, nodes, groups, a, b, latency_ms, ...
@@ -120,6 +120,7 @@ class CohortSpec:
     class_sets: tuple[tuple[str, ...], ...] | None = None
     train_samples: int | None = None  # cap on the cohort's training samples (seeded subset)
     test_samples: int | None = None  # cap on each node's test samples
+    role: str = "hospital"  # announced in the nodes' signed hello entries
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,9 @@ class Scenario:
 
     def node_group(self) -> dict[str, str]:
         return {n: c.group for c in self.cohorts for n in c.nodes}
+
+    def node_roles(self) -> dict[str, str]:
+        return {n: c.role for c in self.cohorts for n in c.nodes}
 
     def phase_numbers(self) -> list[int]:
         return sorted({c.phase for c in self.cohorts})

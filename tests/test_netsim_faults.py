@@ -114,3 +114,13 @@ def test_lite_peers(tmp_path: Path, faults: list) -> None:
     rep = run(tmp_path, nodes=40, entries=20, peers="lite", faults=faults)
     assert rep["peers"] == "lite" and rep["converged"]
     assert all(v["complete"] for v in rep["nodes"].values())
+
+
+def test_scenario_link_conditions_apply(tmp_path: Path) -> None:
+    fast = run(tmp_path / "fast", nodes=2, entries=4)
+    raw = {"scenario": {"name": "links", "seed": 11}, "network": {"latency_ms": 20, "links": [
+        {"a": "n0", "b": "n1", "latency_ms": 1500}]},
+        "topology": {"nodes": 2, "degree": 2, "sync_interval_s": 2, "poll_interval_s": 0.1},
+        "workload": {"entries": 4, "entry_bytes": 200, "interval_s": 0.05, "deadline_s": 60}}
+    slow = run_gossip_scenario(scenario_from_dict(raw), tmp_path / "slow")
+    assert slow["converged"] and slow["time_to_converge_s"] >= fast["time_to_converge_s"] + 1.4

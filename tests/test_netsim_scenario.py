@@ -119,3 +119,31 @@ def test_cohorts_sharing_a_dataset_get_disjoint_samples() -> None:
     b = {tuple(x.flatten().tolist()) for x in data.nodes["h3"].train.images}
     assert len(a & b) <= 2  # the digits set has a few exact duplicate images, nothing more
     assert data.classes_at(1) == ["0", "1"] and data.classes_at(2) == ["0", "1", "2"]
+
+
+def test_an_npz_dataset_mixes_with_digits(tmp_path: Path) -> None:
+    """MedMNIST-style .npz files named in a scenario join the embedded digits; class names
+    are namespaced by data set so labels never merge by accident."""
+    from netsim.baselines import run_baseline
+    from netsim.nodedata import load_scenario_data
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(3), 40)
+    images = np.clip(rng.normal(60 + 60 * labels[:, None, None, None], 20, (120, 12, 12, 3)), 0, 255).astype(np.uint8)
+    np.savez(tmp_path / "med.npz", train_images=images[:90], train_labels=labels[:90, None],
+             test_images=images[90:], test_labels=labels[90:, None], classes=np.array(["a", "b", "c"]))
+    raw = with_(model={"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1},
+                train={"epochs": 8, "lr": 3e-3, "batch_size": 16},
+                datasets=[{"name": "digits", "spec": "digits"}, {"name": "med", "spec": "npz:med.npz"}],
+                cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "digits", "classes": ["0", "1"]},
+                         {"name": "b", "phase": 2, "nodes": ["m1"], "dataset": "med", "role": "imaging"}])
+    f = tmp_path / "mix.toml"
+    import tomli_w
+    f.write_bytes(tomli_w.dumps(raw).encode())
+    scn = load_scenario(f)
+    assert scn.node_roles() == {"h1": "hospital", "m1": "imaging"}
+    data = load_scenario_data(scn)
+    assert data.label_space == ["digits:0", "digits:1", "med:a", "med:b", "med:c"]
+    assert data.nodes["m1"].classes == ["med:a", "med:b", "med:c"] and len(data.nodes["m1"].test) == 30
+    res = run_baseline("local", scn, data, log=lambda _m: None)
+    assert res[1].per_node["m1"]["accuracy"] > 0.5  # the synthetic classes are easy
