@@ -1,0 +1,211 @@
+"""Cross-field checks of a parsed scenario (`netsim.scenario.validate` calls `check`).
+
+Each failure is a `ScenarioError` naming the file and the key path, e.g.
+`demo.toml: faults[2].node: unknown node 'h9'`.
+"""
+from __future__ import annotations
+
+from netsim.scenario import (
+    BACKENDS,
+    FAULTS,
+    METHODS,
+    MODES,
+    PARTITIONS,
+    WEIGHTINGS,
+    CohortSpec,
+    FaultSpec,
+    Scenario,
+    WorkloadSpec,
+    _Ctx,
+)
+
+
+def check(s: Scenario) -> None:
+    """Cross-field checks; raises ScenarioError naming the offending key."""
+    c = _Ctx(s.source)
+    if s.backend not in BACKENDS:
+        raise c.fail("scenario.backend", f"{s.backend!r} is not one of {', '.join(BACKENDS)}")
+    for m in s.methods:
+        if m not in METHODS:
+            raise c.fail("scenario.methods", f"{m!r} is not one of {', '.join(METHODS)}")
+    if not s.methods:
+        raise c.fail("scenario.methods", "must name at least one method")
+    _positive(c, "scenario.deadline_s", s.deadline_s)
+    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans"):
+        _positive(c, f"model.{k}", getattr(s.model, k))
+    if s.model.img_size % s.model.patch_size:
+        raise c.fail("model.patch_size", f"{s.model.patch_size} does not divide img_size {s.model.img_size}")
+    if s.model.embed_dim % s.model.num_heads:
+        raise c.fail("model.num_heads", f"{s.model.num_heads} does not divide embed_dim {s.model.embed_dim}")
+    for k in ("epochs", "batch_size"):
+        _positive(c, f"train.{k}", getattr(s.train, k))
+    _positive(c, "train.lr", s.train.lr)
+    if not 0 <= s.train.freeze_blocks <= s.model.depth:
+        raise c.fail("train.freeze_blocks", f"{s.train.freeze_blocks} out of range 0..{s.model.depth}")
+    _positive(c, "baselines.rounds", s.baselines.rounds)
+    _positive(c, "baselines.local_epochs", s.baselines.local_epochs)
+    if s.baselines.fedprox_mu < 0:
+        raise c.fail("baselines.fedprox_mu", "must be >= 0")
+    _positive(c, "ensemble.pca_components", s.ensemble.pca_components)
+    _check_network(c, s)
+    names = s.node_names()
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise c.fail("cohorts", f"node name(s) used twice: {', '.join(dup)}")
+    ds_names = [d.name for d in s.datasets]
+    if len(set(ds_names)) != len(ds_names):
+        raise c.fail("datasets", "dataset names must be unique")
+    for i, co in enumerate(s.cohorts):
+        _check_cohort(c, f"cohorts[{i}]", co, ds_names)
+    if s.cohorts:
+        phases = s.phase_numbers()
+        if phases[0] != 1 or phases != list(range(1, len(phases) + 1)):
+            raise c.fail("cohorts", f"phases must be 1, 2, ... without gaps (got {phases})")
+    known = set(s.phase_numbers())
+    for i, ph in enumerate(s.phases):
+        w = f"phases[{i}]"
+        if ph.phase not in known:
+            raise c.fail(f"{w}.phase", f"no cohort joins in phase {ph.phase}")
+        if ph.mode not in MODES:
+            raise c.fail(f"{w}.mode", f"{ph.mode!r} is not one of {', '.join(MODES)}")
+        if ph.weighting not in WEIGHTINGS:
+            raise c.fail(f"{w}.weighting", f"{ph.weighting!r} is not one of {', '.join(WEIGHTINGS)}")
+        if ph.phase == 1 and ph.mode == "hierarchical":
+            raise c.fail(f"{w}.mode", "phase 1 cannot be hierarchical (there is no earlier group)")
+    for i, f in enumerate(s.faults):
+        _check_fault(c, f"faults[{i}]", f, set(names), known)
+    if s.workload is not None:
+        _check_workload(c, s.workload, set(names))
+    t = s.topology
+    if t.nodes < 0 or t.degree < 1 or t.max_peers < 1:
+        raise c.fail("topology", "nodes must be >= 0, degree and max_peers >= 1")
+    if t.peers not in ("daemon", "lite"):
+        raise c.fail("topology.peers", f"{t.peers!r} is not one of daemon, lite")
+    if t.peers == "lite" and s.learning:
+        raise c.fail("topology.peers", "gossip-only \"lite\" peers cannot train; use \"daemon\" with cohorts")
+    _positive(c, "topology.sync_interval_s", t.sync_interval_s)
+    _positive(c, "topology.poll_interval_s", t.poll_interval_s)
+    _positive(c, "scenario.step_deadline_s", s.step_deadline_s)
+    if not names:
+        raise c.fail("cohorts", "the scenario has no nodes (add [[cohorts]] or [topology] nodes)")
+    if "vgs-atd" not in s.methods and not s.learning and s.workload is None:
+        raise c.fail("scenario", "nothing to run: no cohorts and no workload")
+
+
+def _positive(c: _Ctx, where: str, v: float) -> None:
+    if not v > 0:
+        raise c.fail(where, f"must be > 0, got {v!r}")
+
+
+def _check_network(c: _Ctx, s: Scenario) -> None:
+    n = s.network
+    if n.latency_ms < 0:
+        raise c.fail("network.latency_ms", "must be >= 0")
+    if n.bandwidth_mbps is not None:
+        _positive(c, "network.bandwidth_mbps", n.bandwidth_mbps)
+    if not 0 <= n.loss < 1:
+        raise c.fail("network.loss", f"must be in [0, 1), got {n.loss}")
+    if n.namespaces not in ("off", "auto"):
+        raise c.fail("network.namespaces", f"{n.namespaces!r} is not one of off, auto")
+    if not 0 <= n.jitter < 1:
+        raise c.fail("network.jitter", f"must be in [0, 1), got {n.jitter}")
+    nodes = set(s.node_names())
+    for i, l in enumerate(n.links):
+        for end in (l.a, l.b):
+            if end not in nodes:
+                raise c.fail(f"network.links[{i}]", f"unknown node {end!r}")
+        _link_values(c, f"network.links[{i}]", l.latency_ms, l.bandwidth_mbps, l.loss)
+
+
+def _link_values(c: _Ctx, where: str, latency: float | None, bw: float | None, loss: float | None) -> None:
+    if latency is not None and latency < 0:
+        raise c.fail(f"{where}.latency_ms", "must be >= 0")
+    if bw is not None and not bw > 0:
+        raise c.fail(f"{where}.bandwidth_mbps", "must be > 0")
+    if loss is not None and not 0 <= loss < 1:
+        raise c.fail(f"{where}.loss", "must be in [0, 1)")
+
+
+def _check_cohort(c: _Ctx, w: str, co: CohortSpec, datasets: list[str]) -> None:
+    if not co.nodes:
+        raise c.fail(f"{w}.nodes", "must name at least one node")
+    if co.dataset not in datasets:
+        raise c.fail(f"{w}.dataset", f"{co.dataset!r} is not a [[datasets]] name (have {', '.join(datasets) or 'none'})")
+    if co.phase < 1:
+        raise c.fail(f"{w}.phase", "must be >= 1")
+    if co.partition not in PARTITIONS:
+        raise c.fail(f"{w}.partition", f"{co.partition!r} is not one of {', '.join(PARTITIONS)}")
+    if co.partition in ("label_skew", "quantity_skew") and co.fractions is None and not co.alpha > 0:
+        raise c.fail(f"{w}.alpha", "must be > 0")
+    if co.fractions is not None:
+        if co.partition != "quantity_skew":
+            raise c.fail(f"{w}.fractions", "only applies to partition = \"quantity_skew\"")
+        if len(co.fractions) != len(co.nodes) or any(f <= 0 for f in co.fractions):
+            raise c.fail(f"{w}.fractions", f"needs one positive number per node ({len(co.nodes)})")
+    if co.class_sets is not None:
+        if co.partition != "disjoint":
+            raise c.fail(f"{w}.class_sets", "only applies to partition = \"disjoint\"")
+        if len(co.class_sets) != len(co.nodes):
+            raise c.fail(f"{w}.class_sets", f"needs one class list per node ({len(co.nodes)})")
+        flat = [x for cs in co.class_sets for x in cs]
+        if len(set(flat)) != len(flat) or any(not cs for cs in co.class_sets):
+            raise c.fail(f"{w}.class_sets", "class lists must be non-empty and disjoint")
+        if co.classes is not None and not set(flat) <= set(co.classes):
+            raise c.fail(f"{w}.class_sets", "names classes outside the cohort's classes")
+    for k in ("train_samples", "test_samples"):
+        v = getattr(co, k)
+        if v is not None and v < len(co.nodes):
+            raise c.fail(f"{w}.{k}", f"must be at least the node count ({len(co.nodes)})")
+
+
+def _check_fault(c: _Ctx, w: str, f: FaultSpec, nodes: set[str], phases: set[int]) -> None:
+    if f.kind not in FAULTS:
+        raise c.fail(f"{w}.kind", f"{f.kind!r} is not one of {', '.join(FAULTS)}")
+    if (f.at_s is None) == (f.at_phase is None):
+        raise c.fail(w, "needs exactly one of at_s (seconds into the workload) or at_phase")
+    if f.at_s is not None and f.at_s < 0:
+        raise c.fail(f"{w}.at_s", "must be >= 0")
+    if f.at_phase is not None and f.at_phase not in phases:
+        raise c.fail(f"{w}.at_phase", f"no phase {f.at_phase} in this scenario")
+    _positive(c, f"{w}.deadline_s", f.deadline_s)
+    if f.kind in ("kill", "restart", "late_join", "leave"):
+        if f.node is None:
+            raise c.fail(w, f"a {f.kind} fault needs node = \"...\"")
+        if f.node not in nodes:
+            raise c.fail(f"{w}.node", f"unknown node {f.node!r}")
+    if f.kind == "partition":
+        if len(f.groups) < 2:
+            raise c.fail(f"{w}.groups", "a partition needs at least two groups of nodes")
+        seen: set[str] = set()
+        for g in f.groups:
+            for n in g:
+                if n not in nodes:
+                    raise c.fail(f"{w}.groups", f"unknown node {n!r}")
+                if n in seen:
+                    raise c.fail(f"{w}.groups", f"node {n!r} is in two groups")
+                seen.add(n)
+    if f.kind == "slow_link":
+        for end in (f.a, f.b):
+            if end is None or end not in nodes:
+                raise c.fail(w, f"a slow_link fault needs two known nodes a and b (got {f.a!r}, {f.b!r})")
+        if f.latency_ms is None and f.bandwidth_mbps is None and f.loss is None:
+            raise c.fail(w, "a slow_link fault needs latency_ms, bandwidth_mbps or loss")
+        _link_values(c, w, f.latency_ms, f.bandwidth_mbps, f.loss)
+    if f.kind == "late_join" and f.at_phase is not None:
+        raise c.fail(w, "late_join in learning scenarios is expressed by a cohort's phase; use at_s")
+
+
+def _check_workload(c: _Ctx, wl: WorkloadSpec, nodes: set[str]) -> None:
+    if wl.kind != "gossip":
+        raise c.fail("workload.kind", f"{wl.kind!r} is not a known workload (gossip)")
+    _positive(c, "workload.entries", wl.entries)
+    if not 1 <= wl.entry_bytes <= 512 << 10:
+        raise c.fail("workload.entry_bytes", "must be in 1..524288")
+    if wl.interval_s < 0:
+        raise c.fail("workload.interval_s", "must be >= 0")
+    _positive(c, "workload.deadline_s", wl.deadline_s)
+    for p in wl.publishers or ():
+        if p not in nodes:
+            raise c.fail("workload.publishers", f"unknown node {p!r}")
+    if wl.publishers is not None and not wl.publishers:
+        raise c.fail("workload.publishers", "must name at least one node (or be left out for all)")
