@@ -151,7 +151,7 @@ def plots(report: dict, out: Path) -> dict[str, Path]:
     phases = sorted({ph["phase"] for v in methods.values() for ph in v})
     paths = {}
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(8.5, 4), dpi=100)
     width = 0.8 / max(1, len(methods))
     for i, (m, phs) in enumerate(methods.items()):
         acc = {ph["phase"]: ph.get("overall", {}).get("accuracy", 0.0) for ph in phs}
@@ -160,7 +160,7 @@ def plots(report: dict, out: Path) -> dict[str, Path]:
     ax.set_ylabel("overall accuracy")
     ax.set_ylim(0, 1)
     ax.set_title("Accuracy per method per phase")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths["accuracy_png"] = _save(fig, out / "accuracy.png")
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -171,7 +171,7 @@ def plots(report: dict, out: Path) -> dict[str, Path]:
     ax.set_title("Communication per method")
     paths["bytes_png"] = _save(fig, out / "bytes.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    fig, ax = plt.subplots(figsize=(8.5, 4), dpi=100)
     for m, by_phase in report.get("forgetting", {}).items():
         xs = [p for p in phases if by_phase.get(str(p)) is not None]
         ax.plot(xs, [by_phase[str(p)] for p in xs], marker="o", label=m)
@@ -179,7 +179,7 @@ def plots(report: dict, out: Path) -> dict[str, Path]:
     ax.set_ylabel("phase-1 nodes' accuracy (own test data)")
     ax.set_ylim(0, 1)
     ax.set_title("Forgetting")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths["forgetting_png"] = _save(fig, out / "forgetting.png")
     return paths
 

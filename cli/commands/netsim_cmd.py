@@ -107,9 +107,13 @@ def print_summary(report: dict, out: Path | None) -> None:
 
     console = Console()
     if report.get("methods"):
-        table = Table(title=f"{report['scenario']['name']} ({report['backend']} back-end)")
-        for h in COMPARISON_HEADER:
-            table.add_column(h, justify="left" if h in ("method",) else "right")
+        table = Table(title=f"{report['scenario']['name']} ({report['backend']} back-end)",
+                      caption="overall = mean over nodes on the phase's pooled test set; sent = all nodes, "
+                              "this phase; ready / cpu = seconds")
+        short = ["method", "ph", "acc", "prec", "sens", "F1", "sent", "ready", "cpu"]
+        assert len(short) == len(COMPARISON_HEADER)
+        for h in short:
+            table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
         for row in comparison_rows(report):
             table.add_row(*row)
         console.print(table)
