@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -74,7 +75,10 @@ def bench_procs(nodes: int, entries: int) -> dict:
                 stop.set()
         return rep.to_dict()
 
-    rep = trio.run(run)
+    try:
+        rep = trio.run(run)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     base = merge_baseline(nodes, entries)
     conv = rep["time_to_converge_s"]
     return {
@@ -115,6 +119,7 @@ def merge_baseline(nodes: int, entries: int) -> float:
     finally:
         for d in dbs:
             d.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def bench_memory(peers: int, daemons: int) -> dict:
