@@ -364,7 +364,8 @@ class NodeDaemon:
 
     async def _fetch_loop(self) -> None:
         while True:
-            for blob in sorted(self._wanted):
+            # with --no-auto-fetch only explicit `fetch` calls download (they learn manifests, not wants)
+            for blob in sorted(self._wanted) if self.auto_fetch else []:
                 if self.store.has(blob) or blob in self._fetch_failures:
                     self._wanted.discard(blob)
                     continue
