@@ -77,3 +77,39 @@ def test_help_documents_the_learning_rate():
     r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
     assert "3e-3" in r.stdout and "1e-3" in r.stdout and "--init-from" in r.stdout and "--freeze-blocks" in r.stdout
+
+
+def test_adversarial_training_reports_robust_accuracy(tmp_path):
+    home = _home(tmp_path)
+    r = runner.invoke(app, ["train", "--home", str(home), "--data", "digits?classes=0,1&limit=40", *TINY,
+                            "--adversarial", "--pgd-steps", "2", "--adv-ratio", "0.5", "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout[r.stdout.index("{"):])
+    assert 0.0 <= rec["metrics"]["robust_accuracy"] <= 1.0
+    t = rec["provenance"]["options"]["transform"]
+    assert t["adversarial"] == "pgd" and t["steps"] == 2 and t["ratio"] == 0.5 and abs(t["eps"] - 8 / 255) < 1e-12
+    r = runner.invoke(app, ["train", "--home", str(home), *TINY, "--adversarial", "--pgd-eps", "x"])
+    assert r.exit_code != 0 and "not a number" in str(r.exception)
+
+
+def test_ctrl_c_exits_130_and_keeps_the_finished_epochs(tmp_path):
+    import signal
+
+    home = _home(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "cli.app", "train", "--home", str(home), "--data", "digits?limit=60",
+           *TINY[:-6], "--epochs", "200", "--batch-size", "30"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        for line in p.stderr:  # readiness: an epoch is checkpointed
+            if line.startswith("epoch 1/200 finished"):
+                p.send_signal(signal.SIGINT)
+                break
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted; run the same command again")
+    (state,) = list((home / "runs").glob("*/state.json"))
+    st = json.loads(state.read_text())
+    assert st["epoch"] >= 1 and st["done"] is False

@@ -88,7 +88,11 @@ def train_cmd(
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob, pretrained=pretrained, device=device,
                         progress=not as_json and main and sys.stderr.isatty(), log=_log if main else None,
                         batch_transform=transform)
-    rec = train(h, data, cfg, opts)
+    try:
+        rec = train(h, data, cfg, opts)
+    except KeyboardInterrupt:  # the finished epochs are on disk; say so and exit 130
+        raise CliError("interrupted; run the same command again to continue from the last finished epoch",
+                       exit_code=130) from None
     if rec is None:  # a non-main DDP rank
         return
     if as_json:
