@@ -41,7 +41,9 @@ def main() -> None:
     from ledger.errors import LedgerError
 
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc != 0:  # e.g. 130 after Ctrl-C in non-standalone mode
+            sys.exit(rc)
     except (AtdError, LedgerError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(getattr(exc, "exit_code", 1))
