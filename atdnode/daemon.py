@@ -64,6 +64,8 @@ class NodeDaemon:
         sync_interval: float = 10.0,
         poll_interval: float = 0.25,
         auto_fetch: bool = True,
+        dashboard: tuple[str, int] | None = None,
+        dashboard_public: bool = False,
     ) -> None:
         self.home = home.require()
         self.identity = NodeIdentity.load(home)
@@ -93,6 +95,11 @@ class NodeDaemon:
         # `install(daemon)` (called once the transport runs: register stream handlers) and
         # `async run(daemon)` (started in the daemon's nursery). Tests may append their own.
         self.services: list = role_services(home, self.config)
+        self.dashboard = None
+        if dashboard is not None:  # read-only web page + /metrics + /healthz (atdnode.dashboard)
+            from atdnode.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self, host=dashboard[0], port=dashboard[1], public=dashboard_public)
 
     def _libp2p_transport(self) -> Transport:
         from atdnode.transport.libp2p_transport import Libp2pTransport
@@ -115,6 +122,8 @@ class NodeDaemon:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(control.serve, self.home.control_socket, self._control)
+                if self.dashboard is not None:
+                    await nursery.start(self.dashboard.serve)
                 self._write_state()
                 nursery.start_soon(self._merge_loop)
                 nursery.start_soon(self._announce_loop)
@@ -137,7 +146,8 @@ class NodeDaemon:
         self._stop.set()
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time()}
+        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time(),
+                 "dashboard": self.dashboard.url if self.dashboard is not None else None}
         tmp = self.home.root / "daemon.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.home.root / "daemon.json")
@@ -441,6 +451,7 @@ class NodeDaemon:
             "wanted": sorted(self._wanted),
             "bytes": self.transport.bytes_counters(),
             "stats": dict(self.stats),
+            "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
 
 

@@ -233,6 +233,11 @@ class Ledger:
             counts = dict(self._store.conn.execute("SELECT state, COUNT(*) FROM entries GROUP BY state"))
         return {name: counts.get(st, 0) for st, name in STATE_NAMES.items()}
 
+    def kind_counts(self) -> dict[str, int]:
+        """Entries in the log, by kind."""
+        with self._lock:
+            return dict(self._store.conn.execute("SELECT kind, COUNT(*) FROM entries WHERE state=0 GROUP BY kind"))
+
     def raw_rows(self) -> list[bytes]:
         """Wire bytes of every stored entry: log first (log order), then held and evidence."""
         with self._lock:

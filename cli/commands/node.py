@@ -39,11 +39,14 @@ def start(
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", help="Serve the read-only web dashboard, /metrics and /healthz on HOST:PORT (loopback only unless --dashboard-public; port 0 picks one)."),
+    dashboard_public: bool = typer.Option(False, "--dashboard-public", help="Allow --dashboard on a non-loopback address (put it behind your own TLS and access control)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
-    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
+    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready; the
+    dashboard's URL goes to the log and to HOME/daemon.json.
     """
     import trio
 
@@ -51,12 +54,18 @@ def start(
     from atdnode.daemon import NodeDaemon
 
     h = NodeHome.at(home).require()
+    bind = None
+    if dashboard is not None:
+        from atdnode.dashboard import parse_bind
+
+        bind = parse_bind(dashboard, public=dashboard_public)
     _setup_logging(h, verbose)
     if role is not None:
         cfg = NodeConfig.load(h)
         cfg.role = role
         cfg.save(h)
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
+                        dashboard_public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
