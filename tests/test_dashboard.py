@@ -161,3 +161,64 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
     finally:
         for d in daemons:
             d.terminate()
+
+
+def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:
+    """A libp2p fetch moves its chunks over the bulk channel: /metrics' "bulk" rows see them."""
+    import trio
+
+    from atdnode.transport.bulk import BULK_BYTES
+    from tests.test_blobxfer import blob_bytes, cluster
+
+    async def body() -> None:
+        async with cluster("libp2p", 2, tmp_path) as (a, b):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            before = list(BULK_BYTES.by_protocol.get("bulk", [0, 0]))
+            await b.svc.fetch(h, [a.t.peer_id], manifest_hash=a.store.manifest(h).hash)
+            after = BULK_BYTES.by_protocol["bulk"]
+            # one process holds both ends: the server's sends and the client's receives
+            assert after[0] - before[0] >= len(data) and after[1] - before[1] >= len(data)
+            streams = b.t.bytes_by_protocol()
+            assert any(p.startswith("/atd/blob") and sent > 0 and recv > 0 for p, (sent, recv) in streams.items())
+
+    trio.run(body)
+
+
+def test_metrics_text_parses_and_escapes() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from atdnode.dashboard import prom
+
+    snap = {"peer_id": "12D3KooWx", "consortium": 'St. "Mary\'s"\nEast\\', "peers": ["p1"],
+            "members": {"active": 2, "revoked": 1}, "ledger_states": {"log": 9, "held": 1, "evidence": 0},
+            "kinds": {"hello": 3}, "bytes_by_protocol": {"gossip": (10, 20), "bulk": (0, 0)},
+            "fetches": [{"blob": "ab" * 32, "bytes": 512, "size": 2048}], "wanted": 1, "blobs": 4,
+            "stats": {"gossip_in": 5, "gossip_rejected": 2, "refused_non_member": 1}, "aggregates": {"verified": 1}}
+    fams = {f.name: f for f in text_string_to_metric_families(prom.render(prom.node_families(snap)))}
+    assert fams["atd_info"].samples[0].labels["consortium"] == snap["consortium"]
+    assert fams["atd_fetch_bytes"].samples[0].value == 512 and fams["atd_fetch_size_bytes"].samples[0].value == 2048
+    assert {s.labels["reason"] for s in fams["atd_refusals"].samples} == {"gossip_rejected", "refused_non_member"}
+    assert fams["atd_transport_bytes"].type == "counter"
+    assert {s.labels["state"]: s.value for s in fams["atd_ledger_entries"].samples}["held"] == 1
+
+
+def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
+    """Entry bodies come from other nodes: nothing they say may become markup."""
+    from atdnode.dashboard.page import render_page
+
+    evil = '<script>alert(1)</script>'
+    state = {
+        "node": {"peer_id": "12D3KooWme", "name": "a", "role": "node", "addrs": [], "peers": [], "started": 1.0,
+                 "now": 2.0},
+        "consortium": evil, "entries": 1, "states": {"log": 1}, "wanted": 0, "split": [], "services": [],
+        "members": [{"peer_id": "12D3KooWev", "name": evil, "me": False, "founder": False, "admin": False,
+                     "revoked": False, "rotated_to": None, "role": evil, "addrs": [evil], "connected": False}],
+        "timeline": [{"id": "ab" * 32, "kind": "hello", "author": evil, "seq": 1, "lamport": 1, "summary": evil,
+                      "seen": 1.0, "before_start": True, "verified": True}],
+        "published": [], "aggregates": [], "models": [],
+        "fetches": [{"blob": "cd" * 32, "bytes": 256, "size": 1024, "fraction": 0.25, "holders": ["x"], "modes": {}}],
+    }
+    page = render_page(state)
+    assert "<script" not in page and page.count("&lt;script&gt;") >= 5
+    assert 'style="width:25%"' in page and "256 B of 1.0 KiB" in page
