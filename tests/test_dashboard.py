@@ -83,6 +83,15 @@ def test_cli_refuses_a_public_bind_in_one_line(tmp_path) -> None:
     proc = atd("node", "start", "--home", str(tmp_path / "n"), "--dashboard", "0.0.0.0:0", check=False, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and "--dashboard-public" in proc.stderr
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = atd("node", "start", "--home", str(tmp_path / "n"), "--dashboard", f"127.0.0.1:{port}", check=False,
+                   timeout=120)
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and "cannot bind" in proc.stderr
 
 
 @pytest.mark.slow

@@ -69,6 +69,23 @@ def parse_bind(text: str, *, public: bool = False) -> tuple[str, int]:
     return host, port
 
 
+def check_free(host: str, port: int) -> None:
+    """ConfigError now (one line in the CLI) if HOST:PORT cannot be bound, rather than from
+    inside the daemon's nursery later."""
+    import socket
+
+    if port == 0:
+        return
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(f"--dashboard {host}:{port}: cannot bind ({exc.strerror or exc})") from None
+    finally:
+        s.close()
+
+
 class Dashboard:
     """Serves one daemon's dashboard. Construct with the daemon, then `nursery.start(serve)`."""
 
@@ -81,13 +98,26 @@ class Dashboard:
         self.started = time.time()
         self._verify_limiter = trio.CapacityLimiter(1)
         self._view_limiter = trio.CapacityLimiter(2)
+        self._ledger = None  # its own read connection (WAL): page loads never hold up the daemon's merges
+        self._ledger_limiter = trio.CapacityLimiter(1)
+
+    async def read(self, fn):
+        """`fn(ledger)` in a worker thread on the dashboard's own ledger connection."""
+        from ledger import Ledger
+
+        def call():
+            if self._ledger is None:
+                self._ledger = Ledger.open(self.daemon.home.ledger_db)
+            return fn(self._ledger)
+
+        return await trio.to_thread.run_sync(call, limiter=self._ledger_limiter)
 
     # ------------------------------------------------------------------ data
 
     async def state(self) -> dict[str, Any]:
         d = self.daemon
         me = d.identity.public_key
-        led = await d.ledger.run(lambda led: view.ledger_view(led, me))
+        led = await self.read(lambda led: view.ledger_view(led, me))
         models = await trio.to_thread.run_sync(view.models_view, d.home, limiter=self._view_limiter)
         split = await trio.to_thread.run_sync(view.split_view, d.home, limiter=self._view_limiter)
         now = time.time()
@@ -134,7 +164,7 @@ class Dashboard:
             return {"members": members, "ledger_states": led.stats(), "kinds": led.kind_counts(),
                     "consortium": m.consortium}
 
-        c = await d.ledger.run(counts)
+        c = await self.read(counts)
         from atdnode.transport.bulk import BULK_BYTES
 
         by_proto = dict(d.transport.bytes_by_protocol())
@@ -176,7 +206,7 @@ class Dashboard:
             return out
 
         while True:
-            for entry_id, blobs in await self.daemon.ledger.run(todo):
+            for entry_id, blobs in await self.read(todo):
                 try:
                     result = await trio.to_thread.run_sync(verify_aggregate, home, entry_id,
                                                            limiter=self._verify_limiter)
@@ -245,15 +275,19 @@ class Dashboard:
         cfg.accesslog = None
         cfg.errorlog = logging.getLogger("atd.dashboard.http")
         cfg.graceful_timeout = 1.0
-        async with trio.open_nursery() as nursery:
-            try:
-                binds = await nursery.start(lambda task_status: serve(self.app(), cfg, task_status=task_status))
-            except OSError as exc:
-                raise ConfigError(f"cannot serve the dashboard on {self.host}:{self.port}: {exc}") from None
-            self.url = binds[0].rstrip("/") + "/"
-            known = await self.daemon.ledger.run(lambda led: [e.id.hex() for e in led.query()])
-            for entry_id in known:  # in the ledger before the dashboard started: "before <start>"
-                self.seen.setdefault(entry_id, self.started)
-            nursery.start_soon(self.verify_loop)
-            log.info("dashboard on %s", self.url)
-            task_status.started(self.url)
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    binds = await nursery.start(lambda task_status: serve(self.app(), cfg, task_status=task_status))
+                except OSError as exc:
+                    raise ConfigError(f"cannot serve the dashboard on {self.host}:{self.port}: {exc}") from None
+                self.url = binds[0].rstrip("/") + "/"
+                known = await self.read(lambda led: [e.id.hex() for e in led.query()])
+                for entry_id in known:  # in the ledger before the dashboard started: "before <start>"
+                    self.seen.setdefault(entry_id, self.started)
+                nursery.start_soon(self.verify_loop)
+                log.info("dashboard on %s", self.url)
+                task_status.started(self.url)
+        finally:
+            if self._ledger is not None:
+                self._ledger.close()

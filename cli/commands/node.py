@@ -56,9 +56,10 @@ def start(
     h = NodeHome.at(home).require()
     bind = None
     if dashboard is not None:
-        from atdnode.dashboard import parse_bind
+        from atdnode.dashboard import check_free, parse_bind
 
         bind = parse_bind(dashboard, public=dashboard_public)
+        check_free(*bind)
     _setup_logging(h, verbose)
     if role is not None:
         cfg = NodeConfig.load(h)
@@ -107,6 +108,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
     typer.echo(f"peers   : {len(st.get('peers', []))}")
     typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
     typer.echo(f"blobs   : {st['blobs']}")
+    if st.get("dashboard"):
+        typer.echo(f"web     : {st['dashboard']}")
 
 
 def _offline_status(h: NodeHome) -> dict:
