@@ -15,8 +15,6 @@ as a PNG. Optionally, accuracy under a PGD attack (protocols.adversarial; head m
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,14 +144,5 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
-    _write_result(png.with_suffix(".json"), {"model": record.id, "kind": kind, "data": data_spec, "split": split,
-                                             "written": time.time(), "metrics": metrics})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
                           unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)
-
-
-def _write_result(path: Path, result: dict) -> None:
-    """Keep the metrics next to the PNG (the dashboard shows a model's latest classify results)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, sort_keys=True))
-    tmp.replace(path)
