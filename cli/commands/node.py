@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -18,19 +17,6 @@ node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", n
 HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
-def _setup_logging(home: NodeHome, verbose: bool) -> None:
-    home.logs_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(home.logs_dir / "daemon.log")):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    # py-libp2p is chatty at INFO; keep its warnings.
-    for name in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 @node_app.command("start")
 def start(
     home: Path = HOME_OPT,
@@ -40,6 +26,8 @@ def start(
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only to HOME/logs/daemon.log (rotated by size; "
+                               "[logs] max_bytes / backups in config.toml), not to stderr."),
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
@@ -50,8 +38,10 @@ def start(
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
 
+    from atdnode.logs import setup_logging
+
     h = NodeHome.at(home).require()
-    _setup_logging(h, verbose)
+    setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
     if role is not None:
         cfg = NodeConfig.load(h)
         cfg.role = role
