@@ -20,8 +20,10 @@ HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd i
 @node_app.command("start")
 def start(
     home: Path = HOME_OPT,
-    listen: List[str] = typer.Option(["/ip4/127.0.0.1/tcp/0"], "--listen", help="Multiaddr to listen on (repeatable)."),
-    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial (repeatable)."),
+    listen: List[str] = typer.Option([], "--listen", help="Multiaddr to listen on (repeatable; default: `listen` in "
+                                     "config.toml, which defaults to /ip4/127.0.0.1/tcp/0)."),
+    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
+                                        "(repeatable; added to `bootstrap` in config.toml)."),
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
@@ -31,7 +33,9 @@ def start(
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
-    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
+    Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
+    service manager can run just `atd node start --home DIR`. Prints each listen address
+    (with /p2p/<peer id>) on stdout once the node is ready.
     """
     import trio
 
@@ -42,10 +46,12 @@ def start(
 
     h = NodeHome.at(home).require()
     setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
+    cfg = NodeConfig.load(h)
     if role is not None:
-        cfg = NodeConfig.load(h)
         cfg.role = role
         cfg.save(h)
+    listen = list(listen) or list(cfg.listen)
+    bootstrap = list(dict.fromkeys([*bootstrap, *cfg.bootstrap]))
     daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
 
     async def main() -> None:
