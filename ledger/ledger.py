@@ -237,6 +237,12 @@ class Ledger:
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + _ORDER, args)]
 
+    def stored_at(self, ids: list[bytes]) -> dict[bytes, float]:
+        """{entry id: Unix time this node stored the entry} (a local, unsigned fact; entries
+        stored before this was recorded have none)."""
+        with self._lock:
+            return self._store.stored_at(list(ids))
+
     def all_entries(self) -> list[Entry]:
         return self.query()
 
