@@ -133,12 +133,14 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         assert res.entry.id.hex()[:12] in row and "vertical" in row
         assert re.search(r'class="ok verify-status"[^>]*>verified<', row)
         model_row = next(r for r in re.findall(r'<tr class="model">.*?</tr>', dom, re.S) if res.model_id in r)
-        assert f"accuracy {acc:.3f}" in text_of(model_row) and "global-vertical" in model_row
+        assert f"accuracy {acc:.3f}" in text_of(model_row) and "<td>vertical</td>" in model_row
         assert f'/classify/{cls.png.name}' in model_row
         for name in ("a", "b", "c"):
             assert re.search(rf'<tr class="peer"><td>{name}<br>', dom)
+        timeline = dom[dom.index('id="ledger"'):]
         shown = int(re.search(r'id="card-entries"><div class="n">(\d+)<', dom).group(1))
         assert shown >= s["entries"] and len(re.findall(r"✓ verified", dom)) == shown
+        assert len(re.findall(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</td>", timeline)) == shown  # stored here
 
         status, ctype, _ = get(url + f"classify/{cls.png.name}")
         assert status == 200 and ctype == "image/png"
@@ -224,7 +226,7 @@ def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
         "members": [{"peer_id": "12D3KooWev", "name": evil, "me": False, "founder": False, "admin": False,
                      "revoked": False, "rotated_to": None, "role": evil, "addrs": [evil], "connected": False}],
         "timeline": [{"id": "ab" * 32, "kind": "hello", "author": evil, "seq": 1, "lamport": 1, "summary": evil,
-                      "seen": 1.0, "before_start": True, "verified": True}],
+                      "stored": 1.0, "verified": True}],
         "published": [], "aggregates": [], "models": [],
         "fetches": [{"blob": "cd" * 32, "bytes": 256, "size": 1024, "fraction": 0.25, "holders": ["x"], "modes": {}}],
     }

@@ -90,11 +90,11 @@ def _peers(s: dict) -> str:
 
 
 def _timeline(s: dict) -> str:
-    rows = [f'<tr><td class="mono">{e["lamport"]}</td><td>{_e(_t(e["seen"]) if not e["before_start"] else "before " + _t(e["seen"]))}</td>'
+    rows = [f'<tr><td class="mono">{e["lamport"]}</td><td>{_e(_t(e["stored"]))}</td>'
             f'<td><span class="tag">{_e(e["kind"])}</span></td><td>{_e(e["author"])} <span class="muted">#{e["seq"]}</span></td>'
             f'<td>{_e(e["summary"])}</td><td class="ok">{"✓ verified" if e["verified"] else ""}</td>'
             f'<td><code>{_e(e["id"][:12])}</code></td></tr>' for e in s["timeline"]]
-    return _table(("lamport", "seen", "kind", "author", "what", "signature & chain", "entry"), rows,
+    return _table(("lamport", "stored here", "kind", "author", "what", "signature & chain", "entry"), rows,
                   "the ledger is empty", "scroll")
 
 
@@ -127,7 +127,7 @@ def _models(s: dict) -> str:
     rows = []
     for m in s["models"]:
         imgs = [f'<img class="cm" alt="confusion matrix" src="/models/{_e(m["id"])}/confusion.png">'] if m["confusion"] else []
-        lines = [f'<div>test set: {_metrics(m["metrics"])}</div>'] if m["metrics"] else []
+        lines = [f'<div>training test split: {_metrics(m["metrics"])}</div>'] if m["metrics"] else []
         for c in m["classified"][-3:]:
             lines.append(f'<div>classify {_e(c["data"])} {_e(c["split"])}: {_metrics(c["metrics"])}</div>')
             if c.get("png"):
@@ -189,7 +189,7 @@ def render_page(s: dict) -> str:
 <section id="fetches"><h2>Running fetches</h2>{_fetches(s)}</section>
 <section id="split"><h2>Split learning</h2>{_split(s)}</section>
 <section id="ledger"><h2>Ledger timeline</h2>
-<p class="muted">Newest first. Entries carry a Lamport clock, not a wall clock; “seen” is when this dashboard first
-listed the entry. Every entry shown is in the log: its signature, hash chain and author's membership were checked
+<p class="muted">Newest first. Entries carry a Lamport clock, not a wall clock; “stored here” is when this node
+stored the entry (its own clock, not signed). Every entry shown is in the log: its signature, hash chain and author's membership were checked
 when it was merged ({held} held, {evidence} fork evidence not shown).</p>{_timeline(s)}</section>
 </main></body></html>"""

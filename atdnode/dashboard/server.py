@@ -94,7 +94,6 @@ class Dashboard:
         self.host, self.port, self.public = host, port, public
         self.url: str | None = None
         self.verify: dict[str, dict] = {}  # aggregate entry id -> {"status": ..., "detail": ...}
-        self.seen: dict[str, float] = {}  # entry id -> when this dashboard first saw it in the log
         self.started = time.time()
         self._verify_limiter = trio.CapacityLimiter(1)
         self._view_limiter = trio.CapacityLimiter(2)
@@ -122,8 +121,6 @@ class Dashboard:
         split = await trio.to_thread.run_sync(view.split_view, d.home, limiter=self._view_limiter)
         now = time.time()
         for e in led["timeline"]:
-            e["seen"] = self.seen.setdefault(e["id"], now)
-            e["before_start"] = e["seen"] <= self.started + 1e-3
             e["verified"] = True  # in the log: signature, hash chain and membership checked on merge
         connected = set(d.transport.peers())
         for m in led["members"]:
@@ -282,9 +279,6 @@ class Dashboard:
                 except OSError as exc:
                     raise ConfigError(f"cannot serve the dashboard on {self.host}:{self.port}: {exc}") from None
                 self.url = binds[0].rstrip("/") + "/"
-                known = await self.read(lambda led: [e.id.hex() for e in led.query()])
-                for entry_id in known:  # in the ledger before the dashboard started: "before <start>"
-                    self.seen.setdefault(entry_id, self.started)
                 nursery.start_soon(self.verify_loop)
                 log.info("dashboard on %s", self.url)
                 task_status.started(self.url)

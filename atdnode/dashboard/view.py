@@ -93,10 +93,12 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     services = [{"id": e.id.hex(), "server": who(e.author), "algorithm": e.body.get("algorithm", e.body.get("role")),
                  "tasks": [t.get("name") for t in e.body.get("tasks") or [] if isinstance(t, dict)]}
                 for e in entries if e.kind == "service"]
+    recent = entries[-TIMELINE_LIMIT:]
+    stored = led.stored_at([e.id for e in recent])
     timeline = [{
         "id": e.id.hex(), "kind": e.kind, "author": who(e.author), "seq": e.seq, "lamport": e.lamport,
-        "summary": summarize(e),
-    } for e in reversed(entries[-TIMELINE_LIMIT:])]
+        "summary": summarize(e), "stored": stored.get(e.id),
+    } for e in reversed(recent)]
     return {"consortium": m.consortium, "members": members, "published": published, "aggregates": aggregates,
             "services": services, "timeline": timeline, "entries": len(entries), "states": led.stats(),
             "kinds": _count_kinds(entries)}
@@ -117,35 +119,26 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def classify_results(home: NodeHome) -> dict[str, list[dict]]:
-    """model id -> the `atd classify` results recorded next to their PNGs (newest last)."""
-    out: dict[str, list[dict]] = {}
-    d = home.root / "classify"
-    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
-        r = _read_json(p)
-        if r and isinstance(r.get("model"), str):
-            png = p.with_suffix(".png")
-            out.setdefault(r["model"], []).append({**r, "png": png.name if png.is_file() else None})
-    for rs in out.values():
-        rs.sort(key=lambda r: r.get("written", 0))
-    return out
-
-
 def models_view(home: NodeHome) -> list[dict]:
-    """The registry's models with their metrics (training test set, then each `atd classify`)."""
-    from atdnode.registry import ModelRegistry
+    """The registry's models: how each was made, its training test metrics and every later
+    evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home."""
+    from atdnode.registry import ModelRegistry, made_by
 
-    results = classify_results(home)
+    reg = ModelRegistry(home)
     out = []
-    for r in ModelRegistry(home).list():
+    for r in reg.list():
         c = r.model
+        evals = []
+        for ev in reg.evaluations(r.id):
+            png = Path(str(ev.get("png") or ""))
+            evals.append({"data": ev.get("data"), "split": ev.get("split"), "time": ev.get("time"),
+                          "png": png.name if classify_png(home, png.name) == png.resolve() else None,
+                          "metrics": _scalar_metrics({k: v for k, v in ev.items() if k != "time"})})
         out.append({
-            "id": r.id, "created": r.created, "kind": r.provenance.get("kind") or "trained",
+            "id": r.id, "created": r.created, "kind": made_by(r),
             "model": c.get("name", ""), "arch": f"{c.get('img_size')}/{c.get('patch_size')}/{c.get('embed_dim')}/{c.get('depth')}",
             "classes": len(r.labels), "samples": r.samples, "metrics": _scalar_metrics(r.metrics),
-            "confusion": bool(r.files.get("confusion_png")),
-            "classified": [{"data": x.get("data"), "split": x.get("split"), "png": x.get("png"),
-                            "metrics": _scalar_metrics(x.get("metrics") or {})} for x in results.get(r.id, [])],
+            "confusion": bool(r.files.get("confusion_png")), "classified": evals,
         })
     return list(reversed(out))  # newest first
 
