@@ -228,8 +228,11 @@ def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
         "timeline": [{"id": "ab" * 32, "kind": "hello", "author": evil, "seq": 1, "lamport": 1, "summary": evil,
                       "stored": 1.0, "verified": True}],
         "published": [], "aggregates": [], "models": [],
+        "campaigns": [{"algorithm": "pfesta", "state": "running", "round": 3, "total": 4, "completed": 2,
+                       "clients": 2, "detail": ""}],
         "fetches": [{"blob": "cd" * 32, "bytes": 256, "size": 1024, "fraction": 0.25, "holders": ["x"], "modes": {}}],
     }
     page = render_page(state)
     assert "<script" not in page and page.count("&lt;script&gt;") >= 5
     assert 'style="width:25%"' in page and "256 B of 1.0 KiB" in page
+    assert re.search(r'<tr class="campaign"><td>pfesta</td><td>running</td><td>2 of 4 \(open: 3\)</td><td>2</td>', page)

@@ -153,13 +153,17 @@ def _fetches(s: dict) -> str:
 
 
 def _split(s: dict) -> str:
+    live = [f'<tr class="campaign"><td>{_e(c["algorithm"])}</td><td>{_e(c["state"])}</td>'
+            f'<td>{_e(c["completed"])} of {_e(c["total"])} (open: {_e(c["round"])})</td><td>{_e(c["clients"])}</td>'
+            f'<td>{_e(c["detail"])}</td></tr>' for c in s.get("campaigns", [])]
+    served = _table(("served here", "state", "rounds done", "clients", ""), live, "") if live else ""
     rows = [f'<tr><td>{_e(v["server"])}</td><td>{_e(v["algorithm"])}</td><td>{_e(", ".join(map(str, v["tasks"])))}</td>'
             f'<td><code>{_e(v["id"][:12])}</code></td></tr>' for v in s["services"]]
     out = _table(("server", "algorithm", "tasks", "offer entry"), rows, "no split-learning server offers")
     recs = [f'<tr><td>{_e(r["side"])}</td><td>{_e(r["algorithm"])}</td><td>{_e(r["task"])}</td>'
             f'<td><code>{_e(r["client"])}</code></td><td><code>{_e(r["server"])}</code></td><td>{_e(r["rounds"])}</td>'
             f'<td>{_metrics(r["metrics"], tuple(r["metrics"]))}</td><td>{_t(r["written"])}</td></tr>' for r in s["split"]]
-    return out + _table(("side", "algorithm", "task", "client", "server", "rounds", "metrics", "written"), recs,
+    return served + out + _table(("side", "algorithm", "task", "client", "server", "rounds", "metrics", "written"), recs,
                         "this node took part in no split-learning session")
 
 

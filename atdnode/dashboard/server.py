@@ -133,9 +133,24 @@ class Dashboard:
             "node": {"peer_id": d.transport.peer_id, "name": d.config.name, "role": d.config.role,
                      "addrs": d.transport.addrs(), "peers": sorted(connected), "started": self.started,
                      "now": now},
-            **led, "models": models, "split": split, "fetches": self.fetches(led["published"] + led["aggregates"]),
+            **led, "models": models, "split": split, "campaigns": self.campaigns(),
+            "fetches": self.fetches(led["published"] + led["aggregates"]),
             "wanted": len(d._wanted),
         }
+
+    def campaigns(self) -> list[dict]:
+        """Split-learning campaigns this node serves right now (its role services' round boards)."""
+        out = []
+        for svc in self.daemon.services:
+            board = getattr(svc, "board", None)
+            if board is None:
+                continue
+            state = ("failed" if getattr(svc, "failed", None) else "done" if board.done
+                     else "running" if board.started else "waiting for clients")
+            out.append({"algorithm": getattr(svc, "algorithm", "?"), "round": board.round, "total": board.total,
+                        "completed": board.completed, "clients": len(board.members), "state": state,
+                        "detail": getattr(svc, "failed", None) or ""})
+        return out
 
     def fetches(self, announced: list[dict]) -> list[dict]:
         """Running fetches (started, blob not stored yet) with bytes so far and the announced size."""
