@@ -40,6 +40,7 @@ from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
+from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -355,6 +356,7 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
+            mine = {peer_id_from_public_key(k) for k in led.membership().keys_of(me)}  # earlier ids after a key rotation
             for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
                     self._manifests.setdefault(e.body["blob"], e.body["manifest"])
@@ -364,7 +366,8 @@ class NodeDaemon:
                         continue
                     blob = e.body.get("blob")
                     recipients = e.body.get("recipients")
-                    if kind == "features" and recipients is not None and self.identity.peer_id not in recipients:
+                    if kind == "features" and recipients is not None and not (
+                            isinstance(recipients, list) and mine & {r for r in recipients if isinstance(r, str)}):
                         continue  # sealed to others: useless to us
                     if isinstance(blob, str) and not self.store.has(blob):
                         out.add(blob)

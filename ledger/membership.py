@@ -84,6 +84,10 @@ class Membership:
             seen.add(key)
         return key
 
+    def keys_of(self, key: bytes) -> list[bytes]:
+        """Every key that carried `key`'s identity: `key` and the keys that rotated to it."""
+        return [key] + [k for k in self.rotations if k != key and self.current(k) == key]
+
     def is_founder(self, key: bytes) -> bool:
         """The founder's current key (the genesis author, or the key it rotated to)."""
         return self.founder is not None and key == self.current(self.founder)

@@ -14,7 +14,7 @@ import pytest
 
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity, init_home
-from ledger import Entry, Ledger, MalformedEntry, RevokedAuthor, Signer, peer_id_from_public_key
+from ledger import Entry, Ledger, MalformedEntry, RevokedAuthor, Signer, peer_id_from_public_key, public_key_from_peer_id
 from ledger.entry import rotation_message
 from tests.nodeprocs import atd, start_daemon, wait_until
 
@@ -186,3 +186,28 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
     restored = tmp_path / "restored"
     assert atd("key", "import", str(tmp_path / "b.keys"), "--home", str(restored), "--passphrase-file",
                str(pw)).stdout.strip() == old
+
+
+def test_features_sealed_to_the_old_id_stay_readable(tmp_path_factory, tmp_path: Path) -> None:
+    """The X25519 key survives a rotation, so features sealed before it still open."""
+    from atdnode.blobstore import BlobStore
+    from atdnode.features_share import addressed_to, open_features, share_features
+    from atdnode.keybackup import rotate_key
+    from tests.vgs_homes import copy_homes, disjoint_trio, sync
+
+    a, b, c = copy_homes(disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint"), tmp_path / "h")
+    old = NodeIdentity.load(a).peer_id
+    shared = share_features(b, to=[old])
+    sync([a, b, c])
+    r = rotate_key(a)
+    assert r.old == old and r.new == NodeIdentity.load(a).peer_id != old
+    sync([a, b, c])
+    ident = NodeIdentity.load(a)
+    with Ledger.open(a.ledger_db) as led:
+        (entry,) = [e for e in addressed_to(led, ident.peer_id) if e.id == shared.entry.id]
+        opened = open_features(ident, BlobStore(a.blobs_dir), led, entry)
+    assert opened.X.shape[0] == shared.shape[0]
+    with Ledger.open(b.ledger_db) as led:  # the peer agrees: a's old entries stay, its new key is the member
+        m = led.membership()
+        assert m.rotations == {public_key_from_peer_id(old): ident.public_key} and m.is_member(ident.public_key)
+        led.verify()
