@@ -236,3 +236,32 @@ def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
     assert "<script" not in page and page.count("&lt;script&gt;") >= 5
     assert 'style="width:25%"' in page and "256 B of 1.0 KiB" in page
     assert re.search(r'<tr class="campaign"><td>pfesta</td><td>running</td><td>2 of 4 \(open: 3\)</td><td>2</td>', page)
+
+
+def test_host_guard_allows_loopback_names_only() -> None:
+    import trio
+
+    from atdnode.dashboard.server import host_guard
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guarded = host_guard(app, {"127.0.0.1", "localhost", "[::1]"})
+
+    async def status(host: str) -> int:
+        sent = []
+
+        async def send(msg):
+            sent.append(msg)
+
+        await guarded({"type": "http", "headers": [(b"host", host.encode())]}, None, send)
+        return sent[0]["status"]
+
+    async def main():
+        ok = ["127.0.0.1:8470", "localhost:1", "LOCALHOST", "[::1]:9000", "127.0.0.1"]
+        bad = ["evil.example", "evil.example:8470", "127.0.0.1.evil.example:80", "[::2]:1", ""]
+        assert [await status(h) for h in ok] == [200] * len(ok)
+        assert [await status(h) for h in bad] == [400] * len(bad)
+
+    trio.run(main)

@@ -69,6 +69,25 @@ def parse_bind(text: str, *, public: bool = False) -> tuple[str, int]:
     return host, port
 
 
+def host_guard(app, allowed: set[str]):
+    """ASGI wrapper: 400 unless the request's Host names one of `allowed` (any port). A page
+    on another site that rebinds its DNS name to 127.0.0.1 sends its own name: refused."""
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").strip().lower()
+            name = host[: host.find("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]
+            if name not in allowed:
+                body = b"invalid host header"
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def check_free(host: str, port: int) -> None:
     """ConfigError now (one line in the CLI) if HOST:PORT cannot be bound, rather than from
     inside the daemon's nursery later."""
@@ -127,8 +146,10 @@ class Dashboard:
             m["connected"] = m["peer_id"] in connected
         for a in led["aggregates"]:
             a["verify"] = self.verify.get(a["id"], {"status": "pending", "detail": "not checked yet"})
+        blobs = [p["blob"] for p in led["published"] if p["blob"]]
+        held = await trio.to_thread.run_sync(lambda: {b for b in blobs if d.store.has(b)}, limiter=self._view_limiter)
         for p in led["published"]:
-            p["held"] = d.store.has(p["blob"]) if p["blob"] else False
+            p["held"] = p["blob"] in held
         return {
             "node": {"peer_id": d.transport.peer_id, "name": d.config.name, "role": d.config.role,
                      "addrs": d.transport.addrs(), "peers": sorted(connected), "started": self.started,
@@ -236,8 +257,6 @@ class Dashboard:
 
     def app(self):
         from starlette.applications import Starlette
-        from starlette.middleware import Middleware
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
         from starlette.requests import Request
         from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
         from starlette.routing import Route
@@ -272,9 +291,11 @@ class Dashboard:
         routes = [Route("/", index), Route("/api/state", api_state), Route("/metrics", metrics),
                   Route("/healthz", healthz), Route("/models/{model_id}/confusion.png", confusion),
                   Route("/classify/{name}", classify_png)]
-        middleware = [] if self.public else [
-            Middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "[::1]", "::1", self.host])]
-        return Starlette(routes=routes, middleware=middleware)
+        app = Starlette(routes=routes)
+        if self.public:
+            return app
+        me = f"[{self.host}]" if ":" in self.host else self.host
+        return host_guard(app, {"127.0.0.1", "localhost", "[::1]", me})
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report the URL through `task_status`, serve until cancelled."""
