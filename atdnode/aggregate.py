@@ -332,6 +332,10 @@ def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
     mode = entry.body.get("mode")
     if mode in ("horizontal", "vertical", "group"):
         return recompute_average(led, store, entry)
+    if mode == "round":
+        from atdnode.rounds import verify_round
+
+        return verify_round(led, store, entry)
     if mode == "hierarchical":
         from atdnode.hierarchical_node import recompute_hierarchical
 

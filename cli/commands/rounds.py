@@ -1,0 +1,89 @@
+"""`atd rounds`: serverless round-based training (FedAvg / FedWAvg, optionally adversarial) on the fabric."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from atdnode.home import NodeHome
+from cli.errors import CliError
+
+HELP = "\n\n".join([
+    "Train a global model over several rounds with the consortium's other members, no server.",
+    "Each round every member starts from the previous round's global model, trains locally, publishes its "
+    "weights (a signed `weights` entry with the round number), waits until --min-peers members' weights are "
+    "here or --deadline passes, and the global model is the FedAvg or FedWAvg average over the round's inputs "
+    "in canonical order, recorded as an `aggregate` entry (mode round) that names late members; every member "
+    "recomputes it bit for bit. All members must give the same data label space, model and --seed (they "
+    "define the shared initial model and the campaign). The daemon must be running for gossip and fetch. "
+    "Run it again after a crash: it resumes at the current round.",
+])
+
+
+def rounds(
+    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
+    weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
+    q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
+    data: str = typer.Option("digits", "--data", help="This node's data spec."),
+    model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
+    img_size: Optional[int] = typer.Option(None, "--img-size"),
+    patch_size: Optional[int] = typer.Option(None, "--patch-size"),
+    embed_dim: Optional[int] = typer.Option(None, "--embed-dim"),
+    depth: Optional[int] = typer.Option(None, "--depth"),
+    heads: Optional[int] = typer.Option(None, "--heads"),
+    local_epochs: int = typer.Option(1, "--local-epochs", min=1, help="Local epochs per round."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW rate (default as `atd train`)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the shared initial model (same on every member)."),
+    deadline: float = typer.Option(120.0, "--deadline", min=0.0, help="Seconds to wait for a round's inputs."),
+    min_peers: Optional[int] = typer.Option(None, "--min-peers", min=1, help="Stop waiting once this many members' weights are here (default: all members)."),
+    name: str = typer.Option("", "--name", help="Campaign name (to run several campaigns with one config)."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="PGD examples in each local batch (as `atd train --adversarial`)."),
+    adv_ratio: float = typer.Option(0.5, "--adv-ratio"),
+    pgd_eps: str = typer.Option("8/255", "--pgd-eps"),
+    pgd_step: str = typer.Option("2/255", "--pgd-step"),
+    pgd_steps: int = typer.Option(7, "--pgd-steps", min=0),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
+) -> None:
+    from atdnode.model import ModelConfig
+    from atdnode.rounds import RoundRunner, RoundsConfig
+    from cli.commands.train import _fraction
+
+    h = NodeHome.at(home).require()
+    cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                              num_heads=heads)
+    transform = None
+    if adversarial:
+        from atdnode.data import MEAN, STD
+        from atdnode.training import AdversarialTransform
+        from protocols.adversarial import AdversarialError, PGDConfig
+
+        try:
+            transform = AdversarialTransform(PGDConfig(eps=_fraction(pgd_eps), step=_fraction(pgd_step), steps=pgd_steps,
+                                                       ratio=adv_ratio, mean=(MEAN,) * cfg.in_chans,
+                                                       std=(STD,) * cfg.in_chans))
+        except AdversarialError as exc:
+            raise CliError(f"--adversarial: {exc}") from None
+    log = (lambda m: print(m, file=sys.stderr, flush=True))
+    conf = RoundsConfig(data=data, cfg=cfg, rounds=n_rounds, weighting=weighting, q=q, local_epochs=local_epochs,
+                        batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, min_peers=min_peers, name=name,
+                        batch_transform=transform, log=log)
+    runner = RoundRunner(h, conf)
+    log(f"campaign {runner.campaign} (init {runner.init[:12]})")
+
+    def show(rep) -> None:
+        if as_json:
+            typer.echo(json.dumps({"campaign": runner.campaign, **rep.to_json()}))
+        else:
+            typer.echo(f"round {rep.round}: global {rep.blob[:12]} entry {rep.entry[:12]} weights "
+                       f"{[round(w, 4) for w in rep.weights]}" + (f" missing {rep.missing}" if rep.missing else ""))
+
+    runner.run(show)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rounds", help=HELP)(rounds)
