@@ -12,7 +12,9 @@ aggregate  mode "round": campaign, round, weighting, q, reference (previous glob
 
 Round t on each member: if round t's aggregate already exists, adopt it; else train from
 global t-1 (`atdnode.training.train`, the library behind `atd train`), publish, wait until
-K publishers' blobs are held or the deadline passes, then the *coordinator* (smallest
+the blobs of every live member (all members; with a daemon, not those disconnected from it
+for `absent_grace` s) or of
+--min-peers members are held, or the deadline passes, then the *coordinator* (smallest
 publishing peer id) records the aggregate over the inputs it holds; the others wait for
 that entry (up to another deadline, then record their own) and recompute it from its
 inputs (`verify_round`, also reached by `atd aggregate --verify`), which gives the same
@@ -85,7 +87,8 @@ class RoundsConfig:
     lr: float | None = None
     seed: int = 0
     deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
-    min_peers: int | None = None  # None: every active member
+    min_peers: int | None = None  # None: every live member
+    absent_grace: float = 20.0  # a member not connected to our daemon this long is not waited for
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     log: Callable[[str], None] = field(default=lambda _m: None)
@@ -291,6 +294,24 @@ class RoundRunner:
             time.sleep(POLL_S)
         return True
 
+    def _live(self, expected: list[str], gone_since: dict[str, float]) -> list[str]:
+        """Members worth waiting for: every member, except (with a daemon) one that has not been
+        connected to it for `absent_grace` seconds of this wait (a crashed member's connection
+        drops at once; a restarting one reconnects within the grace and is waited for)."""
+        if not self._daemon():
+            return expected
+        try:
+            peers = set(control.call(self.home.control_socket, "peers")["peers"])
+        except AtdError:
+            return expected
+        now = time.monotonic()
+        for p in expected:
+            if p == self.me or p in peers:
+                gone_since.pop(p, None)
+            else:
+                gone_since.setdefault(p, now)
+        return [p for p in expected if now - gone_since.get(p, now) < self.c.absent_grace]
+
     # -- one round
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
@@ -309,14 +330,18 @@ class RoundRunner:
 
     def wait_inputs(self, rnd: int, expected: list[str]) -> tuple[list[Entry], Entry | None]:
         """Until K publishers' blobs are held or the deadline: (held inputs, aggregate if one appeared)."""
-        k = self.c.min_peers or len(expected)
         until = time.monotonic() + self.c.deadline
+        gone_since: dict[str, float] = {}
         while True:
             with self._led() as led:
                 agg = round_aggregate(led, self.campaign, rnd)
                 entries = round_weights_entries(led, self.campaign, rnd)
             held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
-            if agg is not None or len(held) >= k or time.monotonic() >= until:
+            if self.c.min_peers:
+                enough = len(held) >= self.c.min_peers
+            else:  # every live member: all members, or (daemon running) those connected to it
+                enough = set(self._live(expected, gone_since)) <= {_signer(e) for e in held}
+            if agg is not None or enough or time.monotonic() >= until:
                 return held, agg
             for e in entries:  # block on the daemon's fetch of what is announced but not yet here
                 if e not in held:

@@ -31,6 +31,8 @@ from protocols.split_state import (ClientDropped, RoundTracker, SplitProtocolErr
                                    check_features, load_state, optimizer_from_state, optimizer_to_state,
                                    save_state)
 
+UNIFY_WEIGHTINGS = ("uniform", "samples")
+
 
 class BodyServer:
     """Shared body, per-client pending steps, unification of client parts, faults, persistence."""
@@ -46,13 +48,17 @@ class BodyServer:
         return (self.cfg.num_patches + int(self.has_cls), self.cfg.embed_dim)
 
     def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
-                 weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024) -> None:
+                 weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024,
+                 unify_weighting: str = "uniform") -> None:
         if self.has_cls != (self.tail_pool == "token"):
             raise ValueError("a cls token goes with token pooling, and only with it")
         if not tasks or len({t.name for t in tasks}) != len(tasks):
             raise ValueError("a split server needs at least one task, with unique names")
         self.cfg, self.tasks = cfg, {t.name: t for t in tasks}
         self.lr, self.weight_decay, self.seed, self.max_batch = lr, weight_decay, seed, max_batch
+        if unify_weighting not in UNIFY_WEIGHTINGS:
+            raise ValueError(f"unify_weighting {unify_weighting!r}: choose from {', '.join(UNIFY_WEIGHTINGS)}")
+        self.unify_weighting = unify_weighting
         self.body = SplitBody(cfg, seed=seed)
         self.opt = torch.optim.AdamW(self.body.parameters(), lr=lr, weight_decay=weight_decay)
         self.frozen = False
@@ -193,13 +199,17 @@ class BodyServer:
         return bool(got) and all(c in got for c in self.live_clients(task))
 
     def unify(self, task: str) -> dict[str, torch.Tensor]:
-        """Sample-weighted average of what live clients of ``task`` submitted; clears them."""
+        """Average of what live clients of ``task`` submitted (clears them): uniform, as FESTA
+        Algorithm 1 (l.14-15) and p-FESTA Algorithm 1 average the heads / tails (1/N_k each),
+        or by sample count with ``unify_weighting="samples"`` (a deviation, kept as an option)."""
         got = self._submitted.pop(task, {})
         got = {c: v for c, v in got.items() if c in self.clients}
         if not got:
             raise SplitProtocolError(f"no client of task {task!r} submitted its state")
-        avg = fedavg([s for s, _ in got.values()], [n for _, n in got.values()])
-        self.events.append({"event": "unify", "task": task, "clients": sorted(got), "round": self.rounds.round})
+        weights = [1.0 if self.unify_weighting == "uniform" else float(n) for _, n in got.values()]
+        avg = fedavg([s for s, _ in got.values()], weights)
+        self.events.append({"event": "unify", "task": task, "clients": sorted(got), "round": self.rounds.round,
+                            "weighting": self.unify_weighting})
         return avg
 
     # --- persistence ----------------------------------------------------------------------
@@ -224,7 +234,7 @@ class BodyServer:
         tensors.update(extra_t)
         scalars = {"kind": self.kind, "cfg": self.cfg.to_dict(), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
-                   "max_batch": self.max_batch, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
+                   "max_batch": self.max_batch, "unify_weighting": self.unify_weighting, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
                    "clients": self.clients, "dropped": self.dropped, "events": self.events,
                    "rounds": self.rounds.to_dict(), "opt": opt_meta, "extra": extra_s}
         save_state(directory, tensors, scalars)
@@ -238,7 +248,7 @@ class BodyServer:
         try:
             srv = cls(ViTSplitConfig.from_dict(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
                       lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
-                      **s["ctor"])
+                      unify_weighting=s.get("unify_weighting", "samples"), **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}
             srv.body.load_state_dict(body, strict=True)
         except (KeyError, TypeError, ValueError, RuntimeError) as e:

@@ -198,3 +198,24 @@ def test_load_rejects_missing_torn_or_foreign_state(tmp_path):
     PFestaServer(CFG, [CLS]).save(tmp_path / "p")
     with pytest.raises(SplitStateError, match="'pfesta' server"):
         FestaServer.load(tmp_path / "p")
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_unification_is_uniform_by_default_samples_on_request(tmp_path, weighting):
+    """FESTA Algorithm 1 averages heads/tails with 1/N_k; sample weighting is the option."""
+    kw = {} if weighting == "uniform" else {"unify_weighting": "samples"}
+    srv = FestaServer(CFG, [CLS], **kw)
+    assert srv.unify_weighting == weighting
+    tmpl = srv._templates["digit"]
+    srv.join("a", "digit")
+    srv.join("b", "digit")
+    srv.submit_state("a", {k: torch.full_like(v, 1.0) for k, v in tmpl.items()}, 10)
+    srv.submit_state("b", {k: torch.full_like(v, 4.0) for k, v in tmpl.items()}, 30)
+    avg = srv.unify("digit")
+    want = 2.5 if weighting == "uniform" else (1.0 * 10 + 4.0 * 30) / 40  # 2.5 vs 3.25
+    assert all(torch.allclose(v, torch.full_like(v, want)) for v in avg.values())
+    assert srv.events[-1]["weighting"] == weighting
+    srv.save(tmp_path / "srv")
+    assert FestaServer.load(tmp_path / "srv").unify_weighting == weighting
+    with pytest.raises(ValueError, match="unify_weighting"):
+        FestaServer(CFG, [CLS], unify_weighting="median")

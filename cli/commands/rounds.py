@@ -40,7 +40,8 @@ def rounds(
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW rate (default as `atd train`)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the shared initial model (same on every member)."),
     deadline: float = typer.Option(120.0, "--deadline", min=0.0, help="Seconds to wait for a round's inputs."),
-    min_peers: Optional[int] = typer.Option(None, "--min-peers", min=1, help="Stop waiting once this many members' weights are here (default: all members)."),
+    min_peers: Optional[int] = typer.Option(None, "--min-peers", min=1, help="Stop waiting once this many members' weights are here (default: every live member, i.e. all but those disconnected from this node's daemon for --absent-grace s)."),
+    absent_grace: float = typer.Option(20.0, "--absent-grace", min=0.0, help="Stop waiting for a member disconnected this long."),
     name: str = typer.Option("", "--name", help="Campaign name (to run several campaigns with one config)."),
     adversarial: bool = typer.Option(False, "--adversarial", help="PGD examples in each local batch (as `atd train --adversarial`)."),
     adv_ratio: float = typer.Option(0.5, "--adv-ratio"),
@@ -70,7 +71,7 @@ def rounds(
             raise CliError(f"--adversarial: {exc}") from None
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     conf = RoundsConfig(data=data, cfg=cfg, rounds=n_rounds, weighting=weighting, q=q, local_epochs=local_epochs,
-                        batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, min_peers=min_peers, name=name,
+                        batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, min_peers=min_peers, absent_grace=absent_grace, name=name,
                         batch_transform=transform, log=log)
     runner = RoundRunner(h, conf)
     log(f"campaign {runner.campaign} (init {runner.init[:12]})")
