@@ -12,6 +12,11 @@ was updated since a client's forward, its forward is recomputed from the stored 
 before back-propagating (no in-place-modification errors; the gradient is then taken at
 the current weights, the usual staleness of asynchronous split learning).
 
+Body update (``body_update``): "per-message" (one AdamW step per client backward, the
+gradient scaled by the task's loss weight) or "algorithm1" (FESTA Algorithm 1 l.12, p-FESTA
+l.14: gradients are collected until every live training client sent one, then one step on
+sum_k lambda_k (1/N_k) sum_c g_c -- see :meth:`BodyServer.step_body`). Heads / tails are
+unified uniformly (the papers' 1/N_k) unless ``unify_weighting="samples"``.
 Per-task loss weights scale the body's parameter gradients of that task's clients;
 the gradient returned to the client is the unweighted dLoss/d input, so the client's own
 parts see their own loss. A client that vanishes mid-round is dropped by
@@ -32,6 +37,7 @@ from protocols.split_state import (ClientDropped, RoundTracker, SplitProtocolErr
                                    save_state)
 
 UNIFY_WEIGHTINGS = ("uniform", "samples")
+BODY_UPDATES = ("per-message", "algorithm1")
 
 
 class BodyServer:
@@ -49,7 +55,7 @@ class BodyServer:
 
     def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024,
-                 unify_weighting: str = "uniform") -> None:
+                 unify_weighting: str = "uniform", body_update: str = "per-message") -> None:
         if self.has_cls != (self.tail_pool == "token"):
             raise ValueError("a cls token goes with token pooling, and only with it")
         if not tasks or len({t.name for t in tasks}) != len(tasks):
@@ -59,6 +65,10 @@ class BodyServer:
         if unify_weighting not in UNIFY_WEIGHTINGS:
             raise ValueError(f"unify_weighting {unify_weighting!r}: choose from {', '.join(UNIFY_WEIGHTINGS)}")
         self.unify_weighting = unify_weighting
+        if body_update not in BODY_UPDATES:
+            raise ValueError(f"body_update {body_update!r}: choose from {', '.join(BODY_UPDATES)}")
+        self.body_update = body_update
+        self._grad_acc: dict[str, tuple[list[torch.Tensor], int]] = {}  # algorithm1: client -> (sum, count)
         self.body = SplitBody(cfg, seed=seed)
         self.opt = torch.optim.AdamW(self.body.parameters(), lr=lr, weight_decay=weight_decay)
         self.frozen = False
@@ -101,6 +111,8 @@ class BodyServer:
         if task is not None:
             self._submitted.get(task, {}).pop(client_id, None)
         self.rounds.done(client_id)
+        self._grad_acc.pop(client_id, None)
+        self._maybe_step()  # the others may have been waiting for it
         self.dropped[client_id] = {"round": self.rounds.round, "reason": reason, "task": task}
         self.events.append({"event": "drop", "client": client_id, "round": self.rounds.round, "reason": reason})
 
@@ -159,13 +171,57 @@ class BodyServer:
                 out = self.body(x)  # body changed since this forward: recompute at current weights
             grads = torch.autograd.grad(out, inputs, grad_out)
         grad_in = grads[0].detach() if x.requires_grad else None
-        if params:
+        if params and self.body_update == "algorithm1":
+            self._accumulate(client_id, grads[len(inputs) - len(params):])
+            self._maybe_step()
+        elif params:
             for p, g in zip(params, grads[len(inputs) - len(params):]):
                 p.grad = g * task.loss_weight
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.version += 1
         return grad_in
+
+    def _accumulate(self, client_id: str, grads: Sequence[torch.Tensor]) -> None:
+        acc = self._grad_acc.get(client_id)
+        if acc is None:
+            self._grad_acc[client_id] = ([g.detach().clone() for g in grads], 1)
+            return
+        for a, g in zip(acc[0], grads):
+            a.add_(g)
+        self._grad_acc[client_id] = (acc[0], acc[1] + 1)
+
+    def _maybe_step(self) -> None:
+        """Step once every live training client has sent at least one gradient since the last step."""
+        waiting = [c for c, t in self.clients.items() if self.tasks[t].loss_weight != 0 and c not in self._grad_acc]
+        if self._grad_acc and not waiting and not self.frozen:
+            self.step_body()
+
+    def step_body(self) -> None:
+        """FESTA Algorithm 1 l.12 / p-FESTA Algorithm 1 l.14: one AdamW step on
+        sum_k lambda_k * (1/N_k) * sum_{c in task k} g_c (each client's g_c the mean of the
+        gradients it sent since the last step), so every task counts by its loss weight,
+        not by its number of clients or messages. Sums run in sorted task / client order."""
+        by_task: dict[str, list[str]] = {}
+        for c in sorted(self._grad_acc):
+            if c in self.clients:
+                by_task.setdefault(self.clients[c], []).append(c)
+        params = list(self.body.parameters())
+        total = [torch.zeros_like(p) for p in params]
+        for task in sorted(by_task):
+            lam, cs = self.tasks[task].loss_weight, by_task[task]
+            for c in cs:
+                sums, n = self._grad_acc[c]
+                for t, g in zip(total, sums):
+                    t.add_(g, alpha=lam / (len(cs) * n))
+        self._grad_acc.clear()
+        if not by_task:
+            return
+        for p, t in zip(params, total):
+            p.grad = t
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.version += 1
 
     @torch.no_grad()
     def body_infer(self, client_id: str, x: torch.Tensor) -> torch.Tensor:
@@ -234,7 +290,8 @@ class BodyServer:
         tensors.update(extra_t)
         scalars = {"kind": self.kind, "cfg": self.cfg.to_dict(), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
-                   "max_batch": self.max_batch, "unify_weighting": self.unify_weighting, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
+                   "max_batch": self.max_batch, "unify_weighting": self.unify_weighting,
+                   "body_update": self.body_update, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
                    "clients": self.clients, "dropped": self.dropped, "events": self.events,
                    "rounds": self.rounds.to_dict(), "opt": opt_meta, "extra": extra_s}
         save_state(directory, tensors, scalars)
@@ -248,7 +305,8 @@ class BodyServer:
         try:
             srv = cls(ViTSplitConfig.from_dict(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
                       lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
-                      unify_weighting=s.get("unify_weighting", "samples"), **s["ctor"])
+                      unify_weighting=s.get("unify_weighting", "samples"),
+                      body_update=s.get("body_update", "per-message"), **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}
             srv.body.load_state_dict(body, strict=True)
         except (KeyError, TypeError, ValueError, RuntimeError) as e:

@@ -219,3 +219,46 @@ def test_unification_is_uniform_by_default_samples_on_request(tmp_path, weightin
     assert FestaServer.load(tmp_path / "srv").unify_weighting == weighting
     with pytest.raises(ValueError, match="unify_weighting"):
         FestaServer(CFG, [CLS], unify_weighting="median")
+
+
+def test_algorithm1_one_body_step_on_client_averaged_task_gradients():
+    """Hand-computed: tasks digit (lambda 1, clients a, b) and ink (lambda 0.5, client c); the
+    body moves once, after all three sent gradients, by AdamW on (g_a + g_b)/2 + 0.5 g_c."""
+    ink = TaskSpec("ink", "classification", 10, loss_weight=0.5)
+    srv = FestaServer(CFG, [CLS, ink], lr=1e-2, body_update="algorithm1")
+    ref = copy.deepcopy(srv.body)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.05)
+    gen = torch.Generator().manual_seed(0)
+    xs = {c: torch.randn(3, *srv.token_shape, generator=gen) for c in "abc"}
+    gs = {c: torch.randn(3, *srv.token_shape, generator=gen) for c in "abc"}
+    for c, t in (("a", "digit"), ("b", "digit"), ("c", "ink")):
+        srv.join(c, t)
+    body0 = {k: v.clone() for k, v in srv.body.state_dict().items()}
+    for c in "cab":  # arrival order does not matter
+        srv.body_forward(c, xs[c])
+        srv.body_backward(c, gs[c])
+        if c != "b":  # not every client has sent yet: no step
+            assert srv.version == 0 and all(torch.equal(v, body0[k]) for k, v in srv.body.state_dict().items())
+    assert srv.version == 1
+    params = list(ref.parameters())
+    g = {c: torch.autograd.grad(ref(xs[c]), params, gs[c]) for c in "abc"}
+    for i, p in enumerate(params):
+        p.grad = (g["a"][i] + g["b"][i]) / 2 + 0.5 * g["c"][i]
+    ref_opt.step()
+    got = dict(srv.body.named_parameters())
+    assert all(torch.allclose(got[k], p, atol=1e-6) for k, p in ref.named_parameters())
+    # the per-message update (the old behaviour, still available) would have stepped three times
+    old = FestaServer(CFG, [CLS, ink], lr=1e-2)
+    for c, t in (("a", "digit"), ("b", "digit"), ("c", "ink")):
+        old.join(c, t)
+        old.body_forward(c, xs[c])
+        old.body_backward(c, gs[c])
+    assert old.version == 3
+    # a dropped client no longer holds the others back
+    srv.body_forward("a", xs["a"])
+    srv.body_backward("a", gs["a"])
+    srv.body_forward("c", xs["c"])
+    srv.body_backward("c", gs["c"])
+    assert srv.version == 1
+    srv.drop_client("b", "test")
+    assert srv.version == 2
