@@ -145,6 +145,9 @@ class SplitService:
 
     async def _handle(self, stream: Stream) -> None:
         """One client session: admission, the algorithm's message loop, evaluation, bye."""
+        gate = getattr(self.daemon, "gate", None)  # members only, before the first frame is read
+        if gate is not None and not await gate.admit(stream, "split session"):
+            return
         await self.ready.wait()
         assert self.settings is not None and self.campaign is not None
         sess = Session(stream.remote_peer, SplitChannel(stream, self.counter, stream.remote_peer, side="server",
