@@ -20,6 +20,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split.service import SPLIT_PROTOCOL, SplitService
+from atdnode.split.session import ByteCounter, RemoteError, SplitChannel
 from atdnode.sync import SYNC_PROTOCOL, pull
 from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, read_header, unpack
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
@@ -107,8 +108,11 @@ def test_outsider_and_revoked_member_are_refused_on_every_protocol(tmp_path: Pat
                     for req in (pack({"op": "manifest", "blob": h}),
                                 pack({"op": "get", "blob": h, "chunk_size": 1 << 20, "chunks": [0]}), None):
                         assert is_refusal(await _refused_on(rogue, d0.transport.peer_id, BLOB_PROTOCOL, req))
-                    # split-learning sessions: refused before the first frame
-                    assert is_refusal(await _refused_on(rogue, d0.transport.peer_id, SPLIT_PROTOCOL, None))
+                    # split-learning sessions: refused before the first frame, in the split protocol's words
+                    ch = SplitChannel(await rogue.open_stream(d0.transport.peer_id, SPLIT_PROTOCOL), ByteCounter(),
+                                      rogue.peer_id, side="client", max_frame=1 << 20)
+                    with pytest.raises(RemoteError, match="not a member"), trio.fail_after(10):
+                        await ch.recv()
                     # pulling: the member neither syncs from it nor fetches from it
                     assert await d0.sync_with(rogue.peer_id) == 0
                     assert rogue.peer_id in d0.gate.refused and served == []
