@@ -116,3 +116,24 @@ class MembershipGate:
             await self.admit(stream, what, extra=await extra() if extra is not None else None)
 
         return gated
+
+
+def member_peer_ids(led) -> set[str]:
+    """Peer ids of the admitted, non-revoked members of an open `Ledger`."""
+    from ledger.keys import peer_id_from_public_key
+
+    m = led.membership()
+    return {peer_id_from_public_key(pk) for pk in m.members if m.is_member(pk)}
+
+
+def ledger_guard(handler: StreamHandler, ledger, what: str) -> StreamHandler:
+    """`guard` for a process without a daemon (e.g. a split client serving sync): the member
+    set is read from `ledger` (a LedgerAccess) when each stream arrives."""
+    gate = MembershipGate(self_peer="")
+
+    async def gated(stream: Stream) -> None:
+        gate.update(await ledger.run(member_peer_ids))
+        if await gate.admit(stream, what):
+            await handler(stream)
+
+    return gated

@@ -168,7 +168,7 @@ class NodeDaemon:
             return {pk for pk in m.members if m.is_member(pk)}
 
         self._members = await self.ledger.run(members)
-        self.gate.update(peer_id_from_public_key(pk) for pk in self._members)
+        self.gate.update(peer_id_from_public_key(pk) for pk in self._members)  # same set as access.member_peer_ids
 
     def _validate(self, data: bytes, from_peer: str) -> bool:
         """Cheap, synchronous gate before delivery and relay: signature + membership."""
@@ -495,6 +495,7 @@ class NodeDaemon:
             "peer_id": self.transport.peer_id,
             "addrs": self.transport.addrs(),
             "peers": self.transport.peers(),
+            "refused": sorted(self.gate.refused),  # non-members refused so far
             "ledger": state,
             "blobs": len(self.store.list()),
             "wanted": sorted(self._wanted),
