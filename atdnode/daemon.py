@@ -225,8 +225,21 @@ class NodeDaemon:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
         if kinds is None or kinds & {"genesis", "member"}:
             await self._refresh_members()
+            await self._drop_non_members()
         if kinds is None or kinds & BLOB_KINDS_SET:  # reader lists matter with auto-fetch off too
             await self._queue_wanted_blobs()
+
+    async def _drop_non_members(self) -> None:
+        """Disconnect peers that are no longer (or never were) members, e.g. just revoked:
+        no more gossip reaches them."""
+        try:
+            connected = self.transport.peers()
+        except TransportError:  # not running yet
+            return
+        for peer in connected:
+            if not self.gate.may_pull_from(peer):
+                self.gate.refuse(peer, "connection")
+                await self.transport.disconnect(peer)
 
     async def _announce_loop(self) -> None:
         """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""

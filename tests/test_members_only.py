@@ -173,6 +173,8 @@ def test_revocation_mid_session_cuts_access_on_the_next_request(tmp_path: Path) 
                 assert is_refusal(await read_header(s))
             with pytest.raises(AccessRefused), trio.fail_after(10):
                 await pull(await d1.transport.open_stream(d0.transport.peer_id, SYNC_PROTOCOL), d1.ledger)
+            # and the revoked member is disconnected: no more gossip reaches it
+            await wait_for(lambda: d1.transport.peer_id not in d0.transport.peers(), "the revoked peer dropped")
             d0.stop()
             d1.stop()
 
@@ -228,3 +230,13 @@ def test_bulk_config() -> None:
     for bad in ({"port": 70000}, {"enabled": "yes"}, {"port": "x"}):
         with pytest.raises(ConfigError):
             NodeConfig(extra={"bulk": bad}).bulk_options()
+
+
+def test_members_only_merge_applies_admissions_of_the_same_batch(tmp_path: Path) -> None:
+    homes = make_consortium(tmp_path, 2)
+    own = append(homes[1], "metrics", {"mine": 1})  # n1 was admitted by the founder at setup
+    with Ledger.open(homes[0].ledger_db) as led:
+        log = [e.to_bytes() for e in led.all_entries()]
+    with Ledger.open(tmp_path / "fresh.db", genesis_id=bytes.fromhex(_genesis(homes[0]))) as led:
+        res = led.merge([own.to_bytes(), *reversed(log)], members_only=True)  # admission after the entry
+        assert not res.rejected and own.id in res.added and len(res.added) == len(log) + 1

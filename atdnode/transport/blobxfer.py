@@ -238,9 +238,12 @@ def _bind_host(transport: Transport, remote_host: str) -> str:
             return parts[2]
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
-        s.connect((remote_host, 9))
-        return s.getsockname()[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
+            s.connect((remote_host, 9))
+            return s.getsockname()[0]
+    except OSError:  # e.g. an IPv6 client: offer loopback only (the client then uses streams)
+        return "127.0.0.1"
 
 
 class BlobService:
