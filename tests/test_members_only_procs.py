@@ -8,6 +8,7 @@ entry and no blob, and none of their entries is stored by the founder.
 """
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def test_never_admitted_and_revoked_nodes_get_nothing(tmp_path: Path) -> None:
                    {"blob": blob, "manifest": store.manifest(blob).hash, "size": store.size(blob), "part": "extractor"})
     outsiders = {NodeIdentity.load(NodeHome.at(h)).public_key for h in (o, r)}
 
+    umask = os.umask(0o022)  # the daemons inherit a permissive umask: they must make their files private
     daemons = [start_daemon(f)]
     try:
         addr = daemons[0].addrs[0]
@@ -70,8 +72,14 @@ def test_never_admitted_and_revoked_nodes_get_nothing(tmp_path: Path) -> None:
     finally:
         for d in daemons:
             d.terminate()
+        os.umask(umask)
     with Ledger.open(f / "ledger.db") as led:
         stats = led.stats()
         assert stats["held"] == 0 and stats["evidence"] == 0
         rows = led._store.conn.execute("SELECT author FROM entries").fetchall()
         assert not outsiders & {a for (a,) in rows}  # nothing of theirs is stored, not even held
+    # what the daemons wrote (ledger.db-wal, logs/daemon.log, blobs) is private too
+    for h in (f, m):
+        for p in [h, *h.rglob("*")]:
+            if not p.is_socket() and p.name != "test-daemon.stderr":  # that one is the test harness's
+                assert p.stat().st_mode & 0o777 == (0o700 if p.is_dir() else 0o600), f"{p} is {p.stat().st_mode:o}"
