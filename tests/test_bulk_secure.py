@@ -235,8 +235,9 @@ def test_squatters_do_not_block_the_client_and_are_dropped(tmp_path: Path) -> No
             keys = derive_keys(priv, offer["x25519"], server_peer=a.t.peer_id, client_peer=b.t.peer_id,
                                server_pub=offer["x25519"], client_pub=pub, conns=2)
             # squatters arrive first: silent ones and one that sends garbage
-            squat = [await trio.to_thread.run_sync(_raw_conn, offer["port"]) for _ in range(3)]
-            squat[0].sendall(b"\x00\x00\x00\x21" + b"\x00" * 33)
+            squat = [await trio.to_thread.run_sync(_raw_conn, offer["port"]) for _ in range(4)]
+            squat[0].sendall(b"\x00\x00\x00\x22" + b"\x00" * 34)  # a hello that does not decrypt
+            squat[1].sendall(b"\x00\x00\x00\x00")  # an empty frame
             t0 = trio.current_time()
             conn = await BulkConn.open(s.remote_host, offer["port"], 0, keys[0], a.t.peer_id)
             await conn.request(pack({"op": "get", "blob": h, "chunk_size": CHUNK, "chunks": [0]}))

@@ -326,6 +326,8 @@ def _accept(lsock: socket.socket, wait: float) -> socket.socket:
 
 def _read_hello(frames: SealedSocket, offer: _Offer) -> int:
     raw = frames.read_raw(1 + len(HELLO) + TAG)
+    if len(raw) != 1 + len(HELLO) + TAG:
+        raise BulkIntegrityError(f"bulk hello of {len(raw)} bytes")
     index = raw[0]
     if index >= len(offer.keys):
         raise BulkIntegrityError(f"bulk connection index {index} out of range")
