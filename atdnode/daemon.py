@@ -45,6 +45,7 @@ from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
+from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -69,6 +70,8 @@ class NodeDaemon:
         sync_interval: float = 10.0,
         poll_interval: float = 0.25,
         auto_fetch: bool = True,
+        dashboard: tuple[str, int] | None = None,
+        dashboard_public: bool = False,
     ) -> None:
         self.home = home.require()
         self.identity = NodeIdentity.load(home)
@@ -101,6 +104,11 @@ class NodeDaemon:
         # `install(daemon)` (called once the transport runs: register stream handlers) and
         # `async run(daemon)` (started in the daemon's nursery). Tests may append their own.
         self.services: list = role_services(home, self.config)
+        self.dashboard = None
+        if dashboard is not None:  # read-only web page + /metrics + /healthz (atdnode.dashboard)
+            from atdnode.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self, host=dashboard[0], port=dashboard[1], public=dashboard_public)
 
     def _libp2p_transport(self) -> Transport:
         from atdnode.transport.libp2p_transport import Libp2pTransport
@@ -125,6 +133,8 @@ class NodeDaemon:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(control.serve, self.home.control_socket, self._control)
+                if self.dashboard is not None:
+                    await nursery.start(self.dashboard.serve)
                 self._write_state()
                 nursery.start_soon(self._merge_loop)
                 nursery.start_soon(self._announce_loop)
@@ -147,7 +157,8 @@ class NodeDaemon:
         self._stop.set()
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time()}
+        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time(),
+                 "dashboard": self.dashboard.url if self.dashboard is not None else None}
         tmp = self.home.root / "daemon.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.home.root / "daemon.json")
@@ -161,8 +172,6 @@ class NodeDaemon:
     # ---------------------------------------------------------------- gossip
 
     async def _refresh_members(self) -> None:
-        from ledger.keys import peer_id_from_public_key
-
         def members(led: Ledger) -> set[bytes]:
             m = led.membership()
             return {pk for pk in m.members if m.is_member(pk)}
@@ -403,14 +412,16 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
+            m = led.membership()
+            mine = {peer_id_from_public_key(k) for k in m.keys_of(me)}  # earlier ids after a key rotation
             readers: dict[str, frozenset[str]] = {}
             for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
                     self._manifests.setdefault(e.body["blob"], e.body["manifest"])
                 allowed = blob_readers(e.body)
                 if isinstance(e.body.get("blob"), str) and allowed is not None:
-                    readers[e.body["blob"]] = readers.get(e.body["blob"], frozenset()) | allowed | {
-                        peer_id_from_public_key(e.author)}
+                    readers[e.body["blob"]] = readers.get(e.body["blob"], frozenset()) | _with_current_ids(
+                        m, allowed | {peer_id_from_public_key(e.author)})
             self._readers = readers
             for kind in ("weights", "features"):
                 for e in led.query(kind=kind):
@@ -418,13 +429,11 @@ class NodeDaemon:
                         continue
                     blob = e.body.get("blob")
                     allowed = blob_readers(e.body)
-                    if allowed is not None and self.identity.peer_id not in allowed:
+                    if allowed is not None and not mine & allowed:
                         continue  # for named readers only (sealed features, MSD's authorised list)
                     if isinstance(blob, str) and not self.store.has(blob):
                         out.add(blob)
             return out
-
-        from ledger.keys import peer_id_from_public_key
 
         self._wanted |= await self.ledger.run(wanted)
 
@@ -451,7 +460,11 @@ class NodeDaemon:
         """Fetch `blob` from whichever connected peers hold it; returns its hash when stored."""
         if self.store.has(blob):
             return blob
-        peers = [p for p in self.transport.peers() if self.gate.allows(p)]
+        if not self.transport.peers():
+            raise DaemonError("no connected peers to fetch from")
+        with trio.move_on_after(min(timeout, 15.0)):  # connected, but membership may still be syncing
+            while not (peers := [p for p in self.transport.peers() if self.gate.allows(p)]):
+                await trio.sleep(0.2)
         if not peers:
             raise DaemonError("no connected member peers to fetch from")
         if blob not in self._manifests:
@@ -515,7 +528,21 @@ class NodeDaemon:
             "wanted": sorted(self._wanted),
             "bytes": self.transport.bytes_counters(),
             "stats": dict(self.stats),
+            "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
+
+
+def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:
+    """`peers` plus the peer ids their keys rotated to (a reader keeps access after rotating)."""
+    from ledger import public_key_from_peer_id
+
+    out = set(peers)
+    for p in peers:
+        try:
+            out.add(peer_id_from_public_key(m.current(public_key_from_peer_id(p))))
+        except ValueError:
+            pass
+    return frozenset(out)
 
 
 def _kind(item: Entry | bytes) -> str | None:

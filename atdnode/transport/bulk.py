@@ -52,6 +52,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from atdnode.transport.base import FrameError, Stream, StreamClosed, TransportError
 from atdnode.transport.blobwire import HEADER_MAX, check_chunk_header, chunk_request, pack, unpack
+from atdnode.transport.framing import Counter
 
 if TYPE_CHECKING:
     from atdnode.transport.blobxfer import BlobServer
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+BULK_BYTES = Counter()  # every bulk connection of this process, for the daemon's /metrics (protocol "bulk")
 TAG = 16
 KEY_INFO = b"atd-bulk-v1"
 HELLO = b"atd-bulk-hello-v1"
@@ -144,6 +146,7 @@ class SealedSocket:
             raise TransportError(f"bulk connection with {self.peer} stalled") from e
         except OSError as e:
             raise TransportError(f"bulk connection with {self.peer} broke: {e}") from e
+        BULK_BYTES.count("bulk", received=got)
         return got
 
     def read_raw(self, max_size: int) -> memoryview:
@@ -167,6 +170,7 @@ class SealedSocket:
     def _send(self, data: bytes | bytearray | memoryview) -> None:
         try:
             self.sock.sendall(data)
+            BULK_BYTES.count("bulk", sent=len(data))
         except socket.timeout as e:
             raise TransportError(f"bulk connection with {self.peer} stalled") from e
         except OSError as e:
