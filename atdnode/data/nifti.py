@@ -1,0 +1,97 @@
+"""`nifti:PATH` — 2-D slices of 3-D NIfTI volumes (.nii / .nii.gz) via nibabel.
+
+Volumes are laid out like `folder:` (class sub-folders) or listed in `labels=FILE.csv`
+(volume file -> class): the class belongs to the volume, and every slice inherits it.
+Slice k along `axis=a` (array axis as stored, default 2 — axial for volumes written by
+dcm2niix and most tools) is `volume.take(k, axis=a)`, with the header's scl_slope /
+scl_inter applied; no reorientation (as MONAI's LoadImage). `slices=` picks which (see
+`spec.py`). All slices of one volume land on the same side of the 80/20 split, so a
+patient is never in both train and test. Slices are min-max scaled per slice unless
+`window=` is given (e.g. `window=-1000,400` for CT lungs, or `window=auto`).
+A 4-D volume with more than one time point is skipped (reported).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from atdnode.data.images import pixel_limit_check
+from atdnode.data.intensity import Scaling
+from atdnode.data.layout import Catalog, Skip, list_files, rel
+from atdnode.data.spec import DataSpec, slice_indices
+
+_SLICE = Scaling(how="NIfTI slice, min-max per slice")
+
+
+def _is_nifti(f: Path) -> bool:
+    n = f.name.lower()
+    return n.endswith(".nii") or n.endswith(".nii.gz")
+
+
+def volume_shape(path: Path) -> tuple[int, int, int]:
+    """The 3-D shape of a volume from its header (no voxel data read); raises Skip."""
+    import nibabel as nib
+
+    try:
+        img = nib.load(str(path))
+        shape = tuple(int(s) for s in img.shape)
+    except Exception as exc:  # nibabel raises many types (ImageFileError, gzip/zlib errors, ...)
+        raise Skip(f"unreadable NIfTI ({type(exc).__name__}: {exc})") from None
+    while len(shape) > 3 and shape[-1] == 1:
+        shape = shape[:-1]
+    if len(shape) == 2:
+        shape = (*shape, 1)
+    if len(shape) != 3:
+        raise Skip(f"{len(shape)}-D volume {shape}; only 3-D volumes (or 2-D images) are read")
+    return shape  # type: ignore[return-value]
+
+
+def read_slice(path: Path, axis: int, k: int) -> np.ndarray:
+    import nibabel as nib
+
+    try:
+        img = nib.load(str(path))
+        if len(img.shape) == 2:
+            return np.asarray(img.dataobj, dtype=np.float64)[:, :, None].take(k, axis=axis)
+        index: list = [slice(None)] * len(img.shape)
+        index[axis] = k
+        for d in range(3, len(img.shape)):
+            index[d] = 0
+        arr = np.asarray(img.dataobj[tuple(index)], dtype=np.float64)
+    except Exception as exc:
+        raise Skip(f"unreadable NIfTI data ({type(exc).__name__}: {exc})") from None
+    return arr
+
+
+def _finite(arr: np.ndarray, k: int) -> np.ndarray:
+    if not np.isfinite(arr).all():
+        raise Skip(f"slice {k} has NaN or infinite voxels")
+    return arr
+
+
+def nifti_catalog(ds: DataSpec) -> Catalog:
+    root = Path(ds.path).expanduser()
+    lst = list_files(root, lambda f: None if _is_nifti(f) else "not a NIfTI file (.nii / .nii.gz)",
+                     ds.labels, "NIfTI volumes")
+    refs: list[tuple[Path, int]] = []
+    keys, sides, groups, where = [], [], [], []
+    skipped = list(lst.skipped)
+    for g, (f, key, side) in enumerate(zip(lst.files, lst.keys, lst.sides)):
+        try:
+            shape = volume_shape(f)
+        except Skip as exc:
+            skipped.append((rel(root, f), str(exc)))
+            continue
+        plane = [s for d, s in enumerate(shape) if d != ds.axis]
+        pixel_limit_check(plane[0] * plane[1], str(f))
+        for k in slice_indices(ds.slices, shape[ds.axis]):
+            refs.append((f, k))
+            keys.append(key), sides.append(side), groups.append(g), where.append(f"{rel(root, f)}[{k}]")
+
+    def read(i: int) -> tuple[np.ndarray, Scaling]:
+        f, k = refs[i]
+        return _finite(read_slice(f, ds.axis, k), k), _SLICE
+
+    return Catalog(keys=np.asarray(keys, dtype=str), sides=np.asarray(sides, dtype=str), read=read,
+                   groups=np.asarray(groups, dtype=np.int64), where=where, skipped=skipped)
