@@ -54,6 +54,8 @@ def _voi(ds) -> Scaling | None:
         entries = desc[0] or 65536
         bits = desc[2]
         data = item.get("LUTData")
+        if isinstance(data, (bytes, bytearray)):  # OW: little-endian words (or bytes for 8-bit LUTs)
+            data = np.frombuffer(data, dtype="<u2" if bits > 8 else np.uint8)
         table = np.asarray(data if data is not None else [], dtype=np.float64).ravel()
         if len(table) >= entries and 1 <= bits <= 16:
             return Scaling(lut=(desc[1], table[:entries], bits), how="DICOM VOI LUT (header)")
