@@ -153,6 +153,12 @@ def test_image_size_limits_are_one_line_data_errors(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="big.png: refused"):
         load_dataset(f"folder:{tmp_path / 'g'}", 4, 1)
     monkeypatch.undo()
+    vol = write_nifti(tmp_path / "n" / "a" / "v.nii", np.zeros((2, 2, 2), np.float32))
+    raw = bytearray(vol.read_bytes())
+    struct.pack_into("<hhhh", raw, 40, 3, 9000, 9000, 5)  # header dims only: each slice is under the limit
+    vol.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"v.nii \(volume / 4\): image of 101250000 pixels exceeds"):
+        load_dataset(f"nifti:{tmp_path / 'n'}", 4, 1)
     _npz_claiming(tmp_path / "huge.npz", (10**6, 10**4, 10**4))
     with pytest.raises(DataError, match=r"huge.npz: arrays need \d+\.\d GiB"):
         load_dataset(f"npz:{tmp_path / 'huge.npz'}", 4, 1)
@@ -203,3 +209,27 @@ def test_data_inspect_prints_counts_scaling_skips_and_writes_a_contact_sheet(tmp
     r = CliRunner().invoke(app, ["data", "inspect", f"folder:{root}", "--out", str(out), "--json"])
     d = json.loads(r.stdout)
     assert d["counts"]["train"] == {"normal": 4, "pneumonia": 3} and d["skipped"] == [["normal/scan.dcm", "not an image (DICOM: use dicom:PATH)"]]
+
+
+def test_training_evaluates_the_val_split_each_epoch(tmp_path):
+    from sklearn.datasets import load_digits
+
+    from atdnode.home import NodeHome
+    from atdnode.identity import init_home
+    from atdnode.model import ModelConfig
+    from atdnode.training import TrainOptions, train
+
+    d = load_digits()
+    x, y = (d.images * 15).astype(np.uint8)[:300], d.target[:300]
+    np.savez(tmp_path / "m.npz", train_images=x[:200], train_labels=y[:200], val_images=x[200:250],
+             val_labels=y[200:250], test_images=x[250:], test_labels=y[250:])
+    home = NodeHome.at(tmp_path / "node")
+    init_home(home, consortium="demo")
+    logs: list[str] = []
+    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=32, depth=1, num_heads=2,
+                              in_chans=1)
+    rec = train(home, f"npz:{tmp_path / 'm.npz'}", cfg, TrainOptions(epochs=2, batch_size=32, lr=1e-3, log=logs.append))
+    assert rec.samples == 200 and rec.metrics["n"] == 50  # val is neither trained on nor the test set
+    hist = rec.metrics["history"]
+    assert len(hist) == 2 and all(0.0 <= h["val_accuracy"] <= 1.0 for h in hist)
+    assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "val 50" in line for line in logs)

@@ -22,6 +22,7 @@ from atdnode.data.layout import Catalog, Skip, list_files, rel
 from atdnode.data.spec import DataSpec, slice_indices
 
 _SLICE = Scaling(how="NIfTI slice, min-max per slice")
+VOLUME_FACTOR = 4  # a volume may hold 4x the per-image pixel limit (512 x 512 x 1365 by default)
 
 
 def _is_nifti(f: Path) -> bool:
@@ -85,6 +86,7 @@ def nifti_catalog(ds: DataSpec) -> Catalog:
             continue
         plane = [s for d, s in enumerate(shape) if d != ds.axis]
         pixel_limit_check(plane[0] * plane[1], str(f))
+        pixel_limit_check(shape[0] * shape[1] * shape[2] // VOLUME_FACTOR, f"{f} (volume / {VOLUME_FACTOR})")
         for k in slice_indices(ds.slices, shape[ds.axis]):
             refs.append((f, k))
             keys.append(key), sides.append(side), groups.append(g), where.append(f"{rel(root, f)}[{k}]")
