@@ -92,6 +92,7 @@ def test_rescale_window_and_monochrome1_values(tmp_path):
     assert np.allclose(w.images[0, 0].numpy(), (np.clip((hu + 100) / 200, 0, 1) - 0.5) / 0.5, atol=1e-5)
     assert w.report.scaling == {"window -100..100": 2} and torch.allclose(w.images[1], -w.images[0], atol=1e-6)
     assert w.report.value_range == (-1000.0, float(hu.max()))  # Hounsfield units after rescale
+    assert w.report.dtypes == {"uint16": 2}  # the stored type, not the rescaled one
 
 
 def test_voi_lut_sigmoid_linear_exact_and_no_window(tmp_path):

@@ -19,6 +19,7 @@ are not read; the top-level attributes are used.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,7 @@ def read_dicom(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, S
                             f"(pip install pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg, or python-gdcm)")
     try:
         arr = pixel_array(ds, index=index) if index is not None else ds.pixel_array
+        stored = np.asarray(arr).dtype.name
         if photometric == "PALETTE COLOR":
             arr = apply_color_lut(arr, ds)
             return arr, default_for(arr.dtype)
@@ -124,9 +126,9 @@ def read_dicom(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, S
         raise Skip("has NaN or infinite pixels")
     if spp != 1:  # colour: no VOI (PS3.3 C.11.2: grayscale only)
         return arr, default_for(arr.dtype)
-    voi = _voi(ds) or Scaling(how="DICOM, min-max per image (no VOI in header)")
+    voi = replace(_voi(ds) or Scaling(how="DICOM, min-max per image (no VOI in header)"), stored=stored)
     if photometric == "MONOCHROME1":
-        voi = Scaling(window=voi.window, sigmoid=voi.sigmoid, lut=voi.lut, invert=True, how=voi.how + ", MONOCHROME1 inverted")
+        voi = replace(voi, invert=True, how=voi.how + ", MONOCHROME1 inverted")
     return arr, voi
 
 

@@ -14,7 +14,7 @@ reports.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ class Scaling:
     lut: tuple[int, np.ndarray, int] | None = None  # DICOM VOI LUT (first mapped value, table, bits)
     invert: bool = False  # MONOCHROME1
     how: str = "min-max per image"
+    stored: str | None = None  # the stored dtype when the reader already converted (DICOM rescale)
 
     def apply(self, x: torch.Tensor, per_image_dims: tuple[int, ...]) -> torch.Tensor:
         """x: float tensor; min-max is taken over `per_image_dims` (keepdim)."""
@@ -69,11 +70,12 @@ def override(s: Scaling, window: tuple[float, float] | str | None, auto: tuple[f
     if window is None:
         return s
     if window == "minmax":
-        return Scaling(invert=s.invert, how="min-max per image (window=minmax)")
+        return Scaling(invert=s.invert, stored=s.stored, how="min-max per image (window=minmax)")
     if window == "auto":
         assert auto is not None
-        return Scaling(window=auto, invert=s.invert, how=f"window=auto {auto[0]:g}..{auto[1]:g} (percentiles)")
-    return Scaling(window=tuple(window), invert=s.invert, how=f"window {window[0]:g}..{window[1]:g}")
+        return Scaling(window=auto, invert=s.invert, stored=s.stored,
+                       how=f"window=auto {auto[0]:g}..{auto[1]:g} (percentiles)")
+    return Scaling(window=tuple(window), invert=s.invert, stored=s.stored, how=f"window {window[0]:g}..{window[1]:g}")
 
 
 def sample_pixels(x: np.ndarray) -> np.ndarray:
@@ -93,7 +95,3 @@ def auto_window(samples: list[np.ndarray], where: str) -> tuple[float, float]:
         raise DataError(f"{where}: window=auto found no readable training images")
     lo, hi = (float(v) for v in np.percentile(pooled, AUTO_PCT))
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
-
-
-def with_how(s: Scaling, how: str) -> Scaling:
-    return replace(s, how=how)

@@ -85,7 +85,7 @@ class ReadStats:
         self.how[s.how] += n
         shape = x.shape[1:] if batched else x.shape
         self.shapes["x".join(map(str, shape))] += n
-        self.dtypes[x.dtype.name] += n
+        self.dtypes[s.stored or x.dtype.name] += n
         if x.size:
             self.lo, self.hi = min(self.lo, float(x.min())), max(self.hi, float(x.max()))
 
