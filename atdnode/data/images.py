@@ -47,7 +47,7 @@ def read_image(path: Path, frame: int | None, where: str) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
-                n = getattr(im, "n_frames", 1)
+                n = getattr(im, "n_frames", 1) if im.format == "TIFF" else 1  # (animated PNG, MPO JPEG: first frame)
                 if n > 1 and frame is None:
                     raise DataError(f"{where}: multi-page image ({n} pages); choose one with frame=K")
                 if frame:

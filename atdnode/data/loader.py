@@ -32,11 +32,19 @@ def open_catalog(ds: DataSpec) -> tuple[Catalog, str]:
     if ds.source == "folder":
         from atdnode.data.images import folder_catalog
         return folder_catalog(ds), ds.path
+    _require({"dicom": "pydicom", "nifti": "nibabel"}[ds.source], ds.source)
     if ds.source == "dicom":
         from atdnode.data.dicom import dicom_catalog
         return dicom_catalog(ds), ds.path
     from atdnode.data.nifti import nifti_catalog
     return nifti_catalog(ds), ds.path
+
+
+def _require(module: str, source: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise DataError(f"{source}: sources need the {module} package (pip install {module})")
 
 
 def _sides(cat: Catalog, labels: np.ndarray, ds: DataSpec, seed: int) -> np.ndarray:
