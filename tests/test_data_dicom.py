@@ -113,6 +113,28 @@ def test_voi_lut_sigmoid_linear_exact_and_no_window(tmp_path):
                                      "DICOM window (header, LINEAR_EXACT)", "DICOM, min-max per image (no VOI in header)"}
 
 
+def _j2k_bytes(px: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(px).save(buf, format="JPEG2000", no_jp2=True, irreversible=False)
+    return buf.getvalue()
+
+
+def _recompress(path, transfer_syntax: str, frame: bytes) -> None:
+    """Re-encapsulate a file's pixel data as one compressed frame under `transfer_syntax`."""
+    import pydicom
+    from pydicom.encaps import encapsulate
+
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = transfer_syntax
+    ds.PixelData = encapsulate([frame])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(path, enforce_file_format=True)
+
+
 def test_multiframe_needs_frame_and_compressed_syntaxes(tmp_path):
     from pydicom.uid import RLELossless
 
@@ -130,17 +152,13 @@ def test_multiframe_needs_frame_and_compressed_syntaxes(tmp_path):
     px = (np.arange(64, dtype=np.uint16).reshape(8, 8) * 997) % 4096
     write_dicom(tmp_path / "rle" / "a" / "plain.dcm", px)
     write_dicom(tmp_path / "rle" / "b" / "rle.dcm", px, transfer_syntax=RLELossless)
+    j2k = write_dicom(tmp_path / "rle" / "c" / "j2k.dcm", px)  # JPEG 2000 lossless, decoded through Pillow
+    _recompress(j2k, "1.2.840.10008.1.2.4.90", _j2k_bytes(px))
     r = load_dataset(f"dicom:{tmp_path / 'rle'}?val=train", 8, 1)
-    assert torch.equal(r.images[0], r.images[1])
+    assert r.classes == ["a", "b", "c"] and torch.equal(r.images[0], r.images[1]) and torch.equal(r.images[0], r.images[2])
     # a transfer syntax no installed decoder handles: one line naming the file
     path = write_dicom(tmp_path / "mpeg" / "a" / "video.dcm", px)
-    import pydicom
-    from pydicom.encaps import encapsulate
-
-    ds = pydicom.dcmread(path)
-    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.100"  # MPEG2 Main Profile
-    ds.PixelData = encapsulate([b"\x00\x00\x01\xb3 not decodable"])
-    ds.save_as(path, enforce_file_format=True)
+    _recompress(path, "1.2.840.10008.1.2.4.100", b"\x00\x00\x01\xb3 not decodable")  # MPEG2 Main Profile
     with pytest.raises(DataError, match=r"video.dcm: compressed transfer syntax .*MPEG2.* no installed decoder") as ei:
         load_dataset(f"dicom:{tmp_path / 'mpeg'}", 8, 1)
     assert "\n" not in str(ei.value)

@@ -99,7 +99,9 @@ def npz_catalog(path: Path) -> Catalog:
         if len(imgs) != len(labs):
             raise DataError(f"{path}: {len(imgs)} {ik} but {len(labs)} {lk}")
         pixel_limit_check(int(np.prod(imgs.shape[1:3])), f"{path}: {ik}")
-        parts_i.append(imgs), parts_l.append(labs.astype(np.int64)), sides.append(np.full(len(labs), split))
+        parts_i.append(imgs)
+        parts_l.append(labs.astype(np.int64))
+        sides.append(np.full(len(labs), split))
     shapes = {p.shape[1:] for p in parts_i}
     dtypes = {p.dtype for p in parts_i}
     if len(shapes) > 1 or len(dtypes) > 1:

@@ -76,7 +76,9 @@ def list_files(root: Path, accept: Callable[[Path], str | None], labels: str | N
     def add(f: Path, key: str, side: str) -> None:
         reason = accept(f)
         if reason is None:
-            out.files.append(f), out.keys.append(key), out.sides.append(side)
+            out.files.append(f)
+            out.keys.append(key)
+            out.sides.append(side)
         else:
             out.skipped.append((rel(root, f), reason))
 

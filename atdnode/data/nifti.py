@@ -65,6 +65,22 @@ def read_slice(path: Path, axis: int, k: int) -> np.ndarray:
     return arr
 
 
+def read_volume(path: Path) -> np.ndarray:
+    """A whole volume as 3-D float32 (scl_slope / scl_inter applied); raises Skip."""
+    import nibabel as nib
+
+    try:
+        vol = np.asarray(nib.load(str(path)).get_fdata(dtype=np.float32))
+    except Exception as exc:  # nibabel raises many types (gzip/zlib errors, short files, ...)
+        raise Skip(f"unreadable NIfTI data ({type(exc).__name__}: {exc})") from None
+    vol = vol.reshape(vol.shape[:3] + (-1,))[..., 0] if vol.ndim > 3 else vol
+    return vol[:, :, None] if vol.ndim == 2 else vol
+
+
+def _take(vol: np.ndarray, axis: int, k: int) -> np.ndarray:
+    return np.ascontiguousarray(vol[(slice(None),) * axis + (k,)], dtype=np.float64)  # (ndarray.take copies the volume)
+
+
 def _finite(arr: np.ndarray, k: int) -> np.ndarray:
     if not np.isfinite(arr).all():
         raise Skip(f"slice {k} has NaN or infinite voxels")
@@ -75,8 +91,7 @@ def nifti_catalog(ds: DataSpec) -> Catalog:
     root = Path(ds.path).expanduser()
     lst = list_files(root, lambda f: None if _is_nifti(f) else "not a NIfTI file (.nii / .nii.gz)",
                      ds.labels, "NIfTI volumes")
-    refs: list[tuple[Path, int]] = []
-    keys, sides, groups, where = [], [], [], []
+    refs: list[tuple[Path, int, str, str, int]] = []  # (volume, slice, key, side, group)
     skipped = list(lst.skipped)
     for g, (f, key, side) in enumerate(zip(lst.files, lst.keys, lst.sides)):
         try:
@@ -88,12 +103,19 @@ def nifti_catalog(ds: DataSpec) -> Catalog:
         pixel_limit_check(plane[0] * plane[1], str(f))
         pixel_limit_check(shape[0] * shape[1] * shape[2] // VOLUME_FACTOR, f"{f} (volume / {VOLUME_FACTOR})")
         for k in slice_indices(ds.slices, shape[ds.axis]):
-            refs.append((f, k))
-            keys.append(key), sides.append(side), groups.append(g), where.append(f"{rel(root, f)}[{k}]")
+            refs.append((f, k, key, side, g))
+
+    cache: dict[Path, np.ndarray] = {}  # the last gzipped volume: slicing .nii.gz re-inflates from the start
 
     def read(i: int) -> tuple[np.ndarray, Scaling]:
-        f, k = refs[i]
-        return _finite(read_slice(f, ds.axis, k), k), _SLICE
+        f, k = refs[i][:2]
+        if not f.name.lower().endswith(".gz"):
+            return _finite(read_slice(f, ds.axis, k), k), _SLICE
+        if f not in cache:
+            cache.clear()
+            cache[f] = read_volume(f)
+        return _finite(_take(cache[f], ds.axis, k), k), _SLICE
 
-    return Catalog(keys=np.asarray(keys, dtype=str), sides=np.asarray(sides, dtype=str), read=read,
-                   groups=np.asarray(groups, dtype=np.int64), where=where, skipped=skipped)
+    return Catalog(keys=np.asarray([r[2] for r in refs], dtype=str), sides=np.asarray([r[3] for r in refs], dtype=str),
+                   read=read, groups=np.asarray([r[4] for r in refs], dtype=np.int64),
+                   where=[f"{rel(root, r[0])}[{r[1]}]" for r in refs], skipped=skipped)
