@@ -233,3 +233,27 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     hist = rec.metrics["history"]
     assert len(hist) == 2 and all(0.0 <= h["val_accuracy"] <= 1.0 for h in hist)
     assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "val 50" in line for line in logs)
+
+
+def test_folder_labels_csv_with_splits_directories_and_errors(tmp_path):
+    root = tmp_path / "imgs"
+    for i in range(4):
+        write_png16(root / "flat" / f"{i}.png", np.full((4, 4), i * 1000) + np.eye(4, dtype=np.int64))
+    write_png16(root / "series" / "s1" / "a.png", np.eye(4) * 7)
+    write_png16(root / "series" / "s1" / "b.png", np.eye(4) * 9)
+    (root / "labels.csv").write_text("path,class\n" + "flat/0.png,ok\nflat/1.png,ok\nflat/2.png,bad\n"
+                                     "flat/3.png,bad\nseries/s1,bad\n")  # a row may name a folder
+    tr = load_dataset(f"folder:{root}?labels=labels.csv", 4, 1, "train")  # no split column: seeded 80/20
+    te = load_dataset(f"folder:{root}?labels=labels.csv", 4, 1, "test")
+    assert tr.classes == ["bad", "ok"] and tr.class_counts() == [3, 2] and te.class_counts() == [1, 0]
+    (root / "split.csv").write_text("flat/0.png,ok,train\nflat/1.png,ok,test\nflat/2.png,bad,train\nflat/3.png,bad,val\n")
+    spec = f"folder:{root}?labels=split.csv"
+    assert [len(load_dataset(spec, 4, 1, s)) for s in ("train", "val", "test")] == [2, 1, 1]
+    (root / "mixed.csv").write_text("flat/0.png,ok,train\nflat/1.png,ok\n")
+    with pytest.raises(DataError, match="give a split for every row or for none"):
+        load_dataset(f"folder:{root}?labels=mixed.csv", 4, 1)
+    (root / "badsplit.csv").write_text("flat/0.png,ok,holdout\n")
+    with pytest.raises(DataError, match="split 'holdout' is not train, val or test"):
+        load_dataset(f"folder:{root}?labels=badsplit.csv", 4, 1)
+    with pytest.raises(DataError, match="labels file .*nope.csv not found"):
+        load_dataset(f"folder:{root}?labels=nope.csv", 4, 1)
