@@ -175,7 +175,9 @@ def test_labels_csv_skips_named_and_no_header_leaves_the_loader(tmp_path):
     (root / "P0" / "notes.txt").write_text("not dicom")
     (root / "labels.csv").write_text("file,label,split\n" + "".join(
         f"P{i},{'lesion' if i % 2 else 'normal'},{'test' if i >= 4 else 'train'}\n" for i in range(6)) + "P9,normal,train\n")
-    d = load_dataset(f"dicom:{root}?labels=labels.csv", 8, 1, "train")
+    calls: list[tuple[int, int]] = []
+    d = load_dataset(f"dicom:{root}?labels=labels.csv", 8, 1, "train", progress=lambda *a: calls.append(a))
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]  # a progress bar can follow the reading
     t = load_dataset(f"dicom:{root}?labels=labels.csv", 8, 1, "test")
     assert (len(d), len(t)) == (4, 2) and d.classes == ["lesion", "normal"] and t.labels.tolist() == [1, 0]
     assert dict(d.report.skipped) == {"P0/notes.txt": "not a DICOM file (no DICM preamble)",

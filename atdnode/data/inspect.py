@@ -81,13 +81,20 @@ def _fmt(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "-"
 
 
-def inspect_data(spec: str, img_size: int = 64, in_chans: int = 3, seed: int = 0) -> Inspection:
+def inspect_data(spec: str, img_size: int = 64, in_chans: int = 3, seed: int = 0, *, progress: bool = False) -> Inspection:
     """Load every split of `spec` as a node would (raises DataError as training would)."""
-    train = load_dataset(spec, img_size, in_chans, "train", seed=seed)
-    splits = {"train": train}
-    for s in train.report.splits:
-        if s != "train":
-            splits[s] = load_dataset(spec, img_size, in_chans, s, seed=seed)
+    from atdnode.features import progress_bar
+
+    with progress_bar(progress) as bar:
+        def load(split: str) -> LabeledImages:
+            task = bar.add_task(f"reading {split}", total=None)
+            return load_dataset(spec, img_size, in_chans, split, seed=seed,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+        splits = {"train": load("train")}
+        for s in splits["train"].report.splits:
+            if s != "train":
+                splits[s] = load(s)
     return Inspection(spec=spec, img_size=img_size, in_chans=in_chans, splits=splits)
 
 

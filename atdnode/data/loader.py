@@ -8,6 +8,7 @@ side whatever classes / shard a node keeps, and whichever of its files turn out 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -73,12 +74,14 @@ def _auto(cat: Catalog, train_idx: np.ndarray, where: str) -> tuple[float, float
     return auto_window(samples, where)
 
 
-def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0) -> LabeledImages:
+def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
+                 progress: Callable[[int, int], None] | None = None) -> LabeledImages:
     """Load one split (train / val / test) of a data spec, ready for a model of `img_size` x `in_chans`.
 
     `seed` is the default for the spec's `seed=` (80/20 split, shard, subset); it is a data
     seed, deliberately separate from the training seed. The result's `report` says what
-    was read, how it was scaled, and which files were skipped and why.
+    was read, how it was scaled, and which files were skipped and why. `progress(done, total)`
+    is called as samples are read.
     """
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r} (train, val or test)")
@@ -107,7 +110,14 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
         raise DataError(f"{spec}: the {split} split is empty")
     auto = _auto(cat, np.flatnonzero(sides == "train"), where) if ds.window == "auto" else None
     stats = ReadStats()
-    images, ok = to_tensor(cat, idx, ds.window, auto, img_size, in_chans, where, stats)
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(done[0], len(idx))
+
+    images, ok = to_tensor(cat, idx, ds.window, auto, img_size, in_chans, where, stats, tick)
     if not ok.any():
         f, why = stats.skipped[0]
         raise DataError(f"{where}: none of the {len(idx)} {split} files could be read (first {f}: {why})")

@@ -113,8 +113,10 @@ def _as_tensor(a: np.ndarray) -> torch.Tensor:
 
 
 def to_tensor(cat: Catalog, idx: np.ndarray, window, auto: tuple[float, float] | None, img_size: int, in_chans: int,
-              where: str, stats: ReadStats) -> tuple[torch.Tensor, np.ndarray]:
-    """Read samples `idx` into (n, C, img, img); returns (images, mask of idx that were read)."""
+              where: str, stats: ReadStats, tick=None) -> tuple[torch.Tensor, np.ndarray]:
+    """Read samples `idx` into (n, C, img, img); returns (images, mask of idx that were read).
+    `tick(n)`, if given, is called as samples are done (a progress bar)."""
+    tick = tick or (lambda n: None)
     out = torch.empty((len(idx), in_chans, img_size, img_size), dtype=torch.float32)
     ok = np.zeros(len(idx), dtype=bool)
     row = 0
@@ -128,8 +130,10 @@ def to_tensor(cat: Catalog, idx: np.ndarray, window, auto: tuple[float, float] |
             out[row:row + len(part)] = _model_input(_as_tensor(batch), sc, img_size, in_chans, where)
             ok[s:s + len(part)] = True
             row += len(part)
+            tick(len(part))
         return out, ok
     for j, i in enumerate(idx):
+        tick(1)
         try:
             a, sc = cat.read(int(i))
         except Skip as exc:

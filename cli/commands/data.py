@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -30,7 +31,7 @@ def inspect_cmd(
 ) -> None:
     from atdnode.data.inspect import contact_sheet, inspect_data
 
-    ins = inspect_data(spec, img_size, in_chans, seed=seed)
+    ins = inspect_data(spec, img_size, in_chans, seed=seed, progress=not as_json and sys.stderr.isatty())
     png = contact_sheet(ins.splits["train"], out, per_class=per_class, seed=seed)
     if as_json:
         typer.echo(json.dumps({**ins.to_dict(), "contact_sheet": str(png)}, indent=2))
