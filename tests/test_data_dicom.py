@@ -189,3 +189,31 @@ def test_labels_csv_skips_named_and_no_header_leaves_the_loader(tmp_path):
     write_png16(f / "a" / "x.png", np.arange(16, dtype=np.uint16).reshape(4, 4))
     (f / "a" / "y.dcm").write_bytes((root / "P0" / "ST1" / "SE1" / "IM1").read_bytes())
     assert load_dataset(f"folder:{f}", 4, 1).report.skipped == [("a/y.dcm", "not an image (DICOM: use dicom:PATH)")]
+
+
+def test_damaged_files_are_skipped_quietly_without_quoting_the_header(tmp_path, capfd):
+    """Truncated and bit-flipped files: read, skipped or refused — never another exception,
+    and nothing of the header (pydicom's warnings quote it) on stderr or in the reasons."""
+    from atdnode.data.dicom import read_dicom
+    from atdnode.data.layout import Skip
+
+    good = write_dicom(tmp_path / "x.dcm", np.arange(64, dtype=np.uint16).reshape(8, 8), window=(30, 20)).read_bytes()
+    rng = np.random.default_rng(0)
+    cases = [good[:n] for n in range(130, len(good), 23)]
+    for _ in range(60):
+        b = bytearray(good)
+        for pos in rng.integers(132, len(b), 3):
+            b[pos] = int(rng.integers(0, 256))
+        cases.append(bytes(b))
+    outcomes, q = set(), tmp_path / "y.dcm"
+    for c in cases:
+        q.write_bytes(c)
+        try:
+            read_dicom(q, None, str(q))
+            outcomes.add("ok")
+        except (Skip, DataError) as exc:
+            outcomes.add(type(exc).__name__)
+            assert "SECRET" not in str(exc)
+    assert "Skip" in outcomes and "ok" in outcomes
+    err = capfd.readouterr().err
+    assert "SECRET" not in err and "Warning" not in err

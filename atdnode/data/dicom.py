@@ -19,6 +19,9 @@ are not read; the top-level attributes are used.
 """
 from __future__ import annotations
 
+import logging
+import warnings
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,15 +75,40 @@ def _voi(ds) -> Scaling | None:
     return None
 
 
+@contextmanager
+def _quiet():
+    """pydicom warns and logs about malformed values *quoting them* (patient names included):
+    silence both while reading, so no header text reaches the node's logs."""
+    log = logging.getLogger("pydicom")
+    was = log.disabled
+    log.disabled = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        log.disabled = was
+
+
 def read_dicom(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, Scaling]:
+    """(pixels after the modality LUT, scaling) of one file; raises Skip or DataError.
+
+    Reasons name the stage and the exception type, never pydicom's message: those quote
+    header values."""
+    with _quiet():
+        try:
+            return _read(path, frame, where)
+        except (Skip, DataError):
+            raise
+        except Exception as exc:  # pydicom raises many types on malformed files
+            raise Skip(f"unreadable DICOM ({type(exc).__name__})") from None
+
+
+def _read(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, Scaling]:
     import pydicom
-    from pydicom.errors import InvalidDicomError
     from pydicom.pixels import apply_color_lut, apply_modality_lut, get_decoder, pixel_array
 
-    try:
-        ds = pydicom.dcmread(path)
-    except (InvalidDicomError, OSError, ValueError, EOFError, KeyError, TypeError, AttributeError) as exc:
-        raise Skip(f"unreadable DICOM ({type(exc).__name__}: {exc})") from None
+    ds = pydicom.dcmread(path)
     if not any(t in ds for t in _PIXEL_TAGS):
         raise Skip("no pixel data (not an image object)")
     try:
@@ -90,7 +118,7 @@ def read_dicom(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, S
         photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).upper()
         ts = ds.file_meta.TransferSyntaxUID
     except (AttributeError, ValueError, TypeError) as exc:
-        raise Skip(f"incomplete image header ({exc})") from None
+        raise Skip(f"incomplete image header ({type(exc).__name__})") from None
     pixel_limit_check(rows * cols * spp, where)
     if frames > 1 and frame is None:
         raise DataError(f"{where}: multi-frame DICOM ({frames} frames); choose one with frame=K")
@@ -117,8 +145,8 @@ def read_dicom(path: Path, frame: int | None, where: str) -> tuple[np.ndarray, S
             return arr, default_for(arr.dtype)
         if spp == 1:
             arr = apply_modality_lut(arr, ds)
-    except (ValueError, RuntimeError, AttributeError, KeyError, TypeError, NotImplementedError) as exc:
-        raise Skip(f"undecodable pixel data ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # decoders raise many types on corrupt data
+        raise Skip(f"undecodable pixel data ({type(exc).__name__})") from None
     arr = np.asarray(arr)
     if arr.ndim != (2 if spp == 1 else 3):
         raise Skip(f"unexpected pixel array shape {arr.shape}")
