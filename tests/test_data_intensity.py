@@ -91,3 +91,34 @@ def test_npz_uint16_and_float_images(tmp_path):
     np.savez(tmp_path / "nan.npz", train_images=bad, train_labels=np.array([0, 1, 0, 1]))
     with pytest.raises(DataError, match="nan.npz: train_images has NaN"):
         load_dataset(f"npz:{tmp_path / 'nan.npz'}", 4, 1)
+
+
+def test_damaged_image_files_are_skipped_never_raised(tmp_path):
+    import io
+
+    from atdnode.data.images import read_image
+    from atdnode.data.layout import Skip
+
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    for fmt, arr in (("PNG", (np.arange(256).reshape(16, 16) * 200).astype(np.uint16)),
+                     ("TIFF", np.arange(256, dtype=np.float32).reshape(16, 16)),
+                     ("JPEG", np.arange(256).reshape(16, 16).astype(np.uint8))):
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format=fmt)
+        good = buf.getvalue()
+        cases = [good[:n] for n in range(8, len(good), 37)]
+        for _ in range(40):
+            b = bytearray(good)
+            for pos in rng.integers(8, len(b), 3):
+                b[pos] = int(rng.integers(0, 256))
+            cases.append(bytes(b))
+        for c in cases:
+            q = tmp_path / f"y.{fmt.lower()}"
+            q.write_bytes(c)
+            try:
+                read_image(q, None, str(q))
+                outcomes.add("ok")
+            except (Skip, DataError) as exc:
+                outcomes.add(type(exc).__name__)
+    assert {"ok", "Skip"} <= outcomes

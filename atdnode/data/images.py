@@ -45,6 +45,7 @@ def read_image(path: Path, frame: int | None, where: str) -> np.ndarray:
 
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # damaged-file chatter; the reason goes into the report
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 n = getattr(im, "n_frames", 1) if im.format == "TIFF" else 1  # (animated PNG, MPO JPEG: first frame)
@@ -64,10 +65,14 @@ def read_image(path: Path, frame: int | None, where: str) -> np.ndarray:
                 else:  # P, RGBA, CMYK, YCbCr, ...
                     arr = np.asarray(im.convert("RGB"))
                 arr = arr.copy()
+    except (DataError, Skip):
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise DataError(f"{where}: refused, {exc}") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except UnidentifiedImageError as exc:
         raise Skip(f"unreadable image ({exc})") from None
+    except Exception as exc:  # Pillow's plugins raise many types on damaged files (struct.error, EOFError, ...)
+        raise Skip(f"unreadable image ({type(exc).__name__}: {exc})") from None
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise Skip("has NaN or infinite pixels")
     return arr
