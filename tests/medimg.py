@@ -77,3 +77,33 @@ def ct_slice(rng: np.random.Generator, size: int, lesion: bool) -> np.ndarray:
         cy, cx = rng.integers(size // 3, 2 * size // 3, 2)
         hu = np.where(np.hypot(yy - cy, xx - cx) < size * 0.15, 300.0, hu)
     return np.clip(hu, -1024.0, 3071.0)  # the 12-bit CT range
+
+
+def damaged(good: bytes, rng: np.random.Generator, *, keep: int, step: int, flips: int) -> list[bytes]:
+    """Truncations of `good` every `step` bytes and `flips` copies with 3 random bytes changed,
+    all keeping the first `keep` bytes (a file's magic) intact."""
+    cases = [good[:n] for n in range(keep, len(good), step)]
+    for _ in range(flips):
+        b = bytearray(good)
+        for pos in rng.integers(keep, len(b), 3):
+            b[pos] = int(rng.integers(0, 256))
+        cases.append(bytes(b))
+    return cases
+
+
+def outcomes_of(read, path: Path, cases: list[bytes]) -> set[str]:
+    """Write each case to `path` and call `read(path)`: the set of outcomes ("ok" or the
+    exception's type name); only Skip and DataError may escape `read`."""
+    from atdnode.data.layout import Skip
+    from atdnode.errors import DataError
+
+    seen = set()
+    for c in cases:
+        path.write_bytes(c)
+        try:
+            read(path)
+            seen.add("ok")
+        except (Skip, DataError) as exc:
+            assert "SECRET" not in str(exc)
+            seen.add(type(exc).__name__)
+    return seen

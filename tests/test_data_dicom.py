@@ -8,7 +8,7 @@ import torch
 
 from atdnode.data import load_dataset
 from atdnode.errors import DataError
-from tests.medimg import SECRET, ct_slice, write_dicom, write_png16
+from tests.medimg import SECRET, ct_slice, damaged, outcomes_of, write_dicom, write_png16
 
 torch.set_num_threads(1)
 SLOPE, INTERCEPT, WINDOW = 0.5, -1024.0, (40.0, 400.0)  # stored = (HU + 1024) * 2; soft-tissue window
@@ -195,25 +195,10 @@ def test_damaged_files_are_skipped_quietly_without_quoting_the_header(tmp_path, 
     """Truncated and bit-flipped files: read, skipped or refused — never another exception,
     and nothing of the header (pydicom's warnings quote it) on stderr or in the reasons."""
     from atdnode.data.dicom import read_dicom
-    from atdnode.data.layout import Skip
 
     good = write_dicom(tmp_path / "x.dcm", np.arange(64, dtype=np.uint16).reshape(8, 8), window=(30, 20)).read_bytes()
-    rng = np.random.default_rng(0)
-    cases = [good[:n] for n in range(130, len(good), 23)]
-    for _ in range(60):
-        b = bytearray(good)
-        for pos in rng.integers(132, len(b), 3):
-            b[pos] = int(rng.integers(0, 256))
-        cases.append(bytes(b))
-    outcomes, q = set(), tmp_path / "y.dcm"
-    for c in cases:
-        q.write_bytes(c)
-        try:
-            read_dicom(q, None, str(q))
-            outcomes.add("ok")
-        except (Skip, DataError) as exc:
-            outcomes.add(type(exc).__name__)
-            assert "SECRET" not in str(exc)
+    cases = damaged(good, np.random.default_rng(0), keep=132, step=23, flips=60)
+    outcomes = outcomes_of(lambda q: read_dicom(q, None, str(q)), tmp_path / "y.dcm", cases)
     assert "Skip" in outcomes and "ok" in outcomes
     err = capfd.readouterr().err
     assert "SECRET" not in err and "Warning" not in err

@@ -8,7 +8,7 @@ from PIL import Image
 
 from atdnode.data import load_dataset, split_indices
 from atdnode.errors import DataError
-from tests.medimg import write_png16
+from tests.medimg import damaged, outcomes_of, write_png16
 
 torch.set_num_threads(1)
 
@@ -97,8 +97,6 @@ def test_damaged_image_files_are_skipped_never_raised(tmp_path):
     import io
 
     from atdnode.data.images import read_image
-    from atdnode.data.layout import Skip
-
     rng = np.random.default_rng(0)
     outcomes = set()
     for fmt, arr in (("PNG", (np.arange(256).reshape(16, 16) * 200).astype(np.uint16)),
@@ -106,19 +104,6 @@ def test_damaged_image_files_are_skipped_never_raised(tmp_path):
                      ("JPEG", np.arange(256).reshape(16, 16).astype(np.uint8))):
         buf = io.BytesIO()
         Image.fromarray(arr).save(buf, format=fmt)
-        good = buf.getvalue()
-        cases = [good[:n] for n in range(8, len(good), 37)]
-        for _ in range(40):
-            b = bytearray(good)
-            for pos in rng.integers(8, len(b), 3):
-                b[pos] = int(rng.integers(0, 256))
-            cases.append(bytes(b))
-        for c in cases:
-            q = tmp_path / f"y.{fmt.lower()}"
-            q.write_bytes(c)
-            try:
-                read_image(q, None, str(q))
-                outcomes.add("ok")
-            except (Skip, DataError) as exc:
-                outcomes.add(type(exc).__name__)
+        cases = damaged(buf.getvalue(), rng, keep=8, step=37, flips=40)
+        outcomes |= outcomes_of(lambda q: read_image(q, None, str(q)), tmp_path / f"y.{fmt.lower()}", cases)
     assert {"ok", "Skip"} <= outcomes
