@@ -50,6 +50,8 @@ def test_nifti_volume_yields_the_expected_slices(tmp_path):
     assert sorted(got) == [(v, k) for v in range(6) for k in range(6)]  # every slice once
     assert not {v for v, _ in _ids(tr)} & {v for v, _ in _ids(te)}  # a volume never straddles the split
     assert len({v for v, _ in _ids(te)}) == 2 and tr.classes == ["a", "b"]
+    shards = [{v for v, _ in _ids(load_dataset(f"{spec}&shard={i}/2", 6, 1, "train"))} for i in (1, 2)]
+    assert not shards[0] & shards[1] and shards[0] | shards[1] == {v for v, _ in _ids(tr)}  # whole volumes per node
     v, k = _ids(tr)[0]
     assert np.allclose((tr.images[0, 0] * 0.5 + 0.5).numpy() * 10000, _volume(v).take(k, axis=2), atol=1e-2)
     assert tr.labels.tolist() == [0 if v < 3 else 1 for v, _ in _ids(tr)]

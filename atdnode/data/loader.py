@@ -101,7 +101,7 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
     listed, chosen = {}, None
     for s in present:
         base = np.flatnonzero(sides == s)
-        sel, keep, new = _select(labels[base], names, ds, dseed, where)
+        sel, keep, new = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])
         listed[s] = {c: int(n) for c, n in zip(keep, np.bincount(new, minlength=len(keep)).tolist())}
         if s == split:
             chosen = (base[sel], keep, new)

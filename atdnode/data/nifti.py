@@ -5,8 +5,8 @@ Volumes are laid out like `folder:` (class sub-folders) or listed in `labels=FIL
 Slice k along `axis=a` (array axis as stored, default 2 — axial for volumes written by
 dcm2niix and most tools) is `volume.take(k, axis=a)`, with the header's scl_slope /
 scl_inter applied; no reorientation (as MONAI's LoadImage). `slices=` picks which (see
-`spec.py`). All slices of one volume land on the same side of the 80/20 split, so a
-patient is never in both train and test. Slices are min-max scaled per slice unless
+`spec.py`). All slices of one volume land on the same side of the 80/20 split and in the
+same `shard=`, so a patient is never in both train and test, nor on two nodes. Slices are min-max scaled per slice unless
 `window=` is given (e.g. `window=-1000,400` for CT lungs, or `window=auto`).
 A 4-D volume with more than one time point is skipped (reported).
 """

@@ -47,8 +47,12 @@ def split_indices(labels: np.ndarray, seed: int, test_frac: float = 0.2,
     return {"train": np.sort(np.concatenate(train)), "test": np.sort(np.concatenate(test))}
 
 
-def _select(labels: np.ndarray, names: list[str], spec, seed: int, where: str) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Apply classes= / shard= / limit=: returns (indices, class names kept, new labels)."""
+def _select(labels: np.ndarray, names: list[str], spec, seed: int, where: str,
+            groups: np.ndarray | None = None) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Apply classes= / shard= / limit=: returns (indices, class names kept, new labels).
+
+    With `groups` (a volume id per sample) shards deal whole groups, so one patient's
+    slices stay on one node."""
     idx = np.arange(len(labels))
     keep = names
     if spec.classes is not None:
@@ -61,7 +65,12 @@ def _select(labels: np.ndarray, names: list[str], spec, seed: int, where: str) -
     remap = np.full(len(names), -1, dtype=np.int64)
     for i, c in enumerate(keep):
         remap[names.index(c)] = i
-    if spec.shard is not None:
+    if spec.shard is not None and groups is not None:
+        i, n = spec.shard
+        g = np.unique(groups[idx])
+        g = g[_rng(seed, 0x5A4D).permutation(len(g))]
+        idx = idx[np.isin(groups[idx], g[i - 1::n])]
+    elif spec.shard is not None:
         i, n = spec.shard
         perm = idx[_rng(seed, 0x5A4D).permutation(len(idx))]
         idx = np.sort(perm[i - 1::n])
