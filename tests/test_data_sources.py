@@ -234,7 +234,7 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     assert rec.samples == 200 and rec.metrics["n"] == 50  # val is neither trained on nor the test set
     hist = rec.metrics["history"]
     assert len(hist) == 2 and all(0.0 <= h["val_accuracy"] <= 1.0 for h in hist)
-    assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "val 50" in line for line in logs)
+    assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "[val]: 50 images" in line for line in logs)
 
 
 def test_folder_labels_csv_with_splits_directories_and_errors(tmp_path):

@@ -28,12 +28,10 @@ class DataReport:
         return asdict(self)
 
     def summary(self, max_skipped: int = 3) -> str:
-        """One line: counts per split and class, scaling used, skipped files (first few named)."""
-        parts = []
-        for s, per in self.counts.items():
-            cls = ", ".join(f"{c} {n}" for c, n in list(per.items())[:8]) + (" …" if len(per) > 8 else "")
-            parts.append(f"{s} {sum(per.values())} ({cls})")
-        line = f"data {self.spec}: " + "; ".join(parts)
+        """One line: the loaded split's counts per class, scaling used, skipped files (first few named)."""
+        per = self.counts[self.split]
+        cls = ", ".join(f"{c} {n}" for c, n in list(per.items())[:8]) + (" …" if len(per) > 8 else "")
+        line = f"data {self.spec} [{self.split}]: {sum(per.values())} images ({cls})"
         if self.scaling:
             line += "; scaling: " + ", ".join(f"{h} x{n}" for h, n in self.scaling.items())
         if self.skipped:
