@@ -234,6 +234,18 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     assert rec.samples == 200 and rec.metrics["n"] == 50  # val is neither trained on nor the test set
     hist = rec.metrics["history"]
     assert len(hist) == 2 and all(0.0 <= h["val_accuracy"] <= 1.0 for h in hist)
+    # the last epoch's held-out numbers are the final model's on the val split (not on test)
+    from atdnode.blobstore import BlobStore
+    from atdnode.model import build_model, load_part, part_spec
+    from atdnode.training import heldout_loss_accuracy
+    from atdnode.weights import load_weights
+
+    model = build_model(ModelConfig.from_dict(rec.model))
+    load_part(model, load_weights(BlobStore(home.blobs_dir), rec.blobs["full"], expect=part_spec(model, "full"))[0], "full")
+    spec = f"npz:{tmp_path / 'm.npz'}"
+    on_val = heldout_loss_accuracy(model, load_dataset(spec, 8, 1, "val"))
+    on_test = heldout_loss_accuracy(model, load_dataset(spec, 8, 1, "test"))
+    assert hist[-1]["val_loss"] == pytest.approx(on_val["val_loss"], rel=1e-5) and on_val["val_loss"] != on_test["val_loss"]
     assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "[val]: 50 images" in line for line in logs)
 
 
