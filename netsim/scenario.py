@@ -12,7 +12,8 @@ the network conditions, the faults, and optionally a gossip workload:
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
-    [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH")
+    [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
+                 namespace (bool, default false: classes are matched by name across data sets)
     [[cohorts]]  name, phase, group, role, dataset, classes, partition, alpha, fractions,
                  class_sets, train_samples, test_samples, nodes
     [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting
@@ -104,6 +105,7 @@ class NetworkSpec:
 class DatasetSpec:
     name: str
     spec: str
+    namespace: bool = False  # true: prefix its class names ("<name>:<class>") so they never merge
 
 
 @dataclass(frozen=True)
@@ -404,7 +406,7 @@ def _resolve_dataset(d: DatasetSpec, base_dir: Path | None) -> DatasetSpec:
         p = Path(path).expanduser()
         if not p.is_absolute():
             p = (base_dir / p).resolve()
-        return DatasetSpec(name=d.name, spec=f"{kind}:{p}{q}{query}")
+        return DatasetSpec(name=d.name, spec=f"{kind}:{p}{q}{query}", namespace=d.namespace)
     return d
 
 
