@@ -129,7 +129,7 @@ class CohortSpec:
 class PhaseSpec:
     phase: int
     mode: str
-    weighting: str = "samples"
+    weighting: str = "uniform"  # the paper's: uniform (Eq. 2); hierarchical: sqrt-classes unless model-count
 
 
 @dataclass(frozen=True)
