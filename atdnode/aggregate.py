@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from atdnode import bodies
 from atdnode.blobstore import BlobStore
 from atdnode.errors import AtdError, BlobError
 from atdnode.home import NodeHome
@@ -101,6 +102,10 @@ def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input")
         raise AggregateError(f"{what} entry {ref[:16]} is not in this node's ledger")
     if e.kind not in kinds:
         raise AggregateError(f"{what} entry {ref[:16]} is a {e.kind} entry, not {' or '.join(kinds)}")
+    try:
+        bodies.body_of(e)
+    except bodies.BodyError as exc:
+        raise AggregateError(f"{what} {exc}") from None
     return e
 
 
@@ -118,7 +123,8 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
     for the class count (heads are averaged only when label spaces match).
     """
     cfg = ModelConfig.from_dict(own_model(home).model)
-    entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else led.query(kind="weights")
+    entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else [
+        e for e in led.query(kind="weights") if bodies.fits(e)]
     chosen: list[Entry] = []
     seen: set[str] = set()
     for e in entries:

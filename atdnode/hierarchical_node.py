@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atdnode import bodies
 from atdnode.aggregate import (
     AVERAGE_WEIGHTINGS,
     AggregateError,
@@ -183,7 +184,7 @@ def resolve_group(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Le
             **({"reference": reference} if reference else {}),
             "model": members[0].body.get("model"), "n_classes": max(1, len(labels)),
             "n_models": len(set().union(*(weights_leaves(led, i) for i in ids)))}
-    entry = led.append(ident.signer, "aggregate", body)
+    entry = bodies.append(led, ident.signer, "aggregate", body)
     return GroupOutcome(spec.name, entry, body["n_classes"], body["n_models"], labels, reused=False)
 
 
@@ -237,7 +238,7 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
                 "part": part, **blob_fields(store, blob), "model": base.model}
         if fit is not None:
             body["ensemble"] = fit.record(store)
-        entry = led.append(ident.signer, "aggregate", body)
+        entry = bodies.append(led, ident.signer, "aggregate", body)
     extra = {"ensemble": fit.blob} if fit else {}
     prov = {"data": spec or base.provenance.get("data"), "groups": body["groups"]}
     if fit:

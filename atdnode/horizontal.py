@@ -15,6 +15,7 @@ blob; `atdnode.agg_verify` recomputes the average from it.
 """
 from __future__ import annotations
 
+from atdnode import bodies
 from atdnode.aggregate import (
     AggregateError,
     AggregateResult,
@@ -64,7 +65,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
             body["reference"] = reference
         if fit is not None:
             body["ensemble"] = fit.record(store)
-        entry = led.append(ident.signer, "aggregate", body)
+        entry = bodies.append(led, ident.signer, "aggregate", body)
     extra, prov, details = {}, {}, {}
     if fit is not None:
         extra = {"ensemble": fit.blob}

@@ -20,6 +20,7 @@ The ensemble fitting (`atdnode.node_ensemble`) is shared with horizontal and hie
 """
 from __future__ import annotations
 
+from atdnode import bodies
 from atdnode.aggregate import (
     AggregateResult,
     average_entries,
@@ -54,7 +55,7 @@ def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: li
         body = {"mode": "vertical", "weighting": weighting, "q": float(q), "weights": weights, "inputs": ids,
                 "head": False, "part": part, **blob_fields(store, blob), "model": base.model,
                 "ensemble": fit.record(store), **({"reference": reference} if reference else {})}
-        entry = led.append(ident.signer, "aggregate", body)
+        entry = bodies.append(led, ident.signer, "aggregate", body)
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-vertical",
                                extra_blobs={"ensemble": fit.blob},
                                extra_provenance={"data": spec, "ensemble_classes": fit.classes,

@@ -108,9 +108,11 @@ def test_verify_catches_results_that_do_not_match_their_inputs(disjoint, mode):
     forged_blob = _forge(a, out["entry"], blob=blobs[0])
     # 3) a claim that heads were averaged
     forged_head = _forge(a, out["entry"], head=True)
+    # 4) a body whose field has the wrong type (written past the typed writer): the reader names it
+    forged_type = _forge(a, out["entry"], inputs=",".join(out["inputs"]))
     sync(disjoint)
     for entry, why in ((forged_weights, "are not the uniform weights"), (forged_blob, "recomputed result"),
-                       (forged_head, "heads")):
+                       (forged_head, "heads"), (forged_type, "'inputs' must be list")):
         err = fails("aggregate", "--home", str(c.root), "--verify", entry)
         assert isinstance(err, AggregateError) and why in str(err), err
     assert cli("aggregate", "--home", str(c.root), "--verify", out["entry"])["verified"]
