@@ -165,3 +165,29 @@ def test_default_inputs_skip_what_does_not_fit(disjoint):
     assert head.entry.id.hex() not in out["inputs"] and len(out["inputs"]) == 3
     err = fails("aggregate", "--home", str(a.root), "--inputs", head.entry.id.hex())
     assert isinstance(err, AggregateError) and "head set" in str(err)
+
+
+def test_fedwavg_does_not_depend_on_input_order(tmp_path_factory, tmp_path):
+    """FedWAvg compares every input with the node's own current model (the recorded
+    reference), never with input 0: on two copies of one node, reordering the inputs
+    reorders the weights and leaves the result unchanged (up to float32 summation order)."""
+    import torch
+
+    from atdnode.weights import load_weights
+
+    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+    one, two = copy_homes(template, tmp_path / "one")[0], copy_homes(template, tmp_path / "two")[0]
+    inputs = fine_tuned(one)
+    own = latest(one).blobs["full"]
+    fwd = cli("aggregate", "--home", str(one.root), "--weighting", "fedwavg", "--q", "50", "--classifier", "head",
+              "--inputs", ",".join(inputs))
+    rev = cli("aggregate", "--home", str(two.root), "--weighting", "fedwavg", "--q", "50", "--classifier", "head",
+              "--inputs", ",".join(reversed(inputs)))
+    assert rev["weights"] == pytest.approx(list(reversed(fwd["weights"])), abs=1e-12)
+    assert max(fwd["weights"]) - min(fwd["weights"]) > 1e-3, fwd["weights"]  # not uniform here
+    with Ledger.open(one.ledger_db) as led:
+        assert led.get(bytes.fromhex(fwd["entry"])).body["reference"] == own
+    a, _ = load_weights(BlobStore(one.blobs_dir), fwd["blob"])
+    b, _ = load_weights(BlobStore(two.blobs_dir), rev["blob"])
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert cli("aggregate", "--home", str(two.root), "--verify", rev["entry"])["verified"]
