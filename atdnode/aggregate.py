@@ -195,6 +195,23 @@ def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: f
     return [float(x) for x in w]
 
 
+def base_warning(inputs: list[Entry]) -> str | None:
+    """A warning when the inputs descend from different starting points (their `base`
+    fingerprints differ): averaging models trained from different random starts is
+    meaningless, their units do not correspond (README, "One shared base")."""
+    bases = {str(e.body.get("base")) for e in inputs if isinstance(e.body.get("base"), str)}
+    if len(bases) < 2:
+        return None
+    return (f"the {len(inputs)} inputs descend from {len(bases)} different starts (base fingerprints "
+            f"{', '.join(sorted(b[:17] for b in bases))}); averaging models trained from different random starts "
+            f"is meaningless — start every node from one shared base (--init-from / --pretrained)")
+
+
+def common_base(inputs: list[Entry]) -> str | None:
+    bases = {e.body.get("base") for e in inputs}
+    return next(iter(bases)) if len(bases) == 1 and isinstance(next(iter(bases)), str) else None
+
+
 def fedwavg_reference(store: BlobStore, base: ModelRecord, weighting: str) -> str | None:
     """The FedWAvg reference of a node: its current model (its previous global model, or its
     own trained model when it has none) as a full weight-set blob; None for other weightings."""
@@ -270,7 +287,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         full.update(fused)
         full_blob = save_weights(store, full, {**meta, "part": "full", "aggregate": entry.id.hex()})
     inputs = list(entry.body.get("inputs", []))
-    prov = {"aggregate": entry.id.hex(), "entries": inputs, "kind": kind, "base": base.id,
+    prov = {"base": entry.body.get("base"), "aggregate": entry.id.hex(), "entries": inputs, "kind": kind, "base_model": base.id,
             "data": base.provenance.get("data"), **(extra_provenance or {})}
     labels, label_fp, cfg = list(base.labels), base.label_fp, base.model
     if part == "full":  # averaged heads: the record describes them, not the base's head

@@ -59,7 +59,7 @@ SPECS: dict[str, BodySpec] = {
                         "head": (bool,), "part": (str,)},
                        {"model": (dict, type(None)), "q": _NUM, "groups": (list,), "ensemble": (dict,),
                         "classifier": (str,), "reference": (str,), "name": (str,), "n_classes": (int,),
-                        "n_models": (int,), "skipped": (list,)},
+                        "n_models": (int,), "skipped": (list,), "base": (str,)},
                        {"weights": _NUM, "inputs": (str,), "groups": (dict,), "skipped": (dict,)}),
     "hello": _spec({"addrs": (list,), "x25519": (bytes,)}, {"role": (str,), "name": (str, type(None))},
                    {"addrs": (str,)}),

@@ -22,6 +22,8 @@ from atdnode.aggregate import (
     average_entries,
     blob_fields,
     extractor_of,
+    base_warning,
+    common_base,
     fedwavg_reference,
     heads_averaged,
     input_weights,
@@ -65,6 +67,9 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
             body["reference"] = reference
         if fit is not None:
             body["ensemble"] = fit.record(store)
+        if common_base(chosen):
+            body["base"] = common_base(chosen)
+        warning = base_warning(chosen)
         entry = bodies.append(led, ident.signer, "aggregate", body)
     extra, prov, details = {}, {}, {}
     if fit is not None:
@@ -74,5 +79,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
                    "samples": fit.samples}
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal",
                                extra_blobs=extra, extra_provenance=prov)
+    if warning:
+        details["warnings"] = [warning]
     return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=head,
                            details=details)

@@ -45,6 +45,7 @@ def weights_body(store: BlobStore, blob: str, *, part: str, record: ModelRecord,
         "metrics": {k: v for k, v in record.metrics.items() if isinstance(v, (int, float, str))},
         "provenance": list(provenance or []),
         "model_id": record.id,
+        **({"base": record.provenance["base"]} if isinstance(record.provenance.get("base"), str) else {}),
     }
 
 

@@ -25,6 +25,8 @@ from atdnode.aggregate import (
     AggregateResult,
     average_entries,
     blob_fields,
+    base_warning,
+    common_base,
     fedwavg_reference,
     input_weights,
     opened,
@@ -55,12 +57,15 @@ def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: li
         body = {"mode": "vertical", "weighting": weighting, "q": float(q), "weights": weights, "inputs": ids,
                 "head": False, "part": part, **blob_fields(store, blob), "model": base.model,
                 "ensemble": fit.record(store), **({"reference": reference} if reference else {})}
+        if common_base(chosen):
+            body["base"] = common_base(chosen)
+        warning = base_warning(chosen)
         entry = bodies.append(led, ident.signer, "aggregate", body)
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-vertical",
                                extra_blobs={"ensemble": fit.blob},
                                extra_provenance={"data": spec, "ensemble_classes": fit.classes,
                                                  "features": fit.features})
     details = {"ensemble": fit.blob, "classes": fit.classes, "features": fit.features, "skipped": fit.skipped,
-               "samples": fit.samples}
+               "samples": fit.samples, **({"warnings": [warning]} if warning else {})}
     return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=False,
                            details=details)

@@ -191,3 +191,26 @@ def test_fedwavg_does_not_depend_on_input_order(tmp_path_factory, tmp_path):
     b, _ = load_weights(BlobStore(two.blobs_dir), rev["blob"])
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert cli("aggregate", "--home", str(two.root), "--verify", rev["entry"])["verified"]
+
+
+def test_averaging_models_from_different_random_starts_warns(tmp_path):
+    """Every weights entry records the start it descends from (`base`); `atd aggregate`
+    warns when its inputs have different ones (same seed and config = same start)."""
+    from atdnode.publish import publish_weights
+    from tests.vgs_homes import consortium, train_node
+
+    homes = consortium(tmp_path / "homes", ["x", "y", "z"])
+    ids = []
+    for h, seed in zip(homes, (0, 0, 5)):
+        train_node(h, "digits?classes=0,1", epochs=1, seed=seed)
+        ids.append(publish_weights(h, part="full").entry.id.hex())
+    sync(homes)
+    with Ledger.open(homes[0].ledger_db) as led:
+        bases = [led.get(bytes.fromhex(i)).body["base"] for i in ids]
+    assert bases[0] == bases[1] != bases[2] and bases[0].startswith("init:")
+    same = runner.invoke(app, ["aggregate", "--home", str(homes[0].root), "--classifier", "head",
+                               "--inputs", ",".join(ids[:2])])
+    assert same.exit_code == 0 and "different starts" not in same.output, same.output
+    mixed = runner.invoke(app, ["aggregate", "--home", str(homes[0].root), "--classifier", "head",
+                                "--inputs", ",".join(ids)])
+    assert mixed.exit_code == 0 and "warning: the 3 inputs descend from 2 different starts" in mixed.output

@@ -95,6 +95,8 @@ def aggregate(
         res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
+    for w in res.details.get("warnings", []):
+        typer.echo(f"warning: {w}", err=True)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
