@@ -23,12 +23,12 @@ from atdnode import ddp
 from atdnode.data import LabeledImages
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
-from netsim.scenario import ModelSpec, TrainSpec
+from netsim.scenario import TrainSpec
 
 METRICS = ("accuracy", "precision", "sensitivity", "f1")
 
 
-def model_config(spec: ModelSpec, num_classes: int) -> ModelConfig:
+def model_config(spec: ModelConfig, num_classes: int) -> ModelConfig:
     return ModelConfig.resolve(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
                                embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
                                in_chans=spec.in_chans, num_classes=num_classes)
