@@ -49,7 +49,7 @@ SPECS: dict[str, BodySpec] = {
     "weights": _spec({**_BLOB, "part": (str,), "model": (dict,), "labels": (list,), "label_fp": (str,),
                       "samples": (int,), "metrics": (dict,), "provenance": (list,)},
                      {"model_id": (str,), "base": (str,), "algorithm": (str,), "tasks": (list,),
-                      "authorized": (list,)},
+                      "authorized": (list,), "readers": (list,)},
                      {"labels": (str,), "provenance": (str,)}),
     "features": _spec({**_BLOB, "recipients": (list,), "shape": (list,), "classes": (list,), "label_fp": (str,),
                        "samples": (int,), "model": (dict,), "extractor": (str,), "alg": (str,)},
@@ -112,3 +112,27 @@ def fits(entry: Entry) -> bool:
     except BodyError:
         return False
     return True
+
+
+# Blob readers. A `weights` / `features` / `aggregate` entry names a blob (`"blob": hex`).
+# If its body carries a reader list, the blob protocol serves that blob only to the peers
+# on the list and to the entry's author, and other daemons do not try to fetch it.
+# `readers` (list of libp2p peer ids) is the field to write (e.g. MSD's distilled body for
+# its authorised clients). Two older spellings are read as reader lists too, so entries
+# already in ledgers keep their meaning: `recipients` (sealed `features`: the peers it is
+# encrypted to) and `authorized` (MSD bodies written before `readers` existed). A body with
+# none of them is readable by every member.
+READERS = "readers"
+READER_ALIASES = ("recipients", "authorized")
+
+
+def blob_readers(body: dict) -> frozenset[str] | None:
+    """The peer ids a blob named by `body` may be served to (besides its author), or None
+    for "every member". A malformed list (not a list of strings) restricts to nobody."""
+    for key in (READERS, *READER_ALIASES):
+        if key in body:
+            value = body[key]
+            if isinstance(value, list) and all(isinstance(p, str) for p in value):
+                return frozenset(value)
+            return frozenset()
+    return None

@@ -39,7 +39,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
-from atdnode.entry_bodies import blob_readers
+from atdnode.bodies import blob_readers
 from atdnode.sync import SYNC_PROTOCOL, genesis_extra, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
@@ -439,7 +439,7 @@ class NodeDaemon:
 
     def _may_read(self, peer: str, blob: str) -> bool:
         """Blob protocol: may member `peer` fetch `blob`? Yes unless an entry naming the blob
-        restricts it to a reader list (atdnode.entry_bodies) without `peer`."""
+        restricts it to a reader list (atdnode.bodies) without `peer`."""
         allowed = self._readers.get(blob)
         return allowed is None or peer in allowed
 
