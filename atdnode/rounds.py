@@ -3,7 +3,7 @@
 A *campaign* is fixed by its shared initial model and rule: every member builds the round-0
 model deterministically (`torch.manual_seed(seed)` on the same config and label space ->
 the same blob hash everywhere) and the campaign id is a hash of (init blob, weighting, q,
-name). Entries (bodies typed in `weights_round_body` / `aggregate_round_body`):
+name). Entries (built by `weights_round_body` / `aggregate_round_body`, typed in atdnode.bodies):
 
 weights    the usual `weights` body of a full set + campaign, round
 aggregate  mode "round": campaign, round, weighting, q, reference (previous global blob;
@@ -37,15 +37,9 @@ from dataclasses import dataclass, field
 import torch
 
 from atdnode import control
-from atdnode.aggregate import (
-    AggregateError,
-    average_blobs,
-    check_recorded_weights,
-    check_result,
-    opened,
-    register_global,
-    result_meta,
-)
+from atdnode import bodies
+from atdnode.agg_verify import check_recorded_weights, check_result
+from atdnode.aggregate import AggregateError, average_blobs, register_global, result_meta
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.errors import AtdError
@@ -325,8 +319,8 @@ class RoundRunner:
             mine = [e for e in round_weights_entries(led, self.campaign, rnd) if _signer(e) == self.me]
             if mine:  # a restart after publishing: do not publish twice
                 return mine[0]
-            return led.append(self.ident.signer, "weights",
-                              weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd))
+            return bodies.append(led, self.ident.signer, "weights",
+                                 weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd))
 
     def wait_inputs(self, rnd: int, expected: list[str]) -> tuple[list[Entry], Entry | None]:
         """Until K publishers' blobs are held or the deadline: (held inputs, aggregate if one appeared)."""
@@ -362,7 +356,7 @@ class RoundRunner:
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
                                     store=self.store, blob=blob, model=self.cfg.to_dict())
         with self._led() as led:
-            return led.append(self.ident.signer, "aggregate", body)
+            return bodies.append(led, self.ident.signer, "aggregate", body)
 
     def run_round(self, rnd: int) -> RoundReport:
         with self._led() as led:

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation import AggregationError, fedwavg_weights, uniform_weights
+from protocols.aggregation import AggregationError, uniform_weights
+from protocols.fedwavg import fedwavg_weights
 
 ROUND_WEIGHTINGS = ("fedavg", "fedwavg")
 LAST_LAYER = ("head.weight", "head.bias")

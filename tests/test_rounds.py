@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from atdnode.aggregate import AggregateError, verify_entry
+from atdnode.aggregate import AggregateError
+from atdnode.agg_verify import verify_entry
 from atdnode.blobstore import BlobStore
 from atdnode.identity import NodeIdentity
 from atdnode.rounds import (RoundRunner, RoundsConfig, compute_round, current_round, round_aggregate,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.aggregate import verify_entry
+from atdnode.agg_verify import verify_entry
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
