@@ -96,3 +96,14 @@ def test_fedwavg_weights_near_uniform_on_iid_data(tmp_path):
     # q sharpens: with a large scale the weights move away from uniform (the test can fail)
     w_sharp, _ = compute_round(rs[0].store, inputs, weighting="fedwavg", q=200.0, reference=rs[0].init)
     assert max(abs(x - 0.25) for x in w_sharp) > max(abs(x - 0.25) for x in w)
+
+
+def test_bad_weighting_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    (a,) = consortium(tmp_path, ["a"])
+    proc = subprocess.run([sys.executable, "-m", "cli.app", "rounds", "--home", str(a.root), "--rounds", "1",
+                           "--weighting", "median"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: --weighting 'median': choose from fedavg, fedwavg"]
