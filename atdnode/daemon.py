@@ -35,7 +35,8 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, pull, serve_sync
+from atdnode.transport.limits import PeerLimits
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
@@ -87,6 +88,7 @@ class NodeDaemon:
         self._nursery: trio.Nursery | None = None
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
         self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
+        self._sync_limits = PeerLimits(per_peer=PER_PEER_STREAMS, total=TOTAL_STREAMS)
         self.merge_observers: list = []  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
         # Extension point: role services (e.g. a split-learning server). Each has
@@ -265,7 +267,7 @@ class NodeDaemon:
     # ---------------------------------------------------------------- sync
 
     async def _serve_sync(self, stream: Stream) -> None:
-        await serve_sync(stream, self.ledger)
+        await serve_sync(stream, self.ledger, self._sync_limits)
 
     async def _on_peer(self, peer_id: str) -> None:
         if self._nursery is not None:

@@ -22,11 +22,16 @@ import trio
 
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
+from atdnode.transport.limits import PeerLimits
 
 SYNC_PROTOCOL = "/atd/sync/1.0.0"
 BATCH_BYTES = 512 << 10
 MAX_SYNC_FRAME = 2 << 20
 MAX_AUTHORS = 100_000
+MAX_BATCH_ENTRIES = 16_384  # entries per "entries" frame (a server also stops at BATCH_BYTES)
+IDLE_TIMEOUT = 30.0  # server: a stream silent (or not reading) this long is reset
+PER_PEER_STREAMS = 4  # server: concurrent sync streams one peer may hold ...
+TOTAL_STREAMS = 64  # ... and all peers together (see atdnode.transport.limits)
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +47,61 @@ class SyncResult:
     rejected: int = 0
 
 
+class _Budget:
+    """msgpack object_hook / list_hook that refuses more containers than a message may have.
+
+    The unpacker's per-container length caps bound each map and array; counting the
+    containers bounds their number, so a frame of nested empty maps decodes to a few
+    objects or fails -- decoded size stays within a small multiple of the frame (issue 11).
+    """
+
+    def __init__(self, maps: int, lists: int) -> None:
+        self.maps, self.lists = maps, lists
+
+    def map(self, d: dict) -> dict:
+        self.maps -= 1
+        if self.maps < 0:
+            raise ValueError("too many maps in a sync frame")
+        return d
+
+    def list(self, v: list) -> list:
+        self.lists -= 1
+        if self.lists < 0:
+            raise ValueError("too many arrays in a sync frame")
+        return v
+
+
 def _decode(frame: bytes) -> dict:
+    """Decode one sync frame: a map holding at most one nested map (heads) or array (entries)."""
+    budget = _Budget(maps=2, lists=1)
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        msg = msgpack.unpackb(
+            frame, raw=False, strict_map_key=False, object_hook=budget.map, list_hook=budget.list,
+            max_map_len=MAX_AUTHORS, max_array_len=MAX_BATCH_ENTRIES, max_str_len=64,
+            max_bin_len=MAX_SYNC_FRAME, max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise SyncProtocolError(f"undecodable sync frame: {exc}") from exc
+        raise SyncProtocolError(f"undecodable sync frame: {str(exc)[:200]}") from exc
     if not isinstance(msg, dict) or "t" not in msg:
         raise SyncProtocolError("sync frame is not a typed map")
     return msg
 
 
-async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
-    """Answer one heads request on `stream` with the entries the requester lacks."""
+async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None) -> None:
+    """Answer one heads request on `stream` with the entries the requester lacks.
+
+    With `limits`, a peer over its share of concurrent sync streams is reset before any
+    read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
+    non-reading peer holds a stream (and its buffers) for a bounded time.
+    """
+    lease = limits.try_acquire(stream.remote_peer) if limits is not None else None
+    if limits is not None and lease is None:
+        log.info("sync stream from %s refused: too many concurrent sync streams", stream.remote_peer)
+        await stream.reset()
+        return
     try:
-        msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
+        with trio.fail_after(IDLE_TIMEOUT):
+            msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
         heads = msg.get("heads")
         if msg["t"] != "heads" or not isinstance(heads, dict) or len(heads) > MAX_AUTHORS:
             raise SyncProtocolError("expected a heads map")
@@ -71,21 +117,29 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
         for raw in missing:
             batch.append(raw)
             size += len(raw)
-            if size >= BATCH_BYTES:
-                await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+            if size >= BATCH_BYTES or len(batch) >= MAX_BATCH_ENTRIES:
+                with trio.fail_after(IDLE_TIMEOUT):
+                    await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
                 sent += len(batch)
                 batch, size = [], 0
-        if batch:
-            await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
-            sent += len(batch)
-        await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
+        with trio.fail_after(IDLE_TIMEOUT):
+            if batch:
+                await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+                sent += len(batch)
+            await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
+        await stream.reset()
+        return
+    except trio.TooSlowError:
+        log.info("sync stream from %s idle for %.0f s; reset", stream.remote_peer, IDLE_TIMEOUT)
         await stream.reset()
         return
     except TransportError as exc:
         log.info("sync stream to %s ended early: %s", stream.remote_peer, exc)
     finally:
+        if lease is not None:
+            lease.release()
         await stream.close()
 
 
