@@ -15,7 +15,7 @@ Database work runs in worker threads so the trio loop never blocks.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 import trio
@@ -45,6 +45,7 @@ class SyncResult:
     received: int = 0
     added: int = 0
     rejected: int = 0
+    added_ids: list[bytes] = field(default_factory=list)  # entries the peer held and we lacked
 
 
 class _Budget:
@@ -169,6 +170,7 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
             result.received += len(entries)
             merged = await ledger.merge(entries)
             result.added += len(merged.added)
+            result.added_ids.extend(merged.added)
             result.rejected += len(merged.rejected)
     except StreamClosed as exc:
         raise SyncProtocolError("peer closed the sync stream before its end marker") from exc

@@ -85,8 +85,9 @@ class Ledger:
         """Sign and store the signer's next entry (one transaction). Raises Equivocation /
         RevokedAuthor for a signer that may not write, NotAdmin / UnknownAuthor for a member
         entry it may not make, WrongConsortium for a second genesis. The entry of a signer
-        not (yet) admitted is stored held and enters the log once its admission arrives."""
-        with self._lock, self._store.transaction():
+        not (yet) admitted is stored held and enters the log once its admission arrives.
+        The entry is durable (fsynced) when this returns."""
+        with self._lock, self._store.transaction(durable=True):
             s = self._store
             me = signer.public_key
             if s.frozen_seq(me) is not None:

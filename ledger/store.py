@@ -67,6 +67,8 @@ class Store:
         try:
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
             self.conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL for merges (a merged entry lost to a power cut is fetched again from its
+            # peers); own appends switch to FULL per transaction (see `transaction(durable=True)`).
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=30000")
             self.conn.executescript(_SCHEMA)
@@ -87,9 +89,22 @@ class Store:
 
     # --- transactions ------------------------------------------------------------------
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, durable: bool = False) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); the row count / tip header is
-        read once at the start and written once at the end."""
+        read once at the start and written once at the end.
+
+        durable=True (the node's own appends): the commit returns only once the WAL is
+        fsynced (synchronous=FULL), so an entry that may be gossiped is never lost to a
+        crash or power cut -- losing it would make the node re-sign that seq (issue 11).
+        """
+        if durable:
+            self.conn.execute("PRAGMA synchronous=FULL")
+            try:
+                with self.transaction():
+                    yield
+            finally:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             header = dict(self.conn.execute("SELECT key, value FROM meta WHERE key IN ('count', 'tip')"))
@@ -171,6 +186,14 @@ class Store:
         return self.conn.execute(
             "SELECT COUNT(*) FROM entries WHERE author=? AND state!=?", (author, LOG)
         ).fetchone()[0]
+
+    def waiting_bytes(self, author: bytes | None = None) -> int:
+        """Bytes of held rows in total, or of an author's non-log rows (held + evidence)."""
+        if author is None:
+            q, args = "SELECT SUM(LENGTH(payload) + LENGTH(sig)) FROM entries WHERE state=?", (HELD,)
+        else:
+            q, args = "SELECT SUM(LENGTH(payload) + LENGTH(sig)) FROM entries WHERE author=? AND state!=?", (author, LOG)
+        return self.conn.execute(q, args).fetchone()[0] or 0
 
     def max_log_lamport(self) -> int:
         r = self.conn.execute("SELECT MAX(lamport) FROM entries WHERE state=?", (LOG,)).fetchone()

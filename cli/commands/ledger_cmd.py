@@ -48,14 +48,38 @@ def show(
 
 
 @ledger_app.command("verify")
-def verify(home: Path = HOME_OPT) -> None:
-    """Re-verify every stored entry (signatures, ids, chains, membership, store integrity).
+def verify(
+    home: Path = HOME_OPT,
+    peers: bool = typer.Option(False, "--peers", help="Also compare with every connected member (needs the running daemon): "
+                               "lists entries a peer holds that this ledger lacks (truncation, rollback, a deleted revocation) and merges them."),
+) -> None:
+    """Re-verify every stored entry (SQLite integrity, signatures, ids, chains, membership, store chain).
 
     Exits 0 when intact; otherwise prints the first problem, naming the entry, and exits non-zero.
+    With --peers it also exits non-zero when a connected member held entries this ledger lacked.
     """
     with _open(home) as led:
         report = led.verify()
     typer.echo(report.summary())
+    if peers:
+        _verify_peers(NodeHome.at(home))
+
+
+def _verify_peers(h: NodeHome) -> None:
+    from atdnode import control
+    from cli.errors import CliError
+
+    rep = control.call(h.control_socket, "verify_peers", timeout=300.0)
+    if not rep["peers"]:
+        raise CliError("no connected member answered a sync request; nothing to compare with"
+                       + (f" (failed: {', '.join(rep['failed'])})" if rep["failed"] else ""))
+    for m in rep["missing"]:
+        typer.echo(f"missing: {m['author'][-8:]}#{m['seq']} {m['kind']} {m['id'][:16]} (held by {m['peer'][-8:]}; now merged)")
+    if rep["missing"]:
+        raise CliError(f"{len(rep['missing'])} entries held by peers were missing from this ledger "
+                       "(truncated, rolled back or edited); they are merged now", exit_code=2)
+    typer.echo(f"ok: heads agree with {len(rep['peers'])} connected peer(s)"
+               + (f"; {len(rep['failed'])} did not answer" if rep["failed"] else ""))
 
 
 @ledger_app.command("export")
