@@ -17,8 +17,10 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
 Safe restart (issue 11). The daemon signs nothing (hello, `append`) and gossips none of
 its own entries until it has pulled from at least one member -- which hands back any of
 its own entries its ledger lost (home restored from a backup, WAL cut) -- so it never
-signs a second entry at a seq it already used and never freezes itself. A node with no
-other member confirms at once. Until a member is reached, `append` waits.
+signs a second entry at a seq it already used and never freezes itself. A founder whose
+ledger names no other member confirms at once (limit: its home restored from a backup
+made before any other member was admitted is not protected). Until a member is reached,
+`append` waits.
 
 Everything slow (SQLite, hashing, disk) runs in worker threads.
 """
@@ -119,8 +121,8 @@ class NodeDaemon:
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         logging.raiseExceptions = False  # a full disk must not turn every log call into a traceback
         await self._refresh_members()
-        if not self._members - {self.identity.public_key}:
-            self._head_confirmed.set()  # no other member could hold entries of ours
+        if self._members == {self.identity.public_key}:
+            self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         if self.auto_fetch:
             await self._queue_wanted_blobs()  # blobs announced before a restart are still wanted
         async with self.transport.run(listen):
