@@ -238,7 +238,12 @@ class NodeDaemon:
     async def _announce_loop(self) -> None:
         """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""
         me = self.identity.public_key
-        await self._head_confirmed.wait()  # never gossip own entries a member may contradict
+        with trio.move_on_after(30):
+            await self._head_confirmed.wait()  # never gossip own entries a member may contradict
+        if not self._head_confirmed.is_set():
+            log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
+                        "(connect one with `atd node connect` or --bootstrap)")
+            await self._head_confirmed.wait()
         while True:
             try:
                 await self._maybe_say_hello()
