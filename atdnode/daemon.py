@@ -242,7 +242,7 @@ class NodeDaemon:
             await self._head_confirmed.wait()  # never gossip own entries a member may contradict
         if not self._head_confirmed.is_set():
             log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
-                        "(connect one with `atd node connect` or --bootstrap)")
+                        "(restart with --bootstrap <member address>)")
             await self._head_confirmed.wait()
         while True:
             try:

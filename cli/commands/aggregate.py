@@ -100,7 +100,7 @@ def aggregate(
         typer.echo(f"  ensemble over {len(d['classes'])} classes from {d['samples']} samples "
                    f"({len(d['features'])} shared feature sets) -> {d['ensemble']}")
     for s in d.get("skipped", []):
-        typer.echo(f"  skipped features {s['entry'][:16]}: {s['why']}")
+        typer.echo(f"  skipped {'weights' if mode == 'horizontal' else 'features'} {s['entry'][:16]}: {s['why']}")
     typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")
 
 
