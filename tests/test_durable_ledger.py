@@ -252,3 +252,34 @@ def test_verify_peers_reports_what_a_truncated_ledger_lacked(tmp_path: Path) -> 
             assert {e.id for e in new} <= {e.id for e in led.all_entries()}
 
     trio.run(main)
+
+
+def test_disk_full_is_one_line_with_back_off(tmp_path: Path, caplog) -> None:
+    """A fetch that hits ENOSPC is logged once and retried after a back-off, not every second."""
+    import errno
+    import logging
+
+    homes = make_consortium(tmp_path, 1)
+    net = MemoryNetwork(seed=8)
+    calls: list[float] = []
+
+    async def main() -> None:
+        d = daemon_on(net, homes[0])
+
+        async def full_disk(blob: str, timeout: float = 600.0) -> str:
+            calls.append(trio.current_time())
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        d.fetch = full_disk
+        d._wanted = {"ab" * 32, "cd" * 32}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run, [], [])
+            await trio.sleep(6)
+            d.stop()
+
+    with caplog.at_level(logging.INFO, logger="atd.daemon"):
+        trio.run(main)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "disk full" in errors[0].getMessage(), [r.getMessage() for r in errors]
+    assert not any(r.exc_info for r in caplog.records)
+    assert 1 <= len(calls) <= 4, calls  # two blobs, each tried once (back-off >= 30 s), not every second
