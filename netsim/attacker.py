@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 from dataclasses import asdict, dataclass
 
 import msgpack
@@ -37,6 +38,7 @@ class AttackStats:
     open_failed: int = 0
     reset_by_target: int = 0
     oversized_sent: int = 0
+    task_errors: int = 0
 
 
 async def _hold(stream: Stream, stats: AttackStats, keepalive: bytes | None, every: float) -> None:
@@ -108,17 +110,29 @@ async def _oversized(t: Transport, peer: str, stats: AttackStats) -> None:
         await trio.sleep(1.0)
 
 
+async def _persist(fn, *args) -> None:
+    """Run one attack task; a target that dies (or a py-libp2p error) ends only that task."""
+    try:
+        await fn(*args)
+    except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 -- an attacker shrugs and goes on
+        stats = args[-1]
+        stats.task_errors = getattr(stats, "task_errors", 0) + 1
+        print(f"attack task ended: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+
+
 async def attack(t: Transport, targets: list[str], *, duration: float, sync_streams: int = 255,
-                 blob_streams: int = 32, blob: str = "00" * 32) -> AttackStats:
-    """Connect `t` (running) to each target multiaddr and attack them all for `duration` s."""
+                 blob_streams: int = 32, blob: str = "00" * 32, started=lambda: None) -> AttackStats:
+    """Connect `t` (running) to each target multiaddr and attack them all for `duration` s;
+    `started()` is called once every target is connected and under attack."""
     stats = AttackStats()
+    peers = [await t.connect(addr) for addr in targets]
     with trio.move_on_after(duration):
         async with trio.open_nursery() as nursery:
-            for addr in targets:
-                peer = await t.connect(addr)
-                nursery.start_soon(_loris, t, peer, sync_streams, stats)
-                nursery.start_soon(_hog, t, peer, blob_streams, blob, stats)
-                nursery.start_soon(_oversized, t, peer, stats)
+            for peer in peers:
+                nursery.start_soon(_persist, _loris, t, peer, sync_streams, stats)
+                nursery.start_soon(_persist, _hog, t, peer, blob_streams, blob, stats)
+                nursery.start_soon(_persist, _oversized, t, peer, stats)
+            started()
     return stats
 
 
@@ -137,9 +151,9 @@ def main() -> None:
     async def run() -> AttackStats:
         t = Libp2pTransport(bytes.fromhex(args.seed))
         async with t.run(["/ip4/127.0.0.1/tcp/0"]):
-            print(json.dumps({"ready": True}), flush=True)
             return await attack(t, args.target, duration=args.duration, sync_streams=args.sync_streams,
-                                blob_streams=args.blob_streams, blob=args.blob)
+                                blob_streams=args.blob_streams, blob=args.blob,
+                                started=lambda: print(json.dumps({"ready": True}), flush=True))
 
     print(json.dumps(asdict(trio.run(run))), flush=True)
 
