@@ -213,3 +213,38 @@ def test_peer_limits_fair_share() -> None:
     a1.release()
     a1.release()  # idempotent
     assert lim.live("a") == 1 and lim.try_acquire("c") is not None
+
+
+def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
+    """12 split streams from one member each announcing a 64 MiB first frame (1.61 GB before):
+    at most SPLIT_STREAMS_PER_PEER are held, and what they hold is what was actually sent."""
+    from atdnode.home import NodeHome
+    from atdnode.split import SPLIT_PROTOCOL
+    from atdnode.split.service import SPLIT_STREAMS_PER_PEER, SplitService
+
+    svc = SplitService(NodeHome.at(tmp_path), "pfesta")
+    net = MemoryNetwork(seed=9)
+    server, attacker = MemoryTransport(net, _seed(20)), MemoryTransport(net, _seed(21))
+    server.set_stream_handler(SPLIT_PROTOCOL, svc._handle_limited)
+
+    async def main() -> int:
+        async with server.run([]), attacker.run([]):
+            await attacker.connect(server.addrs()[0])
+            tracemalloc.start()
+            base = tracemalloc.get_traced_memory()[0]
+            streams = []
+            for _ in range(12):
+                s = await attacker.open_stream(server.peer_id, SPLIT_PROTOCOL)
+                await s.raw.send_all(struct.pack(">I", 64 * MiB) + b"x" * 100)
+                streams.append(s)
+            await trio.sleep(0.2)
+            grown = tracemalloc.get_traced_memory()[0] - base
+            tracemalloc.stop()
+            assert svc._stream_limits.live(attacker.peer_id) <= SPLIT_STREAMS_PER_PEER
+            for s in streams:
+                await s.reset()
+            return grown
+
+    grown = trio.run(main)
+    assert svc._stream_limits.refused >= 12 - SPLIT_STREAMS_PER_PEER
+    assert grown < 8 * MiB, f"{grown / MiB:.1f} MiB"
