@@ -283,3 +283,17 @@ def test_disk_full_is_one_line_with_back_off(tmp_path: Path, caplog) -> None:
     assert len(errors) == 1 and "disk full" in errors[0].getMessage(), [r.getMessage() for r in errors]
     assert not any(r.exc_info for r in caplog.records)
     assert 1 <= len(calls) <= 4, calls  # two blobs, each tried once (back-off >= 30 s), not every second
+
+
+def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    homes = make_consortium(tmp_path, 1)
+    r = CliRunner().invoke(app, ["ledger", "verify", "--peers", "--home", str(homes[0].root)])
+    from atdnode.errors import DaemonError
+
+    assert r.exit_code != 0  # cli.app.main prints typed errors as one line
+    assert isinstance(r.exception, DaemonError) and "no running daemon" in str(r.exception)
+    assert r.output.startswith("ok: ")  # the local verification ran (and passed) first
