@@ -58,6 +58,8 @@ BLOB_KINDS_SET = {"weights", "features", "aggregate"}
 MERGE_BATCH = 512
 INBOX_SIZE = 20_000
 VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to _on_gossip
+HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long (issue 11) ...
+EXPIRE_EVERY = 600.0  # ... checked this often
 
 
 def ledger_topic(genesis_id: str) -> str:
@@ -141,6 +143,7 @@ class NodeDaemon:
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
                 nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self._expire_loop)
                 for service in self.services:
                     nursery.start_soon(service.run, self)
                 for addr in bootstrap:
@@ -389,6 +392,16 @@ class NodeDaemon:
             await trio.sleep(self.sync_interval)
             for peer in self.transport.peers():
                 await self.sync_with(peer)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            try:
+                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL))
+                if n:
+                    log.info("expired %d held entries of unknown authors", n)
+            except (sqlite3.OperationalError, OSError) as exc:
+                await self._disk_trouble("expiring held entries", exc)
+            await trio.sleep(EXPIRE_EVERY)
 
     async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
         delay = 0.2

@@ -14,6 +14,7 @@ processes may open the same file (SQLite locking, one transaction per append / m
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -186,6 +187,22 @@ class Ledger:
             res = batch.finish()
             res.rejected = rejected + res.rejected
             return res
+
+    def expire_held(self, ttl: float, *, now: float | None = None) -> int:
+        """Delete held entries of unknown authors first held more than `ttl` seconds ago
+        (issue 11: what non-members can park here expires); returns how many. Genesis
+        entries and entries of (even revoked) members are kept. Sync fetches an expired
+        entry again if it ever becomes admissible."""
+        now = time.time() if now is None else now
+        with self._lock, self._store.transaction():
+            c = self._store.conn
+            c.execute("INSERT OR IGNORE INTO held_at(id, t) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
+            ids = {r[0] for r in c.execute(
+                "SELECT e.id FROM entries e JOIN held_at h ON h.id = e.id WHERE e.state=? AND h.t<?"
+                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))}
+            self._store.remove_rows(ids)
+            c.execute("DELETE FROM held_at WHERE id NOT IN (SELECT id FROM entries WHERE state=?)", (HELD,))
+            return len(ids)
 
     # --- reading -----------------------------------------------------------------------
     def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:

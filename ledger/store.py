@@ -1,7 +1,8 @@
 """SQLite persistence of the ledger: schema, rows, and the store's own hash chain.
 
 Every stored entry is one row of `entries`, appended at position `pos` = 1, 2, ... and never
-deleted; `payload` and `sig` are the exact signed bytes, the other entry columns are
+deleted, except held entries of unknown authors that expire (`remove_rows`, which re-links
+the chain after them; `held_at` records when a row was first held); `payload` and `sig` are the exact signed bytes, the other entry columns are
 indexes that verification cross-checks against the payload. `state` is the derived
 placement (log / held / evidence, see membership.py). `link` chains the rows in insertion
 order — link_i = sha256(LINK_DOMAIN + link_{i-1} + id_i) — and `meta` keeps the row count
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +49,7 @@ CREATE TABLE IF NOT EXISTS members(
     key BLOB PRIMARY KEY, admin INTEGER NOT NULL, revoked INTEGER NOT NULL, upto INTEGER, name TEXT
 );
 CREATE TABLE IF NOT EXISTS frozen(author BLOB PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS held_at(id BLOB PRIMARY KEY, t REAL NOT NULL);
 """
 
 ROW_COLUMNS = "id, author, seq, prev, lamport, kind"
@@ -146,6 +149,30 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
+        if state == HELD:
+            self.conn.execute("INSERT OR IGNORE INTO held_at(id, t) VALUES (?, ?)", (row.id, time.time()))
+
+    def remove_rows(self, ids: set[bytes]) -> None:
+        """Delete the rows `ids` and renumber / re-link every row after the first of them
+        (inside a transaction). Used only to expire held entries of unknown authors."""
+        if not ids:
+            return
+        q = ",".join("?" * len(ids))
+        first = self.conn.execute(f"SELECT MIN(pos) FROM entries WHERE id IN ({q})", list(ids)).fetchone()[0]
+        if first is None:
+            return
+        r = self.conn.execute("SELECT link FROM entries WHERE pos=?", (first - 1,)).fetchone()
+        link = r[0] if r else ZERO
+        self.conn.execute(f"DELETE FROM entries WHERE id IN ({q})", list(ids))
+        self.conn.execute(f"DELETE FROM held_at WHERE id IN ({q})", list(ids))
+        keep = self.conn.execute("SELECT pos, id FROM entries WHERE pos>=? ORDER BY pos", (first,)).fetchall()
+        self.conn.execute("UPDATE entries SET pos=-pos WHERE pos>=?", (first,))
+        n = first - 1
+        for pos, eid in keep:
+            n += 1
+            link = next_link(link, eid)
+            self.conn.execute("UPDATE entries SET pos=?, link=? WHERE pos=?", (n, link, -pos))
+        self._count, self._tip = n, link
 
     def has(self, entry_id: bytes) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE id=?", (entry_id,)).fetchone() is not None

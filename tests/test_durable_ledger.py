@@ -297,3 +297,28 @@ def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code != 0  # cli.app.main prints typed errors as one line
     assert isinstance(r.exception, DaemonError) and "no running daemon" in str(r.exception)
     assert r.output.startswith("ok: ")  # the local verification ran (and passed) first
+
+
+def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
+    import time
+
+    led = Ledger.open(tmp_path / "l.db")
+    led.create_genesis(F, "d", members=[(A.public_key, False)])
+    prev, xs = ZERO, []
+    for s in range(1, 4):
+        e = Entry.create(X, seq=s, prev=prev, lamport=10 + s, kind="metrics", body={"s": s})
+        xs.append(e)
+        prev = e.id
+    gap = Entry.create(A, seq=2, prev=b"\1" * 32, lamport=20, kind="metrics", body={})  # a member's, held (seq gap)
+    led.merge(xs + [gap])
+    mine = led.append(F, "metrics", {"after": True})
+    assert led.stats()["held"] == 4
+    assert led.expire_held(3600) == 0  # too young
+    assert led.expire_held(3600, now=time.time() + 7200) == 3  # X's three; the member's stays
+    assert led.stats()["held"] == 1 and led.state(gap.id) == "held"
+    led.verify()  # the store chain was re-linked consistently
+    assert led.get(mine.id) == mine
+    res = led.merge(xs)  # sent again later: held again
+    assert len(res.pending) == 3
+    led.verify()
+    led.close()
