@@ -22,7 +22,7 @@ import trio
 
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
-from atdnode.transport.limits import PeerLimits
+from atdnode.transport.limits import DecodeBudget, PeerLimits
 
 SYNC_PROTOCOL = "/atd/sync/1.0.0"
 BATCH_BYTES = 512 << 10
@@ -48,33 +48,9 @@ class SyncResult:
     added_ids: list[bytes] = field(default_factory=list)  # entries the peer held and we lacked
 
 
-class _Budget:
-    """msgpack object_hook / list_hook that refuses more containers than a message may have.
-
-    The unpacker's per-container length caps bound each map and array; counting the
-    containers bounds their number, so a frame of nested empty maps decodes to a few
-    objects or fails -- decoded size stays within a small multiple of the frame (issue 11).
-    """
-
-    def __init__(self, maps: int, lists: int) -> None:
-        self.maps, self.lists = maps, lists
-
-    def map(self, d: dict) -> dict:
-        self.maps -= 1
-        if self.maps < 0:
-            raise ValueError("too many maps in a sync frame")
-        return d
-
-    def list(self, v: list) -> list:
-        self.lists -= 1
-        if self.lists < 0:
-            raise ValueError("too many arrays in a sync frame")
-        return v
-
-
 def _decode(frame: bytes) -> dict:
     """Decode one sync frame: a map holding at most one nested map (heads) or array (entries)."""
-    budget = _Budget(maps=2, lists=1)
+    budget = DecodeBudget(maps=2, lists=1)
     try:
         msg = msgpack.unpackb(
             frame, raw=False, strict_map_key=False, object_hook=budget.map, list_hook=budget.list,

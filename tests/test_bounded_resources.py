@@ -248,3 +248,22 @@ def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
     grown = trio.run(main)
     assert svc._stream_limits.refused >= 12 - SPLIT_STREAMS_PER_PEER
     assert grown < 8 * MiB, f"{grown / MiB:.1f} MiB"
+
+
+@pytest.mark.parametrize("decode", ["blob-header", "manifest"])
+def test_blob_header_and_manifest_decoding_is_bounded(decode: str) -> None:
+    from atdnode.blobstore import BlobError, Manifest
+    from atdnode.transport.blobwire import HEADER_MAX, unpack
+
+    if decode == "blob-header":
+        payload, fn, err = msgpack.packb([{}] * (HEADER_MAX - 8)), unpack, FrameError
+    else:  # a manifest frame may be 8 MiB
+        payload, fn, err = msgpack.packb({"v": [{}] * (8 * MiB - 16)}), Manifest.from_bytes, BlobError
+    tracemalloc.start()
+    try:
+        with pytest.raises(err):
+            fn(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * MiB, f"{decode}: peaked at {peak / MiB:.1f} MiB"

@@ -1,4 +1,7 @@
-"""Fair admission of inbound streams: a cap per peer and a cap in total (issue 11).
+"""Bounds on what one peer can make a server hold (issue 11): fair stream admission, and
+a container budget for decoding msgpack frames.
+
+Fair admission of inbound streams: a cap per peer and a cap in total.
 
 A server protocol (sync, blob) holds one `PeerLimits`; each inbound stream asks for a
 lease before the server reads anything from it. Over the per-peer cap the stream is
@@ -68,3 +71,30 @@ class PeerLimits:
     def live(self, peer: str | None = None) -> int:
         """Streams held now, by `peer` or in total."""
         return self._n if peer is None else self._live.get(peer, 0)
+
+
+class DecodeBudget:
+    """msgpack `object_hook` / `list_hook` pair that refuses more containers than a message may have.
+
+    The unpacker's per-container length caps (max_map_len, max_array_len) bound each map and
+    array; counting containers bounds their number, so a frame of nested or repeated empty
+    maps decodes to a few objects or fails: decoded size stays a small multiple of the frame.
+
+        budget = DecodeBudget(maps=2, lists=1)
+        msgpack.unpackb(frame, object_hook=budget.map, list_hook=budget.list, max_map_len=..., ...)
+    """
+
+    def __init__(self, *, maps: int, lists: int) -> None:
+        self.maps, self.lists = maps, lists
+
+    def map(self, d: dict) -> dict:
+        self.maps -= 1
+        if self.maps < 0:
+            raise ValueError("too many maps in one frame")
+        return d
+
+    def list(self, v: list) -> list:
+        self.lists -= 1
+        if self.lists < 0:
+            raise ValueError("too many arrays in one frame")
+        return v
