@@ -336,12 +336,12 @@ class NodeDaemon:
             log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
                         "(restored or truncated home); recovered them", peer_id, own_after - own_before)
             self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + own_after - own_before
+        if result.added:
+            log.info("sync with %s: %d new entries", peer_id, result.added)
+            await self._after_merge()  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
             log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_after)
             self._head_confirmed.set()
-        if result.added:
-            log.info("sync with %s: %d new entries", peer_id, result.added)
-            await self._after_merge()
         return result
 
     def _member_peer_ids(self) -> set[str]:
