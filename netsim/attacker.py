@@ -65,7 +65,7 @@ async def _loris(t: Transport, peer: str, n: int, stats: AttackStats) -> None:
                 await trio.sleep(0.5)
                 continue
             await _hold(s, stats, None, 3600)
-            await trio.sleep(0.2)
+            await trio.sleep(2.0)  # reset by the target: come back later (a loris, not a flood)
 
     async with trio.open_nursery() as nursery:
         for _ in range(n):
