@@ -2,13 +2,15 @@
 
 Every stored entry is one row of `entries`, appended at position `pos` = 1, 2, ... and never
 deleted, except held entries of unknown authors that expire (`remove_rows`, which re-links
-the chain after them; `held_at` records when a row was first held); `payload` and `sig` are the exact signed bytes, the other entry columns are
+the chain after them; `seen` records when a row was stored); `payload` and `sig` are the exact signed bytes, the other entry columns are
 indexes that verification cross-checks against the payload. `state` is the derived
 placement (log / held / evidence, see membership.py). `link` chains the rows in insertion
 order — link_i = sha256(LINK_DOMAIN + link_{i-1} + id_i) — and `meta` keeps the row count
 and last link, so a deleted, inserted or reordered row is detectable.
 
 `members` and `frozen` cache derived membership and fork points; verify recomputes them.
+`seen` records when this node stored each entry (local wall clock, not signed: shown by
+`atd ledger show`, never used to decide anything).
 All writes happen inside `Store.transaction()` (BEGIN IMMEDIATE ... COMMIT).
 """
 from __future__ import annotations
@@ -49,7 +51,7 @@ CREATE TABLE IF NOT EXISTS members(
     key BLOB PRIMARY KEY, admin INTEGER NOT NULL, revoked INTEGER NOT NULL, upto INTEGER, name TEXT
 );
 CREATE TABLE IF NOT EXISTS frozen(author BLOB PRIMARY KEY, seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS held_at(id BLOB PRIMARY KEY, t REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS seen(id BLOB PRIMARY KEY, at REAL NOT NULL);
 """
 
 ROW_COLUMNS = "id, author, seq, prev, lamport, kind"
@@ -149,8 +151,17 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
-        if state == HELD:
-            self.conn.execute("INSERT OR IGNORE INTO held_at(id, t) VALUES (?, ?)", (row.id, time.time()))
+        # when this node stored it (unsigned local fact, for display: `atd ledger show`; held rows expire by it)
+        self.conn.execute("INSERT OR IGNORE INTO seen(id, at) VALUES (?, ?)", (row.id, time.time()))
+
+    def stored_at(self, ids: list[bytes]) -> dict[bytes, float]:
+        """{entry id: Unix time this node stored it} for the ids it recorded a time for."""
+        out: dict[bytes, float] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            q = f"SELECT id, at FROM seen WHERE id IN ({','.join('?' * len(part))})"
+            out.update(dict(self.conn.execute(q, part)))
+        return out
 
     def remove_rows(self, ids: set[bytes]) -> None:
         """Delete the rows `ids` and renumber / re-link every row after the first of them
@@ -164,7 +175,7 @@ class Store:
         r = self.conn.execute("SELECT link FROM entries WHERE pos=?", (first - 1,)).fetchone()
         link = r[0] if r else ZERO
         self.conn.execute(f"DELETE FROM entries WHERE id IN ({q})", list(ids))
-        self.conn.execute(f"DELETE FROM held_at WHERE id IN ({q})", list(ids))
+        self.conn.execute(f"DELETE FROM seen WHERE id IN ({q})", list(ids))
         keep = self.conn.execute("SELECT pos, id FROM entries WHERE pos>=? ORDER BY pos", (first,)).fetchall()
         self.conn.execute("UPDATE entries SET pos=-pos WHERE pos>=?", (first,))
         n = first - 1
