@@ -38,7 +38,7 @@ def test_default_aggregation_skips_a_nan_weight_set(tmp_path_factory, tmp_path):
     assert r.exit_code == 0, (r.output, r.exception)
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert bad.id.hex() not in out["inputs"] and len(out["inputs"]) >= 2
-    why = {s["entry"]: s["why"] for s in out["skipped"]}
+    why = {s["entry"]: s["why"] for s in out["skipped_inputs"]}
     assert "non-finite" in why[bad.id.hex()]
     with Ledger.open(a.ledger_db) as led:
         entry = led.get(bytes.fromhex(out["entry"]))
