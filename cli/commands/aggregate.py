@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 from cli.errors import CliError
 
 HELP = "\n\n".join([
@@ -30,7 +31,7 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
 
 
 def aggregate(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids to combine, repeatable or comma-separated (default: every compatible one held)."),

@@ -8,9 +8,9 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 def _open(home: Path):

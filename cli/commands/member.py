@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 member_app = typer.Typer(help="Admit, revoke and list consortium members (admins only for changes).",
                          no_args_is_help=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 def _ident_and_ledger(home: Path):

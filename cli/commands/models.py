@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 
 def register(app: typer.Typer) -> None:
@@ -15,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def models_cmd(
-    home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
+    home: Path = HOME_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print the full records as a JSON list."),
 ) -> None:
     """List the models in this node's registry (config, label space, samples, test metrics, blobs)."""

@@ -12,10 +12,9 @@ import typer
 
 from atdnode import control
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
-
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 def _setup_logging(home: NodeHome, verbose: bool) -> None:

@@ -8,10 +8,11 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 
 def share_features(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     to: List[str] = typer.Option(..., "--to", help="Recipient peer id (repeatable or comma-separated); its `hello` must announce an X25519 key."),
     data: Optional[str] = typer.Option(None, "--data", help="Data spec of the images to describe (default: the model's training data)."),
     model: str = typer.Option("latest", "--model", help="Model whose extractor makes the features (id, prefix or `latest`)."),

@@ -12,11 +12,10 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_ENV, HOME_OPT
 
 split_app = typer.Typer(help="Split learning over libp2p: FESTA, p-FESTA, masked sampling distillation.",
                         no_args_is_help=True)
-
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 @split_app.command("configure")
@@ -127,7 +126,8 @@ def join(
 
 @split_app.command("report")
 def report(
-    home: List[Path] = typer.Option(..., "--home", help="Node home(s) whose comm records to show (repeatable)."),
+    home: List[Path] = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True,
+                                   help="Node home(s) whose comm records to show (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable rows."),
 ) -> None:
     """Measured bytes per client next to the p-FESTA paper's formulas (T_FL, T_SL, T_FESTA,
