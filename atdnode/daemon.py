@@ -31,7 +31,7 @@ from atdnode import control
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
-from atdnode.home import NodeHome
+from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
@@ -102,6 +102,10 @@ class NodeDaemon:
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with home_lock(self.home):  # one daemon per home, even when two start at once
+            await self._run_locked(listen, bootstrap, task_status=task_status)
+
+    async def _run_locked(self, listen: list[str], bootstrap: list[str], *, task_status) -> None:
         if await trio.to_thread.run_sync(control.daemon_running, self.home.control_socket):
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         await self._refresh_members()
@@ -303,8 +307,10 @@ class NodeDaemon:
                 return
             except TransportError as exc:
                 if trio.current_time() + delay > end:
-                    log.warning("could not reach bootstrap %s: %s", addr, exc)
+                    log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
                     return
+                if delay == 0.2:  # the first failure is reported at once, not after the last retry
+                    log.warning("could not reach bootstrap %s: %s; retrying for %.0f s", addr, exc, deadline)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

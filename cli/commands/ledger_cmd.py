@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.errors import CliError
 from cli.options import HOME_OPT
 
 ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
@@ -76,7 +77,9 @@ def import_(
     file: Path = typer.Argument(..., help="Dump file made by `atd ledger export`."),
     home: Path = HOME_OPT,
 ) -> None:
-    """Merge a dump into this node's ledger (every entry is verified; reports what happened)."""
+    """Merge a dump into this node's ledger (every entry is verified; reports what happened).
+
+    Exits non-zero when any entry was rejected (the others are still imported)."""
     from atdnode.config import NodeConfig
     from ledger.dump import import_dump
 
@@ -92,7 +95,9 @@ def import_(
     typer.echo(f"imported {file}: {len(res.added)} added to the log, {len(res.pending)} pending, "
                f"{len(res.rejected)} rejected, {res.duplicates} already present")
     for entry_id, err in res.rejected[:10]:
-        typer.echo(f"  rejected: {err}", err=True)
+        typer.echo(f"  rejected: {err}")
+    if res.rejected:  # the good entries are in; the exit code says that not everything was
+        raise CliError(f"{len(res.rejected)} entries of {file} were rejected (first: {res.rejected[0][1]})")
 
 
 def register(app: typer.Typer) -> None:

@@ -28,13 +28,17 @@ def _setup_logging(home: NodeHome, verbose: bool) -> None:
     # py-libp2p is chatty at INFO; keep its warnings.
     for name in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
+    logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
 
 
 @node_app.command("start")
 def start(
     home: Path = HOME_OPT,
-    listen: List[str] = typer.Option(["/ip4/127.0.0.1/tcp/0"], "--listen", help="Multiaddr to listen on (repeatable)."),
-    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial (repeatable)."),
+    listen: Optional[List[str]] = typer.Option(None, "--listen", help="Multiaddr to listen on (repeatable; default: "
+                                               "config.toml's listen, else /ip4/127.0.0.1/tcp/0)."),
+    bootstrap: Optional[List[str]] = typer.Option(None, "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
+                                                  "(repeatable; default: config.toml's bootstrap)."),
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
@@ -42,17 +46,26 @@ def start(
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
+    Listens on --listen (else config.toml's `listen`) and dials --bootstrap (else
+    config.toml's `bootstrap`); malformed addresses are refused before it starts, and a
+    bootstrap peer that cannot be reached is logged at the first failed dial.
+
     Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
     """
     import trio
 
+    from atdnode.addrs import check_all
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
 
     h = NodeHome.at(home).require()
+    cfg = NodeConfig.load(h)
+    listen, bootstrap = check_all(  # at once, before anything starts: one line naming the bad address
+        listen or cfg.listen, bootstrap or cfg.bootstrap,
+        listen_source="--listen" if listen else f"{h.config_file} listen",
+        bootstrap_source="--bootstrap" if bootstrap else f"{h.config_file} bootstrap")
     _setup_logging(h, verbose)
     if role is not None:
-        cfg = NodeConfig.load(h)
         cfg.role = role
         cfg.save(h)
     daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
