@@ -34,7 +34,7 @@ def aggregate(
     home: Path = HOME_OPT,
     mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
-    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids to combine, repeatable or comma-separated (default: every compatible one held)."),
+    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
     group_weighting: str = typer.Option("samples", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
@@ -45,19 +45,24 @@ def aggregate(
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
-    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry from its inputs and check its weights and result hash."),
+    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     from atdnode import aggregate as agg
 
+    from atdnode.ids import resolve_entry_ids
+
     h = NodeHome.at(home).require()
     if verify:
+        verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
         blob = agg.verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
     if mode not in agg.MODES:
         raise CliError(f"--mode {mode!r}: choose from {', '.join(agg.MODES)}")
-    ids, feats = _split(inputs), _split(features)
+    ids, feats = _split(inputs), _split(features)  # ids or unique prefixes -> full ids
+    ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")
+    feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
     if group and mode != "hierarchical":
         raise CliError("--group applies to --mode hierarchical only")
     if mode == "hierarchical" and ids:
@@ -84,7 +89,10 @@ def aggregate(
     else:
         from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
-        res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
+        specs = [GroupSpec.parse(g) for g in group or []]
+        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"), what=f"group {g.name} entry")))
+                 for g in specs]
+        res = aggregate_hierarchical(h, specs,
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
     if as_json:

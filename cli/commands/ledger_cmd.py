@@ -28,13 +28,14 @@ def _open(home: Path):
 def show(
     home: Path = HOME_OPT,
     kind: Optional[str] = typer.Option(None, "--kind", help="Only entries of this kind (genesis, member, hello, weights, ...)."),
-    author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or hex public key)."),
+    author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or a unique prefix / suffix of one, or a hex public key)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of entries (id, author, seq, lamport, kind, body, ...)."),
 ) -> None:
     """List the entries in the log, in log order (lamport, author, seq)."""
+    from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    key = parse_author(author) if author else None
+    key = parse_author(resolve_peer(NodeHome.at(home).require(), author)) if author else None
     with _open(home) as led:
         entries = led.query(kind=kind, author=key)
     if as_json:

@@ -149,11 +149,16 @@ def peers(home: Path = HOME_OPT) -> None:
 
 def fetch(
     home: Path = HOME_OPT,
-    blob: str = typer.Argument(..., help="SHA-256 (hex) of the blob to fetch."),
+    blob: str = typer.Argument(..., help="SHA-256 (hex) of the blob to fetch, or a unique prefix of one this node's "
+                               "ledger announces."),
     timeout: float = typer.Option(600.0, help="Give up after this many seconds."),
 ) -> None:
     """Fetch a blob from the peers that hold it (needs a running daemon)."""
-    reply = control.call(NodeHome.at(home).require().control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
+    from atdnode.ids import resolve_blob
+
+    h = NodeHome.at(home).require()
+    blob = resolve_blob(h, blob)
+    reply = control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
     typer.echo(f"{reply['blob']} {reply['size']} bytes")
 
 

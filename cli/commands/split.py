@@ -75,7 +75,7 @@ def configure(
 @split_app.command("join")
 def join(
     home: Path = HOME_OPT,
-    server: str = typer.Option(..., "--server", help="Peer id of the split server."),
+    server: str = typer.Option(..., "--server", help="Peer id (or a unique prefix / suffix) of the split server."),
     task: str = typer.Option(..., "--task", help="Task name, one of those the server offers."),
     data: str = typer.Option(..., "--data", help="Data spec (e.g. 'digits?shard=1/2&limit=200'); see `atd train`."),
     server_addr: List[str] = typer.Option([], "--server-addr", help="Server multiaddr (…/p2p/<id>); default: its "
@@ -109,7 +109,10 @@ def join(
     for name in ("libp2p", "multiaddr", "async_service"):
         # py-libp2p logs the cancellation of its tasks at shutdown as errors; keep them for -v
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
+    from atdnode.ids import resolve_peer
+
     h = NodeHome.at(home).require()
+    server = resolve_peer(h, server)
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
                        permute=not no_permute, reconnect_timeout=reconnect_timeout, read_timeout=read_timeout,
