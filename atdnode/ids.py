@@ -27,10 +27,10 @@ def _ambiguous(what: str, ref: str, hits: list[str]) -> IdError:
     return IdError(f"{what} {ref!r} is ambiguous: {', '.join(h[:16] for h in hits[:_SHOW])}{more}; give more digits")
 
 
-def _check_hex(ref: str, what: str) -> str:
+def _check_hex(ref: str, what: str, noun: str = "id") -> str:
     ref = ref.strip().lower()
-    if not ref or any(c not in "0123456789abcdef" for c in ref):
-        raise IdError(f"{what} {ref!r} is not hex (expected an id or a unique prefix of one)")
+    if not ref or len(ref) > 64 or any(c not in "0123456789abcdef" for c in ref):
+        raise IdError(f"{what} {ref!r} is not a 64-hex-digit {noun} (or a unique prefix of one)")
     if len(ref) < MIN_PREFIX:
         raise IdError(f"{what} {ref!r}: give at least {MIN_PREFIX} hex digits")
     return ref
@@ -57,7 +57,7 @@ def unique(ref: str, candidates: Iterable[str], *, what: str, hexadecimal: bool 
 
 def resolve_entry(led, ref: str, kinds: tuple[str, ...] | None = None, *, what: str = "entry"):
     """The log entry whose id is `ref` or starts with it, of one of `kinds` when given."""
-    ref = _check_hex(ref, what)
+    ref = _check_hex(ref, what, "entry id")
     hits = led.find_prefix(ref, kinds=kinds, limit=_SHOW + 1)
     if len(hits) == 1:
         return hits[0]
@@ -67,7 +67,7 @@ def resolve_entry(led, ref: str, kinds: tuple[str, ...] | None = None, *, what: 
         other = led.find_prefix(ref, limit=2)
         if len(other) == 1:
             raise IdError(f"{what} {ref[:16]} is a {other[0].kind} entry, not {' or '.join(kinds)}")
-    raise IdError(f"no {what} {ref[:16]!r} in this node's ledger")
+    raise IdError(f"{what} entry {ref[:16]} is not in this node's ledger")
 
 
 def resolve_entry_ids(home: NodeHome, refs: Iterable[str], kinds: tuple[str, ...] | None = None, *,
@@ -110,7 +110,7 @@ def known_blobs(home: NodeHome) -> set[str]:
 
 def resolve_blob(home: NodeHome, ref: str) -> str:
     """The full SHA-256 of the blob `ref` names (held here or announced on the ledger)."""
-    ref = _check_hex(ref, "blob")
+    ref = _check_hex(ref, "blob", "SHA-256")
     if len(ref) == 64:
         return ref  # a full hash needs no lookup: peers may hold blobs this ledger never named
     return unique(ref, known_blobs(home), what="blob", where="held or announced on this node's ledger")

@@ -60,15 +60,15 @@ def aggregate(
         return
     if mode not in agg.MODES:
         raise CliError(f"--mode {mode!r}: choose from {', '.join(agg.MODES)}")
-    ids, feats = _split(inputs), _split(features)  # ids or unique prefixes -> full ids
-    ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")
-    feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
+    ids, feats = _split(inputs), _split(features)
     if group and mode != "hierarchical":
         raise CliError("--group applies to --mode hierarchical only")
     if mode == "hierarchical" and ids:
         raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
     if mode == "horizontal" and (feats or data):
         raise CliError("--features / --data apply to vertical and hierarchical modes")
+    ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
+    feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
     from atdnode.vertical import EnsembleOptions
 
     try:
@@ -90,7 +90,7 @@ def aggregate(
         from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
         specs = [GroupSpec.parse(g) for g in group or []]
-        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"), what=f"group {g.name} entry")))
+        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"), what=f"group {g.name}")))
                  for g in specs]
         res = aggregate_hierarchical(h, specs,
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,

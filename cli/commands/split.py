@@ -137,7 +137,7 @@ def report(
     T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
     from atdnode.split.report import load_records, render, report_row
 
-    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h))]
+    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h).require())]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     elif not rows:
