@@ -63,11 +63,11 @@ def resolve_entry(led, ref: str, kinds: tuple[str, ...] | None = None, *, what: 
         return hits[0]
     if hits:
         raise _ambiguous(what, ref, [e.id.hex() for e in hits])
-    if kinds:
-        other = led.find_prefix(ref, limit=2)
-        if len(other) == 1:
-            raise IdError(f"{what} {ref[:16]} is a {other[0].kind} entry, not {' or '.join(kinds)}")
-    raise IdError(f"{what} entry {ref[:16]} is not in this node's ledger")
+    other = led.find_prefix(ref, limit=_SHOW + 1) if kinds else []
+    if len(other) == 1:
+        raise IdError(f"{what} {ref[:16]} is a {other[0].kind} entry, not {' or '.join(kinds)}")
+    found = f" (the prefix matches {len(other)} entries of other kinds: {', '.join(sorted({e.kind for e in other}))})"
+    raise IdError(f"{what} entry {ref[:16]} is not in this node's ledger{found if other else ''}")
 
 
 def resolve_entry_ids(home: NodeHome, refs: Iterable[str], kinds: tuple[str, ...] | None = None, *,
