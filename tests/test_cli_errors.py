@@ -121,7 +121,7 @@ def test_every_command_fails_in_one_line(path, fn, junk, capsys, monkeypatch):
 
 
 def test_group_without_a_subcommand_shows_help_not_a_traceback(capsys):
-    assert run(["ledger"]) != 0
+    run(["ledger"])  # exit code: 2 from click >= 8.2, 0 before
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err and "verify" in out + err
 
@@ -138,7 +138,7 @@ ISSUE_USAGE_ERRORS = [
 def test_usage_errors_as_real_processes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != HOME_ENV}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    cases = [*ISSUE_USAGE_ERRORS, (["id"], "(env var: 'ATD_HOME')"),
+    cases = [*ISSUE_USAGE_ERRORS, (["id"], "ATD_HOME"),
              (["node", "start", "--home", str(tmp_path), "--listen", "bogus"], "no atd node")]
     procs = [subprocess.Popen([sys.executable, "-m", "cli.app", *argv], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for argv, _ in cases]

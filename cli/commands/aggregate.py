@@ -90,8 +90,8 @@ def aggregate(
         from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
         specs = [GroupSpec.parse(g) for g in group or []]
-        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"), what=f"group {g.name}")))
-                 for g in specs]
+        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
+                                                           what=f"group {g.name}"))) for g in specs]
         res = aggregate_hierarchical(h, specs,
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
