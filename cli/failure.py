@@ -114,6 +114,12 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, TransportError):
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 1
+    if isinstance(exc, BrokenPipeError):  # `atd ledger show | head`: the reader left, nothing to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except (OSError, ValueError):
+            pass
+        return 1
     if isinstance(exc, OSError):
         if getattr(exc, "filename", None) and exc.strerror:
             print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
