@@ -49,7 +49,7 @@ def unique(ref: str, candidates: Iterable[str], *, what: str, hexadecimal: bool 
         return hits[0]
     if hits:
         raise _ambiguous(what, ref, hits)
-    raise IdError(f"no {what} {ref!r} {where}")
+    raise IdError(f"{what} {ref!r} not found {where}")
 
 
 # ---------------------------------------------------------------- ledger entries
@@ -113,7 +113,7 @@ def resolve_blob(home: NodeHome, ref: str) -> str:
     ref = _check_hex(ref, "blob", "SHA-256")
     if len(ref) == 64:
         return ref  # a full hash needs no lookup: peers may hold blobs this ledger never named
-    return unique(ref, known_blobs(home), what="blob", where="held or announced on this node's ledger")
+    return unique(ref, known_blobs(home), what="blob", where="among the blobs held or announced on this node's ledger")
 
 
 # ---------------------------------------------------------------- models and peers

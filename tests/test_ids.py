@@ -22,7 +22,7 @@ def test_unique_prefix_rules():
     assert unique("abcd5678", ids, what="x") == "abcd5678"
     with pytest.raises(IdError, match="ambiguous: abcd1234, abcd5678"):
         unique("abcd", ids, what="x")
-    with pytest.raises(IdError, match="no x '9999' here"):
+    with pytest.raises(IdError, match="x '9999' not found here"):
         unique("9999", ids, what="x")
     with pytest.raises(IdError, match=f"at least {MIN_PREFIX}"):
         unique("ef0", ids, what="x")
@@ -80,7 +80,7 @@ def test_blobs_held_or_announced(node, tmp_path):
     assert resolve_blob(home, full) == full
     with pytest.raises(IdError, match="at least"):
         resolve_blob(home, held[0][:3])
-    with pytest.raises(IdError, match="no blob"):
+    with pytest.raises(IdError, match="blob '[0-9a-f]{4}' not found among"):
         resolve_blob(home, next(f"{i:04x}" for i in range(1 << 16) if not any(h.startswith(f"{i:04x}") for h in held)))
 
 
@@ -106,7 +106,7 @@ def test_cli_takes_prefixes_and_says_why_not(node, capsys, monkeypatch):
     for argv, want in ((["aggregate", "--home", h, "--verify", shared], "entries of other kinds: hello"),
                        (["aggregate", "--home", h, "--verify", metrics["id"][:10]], "is a metrics entry"),
                        (["fetch", "--home", h, "0" * 3], "at least"),
-                       (["classify", "--home", h, "--data", "digits", "--model", "abcdef"], "no model 'abcdef'")):
+                       (["classify", "--home", h, "--data", "digits", "--model", "abcdef"], "model 'abcdef' not found")):
         assert run(argv) != 0
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and want in err, (argv, err)
