@@ -297,22 +297,35 @@ class NodeDaemon:
             for peer in self.transport.peers():
                 await self.sync_with(peer)
 
-    async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
+    async def _dial_with_retry(self, addr: str, deadline: float = 60.0, notice_after: float = 5.0) -> None:
+        """Dial a bootstrap peer with back-off for `deadline` s. An unreachable one is logged
+        at its first failed dial, or after `notice_after` s if dialling hangs (a black hole)."""
         delay = 0.2
         end = trio.current_time() + deadline
-        while True:
-            try:
-                peer = await self.transport.connect(addr)
-                log.info("connected to bootstrap peer %s", peer)
-                return
-            except TransportError as exc:
-                if trio.current_time() + delay > end:
-                    log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
-                    return
-                if delay == 0.2:  # the first failure is reported at once, not after the last retry
-                    log.warning("could not reach bootstrap %s: %s; retrying for %.0f s", addr, exc, deadline)
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        reported = False
+        async with trio.open_nursery() as nursery:
+
+            async def notice() -> None:
+                await trio.sleep(notice_after)
+                if not reported:
+                    log.warning("could not reach bootstrap %s within %.0f s; still trying", addr, notice_after)
+
+            nursery.start_soon(notice)
+            while True:
+                try:
+                    peer = await self.transport.connect(addr)
+                    log.info("connected to bootstrap peer %s", peer)
+                    break
+                except TransportError as exc:
+                    if trio.current_time() + delay > end:
+                        log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
+                        break
+                    if not reported:  # the first failure is reported at once, not after the last retry
+                        log.warning("could not reach bootstrap %s: %s; retrying for %.0f s", addr, exc, deadline)
+                        reported = True
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            nursery.cancel_scope.cancel()
 
     async def _discovery_loop(self) -> None:
         """Dial members whose signed `hello` entries announce addresses we are not connected to."""

@@ -99,15 +99,24 @@ def test_config_bootstrap_is_dialled_and_unreachable_peers_reported_within_secon
         pa = da.addrs[0].rsplit("/p2p/", 1)[1]
         nobody = peer_id_from_public_key(Signer.from_seed(b"z" * 32).public_key)
         dead = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{nobody}"  # nothing listens there
-        _set_config(b, bootstrap=[dead, da.addrs[0]])
+        hole = socket.socket()  # accepts TCP (the kernel's backlog) but never answers: a dial hangs
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        other = peer_id_from_public_key(Signer.from_seed(b"y" * 32).public_key)  # (dials to one peer queue up)
+        silent = f"/ip4/127.0.0.1/tcp/{hole.getsockname()[1]}/p2p/{other}"
+        _set_config(b, bootstrap=[dead, silent, da.addrs[0]])
         db = Daemon(b, ["--listen", "/ip4/127.0.0.1/tcp/0"])  # no --bootstrap: config.toml's
         try:
             db.wait_ready(90)
-            wait_until(lambda: "could not reach bootstrap " + dead in db.stderr(), 20,
-                       "the unreachable bootstrap peer to be reported")
+            wait_until(lambda: f"could not reach bootstrap {dead}: dialing" in db.stderr(), 20,
+                       "the refused bootstrap dial to be reported with its reason")
+            # reported after 5 s of silence, before the 15 s dial timeout
+            wait_until(lambda: f"could not reach bootstrap {silent} within 5 s" in db.stderr(), 12,
+                       "the silent bootstrap peer to be reported")
             wait_until(lambda: pa in atd("peers", "--home", str(b)).stdout, 60, "b to connect to a via config.toml")
         finally:
             db.terminate()
+            hole.close()
     finally:
         da.terminate()
         _set_config(b, bootstrap=[])
