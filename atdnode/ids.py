@@ -72,15 +72,16 @@ def resolve_entry(led, ref: str, kinds: tuple[str, ...] | None = None, *, what: 
 
 def resolve_entry_ids(home: NodeHome, refs: Iterable[str], kinds: tuple[str, ...] | None = None, *,
                       what: str = "entry") -> list[str]:
-    """Full hex ids of `refs` (ids or unique prefixes) in the node's ledger."""
+    """Full hex ids of `refs` (ids or unique prefixes) in the node's ledger. Full ids pass
+    through unchecked: the library function they go to checks them with its own errors."""
     from ledger import Ledger
 
-    refs = list(refs)
-    if not refs:
-        return []
+    refs = [r.strip().lower() for r in refs]
+    if all(len(r) == 64 for r in refs):
+        return refs
     led = Ledger.open(home.ledger_db)
     try:
-        return [resolve_entry(led, r, kinds, what=what).id.hex() for r in refs]
+        return [r if len(r) == 64 else resolve_entry(led, r, kinds, what=what).id.hex() for r in refs]
     finally:
         led.close()
 
