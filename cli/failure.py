@@ -73,7 +73,10 @@ def _usage_line(exc: BaseException) -> str:
 
 def report(exc: BaseException) -> int:
     """Print `exc` as one line on stderr (or help on stdout) and return the exit code."""
+    import sqlite3
+
     from atdnode.errors import AtdError
+    from atdnode.transport.base import TransportError
     from ledger.errors import LedgerError
 
     if isinstance(exc, SystemExit):
@@ -104,15 +107,11 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, _click_classes("ClickException")):
         print(f"error: {one_line(exc.format_message())}", file=sys.stderr)  # type: ignore[attr-defined]
         return int(getattr(exc, "exit_code", 1))
-    if isinstance(exc, (AtdError, LedgerError)):
+    if isinstance(exc, (AtdError, LedgerError, TransportError)):
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 1) or 1)
-    try:
-        from atdnode.transport.base import TransportError
-    except ImportError:  # pragma: no cover - the transport is part of the package
-        TransportError = ()  # type: ignore[assignment]
-    if isinstance(exc, TransportError):
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+    if isinstance(exc, sqlite3.Error):  # e.g. a ledger.db that is not a database any more
+        print(f"error: ledger database: {one_line(str(exc))}", file=sys.stderr)
         return 1
     if isinstance(exc, BrokenPipeError):  # `atd ledger show | head`: the reader left, nothing to say
         try:

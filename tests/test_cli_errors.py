@@ -214,6 +214,8 @@ def test_malformed_files_in_a_real_home(node, junk, capsys):
     (node / "config.toml").write_bytes(cfg + b'listen = "not a list"\n')
     one_line_failure(capsys, ["node", "start", "--home", h])
     (node / "config.toml").write_bytes(cfg)
+    (node / "ledger.db").write_bytes(junk.read_bytes() * 1000)
+    assert "unexpected" not in one_line_failure(capsys, ["ledger", "verify", "--home", h])
     (node / "node.key").write_bytes(b"short")
     one_line_failure(capsys, ["id", "--home", h])
 
