@@ -75,7 +75,6 @@ def test_config_listen_busy_home_and_exclusive_port(homes):
 @pytest.mark.parametrize("flag,bad,want", [
     ("--listen", "bogus", "--listen 'bogus': not a multiaddr"),
     ("--listen", "/ip4/127.0.0.1", "expected /ip4/ADDR/tcp/PORT"),
-    ("--listen", "/ip4/10.255.255.1/tcp/0", "not an address of this machine"),
     ("--bootstrap", "/ip4/127.0.0.1/tcp/4001", "expected /ip4/HOST/tcp/PORT/p2p/PEER_ID"),
     ("--bootstrap", "/ip4/127.0.0.1/tcp/4001/p2p/notapeer", "--bootstrap"),
 ])
