@@ -49,12 +49,3 @@ def check_bootstrap(addr: object, source: str = "--bootstrap") -> str:
     except Exception:
         raise ConfigError(f"{source} {addr!r}: the /p2p/ part is not a peer id") from None
     return str(addr)
-
-
-def check_all(listen: list, bootstrap: list, *, listen_source: str = "--listen",
-              bootstrap_source: str = "--bootstrap") -> tuple[list[str], list[str]]:
-    """Both lists checked (ConfigError at the first bad address); listen must not be empty."""
-    if not listen:
-        raise ConfigError(f"{listen_source}: no address to listen on")
-    return ([check_listen(a, listen_source) for a in listen],
-            [check_bootstrap(a, bootstrap_source) for a in bootstrap])

@@ -11,64 +11,68 @@ from typing import List, Optional
 import typer
 
 from atdnode import control
+from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
 from cli.options import HOME_OPT
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
 
 
-def _setup_logging(home: NodeHome, verbose: bool) -> None:
-    home.logs_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(home.logs_dir / "daemon.log")):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    # py-libp2p is chatty at INFO; keep its warnings.
-    for name in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
-    logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
-
-
 @node_app.command("start")
 def start(
     home: Path = HOME_OPT,
-    listen: Optional[List[str]] = typer.Option(None, "--listen", help="Multiaddr to listen on (repeatable; default: "
-                                               "config.toml's listen, else /ip4/127.0.0.1/tcp/0)."),
-    bootstrap: Optional[List[str]] = typer.Option(None, "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
-                                                  "(repeatable; default: config.toml's bootstrap)."),
+    listen: List[str] = typer.Option([], "--listen", help="Multiaddr to listen on (repeatable; default: `listen` in "
+                                     "config.toml, which defaults to /ip4/127.0.0.1/tcp/0)."),
+    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
+                                        "(repeatable; added to `bootstrap` in config.toml)."),
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", help="Serve the read-only web dashboard, /metrics and /healthz on HOST:PORT (loopback only unless --dashboard-public; port 0 picks one)."),
+    dashboard_public: bool = typer.Option(False, "--dashboard-public", help="Allow --dashboard on a non-loopback address (put it behind your own TLS and access control)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only to HOME/logs/daemon.log (rotated by size; "
+                               "[logs] max_bytes / backups in config.toml), not to stderr."),
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
-    Listens on --listen (else config.toml's `listen`) and dials --bootstrap (else
-    config.toml's `bootstrap`); malformed addresses are refused before it starts, and a
-    bootstrap peer that cannot be reached is logged at the first failed dial.
-
-    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
+    Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
+    service manager can run just `atd node start --home DIR`. Prints each listen address
+    (with /p2p/<peer id>) on stdout once the node is ready; the dashboard's URL goes to the
+    log, to HOME/daemon.json and to `atd node status`. Malformed addresses (options or
+    config.toml) are refused before anything starts; a bootstrap peer that cannot be reached
+    is logged at its first failed dial (or after 5 s of a dial that hangs).
     """
     import trio
 
-    from atdnode.addrs import check_all
+    from atdnode.addrs import check_bootstrap, check_listen
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
+    from atdnode.logs import setup_logging
 
     h = NodeHome.at(home).require()
+    bind = None
+    if dashboard is not None:
+        from atdnode.dashboard import check_free, parse_bind
+
+        bind = parse_bind(dashboard, public=dashboard_public)
+        check_free(*bind)
     cfg = NodeConfig.load(h)
-    listen, bootstrap = check_all(  # at once, before anything starts: one line naming the bad address
-        listen or cfg.listen, bootstrap or cfg.bootstrap,
-        listen_source="--listen" if listen else f"{h.config_file} listen",
-        bootstrap_source="--bootstrap" if bootstrap else f"{h.config_file} bootstrap")
-    _setup_logging(h, verbose)
+    # checked at once, before anything starts: one line naming the bad address and its source
+    src = str(h.config_file)
+    listen = [check_listen(a, "--listen") for a in listen] or [check_listen(a, f"{src} listen") for a in cfg.listen]
+    if not listen:
+        raise ConfigError(f"{src} listen: no address to listen on")
+    bootstrap = list(dict.fromkeys([*(check_bootstrap(a, "--bootstrap") for a in bootstrap),
+                                    *(check_bootstrap(a, f"{src} bootstrap") for a in cfg.bootstrap)]))
+    setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
+    # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
+    logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
     if role is not None:
         cfg.role = role
         cfg.save(h)
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
+                        dashboard_public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -110,6 +114,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
     typer.echo(f"peers   : {len(st.get('peers', []))}")
     typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
     typer.echo(f"blobs   : {st['blobs']}")
+    if st.get("dashboard"):
+        typer.echo(f"web     : {st['dashboard']}")
 
 
 def _offline_status(h: NodeHome) -> dict:
