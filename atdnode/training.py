@@ -346,6 +346,10 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         store = BlobStore(home.blobs_dir)
         data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
         test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
+        val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
+        for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
+            if part is not None:
+                log(part.report.summary())
         cfg = cfg.with_classes(len(data.classes))
         key = run_key(data_spec, cfg, opts)
         ck = RunCheckpoint(home.runs_dir / key)
@@ -374,14 +378,16 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                 task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=len(data), loss="", acc="")
                 cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
                 stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
-                if ctx.is_main and opts.epoch_eval and len(test):
-                    stats.update(heldout_loss_accuracy(model, test))
+                held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
+                if ctx.is_main and opts.epoch_eval and len(held):
+                    stats.update(heldout_loss_accuracy(model, held))
                 history.append(stats)
                 if ctx.is_main:
                     ck.save(epoch + 1, model, trainer.optimizer, history)
                     tlog.epoch(history)
                 ctx.barrier()
-                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}")
+                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}"
+                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else ""))
         train_s = time.perf_counter() - t0
         if not ctx.is_main:
             return None
