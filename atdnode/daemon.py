@@ -45,7 +45,7 @@ from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
-from atdnode.home import NodeHome
+from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
@@ -135,6 +135,10 @@ class NodeDaemon:
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with home_lock(self.home):  # one daemon per home, even when two start at once
+            await self._run_locked(listen, bootstrap, task_status=task_status)
+
+    async def _run_locked(self, listen: list[str], bootstrap: list[str], *, task_status) -> None:
         if await trio.to_thread.run_sync(control.daemon_running, self.home.control_socket):
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         logging.raiseExceptions = False  # a full disk must not turn every log call into a traceback
@@ -452,36 +456,50 @@ class NodeDaemon:
                 await self._disk_trouble("expiring held entries", exc)
             await trio.sleep(EXPIRE_EVERY)
 
-    async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
+    async def _dial_with_retry(self, addr: str, deadline: float = 60.0, notice_after: float = 5.0) -> None:
         """Dial a bootstrap peer until it answers (backoff; a member gives up after `deadline`).
 
         While this node is not a member yet it keeps the connection up, re-dialling every few
         seconds: members disconnect non-members, and let us in once our admission reached
-        them. A member never re-dials a bootstrap peer that turned out not to be a member."""
+        them. A member never re-dials a bootstrap peer that turned out not to be a member.
+        An unreachable peer is logged at the first failed dial, or after `notice_after` s of
+        a dial that hangs, not after the last retry."""
         delay = 0.2
         end = trio.current_time() + deadline
         peer = addr.rsplit("/p2p/", 1)[-1]
         warned = False
-        while True:
-            if peer not in self.transport.peers():
-                if self.gate.self_is_member and peer in self.gate.refused:
-                    return
-                try:
-                    await self.transport.connect(addr)
-                    log.info("connected to bootstrap peer %s", peer)
-                except TransportError as exc:
-                    late = trio.current_time() + delay > end
-                    if late and not warned:
-                        log.warning("could not reach bootstrap %s: %s", addr, exc)
-                        warned = True
-                    if late and self.gate.self_is_member:
+        async with trio.open_nursery() as nursery:
+
+            async def notice() -> None:
+                await trio.sleep(notice_after)
+                if not warned and peer not in self.transport.peers():
+                    log.warning("could not reach bootstrap %s within %.0f s; still trying", addr, notice_after)
+
+            nursery.start_soon(notice)
+            try:
+                while True:
+                    if peer not in self.transport.peers():
+                        if self.gate.self_is_member and peer in self.gate.refused:
+                            return
+                        try:
+                            await self.transport.connect(addr)
+                            log.info("connected to bootstrap peer %s", peer)
+                        except TransportError as exc:
+                            late = trio.current_time() + delay > end
+                            if not warned:
+                                log.warning("could not reach bootstrap %s: %s; retrying", addr, exc)
+                                warned = True
+                            if late and self.gate.self_is_member:
+                                log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
+                                return
+                            await trio.sleep(delay)
+                            delay = min(delay * 2, 5.0)
+                            continue
+                    if self.gate.self_is_member:
                         return
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-            if self.gate.self_is_member:
-                return
-            await trio.sleep(2.0)
+                    await trio.sleep(2.0)
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _discovery_loop(self) -> None:
         """Dial members whose signed `hello` entries announce addresses we are not connected to."""

@@ -279,6 +279,19 @@ class Ledger:
             row = self._store.conn.execute(q, (entry_id,)).fetchone()
             return None if row is None else _entry(row)
 
+    def find_prefix(self, prefix: str, *, kinds: tuple[str, ...] | None = None, limit: int = 2) -> list[Entry]:
+        """Log entries whose hex id starts with `prefix` (hex digits, any length), optionally
+        of `kinds`; at most `limit` of them (an index range scan, not a full scan)."""
+        p = prefix.lower()
+        if not p or len(p) > 64 or any(c not in "0123456789abcdef" for c in p):
+            return []
+        lo, hi = bytes.fromhex((p + "0" * 64)[:64]), bytes.fromhex((p + "f" * 64)[:64])
+        q, args = _SELECT + " WHERE id BETWEEN ? AND ? AND state=0", [lo, hi]
+        if kinds:
+            q, args = q + f" AND kind IN ({','.join('?' * len(kinds))})", args + list(kinds)
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(q + " LIMIT ?", args + [limit])]
+
     def state(self, entry_id: bytes) -> str | None:
         """'log', 'held', 'evidence', or None when not stored."""
         with self._lock:
