@@ -10,6 +10,7 @@ import typer
 
 from atdnode.home import NodeHome
 from cli.errors import CliError
+from cli.options import HOME_OPT
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -24,7 +25,7 @@ HELP = "\n\n".join([
 
 
 def rounds(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
     weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
     q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
