@@ -318,7 +318,7 @@ def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
     finally:
         led.close()
     ids = {results["a"].record["client"], results["b"].record["client"]}
-    assert w.body["part"] == "body" and w.body["algorithm"] == "msd" and set(w.body["authorized"]) == ids
+    assert w.body["part"] == "body" and w.body["algorithm"] == "msd" and set(w.body["readers"]) == ids
     for res in results.values():
         rec = res.record
         assert rec["weights_entry"] == w.id.hex() and rec["weights_blob"] == w.body["blob"]
