@@ -204,8 +204,10 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
             secretive = offer["algorithm"] in ("pfesta", "msd")
             entry = await _verified_entry(link, ledger, opts.server, offer,
                                           named if opts.sync or secretive else None)
-            state = await _obtain_secret(ch, link, ledger, ident, entry, offer) if secretive else None
+            secret, state = await _obtain_secret(ch, link, ledger, ident, entry, offer) if secretive else (None, None)
             role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts, state)
+            if secret is not None:
+                role.out.extra["secret_entry"] = secret
             log.info("joining %s server %s for task %s with %d samples", offer["algorithm"], opts.server[-8:],
                      opts.task, role.t.x.shape[0])
             reconnects = 0
@@ -245,7 +247,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
 
 
 async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, ident: NodeIdentity,
-                         service: str | None, offer: dict[str, Any]) -> dict:
+                         service: str | None, offer: dict[str, Any]) -> tuple[str, dict]:
     """The campaign's embedder secret (p-FESTA / MSD), before joining (see `secret.py`):
     announce this node's X25519 key, ask the server which ``split_secret`` entry it
     adopted; if none, make one (sealed to every client member known by then), offer it, and
@@ -274,7 +276,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
 
     if not await ledger.run(has):
         await _sync(link, ledger)
-    return await ledger.run(lambda led: open_secret(ident, led, adopted, service, cfg))
+    return adopted, await ledger.run(lambda led: open_secret(ident, led, adopted, service, cfg))
 
 
 def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOptions, embedder_state=None):
