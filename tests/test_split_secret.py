@@ -17,6 +17,7 @@ from ledger import Ledger
 from ledger.bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody, readers_of
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
 from protocols.split_parts import ViTSplitConfig, build_plain_embedder
+from tests.split_checks import files_containing, secret_bytes
 from tests.test_daemon_memory import daemon_on, make_consortium
 from tests.test_split_network import client, configure, data
 
@@ -32,27 +33,6 @@ def _spread(homes: list[NodeHome]) -> None:
     for h in homes:
         with Ledger.open(h.ledger_db) as led:
             led.merge(raws)
-
-
-def secret_bytes(state: dict[str, torch.Tensor]) -> list[bytes]:
-    """Byte strings that would betray the embedder if found: each tensor's raw float32
-    bytes, and its first 64 bytes alone."""
-    out = []
-    for v in state.values():
-        raw = v.contiguous().numpy().tobytes()
-        out += [raw, raw[:64]]
-    return out
-
-
-def files_containing(root: Path, needles: list[bytes]) -> list[str]:
-    """Every file under ``root`` (ledger, WAL, state, records, logs) holding any needle."""
-    hits = []
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            blob = f.read_bytes()
-            if any(n in blob for n in needles):
-                hits.append(str(f.relative_to(root)))
-    return hits
 
 
 def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
