@@ -10,7 +10,8 @@ It does not know the embedder's projection or position embedding (the clients' s
   embedding — standing in for the unknown embedder;
 * a decoder G with ``G(F̂(x)) ≈ x`` (reconstruction loss on public images);
 * a discriminator D between the clients' uploads and F̂'s outputs; F̂ is trained to fool
-  it, so F̂'s feature space drifts onto the clients' and G learns to decode the uploads.
+  it (and to match the statistics D sees), so F̂'s feature space drifts onto the clients'
+  and G learns to decode the uploads.
 
 Then ``G(upload)`` is its reconstruction. With permutation the order of the tokens is
 lost, so the attacker also runs MSD's jigsaw solver (MSD §III-D, Eq. 5–7): a position
@@ -21,7 +22,12 @@ reordered tokens. D judges single tokens — with their position when the upload
 order, without it when they are permuted (there is no order to match).
 
 Deviations (small models, seconds of CPU): MLP decoder / critic instead of the papers'
-convolutional ones; non-saturating GAN loss; a fixed step budget. Reported: MSE and SSIM
+convolutional ones; non-saturating GAN loss; a fixed step budget; and, for stability with
+few uploads, feature matching (Salimans et al. 2016) on the critic's input statistics — F̂
+also matches the uploads' mean and covariance, per position when they are in order, over
+all tokens when permuted. Without it the GAN alone found the embedder for some secrets and
+not for others (SSIM 0.38–0.75 in order); with it, 0.77–0.90 over three secrets, against
+0.23–0.30 permuted (900 public / 300 private digits, 800 steps). Reported: MSE and SSIM
 against the private images, next to the "mean public image" baseline.
 """
 from __future__ import annotations
@@ -48,6 +54,7 @@ class AttackConfig:
     adv_weight: float = 0.05
     hidden: int = 256
     jigsaw_steps: int = 300
+    match_weight: float = 1.0  # feature matching on the critic's input statistics (0: plain GAN)
     seed: int = 0
 
 
@@ -144,6 +151,7 @@ def train_attacker(uploads: torch.Tensor, public: torch.Tensor, cfg: ViTSplitCon
         pub = BatchSampler(public.shape[0], min(ac.batch_size, public.shape[0]), seed=ac.seed + 1)
         obs = BatchSampler(uploads.shape[0], min(ac.batch_size, uploads.shape[0]), seed=ac.seed + 2)
         gen = torch.Generator().manual_seed(ac.seed + 3)
+        target = _moments(uploads, order_free=permuted)
         for _ in range(ac.steps):
             x, real = public[pub.next()], uploads[obs.next()]
             fake = enc(x)  # (b, N, D)
@@ -159,11 +167,29 @@ def train_attacker(uploads: torch.Tensor, public: torch.Tensor, cfg: ViTSplitCon
             loss = Fn.mse_loss(dec(z), x)
             adv = critic(permute_tokens(z, random_permutations(z.shape[0], z.shape[1], gen)) if permuted else z)
             loss = loss + ac.adv_weight * Fn.binary_cross_entropy_with_logits(adv, torch.ones_like(adv))
+            if ac.match_weight:
+                loss = loss + ac.match_weight * _moment_gap(_moments(z, order_free=permuted), target)
             opt_g.zero_grad(set_to_none=True)
             loss.backward()
             opt_g.step()
         jig = _train_jigsaw(enc, public, cfg, ac) if permuted else None
     return Attacker(enc.eval(), dec.eval(), jig)
+
+
+def _moments(z: torch.Tensor, *, order_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and covariance of tokens (B, N, D): per position -> ((N, D), (N, D, D)), or over
+    all tokens when ``order_free`` -> ((1, D), (1, D, D)) (all a permuted upload shows)."""
+    if order_free:
+        z = z.reshape(1, -1, z.shape[-1]).transpose(0, 1)  # (B*N, 1, D)
+    mu = z.mean(0)  # (N, D)
+    c = z - mu
+    return mu, torch.einsum("bnd,bne->nde", c, c) / max(1, z.shape[0] - 1)
+
+
+def _moment_gap(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Relative squared gap between two (mean, covariance) pairs."""
+    return (((a[0] - b[0]) ** 2).sum() / (b[0] ** 2).sum().clamp_min(1e-8)
+            + ((a[1] - b[1]) ** 2).sum() / (b[1] ** 2).sum().clamp_min(1e-8))
 
 
 def _train_jigsaw(enc: PatchEncoder, public: torch.Tensor, cfg: ViTSplitConfig, ac: AttackConfig) -> JigsawSolver:

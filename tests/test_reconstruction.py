@@ -33,17 +33,17 @@ def test_paper_attacker_needs_the_order(images):
     reconstructs from in-order uploads better than the mean digit, and clearly worse once the
     uploads are permuted, jigsaw solver and all. Same budget both ways."""
     torch.set_num_threads(1)
-    emb = build_plain_embedder(CFG, state=new_embedder_state(CFG))  # the clients' secret
+    emb = build_plain_embedder(CFG, seed=100)  # stands for the clients' secret (seeded: a repeatable test)
     public, private = images[:900], images[900:1200]
     gen = torch.Generator().manual_seed(5)
-    ac = AttackConfig(steps=800)
+    ac = AttackConfig(steps=600)
     plain = paper_attack(observed_features(emb, private, permute=False, gen=gen), private, public, CFG,
                          permuted=False, ac=ac)
     perm = paper_attack(observed_features(emb, private, permute=True, gen=gen), private, public, CFG,
                         permuted=True, ac=ac)
     print("without permutation", plain, "with permutation", perm)
-    assert plain["mse"] < 0.85 * plain["baseline_mse"] and plain["ssim"] > plain["baseline_ssim"] + 0.1
-    assert perm["mse"] > 1.5 * plain["mse"] and perm["ssim"] < plain["ssim"] - 0.2
+    assert plain["mse"] < 0.5 * plain["baseline_mse"] and plain["ssim"] > plain["baseline_ssim"] + 0.25
+    assert perm["mse"] > 3 * plain["mse"] and perm["ssim"] < plain["ssim"] - 0.3
     assert perm["ssim"] < perm["baseline_ssim"] + 0.05  # no better than knowing the mean digit
 
 

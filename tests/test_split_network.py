@@ -490,8 +490,8 @@ def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) 
     assert files_containing(Path(ps.root), secret_bytes(state) + [b"embedder_seed"]) == []
     plain, perm = attack_margin(ps, c1, spec, [("digits?shard=2/2", "train"), ("digits", "test")], cfg)
     print("paper's attacker without permutation", plain, "with permutation (server's uploads)", perm)
-    assert plain["mse"] < 0.85 * plain["baseline_mse"] and plain["ssim"] > plain["baseline_ssim"] + 0.1
-    assert perm["mse"] > 1.5 * plain["mse"] and perm["ssim"] < plain["ssim"] - 0.2
+    assert plain["mse"] < 0.6 * plain["baseline_mse"] and plain["ssim"] > plain["baseline_ssim"] + 0.2
+    assert perm["mse"] > 2 * plain["mse"] and perm["ssim"] < plain["ssim"] - 0.25
 
 
 async def _festa_over_libp2p(fs: NodeHome, jobs, bootstrap: str) -> list[dict]:
