@@ -70,7 +70,7 @@ def test_msd_pretraining_beats_scratch_on_digits():
     slightly overtakes (about 0.69 vs 0.70): at this scale MSD buys a head start.
     With the random (secret) position table and bias of issue 10 instead of sin-cos, scratch
     improves: MSD 0.69 vs scratch 0.65 (0.64/0.76/0.67 vs 0.67/0.72/0.57), deterministic now
-    that MSDNet seeds its projection head; other head seeds gave margins from -0.02 to +0.04,
+    that MSDNet seeds its projection head; other head initialisations (zero bias) gave -0.02 to +0.04,
     so at this scale the gain is close to the noise (issue 16 builds on MSD)."""
     torch.set_num_threads(1)
     x, y = digits_images(16)
