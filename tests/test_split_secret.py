@@ -14,7 +14,7 @@ from atdnode.identity import NodeIdentity
 from atdnode.split.secret import (SplitSecretError, check_secret_entry, create_secret, ensure_hello,
                                   open_secret)
 from ledger import Ledger
-from ledger.bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody, readers_of
+from atdnode.entry_bodies import READERS, SPLIT_SECRET_KIND, BodyError, SplitSecretBody, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
 from protocols.split_parts import ViTSplitConfig, build_plain_embedder
 from tests.split_checks import files_containing, secret_bytes
@@ -89,9 +89,7 @@ def test_bodies_validate() -> None:
                 {**good, "envelope": b""}, {**good, "extra": 1}, {k: v for k, v in good.items() if k != "alg"}):
         with pytest.raises(BodyError):
             SplitSecretBody.from_body(bad)
-    assert readers_of({"readers": ["a", "b"]}) == ("a", "b") and readers_of({}) is None
-    with pytest.raises(BodyError):
-        readers_of({"readers": "a"})
+    assert blob_readers({READERS: ["a", "b"]}) == {"a", "b"} and blob_readers({}) is None
 
 
 def test_pfesta_campaign_secret_never_reaches_the_server(tmp_path: Path) -> None:

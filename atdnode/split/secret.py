@@ -4,7 +4,7 @@ patch embedder"; MSD §III: the permuted patch features are safe only while the 
 and position embedding stay with the clients).
 
 One campaign = one server ``service`` entry. Its secret is one ``split_secret`` entry
-(`ledger.bodies.SplitSecretBody`) whose envelope holds the embedder state as safetensors
+(`atdnode.entry_bodies.SplitSecretBody`) whose envelope holds the embedder state as safetensors
 bytes (`protocols.split_parts.EMBEDDER_KEYS`), sealed with
 `protocols.feature_crypto.seal_bytes` to every admitted member that announced an X25519 key,
 except the server and other split servers (their latest ``hello`` role), plus its author
@@ -31,7 +31,7 @@ from atdnode.errors import AtdError
 from atdnode.features_share import announced_key
 from atdnode.identity import NodeIdentity
 from ledger import Entry, Ledger, peer_id_from_public_key
-from ledger.bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody
+from atdnode.entry_bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody
 from protocols.feature_crypto import ALG, FeatureCryptoError, open_sealed_bytes, seal_bytes, sealed_bytes_info
 from protocols.split_parts import ViTSplitConfig, build_plain_embedder, new_embedder_state
 
