@@ -144,5 +144,9 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
+    ModelRegistry(home).add_evaluation(record.id, {
+        "data": data_spec, "split": split, "kind": kind, "png": str(png),
+        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy")
+           if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
                           unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)

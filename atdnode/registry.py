@@ -59,11 +59,28 @@ class ModelRecord:
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+MADE_BY = {"global-horizontal": "horizontal", "global-vertical": "vertical", "global-hierarchical": "hierarchical"}
+
+
+def made_by(record: "ModelRecord") -> str:
+    """How the model was made: trained | horizontal | vertical | hierarchical | split | <other kind>."""
+    kind = record.provenance.get("kind")
+    if not kind:
+        return "trained"
+    if kind in MADE_BY:
+        return MADE_BY[kind]
+    return "split" if str(kind).startswith("split") else str(kind)
+
+
 class ModelRegistry:
-    """`add(record) -> id`, `get(id | prefix | "latest")`, `list()` (oldest first)."""
+    """`add(record) -> id`, `get(id | prefix | "latest")`, `list()` (oldest first),
+    `add_evaluation(id, metrics)` / `evaluations(id)` (later scores, e.g. `atd classify`,
+    kept in models/evals/<id>.json: the record's id is a hash of its content, so the record
+    itself never changes), `remove(id)`."""
 
     def __init__(self, home: NodeHome) -> None:
         self.dir = home.models_dir
+        self.evals_dir = home.models_dir / "evals"
 
     def add(self, record: ModelRecord) -> str:
         record.id = record.content_id()
@@ -100,6 +117,35 @@ class ModelRegistry:
 
     def path(self, model_id: str) -> Path:
         return self.dir / f"{model_id}.json"
+
+    def add_evaluation(self, model_id: str, evaluation: dict) -> None:
+        """Append one scoring of the model (JSON-able dict; a "time" is added)."""
+        self.evals_dir.mkdir(parents=True, exist_ok=True)
+        path = self.evals_dir / f"{model_id}.json"
+        _write_json(path, [*self.evaluations(model_id), {"time": time.time(), **evaluation}])
+
+    def evaluations(self, model_id: str) -> list[dict]:
+        path = self.evals_dir / f"{model_id}.json"
+        if not path.is_file():
+            return []
+        try:
+            evals = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: unreadable evaluations ({exc})") from None
+        return evals if isinstance(evals, list) else []
+
+    def latest_metrics(self, record: ModelRecord) -> tuple[dict, str]:
+        """(metrics, where from): the newest evaluation, else the record's own test metrics."""
+        evals = self.evaluations(record.id)
+        if evals:
+            e = evals[-1]
+            return e, f"{e.get('data', '?')} [{e.get('split', '?')}]"
+        return record.metrics, ("training test split" if record.metrics else "")
+
+    def remove(self, model_id: str) -> None:
+        """Delete the record and its evaluations (blobs are the caller's business: atdnode.model_gc)."""
+        self.path(model_id).unlink(missing_ok=True)
+        (self.evals_dir / f"{model_id}.json").unlink(missing_ok=True)
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -112,6 +112,9 @@ class TrainOptions:
     log: Callable[[str], None] | None = None
     batch_transform: BatchTransform | None = None
     extra_provenance: dict = field(default_factory=dict)
+    epoch_eval: bool = True  # held-out loss/accuracy after each epoch (history.csv, curves.png)
+    tensorboard: str | None = None  # log dir (atdnode.trainlog); display only, not in the run key
+    mlflow: str | None = None  # tracking URI (atdnode.trainlog); display only
 
     def effective_lr(self, embed_dim: int) -> float:
         """`lr`, or the default: FINETUNE_LR from weights, width-scaled SCRATCH_LR_192 from scratch."""
@@ -222,6 +225,26 @@ class Trainer:
 
 
 @torch.no_grad()
+def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: int = 256) -> dict:
+    """Mean cross-entropy and accuracy of `model` on `data` (eval mode, restored afterwards)."""
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    loss, correct = 0.0, 0
+    try:
+        for s in range(0, len(data), batch_size):
+            x, y = data.images[s:s + batch_size].to(device), data.labels[s:s + batch_size].to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                logits = model(x)
+            loss += float(F.cross_entropy(logits.float(), y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+    finally:
+        model.train(was)
+    n = max(1, len(data))
+    return {"val_loss": loss / n, "val_accuracy": correct / n}
+
+
+@torch.no_grad()
 def _predict(model: nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         return model(images.to(device)).argmax(1).cpu()
@@ -315,6 +338,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
     log = opts.log or (lambda _msg: None)
     ctx = ddp.init_from_env(opts.device)
     prev_det = torch.are_deterministic_algorithms_enabled()
+    tlog = None
     if ctx.device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -322,6 +346,10 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         store = BlobStore(home.blobs_dir)
         data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
         test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
+        val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
+        for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
+            if part is not None:
+                log(part.report.summary())
         cfg = cfg.with_classes(len(data.classes))
         key = run_key(data_spec, cfg, opts)
         ck = RunCheckpoint(home.runs_dir / key)
@@ -339,17 +367,27 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         else:
             log(f"run {key}: {len(data)} train / {len(test)} test images, {len(data.classes)} classes, "
                 f"{cfg.name} d={cfg.embed_dim} depth={cfg.depth} on {ctx.device} x{ctx.world}")
+        if ctx.is_main:
+            from atdnode.trainlog import TrainLog
+
+            tlog = TrainLog(ck.dir, key, tensorboard=opts.tensorboard, mlflow_uri=opts.mlflow,
+                            params={"data": data_spec, **cfg.to_dict(), **opts.key_fields(cfg.embed_dim)})
         t0 = time.perf_counter()
         with progress_bar(opts.progress and ctx.is_main, "loss", "acc") as bar:
             for epoch in range(start, opts.epochs):
                 task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=len(data), loss="", acc="")
                 cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
                 stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
+                held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
+                if ctx.is_main and opts.epoch_eval and len(held):
+                    stats.update(heldout_loss_accuracy(model, held))
                 history.append(stats)
                 if ctx.is_main:
                     ck.save(epoch + 1, model, trainer.optimizer, history)
+                    tlog.epoch(history)
                 ctx.barrier()
-                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}")
+                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}"
+                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else ""))
         train_s = time.perf_counter() - t0
         if not ctx.is_main:
             return None
@@ -362,6 +400,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                        train_seconds=round(train_s, 3), history=history)
         png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
                                  title=f"{cfg.name} on {data_spec} (acc {metrics['accuracy']:.3f})")
+        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {data_spec}")
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
         common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),
                       extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key}})
@@ -369,11 +408,14 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         blobs = {part: export_part(store, model, cfg, part, **common) for part in ("full", "extractor", "head")}
         rec = ModelRecord(model=cfg.to_dict(), labels=data.classes, label_fp=data.label_fp, samples=len(data),
                           metrics=metrics, blobs=blobs, provenance=prov,
-                          files={"confusion_png": str(png.relative_to(home.root))})
+                          files={"confusion_png": str(png.relative_to(home.root)),
+                                 **{k: str(p.relative_to(home.root)) for k, p in logged.items()}})
         model_id = ModelRegistry(home).add(rec)
         ck.finish(model_id)
         log(f"model {model_id}: test accuracy {metrics['accuracy']:.4f} f1 {metrics['f1']:.4f}")
         return rec
     finally:
+        if tlog is not None:
+            tlog.close()
         torch.use_deterministic_algorithms(prev_det)
         ddp.shutdown(ctx)

@@ -24,7 +24,8 @@ from ledger.errors import (
 )
 from ledger.keys import Signer
 from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
-from ledger.merge import Batch, MergeResult, store_membership
+from ledger.keys import peer_id_from_public_key
+from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
 from ledger.store import ZERO, Store
 from ledger.verify import VerifyReport, verify_store
 
@@ -93,6 +94,10 @@ class Ledger:
                 raise Equivocation("this key forked its chain; it may not append", author=me)
             status = s.member_status(me)
             if status is not None and status.revoked:
+                new = stored_rotations(s).get(me)
+                if new is not None:
+                    raise RevokedAuthor(f"this key was rotated to {peer_id_from_public_key(new)}; "
+                                        "it may not sign new entries (use the node's new key)", author=me)
                 raise RevokedAuthor("this key's membership was revoked", author=me)
             if kind == "member":
                 self._check_member_change(signer, body, store_membership(s))
@@ -130,20 +135,31 @@ class Ledger:
     def _check_member_change(signer: Signer, body: dict, m: Membership) -> None:
         me = signer.public_key
         target = body.get("member") if isinstance(body, dict) else None
+        if isinstance(body, dict) and body.get("action") == "rotate":
+            if not m.is_member(me):
+                raise UnknownAuthor("only an admitted, non-revoked member can rotate its key", author=me)
+            if isinstance(target, bytes) and (target in m.members or target in m.rotations.values()):
+                raise MalformedEntry("the new key must be fresh (it is already known to this consortium)",
+                                     author=target)
+            return
+        status = m.members.get(target) if isinstance(target, bytes) else None
+        if body.get("action") == "revoke" and status is not None and target in m.rotations:
+            raise RevokedAuthor(f"that key was rotated to {peer_id_from_public_key(m.current(target))}; "
+                                "revoke the current key", author=target)
         if not m.is_admin(me):
             raise NotAdmin("only an admin can admit or revoke members", author=me)
         status = m.members.get(target) if isinstance(target, bytes) else None
         if body.get("action") == "admit":
             if status is not None and status.revoked:
                 raise RevokedAuthor("that key was revoked; revocation is permanent", author=target)
-            if body.get("admin") and me != m.founder:
+            if body.get("admin") and not m.is_founder(me):
                 raise NotAdmin("only the founder can grant admin", author=me)
         elif body.get("action") == "revoke":
-            if target == m.founder:
+            if target == m.founder or m.is_founder(target):
                 raise NotAdmin("the founder cannot be revoked", author=me)
             if status is None:
                 raise UnknownAuthor("cannot revoke a key that is not a member", author=target)
-            if status.admin and me != m.founder:
+            if status.admin and not m.is_founder(me):
                 raise NotAdmin("only the founder can revoke an admin", author=me)
 
     def create_genesis(self, signer: Signer, consortium: str, members: Iterable[tuple[bytes, bool]] = ()) -> Entry:
@@ -159,13 +175,32 @@ class Ledger:
         return self.append(signer, "member", body)
 
     def revoke(self, signer: Signer, key: bytes) -> Entry:
-        """Revoke `key`, accepting its entries up to the highest seq this ledger has in its log."""
+        """Revoke `key` (or the key it rotated to), accepting its entries up to the highest seq
+        this ledger has in its log."""
+        key = self.membership().current(key)
         upto = self.heads().get(key, 0)
         return self.append(signer, "member", {"action": "revoke", "member": key, "upto": upto})
 
-    def merge(self, items: Iterable[Entry | bytes]) -> MergeResult:
+    def rotate(self, old: Signer, new: Signer) -> Entry:
+        """Move `old`'s membership to the fresh key `new`: a `member` rotate entry signed by `old`
+        carrying `new`'s signature over the rotation. `old`'s earlier entries stay valid; it can
+        sign nothing after this one. Raises UnknownAuthor / RevokedAuthor if `old` may not write,
+        MalformedEntry if `new` is already known here."""
+        from ledger.entry import rotation_message
+
+        proof = new.sign(rotation_message(old.public_key, new.public_key))
+        return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
+
+    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
-        (they are listed in `.rejected`)."""
+        (they are listed in `.rejected`).
+
+        `members_only` (what a node uses for entries from the network): an entry is stored
+        only if its author is a member whose entry at that seq the log accepts, once the
+        membership entries of this same batch are applied; the others are rejected
+        (UnknownAuthor / RevokedAuthor) and never stored, so outsiders cannot make the
+        store grow. The genesis entry is always eligible. Without it, entries of
+        not-yet-admitted keys are stored held and wait for their admission."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
         for item in items:
@@ -176,6 +211,8 @@ class Ledger:
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
         with self._lock, self._store.transaction():
+            if members_only:
+                return self._merge_members_only(parsed, early)
             batch = Batch(self._store)
             rejected = list(early)
             for e in parsed:
@@ -185,6 +222,38 @@ class Ledger:
             res = batch.finish()
             res.rejected = rejected + res.rejected
             return res
+
+    def _merge_members_only(self, parsed: list[Entry], early: list) -> MergeResult:
+        """Rounds of `Batch`es in one transaction: each stores the entries whose authors are
+        (by then) accepted members; admissions stored in one round admit the next round's."""
+        total = MergeResult(rejected=list(early))
+        todo = list(parsed)
+        while todo:
+            m = store_membership(self._store)
+            ready = [e for e in todo if e.kind == "genesis" or m.accepts(e.author, e.seq)]
+            if not ready:
+                break
+            todo = [e for e in todo if not (e.kind == "genesis" or m.accepts(e.author, e.seq))]
+            batch = Batch(self._store)
+            for e in ready:
+                err = batch.add(e)
+                if err is not None:
+                    total.rejected.append((e.id, err))
+            res = batch.finish()
+            total.added += res.added
+            total.pending += res.pending
+            total.waiting.update(res.waiting)
+            total.rejected += res.rejected
+            total.removed += res.removed
+            total.duplicates += res.duplicates
+        m = store_membership(self._store)
+        for e in todo:
+            where = dict(author=e.author, seq=e.seq, entry_id=e.id)
+            status = m.members.get(e.author)
+            total.rejected.append((e.id, UnknownAuthor("author is not a member; entry not stored", **where)
+                                   if status is None else RevokedAuthor(f"author was revoked after seq {status.upto}; "
+                                                                        "entry not stored", **where)))
+        return total
 
     # --- reading -----------------------------------------------------------------------
     def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:
@@ -209,6 +278,12 @@ class Ledger:
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + _ORDER, args)]
 
+    def stored_at(self, ids: list[bytes]) -> dict[bytes, float]:
+        """{entry id: Unix time this node stored the entry} (a local, unsigned fact; entries
+        stored before this was recorded have none)."""
+        with self._lock:
+            return self._store.stored_at(list(ids))
+
     def all_entries(self) -> list[Entry]:
         return self.query()
 
@@ -232,6 +307,11 @@ class Ledger:
         with self._lock:
             counts = dict(self._store.conn.execute("SELECT state, COUNT(*) FROM entries GROUP BY state"))
         return {name: counts.get(st, 0) for st, name in STATE_NAMES.items()}
+
+    def kind_counts(self) -> dict[str, int]:
+        """Entries in the log, by kind."""
+        with self._lock:
+            return dict(self._store.conn.execute("SELECT kind, COUNT(*) FROM entries WHERE state=0 GROUP BY kind"))
 
     def raw_rows(self) -> list[bytes]:
         """Wire bytes of every stored entry: log first (log order), then held and evidence."""

@@ -8,12 +8,15 @@ order — link_i = sha256(LINK_DOMAIN + link_{i-1} + id_i) — and `meta` keeps 
 and last link, so a deleted, inserted or reordered row is detectable.
 
 `members` and `frozen` cache derived membership and fork points; verify recomputes them.
+`seen` records when this node stored each entry (local wall clock, not signed: shown by
+`atd ledger show`, never used to decide anything).
 All writes happen inside `Store.transaction()` (BEGIN IMMEDIATE ... COMMIT).
 """
 from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -47,6 +50,7 @@ CREATE TABLE IF NOT EXISTS members(
     key BLOB PRIMARY KEY, admin INTEGER NOT NULL, revoked INTEGER NOT NULL, upto INTEGER, name TEXT
 );
 CREATE TABLE IF NOT EXISTS frozen(author BLOB PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS seen(id BLOB PRIMARY KEY, at REAL NOT NULL);
 """
 
 ROW_COLUMNS = "id, author, seq, prev, lamport, kind"
@@ -131,6 +135,17 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
+        # when this node stored it (unsigned local fact, for display: `atd ledger show`)
+        self.conn.execute("INSERT OR IGNORE INTO seen(id, at) VALUES (?, ?)", (row.id, time.time()))
+
+    def stored_at(self, ids: list[bytes]) -> dict[bytes, float]:
+        """{entry id: Unix time this node stored it} for the ids it recorded a time for."""
+        out: dict[bytes, float] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            q = f"SELECT id, at FROM seen WHERE id IN ({','.join('?' * len(part))})"
+            out.update(dict(self.conn.execute(q, part)))
+        return out
 
     def has(self, entry_id: bytes) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE id=?", (entry_id,)).fetchone() is not None

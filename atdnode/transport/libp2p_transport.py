@@ -276,6 +276,17 @@ class Libp2pTransport(Transport):
         for fn in self._listeners:
             self._nursery.start_soon(fn, peer)
 
+    async def disconnect(self, peer_id: str) -> None:
+        """Close the connections to `peer_id` and forget its addresses (so that libp2p's
+        auto-connector does not dial it again)."""
+        host, _, _ = self._require()
+        try:
+            pid = ID.from_base58(peer_id)
+            host.get_peerstore().clear_addrs(pid)
+            await host.disconnect(pid)
+        except Exception as e:  # already gone, or a malformed id: nothing to close
+            log.debug("disconnect %s: %s", peer_id, e)
+
     def peers(self) -> list[str]:
         host, _, _ = self._require()
         return sorted(p.to_base58() for p in host.get_connected_peers())
@@ -333,7 +344,7 @@ class Libp2pTransport(Transport):
             if msg.from_id == mine:
                 continue
             frm = self._forwarders.pop(pubsub.get_message_id(msg), None) or ID(msg.from_id).to_base58()
-            self._counter.received += len(msg.data)
+            self._counter.count("gossip", received=len(msg.data))
             try:
                 await handler(msg.data, frm)
             except Exception:  # a handler bug must not kill the transport
@@ -352,7 +363,7 @@ class Libp2pTransport(Transport):
             await pubsub.publish(topic, bytes(data))
         except Exception as e:
             raise TransportError(f"publish on {topic} failed: {e}") from e
-        self._counter.sent += len(data)
+        self._counter.count("gossip", sent=len(data))
 
     # -- streams -----------------------------------------------------------------------
 

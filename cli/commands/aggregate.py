@@ -86,6 +86,9 @@ def aggregate(
         res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
+    from cli.commands.train import _enforce_model_limit
+
+    _enforce_model_limit(h)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return

@@ -30,21 +30,29 @@ def show(
     author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or hex public key)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of entries (id, author, seq, lamport, kind, body, ...)."),
 ) -> None:
-    """List the entries in the log, in log order (lamport, author, seq)."""
+    """List the entries in the log, in log order (lamport, author, seq).
+
+    Columns: when this node stored the entry (local time; entries carry no signed clock),
+    lamport clock, author (last 8 characters of the peer id) #seq, kind, entry id, body."""
     from ledger import parse_author
 
     key = parse_author(author) if author else None
+    import time
+
     with _open(home) as led:
         entries = led.query(kind=kind, author=key)
+        stored = led.stored_at([e.id for e in entries])
     if as_json:
-        typer.echo(json.dumps([e.to_json() for e in entries]))
+        typer.echo(json.dumps([{**e.to_json(), "stored_at": stored.get(e.id)} for e in entries]))
         return
     for e in entries:
         j = e.to_json()
         body = json.dumps(j["body"], sort_keys=True)
-        if len(body) > 100:
-            body = body[:97] + "..."
-        typer.echo(f"{e.lamport:>6} {j['author'][-8:]}#{e.seq:<5} {e.kind:<9} {j['id'][:16]} {body}")
+        if len(body) > 80:
+            body = body[:77] + "..."
+        at = stored.get(e.id)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at is not None else "-" * 19
+        typer.echo(f"{when} {e.lamport:>6} {j['author'][-8:]}#{e.seq:<5} {e.kind:<9} {j['id'][:16]} {body}")
 
 
 @ledger_app.command("verify")

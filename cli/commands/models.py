@@ -1,44 +1,106 @@
-"""`atd models`: list the node's locally trained models."""
+"""`atd models [rm ID | prune]`: the node's model registry."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from atdnode.home import NodeHome
+from cli.errors import CliError
+
+models_app = typer.Typer(help="The node's models: list (default), remove, prune to the size limit.",
+                         invoke_without_command=True)
+HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
+
+# (header, width); every cell is cut to its width, so long names never shift the columns
+COLUMNS = (("id", 16), ("created", 16), ("made", 12), ("model", 22), ("img/patch/dim/depth", 19),
+           ("classes", 20), ("samples", 7), ("acc", 6), ("f1", 6), ("scored on", 28))
+RIGHT = {"samples", "acc", "f1"}
 
 
 def register(app: typer.Typer) -> None:
-    app.command("models")(models_cmd)
+    app.add_typer(models_app, name="models")
 
 
+def _fit(text: str, width: int, right: bool = False) -> str:
+    text = text if len(text) <= width else text[:width - 1] + "…"
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def row(cells: list[str]) -> str:
+    return "  ".join(_fit(c, w, h in RIGHT) for c, (h, w) in zip(cells, COLUMNS)).rstrip()
+
+
+@models_app.callback()
 def models_cmd(
-    home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
+    ctx: typer.Context,
+    home: Optional[Path] = typer.Option(None, "--home", help="Node home directory (made by `atd init`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full records as a JSON list."),
 ) -> None:
-    """List the models in this node's registry (config, label space, samples, test metrics, blobs)."""
-    from atdnode.registry import ModelRegistry
+    """List the models in this node's registry: how each was made (trained / horizontal /
+    vertical / hierarchical / split), its latest metrics (the newest `atd classify`, else
+    its training test split), config, label space and samples."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from atdnode.registry import ModelRegistry, made_by
 
+    if home is None:
+        raise CliError("atd models needs --home DIR")
     h = NodeHome.at(home).require()
-    recs = ModelRegistry(h).list()
+    reg = ModelRegistry(h)
+    recs = reg.list()
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in recs], indent=2, sort_keys=True))
+        out = []
+        for r in recs:
+            latest, source = reg.latest_metrics(r)
+            out.append({**r.to_dict(), "made_by": made_by(r), "latest_metrics": latest, "latest_source": source})
+        typer.echo(json.dumps(out, indent=2, sort_keys=True))
         return
     if not recs:
         typer.echo("no models yet (run `atd train`)")
         return
-    typer.echo(f"{'id':16}  {'created':16}  {'model':24} {'img/patch/dim/depth':19} {'classes':24} "
-               f"{'samples':>7} {'acc':>6} {'f1':>6}  init from")
+    typer.echo(row([c for c, _ in COLUMNS]))
     for r in recs:
-        m, c = r.metrics, r.model
-        arch = f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}"
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
-        typer.echo(f"{r.id:16}  {created:16}  {c['name']:24} {arch:19} {_classes(r.labels):24} {r.samples:>7} "
-                   f"{m.get('accuracy', 0):>6.3f} {m.get('f1', 0):>6.3f}  {(r.provenance.get('init_from') or '-')[:12]}")
+        c = r.model
+        m, source = reg.latest_metrics(r)
+        acc, f1 = (f"{m[k]:.3f}" if isinstance(m.get(k), (int, float)) else "-" for k in ("accuracy", "f1"))
+        typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
+                        f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
+                        f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
 
 
-def _classes(labels: list[str]) -> str:
-    s = ",".join(labels)
-    return s if len(s) <= 24 else f"{len(labels)}: {s[:20]}…"
+@models_app.command("rm")
+def rm_cmd(
+    model: str = typer.Argument(..., help="Model id (or unique prefix) from `atd models`."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Remove a model: its record, its weight blobs (unless another model uses them) and its
+    training run folder. Refused when a ledger entry names one of its blobs (it is served)."""
+    from atdnode.model_gc import remove_model
+
+    res = remove_model(NodeHome.at(home).require(), model)
+    typer.echo(f"removed model {res.model_id}: {len(res.blobs)} blob(s), {res.bytes / 1e6:.1f} MB freed")
+
+
+@models_app.command("prune")
+def prune_cmd(
+    home: Path = HOME_OPT,
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", min=1, help="Limit to apply (default: [models] "
+                                            "max_bytes in config.toml)."),
+) -> None:
+    """Remove the oldest unserved models until model blobs fit the size limit (the newest model stays)."""
+    from atdnode.model_gc import enforce_limit, size_limit
+
+    h = NodeHome.at(home).require()
+    limit = max_bytes or size_limit(h)
+    if not limit:
+        raise CliError("no size limit: set [models] max_bytes in config.toml or pass --max-bytes")
+    report_removed(enforce_limit(h, limit))
+
+
+def report_removed(removed) -> None:
+    for r in removed:
+        typer.echo(f"removed old model {r.model_id} ({r.bytes / 1e6:.1f} MB) to stay under the size limit", err=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -18,45 +17,52 @@ node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", n
 HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
-def _setup_logging(home: NodeHome, verbose: bool) -> None:
-    home.logs_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(home.logs_dir / "daemon.log")):
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    # py-libp2p is chatty at INFO; keep its warnings.
-    for name in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 @node_app.command("start")
 def start(
     home: Path = HOME_OPT,
-    listen: List[str] = typer.Option(["/ip4/127.0.0.1/tcp/0"], "--listen", help="Multiaddr to listen on (repeatable)."),
-    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial (repeatable)."),
+    listen: List[str] = typer.Option([], "--listen", help="Multiaddr to listen on (repeatable; default: `listen` in "
+                                     "config.toml, which defaults to /ip4/127.0.0.1/tcp/0)."),
+    bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
+                                        "(repeatable; added to `bootstrap` in config.toml)."),
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", help="Serve the read-only web dashboard, /metrics and /healthz on HOST:PORT (loopback only unless --dashboard-public; port 0 picks one)."),
+    dashboard_public: bool = typer.Option(False, "--dashboard-public", help="Allow --dashboard on a non-loopback address (put it behind your own TLS and access control)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only to HOME/logs/daemon.log (rotated by size; "
+                               "[logs] max_bytes / backups in config.toml), not to stderr."),
 ) -> None:
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
-    Prints each listen address (with /p2p/<peer id>) on stdout once the node is ready.
+    Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
+    service manager can run just `atd node start --home DIR`. Prints each listen address
+    (with /p2p/<peer id>) on stdout once the node is ready; the dashboard's URL goes to the
+    log, to HOME/daemon.json and to `atd node status`.
     """
     import trio
 
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
 
+    from atdnode.logs import setup_logging
+
     h = NodeHome.at(home).require()
-    _setup_logging(h, verbose)
+    bind = None
+    if dashboard is not None:
+        from atdnode.dashboard import check_free, parse_bind
+
+        bind = parse_bind(dashboard, public=dashboard_public)
+        check_free(*bind)
+    setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
+    cfg = NodeConfig.load(h)
     if role is not None:
-        cfg = NodeConfig.load(h)
         cfg.role = role
         cfg.save(h)
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    listen = list(listen) or list(cfg.listen)
+    bootstrap = list(dict.fromkeys([*bootstrap, *cfg.bootstrap]))
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
+                        dashboard_public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -98,6 +104,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
     typer.echo(f"peers   : {len(st.get('peers', []))}")
     typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
     typer.echo(f"blobs   : {st['blobs']}")
+    if st.get("dashboard"):
+        typer.echo(f"web     : {st['dashboard']}")
 
 
 def _offline_status(h: NodeHome) -> dict:

@@ -18,9 +18,9 @@ HELP = """Train a timm ViT on this node's private images and register it locally
 
 Optimiser: AdamW with the VGS-ATD defaults (--lr 3e-3, --weight-decay 0.05), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is 1e-4 x 192 / embed-dim: vit_tiny (embed 192, depth 12) on digits at img 32 / patch 8, 3 epochs, batch 16, reached 0.14 test accuracy at 3e-3, 0.42 at 3e-4 and 0.43 at 1e-4 (0.52 with --augment-prob 0.25 and 0.64 with --no-augment: augmentation pays off over longer runs, not in 3 epochs). Tiny models (embed 32, depth 2) tolerate 1e-3 to 3e-3.
 
-DATA is `digits`, `npz:PATH` or `folder:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0`.
+DATA is `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH` or `nifti:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0` or `dicom:PATH?window=-1000,400` (README: data specs; `atd data inspect SPEC` shows what would be read).
 
-Interrupted runs (Ctrl-C, kill -9) continue from the last finished epoch when the same command is run again; a finished run just prints its result. The model goes to the blob store (full / extractor / head weight sets) and to `atd models`; the test confusion matrix is written as a PNG under HOME/runs/. Nothing is published: that is a separate, signed step.
+Interrupted runs (Ctrl-C, kill -9) continue from the last finished epoch when the same command is run again; a finished run just prints its result. The model goes to the blob store (full / extractor / head weight sets) and to `atd models`; the test confusion matrix, a per-epoch CSV (history.csv: train and held-out loss/accuracy) and its curves (curves.png) are written under HOME/runs/<run key>/; --tensorboard DIR and --mlflow URI log the same numbers there too. Nothing is published: that is a separate, signed step.
 
 Several processes or GPUs: --nproc-per-node N (re-runs itself under torchrun), or `torchrun --standalone --nproc_per_node N --no-python atd train ...`.
 """
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
 def train_cmd(
     home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
-    data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH [?options]."),
+    data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH | dicom:PATH | nifti:PATH [?options]."),
     model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="Image size (default: the model's)."),
     patch_size: Optional[int] = typer.Option(None, "--patch-size", help="Patch size (default: the model's)."),
@@ -58,6 +58,8 @@ def train_cmd(
     pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
     pgd_step: str = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units."),
     pgd_steps: int = typer.Option(7, "--pgd-steps", min=0, help="PGD steps."),
+    tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", help="Also log per-epoch loss/accuracy to TensorBoard in this directory (pip install 'atd[tensorboard]')."),
+    mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Also log params, per-epoch metrics and the PNGs to this MLflow tracking URI (pip install 'atd[mlflow]')."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
@@ -86,8 +88,9 @@ def train_cmd(
     opts = TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob, pretrained=pretrained, device=device,
-                        progress=not as_json and main and sys.stderr.isatty(), log=_log if main else None,
-                        batch_transform=transform)
+                        progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
+                        batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
+                        mlflow=mlflow)
     try:
         rec = train(h, data, cfg, opts)
     except KeyboardInterrupt:  # the finished epochs are on disk; say so and exit 130
@@ -95,6 +98,7 @@ def train_cmd(
                        exit_code=130) from None
     if rec is None:  # a non-main DDP rank
         return
+    _enforce_model_limit(h)
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return
@@ -107,6 +111,16 @@ def train_cmd(
     typer.echo(f"  full weights {rec.blobs['full']}")
     typer.echo(f"  extractor    {rec.blobs['extractor']}")
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
+    if "curves_png" in rec.files:
+        typer.echo(f"  curves       {h.root / rec.files['curves_png']}  (per epoch: {h.root / rec.files['history_csv']})")
+
+
+def _enforce_model_limit(h: NodeHome) -> None:
+    """Keep the model blobs under `[models] max_bytes` (atdnode.model_gc)."""
+    from atdnode.model_gc import enforce_limit
+    from cli.commands.models import report_removed
+
+    report_removed(enforce_limit(h))
 
 
 def _fraction(text: str) -> float:
@@ -118,8 +132,23 @@ def _fraction(text: str) -> float:
         raise CliError(f"not a number or fraction: {text!r}") from None
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+def _logger(home: NodeHome):
+    """Progress lines on stderr, also kept in HOME/logs/cli.log (rotated by size, atdnode.logs)."""
+    import logging
+
+    from atdnode.logs import file_handler
+
+    logger = logging.getLogger("atd.train")
+    if not logger.handlers:
+        logger.addHandler(file_handler(home, "cli"))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+        logger.info(msg)
+
+    return log
 
 
 def _relaunch(nproc: int) -> None:

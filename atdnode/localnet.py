@@ -1,0 +1,300 @@
+"""A local consortium of N nodes on this machine (`atd local up|status|down`).
+
+Layout::
+
+    DIR/
+      local.json        the consortium: node names, genesis id, listen host
+      node1/ ... nodeN  ordinary node homes (node1 founded the consortium)
+        daemon.pid      pid of the detached `atd node start` process (written here)
+        logs/daemon.log the daemon's rotating log; logs/daemon.out its stdout/stderr
+
+`up` makes the homes with the library calls behind `atd init` (`init_home`) and
+`atd member add` (`Ledger.admit`), then starts each daemon as a detached OS process
+(`atd node start --quiet`, its own session, so it outlives the command) listening on
+127.0.0.1, the founder first and the others bootstrapping from it. It returns only when
+every daemon answers on its control socket and is connected to every other one —
+readiness read from the daemons, never a sleep — or raises LocalNetError with a
+deadline message naming the node and its log. Running `up` again on the same DIR
+restarts the daemons that are not running and keeps the homes.
+
+`down` stops each daemon: the control socket's `stop` first, SIGTERM by pid when it does
+not answer, SIGKILL after a deadline; it also cleans up after a crash (a pidfile whose
+process is gone, a stale socket). A pid is only signalled when that process is an
+`atd node start` for this very home, so a recycled pid is never hit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from atdnode import control
+from atdnode.errors import AtdError
+from atdnode.home import NodeHome
+
+MANIFEST = "local.json"
+PIDFILE = "daemon.pid"
+READY_TIMEOUT = 120.0
+STOP_TIMEOUT = 30.0
+
+
+class LocalNetError(AtdError):
+    """A local consortium could not be made, started, found or stopped."""
+
+
+@dataclass
+class NodeState:
+    name: str
+    home: Path
+    peer_id: str
+    founder: bool
+    pid: int | None
+    running: bool
+    addrs: list[str]
+    peers: list[str]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "home": str(self.home), "peer_id": self.peer_id, "founder": self.founder,
+                "pid": self.pid, "running": self.running, "addrs": self.addrs, "peers": self.peers}
+
+
+def _atd_argv() -> list[str]:
+    return [sys.executable, "-m", "cli.app"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    root = str(Path(__file__).resolve().parents[1])  # so `-m cli.app` finds this very copy of atd
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("ATD_HOME", None)  # each daemon gets --home explicitly
+    return env
+
+
+def read_manifest(root: Path) -> dict:
+    path = Path(root) / MANIFEST
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LocalNetError(f"no local consortium in {root} (run `atd local up --dir {root}` first)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LocalNetError(f"{path} is unreadable: {exc}") from None
+    if not isinstance(m, dict) or not isinstance(m.get("nodes"), list) or not m["nodes"]:
+        raise LocalNetError(f"{path} names no nodes")
+    return m
+
+
+def homes(root: Path) -> list[NodeHome]:
+    return [NodeHome.at(Path(root) / n) for n in read_manifest(root)["nodes"]]
+
+
+def create(root: Path, n: int, *, consortium: str = "local") -> list[NodeHome]:
+    """Make N node homes under `root`: node1 founds `consortium`, the others join and are admitted.
+
+    The joiners' ledgers get the founder's genesis and admissions merged (what their first
+    sync would pull), so they know who may talk to them before their daemons start.
+    """
+    from atdnode.identity import NodeIdentity, init_home
+    from ledger import Ledger
+
+    if n < 1:
+        raise LocalNetError("a local consortium needs at least one node (-n 1 or more)")
+    root = Path(root).expanduser().resolve()
+    if (root / MANIFEST).exists():
+        raise LocalNetError(f"{root} already holds a local consortium")
+    names = [f"node{i}" for i in range(1, n + 1)]
+    for name in names:
+        if NodeHome.at(root / name).is_initialised():
+            raise LocalNetError(f"{root / name} already holds an atd node; choose an empty --dir")
+    root.mkdir(parents=True, exist_ok=True)
+    hs = [NodeHome.at(root / name) for name in names]
+    founder = init_home(hs[0], name=names[0], consortium=consortium)
+    with Ledger.open(hs[0].ledger_db) as led:
+        genesis = led.query(kind="genesis")[0]
+        joiners = [init_home(h, name=name, join=genesis.id.hex()) for h, name in zip(hs[1:], names[1:])]
+        for name, ident in zip(names[1:], joiners):
+            led.admit(founder.signer, ident.public_key, admin=False, name=name)
+        known = [e.to_bytes() for e in led.query()]
+    for h in hs[1:]:
+        with Ledger.open(h.ledger_db) as led:
+            led.merge(known)
+    manifest = {"nodes": names, "genesis": genesis.id.hex(), "consortium": consortium,
+                "founder": NodeIdentity.load(hs[0]).peer_id, "created": time.time()}
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(root / MANIFEST)
+    return hs
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _read_pid(home: NodeHome) -> int | None:
+    try:
+        return int((home.root / PIDFILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _is_our_daemon(pid: int, home: NodeHome) -> bool:
+    """True when `pid` is alive and is `atd node start` for this home (not a recycled pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmd = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return "node" in cmd and "start" in cmd and str(home.root) in cmd
+
+
+def _clear_stale(home: NodeHome) -> None:
+    for name in (PIDFILE, "daemon.json"):
+        (home.root / name).unlink(missing_ok=True)
+    if home.control_socket.exists() and not control.daemon_running(home.control_socket):
+        home.control_socket.unlink(missing_ok=True)
+
+
+def start_daemon(home: NodeHome, *, bootstrap: list[str] = (), listen_host: str = "127.0.0.1",
+                 extra_args: list[str] = ()) -> int:
+    """Start `atd node start` for `home` as a detached process; returns its pid (not yet ready)."""
+    home.logs_dir.mkdir(parents=True, exist_ok=True)
+    argv = [*_atd_argv(), "node", "start", "--home", str(home.root), "--quiet",
+            "--listen", f"/ip4/{listen_host}/tcp/0", *extra_args]
+    for b in bootstrap:
+        argv += ["--bootstrap", b]
+    with open(home.logs_dir / "daemon.out", "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=_env(),
+                                start_new_session=True, close_fds=True)
+    (home.root / PIDFILE).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _status_of(home: NodeHome) -> dict | None:
+    try:
+        return control.call(home.control_socket, "status", timeout=10.0)
+    except AtdError:
+        return None
+
+
+def _wait(cond, deadline: float, what: str, interval: float = 0.2):
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise LocalNetError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def _wait_ready(home: NodeHome, pid: int, deadline: float) -> dict:
+    """The daemon's status once its control socket answers; LocalNetError if it died or timed out."""
+    def ready():
+        if not _is_our_daemon(pid, home):
+            tail = _tail(home.logs_dir / "daemon.out")
+            raise LocalNetError(f"{home.root.name}: the daemon exited at start (see {home.logs_dir / 'daemon.out'})"
+                                + (f": {tail}" if tail else ""))
+        st = _status_of(home)
+        return st if st and st.get("addrs") else None
+
+    return _wait(ready, deadline, f"{home.root.name}'s daemon to answer (see {home.logs_dir / 'daemon.log'})")
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
+def up(root: Path, n: int, *, timeout: float = READY_TIMEOUT, extra_args: list[str] = (),
+       log=lambda _m: None) -> list[NodeState]:
+    """Create (if needed) and start a local consortium of `n` nodes; wait until fully connected."""
+    root = Path(root).expanduser().resolve()
+    if (root / MANIFEST).exists():
+        have = len(read_manifest(root)["nodes"])
+        if n and n != have:
+            raise LocalNetError(f"{root} holds a consortium of {have} nodes, not {n}; "
+                                f"`atd local down --dir {root}` and use another --dir")
+        hs = homes(root)
+    else:
+        hs = create(root, n)
+        log(f"created {n} node homes under {root} (node1 founded the consortium, the others are admitted)")
+    deadline = time.monotonic() + timeout
+    bootstrap: list[str] = []
+    for i, h in enumerate(hs):
+        pid = _read_pid(h)
+        if pid is None or not _is_our_daemon(pid, h):
+            _clear_stale(h)
+            pid = start_daemon(h, bootstrap=bootstrap, extra_args=extra_args)
+            log(f"started {h.root.name} (pid {pid})")
+        st = _wait_ready(h, pid, deadline)
+        if i == 0:
+            bootstrap = [st["addrs"][0]]
+    ids = {h.root.name: _status_of(h)["peer_id"] for h in hs}
+
+    def connected():
+        for h in hs:
+            st = _status_of(h)
+            if st is None or not set(ids.values()) - {st["peer_id"]} <= set(st.get("peers", [])):
+                return False
+        return True
+
+    _wait(connected, deadline, f"all {len(hs)} daemons to connect to each other (logs: {root}/node*/logs)")
+    return status(root)
+
+
+def status(root: Path) -> list[NodeState]:
+    """Each node's daemon: running or not, pid, addresses, connected peers."""
+    from atdnode.identity import NodeIdentity
+
+    root = Path(root).expanduser().resolve()
+    founder = read_manifest(root).get("founder")
+    out = []
+    for h in homes(root):
+        pid = _read_pid(h)
+        alive = pid is not None and _is_our_daemon(pid, h)
+        st = _status_of(h) if alive else None
+        peer_id = st["peer_id"] if st else NodeIdentity.load(h).peer_id
+        out.append(NodeState(name=h.root.name, home=h.root, peer_id=peer_id, founder=peer_id == founder,
+                             pid=pid if alive else None, running=st is not None,
+                             addrs=list(st.get("addrs", [])) if st else [],
+                             peers=list(st.get("peers", [])) if st else []))
+    return out
+
+
+def stop_daemon(home: NodeHome, timeout: float = STOP_TIMEOUT) -> str:
+    """Stop `home`'s daemon and clean up; returns what happened ("stopped", "killed", "not running")."""
+    pid = _read_pid(home)
+    alive = pid is not None and _is_our_daemon(pid, home)
+    what = "not running" if pid is None else "had exited (stale pidfile removed)"
+    if alive:
+        try:
+            control.call(home.control_socket, "stop", timeout=10.0)
+        except AtdError:
+            os.kill(pid, signal.SIGTERM)  # the control socket is gone or hung: the signal path
+        what = "stopped"
+        end = time.monotonic() + timeout
+        while _is_our_daemon(pid, home) and time.monotonic() < end:
+            time.sleep(0.1)
+        if _is_our_daemon(pid, home):
+            os.kill(pid, signal.SIGKILL)
+            what = "killed"
+            end = time.monotonic() + 10
+            while _is_our_daemon(pid, home) and time.monotonic() < end:
+                time.sleep(0.1)
+    _clear_stale(home)
+    return what
+
+
+def down(root: Path, *, timeout: float = STOP_TIMEOUT) -> dict[str, str]:
+    """Stop every daemon of the local consortium at `root` (also after a crash)."""
+    return {h.root.name: stop_daemon(h, timeout=timeout) for h in homes(Path(root).expanduser().resolve())}

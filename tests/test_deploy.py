@@ -1,0 +1,117 @@
+"""deploy/: the systemd unit runs a daemon configured by config.toml alone; the unit is
+valid for systemd; the container file runs the same command; PORTS.md's config parses and
+its firewall rules open exactly the ports it plans."""
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+from atdnode.config import NodeConfig
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
+from tests.mdblocks import fenced_blocks
+from tests.nodeprocs import ATD, Daemon, atd, start_daemon, wait_until
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def unit() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in (DEPLOY / "atd.service").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+def blocks(md: str, lang: str) -> list[str]:
+    return [body for info, body in fenced_blocks(md) if info.split()[:1] == [lang]]
+
+
+def test_unit_is_hardened_and_valid() -> None:
+    u = unit()
+    argv = shlex.split(u["ExecStart"][0])
+    assert argv[0].endswith("/atd") and argv[1:4] == ["node", "start", "--home"] and len(argv) == 5
+    for key, want in (("User", "atd"), ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
+                      ("PrivateTmp", "yes"), ("ProtectHome", "yes"), ("UMask", "0077"), ("KillSignal", "SIGTERM")):
+        assert u[key] == [want], key
+    assert argv[4].startswith(u["ReadWritePaths"][0])  # the home is the only writable place
+    if shutil.which("systemd-analyze"):  # systemd's own parser: no unknown keys or bad values
+        text = (DEPLOY / "atd.service").read_text().replace(argv[0], shutil.which("sh"))
+        test_unit = Path("/tmp") / f"atd-unit-check-{id(text)}.service"
+        test_unit.write_text(text)
+        try:
+            p = subprocess.run(["systemd-analyze", "verify", str(test_unit)], capture_output=True, text=True, timeout=60)
+        finally:
+            test_unit.unlink()
+        assert p.returncode == 0 and p.stderr.strip() == "", p.stderr
+
+
+def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
+    """The ExecStart line (no --listen, no --bootstrap) with this test's home: the daemon
+    listens and dials where config.toml says (loopback here)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    atd("init", "--home", str(a), "--genesis", "--consortium", "deploy")
+    genesis = atd("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").stdout
+    gid = re.search(r'"id": "([0-9a-f]{64})"', genesis).group(1)
+    atd("init", "--home", str(b), "--join", gid)
+    atd("member", "add", "--home", str(a), NodeIdentity.load(NodeHome.at(b)).peer_id)
+    first = start_daemon(a)
+    cfg = NodeConfig.load(NodeHome.at(b))
+    cfg.listen, cfg.bootstrap = ["/ip4/127.0.0.1/tcp/0"], [first.addrs[0]]
+    cfg.save(NodeHome.at(b))
+    assert shlex.split(unit()["ExecStart"][0])[1:4] == ["node", "start", "--home"]
+    second = Daemon(b, [])  # `atd node start --home b` exactly, as the unit runs it
+    assert second.proc.args[:len(ATD)] == ATD and second.proc.args[len(ATD):] == ["node", "start", "--home", str(b)]
+    try:
+        addr = second.wait_ready(120)[0]
+        assert addr.startswith("/ip4/127.0.0.1/tcp/")
+        peer_a = NodeIdentity.load(NodeHome.at(a)).peer_id
+        wait_until(lambda: peer_a in atd("peers", "--home", str(b)).stdout, 60, "b to dial a from config.toml")
+    finally:
+        second.terminate()
+        first.terminate()
+    assert second.proc.returncode == 0
+
+
+def test_containerfile_runs_the_same_command() -> None:
+    text = (DEPLOY / "Containerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["atd"\]$', text, re.M)
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M).group(1)
+    import json
+
+    argv = json.loads(cmd)
+    assert argv == ["node", "start", "--home", shlex.split(unit()["ExecStart"][0])[4]]
+    assert re.search(r"^USER atd$", text, re.M) and "VOLUME" in text
+    for pkg in ("atdnode", "ledger", "protocols", "cli", "netsim"):  # every package pyproject installs
+        assert f"COPY {pkg} ./{pkg}" in text
+
+
+def test_port_plan_config_and_firewall_rules_agree() -> None:
+    md = (DEPLOY / "PORTS.md").read_text()
+    (toml_block,) = blocks(md, "toml")
+    cfg = NodeConfig.from_dict(tomllib.loads(toml_block))  # the shown config is valid
+    port = int(cfg.listen[0].rsplit("/", 1)[1])
+    lo, hi = map(int, re.search(r'ip_local_port_range="(\d+) (\d+)"', md).groups())
+    (nft,) = blocks(md, "nftables")
+    (ufw,) = [b for b in blocks(md, "sh") if b.startswith("ufw")]
+    nft_ports = set(re.findall(r"@members tcp dport (\S+) accept", nft))
+    assert nft_ports == {str(port), f"{lo}-{hi}"}
+    members = re.search(r"elements = \{ (.*?) \}", nft).group(1).split(", ")
+    ufw_rules = set(re.findall(r"allow from (\S+) to any port (\S+) proto tcp", ufw))
+    assert ufw_rules == {(m, p) for m in members for p in (str(port), f"{lo}:{hi}")}
+    assert "8470" not in nft + ufw  # the dashboard is never opened
+    assert "policy drop" in nft and "ufw default deny incoming" in ufw
+    if shutil.which("nft"):
+        p = subprocess.run(["nft", "-c", "-f", "-"], input=nft, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+
+
+def test_keys_procedure_names_the_key_commands() -> None:
+    md = (DEPLOY / "KEYS.md").read_text()
+    for cmd in ("atd key export --encrypted", "atd key rotate", "atd member revoke", "atd member add"):
+        assert cmd in md

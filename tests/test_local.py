@@ -1,0 +1,60 @@
+"""`atd local up|status|down`: a real local consortium of daemon processes on 127.0.0.1."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from tests.nodeprocs import atd, atd_json, wait_until
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_local_up_status_down_and_crash(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    out = atd("local", "up", "-n", "3", "--dir", str(d), timeout=300).stdout
+    exports = [ln for ln in out.splitlines() if ln.startswith("export ATD_HOME=")]
+    assert exports == [f"export ATD_HOME={d.resolve() / f'node{i}'}" for i in (1, 2, 3)]
+    nodes = atd_json("local", "status", "--dir", str(d), "--json")
+    assert [n["name"] for n in nodes] == ["node1", "node2", "node3"] and nodes[0]["founder"]
+    ids = {n["peer_id"] for n in nodes}
+    for n in nodes:  # `up` returned only once everyone was connected to everyone
+        assert n["running"] and set(n["peers"]) == ids - {n["peer_id"]}
+    # one admitted consortium: every node's ledger lists all three as members
+    members = atd_json("member", "list", "--home", nodes[2]["home"], "--json")["members"]
+    assert {m["peer_id"] for m in members} == ids
+    # a daemon crashes: status says so, `up` brings it back and it reconnects
+    victim = nodes[1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_until(lambda: _gone(victim["pid"]), 30, "the killed daemon to die")
+    after = atd_json("local", "status", "--dir", str(d), "--json")
+    assert not after[1]["running"] and after[0]["running"] and after[2]["running"]
+    again = atd_json("local", "up", "--dir", str(d), "--json")
+    assert all(n["running"] and len(n["peers"]) == 2 for n in again)
+    assert again[0]["pid"] == nodes[0]["pid"] and again[1]["pid"] != victim["pid"]  # only the dead one restarted
+    # another crashes, then `down` stops the others cleanly and cleans up after the dead one
+    os.kill(again[2]["pid"], signal.SIGKILL)
+    wait_until(lambda: _gone(again[2]["pid"]), 30, "the killed daemon to die")
+    lines = atd("local", "down", "--dir", str(d)).stdout.splitlines()
+    assert lines == ["node1: stopped", "node2: stopped", "node3: had exited (stale pidfile removed)"]
+    for n in again:
+        assert _gone(n["pid"])
+        home = Path(n["home"])
+        assert not (home / "daemon.pid").exists() and not (home / "control.sock").exists()
+    assert "shutting down" in (Path(again[0]["home"]) / "logs" / "daemon.log").read_text()
+    assert not any(n["running"] for n in atd_json("local", "status", "--dir", str(d), "--json"))
+
+
+def test_local_errors_are_one_line(tmp_path: Path) -> None:
+    p = atd("local", "status", "--dir", str(tmp_path / "none"), check=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "atd local up" in p.stderr
+    atd("init", "--home", str(tmp_path / "x" / "node1"))
+    p = atd("local", "up", "-n", "2", "--dir", str(tmp_path / "x"), check=False)
+    assert p.returncode == 1 and "already holds an atd node" in p.stderr and "Traceback" not in p.stderr
