@@ -426,7 +426,8 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     """A p-FESTA server and two clients with two tasks run as three OS processes on loopback.
     For the comparison the same two clients also join a FESTA server with the same setting,
     over real libp2p too, inside this test's process (three more interpreters would only add
-    start-up time). Then `atd split report` shows measured vs formula bytes for both."""
+    start-up time). Then `atd split report` shows measured vs formula bytes for both, and
+    (issue 10) the p-FESTA embedder was a secret the server never held (`_check_embedder_secret`)."""
     from tests.nodeprocs import ATD, _env, atd, start_daemon
 
     homes = make_consortium(tmp_path, 4)
