@@ -30,7 +30,7 @@ from pathlib import Path
 
 import trio
 
-from atdnode import control
+from atdnode import bodies, control
 from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
@@ -39,7 +39,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
-from atdnode.entry_bodies import blob_readers
+from atdnode.bodies import blob_readers
 from atdnode.sync import SYNC_PROTOCOL, genesis_extra, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
@@ -270,7 +270,7 @@ class NodeDaemon:
 
     async def append(self, kind: str, body: dict) -> Entry:
         """Sign and store an entry, and gossip it at once (no wait for the announce loop)."""
-        entry = await self.ledger.run(lambda led: led.append(self.identity.signer, kind, body))
+        entry = await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, kind, body))
         if entry.seq == self._announced_seq + 1:
             try:
                 await self.transport.publish(self.topic, entry.to_bytes())
@@ -299,7 +299,7 @@ class NodeDaemon:
         }
         if last is not None and last.get("addrs") == addrs and last.get("role") == body["role"]:
             return
-        await self.ledger.run(lambda led: led.append(self.identity.signer, "hello", body))
+        await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, "hello", body))
 
     # ---------------------------------------------------------------- sync
 
@@ -439,7 +439,7 @@ class NodeDaemon:
 
     def _may_read(self, peer: str, blob: str) -> bool:
         """Blob protocol: may member `peer` fetch `blob`? Yes unless an entry naming the blob
-        restricts it to a reader list (atdnode.entry_bodies) without `peer`."""
+        restricts it to a reader list (atdnode.bodies) without `peer`."""
         allowed = self._readers.get(blob)
         return allowed is None or peer in allowed
 

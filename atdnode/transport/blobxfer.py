@@ -15,7 +15,7 @@ Wire (every frame length-prefixed, see framing.py; headers are msgpack maps <= 6
 Members only. The server answers a non-member's stream with one refusal frame
 (`atdnode.access`, `{"ok": false, "refused": true, ...}`) before reading a request, and
 re-checks membership before every request, so a member revoked mid-stream is refused at
-its next request. A blob whose ledger entry carries a reader list (atdnode.entry_bodies)
+its next request. A blob whose ledger entry carries a reader list (atdnode.bodies)
 is served only to those readers: other members get `{"ok": false, "error": "not a reader"}`.
 
 Chunks are byte ranges [i*chunk_size, ...) of the blob, so a server needs no manifest of its
