@@ -30,7 +30,7 @@ from atdnode.split.rounds import Member
 from atdnode.split.session import EVAL_KINDS, meta_int, tensor
 from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
-from protocols.split_parts import build_plain_embedder, part_template
+from protocols.split_parts import embedder_state_bytes, part_template
 from protocols.split_state import SplitProtocolError, SplitStateError
 
 log = logging.getLogger("atd.split")
@@ -92,7 +92,7 @@ class Campaign:
             self.ph = {n: tensor_bytes(part_template(self.cfg, t, with_head=True, pool=pool)) - self.pt[n]
                        for n, t in self.tasks.items()}
         else:
-            emb = tensor_bytes(build_plain_embedder(self.cfg, seed=self.s.embedder_seed).state_dict())
+            emb = embedder_state_bytes(self.cfg)  # from shapes: the server never holds the embedder
             self.ph = {n: emb for n in self.tasks}
 
     async def save(self) -> None:

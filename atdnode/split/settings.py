@@ -16,6 +16,7 @@
 
 Every key is optional (defaults below: a tiny digits setting). `SplitSettings.offer()` is
 the public part a server announces in its signed `service` entry and tells each client.
+It holds nothing about the p-FESTA / MSD embedder: that is the clients' secret (`secret.py`).
 """
 from __future__ import annotations
 
@@ -56,7 +57,6 @@ class SplitSettings:
     lr: float = 3e-3
     weight_decay: float = 0.05
     seed: int = 0
-    embedder_seed: int = 0
     class_token: bool = False
     clients: int = 1
     start_timeout: float = 300.0
@@ -71,7 +71,7 @@ class SplitSettings:
         from protocols.split_parts import TaskSpec, ViTSplitConfig
 
         ints = {"rounds": 0, "steps_per_round": 1, "unifying_rounds": 1, "phase2_rounds": 0, "batch_size": 1,
-                "seed": 0, "embedder_seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
+                "seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
                 "max_frame": 1 << 16}
         for key, low in ints.items():
             v = getattr(self, key)
@@ -136,7 +136,7 @@ class SplitSettings:
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
                 "unifying_rounds": self.unifying_rounds, "batch_size": self.batch_size,
-                "embedder_seed": self.embedder_seed, "class_token": self.class_token,
+                "class_token": self.class_token,
                 "lr": self.lr, "upload_chunk": self.upload_chunk, "max_frame": self.max_frame,
                 "round_timeout": self.round_timeout}
 
@@ -154,6 +154,9 @@ class SplitSettings:
         if not isinstance(d, dict):
             raise SplitConfigError("[split] must be a table")
         known = {f.name for f in fields(cls)}
+        if "embedder_seed" in d:
+            raise SplitConfigError("split.embedder_seed is gone: the p-FESTA / MSD embedder is a secret the "
+                                   "clients make (p-FESTA §III-B); remove the key from config.toml")
         unknown = sorted(set(d) - known)
         if unknown:
             raise SplitConfigError(f"unknown split setting(s): {', '.join(unknown)}")
