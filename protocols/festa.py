@@ -16,9 +16,11 @@ One training step, as messages (kind: sender -> receiver, tensor)::
 with T = N patch tokens (default, tails average them) or 1+N with ``class_token=True``.
                                                             client updates head + tail
 
-Every ``unifying_rounds`` rounds, clients of the same task upload head+tail
-(``state_up``) and receive the sample-weighted average (``state_down``). Phase 2 freezes
-the body and keeps training (and unifying) heads and tails through it.
+The body takes one step per synchronous step on the task-averaged client gradients
+(Algorithm 1 l.12, see :mod:`protocols.split_server`). Every ``unifying_rounds`` rounds,
+clients of the same task upload head+tail (``state_up``) and receive their uniform
+average (``state_down``; sample-weighted with ``part_weighting="samples"``). Phase 2
+freezes the body and keeps training (and unifying) heads and tails through it.
 """
 from __future__ import annotations
 
@@ -201,6 +203,8 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
                 y = server.forward(cid, m.meta["task"], m.tensors["x"])
                 if vanish.get(cid) == (r, s):
                     gone.add(cid)
+                    # the others wait at the step barrier until the deadline drops it
+                    server.drop_client(cid, f"missed the round {r} deadline")
                     continue  # the client is gone: no gradient will come back
                 m = ch.send(cid, "down", "body_out", {"y": y})
                 g, loss = c.tail_step(m.tensors["y"])

@@ -17,6 +17,8 @@ by the mean over tokens; segmentation tails see tokens back in image order.
 """
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +47,12 @@ def permute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`permute_tokens` (differentiable: gradients flow back permuted)."""
     return permute_tokens(tokens, torch.argsort(perm, dim=1))
+
+
+def client_seed(seed: int, client_id: str) -> int:
+    """A 63-bit seed from a campaign seed and a client id (stable across processes)."""
+    digest = hashlib.sha256(f"{seed}\x00{client_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class FeatureStore:
@@ -121,12 +129,14 @@ class PFestaServer(BodyServer):
         self.store.receive(client_id, start, feats)
 
     def next_indices(self, client_id: str) -> list[int]:
-        """The server's choice of the client's next training batch."""
+        """The server's choice of the client's next training batch: a per-client shuffle whose
+        seed is a function of the campaign seed and the client id only (not of the order in
+        which clients joined or how far the body got), so the schedule is reproducible."""
         self.task_of(client_id)
         if client_id not in self._samplers:
             n = self.store.features[client_id].shape[0]
             self._samplers[client_id] = BatchSampler(n, min(self.batch_size, n),
-                                                     seed=self.seed + self.version + len(self._samplers))
+                                                     seed=client_seed(self.seed, client_id))
         return self._samplers[client_id].next().tolist()
 
     def forward(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
@@ -264,6 +274,8 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
                 m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
                 if vanish.get(cid) == (r, s):
                     gone.add(cid)
+                    # the others wait at the step barrier until the deadline drops it
+                    server.drop_client(cid, f"missed the round {r} deadline")
                     continue  # gone: its gradient never arrives
                 g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
                 server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
