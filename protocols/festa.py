@@ -24,6 +24,8 @@ freezes the body and keeps training (and unifying) heads and tails through it.
 """
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +39,7 @@ from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError
 
 TRAIN_KINDS = ("forward", "body_out", "grad_out", "grad_in", "state_up", "state_down")
+CALIBRATION_SAMPLES = 512  # training images whose body outputs fix the tail's BatchNorm at evaluation
 
 
 class FestaServer(BodyServer):
@@ -141,10 +144,16 @@ class FestaClient:
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
-        """Task metric on held-out data; ``infer`` carries head features through the server body."""
+        """Task metric on held-out data; ``infer`` carries head features through the server body.
+        The tail's BatchNorm statistics (avg pooling) are first recomputed at the final body
+        from up to ``CALIBRATION_SAMPLES`` training images (:meth:`TaskTail.calibrate`)."""
         self.head.eval()
-        self.tail.eval()
-        outs = [self.tail(infer(self.head(images[i:i + batch_size])))
+        tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
+        if tail.pool == "avg":
+            n = min(self.num_samples, CALIBRATION_SAMPLES)
+            tail.calibrate(torch.cat([tail.pooled(infer(self.head(self.images[i:i + batch_size])))
+                                      for i in range(0, n, batch_size)]))
+        outs = [tail(infer(self.head(images[i:i + batch_size])))
                 for i in range(0, images.shape[0], batch_size)]
         return task_metric(self.task, torch.cat(outs), targets)
 

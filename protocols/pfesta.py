@@ -17,6 +17,7 @@ by the mean over tokens; segmentation tails see tokens back in image order.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +33,7 @@ from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
 
 TRAIN_KINDS = ("upload", "body_out", "grad_out", "state_up", "state_down")
+CALIBRATION_SAMPLES = 512  # training images whose body outputs fix the tail's BatchNorm at evaluation
 
 
 def random_permutations(batch: int, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -223,12 +225,20 @@ class PFestaClient:
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
-        """Task metric on held-out images, sent permuted like training data."""
-        self.tail.eval()
+        """Task metric on held-out images, sent permuted like training data. First the tail's
+        BatchNorm statistics are recomputed at the final body from up to ``CALIBRATION_SAMPLES``
+        of this client's training images (:meth:`TaskTail.calibrate`; extra evaluation traffic,
+        not part of the paper's T_pFESTA)."""
+        tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
+        pooled = []
+        for i in range(0, min(self.num_samples, CALIBRATION_SAMPLES), batch_size):
+            feats, keys = self.embed(self.images[i:i + batch_size])
+            pooled.append(tail.pooled(unpermute_tokens(infer(feats), keys)))
+        tail.calibrate(torch.cat(pooled))
         outs = []
         for i in range(0, images.shape[0], batch_size):
             feats, keys = self.embed(images[i:i + batch_size])
-            outs.append(self.tail(unpermute_tokens(infer(feats), keys)))
+            outs.append(tail(unpermute_tokens(infer(feats), keys)))
         return task_metric(self.task, torch.cat(outs), targets)
 
     def cost_params(self, *, batch_size: int, steps_per_round: int, rounds: int, unifying_rounds: int,

@@ -113,3 +113,29 @@ def test_festa_same_result_with_clients_in_opposite_order(digits):
         assert torch.equal(p, q), n
     for cid in PARTS:
         assert all(torch.equal(v, p2[cid][k]) for k, v in p1[cid].items()), cid
+
+
+def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
+    """The issue's setting (an imbalanced 2-class task + digits, 28 px, default body and lr,
+    6 rounds x 20 steps): before the tail's BatchNorm was calibrated at the final body, this
+    seed predicted the minority class for every test image (accuracy 0.267)."""
+    from atdnode.split.settings import SplitSettings
+    from protocols.pfesta import run_pfesta_inprocess
+
+    torch.set_num_threads(1)
+    s = SplitSettings()
+    cfg = ViTSplitConfig(**{**s.body, "img_size": 28})
+    x, y = digits_images(28)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    x, y = x[perm], y[perm]
+    two = (y <= 2).long()  # minority share ~0.27
+    pn, dg = TaskSpec("pneumonia", "classification", 2), TaskSpec("digit", "classification", 10)
+    emb = build_plain_embedder(cfg, seed=102)
+    srv = PFestaServer(cfg, [pn, dg], batch_size=s.batch_size, lr=s.lr, seed=2)
+    a = PFestaClient("a", cfg, pn, x[:700], two[:700], emb, lr=s.lr, seed=2)
+    b = PFestaClient("b", cfg, dg, x[700:1400], y[700:1400], emb, lr=s.lr, seed=9)
+    res = run_pfesta_inprocess(srv, [a, b], rounds=6, steps_per_round=20, unifying_rounds=s.unifying_rounds,
+                               test_data={"a": (x[1400:], two[1400:]), "b": (x[1400:], y[1400:])})
+    majority = max(float(two[1400:].float().mean()), 1 - float(two[1400:].float().mean()))
+    assert res.metrics["a"]["accuracy"] > majority + 0.1, res.metrics  # better than any constant predictor
+    assert res.metrics["b"]["accuracy"] > 0.5, res.metrics  # chance 0.1
