@@ -190,7 +190,7 @@ def test_augmentation_only_small_classes_deterministic_three_ops():
     x = torch.rand(40, 3, 16, 16) * 2 - 1
     y = torch.tensor([0] * 20 + [1] * 20)
     ids = torch.arange(40)
-    aug = SmallClassAugment([5, 5000], threshold=1000, prob=1.0, seed=3)
+    aug = SmallClassAugment([5, 5000], threshold=1000, prob=1.0, seed=3, mode="inplace")
     out = aug(x, y, ids, epoch=0)
     assert out.shape == x.shape and out.min() >= -1 and out.max() <= 1
     assert torch.equal(out[20:], x[20:])  # the big class is untouched
@@ -204,7 +204,7 @@ def test_augmentation_only_small_classes_deterministic_three_ops():
         assert len(p) == 3 and set(p) <= set(OPS)
         assert -30 <= p.get("rotate", 0) <= 30 and 0.8 <= p.get("zoom", 1) <= 1.2
         assert 0.1 <= p.get("blur", 1) <= 2.0 and 0.5 <= p.get("brightness", 1) <= 1.5
-    assert SmallClassAugment([5], prob=0.0).active is False
+    assert SmallClassAugment([5], prob=0.0, mode="inplace").active is False
     assert SmallClassAugment([5000, 2000], threshold=1000).active is False
 
 

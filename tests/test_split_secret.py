@@ -11,10 +11,10 @@ import trio
 
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
-from atdnode.split.secret import (SplitSecretError, check_secret_entry, create_secret, ensure_hello,
-                                  open_secret)
+from atdnode.split.secret import (SplitSecretError, check_secret_body, check_secret_entry, create_secret,
+                                  ensure_hello, open_secret)
 from ledger import Ledger
-from ledger.bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody, readers_of
+from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
 from protocols.split_parts import ViTSplitConfig, build_plain_embedder
 from tests.split_checks import files_containing, secret_bytes
@@ -84,14 +84,13 @@ def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
 
 def test_bodies_validate() -> None:
     good = {"service": "ab" * 32, "recipients": ["a", "b"], "envelope": b"x", "alg": "A"}
-    assert SplitSecretBody.from_body(good).to_body() == good
+    assert check_secret_body(dict(good)) == good
     for bad in ({**good, "service": "zz"}, {**good, "recipients": ["b", "a"]}, {**good, "recipients": []},
-                {**good, "envelope": b""}, {**good, "extra": 1}, {k: v for k, v in good.items() if k != "alg"}):
+                {**good, "recipients": [1]}, {**good, "envelope": b""}, {**good, "envelope": "x"},
+                {k: v for k, v in good.items() if k != "alg"}):
         with pytest.raises(BodyError):
-            SplitSecretBody.from_body(bad)
-    assert readers_of({"readers": ["a", "b"]}) == ("a", "b") and readers_of({}) is None
-    with pytest.raises(BodyError):
-        readers_of({"readers": "a"})
+            check_secret_body(bad)
+    assert blob_readers({READERS: ["a", "b"]}) == {"a", "b"} and blob_readers({}) is None
 
 
 def test_pfesta_campaign_secret_never_reaches_the_server(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from atdnode.weights import load_weights, save_weights
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
 from protocols.msd import MSDTrainer
 from protocols.pfesta import FeatureStore
-from ledger.bodies import READERS
+from atdnode.bodies import READERS
 from protocols.split_parts import SplitBody, embedder_state_bytes
 from protocols.split_state import SplitProtocolError
 

@@ -4,7 +4,7 @@ patch embedder"; MSD §III: the permuted patch features are safe only while the 
 and position embedding stay with the clients).
 
 One campaign = one server ``service`` entry. Its secret is one ``split_secret`` entry
-(`ledger.bodies.SplitSecretBody`) whose envelope holds the embedder state as safetensors
+(`atdnode.bodies`, kind ``split_secret``) whose envelope holds the embedder state as safetensors
 bytes (`protocols.split_parts.EMBEDDER_KEYS`), sealed with
 `protocols.feature_crypto.seal_bytes` to every admitted member that announced an X25519 key,
 except the server and other split servers (their latest ``hello`` role), plus its author
@@ -20,6 +20,7 @@ A member admitted after the secret was made is not a recipient: it gets a clear
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -31,11 +32,13 @@ from atdnode.errors import AtdError
 from atdnode.features_share import announced_key
 from atdnode.identity import NodeIdentity
 from ledger import Entry, Ledger, peer_id_from_public_key
-from ledger.bodies import SPLIT_SECRET_KIND, BodyError, SplitSecretBody
+from atdnode import bodies
+from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_SECRET_KIND, BodyError
 from protocols.feature_crypto import ALG, FeatureCryptoError, open_sealed_bytes, seal_bytes, sealed_bytes_info
 from protocols.split_parts import ViTSplitConfig, build_plain_embedder, new_embedder_state
 
 PURPOSE = "atd-split-embedder-v1"
+_HEX_ID = re.compile(r"[0-9a-f]{64}\Z")
 SERVER_ROLES = ("festa-server", "pfesta-server", "msd-server")
 
 
@@ -83,11 +86,24 @@ def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ViTSpl
     recipients[ident.peer_id] = ident.x25519_public
     payload = st_save(new_embedder_state(cfg))
     env = seal_bytes(payload, recipients, ident.x25519_private, purpose=PURPOSE, sender_id=ident.peer_id)
-    body = SplitSecretBody(service=service_id, recipients=tuple(sorted(recipients)), envelope=env, alg=ALG)
-    return led.append(ident.signer, SPLIT_SECRET_KIND, body.to_body())
+    body = {"service": service_id, "recipients": sorted(recipients), "envelope": env, "alg": ALG}
+    return bodies.append(led, ident.signer, SPLIT_SECRET_KIND, check_secret_body(body))
 
 
-def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> SplitSecretBody:
+def check_secret_body(body: dict) -> dict:
+    """``body`` if it is a well-formed ``split_secret`` body (`atdnode.bodies` spec plus:
+    service a 64-hex id, recipients sorted and distinct, envelope of a sane size)."""
+    bodies.check_body(SPLIT_SECRET_KIND, body)
+    if not _HEX_ID.match(body["service"]):
+        raise BodyError("split_secret entry field 'service' must be the 64-hex id of a service entry")
+    if not body["recipients"] or body["recipients"] != sorted(set(body["recipients"])):
+        raise BodyError("split_secret entry field 'recipients' must be sorted, distinct, non-empty")
+    if not 0 < len(body["envelope"]) <= MAX_SPLIT_ENVELOPE:
+        raise BodyError(f"split_secret entry field 'envelope' must be 1..{MAX_SPLIT_ENVELOPE} bytes")
+    return body
+
+
+def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> dict:
     """The typed body of ``entry`` if it is a valid secret of campaign ``service_id``:
     right kind and campaign, authored by a member that is not the server, and an envelope
     whose public header agrees with the signed entry. SplitSecretError otherwise. This is
@@ -96,22 +112,22 @@ def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> SplitSecre
     if entry.kind != SPLIT_SECRET_KIND:
         raise SplitSecretError(f"{where} is a {entry.kind!r} entry")
     try:
-        body = SplitSecretBody.from_body(entry.body)
+        body = check_secret_body(entry.body)
     except BodyError as e:
-        raise SplitSecretError(f"{where}: {e.reason}") from None
-    if body.service != service_id:
-        raise SplitSecretError(f"{where} belongs to another campaign ({body.service[:12]})")
+        raise SplitSecretError(f"{where}: {e}") from None
+    if body["service"] != service_id:
+        raise SplitSecretError(f"{where} belongs to another campaign ({body['service'][:12]})")
     service = service_entry(led, service_id)
     if entry.author == service.author:
         raise SplitSecretError(f"{where} was made by the server itself")
     if not led.membership().is_member(entry.author):
         raise SplitSecretError(f"{where} was made by a non-member")
     try:
-        info = sealed_bytes_info(body.envelope)
+        info = sealed_bytes_info(body["envelope"])
     except FeatureCryptoError as e:
         raise SplitSecretError(f"{where}: {e}") from None
     author = peer_id_from_public_key(entry.author)
-    if info["purpose"] != PURPOSE or info["sender"] != author or tuple(info["recipients"]) != body.recipients:
+    if info["purpose"] != PURPOSE or info["sender"] != author or info["recipients"] != body["recipients"]:
         raise SplitSecretError(f"{where}: the envelope's purpose / sender / recipients differ from the entry")
     announced = announced_key(led, entry.author)
     if announced is None or info["sender_pub"] != announced.hex():
@@ -126,12 +142,12 @@ def open_secret(ident: NodeIdentity, led: Ledger, entry_id: str, service_id: str
     (never pickle) and checked against ``cfg`` (keys, shapes, float32, finite)."""
     entry = _secret_entry(led, entry_id, "is not in the local ledger")
     body = check_secret_entry(led, entry, service_id)
-    if ident.peer_id not in body.recipients:
+    if ident.peer_id not in body["recipients"]:
         raise SplitSecretError(f"this node is not a recipient of the campaign's embedder secret "
                                f"{entry_id[:12]} (made by {peer_id_from_public_key(entry.author)[-8:]} for "
-                               f"{len(body.recipients)} members before this node announced its key)")
+                               f"{len(body['recipients'])} members before this node announced its key)")
     try:
-        payload = open_sealed_bytes(body.envelope, ident.x25519_private, ident.peer_id, purpose=PURPOSE)
+        payload = open_sealed_bytes(body["envelope"], ident.x25519_private, ident.peer_id, purpose=PURPOSE)
         state = st_load(payload)
     except (FeatureCryptoError, SafetensorError) as e:
         raise SplitSecretError(f"split secret {entry_id[:12]}: {e}") from None
@@ -147,8 +163,8 @@ def ensure_hello(ident: NodeIdentity, led: Ledger, role: str = "client") -> Entr
     carries the key yet, so a campaign's secret can be sealed to it. Returns the new entry."""
     if announced_key(led, ident.public_key) == ident.x25519_public:
         return None
-    return led.append(ident.signer, "hello", {"addrs": [], "x25519": ident.x25519_public, "role": role,
-                                               "name": ""})
+    return bodies.append(led, ident.signer, "hello", {"addrs": [], "x25519": ident.x25519_public, "role": role,
+                                                      "name": ""})
 
 
 def adoptable(led: Ledger, entry_id: Any, service_id: str) -> str:

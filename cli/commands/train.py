@@ -50,7 +50,8 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
     augment_threshold: int = typer.Option(1000, "--augment-threshold", help="Classes with fewer samples are augmented."),
-    augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="Chance that a sample of a small class is augmented (three of five operations)."),
+    augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="--augment-inplace: chance that a sample of a small class is replaced by an augmented one."),
+    augment_inplace: bool = typer.Option(False, "--augment-inplace", help="Replace small-class samples in place instead of the paper's rule (enlarge each small class with extra samples made by three of five operations)."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."),
@@ -87,7 +88,8 @@ def train_cmd(
         transform = AdversarialTransform(pgd)
     opts = TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
-                        augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob, pretrained=pretrained, device=device,
+                        augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
+                        augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
                         progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)
