@@ -36,6 +36,7 @@ from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
 from atdnode.transport.base import FrameError, Stream, TransportError
+from atdnode.transport.limits import PeerLimits
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
@@ -56,6 +57,10 @@ class Session:
     admitted: bool = False
     clean: bool = False  # the client said bye
     dropped: str | None = None  # why the coordinator cancelled this session (told to the client)
+
+
+SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold (issue 11) ...
+SPLIT_STREAMS_TOTAL = 512  # ... and all peers together
 
 
 class SplitService:
@@ -83,6 +88,7 @@ class SplitService:
         # awaited with the round number after each completed (and saved) round; tests and
         # monitors hook in here (a slow observer holds the next round back)
         self.round_observers: list = []
+        self._stream_limits = PeerLimits(per_peer=SPLIT_STREAMS_PER_PEER, total=SPLIT_STREAMS_TOTAL)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -90,7 +96,7 @@ class SplitService:
         self.daemon = daemon
         if self.settings is None:
             self.settings = SplitSettings.load(self.home)
-        daemon.transport.set_stream_handler(SPLIT_PROTOCOL, self._handle)
+        daemon.transport.set_stream_handler(SPLIT_PROTOCOL, self._handle_limited)
 
     async def run(self, daemon: Any) -> None:
         """Load or create the server state, announce the offer, run the campaign, then keep
@@ -150,6 +156,18 @@ class SplitService:
                 await trio.sleep(2.0)
 
     # ------------------------------------------------------------------ sessions
+
+    async def _handle_limited(self, stream: Stream) -> None:
+        """At most SPLIT_STREAMS_PER_PEER live split streams per peer (a reconnect may overlap
+        the session it replaces); more are reset before a byte is read (issue 11)."""
+        lease = self._stream_limits.try_acquire(stream.remote_peer)
+        if lease is None:
+            log.warning("split stream from %s refused: it already holds %d", stream.remote_peer,
+                        self._stream_limits.live(stream.remote_peer))
+            await stream.reset()
+            return
+        with lease:
+            await self._handle(stream)
 
     async def _handle(self, stream: Stream) -> None:
         """One client session: admission, the algorithm's message loop, evaluation, bye."""
