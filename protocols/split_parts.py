@@ -278,12 +278,24 @@ class TaskTail(nn.Module):
         if self.task.kind == "segmentation":
             patches = tokens[:, 1:] if self.pool == "token" else tokens  # (B, N, D)
             return self.head(self.norm(patches)).squeeze(-1)  # (B, N)
-        # normalise every token, then pool: the per-token norm is the only non-linearity
-        # between a near-identity fresh body and the mean, and keeps spatial information
-        x = self.norm(tokens)  # (B, T, D)
-        pooled = x[:, 0] if self.pool == "token" else x.mean(1)  # (B, D)
-        out = self.head(self.bn(pooled))  # (B, K)
+        out = self.head(self.bn(self.pooled(tokens)))  # (B, K)
         return out.squeeze(-1) if self.task.kind == "regression" else out
+
+    def pooled(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, D): normalise every token, then pool (the per-token norm is the
+        only non-linearity between a near-identity fresh body and the mean, and keeps
+        spatial information)."""
+        x = self.norm(tokens)  # (B, T, D)
+        return x[:, 0] if self.pool == "token" else x.mean(1)
+
+    @torch.no_grad()
+    def calibrate(self, pooled: torch.Tensor) -> None:
+        """Set the probe BatchNorm's running statistics to those of ``pooled`` (M, D) ("precise
+        BN"). Its momentum averages lag behind a body that moves every step; with the
+        pooled features' small spread this lag alone made evaluation predict one class."""
+        if isinstance(self.bn, nn.BatchNorm1d) and pooled.shape[0] > 1:
+            self.bn.running_mean.copy_(pooled.mean(0))
+            self.bn.running_var.copy_(pooled.var(0))
 
 
 def task_loss(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -174,7 +174,8 @@ def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str)
     if entry is None or entry.kind != "service" or entry.author != public_key_from_peer_id(server):
         raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
     body = entry.body
-    for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds"):
+    for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds",
+                "part_weighting"):
         if body.get(key) != offer.get(key):
             raise SplitJoinError(f"the server's offer differs from its signed service entry in {key!r}")
     return entry.id.hex()

@@ -7,6 +7,7 @@
     rounds = 4            # training rounds (FESTA: phase 1; phase2_rounds more with the body frozen)
     steps_per_round = 4   # batches per client per round
     unifying_rounds = 2   # heads / tails averaged per task every n rounds
+    part_weighting = "uniform"  # that average: "uniform" (the papers) or "samples" (by sample count)
     batch_size = 16
     clients = 1           # round 1 opens once this many clients joined (p-FESTA / MSD: and uploaded) ...
     start_timeout = 300   # ... or once this many seconds passed with at least one
@@ -58,6 +59,7 @@ class SplitSettings:
     weight_decay: float = 0.05
     seed: int = 0
     class_token: bool = False
+    part_weighting: str = "uniform"
     clients: int = 1
     start_timeout: float = 300.0
     round_timeout: float = 120.0
@@ -85,6 +87,8 @@ class SplitSettings:
             raise SplitConfigError("split.round_timeout must be > 0")
         if self.rounds + self.phase2_rounds < 1:
             raise SplitConfigError("split.rounds + split.phase2_rounds must be >= 1")
+        if self.part_weighting not in ("uniform", "samples"):
+            raise SplitConfigError(f"split.part_weighting must be 'uniform' or 'samples', got {self.part_weighting!r}")
         if not isinstance(self.class_token, bool):
             raise SplitConfigError("split.class_token must be true or false")
         try:
@@ -136,7 +140,7 @@ class SplitSettings:
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
                 "unifying_rounds": self.unifying_rounds, "batch_size": self.batch_size,
-                "class_token": self.class_token,
+                "class_token": self.class_token, "part_weighting": self.part_weighting,
                 "lr": self.lr, "upload_chunk": self.upload_chunk, "max_frame": self.max_frame,
                 "round_timeout": self.round_timeout}
 
