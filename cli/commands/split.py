@@ -83,7 +83,7 @@ def join(
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Take part in at most R rounds (default: all)."),
     test_data: Optional[str] = typer.Option(None, help="Evaluation data spec (default: the test split of --data)."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the task metric at the end."),
-    no_sync: bool = typer.Option(False, "--no-sync", help="Do not pull the server's ledger."),
+    no_sync: bool = typer.Option(False, "--no-sync", help="Do not pull the server's ledger (p-FESTA / MSD still pull what the embedder secret needs)."),
     no_permute: bool = typer.Option(False, "--no-permute", help="p-FESTA/MSD: send patches in order (ablation)."),
     seed: int = typer.Option(0, help="Seed of this client's parts and sampling."),
     lr: Optional[float] = typer.Option(None, help="Client learning rate (default: the server's)."),
