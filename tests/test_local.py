@@ -58,3 +58,14 @@ def test_local_errors_are_one_line(tmp_path: Path) -> None:
     atd("init", "--home", str(tmp_path / "x" / "node1"))
     p = atd("local", "up", "-n", "2", "--dir", str(tmp_path / "x"), check=False)
     assert p.returncode == 1 and "already holds an atd node" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_ledger_wait(tmp_path: Path) -> None:
+    home = str(tmp_path / "n")
+    atd("init", "--home", home, "--genesis", "--consortium", "w")
+    gid = atd_json("ledger", "show", "--home", home, "--json")[0]["id"]
+    assert atd("ledger", "wait", "--home", home, gid).stdout.strip() == "1 entry here"
+    p = atd("ledger", "wait", "--home", home, "--timeout", "0.5", gid, "ab" * 32, check=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "entries abababababababab" in p.stderr
+    p = atd("ledger", "wait", "--home", home, "xyz", check=False)
+    assert p.returncode == 1 and "not a 64-hex-digit entry id" in p.stderr
