@@ -24,6 +24,8 @@ def up_cmd(
                                    "that node's daemon announces (set before it starts)."),
     init_only: bool = typer.Option(False, "--init-only", help="Only create the homes (e.g. to run `atd split "
                                    "configure` before the server starts); start nothing."),
+    daemon_arg: List[str] = typer.Option([], "--daemon-arg", help="Extra option for every `atd node start`, e.g. "
+                                         "--daemon-arg=--dashboard=127.0.0.1:0 (repeatable; remembered for restarts)."),
     as_json: bool = typer.Option(False, "--json", help="Print the nodes as JSON."),
 ) -> None:
     """Initialise N nodes in DIR (if not there yet), start their daemons as background processes
@@ -43,6 +45,7 @@ def up_cmd(
             raise CliError(f"--role {r!r}: expected NODE=ROLE, e.g. node1=pfesta-server")
         roles[name] = value
     nodes = localnet.up(dir, n, timeout=timeout, roles=roles, start=not init_only,
+                        extra_args=list(daemon_arg) or None,
                         log=lambda m: typer.echo(m, err=True))
     _print(nodes, as_json)
 
@@ -75,6 +78,8 @@ def _print(nodes, as_json: bool) -> None:
         typer.echo(f"# {n.name}{' (founder)' if n.founder else ''}  {n.peer_id}  {state}")
         for a in n.addrs[:1]:
             typer.echo(f"#   {a}")
+        if n.dashboard:
+            typer.echo(f"#   dashboard {n.dashboard}")
         typer.echo(f"export ATD_HOME={n.home}")
 
 
