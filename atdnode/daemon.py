@@ -40,6 +40,7 @@ from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
+from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -64,6 +65,8 @@ class NodeDaemon:
         sync_interval: float = 10.0,
         poll_interval: float = 0.25,
         auto_fetch: bool = True,
+        dashboard: tuple[str, int] | None = None,
+        dashboard_public: bool = False,
     ) -> None:
         self.home = home.require()
         self.identity = NodeIdentity.load(home)
@@ -93,6 +96,11 @@ class NodeDaemon:
         # `install(daemon)` (called once the transport runs: register stream handlers) and
         # `async run(daemon)` (started in the daemon's nursery). Tests may append their own.
         self.services: list = role_services(home, self.config)
+        self.dashboard = None
+        if dashboard is not None:  # read-only web page + /metrics + /healthz (atdnode.dashboard)
+            from atdnode.dashboard import Dashboard
+
+            self.dashboard = Dashboard(self, host=dashboard[0], port=dashboard[1], public=dashboard_public)
 
     def _libp2p_transport(self) -> Transport:
         from atdnode.transport.libp2p_transport import Libp2pTransport
@@ -115,6 +123,8 @@ class NodeDaemon:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(control.serve, self.home.control_socket, self._control)
+                if self.dashboard is not None:
+                    await nursery.start(self.dashboard.serve)
                 self._write_state()
                 nursery.start_soon(self._merge_loop)
                 nursery.start_soon(self._announce_loop)
@@ -137,7 +147,8 @@ class NodeDaemon:
         self._stop.set()
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time()}
+        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time(),
+                 "dashboard": self.dashboard.url if self.dashboard is not None else None}
         tmp = self.home.root / "daemon.json.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(self.home.root / "daemon.json")
@@ -345,6 +356,7 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
+            mine = {peer_id_from_public_key(k) for k in led.membership().keys_of(me)}  # earlier ids after a key rotation
             for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
                     self._manifests.setdefault(e.body["blob"], e.body["manifest"])
@@ -354,7 +366,8 @@ class NodeDaemon:
                         continue
                     blob = e.body.get("blob")
                     recipients = e.body.get("recipients")
-                    if kind == "features" and recipients is not None and self.identity.peer_id not in recipients:
+                    if kind == "features" and recipients is not None and not (
+                            isinstance(recipients, list) and mine & {r for r in recipients if isinstance(r, str)}):
                         continue  # sealed to others: useless to us
                     if isinstance(blob, str) and not self.store.has(blob):
                         out.add(blob)
@@ -441,6 +454,7 @@ class NodeDaemon:
             "wanted": sorted(self._wanted),
             "bytes": self.transport.bytes_counters(),
             "stats": dict(self.stats),
+            "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
 
 

@@ -188,10 +188,19 @@ def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = Non
     return SharedFeatures(entry=entry, blob=blob, size=len(sealed), recipients=sorted(keys), shape=body["shape"])
 
 
+def own_peer_ids(led: Ledger, peer_id: str) -> set[str]:
+    """`peer_id` and the ids this node had before rotating its key (features sealed to those
+    are still ours: the X25519 key survives a rotation)."""
+    m = led.membership()
+    return {peer_id_from_public_key(k) for k in m.keys_of(public_key_from_peer_id(peer_id))}
+
+
 def addressed_to(led: Ledger, peer_id: str) -> list[Entry]:
-    """`features` entries whose recipients include `peer_id` (log order)."""
+    """`features` entries whose recipients include `peer_id` or its earlier ids (log order)."""
+    mine = own_peer_ids(led, peer_id)
     return [e for e in led.query(kind="features")
-            if isinstance(e.body.get("recipients"), list) and peer_id in e.body["recipients"]]
+            if isinstance(e.body.get("recipients"), list)
+            and mine & {r for r in e.body["recipients"] if isinstance(r, str)}]
 
 
 def open_features(ident: NodeIdentity, store: BlobStore, led: Ledger, entry: Entry) -> OpenedFeatures:
@@ -213,8 +222,10 @@ def open_features(ident: NodeIdentity, store: BlobStore, led: Ledger, entry: Ent
     announced = announced_key(led, entry.author)
     if announced is not None and info["sender_pub"] != announced.hex():
         raise FeaturesError(f"{where}: sealed with an X25519 key its author never announced")
+    mine = sorted(own_peer_ids(led, ident.peer_id) & {r for r in info["recipients"] if isinstance(r, str)}) \
+        or [ident.peer_id]
     try:
-        opened = open_sealed(raw, ident.x25519_private, ident.peer_id)
+        opened = open_sealed(raw, ident.x25519_private, mine[0])
     except FeatureCryptoError as exc:
         raise FeaturesError(f"{where}: cannot decrypt: {exc}") from None
     if opened.class_names != body.get("classes"):

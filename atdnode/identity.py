@@ -110,7 +110,8 @@ def init_home(
     With `consortium`, this node founds it: its ledger gets the signed genesis entry. With
     `join` (hex genesis id), the ledger is pinned to that consortium and will accept only
     its genesis. Neither: the node joins later (`config.genesis_id` stays unset).
-    ConfigError if the home already holds a node or the arguments conflict.
+    A home holding only both key files (`atd key import`) keeps them. ConfigError if the
+    home already holds a node or the arguments conflict.
     """
     from atdnode.config import NodeConfig
 
@@ -124,9 +125,13 @@ def init_home(
             pin = None
         if pin is None or len(pin) != 32:
             raise ConfigError(f"--join needs a 64-hex-digit genesis entry id, got {join!r}")
-    if home.key_file.exists() or home.config_file.exists() or home.ledger_db.exists():
+    if home.config_file.exists() or home.ledger_db.exists():
         raise ConfigError(f"{home.root} already holds an atd node; refusing to overwrite it")
-    ident = NodeIdentity.create(home)
+    if home.key_file.exists() and home.x25519_key_file.exists():
+        ident = NodeIdentity.load(home)  # keys restored by `atd key import`: initialise around them
+        home.make_dirs()
+    else:
+        ident = NodeIdentity.create(home)
     cfg = NodeConfig(name=name or home.root.name, consortium=consortium)
     try:
         with Ledger.open(home.ledger_db, genesis_id=pin) as led:

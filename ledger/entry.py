@@ -23,6 +23,24 @@ ZERO_HASH = b"\0" * 32
 MAX_COUNTER = 1 << 62
 KIND_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
 KINDS = ("genesis", "member", "hello", "weights", "features", "aggregate", "metrics", "service")
+ROTATE_DOMAIN = b"atd-rotate-v1\0"
+
+
+def rotation_message(old: bytes, new: bytes) -> bytes:
+    """What the new key signs to accept `old`'s identity: ROTATE_DOMAIN || old || new."""
+    return ROTATE_DOMAIN + old + new
+
+
+def rotation_proof_ok(old: bytes, body: dict) -> bool:
+    """Is `body` a rotate body whose proof is the new key's signature over `rotation_message`?"""
+    new, proof = body.get("member"), body.get("proof")
+    if body.get("action") != "rotate" or not _is_key(new) or not isinstance(proof, bytes) or len(proof) != SIGNATURE_LEN:
+        return False
+    try:
+        verify_signature(new, proof, rotation_message(old, new))
+    except LedgerError:
+        return False
+    return True
 
 
 def _is_key(v: Any) -> bool:
@@ -35,6 +53,8 @@ def check_body(kind: str, body: dict, author: bytes) -> None:
     genesis: {"consortium": str (1..64), "founder": author, "members": [[pubkey32, admin: bool], ...]}
     member:  {"action": "admit", "member": pubkey32, "admin": bool[, "name": str]}
              {"action": "revoke", "member": pubkey32, "upto": int >= 0}
+             {"action": "rotate", "member": new_pubkey32, "proof": sig64}  (signed by the old key;
+              `proof` is the new key's signature over ROTATE_DOMAIN || old || new, see membership.py)
     """
     if kind == "genesis":
         if set(body) != {"consortium", "founder", "members"}:
@@ -55,8 +75,10 @@ def check_body(kind: str, body: dict, author: bytes) -> None:
             allowed, required = {"action", "member", "admin", "name"}, {"action", "member", "admin"}
         elif action == "revoke":
             allowed = required = {"action", "member", "upto"}
+        elif action == "rotate":
+            allowed = required = {"action", "member", "proof"}
         else:
-            raise MalformedEntry("member action must be 'admit' or 'revoke'")
+            raise MalformedEntry("member action must be 'admit', 'revoke' or 'rotate'")
         if not required <= set(body) <= allowed:
             raise MalformedEntry(f"member {action} body needs keys {sorted(required)}")
         if not _is_key(body["member"]):
@@ -67,6 +89,8 @@ def check_body(kind: str, body: dict, author: bytes) -> None:
             raise MalformedEntry("member name must be a string of at most 128 characters")
         if action == "revoke" and not (type(body["upto"]) is int and 0 <= body["upto"] < MAX_COUNTER):
             raise MalformedEntry("revoke upto must be a non-negative int")
+        if action == "rotate" and (body["member"] == author or not rotation_proof_ok(author, body)):
+            raise MalformedEntry("rotate needs a new key and that key's signature over the rotation")
 
 
 def _check_fields(author: bytes, seq: int, prev: bytes, lamport: int, kind: str, body: dict) -> None:

@@ -24,7 +24,8 @@ from ledger.errors import (
 )
 from ledger.keys import Signer
 from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
-from ledger.merge import Batch, MergeResult, store_membership
+from ledger.keys import peer_id_from_public_key
+from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
 from ledger.store import ZERO, Store
 from ledger.verify import VerifyReport, verify_store
 
@@ -93,6 +94,10 @@ class Ledger:
                 raise Equivocation("this key forked its chain; it may not append", author=me)
             status = s.member_status(me)
             if status is not None and status.revoked:
+                new = stored_rotations(s).get(me)
+                if new is not None:
+                    raise RevokedAuthor(f"this key was rotated to {peer_id_from_public_key(new)}; "
+                                        "it may not sign new entries (use the node's new key)", author=me)
                 raise RevokedAuthor("this key's membership was revoked", author=me)
             if kind == "member":
                 self._check_member_change(signer, body, store_membership(s))
@@ -130,20 +135,31 @@ class Ledger:
     def _check_member_change(signer: Signer, body: dict, m: Membership) -> None:
         me = signer.public_key
         target = body.get("member") if isinstance(body, dict) else None
+        if isinstance(body, dict) and body.get("action") == "rotate":
+            if not m.is_member(me):
+                raise UnknownAuthor("only an admitted, non-revoked member can rotate its key", author=me)
+            if isinstance(target, bytes) and (target in m.members or target in m.rotations.values()):
+                raise MalformedEntry("the new key must be fresh (it is already known to this consortium)",
+                                     author=target)
+            return
+        status = m.members.get(target) if isinstance(target, bytes) else None
+        if body.get("action") == "revoke" and status is not None and target in m.rotations:
+            raise RevokedAuthor(f"that key was rotated to {peer_id_from_public_key(m.current(target))}; "
+                                "revoke the current key", author=target)
         if not m.is_admin(me):
             raise NotAdmin("only an admin can admit or revoke members", author=me)
         status = m.members.get(target) if isinstance(target, bytes) else None
         if body.get("action") == "admit":
             if status is not None and status.revoked:
                 raise RevokedAuthor("that key was revoked; revocation is permanent", author=target)
-            if body.get("admin") and me != m.founder:
+            if body.get("admin") and not m.is_founder(me):
                 raise NotAdmin("only the founder can grant admin", author=me)
         elif body.get("action") == "revoke":
-            if target == m.founder:
+            if target == m.founder or m.is_founder(target):
                 raise NotAdmin("the founder cannot be revoked", author=me)
             if status is None:
                 raise UnknownAuthor("cannot revoke a key that is not a member", author=target)
-            if status.admin and me != m.founder:
+            if status.admin and not m.is_founder(me):
                 raise NotAdmin("only the founder can revoke an admin", author=me)
 
     def create_genesis(self, signer: Signer, consortium: str, members: Iterable[tuple[bytes, bool]] = ()) -> Entry:
@@ -159,9 +175,21 @@ class Ledger:
         return self.append(signer, "member", body)
 
     def revoke(self, signer: Signer, key: bytes) -> Entry:
-        """Revoke `key`, accepting its entries up to the highest seq this ledger has in its log."""
+        """Revoke `key` (or the key it rotated to), accepting its entries up to the highest seq
+        this ledger has in its log."""
+        key = self.membership().current(key)
         upto = self.heads().get(key, 0)
         return self.append(signer, "member", {"action": "revoke", "member": key, "upto": upto})
+
+    def rotate(self, old: Signer, new: Signer) -> Entry:
+        """Move `old`'s membership to the fresh key `new`: a `member` rotate entry signed by `old`
+        carrying `new`'s signature over the rotation. `old`'s earlier entries stay valid; it can
+        sign nothing after this one. Raises UnknownAuthor / RevokedAuthor if `old` may not write,
+        MalformedEntry if `new` is already known here."""
+        from ledger.entry import rotation_message
+
+        proof = new.sign(rotation_message(old.public_key, new.public_key))
+        return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
 
     def merge(self, items: Iterable[Entry | bytes]) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
@@ -238,6 +266,11 @@ class Ledger:
         with self._lock:
             counts = dict(self._store.conn.execute("SELECT state, COUNT(*) FROM entries GROUP BY state"))
         return {name: counts.get(st, 0) for st, name in STATE_NAMES.items()}
+
+    def kind_counts(self) -> dict[str, int]:
+        """Entries in the log, by kind."""
+        with self._lock:
+            return dict(self._store.conn.execute("SELECT kind, COUNT(*) FROM entries WHERE state=0 GROUP BY kind"))
 
     def raw_rows(self) -> list[bytes]:
         """Wire bytes of every stored entry: log first (log order), then held and evidence."""

@@ -21,6 +21,14 @@ Rules (per author X; "chain" = X's stored rows at seq 1, 2, ... while contiguous
   member entry. Revocation is permanent: a revoke ``{"member": K, "upto": n}`` by an admin
   (by the founder, if K is an admin) cuts K's accepted entries to seq <= n (the smallest
   `upto` wins). A member entry by a non-admin is kept in the log but has no effect.
+* Rotation: a member X moves to a new key Y with ``{"action": "rotate", "member": Y,
+  "proof": sig}`` in its own chain, where `proof` is Y's signature over
+  ``ROTATE_DOMAIN || X || Y`` (entry.py). X's chain ends there: its entries up to the
+  rotate entry stay in the log, later ones never enter it (X reads as revoked with
+  ``upto`` = the rotate seq, and `rotations[X] = Y`). The rotation takes effect unless X
+  was revoked before it (a cut below the rotate seq); then Y inherits X's membership,
+  admin flag and name, and the founder's powers when X is the founder (or its successor).
+  A revocation names one key: to revoke a node after its rotation, revoke its new key.
 * Log = for each member, its chain up to the revocation cut. Entries of keys not (yet)
   admitted, beyond a gap, or beyond a cut are *held*: stored, waiting, and they enter the
   log if a later admission / predecessor / un-cut makes them eligible.
@@ -30,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
+from ledger.entry import rotation_proof_ok
 from ledger.errors import (
     Equivocation, LedgerError, RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor,
 )
@@ -65,6 +74,23 @@ class Membership:
     genesis_id: bytes | None
     founder: bytes | None
     members: dict[bytes, MemberStatus] = field(default_factory=dict)
+    rotations: dict[bytes, bytes] = field(default_factory=dict)  # old key -> new key (effective rotations)
+
+    def current(self, key: bytes) -> bytes:
+        """The key that now carries `key`'s identity (itself unless it rotated away)."""
+        seen = {key}
+        while key in self.rotations and self.rotations[key] not in seen:
+            key = self.rotations[key]
+            seen.add(key)
+        return key
+
+    def keys_of(self, key: bytes) -> list[bytes]:
+        """Every key that carried `key`'s identity: `key` and the keys that rotated to it."""
+        return [key] + [k for k in self.rotations if k != key and self.current(k) == key]
+
+    def is_founder(self, key: bytes) -> bool:
+        """The founder's current key (the genesis author, or the key it rotated to)."""
+        return self.founder is not None and key == self.current(self.founder)
 
     def is_member(self, key: bytes) -> bool:
         """Admitted and not revoked."""
@@ -133,24 +159,53 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
 
     founder = g.author
     gbody = bodies[g.id]
-    admins = {founder} | {bytes(k) for k, adm in gbody["members"] if adm}
     initial = {bytes(k) for k, _ in gbody["members"]}
     names: dict[bytes, str] = {}
+
+    # Rotations: the first valid rotate entry in a chain ends that chain (see module docstring).
+    rot: dict[bytes, tuple[int, bytes]] = {}
+    for author, c in chain.items():
+        for i, r in enumerate(c):
+            b = bodies.get(r.id) if r.kind == "member" else None
+            if b is not None and b.get("action") == "rotate" and rotation_proof_ok(author, b):
+                rot[author] = (r.seq, b["member"])
+                del c[i + 1:]
+                break
+
+    def lineage(k: bytes) -> list[bytes]:
+        out = [k]
+        while k in rot and rot[k][1] not in out:
+            k = rot[k][1]
+            out.append(k)
+        return out
 
     def member_bodies(author: bytes, upto: int | None) -> list[tuple[Row, dict]]:
         return [(r, bodies[r.id]) for r in chain.get(author, ())
                 if r.kind == "member" and (upto is None or r.seq <= upto)]
 
-    founder_entries = member_bodies(founder, None)
+    founder_keys = lineage(founder)  # the founder cannot be revoked, so its rotations always count
+    founder_entries = [rb for k in founder_keys for rb in member_bodies(k, None)]
+    admins = set(founder_keys) | {bytes(k) for k, adm in gbody["members"] if adm}
     cut: dict[bytes, int] = {}
     for _, b in founder_entries:
         if b["action"] == "admit" and b["admin"]:
             admins.add(b["member"])
-    for _, b in founder_entries:
-        t = b["member"]
-        if b["action"] == "revoke" and t != founder and t in admins:
-            cut[t] = min(cut.get(t, b["upto"]), b["upto"])
+        elif b["action"] == "revoke" and b["member"] not in founder_keys:
+            cut[b["member"]] = min(cut.get(b["member"], b["upto"]), b["upto"])
 
+    def rotated(k: bytes) -> bool:
+        """k's rotation took effect: it has one and k was not cut before it."""
+        return k in rot and cut.get(k, rot[k][0]) >= rot[k][0]
+
+    def close(keys: set[bytes]) -> None:
+        todo = list(keys)
+        while todo:
+            k = todo.pop()
+            if rotated(k) and rot[k][1] not in keys:
+                keys.add(rot[k][1])
+                todo.append(rot[k][1])
+
+    close(admins)
     effective: list[tuple[Row, dict]] = []
     for k in admins:
         effective.extend(member_bodies(k, cut.get(k)))
@@ -162,8 +217,16 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
             members.add(t)
             if "name" in b:
                 names[t] = b["name"]
-        elif t not in admins:  # revocations of admins come only from the founder (handled above)
+        elif b["action"] == "revoke" and t not in admins:  # admins are revoked by the founder (above)
             cut[t] = min(cut.get(t, b["upto"]), b["upto"])
+    close(members)
+    rotations = {k: rot[k][1] for k in members if rotated(k)}
+    for old_key in sorted(rotations, key=lambda k: rot[k][0]):
+        for k in lineage(old_key)[1:]:
+            if k not in names and old_key in names:
+                names[k] = names[old_key]
+    for k in rotations:  # the old key reads as revoked after its rotate entry
+        cut[k] = rot[k][0]
 
     statuses = {k: MemberStatus(admin=k in admins, revoked=k in cut, upto=cut.get(k), name=names.get(k))
                 for k in members}
@@ -173,7 +236,7 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
             if limit is not None and r.seq > limit:
                 break
             states[r.id] = LOG
-    return Derived(states, Membership(gbody["consortium"], genesis_id, founder, statuses), freeze)
+    return Derived(states, Membership(gbody["consortium"], genesis_id, founder, statuses, rotations), freeze)
 
 
 def why_not_logged(row: Row, freeze: int | None, m: Membership) -> LedgerError:
@@ -187,5 +250,8 @@ def why_not_logged(row: Row, freeze: int | None, m: Membership) -> LedgerError:
     if status is None:
         return UnknownAuthor("author is not a member", **where)
     if status.revoked and status.upto is not None and row.seq > status.upto:
+        if row.author in m.rotations:
+            return RevokedAuthor(f"author rotated to a new key at seq {status.upto}; the old key signs nothing after it",
+                                 **where)
         return RevokedAuthor(f"author was revoked after seq {status.upto}", **where)
     return SeqGap(f"author's seq {row.seq - 1} (or earlier) is missing", **where)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ledger.encoding import decode_payload
+from ledger.encoding import decode_payload, pack, unpack
 from ledger.entry import Entry
 from ledger.errors import BrokenLink, Equivocation, LedgerError, RevokedAuthor, SeqGap, UnknownAuthor, WrongConsortium
 from ledger.membership import EVIDENCE, HELD, LOG, MemberStatus, Membership, Row, derive, why_not_logged
@@ -46,7 +46,18 @@ class MergeResult:
 
 
 def store_membership(store: Store) -> Membership:
-    return Membership(store.meta("consortium"), store.genesis_pin(), store.meta("founder"), store.all_members())
+    return Membership(store.meta("consortium"), store.genesis_pin(), store.meta("founder"), store.all_members(),
+                      stored_rotations(store))
+
+
+def stored_rotations(store: Store) -> dict[bytes, bytes]:
+    """Effective key rotations (old -> new), cached in meta by the last re-derivation."""
+    raw = store.meta("rotations")
+    return {bytes(a): bytes(b) for a, b in unpack(raw)} if raw else {}
+
+
+def pack_rotations(rotations: dict[bytes, bytes]) -> bytes:
+    return pack(sorted([k, v] for k, v in rotations.items()))
 
 
 class Batch:
@@ -158,6 +169,8 @@ class Batch:
                 self._set_state(r.id, old, new)
         s.replace_members(d.membership.members)
         s.replace_frozen(d.freeze)
+        if d.membership.rotations or s.meta("rotations") is not None:
+            s.set_meta("rotations", pack_rotations(d.membership.rotations))
         for key, value in (("consortium", d.membership.consortium), ("founder", d.membership.founder)):
             if value is None:
                 s.conn.execute("DELETE FROM meta WHERE key=?", (key,))

@@ -126,6 +126,10 @@ def _verify(store: Store) -> VerifyReport:
                             f"{STATE_NAMES[want]}", author=row.author, seq=row.seq, entry_id=row.id)
     if store.all_members() != d.membership.members:
         raise TamperedStore("stored member table disagrees with the membership entries")
+    from ledger.merge import stored_rotations
+
+    if stored_rotations(store) != d.membership.rotations:
+        raise TamperedStore("stored key-rotation table disagrees with the membership entries")
     if store.all_frozen() != d.freeze:
         raise TamperedStore("stored fork table disagrees with the entries")
     m = d.membership

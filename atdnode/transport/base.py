@@ -138,3 +138,9 @@ class Transport(ABC):
         """Application bytes sent / received so far (`{"sent": n, "received": m}`): stream
         frames and gossip payloads, without muxer/encryption overhead."""
         return {"sent": 0, "received": 0}
+
+    def bytes_by_protocol(self) -> dict[str, tuple[int, int]]:
+        """The same bytes split by protocol: `{protocol: (sent, received)}` ("gossip" for pubsub)."""
+        counter = getattr(self, "_counter", None)
+        rows = getattr(counter, "by_protocol", {})
+        return {p: (r[0], r[1]) for p, r in list(rows.items())}

@@ -30,6 +30,7 @@ import trio
 
 from atdnode.transport.base import FrameError, Stream, StreamClosed, TransportError
 from atdnode.transport.blobwire import HEADER_MAX, TOKEN_BYTES, check_chunk_header, chunk_request, pack, unpack
+from atdnode.transport.framing import Counter
 
 if TYPE_CHECKING:
     from atdnode.transport.blobxfer import BlobServer
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LEN = struct.Struct(">I")
+BULK_BYTES = Counter()  # every bulk connection of this process, for the daemon's /metrics (protocol "bulk")
 ACCEPT_TIMEOUT = 10.0  # server: how long a token stays usable
 SOCK_BUF = 4 << 20
 
@@ -71,6 +73,7 @@ class BlockingFrames:
             raise TransportError(f"bulk connection with {self.peer} stalled") from e
         except OSError as e:
             raise TransportError(f"bulk connection with {self.peer} broke: {e}") from e
+        BULK_BYTES.count("bulk", received=got)
         return got
 
     def read_frame(self, max_size: int, into: bytearray | None = None) -> bytearray | memoryview:
@@ -95,6 +98,7 @@ class BlockingFrames:
     def _send(self, data: bytes) -> None:
         try:
             self.sock.sendall(data)
+            BULK_BYTES.count("bulk", sent=len(data))
         except socket.timeout as e:
             raise TransportError(f"bulk connection with {self.peer} stalled") from e
         except OSError as e:
@@ -106,6 +110,7 @@ class BlockingFrames:
         try:
             if self.sock.sendfile(f, off, n) != n:
                 raise TransportError(f"blob file shrank while sending to {self.peer}")
+            BULK_BYTES.count("bulk", sent=n)
         except socket.timeout as e:
             raise TransportError(f"bulk connection with {self.peer} stalled") from e
         except OSError as e:

@@ -41,13 +41,25 @@ class ByteStream(Protocol):
 
 
 class Counter:
-    """Byte counters shared by the streams of one transport (`bytes_counters()`)."""
+    """Byte counters shared by the streams of one transport (`bytes_counters()`).
 
-    __slots__ = ("sent", "received")
+    `sent` / `received` are totals; `by_protocol[name] = [sent, received]` splits them by
+    stream protocol ("gossip" for pubsub messages), for the daemon's /metrics.
+    """
+
+    __slots__ = ("sent", "received", "by_protocol")
 
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
+        self.by_protocol: dict[str, list[int]] = {}
+
+    def count(self, protocol: str, *, sent: int = 0, received: int = 0) -> None:
+        self.sent += sent
+        self.received += received
+        row = self.by_protocol.setdefault(protocol or "other", [0, 0])
+        row[0] += sent
+        row[1] += received
 
     def as_dict(self) -> dict[str, int]:
         return {"sent": self.sent, "received": self.received}
@@ -97,7 +109,7 @@ class FramedStream(Stream):
             del self._buf[:n]
         else:
             out = await self._read_large(n)
-        self._counter.received += HEADER.size + n
+        self._counter.count(self.protocol, received=HEADER.size + n)
         return out
 
     async def _read_large(self, n: int) -> bytes:
@@ -124,7 +136,7 @@ class FramedStream(Stream):
         else:
             await self.raw.send_all(HEADER.pack(n))
             await self.raw.send_all(data)
-        self._counter.sent += HEADER.size + n
+        self._counter.count(self.protocol, sent=HEADER.size + n)
 
     async def close(self) -> None:
         if not self._closed:

@@ -333,7 +333,7 @@ class Libp2pTransport(Transport):
             if msg.from_id == mine:
                 continue
             frm = self._forwarders.pop(pubsub.get_message_id(msg), None) or ID(msg.from_id).to_base58()
-            self._counter.received += len(msg.data)
+            self._counter.count("gossip", received=len(msg.data))
             try:
                 await handler(msg.data, frm)
             except Exception:  # a handler bug must not kill the transport
@@ -352,7 +352,7 @@ class Libp2pTransport(Transport):
             await pubsub.publish(topic, bytes(data))
         except Exception as e:
             raise TransportError(f"publish on {topic} failed: {e}") from e
-        self._counter.sent += len(data)
+        self._counter.count("gossip", sent=len(data))
 
     # -- streams -----------------------------------------------------------------------
 

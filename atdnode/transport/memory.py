@@ -332,7 +332,7 @@ class MemoryTransport(Transport):
         self._seqno += 1
         msg = (self.peer_id, self._seqno, topic, bytes(data))
         self._remember((self.peer_id, self._seqno))
-        self._counter.sent += len(data)
+        self._counter.count("gossip", sent=len(data))
         self._relay(msg, exclude=())
 
     def _remember(self, mid: tuple[str, int]) -> bool:
@@ -377,7 +377,7 @@ class MemoryTransport(Transport):
         sub = self._subs.get(topic)
         if sub is None or forwarder not in self._conns or not self._remember((origin, seqno)):
             return
-        self._counter.received += len(data)
+        self._counter.count("gossip", received=len(data))
         try:
             ok = bool(sub.validator(data, forwarder))
         except Exception:

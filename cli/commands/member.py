@@ -69,13 +69,18 @@ def list_members(
     with led:
         m = led.membership()
     rows = [{"peer_id": peer_id_from_public_key(k), "admin": s.admin, "revoked": s.revoked, "upto": s.upto,
-             "name": s.name, "founder": k == m.founder} for k, s in sorted(m.members.items())]
+             "name": s.name, "founder": k == m.founder,
+             "rotated_to": peer_id_from_public_key(m.rotations[k]) if k in m.rotations else None}
+            for k, s in sorted(m.members.items())]
     if as_json:
         typer.echo(json.dumps({"consortium": m.consortium, "members": rows}))
         return
     typer.echo(f"consortium: {m.consortium or '(no genesis yet)'}")
     for r in rows:
-        flags = [f for f, on in (("founder", r["founder"]), ("admin", r["admin"]), ("revoked", r["revoked"])) if on]
+        flags = [f for f, on in (("founder", r["founder"]), ("admin", r["admin"]),
+                                 ("revoked", r["revoked"] and not r["rotated_to"])) if on]
+        if r["rotated_to"]:
+            flags.append(f"rotated->{r['rotated_to'][:16]}")
         typer.echo(f"{r['peer_id']}  {','.join(flags) or 'member'}  {r['name'] or ''}".rstrip())
 
 

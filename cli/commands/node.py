@@ -27,6 +27,8 @@ def start(
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
+    dashboard: Optional[str] = typer.Option(None, "--dashboard", help="Serve the read-only web dashboard, /metrics and /healthz on HOST:PORT (loopback only unless --dashboard-public; port 0 picks one)."),
+    dashboard_public: bool = typer.Option(False, "--dashboard-public", help="Allow --dashboard on a non-loopback address (put it behind your own TLS and access control)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Log only to HOME/logs/daemon.log (rotated by size; "
                                "[logs] max_bytes / backups in config.toml), not to stderr."),
@@ -35,7 +37,8 @@ def start(
 
     Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
     service manager can run just `atd node start --home DIR`. Prints each listen address
-    (with /p2p/<peer id>) on stdout once the node is ready.
+    (with /p2p/<peer id>) on stdout once the node is ready; the dashboard's URL goes to the
+    log, to HOME/daemon.json and to `atd node status`.
     """
     import trio
 
@@ -45,6 +48,12 @@ def start(
     from atdnode.logs import setup_logging
 
     h = NodeHome.at(home).require()
+    bind = None
+    if dashboard is not None:
+        from atdnode.dashboard import check_free, parse_bind
+
+        bind = parse_bind(dashboard, public=dashboard_public)
+        check_free(*bind)
     setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
     cfg = NodeConfig.load(h)
     if role is not None:
@@ -52,7 +61,8 @@ def start(
         cfg.save(h)
     listen = list(listen) or list(cfg.listen)
     bootstrap = list(dict.fromkeys([*bootstrap, *cfg.bootstrap]))
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
+                        dashboard_public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -94,6 +104,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
     typer.echo(f"peers   : {len(st.get('peers', []))}")
     typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
     typer.echo(f"blobs   : {st['blobs']}")
+    if st.get("dashboard"):
+        typer.echo(f"web     : {st['dashboard']}")
 
 
 def _offline_status(h: NodeHome) -> dict:

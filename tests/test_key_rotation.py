@@ -1,0 +1,213 @@
+"""Key rotation (`member` rotate entries) and encrypted key backup.
+
+Rotation: the node's earlier entries stay valid, the old key can author nothing new (its
+own ledger refuses to sign, peers refuse what it signs anyway), membership, admin flag and
+name follow the new key, and a peer that merges the same entries in any order agrees.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity, init_home
+from ledger import Entry, Ledger, MalformedEntry, RevokedAuthor, Signer, peer_id_from_public_key, public_key_from_peer_id
+from ledger.entry import rotation_message
+from tests.nodeprocs import atd, start_daemon, wait_until
+
+
+def _two(tmp_path: Path):
+    """Founder F's ledger and member M's ledger (M admitted as 'm'), synced."""
+    f, m = Signer.generate(), Signer.generate()
+    lf = Ledger.open(tmp_path / "f.db")
+    lf.create_genesis(f, "demo")
+    lf.admit(f, m.public_key, name="m")
+    lm = Ledger.open(tmp_path / "m.db", genesis_id=lf.genesis_id)
+    lm.merge(lf.raw_rows())
+    return f, m, lf, lm
+
+
+def test_rotation_keeps_history_and_retires_the_old_key(tmp_path: Path) -> None:
+    f, m, lf, lm = _two(tmp_path)
+    before = lm.append(m, "weights", {"blob": "00" * 32, "part": "extractor"})
+    m2 = Signer.generate()
+    rot = lm.rotate(m, m2)
+    after = lm.append(m2, "hello", {"addrs": [], "role": "node"})
+    mem = lm.membership()
+    assert mem.rotations == {m.public_key: m2.public_key}
+    assert mem.is_member(m2.public_key) and not mem.is_member(m.public_key)
+    assert mem.members[m2.public_key].name == "m" and mem.members[m.public_key].upto == rot.seq
+    assert mem.current(m.public_key) == m2.public_key
+    assert {before.id, rot.id, after.id} <= {e.id for e in lm.query()}  # history kept
+    with pytest.raises(RevokedAuthor, match="rotated to " + peer_id_from_public_key(m2.public_key)):
+        lm.append(m, "hello", {"addrs": []})
+    lm.verify()
+
+    # the peer merges everything, shuffled, plus an entry the old key signed after rotating
+    forged = Entry.create(m, seq=rot.seq + 1, prev=rot.id, lamport=rot.lamport + 5, kind="weights",
+                          body={"blob": "11" * 32})
+    rows = lm.raw_rows() + [forged.to_bytes()]
+    random.Random(0).shuffle(rows)
+    res = lf.merge(rows)
+    assert any(i == forged.id and isinstance(err, RevokedAuthor) for i, err in res.rejected)
+    assert lf.get(forged.id) is None and lf.get(before.id) is not None and lf.get(after.id) is not None
+    assert {e.id for e in lf.query()} == {e.id for e in lm.query()}
+    assert lf.membership() == lm.membership()
+    lf.verify()
+
+    # a revocation names the node: revoking the old key's peer id revokes the new key
+    lf.revoke(f, m.public_key)
+    assert lf.membership().members[m2.public_key].revoked
+    with pytest.raises(RevokedAuthor):
+        lf.append(m2, "hello", {})
+
+
+def test_a_rotation_needs_the_new_keys_proof(tmp_path: Path) -> None:
+    f, m, lf, lm = _two(tmp_path)
+    m2, other = Signer.generate(), Signer.generate()
+    proof = other.sign(rotation_message(m.public_key, m2.public_key))
+    with pytest.raises(MalformedEntry, match="rotate"):
+        lm.append(m, "member", {"action": "rotate", "member": m2.public_key, "proof": proof})
+    good = m2.sign(rotation_message(m.public_key, m2.public_key))
+    with pytest.raises(MalformedEntry, match="rotate"):  # a proof for another old key
+        lm.append(f, "member", {"action": "rotate", "member": m2.public_key, "proof": good})
+    with pytest.raises(MalformedEntry, match="fresh"):  # not onto a key the consortium knows
+        lm.rotate(m, f)
+    with pytest.raises(MalformedEntry, match="rotate"):  # even a signed entry with a bad proof is refused
+        Entry.create(m, seq=9, prev=b"\1" * 32, lamport=9, kind="member",
+                     body={"action": "rotate", "member": m2.public_key, "proof": proof})
+    assert lm.membership().rotations == {}
+
+
+def test_revoked_before_rotating_gives_the_new_key_nothing(tmp_path: Path) -> None:
+    f, m, lf, lm = _two(tmp_path)
+    lf.revoke(f, m.public_key)  # founder revokes M at seq 0 ...
+    m2 = Signer.generate()
+    rot = lm.rotate(m, m2)  # ... while M, not knowing, rotates
+    lf.merge(lm.raw_rows())
+    mem = lf.membership()
+    assert not mem.is_member(m2.public_key) and mem.rotations == {}
+    assert lf.get(rot.id) is None
+    lf.verify()
+
+
+def test_the_founder_rotates_and_keeps_its_powers(tmp_path: Path) -> None:
+    f, m, lf, lm = _two(tmp_path)
+    f2, n = Signer.generate(), Signer.generate()
+    lf.rotate(f, f2)
+    lf.admit(f2, n.public_key, admin=True, name="n")  # only the founder may grant admin
+    lm.merge(lf.raw_rows())
+    mem = lm.membership()
+    assert mem.is_founder(f2.public_key) and mem.is_admin(f2.public_key) and mem.is_admin(n.public_key)
+    assert not mem.is_admin(f.public_key)
+    lm.verify()
+
+
+def test_key_backup_round_trip_and_wrong_passphrase(tmp_path: Path) -> None:
+    from atdnode.keybackup import KeyBackupError, export_keys, import_keys
+
+    cheap = {"n": 1 << 14, "r": 8, "p": 1}
+    home = NodeHome.at(tmp_path / "a")
+    ident = init_home(home, name="a", consortium="demo")
+    out = tmp_path / "a.keys"
+    assert export_keys(home, out, b"correct horse", kdf_cost=cheap) == ident.peer_id
+    assert out.stat().st_mode & 0o077 == 0
+    text = out.read_text()
+    assert ident.signer.seed.hex() not in text and "correct horse" not in text
+    with pytest.raises(KeyBackupError, match="exists"):
+        export_keys(home, out, b"correct horse", kdf_cost=cheap)
+    restored = NodeHome.at(tmp_path / "restored")
+    with pytest.raises(KeyBackupError, match="wrong passphrase"):
+        import_keys(restored, out, b"wrong horse!")
+    header = json.loads(text)
+    header["peer_id"] = "12D3KooWtampered"
+    (tmp_path / "t.keys").write_text(json.dumps(header))
+    with pytest.raises(KeyBackupError, match="altered"):
+        import_keys(restored, tmp_path / "t.keys", b"correct horse")
+    assert import_keys(restored, out, b"correct horse") == ident.peer_id
+    back = NodeIdentity.load(restored)
+    assert back.signer.seed == ident.signer.seed and back.x25519_public == ident.x25519_public
+    with Ledger.open(home.ledger_db) as led:
+        genesis = led.genesis_id.hex()
+    assert init_home(restored, join=genesis).peer_id == ident.peer_id  # init keeps restored keys
+    other = NodeHome.at(tmp_path / "b")
+    init_home(other, join=genesis)
+    with pytest.raises(KeyBackupError, match="another node key"):
+        import_keys(other, out, b"correct horse")
+
+
+@pytest.mark.slow
+def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
+    """CLI + daemons as OS processes: export, rotate while running, restart under the new id."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    atd("init", "--home", str(a), "--genesis", "--consortium", "demo")
+    genesis = json.loads(atd("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").stdout)[0]["id"]
+    old = atd("init", "--home", str(b), "--join", genesis).stdout.strip()
+    atd("member", "add", "--home", str(a), old, "--name", "bee")
+    pw = tmp_path / "pw"
+    pw.write_text("a long passphrase\n")
+    proc = atd("key", "export", "--home", str(b), "--out", str(tmp_path / "b.keys"), "--passphrase-file", str(pw),
+               check=False)
+    assert proc.returncode != 0 and "--encrypted" in proc.stderr and proc.stderr.count("\n") == 1
+    atd("key", "export", "--home", str(b), "--encrypted", "--out", str(tmp_path / "b.keys"), "--passphrase-file", str(pw))
+
+    def members(home: Path) -> dict:
+        rows = json.loads(atd("member", "list", "--home", str(home), "--json").stdout)["members"]
+        return {r["peer_id"]: r for r in rows}
+
+    def connected(home: Path) -> list[str]:
+        return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)["peers"]
+
+    da = start_daemon(a)
+    daemons = [da]
+    try:
+        db = start_daemon(b, "--bootstrap", da.addrs[0])
+        daemons.append(db)
+        wait_until(lambda: old in connected(a), 60, "b connected to a")
+        new = atd("key", "rotate", "--home", str(b)).stdout.strip()
+        assert new != old and new.startswith("12D3KooW")
+        wait_until(lambda: new in members(a) and members(a)[old]["revoked"], 60, "a learned the rotation")
+        assert members(a)[new]["name"] == "bee" and not members(a)[new]["revoked"]
+        db.terminate()
+        daemons.remove(db)
+        db = start_daemon(b, "--bootstrap", da.addrs[0])
+        daemons.append(db)
+        assert f"/p2p/{new}" in db.addrs[0]
+        wait_until(lambda: new in connected(a), 60, "a connected to b's new peer id")
+        atd("ledger", "verify", "--home", str(a))
+        atd("ledger", "verify", "--home", str(b))
+    finally:
+        for d in daemons:
+            d.terminate()
+    # the old backup still decrypts (it is the old key, now retired: a restored copy cannot sign)
+    restored = tmp_path / "restored"
+    assert atd("key", "import", str(tmp_path / "b.keys"), "--home", str(restored), "--passphrase-file",
+               str(pw)).stdout.strip() == old
+
+
+def test_features_sealed_to_the_old_id_stay_readable(tmp_path_factory, tmp_path: Path) -> None:
+    """The X25519 key survives a rotation, so features sealed before it still open."""
+    from atdnode.blobstore import BlobStore
+    from atdnode.features_share import addressed_to, open_features, share_features
+    from atdnode.keybackup import rotate_key
+    from tests.vgs_homes import copy_homes, disjoint_trio, sync
+
+    a, b, c = copy_homes(disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint"), tmp_path / "h")
+    old = NodeIdentity.load(a).peer_id
+    shared = share_features(b, to=[old])
+    sync([a, b, c])
+    r = rotate_key(a)
+    assert r.old == old and r.new == NodeIdentity.load(a).peer_id != old
+    sync([a, b, c])
+    ident = NodeIdentity.load(a)
+    with Ledger.open(a.ledger_db) as led:
+        (entry,) = [e for e in addressed_to(led, ident.peer_id) if e.id == shared.entry.id]
+        opened = open_features(ident, BlobStore(a.blobs_dir), led, entry)
+    assert opened.X.shape[0] == shared.shape[0]
+    with Ledger.open(b.ledger_db) as led:  # the peer agrees: a's old entries stay, its new key is the member
+        m = led.membership()
+        assert m.rotations == {public_key_from_peer_id(old): ident.public_key} and m.is_member(ident.public_key)
+        led.verify()
