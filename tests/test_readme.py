@@ -1,5 +1,5 @@
 """The README's walkthroughs, run exactly as written (bash -euo pipefail, in an empty
-directory, `atd` = this checkout). The dashboard walkthrough is run by the dashboard tests."""
+directory, `atd` = this checkout)."""
 from __future__ import annotations
 
 import os
@@ -25,7 +25,7 @@ def walkthrough(name: str) -> str:
     return body
 
 
-def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500) -> str:
+def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = ()) -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "atd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.app "$@"\n')
@@ -45,6 +45,10 @@ def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500)
         for d in local_dirs:  # never leave daemons behind, whatever happened
             if (work / d / "local.json").exists():
                 subprocess.run([str(bin_dir / "atd"), "local", "down", "--dir", str(work / d)], env=env,
+                               capture_output=True, timeout=120)
+        for h in homes:  # daemons the script started itself
+            if (work / h / "control.sock").exists():
+                subprocess.run([str(bin_dir / "atd"), "node", "stop", "--home", str(work / h)], env=env,
                                capture_output=True, timeout=120)
     assert p.returncode == 0, f"walkthrough {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
@@ -74,7 +78,15 @@ def test_split_walkthrough(tmp_path: Path) -> None:
     assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
 
 
-def test_dashboard_walkthrough_is_marked() -> None:
-    """Run by the dashboard tests (they own the daemon's web side); here: it is there, loopback."""
-    body = walkthrough("dashboard")
-    assert "--dashboard 127.0.0.1:" in body and "/metrics" in body and "/healthz" in body
+def test_dashboard_walkthrough(tmp_path: Path) -> None:
+    """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"]).splitlines()
+    assert re.fullmatch(r"12D3KooW\w+", out[0]) and out[-1] == "stopping"  # atd init ... atd node stop
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families("\n".join(out[1:-1]) + "\n") for s in f.samples}
+    assert samples[("atd_up", ())] == 1 and samples[("atd_peers_connected", ())] == 0
+    assert samples[("atd_ledger_entries", (("state", "log"),))] >= 1  # the genesis (+ hello, once said)
+    assert sum(v for (name, _), v in samples.items() if name == "atd_members") >= 1
+    assert not (tmp_path / "work" / "hospital" / "control.sock").exists()
