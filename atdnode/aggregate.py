@@ -7,14 +7,16 @@ order (protocols.aggregation) and the result's safetensors metadata is a functio
 inputs (`result_meta`). The recorded weights are recomputed from the weighting rule too,
 so an entry cannot claim "uniform" and use other weights.
 
-Modes (the `mode` field):
+This module holds what every mode shares (input selection, weightings, the average,
+registration); each mode is one small module, and verification is another:
 
-horizontal    weighted average of compatible weight sets (this module); heads take part
-              only when every input is a full set over the same label list
-vertical      weighted average of extractors only (never heads), then the downstream
-              ensemble (`atdnode.vertical`)
+horizontal    `atdnode.horizontal`: weighted average of compatible weight sets (heads too
+              when every input is a full set over the same label list), then by default
+              the downstream ensemble on the fused extractor (paper §3.1)
+vertical      `atdnode.vertical`: weighted average of extractors only, then the ensemble
 group         one group model of a hierarchical aggregation (`atdnode.hierarchical_node`)
 hierarchical  group models combined with sqrt-classes / model-count weights (same module)
+verify        `atdnode.agg_verify` (`atd aggregate --verify`)
 
 Common body fields: mode, weighting, q, weights, inputs (hex entry ids), head (bool: were
 heads averaged), part (of the result), blob, size, manifest, model (config dict).
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from atdnode import bodies
 from atdnode.blobstore import BlobStore
 from atdnode.errors import AtdError, BlobError
 from atdnode.home import NodeHome
@@ -43,7 +46,7 @@ from ledger import Entry, Ledger
 from protocols.aggregation import (
     AggregationError,
     compute_weights,
-    last_layer_key,
+    last_layer_keys,
     load_tensor,
     part_filter,
     safetensors_loader,
@@ -53,7 +56,6 @@ from protocols.vgs import heads_comparable
 
 AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
 MODES = ("horizontal", "vertical", "hierarchical")
-_WEIGHT_TOL = 1e-12  # recorded vs recomputed weights (both float64 from the same formula)
 
 
 class AggregateError(AtdError):
@@ -100,6 +102,10 @@ def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input")
         raise AggregateError(f"{what} entry {ref[:16]} is not in this node's ledger")
     if e.kind not in kinds:
         raise AggregateError(f"{what} entry {ref[:16]} is a {e.kind} entry, not {' or '.join(kinds)}")
+    try:
+        bodies.body_of(e)
+    except bodies.BodyError as exc:
+        raise AggregateError(f"{what} {exc}") from None
     return e
 
 
@@ -117,7 +123,8 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
     for the class count (heads are averaged only when label spaces match).
     """
     cfg = ModelConfig.from_dict(own_model(home).model)
-    entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else led.query(kind="weights")
+    entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else [
+        e for e in led.query(kind="weights") if bodies.fits(e)]
     chosen: list[Entry] = []
     seen: set[str] = set()
     for e in entries:
@@ -156,10 +163,13 @@ def heads_averaged(inputs: list[Entry]) -> bool:
 
 
 def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: float = 1.0,
-                  head: bool = False) -> list[float]:
+                  head: bool = False, reference: str | None = None) -> list[float]:
     """Per-input weights for an average of weight sets, per the named weighting.
 
-    fedwavg compares each input's last layer with input 0's (the reference).
+    fedwavg (`protocols.fedwavg`) compares each input's last layer (weight and bias) with the
+    same layer of `reference`, a held weight-set blob: the node's previous global model, or
+    its own model when it has none (`fedwavg_reference`). Inputs are never compared with each
+    other, so the weights do not depend on input order.
     """
     try:
         if weighting == "uniform":
@@ -169,15 +179,48 @@ def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: f
         elif weighting == "sqrt-classes":
             w = compute_weights("sqrt-classes", counts=[len(e.body.get("labels") or []) for e in inputs])
         elif weighting == "fedwavg":
-            key = last_layer_key(read_keys(store, inputs[0].body["blob"]), heads_comparable=head)
-            layers = [load_tensor(safetensors_loader(store.path(e.body["blob"])), key) for e in inputs]
-            w = compute_weights("fedwavg", reference=layers[0], layers=layers, q=q)
+            if not reference or not store.has(reference):
+                raise AggregateError(f"fedwavg needs its reference model's blob {str(reference)[:16]} held here")
+            ref_keys = read_keys(store, reference)
+            keys = last_layer_keys(read_keys(store, inputs[0].body["blob"]),
+                                   heads_comparable=head and "head.weight" in ref_keys)
+            ref = [load_tensor(safetensors_loader(store.path(reference)), k) for k in keys]
+            layers = [[load_tensor(safetensors_loader(store.path(e.body["blob"])), k) for k in keys] for e in inputs]
+            w = compute_weights("fedwavg", reference=ref, layers=layers, q=q)
         else:
             raise AggregateError(f"weighting {weighting!r} does not apply to weight sets "
                                  f"(choose from {', '.join(AVERAGE_WEIGHTINGS)})")
     except AggregationError as exc:
         raise AggregateError(f"{weighting} weights: {exc}") from None
     return [float(x) for x in w]
+
+
+def base_warning(inputs: list[Entry]) -> str | None:
+    """A warning when the inputs descend from different starting points (their `base`
+    fingerprints differ): averaging models trained from different random starts is
+    meaningless, their units do not correspond (README, "One shared base")."""
+    bases = {str(e.body.get("base")) for e in inputs if isinstance(e.body.get("base"), str)}
+    if len(bases) < 2:
+        return None
+    return (f"the {len(inputs)} inputs descend from {len(bases)} different starts (base fingerprints "
+            f"{', '.join(sorted(b[:17] for b in bases))}); averaging models trained from different random starts "
+            f"is meaningless — start every node from one shared base (--init-from / --pretrained)")
+
+
+def common_base(inputs: list[Entry]) -> str | None:
+    bases = {e.body.get("base") for e in inputs}
+    return next(iter(bases)) if len(bases) == 1 and isinstance(next(iter(bases)), str) else None
+
+
+def fedwavg_reference(store: BlobStore, base: ModelRecord, weighting: str) -> str | None:
+    """The FedWAvg reference of a node: its current model (its previous global model, or its
+    own trained model when it has none) as a full weight-set blob; None for other weightings."""
+    if weighting != "fedwavg":
+        return None
+    blob = base.blobs.get("full")
+    if not blob or not store.has(blob):
+        raise AggregateError(f"fedwavg: model {base.id} has no full weight set to use as the reference")
+    return blob
 
 
 def read_keys(store: BlobStore, blob: str) -> list[str]:
@@ -244,7 +287,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         full.update(fused)
         full_blob = save_weights(store, full, {**meta, "part": "full", "aggregate": entry.id.hex()})
     inputs = list(entry.body.get("inputs", []))
-    prov = {"aggregate": entry.id.hex(), "entries": inputs, "kind": kind, "base": base.id,
+    prov = {"base": entry.body.get("base"), "aggregate": entry.id.hex(), "entries": inputs, "kind": kind, "base_model": base.id,
             "data": base.provenance.get("data"), **(extra_provenance or {})}
     labels, label_fp, cfg = list(base.labels), base.label_fp, base.model
     if part == "full":  # averaged heads: the record describes them, not the base's head
@@ -253,94 +296,3 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
     return ModelRegistry(home).add(rec)
-
-
-def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: list[str] | None = None,
-                         q: float = 1.0) -> AggregateResult:
-    """Average compatible published weight sets; record an `aggregate` entry; register the global model."""
-    with opened(home) as (ident, store, led):
-        base = own_model(home)
-        chosen = select_inputs(home, led, store, ids=inputs)
-        head = heads_averaged(chosen)
-        weights = input_weights(store, chosen, weighting, q=q, head=head)
-        blob, part = average_entries(store, chosen, weights, head=head, mode="horizontal", weighting=weighting)
-        ids = [e.id.hex() for e in chosen]
-        body = {"mode": "horizontal", "weighting": weighting, "q": float(q), "weights": weights, "inputs": ids,
-                "head": head, "part": part, **blob_fields(store, blob), "model": chosen[0].body.get("model")}
-        entry = led.append(ident.signer, "aggregate", body)
-    model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal")
-    return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=head)
-
-
-# ---------------------------------------------------------------- verification
-
-def check_recorded_weights(entry: Entry, expected: list[float]) -> list[float]:
-    """The entry's recorded weights, if they are what its weighting rule gives; else AggregateError."""
-    got = entry.body.get("weights")
-    if not isinstance(got, list) or len(got) != len(expected) or not all(isinstance(x, float) for x in got):
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} records malformed weights {got!r}")
-    if not np.allclose(got, expected, rtol=0.0, atol=_WEIGHT_TOL):
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recorded weights "
-                             f"{[round(x, 6) for x in got]} are not the {entry.body.get('weighting')} weights of its "
-                             f"inputs {[round(x, 6) for x in expected]}")
-    return got
-
-
-def check_result(store: BlobStore, entry: Entry, tensors: dict[str, torch.Tensor], meta: dict) -> str:
-    """The recomputed result must hash to the recorded blob. It is serialised in a scratch
-    store first, so a mismatch leaves nothing behind; a match is kept (we now hold it)."""
-    import tempfile
-
-    recorded = entry.body.get("blob")
-    with tempfile.TemporaryDirectory(prefix="atd-verify-") as tmp:
-        scratch = BlobStore(tmp)
-        blob = save_weights(scratch, tensors, meta)
-        if blob != recorded:
-            raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recomputed result {blob[:16]}, "
-                                 f"recorded {str(recorded)[:16]}")
-        if not store.has(blob):
-            store.put_file(scratch.path(blob))
-    return blob
-
-
-def recompute_average(led: Ledger, store: BlobStore, entry: Entry) -> str:
-    """Verify a horizontal / vertical / group aggregate from its input weight sets."""
-    body = entry.body
-    mode = body.get("mode")
-    inputs = [entry_of(led, h, ("weights",)) for h in body.get("inputs") or []]
-    if not inputs:
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} names no inputs")
-    for e in inputs:
-        if not store.has(str(e.body.get("blob"))):
-            raise AggregateError(f"input blob {str(e.body.get('blob'))[:12]} is not held here (fetch it first)")
-    head = heads_averaged(inputs) if mode != "vertical" else False
-    if bool(body.get("head", head)) != head:
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: it says heads were "
-                             f"{'' if body.get('head') else 'not '}averaged, its inputs say otherwise")
-    weighting = str(body.get("weighting"))
-    expected = input_weights(store, inputs, weighting, q=float(body.get("q", 1.0)), head=head)
-    weights = check_recorded_weights(entry, expected)
-    part = "full" if head else "extractor"
-    tensors = average_blobs(store, [e.body["blob"] for e in inputs], weights,
-                            names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=head)
-    meta = result_meta(store, inputs[0].body["blob"], part=part, mode=str(mode), weighting=weighting)
-    return check_result(store, entry, tensors, meta)
-
-
-def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
-    """Recompute any aggregate entry (dispatch by mode); returns the verified result hash."""
-    mode = entry.body.get("mode")
-    if mode in ("horizontal", "vertical", "group"):
-        return recompute_average(led, store, entry)
-    if mode == "hierarchical":
-        from atdnode.hierarchical_node import recompute_hierarchical
-
-        return recompute_hierarchical(led, store, entry)
-    raise AggregateError(f"aggregate {entry.id.hex()[:16]} has unknown mode {mode!r}")
-
-
-def verify_aggregate(home: NodeHome, entry_id: str) -> str:
-    """Recompute an `aggregate` entry from its inputs; return the result hash or raise AggregateError."""
-    store = BlobStore(home.blobs_dir)
-    with Ledger.open(home.ledger_db) as led:
-        return verify_entry(led, store, entry_of(led, entry_id, ("aggregate",), "aggregate"))

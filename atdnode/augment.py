@@ -1,7 +1,12 @@
-"""VGS-ATD augmentation for small classes.
+"""VGS-ATD augmentation for small classes (paper §4.2).
 
-Each sample of a class with fewer than `threshold` training samples is, with probability
-`prob`, transformed by three distinct random picks out of five operations:
+`mode="enlarge"` (the paper's rule, the default): every class with fewer than `threshold`
+training samples is enlarged with extra samples — augmented copies of its own samples,
+cycling through them, until the class reaches `threshold` or has `copies` extra copies of
+each sample (default 1), whichever comes first. Each extra sample is made by three
+distinct random picks out of five operations. `mode="inplace"` (the former behaviour, an
+option): the training set keeps its size and each sample of a small class is, with
+probability `prob`, replaced by such a transformed version in that epoch. The operations:
 rotation (+-30 deg), horizontal flip, zoom (0.8-1.2), gaussian blur (sigma 0.1-2.0) and
 brightness (0.5-1.5), via torchvision.transforms.v2.functional on tensors.
 
@@ -22,14 +27,19 @@ from torchvision.transforms.v2 import functional as TF
 from atdnode.data import MEAN, STD
 
 OPS = ("rotate", "hflip", "zoom", "blur", "brightness")
+MODES = ("enlarge", "inplace")
 
 
 class SmallClassAugment:
     """Callable `(images (B,C,H,W), labels (B,), sample_ids (B,), epoch) -> images`."""
 
-    def __init__(self, class_counts: list[int], *, threshold: int = 1000, prob: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, class_counts: list[int], *, threshold: int = 1000, prob: float = 0.5, seed: int = 0,
+                 mode: str = "enlarge", copies: int = 1) -> None:
         if not 0.0 <= prob <= 1.0:
             raise ValueError("prob must be in [0, 1]")
+        if mode not in MODES:
+            raise ValueError(f"augmentation mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode, self.copies = mode, int(copies)
         self.threshold = int(threshold)
         self.prob = float(prob)
         self.seed = int(seed)
@@ -37,16 +47,38 @@ class SmallClassAugment:
 
     @property
     def active(self) -> bool:
-        return bool(self.small.any()) and self.prob > 0
+        return bool(self.small.any()) and (self.prob > 0 or self.mode == "enlarge")
 
     def describe(self) -> dict:
-        return {"augment": "vgs-small-class", "threshold": self.threshold, "prob": self.prob,
+        return {"augment": "vgs-small-class", "mode": self.mode, "threshold": self.threshold, "prob": self.prob,
                 "small_classes": int(self.small.sum())}
 
-    def params(self, sample_id: int, epoch: int) -> dict | None:
+    def extra_sources(self, labels: torch.Tensor) -> torch.Tensor:
+        """Enlarge mode: the source sample of each extra sample (indices into `labels`), class
+        by class; empty in place mode. Extra sample k of the set is sample N + k."""
+        if self.mode != "enlarge" or not self.active:
+            return torch.zeros(0, dtype=torch.int64)
+        out = []
+        for c in torch.nonzero(self.small).flatten().tolist():
+            idx = torch.nonzero(labels == c).flatten()
+            n = len(idx)
+            k = min(self.threshold - n, self.copies * n)
+            if n and k > 0:
+                out.append(idx.repeat(math.ceil(k / n))[:k])
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+    def make_extra(self, images: torch.Tensor, sample_ids: torch.Tensor, epoch: int) -> torch.Tensor:
+        """Enlarge mode: transform the (already gathered) source images of extra samples
+        `sample_ids` (>= N), each by three of the five operations."""
+        out = images.clone()
+        for b, sid in enumerate(sample_ids.tolist()):
+            out[b] = apply_ops(images[b], self.params(int(sid), epoch, always=True))
+        return out
+
+    def params(self, sample_id: int, epoch: int, *, always: bool = False) -> dict | None:
         """The operations (with parameters) applied to one sample in one epoch, or None."""
         rng = np.random.default_rng([self.seed, epoch, int(sample_id), 0xA06])
-        if rng.random() >= self.prob:
+        if rng.random() >= self.prob and not always:
             return None
         picks = rng.choice(len(OPS), size=3, replace=False)
         draws = {"rotate": rng.uniform(-30.0, 30.0), "zoom": rng.uniform(0.8, 1.2),
@@ -54,7 +86,8 @@ class SmallClassAugment:
         return {OPS[i]: draws.get(OPS[i], True) for i in sorted(picks)}
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, sample_ids: torch.Tensor, epoch: int) -> torch.Tensor:
-        if not self.active:
+        """In place mode: the batch with small-class samples transformed (each with `prob`)."""
+        if not self.active or self.mode != "inplace":
             return images
         sel = self.small.to(labels.device)[labels]  # (B,) bool
         if not bool(sel.any()):

@@ -72,7 +72,7 @@ def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *
     model = load_full_model(store, record)
     ens_blob = record.blobs.get("ensemble")
     if ens_blob:
-        from atdnode.vertical import load_ensemble
+        from atdnode.node_ensemble import load_ensemble
 
         names = list(record.provenance.get("ensemble_classes") or [])
         ens = load_ensemble(store, ens_blob)

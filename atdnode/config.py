@@ -55,6 +55,20 @@ class NodeConfig:
         if not isinstance(self.extra, dict):
             raise ConfigError("config: extra must be a table")
 
+    def bulk_options(self) -> dict[str, Any]:
+        """The `[bulk]` table: `enabled` (default true: encrypted TCP bulk channel for blobs;
+        false: blobs move over libp2p streams only) and `port` (default 0: a fresh port per
+        transfer; fixed: one transfer at a time on it). Keyword arguments of BlobService."""
+        t = self.extra.get("bulk", {})
+        if not isinstance(t, dict):
+            raise ConfigError("config: [bulk] must be a table")
+        enabled, port = t.get("enabled", True), t.get("port", 0)
+        if not isinstance(enabled, bool):
+            raise ConfigError("config: bulk.enabled must be true or false")
+        if type(port) is not int or not 0 <= port <= 65535:
+            raise ConfigError("config: bulk.port must be an integer 0-65535")
+        return {"bulk": enabled, "bulk_port": port}
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
         for key in _KNOWN:

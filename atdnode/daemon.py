@@ -11,6 +11,9 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
   which covers gossip loss, late joiners, restarts and healed partitions;
 * serves blobs it holds and fetches blobs announced by `weights` / `features` entries
   (auto-fetch; `atd fetch` asks for one explicitly);
+* talks only to members (`atdnode.access.MembershipGate`, kept current on every
+  membership change): non-members' streams are refused before their first frame, they are
+  disconnected on connect and never dialled, their gossip is dropped;
 * answers the local control socket (`atdnode.control`) for `atd node status`, `peers`,
   `fetch`, `connect`, `stop`.
 
@@ -27,7 +30,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode import control
+from atdnode import bodies, control
+from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
@@ -35,7 +39,8 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.bodies import blob_readers
+from atdnode.sync import SYNC_PROTOCOL, genesis_extra, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
@@ -76,7 +81,10 @@ class NodeDaemon:
         self.ledger = LedgerAccess(Ledger.open(home.ledger_db))
         self.store = BlobStore(home.blobs_dir)
         self.transport = transport or self._libp2p_transport()
-        self.blobs = BlobService(self.transport, self.store)
+        self.gate = MembershipGate(self_peer=self.transport.peer_id)
+        self._readers: dict[str, frozenset[str]] = {}  # blob -> peers allowed to fetch it (entry's author included)
+        self.blobs = BlobService(self.transport, self.store, gate=self.gate, may_read=self._may_read,
+                                 **self.config.bulk_options())
         self.sync_interval = sync_interval
         self.poll_interval = poll_interval
         self.auto_fetch = auto_fetch
@@ -113,9 +121,11 @@ class NodeDaemon:
         if await trio.to_thread.run_sync(control.daemon_running, self.home.control_socket):
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         await self._refresh_members()
+        await self._queue_wanted_blobs()  # learn blob reader lists before serving anything
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
-            self.transport.set_stream_handler(SYNC_PROTOCOL, self._serve_sync)
+            self.transport.set_stream_handler(
+                SYNC_PROTOCOL, self.gate.guard(self._serve_sync, "ledger sync", lambda: genesis_extra(self.ledger)))
             self.blobs.install()
             for service in self.services:
                 service.install(self)
@@ -167,10 +177,15 @@ class NodeDaemon:
             return {pk for pk in m.members if m.is_member(pk)}
 
         self._members = await self.ledger.run(members)
+        self.gate.update(peer_id_from_public_key(pk) for pk in self._members)  # same set as access.member_peer_ids
 
     def _validate(self, data: bytes, from_peer: str) -> bool:
         """Cheap, synchronous gate before delivery and relay: signature + membership."""
         if len(data) > MAX_GOSSIP:
+            return False
+        if not (self.gate.self_is_member and self.gate.allows(from_peer)):
+            # Gossip is between members only: a node not yet admitted learns the log by sync.
+            self.stats["gossip_rejected"] += 1
             return False
         try:
             entry = Entry.from_bytes(data)  # checks structure and signature
@@ -219,8 +234,21 @@ class NodeDaemon:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
         if kinds is None or kinds & {"genesis", "member"}:
             await self._refresh_members()
-        if self.auto_fetch and (kinds is None or kinds & BLOB_KINDS_SET):
+            await self._drop_non_members()
+        if kinds is None or kinds & BLOB_KINDS_SET:  # reader lists matter with auto-fetch off too
             await self._queue_wanted_blobs()
+
+    async def _drop_non_members(self) -> None:
+        """Disconnect peers that are no longer (or never were) members, e.g. just revoked:
+        no more gossip reaches them."""
+        try:
+            connected = self.transport.peers()
+        except TransportError:  # not running yet
+            return
+        for peer in connected:
+            if not self.gate.may_pull_from(peer):
+                self.gate.refuse(peer, "connection")
+                await self.transport.disconnect(peer)
 
     async def _announce_loop(self) -> None:
         """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""
@@ -242,7 +270,7 @@ class NodeDaemon:
 
     async def append(self, kind: str, body: dict) -> Entry:
         """Sign and store an entry, and gossip it at once (no wait for the announce loop)."""
-        entry = await self.ledger.run(lambda led: led.append(self.identity.signer, kind, body))
+        entry = await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, kind, body))
         if entry.seq == self._announced_seq + 1:
             try:
                 await self.transport.publish(self.topic, entry.to_bytes())
@@ -271,7 +299,7 @@ class NodeDaemon:
         }
         if last is not None and last.get("addrs") == addrs and last.get("role") == body["role"]:
             return
-        await self.ledger.run(lambda led: led.append(self.identity.signer, "hello", body))
+        await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, "hello", body))
 
     # ---------------------------------------------------------------- sync
 
@@ -279,15 +307,26 @@ class NodeDaemon:
         await serve_sync(stream, self.ledger)
 
     async def _on_peer(self, peer_id: str) -> None:
+        if not self.gate.may_pull_from(peer_id):
+            self.gate.refuse(peer_id, "connection")
+            await self.transport.disconnect(peer_id)  # no gossip to outsiders either
+            return
         if self._nursery is not None:
             self._nursery.start_soon(self.sync_with, peer_id)
 
     async def sync_with(self, peer_id: str) -> int:
         """Pull what `peer_id` has and we lack; returns the number of entries added."""
+        if not self.gate.may_pull_from(peer_id):
+            self.gate.refuse(peer_id, "sync pull")
+            return 0
         try:
             with trio.fail_after(60):
                 stream = await self.transport.open_stream(peer_id, SYNC_PROTOCOL)
                 result = await pull(stream, self.ledger)
+        except AccessRefused as exc:
+            log.info("sync with %s: %s", peer_id, exc)
+            await self._after_merge()  # a refusal may still have carried the genesis entry
+            return 0
         except (TransportError, trio.TooSlowError) as exc:
             log.info("sync with %s failed: %s", peer_id, exc)
             return 0
@@ -302,22 +341,39 @@ class NodeDaemon:
         while True:
             await trio.sleep(self.sync_interval)
             for peer in self.transport.peers():
-                await self.sync_with(peer)
+                if self.gate.may_pull_from(peer):
+                    await self.sync_with(peer)
 
     async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
+        """Dial a bootstrap peer until it answers (backoff; a member gives up after `deadline`).
+
+        While this node is not a member yet it keeps the connection up, re-dialling every few
+        seconds: members disconnect non-members, and let us in once our admission reached
+        them. A member never re-dials a bootstrap peer that turned out not to be a member."""
         delay = 0.2
         end = trio.current_time() + deadline
+        peer = addr.rsplit("/p2p/", 1)[-1]
+        warned = False
         while True:
-            try:
-                peer = await self.transport.connect(addr)
-                log.info("connected to bootstrap peer %s", peer)
-                return
-            except TransportError as exc:
-                if trio.current_time() + delay > end:
-                    log.warning("could not reach bootstrap %s: %s", addr, exc)
+            if peer not in self.transport.peers():
+                if self.gate.self_is_member and peer in self.gate.refused:
                     return
-                await trio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                try:
+                    await self.transport.connect(addr)
+                    log.info("connected to bootstrap peer %s", peer)
+                except TransportError as exc:
+                    late = trio.current_time() + delay > end
+                    if late and not warned:
+                        log.warning("could not reach bootstrap %s: %s", addr, exc)
+                        warned = True
+                    if late and self.gate.self_is_member:
+                        return
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+            if self.gate.self_is_member:
+                return
+            await trio.sleep(2.0)
 
     async def _discovery_loop(self) -> None:
         """Dial members whose signed `hello` entries announce addresses we are not connected to."""
@@ -338,7 +394,7 @@ class NodeDaemon:
                     continue
                 for addr in addrs:
                     peer = addr.rsplit("/p2p/", 1)[-1]
-                    if peer in connected or trio.current_time() - tried.get(addr, -1e9) < 30:
+                    if peer in connected or peer in self.gate.refused or trio.current_time() - tried.get(addr, -1e9) < 30:
                         continue
                     tried[addr] = trio.current_time()
                     try:
@@ -356,24 +412,36 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
-            mine = {peer_id_from_public_key(k) for k in led.membership().keys_of(me)}  # earlier ids after a key rotation
+            m = led.membership()
+            mine = {peer_id_from_public_key(k) for k in m.keys_of(me)}  # earlier ids after a key rotation
+            readers: dict[str, frozenset[str]] = {}
             for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
                     self._manifests.setdefault(e.body["blob"], e.body["manifest"])
+                allowed = blob_readers(e.body)
+                if isinstance(e.body.get("blob"), str) and allowed is not None:
+                    readers[e.body["blob"]] = readers.get(e.body["blob"], frozenset()) | _with_current_ids(
+                        m, allowed | {peer_id_from_public_key(e.author)})
+            self._readers = readers
             for kind in ("weights", "features"):
                 for e in led.query(kind=kind):
                     if e.author == me:
                         continue
                     blob = e.body.get("blob")
-                    recipients = e.body.get("recipients")
-                    if kind == "features" and recipients is not None and not (
-                            isinstance(recipients, list) and mine & {r for r in recipients if isinstance(r, str)}):
-                        continue  # sealed to others: useless to us
+                    allowed = blob_readers(e.body)
+                    if allowed is not None and not mine & allowed:
+                        continue  # for named readers only (sealed features, MSD's authorised list)
                     if isinstance(blob, str) and not self.store.has(blob):
                         out.add(blob)
             return out
 
         self._wanted |= await self.ledger.run(wanted)
+
+    def _may_read(self, peer: str, blob: str) -> bool:
+        """Blob protocol: may member `peer` fetch `blob`? Yes unless an entry naming the blob
+        restricts it to a reader list (atdnode.bodies) without `peer`."""
+        allowed = self._readers.get(blob)
+        return allowed is None or peer in allowed
 
     async def _fetch_loop(self) -> None:
         while True:
@@ -392,9 +460,13 @@ class NodeDaemon:
         """Fetch `blob` from whichever connected peers hold it; returns its hash when stored."""
         if self.store.has(blob):
             return blob
-        peers = self.transport.peers()
-        if not peers:
+        if not self.transport.peers():
             raise DaemonError("no connected peers to fetch from")
+        with trio.move_on_after(min(timeout, 15.0)):  # connected, but membership may still be syncing
+            while not (peers := [p for p in self.transport.peers() if self.gate.allows(p)]):
+                await trio.sleep(0.2)
+        if not peers:
+            raise DaemonError("no connected member peers to fetch from")
         if blob not in self._manifests:
             await self._queue_wanted_blobs()  # learn the manifest hash the signed entry names
         with trio.fail_after(timeout):
@@ -407,7 +479,8 @@ class NodeDaemon:
         if rep is None:
             return {}
         return {"bytes": rep.bytes, "resumed_chunks": rep.resumed_chunks, "holders": list(rep.holders),
-                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers), "seconds": rep.seconds}
+                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers), "seconds": rep.seconds,
+                "modes": dict(rep.modes), "bulk_failed": dict(rep.bulk_failed)}
 
     # ---------------------------------------------------------------- control
 
@@ -449,6 +522,7 @@ class NodeDaemon:
             "peer_id": self.transport.peer_id,
             "addrs": self.transport.addrs(),
             "peers": self.transport.peers(),
+            "refused": sorted(self.gate.refused),  # non-members refused so far
             "ledger": state,
             "blobs": len(self.store.list()),
             "wanted": sorted(self._wanted),
@@ -456,6 +530,19 @@ class NodeDaemon:
             "stats": dict(self.stats),
             "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
+
+
+def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:
+    """`peers` plus the peer ids their keys rotated to (a reader keeps access after rotating)."""
+    from ledger import public_key_from_peer_id
+
+    out = set(peers)
+    for p in peers:
+        try:
+            out.add(peer_id_from_public_key(m.current(public_key_from_peer_id(p))))
+        except ValueError:
+            pass
+    return frozenset(out)
 
 
 def _kind(item: Entry | bytes) -> str | None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from atdnode import bodies
 from atdnode.blobstore import BlobStore
 from atdnode.data import DataSpec, label_fingerprint, load_dataset
 from atdnode.errors import AtdError, BlobError
@@ -132,6 +133,8 @@ def announced_key(led: Ledger, author: bytes) -> bytes | None:
     """The X25519 key in `author`'s latest `hello` entry, if any."""
     hellos = led.query(kind="hello", author=author)
     for e in reversed(hellos):
+        if not bodies.fits(e):
+            continue
         key = e.body.get("x25519")
         if isinstance(key, bytes) and len(key) == 32:
             return key
@@ -184,7 +187,7 @@ def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = Non
             "label_fp": label_fingerprint(classes), "samples": int(len(y)), "model": record.model,
             "model_id": record.id, "extractor": ext, "provenance": prov, "alg": ALG}
     with Ledger.open(home.ledger_db) as led:
-        entry = led.append(ident.signer, "features", body)
+        entry = bodies.append(led, ident.signer, "features", body)
     return SharedFeatures(entry=entry, blob=blob, size=len(sealed), recipients=sorted(keys), shape=body["shape"])
 
 
@@ -198,14 +201,16 @@ def own_peer_ids(led: Ledger, peer_id: str) -> set[str]:
 def addressed_to(led: Ledger, peer_id: str) -> list[Entry]:
     """`features` entries whose recipients include `peer_id` or its earlier ids (log order)."""
     mine = own_peer_ids(led, peer_id)
-    return [e for e in led.query(kind="features")
-            if isinstance(e.body.get("recipients"), list)
-            and mine & {r for r in e.body["recipients"] if isinstance(r, str)}]
+    return [e for e in led.query(kind="features") if bodies.fits(e) and mine & set(e.body["recipients"])]
 
 
 def open_features(ident: NodeIdentity, store: BlobStore, led: Ledger, entry: Entry) -> OpenedFeatures:
     """Decrypt a `features` entry's envelope with this node's key, after checking it against the entry."""
-    eid, body = entry.id.hex()[:16], entry.body
+    eid = entry.id.hex()[:16]
+    try:
+        body = bodies.body_of(entry)
+    except bodies.BodyError as exc:
+        raise FeaturesError(str(exc)) from None
     sender = peer_id_from_public_key(entry.author)
     where = f"features {eid} from {sender[:16]}"
     blob = body.get("blob")

@@ -24,16 +24,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atdnode import bodies
 from atdnode.aggregate import (
     AVERAGE_WEIGHTINGS,
     AggregateError,
     AggregateResult,
     average_entries,
     blob_fields,
-    check_recorded_weights,
-    check_result,
     entry_of,
     extractor_of,
+    fedwavg_reference,
     heads_averaged,
     input_weights,
     opened,
@@ -41,7 +41,6 @@ from atdnode.aggregate import (
     register_global,
     result_meta,
     select_inputs,
-    verify_entry,
 )
 from atdnode.blobstore import BlobStore
 from atdnode.errors import BlobError
@@ -49,7 +48,7 @@ from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig
-from atdnode.vertical import EnsembleOptions, fit_node_ensemble
+from atdnode.node_ensemble import EnsembleOptions, fit_node_ensemble
 from atdnode.weights import save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import AggregationError, part_filter, safetensors_loader
@@ -89,22 +88,54 @@ class GroupOutcome:
 
 
 def group_stats(led: Ledger, entry: Entry, depth: int = 0) -> tuple[int, int, list[str]]:
-    """(n_classes, n_models, union of label spaces) of an aggregate entry used as a group,
-    computed from its inputs (so a verifier recomputes them)."""
+    """(C_i, n_i, union of label spaces) of an aggregate entry used as a group, read from the
+    signed entries (so a verifier recomputes them): C_i is the size of the union of the label
+    spaces of the weight sets behind it, n_i the number of base models behind it — a weight
+    set published from a global model counts the models that global model averaged
+    (its `provenance`), recursively, each base model once (Eq. 11/12)."""
     if depth > _MAX_DEPTH:
         raise AggregateError(f"aggregate {entry.id.hex()[:16]}: groups nested deeper than {_MAX_DEPTH}")
     if entry.body.get("mode") == "hierarchical":
-        n_models, labels = 0, set()
+        leaves, labels = set(), set()
         for h in entry.body.get("inputs") or []:
-            _, m, ls = group_stats(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-            n_models += m
+            _, _, ls = group_stats(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
+            leaves |= _group_leaves(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
             labels |= set(ls)
-        return len(labels), n_models, sorted(labels)
+        return max(1, len(labels)), len(leaves), sorted(labels)
     members = [entry_of(led, h, ("weights",)) for h in entry.body.get("inputs") or []]
     if not members:
         raise AggregateError(f"aggregate {entry.id.hex()[:16]} names no inputs")
     labels = sorted({str(c) for e in members for c in e.body.get("labels") or []})
-    return max(1, len(labels)), len(members), labels
+    return max(1, len(labels)), len(_group_leaves(led, entry, depth)), labels
+
+
+def _group_leaves(led: Ledger, entry: Entry, depth: int = 0) -> set[str]:
+    """The base models (weights entry ids) behind an aggregate entry."""
+    if entry.body.get("mode") == "hierarchical":
+        out: set[str] = set()
+        for h in entry.body.get("inputs") or []:
+            out |= _group_leaves(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
+        return out
+    return set().union(*(weights_leaves(led, h) for h in entry.body.get("inputs") or []))
+
+
+def weights_leaves(led: Ledger, ref: str, depth: int = 0) -> set[str]:
+    """A weights entry stands for itself, or — when it was published from a global model —
+    for the base models that model averaged (the weights entries in its provenance)."""
+    e = entry_of(led, ref, ("weights",))
+    prov = [p for p in e.body.get("provenance") or [] if isinstance(p, str)]
+    if depth >= _MAX_DEPTH or not prov:
+        return {ref}
+    out: set[str] = set()
+    for p in prov:
+        try:
+            raw = bytes.fromhex(p)
+        except ValueError:
+            continue
+        pe = led.get(raw) if len(raw) == 32 else None
+        if pe is not None and pe.kind == "weights":
+            out |= weights_leaves(led, p, depth + 1)
+    return out or {ref}
 
 
 def _group_labels(led: Ledger, entry: Entry) -> list[str] | None:
@@ -131,7 +162,7 @@ def resolve_group(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Le
     if first.kind == "aggregate":
         if len(spec.refs) != 1:
             raise AggregateError(f"group {spec.name}: name one aggregate entry, or weights entries only")
-        if first.body.get("mode") not in ("horizontal", "group", "hierarchical"):
+        if first.body.get("mode") not in ("horizontal", "vertical", "group", "hierarchical"):
             raise AggregateError(f"group {spec.name}: a {first.body.get('mode')} aggregate cannot be a group model")
         if not store.has(str(first.body.get("blob"))):
             raise AggregateError(f"group {spec.name}: the blob of aggregate {spec.refs[0][:16]} is not held here")
@@ -144,17 +175,20 @@ def resolve_group(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Le
         n_classes, n_models, labels = group_stats(led, found)
         return GroupOutcome(spec.name, found, n_classes, n_models, labels, reused=True)
     head = heads_averaged(members)
-    weights = input_weights(store, members, weighting, q=q, head=head)
+    reference = fedwavg_reference(store, own_model(home), weighting)
+    weights = input_weights(store, members, weighting, q=q, head=head, reference=reference)
     blob, part = average_entries(store, members, weights, head=head, mode="group", weighting=weighting)
     labels = sorted({str(c) for e in members for c in e.body.get("labels") or []})
     body = {"mode": "group", "name": spec.name, "weighting": weighting, "q": float(q), "weights": weights,
             "inputs": ids, "head": head, "part": part, **blob_fields(store, blob),
-            "model": members[0].body.get("model"), "n_classes": max(1, len(labels)), "n_models": len(members)}
-    entry = led.append(ident.signer, "aggregate", body)
-    return GroupOutcome(spec.name, entry, body["n_classes"], len(members), labels, reused=False)
+            **({"reference": reference} if reference else {}),
+            "model": members[0].body.get("model"), "n_classes": max(1, len(labels)),
+            "n_models": len(set().union(*(weights_leaves(led, i) for i in ids)))}
+    entry = bodies.append(led, ident.signer, "aggregate", body)
+    return GroupOutcome(spec.name, entry, body["n_classes"], body["n_models"], labels, reused=False)
 
 
-def _combine(led: Ledger, store: BlobStore, groups: list[tuple[str, Entry, int, int]], weighting: str
+def combine_stored_groups(led: Ledger, store: BlobStore, groups: list[tuple[str, Entry, int, int]], weighting: str
              ) -> tuple[Combination, bool]:
     """protocols.hierarchical.combine_groups over stored group blobs (hash-checked first)."""
     for name, e, _, _ in groups:
@@ -174,7 +208,7 @@ def _combine(led: Ledger, store: BlobStore, groups: list[tuple[str, Entry, int, 
 
 
 def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting: str = "sqrt-classes",
-                           group_weighting: str = "samples", q: float = 1.0, data_spec: str | None = None,
+                           group_weighting: str = "uniform", q: float = 1.0, data_spec: str | None = None,
                            features: list[str] | None = None, options: EnsembleOptions = EnsembleOptions(),
                            ensemble: bool = True) -> AggregateResult:
     """Resolve (reuse or build) each group, combine them, fit the ensemble, record and register."""
@@ -190,7 +224,7 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if ensemble else None
         outs = [resolve_group(home, ident, store, led, g, weighting=group_weighting, q=q) for g in groups]
-        comb, head = _combine(led, store, [(o.name, o.entry, o.n_classes, o.n_models) for o in outs], weighting)
+        comb, head = combine_stored_groups(led, store, [(o.name, o.entry, o.n_classes, o.n_models) for o in outs], weighting)
         part = "full" if head else "extractor"
         meta = result_meta(store, outs[0].entry.body["blob"], part=part, mode="hierarchical", weighting=weighting)
         blob = save_weights(store, comb.tensors, meta)
@@ -204,7 +238,7 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
                 "part": part, **blob_fields(store, blob), "model": base.model}
         if fit is not None:
             body["ensemble"] = fit.record(store)
-        entry = led.append(ident.signer, "aggregate", body)
+        entry = bodies.append(led, ident.signer, "aggregate", body)
     extra = {"ensemble": fit.blob} if fit else {}
     prov = {"data": spec or base.provenance.get("data"), "groups": body["groups"]}
     if fit:
@@ -217,35 +251,3 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
                        samples=fit.samples)
     return AggregateResult(entry=entry, blob=blob, weights=body["weights"], inputs=body["inputs"],
                            model_id=model_id, head=head, details=details)
-
-
-def recompute_hierarchical(led: Ledger, store: BlobStore, entry: Entry, depth: int = 0) -> str:
-    """Verify a hierarchical aggregate: its groups (recursively), their recorded sizes, the
-    combination weights and the result hash."""
-    eid, body = entry.id.hex()[:16], entry.body
-    recorded = body.get("groups")
-    inputs = body.get("inputs") or []
-    if not isinstance(recorded, list) or len(recorded) != len(inputs) or not inputs:
-        raise AggregateError(f"aggregate {eid} does not verify: its groups and inputs disagree")
-    groups = []
-    for h, rec in zip(inputs, recorded):
-        g = entry_of(led, h, ("aggregate",), "group")
-        if depth >= _MAX_DEPTH:
-            raise AggregateError(f"aggregate {eid}: groups nested deeper than {_MAX_DEPTH}")
-        if g.body.get("mode") == "hierarchical":
-            recompute_hierarchical(led, store, g, depth + 1)
-        else:
-            verify_entry(led, store, g)
-        n_classes, n_models, _ = group_stats(led, g)
-        if not isinstance(rec, dict) or rec.get("n_classes") != n_classes or rec.get("n_models") != n_models:
-            raise AggregateError(f"aggregate {eid} does not verify: group {rec!r} has {n_classes} classes and "
-                                 f"{n_models} models")
-        groups.append((str(rec.get("name")), g, n_classes, n_models))
-    comb, head = _combine(led, store, groups, str(body.get("weighting")))
-    check_recorded_weights(entry, [float(w) for w in comb.weights])
-    if bool(body.get("head")) != head:
-        raise AggregateError(f"aggregate {eid} does not verify: its record of heads contradicts its groups")
-    part = "full" if head else "extractor"
-    meta = result_meta(store, groups[0][1].body["blob"], part=part, mode="hierarchical",
-                       weighting=str(body.get("weighting")))
-    return check_result(store, entry, comb.tensors, meta)

@@ -11,9 +11,17 @@
       features/       cached CLS features
       logs/           daemon logs
       control.sock    local control endpoint of a running daemon
+
+Everything in a home is private to its owner: the home and its directories are 0700, its
+files 0600 (other local users could otherwise read the ledger, models and training data).
+`make_dirs` and `require` set the process umask to 0o077 so that whatever the process
+creates afterwards (SQLite's ledger.db and its -wal/-shm files, config.toml, models/,
+runs/, blobs, logs) gets these modes, and tighten what an older version left readable.
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +83,39 @@ class NodeHome:
         """Return self, or raise ConfigError when no node was initialised here."""
         if not self.is_initialised():
             raise ConfigError(f"no atd node at {self.root} (run `atd init --home {self.root}` first)")
+        self.make_private()
         return self
 
     def make_dirs(self) -> None:
+        private_umask()
         for d in (self.root, self.blobs_dir, self.models_dir, self.runs_dir, self.features_dir, self.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
+        self.make_private()
+
+    def make_private(self) -> None:
+        """umask 0o077 for this process; the home 0700 and its top-level entries 0700 / 0600.
+        (The home's own mode alone keeps other users out of everything below it.)"""
+        private_umask()
+        _tighten(self.root, 0o700)
+        try:
+            children = list(self.root.iterdir())
+        except OSError:
+            return
+        for p in children:
+            _tighten(p, 0o700 if p.is_dir() and not p.is_symlink() else 0o600)
+
+
+def private_umask() -> None:
+    """Files and directories this process creates from now on are private to its user."""
+    os.umask(os.umask(0o077) | 0o077)
+
+
+def _tighten(path: Path, mode: int) -> None:
+    try:
+        st = path.lstat()
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            return
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
+    except OSError:
+        pass

@@ -27,4 +27,4 @@ class LedgerAccess:
 
     async def merge(self, items: Iterable[bytes]):
         items = list(items)
-        return await self.run(lambda led: led.merge(items))
+        return await self.run(lambda led: led.merge(items, members_only=True))  # outsiders' entries never stored

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atdnode import bodies
 from atdnode.blobstore import BlobStore
 from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
@@ -44,6 +45,7 @@ def weights_body(store: BlobStore, blob: str, *, part: str, record: ModelRecord,
         "metrics": {k: v for k, v in record.metrics.items() if isinstance(v, (int, float, str))},
         "provenance": list(provenance or []),
         "model_id": record.id,
+        **({"base": record.provenance["base"]} if isinstance(record.provenance.get("base"), str) else {}),
     }
 
 
@@ -76,7 +78,7 @@ def publish_weights(home: NodeHome, *, model: str = "latest", part: str = "extra
     body = weights_body(store, blob, part=part, record=record, provenance=provenance)
     led = Ledger.open(home.ledger_db)
     try:
-        entry = led.append(ident.signer, "weights", body)
+        entry = bodies.append(led, ident.signer, "weights", body)
     finally:
         led.close()
     return Published(entry=entry, blob=blob, size=body["size"])

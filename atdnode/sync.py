@@ -7,7 +7,14 @@ Protocol `/atd/sync/1.0.0`, one request per stream, msgpack frames:
     server -> client   {"t": "end", "n": total entries sent}
 
 The server sends, per author it knows, every entry after the client's contiguous head
-(all of them for authors the client has never seen). The client merges each batch as it
+(all of them for authors the client has never seen), in log order so that admissions come
+before the entries of the keys they admit.
+
+Members only (atdnode.access): a server answers a requester that is not a member of its
+consortium, before reading its request, with one refusal frame
+`{"t": "refused", "error": str, "genesis": raw genesis entry}` -- the genesis entry is
+the one thing an outsider may have, so that a joiner can bootstrap. `pull` merges that
+genesis entry and raises AccessRefused. The client merges each batch as it
 arrives; merging is idempotent and order-independent, so overlapping pulls, gossip
 arriving meanwhile, or an interrupted pull (retried later) are all harmless.
 Database work runs in worker threads so the trio loop never blocks.
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 import msgpack
 import trio
 
+from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
 
@@ -90,11 +98,23 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
 
 
 def _missing_raw(led, theirs: dict[bytes, int]) -> list[bytes]:
-    out: list[bytes] = []
+    out = []
     for author, seq in led.heads().items():
         if theirs.get(author, 0) < seq:
-            out.extend(e.to_bytes() for e in led.entries_after(author, theirs.get(author, 0)))
-    return out
+            out.extend(led.entries_after(author, theirs.get(author, 0)))
+    out.sort(key=lambda e: (e.lamport, e.author, e.seq))  # log order: admissions first
+    return [e.to_bytes() for e in out]
+
+
+async def genesis_extra(ledger: LedgerAccess) -> dict:
+    """The refusal's payload for a non-member: the genesis entry, if we have it."""
+
+    def genesis(led) -> bytes | None:
+        g = led.query(kind="genesis")
+        return g[0].to_bytes() if g else None
+
+    raw = await ledger.run(genesis)
+    return {} if raw is None else {"genesis": raw}
 
 
 async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
@@ -107,6 +127,10 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
             msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
             if msg["t"] == "end":
                 break
+            if is_refusal(msg):
+                if isinstance(msg.get("genesis"), bytes):
+                    result.added += len((await ledger.merge([msg["genesis"]])).added)
+                raise AccessRefused(f"{stream.remote_peer} refused sync: {msg.get('error')!r:.80}")
             entries = msg.get("e")
             if msg["t"] != "entries" or not isinstance(entries, list):
                 raise SyncProtocolError(f"unexpected sync message {msg['t']!r}")

@@ -37,7 +37,7 @@ from atdnode.errors import ConfigError
 from atdnode.features import extract_features, progress_bar  # noqa: F401  (re-exported, INTERFACES)
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
-from atdnode.model import ModelConfig, build_model, export_part, freeze_blocks
+from atdnode.model import ModelConfig, build_model, export_part, extractor_state, freeze_blocks
 from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
 
@@ -106,6 +106,7 @@ class TrainOptions:
     augment: bool = True
     augment_threshold: int = 1000
     augment_prob: float = 0.5
+    augment_mode: str = "enlarge"  # paper §4.2: extra samples for small classes; "inplace": replace
     pretrained: bool = False  # timm pretrained-by-name (needs a reachable hub)
     device: str | None = None
     progress: bool = False
@@ -128,7 +129,7 @@ class TrainOptions:
         """What decides the result (and so the run key); excludes display and device."""
         return {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.effective_lr(embed_dim), "wd": self.weight_decay,
                 "warmup": self.warmup_epochs, "init_from": self.init_from, "freeze": self.freeze_blocks,
-                "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob],
+                "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob, self.augment_mode],
                 "pretrained": self.pretrained,
                 "transform": self.batch_transform.describe() if self.batch_transform else None}
 
@@ -174,15 +175,19 @@ class Trainer:
             self.net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         self.lr = opts.effective_lr(int(model.embed_dim))
         self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
-        self.steps_per_epoch = math.ceil(len(data) / opts.batch_size)
+        self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
+                                          prob=opts.augment_prob, seed=opts.seed, mode=opts.augment_mode)
+                        if opts.augment else None)
+        # sample i < N is data[i]; sample N + k is an augmented copy of data[sources[N + k]]
+        extra = self.augment.extra_sources(data.labels) if self.augment is not None else torch.zeros(0, dtype=torch.int64)
+        self.sources = torch.cat([torch.arange(len(data)), extra])
+        self.steps_per_epoch = math.ceil(len(self.sources) / opts.batch_size)
         self.total_steps = self.steps_per_epoch * opts.epochs
         self.warmup = min(self.total_steps, round(opts.warmup_epochs * self.steps_per_epoch))
-        self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
-                                          prob=opts.augment_prob, seed=opts.seed) if opts.augment else None)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.opts.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.data), generator=g)
+        return torch.randperm(len(self.sources), generator=g)
 
     def train_epoch(self, epoch: int, on_batch: Callable[[int, float, float], None] | None = None) -> dict:
         """One pass over the data (0-based `epoch`); returns mean loss and accuracy over all ranks."""
@@ -198,9 +203,14 @@ class Trainer:
             gidx = order[b * opts.batch_size:(b + 1) * opts.batch_size]  # the global batch
             lo, hi = ctx.slice(len(gidx))
             idx = gidx[lo:hi]
-            x, y = self.data.images[idx], self.data.labels[idx]
+            src = self.sources[idx]
+            x, y = self.data.images[src], self.data.labels[src]
             if self.augment is not None:
-                x = self.augment(x, y, idx, epoch)
+                x = self.augment(x, y, idx, epoch)  # in place mode
+                extra = idx >= len(self.data)
+                if bool(extra.any()):  # enlarge mode: the extra samples are made now
+                    x = x.clone()
+                    x[extra] = self.augment.make_extra(x[extra], idx[extra], epoch)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if opts.batch_transform is not None:
                 g = torch.Generator().manual_seed(_seed_of(opts.seed, epoch, b, ctx.rank))
@@ -323,8 +333,26 @@ def _build(home: NodeHome, store, cfg: ModelConfig, data: LabeledImages, opts: T
         prov["init_part"] = part
     elif ckpt is not None:
         prov["init_part"] = "checkpoint"
+    prov["base"] = base_fingerprint(store, blob, model)
     freeze_blocks(model, opts.freeze_blocks)
     return model, prov
+
+
+def base_fingerprint(store, init_blob: str | None, model: nn.Module) -> str:
+    """Which shared start a model descends from: the base its init weight set records (so
+    every follower of one base gets the same fingerprint), else a hash of the initial
+    extractor weights (same seed + config, or the same checkpoint file, give the same one).
+    Averaging models with different bases is meaningless (see README); `atd aggregate` warns."""
+    from atdnode.weights import read_meta
+
+    if init_blob is not None:
+        base = read_meta(store, init_blob).get("base")
+        return str(base) if isinstance(base, str) and base else f"blob:{init_blob[:32]}"
+    h = hashlib.sha256()
+    for k, v in sorted(extractor_state(model).items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().float().numpy().tobytes())
+    return f"init:{h.hexdigest()[:32]}"
 
 
 def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> ModelRecord | None:
@@ -346,6 +374,10 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         store = BlobStore(home.blobs_dir)
         data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
         test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
+        val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
+        for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
+            if part is not None:
+                log(part.report.summary())
         cfg = cfg.with_classes(len(data.classes))
         key = run_key(data_spec, cfg, opts)
         ck = RunCheckpoint(home.runs_dir / key)
@@ -374,14 +406,16 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                 task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=len(data), loss="", acc="")
                 cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
                 stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
-                if ctx.is_main and opts.epoch_eval and len(test):
-                    stats.update(heldout_loss_accuracy(model, test))
+                held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
+                if ctx.is_main and opts.epoch_eval and len(held):
+                    stats.update(heldout_loss_accuracy(model, held))
                 history.append(stats)
                 if ctx.is_main:
                     ck.save(epoch + 1, model, trainer.optimizer, history)
                     tlog.epoch(history)
                 ctx.barrier()
-                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}")
+                log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}"
+                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else ""))
         train_s = time.perf_counter() - t0
         if not ctx.is_main:
             return None
@@ -397,7 +431,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {data_spec}")
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
         common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),
-                      extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key}})
+                      extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key},
+                             "base": prov["base"]})
         model.cpu()
         blobs = {part: export_part(store, model, cfg, part, **common) for part in ("full", "extractor", "head")}
         rec = ModelRecord(model=cfg.to_dict(), labels=data.classes, label_fp=data.label_fp, samples=len(data),

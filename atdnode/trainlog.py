@@ -3,7 +3,8 @@
 Per run (HOME/runs/<run key>/, next to confusion.png):
 
     history.csv   one row per finished epoch: epoch, train_loss, train_accuracy,
-                  val_loss, val_accuracy (the held-out test split after that epoch)
+                  val_loss, val_accuracy (after that epoch, on the source's val split
+                  when it has one, e.g. MedMNIST's, else on the held-out test split)
     curves.png    loss and accuracy per epoch, train and held-out
 
 The CSV is rewritten from the run's history after every epoch, so a resumed run (the

@@ -191,9 +191,16 @@ class Ledger:
         proof = new.sign(rotation_message(old.public_key, new.public_key))
         return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
 
-    def merge(self, items: Iterable[Entry | bytes]) -> MergeResult:
+    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
-        (they are listed in `.rejected`)."""
+        (they are listed in `.rejected`).
+
+        `members_only` (what a node uses for entries from the network): an entry is stored
+        only if its author is a member whose entry at that seq the log accepts, once the
+        membership entries of this same batch are applied; the others are rejected
+        (UnknownAuthor / RevokedAuthor) and never stored, so outsiders cannot make the
+        store grow. The genesis entry is always eligible. Without it, entries of
+        not-yet-admitted keys are stored held and wait for their admission."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
         for item in items:
@@ -204,6 +211,8 @@ class Ledger:
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
         with self._lock, self._store.transaction():
+            if members_only:
+                return self._merge_members_only(parsed, early)
             batch = Batch(self._store)
             rejected = list(early)
             for e in parsed:
@@ -213,6 +222,38 @@ class Ledger:
             res = batch.finish()
             res.rejected = rejected + res.rejected
             return res
+
+    def _merge_members_only(self, parsed: list[Entry], early: list) -> MergeResult:
+        """Rounds of `Batch`es in one transaction: each stores the entries whose authors are
+        (by then) accepted members; admissions stored in one round admit the next round's."""
+        total = MergeResult(rejected=list(early))
+        todo = list(parsed)
+        while todo:
+            m = store_membership(self._store)
+            ready = [e for e in todo if e.kind == "genesis" or m.accepts(e.author, e.seq)]
+            if not ready:
+                break
+            todo = [e for e in todo if not (e.kind == "genesis" or m.accepts(e.author, e.seq))]
+            batch = Batch(self._store)
+            for e in ready:
+                err = batch.add(e)
+                if err is not None:
+                    total.rejected.append((e.id, err))
+            res = batch.finish()
+            total.added += res.added
+            total.pending += res.pending
+            total.waiting.update(res.waiting)
+            total.rejected += res.rejected
+            total.removed += res.removed
+            total.duplicates += res.duplicates
+        m = store_membership(self._store)
+        for e in todo:
+            where = dict(author=e.author, seq=e.seq, entry_id=e.id)
+            status = m.members.get(e.author)
+            total.rejected.append((e.id, UnknownAuthor("author is not a member; entry not stored", **where)
+                                   if status is None else RevokedAuthor(f"author was revoked after seq {status.upto}; "
+                                                                        "entry not stored", **where)))
+        return total
 
     # --- reading -----------------------------------------------------------------------
     def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:

@@ -59,6 +59,7 @@ class PhaseResult:
     compute_s: float = 0.0  # summed compute of every node (this phase)
     outcomes: dict[str, str] = field(default_factory=dict)  # node -> what it ended with
     notes: list[str] = field(default_factory=list)
+    verified: dict[str, int] = field(default_factory=dict)  # VGS-ATD: {"aggregates": n, "verified": k}
 
     def add_bytes(self, node: str, sent: int = 0, received: int = 0) -> None:
         b = self.bytes.setdefault(node, {"sent": 0, "received": 0})
@@ -68,7 +69,8 @@ class PhaseResult:
     def to_dict(self) -> dict:
         return {"method": self.method, "phase": self.phase, "per_node": self.per_node, "overall": self.overall,
                 "bytes": self.bytes, "ready_s": round(self.ready_s, 3), "compute_s": round(self.compute_s, 3),
-                "outcomes": self.outcomes, "notes": self.notes}
+                "outcomes": self.outcomes, "notes": self.notes,
+                **({"verified": self.verified} if self.verified else {})}
 
 
 def transfer_s(net: NetworkSpec, nbytes: int) -> float:

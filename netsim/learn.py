@@ -1,4 +1,6 @@
-"""In-process learning steps shared by the VGS-ATD runner and the baselines.
+"""In-process learning steps of the baselines (centralized, FedAvg, swarm, local) and helpers
+the VGS-ATD runner shares (model config, label mapping, scores); VGS-ATD itself trains
+through `atd train`'s library function (`netsim.vgs_ops`).
 
 Everything goes through the node's own code: `atdnode.model` builds and splits the timm
 ViT, `atdnode.training.Trainer` runs the epochs (AdamW, warmup + cosine, seeded order),
@@ -19,14 +21,14 @@ from torch import nn
 
 from atdnode import ddp
 from atdnode.data import LabeledImages
-from atdnode.model import ModelConfig, build_model, extractor_state, freeze_blocks, load_part
+from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
-from netsim.scenario import ModelSpec, TrainSpec
+from netsim.scenario import TrainSpec
 
 METRICS = ("accuracy", "precision", "sensitivity", "f1")
 
 
-def model_config(spec: ModelSpec, num_classes: int) -> ModelConfig:
+def model_config(spec: ModelConfig, num_classes: int) -> ModelConfig:
     return ModelConfig.resolve(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
                                embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
                                in_chans=spec.in_chans, num_classes=num_classes)
@@ -122,7 +124,3 @@ def expand_head(state: dict[str, torch.Tensor], old: list[str], new: list[str], 
                 w[j] = state[k][pos[c]]
         out[k] = w
     return out
-
-
-def extractor_of(model: nn.Module) -> dict[str, torch.Tensor]:
-    return extractor_state(model)

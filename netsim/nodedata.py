@@ -1,7 +1,8 @@
 """Every node's train / test data for a scenario, loaded once through `atdnode.data`.
 
-Class names become global labels: the data set's own names when the scenario uses one
-data set, else `"<dataset>:<class>"`, so digits "3" and an .npz class "3" never merge.
+Class identity is the class name: data sets (and nodes) that name the same class share it,
+so three hospitals' files with `normal` / `pneumonia` make a two-class task. A data set with
+`namespace = true` gets `"<dataset>:<class>"` names instead, so its classes never merge.
 Cohorts that draw on the same data set get disjoint training samples: per class, the
 samples are dealt (seeded) among the cohorts that use that class, then each cohort's
 share is partitioned among its nodes (`netsim.partition`). Test data is not divided: a
@@ -122,23 +123,23 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
     """Load the data sets and partition them among the nodes (deterministic in scn.seed)."""
     m = scn.model
     used = {c.dataset for c in scn.cohorts}
-    multi = len(used) > 1
+    spaced = {d.name for d in scn.datasets if d.namespace}
     trains: dict[str, LabeledImages] = {}
     tests: dict[str, LabeledImages] = {}
     for d in scn.datasets:
         if d.name not in used:
             continue
-        prefix = d.name if multi else None
+        prefix = d.name if d.namespace else None
         trains[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
         tests[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
-    pools = _cohort_pools(scn, trains, multi)
+    pools = _cohort_pools(scn, trains, spaced)
     nodes: dict[str, NodeData] = {}
     test_index: dict[str, dict[str, np.ndarray]] = {}
     for co in scn.cohorts:
         tr, te = trains[co.dataset], tests[co.dataset]
         names = tr.classes
-        cls = None if co.classes is None else tuple(_global(c, co.dataset, multi) for c in co.classes)
-        sets = None if co.class_sets is None else tuple(tuple(_global(c, co.dataset, multi) for c in s)
+        cls = None if co.classes is None else tuple(_global(c, co.dataset, spaced) for c in co.classes)
+        sets = None if co.class_sets is None else tuple(tuple(_global(c, co.dataset, spaced) for c in s)
                                                         for s in co.class_sets)
         labels = tr.labels.numpy()
         splits = partition_cohort(nodes=co.nodes, train_labels=labels, pool=pools[co.name],
@@ -151,13 +152,13 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
             nodes[sp.node] = _node_data(sp, co, tr, te, space)
             test_index[sp.node] = {co.dataset: _test_idx(te, space, co.test_samples, scn.seed, sp.node)}
             nodes[sp.node].test = subset(te, test_index[sp.node][co.dataset], space)
-    order = [c for ds in trains for c in trains[ds].classes]
+    order = list(dict.fromkeys(c for ds in trains for c in trains[ds].classes))  # by name, first seen
     have = {c for d in nodes.values() for c in d.classes}
     return ScenarioData(nodes=nodes, label_space=[c for c in order if c in have], tests=tests, test_index=test_index)
 
 
-def _global(c: str, ds: str, multi: bool) -> str:
-    return f"{ds}:{c}" if multi else c
+def _global(c: str, ds: str, spaced: set[str]) -> str:
+    return f"{ds}:{c}" if ds in spaced else c
 
 
 def _test_idx(te: LabeledImages, space: list[str], cap: int | None, seed: int, node: str) -> np.ndarray:
@@ -174,7 +175,7 @@ def _node_data(sp: NodeSplit, co, tr: LabeledImages, te: LabeledImages, space: l
                     classes=list(space), train=train, test=train, class_counts=counts)
 
 
-def _cohort_pools(scn: Scenario, trains: dict[str, LabeledImages], multi: bool) -> dict[str, np.ndarray]:
+def _cohort_pools(scn: Scenario, trains: dict[str, LabeledImages], spaced: set[str]) -> dict[str, np.ndarray]:
     """Per class, deal the data set's training samples (seeded) among the cohorts using that class."""
     pools: dict[str, list[np.ndarray]] = {c.name: [] for c in scn.cohorts}
     for ds, tr in trains.items():
@@ -182,7 +183,7 @@ def _cohort_pools(scn: Scenario, trains: dict[str, LabeledImages], multi: bool) 
         users = [c for c in scn.cohorts if c.dataset == ds]
         for k, name in enumerate(tr.classes):
             takers = [c.name for c in users if c.classes is None
-                      or name in {_global(x, ds, multi) for x in c.classes}]
+                      or name in {_global(x, ds, spaced) for x in c.classes}]
             if not takers:
                 continue
             idx = np.flatnonzero(labels == k)

@@ -76,6 +76,16 @@ def comparison_rows(report: dict) -> list[list[str]]:
     return rows
 
 
+def verified_lines(report: dict) -> list[str]:
+    """Per phase, how many of the VGS-ATD `aggregate` entries re-verified (`atd aggregate --verify`)."""
+    out = []
+    for ph in report.get("methods", {}).get("vgs-atd", []):
+        v = ph.get("verified")
+        if v:
+            out.append(f"VGS-ATD phase {ph['phase']}: {v['verified']}/{v['aggregates']} aggregate entries verified")
+    return out
+
+
 COMPARISON_HEADER = ["method", "phase", "accuracy", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
                      "compute (s)"]
 
@@ -96,6 +106,7 @@ def markdown(report: dict) -> str:
     if report.get("methods"):
         parts.append("\n## Comparison (overall = mean over nodes, on the phase's pooled test set)\n\n")
         parts.append(_table(COMPARISON_HEADER, comparison_rows(report)))
+        parts += [f"\n{line}.\n" for line in verified_lines(report)]
         parts.append("\n## Forgetting: phase-1 nodes' accuracy on their own test data after each phase\n\n")
         phases = sorted({ph["phase"] for v in report["methods"].values() for ph in v})
         rows = [[m, *(_fmt(report.get("forgetting", {}).get(m, {}).get(str(p))) for p in phases)]

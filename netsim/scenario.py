@@ -12,7 +12,8 @@ the network conditions, the faults, and optionally a gossip workload:
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
-    [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH")
+    [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
+                 namespace (bool, default false: classes are matched by name across data sets)
     [[cohorts]]  name, phase, group, role, dataset, classes, partition, alpha, fractions,
                  class_sets, train_samples, test_samples, nodes
     [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting
@@ -27,11 +28,12 @@ Every problem raises `ScenarioError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from atdnode.errors import AtdError
+from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
 METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
@@ -47,15 +49,10 @@ class ScenarioError(AtdError):
 
 # ------------------------------------------------------------------ sections
 
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str = "vit_tiny_patch16_224"
-    img_size: int = 16
-    patch_size: int = 4
-    embed_dim: int = 32
-    depth: int = 2
-    num_heads: int = 2
-    in_chans: int = 1
+# [model] is an `atdnode.model.ModelConfig` (the one ViT configuration class); netsim's
+# defaults are laptop-sized, and num_classes is set per node from its label space.
+NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
+                           num_heads=2, in_chans=1, num_classes=2)
 
 
 @dataclass(frozen=True)
@@ -104,6 +101,7 @@ class NetworkSpec:
 class DatasetSpec:
     name: str
     spec: str
+    namespace: bool = False  # true: prefix its class names ("<name>:<class>") so they never merge
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,7 @@ class CohortSpec:
 class PhaseSpec:
     phase: int
     mode: str
-    weighting: str = "samples"
+    weighting: str = "uniform"  # the paper's: uniform (Eq. 2); hierarchical: sqrt-classes unless model-count
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ class Scenario:
     methods: tuple[str, ...] = METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
-    model: ModelSpec = ModelSpec()
+    model: ModelConfig = NETSIM_MODEL
     train: TrainSpec = TrainSpec()
     baselines: BaselineSpec = BaselineSpec()
     ensemble: EnsembleSpec = EnsembleSpec()
@@ -347,7 +345,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     head_conv = {"methods": lambda v, w: c.strs(v, w)}
     hdr = c.build(_Header, head, "scenario", head_conv)
 
-    model = c.build(ModelSpec, c.table(raw, "model", "model"), "model")
+    model = c.build(ModelConfig, {**asdict(NETSIM_MODEL), **c.table(raw, "model", "model")}, "model")
     train = c.build(TrainSpec, c.table(raw, "train", "train"), "train")
     base = c.build(BaselineSpec, c.table(raw, "baselines", "baselines"), "baselines")
     ens = c.build(EnsembleSpec, c.table(raw, "ensemble", "ensemble"), "ensemble")
@@ -404,7 +402,7 @@ def _resolve_dataset(d: DatasetSpec, base_dir: Path | None) -> DatasetSpec:
         p = Path(path).expanduser()
         if not p.is_absolute():
             p = (base_dir / p).resolve()
-        return DatasetSpec(name=d.name, spec=f"{kind}:{p}{q}{query}")
+        return DatasetSpec(name=d.name, spec=f"{kind}:{p}{q}{query}", namespace=d.namespace)
     return d
 
 

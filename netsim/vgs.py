@@ -8,19 +8,25 @@ the matching CLI command; weights and features travel only as signed entries + b
 horizontal   node-to-node transfer inside each joining group — the group's first node
              trains (from the group's current extractor if the group exists), the others
              start from its published weights with `freeze_blocks` blocks frozen — every
-             node publishes its full weights, and every member averages them once
-             (`atd aggregate --mode horizontal`): the global model predicts directly.
+             node publishes its full weights, and every member averages them once and fits
+             the ensemble on the fused extractor (`atd aggregate --mode horizontal`, the
+             paper's default); then the features round below.
 vertical     a shared base (the group's current extractor, published by a member, or the
              first joiner's own) is fine-tuned by each joiner, which publishes its
-             extractor only; every member fuses base + joiners' extractors; then every
-             node extracts CLS features with its fused extractor, seals them to every
-             other node, and fits one PCA -> MLP + RF + SVM ensemble over the union of the
-             label spaces from all the features it can open.
-hierarchical each new group first does its own horizontal round; then every group's
-             extractor is published and every node combines the group extractors with
-             `sqrt-classes` / `model-count` weights (`protocols.hierarchical`) — existing
-             groups are reused, never retrained — followed by the shared-features
-             ensemble as in vertical mode.
+             extractor only; every member runs `atd aggregate --mode vertical` on base +
+             joiners' extractors (same inputs, so the same fused extractor everywhere).
+hierarchical each new group first does its own horizontal round; then every node runs
+             `atd aggregate --mode hierarchical` with one group per aggregate entry (a
+             group's latest horizontal or vertical aggregate) — existing groups are reused,
+             never retrained; C_i and n_i are read from the signed entries.
+
+Features round (every mode): after the first aggregation each node seals the CLS features
+of its data under its new extractor to the other nodes of the step (`atd
+share-features`), waits for theirs, and aggregates again with the same inputs: the same
+fused extractor, and an ensemble fitted on every feature set it could open. At the end of
+each phase every `aggregate` entry the phase produced is re-verified on its author with
+`atd aggregate --verify` (the input blobs it lacks are fetched first); the phase notes and
+the report say how many verified.
 
 Every wait (for a peer's entry and blob) has the scenario's `step_deadline_s`; a wait
 that runs out is recorded and the step goes on with what arrived. Times: network time is
@@ -32,30 +38,29 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import trio
 
-from atdnode.data import LabeledImages
-from atdnode.features import extract_features
+from atdnode.errors import AtdError
+from atdnode.node_ensemble import EnsembleOptions
 from atdnode.training import TrainOptions
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import FaultOutcome, apply_fault, pick_bootstrap
-from netsim.learn import model_config, predict, to_global
+from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData, write_node_npz
 from netsim.scenario import Scenario
-from netsim.vgs_ops import EnsembleCache, NodeOps, Pub, Step
+from netsim.vgs_ops import NodeOps, Pub, Step
 
 
 @dataclass
 class NodeState:
-    model_id: str | None = None  # the node's current model (global / fused / combined)
-    kind: str = "none"  # global | ensemble | none
-    ensemble: object | None = None
-    ens_classes: list[str] = field(default_factory=list)
+    model_id: str | None = None  # the node's current model (trained / global)
+    kind: str = "none"  # trained | global | none
+    agg: Pub | None = None  # its latest aggregate entry (a group model in hierarchical mode)
     outcome: str = "not started"
 
 
@@ -78,14 +83,15 @@ class VgsRunner:
         # The data spec (a path) enters weight-set metadata, so its length changes blob sizes:
         # a fixed-length temp directory keeps runs of one scenario byte-for-byte comparable.
         self.data_dir = Path(tempfile.mkdtemp(prefix="atd-netsim-data-"))
+        ens = EnsembleOptions(pca_components=scn.ensemble.pca_components, mlp_max_iter=scn.ensemble.mlp_epochs,
+                              seed=scn.seed)
         for name, nd in data.nodes.items():
             spec = f"npz:{write_node_npz(nd, self.data_dir / f'{name}.npz')}"
             self.ops[name] = NodeOps(name, cluster.c.homes[name], seed=scn.seed, spec=spec,
-                                     cfg=model_config(scn.model, len(nd.classes)))
+                                     cfg=model_config(scn.model, len(nd.classes)), ensemble=ens)
         self.state = {n: NodeState() for n in data.nodes}
         self.groups: dict[str, Group] = {}
-        self.cache = EnsembleCache(seed=scn.seed, pca_components=scn.ensemble.pca_components,
-                                   mlp_max_iter=scn.ensemble.mlp_epochs)
+        self._produced: list[Pub] = []  # aggregate entries of the current phase
         self.fault_log: list[dict] = []
         self._crit: dict[str, float] = {}
         self._out_at: dict[str, float] = {}
@@ -126,7 +132,9 @@ class VgsRunner:
                 grp.members.append(n)
             grp.classes |= set(self.data.nodes[n].classes)
         self.log(f"vgs-atd phase {p} ({mode}): {len(joiners)} node(s) join")
+        self._produced = []
         await getattr(self, f"_{mode}")(p, joiners)
+        await self._verify_phase()
         await self._refresh()
         res.bytes = {n: {"sent": self.cluster.link_bytes(n)["sent"] - before[n]["sent"],
                          "received": self.cluster.link_bytes(n)["received"] - before[n]["received"]}
@@ -214,7 +222,7 @@ class VgsRunner:
                 return None
         freeze = self.scn.train.freeze_blocks if init is not None else 0
         step = self._did(node, self.ops[node].train(self._train_opts(init, freeze, node)), [init] if init else [])
-        self.state[node].model_id = step.model_id
+        self.state[node].model_id, self.state[node].kind = step.model_id, "trained"
         pub = self._did(node, self.ops[node].publish(step.model_id, part)).pub
         await trio.lowlevel.checkpoint()
         return pub
@@ -225,16 +233,6 @@ class VgsRunner:
             if m not in exclude and self.cluster.alive(m) and self.state[m].model_id:
                 return self._did(m, self.ops[m].publish(self.state[m].model_id, "extractor")).pub
         return None
-
-    async def _aggregate(self, node: str, inputs: list[Pub], weighting: str, label: str) -> None:
-        got = await self._wait(node, inputs, "weights")
-        if not got:
-            self.state[node].outcome = "no inputs arrived"
-            return
-        step = self._did(node, self.ops[node].aggregate(got, weighting), got)
-        self.state[node].model_id = step.model_id
-        self.state[node].kind = "global"
-        self.state[node].outcome = f"{label} ({len(got)}/{len(inputs)} inputs)"
 
     async def _each(self, nodes: list[str], fn, *args) -> None:
         async with trio.open_nursery() as nursery:
@@ -260,6 +258,107 @@ class VgsRunner:
             pubs += [out[n] for n in live[1:] if n in out]
         return pubs
 
+    # ---------------------------------------------------------------- aggregation rounds
+
+    async def _agg_round(self, mode: str, nodes: list[str], inputs: list[Pub], weighting: str, label: str) -> None:
+        """Every node in `nodes` aggregates `inputs` (`atd aggregate --mode MODE`), shares its
+        features under the result with the others and aggregates again (the ensemble now
+        fitted on every feature set that arrived)."""
+        done: dict[str, list[Pub]] = {}
+
+        async def first(n: str) -> None:
+            got = await self._wait(n, inputs, "inputs")
+            if len(got) < len(inputs) and (mode == "hierarchical" or not got):
+                self.state[n].outcome = f"{label}: {len(got)}/{len(inputs)} inputs arrived; keeps its model"
+                return
+            if await self._aggregate(n, mode, got, weighting):
+                done[n] = got
+
+        await self._each(self.alive(nodes), first)
+        sharers = [n for n in nodes if n in done and self.cluster.alive(n)]
+        pubs: dict[str, Pub] = {}
+
+        async def share(n: str) -> None:
+            others = [m for m in sharers if m != n]
+            if not others:
+                return
+            peers = [self.ops[m].peer_id for m in others]
+            with trio.move_on_after(self.scn.step_deadline_s):
+                while self.cluster.alive(n) and not self.ops[n].knows_keys(peers):
+                    await trio.sleep(0.1)
+            try:
+                pubs[n] = self._did(n, self.ops[n].share_features(self.state[n].model_id, peers)).pub
+            except AtdError as exc:
+                self._res.notes.append(f"{n}: could not share features: {exc}")
+
+        await self._each(sharers, share)
+
+        async def second(n: str) -> None:
+            got = await self._wait(n, [q for m, q in pubs.items() if m != n], "shared features")
+            if got:
+                await self._aggregate(n, mode, done[n], weighting, after=got)
+            self.state[n].outcome = f"{label} ({len(done[n])}/{len(inputs)} inputs, features from {len(got)} peer(s))"
+
+        await self._each(self.alive(sharers), second)
+
+    async def _aggregate(self, node: str, mode: str, inputs: list[Pub], weighting: str, after: list[Pub] = ()
+                         ) -> bool:
+        try:
+            step = self._did(node, self.ops[node].aggregate(mode, inputs, weighting), [*inputs, *after])
+        except AtdError as exc:
+            self._res.notes.append(f"{node}: {mode} aggregation failed: {exc}")
+            self.state[node].outcome = f"{mode} aggregation failed"
+            return False
+        st = self.state[node]
+        st.model_id, st.kind, st.agg = step.model_id, "global", step.pub
+        sizes = "group sizes (from the signed entries): " + ", ".join(
+            f"{g['name']} ({g['n_classes']} classes, {g['n_models']} models)" for g in step.detail.get("groups", []))
+        if mode == "hierarchical" and sizes not in self._res.notes:
+            self._res.notes.append(sizes)
+        self._produced.append(step.pub)
+        return True
+
+    async def _verify_phase(self) -> None:
+        """Re-verify every aggregate entry of the phase on its author (`atd aggregate --verify`),
+        fetching the blobs of the weights entries behind it first."""
+        ok, bad = 0, []
+        for pub in self._produced:
+            n = pub.node
+            if not self.cluster.alive(n):
+                bad.append(f"{pub.entry[:12]} ({n} is down)")
+                continue
+            await self._wait(n, self._behind(n, pub.entry), "inputs to verify")
+            try:
+                self.ops[n].verify(pub.entry)
+                ok += 1
+            except AtdError as exc:
+                bad.append(f"{pub.entry[:12]} ({exc})")
+        self._res.verified = {"aggregates": len(self._produced), "verified": ok}
+        self._res.notes.append(f"aggregate entries verified: {ok}/{len(self._produced)}"
+                               + (" — failed: " + "; ".join(bad) if bad else ""))
+
+    def _behind(self, node: str, entry: str) -> list[Pub]:
+        """The weights and group-aggregate entries an aggregate entry rests on (recursively)."""
+        from ledger import Ledger
+
+        by_peer = {o.peer_id: m for m, o in self.ops.items()}
+        out: list[Pub] = []
+        with Ledger.open(self.ops[node].home.ledger_db) as led:
+            todo, seen = [entry], set()
+            while todo:
+                e = led.get(bytes.fromhex(todo.pop()))
+                if e is None or e.id in seen:
+                    continue
+                seen.add(e.id)
+                b = e.body
+                if e.kind in ("weights", "aggregate") and isinstance(b.get("blob"), str):
+                    from ledger import peer_id_from_public_key
+
+                    src = by_peer.get(peer_id_from_public_key(e.author), node)
+                    out.append(Pub(src, e.id.hex(), b["blob"], str(b.get("manifest")), e.kind, "", (), 0))
+                todo += [h for h in b.get("inputs") or [] if isinstance(h, str)] if e.kind == "aggregate" else []
+        return out[1:]
+
     # ---------------------------------------------------------------- modes
 
     async def _horizontal(self, p: int, joiners: list[str]) -> None:
@@ -268,12 +367,12 @@ class VgsRunner:
             gj = [n for n in joiners if self.data.nodes[n].group == g]
             base = await self._group_base(g, gj) if any(m not in gj for m in self.groups[g].members) else None
             pubs = await self._group_round(g, gj, base, weighting)
-            spaces = {p_.labels for p_ in pubs}
-            if len(spaces) > 1:
+            if len({p_.labels for p_ in pubs}) > 1:
                 self._res.notes.append(f"group {g}: joiners' label spaces differ; averaging extractors only")
                 pubs = [self._did(q.node, self.ops[q.node].publish(self.state[q.node].model_id, "extractor")).pub
                         for q in pubs]
-            await self._each(self.alive(gj), self._aggregate, pubs, weighting, "global model, horizontal")
+            if pubs:
+                await self._agg_round("horizontal", gj, pubs, weighting, "global model, horizontal")
 
     async def _vertical(self, p: int, joiners: list[str]) -> None:
         weighting = self.scn.phase(p).weighting
@@ -295,96 +394,45 @@ class VgsRunner:
 
             await self._each(gj, tune)
             inputs = [base] + [out[n] for n in gj if n in out]
-            await self._each(members, self._aggregate, inputs, weighting, "fused extractor, vertical")
-        await self._share_and_fit(p)
+            await self._agg_round("vertical", members, inputs, weighting, "fused extractor, vertical")
 
     async def _hierarchical(self, p: int, joiners: list[str]) -> None:
         weighting = self.scn.phase(p).weighting
         if weighting not in ("sqrt-classes", "model-count"):
-            weighting = "sqrt-classes"
+            weighting = "sqrt-classes"  # the paper's default (Eq. 11)
         new = [g for g in _groups_of(self.data, joiners) if all(m in joiners for m in self.groups[g].members)]
-        old = [g for g in self.groups if g not in new]
-        old_pubs = {g: await self._group_base(g, []) for g in old}
-        base = next((b for b in old_pubs.values() if b is not None), None)
-        for g in new:
-            gj = [n for n in joiners if self.data.nodes[n].group == g]
-            pubs = await self._group_round(g, gj, base, "samples")
-            await self._each(self.alive(gj), self._aggregate, pubs, "samples", f"group {g} model")
-        for g in list(old) + new:  # joiners of an existing group take part as its members
-            if g in old and any(n in joiners for n in self.groups[g].members):
+        for g in self.groups:
+            if g not in new and any(n in joiners for n in self.groups[g].members):
                 self._res.notes.append(f"group {g}: joiners in hierarchical mode are only evaluated")
-        new_pubs = {g: await self._group_base(g, []) for g in new}
-        entries = [(g, pub, len(self.groups[g].classes), len(self.groups[g].members))
-                   for g, pub in {**old_pubs, **new_pubs}.items() if pub is not None]
-        self._res.notes.append("groups combined: " + ", ".join(f"{g} ({c} classes, {m} models)"
-                                                               for g, _, c, m in entries))
-
-        async def combine(n: str) -> None:
-            got = await self._wait(n, [e[1] for e in entries], "group extractors")
-            use = [e for e in entries if e[1] in got]
-            if len(use) < 2:
-                self._res.notes.append(f"{n}: fewer than two group models arrived; keeps its own")
-                return
-            step = self._did(n, self.ops[n].combine_groups(use, weighting), [e[1] for e in use])
-            self.state[n].model_id = step.model_id
-            self.state[n].outcome = f"combined {len(use)} group models ({weighting})"
-
-        await self._each(self.alive([n for n in self.data.present(p) if self.state[n].model_id]), combine)
-        await self._share_and_fit(p)
-
-    async def _share_and_fit(self, p: int) -> None:
-        """Every live node seals its CLS features to every other and fits the ensemble."""
+        for g in new:  # a new group first learns horizontally on its own
+            gj = [n for n in joiners if self.data.nodes[n].group == g]
+            pubs = await self._group_round(g, gj, None, "uniform")
+            if pubs:
+                await self._agg_round("horizontal", gj, pubs, "uniform", f"group {g} model")
+        groups = []
+        for g in self.groups:  # each group's latest aggregate entry is its group model
+            m = next((m for m in self.groups[g].members if self.cluster.alive(m) and self.state[m].agg), None)
+            if m is not None:
+                groups.append((replace(self.state[m].agg, part=g), self.state[m].agg.part))
+        self._res.notes.append("groups combined: " + ", ".join(f"{q.part} ({q.node}'s {mode} aggregate)"
+                                                               for q, mode in groups))
+        groups = [q for q, _ in groups]
+        if len(groups) < 2:
+            self._res.notes.append("fewer than two group models; nothing to combine")
+            return
         nodes = self.alive([n for n in self.data.present(p) if self.state[n].model_id])
-        keys = {n: (self.ops[n].peer_id, self.ops[n].x25519_public) for n in nodes}
-        pubs: dict[str, Pub] = {}
-        own: dict[str, tuple[np.ndarray, np.ndarray, list[str]]] = {}
-        for n in nodes:
-            others = {m: keys[m] for m in nodes if m != n}
-            if not others:
-                continue
-            step = self._did(n, self.ops[n].share_features(self.state[n].model_id, self.data.nodes[n].train, others))
-            pubs[n] = step.pub
-            own[n] = (step.detail["X"], step.detail["y"], list(self.data.nodes[n].classes))
-        classes = self.data.classes_at(p)
-
-        async def fit(n: str) -> None:
-            if n not in own:
-                return
-            got = await self._wait(n, [q for m, q in pubs.items() if m != n], "shared features")
-            parts = {n: own[n]}
-            for q in got:
-                X, y, names = self.ops[n].open_features(q)
-                parts[q.node] = (X, y, names)
-            ordered = [parts[m] for m in sorted(parts)]
-            have = sorted({c for _, _, names in ordered for c in names}, key=classes.index)
-            if len(have) < 2:
-                self._res.notes.append(f"{n}: fewer than two classes in the features it holds; no ensemble")
-                return
-            ens, names, secs = self.cache.fit(ordered, have)
-            self._did(n, Step(secs), got)
-            st = self.state[n]
-            st.kind, st.ensemble, st.ens_classes = "ensemble", ens, names
-            st.outcome = f"ensemble over {len(names)} classes from {len(parts)} feature sets"
-
-        await self._each(nodes, fit)
+        await self._agg_round("hierarchical", nodes, groups, weighting, f"combined {len(groups)} groups ({weighting})")
 
     # ---------------------------------------------------------------- prediction
 
     def _predictor(self, n: str):
-        st = self.state[n]
-        model = self.ops[n].load_model(st.model_id)
-        space = self.data.label_space
-        if st.kind == "global":
-            labels = self.ops[n].registry.get(st.model_id).labels
-            return lambda images: to_global(predict(model, images), list(labels), space)
-        ens, names = st.ensemble, st.ens_classes
+        model_id, space, ops = self.state[n].model_id, self.data.label_space, self.ops[n]
 
-        def ens_predict(images: torch.Tensor) -> np.ndarray:
-            dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
-            X, _ = extract_features(model, dummy)
-            return to_global(ens.predict(X).astype(np.int64), names, space)
+        def pred(images: torch.Tensor) -> np.ndarray:
+            names, idx = ops.predict(model_id, images)
+            return to_global(idx, names, space)
 
-        return ens_predict
+        return pred
 
 
 def _groups_of(data: ScenarioData, names: list[str]) -> list[str]:

@@ -1,40 +1,34 @@
 """The VGS-ATD protocol steps of one node, run in-process against its real home.
 
-Every step is the library call the CLI makes for the same command — `atd train`
-(`atdnode.training.train`), `atd publish-weights` (`atdnode.publish.publish_weights`),
-`atd aggregate --mode horizontal` (`atdnode.aggregate.aggregate_horizontal`) — or, for
-the steps the CLI reaches through `protocols` (hierarchical combination, sealed feature
-sharing, the ensemble), the same `protocols` functions with the results written to the
-node's blob store, registry and ledger. The bytes move between nodes only through the
-daemons (gossip of the signed entries, the blob protocol for weights and features), so
+Every step is exactly the library call the CLI makes for the same command, and nothing
+else: `atd train` (`atdnode.training.train`), `atd publish-weights`
+(`atdnode.publish.publish_weights`), `atd share-features`
+(`atdnode.features_share.share_features`), `atd aggregate --mode horizontal | vertical |
+hierarchical` (`atdnode.horizontal`, `atdnode.vertical`, `atdnode.hierarchical_node`),
+`atd aggregate --verify` (`atdnode.agg_verify.verify_aggregate`) and `atd classify`'s
+predictor (`atdnode.classify.predict_names`). netsim keeps no fusion, combining, ensemble
+or entry-writing code of its own. The bytes move between nodes only through the daemons
+(gossip of the signed entries, the blob protocol for weights, features and aggregates), so
 what the network counted is what the protocol cost.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from sklearn.exceptions import ConvergenceWarning
 
 from atdnode.blobstore import BlobStore
-from atdnode.data import LabeledImages
-from atdnode.features import extract_features
 from atdnode.home import NodeHome
-from atdnode.model import ModelConfig, build_model, load_part
-from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.model import ModelConfig
+from atdnode.node_ensemble import EnsembleOptions
+from atdnode.registry import ModelRegistry
 from atdnode.training import TrainOptions, train
-from atdnode.weights import load_weights, save_weights
-from ledger import Ledger, Signer
+from ledger import Ledger
 from netsim.homes import node_seed
-from protocols.ensemble import EnsembleClassifier
-from protocols.feature_crypto import open_sealed, public_bytes, seal
-from protocols.hierarchical import GroupModel, combine_groups
-from protocols.vgs import fit_vertical_ensemble
 
 
 @dataclass(frozen=True)
@@ -45,8 +39,8 @@ class Pub:
     entry: str  # hex entry id
     blob: str
     manifest: str  # hash of the blob's chunk manifest, as the signed entry names it
-    kind: str  # weights | features
-    part: str  # full | extractor | features
+    kind: str  # weights | features | aggregate
+    part: str  # full | extractor | features | the aggregate's mode
     labels: tuple[str, ...]
     samples: int
 
@@ -64,145 +58,100 @@ class Step:
 class NodeOps:
     """Protocol steps for the node `name` whose home is `home` (its daemon runs elsewhere)."""
 
-    def __init__(self, name: str, home: NodeHome, *, seed: int, spec: str, cfg: ModelConfig) -> None:
+    def __init__(self, name: str, home: NodeHome, *, seed: int, spec: str, cfg: ModelConfig,
+                 ensemble: EnsembleOptions) -> None:
+        from ledger import Signer
+
         self.name, self.home, self.seed, self.spec, self.cfg = name, home, seed, spec, cfg
-        self.signer = Signer.from_seed(node_seed(seed, name))
-        self.x25519 = X25519PrivateKey.from_private_bytes(node_seed(seed, name, "x25519"))
+        self.ensemble = ensemble
+        self.peer_id = Signer.from_seed(node_seed(seed, name)).peer_id
         self.store = BlobStore(home.blobs_dir)
         self.registry = ModelRegistry(home)
-
-    @property
-    def peer_id(self) -> str:
-        return self.signer.peer_id
-
-    @property
-    def x25519_public(self) -> bytes:
-        return public_bytes(self.x25519)
-
-    def _append(self, kind: str, body: dict):
-        with Ledger.open(self.home.ledger_db) as led:  # what a CLI command does
-            return led.append(self.signer, kind, body)
 
     # -- training and publishing -------------------------------------------------------
 
     def train(self, opts: TrainOptions) -> Step:
         t0 = time.perf_counter()
         rec = train(self.home, self.spec, self.cfg, opts)
-        return Step(time.perf_counter() - t0, model_id=rec.id, detail={"test": _metrics(rec.metrics)})
+        return Step(time.perf_counter() - t0, model_id=rec.id)
 
     def publish(self, model_id: str, part: str) -> Step:
         from atdnode.publish import publish_weights
 
         t0 = time.perf_counter()
         p = publish_weights(self.home, model=model_id, part=part)
-        rec = self.registry.get(model_id)
-        pub = Pub(self.name, p.entry.id.hex(), p.blob, p.entry.body["manifest"], "weights", part, tuple(rec.labels),
-                  int(rec.samples))
+        b = p.entry.body
+        pub = Pub(self.name, p.entry.id.hex(), p.blob, b["manifest"], "weights", part, tuple(b["labels"]),
+                  int(b["samples"]))
         return Step(time.perf_counter() - t0, model_id=model_id, pub=pub)
 
-    def aggregate(self, inputs: list[Pub], weighting: str) -> Step:
-        from atdnode.aggregate import aggregate_horizontal
+    def share_features(self, model_id: str, to: list[str]) -> Step:
+        """`atd share-features --model M --to PEER...`: seal CLS features to peers."""
+        from atdnode.features_share import share_features
 
         t0 = time.perf_counter()
-        res = aggregate_horizontal(self.home, weighting=weighting, inputs=[p.entry for p in inputs])
-        return Step(time.perf_counter() - t0, model_id=res.model_id,
-                    detail={"weights": [round(w, 6) for w in res.weights], "entry": res.entry.id.hex()})
+        s = share_features(self.home, to=to, model=model_id, data_spec=self.spec)
+        b = s.entry.body
+        pub = Pub(self.name, s.entry.id.hex(), s.blob, b["manifest"], "features", "features", tuple(b["classes"]),
+                  int(b["samples"]))
+        return Step(time.perf_counter() - t0, pub=pub)
 
-    def combine_groups(self, groups: list[tuple[str, Pub, int, int]], weighting: str) -> Step:
-        """Hierarchical step: combine group extractors (name, published extractor, classes,
-        base models) with `protocols.hierarchical`; the node's model becomes the combined
-        extractor plus its own head; an `aggregate` entry records how."""
+    # -- aggregation -------------------------------------------------------------------
+
+    def aggregate(self, mode: str, inputs: list[Pub], weighting: str, *, classifier: str = "ensemble") -> Step:
+        """`atd aggregate --mode MODE --inputs ...` (hierarchical: `--group NAME=AGG_ENTRY` per
+        input, named by the pub's node group in `part`)."""
         t0 = time.perf_counter()
-        models = []
-        for gname, pub, n_classes, n_models in groups:
-            tensors, _ = load_weights(self.store, pub.blob)
-            models.append(GroupModel(gname, lambda t=tensors: t, n_classes=n_classes, n_models=n_models))
-        comb = combine_groups(models, weighting=weighting)
-        own = self.registry.get("latest")
-        full, meta = load_weights(self.store, own.blobs["full"])
-        ext_meta = {**meta, "part": "extractor", "aggregate": {"mode": "hierarchical", "weighting": weighting}}
-        ext_blob = save_weights(self.store, comb.tensors, ext_meta)
-        body = {"mode": "hierarchical", "weighting": weighting, "weights": [float(w) for w in comb.weights],
-                "groups": [g.record() for g in models], "inputs": [pub.entry for _, pub, _, _ in groups],
-                "part": "extractor", "blob": ext_blob, "size": self.store.size(ext_blob),
-                "manifest": self.store.manifest(ext_blob).hash, "model": own.model}
-        entry = self._append("aggregate", body)
-        full.update(comb.tensors)
-        full_blob = save_weights(self.store, full, {**meta, "part": "full", "aggregate": entry.id.hex()})
-        rec = ModelRecord(model=own.model, labels=own.labels, label_fp=own.label_fp, samples=own.samples,
-                          metrics={}, blobs={"full": full_blob, "extractor": ext_blob},
-                          provenance={"aggregate": entry.id.hex(), "entries": body["inputs"],
-                                      "kind": "global-hierarchical"})
-        model_id = self.registry.add(rec)
-        return Step(time.perf_counter() - t0, model_id=model_id,
-                    detail={"weights": [round(float(w), 6) for w in comb.weights], "entry": entry.id.hex()})
+        with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            if mode == "horizontal":
+                from atdnode.horizontal import aggregate_horizontal
 
-    # -- models and features -----------------------------------------------------------
+                res = aggregate_horizontal(self.home, weighting=weighting, inputs=[p.entry for p in inputs],
+                                           classifier=classifier, data_spec=self.spec, options=self.ensemble)
+            elif mode == "vertical":
+                from atdnode.vertical import aggregate_vertical
 
-    def load_model(self, model_id: str) -> torch.nn.Module:
-        rec = self.registry.get(model_id)
-        cfg = ModelConfig.from_dict(rec.model)
-        model = build_model(cfg)
-        tensors, _ = load_weights(self.store, rec.blobs["full"])
-        load_part(model, tensors, "full")
-        model.eval()
-        return model
+                res = aggregate_vertical(self.home, weighting=weighting, inputs=[p.entry for p in inputs],
+                                         data_spec=self.spec, options=self.ensemble)
+            else:
+                from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
-    def share_features(self, model_id: str, data: LabeledImages, recipients: dict[str, tuple[str, bytes]]) -> Step:
-        """Extract CLS features of `data` with the model's extractor, seal them (with labels)
-        to `recipients` (node -> (peer id, X25519 public key)) and publish a `features` entry."""
-        t0 = time.perf_counter()
-        X, y = extract_features(self.load_model(model_id), data)
-        sealed = seal(X, y, data.classes, {pid: pub for pid, pub in recipients.values()}, self.x25519,
-                      sender_id=self.peer_id)
-        blob = self.store.put_bytes(sealed)
-        body = {"blob": blob, "size": len(sealed), "manifest": self.store.manifest(blob).hash,
-                "recipients": sorted(pid for pid, _ in recipients.values()), "labels": list(data.classes),
-                "samples": int(len(y)), "dim": int(X.shape[1]), "model_id": model_id}
-        entry = self._append("features", body)
-        pub = Pub(self.name, entry.id.hex(), blob, body["manifest"], "features", "features", tuple(data.classes),
-                  int(len(y)))
-        return Step(time.perf_counter() - t0, pub=pub, detail={"X": X, "y": y})
+                res = aggregate_hierarchical(self.home, [GroupSpec(p.part, (p.entry,)) for p in inputs],
+                                             weighting=weighting, data_spec=self.spec, options=self.ensemble)
+        b = res.entry.body
+        pub = Pub(self.name, res.entry.id.hex(), res.blob, b["manifest"], "aggregate", mode,
+                  tuple(res.details.get("classes") or ()), int(res.details.get("samples") or 0))
+        return Step(time.perf_counter() - t0, model_id=res.model_id, pub=pub,
+                    detail={"weights": [round(w, 6) for w in res.weights], "entry": res.entry.id.hex(),
+                            "groups": res.details.get("groups", [])})
 
-    def open_features(self, pub: Pub) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        opened = open_sealed(self.store.get_bytes(pub.blob), self.x25519, self.peer_id)
-        return opened.features, opened.labels, opened.class_names
+    def verify(self, entry: str) -> str:
+        """`atd aggregate --verify ENTRY`: the verified result hash, or AggregateError."""
+        from atdnode.agg_verify import verify_aggregate
+
+        return verify_aggregate(self.home, entry)
+
+    # -- ledger and prediction ---------------------------------------------------------
 
     def has_entry(self, pub: Pub) -> bool:
         with Ledger.open(self.home.ledger_db) as led:
             return led.get(bytes.fromhex(pub.entry)) is not None
 
-    def has(self, pub: Pub) -> bool:
-        return self.store.has(pub.blob) and self.has_entry(pub)
+    def knows_keys(self, peers: list[str]) -> bool:
+        """Whether this node's ledger holds an X25519 key announced by each of `peers`."""
+        from atdnode.features_share import FeaturesError, recipient_keys
 
+        with Ledger.open(self.home.ledger_db) as led:
+            try:
+                recipient_keys(led, peers)
+            except FeaturesError:
+                return False
+        return True
 
-# ------------------------------------------------------------------ ensembles
+    def predict(self, model_id: str, images: torch.Tensor) -> tuple[list[str], np.ndarray]:
+        """What `atd classify` predicts with the model (its ensemble when it has one)."""
+        from atdnode.classify import predict_names
 
-class EnsembleCache:
-    """Ensembles by the exact data they were fitted on. Nodes that hold the same shared
-    features fit the same ensemble (fixed seed, canonical order), so it is fitted once and
-    each node is charged the measured fitting time, as if it had fitted it itself."""
-
-    def __init__(self, *, seed: int, pca_components: int, mlp_max_iter: int) -> None:
-        self.params = dict(seed=seed, pca_components=pca_components, mlp_max_iter=mlp_max_iter)
-        self._cache: dict[str, tuple[EnsembleClassifier, list[str], float]] = {}
-
-    def fit(self, parts: list[tuple[np.ndarray, np.ndarray, list[str]]], classes: list[str]) -> tuple[EnsembleClassifier, list[str], float]:
-        h = hashlib.sha256(repr(sorted(self.params.items())).encode() + "|".join(classes).encode())
-        for X, y, names in parts:
-            h.update(np.ascontiguousarray(X).tobytes())
-            h.update(np.ascontiguousarray(y).tobytes())
-            h.update("|".join(names).encode())
-        key = h.hexdigest()
-        if key not in self._cache:
-            t0 = time.perf_counter()
-            with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
-                warnings.simplefilter("ignore", ConvergenceWarning)
-                ens, names = fit_vertical_ensemble(parts, classes=classes, **self.params)
-            self._cache[key] = (ens, names, time.perf_counter() - t0)
-        return self._cache[key]
-
-
-def _metrics(m: dict) -> dict:
-    return {k: round(float(m[k]), 6) for k in ("accuracy", "f1") if k in m}
-
+        names, pred, _ = predict_names(self.store, self.registry.get(model_id), images)
+        return names, pred

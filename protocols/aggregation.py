@@ -7,15 +7,8 @@ Weightings (each returns a float64 probability vector, one weight per input):
 ``samples``        w_i = n_i / sum_j n_j              (n_i = training samples)
 ``sqrt-classes``   alpha_i = sqrt(C_i) / sum_j sqrt(C_j)   VGS-ATD Eq. 11
 ``model-count``    beta_i = n_i / sum_j n_j  (n_i = base models in group i) Eq. 12
-``fedwavg``        w_i = softmax_i(q * cos(L_ref, L_i))    FedWAvg Eq. 3
+``fedwavg``        w_i = softmax_i(q * cos(L_ref, L_i))    FedWAvg Eq. 3 (:mod:`protocols.fedwavg`)
 =================  ==========================================================
-
-FedWAvg compares one *last layer* tensor per model with the same tensor of a
-reference model (the caller's choice: the aggregating node's own model, or the
-previous global model when run in rounds). For timm ViTs atd uses
-``head.weight`` when the heads are comparable (same label space), otherwise the
-last encoder block's ``blocks.{L-1}.mlp.fc2.weight``; :func:`last_layer_key`
-picks it.
 
 The average (:func:`weighted_average`) takes *loaders* -- zero-argument
 callables returning a mapping ``name -> torch.Tensor`` -- so only one input is
@@ -48,10 +41,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from protocols.aggregation_error import AggregationError
+from protocols.fedwavg import fedwavg_weights, last_layer_key, last_layer_keys
+
 __all__ = [
     "AggregationError", "WEIGHTINGS", "HEAD_PREFIXES", "Loader",
     "uniform_weights", "sample_weights", "sqrt_class_weights", "model_count_weights",
-    "fedwavg_weights", "compute_weights", "check_weights", "last_layer_key",
+    "fedwavg_weights", "compute_weights", "check_weights", "last_layer_key", "last_layer_keys",
     "load_tensor", "part_filter", "SafetensorsStream", "safetensors_loader",
     "weighted_average",
 ]
@@ -62,20 +58,6 @@ HEAD_PREFIXES = ("head.",)  # timm ViT classifier; everything else is the extrac
 CHUNK_BYTES = 512 * 1024  # arithmetic chunk: its product stays in L2 until it is added
 WINDOW_BYTES = 16 * 1024 * 1024  # SafetensorsStream maps files in windows this large
 _WEIGHT_SUM_TOL = 1e-6
-
-
-class AggregationError(ValueError):
-    """Bad aggregation input. ``index``/``name``/``key`` locate it when known."""
-
-    def __init__(self, message: str, *, index: int | None = None,
-                 name: str | None = None, key: str | None = None) -> None:
-        where = []
-        if index is not None:
-            where.append(f"input {index}" + (f" ({name})" if name else ""))
-        if key is not None:
-            where.append(f"key {key!r}")
-        super().__init__(": ".join([", ".join(where), message]) if where else message)
-        self.index, self.name, self.key = index, name, key
 
 
 # ---------------------------------------------------------------- weightings
@@ -121,38 +103,6 @@ def model_count_weights(models: Sequence[float]) -> np.ndarray:
     return arr / arr.sum()
 
 
-def fedwavg_weights(reference: torch.Tensor | np.ndarray,
-                    layers: Sequence[torch.Tensor | np.ndarray], *, q: float = 1.0) -> np.ndarray:
-    """FedWAvg Eq. 3: ``softmax_i(q * cos(reference, layers[i]))``.
-
-    Tensors are flattened and compared in float64; every layer must have the
-    reference's shape and a non-zero, finite norm. ``q`` (the scale) sharpens
-    the weighting as it grows; ``q = 0`` gives uniform weights.
-    """
-    if not math.isfinite(q):
-        raise AggregationError(f"fedwavg scale q must be finite, got {q!r}")
-    if len(layers) == 0:
-        raise AggregationError("fedwavg needs at least one layer")
-    ref = _as_vector(reference, "reference", None)
-    cos = np.empty(len(layers), dtype=np.float64)
-    for i, layer in enumerate(layers):
-        v = _as_vector(layer, f"layer {i}", ref.shape)
-        cos[i] = float(ref @ v) / (np.linalg.norm(ref) * np.linalg.norm(v))
-    z = q * cos
-    e = np.exp(z - z.max())
-    return e / e.sum()
-
-
-def _as_vector(t: torch.Tensor | np.ndarray, what: str, shape: tuple | None) -> np.ndarray:
-    arr = t.detach().cpu().double().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
-    arr = arr.reshape(-1)
-    if shape is not None and arr.shape != shape:
-        raise AggregationError(f"fedwavg {what} has {arr.size} elements, reference has {shape[0]}")
-    if not np.all(np.isfinite(arr)) or not np.linalg.norm(arr) > 0:
-        raise AggregationError(f"fedwavg {what} must be finite with non-zero norm")
-    return arr
-
-
 def compute_weights(weighting: str, *, n: int | None = None, counts: Sequence[float] | None = None,
                     reference: torch.Tensor | np.ndarray | None = None,
                     layers: Sequence[torch.Tensor | np.ndarray] | None = None,
@@ -195,19 +145,6 @@ def check_weights(weights: Sequence[float], n: int | None = None) -> np.ndarray:
     if abs(w.sum() - 1.0) > _WEIGHT_SUM_TOL:
         raise AggregationError(f"weights must sum to 1, got sum {w.sum()!r}")
     return w
-
-
-def last_layer_key(keys: Iterable[str], *, heads_comparable: bool) -> str:
-    """The tensor FedWAvg compares for a timm ViT: ``head.weight`` when the heads
-    share a label space, else the last block's ``mlp.fc2.weight``."""
-    keys = set(keys)
-    if heads_comparable and "head.weight" in keys:
-        return "head.weight"
-    blocks = [int(k.split(".")[1]) for k in keys
-              if k.startswith("blocks.") and k.endswith(".mlp.fc2.weight") and k.split(".")[1].isdigit()]
-    if not blocks:
-        raise AggregationError("no 'head.weight' or 'blocks.N.mlp.fc2.weight' to compare")
-    return f"blocks.{max(blocks)}.mlp.fc2.weight"
 
 
 def load_tensor(loader: Loader, key: str) -> torch.Tensor:

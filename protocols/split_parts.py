@@ -220,12 +220,15 @@ def task_loss(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> torch.
 
 
 def task_metric(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
-    """accuracy (classification), mse (regression), patch_accuracy (segmentation)."""
+    """accuracy (classification), mse (regression), patch_accuracy (segmentation) with
+    patch_majority, the accuracy of predicting the majority patch value (its baseline)."""
     if task.kind == "classification":
         return {"accuracy": float((out.argmax(-1) == target).float().mean())}
     if task.kind == "regression":
         return {"mse": float(Fn.mse_loss(out, target.float()))}
-    return {"patch_accuracy": float(((out > 0).float() == target.float()).float().mean())}
+    pos = float(target.float().mean())
+    return {"patch_accuracy": float(((out > 0).float() == target.float()).float().mean()),
+            "patch_majority": max(pos, 1.0 - pos)}
 
 
 def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> dict[str, torch.Tensor]:

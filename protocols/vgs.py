@@ -1,8 +1,8 @@
 """Driver-free VGS-ATD steps on in-memory models and arrays (the daemon supplies I/O).
 
-* Horizontal: :func:`horizontal_average` averages full models when every
-  input has the same label space (same class names in the same order, so head
-  rows mean the same classes), else extractors only.
+* Horizontal: heads are averaged only when :func:`heads_comparable` holds
+  (same class names in the same order, so head rows mean the same classes),
+  else extractors only (the node side is ``atdnode.horizontal``).
 * Vertical: each node's CLS features come with labels that index *its own*
   class list; :func:`merge_labeled_features` maps them onto the union of
   class names, and :func:`fit_vertical_ensemble` trains one
@@ -13,16 +13,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
-from protocols.aggregation import Loader, part_filter, weighted_average
 from protocols.ensemble import EnsembleClassifier, EnsembleError
 
-__all__ = ["heads_comparable", "horizontal_average", "LabeledFeatures", "merge_labeled_features",
+__all__ = ["heads_comparable", "LabeledFeatures", "merge_labeled_features",
            "fit_vertical_ensemble"]
 
 
@@ -30,18 +28,6 @@ def heads_comparable(label_spaces: Sequence[Sequence[str]]) -> bool:
     """True when all inputs list the same class names in the same order."""
     first = list(label_spaces[0]) if label_spaces else None
     return first is not None and all(list(ls) == first for ls in label_spaces)
-
-
-def horizontal_average(loaders: Sequence[Loader], weights: Sequence[float], *,
-                       label_spaces: Sequence[Sequence[str]], names: Sequence[str] | None = None,
-                       head_prefixes: Sequence[str] = ("head.",),
-                       accumulate_dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], bool]:
-    """One-time horizontal aggregation; returns ``(tensors, head_included)``.
-    Heads take part only if :func:`heads_comparable` holds for ``label_spaces``."""
-    with_head = heads_comparable(label_spaces)
-    keep: Callable[[str], bool] = part_filter(include_head=with_head, head_prefixes=head_prefixes)
-    return weighted_average(loaders, weights, names=names, key_filter=keep,
-                            accumulate_dtype=accumulate_dtype), with_head
 
 
 class LabeledFeatures(NamedTuple):

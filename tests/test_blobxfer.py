@@ -18,6 +18,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.transport.base import Transport, TransportError
 from atdnode.transport.blobfetch import FetchConfig, FetchError
 from atdnode.transport.blobxfer import PROTOCOL, BlobService, BulkConn, pack, read_header
+from atdnode.transport.bulk import derive_keys, new_ephemeral
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 
 KINDS = ["memory", "libp2p"]
@@ -275,11 +276,15 @@ def test_malformed_and_oversized_requests_reset_only_that_stream(kind: str, tmp_
             with trio.fail_after(10):
                 assert "error" in await read_header(s)
             await s.close()
-            if kind == "libp2p":  # a bulk connection with a wrong token is refused
+            if kind == "libp2p":  # a bulk connection with keys from another exchange is refused
                 s = await b.t.open_stream(a.t.peer_id, PROTOCOL)
-                await s.write_frame(pack({"op": "bulk", "blob": h, "conns": 1}))
+                priv, pub = new_ephemeral()
+                await s.write_frame(pack({"op": "bulk", "blob": h, "conns": 1, "x25519": pub}))
                 offer = await read_header(s)
-                bulk = await BulkConn.open(s.remote_host, offer["port"], b"\x01" * 32, a.t.peer_id)
+                wrong, _ = new_ephemeral()
+                keys = derive_keys(wrong, offer["x25519"], server_peer=a.t.peer_id, client_peer=b.t.peer_id,
+                                   server_pub=offer["x25519"], client_pub=pub, conns=1)
+                bulk = await BulkConn.open(s.remote_host, offer["port"], 0, keys[0], a.t.peer_id)
                 with pytest.raises(TransportError), trio.fail_after(10):
                     await bulk.request(pack({"op": "get", "blob": h, "chunk_size": CHUNK, "chunks": [0]}))
                     await bulk.chunk(0, CHUNK)

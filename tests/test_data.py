@@ -85,8 +85,14 @@ def test_npz_medmnist_layout(tmp_path):
                 test_images=rng.integers(0, 255, (9, 28, 28), dtype=np.uint8), test_labels=rng.integers(0, 3, (9, 1)))
     tr = load_dataset(spec, 16, 3, "train")
     te = load_dataset(spec, 16, 3, "test")
-    assert len(tr) == 36 and len(te) == 9 and tr.images.shape == (36, 3, 16, 16)
-    assert tr.classes == ["0", "1", "2"]
+    va = load_dataset(spec, 16, 3, "val")  # MedMNIST's val split is validation, not training
+    assert len(tr) == 30 and len(va) == 6 and len(te) == 9 and tr.images.shape == (30, 3, 16, 16)
+    assert tr.classes == ["0", "1", "2"] and tr.report.splits == ["train", "val", "test"]
+    assert sum(tr.report.counts["val"].values()) == 6
+    merged = load_dataset(spec + "?val=train", 16, 3, "train")  # merged only when asked
+    assert len(merged) == 36 and torch.equal(merged.images[:30], tr.images)
+    with pytest.raises(DataError, match="no val split"):
+        load_dataset(spec + "?val=train", 16, 3, "val")
     # RGB images, named classes, no test split -> seeded 80/20
     spec2 = _npz(tmp_path / "rgb.npz", train_images=rng.integers(0, 255, (40, 12, 12, 3), dtype=np.uint8),
                  train_labels=np.repeat(np.arange(2), 20), classes=np.array(["benign", "malignant"]))
@@ -104,7 +110,7 @@ def test_npz_medmnist_layout(tmp_path):
     (dict(train_images=np.zeros((4, 8, 8), np.uint8), train_labels=np.zeros(3, np.int64)), "4 train_images but 3"),
     (dict(train_images=np.zeros((4, 8, 8), np.uint8), train_labels=np.array([0, 1, -1, 0])), "out of range"),
     (dict(train_images=np.zeros((2, 8, 8), np.uint8), train_labels=np.array([0, 2]), classes=np.array(["a", "b"])), "out of range"),
-    (dict(train_images=np.zeros((4, 8, 8), np.float32), train_labels=np.zeros(4, np.int64)), "uint8"),
+    (dict(train_images=np.zeros((4, 8, 8), np.complex64), train_labels=np.zeros(4, np.int64)), "expected uint8"),
     (dict(train_images=np.zeros((4, 8), np.uint8), train_labels=np.zeros(4, np.int64)), "shape"),
     (dict(train_images=np.zeros((4, 8, 8), np.uint8), train_labels=np.zeros(4, np.float32)), "integer"),
     (dict(train_images=np.zeros((4, 8, 8), np.uint8), train_labels=np.zeros(4, np.int64),
@@ -167,7 +173,11 @@ def test_folder_errors_name_the_file(tmp_path):
     bad.mkdir(parents=True)
     _img(bad / "ok.png")
     (bad / "broken.png").write_bytes(b"\x89PNG garbage")
-    with pytest.raises(DataError, match="broken.png: unreadable image"):
+    d = load_dataset(f"folder:{tmp_path / 'bad'}", 8, 1)  # an unreadable file is skipped, counted and named
+    assert len(d) == 1 and [f for f, _ in d.report.skipped] == ["a/broken.png"]
+    assert "unreadable image" in d.report.skipped[0][1] and "skipped 1 file(s): a/broken.png" in d.report.summary()
+    (bad / "ok.png").write_bytes(b"not a png either")
+    with pytest.raises(DataError, match="none of the 2 train files could be read"):
         load_dataset(f"folder:{tmp_path / 'bad'}", 8, 1)
     with pytest.raises(DataError, match="no such folder"):
         load_dataset(f"folder:{tmp_path / 'nowhere'}", 8, 1)
@@ -180,7 +190,7 @@ def test_augmentation_only_small_classes_deterministic_three_ops():
     x = torch.rand(40, 3, 16, 16) * 2 - 1
     y = torch.tensor([0] * 20 + [1] * 20)
     ids = torch.arange(40)
-    aug = SmallClassAugment([5, 5000], threshold=1000, prob=1.0, seed=3)
+    aug = SmallClassAugment([5, 5000], threshold=1000, prob=1.0, seed=3, mode="inplace")
     out = aug(x, y, ids, epoch=0)
     assert out.shape == x.shape and out.min() >= -1 and out.max() <= 1
     assert torch.equal(out[20:], x[20:])  # the big class is untouched
@@ -194,7 +204,7 @@ def test_augmentation_only_small_classes_deterministic_three_ops():
         assert len(p) == 3 and set(p) <= set(OPS)
         assert -30 <= p.get("rotate", 0) <= 30 and 0.8 <= p.get("zoom", 1) <= 1.2
         assert 0.1 <= p.get("blur", 1) <= 2.0 and 0.5 <= p.get("brightness", 1) <= 1.5
-    assert SmallClassAugment([5], prob=0.0).active is False
+    assert SmallClassAugment([5], prob=0.0, mode="inplace").active is False
     assert SmallClassAugment([5000, 2000], threshold=1000).active is False
 
 

@@ -122,8 +122,8 @@ def test_cohorts_sharing_a_dataset_get_disjoint_samples() -> None:
 
 
 def test_an_npz_dataset_mixes_with_digits(tmp_path: Path) -> None:
-    """MedMNIST-style .npz files named in a scenario join the embedded digits; class names
-    are namespaced by data set so labels never merge by accident."""
+    """MedMNIST-style .npz files named in a scenario join the embedded digits; with
+    `namespace = true` a data set's class names are prefixed so they never merge."""
     from netsim.baselines import run_baseline
     from netsim.nodedata import load_scenario_data
 
@@ -134,7 +134,7 @@ def test_an_npz_dataset_mixes_with_digits(tmp_path: Path) -> None:
              test_images=images[90:], test_labels=labels[90:, None], classes=np.array(["a", "b", "c"]))
     raw = with_(model={"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1},
                 train={"epochs": 8, "lr": 3e-3, "batch_size": 16},
-                datasets=[{"name": "digits", "spec": "digits"}, {"name": "med", "spec": "npz:med.npz"}],
+                datasets=[{"name": "digits", "spec": "digits"}, {"name": "med", "spec": "npz:med.npz", "namespace": True}],
                 cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "digits", "classes": ["0", "1"]},
                          {"name": "b", "phase": 2, "nodes": ["m1"], "dataset": "med", "role": "imaging"}])
     f = tmp_path / "mix.toml"
@@ -143,7 +143,36 @@ def test_an_npz_dataset_mixes_with_digits(tmp_path: Path) -> None:
     scn = load_scenario(f)
     assert scn.node_roles() == {"h1": "hospital", "m1": "imaging"}
     data = load_scenario_data(scn)
-    assert data.label_space == ["digits:0", "digits:1", "med:a", "med:b", "med:c"]
+    assert data.label_space == ["0", "1", "med:a", "med:b", "med:c"]
     assert data.nodes["m1"].classes == ["med:a", "med:b", "med:c"] and len(data.nodes["m1"].test) == 30
     res = run_baseline("local", scn, data, log=lambda _m: None)
     assert res[1].per_node["m1"]["accuracy"] > 0.5  # the synthetic classes are easy
+
+
+def test_data_sets_sharing_class_names_share_the_classes(tmp_path: Path) -> None:
+    """Three hospitals' own .npz files naming the same two classes make a two-class task
+    (classes are matched by name), and a model trained on their union covers those two only."""
+    from netsim.baselines import run_baseline
+    from netsim.nodedata import load_scenario_data
+    from netsim.partition import write_npz
+
+    rng = np.random.default_rng(1)
+    datasets, cohorts = [], []
+    for k in range(3):
+        labels = np.repeat(np.arange(2), 40)
+        images = np.clip(rng.normal(70 + 110 * labels[:, None, None], 25, (80, 8, 8)), 0, 255).astype(np.uint8)
+        order = ["normal", "pneumonia"] if k != 1 else ["pneumonia", "normal"]  # same names, other order
+        lab = labels if k != 1 else 1 - labels
+        write_npz(tmp_path / f"h{k}.npz", images[:60], lab[:60], order, images[60:], lab[60:])
+        datasets.append({"name": f"site{k}", "spec": f"npz:{tmp_path / f'h{k}.npz'}"})
+        cohorts.append({"name": f"c{k}", "nodes": [f"h{k}"], "dataset": f"site{k}"})
+    raw = with_(model={"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "in_chans": 1},
+                train={"epochs": 6, "lr": 3e-3, "batch_size": 16}, datasets=datasets, cohorts=cohorts)
+    data = load_scenario_data(scenario_from_dict(raw))
+    assert sorted(data.label_space) == ["normal", "pneumonia"]
+    assert all(sorted(d.classes) == ["normal", "pneumonia"] for d in data.nodes.values())
+    pooled = data.pooled_test(1)
+    assert pooled.classes == data.label_space and len(pooled) == 60
+    res = run_baseline("centralized", scenario_from_dict(raw), data, log=lambda _m: None)
+    # one model over the 2 shared classes, well above chance (0.5) on the pooled test set
+    assert res[0].overall["accuracy"] > 0.75

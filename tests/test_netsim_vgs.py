@@ -62,14 +62,20 @@ def test_three_phases_produce_predictors_and_metrics(first_run) -> None:
     ph = rep["phases"]
     assert [p["phase"] for p in ph] == [1, 2, 3]
     assert set(ph[0]["per_node"]) == {"a1", "a2"} and set(ph[2]["per_node"]) == {"a1", "a2", "b1", "c1", "c2"}
-    assert ph[0]["outcomes"]["a1"].startswith("global model, horizontal (2/2")
-    assert ph[1]["outcomes"]["b1"].startswith("ensemble over 5 classes from 3 feature sets")
-    assert ph[2]["outcomes"]["c1"].startswith("ensemble over 5 classes from 5 feature sets")
-    assert any("groups combined: A (5 classes, 3 models), B (5 classes, 2 models)" in n for n in ph[2]["notes"])
-    for p in ph:
+    assert ph[0]["outcomes"]["a1"] == "global model, horizontal (2/2 inputs, features from 1 peer(s))"
+    assert ph[1]["outcomes"]["b1"] == "fused extractor, vertical (2/2 inputs, features from 2 peer(s))"
+    assert ph[2]["outcomes"]["c1"] == "combined 2 groups (sqrt-classes) (2/2 inputs, features from 4 peer(s))"
+    # C_i and n_i come from the signed entries: group A is the phase-2 vertical aggregate over
+    # a's phase-1 model (2 base models) and b1's extractor; group B is c's horizontal aggregate
+    assert "group sizes (from the signed entries): A (5 classes, 3 models), B (5 classes, 2 models)" in ph[2]["notes"]
+    # every aggregate entry (two per aggregating node: before and after the features round)
+    # re-verifies with `atd aggregate --verify`
+    assert [p["verified"] for p in ph] == [{"aggregates": n, "verified": n} for n in (4, 6, 14)]
+    for p, chance in zip(ph, (1 / 3, 1 / 5, 1 / 5)):
         for m in p["per_node"].values():
             assert set(m) >= {"accuracy", "precision", "sensitivity", "f1"} and 0 <= m["accuracy"] <= 1
-        assert p["overall"]["accuracy"] > 0.3  # well above chance (1/3 .. 1/5)
+        # measured 0.82 / 0.90 / 0.92: at least twice chance (the pooled test sets are balanced)
+        assert p["overall"]["accuracy"] > 2 * chance
         assert p["compute_s"] > 0 and p["ready_s"] > 0
     assert not any("no " in n and "from" in n for p in ph for n in p["notes"])  # no wait ran out
 
@@ -116,12 +122,17 @@ def test_a_killed_node_is_waited_for_with_a_deadline(tmp_path: Path) -> None:
 def test_every_baseline_on_a_three_node_scenario(method: str) -> None:
     raw = json.loads(json.dumps(TINY))
     raw["cohorts"] = [raw["cohorts"][0], {**raw["cohorts"][1], "nodes": ["b1"]}]
+    raw["train"]["epochs"], raw["baselines"]["local_epochs"] = 8, 4  # enough to learn, so accuracy means something
     scn = scenario_from_dict(raw)
     data = load_scenario_data(scn)
     res = run_baseline(method, scn, data, log=lambda _m: None)
     assert [r.phase for r in res] == [1, 2]
     assert set(res[1].per_node) == {"a1", "a2", "b1"}
-    assert res[1].overall["accuracy"] > 0.15
+    # phase 1 (three classes, balanced test sets): the better node is above chance (1/3) by 20%
+    # (measured: centralized 0.68, local 0.68, fedavg / swarm 0.43 after 2 rounds); b1's new
+    # classes in phase 2 are out of reach of FedAvg / swarm (measured 0.0), so not asserted
+    best = max(m["accuracy"] for m in res[0].per_node.values())
+    assert best > 1.2 / 3, res[0].per_node
     sent = sum(b["sent"] for b in res[1].bytes.values())
     if method == "local":
         assert sent == 0
@@ -144,6 +155,7 @@ def test_run_scenario_writes_the_report(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| vgs-atd | 1 |" in md and "| local | 1 |" in md
+    assert "VGS-ATD phase 1: 4/4 aggregate entries verified" in md  # 2 nodes x 2 passes
     assert json.loads((tmp_path / "out" / "report.json").read_text())["forgetting"]["vgs-atd"]["1"] is not None
     assert set(rep["nodes"]) == {"a1", "a2"}
 

@@ -89,8 +89,8 @@ def test_pfesta_two_tasks_over_the_network(tmp_path: Path) -> None:
 
     trio.run(main)
     a, b = results["a"], results["b"]
-    assert set(a.metrics) == {"accuracy"} and set(b.metrics) == {"patch_accuracy"}
-    assert b.metrics["patch_accuracy"] > 0.6
+    assert set(a.metrics) == {"accuracy"} and set(b.metrics) == {"patch_accuracy", "patch_majority"}
+    assert b.metrics["patch_accuracy"] > b.metrics["patch_majority"] + 0.05  # above predicting the majority value
     for res in (a, b):
         row = check_record(res, "pfesta")
         c = ByteCounter.from_dict(res.record["counter"])
@@ -461,7 +461,8 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
     for algo in ("pfesta", "festa"):
-        assert 0.0 <= metrics[(algo, "digit")]["accuracy"] <= 1.0 and metrics[(algo, "ink")]["patch_accuracy"] > 0.5
+        ink = metrics[(algo, "ink")]  # the positive patch rate is ~0.52: compare with the majority rate
+        assert 0.0 <= metrics[(algo, "digit")]["accuracy"] <= 1.0 and ink["patch_accuracy"] > ink["patch_majority"]
     rows = json.loads(atd("split", "report", "--home", str(c1), "--home", str(c2), "--json").stdout)
     assert len(rows) == 4
     for row in rows:

@@ -26,6 +26,7 @@ from atdnode.data import load_dataset
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
+from atdnode.access import ledger_guard
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
@@ -186,7 +187,8 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
     link = _Link(transport, opts.server, addrs, opts.reconnect_timeout)
     ledger = LedgerAccess(Ledger.open(home.ledger_db))
     counter, started = ByteCounter(), time.time()
-    transport.set_stream_handler(SYNC_PROTOCOL, lambda s: serve_sync(s, ledger))  # daemons pull from peers
+    transport.set_stream_handler(  # daemons pull from peers; members only (atdnode.access)
+        SYNC_PROTOCOL, ledger_guard(lambda s: serve_sync(s, ledger), ledger, "ledger sync"))
     try:
         if opts.sync:
             await _sync(link, ledger)

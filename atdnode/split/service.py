@@ -40,6 +40,7 @@ from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
 
+REFUSAL_FRAME = 64 << 10  # the split-protocol error frame sent to a non-member
 log = logging.getLogger("atd.split")
 
 ROLE_OF = {"festa": "festa-server", "pfesta": "pfesta-server", "msd": "msd-server"}
@@ -145,6 +146,13 @@ class SplitService:
 
     async def _handle(self, stream: Stream) -> None:
         """One client session: admission, the algorithm's message loop, evaluation, bye."""
+        gate = getattr(self.daemon, "gate", None)  # members only, before the first frame is read
+        if gate is not None and not gate.allows(stream.remote_peer):
+            refused = gate.refuse(stream.remote_peer, "split session")  # typed, logged once per peer
+            await SplitChannel(stream, self.counter, stream.remote_peer, side="server",
+                               max_frame=REFUSAL_FRAME).send_error(str(refused))
+            await stream.close()
+            return
         await self.ready.wait()
         assert self.settings is not None and self.campaign is not None
         sess = Session(stream.remote_peer, SplitChannel(stream, self.counter, stream.remote_peer, side="server",

@@ -22,6 +22,8 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractAsyncContextManager
 from typing import Awaitable, Callable
 
+from trio.lowlevel import checkpoint as trio_checkpoint
+
 MAX_FRAME = 8 << 20  # 8 MiB: one blob chunk plus headers fits with room to spare
 MAX_GOSSIP = (1 << 20) - (8 << 10)  # gossipsub drops RPCs > 1 MiB; keep room for the envelope
 
@@ -133,6 +135,10 @@ class Transport(ABC):
     @abstractmethod
     async def open_stream(self, peer_id: str, protocol: str) -> Stream:
         """Open a stream of `protocol` to a connected (or dialable) peer; TransportError if not possible."""
+
+    async def disconnect(self, peer_id: str) -> None:
+        """Close our connections to `peer_id` (e.g. a non-member); never raises."""
+        await trio_checkpoint()
 
     def bytes_counters(self) -> dict[str, int]:
         """Application bytes sent / received so far (`{"sent": n, "received": m}`): stream

@@ -38,7 +38,7 @@ from atdnode.blobstore import BlobStore, Manifest, PartialBlob, check_hash
 from atdnode.errors import BlobError
 from atdnode.transport.base import FrameError, Stream, Transport, TransportError
 from atdnode.transport.blobwire import MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, pack, read_header
-from atdnode.transport.bulk import BulkConn
+from atdnode.transport.bulk import BulkConn, BulkIntegrityError, derive_keys, new_ephemeral
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class FetchError(TransportError, BlobError):
 
 @dataclass(frozen=True)
 class FetchConfig:
-    bulk: bool = True  # ask holders for an authenticated TCP bulk channel (see blobxfer)
+    bulk: bool = True  # ask holders for the encrypted TCP bulk channel (see bulk.py); streams if it fails
     max_streams: int = 8  # workers over all holders
     per_peer: int = 2  # workers (streams or bulk connections) per holder
     batch_bytes: int = 16 << 20  # chunks requested per round trip, in bytes
@@ -71,6 +71,7 @@ class FetchReport:
     bad_peers: dict[str, str] = field(default_factory=dict)  # served data that failed verification
     failed_peers: dict[str, str] = field(default_factory=dict)  # broke, stalled, lacked chunks
     modes: dict[str, str] = field(default_factory=dict)  # peer -> "bulk" | "stream"
+    bulk_failed: dict[str, str] = field(default_factory=dict)  # peer -> why its bulk channel was abandoned
     seconds: float = 0.0
 
 
@@ -118,6 +119,7 @@ class BlobFetcher:
         self.cfg = config or FetchConfig()
         self.reports: dict[str, FetchReport] = {}
         self._active: dict[str, trio.Event] = {}
+        self.no_bulk: dict[str, str] = {}  # peers whose bulk frames failed authentication: streams only
 
     async def fetch(self, blob: str, peers: list[str], *, manifest_hash: str | None = None) -> str:
         """Fetch `blob` into the store from whichever of `peers` hold it; return its hash.
@@ -218,27 +220,21 @@ class BlobFetcher:
     # -- per holder --------------------------------------------------------------------
 
     async def _peer(self, job: _Job, peer: str, first: Stream, n: int) -> None:
-        """Run up to n workers against one holder: over a bulk channel if offered, else streams."""
-        conns: list[StreamChunks | BulkConn] = []
-        control: Stream | None = None
+        """Run up to n workers against one holder: over the bulk channel if offered, else
+        (or when bulk fails) over libp2p streams."""
+        if self.cfg.bulk and first.remote_host and peer not in self.no_bulk:
+            outcome = await self._bulk(job, peer, first, n)
+            if outcome == "done" or not job.usable(peer) or not (job.queue or job.inflight):
+                return
+            if outcome == "failed":
+                first = None  # the bulk control stream is spent: fall back on fresh streams
+        job.report.modes[peer] = "stream"
+        conns: list[StreamChunks] = []
         try:
-            if self.cfg.bulk and first.remote_host:
-                with trio.fail_after(self.cfg.stall_timeout):
-                    await first.write_frame(pack({"op": "bulk", "blob": job.m.blob, "conns": n}))
-                    hdr = await read_header(first)
-                if hdr.get("ok") is True:
-                    port, token = hdr.get("port"), hdr.get("token")
-                    if type(port) is not int or not isinstance(token, bytes):
-                        raise FrameError("malformed bulk offer")
-                    control = first
-                    for _ in range(n):
-                        conns.append(await BulkConn.open(first.remote_host, port, token, peer, self.cfg.stall_timeout))
-                    job.report.modes[peer] = "bulk"
-            if control is None:
-                job.report.modes[peer] = "stream"
+            if first is not None:
                 conns.append(StreamChunks(first))
-                for _ in range(n - 1):
-                    conns.append(StreamChunks(await self.transport.open_stream(peer, PROTOCOL)))
+            while len(conns) < n:
+                conns.append(StreamChunks(await self.transport.open_stream(peer, PROTOCOL)))
             async with trio.open_nursery() as nursery:
                 for c in conns:
                     nursery.start_soon(self._worker, job, peer, c)
@@ -247,15 +243,59 @@ class BlobFetcher:
         finally:
             for c in conns:
                 await c.close()
-            if control is not None:
+
+    async def _bulk(self, job: _Job, peer: str, control: Stream, n: int) -> str:
+        """Fetch over the encrypted bulk channel: "done", "unoffered" (`control` is still
+        usable as a blob stream) or "failed" (the caller falls back to streams). A frame that fails authentication marks the
+        peer: no bulk channel with it again (`no_bulk`)."""
+        conns: list[BulkConn] = []
+        failed: list[str] = []
+        offered = False
+
+        def fail(reason: str, integrity: bool) -> None:
+            failed.append(reason)
+            job.report.bulk_failed[peer] = reason
+            if integrity:
+                self.no_bulk[peer] = reason
+            log.warning("blob %s: bulk channel with %s failed (%s); falling back to streams", job.m.blob[:12], peer, reason)
+
+        try:
+            private, client_pub = new_ephemeral()
+            with trio.fail_after(self.cfg.stall_timeout):
+                await control.write_frame(pack({"op": "bulk", "blob": job.m.blob, "conns": n, "x25519": client_pub}))
+                hdr = await read_header(control)
+            if hdr.get("ok") is not True:
+                return "unoffered"
+            port, server_pub = hdr.get("port"), hdr.get("x25519")
+            offered = True
+            if type(port) is not int or not isinstance(server_pub, bytes):
+                raise FrameError("malformed bulk offer")
+            keys = derive_keys(private, server_pub, server_peer=peer, client_peer=self.transport.peer_id,
+                               server_pub=server_pub, client_pub=client_pub, conns=n)
+            for i in range(n):
+                conns.append(await BulkConn.open(control.remote_host, port, i, keys[i], peer, self.cfg.stall_timeout))
+            job.report.modes[peer] = "bulk"
+            async with trio.open_nursery() as nursery:
+                for c in conns:
+                    nursery.start_soon(self._worker, job, peer, c, fail)
+        except (TransportError, trio.TooSlowError) as e:
+            fail(f"{type(e).__name__}: {e}", isinstance(e, BulkIntegrityError))
+        finally:
+            for c in conns:
+                await c.close()
+            if offered or failed:
                 with trio.move_on_after(2):  # let the server report it is done; not essential
                     try:
                         await read_header(control)
                     except TransportError:
                         pass
                 await control.close()
+        return "failed" if failed else "done"
 
-    async def _worker(self, job: _Job, peer: str, conn: StreamChunks | BulkConn) -> None:
+    async def _worker(self, job: _Job, peer: str, conn: StreamChunks | BulkConn, fail=None) -> None:
+        """Receive batches on `conn` until the queue is empty. On a broken connection:
+        `fail(reason, integrity)` when given (bulk: the caller falls back), else the peer is
+        dropped for this fetch."""
         # A fixed set of chunk buffers circulates receiver -> writer -> receiver: memory per
         # worker is bounded by it, and no chunk-sized allocation happens per chunk (which
         # otherwise lets glibc's heap grow with the blob size through fragmentation).
@@ -272,7 +312,10 @@ class BlobFetcher:
                     try:
                         await self._receive(job, peer, conn, send, free_recv, owned)
                     except (TransportError, trio.TooSlowError) as e:
-                        job.fail(peer, f"{type(e).__name__}: {e}")
+                        if fail is not None:
+                            fail(f"{type(e).__name__}: {e}", isinstance(e, BulkIntegrityError))
+                        else:
+                            job.fail(peer, f"{type(e).__name__}: {e}")
                         await conn.reset()
         finally:
             job.give_back(owned)

@@ -8,25 +8,30 @@ Wire (every frame length-prefixed, see framing.py; headers are msgpack maps <= 6
     client -> {"op": "get", "blob": hex, "chunk_size": int, "chunks": [i, ...]}   (<= 256)
     server <- per chunk: {"i": i, "n": len} + one raw frame of exactly len bytes
               | {"i": i, "error": str} (and no data frame)
-    client -> {"op": "bulk", "blob": hex, "conns": k}
-    server <- {"ok": true, "port": p, "token": 32 bytes} | {"ok": false, "error": str}
+    client -> {"op": "bulk", "blob": hex, "conns": k, "x25519": 32 bytes}
+    server <- {"ok": true, "port": p, "x25519": 32 bytes} | {"ok": false, "error": str}
               ... then {"done": true} once the bulk connections are finished.
+
+Members only. The server answers a non-member's stream with one refusal frame
+(`atdnode.access`, `{"ok": false, "refused": true, ...}`) before reading a request, and
+re-checks membership before every request, so a member revoked mid-stream is refused at
+its next request. A blob whose ledger entry carries a reader list (atdnode.bodies)
+is served only to those readers: other members get `{"ok": false, "error": "not a reader"}`.
 
 Chunks are byte ranges [i*chunk_size, ...) of the blob, so a server needs no manifest of its
 own for the client's chunking, and never re-hashes what it serves: the client verifies every
 chunk against the manifest it trusts (`PartialBlob.write_chunk`).
 
-Bulk channel. `op: bulk` makes the server listen on a fresh TCP port of its own IP and
-hand out a one-time 32-byte token over the Noise-authenticated libp2p stream; the client
-opens up to k plain TCP connections to the peer's IP, sends the token as the first frame,
-and then speaks the same `get` requests there. Integrity still comes from the manifest
-(named by the signed ledger entry): a chunk that does not hash right is rejected exactly
-as on a libp2p stream. The token authenticates the connection to the libp2p peer.
-Confidentiality is NOT provided on the bulk channel (plain TCP): use `bulk=False` to
-keep bytes inside Noise. Weights are meant for every consortium member and shared
-features are already sealed per recipient, so the daemon uses the bulk channel by default:
-on loopback it moved 350 MB at 0.47-0.88x raw TCP+SHA-256, py-libp2p streams at 0.04-0.09x
-(bench/transfer_bench.py, 2 busy cores).
+Bulk channel. `op: bulk` makes the server listen on a TCP port of the address the daemon
+listens on (never 0.0.0.0: with a wildcard listener, the local address that reaches the
+client) and run an ephemeral X25519 exchange on this Noise-authenticated stream; the client
+opens up to k TCP connections that prove the derived key, and then speaks the same `get`
+requests there, every frame AES-256-GCM sealed (see bulk.py). Integrity additionally comes
+from the manifest (named by the signed ledger entry). Turned off or pinned to a fixed port
+in config.toml (`[bulk] enabled`, `port`; see NodeConfig.bulk_options); with a fixed port,
+one offer at a time uses it and a concurrent request is answered "busy" (the client then
+uses streams). On loopback, plaintext bulk moved 350 MB at 0.30-0.88x raw TCP+SHA-256 and
+py-libp2p streams at 0.04-0.09x (bench/transfer_bench.py, 2 busy cores).
 
 A peer that breaks the protocol (malformed or oversized header, wrong chunk length) has
 that one stream reset with a logged reason; nothing else is affected.
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
@@ -52,7 +57,10 @@ from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protoc
     read_header,
     unpack,
 )
-from atdnode.transport.bulk import BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.bulk import MAX_CONNS, BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
+
+if TYPE_CHECKING:
+    from atdnode.access import MembershipGate
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +71,14 @@ READ_AHEAD_BYTES = 4 << 20  # server: chunks read ahead of the stream, per strea
 class BlobServer:
     """Serves blobs held in `store` to peers (the inbound side of `/atd/blob/1.0.0`)."""
 
-    def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, max_streams: int = 32) -> None:
+    def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, max_streams: int = 32,
+                 gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
+                 bulk_port: int = 0) -> None:
+        """`gate`: members-only access (None: serve anyone -- only for tools without a ledger);
+        `may_read(peer, blob)`: per-blob reader lists; `bulk_port`: 0 = a fresh port per offer."""
         self.transport, self.store, self.bulk = transport, store, bulk
+        self.gate, self.may_read, self.bulk_port = gate, may_read, bulk_port
+        self._bulk_port_lock = trio.Lock()  # a fixed port serves one offer at a time
         self._slots = trio.Semaphore(max_streams)
         self.served_chunks = 0  # chunks / bytes sent so far (tests and stats)
         self.served_bytes = 0
@@ -77,6 +91,8 @@ class BlobServer:
 
     async def handle(self, stream: Stream) -> None:
         """Serve requests on one stream until the client closes it."""
+        if self.gate is not None and not await self.gate.admit(stream, "blob stream"):
+            return
         try:
             with trio.fail_after(IDLE_TIMEOUT):
                 await self._slots.acquire()
@@ -102,6 +118,8 @@ class BlobServer:
                 log.warning("blob stream from %s closed: %s", stream.remote_peer, e)
                 await stream.reset()
                 return
+            if self.gate is not None and not await self.gate.admit(stream, "blob request"):
+                return  # e.g. revoked since the stream was opened
             try:
                 await self._one(stream, req)
             except FrameError as e:
@@ -120,6 +138,15 @@ class BlobServer:
         except BlobError as e:
             raise FrameError(str(e)) from None
         held = await trio.to_thread.run_sync(self.store.has, blob)
+        if self.may_read is not None and not self.may_read(stream.remote_peer, blob):
+            log.info("blob %s refused to %s: not on its reader list", blob[:12], stream.remote_peer)
+            if op == "get":
+                cs, idx = chunk_request(req)
+                for i in idx:
+                    await stream.write_frame(pack({"i": i, "error": "not a reader"}))
+            else:
+                await stream.write_frame(pack({"ok": False, "error": "not a reader"}))
+            return
         if op == "manifest":
             if not held:
                 await stream.write_frame(pack({"ok": False, "error": "not held"}))
@@ -138,13 +165,27 @@ class BlobServer:
                 await self.before_batch(stream.remote_peer, idx)
             await self._send_chunks(stream, blob, cs, idx, held)
         elif op == "bulk":
-            conns = req.get("conns")
-            if type(conns) is not int or not 1 <= conns <= 16:
+            conns, pub = req.get("conns"), req.get("x25519")
+            if type(conns) is not int or not 1 <= conns <= MAX_CONNS:
                 raise FrameError(f"bad conns {conns!r:.20}")
+            if not isinstance(pub, bytes) or len(pub) != 32:
+                raise FrameError("bulk request without a 32-byte x25519 key")
             if not (held and self.bulk and stream.remote_host):
                 await stream.write_frame(pack({"ok": False, "error": "bulk channel not offered"}))
                 return
-            await serve_bulk(self, stream, blob, conns, _bind_host(self.transport), IDLE_TIMEOUT)
+            bind = _bind_host(self.transport, stream.remote_host)
+            if self.bulk_port == 0:
+                await serve_bulk(self, stream, blob, conns, pub, bind=bind, port=0, idle=IDLE_TIMEOUT)
+                return
+            try:
+                self._bulk_port_lock.acquire_nowait()
+            except trio.WouldBlock:
+                await stream.write_frame(pack({"ok": False, "error": "bulk channel busy"}))
+                return
+            try:
+                await serve_bulk(self, stream, blob, conns, pub, bind=bind, port=self.bulk_port, idle=IDLE_TIMEOUT)
+            finally:
+                self._bulk_port_lock.release()
         else:
             raise FrameError(f"unknown op {op!r:.30}")
 
@@ -188,13 +229,21 @@ class BlobServer:
         self.served_bytes += len(data)
 
 
-def _bind_host(transport: Transport) -> str:
-    """The IPv4 address our libp2p listener uses (the bulk port binds to the same one)."""
+def _bind_host(transport: Transport, remote_host: str) -> str:
+    """The IPv4 address the bulk port binds to: the one our libp2p listener uses; with a
+    wildcard listener (0.0.0.0), the local address that routes to the client -- never all."""
     for a in transport.addrs():
         parts = a.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
+        if len(parts) > 2 and parts[1] == "ip4" and parts[2] != "0.0.0.0":
             return parts[2]
-    return "127.0.0.1"
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
+            s.connect((remote_host, 9))
+            return s.getsockname()[0]
+    except OSError:  # e.g. an IPv6 client: offer loopback only (the client then uses streams)
+        return "127.0.0.1"
 
 
 class BlobService:
@@ -205,10 +254,12 @@ class BlobService:
         h = await blobs.fetch(blob, peers, manifest_hash=m)  # FetchError if it cannot
     """
 
-    def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, config: Any = None) -> None:
+    def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, config: Any = None,
+                 gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
+                 bulk_port: int = 0) -> None:
         from atdnode.transport.blobfetch import BlobFetcher, FetchConfig  # imports this module's wire helpers
 
-        self.server = BlobServer(transport, store, bulk=bulk)
+        self.server = BlobServer(transport, store, bulk=bulk, gate=gate, may_read=may_read, bulk_port=bulk_port)
         self.fetcher = BlobFetcher(transport, store, config or FetchConfig(bulk=bulk))
 
     def install(self) -> None:

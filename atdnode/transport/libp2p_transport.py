@@ -276,6 +276,17 @@ class Libp2pTransport(Transport):
         for fn in self._listeners:
             self._nursery.start_soon(fn, peer)
 
+    async def disconnect(self, peer_id: str) -> None:
+        """Close the connections to `peer_id` and forget its addresses (so that libp2p's
+        auto-connector does not dial it again)."""
+        host, _, _ = self._require()
+        try:
+            pid = ID.from_base58(peer_id)
+            host.get_peerstore().clear_addrs(pid)
+            await host.disconnect(pid)
+        except Exception as e:  # already gone, or a malformed id: nothing to close
+            log.debug("disconnect %s: %s", peer_id, e)
+
     def peers(self) -> list[str]:
         host, _, _ = self._require()
         return sorted(p.to_base58() for p in host.get_connected_peers())

@@ -291,6 +291,10 @@ class MemoryTransport(Transport):
         if other is not None:
             other._conns.discard(self.peer_id)
 
+    async def disconnect(self, peer_id: str) -> None:
+        self._drop_conn(peer_id)
+        await trio.lowlevel.checkpoint()
+
     def peers(self) -> list[str]:
         return sorted(self._conns)
 

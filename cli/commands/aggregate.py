@@ -13,7 +13,8 @@ from cli.errors import CliError
 HELP = "\n\n".join([
     "Combine published weight sets into this node's global model and record how.",
     'horizontal: average compatible weight sets (heads too when every input is a full set over the same '
-    'labels); the global model predicts directly. vertical: average extractors, then fit PCA -> MLP + RF '
+    'labels), then (default, as in the paper) the PCA -> MLP + RF + SVM ensemble on the fused extractor\'s '
+    'CLS features; --classifier head lets the averaged model predict directly. vertical: average extractors, then fit PCA -> MLP + RF '
     "+ SVM (soft vote) on CLS features of this node's data plus the features peers sealed to it with the "
     'same fused extractor (`atd share-features`); run it again after peers shared. hierarchical: each '
     '--group NAME=ENTRY_ID,... is averaged once (a stored group model with the same name and members is '
@@ -35,10 +36,11 @@ def aggregate(
     weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
-    group_weighting: str = typer.Option("samples", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
+    group_weighting: str = typer.Option("uniform", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
-    q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
+    classifier: str = typer.Option("ensemble", "--classifier", help="Horizontal: ensemble (paper default: fused extractor -> CLS -> PCA -> MLP + RF + SVM) | head (the averaged-head model predicts directly)."),
+    q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q (the reference is this node's current model: its previous global model, or its own)."),
     pca_components: int = typer.Option(500, "--pca-components", min=1, help="Ensemble PCA components (capped by feature width and samples)."),
     mlp_iter: int = typer.Option(300, "--mlp-iter", min=1, help="Ensemble MLP max iterations."),
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
@@ -51,7 +53,9 @@ def aggregate(
 
     h = NodeHome.at(home).require()
     if verify:
-        blob = agg.verify_aggregate(h, verify)
+        from atdnode.agg_verify import verify_aggregate
+
+        blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
     if mode not in agg.MODES:
@@ -61,8 +65,10 @@ def aggregate(
         raise CliError("--group applies to --mode hierarchical only")
     if mode == "hierarchical" and ids:
         raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
-    if mode == "horizontal" and (feats or data):
-        raise CliError("--features / --data apply to vertical and hierarchical modes")
+    if mode == "horizontal" and classifier == "head" and (feats or data):
+        raise CliError("--features / --data need the ensemble (not --classifier head)")
+    if classifier not in ("ensemble", "head"):
+        raise CliError(f"--classifier {classifier!r}: choose ensemble or head")
     from atdnode.vertical import EnsembleOptions
 
     try:
@@ -74,7 +80,10 @@ def aggregate(
     opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
                            seed=seed)
     if mode == "horizontal":
-        res = agg.aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q)
+        from atdnode.horizontal import aggregate_horizontal
+
+        res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
+                                   data_spec=data, features=feats, options=opts)
     elif mode == "vertical":
         from atdnode.vertical import aggregate_vertical
 
@@ -86,6 +95,8 @@ def aggregate(
         res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
+    for w in res.details.get("warnings", []):
+        typer.echo(f"warning: {w}", err=True)
     from cli.commands.train import _enforce_model_limit
 
     _enforce_model_limit(h)

@@ -103,7 +103,7 @@ def print_summary(report: dict, out: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from netsim.report import COMPARISON_HEADER, comparison_rows
+    from netsim.report import COMPARISON_HEADER, comparison_rows, verified_lines
 
     console = Console()
     if report.get("methods"):
@@ -117,6 +117,8 @@ def print_summary(report: dict, out: Path | None) -> None:
         for row in comparison_rows(report):
             table.add_row(*row)
         console.print(table)
+        for line in verified_lines(report):
+            console.print(line)
         forget = report.get("forgetting", {})
         if forget:
             ft = Table(title="Forgetting: phase-1 nodes' accuracy after each phase")

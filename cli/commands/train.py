@@ -18,7 +18,7 @@ HELP = """Train a timm ViT on this node's private images and register it locally
 
 Optimiser: AdamW with the VGS-ATD defaults (--lr 3e-3, --weight-decay 0.05), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is 1e-4 x 192 / embed-dim: vit_tiny (embed 192, depth 12) on digits at img 32 / patch 8, 3 epochs, batch 16, reached 0.14 test accuracy at 3e-3, 0.42 at 3e-4 and 0.43 at 1e-4 (0.52 with --augment-prob 0.25 and 0.64 with --no-augment: augmentation pays off over longer runs, not in 3 epochs). Tiny models (embed 32, depth 2) tolerate 1e-3 to 3e-3.
 
-DATA is `digits`, `npz:PATH` or `folder:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0`.
+DATA is `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH` or `nifti:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0` or `dicom:PATH?window=-1000,400` (README: data specs; `atd data inspect SPEC` shows what would be read).
 
 Interrupted runs (Ctrl-C, kill -9) continue from the last finished epoch when the same command is run again; a finished run just prints its result. The model goes to the blob store (full / extractor / head weight sets) and to `atd models`; the test confusion matrix, a per-epoch CSV (history.csv: train and held-out loss/accuracy) and its curves (curves.png) are written under HOME/runs/<run key>/; --tensorboard DIR and --mlflow URI log the same numbers there too. Nothing is published: that is a separate, signed step.
 
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
 def train_cmd(
     home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
-    data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH [?options]."),
+    data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH | dicom:PATH | nifti:PATH [?options]."),
     model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="Image size (default: the model's)."),
     patch_size: Optional[int] = typer.Option(None, "--patch-size", help="Patch size (default: the model's)."),
@@ -50,7 +50,8 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
     augment_threshold: int = typer.Option(1000, "--augment-threshold", help="Classes with fewer samples are augmented."),
-    augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="Chance that a sample of a small class is augmented (three of five operations)."),
+    augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="--augment-inplace: chance that a sample of a small class is replaced by an augmented one."),
+    augment_inplace: bool = typer.Option(False, "--augment-inplace", help="Replace small-class samples in place instead of the paper's rule (enlarge each small class with extra samples made by three of five operations)."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."),
@@ -87,7 +88,8 @@ def train_cmd(
         transform = AdversarialTransform(pgd)
     opts = TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
-                        augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob, pretrained=pretrained, device=device,
+                        augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
+                        augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
                         progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)

@@ -1,0 +1,138 @@
+"""The bodies of ledger entries, typed in one place: every writer and reader goes through here.
+
+Each kind has a `BodySpec`: the fields it must have and may have, each with its JSON/msgpack
+type. `check_body` validates a body (writers call it through `append` before signing;
+readers through `body_of` before using an entry), so a field name cannot drift between the
+code that writes an entry and the code that reads it. Unknown extra fields are allowed
+(a newer peer may add some); missing required fields and wrong types are a `BodyError`
+naming the kind and the field. To add a kind, add its spec to `SPECS`.
+
+Kinds (see INTERFACES.md for what each field means):
+
+weights    a published weight set (`atd publish-weights`; split servers' bodies)
+features   CLS features sealed to named peers (`atd share-features`)
+aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out
+hello      a node's addresses, X25519 key, role, name (the daemon)
+metrics    free-form measurements (netsim workloads)
+service    a split-learning server's offer (`atd split serve`)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from atdnode.errors import AtdError
+from ledger import Entry, Ledger, Signer
+
+
+class BodyError(AtdError):
+    """An entry body lacks a required field or has one of the wrong type."""
+
+
+_NUM = (int, float)
+
+
+@dataclass(frozen=True)
+class BodySpec:
+    required: Mapping[str, tuple[type, ...]]
+    optional: Mapping[str, tuple[type, ...]]
+    items: Mapping[str, tuple[type, ...]]  # element types of list fields (when checked)
+
+
+def _spec(required: dict, optional: dict | None = None, items: dict | None = None) -> BodySpec:
+    return BodySpec(required, optional or {}, items or {})
+
+
+_BLOB = {"blob": (str,), "size": (int,), "manifest": (str,)}
+SPECS: dict[str, BodySpec] = {
+    "weights": _spec({**_BLOB, "part": (str,), "model": (dict,), "labels": (list,), "label_fp": (str,),
+                      "samples": (int,), "metrics": (dict,), "provenance": (list,)},
+                     {"model_id": (str,), "base": (str,), "algorithm": (str,), "tasks": (list,),
+                      "authorized": (list,), "readers": (list,)},
+                     {"labels": (str,), "provenance": (str,)}),
+    "features": _spec({**_BLOB, "recipients": (list,), "shape": (list,), "classes": (list,), "label_fp": (str,),
+                       "samples": (int,), "model": (dict,), "extractor": (str,), "alg": (str,)},
+                      {"model_id": (str,), "provenance": (list,)},
+                      {"recipients": (str,), "shape": (int,), "classes": (str,)}),
+    "aggregate": _spec({**_BLOB, "mode": (str,), "weighting": (str,), "weights": (list,), "inputs": (list,),
+                        "head": (bool,), "part": (str,)},
+                       {"model": (dict, type(None)), "q": _NUM, "groups": (list,), "ensemble": (dict,),
+                        "classifier": (str,), "reference": (str,), "name": (str,), "n_classes": (int,),
+                        "n_models": (int,), "skipped": (list,), "base": (str,)},
+                       {"weights": _NUM, "inputs": (str,), "groups": (dict,), "skipped": (dict,)}),
+    "hello": _spec({"addrs": (list,), "x25519": (bytes,)}, {"role": (str,), "name": (str, type(None))},
+                   {"addrs": (str,)}),
+    "metrics": _spec({}),
+    "service": _spec({"role": (str,), "protocol": (str,)}),
+}
+
+
+def check_body(kind: str, body: Any) -> dict:
+    """`body` if it fits `kind`'s spec (kinds without one pass); else BodyError naming the field."""
+    if not isinstance(body, dict):
+        raise BodyError(f"{kind} entry body must be a map, got {type(body).__name__}")
+    spec = SPECS.get(kind)
+    if spec is None:
+        return body
+    for name, types in spec.required.items():
+        if name not in body:
+            raise BodyError(f"{kind} entry body lacks field {name!r}")
+    for name, types in {**spec.required, **spec.optional}.items():
+        if name not in body:
+            continue
+        v = body[name]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+            raise BodyError(f"{kind} entry field {name!r} must be {'/'.join(t.__name__ for t in types)}, "
+                            f"got {type(v).__name__}")
+        elem = spec.items.get(name)
+        if elem is not None and not all(isinstance(x, elem) and not (isinstance(x, bool) and bool not in elem)
+                                         for x in v):
+            raise BodyError(f"{kind} entry field {name!r} must list {'/'.join(t.__name__ for t in elem)} values")
+    return body
+
+
+def append(led: Ledger, signer: Signer, kind: str, body: dict) -> Entry:
+    """Validate `body`, then sign and append it (what every writer of a typed kind calls)."""
+    return led.append(signer, kind, check_body(kind, body))
+
+
+def body_of(entry: Entry) -> dict:
+    """The entry's body, validated against its kind's spec (BodyError if it does not fit)."""
+    try:
+        return check_body(entry.kind, entry.body)
+    except BodyError as exc:
+        raise BodyError(f"entry {entry.id.hex()[:16]}: {exc}") from None
+
+
+def fits(entry: Entry) -> bool:
+    """Whether the entry's body fits its kind's spec (readers that skip misfits use this)."""
+    try:
+        check_body(entry.kind, entry.body)
+    except BodyError:
+        return False
+    return True
+
+
+# Blob readers. A `weights` / `features` / `aggregate` entry names a blob (`"blob": hex`).
+# If its body carries a reader list, the blob protocol serves that blob only to the peers
+# on the list and to the entry's author, and other daemons do not try to fetch it.
+# `readers` (list of libp2p peer ids) is the field to write (e.g. MSD's distilled body for
+# its authorised clients). Two older spellings are read as reader lists too, so entries
+# already in ledgers keep their meaning: `recipients` (sealed `features`: the peers it is
+# encrypted to) and `authorized` (MSD bodies written before `readers` existed). A body with
+# none of them is readable by every member.
+READERS = "readers"
+READER_ALIASES = ("recipients", "authorized")
+
+
+def blob_readers(body: dict) -> frozenset[str] | None:
+    """The peer ids a blob named by `body` may be served to (besides its author), or None
+    for "every member". A malformed list (not a list of strings) restricts to nobody."""
+    for key in (READERS, *READER_ALIASES):
+        if key in body:
+            value = body[key]
+            if isinstance(value, list) and all(isinstance(p, str) for p in value):
+                return frozenset(value)
+            return frozenset()
+    return None

@@ -1,0 +1,34 @@
+"""Labeled image data for a node, as hospitals store it.
+
+A data spec is `SOURCE[?opt=val&...]` with SOURCE one of
+
+    digits          scikit-learn's bundled 8x8 handwritten digits (real data, no download)
+    npz:PATH        MedMNIST layout (train_/val_/test_ images and labels, optional `classes`)
+    folder:PATH     PNG / JPEG / TIFF / BMP, 8-bit, 16-bit or float, one sub-folder per class
+                    (or PATH/train, PATH/test [, PATH/val]; or labels=FILE.csv)
+    dicom:PATH      DICOM files (pydicom), laid out like folder:
+    nifti:PATH      2-D slices of 3-D NIfTI volumes (nibabel), a class per volume
+
+Options (`spec.py`): classes=a,b | classes=FILE.json|csv, shard=i/n, limit=N, seed=S,
+window=lo,hi|auto|minmax, val=val|train, labels=FILE.csv, frame=K, axis=A, slices=...
+
+Images become float32 (N, C, H, W), resized to the model's size and normalised with mean
+0.5 / std 0.5 (timm's ViT default). Intensity scaling is explained in `intensity.py`. The
+label space is the ordered list of class names; its fingerprint is sha256 over its
+canonical JSON. Unusable files are skipped and reported (`LabeledImages.report`); bad
+data (labels, sizes, formats that cannot be decoded) raises `DataError` naming the file.
+
+Modules: spec (grammar), layout (file listing, Catalog), images / dicom / nifti / arrays
+(sources), intensity, labels (label space), select (split, selection, tensors), loader,
+report, inspect (`atd data inspect`).
+"""
+from atdnode.data.images import IMAGE_EXTS
+from atdnode.data.labeled import LabeledImages, label_fingerprint
+from atdnode.data.layout import SPLITS
+from atdnode.data.loader import load_dataset
+from atdnode.data.report import DataReport
+from atdnode.data.select import MEAN, STD, _select, split_indices
+from atdnode.data.spec import DataSpec
+
+__all__ = ["DataReport", "DataSpec", "IMAGE_EXTS", "LabeledImages", "MEAN", "SPLITS", "STD", "_select",
+           "label_fingerprint", "load_dataset", "split_indices"]

@@ -1,0 +1,143 @@
+"""Data spec grammar: `SOURCE[?opt=val&...]` parsed into a `DataSpec`.
+
+Sources: `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH`, `nifti:PATH`. Options (each
+checked against the source it applies to, so a typo is an error, not a silent no-op):
+
+    classes=a,b,c       keep only these classes (by name), renumbered in label-space order
+    classes=FILE        a .json / .csv map of label ids to names (any source); may be given
+                        together with a `classes=a,b` selection (`classes=map.json&classes=a,b`)
+    shard=i/n limit=N seed=S
+    window=lo,hi|auto|minmax   intensity scaling (see `intensity.py`)
+    val=val|train       a source's validation split stays separate (default) or joins train
+    labels=FILE.csv     folder/dicom/nifti: file -> class (and optional split) table
+    frame=K             dicom/folder: frame K (0-based) of multi-frame DICOM / multi-page TIFF
+    axis=0|1|2          nifti: slice along this array axis (default 2)
+    slices=all|mid|a:b[:s]|f0:f1   nifti: which slices (ints: indices, python slice
+                        semantics; floats in [0, 1]: fractions of the depth)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from atdnode.errors import DataError
+
+SOURCES = ("digits", "npz", "folder", "dicom", "nifti")
+_FILE_SOURCES = ("folder", "dicom", "nifti")
+# option -> sources it applies to (None: every source)
+_APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window": None, "val": None,
+            "labels": _FILE_SOURCES, "frame": ("folder", "dicom"), "axis": ("nifti",), "slices": ("nifti",)}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str  # one of SOURCES
+    path: str | None
+    classes: tuple[str, ...] | None = None  # selection by name
+    shard: tuple[int, int] | None = None  # (i, n), 1-based i
+    limit: int | None = None
+    seed: int | None = None
+    class_map: str | None = None  # path of a .json/.csv id -> name map
+    window: tuple[float, float] | str | None = None  # (lo, hi) | "auto" | "minmax"
+    val: str = "val"  # "val" | "train"
+    labels: str | None = None
+    frame: int | None = None
+    axis: int = 2
+    slices: tuple | str = "all"  # "all" | "mid" | ("idx", a, b, s) | ("frac", f0, f1)
+
+    @classmethod
+    def parse(cls, spec: str) -> "DataSpec":
+        head, _, query = spec.partition("?")
+        kind, sep, path = head.partition(":")
+        if kind == "digits" and not sep:
+            path = None
+        elif kind in SOURCES[1:] and sep and path:
+            pass
+        else:
+            raise DataError(f"bad data spec {spec!r}: expected digits, npz:PATH, folder:PATH, dicom:PATH or nifti:PATH")
+        opts: dict = {}
+        try:
+            for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+                if k not in _APPLIES:
+                    raise ValueError(f"unknown option {k!r}")
+                if _APPLIES[k] is not None and kind not in _APPLIES[k]:
+                    raise ValueError(f"option {k!r} does not apply to {kind} (only {', '.join(_APPLIES[k])})")
+                if k == "classes":
+                    key = "class_map" if _is_map_file(v) else "classes"
+                    if key in opts:
+                        raise ValueError(f"classes given twice as a {'file' if key == 'class_map' else 'list'}")
+                    opts[key] = v if key == "class_map" else tuple(c for c in v.split(",") if c)
+                elif k in opts:
+                    raise ValueError(f"option {k!r} given twice")
+                else:
+                    opts[k] = _value(k, v)
+        except ValueError as exc:
+            raise DataError(f"bad data spec {spec!r}: {exc}") from None
+        return cls(source=kind, path=path, **opts)
+
+
+def _is_map_file(v: str) -> bool:
+    """`classes=` names a map file when it ends in .json/.csv, or is a path to an existing file."""
+    return Path(v).suffix.lower() in (".json", ".csv") or (("/" in v or "\\" in v) and Path(v).expanduser().is_file())
+
+
+def _value(k: str, v: str):
+    if k == "shard":
+        i, n = (int(x) for x in v.split("/"))
+        if not 1 <= i <= n:
+            raise ValueError(f"shard {v} needs 1 <= i <= n")
+        return (i, n)
+    if k in ("limit", "seed", "frame", "axis"):
+        x = int(v)
+        if x < 0 or (k == "limit" and x == 0) or (k == "axis" and x > 2):
+            raise ValueError(f"{k}={v} out of range")
+        return x
+    if k == "window":
+        if v in ("auto", "minmax"):
+            return v
+        lo, hi = (float(x) for x in v.split(","))
+        if not lo < hi:
+            raise ValueError(f"window={v} needs lo < hi")
+        return (lo, hi)
+    if k == "val":
+        if v not in ("val", "train"):
+            raise ValueError("val must be val (a separate split) or train (merged into training)")
+        return v
+    if k == "labels":
+        if not v:
+            raise ValueError("labels needs a CSV file")
+        return v
+    if k == "slices":
+        return _slices(v)
+    raise ValueError(f"unknown option {k!r}")  # pragma: no cover - _APPLIES lists every key
+
+
+def _slices(v: str):
+    if v in ("all", "mid"):
+        return v
+    parts = v.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and "." in v):
+        raise ValueError(f"slices={v}: expected all, mid, a:b[:step] or fractions f0:f1")
+    if "." in v:
+        f0, f1 = (float(x) for x in parts)
+        if not 0.0 <= f0 < f1 <= 1.0:
+            raise ValueError(f"slices={v}: fractions need 0 <= f0 < f1 <= 1")
+        return ("frac", f0, f1)
+    a, b = (int(x) if x else None for x in parts[:2])
+    s = int(parts[2]) if len(parts) == 3 and parts[2] else 1
+    if s <= 0:
+        raise ValueError(f"slices={v}: step must be positive")
+    return ("idx", a, b, s)
+
+
+def slice_indices(sel, depth: int) -> list[int]:
+    """The slice indices `sel` (a parsed `slices=` value) picks from a volume of `depth`."""
+    if sel == "all":
+        return list(range(depth))
+    if sel == "mid":
+        return [depth // 2] if depth else []
+    if sel[0] == "frac":
+        lo, hi = int(round(sel[1] * depth)), int(round(sel[2] * depth))
+        return list(range(lo, max(hi, lo + 1 if lo < depth else lo)))
+    return list(range(depth))[slice(sel[1], sel[2], sel[3])]

@@ -1,0 +1,83 @@
+"""FedWAvg (Eq. 3 of the VGS-ATD paper): weights from the similarity of last layers.
+
+``w_i = softmax_i(q * cos(L_ref, L_i))`` where ``L_i`` is input i's last layer -- its weight
+*and* bias, flattened and concatenated -- and ``L_ref`` the same layer of the reference
+model: the aggregating node's previous global model, or its own model when it has none
+(the caller picks it and names it in the ``aggregate`` entry). Each input is compared with
+the reference only, never with another input, so reordering the inputs reorders the
+weights and leaves the average unchanged.
+
+For timm ViTs the last layer is ``head.{weight,bias}`` when all heads share one label
+space (and the reference's head has it too), else the last encoder block's
+``blocks.{L-1}.mlp.fc2.{weight,bias}`` (:func:`last_layer_keys`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from protocols.aggregation_error import AggregationError
+
+__all__ = ["fedwavg_weights", "last_layer_key", "last_layer_keys", "layer_vector"]
+
+Layer = torch.Tensor | np.ndarray | Sequence[float]
+
+
+def fedwavg_weights(reference: Layer | Sequence[Layer], layers: Sequence[Layer | Sequence[Layer]], *,
+                    q: float = 1.0) -> np.ndarray:
+    """``softmax_i(q * cos(reference, layers[i]))``.
+
+    A reference or layer may be one tensor or a list of tensors (weight and bias), which
+    are flattened and concatenated; they are compared in float64, and every layer must
+    have the reference's size and a non-zero, finite norm. ``q`` sharpens the weighting as
+    it grows; ``q = 0`` gives uniform weights.
+    """
+    if not math.isfinite(q):
+        raise AggregationError(f"fedwavg scale q must be finite, got {q!r}")
+    if len(layers) == 0:
+        raise AggregationError("fedwavg needs at least one layer")
+    ref = layer_vector(reference, "reference", None)
+    cos = np.empty(len(layers), dtype=np.float64)
+    for i, layer in enumerate(layers):
+        v = layer_vector(layer, f"layer {i}", ref.shape)
+        cos[i] = float(ref @ v) / (np.linalg.norm(ref) * np.linalg.norm(v))
+    z = q * cos
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def layer_vector(t: Layer | Sequence[Layer], what: str, shape: tuple | None) -> np.ndarray:
+    """One flat float64 vector of a tensor, or of a list of tensors concatenated."""
+    parts = t if isinstance(t, (list, tuple)) and t and not np.isscalar(t[0]) else [t]
+    arrs = [p.detach().cpu().double().numpy().reshape(-1) if isinstance(p, torch.Tensor)
+            else np.asarray(p, np.float64).reshape(-1) for p in parts]
+    arr = np.concatenate(arrs)
+    if shape is not None and arr.shape != shape:
+        raise AggregationError(f"fedwavg {what} has {arr.size} elements, reference has {shape[0]}")
+    if not np.all(np.isfinite(arr)) or not np.linalg.norm(arr) > 0:
+        raise AggregationError(f"fedwavg {what} must be finite with non-zero norm")
+    return arr
+
+
+def last_layer_keys(keys: Iterable[str], *, heads_comparable: bool) -> list[str]:
+    """The tensors FedWAvg compares for a timm ViT: ``head.weight`` (+ ``head.bias``) when
+    the heads share a label space, else the last block's ``mlp.fc2.weight`` (+ bias)."""
+    keys = set(keys)
+    if heads_comparable and "head.weight" in keys:
+        base = "head"
+    else:
+        blocks = [int(k.split(".")[1]) for k in keys
+                  if k.startswith("blocks.") and k.endswith(".mlp.fc2.weight") and k.split(".")[1].isdigit()]
+        if not blocks:
+            raise AggregationError("no 'head.weight' or 'blocks.N.mlp.fc2.weight' to compare")
+        base = f"blocks.{max(blocks)}.mlp.fc2"
+    return [f"{base}.weight"] + ([f"{base}.bias"] if f"{base}.bias" in keys else [])
+
+
+def last_layer_key(keys: Iterable[str], *, heads_comparable: bool) -> str:
+    """The weight tensor of :func:`last_layer_keys` (its first key)."""
+    return last_layer_keys(keys, heads_comparable=heads_comparable)[0]
