@@ -115,12 +115,13 @@ def own_model(home: NodeHome, ref: str = "latest") -> ModelRecord:
 
 
 def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[str] | None = None,
-                  parts: tuple[str, ...] | None = None) -> list[Entry]:
+                  parts: tuple[str, ...] | None = None, skipped: list[dict] | None = None) -> list[Entry]:
     """Published weight sets this node holds that fit its own model (default: all of them).
 
     Explicitly named inputs that do not fit are an error; when defaulting, misfits are
     skipped and a blob published twice counts once. The model config must match except
-    for the class count (heads are averaged only when label spaces match).
+    for the class count (heads are averaged only when label spaces match). Skipped inputs
+    are appended to `skipped` as {"entry", "why"}.
     """
     cfg = ModelConfig.from_dict(own_model(home).model)
     entries = [entry_of(led, h, ("weights",)) for h in ids] if ids else [
@@ -144,6 +145,8 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
         if problem:
             if ids:
                 raise AggregateError(f"input {e.id.hex()[:16]}: {problem}")
+            if skipped is not None:
+                skipped.append({"entry": e.id.hex(), "why": problem})
             continue
         if b["blob"] in seen and not ids:
             continue
@@ -154,6 +157,40 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
     if len({e.body["part"] for e in chosen}) > 1 and parts is None:
         raise AggregateError(f"inputs mix parts {sorted({e.body['part'] for e in chosen})}; choose some with --inputs")
     return chosen
+
+
+def screen_inputs(store: BlobStore, chosen: list[Entry], skipped: list[dict]) -> list[Entry]:
+    """Default aggregation (issue 11): drop weight sets that cannot be averaged with the rest --
+    a blob that fails its hash, is not safetensors, holds NaN/inf, or whose extractor tensors
+    differ in name, shape or dtype from the most common layout -- and say why in `skipped`,
+    so one bad set published by any member no longer aborts everyone's `atd aggregate`."""
+    extractor = part_filter(include_head=False)
+    layouts: dict[str, tuple] = {}
+    for e in chosen:
+        try:
+            store.verify(e.body["blob"])
+            tensors, _ = load_weights(store, e.body["blob"])  # also rejects non-finite tensors
+            layouts[e.id.hex()] = tuple(sorted((k, tuple(t.shape), str(t.dtype)) for k, t in tensors.items() if extractor(k)))
+            del tensors
+        except (BlobError, AtdError) as exc:
+            skipped.append({"entry": e.id.hex(), "why": str(exc)[:300]})
+    if not layouts:
+        return []
+    counts: dict[tuple, int] = {}
+    for lay in layouts.values():
+        counts[lay] = counts.get(lay, 0) + 1
+    common = max(counts, key=lambda lay: counts[lay])
+    keep = []
+    for e in chosen:
+        lay = layouts.get(e.id.hex())
+        if lay is None:
+            continue
+        if lay != common:
+            skipped.append({"entry": e.id.hex(), "why": "its extractor tensors differ in names, shapes or dtypes "
+                                                       "from the other inputs'"})
+            continue
+        keep.append(e)
+    return keep
 
 
 def heads_averaged(inputs: list[Entry]) -> bool:

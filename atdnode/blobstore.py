@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import msgpack
 
 from atdnode.errors import BlobError
+from atdnode.transport.limits import DecodeBudget
 
 if TYPE_CHECKING:
     from atdnode.blobpartial import PartialBlob
@@ -142,7 +143,9 @@ class Manifest:
     def from_bytes(cls, raw: bytes) -> "Manifest":
         """Parse canonical manifest bytes; BlobError on anything malformed, truncated or non-canonical."""
         try:
-            d = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True)
+            budget = DecodeBudget(maps=1, lists=1)  # one flat map: a peer's bytes decode to a bounded size
+            d = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_map_len=8, max_array_len=8,
+                                max_str_len=64, max_ext_len=0, object_hook=budget.map, list_hook=budget.list)
         except (ValueError, TypeError, msgpack.UnpackException) as e:  # ExtraData, truncated, bad utf-8
             raise BlobError(f"malformed manifest ({type(e).__name__}: {e})") from None
         keys = {"v", "blob", "size", "chunk_size", "chunks"}

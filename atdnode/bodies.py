@@ -14,7 +14,18 @@ features   CLS features sealed to named peers (`atd share-features`)
 aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
-service    a split-learning server's offer (`atd split serve`)
+service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder
+split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`): the patch
+           projection + position embedding (p-FESTA §III-B, MSD §III: the server must not
+           know them), made by one client and sealed to the other client members::
+
+               {"service": hex id of the server's `service` entry (the campaign),
+                "recipients": [peer ids, sorted; the author is one of them],
+                "envelope": bytes (sealed safetensors of the embedder state,
+                            `protocols.feature_crypto.seal_bytes`),
+                "alg": protocols.feature_crypto.ALG}
+
+           The envelope is ciphertext: the server replicates the entry, cannot open it.
 """
 from __future__ import annotations
 
@@ -65,7 +76,11 @@ SPECS: dict[str, BodySpec] = {
                    {"addrs": (str,)}),
     "metrics": _spec({}),
     "service": _spec({"role": (str,), "protocol": (str,)}),
+    "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
+                          items={"recipients": (str,)}),
 }
+SPLIT_SECRET_KIND = "split_secret"
+MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 
 def check_body(kind: str, body: Any) -> dict:

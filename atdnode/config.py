@@ -90,7 +90,7 @@ class NodeConfig:
                 data = tomllib.load(f)
         except FileNotFoundError:
             raise ConfigError(f"{home.config_file} is missing (run `atd init --home {home.root}` first)") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{home.config_file} is not valid TOML: {exc}") from None
         return cls.from_dict(data)
 

@@ -15,15 +15,25 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
   membership change): non-members' streams are refused before their first frame, they are
   disconnected on connect and never dialled, their gossip is dropped;
 * answers the local control socket (`atdnode.control`) for `atd node status`, `peers`,
-  `fetch`, `connect`, `stop`.
+  `fetch`, `connect`, `verify_peers`, `stop`.
+
+Safe restart (issue 11). The daemon signs nothing (hello, `append`) and gossips none of
+its own entries until it has pulled from at least one member -- which hands back any of
+its own entries its ledger lost (home restored from a backup, WAL cut) -- so it never
+signs a second entry at a seq it already used and never freezes itself. A founder whose
+ledger names no other member confirms at once (limit: its home restored from a backup
+made before any other member was admitted is not protected). Until a member is reached,
+`append` waits.
 
 Everything slow (SQLite, hashing, disk) runs in worker threads.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import sqlite3
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -35,12 +45,13 @@ from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
-from atdnode.home import NodeHome
+from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.split import role_services
 from atdnode.bodies import blob_readers
-from atdnode.sync import SYNC_PROTOCOL, genesis_extra, pull, serve_sync
+from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
+from atdnode.transport.limits import PeerLimits
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
@@ -53,6 +64,8 @@ BLOB_KINDS_SET = {"weights", "features", "aggregate"}
 MERGE_BATCH = 512
 INBOX_SIZE = 20_000
 VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to _on_gossip
+HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long (issue 11) ...
+EXPIRE_EVERY = 600.0  # ... checked this often
 
 
 def ledger_topic(genesis_id: str) -> str:
@@ -95,9 +108,13 @@ class NodeDaemon:
         self._wanted: set[str] = set()
         self._manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
         self._fetch_failures: dict[str, str] = {}
+        self._retry_at: dict[str, tuple[float, float]] = {}  # blob -> (next try, back-off delay)
+        self._head_confirmed = trio.Event()  # own chain head checked with a member (see module doc)
+        self._disk_full_until = 0.0
         self._nursery: trio.Nursery | None = None
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
         self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
+        self._sync_limits = PeerLimits(per_peer=PER_PEER_STREAMS, total=TOTAL_STREAMS)
         self.merge_observers: list = []  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.stats = {"gossip_in": 0, "gossip_rejected": 0, "sync_pulls": 0, "sync_added": 0}
         # Extension point: role services (e.g. a split-learning server). Each has
@@ -118,10 +135,17 @@ class NodeDaemon:
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with home_lock(self.home):  # one daemon per home, even when two start at once
+            await self._run_locked(listen, bootstrap, task_status=task_status)
+
+    async def _run_locked(self, listen: list[str], bootstrap: list[str], *, task_status) -> None:
         if await trio.to_thread.run_sync(control.daemon_running, self.home.control_socket):
             raise DaemonError(f"a daemon already runs for {self.home.root}")
+        logging.raiseExceptions = False  # a full disk must not turn every log call into a traceback
         await self._refresh_members()
-        await self._queue_wanted_blobs()  # learn blob reader lists before serving anything
+        if self._members == {self.identity.public_key}:
+            self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
+        await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
             self.transport.set_stream_handler(
@@ -141,6 +165,7 @@ class NodeDaemon:
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
                 nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self._expire_loop)
                 for service in self.services:
                     nursery.start_soon(service.run, self)
                 for addr in bootstrap:
@@ -221,7 +246,11 @@ class NodeDaemon:
                     batch.append(self._inbox_recv.receive_nowait())
                 except trio.WouldBlock:
                     break
-            result = await self.ledger.merge(batch)
+            try:
+                result = await self.ledger.merge(batch)
+            except (sqlite3.OperationalError, OSError) as exc:  # disk full / I/O error: sync re-fetches later
+                await self._disk_trouble("merging gossip", exc)
+                continue
             for _, err in result.rejected:
                 log.warning("gossiped entry rejected: %s", err)
             if result.added:
@@ -253,8 +282,17 @@ class NodeDaemon:
     async def _announce_loop(self) -> None:
         """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""
         me = self.identity.public_key
+        with trio.move_on_after(30):
+            await self._head_confirmed.wait()  # never gossip own entries a member may contradict
+        if not self._head_confirmed.is_set():
+            log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
+                        "(restart with --bootstrap <member address>)")
+            await self._head_confirmed.wait()
         while True:
-            await self._maybe_say_hello()
+            try:
+                await self._maybe_say_hello()
+            except (sqlite3.OperationalError, OSError) as exc:
+                await self._disk_trouble("appending hello", exc)
             head = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
             if head > self._announced_seq:
                 seq = self._announced_seq
@@ -269,7 +307,10 @@ class NodeDaemon:
             await trio.sleep(self.poll_interval)
 
     async def append(self, kind: str, body: dict) -> Entry:
-        """Sign and store an entry, and gossip it at once (no wait for the announce loop)."""
+        """Sign and store an entry, and gossip it at once (no wait for the announce loop).
+
+        Waits until the own chain head was confirmed with a member (see the module doc)."""
+        await self._head_confirmed.wait()
         entry = await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, kind, body))
         if entry.seq == self._announced_seq + 1:
             try:
@@ -282,7 +323,7 @@ class NodeDaemon:
     async def _maybe_say_hello(self) -> None:
         """Append a signed `hello` (addresses, X25519 key, role) once we are a member and addrs changed."""
         me = self.identity.public_key
-        if me not in self._members:
+        if me not in self._members or not self._head_confirmed.is_set():
             return
         addrs = self.transport.addrs()
 
@@ -304,7 +345,7 @@ class NodeDaemon:
     # ---------------------------------------------------------------- sync
 
     async def _serve_sync(self, stream: Stream) -> None:
-        await serve_sync(stream, self.ledger)
+        await serve_sync(stream, self.ledger, self._sync_limits)
 
     async def _on_peer(self, peer_id: str) -> None:
         if not self.gate.may_pull_from(peer_id):
@@ -316,9 +357,16 @@ class NodeDaemon:
 
     async def sync_with(self, peer_id: str) -> int:
         """Pull what `peer_id` has and we lack; returns the number of entries added."""
+        result = await self._pull_from(peer_id)
+        return 0 if result is None else result.added
+
+    async def _pull_from(self, peer_id: str) -> SyncResult | None:
+        """One sync pull; None when it failed. Confirms our own head if `peer_id` is a member."""
         if not self.gate.may_pull_from(peer_id):
             self.gate.refuse(peer_id, "sync pull")
-            return 0
+            return None
+        me = self.identity.public_key
+        own_before = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
         try:
             with trio.fail_after(60):
                 stream = await self.transport.open_stream(peer_id, SYNC_PROTOCOL)
@@ -326,16 +374,70 @@ class NodeDaemon:
         except AccessRefused as exc:
             log.info("sync with %s: %s", peer_id, exc)
             await self._after_merge()  # a refusal may still have carried the genesis entry
-            return 0
+            return None
         except (TransportError, trio.TooSlowError) as exc:
             log.info("sync with %s failed: %s", peer_id, exc)
-            return 0
+            return None
+        except (sqlite3.OperationalError, OSError) as exc:
+            await self._disk_trouble(f"syncing with {peer_id}", exc)
+            return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
+        own_after = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
+        if own_after > own_before:
+            log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
+                        "(restored or truncated home); recovered them", peer_id, own_after - own_before)
+            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + own_after - own_before
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
-            await self._after_merge()
-        return result.added
+            await self._after_merge()  # membership first: the pull may have taught us who is a member
+        if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
+            log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_after)
+            self._head_confirmed.set()
+        return result
+
+    def _member_peer_ids(self) -> set[str]:
+        from ledger.keys import peer_id_from_public_key
+
+        return {peer_id_from_public_key(k) for k in self._members if k != self.identity.public_key}
+
+    async def verify_peers(self) -> dict:
+        """Pull from every connected peer and report each entry a peer held that we lacked.
+
+        Nothing local can show that rows were cut from the end of the ledger (or a
+        revocation deleted and the store chain recomputed): only another member's copy can.
+        Entries found are merged (the pull repairs what it finds) and listed in `missing`.
+        """
+        from ledger.keys import peer_id_from_public_key
+
+        out: dict = {"peers": [], "failed": [], "missing": [], "rejected": 0}
+        for peer in self.transport.peers():
+            result = await self._pull_from(peer)
+            if result is None:
+                out["failed"].append(peer)
+                continue
+            out["peers"].append(peer)
+            out["rejected"] += result.rejected
+            ids = list(result.added_ids)
+
+            def describe(led: Ledger) -> list[dict]:
+                found = [led.get(i) for i in ids]
+                return [{"peer": peer, "id": e.id.hex(), "author": peer_id_from_public_key(e.author),
+                         "seq": e.seq, "kind": e.kind} for e in found if e is not None]
+
+            out["missing"].extend(await self.ledger.run(describe))
+        return out
+
+    async def _disk_trouble(self, what: str, exc: BaseException) -> None:
+        """One log line per episode of disk trouble, then back off (never a traceback or a hot loop)."""
+        now = trio.current_time()
+        full = getattr(exc, "errno", None) == errno.ENOSPC or "full" in str(exc).lower()
+        if now >= self._disk_full_until:
+            log.error("%s failed: %s%s; backing off", what, "disk full" if full else "disk error",
+                      f" ({str(exc)[:120]})" if not full else "")
+        self._disk_full_until = now + 60.0
+        self.stats["disk_errors"] = self.stats.get("disk_errors", 0) + 1
+        await trio.sleep(5.0)
 
     async def _periodic_sync(self) -> None:
         while True:
@@ -344,36 +446,60 @@ class NodeDaemon:
                 if self.gate.may_pull_from(peer):
                     await self.sync_with(peer)
 
-    async def _dial_with_retry(self, addr: str, deadline: float = 60.0) -> None:
+    async def _expire_loop(self) -> None:
+        while True:
+            try:
+                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL))
+                if n:
+                    log.info("expired %d held entries of unknown authors", n)
+            except (sqlite3.OperationalError, OSError) as exc:
+                await self._disk_trouble("expiring held entries", exc)
+            await trio.sleep(EXPIRE_EVERY)
+
+    async def _dial_with_retry(self, addr: str, deadline: float = 60.0, notice_after: float = 5.0) -> None:
         """Dial a bootstrap peer until it answers (backoff; a member gives up after `deadline`).
 
         While this node is not a member yet it keeps the connection up, re-dialling every few
         seconds: members disconnect non-members, and let us in once our admission reached
-        them. A member never re-dials a bootstrap peer that turned out not to be a member."""
+        them. A member never re-dials a bootstrap peer that turned out not to be a member.
+        An unreachable peer is logged at the first failed dial, or after `notice_after` s of
+        a dial that hangs, not after the last retry."""
         delay = 0.2
         end = trio.current_time() + deadline
         peer = addr.rsplit("/p2p/", 1)[-1]
         warned = False
-        while True:
-            if peer not in self.transport.peers():
-                if self.gate.self_is_member and peer in self.gate.refused:
-                    return
-                try:
-                    await self.transport.connect(addr)
-                    log.info("connected to bootstrap peer %s", peer)
-                except TransportError as exc:
-                    late = trio.current_time() + delay > end
-                    if late and not warned:
-                        log.warning("could not reach bootstrap %s: %s", addr, exc)
-                        warned = True
-                    if late and self.gate.self_is_member:
+        async with trio.open_nursery() as nursery:
+
+            async def notice() -> None:
+                await trio.sleep(notice_after)
+                if not warned and peer not in self.transport.peers():
+                    log.warning("could not reach bootstrap %s within %.0f s; still trying", addr, notice_after)
+
+            nursery.start_soon(notice)
+            try:
+                while True:
+                    if peer not in self.transport.peers():
+                        if self.gate.self_is_member and peer in self.gate.refused:
+                            return
+                        try:
+                            await self.transport.connect(addr)
+                            log.info("connected to bootstrap peer %s", peer)
+                        except TransportError as exc:
+                            late = trio.current_time() + delay > end
+                            if not warned:
+                                log.warning("could not reach bootstrap %s: %s; retrying", addr, exc)
+                                warned = True
+                            if late and self.gate.self_is_member:
+                                log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
+                                return
+                            await trio.sleep(delay)
+                            delay = min(delay * 2, 5.0)
+                            continue
+                    if self.gate.self_is_member:
                         return
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-            if self.gate.self_is_member:
-                return
-            await trio.sleep(2.0)
+                    await trio.sleep(2.0)
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def _discovery_loop(self) -> None:
         """Dial members whose signed `hello` entries announce addresses we are not connected to."""
@@ -450,10 +576,19 @@ class NodeDaemon:
                 if self.store.has(blob) or blob in self._fetch_failures:
                     self._wanted.discard(blob)
                     continue
+                now = trio.current_time()
+                at, delay = self._retry_at.get(blob, (0.0, 1.0))
+                if now < at:
+                    continue
                 try:
                     await self.fetch(blob)
+                    self._retry_at.pop(blob, None)
                 except (DaemonError, TransportError) as exc:
-                    log.info("fetch of %s postponed: %s", blob[:12], exc)
+                    self._retry_at[blob] = (now + delay, min(delay * 2, 60.0))
+                    log.info("fetch of %s postponed %.0f s: %s", blob[:12], delay, exc)
+                except OSError as exc:  # disk full or unwritable store: one line, long back-off
+                    self._retry_at[blob] = (now + max(delay, 30.0), min(max(delay, 30.0) * 2, 600.0))
+                    await self._disk_trouble(f"fetching blob {blob[:12]}", exc)
             await trio.sleep(max(self.poll_interval, 1.0))
 
     async def fetch(self, blob: str, timeout: float = 600.0) -> str:
@@ -500,6 +635,8 @@ class NodeDaemon:
             return {"blob": blob, "size": self.store.size(blob), "report": self.fetch_report(blob)}
         if op == "connect":
             return {"peer": await self.transport.connect(str(req.get("addr")))}
+        if op == "verify_peers":
+            return await self.verify_peers()
         if op == "sync":
             added = 0
             for peer in self.transport.peers():

@@ -11,6 +11,7 @@
       features/       cached CLS features
       logs/           daemon logs
       control.sock    local control endpoint of a running daemon
+      daemon.lock     held (flock) by the running daemon: one daemon per home
 
 Everything in a home is private to its owner: the home and its directories are 0700, its
 files 0600 (other local users could otherwise read the ledger, models and training data).
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from atdnode.errors import ConfigError
 
@@ -119,3 +122,26 @@ def _tighten(path: Path, mode: int) -> None:
             os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
     except OSError:
         pass
+
+
+@contextmanager
+def home_lock(home: NodeHome) -> Iterator[None]:
+    """Hold HOME/daemon.lock exclusively (flock) for the block; DaemonError if another
+    process holds it. The kernel drops the lock when its holder dies, so no stale state."""
+    import fcntl
+
+    from atdnode.errors import DaemonError
+
+    path = home.root / "daemon.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise DaemonError(f"a daemon already runs for {home.root}" + (f" (pid {holder})" if holder else "")) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -30,6 +30,7 @@ from atdnode.aggregate import (
     opened,
     own_model,
     register_global,
+    screen_inputs,
     select_inputs,
 )
 from atdnode.features_share import data_spec_of
@@ -49,7 +50,13 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
     with opened(home) as (ident, store, led):
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if classifier == "ensemble" else None
-        chosen = select_inputs(home, led, store, ids=inputs)
+        skipped: list[dict] = []  # default inputs it cannot use, and why (issue 11)
+        chosen = select_inputs(home, led, store, ids=inputs, skipped=skipped)
+        if inputs is None:
+            chosen = screen_inputs(store, chosen, skipped)
+            if not chosen:
+                raise AggregateError("no usable published weight sets: "
+                                     + "; ".join(f"{s['entry'][:12]}: {s['why']}" for s in skipped)[:500])
         head = heads_averaged(chosen)
         reference = fedwavg_reference(store, base, weighting)
         weights = input_weights(store, chosen, weighting, q=q, head=head, reference=reference)
@@ -65,6 +72,8 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
                 "classifier": classifier}
         if reference:
             body["reference"] = reference
+        if skipped:
+            body["skipped"] = skipped
         if fit is not None:
             body["ensemble"] = fit.record(store)
         if common_base(chosen):
@@ -81,5 +90,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
                                extra_blobs=extra, extra_provenance=prov)
     if warning:
         details["warnings"] = [warning]
+    if skipped:
+        details["skipped_inputs"] = skipped
     return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=head,
                            details=details)

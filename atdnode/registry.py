@@ -107,13 +107,11 @@ class ModelRegistry:
             if not recs:
                 raise ConfigError(f"no trained models in {self.dir} (run `atd train` first)")
             return recs[-1]
-        exact = self.dir / f"{ref}.json"
-        if exact.is_file():
-            return self._load(exact)
-        hits = sorted(self.dir.glob(f"{ref}*.json")) if ref and ref.isalnum() else []
-        if len(hits) == 1:
-            return self._load(hits[0])
-        raise ConfigError(f"model {ref!r} {'is ambiguous' if hits else 'not found'} in {self.dir}")
+        from atdnode.ids import unique  # the one prefix rule for every kind of id
+
+        ids = [p.stem for p in self.dir.glob("*.json")] if self.dir.is_dir() else []
+        found = unique(ref, ids, what="model", hexadecimal=False, where=f"in {self.dir} (see `atd models`)")
+        return self._load(self.dir / f"{found}.json")
 
     def path(self, model_id: str) -> Path:
         return self.dir / f"{model_id}.json"

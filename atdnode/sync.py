@@ -22,7 +22,7 @@ Database work runs in worker threads so the trio loop never blocks.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 import trio
@@ -30,11 +30,16 @@ import trio
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
+from atdnode.transport.limits import DecodeBudget, PeerLimits
 
 SYNC_PROTOCOL = "/atd/sync/1.0.0"
 BATCH_BYTES = 512 << 10
 MAX_SYNC_FRAME = 2 << 20
 MAX_AUTHORS = 100_000
+MAX_BATCH_ENTRIES = 16_384  # entries per "entries" frame (a server also stops at BATCH_BYTES)
+IDLE_TIMEOUT = 30.0  # server: a stream silent (or not reading) this long is reset
+PER_PEER_STREAMS = 4  # server: concurrent sync streams one peer may hold ...
+TOTAL_STREAMS = 64  # ... and all peers together (see atdnode.transport.limits)
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +53,40 @@ class SyncResult:
     received: int = 0
     added: int = 0
     rejected: int = 0
+    added_ids: list[bytes] = field(default_factory=list)  # entries the peer held and we lacked
 
 
 def _decode(frame: bytes) -> dict:
+    """Decode one sync frame: a map holding at most one nested map (heads) or array (entries)."""
+    budget = DecodeBudget(maps=2, lists=1)
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        msg = msgpack.unpackb(
+            frame, raw=False, strict_map_key=False, object_hook=budget.map, list_hook=budget.list,
+            max_map_len=MAX_AUTHORS, max_array_len=MAX_BATCH_ENTRIES, max_str_len=4096,
+            max_bin_len=MAX_SYNC_FRAME, max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise SyncProtocolError(f"undecodable sync frame: {exc}") from exc
+        raise SyncProtocolError(f"undecodable sync frame: {str(exc)[:200]}") from exc
     if not isinstance(msg, dict) or "t" not in msg:
         raise SyncProtocolError("sync frame is not a typed map")
     return msg
 
 
-async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
-    """Answer one heads request on `stream` with the entries the requester lacks."""
+async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None) -> None:
+    """Answer one heads request on `stream` with the entries the requester lacks.
+
+    With `limits`, a peer over its share of concurrent sync streams is reset before any
+    read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
+    non-reading peer holds a stream (and its buffers) for a bounded time.
+    """
+    lease = limits.try_acquire(stream.remote_peer) if limits is not None else None
+    if limits is not None and lease is None:
+        log.info("sync stream from %s refused: too many concurrent sync streams", stream.remote_peer)
+        await stream.reset()
+        return
     try:
-        msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
+        with trio.fail_after(IDLE_TIMEOUT):
+            msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
         heads = msg.get("heads")
         if msg["t"] != "heads" or not isinstance(heads, dict) or len(heads) > MAX_AUTHORS:
             raise SyncProtocolError("expected a heads map")
@@ -79,21 +102,29 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess) -> None:
         for raw in missing:
             batch.append(raw)
             size += len(raw)
-            if size >= BATCH_BYTES:
-                await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+            if size >= BATCH_BYTES or len(batch) >= MAX_BATCH_ENTRIES:
+                with trio.fail_after(IDLE_TIMEOUT):
+                    await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
                 sent += len(batch)
                 batch, size = [], 0
-        if batch:
-            await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
-            sent += len(batch)
-        await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
+        with trio.fail_after(IDLE_TIMEOUT):
+            if batch:
+                await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
+                sent += len(batch)
+            await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
+        await stream.reset()
+        return
+    except trio.TooSlowError:
+        log.info("sync stream from %s idle for %.0f s; reset", stream.remote_peer, IDLE_TIMEOUT)
         await stream.reset()
         return
     except TransportError as exc:
         log.info("sync stream to %s ended early: %s", stream.remote_peer, exc)
     finally:
+        if lease is not None:
+            lease.release()
         await stream.close()
 
 
@@ -139,6 +170,7 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
             result.received += len(entries)
             merged = await ledger.merge(entries)
             result.added += len(merged.added)
+            result.added_ids.extend(merged.added)
             result.rejected += len(merged.rejected)
     except StreamClosed as exc:
         raise SyncProtocolError("peer closed the sync stream before its end marker") from exc

@@ -37,7 +37,7 @@ from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Ledger
 from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter
-from protocols.split_parts import build_plain_embedder, digits_targets
+from protocols.split_parts import build_plain_embedder, digits_targets, new_embedder_state
 
 TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
          {"name": "ink", "kind": "segmentation", "loss_weight": 0.5}]
@@ -101,7 +101,7 @@ def inprocess_run(algo: str, s: SplitSettings, n: int) -> tuple[float, dict]:
     kw = dict(lr=s.lr, weight_decay=s.weight_decay, seed=s.seed)
     t0 = time.perf_counter()
     if algo == "pfesta":
-        emb = build_plain_embedder(cfg, seed=s.embedder_seed)
+        emb = build_plain_embedder(cfg, state=new_embedder_state(cfg))  # the clients' secret
         res = pfesta.run_pfesta_inprocess(
             pfesta.PFestaServer(cfg, list(specs.values()), batch_size=s.batch_size, **kw),
             [pfesta.PFestaClient(t, cfg, specs[t], x, y, emb, lr=s.lr, seed=0) for t, (x, y) in data.items()],

@@ -2,8 +2,9 @@
 
 Each module in `cli/commands/` exposes `register(app: typer.Typer) -> None` and is
 discovered here, so commands live in their own modules and nobody edits a central list.
-Errors derived from `AtdError` (or any `LedgerError`) print as one line on stderr and
-exit non-zero; they never show a traceback.
+Every failure (usage errors of whichever click typer bundles, `AtdError`/`LedgerError`,
+OS errors, errors inside trio ExceptionGroups) prints as one line on stderr and exits
+non-zero; none shows a traceback (`cli.failure`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import sys
 import typer
 
 from cli import commands
-from atdnode.errors import AtdError
 
 app = typer.Typer(
     name="atd",
@@ -36,35 +36,22 @@ def _register_all() -> None:
 _register_all()
 
 
-def main() -> None:
-    """Console-script entry point: turn known errors into one clear line + exit code."""
-    from ledger.errors import LedgerError
+def run(argv: list[str] | None = None) -> int:
+    """Run one `atd` command line; return its exit code. Never raises, never prints a
+    traceback: every failure is one `error: ...` line on stderr (see `cli.failure`)."""
+    from cli.failure import report
 
     try:
-        rc = app(standalone_mode=False)
-        if isinstance(rc, int) and rc != 0:  # e.g. 130 after Ctrl-C in non-standalone mode
-            sys.exit(rc)
-    except (AtdError, LedgerError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(getattr(exc, "exit_code", 1))
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and friends
-        import click
+        rc = app(args=argv, prog_name="atd", standalone_mode=False)
+    except BaseException as exc:  # noqa: BLE001 - the one place that reports everything
+        return report(exc)
+    # non-standalone mode returns the code of a typer.Exit (e.g. 130 after Ctrl-C)
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, OSError):
-            typer.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-        raise
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(run())
 
 
 if __name__ == "__main__":

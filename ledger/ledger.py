@@ -14,6 +14,7 @@ processes may open the same file (SQLite locking, one transaction per append / m
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -86,8 +87,9 @@ class Ledger:
         """Sign and store the signer's next entry (one transaction). Raises Equivocation /
         RevokedAuthor for a signer that may not write, NotAdmin / UnknownAuthor for a member
         entry it may not make, WrongConsortium for a second genesis. The entry of a signer
-        not (yet) admitted is stored held and enters the log once its admission arrives."""
-        with self._lock, self._store.transaction():
+        not (yet) admitted is stored held and enters the log once its admission arrives.
+        The entry is durable (fsynced) when this returns."""
+        with self._lock, self._store.transaction(durable=True):
             s = self._store
             me = signer.public_key
             if s.frozen_seq(me) is not None:
@@ -223,6 +225,21 @@ class Ledger:
             res.rejected = rejected + res.rejected
             return res
 
+    def expire_held(self, ttl: float, *, now: float | None = None) -> int:
+        """Delete held entries of unknown authors first held more than `ttl` seconds ago
+        (issue 11: what non-members can park here expires); returns how many. Genesis
+        entries and entries of (even revoked) members are kept. Sync fetches an expired
+        entry again if it ever becomes admissible."""
+        now = time.time() if now is None else now
+        with self._lock, self._store.transaction():
+            c = self._store.conn
+            c.execute("INSERT OR IGNORE INTO seen(id, at) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
+            ids = {r[0] for r in c.execute(
+                "SELECT e.id FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
+                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))}
+            self._store.remove_rows(ids)
+            return len(ids)
+
     def _merge_members_only(self, parsed: list[Entry], early: list) -> MergeResult:
         """Rounds of `Batch`es in one transaction: each stores the entries whose authors are
         (by then) accepted members; admissions stored in one round admit the next round's."""
@@ -261,6 +278,19 @@ class Ledger:
             q = _SELECT + " WHERE id=?" + ("" if include_held else " AND state=0")
             row = self._store.conn.execute(q, (entry_id,)).fetchone()
             return None if row is None else _entry(row)
+
+    def find_prefix(self, prefix: str, *, kinds: tuple[str, ...] | None = None, limit: int = 2) -> list[Entry]:
+        """Log entries whose hex id starts with `prefix` (hex digits, any length), optionally
+        of `kinds`; at most `limit` of them (an index range scan, not a full scan)."""
+        p = prefix.lower()
+        if not p or len(p) > 64 or any(c not in "0123456789abcdef" for c in p):
+            return []
+        lo, hi = bytes.fromhex((p + "0" * 64)[:64]), bytes.fromhex((p + "f" * 64)[:64])
+        q, args = _SELECT + " WHERE id BETWEEN ? AND ? AND state=0", [lo, hi]
+        if kinds:
+            q, args = q + f" AND kind IN ({','.join('?' * len(kinds))})", args + list(kinds)
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(q + " LIMIT ?", args + [limit])]
 
     def state(self, entry_id: bytes) -> str | None:
         """'log', 'held', 'evidence', or None when not stored."""

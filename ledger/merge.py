@@ -6,9 +6,11 @@ membership or reveal a fork (genesis / member entries, a conflicting or mis-link
 an entry of a revoked member) marks the batch for a full re-derivation at the end
 (`membership.derive` over every stored row), so the outcome never depends on arrival order.
 
-Caps: at most MAX_WAITING_PER_AUTHOR non-log entries per author and MAX_WAITING_TOTAL held
-entries overall from non-members; beyond them entries are rejected (they can be re-sent by
-sync later). These bound what a flood of unadmitted keys can make a node store.
+Caps: at most MAX_WAITING_PER_AUTHOR non-log entries (and MAX_WAITING_BYTES_PER_AUTHOR bytes)
+per author, and MAX_WAITING_TOTAL held entries (MAX_WAITING_BYTES_TOTAL bytes) overall from
+non-members; beyond them entries are rejected (they can be re-sent by sync later). These
+bound what a flood of unadmitted keys -- or a member sending far-ahead entries -- can make a
+node store (issue 11).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from ledger.store import Store
 
 MAX_WAITING_PER_AUTHOR = 4096
 MAX_WAITING_TOTAL = 100_000
+MAX_WAITING_BYTES_PER_AUTHOR = 64 << 20
+MAX_WAITING_BYTES_TOTAL = 256 << 20
 
 
 @dataclass
@@ -136,8 +140,12 @@ class Batch:
                 self._promote(e.author, e.seq + 1)
             return None
 
+        size = len(e.payload) + len(e.sig)
         if s.count_waiting(e.author) >= MAX_WAITING_PER_AUTHOR or (
-            status is None and s.count_waiting() >= MAX_WAITING_TOTAL
+            s.waiting_bytes(e.author) + size > MAX_WAITING_BYTES_PER_AUTHOR
+        ) or (
+            status is None and (s.count_waiting() >= MAX_WAITING_TOTAL
+                                or s.waiting_bytes() + size > MAX_WAITING_BYTES_TOTAL)
         ):
             cls = UnknownAuthor if status is None else SeqGap
             return cls("too many entries of this author are already waiting", **where)

@@ -1,7 +1,8 @@
 """SQLite persistence of the ledger: schema, rows, and the store's own hash chain.
 
 Every stored entry is one row of `entries`, appended at position `pos` = 1, 2, ... and never
-deleted; `payload` and `sig` are the exact signed bytes, the other entry columns are
+deleted, except held entries of unknown authors that expire (`remove_rows`, which re-links
+the chain after them; `seen` records when a row was stored); `payload` and `sig` are the exact signed bytes, the other entry columns are
 indexes that verification cross-checks against the payload. `state` is the derived
 placement (log / held / evidence, see membership.py). `link` chains the rows in insertion
 order — link_i = sha256(LINK_DOMAIN + link_{i-1} + id_i) — and `meta` keeps the row count
@@ -71,6 +72,8 @@ class Store:
         try:
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
             self.conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL for merges (a merged entry lost to a power cut is fetched again from its
+            # peers); own appends switch to FULL per transaction (see `transaction(durable=True)`).
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=30000")
             self.conn.executescript(_SCHEMA)
@@ -91,9 +94,22 @@ class Store:
 
     # --- transactions ------------------------------------------------------------------
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, durable: bool = False) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); the row count / tip header is
-        read once at the start and written once at the end."""
+        read once at the start and written once at the end.
+
+        durable=True (the node's own appends): the commit returns only once the WAL is
+        fsynced (synchronous=FULL), so an entry that may be gossiped is never lost to a
+        crash or power cut -- losing it would make the node re-sign that seq (issue 11).
+        """
+        if durable:
+            self.conn.execute("PRAGMA synchronous=FULL")
+            try:
+                with self.transaction():
+                    yield
+            finally:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             header = dict(self.conn.execute("SELECT key, value FROM meta WHERE key IN ('count', 'tip')"))
@@ -135,7 +151,7 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
-        # when this node stored it (unsigned local fact, for display: `atd ledger show`)
+        # when this node stored it (unsigned local fact, for display: `atd ledger show`; held rows expire by it)
         self.conn.execute("INSERT OR IGNORE INTO seen(id, at) VALUES (?, ?)", (row.id, time.time()))
 
     def stored_at(self, ids: list[bytes]) -> dict[bytes, float]:
@@ -146,6 +162,28 @@ class Store:
             q = f"SELECT id, at FROM seen WHERE id IN ({','.join('?' * len(part))})"
             out.update(dict(self.conn.execute(q, part)))
         return out
+
+    def remove_rows(self, ids: set[bytes]) -> None:
+        """Delete the rows `ids` and renumber / re-link every row after the first of them
+        (inside a transaction). Used only to expire held entries of unknown authors."""
+        if not ids:
+            return
+        q = ",".join("?" * len(ids))
+        first = self.conn.execute(f"SELECT MIN(pos) FROM entries WHERE id IN ({q})", list(ids)).fetchone()[0]
+        if first is None:
+            return
+        r = self.conn.execute("SELECT link FROM entries WHERE pos=?", (first - 1,)).fetchone()
+        link = r[0] if r else ZERO
+        self.conn.execute(f"DELETE FROM entries WHERE id IN ({q})", list(ids))
+        self.conn.execute(f"DELETE FROM seen WHERE id IN ({q})", list(ids))
+        keep = self.conn.execute("SELECT pos, id FROM entries WHERE pos>=? ORDER BY pos", (first,)).fetchall()
+        self.conn.execute("UPDATE entries SET pos=-pos WHERE pos>=?", (first,))
+        n = first - 1
+        for pos, eid in keep:
+            n += 1
+            link = next_link(link, eid)
+            self.conn.execute("UPDATE entries SET pos=?, link=? WHERE pos=?", (n, link, -pos))
+        self._count, self._tip = n, link
 
     def has(self, entry_id: bytes) -> bool:
         return self.conn.execute("SELECT 1 FROM entries WHERE id=?", (entry_id,)).fetchone() is not None
@@ -186,6 +224,14 @@ class Store:
         return self.conn.execute(
             "SELECT COUNT(*) FROM entries WHERE author=? AND state!=?", (author, LOG)
         ).fetchone()[0]
+
+    def waiting_bytes(self, author: bytes | None = None) -> int:
+        """Bytes of held rows in total, or of an author's non-log rows (held + evidence)."""
+        if author is None:
+            q, args = "SELECT SUM(LENGTH(payload) + LENGTH(sig)) FROM entries WHERE state=?", (HELD,)
+        else:
+            q, args = "SELECT SUM(LENGTH(payload) + LENGTH(sig)) FROM entries WHERE author=? AND state!=?", (author, LOG)
+        return self.conn.execute(q, args).fetchone()[0] or 0
 
     def max_log_lamport(self) -> int:
         r = self.conn.execute("SELECT MAX(lamport) FROM entries WHERE state=?", (LOG,)).fetchone()

@@ -1,6 +1,6 @@
 """Full re-verification of a ledger store from its raw rows.
 
-Reads rows in insertion order in batches and, for each: the position is the next one,
+First SQLite's `PRAGMA integrity_check` (pages, indexes). Then it reads rows in insertion order in batches and, for each: the position is the next one,
 the Ed25519 signature verifies over DOMAIN + stored payload, the stored id is the SHA-256
 of those same bytes (hashed directly, never re-encoded), the indexed columns equal the
 signed fields, and the store's hash chain link is right. Then it re-derives log placement,
@@ -44,6 +44,7 @@ class VerifyReport:
 def verify_store(store: Store) -> VerifyReport:
     """Raise the first LedgerError found in the store; return a report when it is intact."""
     try:
+        _integrity(store)
         store.conn.execute("BEGIN")  # one read snapshot, even while another process appends
         try:
             return _verify(store)
@@ -51,6 +52,14 @@ def verify_store(store: Store) -> VerifyReport:
             store.conn.execute("ROLLBACK")
     except sqlite3.DatabaseError as exc:
         raise TamperedStore(f"ledger database is unreadable: {exc}") from None
+
+
+def _integrity(store: Store) -> None:
+    """SQLite's own page-level check: catches bit flips that leave rows readable but wrong
+    (an index that disagrees with its table answers heads and queries wrongly)."""
+    problems = [r[0] for r in store.conn.execute("PRAGMA integrity_check(20)")]
+    if problems != ["ok"]:
+        raise TamperedStore(f"ledger database failed SQLite's integrity check: {'; '.join(problems)[:300]}")
 
 
 def _verify(store: Store) -> VerifyReport:

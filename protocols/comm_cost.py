@@ -28,7 +28,10 @@ a FedAvg every n rounds. ``F``/``G``/``B``/``D`` count per sample, which makes `
 - ``T_SL     = 2BR(F+G)``            U-shaped split: features up and back, gradients up and back;
 - ``T_FESTA  = 2BR(F+G) + 2R/n (Ph+Pt)``  split traffic plus head/tail averaging;
 - ``T_pFESTA = DF + BR(F+G) + 2R Pt/n``   one upload of permuted embeddings, then per
-  sample the body output down and its gradient up, plus tail averaging.
+  sample the body output down and its gradient up, plus tail averaging;
+- ``T_MSD    = DF + Pb``             (MSD Eq. 8) one upload of permuted embeddings, the
+  distilled body down once; fine-tuning is local. The clients' embedder secret (Ph) is
+  sealed on the ledger, not sent to the server, and is not counted.
 
 Frame headers (tens of bytes per message) are counted in wire bytes but not by the
 formulas; at realistic batch sizes they are well under 1 %.
@@ -172,11 +175,17 @@ def t_pfesta(p: CostParams) -> float:
     return p.D * p.F + p.B * p.R * (p.F + p.G) + 2 * p.R * p.Pt / p.n
 
 
-FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta}
+def t_msd(p: CostParams) -> float:
+    """MSD, Eq. 8: every sample's permuted embeddings up once (D F), the pre-trained body down
+    once (Pb); a single round, so B, R, n, G, Ph and Pt do not enter."""
+    return p.D * p.F + p.Pb
+
+
+FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta, "msd": t_msd}
 
 
 def formulas(p: CostParams) -> dict[str, float]:
-    """All four formulas for the same parameters."""
+    """Every formula (FL, SL, FESTA, p-FESTA, MSD Eq. 8) for the same parameters."""
     return {name: f(p) for name, f in FORMULAS.items()}
 
 

@@ -26,6 +26,13 @@ that does not match, or any tampering; :class:`EnvelopeError` for a blob that
 is not a well-formed envelope or whose decrypted contents contradict its
 header. :func:`envelope_info` reads the public header without a key, so a node
 can record on the ledger who may read what.
+
+:func:`seal_bytes` / :func:`open_sealed_bytes` seal an opaque payload (e.g. a p-FESTA
+campaign's secret embedder as safetensors bytes) with the same key wrapping; their
+envelope is ``{"v": 1, "alg": ALG, "purpose": str, "sender", "sender_pub", "eph_pub",
+"size": len(payload), "recipients", "nonce", "ct"}`` and its associated data
+(domain ``atd-sealed-bytes-v1``) binds the purpose, so a features envelope never opens as
+a secret or the other way round.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["seal", "open_sealed", "envelope_info", "public_bytes", "Opened",
+__all__ = ["seal", "open_sealed", "envelope_info", "seal_bytes", "open_sealed_bytes", "public_bytes", "Opened",
+           "sealed_bytes_info",
            "FeatureCryptoError", "DecryptionError", "EnvelopeError", "ALG"]
 
 ALG = "X25519-HKDF-SHA256-ChaCha20Poly1305"
@@ -83,6 +91,19 @@ def seal(features: np.ndarray, labels: np.ndarray, class_names: Sequence[str],
     read them. Raises :class:`EnvelopeError` for bad arrays or keys."""
     feats = _check_features(features)
     labs = _check_labels(labels, len(feats), class_names)
+    pubs = _recipient_keys(recipients)
+    eph = X25519PrivateKey.generate()
+    header = {"v": 1, "alg": ALG, "sender": str(sender_id), "sender_pub": public_bytes(sender_private),
+              "eph_pub": public_bytes(eph), "shape": list(feats.shape), "dtype": _FEATURES_DTYPE,
+              "labels_dtype": _LABELS_DTYPE, "n_classes": len(class_names),
+              "recipients": [{"id": rid, "pub": public_bytes(pubs[rid])} for rid in sorted(pubs)]}
+    payload = msgpack.packb({"features": feats.astype(_FEATURES_DTYPE, copy=False).tobytes(),
+                             "labels": labs.astype(_LABELS_DTYPE, copy=False).tobytes(),
+                             "classes": list(class_names)}, use_bin_type=True)
+    return _encrypt(header, _associated_data(header), payload, eph, sender_private, pubs)
+
+
+def _recipient_keys(recipients: Mapping[str, bytes | X25519PublicKey]) -> dict[str, X25519PublicKey]:
     if not recipients:
         raise EnvelopeError("need at least one recipient")
     pubs = {}
@@ -90,44 +111,84 @@ def seal(features: np.ndarray, labels: np.ndarray, class_names: Sequence[str],
         if not isinstance(rid, str) or not rid:
             raise EnvelopeError(f"recipient ids must be non-empty strings, got {rid!r}")
         pubs[rid] = _load_public(pub, f"recipient {rid!r}")
-    eph = X25519PrivateKey.generate()
-    header = {"v": 1, "alg": ALG, "sender": str(sender_id), "sender_pub": public_bytes(sender_private),
-              "eph_pub": public_bytes(eph), "shape": list(feats.shape), "dtype": _FEATURES_DTYPE,
-              "labels_dtype": _LABELS_DTYPE, "n_classes": len(class_names),
-              "recipients": [{"id": rid, "pub": public_bytes(pubs[rid])} for rid in sorted(pubs)]}
-    ad = _associated_data(header)
+    return pubs
+
+
+def _encrypt(header: dict[str, Any], ad: bytes, payload: bytes, eph: X25519PrivateKey,
+             sender_private: X25519PrivateKey, pubs: Mapping[str, X25519PublicKey]) -> bytes:
+    """Wrap a fresh content key for every recipient of ``header`` and encrypt ``payload``."""
     content_key = ChaCha20Poly1305.generate_key()
     for entry in header["recipients"]:
         wrap = _wrap_key(eph, sender_private, header, entry, pubs[entry["id"]])
         entry["nonce"] = os.urandom(12)
         entry["key"] = ChaCha20Poly1305(wrap).encrypt(entry["nonce"], content_key, ad)
-    payload = msgpack.packb({"features": feats.astype(_FEATURES_DTYPE, copy=False).tobytes(),
-                             "labels": labs.astype(_LABELS_DTYPE, copy=False).tobytes(),
-                             "classes": list(class_names)}, use_bin_type=True)
     nonce = os.urandom(12)
     return msgpack.packb({**header, "nonce": nonce, "ct": ChaCha20Poly1305(content_key).encrypt(nonce, payload, ad)},
                          use_bin_type=True)
 
 
-def open_sealed(blob: bytes, my_private: X25519PrivateKey, my_id: str) -> Opened:
-    """Decrypt an envelope addressed to ``my_id``; see the module doc for errors."""
-    env = _parse(blob)
+def _decrypt(env: Mapping[str, Any], ad: bytes, my_private: X25519PrivateKey, my_id: str) -> bytes:
+    """The payload of a parsed envelope addressed to ``my_id`` (DecryptionError otherwise)."""
     entry = next((r for r in env["recipients"] if r["id"] == my_id), None)
     if entry is None:
         raise DecryptionError(f"{my_id!r} is not a recipient of this envelope "
                               f"(recipients: {', '.join(r['id'] for r in env['recipients'])})")
     if entry["pub"] != public_bytes(my_private):
         raise DecryptionError(f"the envelope was sealed to another key for {my_id!r}")
-    ad = _associated_data(env)
     eph_pub = _load_public(env["eph_pub"], "eph_pub", EnvelopeError)
     sender_pub = _load_public(env["sender_pub"], "sender_pub", EnvelopeError)
     wrap = _unwrap_key(my_private, eph_pub, sender_pub, env, entry)
     try:
         content_key = ChaCha20Poly1305(wrap).decrypt(entry["nonce"], entry["key"], ad)
-        payload = ChaCha20Poly1305(content_key).decrypt(env["nonce"], env["ct"], ad)
+        return ChaCha20Poly1305(content_key).decrypt(env["nonce"], env["ct"], ad)
     except (InvalidTag, ValueError):
         raise DecryptionError("envelope was tampered with (authentication failed)") from None
-    return _decode_payload(payload, env)
+
+
+def seal_bytes(payload: bytes, recipients: Mapping[str, bytes | X25519PublicKey],
+               sender_private: X25519PrivateKey, *, purpose: str, sender_id: str = "") -> bytes:
+    """Encrypt an opaque ``payload`` for ``recipients`` (id -> X25519 public key); ``purpose``
+    names what it is and must match on opening. EnvelopeError for bad keys or arguments."""
+    if not isinstance(payload, (bytes, bytearray)):
+        raise EnvelopeError("payload must be bytes")
+    if not isinstance(purpose, str) or not purpose:
+        raise EnvelopeError("purpose must be a non-empty string")
+    pubs = _recipient_keys(recipients)
+    eph = X25519PrivateKey.generate()
+    header = {"v": 1, "alg": ALG, "purpose": purpose, "sender": str(sender_id),
+              "sender_pub": public_bytes(sender_private), "eph_pub": public_bytes(eph), "size": len(payload),
+              "recipients": [{"id": rid, "pub": public_bytes(pubs[rid])} for rid in sorted(pubs)]}
+    return _encrypt(header, _bytes_ad(header), bytes(payload), eph, sender_private, pubs)
+
+
+def open_sealed_bytes(blob: bytes, my_private: X25519PrivateKey, my_id: str, *, purpose: str) -> bytes:
+    """The payload of a :func:`seal_bytes` envelope addressed to ``my_id`` for ``purpose``."""
+    env = _parse(blob, _BYTES_SCHEMA)
+    if env["purpose"] != purpose:
+        raise EnvelopeError(f"envelope is for {env['purpose']!r}, not {purpose!r}")
+    payload = _decrypt(env, _bytes_ad(env), my_private, my_id)
+    if len(payload) != env["size"]:
+        raise EnvelopeError(f"payload holds {len(payload)} bytes, header says {env['size']}")
+    return payload
+
+
+def sealed_bytes_info(blob: bytes) -> dict[str, Any]:
+    """The public header of a :func:`seal_bytes` envelope (not authenticated until opened)."""
+    env = _parse(blob, _BYTES_SCHEMA)
+    return {"purpose": env["purpose"], "sender": env["sender"], "sender_pub": env["sender_pub"].hex(),
+            "recipients": [r["id"] for r in env["recipients"]], "size": env["size"]}
+
+
+def _bytes_ad(env: Mapping[str, Any]) -> bytes:
+    fields = ("v", "alg", "purpose", "sender", "sender_pub", "eph_pub", "size")
+    return msgpack.packb([b"atd-sealed-bytes-v1"] + [env[f] for f in fields]
+                         + [[(r["id"], r["pub"]) for r in env["recipients"]]], use_bin_type=True)
+
+
+def open_sealed(blob: bytes, my_private: X25519PrivateKey, my_id: str) -> Opened:
+    """Decrypt an envelope addressed to ``my_id``; see the module doc for errors."""
+    env = _parse(blob)
+    return _decode_payload(_decrypt(env, _associated_data(env), my_private, my_id), env)
 
 
 def envelope_info(blob: bytes) -> dict[str, Any]:
@@ -202,7 +263,11 @@ _SCHEMA = {"v": int, "alg": str, "sender": str, "sender_pub": bytes, "eph_pub": 
 _RECIPIENT = {"id": str, "pub": bytes, "nonce": bytes, "key": bytes}
 
 
-def _parse(blob: bytes) -> dict[str, Any]:
+_BYTES_SCHEMA = {"v": int, "alg": str, "purpose": str, "sender": str, "sender_pub": bytes, "eph_pub": bytes,
+                 "size": int, "recipients": list, "nonce": bytes, "ct": bytes}
+
+
+def _parse(blob: bytes, schema: Mapping[str, type] = _SCHEMA) -> dict[str, Any]:
     if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) > _MAX_ENVELOPE:
         raise EnvelopeError("envelope must be bytes of a sane size")
     try:
@@ -211,14 +276,15 @@ def _parse(blob: bytes) -> dict[str, Any]:
         raise EnvelopeError(f"not a msgpack envelope: {e}") from None
     if not isinstance(env, dict) or env.get("v") != 1 or env.get("alg") != ALG:
         raise EnvelopeError(f"not a version-1 {ALG} envelope")
-    for field, kind in _SCHEMA.items():
+    for field, kind in schema.items():
         if type(env.get(field)) is not kind:
             raise EnvelopeError(f"envelope field {field!r} missing or not {kind.__name__}")
-    shape = env["shape"]
-    if len(shape) != 2 or not all(type(d) is int and d >= 0 for d in shape):
-        raise EnvelopeError(f"envelope shape must be [N, D], got {shape!r}")
-    if env["dtype"] != _FEATURES_DTYPE or env["labels_dtype"] != _LABELS_DTYPE:
-        raise EnvelopeError(f"unsupported dtypes {env['dtype']!r}/{env['labels_dtype']!r}")
+    if schema is _SCHEMA:
+        shape = env["shape"]
+        if len(shape) != 2 or not all(type(d) is int and d >= 0 for d in shape):
+            raise EnvelopeError(f"envelope shape must be [N, D], got {shape!r}")
+        if env["dtype"] != _FEATURES_DTYPE or env["labels_dtype"] != _LABELS_DTYPE:
+            raise EnvelopeError(f"unsupported dtypes {env['dtype']!r}/{env['labels_dtype']!r}")
     ids = []
     for r in env["recipients"]:
         if not isinstance(r, dict) or any(type(r.get(f)) is not k for f, k in _RECIPIENT.items()):

@@ -16,11 +16,15 @@ One training step, as messages (kind: sender -> receiver, tensor)::
 with T = N patch tokens (default, tails average them) or 1+N with ``class_token=True``.
                                                             client updates head + tail
 
-Every ``unifying_rounds`` rounds, clients of the same task upload head+tail
-(``state_up``) and receive the sample-weighted average (``state_down``). Phase 2 freezes
-the body and keeps training (and unifying) heads and tails through it.
+The body takes one step per synchronous step on the task-averaged client gradients
+(Algorithm 1 l.12, see :mod:`protocols.split_server`). Every ``unifying_rounds`` rounds,
+clients of the same task upload head+tail (``state_up``) and receive their uniform
+average (``state_down``; sample-weighted with ``part_weighting="samples"``). Phase 2
+freezes the body and keeps training (and unifying) heads and tails through it.
 """
 from __future__ import annotations
+
+import copy
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +39,7 @@ from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError
 
 TRAIN_KINDS = ("forward", "body_out", "grad_out", "grad_in", "state_up", "state_down")
+CALIBRATION_SAMPLES = 512  # training images whose body outputs fix the tail's BatchNorm at evaluation
 
 
 class FestaServer(BodyServer):
@@ -139,10 +144,16 @@ class FestaClient:
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
-        """Task metric on held-out data; ``infer`` carries head features through the server body."""
+        """Task metric on held-out data; ``infer`` carries head features through the server body.
+        The tail's BatchNorm statistics (avg pooling) are first recomputed at the final body
+        from up to ``CALIBRATION_SAMPLES`` training images (:meth:`TaskTail.calibrate`)."""
         self.head.eval()
-        self.tail.eval()
-        outs = [self.tail(infer(self.head(images[i:i + batch_size])))
+        tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
+        if tail.pool == "avg":
+            n = min(self.num_samples, CALIBRATION_SAMPLES)
+            tail.calibrate(torch.cat([tail.pooled(infer(self.head(self.images[i:i + batch_size])))
+                                      for i in range(0, n, batch_size)]))
+        outs = [tail(infer(self.head(images[i:i + batch_size])))
                 for i in range(0, images.shape[0], batch_size)]
         return task_metric(self.task, torch.cat(outs), targets)
 
@@ -201,6 +212,8 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
                 y = server.forward(cid, m.meta["task"], m.tensors["x"])
                 if vanish.get(cid) == (r, s):
                     gone.add(cid)
+                    # the others wait at the step barrier until the deadline drops it
+                    server.drop_client(cid, f"missed the round {r} deadline")
                     continue  # the client is gone: no gradient will come back
                 m = ch.send(cid, "down", "body_out", {"y": y})
                 g, loss = c.tail_step(m.tensors["y"])

@@ -95,7 +95,9 @@ class MSDNet(nn.Module):
         super().__init__()
         self.body = SplitBody(mcfg, seed=seed)
         self.norm = nn.LayerNorm(mcfg.embed_dim, eps=1e-6)
-        self.head = ProjectionHead(mcfg.embed_dim, cfg)
+        with torch.random.fork_rng(devices=[]):  # deterministic from the seed, not the caller's RNG
+            torch.manual_seed(seed + 7)
+            self.head = ProjectionHead(mcfg.embed_dim, cfg)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, K, D) -> (B, out_dim)
         return self.head(self.norm(self.body(tokens)).mean(1))

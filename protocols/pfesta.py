@@ -17,6 +17,9 @@ by the mean over tokens; segmentation tails see tokens back in image order.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
+
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +33,7 @@ from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
 
 TRAIN_KINDS = ("upload", "body_out", "grad_out", "state_up", "state_down")
+CALIBRATION_SAMPLES = 512  # training images whose body outputs fix the tail's BatchNorm at evaluation
 
 
 def random_permutations(batch: int, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -45,6 +49,12 @@ def permute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 def unpermute_tokens(tokens: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`permute_tokens` (differentiable: gradients flow back permuted)."""
     return permute_tokens(tokens, torch.argsort(perm, dim=1))
+
+
+def client_seed(seed: int, client_id: str) -> int:
+    """A 63-bit seed from a campaign seed and a client id (stable across processes)."""
+    digest = hashlib.sha256(f"{seed}\x00{client_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class FeatureStore:
@@ -121,12 +131,14 @@ class PFestaServer(BodyServer):
         self.store.receive(client_id, start, feats)
 
     def next_indices(self, client_id: str) -> list[int]:
-        """The server's choice of the client's next training batch."""
+        """The server's choice of the client's next training batch: a per-client shuffle whose
+        seed is a function of the campaign seed and the client id only (not of the order in
+        which clients joined or how far the body got), so the schedule is reproducible."""
         self.task_of(client_id)
         if client_id not in self._samplers:
             n = self.store.features[client_id].shape[0]
             self._samplers[client_id] = BatchSampler(n, min(self.batch_size, n),
-                                                     seed=self.seed + self.version + len(self._samplers))
+                                                     seed=client_seed(self.seed, client_id))
         return self._samplers[client_id].next().tolist()
 
     def forward(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
@@ -213,12 +225,20 @@ class PFestaClient:
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,
                  infer: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 256) -> dict[str, float]:
-        """Task metric on held-out images, sent permuted like training data."""
-        self.tail.eval()
+        """Task metric on held-out images, sent permuted like training data. First the tail's
+        BatchNorm statistics are recomputed at the final body from up to ``CALIBRATION_SAMPLES``
+        of this client's training images (:meth:`TaskTail.calibrate`; extra evaluation traffic,
+        not part of the paper's T_pFESTA)."""
+        tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
+        pooled = []
+        for i in range(0, min(self.num_samples, CALIBRATION_SAMPLES), batch_size):
+            feats, keys = self.embed(self.images[i:i + batch_size])
+            pooled.append(tail.pooled(unpermute_tokens(infer(feats), keys)))
+        tail.calibrate(torch.cat(pooled))
         outs = []
         for i in range(0, images.shape[0], batch_size):
             feats, keys = self.embed(images[i:i + batch_size])
-            outs.append(self.tail(unpermute_tokens(infer(feats), keys)))
+            outs.append(tail(unpermute_tokens(infer(feats), keys)))
         return task_metric(self.task, torch.cat(outs), targets)
 
     def cost_params(self, *, batch_size: int, steps_per_round: int, rounds: int, unifying_rounds: int,
@@ -264,6 +284,8 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
                 m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
                 if vanish.get(cid) == (r, s):
                     gone.add(cid)
+                    # the others wait at the step barrier until the deadline drops it
+                    server.drop_client(cid, f"missed the round {r} deadline")
                     continue  # gone: its gradient never arrives
                 g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
                 server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])

@@ -1,11 +1,9 @@
 """Privacy check for p-FESTA: can whoever sees the uploaded patch embeddings rebuild the images?
 
-Threat model of :func:`decoder_attack` (the p-FESTA paper's): the attacker (the server,
-or anyone reading the uploads) sees the embeddings, and has *public* images of the same
-domain. It turns the public images into what it would observe — embeddings, permuted
-per image when clients permute — and trains a decoder observation -> image, then applies
-it to the private observations. Reported: MSE and SSIM against the private images, next to
-the trivial "predict the mean public image" baseline.
+The p-FESTA paper's attacker, who does not know the embedder (§III-B), is in
+`protocols.inversion_attack`; this module holds what it and the tests share
+(:func:`observed_features`, :func:`mse`, :func:`ssim`) and the attacker the secret
+is there to stop.
 
 :func:`known_embedder_attack` is a stronger attacker that knows the shared frozen embedder
 (projection ``W``, bias ``b``, position table ``pos``). Every token is ``W p + b + pos_j``;
@@ -14,31 +12,18 @@ outside ``range(W)``, so an assignment per image undoes the permutation and leas
 inverts ``W``. Permutation alone therefore does not hide images from a party that knows the
 embedder when the embedding is wider than a patch; with ``D == C*p*p`` (ViT-B/16 on RGB:
 768 = 3*16*16) this particular attack has nothing to match on, though priors such as the
-pixel range ([0, 1]) could still single out positions. Treat permutation as protection
-against parties that do not hold the embedder, and keep the embedder away from the server.
+pixel range ([0, 1]) could still single out positions. Permutation protects only against
+parties that do not hold the embedder: that is why the embedder is the clients' secret
+(`atdnode.split.secret`) and the server never sees it.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as Fn
 from scipy.optimize import linear_sum_assignment
-from torch import nn
 
 from protocols.pfesta import permute_tokens, random_permutations
-from protocols.split_parts import BatchSampler, TimmStem
-
-
-@dataclass(frozen=True)
-class AttackConfig:
-    """The attacker's decoder training budget."""
-
-    hidden: int = 512
-    steps: int = 400
-    batch_size: int = 64
-    lr: float = 2e-3
-    seed: int = 0
+from protocols.split_parts import TimmStem
 
 
 @torch.no_grad()
@@ -49,37 +34,6 @@ def observed_features(embedder: TimmStem, images: torch.Tensor, *, permute: bool
     if permute:
         tokens = permute_tokens(tokens, random_permutations(tokens.shape[0], tokens.shape[1], gen))
     return tokens
-
-
-class Decoder(nn.Module):
-    """MLP from a flattened token sequence to an image in [0, 1]."""
-
-    def __init__(self, tokens: int, dim: int, image_shape: tuple[int, int, int], hidden: int) -> None:
-        super().__init__()
-        self.image_shape = image_shape
-        out = image_shape[0] * image_shape[1] * image_shape[2]
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(tokens * dim, hidden), nn.GELU(),
-                                 nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, out))
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, C, H, W)
-        return torch.sigmoid(self.net(feats)).reshape(-1, *self.image_shape)
-
-
-def train_decoder(feats: torch.Tensor, images: torch.Tensor, cfg: AttackConfig = AttackConfig()) -> Decoder:
-    """The attacker's training on its public (observation, image) pairs; MSE loss."""
-    gen_state = torch.random.fork_rng(devices=[])
-    with gen_state:
-        torch.manual_seed(cfg.seed)
-        dec = Decoder(feats.shape[1], feats.shape[2], tuple(images.shape[1:]), cfg.hidden)
-    opt = torch.optim.Adam(dec.parameters(), lr=cfg.lr)
-    sampler = BatchSampler(feats.shape[0], min(cfg.batch_size, feats.shape[0]), seed=cfg.seed + 1)
-    for _ in range(cfg.steps):
-        idx = sampler.next()
-        loss = Fn.mse_loss(dec(feats[idx]), images[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return dec.eval()
 
 
 def mse(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -105,19 +59,6 @@ def ssim(a: torch.Tensor, b: torch.Tensor, *, data_range: float = 1.0, window: i
     cov = blur(a * b) - mu_a * mu_b
     s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
     return float(s.mean())
-
-
-def decoder_attack(embedder: TimmStem, public: torch.Tensor, private: torch.Tensor, *, permute: bool,
-                   cfg: AttackConfig = AttackConfig()) -> dict[str, float]:
-    """Train on public images, reconstruct private ones from their observed embeddings.
-    Returns mse, ssim, and the mean-image baseline's mse / ssim."""
-    gen = torch.Generator().manual_seed(cfg.seed + 7)
-    dec = train_decoder(observed_features(embedder, public, permute=permute, gen=gen), public, cfg)
-    with torch.no_grad():
-        rec = dec(observed_features(embedder, private, permute=permute, gen=gen))
-    base = public.mean(0, keepdim=True).expand_as(private)
-    return {"mse": mse(rec, private), "ssim": ssim(rec, private),
-            "baseline_mse": mse(base, private), "baseline_ssim": ssim(base, private)}
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ Task kinds (per-task loss weights live in :class:`TaskSpec`):
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -111,27 +112,48 @@ class TimmStem(nn.Module):
         return self.vit.forward_features(x)
 
 
-def _content_friendly_init(stem: TimmStem, cfg: ViTSplitConfig, content_gain: float) -> None:
-    """2-D sin-cos position embedding and an orthogonal patch projection scaled by
-    ``content_gain``. timm's default init (a 0.02-std position embedding, default conv
-    init) is made for long training and leaves patch content ~30x weaker than position at
-    this scale; a frozen embedder could never fix that, a trainable head fixes it slowly."""
+# std of the secret random position table. Measured on digits (tests/test_msd.py, two
+# embedder seeds): at 0.1 MSD beats scratch fine-tuning by 0.04-0.07; at the sin-cos
+# table's RMS (0.71) or 0.3 the margin shrinks to 0.01-0.03 (position swamps content).
+SECRET_POS_STD = 0.1
+# std of the secret projection bias: nonzero so that a blank patch does not upload pos_j
+# itself. Small: at 0.1 p-FESTA digit accuracy fell from 0.65 to 0.43 (tests/test_pfesta.py).
+SECRET_BIAS_STD = 0.02
+
+
+def _content_friendly_init(stem: TimmStem, cfg: ViTSplitConfig, content_gain: float, *,
+                           gen: torch.Generator | None = None) -> None:
+    """Position embedding and an orthogonal patch projection scaled by ``content_gain``.
+    timm's default init (a 0.02-std position embedding, default conv init) is made for long
+    training and leaves patch content ~30x weaker than position at this scale; a frozen
+    embedder could never fix that, a trainable head fixes it slowly.
+
+    Position embedding: with ``gen`` None the public 2-D sin-cos table (FESTA's trainable
+    head); with a generator a random Gaussian table (std :data:`SECRET_POS_STD`), the
+    p-FESTA / MSD secret (p-FESTA §III-B: the server must not know it); the projection's
+    bias is then random too (:data:`SECRET_BIAS_STD`; else a blank patch uploads ``pos_j``)."""
     side = cfg.img_size // cfg.patch_size
     proj = stem.vit.patch_embed.proj  # Conv2d(C, D, p, p)
-    pos = build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0)  # (1, N, D)
+    if gen is None:
+        pos = build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0)  # (1, N, D)
+    else:
+        pos = torch.randn(1, side * side, cfg.embed_dim, generator=gen) * SECRET_POS_STD  # (1, N, D)
     with torch.no_grad():
         stem.vit.pos_embed[:, -pos.shape[1]:].copy_(pos)  # FESTA's cls slot (first) keeps timm's init
         w = torch.empty(proj.out_channels, proj.in_channels * cfg.patch_size ** 2)
-        nn.init.orthogonal_(w, gain=content_gain)
+        nn.init.orthogonal_(w, gain=content_gain, generator=gen)
         proj.weight.copy_(w.reshape_as(proj.weight))
-        proj.bias.zero_()
+        if gen is None:
+            proj.bias.zero_()
+        else:  # random like the rest of the secret: a blank patch's token is bias + pos, not pos itself
+            proj.bias.copy_(torch.randn(proj.out_channels, generator=gen) * SECRET_BIAS_STD)
 
 
 def build_head(cfg: ViTSplitConfig, seed: int | None = None, *, class_token: bool = False,
                content_gain: float = 2.0) -> TimmStem:
     """FESTA client head, trainable: patch embedding + position embedding (+ cls token if
     ``class_token``) -> (B, N, D) or (B, 1+N, D); initialised like the plain embedder (see
-    :func:`_content_friendly_init`)."""
+    :func:`_content_friendly_init`) but with the public sin-cos position table."""
     ctx = _seeded(seed)
     try:
         kw = {} if class_token else {"class_token": False, "no_embed_class": True, "global_pool": "avg"}
@@ -142,22 +164,76 @@ def build_head(cfg: ViTSplitConfig, seed: int | None = None, *, class_token: boo
     return stem
 
 
-def build_plain_embedder(cfg: ViTSplitConfig, seed: int = 0, content_gain: float = 2.0) -> TimmStem:
+EMBEDDER_KEYS = ("vit.pos_embed", "vit.patch_embed.proj.weight", "vit.patch_embed.proj.bias")
+
+
+def embedder_shapes(cfg: ViTSplitConfig) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of a plain embedder's state (what a campaign's secret holds)."""
+    p, d = cfg.patch_size, cfg.embed_dim
+    return {"vit.pos_embed": (1, cfg.num_patches, d), "vit.patch_embed.proj.weight": (d, cfg.in_chans, p, p),
+            "vit.patch_embed.proj.bias": (d,)}
+
+
+def embedder_state_bytes(cfg: ViTSplitConfig) -> int:
+    """Bytes of a plain embedder's float32 state (the paper's Ph), computed from shapes only."""
+    return sum(4 * math.prod(s) for s in embedder_shapes(cfg).values())
+
+
+def build_plain_embedder(cfg: ViTSplitConfig, seed: int | None = 0, content_gain: float = 2.0, *,
+                         state: Mapping[str, torch.Tensor] | None = None) -> TimmStem:
     """p-FESTA's shared plain patch embedder (patch embed + pos embed, no cls) -> (B, N, D).
 
-    Frozen: ``requires_grad`` is off and it is in eval mode. Same seed -> same weights.
-    The position embedding is timm's fixed 2-D sin-cos table (as in MAE) and the patch
-    projection a random orthogonal map scaled by ``content_gain`` (information-preserving
-    when D >= C*p*p), so content and position have similar scale."""
-    ctx = _seeded(seed)
+    Frozen: ``requires_grad`` is off and it is in eval mode. The patch projection is a
+    random orthogonal map scaled by ``content_gain`` (information-preserving when
+    D >= C*p*p) and the position embedding a random table of similar scale — random, as in
+    the papers (p-FESTA §III-B, MSD §III), not the public sin-cos table, because both are
+    the clients' secret. Source of randomness: ``state`` (a campaign's secret, see
+    :func:`new_embedder_state`; keys :data:`EMBEDDER_KEYS`) if given, else ``seed`` (for
+    in-process experiments only: a seed known to the server is no secret), else the OS."""
+    if state is not None:
+        _check_embedder_state(cfg, state)
+    ctx = _seeded(0)
     try:
         stem = TimmStem(_vit(cfg, 0, final_norm=False, class_token=False, no_embed_class=True,
                              global_pool="avg"))
-        _content_friendly_init(stem, cfg, content_gain)
     finally:
         ctx.__exit__(None, None, None)
+    if state is not None:
+        with torch.no_grad():
+            for k, v in state.items():
+                stem.get_parameter(k).copy_(v)
+    else:
+        gen = torch.Generator()
+        if seed is None:
+            gen.manual_seed(secrets.randbits(63))
+        else:
+            gen.manual_seed(seed)
+        _content_friendly_init(stem, cfg, content_gain, gen=gen)
     stem.requires_grad_(False)
     return stem.eval()
+
+
+def new_embedder_state(cfg: ViTSplitConfig, content_gain: float = 2.0) -> dict[str, torch.Tensor]:
+    """A fresh secret embedder (projection + position table) from OS randomness: the tensors
+    one p-FESTA / MSD client generates and seals to the other clients. No seed survives."""
+    stem = build_plain_embedder(cfg, seed=None, content_gain=content_gain)
+    return embedder_state(stem)
+
+
+def embedder_state(stem: TimmStem) -> dict[str, torch.Tensor]:
+    """The :data:`EMBEDDER_KEYS` tensors of a plain embedder (contiguous float32 copies)."""
+    sd = stem.state_dict()
+    return {k: sd[k].detach().clone().contiguous().float() for k in EMBEDDER_KEYS}
+
+
+def _check_embedder_state(cfg: ViTSplitConfig, state: Mapping[str, torch.Tensor]) -> None:
+    want = embedder_shapes(cfg)
+    if set(state) != set(want):
+        raise ValueError(f"embedder state keys {sorted(state)} differ from {sorted(want)}")
+    for k, shape in want.items():
+        v = state[k]
+        if v.dtype != torch.float32 or tuple(v.shape) != shape or not bool(torch.isfinite(v).all()):
+            raise ValueError(f"embedder state {k}: {v.dtype} {tuple(v.shape)}, expected finite float32 {shape}")
 
 
 class SplitBody(nn.Module):
@@ -202,12 +278,24 @@ class TaskTail(nn.Module):
         if self.task.kind == "segmentation":
             patches = tokens[:, 1:] if self.pool == "token" else tokens  # (B, N, D)
             return self.head(self.norm(patches)).squeeze(-1)  # (B, N)
-        # normalise every token, then pool: the per-token norm is the only non-linearity
-        # between a near-identity fresh body and the mean, and keeps spatial information
-        x = self.norm(tokens)  # (B, T, D)
-        pooled = x[:, 0] if self.pool == "token" else x.mean(1)  # (B, D)
-        out = self.head(self.bn(pooled))  # (B, K)
+        out = self.head(self.bn(self.pooled(tokens)))  # (B, K)
         return out.squeeze(-1) if self.task.kind == "regression" else out
+
+    def pooled(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, D): normalise every token, then pool (the per-token norm is the
+        only non-linearity between a near-identity fresh body and the mean, and keeps
+        spatial information)."""
+        x = self.norm(tokens)  # (B, T, D)
+        return x[:, 0] if self.pool == "token" else x.mean(1)
+
+    @torch.no_grad()
+    def calibrate(self, pooled: torch.Tensor) -> None:
+        """Set the probe BatchNorm's running statistics to those of ``pooled`` (M, D) ("precise
+        BN"). Its momentum averages lag behind a body that moves every step; with the
+        pooled features' small spread this lag alone made evaluation predict one class."""
+        if isinstance(self.bn, nn.BatchNorm1d) and pooled.shape[0] > 1:
+            self.bn.running_mean.copy_(pooled.mean(0))
+            self.bn.running_var.copy_(pooled.var(0))
 
 
 def task_loss(task: TaskSpec, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

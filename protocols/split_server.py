@@ -4,19 +4,37 @@ libp2p stream handler) decodes a client's frame, calls one method, encodes the r
 
 Contract of one training step for client ``c``::
 
-    out = server.body_forward(c, x)          # keeps (x, version) pending for c
-    grad_in = server.body_backward(c, g)     # g = dLoss/d out; updates the body
+    out = server.body_forward(c, x)          # keeps (x, out) pending for c
+    grad_in = server.body_backward(c, g)     # g = dLoss/d out; stores c's body gradient
 
-Clients may interleave (a forward of B between A's forward and backward). If the body
-was updated since a client's forward, its forward is recomputed from the stored input
-before back-propagating (no in-place-modification errors; the gradient is then taken at
-the current weights, the usual staleness of asynchronous split learning).
+**Body update (FESTA Algorithm 1 l.12, p-FESTA Algorithm 1 l.14).** The body takes one
+optimizer step per synchronous step, on
 
-Per-task loss weights scale the body's parameter gradients of that task's clients;
-the gradient returned to the client is the unweighted dLoss/d input, so the client's own
-parts see their own loss. A client that vanishes mid-round is dropped by
-:meth:`drop_client` (or :meth:`expire` at the round deadline): its pending step and
-unification upload are discarded, the event is recorded, the rest continue.
+    g_body = sum_k  lambda_k * (1 / N_k) * sum_{c in task k} g_c
+
+where N_k is the number of clients of task k that took part in the step and lambda_k the
+task's ``loss_weight``: every task counts equally whatever its number of clients, and
+each client equally within its task. The step is taken once every client that owes the
+open round something (:meth:`begin_round` ... :meth:`finish_round`) has sent its
+gradient for it, or was dropped (:meth:`drop_client`, :meth:`expire`). A client that
+already sent this step's gradient may not start the next step before the barrier
+(:meth:`can_forward`; a forward then raises :class:`StepBarrier`), so every forward of
+a step sees the same body and the sum runs in client-id order: the update does not depend
+on the order or timing in which clients send. The gradient returned to the client is the
+unweighted dLoss/d input at that same body, so its own parts see its own loss.
+
+Deviation: the papers' round is one batch per client; here a campaign round groups
+``steps_per_round`` such synchronous steps between deadlines and unifications (with
+``steps_per_round = 1`` a round is exactly the paper's). The server keeps one body
+gradient per client until the barrier (memory: clients x body size).
+
+**Unification** of heads / tails (Algorithm 1, every n rounds) is the uniform average
+over a task's clients by default, as in the papers; ``part_weighting="samples"`` weights
+by the clients' sample counts (FedAvg's rule) instead.
+
+A client that vanishes mid-round is dropped by :meth:`drop_client` (or :meth:`expire`
+at the round deadline): its pending step and unification upload are discarded, the
+event is recorded, the rest continue (the barrier no longer waits for it).
 """
 from __future__ import annotations
 
@@ -30,6 +48,13 @@ from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, fedavg, p
 from protocols.split_state import (ClientDropped, RoundTracker, SplitProtocolError, SplitStateError,
                                    check_features, load_state, optimizer_from_state, optimizer_to_state,
                                    save_state)
+
+
+PART_WEIGHTINGS = ("uniform", "samples")
+
+
+class StepBarrier(SplitProtocolError):
+    """A client asked for its next step before the body took the current one."""
 
 
 class BodyServer:
@@ -46,11 +71,15 @@ class BodyServer:
         return (self.cfg.num_patches + int(self.has_cls), self.cfg.embed_dim)
 
     def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
-                 weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024) -> None:
+                 weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024,
+                 part_weighting: str = "uniform") -> None:
         if self.has_cls != (self.tail_pool == "token"):
             raise ValueError("a cls token goes with token pooling, and only with it")
         if not tasks or len({t.name for t in tasks}) != len(tasks):
             raise ValueError("a split server needs at least one task, with unique names")
+        if part_weighting not in PART_WEIGHTINGS:
+            raise ValueError(f"part_weighting must be one of {PART_WEIGHTINGS}, not {part_weighting!r}")
+        self.part_weighting = part_weighting
         self.cfg, self.tasks = cfg, {t.name: t for t in tasks}
         self.lr, self.weight_decay, self.seed, self.max_batch = lr, weight_decay, seed, max_batch
         self.body = SplitBody(cfg, seed=seed)
@@ -62,6 +91,8 @@ class BodyServer:
         self.events: list[dict[str, Any]] = []
         self.rounds = RoundTracker()
         self._pending: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        # body gradients of the open step, per client (None: nothing to add, e.g. loss weight 0)
+        self._step_grads: dict[str, list[torch.Tensor] | None] = {}
         self._submitted: dict[str, dict[str, tuple[dict[str, torch.Tensor], int]]] = {}
         self._templates = {t.name: part_template(cfg, t, with_head=self.unify_with_head, pool=self.tail_pool)
                            for t in tasks}
@@ -94,9 +125,11 @@ class BodyServer:
         self._pending.pop(client_id, None)
         if task is not None:
             self._submitted.get(task, {}).pop(client_id, None)
+        self._step_grads.pop(client_id, None)
         self.rounds.done(client_id)
         self.dropped[client_id] = {"round": self.rounds.round, "reason": reason, "task": task}
         self.events.append({"event": "drop", "client": client_id, "round": self.rounds.round, "reason": reason})
+        self._maybe_step()
 
     def begin_round(self, round_idx: int, deadline: float, clients: Iterable[str] | None = None) -> None:
         """Start round bookkeeping: every live client (or ``clients``) owes a finish by ``deadline``."""
@@ -105,13 +138,20 @@ class BodyServer:
     def finish_round(self, client_id: str) -> None:
         self.task_of(client_id)
         self.rounds.done(client_id)
+        self._maybe_step()
 
     def expire(self, now: float) -> list[str]:
-        """Drop every client that has not finished the round by its deadline; returns them."""
-        late = self.rounds.overdue(now)
+        """Past the round deadline, drop the clients that hold the round up (:meth:`stalling`);
+        returns them. Those only waiting at the step barrier stay and go on."""
+        late = self.stalling() if self.rounds.overdue(now) else []
         for c in late:
             self.drop_client(c, f"missed the round {self.rounds.round} deadline")
         return late
+
+    def stalling(self) -> list[str]:
+        """Clients that have not finished the round and are not merely waiting at the step
+        barrier for others (they already sent the open step's gradient)."""
+        return sorted(c for c in self.rounds.pending() if c not in self._step_grads)
 
     # --- the body ---------------------------------------------------------------------
 
@@ -121,11 +161,30 @@ class BodyServer:
         self.body.requires_grad_(False)
         self.events.append({"event": "freeze", "round": self.rounds.round})
 
+    def can_forward(self, client_id: str) -> bool:
+        """Whether ``client_id`` may start a step now: False while the body waits for other
+        clients' gradients of the step this client already finished (see the module doc)."""
+        return client_id not in self._step_grads
+
+    def step_waiting_for(self) -> list[str]:
+        """Clients whose gradient the open body step still waits for (empty: no step open)."""
+        if not self._step_grads:
+            return []
+        return sorted(c for c in self._expected() if c not in self._step_grads)
+
+    def _expected(self) -> set[str]:
+        """Who owes a gradient to every body step of the open round: live clients that have
+        not finished the round."""
+        return {c for c in self.rounds.pending() if c in self.clients}
+
     def body_forward(self, client_id: str, x: torch.Tensor, *, need_input_grad: bool = True) -> torch.Tensor:
         """Run the body on a client's tokens (validated) and keep the step pending."""
         self.task_of(client_id)
         if client_id in self._pending:
             raise SplitProtocolError(f"client {client_id} sent a forward while its previous step is pending")
+        if not self.can_forward(client_id):
+            raise StepBarrier(f"client {client_id} started a step before the body took the previous one "
+                              f"(waiting for {self.step_waiting_for()})")
         check_features("features", x, self.token_shape, self.max_batch)
         x = x.detach().requires_grad_(need_input_grad)
         with torch.enable_grad():
@@ -134,8 +193,9 @@ class BodyServer:
         return out.detach()
 
     def body_backward(self, client_id: str, grad_out: torch.Tensor) -> torch.Tensor | None:
-        """Back-propagate ``grad_out`` (dLoss/d body output), update the body (weighted by the
-        task's loss weight, unless frozen); return dLoss/d input (None if not requested)."""
+        """Back-propagate ``grad_out`` (dLoss/d body output); keep the body gradient for the
+        step (unless frozen) and take the step once every expected client sent its gradient
+        (:meth:`_maybe_step`); return dLoss/d input (None if not requested)."""
         task = self.task_of(client_id)
         if client_id not in self._pending:
             raise SplitProtocolError(f"client {client_id} sent a gradient without a pending forward")
@@ -144,22 +204,49 @@ class BodyServer:
         if grad_out.shape[0] != out.shape[0]:
             raise SplitProtocolError(f"gradient: batch {grad_out.shape[0]}, forward had {out.shape[0]}")
         del self._pending[client_id]
+        if not grad_out.isfinite().all():
+            raise SplitProtocolError(f"gradient of {client_id} contains NaN or inf")
         params = [] if self.frozen or task.loss_weight == 0 else [p for p in self.body.parameters()]
         inputs = ([x] if x.requires_grad else []) + params
-        if not inputs:
-            return None
-        with torch.enable_grad():
-            if version != self.version:
-                out = self.body(x)  # body changed since this forward: recompute at current weights
-            grads = torch.autograd.grad(out, inputs, grad_out)
+        grads: tuple[torch.Tensor, ...] = ()
+        if inputs:
+            with torch.enable_grad():
+                if version != self.version:
+                    out = self.body(x)  # only after a restart or a drop: recompute at current weights
+                grads = torch.autograd.grad(out, inputs, grad_out)
         grad_in = grads[0].detach() if x.requires_grad else None
-        if params:
-            for p, g in zip(params, grads[len(inputs) - len(params):]):
-                p.grad = g * task.loss_weight
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.version += 1
+        if not self.frozen:
+            self._step_grads[client_id] = [g.detach() for g in grads[len(inputs) - len(params):]] if params else None
+            self._maybe_step()
         return grad_in
+
+    def _maybe_step(self) -> None:
+        """Take the body step once no expected client's gradient is missing (Algorithm 1
+        l.12 / l.14): per task the mean over its clients, times the task's loss weight,
+        summed over tasks in name order, clients in id order (bit-reproducible)."""
+        if not self._step_grads or any(c not in self._step_grads for c in self._expected()):
+            return
+        by_task: dict[str, list[str]] = {}
+        for c in sorted(self._step_grads):
+            if c in self.clients:
+                by_task.setdefault(self.clients[c], []).append(c)
+        total: list[torch.Tensor] | None = None
+        for name in sorted(by_task):
+            clients = by_task[name]
+            w = self.tasks[name].loss_weight / len(clients)  # lambda_k / N_k
+            for c in clients:
+                g = self._step_grads[c]
+                if g is None:
+                    continue
+                total = [w * gi for gi in g] if total is None else [t + w * gi for t, gi in zip(total, g)]
+        self._step_grads = {}
+        if total is None or self.frozen:
+            return
+        for p, g in zip(self.body.parameters(), total):
+            p.grad = g
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.version += 1
 
     @torch.no_grad()
     def body_infer(self, client_id: str, x: torch.Tensor) -> torch.Tensor:
@@ -193,13 +280,16 @@ class BodyServer:
         return bool(got) and all(c in got for c in self.live_clients(task))
 
     def unify(self, task: str) -> dict[str, torch.Tensor]:
-        """Sample-weighted average of what live clients of ``task`` submitted; clears them."""
+        """Average of what live clients of ``task`` submitted (uniform, or by sample count
+        with ``part_weighting="samples"``), in client-id order; clears them."""
         got = self._submitted.pop(task, {})
-        got = {c: v for c, v in got.items() if c in self.clients}
-        if not got:
+        order = sorted(c for c in got if c in self.clients)
+        if not order:
             raise SplitProtocolError(f"no client of task {task!r} submitted its state")
-        avg = fedavg([s for s, _ in got.values()], [n for _, n in got.values()])
-        self.events.append({"event": "unify", "task": task, "clients": sorted(got), "round": self.rounds.round})
+        weights = [got[c][1] if self.part_weighting == "samples" else 1 for c in order]
+        avg = fedavg([got[c][0] for c in order], weights)
+        self.events.append({"event": "unify", "task": task, "clients": order, "round": self.rounds.round,
+                            "weighting": self.part_weighting})
         return avg
 
     # --- persistence ----------------------------------------------------------------------
@@ -224,7 +314,8 @@ class BodyServer:
         tensors.update(extra_t)
         scalars = {"kind": self.kind, "cfg": self.cfg.to_dict(), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
-                   "max_batch": self.max_batch, "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
+                   "max_batch": self.max_batch, "part_weighting": self.part_weighting,
+                   "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
                    "clients": self.clients, "dropped": self.dropped, "events": self.events,
                    "rounds": self.rounds.to_dict(), "opt": opt_meta, "extra": extra_s}
         save_state(directory, tensors, scalars)
@@ -238,7 +329,7 @@ class BodyServer:
         try:
             srv = cls(ViTSplitConfig.from_dict(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
                       lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
-                      **s["ctor"])
+                      part_weighting=s.get("part_weighting", "samples"), **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}
             srv.body.load_state_dict(body, strict=True)
         except (KeyError, TypeError, ValueError, RuntimeError) as e:

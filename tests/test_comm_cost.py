@@ -6,7 +6,7 @@ import torch
 
 from protocols import festa, pfesta
 from protocols.comm_cost import (ByteCounter, CostParams, InProcessChannel, compare, formulas, t_festa, t_fl,
-                                 t_pfesta, t_sl, tensor_bytes)
+                                 t_msd, t_pfesta, t_sl, tensor_bytes)
 from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, encode_frame
 
@@ -20,7 +20,8 @@ def test_formulas_known_answers():
     assert t_sl(p) == 2 * 20 * 6 * 15 == 3600
     assert t_festa(p) == 3600 + 2 * 6 / 3 * 1200 == 8400
     assert t_pfesta(p) == 100 * 10 + 20 * 6 * 15 + 2 * 6 * 200 / 3 == 3600
-    assert formulas(p) == {"fl": 24800, "sl": 3600, "festa": 8400, "pfesta": 3600}
+    assert t_msd(p) == 100 * 10 + 5000 == 6000  # MSD Eq. 8: D F + Pb, one round
+    assert formulas(p) == {"fl": 24800, "sl": 3600, "festa": 8400, "pfesta": 3600, "msd": 6000}
 
 
 def test_cost_params_validation():

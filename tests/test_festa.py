@@ -59,8 +59,10 @@ def test_multitask_run_learns_unifies_and_counts(digits):
     srv = FestaServer(CFG, [CLS, SEG], lr=3e-3)
     clients = [_client(digits, "a", CLS, 0, 200, 1), _client(digits, "b", CLS, 200, 400, 2),
                _client(digits, "c", SEG, 400, 600, 3)]
-    res = run_festa_inprocess(srv, clients, rounds=4, steps_per_round=6, unifying_rounds=2,
+    # Algorithm 1: one body step per synchronous step of all three clients (40 in all)
+    res = run_festa_inprocess(srv, clients, rounds=4, steps_per_round=10, unifying_rounds=2,
                               test_data={c.client_id: _test(digits, c.task) for c in clients})
+    assert srv.version == 4 * 10
     for cid, losses in res.losses.items():
         assert len(losses) == 4 and losses[-1] < losses[0], cid
     assert res.metrics["a"]["accuracy"] > 0.25 and res.metrics["c"]["patch_accuracy"] > 0.85
@@ -70,7 +72,7 @@ def test_multitask_run_learns_unifies_and_counts(digits):
     assert not torch.equal(sa["head.vit.pos_embed"], clients[2].part_state()["head.vit.pos_embed"])
     for cid in "abc":
         for kind in ("forward", "body_out", "grad_out", "grad_in"):
-            assert res.counter.messages(cid, [kind]) == 4 * 6
+            assert res.counter.messages(cid, [kind]) == 4 * 10
         assert res.counter.messages(cid, ["state_up"]) == res.counter.messages(cid, ["state_down"]) == 2
     assert set(res.counter.kinds()) == set(TRAIN_KINDS) | {"eval_forward", "eval_out"}
     assert [e["task"] for e in srv.events if e["event"] == "unify"] == ["digit", "ink"] * 2

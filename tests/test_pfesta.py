@@ -76,7 +76,7 @@ def test_same_losses_with_and_without_permutation(digits):
     for cid in "ac":
         assert rp.losses[cid] == pytest.approx(ro.losses[cid], rel=1e-4, abs=1e-5)
         for k, v in rp.metrics[cid].items():
-            assert v == pytest.approx(ro.metrics[cid][k], abs=2e-3)
+            assert v == pytest.approx(ro.metrics[cid][k], abs=3e-3)  # one of 397 test images may flip
     # the uploads really were permuted: same token sets per image, different order
     fp, fo = sp.store.features["a"], so.store.features["a"]
     assert not torch.allclose(fp, fo)

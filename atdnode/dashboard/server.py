@@ -217,7 +217,8 @@ class Dashboard:
     # ------------------------------------------------------------------ verify
 
     async def verify_loop(self) -> None:
-        from atdnode.aggregate import AggregateError, verify_aggregate
+        from atdnode.agg_verify import verify_aggregate
+        from atdnode.aggregate import AggregateError
         from atdnode.errors import AtdError
         from ledger.errors import LedgerError
 

@@ -30,7 +30,7 @@ from atdnode.split.rounds import Member
 from atdnode.split.session import EVAL_KINDS, meta_int, tensor
 from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
-from protocols.split_parts import build_plain_embedder, part_template
+from protocols.split_parts import embedder_state_bytes, part_template
 from protocols.split_state import SplitProtocolError, SplitStateError
 
 log = logging.getLogger("atd.split")
@@ -60,7 +60,8 @@ class Campaign:
 
     def _new_server(self):
         s, tasks = self.s, list(self.tasks.values())
-        kw = dict(lr=s.lr, weight_decay=s.weight_decay, seed=s.seed, max_batch=max(1024, s.batch_size, s.upload_chunk))
+        kw = dict(lr=s.lr, weight_decay=s.weight_decay, seed=s.seed, max_batch=max(1024, s.batch_size, s.upload_chunk),
+                  part_weighting=s.part_weighting)
         if self.algo == "festa":
             return festa.FestaServer(self.cfg, tasks, class_token=s.class_token, **kw)
         return pfesta.PFestaServer(self.cfg, tasks, batch_size=s.batch_size, **kw)
@@ -92,7 +93,7 @@ class Campaign:
             self.ph = {n: tensor_bytes(part_template(self.cfg, t, with_head=True, pool=pool)) - self.pt[n]
                        for n, t in self.tasks.items()}
         else:
-            emb = tensor_bytes(build_plain_embedder(self.cfg, seed=self.s.embedder_seed).state_dict())
+            emb = embedder_state_bytes(self.cfg)  # from shapes: the server never holds the embedder
             self.ph = {n: emb for n in self.tasks}
 
     async def save(self) -> None:
@@ -147,9 +148,13 @@ class Campaign:
             await self.call(self.server.begin_round, r, deadline, members)
             b.round, b.round_members = r, set(members)
             b.notify()
-            await b.wait(lambda: not b.pending(), deadline)
-            for c in sorted(b.pending()):
-                await self.svc.drop(c, f"missed the round {r} deadline")
+            while not await b.wait(lambda: not b.pending(), deadline):
+                # past the deadline: drop whoever holds the round up; clients waiting at the
+                # step barrier for them go on, with a fresh deadline for their remaining steps
+                stalling = set(await self.call(self.server.stalling)) & b.pending()
+                for c in sorted(stalling or b.pending()):
+                    await self.svc.drop(c, f"missed the round {r} deadline")
+                deadline = trio.current_time() + s.round_timeout
             if r % s.unifying_rounds == 0:
                 await self._unify(r, deadline)
             for c in b.round_members:
@@ -261,10 +266,13 @@ class Campaign:
                 await self._await_round(sess, r)
                 if done_steps.get(r, 0) >= steps:
                     raise SplitProtocolError(f"round {r} has only {steps} steps")
+                await self._await_step(cid)
                 y = await self.call(self.server.forward, cid, m.meta.get("task"), tensor(m, "x"))
                 await ch.send("body_out", {"y": y})
                 g = await self.svc.recv(sess, "grad_out")
-                await ch.send("grad_in", {"g": await self.call(self.server.backward, cid, tensor(g, "g"))})
+                gin = await self.call(self.server.backward, cid, tensor(g, "g"))
+                self.board.notify()  # the body step may have been taken: release waiting clients
+                await ch.send("grad_in", {"g": gin})
                 done_steps[r] = done_steps.get(r, 0) + 1
                 if done_steps[r] == steps:
                     await self._finish_round(cid, r)
@@ -277,6 +285,12 @@ class Campaign:
         await b.wait(lambda: b.round >= r or b.done)
         if b.round != r or sess.client not in b.round_members:
             raise SplitProtocolError(f"{sess.client} is not taking part in round {r} (open round: {b.round})")
+
+    async def _await_step(self, cid: str) -> None:
+        """Hold a client's next step until the body took the one it finished (the step
+        barrier of `protocols.split_server`: every round member's gradient, or its drop)."""
+        b = self.board
+        await b.wait(lambda: cid not in self.server.clients or self.server.can_forward(cid))
 
     async def _finish_round(self, cid: str, r: int) -> None:
         await self.call(self.server.finish_round, cid)
@@ -314,12 +328,14 @@ class Campaign:
                 break
             r = b.round
             for step in range(self.s.steps_per_round):
+                await self._await_step(cid)
                 idx = await self.call(srv.next_indices, cid)
                 y = await self.call(srv.forward, cid, idx)
                 unify = step == self.s.steps_per_round - 1 and r % self.s.unifying_rounds == 0
                 await ch.send("body_out", {"y": y}, {"idx": idx, "round": r, "step": step, "unify": unify})
                 g = await self.svc.recv(sess, "grad_out")
                 await self.call(srv.backward, cid, tensor(g, "g"))
+                b.notify()  # the body step may have been taken: release waiting clients
             await self._finish_round(cid, r)
             if r % self.s.unifying_rounds == 0:
                 await self._exchange_parts(sess, await self.svc.recv(sess, "state_up"))

@@ -5,7 +5,8 @@ its consortium peer id), dials the server (addresses from ``--server-addr`` or f
 server's signed ``hello`` entry in the local ledger, or the config's bootstrap list),
 pulls the ledger from it (so the local ledger learns the ``service`` — and for MSD the
 ``weights`` — entries), asks for the offer and checks it against the signed ``service``
-entry, loads its data, and runs its role (`roles.py`). If the stream breaks it dials
+entry, for p-FESTA / MSD obtains the campaign's embedder secret (`secret.py`; made here
+if no client made one yet), loads its data, and runs its role (`roles.py`). If the stream breaks it dials
 again (until ``reconnect_timeout``) and resumes with the same learning state. At the end
 it evaluates the task metric through the server and writes a comm record (measured bytes
 per direction and kind + the paper's CostParams) under ``HOME/split/records/``.
@@ -31,13 +32,14 @@ from atdnode.ledger_access import LedgerAccess
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
+from atdnode.split.secret import create_secret, ensure_hello, open_secret
 from atdnode.split.session import RemoteError, SplitChannel
 from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
-from protocols.split_parts import TaskSpec
+from protocols.split_parts import TaskSpec, ViTSplitConfig
 from protocols.split_state import SplitError
 
 log = logging.getLogger("atd.split.client")
@@ -172,7 +174,8 @@ def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str)
     if entry is None or entry.kind != "service" or entry.author != public_key_from_peer_id(server):
         raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
     body = entry.body
-    for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds"):
+    for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds",
+                "part_weighting"):
         if body.get(key) != offer.get(key):
             raise SplitJoinError(f"the server's offer differs from its signed service entry in {key!r}")
     return entry.id.hex()
@@ -201,8 +204,13 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
             offer, named = offer_msg.get("offer"), offer_msg.get("service_entry")
             if not isinstance(offer, dict) or offer.get("algorithm") not in ROLES:
                 raise SplitJoinError(f"the server made no usable offer: {offer!r:.200}")
-            entry = await _verified_entry(link, ledger, opts.server, offer, named if opts.sync else None)
-            role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts)
+            secretive = offer["algorithm"] in ("pfesta", "msd")
+            entry = await _verified_entry(link, ledger, opts.server, offer,
+                                          named if opts.sync or secretive else None)
+            secret, state = await _obtain_secret(ch, link, ledger, ident, entry, offer) if secretive else (None, None)
+            role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts, state)
+            if secret is not None:
+                role.out.extra["secret_entry"] = secret
             log.info("joining %s server %s for task %s with %d samples", offer["algorithm"], opts.server[-8:],
                      opts.task, role.t.x.shape[0])
             reconnects = 0
@@ -241,7 +249,40 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
         await ledger.run(lambda led: led.close())
 
 
-def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOptions):
+async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, ident: NodeIdentity,
+                         service: str | None, offer: dict[str, Any]) -> tuple[str, dict]:
+    """The campaign's embedder secret (p-FESTA / MSD), before joining (see `secret.py`):
+    announce this node's X25519 key, ask the server which ``split_secret`` entry it
+    adopted; if none, make one (sealed to every client member known by then), offer it, and
+    use whichever the server adopted. Opened from the local ledger with this node's key;
+    SplitSecretError if this node is not a recipient."""
+    if service is None:
+        raise SplitJoinError("the server named no signed service entry: cannot find the campaign's embedder secret")
+    cfg = ViTSplitConfig.from_dict(offer["body"])
+    await ledger.run(lambda led: ensure_hello(ident, led))
+    await ch.send("secret", None, {"entry": None})
+    adopted = (await ch.recv("secret_ok")).meta.get("entry")
+    if adopted is None:
+        await _sync(link, ledger)  # the other askers' hellos: the secret is sealed to them too
+        mine = await ledger.run(lambda led: create_secret(ident, led, service, cfg))
+        log.info("made the campaign's embedder secret %s", mine.id.hex()[:12])
+        await ch.send("secret", None, {"entry": mine.id.hex()})
+        adopted = (await ch.recv("secret_ok")).meta.get("entry")
+    if not isinstance(adopted, str):
+        raise SplitJoinError(f"the server adopted no usable embedder secret: {adopted!r:.80}")
+
+    def has(led: Ledger) -> bool:
+        try:
+            return led.get(bytes.fromhex(adopted)) is not None
+        except ValueError:
+            raise SplitJoinError(f"malformed embedder secret id {adopted!r:.80}") from None
+
+    if not await ledger.run(has):
+        await _sync(link, ledger)
+    return adopted, await ledger.run(lambda led: open_secret(ident, led, adopted, service, cfg))
+
+
+def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOptions, embedder_state=None):
     """Load the data for the offered body and build the algorithm's client role."""
     specs = {t["name"]: TaskSpec.from_dict(t) for t in offer["tasks"]}
     if opts.task not in specs:
@@ -256,7 +297,7 @@ def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOption
         test = prepare(held, spec, body["patch_size"])
     t = Task(client=cid, offer=offer, spec=spec, x=x, y=y, test=test, rounds=opts.rounds, seed=opts.seed,
              lr=opts.lr, permute=opts.permute, store=BlobStore(home.blobs_dir), finetune_steps=opts.finetune_steps,
-             finetune_lr=opts.finetune_lr, compare_scratch=opts.compare_scratch)
+             finetune_lr=opts.finetune_lr, compare_scratch=opts.compare_scratch, embedder_state=embedder_state)
     return ROLES[offer["algorithm"]](t)
 
 

@@ -1,7 +1,8 @@
 """`atd split finetune`: fine-tune a task from a published MSD body (a `weights` entry).
 
 The entry (part "body", algorithm "msd") names the blob, the split body config, the
-embedder seed and the tasks of the service. The blob must be in the local store (a
+campaign's `split_secret` entry (the clients' embedder, opened with this node's key; a node
+that is not one of its recipients cannot fine-tune) and the tasks of the service. The blob must be in the local store (a
 client of the MSD round has it; another node's daemon fetches it automatically, or
 `atd fetch` does). It is loaded through the checked loader (hash, keys, shapes, dtypes,
 finiteness), then body + task tail are trained on local labelled data and evaluated on
@@ -15,7 +16,9 @@ from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.home import NodeHome
 from atdnode.split.client import SplitJoinError
+from atdnode.identity import NodeIdentity
 from atdnode.split.roles import prepare
+from atdnode.split.secret import open_secret
 from atdnode.weights import WeightsError, load_weights
 from ledger import Ledger
 from protocols.msd import evaluate_local, fine_tune
@@ -47,7 +50,7 @@ def finetune_from_entry(home: NodeHome, *, task: str, data: str, ref: str = "lat
     try:
         cfg = ViTSplitConfig.from_dict(b["model"]["split"])
         specs = {t["name"]: TaskSpec.from_dict(t) for t in b["tasks"]}
-        seed_e = int(b["model"]["embedder_seed"])
+        service, secret = str(b["model"]["service"]), str(b["model"]["secret"])
     except (KeyError, TypeError, ValueError) as e:
         raise SplitJoinError(f"weights entry {entry.id.hex()[:12]} does not describe an MSD body: {e}") from None
     if task not in specs:
@@ -64,7 +67,9 @@ def finetune_from_entry(home: NodeHome, *, task: str, data: str, ref: str = "lat
     spec = specs[task]
     x, y = prepare(load_dataset(data, cfg.img_size, cfg.in_chans, "train"), spec, cfg.patch_size)
     xt, yt = prepare(load_dataset(data, cfg.img_size, cfg.in_chans, "test"), spec, cfg.patch_size)
-    embedder = build_plain_embedder(cfg, seed=seed_e)
+    with Ledger.open(home.ledger_db) as led:
+        state = open_secret(NodeIdentity.load(home), led, secret, service, cfg)
+    embedder = build_plain_embedder(cfg, state=state)
     metrics: dict[str, float] = {}
     for prefix, state in [("", body_state)] + ([("scratch_", None)] if compare_scratch else []):
         body, tail = fine_tune(embedder, cfg, spec, x, y, body_state=state, steps=steps, lr=lr, seed=seed)

@@ -4,7 +4,8 @@
     server             waits for `clients` uploads (or start_timeout), trains the DINO-style
                        student / teacher on them (`protocols.msd.MSDTrainer`, no labels),
                        stores the teacher body as a safetensors blob and appends a signed
-                       `weights` entry (part "body", authorized = the contributors)
+                       `weights` entry (part "body", readers = the contributors: MSD's
+                       "authorised" clients, enforced by the blob server)
     server -> client   weights{blob, entry, weights_meta}   the body state (Pb)
     client -> server   bye
 
@@ -27,7 +28,8 @@ from atdnode.weights import load_weights, save_weights
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
 from protocols.msd import MSDTrainer
 from protocols.pfesta import FeatureStore
-from protocols.split_parts import SplitBody, build_plain_embedder
+from atdnode.bodies import READERS
+from protocols.split_parts import SplitBody, embedder_state_bytes
 from protocols.split_state import SplitProtocolError
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ class MSDCampaign:
         self.train_kinds = TRAIN_KINDS
         self._limiter = trio.CapacityLimiter(1)
         self.pb = tensor_bytes(SplitBody(self.cfg).state_dict())
-        self.ph = tensor_bytes(build_plain_embedder(self.cfg, seed=self.s.embedder_seed).state_dict())
+        self.ph = embedder_state_bytes(self.cfg)  # from shapes: the server never holds the embedder
 
     async def open_state(self) -> None:
         """After a restart: the finished round's result (uploads are not kept before it)."""
@@ -78,17 +80,19 @@ class MSDCampaign:
         b.notify()
         feats = torch.cat([self.store.features[c] for c in contributors])  # (M, N, D)
         result = await trio.to_thread.run_sync(MSDTrainer(self.cfg, self.s.msd_config()).train, feats)
-        meta = {"part": "body", "algorithm": "msd", "split": self.cfg.to_dict(),
-                "embedder_seed": self.s.embedder_seed, "msd": result.config}
+        # the body is useless without the clients' secret embedder; the entry names which
+        # (an id only) so a client can fine-tune later, and who may fetch it (MSD §III)
+        secret = {"service": self.svc.service_entry, "secret": self.svc.secret_entry}
+        meta = {"part": "body", "algorithm": "msd", "split": self.cfg.to_dict(), **secret, "msd": result.config}
         store = self.svc.daemon.store
         blob = await trio.to_thread.run_sync(lambda: save_weights(store, result.body_state, meta))
         body = {"blob": blob, "size": store.size(blob), "manifest": store.manifest(blob).hash, "part": "body",
-                "model": {"split": self.cfg.to_dict(), "embedder_seed": self.s.embedder_seed},
+                "model": {"split": self.cfg.to_dict(), **secret},
                 "labels": [], "label_fp": "", "samples": int(feats.shape[0]),
                 "provenance": [self.svc.service_entry] if self.svc.service_entry else [],
                 "metrics": {"msd_loss_first": result.losses[0], "msd_loss_last": result.losses[-1]},
                 "algorithm": "msd", "tasks": [t.to_dict() for t in self.tasks.values()],
-                "authorized": contributors}
+                READERS: contributors}
         entry = await self.svc.daemon.append("weights", body)
         self.result = {"blob": blob, "entry": entry.id.hex(), "contributors": contributors,
                        "tensors": result.body_state, "meta": meta}

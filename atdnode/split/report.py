@@ -10,7 +10,7 @@ formulas of the p-FESTA paper for the same symbols:
 
     T_FL     = 2R/n (Ph+Pb+Pt)            T_SL     = 2BR(F+G)
     T_FESTA  = 2BR(F+G) + 2R/n (Ph+Pt)    T_pFESTA = DF + BR(F+G) + 2R Pt/n
-    T_MSD    = DF + Pb                    (one round: upload once, body down once)
+    T_MSD    = DF + Pb                    (MSD Eq. 8; one round: upload once, body down once)
 
 and the relative error of the measurement against the formula of its own algorithm.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
-from protocols.comm_cost import ByteCounter, CostParams, formulas
+from protocols.comm_cost import ByteCounter, CostParams, formulas, t_msd
 
 RECORD_VERSION = 1
 _REQUIRED = ("version", "side", "algorithm", "client", "server", "task", "params", "counter", "train_kinds")
@@ -35,14 +35,7 @@ class SplitReportError(AtdError):
     """A comm record is missing or unreadable; the message names the file."""
 
 
-def t_msd(p: CostParams) -> float:
-    """Masked sampling distillation: every sample's embeddings up once, the body down once."""
-    return p.D * p.F + p.Pb
-
-
 def own_formula(algorithm: str, p: CostParams) -> float:
-    if algorithm == "msd":
-        return t_msd(p)
     return formulas(p)[algorithm]
 
 
@@ -129,7 +122,7 @@ def report_row(rec: dict[str, Any]) -> dict[str, Any]:
         p = CostParams(**rec["params"])
         f = formulas(p)
         row.update({"T_FL": f["fl"], "T_SL": f["sl"], "T_FESTA": f["festa"], "T_pFESTA": f["pfesta"],
-                    "T_MSD": t_msd(p), "formula": own_formula(rec["algorithm"], p)})
+                    "T_MSD": f["msd"], "formula": own_formula(rec["algorithm"], p)})
         row["rel_error"] = (measured - row["formula"]) / row["formula"] if row["formula"] else None
     return row
 

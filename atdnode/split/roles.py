@@ -49,6 +49,7 @@ class Task:
     finetune_steps: int = 100
     finetune_lr: float = 2e-3
     compare_scratch: bool = False
+    embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
 
     @property
     def cfg(self) -> ViTSplitConfig:
@@ -152,12 +153,14 @@ class FestaRole:
 
 
 class PFestaRole:
-    """p-FESTA: frozen shared embedder, permutation keys kept here, task tail; the server
+    """p-FESTA: frozen embedder (the clients' secret, `secret.py`), permutation keys kept here, task tail; the server
     chooses the batches."""
 
     def __init__(self, t: Task) -> None:
         self.t, self.out = t, Outcome(train_kinds=pfesta.TRAIN_KINDS)
-        self.embedder = build_plain_embedder(t.cfg, seed=int(t.offer["embedder_seed"]))
+        if t.embedder_state is None:
+            raise SplitProtocolError("p-FESTA / MSD need the campaign's embedder secret (split_secret entry)")
+        self.embedder = build_plain_embedder(t.cfg, state=t.embedder_state)
         self.client = pfesta.PFestaClient(t.client, t.cfg, t.spec, t.x, t.y, self.embedder, permute=t.permute,
                                           lr=t.lr or t.offer["lr"], seed=t.seed)
         self.uploaded_any = False

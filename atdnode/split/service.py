@@ -36,6 +36,7 @@ from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
 from atdnode.transport.base import FrameError, Stream, TransportError
+from atdnode.transport.limits import PeerLimits
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
@@ -58,6 +59,10 @@ class Session:
     dropped: str | None = None  # why the coordinator cancelled this session (told to the client)
 
 
+SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold (issue 11) ...
+SPLIT_STREAMS_TOTAL = 512  # ... and all peers together
+
+
 class SplitService:
     """A split server. `install(daemon)` registers the stream handler; `run(daemon)` runs
     the campaign in the daemon's nursery. Tests may pass ``settings`` explicitly."""
@@ -76,9 +81,14 @@ class SplitService:
         self.service_entry: str | None = None
         self.failed: str | None = None
         self.ready = trio.Event()  # state loaded, handler may admit clients
+        # p-FESTA / MSD: the adopted `split_secret` entry (an id; the server cannot open it)
+        # and the clients that asked for it before one was made (see `_secret`)
+        self.secret_entry: str | None = None
+        self.secret_askers: set[str] = set()
         # awaited with the round number after each completed (and saved) round; tests and
         # monitors hook in here (a slow observer holds the next round back)
         self.round_observers: list = []
+        self._stream_limits = PeerLimits(per_peer=SPLIT_STREAMS_PER_PEER, total=SPLIT_STREAMS_TOTAL)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -86,7 +96,7 @@ class SplitService:
         self.daemon = daemon
         if self.settings is None:
             self.settings = SplitSettings.load(self.home)
-        daemon.transport.set_stream_handler(SPLIT_PROTOCOL, self._handle)
+        daemon.transport.set_stream_handler(SPLIT_PROTOCOL, self._handle_limited)
 
     async def run(self, daemon: Any) -> None:
         """Load or create the server state, announce the offer, run the campaign, then keep
@@ -103,6 +113,9 @@ class SplitService:
             self.ready.set()
             await trio.sleep_forever()
         await self._announce()  # before admitting anyone: every offer names the signed entry
+        saved = self.read_json("secret.json")
+        if isinstance(saved, dict) and saved.get("service") == self.service_entry:
+            self.secret_entry = saved.get("entry")
         self.ready.set()
         try:
             await self.campaign.run()
@@ -143,6 +156,18 @@ class SplitService:
                 await trio.sleep(2.0)
 
     # ------------------------------------------------------------------ sessions
+
+    async def _handle_limited(self, stream: Stream) -> None:
+        """At most SPLIT_STREAMS_PER_PEER live split streams per peer (a reconnect may overlap
+        the session it replaces); more are reset before a byte is read (issue 11)."""
+        lease = self._stream_limits.try_acquire(stream.remote_peer)
+        if lease is None:
+            log.warning("split stream from %s refused: it already holds %d", stream.remote_peer,
+                        self._stream_limits.live(stream.remote_peer))
+            await stream.reset()
+            return
+        with lease:
+            await self._handle(stream)
 
     async def _handle(self, stream: Stream) -> None:
         """One client session: admission, the algorithm's message loop, evaluation, bye."""
@@ -185,7 +210,10 @@ class SplitService:
         first = await self.recv(sess, "info", "join")
         if first.meta["kind"] == "info":
             await ch.send("offer", None, {"offer": self.offer, "service_entry": self.service_entry})
-            first = await self.recv(sess, "join", "bye")
+            first = await self.recv(sess, "join", "bye", "secret")
+            while first.meta["kind"] == "secret":
+                await ch.send("secret_ok", None, await self._secret(sess, first))
+                first = await self.recv(sess, "join", "bye", "secret")
             if first.meta["kind"] == "bye":
                 sess.clean = True
                 return
@@ -195,6 +223,43 @@ class SplitService:
         welcome = await self.campaign.admit(sess, first)
         await ch.send("welcome", None, welcome)
         await self.campaign.serve(sess)
+
+    async def _secret(self, sess: Session, frame) -> dict[str, Any]:
+        """``secret {entry}`` -> ``secret_ok {entry, clients}`` (p-FESTA / MSD only).
+
+        The server arbitrates which client-made embedder secret a campaign uses, seeing
+        only entry ids and ciphertext. It first pulls the asker's ledger (its ``hello``
+        with its X25519 key, and its secret entry if it offers one). Without an offered
+        entry: if none is adopted yet, the reply waits until ``clients`` members asked (or
+        ``start_timeout``), so that whoever then makes the secret can seal it to all of
+        them. With one: the first valid entry (`secret.check_secret_entry`) is adopted
+        and persisted; every later asker is told that one."""
+        from atdnode.split.secret import SplitSecretError, adoptable
+
+        assert self.settings is not None and self.board is not None
+        if self.algorithm == "festa":
+            raise SplitProtocolError("FESTA has no embedder secret")
+        await self.check_member(sess.client)
+        await self.daemon.sync_with(sess.client)
+        offered = frame.meta.get("entry")
+        b = self.board
+        if offered is None:
+            self.secret_askers.add(sess.client)
+            b.notify()
+            await b.wait(lambda: self.secret_entry is not None or len(self.secret_askers) >= self.settings.clients,
+                         trio.current_time() + self.settings.start_timeout)
+        elif self.secret_entry is None:
+            sid = self.service_entry or ""
+            try:
+                eid = await self.daemon.ledger.run(lambda led: adoptable(led, offered, sid))
+            except SplitSecretError as e:
+                raise SplitProtocolError(str(e)) from None
+            if self.secret_entry is None:  # first valid one wins
+                self.secret_entry = eid
+                await trio.to_thread.run_sync(self.write_json, "secret.json", {"service": sid, "entry": eid})
+                log.info("campaign embedder secret: entry %s by %s", eid[:12], sess.client[-8:])
+                b.notify()
+        return {"entry": self.secret_entry, "clients": sorted(self.secret_askers)}
 
     @property
     def idle_timeout(self) -> float:

@@ -9,6 +9,8 @@ small control messages, counted under their own kinds:
 
     client -> server   info                      ask for the offer (no state change)
     server -> client   offer {offer}
+    client -> server   secret {entry: id | None}  p-FESTA / MSD: ask for / offer the campaign's
+    server -> client   secret_ok {entry, clients} embedder secret entry (ids only; `secret.py`)
     client -> server   join {task, num_samples, rounds, resume}
     server -> client   welcome {offer, next_round, last_round, uploaded, batch_size, body_bytes}
     server -> client   done                      (p-FESTA / MSD: no more training messages)
@@ -33,7 +35,7 @@ from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, Frame, FrameDecodeError, decode_frame, encode_frame
 
-CONTROL_KINDS = ("info", "offer", "join", "welcome", "done", "bye", "error")
+CONTROL_KINDS = ("info", "offer", "secret", "secret_ok", "join", "welcome", "done", "bye", "error")
 EVAL_KINDS = ("eval_forward", "eval_out")
 OFFLOAD_BYTES = 1 << 20  # encode / decode bigger frames in a worker thread
 

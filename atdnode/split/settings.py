@@ -7,6 +7,7 @@
     rounds = 4            # training rounds (FESTA: phase 1; phase2_rounds more with the body frozen)
     steps_per_round = 4   # batches per client per round
     unifying_rounds = 2   # heads / tails averaged per task every n rounds
+    part_weighting = "uniform"  # that average: "uniform" (the papers) or "samples" (by sample count)
     batch_size = 16
     clients = 1           # round 1 opens once this many clients joined (p-FESTA / MSD: and uploaded) ...
     start_timeout = 300   # ... or once this many seconds passed with at least one
@@ -16,6 +17,7 @@
 
 Every key is optional (defaults below: a tiny digits setting). `SplitSettings.offer()` is
 the public part a server announces in its signed `service` entry and tells each client.
+It holds nothing about the p-FESTA / MSD embedder: that is the clients' secret (`secret.py`).
 """
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ class SplitSettings:
     lr: float = 3e-3
     weight_decay: float = 0.05
     seed: int = 0
-    embedder_seed: int = 0
     class_token: bool = False
+    part_weighting: str = "uniform"
     clients: int = 1
     start_timeout: float = 300.0
     round_timeout: float = 120.0
@@ -71,7 +73,7 @@ class SplitSettings:
         from protocols.split_parts import TaskSpec, ViTSplitConfig
 
         ints = {"rounds": 0, "steps_per_round": 1, "unifying_rounds": 1, "phase2_rounds": 0, "batch_size": 1,
-                "seed": 0, "embedder_seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
+                "seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
                 "max_frame": 1 << 16}
         for key, low in ints.items():
             v = getattr(self, key)
@@ -85,6 +87,8 @@ class SplitSettings:
             raise SplitConfigError("split.round_timeout must be > 0")
         if self.rounds + self.phase2_rounds < 1:
             raise SplitConfigError("split.rounds + split.phase2_rounds must be >= 1")
+        if self.part_weighting not in ("uniform", "samples"):
+            raise SplitConfigError(f"split.part_weighting must be 'uniform' or 'samples', got {self.part_weighting!r}")
         if not isinstance(self.class_token, bool):
             raise SplitConfigError("split.class_token must be true or false")
         try:
@@ -136,7 +140,7 @@ class SplitSettings:
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
                 "unifying_rounds": self.unifying_rounds, "batch_size": self.batch_size,
-                "embedder_seed": self.embedder_seed, "class_token": self.class_token,
+                "class_token": self.class_token, "part_weighting": self.part_weighting,
                 "lr": self.lr, "upload_chunk": self.upload_chunk, "max_frame": self.max_frame,
                 "round_timeout": self.round_timeout}
 
@@ -154,6 +158,9 @@ class SplitSettings:
         if not isinstance(d, dict):
             raise SplitConfigError("[split] must be a table")
         known = {f.name for f in fields(cls)}
+        if "embedder_seed" in d:
+            raise SplitConfigError("split.embedder_seed is gone: the p-FESTA / MSD embedder is a secret the "
+                                   "clients make (p-FESTA §III-B); remove the key from config.toml")
         unknown = sorted(set(d) - known)
         if unknown:
             raise SplitConfigError(f"unknown split setting(s): {', '.join(unknown)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 
 from atdnode.transport.base import MAX_FRAME, FrameError, Stream, TransportError
+from atdnode.transport.limits import DecodeBudget
 
 PROTOCOL = "/atd/blob/1.0.0"
 HEADER_MAX = 64 << 10
@@ -20,7 +21,10 @@ def pack(obj: dict) -> bytes:
 def unpack(raw: bytes | bytearray) -> dict:
     """Decode a header frame; FrameError unless it is a msgpack map with string keys."""
     try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=HEADER_MAX)
+        budget = DecodeBudget(maps=1, lists=1)  # headers are flat maps, `get` carries one index list
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=HEADER_MAX, max_str_len=HEADER_MAX,
+                              max_array_len=MAX_BATCH, max_map_len=64, max_ext_len=0,
+                              object_hook=budget.map, list_hook=budget.list)
     except Exception as e:
         raise FrameError(f"malformed header frame ({type(e).__name__})") from None
     if not isinstance(obj, dict):

@@ -58,6 +58,7 @@ from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protoc
     unpack,
 )
 from atdnode.transport.bulk import MAX_CONNS, BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.limits import PeerLimits
 
 if TYPE_CHECKING:
     from atdnode.access import MembershipGate
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 60.0  # server: a request stream (or bulk connection) silent this long is closed
 READ_AHEAD_BYTES = 4 << 20  # server: chunks read ahead of the stream, per stream
+PER_PEER_STREAMS = 6  # server: streams one peer may hold at once (of max_streams slots)
 
 
 class BlobServer:
@@ -73,13 +75,17 @@ class BlobServer:
 
     def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, max_streams: int = 32,
                  gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
-                 bulk_port: int = 0) -> None:
+                 bulk_port: int = 0, per_peer: int = PER_PEER_STREAMS) -> None:
         """`gate`: members-only access (None: serve anyone -- only for tools without a ledger);
-        `may_read(peer, blob)`: per-blob reader lists; `bulk_port`: 0 = a fresh port per offer."""
+        `may_read(peer, blob)`: per-blob reader lists; `bulk_port`: 0 = a fresh port per offer;
+        `per_peer`: streams one peer may hold at once (fairness, issue 11)."""
         self.transport, self.store, self.bulk = transport, store, bulk
         self.gate, self.may_read, self.bulk_port = gate, may_read, bulk_port
         self._bulk_port_lock = trio.Lock()  # a fixed port serves one offer at a time
         self._slots = trio.Semaphore(max_streams)
+        # Fairness: one peer holds at most `per_peer` streams (served or waiting for a slot);
+        # more are reset at once, so a slot hog cannot starve the others (issue 11).
+        self.limits = PeerLimits(per_peer=min(per_peer, max_streams), total=4 * max_streams)
         self.served_chunks = 0  # chunks / bytes sent so far (tests and stats)
         self.served_bytes = 0
         # Awaited before each `get` batch is served, on streams and bulk connections alike:
@@ -93,16 +99,23 @@ class BlobServer:
         """Serve requests on one stream until the client closes it."""
         if self.gate is not None and not await self.gate.admit(stream, "blob stream"):
             return
-        try:
-            with trio.fail_after(IDLE_TIMEOUT):
-                await self._slots.acquire()
-        except trio.TooSlowError:
+        lease = self.limits.try_acquire(stream.remote_peer)
+        if lease is None:
+            log.info("blob stream from %s refused: it already holds %d streams", stream.remote_peer,
+                     self.limits.live(stream.remote_peer))
             await stream.reset()
             return
-        try:
-            await self._serve(stream)
-        finally:
-            self._slots.release()
+        with lease:
+            try:
+                with trio.fail_after(IDLE_TIMEOUT):
+                    await self._slots.acquire()
+            except trio.TooSlowError:
+                await stream.reset()
+                return
+            try:
+                await self._serve(stream)
+            finally:
+                self._slots.release()
 
     async def _serve(self, stream: Stream) -> None:
         while True:

@@ -113,18 +113,19 @@ class FramedStream(Stream):
         return out
 
     async def _read_large(self, n: int) -> bytes:
-        """Assemble an n-byte payload into one preallocated buffer (no quadratic copies)."""
-        out = bytearray(n)
-        view = memoryview(out)
-        have = len(self._buf)
-        view[:have] = self._buf
+        """Assemble an n-byte payload, growing the buffer only as bytes arrive.
+
+        Memory follows what the peer actually sent, never what it announced: a peer that
+        announces `max_size` and goes silent costs one header, not `max_size` (issue 11).
+        bytearray growth is amortised, so this stays linear in n.
+        """
+        out = self._buf
         self._buf = bytearray()
-        while have < n:
-            data = await self.raw.receive_some(min(RECV_MAX, n - have))
+        while len(out) < n:
+            data = await self.raw.receive_some(min(RECV_MAX, n - len(out)))
             if not data:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a {n}-byte frame")
-            view[have : have + len(data)] = data  # reads are capped at n - have
-            have += len(data)
+            out += data  # reads are capped at n - len(out)
         return bytes(out)
 
     async def write_frame(self, data: bytes) -> None:

@@ -53,8 +53,11 @@ from atdnode.transport.base import (
 )
 from atdnode.transport.framing import Counter, FramedStream
 from atdnode.transport.libp2p_pubsub import CoalescingPubsub, cache_addrs
+from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 
 log = logging.getLogger(__name__)
+
+_exclusive_tcp_listeners()  # no SO_REUSEPORT: nobody can bind the daemon's port beside it
 
 DIAL_TIMEOUT = 15.0
 
@@ -149,6 +152,17 @@ class _Notifee(INotifee):
         await trio.lowlevel.checkpoint()
 
 
+def _check_listening(host: Any, maddrs: list[Any]) -> None:
+    """py-libp2p logs a listen failure and runs on; refuse to run without every listen address."""
+    from atdnode.transport.tcp_exclusive import listen_failure
+
+    listeners = getattr(host.get_network(), "listeners", None)
+    failed = [m for m in maddrs if listeners is not None and str(m) not in listeners]
+    if failed or not host.get_addrs():
+        m = failed[0] if failed else maddrs[0]
+        raise TransportError(f"cannot listen on {m}: {listen_failure(m) or 'no transport accepted it'}")
+
+
 class Libp2pTransport(Transport):
     """A py-libp2p host (Noise + yamux over TCP) with GossipSub. Run it once."""
 
@@ -219,6 +233,7 @@ class Libp2pTransport(Transport):
         # Pubsub must be running before the host starts dialling or accepting.
         async with background_trio_service(pubsub), background_trio_service(gossipsub):
             async with host.run(maddrs):
+                _check_listening(host, maddrs)
                 await pubsub.wait_until_ready()
                 async with trio.open_nursery() as nursery:
                     self._host, self._pubsub, self._nursery = host, pubsub, nursery

@@ -408,6 +408,8 @@ class MemoryTransport(Transport):
             await self._connect_to(other)
         else:
             await trio.lowlevel.checkpoint()
+        if other._nursery is None:  # it stopped while we connected (a checkpoint ran)
+            raise TransportError(f"peer {peer_id} is not reachable")
         handler = other._handlers.get(protocol)
         if handler is None:
             raise TransportError(f"peer {peer_id} does not support {protocol}")

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 from cli.errors import CliError
 
 HELP = "\n\n".join([
@@ -31,10 +32,10 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
 
 
 def aggregate(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
-    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids to combine, repeatable or comma-separated (default: every compatible one held)."),
+    inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
     group_weighting: str = typer.Option("uniform", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
@@ -46,15 +47,18 @@ def aggregate(
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
-    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry from its inputs and check its weights and result hash."),
+    verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     from atdnode import aggregate as agg
+
+    from atdnode.ids import resolve_entry_ids
 
     h = NodeHome.at(home).require()
     if verify:
         from atdnode.agg_verify import verify_aggregate
 
+        verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
         blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
@@ -69,6 +73,8 @@ def aggregate(
         raise CliError("--features / --data need the ensemble (not --classifier head)")
     if classifier not in ("ensemble", "head"):
         raise CliError(f"--classifier {classifier!r}: choose ensemble or head")
+    ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
+    feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
     from atdnode.vertical import EnsembleOptions
 
     try:
@@ -92,7 +98,10 @@ def aggregate(
     else:
         from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
-        res = aggregate_hierarchical(h, [GroupSpec.parse(g) for g in group or []],
+        specs = [GroupSpec.parse(g) for g in group or []]
+        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
+                                                           what=f"group {g.name}"))) for g in specs]
+        res = aggregate_hierarchical(h, specs,
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
                                      data_spec=data, features=feats, options=opts)
     for w in res.details.get("warnings", []):
@@ -115,6 +124,8 @@ def aggregate(
                    f"({len(d['features'])} shared feature sets) -> {d['ensemble']}")
     for s in d.get("skipped", []):
         typer.echo(f"  skipped features {s['entry'][:16]}: {s['why']}")
+    for s in d.get("skipped_inputs", []):
+        typer.echo(f"  skipped weights {s['entry'][:16]}: {s['why']}")
     typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")
 
 

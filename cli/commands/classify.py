@@ -8,11 +8,12 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 from cli.errors import CliError
 
 
 def classify(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     data: str = typer.Option(..., "--data", help="Data spec, e.g. `digits` or `npz:PATH?classes=a,b` (see `atd train --help`)."),
     model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
     split: str = typer.Option("test", "--split", help="test | train."),

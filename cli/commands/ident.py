@@ -7,10 +7,11 @@ from pathlib import Path
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 
 def ident(
-    home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
+    home: Path = HOME_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print peer id, Ed25519 and X25519 public keys as JSON."),
 ) -> None:
     """Print the node's libp2p peer id (derived from its Ed25519 ledger key)."""

@@ -8,10 +8,11 @@ import typer
 
 from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
+from cli.options import home_option
 
 
 def init(
-    home: Path = typer.Option(..., "--home", help="Directory for the new node (created; must not hold a node)."),
+    home: Path = home_option("Directory for the new node (created; must not hold a node)."),
     name: Optional[str] = typer.Option(None, "--name", help="Human-readable node name (default: the directory name)."),
     genesis: bool = typer.Option(False, "--genesis", help="Found a new consortium: sign its genesis entry."),
     consortium: Optional[str] = typer.Option(None, "--consortium", help="Name of the consortium to found (with --genesis)."),

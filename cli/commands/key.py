@@ -1,6 +1,7 @@
 """`atd key export|import|rotate`: back up the node's keys, restore them, move to a new key."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -8,9 +9,9 @@ import typer
 
 from atdnode.home import NodeHome
 from cli.errors import CliError
+from cli.options import HOME_OPT
 
 key_app = typer.Typer(help="Back up, restore and rotate the node's keys.", no_args_is_help=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 PASS_OPT = typer.Option(None, "--passphrase-file", help="Read the passphrase from this file's first line "
                         "(default: ask on the terminal).")
 
@@ -22,6 +23,8 @@ def _passphrase(path: Optional[Path], *, confirm: bool) -> bytes:
         except OSError as exc:
             raise CliError(f"cannot read --passphrase-file: {exc}") from None
         return (lines[0] if lines else "").encode()
+    if not sys.stdin.isatty():  # getpass would warn and read an echoed line, or end in EOF
+        raise CliError("no terminal to ask for the passphrase on: give --passphrase-file FILE")
     return typer.prompt("passphrase", hide_input=True, confirmation_prompt=confirm).encode()
 
 

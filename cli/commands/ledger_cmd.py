@@ -9,9 +9,9 @@ import typer
 
 from atdnode.home import NodeHome
 from cli.errors import CliError
+from cli.options import HOME_OPT
 
 ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 def _open(home: Path):
@@ -28,18 +28,19 @@ def _open(home: Path):
 def show(
     home: Path = HOME_OPT,
     kind: Optional[str] = typer.Option(None, "--kind", help="Only entries of this kind (genesis, member, hello, weights, ...)."),
-    author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or hex public key)."),
+    author: Optional[str] = typer.Option(None, "--author", help="Only entries by this peer id (or a unique prefix / suffix of one, or a hex public key)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of entries (id, author, seq, lamport, kind, body, ...)."),
 ) -> None:
     """List the entries in the log, in log order (lamport, author, seq).
 
     Columns: when this node stored the entry (local time; entries carry no signed clock),
     lamport clock, author (last 8 characters of the peer id) #seq, kind, entry id, body."""
-    from ledger import parse_author
-
-    key = parse_author(author) if author else None
     import time
 
+    from atdnode.ids import resolve_peer
+    from ledger import parse_author
+
+    key = parse_author(resolve_peer(NodeHome.at(home).require(), author)) if author else None
     with _open(home) as led:
         entries = led.query(kind=kind, author=key)
         stored = led.stored_at([e.id for e in entries])
@@ -97,14 +98,38 @@ def wait(
 
 
 @ledger_app.command("verify")
-def verify(home: Path = HOME_OPT) -> None:
-    """Re-verify every stored entry (signatures, ids, chains, membership, store integrity).
+def verify(
+    home: Path = HOME_OPT,
+    peers: bool = typer.Option(False, "--peers", help="Also compare with every connected member (needs the running daemon): "
+                               "lists entries a peer holds that this ledger lacks (truncation, rollback, a deleted revocation) and merges them."),
+) -> None:
+    """Re-verify every stored entry (SQLite integrity, signatures, ids, chains, membership, store chain).
 
     Exits 0 when intact; otherwise prints the first problem, naming the entry, and exits non-zero.
+    With --peers it also exits non-zero when a connected member held entries this ledger lacked.
     """
     with _open(home) as led:
         report = led.verify()
     typer.echo(report.summary())
+    if peers:
+        _verify_peers(NodeHome.at(home))
+
+
+def _verify_peers(h: NodeHome) -> None:
+    from atdnode import control
+    from cli.errors import CliError
+
+    rep = control.call(h.control_socket, "verify_peers", timeout=300.0)
+    if not rep["peers"]:
+        raise CliError("no connected member answered a sync request; nothing to compare with"
+                       + (f" (failed: {', '.join(rep['failed'])})" if rep["failed"] else ""))
+    for m in rep["missing"]:
+        typer.echo(f"missing: {m['author'][-8:]}#{m['seq']} {m['kind']} {m['id'][:16]} (held by {m['peer'][-8:]}; now merged)")
+    if rep["missing"]:
+        raise CliError(f"{len(rep['missing'])} entries held by peers were missing from this ledger "
+                       "(truncated, rolled back or edited); they are merged now", exit_code=2)
+    typer.echo(f"ok: heads agree with {len(rep['peers'])} connected peer(s)"
+               + (f"; {len(rep['failed'])} did not answer" if rep["failed"] else ""))
 
 
 @ledger_app.command("export")
@@ -125,7 +150,9 @@ def import_(
     file: Path = typer.Argument(..., help="Dump file made by `atd ledger export`."),
     home: Path = HOME_OPT,
 ) -> None:
-    """Merge a dump into this node's ledger (every entry is verified; reports what happened)."""
+    """Merge a dump into this node's ledger (every entry is verified; reports what happened).
+
+    Exits non-zero when any entry was rejected (the others are still imported)."""
     from atdnode.config import NodeConfig
     from ledger.dump import import_dump
 
@@ -141,7 +168,9 @@ def import_(
     typer.echo(f"imported {file}: {len(res.added)} added to the log, {len(res.pending)} pending, "
                f"{len(res.rejected)} rejected, {res.duplicates} already present")
     for entry_id, err in res.rejected[:10]:
-        typer.echo(f"  rejected: {err}", err=True)
+        typer.echo(f"  rejected: {err}")
+    if res.rejected:  # the good entries are in; the exit code says that not everything was
+        raise CliError(f"{len(res.rejected)} entries of {file} were rejected (first: {res.rejected[0][1]})")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 member_app = typer.Typer(help="Admit, revoke and list consortium members (admins only for changes).",
                          no_args_is_help=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 def _ident_and_ledger(home: Path):
@@ -44,13 +44,14 @@ def add(
 
 @member_app.command("revoke")
 def revoke(
-    peer_id: str = typer.Argument(..., help="Peer id of the member to revoke."),
+    peer_id: str = typer.Argument(..., help="Peer id (or a unique prefix / suffix of one) of the member to revoke."),
     home: Path = HOME_OPT,
 ) -> None:
     """Revoke a member for good: its entries beyond those already in this ledger are refused."""
+    from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    key = parse_author(peer_id)
+    key = parse_author(resolve_peer(NodeHome.at(home).require(), peer_id))
     ident, led = _ident_and_ledger(home)
     with led:
         e = led.revoke(ident.signer, key)

@@ -10,10 +10,10 @@ import typer
 
 from atdnode.home import NodeHome
 from cli.errors import CliError
+from cli.options import HOME_ENV, HOME_HELP, HOME_OPT
 
 models_app = typer.Typer(help="The node's models: list (default), remove, prune to the size limit.",
                          invoke_without_command=True)
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 # (header, width); every cell is cut to its width, so long names never shift the columns
 COLUMNS = (("id", 16), ("created", 16), ("made", 12), ("model", 22), ("img/patch/dim/depth", 19),
@@ -37,7 +37,7 @@ def row(cells: list[str]) -> str:
 @models_app.callback()
 def models_cmd(
     ctx: typer.Context,
-    home: Optional[Path] = typer.Option(None, "--home", help="Node home directory (made by `atd init`)."),
+    home: Optional[Path] = typer.Option(None, "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the full records as a JSON list."),
 ) -> None:
     """List the models in this node's registry: how each was made (trained / horizontal /
@@ -48,7 +48,7 @@ def models_cmd(
     from atdnode.registry import ModelRegistry, made_by
 
     if home is None:
-        raise CliError("atd models needs --home DIR")
+        raise CliError(f"atd models needs --home DIR (or {HOME_ENV})")
     h = NodeHome.at(home).require()
     reg = ModelRegistry(h)
     recs = reg.list()

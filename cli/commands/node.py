@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -10,11 +11,11 @@ from typing import List, Optional
 import typer
 
 from atdnode import control
+from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
-
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 @node_app.command("start")
@@ -38,13 +39,15 @@ def start(
     Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
     service manager can run just `atd node start --home DIR`. Prints each listen address
     (with /p2p/<peer id>) on stdout once the node is ready; the dashboard's URL goes to the
-    log, to HOME/daemon.json and to `atd node status`.
+    log, to HOME/daemon.json and to `atd node status`. Malformed addresses (options or
+    config.toml) are refused before anything starts; a bootstrap peer that cannot be reached
+    is logged at its first failed dial (or after 5 s of a dial that hangs).
     """
     import trio
 
+    from atdnode.addrs import check_bootstrap, check_listen
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
-
     from atdnode.logs import setup_logging
 
     h = NodeHome.at(home).require()
@@ -54,13 +57,20 @@ def start(
 
         bind = parse_bind(dashboard, public=dashboard_public)
         check_free(*bind)
-    setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
     cfg = NodeConfig.load(h)
+    # checked at once, before anything starts: one line naming the bad address and its source
+    src = str(h.config_file)
+    listen = [check_listen(a, "--listen") for a in listen] or [check_listen(a, f"{src} listen") for a in cfg.listen]
+    if not listen:
+        raise ConfigError(f"{src} listen: no address to listen on")
+    bootstrap = list(dict.fromkeys([*(check_bootstrap(a, "--bootstrap") for a in bootstrap),
+                                    *(check_bootstrap(a, f"{src} bootstrap") for a in cfg.bootstrap)]))
+    setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
+    # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
+    logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
     if role is not None:
         cfg.role = role
         cfg.save(h)
-    listen = list(listen) or list(cfg.listen)
-    bootstrap = list(dict.fromkeys([*bootstrap, *cfg.bootstrap]))
     daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
                         dashboard_public=dashboard_public)
 
@@ -145,11 +155,16 @@ def peers(home: Path = HOME_OPT) -> None:
 
 def fetch(
     home: Path = HOME_OPT,
-    blob: str = typer.Argument(..., help="SHA-256 (hex) of the blob to fetch."),
+    blob: str = typer.Argument(..., help="SHA-256 (hex) of the blob to fetch, or a unique prefix of one this node's "
+                               "ledger announces."),
     timeout: float = typer.Option(600.0, help="Give up after this many seconds."),
 ) -> None:
     """Fetch a blob from the peers that hold it (needs a running daemon)."""
-    reply = control.call(NodeHome.at(home).require().control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
+    from atdnode.ids import resolve_blob
+
+    h = NodeHome.at(home).require()
+    blob = resolve_blob(h, blob)
+    reply = control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
     typer.echo(f"{reply['blob']} {reply['size']} bytes")
 
 

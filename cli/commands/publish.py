@@ -7,10 +7,11 @@ from pathlib import Path
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 
 def publish_weights(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
+    home: Path = HOME_OPT,
     model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
     part: str = typer.Option("extractor", "--part", help="extractor (default: the head stays private) | head | full."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

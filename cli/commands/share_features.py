@@ -8,11 +8,12 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 
 
 def share_features(
-    home: Path = typer.Option(..., "--home", help="Node home directory."),
-    to: List[str] = typer.Option(..., "--to", help="Recipient peer id (repeatable or comma-separated); its `hello` must announce an X25519 key."),
+    home: Path = HOME_OPT,
+    to: List[str] = typer.Option(..., "--to", help="Recipient peer id or unique prefix / suffix (repeatable or comma-separated); its `hello` must announce an X25519 key."),
     data: Optional[str] = typer.Option(None, "--data", help="Data spec of the images to describe (default: the model's training data)."),
     model: str = typer.Option("latest", "--model", help="Model whose extractor makes the features (id, prefix or `latest`)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -26,8 +27,11 @@ def share_features(
     """
     from atdnode.features_share import share_features as do_share
 
-    peers = [p.strip() for item in to for p in item.split(",") if p.strip()]
-    res = do_share(NodeHome.at(home).require(), to=peers, data_spec=data, model=model)
+    from atdnode.ids import resolve_peer
+
+    h = NodeHome.at(home).require()
+    peers = [resolve_peer(h, p.strip()) for item in to for p in item.split(",") if p.strip()]
+    res = do_share(h, to=peers, data_spec=data, model=model)
     if as_json:
         typer.echo(json.dumps({"entry": res.entry.id.hex(), "blob": res.blob, "size": res.size,
                                "recipients": res.recipients, "shape": res.shape}))

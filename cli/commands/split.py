@@ -12,11 +12,10 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_ENV, HOME_OPT
 
 split_app = typer.Typer(help="Split learning over libp2p: FESTA, p-FESTA, masked sampling distillation.",
                         no_args_is_help=True)
-
-HOME_OPT = typer.Option(..., "--home", help="Node home directory (made by `atd init`).")
 
 
 @split_app.command("configure")
@@ -76,7 +75,7 @@ def configure(
 @split_app.command("join")
 def join(
     home: Path = HOME_OPT,
-    server: str = typer.Option(..., "--server", help="Peer id of the split server."),
+    server: str = typer.Option(..., "--server", help="Peer id (or a unique prefix / suffix) of the split server."),
     task: str = typer.Option(..., "--task", help="Task name, one of those the server offers."),
     data: str = typer.Option(..., "--data", help="Data spec (e.g. 'digits?shard=1/2&limit=200'); see `atd train`."),
     server_addr: List[str] = typer.Option([], "--server-addr", help="Server multiaddr (…/p2p/<id>); default: its "
@@ -84,7 +83,7 @@ def join(
     rounds: Optional[int] = typer.Option(None, "--rounds", help="Take part in at most R rounds (default: all)."),
     test_data: Optional[str] = typer.Option(None, help="Evaluation data spec (default: the test split of --data)."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the task metric at the end."),
-    no_sync: bool = typer.Option(False, "--no-sync", help="Do not pull the server's ledger."),
+    no_sync: bool = typer.Option(False, "--no-sync", help="Do not pull the server's ledger (p-FESTA / MSD still pull what the embedder secret needs)."),
     no_permute: bool = typer.Option(False, "--no-permute", help="p-FESTA/MSD: send patches in order (ablation)."),
     seed: int = typer.Option(0, help="Seed of this client's parts and sampling."),
     lr: Optional[float] = typer.Option(None, help="Client learning rate (default: the server's)."),
@@ -110,7 +109,10 @@ def join(
     for name in ("libp2p", "multiaddr", "async_service"):
         # py-libp2p logs the cancellation of its tasks at shutdown as errors; keep them for -v
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
+    from atdnode.ids import resolve_peer
+
     h = NodeHome.at(home).require()
+    server = resolve_peer(h, server)
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
                        permute=not no_permute, reconnect_timeout=reconnect_timeout, read_timeout=read_timeout,
@@ -127,14 +129,15 @@ def join(
 
 @split_app.command("report")
 def report(
-    home: List[Path] = typer.Option(..., "--home", help="Node home(s) whose comm records to show (repeatable)."),
+    home: List[Path] = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True,
+                                   help="Node home(s) whose comm records to show (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable rows."),
 ) -> None:
     """Measured bytes per client next to the p-FESTA paper's formulas (T_FL, T_SL, T_FESTA,
     T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
     from atdnode.split.report import load_records, render, report_row
 
-    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h))]
+    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h).require())]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     elif not rows:

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from cli.options import HOME_OPT
 from cli.errors import CliError
 
 HELP = """Train a timm ViT on this node's private images and register it locally.
@@ -31,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
 
 def train_cmd(
-    home: Path = typer.Option(..., "--home", help="Node home directory (made by `atd init`)."),
+    home: Path = HOME_OPT,
     data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH | dicom:PATH | nifti:PATH [?options]."),
     model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
     img_size: Optional[int] = typer.Option(None, "--img-size", help="Image size (default: the model's)."),
