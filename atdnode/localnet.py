@@ -57,10 +57,12 @@ class NodeState:
     running: bool
     addrs: list[str]
     peers: list[str]
+    dashboard: str | None = None  # URL, when the daemon serves one
 
     def to_json(self) -> dict:
         return {"name": self.name, "home": str(self.home), "peer_id": self.peer_id, "founder": self.founder,
-                "pid": self.pid, "running": self.running, "addrs": self.addrs, "peers": self.peers}
+                "pid": self.pid, "running": self.running, "addrs": self.addrs, "peers": self.peers,
+                "dashboard": self.dashboard}
 
 
 def _atd_argv() -> list[str]:
@@ -215,9 +217,14 @@ def _tail(path: Path) -> str:
     return lines[-1][-300:] if lines else ""
 
 
-def up(root: Path, n: int, *, timeout: float = READY_TIMEOUT, extra_args: list[str] = (),
-       log=lambda _m: None) -> list[NodeState]:
-    """Create (if needed) and start a local consortium of `n` nodes; wait until fully connected."""
+def up(root: Path, n: int | None = None, *, timeout: float = READY_TIMEOUT, extra_args: list[str] | None = None,
+       roles: dict[str, str] | None = None, start: bool = True, log=lambda _m: None) -> list[NodeState]:
+    """Create (if needed) and start a local consortium of `n` nodes; wait until every daemon
+    is connected to every other one and all ledgers hold the same entries (every node's
+    signed `hello` is known everywhere). `roles` {node name: role} are written to those
+    nodes' config.toml before their daemons start (a running daemon keeps its role);
+    `start=False` only creates the homes. `extra_args` go to every `atd node start` (e.g.
+    ["--dashboard=127.0.0.1:0"]) and are kept in local.json for later restarts; None reuses them."""
     root = Path(root).expanduser().resolve()
     if (root / MANIFEST).exists():
         have = len(read_manifest(root)["nodes"])
@@ -226,8 +233,16 @@ def up(root: Path, n: int, *, timeout: float = READY_TIMEOUT, extra_args: list[s
                                 f"`atd local down --dir {root}` and use another --dir")
         hs = homes(root)
     else:
+        n = n or 3
         hs = create(root, n)
         log(f"created {n} node homes under {root} (node1 founded the consortium, the others are admitted)")
+    if extra_args is not None:
+        _update_manifest(root, daemon_args=list(extra_args))
+    extra_args = list(read_manifest(root).get("daemon_args", []))
+    if roles:
+        _set_roles(hs, roles)
+    if not start:
+        return status(root)
     deadline = time.monotonic() + timeout
     bootstrap: list[str] = []
     for i, h in enumerate(hs):
@@ -241,15 +256,40 @@ def up(root: Path, n: int, *, timeout: float = READY_TIMEOUT, extra_args: list[s
             bootstrap = [st["addrs"][0]]
     ids = {h.root.name: _status_of(h)["peer_id"] for h in hs}
 
-    def connected():
+    def converged():
+        heads = []
         for h in hs:
             st = _status_of(h)
             if st is None or not set(ids.values()) - {st["peer_id"]} <= set(st.get("peers", [])):
                 return False
-        return True
+            heads.append(st["ledger"]["heads"])
+        return set(heads[0]) == set(ids.values()) and all(hd == heads[0] for hd in heads)
 
-    _wait(connected, deadline, f"all {len(hs)} daemons to connect to each other (logs: {root}/node*/logs)")
+    _wait(converged, deadline, f"all {len(hs)} daemons to connect and agree on the ledger (logs: {root}/node*/logs)")
     return status(root)
+
+
+def _update_manifest(root: Path, **changes) -> None:
+    m = {**read_manifest(root), **changes}
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(m, indent=2))
+    tmp.replace(root / MANIFEST)
+
+
+def _set_roles(hs: list[NodeHome], roles: dict[str, str]) -> None:
+    from atdnode.config import NodeConfig
+
+    by_name = {h.root.name: h for h in hs}
+    for name, role in roles.items():
+        if name not in by_name:
+            raise LocalNetError(f"--role {name}={role}: no node {name!r} (nodes: {', '.join(by_name)})")
+        h = by_name[name]
+        pid = _read_pid(h)
+        cfg = NodeConfig.load(h)
+        if cfg.role != role and pid is not None and _is_our_daemon(pid, h):
+            raise LocalNetError(f"{name} is running as {cfg.role!r}; `atd local down` first to change its role")
+        cfg.role = role
+        cfg.save(h)
 
 
 def status(root: Path) -> list[NodeState]:
@@ -267,7 +307,8 @@ def status(root: Path) -> list[NodeState]:
         out.append(NodeState(name=h.root.name, home=h.root, peer_id=peer_id, founder=peer_id == founder,
                              pid=pid if alive else None, running=st is not None,
                              addrs=list(st.get("addrs", [])) if st else [],
-                             peers=list(st.get("peers", [])) if st else []))
+                             peers=list(st.get("peers", [])) if st else [],
+                             dashboard=st.get("dashboard") if st else None))
     return out
 
 

@@ -17,11 +17,14 @@ through `torch.utils.tensorboard`, in DIR/<run key> (a resumed run appends there
 MLflow (`--mlflow URI`, extra `atd[mlflow]`): one MLflow run per atd run, tagged
 `atd.run_key` (a resumed run continues the same MLflow run), with the training options as
 params, the same metrics per epoch (step = epoch) and the PNGs and CSV as artifacts.
-A missing package is a one-line ConfigError before any epoch runs.
+A local directory (`--mlflow ./mlruns` or `file:` URI) uses MLflow's file store (opted in
+via MLFLOW_ALLOW_FILE_STORE unless set). A missing package or a tracking URI MLflow
+refuses is a one-line ConfigError before any epoch runs.
 """
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 from atdnode.errors import ConfigError
@@ -100,11 +103,21 @@ class TrainLog:
         if tensorboard:
             self.tb = _summary_writer()(log_dir=str(Path(tensorboard).expanduser() / run_key))
         if mlflow_uri:
-            self.mlflow = _mlflow()
-            self.mlflow.set_tracking_uri(mlflow_uri)
-            self.mlflow.set_experiment(experiment)
-            self._mlflow_run = self.mlflow.start_run(run_id=self._existing_run(experiment), run_name=run_key,
-                                                     tags={"atd.run_key": run_key})
+            mlflow = _mlflow()
+            if "://" not in mlflow_uri or mlflow_uri.startswith("file:"):
+                # a local directory: recent MLflow wants an explicit opt-in for its file store
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            try:
+                mlflow.set_tracking_uri(mlflow_uri)
+                mlflow.set_experiment(experiment)
+                self.mlflow = mlflow
+                mlflow.start_run(run_id=self._existing_run(experiment), run_name=run_key,
+                                 tags={"atd.run_key": run_key})
+            except Exception as exc:  # MLflow raises many types; the user needs one line
+                self.mlflow = None
+                self.close()
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConfigError(f"--mlflow {mlflow_uri}: {first}") from None
             if params:
                 flat = {k: str(v) for k, v in params.items()}
                 try:

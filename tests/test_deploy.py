@@ -113,5 +113,6 @@ def test_port_plan_config_and_firewall_rules_agree() -> None:
 
 def test_keys_procedure_names_the_key_commands() -> None:
     md = (DEPLOY / "KEYS.md").read_text()
-    for cmd in ("atd key export --encrypted", "atd key rotate", "atd member revoke", "atd member add"):
+    for cmd in ("atd key export --encrypted", "atd key import", "atd key rotate", "atd member revoke",
+                "atd member add"):
         assert cmd in md

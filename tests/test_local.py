@@ -19,7 +19,7 @@ def _gone(pid: int) -> bool:
 
 def test_local_up_status_down_and_crash(tmp_path: Path) -> None:
     d = tmp_path / "c"
-    out = atd("local", "up", "-n", "3", "--dir", str(d), timeout=300).stdout
+    out = atd("local", "up", "-n", "3", "--dir", str(d), "--daemon-arg=--sync-interval=3", timeout=300).stdout
     exports = [ln for ln in out.splitlines() if ln.startswith("export ATD_HOME=")]
     assert exports == [f"export ATD_HOME={d.resolve() / f'node{i}'}" for i in (1, 2, 3)]
     nodes = atd_json("local", "status", "--dir", str(d), "--json")
@@ -39,6 +39,8 @@ def test_local_up_status_down_and_crash(tmp_path: Path) -> None:
     again = atd_json("local", "up", "--dir", str(d), "--json")
     assert all(n["running"] and len(n["peers"]) == 2 for n in again)
     assert again[0]["pid"] == nodes[0]["pid"] and again[1]["pid"] != victim["pid"]  # only the dead one restarted
+    for n in again:  # the daemon options given to the first `up` are kept for restarts
+        assert "--sync-interval=3" in psutil.Process(n["pid"]).cmdline()
     # another crashes, then `down` stops the others cleanly and cleans up after the dead one
     os.kill(again[2]["pid"], signal.SIGKILL)
     wait_until(lambda: _gone(again[2]["pid"]), 30, "the killed daemon to die")
@@ -58,3 +60,14 @@ def test_local_errors_are_one_line(tmp_path: Path) -> None:
     atd("init", "--home", str(tmp_path / "x" / "node1"))
     p = atd("local", "up", "-n", "2", "--dir", str(tmp_path / "x"), check=False)
     assert p.returncode == 1 and "already holds an atd node" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_ledger_wait(tmp_path: Path) -> None:
+    home = str(tmp_path / "n")
+    atd("init", "--home", home, "--genesis", "--consortium", "w")
+    gid = atd_json("ledger", "show", "--home", home, "--json")[0]["id"]
+    assert atd("ledger", "wait", "--home", home, gid).stdout.strip() == "1 entry here"
+    p = atd("ledger", "wait", "--home", home, "--timeout", "0.5", gid, "ab" * 32, check=False)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "entries abababababababab" in p.stderr
+    p = atd("ledger", "wait", "--home", home, "xyz", check=False)
+    assert p.returncode == 1 and "not a 64-hex-digit entry id" in p.stderr

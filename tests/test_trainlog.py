@@ -38,7 +38,7 @@ def test_csv_png_tensorboard_mlflow(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow-skinny: the file store needs opting in
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # atd opts in for a local store itself
     h = _home(tmp_path)
     tb, ml = tmp_path / "tb", f"file://{tmp_path / 'mlruns'}"
     r = runner.invoke(app, ["train", "--home", str(h.root), "--data", DATA, *TINY, "--epochs", "3",
@@ -88,6 +88,14 @@ def test_missing_extra_is_one_line(tmp_path, monkeypatch):
         msg = str(r.exception)
         assert "\n" not in msg and f"atd[{pkg}]" in msg
     assert not list((h.root / "runs").glob("*/history.csv"))  # refused before any epoch ran
+
+
+def test_bad_mlflow_uri_is_one_line(tmp_path):
+    h = _home(tmp_path)
+    r = runner.invoke(app, ["train", "--home", str(h.root), "--data", DATA, *TINY, "--epochs", "1",
+                            "--mlflow", "nosuchscheme://x"])
+    assert isinstance(r.exception, ConfigError) and "\n" not in str(r.exception)
+    assert str(r.exception).startswith("--mlflow nosuchscheme://x: ")
 
 
 def test_cli_log_rotates_by_size(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -55,6 +55,46 @@ def show(
         at = stored.get(e.id)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at is not None else "-" * 19
         typer.echo(f"{when} {e.lamport:>6} {j['author'][-8:]}#{e.seq:<5} {e.kind:<9} {j['id'][:16]} {body}")
+
+
+@ledger_app.command("wait")
+def wait(
+    entries: List[str] = typer.Argument(..., help="Entry ids (64 hex) to wait for, e.g. printed by `publish-weights --json` on another node."),
+    home: Path = HOME_OPT,
+    blobs: bool = typer.Option(False, "--blobs", help="Also wait until the blob each entry names is held here (the daemon fetches it)."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Give up after this many seconds (exit 1)."),
+) -> None:
+    """Wait until entries published elsewhere have reached this node's log (and, with --blobs,
+    their blobs its store): the step between a peer's publish and this node's aggregate."""
+    import time
+
+    from atdnode.blobstore import BlobStore
+
+    ids = []
+    for ref in entries:
+        try:
+            raw = bytes.fromhex(ref)
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise CliError(f"{ref!r} is not a 64-hex-digit entry id")
+        ids.append(raw)
+    store = BlobStore(NodeHome.at(home).require().blobs_dir)
+    end = time.monotonic() + timeout
+    while True:
+        with _open(home) as led:
+            got = {i: led.get(i) for i in ids}
+        missing = [i.hex()[:16] for i, e in got.items() if e is None]
+        unfetched = [e.body["blob"][:16] for e in got.values() if blobs and e is not None
+                     and isinstance(e.body.get("blob"), str) and not store.has(e.body["blob"])]
+        if not missing and not unfetched:
+            typer.echo(f"{len(ids)} entr{'y' if len(ids) == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
+            return
+        if time.monotonic() > end:
+            what = ([f"entries {', '.join(missing)}"] if missing else []) + ([f"blobs {', '.join(unfetched)}"] if unfetched else [])
+            raise CliError(f"timed out after {timeout:g} s waiting for {' and '.join(what)} (is the daemon running "
+                           f"and connected? `atd node status --home {home}`)")
+        time.sleep(0.25)
 
 
 @ledger_app.command("verify")

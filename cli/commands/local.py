@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import List, Optional
 
 import typer
+
+from cli.errors import CliError
 
 local_app = typer.Typer(help="A local consortium: N nodes with their daemons on 127.0.0.1, in one command.",
                         no_args_is_help=True)
@@ -13,20 +16,37 @@ DIR_OPT = typer.Option(Path("atd-local"), "--dir", help="Directory holding the c
 
 @local_app.command("up")
 def up_cmd(
-    n: int = typer.Option(3, "-n", "--nodes", min=1, help="Number of nodes (node1 founds, the others are admitted)."),
+    n: Optional[int] = typer.Option(None, "-n", "--nodes", min=1, help="Number of nodes (node1 founds, the others "
+                                    "are admitted; default 3, or what DIR already holds)."),
     dir: Path = DIR_OPT,
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait until every daemon is connected."),
+    role: List[str] = typer.Option([], "--role", help="NODE=ROLE, e.g. node1=pfesta-server (repeatable): the role "
+                                   "that node's daemon announces (set before it starts)."),
+    init_only: bool = typer.Option(False, "--init-only", help="Only create the homes (e.g. to run `atd split "
+                                   "configure` before the server starts); start nothing."),
+    daemon_arg: List[str] = typer.Option([], "--daemon-arg", help="Extra option for every `atd node start`, e.g. "
+                                         "--daemon-arg=--dashboard=127.0.0.1:0 (repeatable; remembered for restarts)."),
     as_json: bool = typer.Option(False, "--json", help="Print the nodes as JSON."),
 ) -> None:
     """Initialise N nodes in DIR (if not there yet), start their daemons as background processes
     on 127.0.0.1 and return once all are connected to each other.
 
-    Prints, per node, its peer id, address and an `export ATD_HOME=...` line. Logs go to
+    Ready means: every daemon is connected to every other one and all ledgers hold the same
+    entries (each node's signed hello is known everywhere). Prints, per node, its peer id,
+    address and an `export ATD_HOME=...` line. Logs go to
     DIR/nodeK/logs/; `atd local down` stops them. Running `up` again restarts stopped daemons.
     """
     from atdnode import localnet
 
-    nodes = localnet.up(dir, n, timeout=timeout, log=lambda m: typer.echo(m, err=True))
+    roles = {}
+    for r in role:
+        name, sep, value = r.partition("=")
+        if not sep or not name or not value:
+            raise CliError(f"--role {r!r}: expected NODE=ROLE, e.g. node1=pfesta-server")
+        roles[name] = value
+    nodes = localnet.up(dir, n, timeout=timeout, roles=roles, start=not init_only,
+                        extra_args=list(daemon_arg) or None,
+                        log=lambda m: typer.echo(m, err=True))
     _print(nodes, as_json)
 
 
@@ -58,6 +78,8 @@ def _print(nodes, as_json: bool) -> None:
         typer.echo(f"# {n.name}{' (founder)' if n.founder else ''}  {n.peer_id}  {state}")
         for a in n.addrs[:1]:
             typer.echo(f"#   {a}")
+        if n.dashboard:
+            typer.echo(f"#   dashboard {n.dashboard}")
         typer.echo(f"export ATD_HOME={n.home}")
 
 

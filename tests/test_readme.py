@@ -1,0 +1,92 @@
+"""The README's walkthroughs, run exactly as written (bash -euo pipefail, in an empty
+directory, `atd` = this checkout)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mdblocks import fenced_blocks
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def walkthrough(name: str) -> str:
+    """The ```bash block right after `<!-- walkthrough: NAME -->` in README.md."""
+    md = (REPO / "README.md").read_text()
+    marker = f"<!-- walkthrough: {name} -->\n"
+    assert md.count(marker) == 1, f"README needs exactly one {marker!r}"
+    info, body = fenced_blocks(md[md.index(marker) + len(marker):])[0]
+    assert md[md.index(marker) + len(marker):].startswith("```bash") and info == "bash"
+    return body
+
+
+def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = ()) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "atd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.app "$@"\n')
+    (bin_dir / "atd").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / f"{name}.sh"
+    script.write_text(walkthrough(name))
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    env.pop("ATD_HOME", None)
+    try:
+        p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        for d in local_dirs:  # never leave daemons behind, whatever happened
+            if (work / d / "local.json").exists():
+                subprocess.run([str(bin_dir / "atd"), "local", "down", "--dir", str(work / d)], env=env,
+                               capture_output=True, timeout=120)
+        for h in homes:  # daemons the script started itself
+            if (work / h / "control.sock").exists():
+                subprocess.run([str(bin_dir / "atd"), "node", "stop", "--home", str(work / h)], env=env,
+                               capture_output=True, timeout=120)
+    assert p.returncode == 0, f"walkthrough {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+@pytest.mark.slow
+def test_vgs_walkthrough(tmp_path: Path) -> None:
+    out = run(tmp_path, "vgs", ["consortium"])
+    accs = [float(a) for a in re.findall(r"^  accuracy (\d\.\d+)", out, re.M)]
+    assert len(accs) == 3  # horizontal, vertical, hierarchical global models, each scored
+    assert min(accs) > 2 * 0.1, accs  # ten digit classes: chance is 0.1
+    assert re.search(r"^aggregate [0-9a-f]{16} verifies: [0-9a-f]{64}$", out, re.M)
+    made = re.findall(r"^[0-9a-f]{16}  \S+ \S+\s+(trained|horizontal|vertical|hierarchical)\s", out, re.M)
+    assert sorted(made) == ["hierarchical", "horizontal", "trained", "vertical"]
+    assert "ensemble over 10 classes from 900 samples (2 shared feature sets)" in out  # node2's and node3's features
+    assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
+
+
+@pytest.mark.slow
+def test_split_walkthrough(tmp_path: Path) -> None:
+    out = run(tmp_path, "split", ["split"])
+    assert re.search(r"^pfesta task digit: 2 round\(s\), accuracy=", out, re.M)
+    ink = float(re.search(r"^pfesta task ink: 2 round\(s\), patch_accuracy=(\d\.\d+)", out, re.M).group(1))
+    assert ink > 0.5, ink
+    errs = [float(e) for e in re.findall(r"^client\s+\S+\s+pfesta\s+\S+\s+\d+\s+\S+\s+\S+\s+([+-]\d+\.\d+)", out, re.M)]
+    assert len(errs) == 2 and all(abs(e) < 5 for e in errs), errs  # measured bytes within 5% of the formula
+    assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
+
+
+def test_dashboard_walkthrough(tmp_path: Path) -> None:
+    """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"]).splitlines()
+    assert re.fullmatch(r"12D3KooW\w+", out[0]) and out[-1] == "stopping"  # atd init ... atd node stop
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families("\n".join(out[1:-1]) + "\n") for s in f.samples}
+    assert samples[("atd_up", ())] == 1 and samples[("atd_peers_connected", ())] == 0
+    assert samples[("atd_ledger_entries", (("state", "log"),))] >= 1  # the genesis (+ hello, once said)
+    assert sum(v for (name, _), v in samples.items() if name == "atd_members") >= 1
+    assert not (tmp_path / "work" / "hospital" / "control.sock").exists()
