@@ -166,6 +166,7 @@ class NodeDaemon:
                 nursery.start_soon(self._fetch_loop)
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._expire_loop)
+                nursery.start_soon(self._confirm_head_loop)
                 for service in self.services:
                     nursery.start_soon(service.run, self)
                 for addr in bootstrap:
@@ -395,6 +396,25 @@ class NodeDaemon:
             log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_after)
             self._head_confirmed.set()
         return result
+
+    async def _confirm_head_loop(self, every: float = 2.0) -> None:
+        """Until a member confirmed our own chain head, pull from connected members every
+        `every` s. The pull on connect is not enough: a member that did not know us yet
+        (e.g. it joined after us, holding only genesis) refuses it, and periodic sync may be
+        an hour away, while nothing of ours may be signed or gossiped meanwhile."""
+        while not self._head_confirmed.is_set():
+            with trio.move_on_after(every):
+                await self._head_confirmed.wait()
+            if self._head_confirmed.is_set():
+                return
+            try:
+                peers = self.transport.peers()
+            except TransportError:
+                continue
+            members = self._member_peer_ids()
+            for peer in peers:
+                if peer in members and not self._head_confirmed.is_set():
+                    await self._pull_from(peer)
 
     def _member_peer_ids(self) -> set[str]:
         from ledger.keys import peer_id_from_public_key
