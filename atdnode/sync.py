@@ -30,7 +30,7 @@ import trio
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
-from atdnode.transport.limits import DecodeBudget, PeerLimits
+from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
 
 SYNC_PROTOCOL = "/atd/sync/1.0.0"
 BATCH_BYTES = 512 << 10
@@ -79,10 +79,8 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
     read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
     non-reading peer holds a stream (and its buffers) for a bounded time.
     """
-    lease = limits.try_acquire(stream.remote_peer) if limits is not None else None
+    lease = await lease_or_reset(limits, stream, "sync") if limits is not None else None
     if limits is not None and lease is None:
-        log.info("sync stream from %s refused: too many concurrent sync streams", stream.remote_peer)
-        await stream.reset()
         return
     try:
         with trio.fail_after(IDLE_TIMEOUT):

@@ -36,7 +36,7 @@ from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
 from atdnode.transport.base import FrameError, Stream, TransportError
-from atdnode.transport.limits import PeerLimits
+from atdnode.transport.limits import PeerLimits, lease_or_reset
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
@@ -160,11 +160,8 @@ class SplitService:
     async def _handle_limited(self, stream: Stream) -> None:
         """At most SPLIT_STREAMS_PER_PEER live split streams per peer (a reconnect may overlap
         the session it replaces); more are reset before a byte is read (issue 11)."""
-        lease = self._stream_limits.try_acquire(stream.remote_peer)
+        lease = await lease_or_reset(self._stream_limits, stream, "split")
         if lease is None:
-            log.warning("split stream from %s refused: it already holds %d", stream.remote_peer,
-                        self._stream_limits.live(stream.remote_peer))
-            await stream.reset()
             return
         with lease:
             await self._handle(stream)

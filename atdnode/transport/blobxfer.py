@@ -58,7 +58,7 @@ from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protoc
     unpack,
 )
 from atdnode.transport.bulk import MAX_CONNS, BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
-from atdnode.transport.limits import PeerLimits
+from atdnode.transport.limits import PeerLimits, lease_or_reset
 
 if TYPE_CHECKING:
     from atdnode.access import MembershipGate
@@ -99,11 +99,8 @@ class BlobServer:
         """Serve requests on one stream until the client closes it."""
         if self.gate is not None and not await self.gate.admit(stream, "blob stream"):
             return
-        lease = self.limits.try_acquire(stream.remote_peer)
+        lease = await lease_or_reset(self.limits, stream, "blob")
         if lease is None:
-            log.info("blob stream from %s refused: it already holds %d streams", stream.remote_peer,
-                     self.limits.live(stream.remote_peer))
-            await stream.reset()
             return
         with lease:
             try:

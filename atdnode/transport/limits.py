@@ -9,15 +9,22 @@ refused at once, so one peer -- even an admitted member gone rogue -- can hold a
 `per_peer` of the `total` slots and everyone else keeps being served.
 
     limits = PeerLimits(per_peer=4, total=32)
-    lease = limits.try_acquire(stream.remote_peer)
+    lease = await lease_or_reset(limits, stream, "sync")
     if lease is None:
-        await stream.reset(); return
+        return
     with lease:
         ...serve...
 """
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from atdnode.transport.base import Stream
+
+log = logging.getLogger("atd.limits")
 
 
 class Lease:
@@ -71,6 +78,17 @@ class PeerLimits:
     def live(self, peer: str | None = None) -> int:
         """Streams held now, by `peer` or in total."""
         return self._n if peer is None else self._live.get(peer, 0)
+
+
+async def lease_or_reset(limits: PeerLimits, stream: "Stream", what: str) -> Lease | None:
+    """A lease for `stream`'s peer, or None after resetting the stream (logged) when the
+    peer is over its share or the total is reached. Call it before reading anything."""
+    lease = limits.try_acquire(stream.remote_peer)
+    if lease is None:
+        log.info("%s stream from %s refused: it already holds %d (of %d per peer, %d live in total)",
+                 what, stream.remote_peer, limits.live(stream.remote_peer), limits.per_peer, limits.live())
+        await stream.reset()
+    return lease
 
 
 class DecodeBudget:
