@@ -105,6 +105,7 @@ class NodeDaemon:
         self._stop = trio.Event()
         self._members: set[bytes] = set()
         self._announced_seq = 0
+        self._hello_said: tuple | None = None  # (addrs, role) of our last signed hello
         self._wanted: set[str] = set()
         self._manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
         self._fetch_failures: dict[str, str] = {}
@@ -294,7 +295,7 @@ class NodeDaemon:
                 await self._maybe_say_hello()
             except (sqlite3.OperationalError, OSError) as exc:
                 await self._disk_trouble("appending hello", exc)
-            head = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
+            head = await self.ledger.run(lambda led: led.head_of(me))
             if head > self._announced_seq:
                 seq = self._announced_seq
                 entries = await self.ledger.run(lambda led: led.entries_after(me, seq))
@@ -327,6 +328,9 @@ class NodeDaemon:
         if me not in self._members or not self._head_confirmed.is_set():
             return
         addrs = self.transport.addrs()
+        said = (tuple(addrs), self.config.role)
+        if self._hello_said == said:  # checked on every poll tick: no query each time
+            return
 
         def current(led: Ledger):
             hellos = led.query(kind="hello", author=me)
@@ -340,8 +344,10 @@ class NodeDaemon:
             "name": self.config.name,
         }
         if last is not None and last.get("addrs") == addrs and last.get("role") == body["role"]:
+            self._hello_said = said
             return
         await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, "hello", body))
+        self._hello_said = said
 
     # ---------------------------------------------------------------- sync
 
@@ -367,7 +373,7 @@ class NodeDaemon:
             self.gate.refuse(peer_id, "sync pull")
             return None
         me = self.identity.public_key
-        own_before = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
+        own_before = await self.ledger.run(lambda led: led.head_of(me))
         try:
             with trio.fail_after(60):
                 stream = await self.transport.open_stream(peer_id, SYNC_PROTOCOL)
@@ -384,11 +390,16 @@ class NodeDaemon:
             return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
-        own_after = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
-        if own_after > own_before:
+        own_after = await self.ledger.run(lambda led: led.head_of(me))
+        if own_after > own_before and result.added:  # the head also moves when a CLI appends meanwhile
+            ids = list(result.added_ids)
+            own = await self.ledger.run(lambda led: sum(1 for i in ids if getattr(led.get(i), "author", None) == me))
+        else:
+            own = 0
+        if own:
             log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
-                        "(restored or truncated home); recovered them", peer_id, own_after - own_before)
-            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + own_after - own_before
+                        "(restored or truncated home); recovered them", peer_id, own)
+            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + own
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
             await self._after_merge()  # membership first: the pull may have taught us who is a member

@@ -43,6 +43,7 @@ class Ledger:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.RLock()
+        self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
 
     @classmethod
     def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
@@ -246,7 +247,7 @@ class Ledger:
         total = MergeResult(rejected=list(early))
         todo = list(parsed)
         while todo:
-            m = store_membership(self._store)
+            m = self._batch_membership(todo)
             ready = [e for e in todo if e.kind == "genesis" or m.accepts(e.author, e.seq)]
             if not ready:
                 break
@@ -263,7 +264,7 @@ class Ledger:
             total.rejected += res.rejected
             total.removed += res.removed
             total.duplicates += res.duplicates
-        m = store_membership(self._store)
+        m = self._batch_membership(todo)
         for e in todo:
             where = dict(author=e.author, seq=e.seq, entry_id=e.id)
             status = m.members.get(e.author)
@@ -271,6 +272,13 @@ class Ledger:
                                    if status is None else RevokedAuthor(f"author was revoked after seq {status.upto}; "
                                                                         "entry not stored", **where)))
         return total
+
+    def _batch_membership(self, entries: list[Entry]) -> Membership:
+        """The membership rows of just these entries' authors (what `accepts` needs): a
+        gossip batch looks up a few authors, not the whole member table (issue 15: a
+        consortium of thousands pays per merge for the authors it merges, not for everyone)."""
+        statuses = {a: self._store.member_status(a) for a in {e.author for e in entries}}
+        return Membership(None, None, None, {a: st for a, st in statuses.items() if st is not None}, {})
 
     # --- reading -----------------------------------------------------------------------
     def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:
@@ -318,10 +326,24 @@ class Ledger:
         return self.query()
 
     def heads(self) -> dict[bytes, int]:
-        """author -> highest seq in the log (contiguous from 1 by construction)."""
+        """author -> highest seq in the log (contiguous from 1 by construction).
+
+        Cached until the database changes: a daemon asks on every sync (both sides), and
+        with thousands of authors the query scans the log each time. The cache is keyed by
+        SQLite's `data_version` (moves when another connection, e.g. a CLI command,
+        commits) and this connection's `total_changes` (moves on our own writes)."""
         with self._lock:
-            return dict(self._store.conn.execute(
-                "SELECT author, MAX(seq) FROM entries WHERE state=0 GROUP BY author"))
+            c = self._store.conn
+            token = (c.execute("PRAGMA data_version").fetchone()[0], c.total_changes)
+            if self._heads is None or self._heads[0] != token:
+                self._heads = (token, dict(c.execute(
+                    "SELECT author, MAX(seq) FROM entries WHERE state=0 GROUP BY author")))
+            return dict(self._heads[1])
+
+    def head_of(self, author: bytes) -> int:
+        """`heads().get(author, 0)` for one author (an index lookup, not a scan of every head)."""
+        with self._lock:
+            return self._store.log_head(author)[0]
 
     def entries_after(self, author: bytes, seq: int, *, include_held: bool = False) -> list[Entry]:
         """The author's entries with seq > `seq`, ascending (log only unless include_held)."""

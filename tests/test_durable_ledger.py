@@ -220,12 +220,19 @@ def test_verify_peers_reports_what_a_truncated_ledger_lacked(tmp_path: Path) -> 
         d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
         async with trio.open_nursery() as nursery:
             a0 = await nursery.start(d0.run, [], [])
-            await nursery.start(d1.run, [], [a0[0]])
+            d1_done = trio.Event()
+
+            async def run_d1(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                await d1.run([], [a0[0]], task_status=task_status)
+                d1_done.set()
+
+            await nursery.start(run_d1)
             await trio.to_thread.run_sync(_copy_home, homes[1].root, backup)
             new = [await d0.append("metrics", {"i": i}) for i in range(3)]
             await wait_for(lambda: {e.id for e in new} <= ids(homes[1]), "node 1 to hold node 0's entries")
             d1.stop()
-            await wait_for(lambda: not homes[1].control_socket.exists(), "node 1 to stop")
+            with trio.fail_after(30):
+                await d1_done.wait()  # run() returned: ledger closed, home lock released
             shutil.copy(backup / "ledger.db", homes[1].ledger_db)  # rolled back
             for suffix in ("-wal", "-shm"):
                 Path(str(homes[1].ledger_db) + suffix).unlink(missing_ok=True)

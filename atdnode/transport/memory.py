@@ -354,8 +354,9 @@ class MemoryTransport(Transport):
             if peer in exclude:
                 continue
             at = self.net.link(self.peer_id, peer).gossip(len(data))
-            if at is not None:
-                self.net.nodes[peer]._enqueue(at, msg, self.peer_id)
+            node = self.net.nodes[peer]
+            if at is not None and (msg[0], msg[1]) not in node._seen:  # else it would drop it on arrival
+                node._enqueue(at, msg, self.peer_id)
 
     def _enqueue(self, at: float, msg: tuple, forwarder: str) -> None:
         heapq.heappush(self._inbox, (at, self.net.next_seq(), (msg, forwarder)))
