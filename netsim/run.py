@@ -108,8 +108,13 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
     return phases, runner.fault_log
 
 
-def run_gossip_scenario(scn: Scenario, work: Path, *, progress: Progress = lambda _m: None) -> dict:
-    """The gossip workload with faults on the scenario's back-end; returns its report dict."""
+def run_gossip_scenario(scn: Scenario, work: Path, *, progress: Progress = lambda _m: None,
+                        simulated: bool = True) -> dict:
+    """The gossip workload with faults on the scenario's back-end; returns its report dict.
+
+    The in-memory back-end runs on simulated time (`memnet.simulate`); `simulated=False`
+    runs the same nodes on trio's real clock with real worker threads (the tests compare
+    the two). The report's `peers` says whether the nodes were full daemons or lite peers."""
     from netsim.workload import run_gossip
 
     names = scn.node_names()
@@ -143,6 +148,11 @@ def run_gossip_scenario(scn: Scenario, work: Path, *, progress: Progress = lambd
             rep = await run_gossip(cluster, scn, log=progress)
         d = rep.to_dict()
         d["peers"] = t.peers
+        d["clock"] = "simulated" if simulated else "real"
         return d
 
+    if not simulated:
+        import trio
+
+        return trio.run(main)
     return simulate(main, seed=scn.seed)

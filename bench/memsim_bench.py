@@ -1,0 +1,162 @@
+"""In-memory back-end at scale (issue 15); prints one JSON object.
+
+A gossip scenario with churn and a partition, on simulated time (`netsim.memnet.simulate`):
+N nodes (seeded bootstrap, degree 3, at most `max_peers` dialled connections), 20
+publishers appending 256-byte `metrics` entries 1 s apart, the network cut in two halves
+from t=2 s to t=8 s, and 10% of the nodes killed at t=1..3 s and restarted at t=5..9 s.
+Every live ledger must end up holding every published entry (`converged`).
+
+Run for
+  * `daemon`: full `NodeDaemon`s (SQLite ledger, blob store, sync, control socket -- the
+    code `atd node start` runs), node homes on /dev/shm when it exists;
+  * `lite`: gossip-only `LitePeer`s (netsim.litenode), chosen explicitly.
+
+Measured per run: simulated seconds, wall seconds and process CPU seconds, for the whole
+run (start-up included) and for the workload alone (from the first publication to
+convergence); sim_s_per_wall_s and sim_s_per_cpu_s (on a machine shared with other jobs
+CPU time is the fair measure: one process, one thread); memory per node (RSS growth from
+before the cluster was built to the peak, divided by N). Baseline in the same run: the
+same scenario with `--baseline` full daemons (default 100); `ratio_to_baseline` compares
+the CPU cost per node per simulated second.
+
+    python bench/memsim_bench.py [--daemons 1000] [--lite 1000] [--baseline 100] [--entries 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netsim.scenario import scenario_from_dict  # noqa: E402
+
+SYNC_S = 10.0  # the daemon's default periodic sync
+POLL_S = 0.5  # ledger poll (own entries written by CLI commands); appends of running nodes gossip at once
+
+
+def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8):
+    names = [f"n{i}" for i in range(n)]
+    churn = names[1::10][: max(1, n // 10)]  # 10% of the nodes (never n0, the founder)
+    faults: list[dict] = [{"kind": "partition", "groups": [names[: n // 2], names[n // 2:]], "at_s": 2.0},
+                          {"kind": "heal", "at_s": 8.0}]
+    for k, name in enumerate(churn):
+        faults.append({"kind": "kill", "node": name, "at_s": 1.0 + 2.0 * k / len(churn)})
+        faults.append({"kind": "restart", "node": name, "at_s": 5.0 + 4.0 * k / len(churn)})
+    publishers = [x for x in names[::max(1, n // 20)] if x not in churn][:20]
+    return scenario_from_dict({
+        "scenario": {"name": f"memsim-{kind}-{n}", "seed": 1},
+        "network": {"latency_ms": 20, "bandwidth_mbps": 100},
+        "topology": {"nodes": n, "degree": 3, "max_peers": max_peers, "peers": kind, "sync_interval_s": SYNC_S,
+                     "poll_interval_s": POLL_S},
+        "workload": {"entries": entries, "entry_bytes": 256, "interval_s": 1.0, "deadline_s": 300,
+                     "publishers": publishers},
+        "faults": faults,
+    }), len(churn)
+
+
+def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
+    from netsim.litenode import LiteCluster
+    from netsim.memnet import MemCluster, simulate
+    from netsim.workload import run_gossip
+
+    s, churned = churn_scenario(n, kind, entries)
+    t = s.topology
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="atd-memsim-", dir=shm if shm.is_dir() else None))
+    marks: dict[str, tuple[float, float, float]] = {}
+    peak = {"rss": rss0}
+    try:
+        w0, c0 = time.perf_counter(), time.process_time()
+        if kind == "lite":
+            cluster = LiteCluster(s.node_names(), seed=s.seed, network=s.network, sync_interval=t.sync_interval_s,
+                                  max_peers=t.max_peers)
+        else:
+            cluster = MemCluster(root, s.node_names(), seed=s.seed, network=s.network,
+                                 sync_interval=t.sync_interval_s, poll_interval=t.poll_interval_s,
+                                 max_peers=t.max_peers)
+        setup = {"wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2)}
+
+        def mark(msg: str) -> None:
+            if "publishing" in msg and "publishing" not in marks:  # run_gossip: every first node is up
+                marks["publishing"] = (trio.current_time(), time.perf_counter(), time.process_time())
+            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            log(f"[{kind} {n}] {msg}")
+
+        async def main() -> dict:
+            start = (trio.current_time(), time.perf_counter(), time.process_time())
+            async with cluster.running():
+                rep = await run_gossip(cluster, s, log=mark)
+                peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            return {"rep": rep, "start": start, "end": (trio.current_time(), time.perf_counter(), time.process_time())}
+
+        r = simulate(main, seed=s.seed)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rep = r["rep"]
+    (s0, w0, c0), (s1, w1, c1) = r["start"], r["end"]
+    sp, wp, cp = marks.get("publishing", r["start"])  # workload start (every first node up)
+    live = [v for v in rep.nodes.values() if v["status"] == "running"]
+    return {
+        "nodes": n, "kind": kind, "entries": rep.entries, "converged": rep.converged,
+        "live_nodes_complete": sum(v["complete"] for v in live), "live_nodes": len(live), "churned": churned,
+        "faults_done": sum(f.status == "done" for f in rep.faults), "faults": len(rep.faults),
+        "time_to_converge_sim_s": rep.time_to_converge_s,
+        "setup": setup,
+        "whole_run": {"sim_s": round(s1 - s0, 2), "wall_s": round(w1 - w0, 2), "cpu_s": round(c1 - c0, 2),
+                      "sim_s_per_wall_s": round((s1 - s0) / (w1 - w0), 4),
+                      "sim_s_per_cpu_s": round((s1 - s0) / max(1e-9, c1 - c0), 4)},
+        "workload": {"sim_s": round(s1 - sp, 2), "wall_s": round(w1 - wp, 2), "cpu_s": round(c1 - cp, 2),
+                     "sim_s_per_wall_s": round((s1 - sp) / (w1 - wp), 4),
+                     "sim_s_per_cpu_s": round((s1 - sp) / max(1e-9, c1 - cp), 4)},
+        "start_up": {"sim_s": round(sp - s0, 2), "wall_s": round(wp - w0, 2), "cpu_s": round(cp - c0, 2)},
+        "cpu_ms_per_node_per_sim_s": round(1000 * (c1 - c0) / n / max(1e-9, s1 - s0), 3),
+        "memory_per_node_mb": round((peak["rss"] - rss0) / 2**20 / n, 3),
+        "peak_rss_mb": round(peak["rss"] / 2**20, 1),
+        "notes": rep.notes[:5],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--daemons", type=int, default=1000)
+    ap.add_argument("--lite", type=int, default=1000)
+    ap.add_argument("--baseline", type=int, default=100, help="full daemons in the baseline run (0: none)")
+    ap.add_argument("--entries", type=int, default=100)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if a.verbose else (lambda _m: None)
+    out: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+    if a.baseline:
+        out["baseline_daemons"] = run_one(a.baseline, "daemon", a.entries, log)
+    if a.lite:
+        out["lite"] = run_one(a.lite, "lite", a.entries, log)
+    if a.daemons:
+        out["daemons"] = run_one(a.daemons, "daemon", a.entries, log)
+    base = out.get("baseline_daemons")
+    if base and "daemons" in out:
+        out["ratio_to_baseline"] = {
+            "cpu_per_node_per_sim_s": round(out["daemons"]["cpu_ms_per_node_per_sim_s"]
+                                            / base["cpu_ms_per_node_per_sim_s"], 3),
+            "memory_per_node": round(out["daemons"]["memory_per_node_mb"] / max(1e-9, base["memory_per_node_mb"]), 3)}
+    if "lite" in out and "daemons" in out:
+        out["daemon_vs_lite_cpu"] = round(out["daemons"]["cpu_ms_per_node_per_sim_s"]
+                                          / out["lite"]["cpu_ms_per_node_per_sim_s"], 2)
+    out["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    out["max_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
