@@ -2,26 +2,17 @@
 combines the earlier phases' global models, §3.3): C_i and n_i come from the signed entries."""
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-from typer.testing import CliRunner
 
 from atdnode.hierarchical_node import group_stats
 from atdnode.identity import NodeIdentity
-from cli.app import app
 from ledger import Ledger
+from tests.test_aggregate_cli import cli
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, sync
 
-runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-
-
-def cli(*args: str) -> dict:
-    r = runner.invoke(app, [*args, "--json"])
-    assert r.exit_code == 0, (r.output, r.exception)
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_hierarchical_groups_one_horizontal_one_vertical(tmp_path_factory, tmp_path):
