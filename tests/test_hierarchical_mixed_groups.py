@@ -32,8 +32,9 @@ def test_hierarchical_groups_one_horizontal_one_vertical(tmp_path_factory, tmp_p
         entry = led.get(bytes.fromhex(res["entry"]))
         groups = entry.body["groups"]
         assert [g["entry"] for g in groups] == entry.body["inputs"] == [hor["entry"], ver["entry"]]
-        kinds = [led.get(bytes.fromhex(g["entry"])).body["mode"] for g in groups]
-        assert kinds == ["horizontal", "vertical"]
+        made = [led.get(bytes.fromhex(g["entry"])).body for g in groups]
+        assert [m["mode"] for m in made] == ["horizontal", "vertical"]
+        assert [m["weighting"] for m in made] == ["uniform", "uniform"]  # the paper's default (Eq. 2)
         # C_i: the union of the label spaces of the weight sets behind the group; n_i: how many
         # base models it averaged -- both read from the signed weights entries, not passed in
         expected = []
