@@ -34,6 +34,7 @@ def test_shipped_scenarios_load() -> None:
     (with_(scenario={"seed": 1}), "missing required key name"),
     (with_(model={"img_size": 10, "patch_size": 4}), "model.patch_size"),
     (with_(model={"depth": "two"}), "model.depth"),
+    (with_(model={"mlp_ratio": 0}), "model.mlp_ratio"),
     (with_(train={"freeze_blocks": 9}), "train.freeze_blocks"),
     (with_(network={"loss": 1.5}), "network.loss"),
     (with_(cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "mnist"}]), "cohorts[0].dataset"),
