@@ -81,11 +81,11 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
         w0, c0 = time.perf_counter(), time.process_time()
         if kind == "lite":
             cluster = LiteCluster(s.node_names(), seed=s.seed, network=s.network, sync_interval=t.sync_interval_s,
-                                  max_peers=t.max_peers)
+                                  max_peers=t.max_peers, established=True)
         else:
             cluster = MemCluster(root, s.node_names(), seed=s.seed, network=s.network,
                                  sync_interval=t.sync_interval_s, poll_interval=t.poll_interval_s,
-                                 max_peers=t.max_peers)
+                                 max_peers=t.max_peers, established=True)
         setup = {"wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2)}
 
         def mark(msg: str) -> None:

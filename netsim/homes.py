@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,10 +45,16 @@ class Consortium:
 
 
 def make_consortium(root: Path, names: list[str], *, seed: int, consortium: str = "netsim",
-                    roles: dict[str, str] | None = None) -> Consortium:
+                    roles: dict[str, str] | None = None, established: bool = False) -> Consortium:
     """Create a home for each name under `root` (which must not hold them yet); the first
     node founds the consortium and its genesis admits all the others. `roles` (default
-    "node") go into each node's config, hence into its signed hello entry."""
+    "node") go into each node's config, hence into its signed hello entry.
+
+    `established`: the consortium has met before -- every ledger already holds every
+    node's signed `hello` (its in-memory address, X25519 key, role and name: what its
+    daemon would sign on the in-memory back-end), as after the first round of gossip. The
+    ledgers are copies of one file, so 1,000 nodes cost one ledger's writes, not the
+    10^6 merges of a hello flood (the daemons then sign no new hello)."""
     root.mkdir(parents=True, exist_ok=True)
     homes: dict[str, NodeHome] = {}
     seeds: dict[str, bytes] = {}
@@ -68,7 +75,25 @@ def make_consortium(root: Path, names: list[str], *, seed: int, consortium: str 
     for name in names:
         NodeConfig(name=name, genesis_id=genesis.id.hex(), consortium=consortium,
                    role=(roles or {}).get(name, "node")).save(homes[name])
-        if name != founder:
+        if name != founder and not established:
             with Ledger.open(homes[name].ledger_db, genesis_id=genesis.id) as led:
                 led.merge([genesis.to_bytes()])
+    if established:
+        _say_every_hello(homes, names, seeds, roles or {})
     return Consortium(homes=homes, peer_ids=peer_ids, seeds=seeds, genesis=genesis)
+
+
+def _say_every_hello(homes: dict[str, NodeHome], names: list[str], seeds: dict[str, bytes],
+                     roles: dict[str, str]) -> None:
+    """Append every node's hello to the founder's ledger, then copy that ledger to all."""
+    from atdnode import bodies
+
+    founder = homes[names[0]].ledger_db
+    with Ledger.open(founder) as led:
+        for name in names:
+            ident = NodeIdentity.load(homes[name])
+            body = {"addrs": [f"/memory/{name}/p2p/{ident.peer_id}"],  # MemoryTransport.addrs()
+                    "x25519": ident.x25519_public, "role": roles.get(name, "node"), "name": name}
+            bodies.append(led, Signer.from_seed(seeds[name]), "hello", body)
+    for name in names[1:]:
+        shutil.copyfile(founder, homes[name].ledger_db)  # closed: the WAL is checkpointed into it

@@ -179,6 +179,7 @@ class LiteCluster:
         self.members = {Signer.from_seed(node_seed(seed, n)).public_key for n in self.names}
         self.peers_by_name = {n: LitePeer(self, n) for n in self.names}
         self.peer_ids = {n: p.signer.peer_id for n, p in self.peers_by_name.items()}
+        self._pid_of = {p.signer.public_key: p.signer.peer_id for p in self.peers_by_name.values()}
         self.status = {n: "not started" for n in self.names}
         self._scopes: dict[str, trio.CancelScope] = {}
         self._done: dict[str, trio.Event] = {}
@@ -262,7 +263,8 @@ class LiteCluster:
 
     async def heads(self, name: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
-        return {peer_id_from_public_key(a): s for a, s in self.peers_by_name[name].log.head.items()}
+        pid = self._pid_of
+        return {pid.get(a) or peer_id_from_public_key(a): s for a, s in self.peers_by_name[name].log.head.items()}
 
     def peers(self, name: str) -> list[str]:
         t = self.peers_by_name[name].transport

@@ -233,11 +233,13 @@ class MemCluster:
     def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
                  sync_interval: float = 5.0, poll_interval: float = 0.1, max_peers: int = 8,
                  auto_fetch: bool = True, roles: dict[str, str] | None = None,
-                 consortium: Consortium | None = None) -> None:
+                 consortium: Consortium | None = None, established: bool = False) -> None:
         self.names = list(names)
         self.seed = seed
         self.net = SimNetwork(network, seed=seed)
-        self.c = consortium or make_consortium(root, self.names, seed=seed, roles=roles)
+        self.c = consortium or make_consortium(root, self.names, seed=seed, roles=roles,
+                                                   established=established)
+        self._pid_of = {Signer.from_seed(k).public_key: self.c.peer_ids[n] for n, k in self.c.seeds.items()}
         self.sync_interval = sync_interval
         self.poll_interval = poll_interval
         self.max_peers = max_peers
@@ -384,7 +386,9 @@ class MemCluster:
     async def heads(self, name: str) -> dict[str, int]:
         """Author peer id -> highest contiguous seq in `name`'s ledger."""
         await trio.lowlevel.checkpoint()
-        return {peer_id_from_public_key(a): s for a, s in self._ledger_call(name, lambda led: led.heads()).items()}
+        pid = self._pid_of
+        return {pid.get(a) or peer_id_from_public_key(a): s
+                for a, s in self._ledger_call(name, lambda led: led.heads()).items()}
 
     def peers(self, name: str) -> list[str]:
         d = self.daemons.get(name)
