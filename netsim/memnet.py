@@ -174,12 +174,16 @@ def link_conditions(net: NetworkSpec, *, latency_ms: float | None = None, bandwi
                           loss=net.loss if loss is None else loss)
 
 
+GOSSIP_TICK_S = 0.001  # gossip delivery times are rounded up to this grid (see MemoryNetwork)
+
+
 class SimNetwork(MemoryNetwork):
     """A `MemoryNetwork` whose links get the scenario's conditions, with a seeded
     latency jitter per node pair (the same both ways) applied when a link is first used."""
 
     def __init__(self, spec: NetworkSpec, *, seed: int) -> None:
         super().__init__(seed=seed, default=link_conditions(spec))
+        self.gossip_tick_s = GOSSIP_TICK_S
         self.spec = spec
         self._fresh: set[tuple[str, str]] = set()
 
