@@ -81,7 +81,7 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
         w0, c0 = time.perf_counter(), time.process_time()
         if kind == "lite":
             cluster = LiteCluster(s.node_names(), seed=s.seed, network=s.network, sync_interval=t.sync_interval_s,
-                                  max_peers=t.max_peers, established=True)
+                                  max_peers=t.max_peers)
         else:
             cluster = MemCluster(root, s.node_names(), seed=s.seed, network=s.network,
                                  sync_interval=t.sync_interval_s, poll_interval=t.poll_interval_s,
