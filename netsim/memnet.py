@@ -12,6 +12,17 @@ simulation `trio.to_thread.run_sync` runs its function inline on the event loop 
 daemon's SQLite, hashing and disk calls then take zero simulated time and run in a fixed
 order), and trio's scheduler shuffle is seeded — together with the seeded keys and link
 RNGs this makes a run a pure function of the scenario seed.
+
+Scale (issue 15: 1,000 full daemons in one process). A simulated second costs only the
+CPU work the nodes do, so the simulation shares what one process can share without
+changing any node's outcome: a signature one node verified is not recomputed for the
+next (`shared_signature_checks`: same bytes, same result; failures always recomputed),
+start-up objects are frozen for the GC (`quiet_gc`), the clock's autojump looks up only
+the next deadline (`sim_clock`), and gossip arrives on a 1 ms grid (`GOSSIP_TICK_S`), so
+nodes wake once per tick for all that is due. `MemCluster(established=True)` starts from
+a consortium whose ledgers already hold every node's hello (no N^2 hello flood). Nodes
+are full daemons; `netsim.litenode` has gossip-only peers for when a scenario asks for
+them (`topology.peers = "lite"`; reports say which). Measured in bench/memsim_bench.py.
 """
 from __future__ import annotations
 
