@@ -13,7 +13,9 @@ Run for
 
 Measured per run: simulated seconds, wall seconds and process CPU seconds, for the whole
 run (start-up included) and for the workload alone (from the first publication to
-convergence); sim_s_per_wall_s and sim_s_per_cpu_s (on a machine shared with other jobs
+convergence), and for `idle_after` (10 simulated seconds of the converged consortium
+with nothing to publish: the periodic sync, poll and peer-set loops alone);
+sim_s_per_wall_s and sim_s_per_cpu_s (on a machine shared with other jobs
 CPU time is the fair measure: one process, one thread); memory per node (RSS growth from
 before the cluster was built to the peak, divided by N). Baseline in the same run: the
 same scenario with `--baseline` full daemons (default 100); `ratio_to_baseline` compares
@@ -64,7 +66,7 @@ def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8):
     }), len(churn)
 
 
-def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
+def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float = 10.0) -> dict:
     from netsim.litenode import LiteCluster
     from netsim.memnet import MemCluster, simulate
     from netsim.workload import run_gossip
@@ -99,7 +101,10 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
             async with cluster.running():
                 rep = await run_gossip(cluster, s, log=mark)
                 peak["rss"] = max(peak["rss"], proc.memory_info().rss)
-            return {"rep": rep, "start": start, "end": (trio.current_time(), time.perf_counter(), time.process_time())}
+                end = (trio.current_time(), time.perf_counter(), time.process_time())
+                await trio.sleep(idle_s)  # the converged consortium with nothing to say
+                idle = (trio.current_time() - end[0], time.perf_counter() - end[1], time.process_time() - end[2])
+            return {"rep": rep, "start": start, "end": end, "idle": idle}
 
         r = simulate(main, seed=s.seed)
     finally:
@@ -121,6 +126,10 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None) -> dict:
                      "sim_s_per_wall_s": round((s1 - sp) / (w1 - wp), 4),
                      "sim_s_per_cpu_s": round((s1 - sp) / max(1e-9, c1 - cp), 4)},
         "start_up": {"sim_s": round(sp - s0, 2), "wall_s": round(wp - w0, 2), "cpu_s": round(cp - c0, 2)},
+        "idle_after": {"sim_s": round(r["idle"][0], 2), "wall_s": round(r["idle"][1], 2),
+                       "cpu_s": round(r["idle"][2], 2),
+                       "sim_s_per_wall_s": round(r["idle"][0] / max(1e-9, r["idle"][1]), 3),
+                       "sim_s_per_cpu_s": round(r["idle"][0] / max(1e-9, r["idle"][2]), 3)},
         "cpu_ms_per_node_per_sim_s": round(1000 * (c1 - c0) / n / max(1e-9, s1 - s0), 3),
         "memory_per_node_mb": round((peak["rss"] - rss0) / 2**20 / n, 3),
         "peak_rss_mb": round(peak["rss"] / 2**20, 1),
