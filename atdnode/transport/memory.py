@@ -96,7 +96,7 @@ class Link:
 
     def gossip(self, nbytes: int) -> float | None:
         """Delivery time of a gossip message, or None if it is lost (down link or loss)."""
-        if not self.cond.up or (self.cond.loss > 0 and self.rng.random() < self.cond.loss):
+        if not self.is_up() or (self.cond.loss > 0 and self.rng.random() < self.cond.loss):
             self.stats["dropped"] += 1
             self.net._observe(self.src, self.dst, "gossip", nbytes, False)
             return None
@@ -107,7 +107,7 @@ class Link:
 
     async def stream(self, nbytes: int) -> float:
         """Wait while the link is down and for serialization; return the delivery time."""
-        while not self.cond.up:
+        while not self.is_up():
             await self._up.park()
         done, at = self._schedule(nbytes)
         if done > trio.current_time():
@@ -119,6 +119,9 @@ class Link:
         self.stats["bytes"] += nbytes
         self.stats["messages"] += 1
         self.net._observe(self.src, self.dst, kind, nbytes, True)
+
+    def is_up(self) -> bool:
+        return self.cond.up and not self.net.severed(self.src, self.dst)
 
     def set(self, cond: LinkConditions) -> None:
         self.cond = cond
@@ -140,6 +143,7 @@ class MemoryNetwork:
         # nodes then wakes once per tick for all messages due, not once per message
         # (netsim.memnet.SimNetwork uses 1 ms); 0 keeps exact delivery times.
         self.gossip_tick_s = 0.0
+        self._cuts: list[dict[str, int]] = []  # partitions in force (see partition)
 
     def link(self, src: str, dst: str) -> Link:
         key = (src, dst)
@@ -154,19 +158,27 @@ class MemoryNetwork:
             self.link(b, a).set(LinkConditions(**vars(cond)))
 
     def partition(self, *groups: set[str]) -> None:
-        """Take down every link between peers of different groups (others unchanged)."""
-        where = {p: i for i, g in enumerate(groups) for p in g}
-        for a, ia in where.items():
-            for b, ib in where.items():
-                if ia != ib:
-                    link = self.link(a, b)
-                    link.set(LinkConditions(**{**vars(link.cond), "up": False}))
+        """Take down every link between peers of different groups (others unchanged).
+        Kept as a cut (peer -> group), not per link: cutting 1,000 nodes in two halves
+        would otherwise build 500,000 links."""
+        self._cuts.append({p: i for i, g in enumerate(groups) for p in g})
+
+    def severed(self, src: str, dst: str) -> bool:
+        """Do src and dst sit in different groups of a partition in force?"""
+        for where in self._cuts:
+            a, b = where.get(src), where.get(dst)
+            if a is not None and b is not None and a != b:
+                return True
+        return False
 
     def heal(self) -> None:
         """Bring every link back up (stalled stream bytes then flow again)."""
+        self._cuts.clear()
         for link in self._links.values():
             if not link.cond.up:
                 link.set(LinkConditions(**{**vars(link.cond), "up": True}))
+            else:
+                link._up.unpark_all()  # streams stalled by the cut
 
     def add_observer(self, fn: Observer) -> None:
         self._observers.append(fn)
@@ -278,7 +290,7 @@ class MemoryTransport(Transport):
             raise TransportError("cannot connect to self")
         if other.peer_id in self._conns:
             return
-        if not (self.net.link(self.peer_id, other.peer_id).cond.up and self.net.link(other.peer_id, self.peer_id).cond.up):
+        if not (self.net.link(self.peer_id, other.peer_id).is_up() and self.net.link(other.peer_id, self.peer_id).is_up()):
             raise TransportError(f"{other.peer_id} unreachable (link down)")
         self._conns.add(other.peer_id)
         other._conns.add(self.peer_id)
