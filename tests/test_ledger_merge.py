@@ -329,3 +329,24 @@ def test_any_order_gives_the_same_log(tmp_path_factory, seed, order, cuts):
     ref.verify()
     led.close()
     ref.close()
+
+
+def test_heads_follow_writes_from_this_and_other_connections(tmp_path, founder):
+    """heads() is cached until the database changes: our own appends and merges, and a
+    CLI command's append through another connection (another process) both show at once."""
+    other = Ledger.open(founder.path)  # what a CLI command opens
+    try:
+        before = founder.heads()
+        assert before == {F.public_key: 3} and founder.head_of(A.public_key) == 0
+        other.append(A, "metrics", {"i": 1})
+        assert founder.heads() == {F.public_key: 3, A.public_key: 1} == other.heads()
+        founder.append(A, "metrics", {"i": 2})
+        assert founder.heads()[A.public_key] == 2 == other.heads()[A.public_key] == founder.head_of(A.public_key)
+        b = fresh(tmp_path, "b", founder)
+        res = b.merge(founder.raw_rows(), members_only=True)
+        assert not res.rejected and b.heads() == founder.heads()
+        assert b.merge(chain(X, 1), members_only=True).rejected  # an outsider: refused, nothing stored
+        assert b.heads() == founder.heads()
+        b.close()
+    finally:
+        other.close()
