@@ -46,7 +46,7 @@ def train_cmd(
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW learning rate (default: 3e-3 from weights; from scratch 1e-4 x 192/embed-dim)."),
     weight_decay: float = typer.Option(0.05, "--weight-decay", help="AdamW weight decay."),
     warmup_epochs: float = typer.Option(0.2, "--warmup-epochs", help="Linear warmup length in epochs."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, or a checkpoint file (safetensors / timm)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, a checkpoint file (safetensors / timm), or a model id from `atd models` (e.g. an MSD base from `atd base build`: train it with --model vit_base_patch16_gap_224 and the base's sizes)."),
     freeze_blocks: int = typer.Option(0, "--freeze-blocks", min=0, help="Freeze embeddings + the first K blocks."),
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
