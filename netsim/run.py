@@ -71,13 +71,23 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         report["nodes"][n] = {"phase": d.phase, "group": d.group, "cohort": d.cohort, "dataset": d.dataset,
                               "classes": d.classes, "train": len(d.train), "test": len(d.test),
                               "class_counts": d.class_counts}
+    base = None
+    if scn.base == "msd":  # the nodes build their base first (issue 16); everything runs on its model
+        from netsim.msdbase import base_scenario, run_msd_base
+
+        base = run_msd_base(scn, data, work / "msd", progress=progress)
+        report["msd_base"] = base.summary()
+        scn = base_scenario(scn)
+        report["notes"].append(f"base msd: every method runs {scn.model.name} (the MSD base's timm ViT, same "
+                               "sizes); vgs-atd and centralized-msd start from the base, the others from scratch")
+    files = base.files if base is not None else None
     if "vgs-atd" in scn.methods:
         if scn.backend == "memory":
-            phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress)
+            phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress, base_files=files)
         else:
             from netsim.procnet import run_vgs_process
 
-            phases, faults, notes = run_vgs_process(scn, data, work / "vgs", progress=progress)
+            phases, faults, notes = run_vgs_process(scn, data, work / "vgs", progress=progress, base_files=files)
             report["notes"] += notes
         report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
         report["vgs_faults"] = faults
@@ -85,12 +95,19 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         if m in BASELINES:
             progress(f"baseline {m}")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress)]
+    if base is not None and "centralized" in scn.methods:  # the gap to centralized from the same base
+        from netsim.baselines import run_centralized
+        from netsim.msdbase import base_tensors
+
+        progress("baseline centralized from the MSD base")
+        report["methods"]["centralized-msd"] = [r.to_dict() for r in run_centralized(
+            scn, data, log=progress, base=base_tensors(base), name="centralized-msd")]
     phase1 = [n for n, d in data.nodes.items() if d.phase == 1]
     report["forgetting"] = forgetting(report["methods"], phase1)
 
 
 def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lambda _m: None,
-                   observer=None) -> tuple[list, list[dict]]:
+                   observer=None, base_files: dict | None = None) -> tuple[list, list[dict]]:
     """VGS-ATD on the in-memory back-end; returns (phase results, fault outcomes).
     `observer(src, dst, kind, nbytes, delivered)` sees every transmission (tests use it)."""
     from netsim.memnet import MemCluster, simulate
@@ -103,7 +120,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
                          auto_fetch=False, roles=scn.node_roles())
     if observer is not None:
         cluster.net.add_observer(observer)
-    runner = VgsRunner(scn, data, cluster, work, log=progress)
+    runner = VgsRunner(scn, data, cluster, work, log=progress, base_files=base_files)
     phases = simulate(runner.run, seed=scn.seed)
     return phases, runner.fault_log
 

@@ -136,3 +136,76 @@ def _trained(home, init):
                               num_heads=2, in_chans=1)
     return train(home, "digits?shard=1/2&limit=80", cfg, TrainOptions(epochs=1, batch_size=32, init_from=init,
                                                                        augment=False, epoch_eval=False))
+
+
+# ---------------------------------------------------------------------------- netsim
+
+def _tiny_raw(**scenario) -> dict:
+    import json
+
+    from tests.test_netsim_vgs import TINY
+
+    raw = json.loads(json.dumps(TINY))
+    raw["scenario"].update({"methods": ["vgs-atd", "centralized"], **scenario})
+    raw["cohorts"] = raw["cohorts"][:1]  # phase 1 only: two nodes
+    raw["msd"] = {"steps": 8, "batch_size": 64}
+    return raw
+
+
+def test_scenario_base_option_validates() -> None:
+    from netsim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenario
+
+    assert scenario_from_dict(_tiny_raw()).base == "scratch"  # the default: nothing changes
+    scn = scenario_from_dict(_tiny_raw(base="msd"))
+    assert scn.base == "msd" and scn.msd.steps == 8
+    assert load_scenario(shipped_scenario("three_phase")).replace(base="msd").msd.teacher_keep == 1.0
+    for change, where in (({"scenario": {"base": "imagenet"}}, "scenario.base"),
+                          ({"msd": {"student_keep": 0.0}}, "msd.student_keep"),
+                          ({"msd": {"student_keep": 0.9, "teacher_keep": 0.5}}, "msd.student_keep"),
+                          ({"msd": {"teacher_views": 1, "student_views": 0}}, "msd.student_views"),
+                          ({"msd": {"steps": 0}}, "msd.steps"), ({"msd": {"views": 3}}, "msd")):
+        raw = _tiny_raw(base="msd")
+        for k, v in change.items():
+            raw[k].update(v)
+        with pytest.raises(ScenarioError, match=where.replace(".", r"\.")):
+            scenario_from_dict(raw)
+
+
+def test_netsim_base_msd_runs_campaign_then_vgs_from_the_base() -> None:
+    import shutil
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="atdb"))  # daemons' control sockets: AF_UNIX paths are short
+    try:
+        _netsim_base_msd(short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _netsim_base_msd(tmp_path: Path) -> None:
+    from atdnode.home import NodeHome
+    from atdnode.registry import ModelRegistry
+    from netsim.run import run_scenario
+    from netsim.scenario import scenario_from_dict
+
+    rep = run_scenario(scenario_from_dict(_tiny_raw(base="msd")), keep_homes=tmp_path)
+    msd = rep["msd_base"]
+    assert msd["model"]["name"] == "vit_base_patch16_gap_224" and set(msd["bytes_per_client"]) == {"a1", "a2"}
+    assert all(b["up"] > 0 and b["down"] > 0 for b in msd["bytes_per_client"].values())
+    (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    files = sorted((work / "msd" / "base").glob("*.safetensors"))
+    assert [f.stem for f in files] == ["a1", "a2"] and files[0].read_bytes() == files[1].read_bytes()
+    for n in ("a1", "a2"):  # every VGS-ATD model descends from the campaign's base
+        recs = ModelRegistry(NodeHome.at(work / "vgs" / "homes" / n)).list()
+        trained = [r for r in recs if r.provenance.get("run_key")]
+        assert trained and all(r.provenance["base"] == f"msd:{_body_entry(work)[:32]}" for r in trained)
+    assert [p["phase"] for p in rep["methods"]["centralized-msd"]] == [1]
+    assert 0 <= rep["methods"]["vgs-atd"][0]["overall"]["accuracy"] <= 1
+
+
+def _body_entry(work: Path) -> str:
+    from atdnode.home import NodeHome
+    from atdnode.registry import ModelRegistry
+
+    (rec,) = [r for r in ModelRegistry(NodeHome.at(work / "msd" / "h" / "a1")).list()]
+    return rec.provenance["body_entry"]
