@@ -33,8 +33,13 @@ def _workdir(keep: Path | None) -> Path:
 
 
 def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress = lambda _m: None,
-                 keep_homes: Path | None = None) -> dict:
-    """Run `scn` and return its report (written into `out` when given)."""
+                 keep_homes: Path | None = None, bases: tuple[str, ...] = ()) -> dict:
+    """Run `scn` and return its report (written into `out` when given). `bases`: run it once
+    per base ("scratch", "msd"; see `scenario.base`) and report them side by side."""
+    if len(bases) > 1:
+        return _side_by_side(scn, bases, out, progress=progress, keep_homes=keep_homes)
+    if bases:
+        scn = scn.replace(base=bases[0])
     t_start = time.perf_counter()
     work = _workdir(keep_homes)
     report: dict = {"scenario": _scenario_info(scn), "backend": scn.backend, "nodes": {}, "methods": {},
@@ -51,6 +56,36 @@ def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress =
     if out is not None:
         report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
     return report
+
+
+def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, progress: Progress,
+                  keep_homes: Path | None) -> dict:
+    """One run per base; methods are named "<method> [<base>]" in the merged report, and
+    `base_comparison` lists the accuracy per phase of each base's methods."""
+    t0 = time.perf_counter()
+    reps = {}
+    for b in bases:
+        progress(f"base {b}")
+        reps[b] = run_scenario(scn.replace(base=b), None, progress=progress, keep_homes=keep_homes)
+    first = reps[bases[0]]
+    report = {**first, "methods": {f"{m} [{b}]": v for b, r in reps.items() for m, v in r["methods"].items()},
+              "forgetting": {f"{m} [{b}]": v for b, r in reps.items() for m, v in r.get("forgetting", {}).items()},
+              "notes": [n for r in reps.values() for n in r["notes"]],
+              "bases": {b: {"wall_s": r["wall_s"], **({"msd_base": r["msd_base"]} if "msd_base" in r else {})}
+                        for b, r in reps.items()}}
+    report.pop("msd_base", None)
+    report["base_comparison"] = base_comparison(report["methods"])
+    report["wall_s"] = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
+    return report
+
+
+def base_comparison(methods: dict[str, list[dict]]) -> list[dict]:
+    """Per phase: overall accuracy of every method (named "<method> [<base>]" when bases differ)."""
+    phases = sorted({ph["phase"] for v in methods.values() for ph in v})
+    return [{"phase": p, **{m: next((ph["overall"].get("accuracy") for ph in v if ph["phase"] == p), None)
+                            for m, v in methods.items()}} for p in phases]
 
 
 def _scenario_info(scn: Scenario) -> dict:
