@@ -55,13 +55,14 @@ def _pooled(name: str):
 
 
 def choose(name: str, steps: int, seeds: int, finetune_steps: list[int]) -> dict:
+    from dataclasses import replace
+
     from protocols.msd import MSDConfig, MSDTrainer, evaluate_local, fine_tune
-    from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder
+    from protocols.split_parts import TaskSpec, build_plain_embedder, split_config, split_dict
 
     scn, x, y, xt, yt, k = _pooled(name)
     m = scn.model
-    cfg = ViTSplitConfig(img_size=m.img_size, patch_size=m.patch_size, in_chans=m.in_chans, embed_dim=m.embed_dim,
-                         depth=m.depth, num_heads=m.num_heads, mlp_ratio=4.0)
+    cfg = split_config(split_dict(replace(m, mlp_ratio=4.0)))  # the scenario's timm ViT (MLP ratio 4)
     task = TaskSpec("digit", "classification", k)
     rows = []
     for cand in [None] + CANDIDATES:

@@ -4,7 +4,7 @@ masked sampling distillation (issue 16), through the code the CLI runs:
 1. a consortium of the scenario's nodes plus one ``msd-server`` node (its own homes and
    ledger under ``work``; the VGS-ATD run that follows has its own consortium, see below);
 2. the server's daemon (`atd node start --role msd-server`) offers one MSD campaign whose
-   body is the scenario's ``[model]`` sizes (MLP ratio 4: timm's by-name ViT);
+   body is the scenario's ``[model]`` sizes;
 3. every node joins it (`atd split join`, `atdnode.split.client.run_join`) with its own
    training images: the first client seals the campaign's secret embedder to the others,
    each uploads its permuted patch embeddings once — no labels (the join's local
@@ -35,7 +35,7 @@ import trio
 
 from atdnode.blobstore import BlobStore
 from atdnode.model import ModelConfig
-from atdnode.split.base import BASE_MODEL, TIMM_MLP_RATIO, build_base
+from atdnode.split.base import BASE_MODEL, build_base
 from netsim.homes import make_consortium
 from netsim.nodedata import ScenarioData, write_node_npz
 from netsim.scenario import Scenario, ScenarioError
@@ -71,7 +71,7 @@ def campaign_settings(scn: Scenario, data: ScenarioData) -> dict:
     """The server's split settings (`atdnode.split.settings.SplitSettings` dict)."""
     m, s = scn.model, scn.msd
     body = {"img_size": m.img_size, "patch_size": m.patch_size, "in_chans": m.in_chans, "embed_dim": m.embed_dim,
-            "depth": m.depth, "num_heads": m.num_heads, "mlp_ratio": TIMM_MLP_RATIO}
+            "depth": m.depth, "num_heads": m.num_heads, "mlp_ratio": m.mlp_ratio}
     task = {"name": "images", "kind": "classification", "num_outputs": max(2, len(data.label_space))}
     msd = {"steps": s.steps, "batch_size": s.batch_size, "lr": s.lr, "teacher_keep": s.teacher_keep,
            "student_keep": s.student_keep, "teacher_views": s.teacher_views, "student_views": s.student_views,

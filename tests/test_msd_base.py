@@ -21,20 +21,19 @@ from atdnode.transport.memory import MemoryNetwork
 from atdnode.weights import load_weights
 from cli.app import run
 from ledger import Ledger
-from protocols.split_parts import SplitBody, ViTSplitConfig, build_plain_embedder, digits_images
+from protocols.split_parts import SplitBody, build_plain_embedder, digits_images, split_config
 from tests.test_daemon_memory import daemon_on, make_consortium
 from tests.test_split_network import BODY, client, configure, data
 from tests.test_split_secret import _spread
 
 torch.set_num_threads(1)
-BODY4 = {**BODY, "mlp_ratio": 4.0}
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
     """Server n0, clients n1 and n2, and n3: a member that took no part (no key announced)."""
     homes = make_consortium(tmp_path_factory.mktemp("msdbase"), 4)
-    configure(homes[0], "msd-server", body=BODY4, msd={"steps": 10, "batch_size": 64})
+    configure(homes[0], "msd-server", msd={"steps": 10, "batch_size": 64})  # the split default: MLP ratio 2
     net = MemoryNetwork(seed=31)
 
     async def main() -> None:
@@ -60,10 +59,10 @@ def test_assembled_extractor_is_embedder_plus_body(campaign) -> None:
         (w,) = [e for e in led.query(kind="weights") if e.body.get("part") == "body"]
         service = w.body["model"]["service"]
         embedder_state = open_secret(NodeIdentity.load(homes[1]), led, w.body["model"]["secret"], service,
-                                     ViTSplitConfig.from_dict(w.body["model"]["split"]))
+                                     split_config(w.body["model"]["split"]))
     assert rec.provenance["campaign"] == service and rec.provenance["body_entry"] == w.id.hex()
     store = BlobStore(homes[1].blobs_dir)
-    cfg = ViTSplitConfig.from_dict(w.body["model"]["split"])
+    cfg = split_config(w.body["model"]["split"])
     body = SplitBody(cfg)
     body.load_state_dict(load_weights(store, w.body["blob"])[0])
     embedder = build_plain_embedder(cfg, state=embedder_state)
@@ -102,16 +101,15 @@ def test_unfinished_campaign_and_shape_mismatch(campaign) -> None:
         build_base(homes[3], pending[:16])
     with pytest.raises(BaseBuildError, match="no finished MSD campaign"):
         build_base(homes[3], "ab" * 8)
-    with pytest.raises(BaseBuildError, match="mlp_ratio"):
-        base_config(ViTSplitConfig(mlp_ratio=2.0))
-    cfg = ViTSplitConfig(**BODY4)
+    assert base_config(split_config(BODY)).mlp_ratio == 2.0  # timm builds the body's shape
+    cfg = split_config(BODY)
     emb = build_plain_embedder(cfg, seed=1)
     from protocols.split_parts import embedder_state
 
-    other = ViTSplitConfig(**{**BODY4, "depth": 1})
+    other = split_config(BODY, depth=1)
     with pytest.raises(BaseBuildError, match="shape mismatch"):
         assemble(cfg, embedder_state(emb), SplitBody(other).state_dict())
-    wide = ViTSplitConfig(**{**BODY4, "embed_dim": 48})
+    wide = split_config(BODY, embed_dim=48)
     with pytest.raises(BaseBuildError, match="shape mismatch"):
         assemble(cfg, embedder_state(emb), SplitBody(wide).state_dict())
 
@@ -133,7 +131,7 @@ def test_publish_to_clients_only_and_train_from_it(campaign) -> None:
 
 def _trained(home, init):
     cfg = ModelConfig.resolve("vit_base_patch16_gap_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
-                              num_heads=2, in_chans=1)
+                              num_heads=2, in_chans=1, mlp_ratio=2.0)
     return train(home, "digits?shard=1/2&limit=80", cfg, TrainOptions(epochs=1, batch_size=32, init_from=init,
                                                                        augment=False, epoch_eval=False))
 

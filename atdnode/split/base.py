@@ -24,22 +24,21 @@ campaign's entries) whose blob readers are the campaign's secret recipients — 
 never the server: with embedder + body it could invert the features it was sent (MSD §III's
 attacker), so the server never holds the assembled extractor.
 
-Deviation: the papers start MSD fine-tuning from the body + the clients' embedder inside the
-split model; atd also needs a whole timm ViT, so timm's ``VisionTransformer`` has to accept
-the split body's shape: its MLP ratio must be timm's default 4 (set the campaign's
-``mlp_ratio`` to 4; the split default is 2 — anything else is a typed shape error).
+Deviation: the papers fine-tune the body inside the split model (embedder -> body -> tail);
+atd turns it into a whole timm ViT so that every VGS-ATD step (`atd train`, aggregation,
+features) can start from it. timm builds :data:`BASE_MODEL` at the campaign's sizes,
+``mlp_ratio`` included (`atdnode.model.ModelConfig`); tensors that do not fit are a typed
+shape error.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 
 from atdnode import bodies
 from atdnode.blobstore import BlobStore
-from atdnode.errors import AtdError, WeightsError
+from atdnode.errors import AtdError, ConfigError, WeightsError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig, build_model, export_part, extractor_state, load_part
@@ -49,11 +48,10 @@ from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 
 # timm's ViT without class token, average-pooled, no fc_norm: the MSD body's shape. Its
-# defaults (qkv bias, no layer scale, LayerNorm eps 1e-6, GELU, MLP ratio 4) are those of
-# `protocols.split_parts.SplitBody` with mlp_ratio 4; the size overrides come from the campaign.
+# defaults (qkv bias, no layer scale, LayerNorm eps 1e-6, GELU) are those of
+# `protocols.split_parts.SplitBody`; the sizes (mlp_ratio too) come from the campaign.
 BASE_MODEL = "vit_base_patch16_gap_224"
 BASE_KIND = "msd-base"
-TIMM_MLP_RATIO = 4.0
 
 
 class BaseBuildError(AtdError):
@@ -67,13 +65,13 @@ class Campaign:
     service: str  # the server's `service` entry id (names the campaign)
     body_entry: Entry  # the distilled body's `weights` entry
     secret: str  # the adopted `split_secret` entry id
-    split: Any  # protocols.split_parts.ViTSplitConfig
+    split: ModelConfig  # the campaign's split shape (`protocols.split_parts.split_config`)
 
 
 def find_campaign(led: Ledger, ref: str = "latest") -> Campaign:
     """The finished MSD campaign ``ref``: its service entry id or body entry id (hex or a
     unique prefix), or "latest". BaseBuildError if none, ambiguous, or not finished."""
-    from protocols.split_parts import ViTSplitConfig
+    from protocols.split_parts import split_config
 
     ref = ref.lower()
     found = [e for e in led.query(kind="weights") if e.body.get("part") == "body" and e.body.get("algorithm") == "msd"]
@@ -92,23 +90,23 @@ def find_campaign(led: Ledger, ref: str = "latest") -> Campaign:
     try:
         model = entry.body["model"]
         return Campaign(service=str(model["service"]), body_entry=entry, secret=str(model["secret"]),
-                        split=ViTSplitConfig.from_dict(model["split"]))
+                        split=split_config(model["split"]))
     except (KeyError, TypeError, ValueError) as e:
         raise BaseBuildError(f"weights entry {entry.id.hex()[:12]} does not describe an MSD body: {e}") from None
 
 
-def base_config(split) -> ModelConfig:
-    """The timm config of the assembled extractor for split config ``split`` (no classifier).
-    BaseBuildError if timm's by-name ViT cannot take the body's shape."""
-    if float(split.mlp_ratio) != TIMM_MLP_RATIO:
-        raise BaseBuildError(f"shape mismatch: the campaign's body has mlp_ratio {split.mlp_ratio}, timm's "
-                             f"{BASE_MODEL} has {TIMM_MLP_RATIO} (configure the MSD campaign with mlp_ratio 4)")
-    return ModelConfig.resolve(BASE_MODEL, img_size=split.img_size, patch_size=split.patch_size,
-                               embed_dim=split.embed_dim, depth=split.depth, num_heads=split.num_heads,
-                               in_chans=split.in_chans, num_classes=0)
+def base_config(split: ModelConfig) -> ModelConfig:
+    """The timm config of the assembled extractor for the campaign's split shape ``split``
+    (no classifier). BaseBuildError if timm cannot build it."""
+    try:
+        return ModelConfig.resolve(BASE_MODEL, img_size=split.img_size, patch_size=split.patch_size,
+                                   embed_dim=split.embed_dim, depth=split.depth, num_heads=split.num_heads,
+                                   in_chans=split.in_chans, mlp_ratio=split.mlp_ratio, num_classes=0)
+    except ConfigError as e:
+        raise BaseBuildError(f"shape mismatch: {e}") from None
 
 
-def assemble(split, embedder: dict[str, torch.Tensor], body: dict[str, torch.Tensor]) -> tuple[nn.Module, ModelConfig]:
+def assemble(split: ModelConfig, embedder: dict[str, torch.Tensor], body: dict[str, torch.Tensor]) -> tuple[nn.Module, ModelConfig]:
     """A timm ViT (:data:`BASE_MODEL`, eval mode) whose patch embedding and position table are
     ``embedder`` (`protocols.split_parts.EMBEDDER_KEYS`) and whose blocks are ``body`` (a
     `SplitBody` state); final norm fresh. BaseBuildError on any key or shape mismatch."""
@@ -215,8 +213,6 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
 def base_extractor_blob(home: NodeHome, ref: str) -> str | None:
     """The extractor blob of registered model ``ref`` (id or unique prefix), or None when no
     model matches (what `atd train --init-from` tries after files and blobs)."""
-    from atdnode.errors import ConfigError
-
     try:
         record = ModelRegistry(home).get(ref)
     except ConfigError:

@@ -34,7 +34,7 @@ def build(
     typer.echo(f"  extractor {rec.blobs['extractor']}")
     typer.echo(f"  train from it: atd train --init-from {rec.id} --model {m['name']} --img-size {m['img_size']} "
                f"--patch-size {m['patch_size']} --embed-dim {m['embed_dim']} --depth {m['depth']} "
-               f"--heads {m['num_heads']} --in-chans {m['in_chans']} --data ...")
+               f"--heads {m['num_heads']} --in-chans {m['in_chans']} --mlp-ratio {m.get('mlp_ratio', 4.0)} --data ...")
 
 
 @base_app.command("publish")

@@ -29,8 +29,7 @@ def configure(
     embed_dim: Optional[int] = typer.Option(None, help="Body: embedding width."),
     depth: Optional[int] = typer.Option(None, help="Body: transformer blocks on the server."),
     heads: Optional[int] = typer.Option(None, help="Body: attention heads."),
-    mlp_ratio: Optional[float] = typer.Option(None, help="Body: MLP width / embedding width (4 lets `atd base build` "
-                                              "turn an MSD body into a timm ViT)."),
+    mlp_ratio: Optional[float] = typer.Option(None, help="Body: MLP width / embedding width."),
     rounds: Optional[int] = typer.Option(None, help="Training rounds (FESTA: phase 1)."),
     phase2_rounds: Optional[int] = typer.Option(None, help="FESTA: extra rounds with the body frozen."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Batches per client per round."),
