@@ -120,6 +120,7 @@ def test_publish_to_clients_only_and_train_from_it(campaign) -> None:
     pub = publish_base(homes[1])
     c2, server = NodeIdentity.load(homes[2]).peer_id, NodeIdentity.load(homes[0]).peer_id
     assert pub.readers == [c2] and server not in pub.readers
+    assert not BlobStore(homes[0].blobs_dir).has(rec.blobs["extractor"])  # the server never held it
     b = pub.entry.body
     assert b["part"] == "extractor" and b["blob"] == rec.blobs["extractor"] and rec.provenance["campaign"] in b["provenance"]
     with pytest.raises(Exception, match="not an MSD base"):
