@@ -79,8 +79,11 @@ def test_assembled_extractor_is_embedder_plus_body(campaign) -> None:
         assert torch.allclose(cls_features(model, x), normed.mean(1), atol=1e-5)
         # and not trivially: another body gives other features
         assert not torch.allclose(SplitBody(cfg, seed=5).eval()(embedder(x)), tokens, atol=1e-3)
-    # the other client assembles the same weight set
-    assert build_base(homes[2], service[:16]).blobs["extractor"] == rec.blobs["extractor"]
+    # the other client assembles the same weight set (here through the CLI)
+    assert run(["base", "build", "--home", str(homes[2].root), "--campaign", service[:16]]) == 0
+    from atdnode.registry import ModelRegistry
+
+    assert ModelRegistry(homes[2]).get("latest").blobs["extractor"] == rec.blobs["extractor"]
 
 
 def test_non_client_member_cannot_assemble(campaign) -> None:
