@@ -160,7 +160,7 @@ def test_scenario_base_option_validates() -> None:
     assert scenario_from_dict(_tiny_raw()).base == "scratch"  # the default: nothing changes
     scn = scenario_from_dict(_tiny_raw(base="msd"))
     assert scn.base == "msd" and scn.msd.steps == 8
-    assert load_scenario(shipped_scenario("three_phase")).replace(base="msd").msd.teacher_keep == 1.0
+    assert load_scenario(shipped_scenario("three_phase")).replace(base="msd").msd.teacher_keep == 0.75
     for change, where in (({"scenario": {"base": "imagenet"}}, "scenario.base"),
                           ({"msd": {"student_keep": 0.0}}, "msd.student_keep"),
                           ({"msd": {"student_keep": 0.9, "teacher_keep": 0.5}}, "msd.student_keep"),
