@@ -60,7 +60,7 @@ def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress =
 
 def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, progress: Progress,
                   keep_homes: Path | None) -> dict:
-    """One run per base; methods are named "<method> [<base>]" in the merged report, and
+    """One run per base; methods are named "<method> (<base>)" in the merged report, and
     `base_comparison` lists the accuracy per phase of each base's methods."""
     t0 = time.perf_counter()
     reps = {}
@@ -68,8 +68,8 @@ def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, pr
         progress(f"base {b}")
         reps[b] = run_scenario(scn.replace(base=b), None, progress=progress, keep_homes=keep_homes)
     first = reps[bases[0]]
-    report = {**first, "methods": {f"{m} [{b}]": v for b, r in reps.items() for m, v in r["methods"].items()},
-              "forgetting": {f"{m} [{b}]": v for b, r in reps.items() for m, v in r.get("forgetting", {}).items()},
+    report = {**first, "methods": {f"{m} ({b})": v for b, r in reps.items() for m, v in r["methods"].items()},
+              "forgetting": {f"{m} ({b})": v for b, r in reps.items() for m, v in r.get("forgetting", {}).items()},
               "notes": [n for r in reps.values() for n in r["notes"]],
               "bases": {b: {"wall_s": r["wall_s"], **({"msd_base": r["msd_base"]} if "msd_base" in r else {})}
                         for b, r in reps.items()}}
@@ -82,7 +82,7 @@ def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, pr
 
 
 def base_comparison(methods: dict[str, list[dict]]) -> list[dict]:
-    """Per phase: overall accuracy of every method (named "<method> [<base>]" when bases differ)."""
+    """Per phase: overall accuracy of every method (named "<method> (<base>)" when bases differ)."""
     phases = sorted({ph["phase"] for v in methods.values() for ph in v})
     return [{"phase": p, **{m: next((ph["overall"].get("accuracy") for ph in v if ph["phase"] == p), None)
                             for m, v in methods.items()}} for p in phases]

@@ -178,9 +178,9 @@ def test_base_comparison_rows() -> None:
     from netsim.run import base_comparison
 
     ph = lambda p, a: {"phase": p, "overall": {"accuracy": a}}  # noqa: E731
-    rows = base_comparison({"vgs-atd [scratch]": [ph(1, 0.5), ph(2, 0.6)], "vgs-atd [msd]": [ph(1, 0.7)]})
-    assert rows == [{"phase": 1, "vgs-atd [scratch]": 0.5, "vgs-atd [msd]": 0.7},
-                    {"phase": 2, "vgs-atd [scratch]": 0.6, "vgs-atd [msd]": None}]
+    rows = base_comparison({"vgs-atd (scratch)": [ph(1, 0.5), ph(2, 0.6)], "vgs-atd (msd)": [ph(1, 0.7)]})
+    assert rows == [{"phase": 1, "vgs-atd (scratch)": 0.5, "vgs-atd (msd)": 0.7},
+                    {"phase": 2, "vgs-atd (scratch)": 0.6, "vgs-atd (msd)": None}]
 
 
 def test_netsim_base_msd_runs_campaign_then_vgs_from_the_base() -> None:
