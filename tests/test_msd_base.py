@@ -125,8 +125,9 @@ def test_publish_to_clients_only_and_train_from_it(campaign) -> None:
     assert pub.readers == [c2] and server not in pub.readers
     assert not BlobStore(homes[0].blobs_dir).has(rec.blobs["extractor"])  # the server never held it
     b = pub.entry.body
-    assert b["part"] == "extractor" and b["blob"] == rec.blobs["extractor"] and rec.provenance["campaign"] in b["provenance"]
-    with pytest.raises(Exception, match="not an MSD base"):
+    assert b["part"] == "extractor" and b["blob"] == rec.blobs["extractor"]
+    assert rec.provenance["campaign"] in b["provenance"] and b["readers"] == [c2]
+    with pytest.raises(BaseBuildError, match="not an MSD base"):
         publish_base(homes[1], model=_trained(homes[1], None).id)
     got = _trained(homes[1], rec.id)
     assert got.provenance["init_from"] == rec.blobs["extractor"]

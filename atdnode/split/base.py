@@ -106,7 +106,8 @@ def base_config(split: ModelConfig) -> ModelConfig:
         raise BaseBuildError(f"shape mismatch: {e}") from None
 
 
-def assemble(split: ModelConfig, embedder: dict[str, torch.Tensor], body: dict[str, torch.Tensor]) -> tuple[nn.Module, ModelConfig]:
+def assemble(split: ModelConfig, embedder: dict[str, torch.Tensor],
+             body: dict[str, torch.Tensor]) -> tuple[nn.Module, ModelConfig]:
     """A timm ViT (:data:`BASE_MODEL`, eval mode) whose patch embedding and position table are
     ``embedder`` (`protocols.split_parts.EMBEDDER_KEYS`) and whose blocks are ``body`` (a
     `SplitBody` state); final norm fresh. BaseBuildError on any key or shape mismatch."""
