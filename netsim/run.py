@@ -74,6 +74,10 @@ def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, pr
               "bases": {b: {"wall_s": r["wall_s"], **({"msd_base": r["msd_base"]} if "msd_base" in r else {})}
                         for b, r in reps.items()}}
     report.pop("msd_base", None)
+    if "msd" in bases and "scratch" in bases and scn.model.name != "vit_base_patch16_gap_224":
+        report["notes"].append(f"base scratch runs the scenario's {scn.model.name}; base msd runs "
+                               "vit_base_patch16_gap_224 at the same sizes (for an architecture-matched "
+                               "scratch run, set [model] name to it)")
     report["base_comparison"] = base_comparison(report["methods"])
     report["wall_s"] = round(time.perf_counter() - t0, 3)
     if out is not None:
