@@ -146,6 +146,46 @@ def report(
         typer.echo(render(rows))
 
 
+@split_app.command("compare")
+def compare(
+    out: Path = typer.Option(Path("split-compare.json"), "--out", help="Write the report (JSON) here."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Also plot accuracy and bytes per method (PNG)."),
+    seeds: int = typer.Option(5, help="Seeds per method (the report gives the spread over them)."),
+    rounds: int = typer.Option(6, help="Rounds."),
+    steps: int = typer.Option(20, "--steps", help="Batches per client per round."),
+    unify_every: int = typer.Option(2, help="Average tails/heads (and FL models) every n rounds."),
+    samples: int = typer.Option(350, help="Images per client (2 clients per task, disjoint)."),
+    img_size: int = typer.Option(28, help="Image size (digits upscaled)."),
+    method: List[str] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
+    jobs: int = typer.Option(1, help="Worker processes (each run is single-threaded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
+) -> None:
+    """FESTA and p-FESTA against centralized, FedAvg, sequential split learning, single-task
+    training and p-FESTA's ablations on one two-task setting (digits): accuracy and measured
+    bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
+    from rich.progress import Progress
+
+    from atdnode.split.compare import METHODS, CompareSetting, render, run_compare, write_png
+    from cli.errors import CliError
+
+    try:
+        setting = CompareSetting(seeds=tuple(range(seeds)), rounds=rounds, steps_per_round=steps,
+                                 unifying_rounds=unify_every, samples_per_client=samples, img_size=img_size,
+                                 methods=tuple(method) or METHODS)
+    except ValueError as e:
+        raise CliError(f"split compare: {e}") from None
+    with Progress(transient=True) as bar:
+        job = bar.add_task("split compare", total=len(setting.methods) * len(setting.seeds))
+        rep = run_compare(setting, lambda name, seed: bar.update(job, advance=1, description=f"{name} seed {seed}"),
+                          jobs=jobs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1))
+    if png is not None:
+        write_png(rep, png)
+    typer.echo(json.dumps(rep, indent=1) if as_json else render(rep))
+    typer.echo(f"report: {out}" + (f", plot: {png}" if png else ""), err=as_json)
+
+
 @split_app.command("finetune")
 def finetune(
     home: Path = HOME_OPT,
