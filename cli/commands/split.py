@@ -41,6 +41,9 @@ def configure(
     msd_steps: Optional[int] = typer.Option(None, help="MSD: distillation steps on the server."),
     msd_batch: Optional[int] = typer.Option(None, help="MSD: distillation batch size."),
     seed: Optional[int] = typer.Option(None, help="Seed of the server body."),
+    head: Optional[str] = typer.Option(None, help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
+    pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
+                                             help="p-FESTA ablation: whether the embedder adds a position table."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
 ) -> None:
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
@@ -62,7 +65,7 @@ def configure(
     new = cur.updated(tasks=tuple(parse_task(t) for t in task) or None, body=body, msd=msd, rounds=rounds,
                       phase2_rounds=phase2_rounds, steps_per_round=steps, unifying_rounds=unify_every,
                       batch_size=batch_size, lr=lr, clients=clients, start_timeout=start_timeout,
-                      round_timeout=round_timeout, seed=seed)
+                      round_timeout=round_timeout, seed=seed, head=head, pos_embed=pos_embed)
     new.save(h)
     if as_json:
         typer.echo(json.dumps(new.to_dict(), indent=2))
