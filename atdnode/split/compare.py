@@ -257,7 +257,7 @@ def _spread(v: Sequence[float]) -> dict[str, Any]:
             "runs": list(v)}
 
 
-def _one(name: str, s: CompareSetting, seed: int, with_bytes: bool) -> dict[str, Any]:
+def summarise_run(name: str, s: CompareSetting, seed: int, with_bytes: bool) -> dict[str, Any]:
     """One (method, seed) run summarised (picklable, for worker processes)."""
     part = partition(s)
     t0 = time.perf_counter()
@@ -280,16 +280,22 @@ def run_compare(s: CompareSetting, progress: Callable[[str, int], None] | None =
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-            futs = {ex.submit(_one, n, s, sd, sd == first): (n, sd) for n, sd in todo}
+            futs = {ex.submit(summarise_run, n, s, sd, sd == first): (n, sd) for n, sd in todo}
             for f in as_completed(futs):
                 done[futs[f]] = f.result()
                 if progress is not None:
                     progress(*futs[f])
     else:
         for n, sd in todo:
-            done[(n, sd)] = _one(n, s, sd, sd == first)  # sizes do not depend on the seed
+            done[(n, sd)] = summarise_run(n, s, sd, sd == first)  # sizes do not depend on the seed
             if progress is not None:
                 progress(n, sd)
+    return assemble(s, done)
+
+
+def assemble(s: CompareSetting, done: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """The report from per-(method, seed) summaries (:func:`summarise_run`), for every method and
+    seed of ``s``."""
     part = partition(s)
     methods: dict[str, Any] = {}
     for name in s.methods:
