@@ -345,7 +345,14 @@ def orderings(report: dict[str, Any]) -> list[dict[str, Any]]:
         if a not in m or b not in m:
             return {"claim": claim, "holds": None, "detail": "not run"}
         x, y = m[a]["bytes_per_client"]["measured"], m[b]["bytes_per_client"]["measured"]
-        return {"claim": claim, "holds": x < y, "bytes": {a: x, b: y}, "ratio": x / y}
+        p = m[a]["bytes_per_client"]["params"]
+        # why, from the formulas: what each scheme moves per round, and p-FESTA's one-time upload
+        per_round = {"pfesta": p["B"] * (p["F"] + p["G"]) + 2 * p["Pt"] / p["n"],
+                     "fl": 2 * (p["Ph"] + p["Pb"] + p["Pt"]) / p["n"], "sl": 2 * p["B"] * (p["F"] + p["G"]),
+                     "festa": 2 * p["B"] * (p["F"] + p["G"]) + 2 * (p["Ph"] + p["Pt"]) / p["n"]}
+        return {"claim": claim, "holds": x < y, "bytes": {a: x, b: y}, "ratio": x / y,
+                "per_round_formula": {k: per_round[k] for k in (a, b) if k in per_round},
+                "once_formula": {"pfesta": p["D"] * p["F"]}}
 
     out = [cmp("FESTA ~ centralized (within approx_tolerance)", "festa", "central", "~"),
            cmp("centralized > FL", "central", "fl", ">"),
