@@ -42,9 +42,10 @@ from typing import Any
 
 import torch
 
+from atdnode.model import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import SplitRunResult, unify_clients
-from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, ViTSplitConfig, task_loss,
+from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
@@ -145,7 +146,7 @@ class PFestaServer(BodyServer):
     tail_pool = "avg"
     has_cls = False
 
-    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32,
+    def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32,
                  head: str = "fixed", **kw: Any) -> None:
         """``head``: "fixed" (the paper's method: uploads stored once) or "learnable" (the
         ablation: clients send embeddings every step, see the module doc)."""
@@ -232,7 +233,7 @@ class PFestaClient:
     this client trains its own copy (never sent). ``pos_embed=False``: the embedder adds
     no position table (a zeroed, frozen copy). See the module doc."""
 
-    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+    def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, embedder: TimmStem, *, permute: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0, head: str = "fixed", pos_embed: bool = True) -> None:
         if images.shape[0] != targets.shape[0]:

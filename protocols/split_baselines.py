@@ -32,7 +32,8 @@ from protocols.aggregation import weighted_average
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import CALIBRATION_SAMPLES, FestaClient, FestaServer, SplitRunResult
 from protocols.rounds import last_layer_vector, round_weights
-from protocols.split_parts import (BatchSampler, SplitBody, TaskSpec, TaskTail, ViTSplitConfig, build_head,
+from atdnode.model import ModelConfig
+from protocols.split_parts import (BatchSampler, SplitBody, TaskSpec, TaskTail, build_head,
                                    task_loss, task_metric)
 
 CENTRAL_KINDS = ("data",)
@@ -54,7 +55,7 @@ class WholeViT(nn.Module):
     """FESTA's head, the server body and a task tail in one module (what FL and centralized
     training train); initialised exactly like FESTA's parts for the same seeds."""
 
-    def __init__(self, cfg: ViTSplitConfig, task: TaskSpec, seed: int, body_seed: int) -> None:
+    def __init__(self, cfg: ModelConfig, task: TaskSpec, seed: int, body_seed: int) -> None:
         super().__init__()
         self.task = task
         self.head = build_head(cfg, seed=seed)
@@ -99,14 +100,14 @@ def _train(model: WholeViT, opt: torch.optim.Optimizer, sampler: BatchSampler, i
     return total / max(1, steps)
 
 
-def _params(cfg: ViTSplitConfig, model: WholeViT, *, D: int, B: int, R: int, n: int) -> CostParams:
+def _params(cfg: ModelConfig, model: WholeViT, *, D: int, B: int, R: int, n: int) -> CostParams:
     """The paper's symbols for a client of this model (F = G = one sample's N x D tokens)."""
     f = cfg.num_patches * cfg.embed_dim * 4
     ph, pb, pt = model.part_bytes()
     return CostParams(D=D, B=B, R=R, n=n, F=f, G=f, Ph=ph, Pb=pb, Pt=pt)
 
 
-def run_central(cfg: ViTSplitConfig, task: TaskSpec, clients: Sequence[ClientData], *, steps: int,
+def run_central(cfg: ModelConfig, task: TaskSpec, clients: Sequence[ClientData], *, steps: int,
                 batch_size: int, lr: float, seed: int, body_seed: int, test: tuple[torch.Tensor, torch.Tensor],
                 steps_per_round: int, rounds: int, unifying_rounds: int,
                 channel: InProcessChannel | None = None) -> SplitRunResult:
@@ -134,7 +135,7 @@ def run_central(cfg: ViTSplitConfig, task: TaskSpec, clients: Sequence[ClientDat
     return res
 
 
-def run_fl(cfg: ViTSplitConfig, task: TaskSpec, clients: Sequence[ClientData], *, rounds: int,
+def run_fl(cfg: ModelConfig, task: TaskSpec, clients: Sequence[ClientData], *, rounds: int,
            steps_per_round: int, unifying_rounds: int, batch_size: int, lr: float, seed: int, body_seed: int,
            test: tuple[torch.Tensor, torch.Tensor], weighting: str = "fedavg",
            channel: InProcessChannel | None = None) -> SplitRunResult:
@@ -175,7 +176,7 @@ def run_fl(cfg: ViTSplitConfig, task: TaskSpec, clients: Sequence[ClientData], *
     return res
 
 
-def run_sl(cfg: ViTSplitConfig, task: TaskSpec, clients: Sequence[FestaClient], *, rounds: int,
+def run_sl(cfg: ModelConfig, task: TaskSpec, clients: Sequence[FestaClient], *, rounds: int,
            steps_per_round: int, lr: float, seed: int, test: tuple[torch.Tensor, torch.Tensor],
            channel: InProcessChannel | None = None) -> SplitRunResult:
     """Sequential split learning: clients (FESTA clients of one task, each with its own head

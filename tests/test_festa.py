@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from protocols.festa import TRAIN_KINDS, FestaClient, FestaServer, run_festa_inprocess
-from protocols.split_parts import TaskSpec, ViTSplitConfig, digits_images, digits_targets, task_loss
+from protocols.split_parts import TaskSpec, digits_images, digits_targets, split_config, task_loss
 from protocols.split_state import ClientDropped, SplitProtocolError, SplitStateError
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from protocols.comm_cost import ByteCounter, InProcessChannel
 from protocols.pfesta import (PFestaClient, PFestaServer, permute_tokens, random_permutations,
                               run_pfesta_inprocess, unpermute_tokens, upload_all)
-from protocols.split_parts import (SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images,
-                                   digits_targets)
+from protocols.split_parts import (SplitBody, TaskSpec, build_plain_embedder, digits_images, digits_targets,
+                                   split_config)
 from protocols.split_state import ClientDropped, SplitProtocolError
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 EMB = build_plain_embedder(CFG, seed=0)

@@ -8,10 +8,10 @@ import torch.nn.functional as Fn
 
 from protocols.comm_cost import compare
 from protocols.pfesta import LEARNABLE_TRAIN_KINDS, TRAIN_KINDS, PFestaClient, PFestaServer, run_pfesta_inprocess
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images
+from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 from protocols.split_state import SplitProtocolError
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 
 

@@ -43,7 +43,8 @@ from protocols.comm_cost import VARIANT_FORMULAS, CostParams, InProcessChannel, 
 from protocols.festa import SplitRunResult
 from protocols.split_baselines import (CENTRAL_KINDS, FL_KINDS, SL_KINDS, ClientData, run_central, run_fl,
                                        run_sl)
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images
+from atdnode.model import ModelConfig
+from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 
 METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
            "central", "fl", "sl")
@@ -90,8 +91,8 @@ class CompareSetting:
         if self.rounds % self.unifying_rounds:
             raise ValueError("rounds must be a multiple of unifying_rounds (FL averages every n rounds)")
 
-    def cfg(self) -> ViTSplitConfig:
-        return ViTSplitConfig(img_size=self.img_size, patch_size=self.patch_size, in_chans=1,
+    def cfg(self) -> ModelConfig:
+        return split_config(img_size=self.img_size, patch_size=self.patch_size, in_chans=1,
                               embed_dim=self.embed_dim, depth=self.depth, num_heads=self.num_heads)
 
     def to_dict(self) -> dict[str, Any]:
