@@ -178,10 +178,11 @@ def run_fl(cfg: ModelConfig, task: TaskSpec, clients: Sequence[ClientData], *, r
 
 def run_sl(cfg: ModelConfig, task: TaskSpec, clients: Sequence[FestaClient], *, rounds: int,
            steps_per_round: int, lr: float, seed: int, test: tuple[torch.Tensor, torch.Tensor],
-           channel: InProcessChannel | None = None) -> SplitRunResult:
+           unifying_rounds: int = 1, channel: InProcessChannel | None = None) -> SplitRunResult:
     """Sequential split learning: clients (FESTA clients of one task, each with its own head
     and tail optimizer) take turns in id order every round through one body; before its turn
-    a client receives the previous client's head + tail (``handoff``)."""
+    a client receives the previous client's head + tail (``handoff``). ``unifying_rounds``
+    only fills the cost symbols (T_SL has no n; the other formulas beside it do)."""
     ch = channel or InProcessChannel()
     res = SplitRunResult(counter=ch.counter, train_kinds=SL_KINDS)
     server = FestaServer(cfg, [task], lr=lr, seed=seed)
@@ -213,7 +214,8 @@ def run_sl(cfg: ModelConfig, task: TaskSpec, clients: Sequence[FestaClient], *, 
     for cid in order:  # the model is the last client's head + tail on the body
         by_id[cid].load_part_state(last.part_state())
         res.metrics[cid] = by_id[cid].evaluate(*test, lambda x, cid=cid: server.infer(cid, x))
-        res.params[cid] = by_id[cid].cost_params(steps_per_round=steps_per_round, rounds=rounds, unifying_rounds=1,
+        res.params[cid] = by_id[cid].cost_params(steps_per_round=steps_per_round, rounds=rounds,
+                                                 unifying_rounds=unifying_rounds,
                                                  body_bytes=body_bytes)
     return res
 

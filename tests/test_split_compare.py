@@ -53,7 +53,7 @@ def test_measured_bytes_match_the_formulas(report):
     m = report["methods"]
     # the paper's symbols agree between methods: same F (N x D tokens), same D and B
     ps = {n: m[n]["bytes_per_client"]["params"] for n in ("festa", "pfesta", "sl", "fl")}
-    assert len({(p["F"], p["D"], p["B"], p["R"]) for p in ps.values()}) == 1
+    assert len({(p["F"], p["D"], p["B"], p["R"], p["n"]) for p in ps.values()}) == 1
     assert m["sl"]["bytes_per_client"]["handoff"] > 0  # SL's weight passing is measured, apart from T_SL
 
 

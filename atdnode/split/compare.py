@@ -210,7 +210,7 @@ def run_method(name: str, s: CompareSetting, part: Partition, seed: int) -> Spli
                                     batch_size=min(s.batch_size, c.images.shape[0]))
                   for i, c in enumerate(part.clients[t.name])]
             return run_sl(cfg, t, cl, rounds=s.rounds, steps_per_round=s.steps_per_round, lr=s.lr,
-                          seed=1000 * seed + 7, test=part.test[t.name])
+                          seed=1000 * seed + 7, test=part.test[t.name], unifying_rounds=s.unifying_rounds)
         return _per_task(sl)
     raise ValueError(f"unknown method {name!r}")
 
