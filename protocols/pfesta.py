@@ -125,11 +125,6 @@ class FeatureStore:
             raise SplitProtocolError(f"{client_id}: upload incomplete ({self.received.get(client_id, 0)} samples)")
         return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long)]
 
-    def all_features(self) -> torch.Tensor:
-        """Every complete client's embeddings stacked: (M, N, D)."""
-        done = [self.features[c] for c in sorted(self.features) if self.complete(c)]
-        return torch.cat(done) if done else torch.empty(0, *self.token_shape)
-
     def to_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         return ({f"store.{c}": f for c, f in self.features.items()}, dict(self.received))
 

@@ -86,6 +86,21 @@ def test_no_import_circle_runs_through_a_vgs_module():
     assert cycles_through(graph, set(VGS_MODULES)) == []
 
 
+def test_protocols_import_from_atdnode_only_the_model_config():
+    """Layers import downward (INTERFACES.md); the one exception is the ViT configuration
+    class, `atdnode.model.ModelConfig`, which shapes the split-learning parts too. So
+    `atdnode.model` itself must stay a leaf: torch, timm and `atdnode.errors` at load time."""
+    graph = import_graph()
+    allowed = {"atdnode", "atdnode.model", "atdnode.errors"}
+    for name, deps in graph.items():
+        if name.startswith("protocols"):
+            up = {d for d in deps if d.split(".")[0] in ("atdnode", "netsim", "cli")}
+            assert up <= allowed, f"{name} imports {sorted(up - allowed)}"
+    tree = ast.parse((ROOT / "atdnode" / "model.py").read_text())
+    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert {m for m in top if m.split(".")[0] in PACKAGES} == {"atdnode.errors"}
+
+
 def test_the_cycle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}}
     assert cycles_through(graph, {"a"}) == [["a", "b", "c"]]

@@ -99,8 +99,9 @@ def test_pfesta_learns_two_tasks_and_keys_never_leave(digits):
                _client(digits, "c", SEG, 600, 900, 3)]
     res = run_pfesta_inprocess(srv, clients, rounds=6, steps_per_round=5, unifying_rounds=3, channel=Spy(),
                                test_data={c.client_id: _test(digits, c.task) for c in clients})
-    assert res.metrics["a"]["accuracy"] > 0.5 and res.metrics["b"]["accuracy"] > 0.5
-    assert res.metrics["c"]["patch_accuracy"] > 0.85
+    assert res.metrics["a"]["accuracy"] > 5 * 0.1 and res.metrics["b"]["accuracy"] > 5 * 0.1  # chance 0.1
+    # per-patch ink mask: above predicting the majority patch value (~0.52 here) by 0.3
+    assert res.metrics["c"]["patch_accuracy"] > res.metrics["c"]["patch_majority"] + 0.3
     assert all(losses[-1] < losses[0] for losses in res.losses.values())
     ups = {(k, tuple(t), tuple(m)) for k, t, m in seen if k == "upload"}
     assert ups == {("upload", ("x",), ("start",))}  # embeddings and offsets only, never keys
