@@ -147,12 +147,11 @@ def main() -> None:
     a = ap.parse_args()
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if a.verbose else (lambda _m: None)
     out: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
-    if a.baseline:
-        out["baseline_daemons"] = run_one(a.baseline, "daemon", a.entries, log)
-    if a.lite:
-        out["lite"] = run_one(a.lite, "lite", a.entries, log)
-    if a.daemons:
-        out["daemons"] = run_one(a.daemons, "daemon", a.entries, log)
+    for key, n, kind in (("baseline_daemons", a.baseline, "daemon"), ("lite", a.lite, "lite"),
+                         ("daemons", a.daemons, "daemon")):
+        if n:
+            out[key] = run_one(n, kind, a.entries, log)
+            log(json.dumps({key: out[key]}))  # each part as it finishes (the big one takes long)
     base = out.get("baseline_daemons")
     if base and "daemons" in out:
         out["ratio_to_baseline"] = {
