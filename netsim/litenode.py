@@ -112,12 +112,8 @@ class LitePeer:
             await t.subscribe(TOPIC, self._on_gossip, self._validate)
             async with trio.open_nursery() as nursery:
                 t.on_peer_connected(lambda p: self._spawn(nursery, p))
-                for addr in bootstrap:
-                    try:
-                        await t.connect(addr)
-                    except TransportError:
-                        pass
-                nursery.start_soon(self._periodic_sync)
+                await self._dial(bootstrap)
+                nursery.start_soon(self._periodic_sync, bootstrap)
                 task_status.started()
                 await self._announce()
                 await trio.sleep_forever()
@@ -146,9 +142,18 @@ class LitePeer:
         except TransportError:
             pass
 
-    async def _periodic_sync(self) -> None:
+    async def _dial(self, addrs: list[str]) -> None:
+        for addr in addrs:
+            try:
+                await self.transport.connect(addr)
+            except TransportError:
+                pass
+
+    async def _periodic_sync(self, bootstrap: list[str]) -> None:
         while True:
             await trio.sleep(self.cluster.sync_interval)
+            if not self.transport.peers():  # e.g. restarted during a partition: dial again
+                await self._dial(bootstrap)
             for p in self.transport.peers():
                 await self._sync(p)
 
