@@ -138,11 +138,14 @@ class _Global:
         return m
 
 
-def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
+                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized") -> list[PhaseResult]:
+    """Pooled training, phase by phase (each phase continues the last one's model). `base`:
+    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`)."""
     g = _Global(scn, data)
     out = []
     for phase in data_phases(data):
-        res = PhaseResult("centralized", phase)
+        res = PhaseResult(name, phase)
         names, classes = g.start_phase(phase)
         upload = 0.0
         for n in names:
@@ -152,8 +155,9 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) ->
                 res.add_bytes(SERVER, received=b)
                 upload = max(upload, transfer_s(scn.network, b))
         log(f"centralized phase {phase}: training on {len(names)} nodes' pooled data")
+        first = g.state is None and base is not None
         t = train_model(g.cfg(), data.pooled_train(names, classes), scn.train, seed=scn.seed + phase,
-                        init=g.state, init_part="full")
+                        init=base if first else g.state, init_part="extractor" if first else "full")
         g.state = full_state(t.model)
         m = state_bytes(g.state)
         for n in names:

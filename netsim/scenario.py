@@ -5,7 +5,10 @@ scheme over one data set), the phases of the VGS-ATD protocol, the methods to co
 the network conditions, the faults, and optionally a gossip workload:
 
     [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s,
-                 step_deadline_s
+                 step_deadline_s, base ("scratch" | "msd": VGS-ATD starts from a base the nodes
+                 build first by masked sampling distillation, `netsim.msdbase`)
+    [msd]        the MSD campaign of base = "msd": steps, batch_size, lr, teacher_keep,
+                 student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`)
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
     [baselines]  rounds, local_epochs, fedprox_mu
@@ -37,6 +40,7 @@ from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
 METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+BASES = ("scratch", "msd")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
@@ -53,6 +57,22 @@ class ScenarioError(AtdError):
 # defaults are laptop-sized, and num_classes is set per node from its label space.
 NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
                            num_heads=2, in_chans=1, num_classes=2)
+
+
+@dataclass(frozen=True)
+class MSDSpec:
+    """The MSD campaign that builds the base (`base = "msd"`). The view settings the paper
+    leaves blank were measured (`bench/msd_base_bench.py --choose`, `netsim.msdbase`):
+    teacher views keep 3 of the scenarios' 4 patches (0.75), student views 2 (0.5), two of
+    each. steps, batch_size and lr are `protocols.msd.MSDConfig`'s, steps 300 (not measured)."""
+
+    steps: int = 300
+    batch_size: int = 128
+    lr: float = 3e-3
+    teacher_keep: float = 0.75
+    student_keep: float = 0.5
+    teacher_views: int = 2
+    student_views: int = 2
 
 
 @dataclass(frozen=True)
@@ -183,6 +203,8 @@ class Scenario:
     faults: tuple[FaultSpec, ...] = ()
     workload: WorkloadSpec | None = None
     topology: TopologySpec = TopologySpec()
+    base: str = "scratch"
+    msd: MSDSpec = MSDSpec()
     source: str = "<dict>"
 
     # -- derived views ------------------------------------------------------------------
@@ -197,14 +219,6 @@ class Scenario:
         out = [n for c in self.cohorts for n in c.nodes]
         out += [f"n{i}" for i in range(self.topology.nodes)]
         return out
-
-    def node_phase(self) -> dict[str, int]:
-        ph = {n: c.phase for c in self.cohorts for n in c.nodes}
-        ph.update({f"n{i}": 1 for i in range(self.topology.nodes)})
-        return ph
-
-    def node_group(self) -> dict[str, str]:
-        return {n: c.group for c in self.cohorts for n in c.nodes}
 
     def node_roles(self) -> dict[str, str]:
         return {n: c.role for c in self.cohorts for n in c.nodes}
@@ -335,7 +349,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     """Validate a parsed scenario (the TOML's dict form); see the module doc for the keys."""
     c = _Ctx(source)
     top = {"scenario", "model", "train", "baselines", "ensemble", "network", "datasets", "cohorts", "phases",
-           "faults", "workload", "topology"}
+           "faults", "workload", "topology", "msd"}
     unknown = sorted(set(raw) - top)
     if unknown:
         raise c.fail("top level", f"unknown section(s) {', '.join(unknown)} (allowed: {', '.join(sorted(top))})")
@@ -367,10 +381,11 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     if "workload" in raw:
         workload = c.build(WorkloadSpec, c.table(raw, "workload", "workload"), "workload", {"publishers": c.strs})
     topo = c.build(TopologySpec, c.table(raw, "topology", "topology"), "topology")
+    msd = c.build(MSDSpec, c.table(raw, "msd", "msd"), "msd")
     scn = Scenario(name=hdr.name, seed=hdr.seed, backend=hdr.backend, description=hdr.description,
                    methods=hdr.methods, deadline_s=hdr.deadline_s, step_deadline_s=hdr.step_deadline_s, model=model, train=train, baselines=base,
                    ensemble=ens, network=net, datasets=datasets, cohorts=cohorts, phases=phases, faults=faults,
-                   workload=workload, topology=topo, source=source)
+                   workload=workload, topology=topo, base=hdr.base, msd=msd, source=source)
     validate(scn)
     return scn
 
@@ -384,6 +399,7 @@ class _Header:
     methods: tuple[str, ...] = METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
+    base: str = "scratch"
 
 
 def _opt_float(c: _Ctx):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from netsim.scenario import (
     BACKENDS,
+    BASES,
     FAULTS,
     METHODS,
     MODES,
@@ -30,8 +31,9 @@ def check(s: Scenario) -> None:
             raise c.fail("scenario.methods", f"{m!r} is not one of {', '.join(METHODS)}")
     if not s.methods:
         raise c.fail("scenario.methods", "must name at least one method")
+    _check_base(c, s)
     _positive(c, "scenario.deadline_s", s.deadline_s)
-    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans"):
+    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans", "mlp_ratio"):
         _positive(c, f"model.{k}", getattr(s.model, k))
     if s.model.img_size % s.model.patch_size:
         raise c.fail("model.patch_size", f"{s.model.patch_size} does not divide img_size {s.model.img_size}")
@@ -209,3 +211,19 @@ def _check_workload(c: _Ctx, wl: WorkloadSpec, nodes: set[str]) -> None:
             raise c.fail("workload.publishers", f"unknown node {p!r}")
     if wl.publishers is not None and not wl.publishers:
         raise c.fail("workload.publishers", "must name at least one node (or be left out for all)")
+
+
+def _check_base(c, s: Scenario) -> None:
+    """`scenario.base` and the `[msd]` campaign settings (the same checks `MSDConfig` makes)."""
+    if s.base not in BASES:
+        raise c.fail("scenario.base", f"{s.base!r} is not one of {', '.join(BASES)}")
+    m = s.msd
+    for k in ("steps", "batch_size", "teacher_views"):
+        _positive(c, f"msd.{k}", getattr(m, k))
+    if m.student_views < 0 or m.teacher_views + m.student_views < 2:
+        raise c.fail("msd.student_views", "need at least two views in all (teacher_views + student_views)")
+    if not 0 < m.student_keep <= m.teacher_keep <= 1:
+        raise c.fail("msd.student_keep", f"need 0 < student_keep <= teacher_keep <= 1, got {m.student_keep}, "
+                                         f"{m.teacher_keep}")
+    if not m.lr > 0:
+        raise c.fail("msd.lr", f"must be > 0, got {m.lr}")
