@@ -12,7 +12,9 @@ VGS-ATD and of FedAvg, swarm and local-only training on the same partitions. Cla
   second group) — the paper's "no forgetting";
 * every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`).
 
-Measured (2-core machine, quiet): about 90 s of compute for the whole run.
+Measured (seed 0): VGS-ATD 0.954 / 0.883 / 0.925, FedAvg 0.704 / 0.429 / 0.507, swarm
+0.810 / 0.351 / 0.866, local 0.438 / 0.232 / 0.347; phase-1 nodes 0.954 -> 0.940 -> 0.958.
+The whole run takes about 60 s of compute on the 2-core machine.
 """
 from __future__ import annotations
 
