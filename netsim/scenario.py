@@ -8,7 +8,7 @@ the network conditions, the faults, and optionally a gossip workload:
                  step_deadline_s
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
-    [baselines]  rounds, local_epochs, fedprox_mu
+    [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
@@ -36,7 +36,7 @@ from atdnode.errors import AtdError
 from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
-METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local", "fat-fedavg", "fat-fedwavg")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
@@ -69,7 +69,11 @@ class TrainSpec:
 class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
-    fedprox_mu: float = 0.0
+    fedprox_mu: float = 0.0  # must stay 0: fedavg runs through `atd rounds`, which has no FedProx term
+    q: float = 1.0  # fat-fedwavg: softmax scale of Eq. 3
+    pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
+    pgd_steps: int = 3
+    adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
 
 
 @dataclass(frozen=True)
