@@ -36,7 +36,8 @@ from atdnode.errors import AtdError
 from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
-METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local", "fat-fedavg", "fat-fedwavg")
+DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
@@ -173,7 +174,7 @@ class Scenario:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     model: ModelConfig = NETSIM_MODEL
@@ -385,7 +386,7 @@ class _Header:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
 
