@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
+from atdnode.model import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import SplitRunResult, unify_clients
-from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, ViTSplitConfig, task_loss,
+from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
@@ -93,11 +94,6 @@ class FeatureStore:
             raise SplitProtocolError(f"{client_id}: upload incomplete ({self.received.get(client_id, 0)} samples)")
         return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long)]
 
-    def all_features(self) -> torch.Tensor:
-        """Every complete client's embeddings stacked: (M, N, D)."""
-        done = [self.features[c] for c in sorted(self.features) if self.complete(c)]
-        return torch.cat(done) if done else torch.empty(0, *self.token_shape)
-
     def to_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         return ({f"store.{c}": f for c, f in self.features.items()}, dict(self.received))
 
@@ -114,7 +110,7 @@ class PFestaServer(BodyServer):
     tail_pool = "avg"
     has_cls = False
 
-    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32, **kw: Any) -> None:
+    def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32, **kw: Any) -> None:
         super().__init__(cfg, tasks, **kw)
         self.batch_size = batch_size
         self.store = FeatureStore(self.token_shape, self.max_batch)
@@ -168,7 +164,7 @@ class PFestaServer(BodyServer):
 class PFestaClient:
     """A p-FESTA client: the shared frozen embedder, its permutation keys, a task tail."""
 
-    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+    def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, embedder: TimmStem, *, permute: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0) -> None:
         if images.shape[0] != targets.shape[0]:

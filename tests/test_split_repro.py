@@ -8,9 +8,9 @@ import torch
 from protocols.comm_cost import InProcessChannel
 from protocols.festa import FestaClient, FestaServer
 from protocols.pfesta import PFestaClient, PFestaServer, upload_all
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, digits_targets, split_config
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 PARTS = {"a": (CLS, 0, 120), "b": (CLS, 120, 240), "c": (SEG, 240, 360)}
@@ -124,7 +124,7 @@ def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
 
     torch.set_num_threads(1)
     s = SplitSettings()
-    cfg = ViTSplitConfig(**{**s.body, "img_size": 28})
+    cfg = split_config(s.body, img_size=28)
     x, y = digits_images(28)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x, y = x[perm], y[perm]

@@ -39,7 +39,7 @@ from atdnode.transport.base import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
-from protocols.split_parts import TaskSpec, ViTSplitConfig
+from protocols.split_parts import TaskSpec, split_config
 from protocols.split_state import SplitError
 
 log = logging.getLogger("atd.split.client")
@@ -258,7 +258,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
     SplitSecretError if this node is not a recipient."""
     if service is None:
         raise SplitJoinError("the server named no signed service entry: cannot find the campaign's embedder secret")
-    cfg = ViTSplitConfig.from_dict(offer["body"])
+    cfg = split_config(offer["body"])
     await ledger.run(lambda led: ensure_hello(ident, led))
     await ch.send("secret", None, {"entry": None})
     adopted = (await ch.recv("secret_ok")).meta.get("entry")

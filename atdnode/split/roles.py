@@ -20,12 +20,13 @@ import trio
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
+from atdnode.model import ModelConfig
 from atdnode.split.session import SplitChannel, meta_int, tensor
 from atdnode.weights import WeightsError, load_weights, save_weights
 from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune
-from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_targets
+from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, digits_targets, split_config
 from protocols.split_state import SplitProtocolError
 
 EVAL_BATCH = 64
@@ -52,8 +53,8 @@ class Task:
     embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
 
     @property
-    def cfg(self) -> ViTSplitConfig:
-        return ViTSplitConfig.from_dict(self.offer["body"])
+    def cfg(self) -> ModelConfig:
+        return split_config(self.offer["body"])
 
 
 def prepare(data: LabeledImages, spec: TaskSpec, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:

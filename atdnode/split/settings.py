@@ -40,6 +40,7 @@ class SplitConfigError(ConfigError):
 DEFAULT_TASKS = ({"name": "digit", "kind": "classification", "num_outputs": 10, "loss_weight": 1.0},
                  {"name": "ink", "kind": "segmentation", "num_outputs": 1, "loss_weight": 0.5},
                  {"name": "severity", "kind": "regression", "num_outputs": 1, "loss_weight": 0.5})
+# the wire form of protocols.split_parts.SPLIT_MODEL (kept here: importing torch is slow)
 DEFAULT_BODY = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 2,
                 "num_heads": 2, "mlp_ratio": 2.0}
 
@@ -70,7 +71,7 @@ class SplitSettings:
 
     def __post_init__(self) -> None:
         from protocols.msd import MSDConfig
-        from protocols.split_parts import TaskSpec, ViTSplitConfig
+        from protocols.split_parts import TaskSpec, split_config
 
         ints = {"rounds": 0, "steps_per_round": 1, "unifying_rounds": 1, "phase2_rounds": 0, "batch_size": 1,
                 "seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
@@ -100,7 +101,7 @@ class SplitSettings:
         if not isinstance(self.body, dict) or set(self.body) - set(DEFAULT_BODY):
             raise SplitConfigError(f"split.body keys must be among {sorted(DEFAULT_BODY)}")
         try:
-            ViTSplitConfig(**{**DEFAULT_BODY, **self.body})
+            split_config(self.body)
         except (TypeError, ValueError) as e:
             raise SplitConfigError(f"split.body: {e}") from None
         if not isinstance(self.msd, dict):
@@ -113,9 +114,10 @@ class SplitSettings:
     # --- typed views ---------------------------------------------------------------------
 
     def vit_config(self):
-        from protocols.split_parts import ViTSplitConfig
+        """The body's shape: a `ModelConfig` (`protocols.split_parts.split_config`)."""
+        from protocols.split_parts import split_config
 
-        return ViTSplitConfig(**{**DEFAULT_BODY, **self.body})
+        return split_config(self.body)
 
     def task_specs(self) -> list:
         from protocols.split_parts import TaskSpec
@@ -135,8 +137,10 @@ class SplitSettings:
 
     def offer(self, algorithm: str) -> dict[str, Any]:
         """What a server announces (service entry) and tells each client (offer/welcome)."""
+        from protocols.split_parts import split_dict
+
         return {"algorithm": algorithm, "tasks": [t.to_dict() for t in self.task_specs()],
-                "body": self.vit_config().to_dict(), "rounds": self.rounds,
+                "body": split_dict(self.vit_config()), "rounds": self.rounds,
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
                 "unifying_rounds": self.unifying_rounds, "batch_size": self.batch_size,
