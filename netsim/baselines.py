@@ -5,6 +5,9 @@
                  in-memory network (netsim.fat, the same code path as fat-fedavg / fat-fedwavg):
                  no server; every node trains `local_epochs` from the round's global model,
                  publishes, and every node computes the same uniform average
+    fat-fedavg   the same with PGD adversarial training (Federated Adversarial Training with
+    fat-fedwavg  Transformers); FedWAvg weights softmax(q cos) of the last layer vs the previous
+                 global (Eq. 3); clean and robust (PGD) accuracy reported
     swarm        R rounds: the model travels node to node, each trains `local_epochs` on it;
                  the last node then sends the final model to every other node
     local        every node trains on its own data only; nothing is sent
@@ -38,7 +41,7 @@ from netsim.learn import (
     to_global,
     train_model,
 )
-from netsim.nodedata import ScenarioData
+from netsim.nodedata import ScenarioData, concat
 from netsim.scenario import NetworkSpec, Scenario
 
 BASELINES = ("centralized", "fedavg", "swarm", "local", "fat-fedavg", "fat-fedwavg")
@@ -169,18 +172,69 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) ->
 
 
 def run_fedavg(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
-    """FedAvg through `atd rounds` on the in-memory back-end (netsim.fat.run_rounds_method)."""
-    from netsim.fat import run_rounds_method
-
+    """FedAvg through `atd rounds` on the in-memory back-end (`run_rounds_method`)."""
     return run_rounds_method("fedavg", scn, data, log)
 
 
 def run_fat(method: str):
-    def run(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
-        from netsim.fat import run_rounds_method
+    return lambda scn, data, log=print: run_rounds_method(method, scn, data, log)
 
-        return run_rounds_method(method, scn, data, log)
-    return run
+
+ROUND_METHODS = {"fedavg": ("fedavg", False), "fat-fedavg": ("fedavg", True), "fat-fedwavg": ("fedwavg", True)}
+
+
+def pgd_of(scn: Scenario):
+    """The fat-* methods' PGD settings from the scenario's [baselines]."""
+    from netsim.fat import pgd_config
+
+    b = scn.baselines
+    return pgd_config(eps=b.pgd_eps, steps=b.pgd_steps, ratio=b.adv_ratio, in_chans=scn.model.in_chans)
+
+
+def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    """`fedavg`, `fat-fedavg` or `fat-fedwavg` over every phase of the scenario: per phase one
+    `atd rounds` campaign among the present nodes' daemons (netsim.fat.run_rounds_memnet),
+    started from the previous phase's global model with its head widened to the new label
+    space; fat-* report clean and PGD accuracy on the phase's pooled test set."""
+    from netsim.fat import run_rounds_memnet
+    from protocols.adversarial import robust_accuracy
+
+    weighting, adv = ROUND_METHODS[method]
+    pgd = pgd_of(scn) if adv else None
+    b = scn.baselines
+    g = _Global(scn, data)
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult(method, phase)
+        names, classes = g.start_phase(phase)
+        log(f"{method} phase {phase}: {b.rounds} rounds of atd rounds on {len(names)} daemons")
+        rr = run_rounds_memnet({n: data.nodes[n].train for n in names}, classes=classes, model=scn.model,
+                               rounds=b.rounds, weighting=weighting, q=b.q, adversarial=pgd,
+                               local_epochs=b.local_epochs, batch_size=scn.train.batch_size, lr=scn.train.lr,
+                               seed=scn.seed + 1000 * (phase - 1), network=scn.network,
+                               test={n: data.nodes[n].test for n in names}, init_state=g.state,
+                               deadline=scn.step_deadline_s, log=log)
+        g.state = rr.state
+        for n in names:
+            res.add_bytes(n, **rr.bytes[n])
+            res.outcomes[n] = "global model"
+        rounds = rr.per_round()
+        res.compute_s = sum(r.train_s + r.aggregate_s for reps in rr.reports.values() for r in reps)
+        res.ready_s = sum(r["max_train_s"] + r["max_exchange_s"] + r["max_aggregate_s"] for r in rounds)
+        res.notes.append(f"atd rounds ({weighting}{', PGD ' + str(pgd.steps) + ' steps' if pgd else ''}): "
+                         + "; ".join(f"round {r['round']} weights {[round(w, 3) for w in r['weights']]}"
+                                     + (f" missing {len(r['missing'])}" if r["missing"] else "") for r in rounds))
+        if not rr.identical:
+            res.notes.append("nodes ended with different global models")
+        model = g.model()
+        evaluate_phase(res, data, phase, {n: model_predictor(model, classes, data.label_space) for n in names})
+        if pgd is not None and res.overall:
+            pooled = concat([data.pooled_test(phase)], classes)
+            rep = robust_accuracy(model, (pooled.images, pooled.labels), generator=torch.Generator().manual_seed(scn.seed),
+                                  **pgd.attack_kwargs())
+            res.overall.update(clean_accuracy=round(rep.clean, 6), robust_accuracy=round(rep.robust, 6))
+        out.append(res)
+    return out
 
 
 def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:

@@ -15,8 +15,8 @@ clock instead of the control socket and the wall clock). Weights travel as signe
     fat-fedwavg  FedWAvg rounds, PGD adversarial training; robust accuracy reported
 
 `run_rounds_memnet` is the library entry for one campaign over given per-node data (other
-netsim reports call it for "FedAvg of the whole ViT"); `run_rounds_method` runs a
-scenario's phases with it (a phase's campaign starts from the previous phase's global
+netsim reports call it for "FedAvg of the whole ViT"); `netsim.baselines.run_rounds_method`
+runs a scenario's phases with it (a phase's campaign starts from the previous phase's global
 model, its head widened to the new label space — as the other baselines do).
 
 Deviations: clients are weighted equally (atd rounds' FedAvg; McMahan et al. weight by
@@ -42,14 +42,12 @@ from atdnode.model import ModelConfig, build_model
 from atdnode.rounds import Fabric, RoundReport, RoundRunner, RoundsConfig, RoundsError
 from atdnode.training import AdversarialTransform
 from atdnode.weights import load_weights
-from netsim.baselines import PhaseResult, _Global, data_phases, evaluate_phase, model_predictor
 from netsim.learn import model_config
-from netsim.nodedata import ScenarioData, concat, to_uint8
+from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
-from netsim.scenario import NetworkSpec, Scenario
-from protocols.adversarial import PGDConfig, robust_accuracy
+from netsim.scenario import NetworkSpec
+from protocols.adversarial import PGDConfig
 
-ROUND_METHODS = {"fedavg": ("fedavg", False), "fat-fedavg": ("fedavg", True), "fat-fedwavg": ("fedwavg", True)}
 LOCAL_TEST = 32  # samples of each node's own test set that `atd rounds`' local training evaluates on
 
 Progress = Callable[[str], None]
@@ -200,48 +198,3 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
     finally:
         if tmp:
             shutil.rmtree(root, ignore_errors=True)
-
-
-def pgd_of(scn: Scenario) -> PGDConfig:
-    b = scn.baselines
-    return pgd_config(eps=b.pgd_eps, steps=b.pgd_steps, ratio=b.adv_ratio, in_chans=scn.model.in_chans)
-
-
-def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
-    """`fedavg`, `fat-fedavg` or `fat-fedwavg` over every phase of the scenario (see the module doc)."""
-    weighting, adv = ROUND_METHODS[method]
-    pgd = pgd_of(scn) if adv else None
-    b = scn.baselines
-    g = _Global(scn, data)
-    out = []
-    for phase in data_phases(data):
-        res = PhaseResult(method, phase)
-        names, classes = g.start_phase(phase)
-        log(f"{method} phase {phase}: {b.rounds} rounds of atd rounds on {len(names)} daemons")
-        rr = run_rounds_memnet({n: data.nodes[n].train for n in names}, classes=classes, model=scn.model,
-                               rounds=b.rounds, weighting=weighting, q=b.q, adversarial=pgd,
-                               local_epochs=b.local_epochs, batch_size=scn.train.batch_size, lr=scn.train.lr,
-                               seed=scn.seed + 1000 * (phase - 1), network=scn.network,
-                               test={n: data.nodes[n].test for n in names}, init_state=g.state,
-                               deadline=scn.step_deadline_s, log=log)
-        g.state = rr.state
-        for n in names:
-            res.add_bytes(n, **rr.bytes[n])
-            res.outcomes[n] = "global model"
-        rounds = rr.per_round()
-        res.compute_s = sum(r.train_s + r.aggregate_s for reps in rr.reports.values() for r in reps)
-        res.ready_s = sum(r["max_train_s"] + r["max_exchange_s"] + r["max_aggregate_s"] for r in rounds)
-        res.notes.append(f"atd rounds ({weighting}{', PGD ' + str(pgd.steps) + ' steps' if pgd else ''}): "
-                         + "; ".join(f"round {r['round']} weights {[round(w, 3) for w in r['weights']]}"
-                                     + (f" missing {len(r['missing'])}" if r["missing"] else "") for r in rounds))
-        if not rr.identical:
-            res.notes.append("nodes ended with different global models")
-        model = g.model()
-        evaluate_phase(res, data, phase, {n: model_predictor(model, classes, data.label_space) for n in names})
-        if pgd is not None and res.overall:
-            pooled = concat([data.pooled_test(phase)], classes)
-            rep = robust_accuracy(model, (pooled.images, pooled.labels), generator=torch.Generator().manual_seed(scn.seed),
-                                  **pgd.attack_kwargs())
-            res.overall.update(clean_accuracy=round(rep.clean, 6), robust_accuracy=round(rep.robust, 6))
-        out.append(res)
-    return out
