@@ -140,6 +140,8 @@ def process_rounds(a) -> dict:
                           "weight_bytes_in": statistics.mean(x["bytes_in"] for x in reps),
                           "identical": len({x["blob"] for x in reps}) == 1})
     return {"per_round": per_round, "wall_s": round(wall, 2), "exchange_clock": "wall",
+            "note": "transport bytes: the daemons' libp2p counters (gossip, sync and blob-protocol streams); "
+                    "blobs that went over the bulk channel are not in them (compare weight_bytes_in)",
             "transport_bytes_per_node": {"sent": statistics.mean(t["sent"] for t in traffic),
                                          "received": statistics.mean(t["received"] for t in traffic)}}
 
