@@ -221,7 +221,7 @@ def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progr
         rounds = rr.per_round()
         res.compute_s = sum(r.train_s + r.aggregate_s for reps in rr.reports.values() for r in reps)
         res.ready_s = sum(r["max_train_s"] + r["max_exchange_s"] + r["max_aggregate_s"] for r in rounds)
-        res.notes.append(f"atd rounds ({weighting}{', PGD ' + str(pgd.steps) + ' steps' if pgd else ''}): "
+        res.notes.append(f"atd rounds on in-memory daemons ({weighting}{', PGD ' + str(pgd.steps) + ' steps' if pgd else ''}): "
                          + "; ".join(f"round {r['round']} weights {[round(w, 3) for w in r['weights']]}"
                                      + (f" missing {len(r['missing'])}" if r["missing"] else "") for r in rounds))
         if not rr.identical:
