@@ -8,6 +8,8 @@
     steps_per_round = 4   # batches per client per round
     unifying_rounds = 2   # heads / tails averaged per task every n rounds
     part_weighting = "uniform"  # that average: "uniform" (the papers) or "samples" (by sample count)
+    head = "fixed"        # p-FESTA ablation: "fixed" (the paper's) or "learnable" embedder
+    pos_embed = true      # p-FESTA ablation: false = the embedder adds no position table
     batch_size = 16
     clients = 1           # round 1 opens once this many clients joined (p-FESTA / MSD: and uploaded) ...
     start_timeout = 300   # ... or once this many seconds passed with at least one
@@ -61,6 +63,8 @@ class SplitSettings:
     seed: int = 0
     class_token: bool = False
     part_weighting: str = "uniform"
+    head: str = "fixed"
+    pos_embed: bool = True
     clients: int = 1
     start_timeout: float = 300.0
     round_timeout: float = 120.0
@@ -92,6 +96,10 @@ class SplitSettings:
             raise SplitConfigError(f"split.part_weighting must be 'uniform' or 'samples', got {self.part_weighting!r}")
         if not isinstance(self.class_token, bool):
             raise SplitConfigError("split.class_token must be true or false")
+        if self.head not in ("fixed", "learnable"):
+            raise SplitConfigError(f"split.head must be 'fixed' or 'learnable', got {self.head!r}")
+        if not isinstance(self.pos_embed, bool):
+            raise SplitConfigError("split.pos_embed must be true or false")
         try:
             specs = [TaskSpec.from_dict(t) for t in self.tasks]
         except (KeyError, TypeError, ValueError) as e:
@@ -136,10 +144,12 @@ class SplitSettings:
         return self.rounds + (self.phase2_rounds if algorithm == "festa" else 0)
 
     def offer(self, algorithm: str) -> dict[str, Any]:
-        """What a server announces (service entry) and tells each client (offer/welcome)."""
+        """What a server announces (service entry) and tells each client (offer/welcome);
+        p-FESTA's also names its ablation switches (``head``, ``pos_embed``)."""
         from protocols.split_parts import split_dict
 
-        return {"algorithm": algorithm, "tasks": [t.to_dict() for t in self.task_specs()],
+        ablation = {"head": self.head, "pos_embed": self.pos_embed} if algorithm == "pfesta" else {}
+        return {"algorithm": algorithm, **ablation, "tasks": [t.to_dict() for t in self.task_specs()],
                 "body": split_dict(self.vit_config()), "rounds": self.rounds,
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
