@@ -12,7 +12,7 @@ VGS-ATD and of FedAvg, swarm and local-only training on the same partitions. Cla
   second group) — the paper's "no forgetting";
 * every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`).
 
-Measured (seed 0): VGS-ATD 0.954 / 0.883 / 0.925, FedAvg 0.704 / 0.429 / 0.507, swarm
+Measured (seed 0): VGS-ATD 0.954 / 0.883 / 0.925, FedAvg 0.759 / 0.476 / 0.557, swarm
 0.810 / 0.351 / 0.866, local 0.438 / 0.232 / 0.347; phase-1 nodes 0.954 -> 0.940 -> 0.958.
 The whole run takes about 60 s of compute on the 2-core machine.
 """
