@@ -11,7 +11,7 @@ the network conditions, the faults, and optionally a gossip workload:
                  student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`)
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
-    [baselines]  rounds, local_epochs, fedprox_mu
+    [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
@@ -39,7 +39,8 @@ from atdnode.errors import AtdError
 from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
-METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
 BASES = ("scratch", "msd")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
 MODES = ("horizontal", "vertical", "hierarchical")
@@ -89,7 +90,11 @@ class TrainSpec:
 class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
-    fedprox_mu: float = 0.0
+    fedprox_mu: float = 0.0  # must stay 0: fedavg runs through `atd rounds`, which has no FedProx term
+    q: float = 1.0  # fat-fedwavg: softmax scale of Eq. 3
+    pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
+    pgd_steps: int = 3
+    adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ class Scenario:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     model: ModelConfig = NETSIM_MODEL
@@ -396,7 +401,7 @@ class _Header:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     base: str = "scratch"

@@ -46,8 +46,12 @@ def check(s: Scenario) -> None:
         raise c.fail("train.freeze_blocks", f"{s.train.freeze_blocks} out of range 0..{s.model.depth}")
     _positive(c, "baselines.rounds", s.baselines.rounds)
     _positive(c, "baselines.local_epochs", s.baselines.local_epochs)
-    if s.baselines.fedprox_mu < 0:
-        raise c.fail("baselines.fedprox_mu", "must be >= 0")
+    if s.baselines.fedprox_mu != 0:
+        raise c.fail("baselines.fedprox_mu", "FedProx is not offered: fedavg runs through `atd rounds` (set 0)")
+    if not 0 <= s.baselines.adv_ratio <= 1:
+        raise c.fail("baselines.adv_ratio", "must be in [0, 1]")
+    if s.baselines.pgd_eps < 0 or s.baselines.pgd_steps < 0:
+        raise c.fail("baselines.pgd_eps" if s.baselines.pgd_eps < 0 else "baselines.pgd_steps", "must be >= 0")
     _positive(c, "ensemble.pca_components", s.ensemble.pca_components)
     _check_network(c, s)
     names = s.node_names()

@@ -20,13 +20,14 @@ hierarchical each new group first does its own horizontal round; then every node
              group's latest horizontal or vertical aggregate) — existing groups are reused,
              never retrained; C_i and n_i are read from the signed entries.
 
-Features round (every mode): after the first aggregation each node seals the CLS features
-of its data under its new extractor to the other nodes of the step (`atd
-share-features`), waits for theirs, and aggregates again with the same inputs: the same
-fused extractor, and an ensemble fitted on every feature set it could open. At the end of
-each phase every `aggregate` entry the phase produced is re-verified on its author with
-`atd aggregate --verify` (the input blobs it lacks are fetched first); the phase notes and
-the report say how many verified.
+Features round (every mode): after the first aggregation each node seals the pre-logits
+features (the CLS token; for the shipped GAP ViT the mean of the patch tokens) of its data
+under its new extractor to the other nodes of the step (`atd share-features`), waits for
+theirs, and aggregates again with the same inputs: the same fused extractor, and an
+ensemble fitted on every feature set it could open. At the end of each phase every
+`aggregate` entry the phase produced is re-verified on its author with `atd aggregate
+--verify` (the input blobs it lacks are fetched first); the phase notes and the report say
+how many verified.
 
 Every wait (for a peer's entry and blob) has the scenario's `step_deadline_s`; a wait
 that runs out is recorded and the step goes on with what arrived. Times: network time is

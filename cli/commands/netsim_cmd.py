@@ -14,7 +14,7 @@ netsim_app = typer.Typer(help="Run many nodes on this machine: scenarios, faults
 
 RUN_HELP = """Run a scenario and write report.json, report.md and PNG plots into --out.
 
-SCENARIO is a TOML file or the name of a shipped scenario (`atd netsim list`). The scenario names the nodes and their data partitions, the VGS-ATD phases, the methods to compare (vgs-atd, centralized, fedavg, swarm, local), the network conditions, faults and an optional gossip workload.
+SCENARIO is a TOML file or the name of a shipped scenario (`atd netsim list`). The scenario names the nodes and their data partitions, the VGS-ATD phases, the methods to compare (vgs-atd, centralized, fedavg, swarm, local; fat-fedavg, fat-fedwavg: adversarial `atd rounds`), the network conditions, faults and an optional gossip workload.
 
 Back-ends: `memory` runs real node daemons in one process on a simulated network (latency, bandwidth, loss, partitions; seeded, reproducible); `process` runs `atd node start` daemons as OS processes on 127.0.0.1 (optionally in network namespaces with tc netem where the machine allows it).
 """
