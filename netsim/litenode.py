@@ -10,6 +10,7 @@ faults drive either.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
@@ -150,10 +151,16 @@ class LitePeer:
                 pass
 
     async def _periodic_sync(self, bootstrap: list[str]) -> None:
+        c = self.cluster
+        rng = random.Random(f"{c.seed}|redial|{self.name}")
         while True:
-            await trio.sleep(self.cluster.sync_interval)
-            if not self.transport.peers():  # e.g. restarted during a partition: dial again
-                await self._dial(bootstrap)
+            await trio.sleep(c.sync_interval)
+            if len(self.transport.peers()) < max(1, c.max_peers // 2):
+                # few links (restarted during a partition, or an island of restarted peers):
+                # dial the bootstrap peers again and two live members at random (what a
+                # daemon's discovery does from hellos)
+                others = [n for n in c.names if n != self.name and c.alive(n)]
+                await self._dial(bootstrap + [c.address(n) for n in rng.sample(others, min(2, len(others)))])
             for p in self.transport.peers():
                 await self._sync(p)
 
