@@ -46,6 +46,7 @@ from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
+from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
@@ -181,6 +182,7 @@ class NodeDaemon:
                 for addr in bootstrap:
                     nursery.start_soon(self._dial_with_retry, addr)
                 log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
+                tune_gc()  # start-up objects out of the collector's scans: no GC pauses in the gossip path
                 task_status.started(self.transport.addrs())
                 await self._stop.wait()
                 log.info("shutting down")
@@ -540,7 +542,10 @@ class NodeDaemon:
         me = self.identity.public_key
         cfg = self.peerset.cfg
         rng = random.Random()
-        tried: dict[str, float] = {}  # peer -> last dial (or prune): not again for cfg.redial_after_s
+        # peer -> (last dial, prune or loss; its addresses then): not again for cfg.redial_after_s
+        # unless it announced new addresses (a restarted member)
+        tried: dict[str, tuple[float, tuple[str, ...]]] = {}
+        known: dict[str, list[str]] = {}
 
         def hellos(led: Ledger) -> dict[str, list[str]]:
             out: dict[str, list[str]] = {}
@@ -566,21 +571,21 @@ class NodeDaemon:
             now = trio.current_time()
             connected = set(self.transport.peers())
             for peer in set(self.peerset.since) - connected:
-                tried[peer] = now  # it dropped (or dropped us): replace it with another member
+                tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
             self.peerset.observe_connected(connected, now)
             for peer in plan_prunes(connected, self.peerset.rtt, self.peerset.since, cfg, now=now):
                 log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
-                tried[peer] = now
+                tried[peer] = (now, tuple(known.get(peer, ())))
                 self.peerset.pruned += 1
                 await self.transport.disconnect(peer)
                 connected.discard(peer)
             if len(connected) < cfg.target:
                 known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
-                fresh = [p for p in known if p not in self.gate.refused
-                         and now - tried.get(p, -1e9) >= cfg.redial_after_s]
+                fresh = [p for p, addrs in known.items() if p not in self.gate.refused
+                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
                 picks = plan_dials(fresh, connected, self.peerset.rtt, cfg, rng)
                 for peer in picks:
-                    tried[peer] = now
+                    tried[peer] = (now, tuple(known[peer]))
                 async with trio.open_nursery() as nursery:
                     for peer in picks:
                         nursery.start_soon(dial, peer, known[peer])

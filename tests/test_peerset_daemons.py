@@ -91,7 +91,7 @@ def test_peer_set_bounds_hold_under_churn_and_entries_reach_everyone(tmp_path: P
             for i in range(1, n):  # everyone bootstraps from n0: it must prune down to max
                 await cl.start(f"n{i}", [first.transport.addrs()[0]])
             ds = lambda: list(cl.live.values())  # noqa: E731
-            await wait_for(lambda: within_bounds(ds()), "every peer set within bounds", 90)
+            await wait_for(lambda: within_bounds(ds()), "every peer set within bounds", 150)
             assert first.peerset.pruned > 0  # 9 inbound connections were cut down to <= 5
             sent = await cl.append_everywhere("before")
             await wait_for(lambda: all(sent <= ids_of(d) for d in ds()), "entries reach all 10", 90)
