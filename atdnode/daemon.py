@@ -98,6 +98,7 @@ class NodeDaemon:
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
         self._peers_changed = trio.Event()  # wakes the peer-set maintenance (_discovery_loop)
         self._bootstrap_peers: dict[str, list[str]] = {}
+        self._hellos_seen = 0  # bumped when hello entries may have changed
         self.store = BlobStore(home.blobs_dir)
         self.transport = transport or self._libp2p_transport()
         self.gate = MembershipGate(self_peer=self.transport.peer_id)
@@ -273,6 +274,8 @@ class NodeDaemon:
 
     async def _after_merge(self, kinds: set[str] | None = None) -> None:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
+        if kinds is None or kinds & {"hello", "member", "genesis"}:
+            self._hellos_seen += 1  # the peer-set loop re-reads hello entries (of members)
         if kinds is None or kinds & {"genesis", "member"}:
             await self._refresh_members()
             await self._drop_non_members()
@@ -546,6 +549,7 @@ class NodeDaemon:
         # unless it announced new addresses (a restarted member)
         tried: dict[str, tuple[float, tuple[str, ...]]] = {}
         known: dict[str, list[str]] = {}
+        hellos_read = -1  # self._hellos_seen when `known` was read
 
         def hellos(led: Ledger) -> dict[str, list[str]]:
             out: dict[str, list[str]] = {}
@@ -580,7 +584,9 @@ class NodeDaemon:
                 await self.transport.disconnect(peer)
                 connected.discard(peer)
             if len(connected) < cfg.target:
-                known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
+                if hellos_read != self._hellos_seen:  # a consortium of hundreds: no re-read every second
+                    hellos_read = self._hellos_seen
+                    known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
                 fresh = [p for p, addrs in known.items() if p not in self.gate.refused
                          and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
                 picks = plan_dials(fresh, connected, self.peerset.rtt, cfg, rng)
