@@ -18,8 +18,12 @@ entries (their addresses):
 RTTs are measured cheaply from work the daemon does anyway: the time a dial takes and the
 time a sync stream takes to open (one multistream round trip), smoothed (EWMA).
 
-GossipSub's mesh follows the peer set (`gossip_degrees`): D = min(target, 6) so the mesh
-never asks for more peers than the set holds, D_high <= max.
+GossipSub's mesh follows the peer set (`gossip_degrees`): D = min(target, 3), so the mesh
+never asks for more peers than the set holds and D_high <= max. D is below libp2p's
+default of 6 on purpose: py-libp2p costs ~1-2 ms of CPU per received RPC and a node
+receives each message about D times, so on 10 daemons D = 3 halved the CPU per gossiped
+entry (62-77 -> 33-37 ms for all ten, bench/daemon_bench.py, same machine and load) with
+every entry still delivered; sync covers what a thinner mesh misses.
 
 Everything here is pure (no network, no clock of its own): the daemon
 (`NodeDaemon._discovery_loop`) feeds it connections, hellos and measurements.
@@ -77,11 +81,11 @@ class PeerSetConfig:
 
 
 def gossip_degrees(cfg: PeerSetConfig) -> tuple[int, int, int]:
-    """GossipSub (D, D_low, D_high) for a peer set: D = min(target, 6) (libp2p's default D
-    is 6; more mesh peers only add duplicate deliveries), D_low = 2/3 of D,
-    D_high = min(max, 2 D) but at least D."""
-    d = min(cfg.target, 6)
-    return d, max(1, (2 * d) // 3), max(d, min(cfg.max, 2 * d))
+    """GossipSub (D, D_low, D_high) for a peer set: D = min(target, 3) (each extra mesh peer
+    is one more duplicate of every message to receive; see the module doc), D_low = D - 1
+    (at least 1), D_high = min(max, 2 D) but at least D."""
+    d = min(cfg.target, 3)
+    return d, max(1, d - 1), max(d, min(cfg.max, 2 * d))
 
 
 @dataclass

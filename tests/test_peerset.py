@@ -88,7 +88,7 @@ def test_peerset_tracks_rtt_and_connection_ages() -> None:
 
 
 def test_gossip_degrees_follow_the_bounds() -> None:
-    assert gossip_degrees(PeerSetConfig()) == (6, 4, 12)  # defaults 8/16: libp2p's own D
+    assert gossip_degrees(PeerSetConfig()) == (3, 2, 6)  # defaults 8/16: a thin mesh (CPU per message)
     assert gossip_degrees(PeerSetConfig(target=3, max=5)) == (3, 2, 5)
     assert gossip_degrees(PeerSetConfig(target=1, max=1)) == (1, 1, 1)
     for t in range(1, 20):
