@@ -93,7 +93,11 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
                 nursery.start_soon(sample_conns, stop)
                 rep = await run_gossip(cluster, scn)
                 stop.set()
-            final = [len(await cluster.apeers(n)) for n in cluster.names]
+            final = []  # connections at the end, from `atd node status` (a status that timed out is left out)
+            for n in cluster.names:
+                st = await cluster._status(n)
+                if st is not None:
+                    final.append(len(st["peers"]))
         d = rep.to_dict()
         d["final_conns"] = final
         return d
@@ -111,8 +115,9 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         "rss_per_daemon_mb": round(peak["rss"] / 2**20 / max(1, peak["procs"]), 1),
         "peak_rss_largest_daemon_mb": round(peak["one"] / 2**20, 1),
         "peer_set": {"target": target, "max": max_peers},
-        "connections_per_daemon_end": {"min": min(rep["final_conns"]), "mean": round(sum(rep["final_conns"]) / nodes, 2),
-                                       "max": max(rep["final_conns"])},
+        "connections_per_daemon_end": {"daemons": len(rep["final_conns"]), "min": min(rep["final_conns"], default=None),
+                                       "mean": round(sum(rep["final_conns"]) / max(1, len(rep["final_conns"])), 2),
+                                       "max": max(rep["final_conns"], default=None)},
         "connections_per_daemon_peak_max": max(conns.values(), default=None),
         "goal_s": 60.0 if nodes <= 30 else None,
         "load_avg_during": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else None,
