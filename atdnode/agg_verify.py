@@ -10,9 +10,7 @@ author only); its blob is named in the entry.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
-
+from atdnode.agg_check import check_recorded_weights, check_result
 from atdnode.aggregate import (
     AggregateError,
     average_blobs,
@@ -24,39 +22,7 @@ from atdnode.aggregate import (
 from atdnode.blobstore import BlobStore
 from atdnode.hierarchical_node import _MAX_DEPTH, combine_stored_groups, group_stats
 from atdnode.home import NodeHome
-from atdnode.weights import save_weights
 from ledger import Entry, Ledger
-
-_WEIGHT_TOL = 1e-12  # recorded vs recomputed weights (both float64 from the same formula)
-
-
-def check_recorded_weights(entry: Entry, expected: list[float]) -> list[float]:
-    """The entry's recorded weights, if they are what its weighting rule gives; else AggregateError."""
-    got = entry.body.get("weights")
-    if not isinstance(got, list) or len(got) != len(expected) or not all(isinstance(x, float) for x in got):
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} records malformed weights {got!r}")
-    if not np.allclose(got, expected, rtol=0.0, atol=_WEIGHT_TOL):
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recorded weights "
-                             f"{[round(x, 6) for x in got]} are not the {entry.body.get('weighting')} weights of its "
-                             f"inputs {[round(x, 6) for x in expected]}")
-    return got
-
-
-def check_result(store: BlobStore, entry: Entry, tensors: dict[str, torch.Tensor], meta: dict) -> str:
-    """The recomputed result must hash to the recorded blob. It is serialised in a scratch
-    store first, so a mismatch leaves nothing behind; a match is kept (we now hold it)."""
-    import tempfile
-
-    recorded = entry.body.get("blob")
-    with tempfile.TemporaryDirectory(prefix="atd-verify-") as tmp:
-        scratch = BlobStore(tmp)
-        blob = save_weights(scratch, tensors, meta)
-        if blob != recorded:
-            raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recomputed result {blob[:16]}, "
-                                 f"recorded {str(recorded)[:16]}")
-        if not store.has(blob):
-            store.put_file(scratch.path(blob))
-    return blob
 
 
 def recompute_average(led: Ledger, store: BlobStore, entry: Entry) -> str:

@@ -37,7 +37,6 @@ import random
 import sqlite3
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 import trio
 
@@ -758,13 +757,4 @@ def _kind(item: Entry | bytes) -> str | None:
     try:
         return Entry.from_bytes(item).kind
     except LedgerError:
-        return None
-
-
-def daemon_state(home: NodeHome) -> dict | None:
-    """The running daemon's advertised state (pid, addrs), or None if none is recorded."""
-    path: Path = home.root / "daemon.json"
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
         return None

@@ -9,10 +9,6 @@ from atdnode.data import LabeledImages
 from atdnode.model import cls_features
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def progress_bar(enabled: bool, *fields: str):
     """A rich Progress (transient=False) with extra text fields; a no-op when disabled."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

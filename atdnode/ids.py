@@ -120,13 +120,6 @@ def resolve_blob(home: NodeHome, ref: str) -> str:
 # ---------------------------------------------------------------- models and peers
 
 
-def resolve_model(home: NodeHome, ref: str) -> str:
-    """A model id of the local registry (`latest` is the newest)."""
-    from atdnode.registry import ModelRegistry
-
-    return ModelRegistry(home).get(ref).id
-
-
 def known_peers(home: NodeHome) -> set[str]:
     """Peer ids of every author and member this node's ledger knows."""
     from ledger import Ledger, peer_id_from_public_key

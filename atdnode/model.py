@@ -23,9 +23,19 @@ from atdnode.errors import ConfigError, WeightsError
 PARTS = ("extractor", "head", "full")
 
 
+# mlp_ratio of the ViT paper and of every timm ViT atd used before the field existed. A
+# config's dict leaves mlp_ratio out when it has this value, so `weights` entries, registry
+# records and training run keys written before the field existed read back unchanged.
+DEFAULT_MLP_RATIO = 4.0
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """A timm ViT by name plus the architecture overrides atd exposes (all resolved)."""
+    """A timm ViT by name plus the architecture overrides atd exposes (all resolved).
+
+    The one ViT configuration class: nodes' models, netsim's `[model]` and the split
+    learning parts (`protocols.split_parts`, which build the same timm blocks) all use it.
+    """
 
     name: str = "vit_tiny_patch16_224"
     img_size: int = 224
@@ -35,24 +45,35 @@ class ModelConfig:
     num_heads: int = 3
     in_chans: int = 3
     num_classes: int = 10
+    mlp_ratio: float = DEFAULT_MLP_RATIO
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The wire form (entries, registry, run keys); mlp_ratio only when it is not 4.0."""
+        d = asdict(self)
+        if d["mlp_ratio"] == DEFAULT_MLP_RATIO:
+            del d["mlp_ratio"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
+        """Parse :meth:`to_dict`'s form strictly (WeightsError on unknown or missing fields)."""
         names = {f.name for f in fields(cls)}
         unknown = set(d) - names
-        missing = names - set(d)
+        missing = names - set(d) - {"mlp_ratio"}
         if unknown or missing:
             raise WeightsError(f"bad model config: unknown {sorted(unknown)}, missing {sorted(missing)}")
         try:
-            return cls(name=str(d["name"]), **{k: int(d[k]) for k in names - {"name"}})
+            return cls(name=str(d["name"]), mlp_ratio=float(d.get("mlp_ratio", DEFAULT_MLP_RATIO)),
+                       **{k: int(d[k]) for k in names - {"name", "mlp_ratio"}})
         except (TypeError, ValueError) as exc:
             raise WeightsError(f"bad model config {d!r}: {exc}") from None
 
     @classmethod
-    def resolve(cls, name: str, **overrides: int | None) -> "ModelConfig":
+    def resolve(cls, name: str, **overrides: float | None) -> "ModelConfig":
         """Config of `timm.create_model(name, **overrides)`; `None` overrides take timm's default.
 
         The model is built on the meta device, so resolving even a ViT-Base costs nothing.
@@ -106,7 +127,16 @@ def _read_arch(model: nn.Module) -> dict:
         num_heads=int(model.blocks[0].attn.num_heads),
         in_chans=int(pe.proj.in_channels),
         num_classes=int(model.num_classes),
+        mlp_ratio=_mlp_ratio(model),
     )
+
+
+def _mlp_ratio(model: nn.Module) -> float:
+    """Hidden width of the first block's MLP over embed_dim (timm's `mlp_ratio`)."""
+    fc1 = getattr(getattr(model.blocks[0], "mlp", None), "fc1", None)
+    if not isinstance(fc1, nn.Linear):  # e.g. SwiGLU blocks: keep the usual value
+        return DEFAULT_MLP_RATIO
+    return fc1.out_features / int(model.embed_dim)
 
 
 def build_model(cfg: ModelConfig, checkpoint: str | Path | None = None, *, pretrained: bool = False) -> nn.Module:
@@ -118,11 +148,14 @@ def build_model(cfg: ModelConfig, checkpoint: str | Path | None = None, *, pretr
     patch-embedding conversion). A classifier whose shape differs (other class count) is
     dropped and left at random init; every other mismatch is a WeightsError.
     """
+    # an mlp_ratio of 4.0 is not passed: a config read from an entry written before the
+    # field existed means "the named model's own", which timm builds (as it always did)
     kwargs = {k: v for k, v in cfg.to_dict().items() if k != "name"}
     model = _create(cfg.name, kwargs, pretrained=pretrained)
     got = ModelConfig(name=cfg.name, **_read_arch(model))
-    if got != cfg:
-        raise ConfigError(f"timm built a different model than asked: {', '.join(cfg.diff(got))}")
+    diff = cfg.diff(got, ignore=() if "mlp_ratio" in kwargs else ("mlp_ratio",))
+    if diff:
+        raise ConfigError(f"timm built a different model than asked: {', '.join(diff)}")
     if checkpoint is not None:
         _load_checkpoint(model, Path(checkpoint))
     return model

@@ -70,10 +70,6 @@ def model_blobs(record: ModelRecord) -> list[str]:
     return sorted({b for b in record.blobs.values() if isinstance(b, str)})
 
 
-def model_bytes(store: BlobStore, record: ModelRecord) -> int:
-    return sum(store.size(b) for b in model_blobs(record) if store.has(b))
-
-
 def check_removable(record: ModelRecord, served: dict[str, str]) -> None:
     """ModelServed (one line) when a ledger entry names one of the record's blobs."""
     for part, blob in sorted(record.blobs.items()):

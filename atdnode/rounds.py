@@ -38,7 +38,7 @@ import torch
 
 from atdnode import control
 from atdnode import bodies
-from atdnode.agg_verify import check_recorded_weights, check_result
+from atdnode.agg_check import check_recorded_weights, check_result
 from atdnode.aggregate import AggregateError, average_blobs, register_global, result_meta
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset

@@ -20,7 +20,7 @@ import torch
 
 from protocols import festa, pfesta
 from protocols.comm_cost import compare
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.split_parts import SPLIT_MODEL, TaskSpec, build_plain_embedder, digits_images, digits_targets
 from protocols.tensor_frames import decode_frame, encode_frame
 
 
@@ -44,7 +44,7 @@ def bench_codec(batch: int, rounds: int) -> dict:
 
 def bench_comm(rounds: int, steps: int, n: int) -> dict:
     torch.set_num_threads(1)
-    cfg = ViTSplitConfig()
+    cfg = SPLIT_MODEL
     tasks = [TaskSpec("digit", "classification", 10), TaskSpec("ink", "segmentation", 1, 0.5)]
     x, y = digits_images(16)
     data = {cid: (t, x[lo:lo + 300], digits_targets(t, x[lo:lo + 300], y[lo:lo + 300], 4))

@@ -184,9 +184,6 @@ class MemCluster:
     def peer_ids(self) -> dict[str, str]:
         return self.c.peer_ids
 
-    def name_of(self, peer_id: str) -> str:
-        return {p: n for n, p in self.c.peer_ids.items()}[peer_id]
-
     def running(self):
         cluster = self
 
@@ -345,7 +342,3 @@ class MemCluster:
 
     def node_bytes(self, name: str) -> dict[str, int]:
         return self.link_bytes(name)
-
-    def app_bytes(self, name: str) -> dict[str, int]:
-        d = self.daemons.get(name)
-        return d.transport.bytes_counters() if d is not None else {"sent": 0, "received": 0}

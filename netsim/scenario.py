@@ -198,14 +198,6 @@ class Scenario:
         out += [f"n{i}" for i in range(self.topology.nodes)]
         return out
 
-    def node_phase(self) -> dict[str, int]:
-        ph = {n: c.phase for c in self.cohorts for n in c.nodes}
-        ph.update({f"n{i}": 1 for i in range(self.topology.nodes)})
-        return ph
-
-    def node_group(self) -> dict[str, str]:
-        return {n: c.group for c in self.cohorts for n in c.nodes}
-
     def node_roles(self) -> dict[str, str]:
         return {n: c.role for c in self.cohorts for n in c.nodes}
 

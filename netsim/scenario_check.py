@@ -31,7 +31,7 @@ def check(s: Scenario) -> None:
     if not s.methods:
         raise c.fail("scenario.methods", "must name at least one method")
     _positive(c, "scenario.deadline_s", s.deadline_s)
-    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans"):
+    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans", "mlp_ratio"):
         _positive(c, f"model.{k}", getattr(s.model, k))
     if s.model.img_size % s.model.patch_size:
         raise c.fail("model.patch_size", f"{s.model.patch_size} does not divide img_size {s.model.img_size}")

@@ -181,7 +181,16 @@ def t_msd(p: CostParams) -> float:
     return p.D * p.F + p.Pb
 
 
+def t_pfesta_learnable_head(p: CostParams) -> float:
+    """p-FESTA's learnable-head ablation (`protocols.pfesta`): nothing stored, so per sample
+    embeddings up, body output down, gradient up, input gradient down, as in SL, plus tail
+    FedAvg (heads stay on the clients): ``2BR(F+G) + 2R Pt/n``. Not a formula of the paper."""
+    return 2 * p.B * p.R * (p.F + p.G) + 2 * p.R * p.Pt / p.n
+
+
 FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta, "msd": t_msd}
+# formulas of this implementation's variants (kept out of `formulas()`, which lists the papers')
+VARIANT_FORMULAS = {"pfesta_learnable_head": t_pfesta_learnable_head}
 
 
 def formulas(p: CostParams) -> dict[str, float]:
@@ -194,13 +203,14 @@ def compare(counter: ByteCounter, params: Mapping[str, CostParams], protocol: st
     """One row per client: measured wire/payload bytes (restricted to ``kinds``, e.g. the
     training messages, leaving out evaluation) next to ``protocol``'s formula and the
     relative error ``(measured_wire - formula) / formula``, plus the other formulas."""
-    if protocol not in FORMULAS:
-        raise ValueError(f"unknown protocol {protocol!r}; expected one of {sorted(FORMULAS)}")
+    known = {**FORMULAS, **VARIANT_FORMULAS}
+    if protocol not in known:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {sorted(known)}")
     kinds = None if kinds is None else list(kinds)
     rows = []
     for client, p in sorted(params.items()):
         wire = counter.total(client, kinds=kinds)
-        pred = FORMULAS[protocol](p)
+        pred = known[protocol](p)
         rows.append({"client": client, "protocol": protocol,
                      "measured_up": counter.total(client, "up", kinds),
                      "measured_down": counter.total(client, "down", kinds),

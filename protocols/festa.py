@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
+from atdnode.model import ModelConfig
 from protocols.comm_cost import ByteCounter, CostParams, InProcessChannel, tensor_bytes
-from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, ViTSplitConfig, build_head,
-                                   task_loss, task_metric)
+from protocols.split_parts import BatchSampler, TaskSpec, TaskTail, build_head, task_loss, task_metric
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError
 
@@ -49,7 +49,7 @@ class FestaServer(BodyServer):
     kind = "festa"
     unify_with_head = True
 
-    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, class_token: bool = False,
+    def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, class_token: bool = False,
                  **kw: Any) -> None:
         """``class_token``: heads send a cls token first and tails pool it (timm "token");
         otherwise tails average the patch tokens (timm "avg"), which trains faster here."""
@@ -79,7 +79,7 @@ class FestaServer(BodyServer):
 class FestaClient:
     """A FESTA client: head + tail for one task, its data, one AdamW over head and tail."""
 
-    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+    def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, *, batch_size: int = 32, lr: float = 1e-3,
                  weight_decay: float = 0.05, class_token: bool = False, seed: int = 0) -> None:
         if images.shape[0] != targets.shape[0]:

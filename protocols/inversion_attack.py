@@ -39,9 +39,10 @@ import torch.nn.functional as Fn
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
+from atdnode.model import ModelConfig
 from protocols.pfesta import permute_tokens, random_permutations
 from protocols.reconstruction import mse, ssim
-from protocols.split_parts import BatchSampler, ViTSplitConfig
+from protocols.split_parts import BatchSampler
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class AttackConfig:
 class PatchEncoder(nn.Module):
     """F̂: the embedder's public architecture with trainable weights: (B, C, H, W) -> (B, N, D)."""
 
-    def __init__(self, cfg: ViTSplitConfig) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, cfg.patch_size)
         self.pos = nn.Parameter(torch.randn(1, cfg.num_patches, cfg.embed_dim) * 0.5)
@@ -73,7 +74,7 @@ class PatchEncoder(nn.Module):
 class TokenDecoder(nn.Module):
     """G: ordered tokens (B, N, D) -> image (B, C, H, W) in [0, 1]."""
 
-    def __init__(self, cfg: ViTSplitConfig, hidden: int) -> None:
+    def __init__(self, cfg: ModelConfig, hidden: int) -> None:
         super().__init__()
         self.shape = (cfg.in_chans, cfg.img_size, cfg.img_size)
         self.net = nn.Sequential(nn.Flatten(), nn.Linear(cfg.num_patches * cfg.embed_dim, hidden), nn.GELU(),
@@ -90,7 +91,7 @@ class TokenCritic(nn.Module):
     uploads: each token with its position (one-hot); ``order_free`` (permuted uploads): the
     token alone, as its position is unknown."""
 
-    def __init__(self, cfg: ViTSplitConfig, hidden: int, order_free: bool) -> None:
+    def __init__(self, cfg: ModelConfig, hidden: int, order_free: bool) -> None:
         super().__init__()
         self.order_free, self.n = order_free, cfg.num_patches
         width = cfg.embed_dim + (0 if order_free else cfg.num_patches)
@@ -107,7 +108,7 @@ class JigsawSolver(nn.Module):
     """MSD's jigsaw solver: per-token position logits (Eq. 5) and the most likely
     one-to-one assignment of an image's tokens to positions (Eq. 7)."""
 
-    def __init__(self, cfg: ViTSplitConfig, hidden: int) -> None:
+    def __init__(self, cfg: ModelConfig, hidden: int) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(cfg.embed_dim, hidden), nn.GELU(), nn.Linear(hidden, cfg.num_patches))
 
@@ -138,7 +139,7 @@ class Attacker:
         return self.decoder.eval()(z)
 
 
-def train_attacker(uploads: torch.Tensor, public: torch.Tensor, cfg: ViTSplitConfig, *, permuted: bool,
+def train_attacker(uploads: torch.Tensor, public: torch.Tensor, cfg: ModelConfig, *, permuted: bool,
                    ac: AttackConfig = AttackConfig()) -> Attacker:
     """Train F̂, G, D on ``public`` images against the observed ``uploads`` (M, N, D);
     with ``permuted`` also the jigsaw solver (module docstring)."""
@@ -192,7 +193,7 @@ def _moment_gap(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, tor
             + ((a[1] - b[1]) ** 2).sum() / (b[1] ** 2).sum().clamp_min(1e-8))
 
 
-def _train_jigsaw(enc: PatchEncoder, public: torch.Tensor, cfg: ViTSplitConfig, ac: AttackConfig) -> JigsawSolver:
+def _train_jigsaw(enc: PatchEncoder, public: torch.Tensor, cfg: ModelConfig, ac: AttackConfig) -> JigsawSolver:
     """MSD Eq. 6: cross-entropy of each F̂ token's known position, on public images."""
     jig = JigsawSolver(cfg, ac.hidden)
     opt = torch.optim.Adam(jig.parameters(), lr=ac.lr)
@@ -208,7 +209,7 @@ def _train_jigsaw(enc: PatchEncoder, public: torch.Tensor, cfg: ViTSplitConfig, 
     return jig.eval()
 
 
-def paper_attack(uploads: torch.Tensor, private: torch.Tensor, public: torch.Tensor, cfg: ViTSplitConfig, *,
+def paper_attack(uploads: torch.Tensor, private: torch.Tensor, public: torch.Tensor, cfg: ModelConfig, *,
                  permuted: bool, ac: AttackConfig = AttackConfig()) -> dict[str, float]:
     """Reconstruct ``private`` images from their ``uploads``; returns mse, ssim and the
     mean-public-image baseline's mse / ssim."""

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from atdnode.model import ModelConfig
 from protocols.comm_cost import InProcessChannel, tensor_bytes
-from protocols.split_parts import (BatchSampler, SplitBody, TaskSpec, TaskTail, TimmStem, ViTSplitConfig,
-                                   task_loss, task_metric)
+from protocols.split_parts import BatchSampler, SplitBody, TaskSpec, TaskTail, TimmStem, task_loss, task_metric
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class ProjectionHead(nn.Module):
 class MSDNet(nn.Module):
     """body -> mean over the kept tokens -> LayerNorm -> projection head."""
 
-    def __init__(self, mcfg: ViTSplitConfig, cfg: MSDConfig, seed: int) -> None:
+    def __init__(self, mcfg: ModelConfig, cfg: MSDConfig, seed: int) -> None:
         super().__init__()
         self.body = SplitBody(mcfg, seed=seed)
         self.norm = nn.LayerNorm(mcfg.embed_dim, eps=1e-6)
@@ -128,7 +128,7 @@ class MSDResult:
 class MSDTrainer:
     """Server-side MSD over stored (permuted) embeddings; no labels involved."""
 
-    def __init__(self, mcfg: ViTSplitConfig, cfg: MSDConfig = MSDConfig()) -> None:
+    def __init__(self, mcfg: ModelConfig, cfg: MSDConfig = MSDConfig()) -> None:
         self.mcfg, self.cfg = mcfg, cfg
         self.student = MSDNet(mcfg, cfg, seed=cfg.seed)
         self.teacher = copy.deepcopy(self.student)
@@ -179,7 +179,7 @@ class MSDTrainer:
         return MSDResult(body_state=body, losses=losses, config=asdict(c))
 
 
-def run_msd_inprocess(mcfg: ViTSplitConfig, uploads: Mapping[str, torch.Tensor], cfg: MSDConfig = MSDConfig(),
+def run_msd_inprocess(mcfg: ModelConfig, uploads: Mapping[str, torch.Tensor], cfg: MSDConfig = MSDConfig(),
                       *, channel: InProcessChannel | None = None, chunk: int = 256) -> tuple[MSDResult, InProcessChannel]:
     """One round of MSD communication through ``channel``: every client's permuted embeddings
     up (``upload``) in chunks, server distils, body weights down (``weights``) to each client."""
@@ -195,7 +195,7 @@ def run_msd_inprocess(mcfg: ViTSplitConfig, uploads: Mapping[str, torch.Tensor],
     return result, ch
 
 
-def fine_tune(embedder: TimmStem, mcfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
               targets: torch.Tensor, *, body_state: Mapping[str, torch.Tensor] | None = None,
               steps: int = 200, batch_size: int = 32, lr: float = 1e-3, body_lr_scale: float = 1.0,
               seed: int = 0) -> tuple[SplitBody, TaskTail]:

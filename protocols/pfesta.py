@@ -14,6 +14,23 @@ Message flow (kind: sender -> receiver)::
 The body has no position embedding and no cls token inside, so it is permutation-
 equivariant: ``body(x[:, p]) == body(x)[:, p]``. Classification / regression tails pool
 by the mean over tokens; segmentation tails see tokens back in image order.
+
+**Ablation switches** (p-FESTA paper, ablation study: fixed vs learnable head, with vs
+without position embedding); the defaults are the paper's method:
+
+- ``head="fixed"`` (default): the embedder is frozen and each image is uploaded once.
+  ``head="learnable"``: every client trains its own copy of the embedder (projection
+  and position table) through the body, so nothing can be stored: per step the server
+  names the batch (``batch {idx}``, meta only), the client sends freshly permuted
+  embeddings (``forward``), gets ``body_out``, returns ``grad_out`` and receives
+  ``grad_in`` (dLoss/d its embeddings), then steps embedder + tail. Cost
+  ``2BR(F+G) + 2R Pt/n`` (:func:`protocols.comm_cost.t_pfesta_learnable_head`).
+  Heads stay on their clients (only tails are averaged), so the embedder never reaches
+  the server, as with the fixed head; deviation: the paper does not say whether its
+  learnable heads were averaged.
+- ``pos_embed=True`` (default): the embedder adds its (secret) position table before
+  the permutation. ``pos_embed=False``: it adds none (the table is zero and stays zero),
+  so after the permutation the body sees an unordered bag of patches.
 """
 from __future__ import annotations
 
@@ -25,14 +42,29 @@ from typing import Any
 
 import torch
 
+from atdnode.model import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import SplitRunResult, unify_clients
-from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, ViTSplitConfig, task_loss,
+from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
 
 TRAIN_KINDS = ("upload", "body_out", "grad_out", "state_up", "state_down")
+# head="learnable": no upload; per step batch (meta) down, forward up, body_out down, grad_out up, grad_in down
+LEARNABLE_TRAIN_KINDS = ("batch", "forward", "body_out", "grad_out", "grad_in", "state_up", "state_down")
+HEADS = ("fixed", "learnable")
+
+
+def train_kinds(head: str = "fixed") -> tuple[str, ...]:
+    """The training message kinds of a p-FESTA run with this head (see the module doc)."""
+    return LEARNABLE_TRAIN_KINDS if head == "learnable" else TRAIN_KINDS
+
+
+def check_head(head: str) -> str:
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, not {head!r}")
+    return head
 CALIBRATION_SAMPLES = 512  # training images whose body outputs fix the tail's BatchNorm at evaluation
 
 
@@ -93,11 +125,6 @@ class FeatureStore:
             raise SplitProtocolError(f"{client_id}: upload incomplete ({self.received.get(client_id, 0)} samples)")
         return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long)]
 
-    def all_features(self) -> torch.Tensor:
-        """Every complete client's embeddings stacked: (M, N, D)."""
-        done = [self.features[c] for c in sorted(self.features) if self.complete(c)]
-        return torch.cat(done) if done else torch.empty(0, *self.token_shape)
-
     def to_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         return ({f"store.{c}": f for c, f in self.features.items()}, dict(self.received))
 
@@ -114,20 +141,36 @@ class PFestaServer(BodyServer):
     tail_pool = "avg"
     has_cls = False
 
-    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32, **kw: Any) -> None:
+    def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, batch_size: int = 32,
+                 head: str = "fixed", **kw: Any) -> None:
+        """``head``: "fixed" (the paper's method: uploads stored once) or "learnable" (the
+        ablation: clients send embeddings every step, see the module doc)."""
         super().__init__(cfg, tasks, **kw)
-        self.batch_size = batch_size
+        self.batch_size, self.head = batch_size, check_head(head)
         self.store = FeatureStore(self.token_shape, self.max_batch)
+        self.sizes: dict[str, int] = {}  # client -> samples it announced
         self._samplers: dict[str, BatchSampler] = {}
 
+    def _ctor_kwargs(self) -> dict[str, Any]:
+        return {"head": self.head}
+
     def join(self, client_id: str, task: str, num_samples: int) -> None:  # type: ignore[override]
-        """Admit a client that will upload ``num_samples`` embeddings (kept across re-joins)."""
+        """Admit a client that will upload ``num_samples`` embeddings (kept across re-joins);
+        with a learnable head nothing is stored, the size only drives the batch choice."""
+        if self.head == "learnable" and (not isinstance(num_samples, int) or num_samples < 1):
+            raise SplitProtocolError(f"{client_id}: num_samples must be a positive int")
         super().join(client_id, task)
-        self.store.open(client_id, num_samples)
+        if self.head == "fixed":
+            self.store.open(client_id, num_samples)
+        if self.sizes.get(client_id) != num_samples:
+            self._samplers.pop(client_id, None)
+        self.sizes[client_id] = num_samples
 
     def receive_features(self, client_id: str, start: int, feats: torch.Tensor) -> None:
         """``upload`` message: a chunk of permuted embeddings starting at sample ``start``."""
         self.task_of(client_id)
+        if self.head == "learnable":
+            raise SplitProtocolError("this p-FESTA server trains learnable heads: nothing is uploaded")
         self.store.receive(client_id, start, feats)
 
     def next_indices(self, client_id: str) -> list[int]:
@@ -136,21 +179,31 @@ class PFestaServer(BodyServer):
         which clients joined or how far the body got), so the schedule is reproducible."""
         self.task_of(client_id)
         if client_id not in self._samplers:
-            n = self.store.features[client_id].shape[0]
+            n = self.sizes[client_id]
             self._samplers[client_id] = BatchSampler(n, min(self.batch_size, n),
                                                      seed=client_seed(self.seed, client_id))
         return self._samplers[client_id].next().tolist()
 
     def forward(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
         """Body output for stored samples ``idx`` (the ``body_out`` message)."""
+        if self.head == "learnable":
+            raise SplitProtocolError("this p-FESTA server trains learnable heads: send the batch's embeddings")
         n = self.store.features.get(client_id, torch.empty(0)).shape[0]
         if not idx or any(not isinstance(i, int) or not 0 <= i < n for i in idx):
             raise SplitProtocolError(f"{client_id}: indices must be ints in 0..{n - 1}")
         return self.body_forward(client_id, self.store.get(client_id, idx), need_input_grad=False)
 
-    def backward(self, client_id: str, grad_out: torch.Tensor) -> None:
-        """``grad_out`` message: update the body; nothing goes back (the embedder is frozen)."""
-        self.body_backward(client_id, grad_out)
+    def forward_features(self, client_id: str, features: torch.Tensor) -> torch.Tensor:
+        """Learnable head: body output for the (permuted) embeddings the client sent for the
+        batch :meth:`next_indices` named (``forward`` -> ``body_out``)."""
+        if self.head != "learnable":
+            raise SplitProtocolError("this p-FESTA server stores uploads (fixed head): send indices, not features")
+        return self.body_forward(client_id, features, need_input_grad=True)
+
+    def backward(self, client_id: str, grad_out: torch.Tensor) -> torch.Tensor | None:
+        """``grad_out`` message: update the body. Fixed head: nothing goes back (None); a
+        learnable head gets dLoss/d its embeddings (the ``grad_in`` message)."""
+        return self.body_backward(client_id, grad_out)
 
     def infer(self, client_id: str, features: torch.Tensor) -> torch.Tensor:
         """``eval_forward`` -> ``eval_out``: body output for fresh (permuted) test embeddings."""
@@ -158,28 +211,49 @@ class PFestaServer(BodyServer):
 
     def _extra_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         t, received = self.store.to_state()
-        return t, {"received": received, "batch_size": self.batch_size}
+        return t, {"received": received, "batch_size": self.batch_size, "sizes": dict(self.sizes)}
 
     def _load_extra_state(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -> None:
         self.batch_size = int(scalars["batch_size"])
         self.store.load_state(tensors, scalars["received"])
+        self.sizes = {str(c): int(n) for c, n in scalars.get("sizes", {}).items()}
+        for c, f in self.store.features.items():
+            self.sizes.setdefault(c, int(f.shape[0]))
 
 
 class PFestaClient:
-    """A p-FESTA client: the shared frozen embedder, its permutation keys, a task tail."""
+    """A p-FESTA client: the shared embedder, its permutation keys, a task tail.
 
-    def __init__(self, client_id: str, cfg: ViTSplitConfig, task: TaskSpec, images: torch.Tensor,
+    ``head="fixed"`` (the paper's): the embedder is frozen and shared. ``"learnable"``:
+    this client trains its own copy (never sent). ``pos_embed=False``: the embedder adds
+    no position table (a zeroed, frozen copy). See the module doc."""
+
+    def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, embedder: TimmStem, *, permute: bool = True, lr: float = 1e-3,
-                 weight_decay: float = 0.05, seed: int = 0) -> None:
+                 weight_decay: float = 0.05, seed: int = 0, head: str = "fixed", pos_embed: bool = True) -> None:
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
         self.client_id, self.cfg, self.task = client_id, cfg, task
-        self.images, self.targets, self.embedder, self.permute = images, targets, embedder, permute
+        self.head, self.pos_embed = check_head(head), pos_embed
+        self.images, self.targets, self.permute = images, targets, permute
+        if head == "learnable" or not pos_embed:
+            embedder = copy.deepcopy(embedder)  # ours alone: the shared one stays as it is
+            if not pos_embed:
+                with torch.no_grad():
+                    embedder.vit.pos_embed.zero_()
+            if head == "learnable":
+                embedder.requires_grad_(True)
+            embedder.vit.pos_embed.requires_grad_(head == "learnable" and pos_embed)
+        self.embedder = embedder
         self.tail = TaskTail(cfg, task, pool="avg", seed=seed + 1)
-        self.opt = torch.optim.AdamW(self.tail.parameters(), lr=lr, weight_decay=weight_decay)
+        params = [*self.tail.parameters()]
+        if head == "learnable":
+            params += [p for p in self.embedder.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         self._gen = torch.Generator().manual_seed(seed + 2)
         n = cfg.num_patches
         self.keys = torch.arange(n).repeat(images.shape[0], 1)  # (M, N); replaced at upload
+        self._feats: torch.Tensor | None = None  # learnable head: the pending step's embeddings (graph kept)
 
     @property
     def num_samples(self) -> int:
@@ -188,10 +262,38 @@ class PFestaClient:
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings of ``images`` under fresh permutations: (tokens (b, N, D), keys (b, N))."""
-        tokens = self.embedder(images)  # (b, N, D), pos embed added
+        return self._embed(images)
+
+    def _embed(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.embedder(images)  # (b, N, D), pos embed added (zero with pos_embed=False)
         keys = (random_permutations(tokens.shape[0], tokens.shape[1], self._gen) if self.permute
                 else torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1))
         return permute_tokens(tokens, keys), keys
+
+    def head_forward(self, idx: Sequence[int]) -> torch.Tensor:
+        """Learnable head, ``batch {idx}`` -> ``forward``: the samples' embeddings under fresh
+        permutations (keys remembered for the tail), graph kept for :meth:`head_backward`."""
+        if self.head != "learnable":
+            raise SplitProtocolError(f"{self.client_id}: a fixed head uploads once, it sends no per-step features")
+        if not idx or any(not isinstance(i, int) or not 0 <= i < self.num_samples for i in idx):
+            raise SplitProtocolError(f"{self.client_id}: batch indices must be ints in 0..{self.num_samples - 1}")
+        ix = torch.as_tensor(list(idx), dtype=torch.long)
+        self.opt.zero_grad(set_to_none=True)
+        feats, keys = self._embed(self.images[ix])
+        self.keys[ix] = keys
+        self._feats = feats
+        return feats.detach()
+
+    def head_backward(self, grad_in: torch.Tensor) -> None:
+        """Learnable head, ``grad_in``: back-propagate into the embedder, then one step on
+        embedder + tail (the tail's gradient is already there from :meth:`tail_step`)."""
+        if self._feats is None or grad_in.shape != self._feats.shape:
+            raise SplitProtocolError(f"{self.client_id}: gradient {tuple(grad_in.shape)} does not match "
+                                     "the pending forward")
+        self._feats.backward(grad_in)
+        self._feats = None
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
     def upload_chunks(self, chunk: int = 256) -> Iterator[tuple[int, torch.Tensor]]:
         """(start, permuted embeddings) for the one-time ``upload``; remembers the keys."""
@@ -211,9 +313,11 @@ class PFestaClient:
         y = body_out.detach().requires_grad_(True)
         out = self.tail(unpermute_tokens(y, self.keys[ix]))  # tail sees image order
         loss = task_loss(self.task, out, self.targets[ix])
-        self.opt.zero_grad(set_to_none=True)
+        if self.head == "fixed":
+            self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
+        if self.head == "fixed":  # a learnable head steps with the embedder, at grad_in
+            self.opt.step()
         return y.grad.detach(), float(loss.detach())
 
     def part_state(self) -> dict[str, torch.Tensor]:
@@ -243,7 +347,7 @@ class PFestaClient:
 
     def cost_params(self, *, batch_size: int, steps_per_round: int, rounds: int, unifying_rounds: int,
                     body_bytes: int) -> CostParams:
-        """The paper's symbols; F = G = one sample's N x D float32 tokens, Ph = frozen embedder."""
+        """The paper's symbols; F = G = one sample's N x D float32 tokens, Ph = the embedder."""
         f = self.cfg.num_patches * self.cfg.embed_dim * 4
         return CostParams(D=self.num_samples, B=steps_per_round * batch_size, R=rounds, n=unifying_rounds,
                           F=f, G=f, Ph=tensor_bytes(self.embedder.state_dict()), Pb=body_bytes,
@@ -266,12 +370,15 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
     of ``steps_per_round`` server-chosen batches per client, tails unified every n rounds.
     ``vanish={client: (round, step)}``: that client receives its body output and never answers."""
     ch = channel or InProcessChannel()
-    res = SplitRunResult(counter=ch.counter, train_kinds=TRAIN_KINDS)
+    if any(c.head != server.head for c in clients):
+        raise ValueError(f"every client must have the server's head ({server.head!r})")
+    res = SplitRunResult(counter=ch.counter, train_kinds=train_kinds(server.head))
     vanish, gone = dict(vanish or {}), set()
     by_id = {c.client_id: c for c in clients}
     for c in clients:
         server.join(c.client_id, c.task.name, c.num_samples)
-        upload_all(server, c, ch, upload_chunk)
+        if server.head == "fixed":
+            upload_all(server, c, ch, upload_chunk)
         res.losses[c.client_id] = []
     for r in range(1, rounds + 1):
         server.begin_round(r, deadline=float(r))
@@ -281,14 +388,21 @@ def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], 
                 if cid in gone:
                     continue
                 idx = server.next_indices(cid)
-                m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
+                if server.head == "learnable":  # the client embeds the named batch afresh
+                    b = ch.send(cid, "down", "batch", None, {"idx": idx})
+                    x = ch.send(cid, "up", "forward", {"x": by_id[cid].head_forward(b.meta["idx"])}).tensors["x"]
+                    m = ch.send(cid, "down", "body_out", {"y": server.forward_features(cid, x)}, {"idx": idx})
+                else:
+                    m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
                 if vanish.get(cid) == (r, s):
                     gone.add(cid)
                     # the others wait at the step barrier until the deadline drops it
                     server.drop_client(cid, f"missed the round {r} deadline")
                     continue  # gone: its gradient never arrives
                 g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
-                server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
+                gin = server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
+                if gin is not None:  # learnable head
+                    by_id[cid].head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
                 round_loss[cid].append(loss)
         for cid in server.live_clients():
             if cid not in gone:

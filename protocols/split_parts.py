@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as Fn
@@ -27,37 +28,40 @@ from timm.layers import build_sincos2d_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from atdnode.model import ModelConfig
+
 TASK_KINDS = ("classification", "regression", "segmentation")
 
 
-@dataclass(frozen=True)
-class ViTSplitConfig:
-    """Shape of the split ViT; every peer of one service must agree on it."""
+# The split ViT's shape is an `atdnode.model.ModelConfig` (the one ViT configuration class;
+# its num_classes is unused here: tasks carry their outputs). Its wire form in `service`
+# offers, MSD `weights` entries and saved server state is `split_dict`: these fields only.
+SPLIT_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio")
+# the default split service: tiny, digits-sized. `timm.create_model(SPLIT_MODEL.name, ...)`
+# with these fields builds the same blocks as SplitBody (tests/test_split_config.py).
+SPLIT_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=1, embed_dim=32,
+                          depth=2, num_heads=2, mlp_ratio=2.0, num_classes=0)
 
-    img_size: int = 16
-    patch_size: int = 4
-    in_chans: int = 1
-    embed_dim: int = 32
-    depth: int = 2
-    num_heads: int = 2
-    mlp_ratio: float = 2.0
 
-    def __post_init__(self) -> None:
-        if self.img_size % self.patch_size:
-            raise ValueError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
-        if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+def split_config(body: Mapping | None = None, **overrides: Any) -> ModelConfig:
+    """:data:`SPLIT_MODEL` with the :data:`SPLIT_FIELDS` of ``body`` and ``overrides``
+    (other keys ignored, as a newer peer may add some); ValueError if the shape is unusable."""
+    given = {k: v for k, v in {**(body or {}), **overrides}.items() if k in SPLIT_FIELDS}
+    cfg = replace(SPLIT_MODEL, **given)
+    for k in SPLIT_FIELDS:
+        v = getattr(cfg, k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or (k != "mlp_ratio" and v != int(v)):
+            raise ValueError(f"{k} must be a positive {'number' if k == 'mlp_ratio' else 'integer'}, got {v!r}")
+    if cfg.img_size % cfg.patch_size:
+        raise ValueError(f"img_size {cfg.img_size} is not a multiple of patch_size {cfg.patch_size}")
+    if cfg.embed_dim % cfg.num_heads:
+        raise ValueError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
+    return replace(cfg, mlp_ratio=float(cfg.mlp_ratio), **{k: int(getattr(cfg, k)) for k in SPLIT_FIELDS[:-1]})
 
-    @property
-    def num_patches(self) -> int:
-        return (self.img_size // self.patch_size) ** 2
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> ViTSplitConfig:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+def split_dict(cfg: ModelConfig) -> dict:
+    """The split shape's wire form (the :data:`SPLIT_FIELDS` of ``cfg``)."""
+    return {k: getattr(cfg, k) for k in SPLIT_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ def _seeded(seed: int | None):
     return ctx
 
 
-def _vit(cfg: ViTSplitConfig, depth: int, **kw) -> VisionTransformer:
+def _vit(cfg: ModelConfig, depth: int, **kw) -> VisionTransformer:
     return VisionTransformer(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                              embed_dim=cfg.embed_dim, depth=depth, num_heads=cfg.num_heads,
                              mlp_ratio=cfg.mlp_ratio, num_classes=0, **kw)
@@ -121,7 +125,7 @@ SECRET_POS_STD = 0.1
 SECRET_BIAS_STD = 0.02
 
 
-def _content_friendly_init(stem: TimmStem, cfg: ViTSplitConfig, content_gain: float, *,
+def _content_friendly_init(stem: TimmStem, cfg: ModelConfig, content_gain: float, *,
                            gen: torch.Generator | None = None) -> None:
     """Position embedding and an orthogonal patch projection scaled by ``content_gain``.
     timm's default init (a 0.02-std position embedding, default conv init) is made for long
@@ -149,7 +153,7 @@ def _content_friendly_init(stem: TimmStem, cfg: ViTSplitConfig, content_gain: fl
             proj.bias.copy_(torch.randn(proj.out_channels, generator=gen) * SECRET_BIAS_STD)
 
 
-def build_head(cfg: ViTSplitConfig, seed: int | None = None, *, class_token: bool = False,
+def build_head(cfg: ModelConfig, seed: int | None = None, *, class_token: bool = False,
                content_gain: float = 2.0) -> TimmStem:
     """FESTA client head, trainable: patch embedding + position embedding (+ cls token if
     ``class_token``) -> (B, N, D) or (B, 1+N, D); initialised like the plain embedder (see
@@ -167,19 +171,19 @@ def build_head(cfg: ViTSplitConfig, seed: int | None = None, *, class_token: boo
 EMBEDDER_KEYS = ("vit.pos_embed", "vit.patch_embed.proj.weight", "vit.patch_embed.proj.bias")
 
 
-def embedder_shapes(cfg: ViTSplitConfig) -> dict[str, tuple[int, ...]]:
+def embedder_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Keys and shapes of a plain embedder's state (what a campaign's secret holds)."""
     p, d = cfg.patch_size, cfg.embed_dim
     return {"vit.pos_embed": (1, cfg.num_patches, d), "vit.patch_embed.proj.weight": (d, cfg.in_chans, p, p),
             "vit.patch_embed.proj.bias": (d,)}
 
 
-def embedder_state_bytes(cfg: ViTSplitConfig) -> int:
+def embedder_state_bytes(cfg: ModelConfig) -> int:
     """Bytes of a plain embedder's float32 state (the paper's Ph), computed from shapes only."""
     return sum(4 * math.prod(s) for s in embedder_shapes(cfg).values())
 
 
-def build_plain_embedder(cfg: ViTSplitConfig, seed: int | None = 0, content_gain: float = 2.0, *,
+def build_plain_embedder(cfg: ModelConfig, seed: int | None = 0, content_gain: float = 2.0, *,
                          state: Mapping[str, torch.Tensor] | None = None) -> TimmStem:
     """p-FESTA's shared plain patch embedder (patch embed + pos embed, no cls) -> (B, N, D).
 
@@ -213,7 +217,7 @@ def build_plain_embedder(cfg: ViTSplitConfig, seed: int | None = 0, content_gain
     return stem.eval()
 
 
-def new_embedder_state(cfg: ViTSplitConfig, content_gain: float = 2.0) -> dict[str, torch.Tensor]:
+def new_embedder_state(cfg: ModelConfig, content_gain: float = 2.0) -> dict[str, torch.Tensor]:
     """A fresh secret embedder (projection + position table) from OS randomness: the tensors
     one p-FESTA / MSD client generates and seals to the other clients. No seed survives."""
     stem = build_plain_embedder(cfg, seed=None, content_gain=content_gain)
@@ -226,7 +230,7 @@ def embedder_state(stem: TimmStem) -> dict[str, torch.Tensor]:
     return {k: sd[k].detach().clone().contiguous().float() for k in EMBEDDER_KEYS}
 
 
-def _check_embedder_state(cfg: ViTSplitConfig, state: Mapping[str, torch.Tensor]) -> None:
+def _check_embedder_state(cfg: ModelConfig, state: Mapping[str, torch.Tensor]) -> None:
     want = embedder_shapes(cfg)
     if set(state) != set(want):
         raise ValueError(f"embedder state keys {sorted(state)} differ from {sorted(want)}")
@@ -240,7 +244,7 @@ class SplitBody(nn.Module):
     """The server's transformer body: the ``blocks`` of a timm ViT, (B, T, D) -> (B, T, D).
     No position embedding and no token-order dependence inside: permutation-equivariant."""
 
-    def __init__(self, cfg: ViTSplitConfig, seed: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
         super().__init__()
         ctx = _seeded(seed)
         try:
@@ -256,7 +260,7 @@ class TaskTail(nn.Module):
     """Final norm + task head. ``pool``: "token" (token 0 is cls, FESTA) or "avg" (mean of
     the normalised patch tokens, p-FESTA: order-free). Segmentation uses every patch token."""
 
-    def __init__(self, cfg: ViTSplitConfig, task: TaskSpec, pool: str, seed: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, task: TaskSpec, pool: str, seed: int | None = None) -> None:
         super().__init__()
         if pool not in ("token", "avg"):
             raise ValueError(f"pool must be 'token' or 'avg', not {pool!r}")
@@ -334,7 +338,7 @@ def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float
             for k in keys}
 
 
-def part_template(cfg: ViTSplitConfig, task: TaskSpec, *, with_head: bool, pool: str) -> dict[str, torch.Tensor]:
+def part_template(cfg: ModelConfig, task: TaskSpec, *, with_head: bool, pool: str) -> dict[str, torch.Tensor]:
     """Keys and shapes of what a client of ``task`` shares at a unification ("head."/"tail.").
     A head has a cls token exactly when the tail pools by token."""
     out = {f"tail.{k}": v for k, v in TaskTail(cfg, task, pool).state_dict().items()}

@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 
-from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, fedavg, part_template
+from atdnode.model import ModelConfig
+from protocols.split_parts import SplitBody, TaskSpec, fedavg, part_template, split_config, split_dict
 from protocols.split_state import (ClientDropped, RoundTracker, SplitProtocolError, SplitStateError,
                                    check_features, load_state, optimizer_from_state, optimizer_to_state,
                                    save_state)
@@ -70,7 +71,7 @@ class BodyServer:
         """(T, D) of one sample's tokens at the cut."""
         return (self.cfg.num_patches + int(self.has_cls), self.cfg.embed_dim)
 
-    def __init__(self, cfg: ViTSplitConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
+    def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024,
                  part_weighting: str = "uniform") -> None:
         if self.has_cls != (self.tail_pool == "token"):
@@ -312,7 +313,7 @@ class BodyServer:
         extra_t, extra_s = self._extra_state()
         tensors.update(opt_t)
         tensors.update(extra_t)
-        scalars = {"kind": self.kind, "cfg": self.cfg.to_dict(), "tasks": [t.to_dict() for t in self.tasks.values()],
+        scalars = {"kind": self.kind, "cfg": split_dict(self.cfg), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
                    "max_batch": self.max_batch, "part_weighting": self.part_weighting,
                    "ctor": self._ctor_kwargs(), "frozen": self.frozen, "version": self.version,
@@ -327,7 +328,7 @@ class BodyServer:
         if s.get("kind") != cls.kind:
             raise SplitStateError(f"{directory} holds a {s.get('kind')!r} server, not {cls.kind!r}")
         try:
-            srv = cls(ViTSplitConfig.from_dict(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
+            srv = cls(split_config(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
                       lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
                       part_weighting=s.get("part_weighting", "samples"), **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}

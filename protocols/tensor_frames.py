@@ -13,8 +13,8 @@ meta values other than plain msgpack types, or (by default) a NaN/inf in a float
 tensor all raise :class:`FrameDecodeError` naming the fault. Nothing executable is ever
 decoded: msgpack with ``strict_map_key`` and a whitelist of value types, and raw buffers.
 
-Streams carry frames with a 4-byte big-endian length prefix (:func:`with_length_prefix`,
-:class:`FrameAssembler`), because a stream read returns whatever is buffered.
+Streams carry frames with a 4-byte big-endian length prefix (the transport's
+``read_frame`` / ``write_frame``), because a stream read returns whatever is buffered.
 """
 from __future__ import annotations
 
@@ -226,38 +226,3 @@ def decode_frame(data: bytes | bytearray | memoryview, *, max_bytes: int = DEFAU
             raise FrameDecodeError(f"tensor {name!r} contains NaN or inf")
         out[name] = t
     return Frame(meta=meta, tensors=out)
-
-
-def with_length_prefix(frame: bytes) -> bytes:
-    """The stream form of a frame: 4-byte big-endian length, then the frame."""
-    return len(frame).to_bytes(LENGTH_PREFIX_BYTES, "big") + frame
-
-
-class FrameAssembler:
-    """Cuts a byte stream of length-prefixed frames into whole frames.
-
-    ``feed(chunk)`` returns the frames completed by ``chunk`` (possibly none). An announced
-    length over ``max_bytes`` raises FrameDecodeError at once, before buffering the body,
-    so a hostile sender cannot make the receiver allocate it."""
-
-    def __init__(self, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._buf = bytearray()
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        self._buf += chunk
-        frames = []
-        while len(self._buf) >= LENGTH_PREFIX_BYTES:
-            n = int.from_bytes(self._buf[:LENGTH_PREFIX_BYTES], "big")
-            if n > self.max_bytes:
-                raise FrameDecodeError(f"announced frame of {n} bytes exceeds the limit of {self.max_bytes}")
-            if len(self._buf) < LENGTH_PREFIX_BYTES + n:
-                break
-            frames.append(bytes(self._buf[LENGTH_PREFIX_BYTES:LENGTH_PREFIX_BYTES + n]))
-            del self._buf[:LENGTH_PREFIX_BYTES + n]
-        return frames
-
-    @property
-    def pending(self) -> int:
-        """Bytes buffered that do not yet make a whole frame (non-zero at EOF = truncated)."""
-        return len(self._buf)

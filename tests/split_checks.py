@@ -13,12 +13,13 @@ from atdnode.split.report import load_records
 from atdnode.split.roles import prepare
 from atdnode.split.secret import open_secret
 from ledger import Ledger
+from atdnode.model import ModelConfig
 from protocols.inversion_attack import AttackConfig, paper_attack
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder
+from protocols.split_parts import TaskSpec, build_plain_embedder
 from protocols.split_state import load_state
 
 
-def campaign_secret(home: NodeHome, cfg: ViTSplitConfig) -> dict[str, torch.Tensor]:
+def campaign_secret(home: NodeHome, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The adopted embedder secret as client ``home`` used it (named in its p-FESTA comm
     record, opened from its own ledger with its own key)."""
     (rec,) = [r for r in load_records(home) if r.get("secret_entry")]
@@ -48,7 +49,7 @@ def files_containing(root: Path, needles: list[bytes]) -> list[str]:
 
 
 def attack_margin(server_home: NodeHome, client_home: NodeHome, spec: str, public_specs: list[tuple[str, str]],
-                  cfg: ViTSplitConfig, ac: AttackConfig = AttackConfig()) -> tuple[dict, dict]:
+                  cfg: ModelConfig, ac: AttackConfig = AttackConfig()) -> tuple[dict, dict]:
     """The paper's attacker on what the server stored for the client (permuted uploads) and
     on the same images' in-order embeddings (what a non-permuting client would have sent;
     made here with the client's secret, as an oracle). Public images: ``public_specs``,

@@ -70,7 +70,7 @@ def test_adversarial_training_raises_robust_accuracy(plain, robust_model, digits
     p = robust_accuracy(plain, (xte, yte), generator=torch.Generator().manual_seed(1), **STRONG)
     r = robust_accuracy(robust_model, (xte, yte), generator=torch.Generator().manual_seed(1), **STRONG)
     assert r.robust > p.robust + 0.15, (p, r)
-    assert r.clean > 0.93
+    assert r.clean > 0.93  # ten digit classes: chance 0.1; the plain model's clean accuracy is > 0.95
 
 
 def test_pgd_stays_in_ball_and_pixel_range(plain, digits):

@@ -7,10 +7,10 @@ import torch
 from protocols import festa, pfesta
 from protocols.comm_cost import (ByteCounter, CostParams, InProcessChannel, compare, formulas, t_festa, t_fl,
                                  t_msd, t_pfesta, t_sl, tensor_bytes)
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, digits_targets, split_config
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, encode_frame
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 TASKS = [TaskSpec("digit", "classification", 10), TaskSpec("ink", "segmentation", 1, 0.5)]
 
 

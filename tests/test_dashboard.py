@@ -106,7 +106,8 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
                                                         rf_trees=30))
     cls = classify(a, DISJOINT["a"], model=res.model_id)
     acc = cls.metrics["accuracy"]
-    assert acc > 1 / 3  # a's three classes: above chance; the page must show this number
+    # a's three balanced classes: chance 1/3 (a constant predictor scores <= 36/107 here); measured 0.89.
+    assert acc > 2 * (1 / 3)  # the page must show this number
 
     daemons = []
     try:

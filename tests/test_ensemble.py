@@ -37,7 +37,7 @@ def test_soft_vote_matches_or_beats_best_member(fitted, digits):
     ens = float((fitted.predict(Xte) == yte).mean())
     assert set(members) == {"mlp", "rf", "svm"}
     assert ens >= max(members.values()) - 0.01, (ens, members)
-    assert ens > 0.93
+    assert ens > 0.93  # ten digit classes: chance 0.1 (and not below the best member, above)
     proba = fitted.predict_proba(Xte)
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-12)
     np.testing.assert_allclose(proba, np.mean(list(fitted.member_proba(Xte).values()), axis=0), atol=1e-15)

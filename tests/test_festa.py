@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from protocols.festa import TRAIN_KINDS, FestaClient, FestaServer, run_festa_inprocess
-from protocols.split_parts import TaskSpec, ViTSplitConfig, digits_images, digits_targets, task_loss
+from protocols.split_parts import TaskSpec, digits_images, digits_targets, split_config, task_loss
 from protocols.split_state import ClientDropped, SplitProtocolError, SplitStateError
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 
@@ -65,7 +65,9 @@ def test_multitask_run_learns_unifies_and_counts(digits):
     assert srv.version == 4 * 10
     for cid, losses in res.losses.items():
         assert len(losses) == 4 and losses[-1] < losses[0], cid
-    assert res.metrics["a"]["accuracy"] > 0.25 and res.metrics["c"]["patch_accuracy"] > 0.85
+    assert res.metrics["a"]["accuracy"] > 2.5 * 0.1  # ten digit classes: chance 0.1
+    # per-patch ink mask: above predicting the majority patch value (~0.52 here) by 0.3
+    assert res.metrics["c"]["patch_accuracy"] > res.metrics["c"]["patch_majority"] + 0.3
     # the last round was a unifying round: clients of one task hold identical head and tail
     sa, sb = clients[0].part_state(), clients[1].part_state()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)

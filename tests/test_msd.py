@@ -12,9 +12,9 @@ from protocols.comm_cost import tensor_bytes
 from protocols.msd import (MSDConfig, MSDTrainer, cosine_momentum, evaluate_local, fine_tune, run_msd_inprocess,
                            sample_view)
 from protocols.pfesta import permute_tokens, random_permutations
-from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images
+from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, digits_images, split_config
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 
 

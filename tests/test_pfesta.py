@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from protocols.comm_cost import ByteCounter, InProcessChannel
 from protocols.pfesta import (PFestaClient, PFestaServer, permute_tokens, random_permutations,
                               run_pfesta_inprocess, unpermute_tokens, upload_all)
-from protocols.split_parts import (SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images,
-                                   digits_targets)
+from protocols.split_parts import (SplitBody, TaskSpec, build_plain_embedder, digits_images, digits_targets,
+                                   split_config)
 from protocols.split_state import ClientDropped, SplitProtocolError
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 EMB = build_plain_embedder(CFG, seed=0)
@@ -99,8 +99,9 @@ def test_pfesta_learns_two_tasks_and_keys_never_leave(digits):
                _client(digits, "c", SEG, 600, 900, 3)]
     res = run_pfesta_inprocess(srv, clients, rounds=6, steps_per_round=5, unifying_rounds=3, channel=Spy(),
                                test_data={c.client_id: _test(digits, c.task) for c in clients})
-    assert res.metrics["a"]["accuracy"] > 0.5 and res.metrics["b"]["accuracy"] > 0.5
-    assert res.metrics["c"]["patch_accuracy"] > 0.85
+    assert res.metrics["a"]["accuracy"] > 5 * 0.1 and res.metrics["b"]["accuracy"] > 5 * 0.1  # chance 0.1
+    # per-patch ink mask: above predicting the majority patch value (~0.52 here) by 0.3
+    assert res.metrics["c"]["patch_accuracy"] > res.metrics["c"]["patch_majority"] + 0.3
     assert all(losses[-1] < losses[0] for losses in res.losses.values())
     ups = {(k, tuple(t), tuple(m)) for k, t, m in seen if k == "upload"}
     assert ups == {("upload", ("x",), ("start",))}  # embeddings and offsets only, never keys

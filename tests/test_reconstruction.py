@@ -10,9 +10,9 @@ import torch
 
 from protocols.inversion_attack import AttackConfig, paper_attack
 from protocols.reconstruction import known_embedder_attack, mse, observed_features, ssim
-from protocols.split_parts import ViTSplitConfig, build_plain_embedder, digits_images, new_embedder_state
+from protocols.split_parts import build_plain_embedder, digits_images, new_embedder_state, split_config
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_known_embedder_undoes_permutation_when_tokens_are_wider_than_patches(im
     wide = build_plain_embedder(CFG, state=new_embedder_state(CFG))
     rec = known_embedder_attack(wide, observed_features(wide, private, permute=True, gen=gen))
     assert mse(rec, private) < 1e-8
-    square_cfg = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=16, depth=1, num_heads=2)
+    square_cfg = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=16, depth=1, num_heads=2)
     square = build_plain_embedder(square_cfg, seed=0)
     rec = known_embedder_attack(square, observed_features(square, private, permute=True, gen=gen))
     assert mse(rec, private) > 0.02

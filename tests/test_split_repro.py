@@ -8,9 +8,9 @@ import torch
 from protocols.comm_cost import InProcessChannel
 from protocols.festa import FestaClient, FestaServer
 from protocols.pfesta import PFestaClient, PFestaServer, upload_all
-from protocols.split_parts import TaskSpec, ViTSplitConfig, build_plain_embedder, digits_images, digits_targets
+from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, digits_targets, split_config
 
-CFG = ViTSplitConfig(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+CFG = split_config(img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2)
 CLS = TaskSpec("digit", "classification", 10)
 SEG = TaskSpec("ink", "segmentation", 1, loss_weight=0.5)
 PARTS = {"a": (CLS, 0, 120), "b": (CLS, 120, 240), "c": (SEG, 240, 360)}
@@ -47,16 +47,17 @@ def _unify(srv, clients, order) -> None:
             clients[cid].load_part_state(avg)
 
 
-def _run_pfesta(digits, reverse: bool):
+def _run_pfesta(digits, reverse: bool, head: str = "fixed"):
     torch.set_num_threads(1)
     emb = build_plain_embedder(CFG, seed=0)
-    srv = PFestaServer(CFG, [CLS, SEG], batch_size=16, lr=3e-3, seed=11)
-    clients = {cid: PFestaClient(cid, CFG, t, *_data(digits, t, lo, hi), emb, lr=3e-3, seed=i)
+    srv = PFestaServer(CFG, [CLS, SEG], batch_size=16, lr=3e-3, seed=11, head=head)
+    clients = {cid: PFestaClient(cid, CFG, t, *_data(digits, t, lo, hi), emb, lr=3e-3, seed=i, head=head)
                for i, (cid, (t, lo, hi)) in enumerate(PARTS.items())}
     ch = InProcessChannel()
     for cid in (sorted(clients, reverse=reverse)):  # clients start (join + upload) in opposite order
         srv.join(cid, clients[cid].task.name, clients[cid].num_samples)
-        upload_all(srv, clients[cid], ch)
+        if head == "fixed":
+            upload_all(srv, clients[cid], ch)
     for r in range(1, ROUNDS + 1):
         srv.begin_round(r, deadline=float("inf"))
         for s in range(STEPS):
@@ -64,10 +65,13 @@ def _run_pfesta(digits, reverse: bool):
             outs = {}
             for cid in fwd:
                 idx = srv.next_indices(cid)
-                outs[cid] = (idx, srv.forward(cid, idx))
+                outs[cid] = (idx, srv.forward(cid, idx) if head == "fixed"
+                             else srv.forward_features(cid, clients[cid].head_forward(idx)))
             for cid in bwd:
                 g, _ = clients[cid].tail_step(*outs[cid])
-                srv.backward(cid, g)
+                gin = srv.backward(cid, g)
+                if gin is not None:
+                    clients[cid].head_backward(gin)
         for cid in bwd:
             srv.finish_round(cid)
         _unify(srv, clients, bwd)
@@ -77,8 +81,9 @@ def _run_pfesta(digits, reverse: bool):
     return srv, metrics
 
 
-def test_pfesta_same_result_with_clients_in_opposite_order(digits):
-    (s1, m1), (s2, m2) = _run_pfesta(digits, False), _run_pfesta(digits, True)
+@pytest.mark.parametrize("head", ["fixed", "learnable"])
+def test_pfesta_same_result_with_clients_in_opposite_order(digits, head):
+    (s1, m1), (s2, m2) = _run_pfesta(digits, False, head), _run_pfesta(digits, True, head)
     assert s1.version == s2.version == ROUNDS * STEPS
     assert m1 == m2
     for (n, p), q in zip(s1.body.state_dict().items(), s2.body.state_dict().values()):
@@ -124,7 +129,7 @@ def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
 
     torch.set_num_threads(1)
     s = SplitSettings()
-    cfg = ViTSplitConfig(**{**s.body, "img_size": 28})
+    cfg = split_config(s.body, img_size=28)
     x, y = digits_images(28)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x, y = x[perm], y[perm]

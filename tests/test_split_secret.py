@@ -16,12 +16,12 @@ from atdnode.split.secret import (SplitSecretError, check_secret_body, check_sec
 from ledger import Ledger
 from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
-from protocols.split_parts import ViTSplitConfig, build_plain_embedder
+from protocols.split_parts import SPLIT_MODEL, build_plain_embedder
 from tests.split_checks import files_containing, secret_bytes
 from tests.test_daemon_memory import daemon_on, make_consortium
 from tests.test_split_network import client, configure, data
 
-CFG = ViTSplitConfig()
+CFG = SPLIT_MODEL
 
 
 def _spread(homes: list[NodeHome]) -> None:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from protocols.festa import FestaServer
-from protocols.split_parts import TaskSpec, ViTSplitConfig
+from protocols.split_parts import TaskSpec, split_config
 from protocols.split_server import StepBarrier
 
-CFG = ViTSplitConfig(img_size=8, patch_size=4, in_chans=1, embed_dim=8, depth=1, num_heads=2, mlp_ratio=1.0)
+CFG = split_config(img_size=8, patch_size=4, in_chans=1, embed_dim=8, depth=1, num_heads=2, mlp_ratio=1.0)
 T1 = TaskSpec("t1", "classification", 3, loss_weight=1.0)
 T2 = TaskSpec("t2", "regression", 1, loss_weight=0.5)
 CLIENTS = {"a1": "t1", "a2": "t1", "b1": "t2"}  # task t1 has two clients, t2 one

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.tensor_frames import (MAGIC, FrameAssembler, FrameDecodeError, FrameEncodeError,
-                                     decode_frame, encode_frame, with_length_prefix)
+from protocols.tensor_frames import MAGIC, FrameDecodeError, FrameEncodeError, decode_frame, encode_frame
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -133,16 +132,3 @@ def test_decode_rejects_bad_header_structures():
     with pytest.raises(FrameDecodeError, match="unsupported type"):
         ext = msgpack.packb({"v": 1, "meta": {"e": msgpack.ExtType(5, b"x")}, "tensors": []})
         decode_frame(MAGIC + len(ext).to_bytes(4, "big") + ext)
-
-
-def test_assembler_reassembles_split_stream_and_rejects_huge_prefix():
-    frames = [encode_frame({"a": torch.randn(i + 1)}, {"i": i}) for i in range(3)]
-    stream = b"".join(with_length_prefix(f) for f in frames)
-    asm, got = FrameAssembler(), []
-    for i in range(0, len(stream), 7):  # arbitrary chunking, as a stream read delivers it
-        got += asm.feed(stream[i:i + 7])
-    assert got == frames and asm.pending == 0
-    asm.feed(with_length_prefix(frames[0])[:-1])
-    assert asm.pending > 0
-    with pytest.raises(FrameDecodeError, match="exceeds the limit"):
-        FrameAssembler(max_bytes=1000).feed((5000).to_bytes(4, "big"))

@@ -50,7 +50,7 @@ class Campaign:
         self.server: Any = None
         self.resumed: set[str] = set()
         self._limiter = trio.CapacityLimiter(1)
-        self.train_kinds = festa.TRAIN_KINDS if self.algo == "festa" else pfesta.TRAIN_KINDS
+        self.train_kinds = festa.TRAIN_KINDS if self.algo == "festa" else pfesta.train_kinds(self.s.head)
 
     async def call(self, fn, *args):
         """Run ``fn(*args)`` in the worker thread that owns the protocol server."""
@@ -64,7 +64,7 @@ class Campaign:
                   part_weighting=s.part_weighting)
         if self.algo == "festa":
             return festa.FestaServer(self.cfg, tasks, class_token=s.class_token, **kw)
-        return pfesta.PFestaServer(self.cfg, tasks, batch_size=s.batch_size, **kw)
+        return pfesta.PFestaServer(self.cfg, tasks, batch_size=s.batch_size, head=s.head, **kw)
 
     async def open_state(self) -> None:
         """Resume from ``HOME/split/server/<algorithm>/`` if a saved state is there."""
@@ -75,8 +75,9 @@ class Campaign:
             if not (state_dir / "state.json").exists():
                 return self._new_server(), None, None
             srv = cls.load(state_dir)
-            if srv.cfg != self.cfg or set(srv.tasks.values()) != set(self.tasks.values()):
-                raise SplitStateError(f"saved state in {state_dir} serves a different body or tasks than the "
+            if srv.cfg != self.cfg or set(srv.tasks.values()) != set(self.tasks.values()) \
+                    or getattr(srv, "head", self.s.head) != self.s.head:
+                raise SplitStateError(f"saved state in {state_dir} serves a different body, tasks or head than the "
                                       "[split] config; move it away to start a new campaign")
             return srv, self.svc.read_json("board.json"), self.svc.read_json("counter.json")
 
@@ -109,10 +110,14 @@ class Campaign:
                 rec = server_record(algorithm=self.algo, client=c, server=self.svc.daemon.transport.peer_id,
                                     task=self.tasks[m.task].to_dict(), params=self.params(m), counter=counter,
                                     train_kinds=self.train_kinds, rounds=m.rounds_done,
-                                    dropped=self.server.dropped.get(c))
+                                    dropped=self.server.dropped.get(c), **self.variant())
                 write_record(self.svc.home, rec, name=f"server-{self.algo}-{c}")
 
         await self.call(work)
+
+    def variant(self) -> dict[str, Any]:
+        """p-FESTA's ablation switches, named in every record (empty for FESTA)."""
+        return {"variant": {"head": self.s.head, "pos_embed": self.s.pos_embed}} if self.algo == "pfesta" else {}
 
     def params(self, m: Member) -> CostParams:
         """The paper's symbols for one client, as the server sees them."""
@@ -312,7 +317,7 @@ class Campaign:
 
     async def _serve_pfesta(self, sess: Session) -> None:
         cid, ch, b, srv = sess.client, sess.channel, self.board, self.server
-        while not srv.store.complete(cid):
+        while srv.head == "fixed" and not srv.store.complete(cid):
             m = await self.svc.recv(sess, "upload")
             await self.call(srv.receive_features, cid, meta_int(m, "start"), tensor(m, "x"))
         b.ready.add(cid)
@@ -330,12 +335,19 @@ class Campaign:
             for step in range(self.s.steps_per_round):
                 await self._await_step(cid)
                 idx = await self.call(srv.next_indices, cid)
-                y = await self.call(srv.forward, cid, idx)
                 unify = step == self.s.steps_per_round - 1 and r % self.s.unifying_rounds == 0
-                await ch.send("body_out", {"y": y}, {"idx": idx, "round": r, "step": step, "unify": unify})
+                meta = {"idx": idx, "round": r, "step": step, "unify": unify}
+                if srv.head == "learnable":  # the client embeds the named batch afresh (pfesta module doc)
+                    await ch.send("batch", None, meta)
+                    x = tensor(await self.svc.recv(sess, "forward"), "x")
+                    await ch.send("body_out", {"y": await self.call(srv.forward_features, cid, x)})
+                else:
+                    await ch.send("body_out", {"y": await self.call(srv.forward, cid, idx)}, meta)
                 g = await self.svc.recv(sess, "grad_out")
-                await self.call(srv.backward, cid, tensor(g, "g"))
+                gin = await self.call(srv.backward, cid, tensor(g, "g"))
                 b.notify()  # the body step may have been taken: release waiting clients
+                if gin is not None:
+                    await ch.send("grad_in", {"g": gin})
             await self._finish_round(cid, r)
             if r % self.s.unifying_rounds == 0:
                 await self._exchange_parts(sess, await self.svc.recv(sess, "state_up"))

@@ -39,7 +39,7 @@ from atdnode.transport.base import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
-from protocols.split_parts import TaskSpec, ViTSplitConfig
+from protocols.split_parts import TaskSpec, split_config
 from protocols.split_state import SplitError
 
 log = logging.getLogger("atd.split.client")
@@ -175,7 +175,7 @@ def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str)
         raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
     body = entry.body
     for key in ("algorithm", "tasks", "body", "total_rounds", "steps_per_round", "unifying_rounds",
-                "part_weighting"):
+                "part_weighting", "head", "pos_embed"):
         if body.get(key) != offer.get(key):
             raise SplitJoinError(f"the server's offer differs from its signed service entry in {key!r}")
     return entry.id.hex()
@@ -242,7 +242,9 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
                           task=role.t.spec.to_dict(), params=out.params, counter=counter.to_dict(),
                           train_kinds=out.train_kinds, rounds=sorted(out.rounds), metrics=out.metrics,
                           losses={str(k): v for k, v in sorted(out.losses.items())}, data=opts.data,
-                          reconnects=reconnects, service_entry=entry, started=started, **out.extra)
+                          reconnects=reconnects, service_entry=entry, started=started,
+                          **({"variant": {"head": offer["head"], "pos_embed": offer["pos_embed"]}}
+                             if offer["algorithm"] == "pfesta" else {}), **out.extra)
         path = await trio.to_thread.run_sync(lambda: write_record(home, rec))
         return JoinResult(record=rec, path=path)
     finally:
@@ -258,7 +260,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
     SplitSecretError if this node is not a recipient."""
     if service is None:
         raise SplitJoinError("the server named no signed service entry: cannot find the campaign's embedder secret")
-    cfg = ViTSplitConfig.from_dict(offer["body"])
+    cfg = split_config(offer["body"])
     await ledger.run(lambda led: ensure_hello(ident, led))
     await ch.send("secret", None, {"entry": None})
     adopted = (await ch.recv("secret_ok")).meta.get("entry")

@@ -22,7 +22,7 @@ from atdnode.split.secret import open_secret
 from atdnode.weights import WeightsError, load_weights
 from ledger import Ledger
 from protocols.msd import evaluate_local, fine_tune
-from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder
+from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, split_config
 
 
 def find_body_entry(home: NodeHome, ref: str = "latest"):
@@ -48,7 +48,7 @@ def finetune_from_entry(home: NodeHome, *, task: str, data: str, ref: str = "lat
     entry = find_body_entry(home, ref)
     b = entry.body
     try:
-        cfg = ViTSplitConfig.from_dict(b["model"]["split"])
+        cfg = split_config(b["model"]["split"])
         specs = {t["name"]: TaskSpec.from_dict(t) for t in b["tasks"]}
         service, secret = str(b["model"]["service"]), str(b["model"]["secret"])
     except (KeyError, TypeError, ValueError) as e:

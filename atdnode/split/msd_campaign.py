@@ -29,7 +29,7 @@ from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
 from protocols.msd import MSDTrainer
 from protocols.pfesta import FeatureStore
 from atdnode.bodies import READERS
-from protocols.split_parts import SplitBody, embedder_state_bytes
+from protocols.split_parts import SplitBody, embedder_state_bytes, split_dict
 from protocols.split_state import SplitProtocolError
 
 if TYPE_CHECKING:
@@ -83,11 +83,11 @@ class MSDCampaign:
         # the body is useless without the clients' secret embedder; the entry names which
         # (an id only) so a client can fine-tune later, and who may fetch it (MSD §III)
         secret = {"service": self.svc.service_entry, "secret": self.svc.secret_entry}
-        meta = {"part": "body", "algorithm": "msd", "split": self.cfg.to_dict(), **secret, "msd": result.config}
+        meta = {"part": "body", "algorithm": "msd", "split": split_dict(self.cfg), **secret, "msd": result.config}
         store = self.svc.daemon.store
         blob = await trio.to_thread.run_sync(lambda: save_weights(store, result.body_state, meta))
         body = {"blob": blob, "size": store.size(blob), "manifest": store.manifest(blob).hash, "part": "body",
-                "model": {"split": self.cfg.to_dict(), **secret},
+                "model": {"split": split_dict(self.cfg), **secret},
                 "labels": [], "label_fp": "", "samples": int(feats.shape[0]),
                 "provenance": [self.svc.service_entry] if self.svc.service_entry else [],
                 "metrics": {"msd_loss_first": result.losses[0], "msd_loss_last": result.losses[-1]},

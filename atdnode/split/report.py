@@ -25,7 +25,7 @@ from typing import Any
 
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
-from protocols.comm_cost import ByteCounter, CostParams, formulas, t_msd
+from protocols.comm_cost import VARIANT_FORMULAS, ByteCounter, CostParams, formulas
 
 RECORD_VERSION = 1
 _REQUIRED = ("version", "side", "algorithm", "client", "server", "task", "params", "counter", "train_kinds")
@@ -35,7 +35,11 @@ class SplitReportError(AtdError):
     """A comm record is missing or unreadable; the message names the file."""
 
 
-def own_formula(algorithm: str, p: CostParams) -> float:
+def own_formula(algorithm: str, p: CostParams, variant: dict | None = None) -> float:
+    """The formula a record's bytes are checked against: its algorithm's, or for p-FESTA's
+    learnable-head ablation `comm_cost.t_pfesta_learnable_head`."""
+    if algorithm == "pfesta" and (variant or {}).get("head") == "learnable":
+        return VARIANT_FORMULAS["pfesta_learnable_head"](p)
     return formulas(p)[algorithm]
 
 
@@ -116,19 +120,26 @@ def report_row(rec: dict[str, Any]) -> dict[str, Any]:
         "measured_down": counter.total(c, "down", kinds),
         "measured_payload": counter.total(c, kinds=kinds, payload=True),
         "other_bytes": counter.total(c) - measured, "metrics": rec.get("metrics", {}),
-        "params": rec["params"], "record": rec.get("_path"),
+        "params": rec["params"], "record": rec.get("_path"), "variant": rec.get("variant"),
     }
     if rec["params"] is not None:
         p = CostParams(**rec["params"])
         f = formulas(p)
         row.update({"T_FL": f["fl"], "T_SL": f["sl"], "T_FESTA": f["festa"], "T_pFESTA": f["pfesta"],
-                    "T_MSD": f["msd"], "formula": own_formula(rec["algorithm"], p)})
+                    "T_MSD": f["msd"], "formula": own_formula(rec["algorithm"], p, rec.get("variant"))})
         row["rel_error"] = (measured - row["formula"]) / row["formula"] if row["formula"] else None
     return row
 
 
 def _kb(v: Any) -> str:
     return "-" if v is None else f"{v / 1000:,.1f}"
+
+
+def _variant(v: dict | None) -> str:
+    """p-FESTA's ablation switches where they differ from the paper's method, e.g. "[learnable-head]"."""
+    tags = ([f"{v['head']}-head"] if v and v.get("head", "fixed") != "fixed" else []) + \
+        (["no-pos-embed"] if v and v.get("pos_embed") is False else [])
+    return f"[{','.join(tags)}]" if tags else ""
 
 
 def render(rows: list[dict[str, Any]]) -> str:
@@ -139,7 +150,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         err = "-" if r.get("rel_error") is None else f"{100 * r['rel_error']:+.2f}"
         metric = " ".join(f"{k}={v:.3f}" for k, v in r["metrics"].items() if isinstance(v, (int, float)))
-        lines.append((r["side"], r["client"][-8:], r["algorithm"], str(r["task"]), str(r["rounds"]),
+        lines.append((r["side"], r["client"][-8:], r["algorithm"] + _variant(r.get("variant")), str(r["task"]), str(r["rounds"]),
                       _kb(r["measured"]), _kb(r.get("formula")), err, _kb(r.get("T_FL")), _kb(r.get("T_SL")),
                       _kb(r.get("T_FESTA")), _kb(r.get("T_pFESTA")), metric or "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

@@ -20,12 +20,13 @@ import trio
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
+from atdnode.model import ModelConfig
 from atdnode.split.session import SplitChannel, meta_int, tensor
 from atdnode.weights import WeightsError, load_weights, save_weights
 from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune
-from protocols.split_parts import SplitBody, TaskSpec, ViTSplitConfig, build_plain_embedder, digits_targets
+from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, digits_targets, split_config
 from protocols.split_state import SplitProtocolError
 
 EVAL_BATCH = 64
@@ -52,8 +53,8 @@ class Task:
     embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
 
     @property
-    def cfg(self) -> ViTSplitConfig:
-        return ViTSplitConfig.from_dict(self.offer["body"])
+    def cfg(self) -> ModelConfig:
+        return split_config(self.offer["body"])
 
 
 def prepare(data: LabeledImages, spec: TaskSpec, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,12 +158,17 @@ class PFestaRole:
     chooses the batches."""
 
     def __init__(self, t: Task) -> None:
-        self.t, self.out = t, Outcome(train_kinds=pfesta.TRAIN_KINDS)
+        # the ablation switches are p-FESTA's (absent from an MSD offer: fixed head, position table)
+        self.head, pos = str(t.offer.get("head", "fixed")), bool(t.offer.get("pos_embed", True))
+        self.t, self.out = t, Outcome(train_kinds=pfesta.train_kinds(self.head))
         if t.embedder_state is None:
             raise SplitProtocolError("p-FESTA / MSD need the campaign's embedder secret (split_secret entry)")
         self.embedder = build_plain_embedder(t.cfg, state=t.embedder_state)
-        self.client = pfesta.PFestaClient(t.client, t.cfg, t.spec, t.x, t.y, self.embedder, permute=t.permute,
-                                          lr=t.lr or t.offer["lr"], seed=t.seed)
+        try:
+            self.client = pfesta.PFestaClient(t.client, t.cfg, t.spec, t.x, t.y, self.embedder, permute=t.permute,
+                                              lr=t.lr or t.offer["lr"], seed=t.seed, head=self.head, pos_embed=pos)
+        except ValueError as e:
+            raise SplitProtocolError(f"offer: {e}") from None
         self.uploaded_any = False
 
     async def upload(self, ch: SplitChannel, start: int) -> None:
@@ -176,19 +182,29 @@ class PFestaRole:
 
     async def session(self, ch: SplitChannel, resume: bool) -> None:
         t, c, off = self.t, self.client, self.t.offer
-        w = await _join(ch, t, resume and self.uploaded_any)
-        await self.upload(ch, int(w["uploaded"]))
+        learnable = self.head == "learnable"
+        w = await _join(ch, t, resume and (self.uploaded_any or learnable))  # a learnable head uploads nothing
+        if not learnable:
+            await self.upload(ch, int(w["uploaded"]))
         steps, losses = int(off["steps_per_round"]), {}
         while True:
-            m = await ch.recv("body_out", "done")
+            m = await ch.recv("batch" if learnable else "body_out", "done")
             if m.meta["kind"] == "done":
                 break
             idx, r, step = m.meta.get("idx"), meta_int(m, "round", low=1), meta_int(m, "step")
             if not isinstance(idx, list) or not all(isinstance(i, int) for i in idx):
-                raise SplitProtocolError("body_out: idx must be a list of ints")
-            y = _like(tensor(m, "y"), (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
+                raise SplitProtocolError(f"{m.meta['kind']}: idx must be a list of ints")
+            if learnable:  # embed the named batch afresh, send it, get its body output
+                await ch.send("forward", {"x": await trio.to_thread.run_sync(c.head_forward, idx)})
+                y = tensor(await ch.recv("body_out"), "y")
+            else:
+                y = tensor(m, "y")
+            y = _like(y, (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
             g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
             await ch.send("grad_out", {"g": g})
+            if learnable:
+                gin = _like(tensor(await ch.recv("grad_in"), "g"), y.shape, "grad_in")
+                await trio.to_thread.run_sync(c.head_backward, gin)
             losses.setdefault(r, []).append(loss)
             if m.meta.get("unify"):
                 await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})

@@ -31,11 +31,12 @@ from safetensors.torch import save as st_save
 from atdnode.errors import AtdError
 from atdnode.features_share import announced_key
 from atdnode.identity import NodeIdentity
+from atdnode.model import ModelConfig
 from ledger import Entry, Ledger, peer_id_from_public_key
 from atdnode import bodies
 from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_SECRET_KIND, BodyError
 from protocols.feature_crypto import ALG, FeatureCryptoError, open_sealed_bytes, seal_bytes, sealed_bytes_info
-from protocols.split_parts import ViTSplitConfig, build_plain_embedder, new_embedder_state
+from protocols.split_parts import build_plain_embedder, new_embedder_state
 
 PURPOSE = "atd-split-embedder-v1"
 _HEX_ID = re.compile(r"[0-9a-f]{64}\Z")
@@ -75,7 +76,7 @@ def service_entry(led: Ledger, service_id: str) -> Entry:
     return entry
 
 
-def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ViTSplitConfig) -> Entry:
+def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ModelConfig) -> Entry:
     """Generate a fresh embedder (OS randomness), seal it to the campaign's clients and
     append the ``split_secret`` entry (signed by ``ident``). Needs this node's own key in
     its ``hello`` (see `ensure_hello`)."""
@@ -136,7 +137,7 @@ def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> dict:
 
 
 def open_secret(ident: NodeIdentity, led: Ledger, entry_id: str, service_id: str,
-                cfg: ViTSplitConfig) -> dict[str, torch.Tensor]:
+                cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The embedder state sealed in ``split_secret`` entry ``entry_id`` for this node:
     checked against the entry (`check_secret_entry`), decrypted, loaded from safetensors
     (never pickle) and checked against ``cfg`` (keys, shapes, float32, finite)."""

@@ -8,6 +8,8 @@
     steps_per_round = 4   # batches per client per round
     unifying_rounds = 2   # heads / tails averaged per task every n rounds
     part_weighting = "uniform"  # that average: "uniform" (the papers) or "samples" (by sample count)
+    head = "fixed"        # p-FESTA ablation: "fixed" (the paper's) or "learnable" embedder
+    pos_embed = true      # p-FESTA ablation: false = the embedder adds no position table
     batch_size = 16
     clients = 1           # round 1 opens once this many clients joined (p-FESTA / MSD: and uploaded) ...
     start_timeout = 300   # ... or once this many seconds passed with at least one
@@ -40,6 +42,7 @@ class SplitConfigError(ConfigError):
 DEFAULT_TASKS = ({"name": "digit", "kind": "classification", "num_outputs": 10, "loss_weight": 1.0},
                  {"name": "ink", "kind": "segmentation", "num_outputs": 1, "loss_weight": 0.5},
                  {"name": "severity", "kind": "regression", "num_outputs": 1, "loss_weight": 0.5})
+# the wire form of protocols.split_parts.SPLIT_MODEL (kept here: importing torch is slow)
 DEFAULT_BODY = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 2,
                 "num_heads": 2, "mlp_ratio": 2.0}
 
@@ -60,6 +63,8 @@ class SplitSettings:
     seed: int = 0
     class_token: bool = False
     part_weighting: str = "uniform"
+    head: str = "fixed"
+    pos_embed: bool = True
     clients: int = 1
     start_timeout: float = 300.0
     round_timeout: float = 120.0
@@ -70,7 +75,7 @@ class SplitSettings:
 
     def __post_init__(self) -> None:
         from protocols.msd import MSDConfig
-        from protocols.split_parts import TaskSpec, ViTSplitConfig
+        from protocols.split_parts import TaskSpec, split_config
 
         ints = {"rounds": 0, "steps_per_round": 1, "unifying_rounds": 1, "phase2_rounds": 0, "batch_size": 1,
                 "seed": 0, "clients": 1, "upload_chunk": 1, "max_samples": 1,
@@ -91,6 +96,10 @@ class SplitSettings:
             raise SplitConfigError(f"split.part_weighting must be 'uniform' or 'samples', got {self.part_weighting!r}")
         if not isinstance(self.class_token, bool):
             raise SplitConfigError("split.class_token must be true or false")
+        if self.head not in ("fixed", "learnable"):
+            raise SplitConfigError(f"split.head must be 'fixed' or 'learnable', got {self.head!r}")
+        if not isinstance(self.pos_embed, bool):
+            raise SplitConfigError("split.pos_embed must be true or false")
         try:
             specs = [TaskSpec.from_dict(t) for t in self.tasks]
         except (KeyError, TypeError, ValueError) as e:
@@ -100,7 +109,7 @@ class SplitSettings:
         if not isinstance(self.body, dict) or set(self.body) - set(DEFAULT_BODY):
             raise SplitConfigError(f"split.body keys must be among {sorted(DEFAULT_BODY)}")
         try:
-            ViTSplitConfig(**{**DEFAULT_BODY, **self.body})
+            split_config(self.body)
         except (TypeError, ValueError) as e:
             raise SplitConfigError(f"split.body: {e}") from None
         if not isinstance(self.msd, dict):
@@ -113,9 +122,10 @@ class SplitSettings:
     # --- typed views ---------------------------------------------------------------------
 
     def vit_config(self):
-        from protocols.split_parts import ViTSplitConfig
+        """The body's shape: a `ModelConfig` (`protocols.split_parts.split_config`)."""
+        from protocols.split_parts import split_config
 
-        return ViTSplitConfig(**{**DEFAULT_BODY, **self.body})
+        return split_config(self.body)
 
     def task_specs(self) -> list:
         from protocols.split_parts import TaskSpec
@@ -134,9 +144,13 @@ class SplitSettings:
         return self.rounds + (self.phase2_rounds if algorithm == "festa" else 0)
 
     def offer(self, algorithm: str) -> dict[str, Any]:
-        """What a server announces (service entry) and tells each client (offer/welcome)."""
-        return {"algorithm": algorithm, "tasks": [t.to_dict() for t in self.task_specs()],
-                "body": self.vit_config().to_dict(), "rounds": self.rounds,
+        """What a server announces (service entry) and tells each client (offer/welcome);
+        p-FESTA's also names its ablation switches (``head``, ``pos_embed``)."""
+        from protocols.split_parts import split_dict
+
+        ablation = {"head": self.head, "pos_embed": self.pos_embed} if algorithm == "pfesta" else {}
+        return {"algorithm": algorithm, **ablation, "tasks": [t.to_dict() for t in self.task_specs()],
+                "body": split_dict(self.vit_config()), "rounds": self.rounds,
                 "phase2_rounds": self.phase2_rounds if algorithm == "festa" else 0,
                 "total_rounds": self.total_rounds(algorithm), "steps_per_round": self.steps_per_round,
                 "unifying_rounds": self.unifying_rounds, "batch_size": self.batch_size,

@@ -129,15 +129,21 @@ class BlobFetcher:
         calling again resumes. Concurrent calls for one blob share a single download.
         """
         blob = check_hash(blob)
-        while blob in self._active:  # someone else is fetching it: wait for them, then re-check
-            await self._active[blob].wait()
-        if await trio.to_thread.run_sync(self.store.has, blob):
-            return blob
-        self._active[blob] = trio.Event()
+        while True:
+            running = self._active.get(blob)
+            if running is not None:  # someone else is fetching it: wait for them, then re-check
+                await running.wait()
+                continue
+            if await trio.to_thread.run_sync(self.store.has, blob):
+                return blob
+            if blob not in self._active:  # nobody started one while we looked at the store
+                break
+        done = self._active[blob] = trio.Event()
         try:
             return await self._fetch(blob, list(dict.fromkeys(peers)), manifest_hash)
         finally:
-            self._active.pop(blob).set()
+            del self._active[blob]
+            done.set()
 
     async def _fetch(self, blob: str, peers: list[str], manifest_hash: str | None) -> str:
         t0 = time.monotonic()

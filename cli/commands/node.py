@@ -91,7 +91,12 @@ def start(
             await daemon._stop.wait()
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseException as exc:  # the one-line `error:` goes to stderr; IT needs the traceback in the log
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            logging.getLogger("atd.daemon").critical("daemon stopped by an unexpected error", exc_info=exc)
+        raise
 
 
 @node_app.command("status")

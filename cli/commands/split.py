@@ -41,6 +41,9 @@ def configure(
     msd_steps: Optional[int] = typer.Option(None, help="MSD: distillation steps on the server."),
     msd_batch: Optional[int] = typer.Option(None, help="MSD: distillation batch size."),
     seed: Optional[int] = typer.Option(None, help="Seed of the server body."),
+    head: Optional[str] = typer.Option(None, help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
+    pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
+                                             help="p-FESTA ablation: whether the embedder adds a position table."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
 ) -> None:
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
@@ -62,7 +65,7 @@ def configure(
     new = cur.updated(tasks=tuple(parse_task(t) for t in task) or None, body=body, msd=msd, rounds=rounds,
                       phase2_rounds=phase2_rounds, steps_per_round=steps, unifying_rounds=unify_every,
                       batch_size=batch_size, lr=lr, clients=clients, start_timeout=start_timeout,
-                      round_timeout=round_timeout, seed=seed)
+                      round_timeout=round_timeout, seed=seed, head=head, pos_embed=pos_embed)
     new.save(h)
     if as_json:
         typer.echo(json.dumps(new.to_dict(), indent=2))
@@ -144,6 +147,46 @@ def report(
         typer.echo("no split comm records")
     else:
         typer.echo(render(rows))
+
+
+@split_app.command("compare")
+def compare(
+    out: Path = typer.Option(Path("split-compare.json"), "--out", help="Write the report (JSON) here."),
+    png: Optional[Path] = typer.Option(None, "--png", help="Also plot accuracy and bytes per method (PNG)."),
+    seeds: int = typer.Option(5, help="Seeds per method (the report gives the spread over them)."),
+    rounds: int = typer.Option(6, help="Rounds."),
+    steps: int = typer.Option(20, "--steps", help="Batches per client per round."),
+    unify_every: int = typer.Option(2, help="Average tails/heads (and FL models) every n rounds."),
+    samples: int = typer.Option(350, help="Images per client (2 clients per task, disjoint)."),
+    img_size: int = typer.Option(28, help="Image size (digits upscaled)."),
+    method: List[str] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
+    jobs: int = typer.Option(1, help="Worker processes (each run is single-threaded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
+) -> None:
+    """FESTA and p-FESTA against centralized, FedAvg, sequential split learning, single-task
+    training and p-FESTA's ablations on one two-task setting (digits): accuracy and measured
+    bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
+    from rich.progress import Progress
+
+    from atdnode.split.compare import METHODS, CompareSetting, render, run_compare, write_png
+    from cli.errors import CliError
+
+    try:
+        setting = CompareSetting(seeds=tuple(range(seeds)), rounds=rounds, steps_per_round=steps,
+                                 unifying_rounds=unify_every, samples_per_client=samples, img_size=img_size,
+                                 methods=tuple(method) or METHODS)
+    except ValueError as e:
+        raise CliError(f"split compare: {e}") from None
+    with Progress(transient=True) as bar:
+        job = bar.add_task("split compare", total=len(setting.methods) * len(setting.seeds))
+        rep = run_compare(setting, lambda name, seed: bar.update(job, advance=1, description=f"{name} seed {seed}"),
+                          jobs=jobs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1))
+    if png is not None:
+        write_png(rep, png)
+    typer.echo(json.dumps(rep, indent=1) if as_json else render(rep))
+    typer.echo(f"report: {out}" + (f", plot: {png}" if png else ""), err=as_json)
 
 
 @split_app.command("finetune")
