@@ -29,6 +29,7 @@ Everything slow (SQLite, hashing, disk) runs in worker threads.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -49,7 +50,7 @@ from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
-from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes
+from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation
 from atdnode.split import role_services
 from atdnode.bodies import blob_readers
 from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
@@ -549,6 +550,7 @@ class NodeDaemon:
         tried: dict[str, tuple[float, tuple[str, ...]]] = {}
         known: dict[str, list[str]] = {}
         hellos_read = -1  # self._hellos_seen when `known` was read
+        next_rotation = trio.current_time() + cfg.rotate_s
 
         def hellos(led: Ledger) -> dict[str, list[str]]:
             out: dict[str, list[str]] = {}
@@ -582,18 +584,30 @@ class NodeDaemon:
                 self.peerset.pruned += 1
                 await self.transport.disconnect(peer)
                 connected.discard(peer)
-            if len(connected) < cfg.target:
+            rotate = len(connected) >= cfg.target and now >= next_rotation
+            if len(connected) < cfg.target or rotate:
                 if hellos_read != self._hellos_seen:  # a consortium of hundreds: no re-read every second
                     hellos_read = self._hellos_seen
                     known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
                 fresh = [p for p, addrs in known.items() if p not in self.gate.refused
                          and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
                 picks = plan_dials(fresh, connected, self.peerset.rtt, cfg, rng)
+                if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
+                    next_rotation = now + cfg.rotate_s
+                    pick = plan_rotation(fresh, connected, rng)
+                    picks = [pick] if pick is not None else []
                 for peer in picks:
                     tried[peer] = (now, tuple(known[peer]))
                 async with trio.open_nursery() as nursery:
                     for peer in picks:
                         nursery.start_soon(dial, peer, known[peer])
+                now_peers = set(self.transport.peers())
+                if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
+                    for peer in plan_prunes(now_peers, self.peerset.rtt, self.peerset.since,
+                                            dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
+                        tried[peer] = (now, tuple(known.get(peer, ())))
+                        self.peerset.pruned += 1
+                        await self.transport.disconnect(peer)
             with trio.move_on_after(max(self.poll_interval * 4, 1.0)):
                 await self._peers_changed.wait()
 

@@ -13,7 +13,10 @@ entries (their addresses):
   one first, the newest connection first among equals (so an established topology
   stays put and a dialler that finds a full node moves on), keeping the lowest-RTT share;
 * a peer that drops is replaced on the next maintenance tick (the daemon wakes on every
-  connect and at least once a second).
+  connect and at least once a second);
+* every `rotate_s` one random member not connected is dialled and the least useful peer
+  dropped (`plan_rotation`): sets at `target` would otherwise never change, and two
+  sides of a healed partition, each at `target` within itself, would never meet again.
 
 RTTs are measured cheaply from work the daemon does anyway: the time a dial takes and the
 time a sync stream takes to open (one multistream round trip), smoothed (EWMA).
@@ -51,6 +54,7 @@ class PeerSetConfig:
     low_latency_share: float = 0.5  # of the dials (and of the peers protected from pruning)
     grace_s: float = 5.0  # a new connection is not pruned this long (it syncs and learns hellos first)
     redial_after_s: float = 30.0  # a peer we dialled, pruned or lost is not dialled again this soon
+    rotate_s: float = 60.0  # one peer is swapped for a random member this often (re-mixing)
 
     def __post_init__(self) -> None:
         if type(self.target) is not int or self.target < 1:
@@ -59,7 +63,7 @@ class PeerSetConfig:
             raise ConfigError("config: peers.max must be an integer >= peers.target")
         if not isinstance(self.low_latency_share, (int, float)) or not 0.0 <= self.low_latency_share <= 1.0:
             raise ConfigError("config: peers.low_latency_share must be a number in [0, 1]")
-        for key in ("grace_s", "redial_after_s"):
+        for key in ("grace_s", "redial_after_s", "rotate_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1e6:
                 raise ConfigError(f"config: peers.{key} must be a number of seconds >= 0")
@@ -71,7 +75,7 @@ class PeerSetConfig:
             return cls()
         if not isinstance(table, dict):
             raise ConfigError("config: [peers] must be a table")
-        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s")
+        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s", "rotate_s")
         unknown = set(table) - set(keys)
         if unknown:
             raise ConfigError(f"config: unknown key peers.{sorted(unknown)[0]} (known: {', '.join(keys)})")
@@ -151,3 +155,9 @@ def plan_prunes(connected: Iterable[str], rtt: Mapping[str, float], since: Mappi
 
     victims.sort(key=badness, reverse=True)
     return victims[:excess]
+
+
+def plan_rotation(candidates: Iterable[str], connected: Iterable[str], rng: random.Random) -> str | None:
+    """The member to dial in a rotation: one not connected, at random (None: none left)."""
+    pool = sorted(set(candidates) - set(connected))
+    return rng.choice(pool) if pool else None

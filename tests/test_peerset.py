@@ -8,7 +8,7 @@ import random
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes
+from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation
 
 PEERS = [f"p{i:02d}" for i in range(20)]
 
@@ -75,6 +75,12 @@ def test_prunes_the_least_useful_keeps_the_fastest_and_the_young() -> None:
     assert "p06" not in plan_prunes(conn, rtt, since, cfg, now=100.0, keep={"p06"})
 
 
+def test_rotation_dials_a_random_member_not_connected() -> None:
+    picks = {plan_rotation(PEERS, PEERS[:10], random.Random(s)) for s in range(60)}
+    assert picks <= set(PEERS[10:]) and len(picks) >= 6
+    assert plan_rotation(PEERS[:3], PEERS, random.Random(0)) is None
+
+
 def test_peerset_tracks_rtt_and_connection_ages() -> None:
     ps = PeerSet(PeerSetConfig())
     ps.observe_rtt("a", 0.100)
@@ -103,6 +109,7 @@ def test_config_table() -> None:
     assert PeerSetConfig.from_table({"target": 12}).max == 24  # max defaults to 2 x target (at least 16)
     for bad, word in [({"target": 0}, "target"), ({"target": 4, "max": 3}, "max"), ({"target": "8"}, "target"),
                       ({"low_latency_share": 1.5}, "low_latency_share"), ({"grace_s": -1}, "grace_s"),
+                      ({"rotate_s": "1m"}, "rotate_s"),
                       ({"targte": 3}, "targte"), ([1], "[peers]")]:
         with pytest.raises(ConfigError, match=word.replace("[", r"\[").replace("]", r"\]")):
             PeerSetConfig.from_table(bad)
