@@ -382,7 +382,6 @@ class NodeDaemon:
             self.gate.refuse(peer_id, "sync pull")
             return None
         me = self.identity.public_key
-        own_before = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
         try:
             with trio.fail_after(60):
                 t_open = trio.current_time()
@@ -401,11 +400,16 @@ class NodeDaemon:
             return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
-        own_after = (await self.ledger.run(lambda led: led.heads())).get(me, 0)
-        if own_after > own_before:
+        # own entries that came back *through this pull* (a CLI appending meanwhile is not a loss)
+        def own_recovered(led: Ledger) -> tuple[int, int]:
+            back = sum(1 for i in result.added_ids if (e := led.get(i)) is not None and e.author == me)
+            return back, led.heads().get(me, 0)
+
+        recovered, own_after = await self.ledger.run(own_recovered)
+        if recovered:
             log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
-                        "(restored or truncated home); recovered them", peer_id, own_after - own_before)
-            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + own_after - own_before
+                        "(restored or truncated home); recovered them", peer_id, recovered)
+            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + recovered
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
             await self._after_merge()  # membership first: the pull may have taught us who is a member

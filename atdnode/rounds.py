@@ -25,6 +25,12 @@ node derives its round from the ledger (one past the last canonical aggregate).
 Waiting: blob readiness goes through the daemon's `fetch` control op (it returns when the
 blob is stored); new entries are noticed by re-reading the local ledger every 0.5 s (the
 daemon merges gossip into it; there is no push channel from daemon to CLI).
+
+The loop is async and reaches its daemon and clock through a `Fabric`: `ControlFabric`
+(the CLI: control socket, wall clock, run under `trio.run` by the sync wrappers
+`run` / `run_round` / `global_blob` / `adopt`) or netsim's in-memory one
+(`netsim.fat.MemFabric`: the daemon object in the same trio run, simulated clock). Every
+rule above (inputs, coordinator, weights, verification) is the same code on both.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import trio
 
 from atdnode import control
 from atdnode import bodies
@@ -69,6 +76,55 @@ class RoundsError(AtdError):
     """A round cannot run (bad config, no inputs) or a round aggregate does not verify."""
 
 
+class Fabric:
+    """How a round runner reaches its daemon and tells time (see the module doc).
+
+    `fetch` returns once the blob is stored or raises an AtdError; `peers` lists the
+    daemon's connected peers, or None when there is no daemon to ask. `wall_clock` says
+    whether `now()` is the wall clock (the CLI) or a simulated one (netsim: compute takes
+    no simulated time, so exchange time is the simulated network time)."""
+
+    wall_clock = True
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    async def fetch(self, blob: str, timeout: float) -> None:
+        raise RoundsError("no daemon to fetch from")
+
+    async def peers(self) -> list[str] | None:
+        return None
+
+
+class ControlFabric(Fabric):
+    """The CLI's fabric: the node's daemon through its control socket."""
+
+    def __init__(self, home: NodeHome) -> None:
+        self.sock = home.control_socket
+
+    def _running(self) -> bool:
+        return control.daemon_running(self.sock)
+
+    async def fetch(self, blob: str, timeout: float) -> None:
+        if not await trio.to_thread.run_sync(self._running):
+            raise RoundsError("no daemon running")
+        await trio.to_thread.run_sync(lambda: control.call(self.sock, "fetch", blob=blob, timeout_s=timeout,
+                                                           timeout=timeout + 5))
+
+    async def peers(self) -> list[str] | None:
+        def ask() -> list[str] | None:
+            if not self._running():
+                return None
+            try:
+                return list(control.call(self.sock, "peers")["peers"])
+            except AtdError:
+                return None
+        return await trio.to_thread.run_sync(ask)
+
+
 @dataclass
 class RoundsConfig:
     data: str
@@ -85,6 +141,7 @@ class RoundsConfig:
     absent_grace: float = 20.0  # a member not connected to our daemon this long is not waited for
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
+    init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 
@@ -98,9 +155,10 @@ class RoundReport:
     missing: list[str]
     coordinator: bool
     adopted: bool
-    train_s: float = 0.0
-    exchange_s: float = 0.0
-    aggregate_s: float = 0.0
+    train_s: float = 0.0  # local training (compute, wall seconds)
+    exchange_s: float = 0.0  # publish until the global is held, less aggregation compute
+    aggregate_s: float = 0.0  # computing / recomputing the global model (compute, wall seconds)
+    exchange_clock: str = "wall"  # "simulated" under netsim (network time only)
     bytes_out: int = 0
     bytes_in: int = 0
     metrics: dict = field(default_factory=dict)
@@ -126,12 +184,19 @@ def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, r
 
 # ---------------------------------------------------------------- campaign state
 
-def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int) -> tuple[str, ModelConfig, list[str], str]:
-    """The shared round-0 model: same config, labels and seed -> same blob hash on every member."""
+def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int,
+              state: dict[str, torch.Tensor] | None = None) -> tuple[str, ModelConfig, list[str], str]:
+    """The shared round-0 model: same config, labels and seed (and `state`, when the campaign
+    starts from given weights, e.g. netsim's next phase) -> same blob hash on every member."""
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
     cfg = cfg.with_classes(len(data.classes))
     torch.manual_seed(seed)
     model = build_model(cfg)
+    if state is not None:
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise RoundsError(f"initial state does not fit the model: {str(exc).splitlines()[0]}") from None
     blob = export_part(store, model, cfg, "full", labels=data.classes, label_fp=data.label_fp, samples=0,
                        extra={"rounds_init_seed": seed})
     return blob, cfg, list(data.classes), data.label_fp
@@ -232,26 +297,41 @@ def verify_round(led: Ledger, store: BlobStore, entry: Entry) -> str:
 class RoundRunner:
     """Runs a campaign's rounds for one node (see the module docstring)."""
 
-    def __init__(self, home: NodeHome, config: RoundsConfig) -> None:
+    def __init__(self, home: NodeHome, config: RoundsConfig, *, fabric: Fabric | None = None) -> None:
         if config.weighting not in ROUND_WEIGHTINGS:
             raise RoundsError(f"--weighting {config.weighting!r}: choose from {', '.join(ROUND_WEIGHTINGS)}")
         if config.rounds < 1:
             raise RoundsError("--rounds must be at least 1")
         self.home, self.c = home, config
+        self.fabric = fabric if fabric is not None else ControlFabric(home)
+        self._agg_s = 0.0  # aggregation compute of the current round
         self.store = BlobStore(home.blobs_dir)
         self.ident = NodeIdentity.load(home)
         self.me = self.ident.peer_id
-        self.init, self.cfg, self.labels, self.label_fp = init_blob(self.store, config.cfg, config.data, config.seed)
+        self.init, self.cfg, self.labels, self.label_fp = init_blob(self.store, config.cfg, config.data, config.seed,
+                                                                    state=config.init_state)
         self.campaign = campaign_id(self.init, config.weighting, config.q, config.name)
 
     # -- ledger helpers
     def _led(self) -> Ledger:
         return Ledger.open(self.home.ledger_db)
 
-    def _daemon(self) -> bool:
-        return control.daemon_running(self.home.control_socket)
-
+    # -- sync entry points (the CLI; each is one trio run of its async twin)
     def global_blob(self, rnd: int) -> str:
+        return trio.run(self.global_blob_async, rnd)
+
+    def adopt(self, agg: Entry) -> str:
+        return trio.run(self.adopt_async, agg)
+
+    def run_round(self, rnd: int) -> RoundReport:
+        return trio.run(self.run_round_async, rnd)
+
+    def run(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
+        """Rounds from the ledger's current round to the last; returns what this run did."""
+        return trio.run(self.run_async, on_round)
+
+    # -- async core
+    async def global_blob_async(self, rnd: int) -> str:
         """The global model entering round `rnd` (round 0: the shared init)."""
         if rnd == 0:
             return self.init
@@ -259,9 +339,9 @@ class RoundRunner:
             agg = round_aggregate(led, self.campaign, rnd - 1)
         if agg is None:
             raise RoundsError(f"round {rnd - 1} has no aggregate yet")
-        return self.adopt(agg)
+        return await self.adopt_async(agg)
 
-    def adopt(self, agg: Entry) -> str:
+    async def adopt_async(self, agg: Entry) -> str:
         """Hold round aggregate `agg`'s global blob: recompute it from its inputs (fetched first)."""
         blob = str(agg.body.get("blob"))
         if self.store.has(blob):
@@ -270,35 +350,34 @@ class RoundRunner:
             inputs = [led.get(bytes.fromhex(h)) for h in agg.body.get("inputs") or []]
         for e in inputs:
             if e is not None:
-                self._await_blob(str(e.body.get("blob")), time.monotonic() + max(self.c.deadline, 60.0))
+                await self._await_blob(str(e.body.get("blob")), self.fabric.now() + max(self.c.deadline, 60.0))
+        t = time.perf_counter()
         with self._led() as led:
-            return verify_round(led, self.store, agg)
+            out = verify_round(led, self.store, agg)
+        self._agg_s += time.perf_counter() - t
+        return out
 
-    def _await_blob(self, blob: str, until: float) -> bool:
+    async def _await_blob(self, blob: str, until: float) -> bool:
         while not self.store.has(blob):
-            left = until - time.monotonic()
+            left = until - self.fabric.now()
             if left <= 0:
                 return False
-            if self._daemon():
-                try:
-                    control.call(self.home.control_socket, "fetch", blob=blob, timeout_s=left, timeout=left + 5)
-                    continue
-                except AtdError:
-                    pass
-            time.sleep(POLL_S)
+            try:
+                await self.fabric.fetch(blob, left)
+                continue
+            except AtdError:
+                pass
+            await self.fabric.sleep(POLL_S)
         return True
 
-    def _live(self, expected: list[str], gone_since: dict[str, float]) -> list[str]:
+    async def _live(self, expected: list[str], gone_since: dict[str, float]) -> list[str]:
         """Members worth waiting for: every member, except (with a daemon) one that has not been
         connected to it for `absent_grace` seconds of this wait (a crashed member's connection
         drops at once; a restarting one reconnects within the grace and is waited for)."""
-        if not self._daemon():
+        peers = await self.fabric.peers()
+        if peers is None:
             return expected
-        try:
-            peers = set(control.call(self.home.control_socket, "peers")["peers"])
-        except AtdError:
-            return expected
-        now = time.monotonic()
+        now = self.fabric.now()
         for p in expected:
             if p == self.me or p in peers:
                 gone_since.pop(p, None)
@@ -322,9 +401,9 @@ class RoundRunner:
             return bodies.append(led, self.ident.signer, "weights",
                                  weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd))
 
-    def wait_inputs(self, rnd: int, expected: list[str]) -> tuple[list[Entry], Entry | None]:
+    async def wait_inputs(self, rnd: int, expected: list[str]) -> tuple[list[Entry], Entry | None]:
         """Until K publishers' blobs are held or the deadline: (held inputs, aggregate if one appeared)."""
-        until = time.monotonic() + self.c.deadline
+        until = self.fabric.now() + self.c.deadline
         gone_since: dict[str, float] = {}
         while True:
             with self._led() as led:
@@ -334,22 +413,24 @@ class RoundRunner:
             if self.c.min_peers:
                 enough = len(held) >= self.c.min_peers
             else:  # every live member: all members, or (daemon running) those connected to it
-                enough = set(self._live(expected, gone_since)) <= {_signer(e) for e in held}
-            if agg is not None or enough or time.monotonic() >= until:
+                enough = set(await self._live(expected, gone_since)) <= {_signer(e) for e in held}
+            if agg is not None or enough or self.fabric.now() >= until:
                 return held, agg
             for e in entries:  # block on the daemon's fetch of what is announced but not yet here
                 if e not in held:
-                    self._await_blob(str(e.body.get("blob")), min(until, time.monotonic() + 5))
+                    await self._await_blob(str(e.body.get("blob")), min(until, self.fabric.now() + 5))
                     break
             else:
-                time.sleep(POLL_S)
+                await self.fabric.sleep(POLL_S)
 
     def record(self, rnd: int, inputs: list[Entry], expected: list[str], reference: str) -> Entry:
+        t = time.perf_counter()
         weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
                                                  reference=reference)
         from atdnode.weights import save_weights
 
         blob = save_weights(self.store, tensors, meta)
+        self._agg_s += time.perf_counter() - t
         publishers = sorted(_signer(e) for e in inputs)
         body = aggregate_round_body(campaign=self.campaign, rnd=rnd, weighting=self.c.weighting, q=self.c.q,
                                     reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
@@ -358,36 +439,36 @@ class RoundRunner:
         with self._led() as led:
             return bodies.append(led, self.ident.signer, "aggregate", body)
 
-    def run_round(self, rnd: int) -> RoundReport:
+    async def run_round_async(self, rnd: int) -> RoundReport:
         with self._led() as led:
             existing = round_aggregate(led, self.campaign, rnd)
             expected = active_members(led)
-        t0 = time.perf_counter()
-        start = self.global_blob(rnd)
-        rec, pub, agg, coordinator = None, None, existing, False
-        t1 = t2 = time.perf_counter()
+        self._agg_s = 0.0
+        start = await self.global_blob_async(rnd)
+        rec, pub, agg, train_s = None, None, existing, 0.0
+        c0 = self.fabric.now()
         if existing is None:  # train, publish, gather
+            t = time.perf_counter()
             rec = self.train_round(rnd, start)
-            t1 = time.perf_counter()
+            train_s = time.perf_counter() - t
             pub = self.publish(rnd, rec)
-            held, agg = self.wait_inputs(rnd, expected)
-            t2 = time.perf_counter()
+            c0 = self.fabric.now()
+            held, agg = await self.wait_inputs(rnd, expected)
             if agg is None:
                 coordinator = choose_coordinator([_signer(e) for e in held]) == self.me
                 if not coordinator:  # wait for the coordinator's entry, then stand in
-                    until = time.monotonic() + self.c.deadline
-                    while agg is None and time.monotonic() < until:
-                        time.sleep(POLL_S)
+                    until = self.fabric.now() + self.c.deadline
+                    while agg is None and self.fabric.now() < until:
+                        await self.fabric.sleep(POLL_S)
                         with self._led() as led:
                             agg = round_aggregate(led, self.campaign, rnd)
                 if agg is None:
-                    coordinator = True
                     self.c.log(f"round {rnd}: recording the aggregate over {len(held)} inputs")
                     self.record(rnd, held, expected, start)
                     with self._led() as led:
                         agg = round_aggregate(led, self.campaign, rnd)
-        blob = self.adopt(agg)
-        t3 = time.perf_counter()
+        blob = await self.adopt_async(agg)
+        exchange = self.fabric.now() - c0 - (self._agg_s if self.fabric.wall_clock else 0.0)
         model_id = register_global(self.home, self.store, base=rec or self._base(), blob=blob, part="full", entry=agg,
                                    kind="global-round", extra_provenance={"campaign": self.campaign, "round": rnd})
         b = agg.body
@@ -396,8 +477,10 @@ class RoundRunner:
                        if self._body(h).get("blob") != mine)
         return RoundReport(round=rnd, entry=agg.id.hex(), blob=blob, inputs=list(b["inputs"]), weights=list(b["weights"]),
                            missing=list(b.get("missing") or []), coordinator=_signer(agg) == self.me,
-                           adopted=_signer(agg) != self.me, train_s=round(t1 - t0, 3), exchange_s=round(t2 - t1, 3),
-                           aggregate_s=round(t3 - t2, 3), bytes_out=int(pub.body["size"]) if pub is not None else 0,
+                           adopted=_signer(agg) != self.me, train_s=round(train_s, 3),
+                           exchange_s=round(max(exchange, 0.0), 3), aggregate_s=round(self._agg_s, 3),
+                           exchange_clock="wall" if self.fabric.wall_clock else "simulated",
+                           bytes_out=int(pub.body["size"]) if pub is not None else 0,
                            bytes_in=bytes_in, metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
                                                        ("accuracy", "robust_accuracy")} if rec else {})})
 
@@ -411,13 +494,12 @@ class RoundRunner:
         return ModelRecord(model=self.cfg.to_dict(), labels=self.labels, label_fp=self.label_fp, samples=0,
                            metrics={}, blobs={"full": self.init}, provenance={"data": self.c.data})
 
-    def run(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
-        """Rounds from the ledger's current round to the last; returns what this run did."""
+    async def run_async(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
         with self._led() as led:
             start = current_round(led, self.campaign)
         out = []
         for rnd in range(start, self.c.rounds):
-            rep = self.run_round(rnd)
+            rep = await self.run_round_async(rnd)
             self.c.log(f"round {rnd}: global {rep.blob[:12]} over {len(rep.inputs)} inputs"
                        + (f", missing {', '.join(p[:12] for p in rep.missing)}" if rep.missing else ""))
             out.append(rep)

@@ -100,7 +100,7 @@ class TrainOptions:
     lr: float | None = None  # None: FINETUNE_LR when starting from weights, else SCRATCH_LR
     weight_decay: float = 0.05
     warmup_epochs: float = 0.2  # linear warmup, then cosine decay to 0 (per step)
-    init_from: str | None = None  # blob hash in the node's store, or a checkpoint file
+    init_from: str | None = None  # blob hash in the node's store, a checkpoint file, or a model id
     freeze_blocks: int = 0
     seed: int = 0
     augment: bool = True
@@ -284,7 +284,8 @@ def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, de
 
 def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | None, Path | None]:
     """`--init-from` -> (blob hash, None) or (None, checkpoint file). An atd weight-set file
-    is imported into the store first, so provenance can name it by hash."""
+    is imported into the store first, so provenance can name it by hash; a model id (or
+    unique prefix) of the registry gives that model's extractor blob (`atd base build`)."""
     from atdnode.weights import read_meta
 
     if init_from is None:
@@ -312,7 +313,12 @@ def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | N
                 h = hits[0]
         if len(h) == 64 and store.has(h):
             return h, None
-    raise ConfigError(f"--init-from {init_from}: neither a file nor a blob in {home.blobs_dir}")
+    from atdnode.split.base import base_extractor_blob  # a registered model, e.g. an MSD base (issue 16)
+
+    h = base_extractor_blob(home, init_from)
+    if h is not None and store.has(h):
+        return h, None
+    raise ConfigError(f"--init-from {init_from}: neither a file, a blob in {home.blobs_dir} nor a model id")
 
 
 def _build(home: NodeHome, store, cfg: ModelConfig, data: LabeledImages, opts: TrainOptions) -> tuple[nn.Module, dict]:

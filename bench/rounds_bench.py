@@ -1,14 +1,25 @@
 """`atd rounds` benchmark (issue 17), printing JSON.
 
-N daemons and N `atd rounds` processes (OS processes, loopback) run R rounds of FedWAvg
-(optionally adversarial) on a tiny ViT over shards of digits. Per round and node it
-reports wall seconds split into local training, publish+fetch (from publishing until the
-round's inputs are here) and aggregation (recording or recomputing the global model), the
-weight bytes the node published and fetched, and at the end each daemon's transport byte
-counters (all traffic: gossip, sync, blobs). Baseline in the same run: the training time;
-`overhead_ratio` = (publish+fetch + aggregation) / training, averaged over rounds and nodes.
+Per round on N daemons: seconds split into local training, publish+fetch (from publishing
+until the round's inputs and global are here) and aggregation (computing or recomputing
+the global model), and bytes per node.
 
-    python bench/rounds_bench.py [--nodes 3] [--rounds 2] [--adversarial] [--img-size 28]
+--backend memory (default): N real NodeDaemons on netsim's in-memory network, each running
+    `atdnode.rounds.RoundRunner` (netsim.fat.run_rounds_memnet). Training and aggregation
+    are measured compute seconds; publish+fetch is *simulated* network time (the scenario's
+    default link: 5 ms, 100 Mbit/s); bytes are what each node's links carried (gossip,
+    sync, blobs) plus the weight blobs it published / fetched.
+--backend process: N daemons and N `atd rounds` OS processes on loopback; all wall clock;
+    bytes from the daemons' transport counters.
+
+Baseline in the same run: netsim's old in-process FedAvg loop (the server-style loop the
+`fedavg` baseline was before it went through `atd rounds`; kept here only as the
+comparison): the same nodes, data, model, rounds and local epochs; per round every node
+trains in turn in one process (netsim.learn.train_model), the average is
+protocols.aggregation.weighted_average by sample count, and the transfer is analytic
+(full model down + up per node, time from the same link). Ratios: rounds / old loop.
+
+    python bench/rounds_bench.py [--nodes 5] [--rounds 3] [--backend memory] [--adversarial]
 """
 from __future__ import annotations
 
@@ -23,22 +34,84 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.nodeprocs import ATD, _env, start_daemon, wait_until  # noqa: E402
-from tests.test_daemon_procs import _consortium as consortium, _status as status  # noqa: E402
+
+def model_cfg(a):
+    from atdnode.model import ModelConfig
+
+    return ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=7, embed_dim=a.embed_dim,
+                       depth=a.depth, num_heads=2, in_chans=1, num_classes=10)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--adversarial", action="store_true")
-    ap.add_argument("--img-size", type=int, default=28)
-    ap.add_argument("--embed-dim", type=int, default=32)
-    ap.add_argument("--limit", type=int, default=720, help="digits samples over all nodes")
-    a = ap.parse_args()
-    args = ["--rounds", str(a.rounds), "--weighting", "fedwavg", "--img-size", str(a.img_size), "--patch-size", "7",
-            "--embed-dim", str(a.embed_dim), "--depth", "1", "--heads", "2", "--batch-size", "32", "--lr", "3e-3",
-            "--deadline", "300", "--json"] + (["--adversarial", "--pgd-steps", "2"] if a.adversarial else [])
+def node_data(a) -> tuple[dict, list[str]]:
+    import numpy as np
+
+    from atdnode.data import load_dataset
+    from netsim.nodedata import subset
+
+    tr = load_dataset("digits", a.img_size, 1, "train")
+    idx = np.random.default_rng(a.seed).permutation(len(tr))[: a.limit]
+    return {f"n{k}": subset(tr, np.sort(idx[k::a.nodes]), tr.classes) for k in range(a.nodes)}, list(tr.classes)
+
+
+def old_inprocess_fedavg(a, train: dict, classes: list[str]) -> dict:
+    """netsim's former `fedavg` baseline loop, instrumented per round (the comparison only)."""
+    import torch
+
+    from atdnode.model import build_model
+    from netsim.baselines import transfer_s
+    from netsim.learn import full_state, model_config, state_bytes, train_model
+    from netsim.scenario import NetworkSpec, TrainSpec
+    from protocols.aggregation import compute_weights, weighted_average
+
+    cfg = model_config(model_cfg(a), len(classes))
+    spec = TrainSpec(epochs=1, batch_size=32, lr=3e-3, augment=False)
+    torch.manual_seed(a.seed)
+    state = full_state(build_model(cfg))
+    names = list(train)
+    weights = compute_weights("samples", counts=[len(train[n]) for n in names])
+    net = NetworkSpec()
+    per_round = []
+    for r in range(a.rounds):
+        states, secs = [], []
+        for k, n in enumerate(names):
+            t = train_model(cfg, train[n], spec, seed=a.seed + 7919 * r + k, epochs=1, init=state, init_part="full",
+                            warmup_epochs=0.0)
+            states.append(full_state(t.model))
+            secs.append(t.seconds)
+        t0 = time.perf_counter()
+        state = weighted_average([lambda s=s: s for s in states], weights)
+        agg = time.perf_counter() - t0
+        m = state_bytes(state)
+        per_round.append({"round": r, "train_s": round(statistics.mean(secs), 3), "max_train_s": round(max(secs), 3),
+                          "exchange_s": round(2 * transfer_s(net, m), 4), "aggregate_s": round(agg, 4),
+                          "bytes_sent_per_node": m, "bytes_received_per_node": m})
+    return {"per_round": per_round, "model_bytes": m}
+
+
+def memory_rounds(a, train: dict, classes: list[str]) -> dict:
+    from netsim.fat import pgd_config, run_rounds_memnet
+
+    res = run_rounds_memnet(train, classes=classes, model=model_cfg(a), rounds=a.rounds, weighting=a.weighting,
+                            adversarial=pgd_config(steps=2) if a.adversarial else None, local_epochs=1,
+                            batch_size=32, lr=3e-3, seed=a.seed)
+    rounds = res.per_round()
+    link = {k: statistics.mean(b[k] for b in res.bytes.values()) for k in ("sent", "received")}
+    for r in rounds:
+        r.pop("weights"), r.pop("missing")
+        r["link_bytes_sent_per_node"] = round(link["sent"] / a.rounds)  # the campaign's link bytes, per round
+        r["link_bytes_received_per_node"] = round(link["received"] / a.rounds)
+    return {"per_round": rounds, "identical_globals": res.identical, "sim_s": res.sim_s, "wall_s": res.wall_s,
+            "exchange_clock": "simulated"}
+
+
+def process_rounds(a) -> dict:
+    from tests.nodeprocs import ATD, _env, start_daemon, wait_until
+    from tests.test_daemon_procs import _consortium as consortium, _status as status
+
+    args = ["--rounds", str(a.rounds), "--weighting", a.weighting, "--img-size", str(a.img_size), "--patch-size", "7",
+            "--embed-dim", str(a.embed_dim), "--depth", str(a.depth), "--heads", "2", "--batch-size", "32",
+            "--lr", "3e-3", "--seed", str(a.seed), "--deadline", "300", "--json"] \
+        + (["--adversarial", "--pgd-steps", "2"] if a.adversarial else [])
     with tempfile.TemporaryDirectory(prefix="atd-rounds-bench-") as tmp:
         homes = consortium(Path(tmp), a.nodes)
         daemons = [start_daemon(homes[0])]
@@ -63,16 +136,43 @@ def main() -> None:
         reps = [rep for node in reports for rep in node if rep["round"] == r]
         per_round.append({"round": r, **{k: round(statistics.mean(x[k] for x in reps), 3)
                                          for k in ("train_s", "exchange_s", "aggregate_s")},
-                          "bytes_out_per_node": statistics.mean(x["bytes_out"] for x in reps),
-                          "bytes_in_per_node": statistics.mean(x["bytes_in"] for x in reps),
-                          "identical_globals": len({x["blob"] for x in reps}) == 1})
-    train = sum(x["train_s"] for x in per_round)
-    print(json.dumps({"bench": "rounds", "nodes": a.nodes, "rounds": a.rounds, "adversarial": a.adversarial,
-                      "img_size": a.img_size, "wall_s": round(wall, 2), "per_round": per_round,
-                      "transport_bytes_per_node": {"sent": statistics.mean(t["sent"] for t in traffic),
-                                                   "received": statistics.mean(t["received"] for t in traffic)},
-                      "overhead_ratio": round(sum(x["exchange_s"] + x["aggregate_s"] for x in per_round) / train, 3)},
-                     indent=1))
+                          "weight_bytes_out": statistics.mean(x["bytes_out"] for x in reps),
+                          "weight_bytes_in": statistics.mean(x["bytes_in"] for x in reps),
+                          "identical": len({x["blob"] for x in reps}) == 1})
+    return {"per_round": per_round, "wall_s": round(wall, 2), "exchange_clock": "wall",
+            "note": "transport bytes: the daemons' libp2p counters (gossip, sync and blob-protocol streams); "
+                    "blobs that went over the bulk channel are not in them (compare weight_bytes_in)",
+            "transport_bytes_per_node": {"sent": statistics.mean(t["sent"] for t in traffic),
+                                         "received": statistics.mean(t["received"] for t in traffic)}}
+
+
+def _mean(rounds: list[dict], k: str) -> float:
+    return statistics.mean(r[k] for r in rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backend", choices=("memory", "process"), default="memory")
+    ap.add_argument("--weighting", choices=("fedavg", "fedwavg"), default="fedavg")
+    ap.add_argument("--adversarial", action="store_true")
+    ap.add_argument("--img-size", type=int, default=28)
+    ap.add_argument("--embed-dim", type=int, default=64)
+    ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=720, help="digits samples over all nodes")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    train, classes = node_data(a)
+    old = old_inprocess_fedavg(a, train, classes)
+    new = memory_rounds(a, train, classes) if a.backend == "memory" else process_rounds(a)
+    o, n = old["per_round"], new["per_round"]
+    ratio = {k: round(_mean(n, k) / _mean(o, k), 3) if _mean(o, k) else None
+             for k in ("train_s", "exchange_s", "aggregate_s")}
+    print(json.dumps({"bench": "rounds", "backend": a.backend, "nodes": a.nodes, "rounds": a.rounds,
+                      "weighting": a.weighting, "adversarial": a.adversarial, "limit": a.limit,
+                      "model": {"img_size": a.img_size, "embed_dim": a.embed_dim, "depth": a.depth},
+                      "atd_rounds": new, "old_inprocess_fedavg": old, "ratio_rounds_over_old": ratio}, indent=1))
 
 
 if __name__ == "__main__":

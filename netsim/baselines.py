@@ -1,16 +1,21 @@
 """The methods VGS-ATD is compared with, on exactly the scenario's partitions.
 
     centralized  every node uploads its training data raw; one model is trained on the pool
-    fedavg       R rounds: the server sends the global model, every node trains
-                 `local_epochs` and sends it back, the server averages by sample count
-                 (`protocols.aggregation.weighted_average`); FedProx when `fedprox_mu > 0`
+    fedavg       R rounds of `atd rounds --weighting fedavg` among real daemons on the
+                 in-memory network (netsim.fat, the same code path as fat-fedavg / fat-fedwavg):
+                 no server; every node trains `local_epochs` from the round's global model,
+                 publishes, and every node computes the same uniform average
+    fat-fedavg   the same with PGD adversarial training (Federated Adversarial Training with
+    fat-fedwavg  Transformers); FedWAvg weights softmax(q cos) of the last layer vs the previous
+                 global (Eq. 3); clean and robust (PGD) accuracy reported
     swarm        R rounds: the model travels node to node, each trains `local_epochs` on it;
                  the last node then sends the final model to every other node
     local        every node trains on its own data only; nothing is sent
 
 Phases: a baseline keeps its state from one phase to the next (the model is warm-started,
 its head widened for new classes — `learn.expand_head`) and trains with the data of every
-node present in the phase. Byte accounting is analytic and stated per node: model
+node present in the phase. Byte accounting is analytic and stated per node (except for the
+`atd rounds` methods, whose bytes are what the daemons' links carried): model
 transfers count the raw tensor bytes of the full model (`learn.state_bytes`), raw data
 uploads count uint8 pixels + int64 labels; the server is the pseudo-node `"server"`.
 Times: compute is measured (wall clock); network time is estimated from the scenario's
@@ -36,11 +41,10 @@ from netsim.learn import (
     to_global,
     train_model,
 )
-from netsim.nodedata import ScenarioData
+from netsim.nodedata import ScenarioData, concat
 from netsim.scenario import NetworkSpec, Scenario
-from protocols.aggregation import compute_weights, weighted_average
 
-BASELINES = ("centralized", "fedavg", "swarm", "local")
+BASELINES = ("centralized", "fedavg", "swarm", "local", "fat-fedavg", "fat-fedwavg")
 SERVER = "server"
 
 Progress = Callable[[str], None]
@@ -138,11 +142,14 @@ class _Global:
         return m
 
 
-def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
+                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized") -> list[PhaseResult]:
+    """Pooled training, phase by phase (each phase continues the last one's model). `base`:
+    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`)."""
     g = _Global(scn, data)
     out = []
     for phase in data_phases(data):
-        res = PhaseResult("centralized", phase)
+        res = PhaseResult(name, phase)
         names, classes = g.start_phase(phase)
         upload = 0.0
         for n in names:
@@ -152,8 +159,9 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) ->
                 res.add_bytes(SERVER, received=b)
                 upload = max(upload, transfer_s(scn.network, b))
         log(f"centralized phase {phase}: training on {len(names)} nodes' pooled data")
+        first = g.state is None and base is not None
         t = train_model(g.cfg(), data.pooled_train(names, classes), scn.train, seed=scn.seed + phase,
-                        init=g.state, init_part="full")
+                        init=base if first else g.state, init_part="extractor" if first else "full")
         g.state = full_state(t.model)
         m = state_bytes(g.state)
         for n in names:
@@ -168,51 +176,67 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print) ->
 
 
 def run_fedavg(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
-    g = _Global(scn, data)
+    """FedAvg through `atd rounds` on the in-memory back-end (`run_rounds_method`)."""
+    return run_rounds_method("fedavg", scn, data, log)
+
+
+def run_fat(method: str):
+    return lambda scn, data, log=print: run_rounds_method(method, scn, data, log)
+
+
+ROUND_METHODS = {"fedavg": ("fedavg", False), "fat-fedavg": ("fedavg", True), "fat-fedwavg": ("fedwavg", True)}
+
+
+def pgd_of(scn: Scenario):
+    """The fat-* methods' PGD settings from the scenario's [baselines]."""
+    from netsim.fat import pgd_config
+
     b = scn.baselines
-    name = "fedprox" if b.fedprox_mu > 0 else "fedavg"
+    return pgd_config(eps=b.pgd_eps, steps=b.pgd_steps, ratio=b.adv_ratio, in_chans=scn.model.in_chans)
+
+
+def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+    """`fedavg`, `fat-fedavg` or `fat-fedwavg` over every phase of the scenario: per phase one
+    `atd rounds` campaign among the present nodes' daemons (netsim.fat.run_rounds_memnet),
+    started from the previous phase's global model with its head widened to the new label
+    space; fat-* report clean and PGD accuracy on the phase's pooled test set."""
+    from netsim.fat import run_rounds_memnet
+    from protocols.adversarial import robust_accuracy
+
+    weighting, adv = ROUND_METHODS[method]
+    pgd = pgd_of(scn) if adv else None
+    b = scn.baselines
+    g = _Global(scn, data)
     out = []
     for phase in data_phases(data):
-        res = PhaseResult("fedavg", phase)
-        if b.fedprox_mu > 0:
-            res.notes.append(f"FedProx mu={b.fedprox_mu}")
+        res = PhaseResult(method, phase)
         names, classes = g.start_phase(phase)
-        cfg = g.cfg()
-        if g.state is None:  # every node must start from the same model
-            from atdnode.model import build_model
-
-            torch.manual_seed(scn.seed)
-            g.state = full_state(build_model(cfg))
-        samples = [len(data.nodes[n].train) for n in names]
-        weights = compute_weights("samples", counts=samples)
-        for r in range(b.rounds):
-            log(f"{name} phase {phase}: round {r + 1}/{b.rounds}")
-            states, slowest = [], 0.0
-            for k, n in enumerate(names):
-                train = data.pooled_train([n], classes)
-                t = train_model(cfg, train, scn.train, seed=scn.seed + 7919 * r + k + 101 * phase,
-                                epochs=b.local_epochs, init=g.state, init_part="full", prox_mu=b.fedprox_mu,
-                                warmup_epochs=0.0)
-                states.append(full_state(t.model))
-                res.compute_s += t.seconds
-                slowest = max(slowest, t.seconds)
-            m = state_bytes(g.state)
-            for n in names:  # the server sends the round's global model ...
-                res.add_bytes(n, received=m)
-                res.add_bytes(SERVER, sent=m)
-            m = state_bytes(states[0])  # ... and gets every local model back
-            for n in names:
-                res.add_bytes(n, sent=m)
-                res.add_bytes(SERVER, received=m)
-            g.state = weighted_average([lambda s=s: s for s in states], weights)
-            res.ready_s += slowest + 2 * transfer_s(scn.network, m)
-        m = state_bytes(g.state)
-        for n in names:  # the final global model goes back to every node
-            res.add_bytes(n, received=m)
-            res.add_bytes(SERVER, sent=m)
+        log(f"{method} phase {phase}: {b.rounds} rounds of atd rounds on {len(names)} daemons")
+        rr = run_rounds_memnet({n: data.nodes[n].train for n in names}, classes=classes, model=scn.model,
+                               rounds=b.rounds, weighting=weighting, q=b.q, adversarial=pgd,
+                               local_epochs=b.local_epochs, batch_size=scn.train.batch_size, lr=scn.train.lr,
+                               seed=scn.seed + 1000 * (phase - 1), network=scn.network,
+                               test={n: data.nodes[n].test for n in names}, init_state=g.state,
+                               deadline=scn.step_deadline_s, log=log)
+        g.state = rr.state
+        for n in names:
+            res.add_bytes(n, **rr.bytes[n])
             res.outcomes[n] = "global model"
+        rounds = rr.per_round()
+        res.compute_s = sum(r.train_s + r.aggregate_s for reps in rr.reports.values() for r in reps)
+        res.ready_s = sum(r["max_train_s"] + r["max_exchange_s"] + r["max_aggregate_s"] for r in rounds)
+        res.notes.append(f"atd rounds on in-memory daemons ({weighting}{', PGD ' + str(pgd.steps) + ' steps' if pgd else ''}): "
+                         + "; ".join(f"round {r['round']} weights {[round(w, 3) for w in r['weights']]}"
+                                     + (f" missing {len(r['missing'])}" if r["missing"] else "") for r in rounds))
+        if not rr.identical:
+            res.notes.append("nodes ended with different global models")
         model = g.model()
         evaluate_phase(res, data, phase, {n: model_predictor(model, classes, data.label_space) for n in names})
+        if pgd is not None and res.overall:
+            pooled = concat([data.pooled_test(phase)], classes)
+            rep = robust_accuracy(model, (pooled.images, pooled.labels), generator=torch.Generator().manual_seed(scn.seed),
+                                  **pgd.attack_kwargs())
+            res.overall.update(clean_accuracy=round(rep.clean, 6), robust_accuracy=round(rep.robust, 6))
         out.append(res)
     return out
 
@@ -283,7 +307,8 @@ def data_phases(data: ScenarioData) -> list[int]:
     return sorted({d.phase for d in data.nodes.values()})
 
 
-RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_swarm, "local": run_local}
+RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_swarm, "local": run_local,
+           "fat-fedavg": run_fat("fat-fedavg"), "fat-fedwavg": run_fat("fat-fedwavg")}
 
 
 def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:

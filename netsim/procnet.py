@@ -328,7 +328,8 @@ class ProcCluster:
             await self._refresh_bytes(n)
 
 
-def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None) -> tuple[list, list[dict], list[str]]:
+def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None,
+                    base_files: dict | None = None) -> tuple[list, list[dict], list[str]]:
     """VGS-ATD with every node a real daemon process; the protocol steps run in this
     process against the node homes (the library calls behind the CLI commands), the bytes
     move between the daemons. Returns (phase results, fault outcomes, notes)."""
@@ -337,7 +338,7 @@ def run_vgs_process(scn, data, work: Path, *, progress=lambda _m: None) -> tuple
     t = scn.topology
     cluster = ProcCluster(work / "procs", list(data.nodes), seed=scn.seed, network=scn.network,
                           sync_interval=t.sync_interval_s, auto_fetch=False, roles=scn.node_roles())
-    runner = VgsRunner(scn, data, cluster, work, log=progress, real_clock=True)
+    runner = VgsRunner(scn, data, cluster, work, log=progress, real_clock=True, base_files=base_files)
     phases = run_trio(runner.run)
     notes = cluster.notes + ["process back-end: bytes are what each daemon's transport counted (gossip and "
                              "libp2p stream frames) plus the payload of each blob a node fetched, counted as "

@@ -86,6 +86,18 @@ def verified_lines(report: dict) -> list[str]:
     return out
 
 
+def robust_lines(report: dict) -> list[str]:
+    """Per phase of each adversarially trained method (fat-*): clean and PGD accuracy on the pooled test set."""
+    out = []
+    for method, phases in report.get("methods", {}).items():
+        for ph in phases:
+            o = ph.get("overall", {})
+            if "robust_accuracy" in o:
+                out.append(f"{method} phase {ph['phase']}: clean accuracy {_fmt(o.get('clean_accuracy'))}, "
+                           f"robust (PGD) accuracy {_fmt(o['robust_accuracy'])}")
+    return out
+
+
 COMPARISON_HEADER = ["method", "phase", "accuracy", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
                      "compute (s)"]
 
@@ -106,7 +118,12 @@ def markdown(report: dict) -> str:
     if report.get("methods"):
         parts.append("\n## Comparison (overall = mean over nodes, on the phase's pooled test set)\n\n")
         parts.append(_table(COMPARISON_HEADER, comparison_rows(report)))
-        parts += [f"\n{line}.\n" for line in verified_lines(report)]
+        parts += [f"\n{line}.\n" for line in verified_lines(report) + robust_lines(report)]
+        if report.get("base_comparison"):  # `atd netsim run --base msd,scratch`
+            parts.append("\n## Accuracy per phase by base (scratch: random init; msd: the nodes' MSD base)\n\n")
+            cols = [k for k in report["base_comparison"][0] if k != "phase"]
+            parts.append(_table(["phase", *cols], [[str(r["phase"]), *(_fmt(r[c]) for c in cols)]
+                                                   for r in report["base_comparison"]]))
         parts.append("\n## Forgetting: phase-1 nodes' accuracy on their own test data after each phase\n\n")
         phases = sorted({ph["phase"] for v in report["methods"].values() for ph in v})
         rows = [[m, *(_fmt(report.get("forgetting", {}).get(m, {}).get(str(p))) for p in phases)]

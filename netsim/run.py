@@ -33,8 +33,13 @@ def _workdir(keep: Path | None) -> Path:
 
 
 def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress = lambda _m: None,
-                 keep_homes: Path | None = None) -> dict:
-    """Run `scn` and return its report (written into `out` when given)."""
+                 keep_homes: Path | None = None, bases: tuple[str, ...] = ()) -> dict:
+    """Run `scn` and return its report (written into `out` when given). `bases`: run it once
+    per base ("scratch", "msd"; see `scenario.base`) and report them side by side."""
+    if len(bases) > 1:
+        return _side_by_side(scn, bases, out, progress=progress, keep_homes=keep_homes)
+    if bases:
+        scn = scn.replace(base=bases[0])
     t_start = time.perf_counter()
     work = _workdir(keep_homes)
     report: dict = {"scenario": _scenario_info(scn), "backend": scn.backend, "nodes": {}, "methods": {},
@@ -51,6 +56,40 @@ def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress =
     if out is not None:
         report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
     return report
+
+
+def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, progress: Progress,
+                  keep_homes: Path | None) -> dict:
+    """One run per base; methods are named "<method> (<base>)" in the merged report, and
+    `base_comparison` lists the accuracy per phase of each base's methods."""
+    t0 = time.perf_counter()
+    reps = {}
+    for b in bases:
+        progress(f"base {b}")
+        reps[b] = run_scenario(scn.replace(base=b), None, progress=progress, keep_homes=keep_homes)
+    first = reps[bases[0]]
+    report = {**first, "methods": {f"{m} ({b})": v for b, r in reps.items() for m, v in r["methods"].items()},
+              "forgetting": {f"{m} ({b})": v for b, r in reps.items() for m, v in r.get("forgetting", {}).items()},
+              "notes": [n for r in reps.values() for n in r["notes"]],
+              "bases": {b: {"wall_s": r["wall_s"], **({"msd_base": r["msd_base"]} if "msd_base" in r else {})}
+                        for b, r in reps.items()}}
+    report.pop("msd_base", None)
+    if "msd" in bases and "scratch" in bases and scn.model.name != "vit_base_patch16_gap_224":
+        report["notes"].append(f"base scratch runs the scenario's {scn.model.name}; base msd runs "
+                               "vit_base_patch16_gap_224 at the same sizes (for an architecture-matched "
+                               "scratch run, set [model] name to it)")
+    report["base_comparison"] = base_comparison(report["methods"])
+    report["wall_s"] = round(time.perf_counter() - t0, 3)
+    if out is not None:
+        report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
+    return report
+
+
+def base_comparison(methods: dict[str, list[dict]]) -> list[dict]:
+    """Per phase: overall accuracy of every method (named "<method> (<base>)" when bases differ)."""
+    phases = sorted({ph["phase"] for v in methods.values() for ph in v})
+    return [{"phase": p, **{m: next((ph["overall"].get("accuracy") for ph in v if ph["phase"] == p), None)
+                            for m, v in methods.items()}} for p in phases]
 
 
 def _scenario_info(scn: Scenario) -> dict:
@@ -71,13 +110,23 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         report["nodes"][n] = {"phase": d.phase, "group": d.group, "cohort": d.cohort, "dataset": d.dataset,
                               "classes": d.classes, "train": len(d.train), "test": len(d.test),
                               "class_counts": d.class_counts}
+    base = None
+    if scn.base == "msd":  # the nodes build their base first (issue 16); everything runs on its model
+        from netsim.msdbase import base_scenario, run_msd_base
+
+        base = run_msd_base(scn, data, work / "msd", progress=progress)
+        report["msd_base"] = base.summary()
+        scn = base_scenario(scn)
+        report["notes"].append(f"base msd: every method runs {scn.model.name} (the MSD base's timm ViT, same "
+                               "sizes); vgs-atd and centralized-msd start from the base, the others from scratch")
+    files = base.files if base is not None else None
     if "vgs-atd" in scn.methods:
         if scn.backend == "memory":
-            phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress)
+            phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress, base_files=files)
         else:
             from netsim.procnet import run_vgs_process
 
-            phases, faults, notes = run_vgs_process(scn, data, work / "vgs", progress=progress)
+            phases, faults, notes = run_vgs_process(scn, data, work / "vgs", progress=progress, base_files=files)
             report["notes"] += notes
         report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
         report["vgs_faults"] = faults
@@ -85,12 +134,19 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         if m in BASELINES:
             progress(f"baseline {m}")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress)]
+    if base is not None and "centralized" in scn.methods:  # the gap to centralized from the same base
+        from netsim.baselines import run_centralized
+        from netsim.msdbase import base_tensors
+
+        progress("baseline centralized from the MSD base")
+        report["methods"]["centralized-msd"] = [r.to_dict() for r in run_centralized(
+            scn, data, log=progress, base=base_tensors(base), name="centralized-msd")]
     phase1 = [n for n, d in data.nodes.items() if d.phase == 1]
     report["forgetting"] = forgetting(report["methods"], phase1)
 
 
 def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lambda _m: None,
-                   observer=None) -> tuple[list, list[dict]]:
+                   observer=None, base_files: dict | None = None) -> tuple[list, list[dict]]:
     """VGS-ATD on the in-memory back-end; returns (phase results, fault outcomes).
     `observer(src, dst, kind, nbytes, delivered)` sees every transmission (tests use it)."""
     from netsim.memnet import MemCluster, simulate
@@ -103,7 +159,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
                          auto_fetch=False, roles=scn.node_roles())
     if observer is not None:
         cluster.net.add_observer(observer)
-    runner = VgsRunner(scn, data, cluster, work, log=progress)
+    runner = VgsRunner(scn, data, cluster, work, log=progress, base_files=base_files)
     phases = simulate(runner.run, seed=scn.seed)
     return phases, runner.fault_log
 

@@ -5,10 +5,13 @@ scheme over one data set), the phases of the VGS-ATD protocol, the methods to co
 the network conditions, the faults, and optionally a gossip workload:
 
     [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s,
-                 step_deadline_s
+                 step_deadline_s, base ("scratch" | "msd": VGS-ATD starts from a base the nodes
+                 build first by masked sampling distillation, `netsim.msdbase`)
+    [msd]        the MSD campaign of base = "msd": steps, batch_size, lr, teacher_keep,
+                 student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`)
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
-    [baselines]  rounds, local_epochs, fedprox_mu
+    [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
     [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
@@ -36,7 +39,9 @@ from atdnode.errors import AtdError
 from atdnode.model import ModelConfig
 
 BACKENDS = ("memory", "process")
-METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
+METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
+BASES = ("scratch", "msd")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
@@ -56,6 +61,22 @@ NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=
 
 
 @dataclass(frozen=True)
+class MSDSpec:
+    """The MSD campaign that builds the base (`base = "msd"`). The view settings the paper
+    leaves blank were measured (`bench/msd_base_bench.py --choose`, `netsim.msdbase`):
+    teacher views keep 3 of the scenarios' 4 patches (0.75), student views 2 (0.5), two of
+    each. steps, batch_size and lr are `protocols.msd.MSDConfig`'s, steps 300 (not measured)."""
+
+    steps: int = 300
+    batch_size: int = 128
+    lr: float = 3e-3
+    teacher_keep: float = 0.75
+    student_keep: float = 0.5
+    teacher_views: int = 2
+    student_views: int = 2
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     epochs: int = 3
     batch_size: int = 32
@@ -69,7 +90,11 @@ class TrainSpec:
 class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
-    fedprox_mu: float = 0.0
+    fedprox_mu: float = 0.0  # must stay 0: fedavg runs through `atd rounds`, which has no FedProx term
+    q: float = 1.0  # fat-fedwavg: softmax scale of Eq. 3
+    pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
+    pgd_steps: int = 3
+    adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
 
 
 @dataclass(frozen=True)
@@ -169,7 +194,7 @@ class Scenario:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     model: ModelConfig = NETSIM_MODEL
@@ -183,6 +208,8 @@ class Scenario:
     faults: tuple[FaultSpec, ...] = ()
     workload: WorkloadSpec | None = None
     topology: TopologySpec = TopologySpec()
+    base: str = "scratch"
+    msd: MSDSpec = MSDSpec()
     source: str = "<dict>"
 
     # -- derived views ------------------------------------------------------------------
@@ -327,7 +354,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     """Validate a parsed scenario (the TOML's dict form); see the module doc for the keys."""
     c = _Ctx(source)
     top = {"scenario", "model", "train", "baselines", "ensemble", "network", "datasets", "cohorts", "phases",
-           "faults", "workload", "topology"}
+           "faults", "workload", "topology", "msd"}
     unknown = sorted(set(raw) - top)
     if unknown:
         raise c.fail("top level", f"unknown section(s) {', '.join(unknown)} (allowed: {', '.join(sorted(top))})")
@@ -359,10 +386,11 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     if "workload" in raw:
         workload = c.build(WorkloadSpec, c.table(raw, "workload", "workload"), "workload", {"publishers": c.strs})
     topo = c.build(TopologySpec, c.table(raw, "topology", "topology"), "topology")
+    msd = c.build(MSDSpec, c.table(raw, "msd", "msd"), "msd")
     scn = Scenario(name=hdr.name, seed=hdr.seed, backend=hdr.backend, description=hdr.description,
                    methods=hdr.methods, deadline_s=hdr.deadline_s, step_deadline_s=hdr.step_deadline_s, model=model, train=train, baselines=base,
                    ensemble=ens, network=net, datasets=datasets, cohorts=cohorts, phases=phases, faults=faults,
-                   workload=workload, topology=topo, source=source)
+                   workload=workload, topology=topo, base=hdr.base, msd=msd, source=source)
     validate(scn)
     return scn
 
@@ -373,9 +401,10 @@ class _Header:
     seed: int = 0
     backend: str = "memory"
     description: str = ""
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
+    base: str = "scratch"
 
 
 def _opt_float(c: _Ctx):

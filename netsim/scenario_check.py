@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from netsim.scenario import (
     BACKENDS,
+    BASES,
     FAULTS,
     METHODS,
     MODES,
@@ -30,6 +31,7 @@ def check(s: Scenario) -> None:
             raise c.fail("scenario.methods", f"{m!r} is not one of {', '.join(METHODS)}")
     if not s.methods:
         raise c.fail("scenario.methods", "must name at least one method")
+    _check_base(c, s)
     _positive(c, "scenario.deadline_s", s.deadline_s)
     for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans", "mlp_ratio"):
         _positive(c, f"model.{k}", getattr(s.model, k))
@@ -44,8 +46,12 @@ def check(s: Scenario) -> None:
         raise c.fail("train.freeze_blocks", f"{s.train.freeze_blocks} out of range 0..{s.model.depth}")
     _positive(c, "baselines.rounds", s.baselines.rounds)
     _positive(c, "baselines.local_epochs", s.baselines.local_epochs)
-    if s.baselines.fedprox_mu < 0:
-        raise c.fail("baselines.fedprox_mu", "must be >= 0")
+    if s.baselines.fedprox_mu != 0:
+        raise c.fail("baselines.fedprox_mu", "FedProx is not offered: fedavg runs through `atd rounds` (set 0)")
+    if not 0 <= s.baselines.adv_ratio <= 1:
+        raise c.fail("baselines.adv_ratio", "must be in [0, 1]")
+    if s.baselines.pgd_eps < 0 or s.baselines.pgd_steps < 0:
+        raise c.fail("baselines.pgd_eps" if s.baselines.pgd_eps < 0 else "baselines.pgd_steps", "must be >= 0")
     _positive(c, "ensemble.pca_components", s.ensemble.pca_components)
     _check_network(c, s)
     names = s.node_names()
@@ -209,3 +215,19 @@ def _check_workload(c: _Ctx, wl: WorkloadSpec, nodes: set[str]) -> None:
             raise c.fail("workload.publishers", f"unknown node {p!r}")
     if wl.publishers is not None and not wl.publishers:
         raise c.fail("workload.publishers", "must name at least one node (or be left out for all)")
+
+
+def _check_base(c, s: Scenario) -> None:
+    """`scenario.base` and the `[msd]` campaign settings (the same checks `MSDConfig` makes)."""
+    if s.base not in BASES:
+        raise c.fail("scenario.base", f"{s.base!r} is not one of {', '.join(BASES)}")
+    m = s.msd
+    for k in ("steps", "batch_size", "teacher_views"):
+        _positive(c, f"msd.{k}", getattr(m, k))
+    if m.student_views < 0 or m.teacher_views + m.student_views < 2:
+        raise c.fail("msd.student_views", "need at least two views in all (teacher_views + student_views)")
+    if not 0 < m.student_keep <= m.teacher_keep <= 1:
+        raise c.fail("msd.student_keep", f"need 0 < student_keep <= teacher_keep <= 1, got {m.student_keep}, "
+                                         f"{m.teacher_keep}")
+    if not m.lr > 0:
+        raise c.fail("msd.lr", f"must be > 0, got {m.lr}")

@@ -76,8 +76,11 @@ class VgsRunner:
     the scenario's nodes); produces one `PhaseResult` per phase."""
 
     def __init__(self, scn: Scenario, data: ScenarioData, cluster, workdir: Path, *, log=print,
-                 real_clock: bool = False) -> None:
+                 real_clock: bool = False, base_files: dict[str, Path] | None = None) -> None:
         self.scn, self.data, self.cluster, self.log = scn, data, cluster, log
+        # base = "msd": each node's assembled MSD base (`netsim.msdbase`), where training
+        # would otherwise start from random init (`atd train --init-from FILE`)
+        self.base_files = dict(base_files or {})
         self.real_clock = real_clock
         self.ops: dict[str, NodeOps] = {}
         # The data spec (a path) enters weight-set metadata, so its length changes blob sizes:
@@ -209,7 +212,8 @@ class VgsRunner:
     def _train_opts(self, init: Pub | None, freeze: int, node: str) -> TrainOptions:
         t = self.scn.train
         return TrainOptions(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
-                            warmup_epochs=0.5, init_from=init.blob if init else None, freeze_blocks=freeze,
+                            warmup_epochs=0.5, freeze_blocks=freeze,
+                            init_from=init.blob if init else _opt_str(self.base_files.get(node)),
                             seed=self.scn.seed + sum(map(ord, node)), augment=t.augment)
 
     # ---------------------------------------------------------------- shared steps
@@ -442,3 +446,7 @@ def _groups_of(data: ScenarioData, names: list[str]) -> list[str]:
         if g not in out:
             out.append(g)
     return out
+
+
+def _opt_str(p: Path | None) -> str | None:
+    return None if p is None else str(p)

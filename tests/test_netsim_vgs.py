@@ -118,7 +118,7 @@ def test_a_killed_node_is_waited_for_with_a_deadline(tmp_path: Path) -> None:
     assert "accuracy" in p2.per_node["a1"]  # a1 still predicts (its own features only)
 
 
-@pytest.mark.parametrize("method", BASELINES)
+@pytest.mark.parametrize("method", [m for m in BASELINES if not m.startswith("fat-")])  # fat-*: tests/test_fat.py
 def test_every_baseline_on_a_three_node_scenario(method: str) -> None:
     raw = json.loads(json.dumps(TINY))
     raw["cohorts"] = [raw["cohorts"][0], {**raw["cohorts"][1], "nodes": ["b1"]}]
@@ -138,9 +138,8 @@ def test_every_baseline_on_a_three_node_scenario(method: str) -> None:
         assert sent == 0
     else:
         assert sent > 0
-    if method == "fedavg":  # 2 rounds x 3 nodes x (down + up) + final download, all full models
-        model = res[1].bytes["a1"]["sent"] // 2
-        assert res[1].bytes[SERVER]["received"] == 3 * 2 * model
+    if method == "fedavg":  # `atd rounds` among the daemons: no server, every node publishes its weights
+        assert SERVER not in res[1].bytes and all(res[1].bytes[n]["sent"] > 0 for n in ("a1", "a2", "b1"))
     if method == "centralized":  # only the new node uploads its data in phase 2
         assert res[1].bytes["a1"]["sent"] == 0 and res[1].bytes["b1"]["sent"] == data.nodes["b1"].raw_bytes
 

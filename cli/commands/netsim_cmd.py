@@ -14,7 +14,7 @@ netsim_app = typer.Typer(help="Run many nodes on this machine: scenarios, faults
 
 RUN_HELP = """Run a scenario and write report.json, report.md and PNG plots into --out.
 
-SCENARIO is a TOML file or the name of a shipped scenario (`atd netsim list`). The scenario names the nodes and their data partitions, the VGS-ATD phases, the methods to compare (vgs-atd, centralized, fedavg, swarm, local), the network conditions, faults and an optional gossip workload.
+SCENARIO is a TOML file or the name of a shipped scenario (`atd netsim list`). The scenario names the nodes and their data partitions, the VGS-ATD phases, the methods to compare (vgs-atd, centralized, fedavg, swarm, local; fat-fedavg, fat-fedwavg: adversarial `atd rounds`), the network conditions, faults and an optional gossip workload.
 
 Back-ends: `memory` runs real node daemons in one process on a simulated network (latency, bandwidth, loss, partitions; seeded, reproducible); `process` runs `atd node start` daemons as OS processes on 127.0.0.1 (optionally in network namespaces with tc netem where the machine allows it).
 """
@@ -44,10 +44,15 @@ def run_cmd(
     keep_homes: Optional[Path] = typer.Option(None, "--keep-homes", help="Keep the node homes under this directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),
+    base: Optional[str] = typer.Option(None, "--base", help="Where VGS-ATD starts: scratch | msd (a base the nodes "
+                                       "build first by masked sampling distillation) | msd,scratch (both, side by side)."),
 ) -> None:
     from netsim.scenario import validate
 
     scn = resolve_scenario(scenario)
+    bases = tuple(b.strip() for b in base.split(",")) if base else ()
+    for b in bases:
+        validate(scn.replace(base=b))
     changes = {}
     if backend is not None:
         changes["backend"] = backend
@@ -59,7 +64,7 @@ def run_cmd(
         scn = scn.replace(**changes)
         validate(scn)
     _threads(threads)
-    report = run_with_progress(scn, out, keep_homes=keep_homes, quiet=as_json)
+    report = run_with_progress(scn, out, keep_homes=keep_homes, quiet=as_json, bases=bases)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
@@ -81,7 +86,8 @@ def _threads(n: int) -> None:
     torch.set_num_threads(n or 1)  # tiny models: one thread is fastest, and immune to a busy machine
 
 
-def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, quiet: bool = False) -> dict:
+def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, quiet: bool = False,
+                      bases: tuple[str, ...] = ()) -> dict:
     """Run with a live status line and a log of steps on stderr."""
     from rich.console import Console
 
@@ -90,13 +96,13 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
     console = Console(stderr=True)
     t0 = time.perf_counter()
     if quiet:
-        return run_scenario(scn, out, keep_homes=keep_homes)
+        return run_scenario(scn, out, keep_homes=keep_homes, bases=bases)
     with console.status(f"[bold]{scn.name}[/]: starting", spinner="dots") as status:
         def progress(msg: str) -> None:
             console.log(f"[dim]{time.perf_counter() - t0:6.1f}s[/] {msg}")
             status.update(f"[bold]{scn.name}[/]: {msg}")
 
-        return run_scenario(scn, out, progress=progress, keep_homes=keep_homes)
+        return run_scenario(scn, out, progress=progress, keep_homes=keep_homes, bases=bases)
 
 
 def print_summary(report: dict, out: Path | None) -> None:

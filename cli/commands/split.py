@@ -29,6 +29,7 @@ def configure(
     embed_dim: Optional[int] = typer.Option(None, help="Body: embedding width."),
     depth: Optional[int] = typer.Option(None, help="Body: transformer blocks on the server."),
     heads: Optional[int] = typer.Option(None, help="Body: attention heads."),
+    mlp_ratio: Optional[float] = typer.Option(None, help="Body: MLP width / embedding width."),
     rounds: Optional[int] = typer.Option(None, help="Training rounds (FESTA: phase 1)."),
     phase2_rounds: Optional[int] = typer.Option(None, help="FESTA: extra rounds with the body frozen."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Batches per client per round."),
@@ -54,7 +55,7 @@ def configure(
     body = dict(DEFAULT_BODY)
     body.update(cur.body)
     for key, v in (("img_size", img_size), ("patch_size", patch_size), ("in_chans", in_chans),
-                   ("embed_dim", embed_dim), ("depth", depth), ("num_heads", heads)):
+                   ("embed_dim", embed_dim), ("depth", depth), ("num_heads", heads), ("mlp_ratio", mlp_ratio)):
         if v is not None:
             body[key] = v
     msd = dict(cur.msd)

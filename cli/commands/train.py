@@ -41,12 +41,13 @@ def train_cmd(
     depth: Optional[int] = typer.Option(None, "--depth", help="Number of blocks (default: the model's)."),
     heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads (default: the model's)."),
     in_chans: Optional[int] = typer.Option(None, "--in-chans", help="Input channels (default: the model's, 3)."),
+    mlp_ratio: Optional[float] = typer.Option(None, "--mlp-ratio", help="MLP width / embedding width (default: the model's, 4)."),
     epochs: int = typer.Option(3, "--epochs", min=1, help="Training epochs."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Global batch size over all processes (small data sets need many steps; raise it for large ones / GPUs)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW learning rate (default: 3e-3 from weights; from scratch 1e-4 x 192/embed-dim)."),
     weight_decay: float = typer.Option(0.05, "--weight-decay", help="AdamW weight decay."),
     warmup_epochs: float = typer.Option(0.2, "--warmup-epochs", help="Linear warmup length in epochs."),
-    init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, or a checkpoint file (safetensors / timm)."),
+    init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, a checkpoint file (safetensors / timm), or a model id from `atd models` (e.g. an MSD base from `atd base build`: train it with --model vit_base_patch16_gap_224 and the base's sizes)."),
     freeze_blocks: int = typer.Option(0, "--freeze-blocks", min=0, help="Freeze embeddings + the first K blocks."),
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
@@ -73,7 +74,7 @@ def train_cmd(
         _relaunch(nproc_per_node)
         return
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
-                              depth=depth, num_heads=heads, in_chans=in_chans)
+                              depth=depth, num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
     main = int(os.environ.get("RANK", "0")) == 0
     transform = None
     if adversarial:
