@@ -29,10 +29,12 @@ Everything slow (SQLite, hashing, disk) runs in worker threads.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
 import os
+import random
 import sqlite3
 import time
 from collections import OrderedDict
@@ -44,9 +46,11 @@ from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.errors import DaemonError
+from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
+from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation
 from atdnode.split import role_services
 from atdnode.bodies import blob_readers
 from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
@@ -91,6 +95,10 @@ class NodeDaemon:
         if not self.config.genesis_id:
             raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
         self.ledger = LedgerAccess(Ledger.open(home.ledger_db))
+        self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
+        self._peers_changed = trio.Event()  # wakes the peer-set maintenance (_discovery_loop)
+        self._bootstrap_peers: dict[str, list[str]] = {}
+        self._hellos_seen = 0  # bumped when hello entries may have changed
         self.store = BlobStore(home.blobs_dir)
         self.transport = transport or self._libp2p_transport()
         self.gate = MembershipGate(self_peer=self.transport.peer_id)
@@ -128,13 +136,17 @@ class NodeDaemon:
             self.dashboard = Dashboard(self, host=dashboard[0], port=dashboard[1], public=dashboard_public)
 
     def _libp2p_transport(self) -> Transport:
-        from atdnode.transport.libp2p_transport import Libp2pTransport
+        from atdnode.transport.libp2p_transport import GossipConfig, Libp2pTransport
 
-        return Libp2pTransport(self.identity.libp2p_keypair())
+        d, d_low, d_high = gossip_degrees(self.peerset.cfg)  # the mesh follows the bounded peer set
+        return Libp2pTransport(self.identity.libp2p_keypair(),
+                               gossip=GossipConfig(degree=d, degree_low=d_low, degree_high=d_high))
 
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # bootstrap peers are peer-set candidates too (a newcomer may know no hello yet)
+        self._bootstrap_peers = {a.rsplit("/p2p/", 1)[-1]: [a] for a in bootstrap if "/p2p/" in a}
         with home_lock(self.home):  # one daemon per home, even when two start at once
             await self._run_locked(listen, bootstrap, task_status=task_status)
 
@@ -172,6 +184,7 @@ class NodeDaemon:
                 for addr in bootstrap:
                     nursery.start_soon(self._dial_with_retry, addr)
                 log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
+                tune_gc()  # start-up objects out of the collector's scans: no GC pauses in the gossip path
                 task_status.started(self.transport.addrs())
                 await self._stop.wait()
                 log.info("shutting down")
@@ -262,6 +275,8 @@ class NodeDaemon:
 
     async def _after_merge(self, kinds: set[str] | None = None) -> None:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
+        if kinds is None or kinds & {"hello", "member", "genesis"}:
+            self._hellos_seen += 1  # the peer-set loop re-reads hello entries (of members)
         if kinds is None or kinds & {"genesis", "member"}:
             await self._refresh_members()
             await self._drop_non_members()
@@ -358,6 +373,7 @@ class NodeDaemon:
             self.gate.refuse(peer_id, "connection")
             await self.transport.disconnect(peer_id)  # no gossip to outsiders either
             return
+        self._peers_changed.set()  # above max now? the peer-set loop prunes at once
         if self._nursery is not None:
             self._nursery.start_soon(self.sync_with, peer_id)
 
@@ -374,7 +390,9 @@ class NodeDaemon:
         me = self.identity.public_key
         try:
             with trio.fail_after(60):
+                t_open = trio.current_time()
                 stream = await self.transport.open_stream(peer_id, SYNC_PROTOCOL)
+                self.peerset.observe_rtt(peer_id, trio.current_time() - t_open)  # one negotiation round trip
                 result = await pull(stream, self.ledger)
         except AccessRefused as exc:
             log.info("sync with %s: %s", peer_id, exc)
@@ -531,34 +549,77 @@ class NodeDaemon:
                 nursery.cancel_scope.cancel()
 
     async def _discovery_loop(self) -> None:
-        """Dial members whose signed `hello` entries announce addresses we are not connected to."""
+        """Keep a bounded peer set (`atdnode.peerset`): below `target`, dial members whose
+        signed `hello` entries announce addresses (low-latency and random ones); above
+        `max`, disconnect the least useful peers. Wakes on every connection and each second."""
         me = self.identity.public_key
-        tried: dict[str, float] = {}
+        cfg = self.peerset.cfg
+        rng = random.Random()
+        # peer -> (last dial, prune or loss; its addresses then): not again for cfg.redial_after_s
+        # unless it announced new addresses (a restarted member)
+        tried: dict[str, tuple[float, tuple[str, ...]]] = {}
+        known: dict[str, list[str]] = {}
+        hellos_read = -1  # self._hellos_seen when `known` was read
+        next_rotation = trio.current_time() + cfg.rotate_s
 
-        def hellos(led: Ledger) -> dict[bytes, list[str]]:
-            out: dict[bytes, list[str]] = {}
+        def hellos(led: Ledger) -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {}
             for e in led.query(kind="hello"):
-                if e.author != me and isinstance(e.body.get("addrs"), list):
-                    out[e.author] = [a for a in e.body["addrs"] if isinstance(a, str)]
+                if e.author != me and e.author in self._members and isinstance(e.body.get("addrs"), list):
+                    out[peer_id_from_public_key(e.author)] = [a for a in e.body["addrs"] if isinstance(a, str)]
             return out
 
+        async def dial(peer: str, addrs: list[str]) -> None:
+            for addr in addrs:
+                t0 = trio.current_time()
+                try:
+                    with trio.move_on_after(10):
+                        await self.transport.connect(addr)
+                        self.peerset.observe_rtt(peer, trio.current_time() - t0)
+                        self.peerset.dialled += 1
+                        return
+                except TransportError as exc:
+                    log.debug("could not dial %s: %s", addr, exc)
+
         while True:
+            self._peers_changed = trio.Event()
+            now = trio.current_time()
             connected = set(self.transport.peers())
-            for author, addrs in (await self.ledger.run(hellos)).items():
-                if author not in self._members:
-                    continue
-                for addr in addrs:
-                    peer = addr.rsplit("/p2p/", 1)[-1]
-                    if peer in connected or peer in self.gate.refused or trio.current_time() - tried.get(addr, -1e9) < 30:
-                        continue
-                    tried[addr] = trio.current_time()
-                    try:
-                        with trio.move_on_after(10):
-                            await self.transport.connect(addr)
-                            break
-                    except TransportError as exc:
-                        log.debug("could not dial %s: %s", addr, exc)
-            await trio.sleep(max(self.poll_interval * 4, 1.0))
+            for peer in set(self.peerset.since) - connected:
+                tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
+            self.peerset.observe_connected(connected, now)
+            for peer in plan_prunes(connected, self.peerset.rtt, self.peerset.since, cfg, now=now):
+                log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
+                tried[peer] = (now, tuple(known.get(peer, ())))
+                self.peerset.pruned += 1
+                await self.transport.disconnect(peer)
+                connected.discard(peer)
+            rotate = len(connected) >= cfg.target and now >= next_rotation
+            if len(connected) < cfg.target or rotate:
+                if hellos_read != self._hellos_seen:  # a consortium of hundreds: no re-read every second
+                    hellos_read = self._hellos_seen
+                    known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
+                fresh = [p for p, addrs in known.items() if p not in self.gate.refused
+                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
+                picks = plan_dials(fresh, connected, self.peerset.rtt, cfg, rng)
+                if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
+                    next_rotation = now + cfg.rotate_s
+                    pick = plan_rotation(fresh, connected, rng)
+                    picks = [pick] if pick is not None else []
+                for peer in picks:
+                    tried[peer] = (now, tuple(known[peer]))
+                async with trio.open_nursery() as nursery:
+                    for peer in picks:
+                        nursery.start_soon(dial, peer, known[peer])
+                now_peers = set(self.transport.peers())
+                if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
+                    for peer in plan_prunes(now_peers, self.peerset.rtt, self.peerset.since,
+                                            dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
+                        tried[peer] = (now, tuple(known.get(peer, ())))
+                        self.peerset.pruned += 1
+                        await self.transport.disconnect(peer)
+            with trio.move_on_after(max(self.poll_interval * 4, 1.0)):
+                await self._peers_changed.wait()
 
     # ---------------------------------------------------------------- blobs
 
@@ -694,6 +755,8 @@ class NodeDaemon:
             "wanted": sorted(self._wanted),
             "bytes": self.transport.bytes_counters(),
             "stats": dict(self.stats),
+            "peer_set": {"target": self.peerset.cfg.target, "max": self.peerset.cfg.max,
+                         "dialled": self.peerset.dialled, "pruned": self.peerset.pruned},
             "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
 

@@ -13,7 +13,8 @@ aggregate  mode "round": campaign, round, weighting, q, reference (previous glob
 Round t on each member: if round t's aggregate already exists, adopt it; else train from
 global t-1 (`atdnode.training.train`, the library behind `atd train`), publish, wait until
 the blobs of every live member (all members; with a daemon, not those disconnected from it
-for `absent_grace` s) or of
+for `absent_grace` s, nor, at the peer-set target, members outside the set that
+sat out the previous round: `RoundRunner._live`) or of
 --min-peers members are held, or the deadline passes, then the *coordinator* (smallest
 publishing peer id) records the aggregate over the inputs it holds; the others wait for
 that entry (up to another deadline, then record their own) and recompute it from its
@@ -98,12 +99,26 @@ class Fabric:
     async def peers(self) -> list[str] | None:
         return None
 
+    def peer_target(self) -> int | None:
+        """The daemon's peer-set target (config.toml `[peers] target`), None when unknown."""
+        return None
+
 
 class ControlFabric(Fabric):
     """The CLI's fabric: the node's daemon through its control socket."""
 
     def __init__(self, home: NodeHome) -> None:
+        self.home = home
         self.sock = home.control_socket
+
+    def peer_target(self) -> int | None:
+        from atdnode.config import NodeConfig
+        from atdnode.peerset import PeerSetConfig
+
+        try:
+            return PeerSetConfig.from_table(NodeConfig.load(self.home).extra.get("peers")).target
+        except AtdError:
+            return None
 
     def _running(self) -> bool:
         return control.daemon_running(self.sock)
@@ -370,10 +385,15 @@ class RoundRunner:
             await self.fabric.sleep(POLL_S)
         return True
 
-    async def _live(self, expected: list[str], gone_since: dict[str, float]) -> list[str]:
+    async def _live(self, expected: list[str], gone_since: dict[str, float], recent: set[str]) -> list[str]:
         """Members worth waiting for: every member, except (with a daemon) one that has not been
         connected to it for `absent_grace` seconds of this wait (a crashed member's connection
-        drops at once; a restarting one reconnects within the grace and is waited for)."""
+        drops at once; a restarting one reconnects within the grace and is waited for).
+
+        With a bounded peer set (issue 15) a daemon at its peer target is not connected to
+        every member, so "not connected" says nothing about a member outside the set: such a
+        member is still waited for (until the deadline) when it took part in the previous
+        round (`recent`); one that did not is not waited for after the grace."""
         peers = await self.fabric.peers()
         if peers is None:
             return expected
@@ -383,7 +403,10 @@ class RoundRunner:
                 gone_since.pop(p, None)
             else:
                 gone_since.setdefault(p, now)
-        return [p for p in expected if now - gone_since.get(p, now) < self.c.absent_grace]
+        target = self.fabric.peer_target()
+        bounded = target is not None and len(set(peers) & set(expected)) >= target
+        return [p for p in expected
+                if now - gone_since.get(p, now) < self.c.absent_grace or (bounded and p in recent)]
 
     # -- one round
     def train_round(self, rnd: int, start: str) -> ModelRecord:
@@ -405,6 +428,12 @@ class RoundRunner:
         """Until K publishers' blobs are held or the deadline: (held inputs, aggregate if one appeared)."""
         until = self.fabric.now() + self.c.deadline
         gone_since: dict[str, float] = {}
+        recent = set(expected)  # round 0: every member
+        if rnd > 0:
+            with self._led() as led:
+                prev = round_aggregate(led, self.campaign, rnd - 1)
+            if prev is not None:
+                recent = set(prev.body.get("participants") or [])
         while True:
             with self._led() as led:
                 agg = round_aggregate(led, self.campaign, rnd)
@@ -413,7 +442,7 @@ class RoundRunner:
             if self.c.min_peers:
                 enough = len(held) >= self.c.min_peers
             else:  # every live member: all members, or (daemon running) those connected to it
-                enough = set(await self._live(expected, gone_since)) <= {_signer(e) for e in held}
+                enough = set(await self._live(expected, gone_since, recent)) <= {_signer(e) for e in held}
             if agg is not None or enough or self.fabric.now() >= until:
                 return held, agg
             for e in entries:  # block on the daemon's fetch of what is announced but not yet here

@@ -3,10 +3,13 @@
 (a) `procs`: 30 real `atd node start` daemons on 127.0.0.1 (the paper's 29 nodes and one
     more); every node publishes its share of 1,000 signed entries (256-byte bodies) as
     fast as its ledger takes them; measured: seconds from the first publication until
-    every node holds all 1,000, and the peak total RSS of the daemon processes (sampled
-    every 0.25 s). Baseline in the same run: the same 1,000 entries verified and merged
-    into 30 ledgers by one process, no network (`merge_baseline_s`); the ratio says what
-    the network layer costs on top of the ledger work.
+    every node holds all 1,000, the peak total RSS of the daemon processes and the peak
+    RSS of the largest one (sampled every 0.25 s), and the connections each daemon holds
+    (its bounded peer set, config.toml `[peers] target / max`, issue 15; sampled every
+    2 s and at the end). Goal: < 60 s for 30 daemons. Baseline in the same run: the same
+    1,000 entries verified and merged into 30 ledgers by one process, no network
+    (`merge_baseline_s`); the ratio says what the network layer costs on top of the
+    ledger work. `--nodes 100` is the issue's acceptance run.
 (b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
     gossip, signed entries verified on arrival, the real sync protocol) under a gossip
     workload (20 publishers, 1 entry/s each for 10 simulated seconds); measured:
@@ -35,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from netsim.scenario import scenario_from_dict  # noqa: E402
 
 
-def bench_procs(nodes: int, entries: int) -> dict:
+def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) -> dict:
+    from atdnode.config import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import run_gossip
 
@@ -46,7 +50,13 @@ def bench_procs(nodes: int, entries: int) -> dict:
     })
     root = Path(tempfile.mkdtemp(prefix="atd-bench-"))
     cluster = ProcCluster(root, scn.node_names(), seed=scn.seed, network=scn.network, sync_interval=10)
-    peak = {"rss": 0, "procs": 0}
+    for home in cluster.c.homes.values():  # the bounded peer set every daemon keeps
+        cfg = NodeConfig.load(home)
+        cfg.extra["peers"] = {"target": target, "max": max_peers}
+        cfg.save(home)
+    peak = {"rss": 0, "procs": 0, "one": 0}
+    conns: dict[str, int] = {}  # most connections seen per daemon
+    loads: list[float] = []
 
     async def sample(stop: trio.Event) -> None:
         while not stop.is_set():
@@ -56,8 +66,9 @@ def bench_procs(nodes: int, entries: int) -> dict:
                 if p is not None and p.returncode is None:
                     try:
                         proc = psutil.Process(p.pid)
-                        total += proc.memory_info().rss
-                        total += sum(c.memory_info().rss for c in proc.children(recursive=True))
+                        one = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+                        total += one
+                        peak["one"] = max(peak["one"], one)
                         n += 1
                     except psutil.Error:
                         pass
@@ -66,14 +77,30 @@ def bench_procs(nodes: int, entries: int) -> dict:
             with trio.move_on_after(0.25):
                 await stop.wait()
 
+    async def sample_conns(stop: trio.Event) -> None:
+        while not stop.is_set():
+            loads.append(os.getloadavg()[0])
+            for name in cluster.names:
+                conns[name] = max(conns.get(name, 0), len(await cluster.apeers(name)))
+            with trio.move_on_after(2.0):
+                await stop.wait()
+
     async def run() -> dict:
         stop = trio.Event()
         async with cluster.running():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample, stop)
+                nursery.start_soon(sample_conns, stop)
                 rep = await run_gossip(cluster, scn)
                 stop.set()
-        return rep.to_dict()
+            final = []  # connections at the end, from `atd node status` (a status that timed out is left out)
+            for n in cluster.names:
+                st = await cluster._status(n)
+                if st is not None:
+                    final.append(len(st["peers"]))
+        d = rep.to_dict()
+        d["final_conns"] = final
+        return d
 
     try:
         rep = trio.run(run)
@@ -86,6 +113,14 @@ def bench_procs(nodes: int, entries: int) -> dict:
         "seconds_until_every_node_holds_all": conv, "publish_s": rep["publish_s"],
         "peak_total_rss_mb": round(peak["rss"] / 2**20, 1),
         "rss_per_daemon_mb": round(peak["rss"] / 2**20 / max(1, peak["procs"]), 1),
+        "peak_rss_largest_daemon_mb": round(peak["one"] / 2**20, 1),
+        "peer_set": {"target": target, "max": max_peers},
+        "connections_per_daemon_end": {"daemons": len(rep["final_conns"]), "min": min(rep["final_conns"], default=None),
+                                       "mean": round(sum(rep["final_conns"]) / max(1, len(rep["final_conns"])), 2),
+                                       "max": max(rep["final_conns"], default=None)},
+        "connections_per_daemon_peak_max": max(conns.values(), default=None),
+        "goal_s": 60.0 if nodes <= 30 else None,
+        "load_avg_during": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else None,
         "merge_baseline_s": round(base, 3),
         "ratio_to_merge_baseline": round(conv / base, 2) if conv else None,
         "notes": rep["notes"],
@@ -170,10 +205,12 @@ def main() -> None:
     ap.add_argument("--entries", type=int, default=1000)
     ap.add_argument("--peers", type=int, default=1000)
     ap.add_argument("--daemons", type=int, default=100)
+    ap.add_argument("--target", type=int, default=8, help="procs: [peers] target of each daemon")
+    ap.add_argument("--max-peers", type=int, default=16, help="procs: [peers] max of each daemon")
     a = ap.parse_args()
     result: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     if "procs" in a.parts:
-        result["procs"] = bench_procs(a.nodes, a.entries)
+        result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers)
     if "memory" in a.parts:
         result["memory"] = bench_memory(a.peers, a.daemons)
     print(json.dumps(result, indent=2))

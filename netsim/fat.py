@@ -78,6 +78,10 @@ class MemFabric(Fabric):
     async def peers(self) -> list[str] | None:
         return self.cluster.peers(self.name) if self.cluster.alive(self.name) else None
 
+    def peer_target(self) -> int | None:
+        daemon = self.cluster.daemons.get(self.name)
+        return daemon.peerset.cfg.target if daemon is not None else None
+
 
 def pgd_config(*, eps: float = 8 / 255, step: float | None = None, steps: int = 3, ratio: float = 0.5,
                in_chans: int = 1) -> PGDConfig:

@@ -78,6 +78,7 @@ class ProcCluster:
         self.status = {n: "not started" for n in self.names}
         self.nodes = {n: _Node() for n in self.names}
         self.notes: list[str] = []
+        self._ledgers: dict[str, Ledger] = {}  # the driver's own handle on each node's ledger file (append)
         self.netns = None
         if network.namespaces == "auto":
             from netsim.netns import NetnsLab, netns_available
@@ -119,6 +120,9 @@ class ProcCluster:
                                                else "running at the end")
                     if cluster.netns is not None:
                         await trio.to_thread.run_sync(cluster.netns.teardown)
+                    for led in cluster._ledgers.values():
+                        led.close()
+                    cluster._ledgers.clear()
 
         return _Run()
 
@@ -250,8 +254,12 @@ class ProcCluster:
         path = self.c.homes[name].ledger_db
 
         def go() -> int:
-            with Ledger.open(path) as led:
-                return led.append(signer, kind, body).seq
+            # one open handle per node (opening costs ~4x the append itself); SQLite's WAL
+            # lets the daemon write the same file meanwhile
+            led = self._ledgers.get(name)
+            if led is None:
+                led = self._ledgers[name] = Ledger.open(path)
+            return led.append(signer, kind, body).seq
 
         return await trio.to_thread.run_sync(go)
 
