@@ -171,7 +171,8 @@ def test_revocation_mid_session_cuts_access_on_the_next_request(tmp_path: Path) 
             await s.write_frame(pack({"op": "manifest", "blob": h}))  # same stream, next request
             with trio.fail_after(10):
                 assert is_refusal(await read_header(s))
-            with pytest.raises(AccessRefused), trio.fail_after(10):
+            # generous: under a loaded suite the pull's ledger work waits for worker threads
+            with pytest.raises(AccessRefused), trio.fail_after(60):
                 await pull(await d1.transport.open_stream(d0.transport.peer_id, SYNC_PROTOCOL), d1.ledger)
             # and the revoked member is disconnected: no more gossip reaches it
             await wait_for(lambda: d1.transport.peer_id not in d0.transport.peers(), "the revoked peer dropped")

@@ -67,6 +67,8 @@ def test_config_listen_busy_home_and_exclusive_port(homes):
         # another node asked to listen on that port stops with one line
         _one_line_error(atd("node", "start", "--home", str(b), "--listen", f"/ip4/127.0.0.1/tcp/{port}", check=False),
                         "another process listens on this port")
+        # ... and its log keeps the traceback for IT (stderr had only the one line)
+        assert "daemon stopped by an error" in (b / "logs" / "daemon.log").read_text()
     finally:
         assert d.terminate() == 0
         _set_config(a, listen=["/ip4/127.0.0.1/tcp/0"])

@@ -148,7 +148,7 @@ def test_init_from_a_peer_extractor_with_frozen_blocks(tmp_path):
 
 def test_init_from_errors(tmp_path):
     home = new_home(tmp_path / "n")
-    with pytest.raises(ConfigError, match="neither a file nor a blob"):
+    with pytest.raises(ConfigError, match="neither a file, a blob"):
         train(home, DATA, cfg(), opts(epochs=1, init_from="deadbeefdeadbeef"))
     other = ModelConfig.resolve("vit_tiny_patch16_224", **dict(ARCH, depth=3))
     a = train(home, DATA, other, opts(epochs=1))

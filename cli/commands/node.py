@@ -93,10 +93,19 @@ def start(
 
     try:
         trio.run(main)
-    except BaseException as exc:  # the one-line `error:` goes to stderr; IT needs the traceback in the log
+    except BaseException as exc:
         if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            logging.getLogger("atd.daemon").critical("daemon stopped by an unexpected error", exc_info=exc)
+            _log_to_file_only(exc)
         raise
+
+
+def _log_to_file_only(exc: BaseException) -> None:
+    """The traceback of what stopped the daemon goes to HOME/logs/daemon.log, for IT; stderr
+    keeps its one `error:` line (cli.failure)."""
+    crash = logging.getLogger("atd.daemon.stopped")
+    crash.propagate = False
+    crash.handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    crash.critical("daemon stopped by an error", exc_info=exc)
 
 
 @node_app.command("status")
