@@ -406,21 +406,22 @@ class NodeDaemon:
             return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
-        # own entries that came back *through this pull* (a CLI appending meanwhile is not a loss)
-        def own_recovered(led: Ledger) -> tuple[int, int]:
-            back = sum(1 for i in result.added_ids if (e := led.get(i)) is not None and e.author == me)
-            return back, led.heads().get(me, 0)
+        if result.added_ids:
+            # own entries that came back *through this pull* (a CLI appending meanwhile is not a loss)
+            def own_recovered(led: Ledger) -> int:
+                return sum(1 for i in result.added_ids if (e := led.get(i)) is not None and e.author == me)
 
-        recovered, own_after = await self.ledger.run(own_recovered)
-        if recovered:
-            log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
-                        "(restored or truncated home); recovered them", peer_id, recovered)
-            self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + recovered
+            recovered = await self.ledger.run(own_recovered)
+            if recovered:
+                log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
+                            "(restored or truncated home); recovered them", peer_id, recovered)
+                self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + recovered
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
             await self._after_merge()  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
-            log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_after)
+            own_head = await self.ledger.run(lambda led: led.head_of(me))
+            log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
             self._head_confirmed.set()
         return result
 
@@ -569,6 +570,11 @@ class NodeDaemon:
                     out[peer_id_from_public_key(e.author)] = [a for a in e.body["addrs"] if isinstance(a, str)]
             return out
 
+        async def prune(peer: str, now: float) -> None:
+            tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
+            self.peerset.pruned += 1
+            await self.transport.disconnect(peer)
+
         async def dial(peer: str, addrs: list[str]) -> None:
             for addr in addrs:
                 t0 = trio.current_time()
@@ -590,9 +596,7 @@ class NodeDaemon:
             self.peerset.observe_connected(connected, now)
             for peer in plan_prunes(connected, self.peerset.rtt, self.peerset.since, cfg, now=now):
                 log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
-                tried[peer] = (now, tuple(known.get(peer, ())))
-                self.peerset.pruned += 1
-                await self.transport.disconnect(peer)
+                await prune(peer, now)
                 connected.discard(peer)
             rotate = len(connected) >= cfg.target and now >= next_rotation
             if len(connected) < cfg.target or rotate:
@@ -615,9 +619,7 @@ class NodeDaemon:
                 if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
                     for peer in plan_prunes(now_peers, self.peerset.rtt, self.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
-                        tried[peer] = (now, tuple(known.get(peer, ())))
-                        self.peerset.pruned += 1
-                        await self.transport.disconnect(peer)
+                        await prune(peer, now)
             with trio.move_on_after(max(self.poll_interval * 4, 1.0)):
                 await self._peers_changed.wait()
 

@@ -108,17 +108,17 @@ class ControlFabric(Fabric):
     """The CLI's fabric: the node's daemon through its control socket."""
 
     def __init__(self, home: NodeHome) -> None:
-        self.home = home
-        self.sock = home.control_socket
-
-    def peer_target(self) -> int | None:
         from atdnode.config import NodeConfig
         from atdnode.peerset import PeerSetConfig
 
-        try:
-            return PeerSetConfig.from_table(NodeConfig.load(self.home).extra.get("peers")).target
+        self.sock = home.control_socket
+        try:  # read once, as the daemon does at start (not on every liveness poll)
+            self._peer_target: int | None = PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers")).target
         except AtdError:
-            return None
+            self._peer_target = None
+
+    def peer_target(self) -> int | None:
+        return self._peer_target
 
     def _running(self) -> bool:
         return control.daemon_running(self.sock)
