@@ -502,8 +502,9 @@ class RoundRunner:
                                    kind="global-round", extra_provenance={"campaign": self.campaign, "round": rnd})
         b = agg.body
         mine = pub.body["blob"] if pub is not None else None
-        bytes_in = sum(int(self._body(h).get("size", 0)) for h in b["inputs"]
-                       if self._body(h).get("blob") != mine)
+        with self._led() as led:  # one ledger open for every input's body
+            bodies_in = [e.body for h in b["inputs"] if (e := led.get(bytes.fromhex(h))) is not None]
+        bytes_in = sum(int(body.get("size", 0)) for body in bodies_in if body.get("blob") != mine)
         return RoundReport(round=rnd, entry=agg.id.hex(), blob=blob, inputs=list(b["inputs"]), weights=list(b["weights"]),
                            missing=list(b.get("missing") or []), coordinator=_signer(agg) == self.me,
                            adopted=_signer(agg) != self.me, train_s=round(train_s, 3),
@@ -512,11 +513,6 @@ class RoundRunner:
                            bytes_out=int(pub.body["size"]) if pub is not None else 0,
                            bytes_in=bytes_in, metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
                                                        ("accuracy", "robust_accuracy")} if rec else {})})
-
-    def _body(self, h: str) -> dict:
-        with self._led() as led:
-            e = led.get(bytes.fromhex(h))
-        return e.body if e is not None else {}
 
     def _base(self) -> ModelRecord:
         """A registry record for a round this node did not train in (it adopted the global)."""
