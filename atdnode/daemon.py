@@ -7,7 +7,8 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
   entries written while the daemon was down go out when it starts;
 * validates every gossiped entry (signature, consortium membership) *before* the
   transport delivers or relays it, and merges accepted ones into the ledger;
-* pulls missing entries from each peer on connect and periodically (`atdnode.sync`),
+* pulls missing entries from each peer on connect and, every `sync_interval`, from a
+  few peers in turn (`atdnode.sync`),
   which covers gossip loss, late joiners, restarts and healed partitions;
 * serves blobs it holds and fetches blobs announced by `weights` / `features` entries
   (auto-fetch; `atd fetch` asks for one explicitly);
@@ -50,7 +51,8 @@ from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
-from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation
+from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
+                             plan_sync)
 from atdnode.split import role_services
 from atdnode.bodies import blob_readers
 from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
@@ -69,6 +71,8 @@ INBOX_SIZE = 20_000
 VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to _on_gossip
 HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long (issue 11) ...
 EXPIRE_EVERY = 600.0  # ... checked this often
+LEDGER_RECHECK_S = 5.0  # the announce loop reads the ledger at least this often, changed or not
+SYNC_FANOUT = 2  # peers pulled from per periodic sync interval (in turn, see _periodic_sync)
 
 
 def ledger_topic(genesis_id: str) -> str:
@@ -84,6 +88,7 @@ class NodeDaemon:
         *,
         transport: Transport | None = None,
         sync_interval: float = 10.0,
+        sync_fanout: int = SYNC_FANOUT,
         poll_interval: float = 0.25,
         auto_fetch: bool = True,
         dashboard: tuple[str, int] | None = None,
@@ -106,6 +111,7 @@ class NodeDaemon:
         self.blobs = BlobService(self.transport, self.store, gate=self.gate, may_read=self._may_read,
                                  **self.config.bulk_options())
         self.sync_interval = sync_interval
+        self.sync_fanout = sync_fanout
         self.poll_interval = poll_interval
         self.auto_fetch = auto_fetch
         self.topic = ledger_topic(self.config.genesis_id)
@@ -304,7 +310,17 @@ class NodeDaemon:
             log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
                         "(restart with --bootstrap <member address>)")
             await self._head_confirmed.wait()
+        stamp, recheck_at = None, 0.0
         while True:
+            # Idle cost (issue 15): the ledger is read only when its files changed (a CLI
+            # command appended, or a merge), when no hello went out yet, and every
+            # LEDGER_RECHECK_S; otherwise a poll tick is two stat calls, no thread hop.
+            now = trio.current_time()
+            new_stamp = ledger_stamp(self.home.ledger_db)
+            if new_stamp == stamp and now < recheck_at and self._hello_said is not None:
+                await trio.sleep(self.poll_interval)
+                continue
+            stamp, recheck_at = new_stamp, now + LEDGER_RECHECK_S
             try:
                 await self._maybe_say_hello()
             except (sqlite3.OperationalError, OSError) as exc:
@@ -488,11 +504,19 @@ class NodeDaemon:
         await trio.sleep(5.0)
 
     async def _periodic_sync(self) -> None:
+        """Anti-entropy for what gossip missed: every `sync_interval` s, pull from the next
+        `sync_fanout` connected members of a shuffled round (`peerset.plan_sync`), so each
+        peer is pulled from once per round of ceil(peers / fanout) intervals and the idle cost
+        does not grow with the peer set (issue 15; a pull from every peer each interval was
+        most of an idle daemon's CPU). Connections still pull at once (`_on_peer`)."""
+        rng = random.Random()
+        due: list[str] = []
         while True:
             await trio.sleep(self.sync_interval)
-            for peer in self.transport.peers():
-                if self.gate.may_pull_from(peer):
-                    await self.sync_with(peer)
+            members = [p for p in self.transport.peers() if self.gate.may_pull_from(p)]
+            picks = plan_sync(due, members, self.sync_fanout, rng)
+            for peer in picks:
+                await self.sync_with(peer)
 
     async def _expire_loop(self) -> None:
         while True:
@@ -761,6 +785,21 @@ class NodeDaemon:
                          "dialled": self.peerset.dialled, "pruned": self.peerset.pruned},
             "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
+
+
+def ledger_stamp(db: "os.PathLike[str] | str") -> tuple:
+    """A cheap change signal for a SQLite ledger file: (size, mtime, inode) of the database
+    and of its WAL. Any commit, from this process or another one (a CLI command), changes
+    it. Two stat calls of a local file cost microseconds, so they run on the event loop;
+    the ledger itself is read in a worker thread only when the stamp moved."""
+    out = []
+    for path in (os.fspath(db), os.fspath(db) + "-wal"):
+        try:
+            st = os.stat(path)
+            out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:

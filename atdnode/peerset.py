@@ -161,3 +161,24 @@ def plan_rotation(candidates: Iterable[str], connected: Iterable[str], rng: rand
     """The member to dial in a rotation: one not connected, at random (None: none left)."""
     pool = sorted(set(candidates) - set(connected))
     return rng.choice(pool) if pool else None
+
+
+def plan_sync(due: list[str], connected: Iterable[str], fanout: int, rng: random.Random) -> list[str]:
+    """The peers the next periodic sync pulls from: up to `fanout` connected ones, taken in
+    turn from `due` (a shuffled round of the connected peers, consumed from its end and
+    refilled when used up; the caller keeps it between calls), so every peer is pulled from
+    once per round of ceil(peers / fanout) intervals and the cost of an interval does not
+    grow with the peer set. Peers gone since the round was drawn are skipped."""
+    live = set(connected)
+    picks: list[str] = []
+    for refill in (False, True):
+        if refill:
+            due[:] = sorted(live)
+            rng.shuffle(due)
+        while due and len(picks) < fanout:
+            peer = due.pop()
+            if peer in live and peer not in picks:
+                picks.append(peer)
+        if len(picks) >= fanout:
+            break
+    return picks

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation
+from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation, plan_sync
 
 PEERS = [f"p{i:02d}" for i in range(20)]
 
@@ -113,3 +113,18 @@ def test_config_table() -> None:
                       ({"targte": 3}, "targte"), ([1], "[peers]")]:
         with pytest.raises(ConfigError, match=word.replace("[", r"\[").replace("]", r"\]")):
             PeerSetConfig.from_table(bad)
+
+
+def test_periodic_sync_pulls_a_few_peers_in_turn_covering_all() -> None:
+    rng = random.Random(3)
+    due: list[str] = []
+    peers = PEERS[:7]
+    rounds = [plan_sync(due, peers, 2, rng) for _ in range(4)]  # ceil(7 / 2) intervals cover everyone
+    assert all(len(r) == 2 and len(set(r)) == 2 for r in rounds)
+    assert set().union(*rounds) == set(peers)
+    assert sum(len(r) for r in rounds[:3]) == 6 and len(set().union(*rounds[:3])) == 6  # no repeat within a round
+    # a peer that left is skipped, never returned; fewer peers than the fanout: all of them
+    due[:] = ["gone", PEERS[0]]
+    assert plan_sync(due, [PEERS[0]], 2, rng) == [PEERS[0]]
+    assert plan_sync([], [], 2, rng) == []
+    assert sorted(plan_sync([], PEERS[:1], 3, rng)) == PEERS[:1]
