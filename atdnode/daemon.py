@@ -72,7 +72,7 @@ VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to _on_gossip
 HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long (issue 11) ...
 EXPIRE_EVERY = 600.0  # ... checked this often
 LEDGER_RECHECK_S = 5.0  # the announce loop reads the ledger at least this often, changed or not
-SYNC_FANOUT = 2  # peers pulled from per periodic sync interval (in turn, see _periodic_sync)
+SYNC_FANOUT = 1  # peers pulled from per periodic sync interval (in turn, see _periodic_sync)
 
 
 def ledger_topic(genesis_id: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from atdnode.daemon import LEDGER_RECHECK_S, ledger_stamp
+from atdnode.daemon import LEDGER_RECHECK_S, SYNC_FANOUT, ledger_stamp
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec
@@ -78,6 +78,6 @@ def test_idle_daemon_reads_its_ledger_only_on_change_and_pulls_a_few_peers(tmp_p
     assert out["peers"] == 5
     # one read per recheck (plus a tick's slack), where reading on every poll tick made 240
     assert out["reads"] <= IDLE_S / LEDGER_RECHECK_S + 2, out
-    # two pulls per interval, where pulling from every peer made 5 per interval
-    assert intervals * 2 - 2 <= out["pulls"] <= intervals * 2 + 1, out
+    # SYNC_FANOUT pulls per interval, where pulling from every peer made 5 per interval
+    assert SYNC_FANOUT < 5 and intervals * SYNC_FANOUT - 2 <= out["pulls"] <= intervals * SYNC_FANOUT + 1, out
     assert out["spread_s"] < 4 * POLL_S, out
