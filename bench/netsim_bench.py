@@ -88,21 +88,42 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
             with trio.move_on_after(2.0):
                 await stop.wait()
 
+    def cpu_now() -> dict[str, float]:
+        """CPU seconds (user + system) of each live daemon and of this driver process."""
+        out = {"driver": sum(psutil.Process().cpu_times()[:2])}
+        for name, node in cluster.nodes.items():
+            if node.proc is not None and node.proc.returncode is None:
+                try:
+                    out[name] = sum(psutil.Process(node.proc.pid).cpu_times()[:2])
+                except psutil.Error:
+                    pass
+        return out
+
+    marks: dict[str, dict[str, float]] = {}
+
+    def on_log(msg: str) -> None:
+        if "publishing" in msg:  # run_gossip's t0: every daemon started
+            marks["t0"] = cpu_now()
+
     async def run() -> dict:
         stop = trio.Event()
         async with cluster.running():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample, stop)
                 nursery.start_soon(sample_conns, stop)
-                rep = await run_gossip(cluster, scn)
+                rep = await run_gossip(cluster, scn, log=on_log)
+                marks["end"] = cpu_now()
                 stop.set()
-            final = []  # connections at the end, from `atd node status` (a status that timed out is left out)
+            final, stats = [], {}  # connections at the end, from `atd node status` (one that timed out is left out)
             for n in cluster.names:
                 st = await cluster._status(n)
                 if st is not None:
                     final.append(len(st["peers"]))
+                    for k, v in st["stats"].items():
+                        stats[k] = stats.get(k, 0) + v
         d = rep.to_dict()
         d["final_conns"] = final
+        d["daemon_stats"] = stats
         return d
 
     try:
@@ -111,6 +132,9 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         shutil.rmtree(root, ignore_errors=True)
     base = merge_baseline(nodes, entries)
     conv = rep["time_to_converge_s"]
+    t0, end = marks.get("t0", {}), marks.get("end", {})
+    daemon_cpu = sum(end[n] - t0[n] for n in end if n in t0 and n != "driver")
+    received = entries * max(0, nodes - 1)  # each entry reaches every node but its author
     return {
         "daemons": nodes, "entries": rep["entries"], "converged": rep["converged"],
         "seconds_until_every_node_holds_all": conv, "publish_s": rep["publish_s"],
@@ -124,6 +148,11 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         "connections_per_daemon_peak_max": max(conns.values(), default=None),
         "goal_s": 60.0 if nodes <= 30 else None,
         "load_avg_during": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else None,
+        # CPU from t0 (every daemon up) to convergence: where the seconds went
+        "cpu_s_daemons_total": round(daemon_cpu, 1),
+        "cpu_ms_per_entry_received": round(1000 * daemon_cpu / received, 2) if received else None,
+        "cpu_s_driver": round(end.get("driver", 0.0) - t0.get("driver", 0.0), 1),
+        "daemon_stats_total": rep["daemon_stats"],
         "merge_baseline_s": round(base, 3),
         "ratio_to_merge_baseline": round(conv / base, 2) if conv else None,
         "notes": rep["notes"],

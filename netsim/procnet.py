@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
@@ -117,10 +118,10 @@ class ProcCluster:
 
             async def __aexit__(self, *exc: object) -> None:
                 with trio.CancelScope(shield=True):
-                    for n in cluster.names:
-                        if cluster.alive(n):
-                            await cluster.stop(n, status=cluster.status[n] if cluster.status[n] != "running"
-                                               else "running at the end")
+                    async with trio.open_nursery() as nursery:  # all at once: 100 daemons stop in seconds
+                        for n in cluster.names:
+                            if cluster.alive(n):
+                                nursery.start_soon(partial(cluster.stop, n, status="running at the end"))
                     if cluster.netns is not None:
                         await trio.to_thread.run_sync(cluster.netns.teardown)
                     for led in cluster._ledgers.values():
