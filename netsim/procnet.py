@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from atdnode import control
+from atdnode import bodies, control
 from atdnode.blobstore import BlobStore
 from atdnode.errors import DaemonError
 from ledger import Ledger, Signer, peer_id_from_public_key
@@ -264,7 +264,7 @@ class ProcCluster:
     async def append(self, name: str, kind: str, body: dict) -> int:
         """Append to the node's ledger file, as a CLI command does; the daemon gossips it."""
         signer = Signer.from_seed(self.c.seeds[name])
-        return await trio.to_thread.run_sync(lambda: self._ledger(name).append(signer, kind, body).seq)
+        return await trio.to_thread.run_sync(lambda: bodies.append(self._ledger(name), signer, kind, body).seq)
 
     async def heads(self, name: str) -> dict[str, int]:
         """Author peer id -> contiguous seq, read from the node's ledger file (what the daemon
