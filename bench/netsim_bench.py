@@ -4,10 +4,12 @@
     more); every node publishes its share of 1,000 signed entries (256-byte bodies) as
     fast as its ledger takes them; measured: seconds from the first publication until
     every node holds all 1,000, the peak total RSS of the daemon processes and the peak
-    RSS of the largest one (sampled every 0.25 s), and the connections each daemon holds
-    (its bounded peer set, config.toml `[peers] target / max`, issue 15; sampled every
-    2 s and at the end). Goal: < 60 s for 30 daemons. Baseline in the same run: the same
-    1,000 entries verified and merged into 30 ledgers by one process, no network
+    RSS of the largest one (sampled every 0.25 s; PSS once at convergence, which counts
+    shared libraries once), the connections each daemon holds (its bounded peer set,
+    config.toml `[peers] target / max`, issue 15; sampled every 2 s, every N/20 s for N
+    daemons, and at the end), and the daemons' CPU seconds from the first publication to
+    convergence (per entry received). Goal: < 60 s for 30 daemons. Baseline in the same
+    run: the same 1,000 entries verified and merged into 30 ledgers by one process, no network
     (`merge_baseline_s`); the ratio says what the network layer costs on top of the
     ledger work. `--nodes 100` is the issue's acceptance run.
 (b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
@@ -100,6 +102,19 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         return out
 
     marks: dict[str, dict[str, float]] = {}
+    pss: list[int] = []
+
+    def pss_now() -> list[int]:
+        """Proportional set size of each live daemon (its share of shared pages counted once):
+        RSS counts the ~30 MB of shared libraries every daemon maps in full."""
+        out = []
+        for node in cluster.nodes.values():
+            if node.proc is not None and node.proc.returncode is None:
+                try:
+                    out.append(psutil.Process(node.proc.pid).memory_full_info().pss)
+                except (psutil.Error, AttributeError):
+                    pass
+        return out
 
     def on_log(msg: str) -> None:
         if "publishing" in msg:  # run_gossip's t0: every daemon started
@@ -113,6 +128,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
                 nursery.start_soon(sample_conns, stop)
                 rep = await run_gossip(cluster, scn, log=on_log)
                 marks["end"] = cpu_now()
+                pss.extend(pss_now())
                 stop.set()
             final, stats = [], {}  # connections at the end, from `atd node status` (one that timed out is left out)
             for n in cluster.names:
@@ -141,6 +157,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         "peak_total_rss_mb": round(peak["rss"] / 2**20, 1),
         "rss_per_daemon_mb": round(peak["rss"] / 2**20 / max(1, peak["procs"]), 1),
         "peak_rss_largest_daemon_mb": round(peak["one"] / 2**20, 1),
+        "pss_per_daemon_mb_at_convergence": round(sum(pss) / 2**20 / len(pss), 1) if pss else None,
         "peer_set": {"target": target, "max": max_peers},
         "connections_per_daemon_end": {"daemons": len(rep["final_conns"]), "min": min(rep["final_conns"], default=None),
                                        "mean": round(sum(rep["final_conns"]) / max(1, len(rep["final_conns"])), 2),
