@@ -19,7 +19,7 @@
     the same run: the same workload on 100 full node daemons (SQLite ledgers, hello and
     discovery loops) on the same back-end.
 
-    python bench/netsim_bench.py [procs] [memory] [--nodes 30] [--entries 1000] [--peers 1000] [--daemons 100]
+    python bench/netsim_bench.py [procs] [memory] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
 """
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from netsim.scenario import scenario_from_dict  # noqa: E402
 
 
-def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) -> dict:
+def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, idle_s: float = 30.0) -> dict:
     from atdnode.config import NodeConfig
     from netsim.procnet import ProcCluster
-    from netsim.workload import run_gossip
+    from netsim.workload import run_gossip, start_all
 
     scn = scenario_from_dict({
         "scenario": {"name": "bench-procs", "seed": 1, "backend": "process"},
@@ -51,7 +51,9 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         "workload": {"entries": entries, "entry_bytes": 256, "interval_s": 0.0, "deadline_s": max(600, 12 * nodes)},
     })
     root = Path(tempfile.mkdtemp(prefix="atd-bench-"))
-    cluster = ProcCluster(root, scn.node_names(), seed=scn.seed, network=scn.network, sync_interval=10)
+    # 100 daemons on a shared 2-core machine: a daemon's imports alone may take minutes of wall time
+    cluster = ProcCluster(root, scn.node_names(), seed=scn.seed, network=scn.network, sync_interval=10,
+                          ready_timeout=600)
     for home in cluster.c.homes.values():  # the bounded peer set every daemon keeps
         cfg = NodeConfig.load(home)
         cfg.extra["peers"] = {"target": target, "max": max_peers}
@@ -102,6 +104,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         return out
 
     marks: dict[str, dict[str, float]] = {}
+    idle: dict = {}
     pss: list[int] = []
 
     def pss_now() -> list[int]:
@@ -126,6 +129,16 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample, stop)
                 nursery.start_soon(sample_conns, stop)
+                if idle_s > 0:  # every daemon up and idle: what idling costs (run_gossip finds them started)
+                    await start_all(cluster, cluster.names, seed=scn.seed, degree=scn.topology.degree, deadline_s=60)
+                    await trio.sleep(15)  # discovery, hellos and on-connect pulls settle
+                    c0, w0 = cpu_now(), time.perf_counter()
+                    await trio.sleep(idle_s)
+                    c1, w1 = cpu_now(), time.perf_counter()
+                    pct = [100 * (c1[n] - c0[n]) / (w1 - w0) for n in c1 if n in c0 and n != "driver"]
+                    idle.update(daemons=len(pct), window_s=round(w1 - w0, 1), load_avg=os.getloadavg()[0],
+                                cpu_pct_mean=round(sum(pct) / max(1, len(pct)), 3),
+                                cpu_pct_max=round(max(pct, default=0.0), 3))
                 rep = await run_gossip(cluster, scn, log=on_log)
                 marks["end"] = cpu_now()
                 pss.extend(pss_now())
@@ -135,7 +148,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
                 st = await cluster._status(n)
                 if st is not None:
                     final.append(len(st["peers"]))
-                    for k, v in st["stats"].items():
+                    for k, v in [*st["stats"].items(), *((f"peer_set_{k}", st["peer_set"][k]) for k in ("dialled", "pruned"))]:
                         stats[k] = stats.get(k, 0) + v
         d = rep.to_dict()
         d["final_conns"] = final
@@ -159,6 +172,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16) 
         "peak_rss_largest_daemon_mb": round(peak["one"] / 2**20, 1),
         "pss_per_daemon_mb_at_convergence": round(sum(pss) / 2**20 / len(pss), 1) if pss else None,
         "peer_set": {"target": target, "max": max_peers},
+        "idle_cpu_per_daemon": idle or None,  # % of one core, all daemons up and idle, before publishing
         "connections_per_daemon_end": {"daemons": len(rep["final_conns"]), "min": min(rep["final_conns"], default=None),
                                        "mean": round(sum(rep["final_conns"]) / max(1, len(rep["final_conns"])), 2),
                                        "max": max(rep["final_conns"], default=None)},
@@ -256,10 +270,11 @@ def main() -> None:
     ap.add_argument("--daemons", type=int, default=100)
     ap.add_argument("--target", type=int, default=8, help="procs: [peers] target of each daemon")
     ap.add_argument("--max-peers", type=int, default=16, help="procs: [peers] max of each daemon")
+    ap.add_argument("--idle-s", type=float, default=30.0, help="procs: seconds of idle CPU measured before publishing (0: none)")
     a = ap.parse_args()
     result: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     if "procs" in a.parts:
-        result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers)
+        result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers, a.idle_s)
     if "memory" in a.parts:
         result["memory"] = bench_memory(a.peers, a.daemons)
     print(json.dumps(result, indent=2))

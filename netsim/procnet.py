@@ -69,13 +69,15 @@ class ProcCluster:
     """Daemons for `names` as OS processes; the calls of `memnet.MemCluster`."""
 
     def __init__(self, root: Path, names: list[str], *, seed: int, network: NetworkSpec,
-                 sync_interval: float = 5.0, auto_fetch: bool = True, roles: dict[str, str] | None = None) -> None:
+                 sync_interval: float = 5.0, auto_fetch: bool = True, roles: dict[str, str] | None = None,
+                 ready_timeout: float = READY_TIMEOUT) -> None:
         self.root = Path(root)
         self.names = list(names)
         self.seed = seed
         self.spec = network
         self.sync_interval = sync_interval
         self.auto_fetch = auto_fetch
+        self.ready_timeout = ready_timeout  # a loaded machine starts a daemon slowly (imports)
         self.c = make_consortium(self.root / "homes", self.names, seed=seed, roles=roles)
         self.status = {n: "not started" for n in self.names}
         self.nodes = {n: _Node() for n in self.names}
@@ -158,7 +160,7 @@ class ProcCluster:
         node.log = open(home.root / "netsim-daemon.log", "ab")
         node.proc = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE, stderr=node.log, env=_env())
         line = b""
-        with trio.move_on_after(READY_TIMEOUT):
+        with trio.move_on_after(self.ready_timeout):
             while not line.endswith(b"\n"):
                 chunk = await node.proc.stdout.receive_some(4096)
                 if not chunk:
@@ -167,7 +169,7 @@ class ProcCluster:
         if not line.endswith(b"\n"):
             node.proc.kill()
             self.status[name] = "failed to start"
-            raise DaemonError(f"{name}: daemon printed no address within {READY_TIMEOUT:g} s "
+            raise DaemonError(f"{name}: daemon printed no address within {self.ready_timeout:g} s "
                               f"(see {home.root / 'netsim-daemon.log'})")
         node.addr = line.decode().splitlines()[0].strip()
         node.bytes_now = {"sent": 0, "received": 0}
