@@ -43,6 +43,11 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   Noise. The pubsub signature only vouched for the `from` field, which nothing trusts:
   message ids are the SHA-256 of the data (`content_id`), so a forged `from`/`seqno`
   cannot shadow another message, and a re-published entry is a duplicate by content.
+  py-libp2p's validation cache is kept small (`VALIDATION_CACHE`): only messages not seen
+  yet reach validation, and its LRU list costs a linear scan per message;
+* connection reads are buffered (`buffer_raw_reads`): Noise reads each transport message
+  as a 2-byte length and a body, two socket reads; one read of up to READ_CHUNK bytes
+  now serves both, and often the frames after them.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ from typing import Any, Callable
 
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
+from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -69,12 +75,19 @@ os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 ADDRS_TTL = 1.0  # seconds host.get_addrs() is reused
 READ_CHUNK = 1 << 16  # bytes asked of the muxer per read by the pubsub read loop
-UNSIGNED = {"strict_signing": False}  # Pubsub kwargs: no pubsub-level signatures (module doc)
+# Pubsub kwargs: no pubsub-level signatures, a small validation cache (module doc)
+UNSIGNED = {"strict_signing": False, "validation_cache_size": 64}
+
+_last_id: list = [None, b""]  # (message object, its id): py-libp2p asks ~8 times per message
 
 
 def content_id(msg: Any) -> bytes:
     """Pubsub message id: SHA-256 of the message data (the same bytes have the same id)."""
-    return hashlib.sha256(msg.data).digest()
+    if msg is _last_id[0]:
+        return _last_id[1]
+    digest = hashlib.sha256(msg.data).digest()
+    _last_id[0], _last_id[1] = msg, digest
+    return digest
 
 
 class BufferedReader:
@@ -235,6 +248,39 @@ def batch_yamux_credit() -> None:
 
 
 batch_yamux_credit()
+
+
+def buffer_raw_reads() -> None:
+    """Make py-libp2p's RawConnection.read(n) ask the socket for up to READ_CHUNK bytes and
+    keep what exceeds n for the next read (module doc). Every reader of a connection goes
+    through RawConnection.read (multistream negotiation, Noise), so no byte is skipped."""
+    original = RawConnection.read
+    if getattr(original, "atd_buffered", False):
+        return
+
+    async def read(self: Any, n: int | None = None) -> bytes:
+        buf = self.__dict__.get("_atd_buf")
+        if buf:
+            if n is None or n < 0 or n >= len(buf):
+                out = bytes(buf)
+                buf.clear()
+            else:
+                out = bytes(buf[:n])
+                del buf[:n]
+            return out
+        if n is None or n <= 0 or n >= READ_CHUNK:
+            return await original(self, n)
+        data = await original(self, READ_CHUNK)
+        if len(data) > n:
+            self.__dict__.setdefault("_atd_buf", bytearray()).extend(memoryview(data)[n:])
+            data = data[:n]
+        return data
+
+    read.atd_buffered = True
+    RawConnection.read = read
+
+
+buffer_raw_reads()
 
 
 def cache_addrs(host: Any, ttl: float = ADDRS_TTL) -> None:
