@@ -23,7 +23,8 @@ the daemon's verify-once) 42-50 -> 24-34 ms; the yamux switch is the largest sha
   in the hello and subscription RPCs, and verifying it on every message costs an
   Ed25519 check plus multiaddr parsing per RPC.
 * `cache_addrs`: `host.get_addrs()` (called by GossipSub for every publish and relay to
-  attach that record) is cached for a second.
+  attach that record) is cached for a second, and so is the marshalled record itself
+  (`cache_sender_record`: GossipSub rebuilt it, comparing address sets, per message).
 * yamux credit: receive-window credit goes back in batches, as go-yamux does (once half
   the window was consumed), instead of one WINDOW_UPDATE frame per read. py-libp2p's own
   switch (`PY_YAMUX_RELEASE_ON_READ=0`, still set) leaves a "partial slack" branch that
@@ -55,12 +56,14 @@ import hashlib
 import logging
 import os
 import time
+import weakref
 from typing import Any, Callable
 
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
+import libp2p.pubsub.gossipsub as _gossipsub_mod
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
@@ -297,3 +300,27 @@ def cache_addrs(host: Any, ttl: float = ADDRS_TTL) -> None:
         return list(cached)
 
     host.get_addrs = get_addrs
+
+
+def cache_sender_record(ttl: float = ADDRS_TTL) -> None:
+    """Make GossipSub reuse each host's marshalled signed peer record for `ttl` seconds
+    (py-libp2p rebuilds it, comparing address sets, for every message it publishes)."""
+    build = _gossipsub_mod.env_to_send_in_RPC
+    if getattr(build, "atd_cached", False):
+        return
+    cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def env_to_send_in_RPC(host: Any) -> tuple[bytes, bool]:
+        now = time.monotonic()
+        hit = cache.get(host)
+        if hit is not None and now - hit[0] < ttl:
+            return hit[1], False
+        env, fresh = build(host)
+        cache[host] = (now, env)
+        return env, fresh
+
+    env_to_send_in_RPC.atd_cached = True
+    _gossipsub_mod.env_to_send_in_RPC = env_to_send_in_RPC
+
+
+cache_sender_record()
