@@ -190,7 +190,7 @@ class NodeDaemon:
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
         self._clear_state()
-        await self.ledger.run(lambda led: led.close())
+        await self.ledger.close()
 
     def stop(self) -> None:
         self._stop.set()
