@@ -163,6 +163,24 @@ def _check_listening(host: Any, maddrs: list[Any]) -> None:
         raise TransportError(f"cannot listen on {m}: {listen_failure(m) or 'no transport accepted it'}")
 
 
+def _no_auto_connector(host: Any) -> None:
+    """Turn off py-libp2p's AutoConnector. It aims at 200 connections (between its 100 and
+    300 watermarks) and, every 10 s and on each disconnect, dials peers the peerstore
+    knows, so it undid the daemon's bounded peer set (atdnode.peerset, issue 15): a peer
+    that pruned us was dialled again, pruned again, and so on. With 80 daemons that churn
+    (dials, Noise handshakes, GossipSub hellos, an on-connect sync each) kept every idle
+    daemon at ~1.2 % of a core. Which peers to dial is the daemon's decision alone."""
+    connector = getattr(host.get_network(), "auto_connector", None)
+    if connector is None or not hasattr(connector, "maybe_connect"):
+        log.warning("cannot turn off libp2p's auto-connector (libp2p internals changed); peer sets may churn")
+        return
+
+    async def never() -> None:
+        await trio.lowlevel.checkpoint()
+
+    connector.maybe_connect = never
+
+
 class Libp2pTransport(Transport):
     """A py-libp2p host (Noise + yamux over TCP) with GossipSub. Run it once."""
 
@@ -225,6 +243,7 @@ class Libp2pTransport(Transport):
             max_pending_messages_per_peer=c.pending_per_peer,
         )
         cache_addrs(host)
+        _no_auto_connector(host)
         pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096,
                                   msg_id_constructor=content_id, **UNSIGNED)
         pubsub.peer_queues = _SizedQueues(c.peer_queue_size)

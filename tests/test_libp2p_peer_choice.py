@@ -1,0 +1,34 @@
+"""The daemon alone decides which peers a libp2p host dials (issue 15, bounded peer sets).
+
+py-libp2p's AutoConnector dials every peer its peerstore knows, up to 200 connections, every
+10 s and after each disconnect; left on, it re-dialled the peers a bounded peer set had just
+pruned, and 80 idle daemons spent ~1.2 % of a core each on that churn. Here a host learns a
+peer's address (as identify or a past connection teaches it) and its connector is run once
+by hand: no dial may follow.
+"""
+from __future__ import annotations
+
+import trio
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+from atdnode.transport.libp2p_transport import Libp2pTransport
+from tests.test_transport_contract import nodes, run
+
+
+async def _known_peer_is_not_dialled() -> None:
+    async with nodes("libp2p", 2) as (a, b):
+        host = a._host
+        b_id = ID.from_base58(b.peer_id)
+        host.get_peerstore().add_addrs(b_id, [Multiaddr(b.addrs()[0].rsplit("/p2p/", 1)[0])], 3600)
+        assert b_id in host.get_peerstore().peer_ids()  # a candidate libp2p's connector would dial
+        await host.get_network().auto_connector.maybe_connect()
+        await trio.sleep(0)  # let anything it started get going
+        assert a.peers() == [] and b.peers() == []
+        await a.connect(b.addrs()[0])  # the daemon's own dials still work
+        assert a.peers() == [b.peer_id]
+
+
+def test_libp2p_never_dials_on_its_own() -> None:
+    assert Libp2pTransport  # the real transport, not the in-memory one
+    run(_known_peer_is_not_dialled, timeout=60)
