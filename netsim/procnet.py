@@ -136,6 +136,9 @@ class ProcCluster:
 
     def alive(self, name: str) -> bool:
         p = self.nodes[name].proc
+        if self.status.get(name) == "running" and p is not None and p.returncode is not None:
+            self.status[name] = f"crashed (exit {p.returncode})"  # died on its own: the report says so
+            self.notes.append(f"{name}: daemon exited with {p.returncode} (see its netsim-daemon.log)")
         return self.status.get(name) == "running" and p is not None and p.returncode is None
 
     def _listen(self, name: str) -> str:
@@ -290,7 +293,13 @@ class ProcCluster:
             return []
 
     async def apeers(self, name: str) -> list[str]:
-        return await trio.to_thread.run_sync(self.peers, name)
+        if not self.alive(name):  # on the loop: a trio Process's returncode may not be read in a worker thread
+            return []
+        sock = self.c.homes[name].control_socket
+        try:
+            return (await trio.to_thread.run_sync(lambda: control.call(sock, "peers", timeout=10)))["peers"]
+        except DaemonError:
+            return []
 
     async def fetch(self, name: str, blob: str, manifest: str, sources: list[str], timeout: float) -> str:
         """`atd fetch`: ask the node's daemon to fetch `blob` from its peers."""

@@ -5,6 +5,9 @@ py-libp2p's AutoConnector dials every peer its peerstore knows, up to 200 connec
 pruned, and 80 idle daemons spent ~1.2 % of a core each on that churn. Here a host learns a
 peer's address (as identify or a past connection teaches it) and its connector is run once
 by hand: no dial may follow.
+
+Also here: a garbled pubsub RPC (it crashed daemons of the 100-daemon run) ends that peer's
+pubsub stream, never the host.
 """
 from __future__ import annotations
 
@@ -32,3 +35,25 @@ async def _known_peer_is_not_dialled() -> None:
 def test_libp2p_never_dials_on_its_own() -> None:
     assert Libp2pTransport  # the real transport, not the in-memory one
     run(_known_peer_is_not_dialled, timeout=60)
+
+
+async def _garbled_pubsub_rpc_drops_the_stream() -> None:
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+
+    async with nodes("libp2p", 3) as (a, b, c):
+        await b.connect(a.addrs()[0])
+        stream = await b._host.new_stream(ID.from_base58(a.peer_id), [PROTOCOL_ID_V11])
+        junk = b"\xff" * 7  # not a protobuf RPC
+        await stream.write(bytes([len(junk)]) + junk)
+        with trio.fail_after(10):  # a's read loop resets the stream it could not decode
+            try:
+                while await stream.read(4096):
+                    pass
+            except Exception:  # StreamReset
+                pass
+        await c.connect(a.addrs()[0])  # a's host still runs and takes new peers
+        assert c.peer_id in a.peers()
+
+
+def test_a_garbled_pubsub_rpc_ends_the_stream_not_the_host() -> None:
+    run(_garbled_pubsub_rpc_drops_the_stream, timeout=60)

@@ -59,6 +59,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+from google.protobuf.message import DecodeError
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.connection.raw_connection import RawConnection
@@ -162,6 +163,13 @@ class CoalescingPubsub(Pubsub):
                     await self.router.handle_rpc(rpc, peer_id)
         except MessageTooLarge as error:
             log.warning("Inbound pubsub RPC from peer %s exceeded size limit: %s", peer_id, error)
+            try:
+                await stream.reset()
+            except Exception:
+                pass
+            self._handle_dead_peer(peer_id)
+        except DecodeError as error:  # a garbled RPC ends this peer's stream, never the daemon
+            log.warning("undecodable pubsub RPC from peer %s (%s): stream reset", peer_id, error)
             try:
                 await stream.reset()
             except Exception:
