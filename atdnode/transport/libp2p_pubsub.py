@@ -161,15 +161,8 @@ class CoalescingPubsub(Pubsub):
                             self.handle_subscription(peer_id, sub)
                 if rpc.HasField("control"):
                     await self.router.handle_rpc(rpc, peer_id)
-        except MessageTooLarge as error:
-            log.warning("Inbound pubsub RPC from peer %s exceeded size limit: %s", peer_id, error)
-            try:
-                await stream.reset()
-            except Exception:
-                pass
-            self._handle_dead_peer(peer_id)
-        except DecodeError as error:  # a garbled RPC ends this peer's stream, never the daemon
-            log.warning("undecodable pubsub RPC from peer %s (%s): stream reset", peer_id, error)
+        except (MessageTooLarge, DecodeError) as error:  # too large or garbled: this peer's stream ends, never the daemon
+            log.warning("bad inbound pubsub RPC from peer %s (%s): stream reset", peer_id, error)
             try:
                 await stream.reset()
             except Exception:
