@@ -183,7 +183,7 @@ async def _campaign(cons, names: list[str], specs: dict[str, str], seed: int) ->
         t = MemoryTransport(net, NodeIdentity.load(homes[n]).signer.seed)
         opts = JoinOptions(server=server.transport.peer_id, task="images", data=specs[n],
                            server_addrs=server.transport.addrs(), finetune_steps=0, evaluate=False,
-                           read_timeout=3600.0)
+                           read_timeout=3600.0, secret_seed=seed)
         try:
             async with t.run([]):
                 records[n] = (await run_join(homes[n], t, opts)).record
