@@ -151,7 +151,7 @@ def _tiny_raw(**scenario) -> dict:
     raw = json.loads(json.dumps(TINY))
     raw["scenario"].update({"methods": ["vgs-atd", "centralized"], **scenario})
     raw["cohorts"] = raw["cohorts"][:1]  # phase 1 only: two nodes
-    raw["msd"] = {"steps": 8, "batch_size": 64}
+    raw["msd"] = {"steps": 8, "batch_size": 64, "finetune_lr": 2e-3}
     return raw
 
 
@@ -166,7 +166,8 @@ def test_scenario_base_option_validates() -> None:
                           ({"msd": {"student_keep": 0.0}}, "msd.student_keep"),
                           ({"msd": {"student_keep": 0.9, "teacher_keep": 0.5}}, "msd.student_keep"),
                           ({"msd": {"teacher_views": 1, "student_views": 0}}, "msd.student_views"),
-                          ({"msd": {"steps": 0}}, "msd.steps"), ({"msd": {"views": 3}}, "msd")):
+                          ({"msd": {"steps": 0}}, "msd.steps"), ({"msd": {"finetune_lr": 0}}, "msd.finetune_lr"),
+                          ({"msd": {"views": 3}}, "msd")):
         raw = _tiny_raw(base="msd")
         for k, v in change.items():
             raw[k].update(v)
@@ -213,6 +214,7 @@ def _netsim_base_msd(tmp_path: Path) -> None:
         recs = ModelRegistry(NodeHome.at(work / "vgs" / "homes" / n)).list()
         trained = [r for r in recs if r.provenance.get("run_key")]
         assert trained and all(r.provenance["base"] == f"msd:{_body_entry(work)[:32]}" for r in trained)
+        assert all(r.provenance["options"]["lr"] == 2e-3 for r in trained)  # [msd] finetune_lr, not [train] lr
     assert [p["phase"] for p in rep["methods"]["centralized-msd"]] == [1]
     assert 0 <= rep["methods"]["vgs-atd"][0]["overall"]["accuracy"] <= 1
 
