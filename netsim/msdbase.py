@@ -44,13 +44,15 @@ End to end (memory back-end, VGS-ATD overall accuracy per phase 1 / 2 / 3; the r
 sqrt-classes. Seed 0, the shipped settings (steps 1000, finetune_lr 3e-4)::
 
     three_phase  scratch          0.954 0.883 0.925   centralized      0.861 0.816 0.947
-                 msd base         0.972 0.922 0.955   centralized-msd  @TP_CM@
+                 msd base         0.972 0.922 0.955   centralized-msd  0.958 0.847 0.955
     demo         scratch          0.944 0.869 0.905   centralized      0.861 0.816 0.922
-                 msd base         0.972 0.891 0.914   centralized-msd  @D_CM@
+                 msd base         0.972 0.891 0.914   centralized-msd  0.931 0.827 0.930
 
 The MSD base beats scratch in every phase of both scenarios at seed 0. Gap to
 centralized-from-scratch in phase 3: three_phase +0.8, demo -0.8 (within the 2-point goal;
-phases 1-2 are far above it on both). Over seeds 0-2 on the demo, phase 3 from the base is
+phases 1-2 are far above it on both); to centralized from the same base: three_phase 0.0,
+demo -1.6 (phases 1-2: +1.4 / +7.5 and +4.2 / +6.4). The campaign (1000 steps, demo's 7
+nodes) took 26 s and about 82 kB up / 104 kB down per client. Over seeds 0-2 on the demo, phase 3 from the base is
 0.914 / 0.925 / 0.911 (mean 0.917) against scratch 0.905 / 0.905 / 0.916 (mean 0.909): at
 seed 2 it is still 0.5 points (2 test images) below scratch.
 
