@@ -328,3 +328,24 @@ def test_yamux_returns_window_credit_in_batches() -> None:
         assert frames["window"] <= max(3, frames["data"] // 10), frames
 
     trio.run(main)
+
+
+def test_own_messages_reach_every_topic_peer_even_with_an_empty_mesh() -> None:
+    """Flood publish: a publisher whose mesh is empty (not formed yet, or pruned under a
+    bounded peer set) still hands its own messages to its direct peers; relays use meshes."""
+    async def main() -> None:
+        got: dict[str, list[bytes]] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            a, b, c = await _line_of_transports(3, [lambda d, p: True] * 3, got, stop, nursery)
+            await c.connect(a.addrs()[0])
+            await wait_for(lambda: all(len(t.topic_peers(TOPIC)) == 2 for t in (a, b, c)), "triangle", 30)
+            a._pubsub.router.mesh[TOPIC] = set()  # as if a's mesh had not formed
+            b._pubsub.router.mesh[TOPIC] = set()
+            c._pubsub.router.mesh[TOPIC] = set()  # and nobody relays
+            await a.publish(TOPIC, b"own entry")
+            await wait_for(lambda: got[b.peer_id] == [b"own entry"] and got[c.peer_id] == [b"own entry"],
+                           "delivery to both direct peers", 10)
+            stop.set()
+
+    trio.run(main)

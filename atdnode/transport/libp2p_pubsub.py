@@ -46,6 +46,11 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   cannot shadow another message, and a re-published entry is a duplicate by content.
   py-libp2p's validation cache is kept small (`VALIDATION_CACHE`): only messages not seen
   yet reach validation, and its LRU list costs a linear scan per message;
+* flood publish (`FloodPublishGossipSub`, go-libp2p's default): a node's OWN messages go
+  to every peer subscribed to the topic, not only to its mesh; relays still follow the
+  mesh. A publisher whose mesh is empty or not formed yet (just started, pruned under a
+  bounded peer set) lost its messages until the next sync; now its direct peers get them
+  in one hop. In a 5-node consortium every peer is in the mesh anyway (no extra sends);
 * connection reads are buffered (`buffer_raw_reads`): Noise reads each transport message
   as a 2-byte length and a body, two socket reads; one read of up to READ_CHUNK bytes
   now serves both, and often the frames after them.
@@ -64,6 +69,7 @@ from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
 import libp2p.pubsub.gossipsub as _gossipsub_mod
+from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
@@ -194,6 +200,19 @@ class CoalescingPubsub(Pubsub):
         except Exception:
             log.debug("sending loop for %s terminated with error", peer_id, exc_info=True)
             self._handle_dead_peer(peer_id)
+
+
+class FloodPublishGossipSub(GossipSub):
+    """GossipSub that sends the node's own messages to every topic peer (module doc)."""
+
+    def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
+        topic_ids = list(topic_ids)
+        peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
+        if self.pubsub is not None and msg_forwarder == self.pubsub.my_id:
+            for topic in topic_ids:
+                peers.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
+            peers.discard(origin)
+        return peers
 
 
 def coalesce_publish(first: Any, pop: Callable[[], Any], limit: int) -> tuple[Any, Any, int]:

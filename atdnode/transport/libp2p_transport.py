@@ -34,7 +34,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -52,7 +52,7 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
-from atdnode.transport.libp2p_pubsub import UNSIGNED, CoalescingPubsub, cache_addrs, content_id
+from atdnode.transport.libp2p_pubsub import UNSIGNED, CoalescingPubsub, FloodPublishGossipSub, cache_addrs, content_id
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class Libp2pTransport(Transport):
             listen_addrs=maddrs,
         )
         c = self.cfg
-        gossipsub = GossipSub(
+        gossipsub = FloodPublishGossipSub(
             protocols=[PROTOCOL_ID_V11],
             degree=c.degree,
             degree_low=c.degree_low,
