@@ -156,7 +156,10 @@ class CoalescingPubsub(Pubsub):
                     if self._is_msg_seen(msg):  # a copy from another mesh peer: nothing to do
                         CoalescingPubsub.duplicates_dropped += 1
                         continue
-                    await self.push_msg(peer_id, msg)  # validators are synchronous: no task per message
+                    try:
+                        await self.push_msg(peer_id, msg)  # validators are synchronous: no task per message
+                    except Exception:  # as when it ran in its own task: this peer's other messages go on
+                        log.exception("pubsub message from %s could not be processed", peer_id)
                 if rpc.subscriptions:
                     if len(rpc.subscriptions) > self.max_subscriptions_per_rpc:
                         log.warning("Peer %s sent %d subscriptions exceeding limit %d, rejecting subscriptions",
