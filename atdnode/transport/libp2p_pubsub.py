@@ -44,8 +44,10 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   Noise. The pubsub signature only vouched for the `from` field, which nothing trusts:
   message ids are the SHA-256 of the data (`content_id`), so a forged `from`/`seqno`
   cannot shadow another message, and a re-published entry is a duplicate by content.
-  py-libp2p's validation cache is kept small (`VALIDATION_CACHE`): only messages not seen
-  yet reach validation, and its LRU list costs a linear scan per message;
+  Daemons of earlier versions verify pubsub signatures and drop these unsigned messages:
+  between old and new daemons entries travel by sync only. py-libp2p's validation cache
+  is kept small (in `UNSIGNED`): only messages not seen yet reach validation, and its LRU
+  list costs a linear scan per message;
 * flood publish (`FloodPublishGossipSub`, go-libp2p's default): a node's OWN messages go
   to every peer subscribed to the topic, not only to its mesh; relays still follow the
   mesh. A publisher whose mesh is empty or not formed yet (just started, pruned under a
