@@ -236,8 +236,8 @@ async def _line_of_transports(n: int, validators: list, got: dict, stop: trio.Ev
     return ts
 
 
-def test_unsigned_gossip_is_still_gated_by_the_validator_before_delivery_and_relay() -> None:
-    """Pubsub messages carry no pubsub signature now; what the validator refuses is neither
+def test_unchecked_pubsub_signatures_leave_the_validator_gating_delivery_and_relay() -> None:
+    """Pubsub signatures are no longer checked; what the validator refuses is neither
     delivered nor relayed (atd's validator checks the entry's own signature)."""
     async def main() -> None:
         got: dict[str, list[bytes]] = {}
@@ -346,6 +346,22 @@ def test_own_messages_reach_every_topic_peer_even_with_an_empty_mesh() -> None:
             await a.publish(TOPIC, b"own entry")
             await wait_for(lambda: got[b.peer_id] == [b"own entry"] and got[c.peer_id] == [b"own entry"],
                            "delivery to both direct peers", 10)
+            stop.set()
+
+    trio.run(main)
+
+
+def test_own_messages_stay_signed_for_daemons_that_verify_pubsub_signatures() -> None:
+    """An earlier daemon version verifies pubsub signatures (strict signing): it must still
+    accept this version's gossip (rolling upgrades), though this version skips the check."""
+    async def main() -> None:
+        got: dict[str, list[bytes]] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            a, b = await _line_of_transports(2, [lambda d, p: True] * 2, got, stop, nursery)
+            b._pubsub.strict_signing = True  # b verifies like an old daemon
+            await a.publish(TOPIC, b"signed by a")
+            await wait_for(lambda: got[b.peer_id] == [b"signed by a"], "delivery to a verifying peer", 10)
             stop.set()
 
     trio.run(main)

@@ -38,14 +38,16 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   buffer (py-libp2p reads each RPC's varint length one byte at a time: three muxer reads
   per RPC), drops an already-seen message before any other work (py-libp2p spawned a
   managed task per message, duplicates included), and handles new messages in line;
-* no pubsub-level signatures (`strict_signing=False`, see `UNSIGNED`): every gossiped atd
+* no pubsub-level signature checks (`strict_signing=False`, see `UNSIGNED`): every gossiped atd
   entry is itself signed and the daemon's validator checks that signature and the
   author's membership before delivery or relay, and the forwarder is authenticated by
   Noise. The pubsub signature only vouched for the `from` field, which nothing trusts:
   message ids are the SHA-256 of the data (`content_id`), so a forged `from`/`seqno`
   cannot shadow another message, and a re-published entry is a duplicate by content.
-  Daemons of earlier versions verify pubsub signatures and drop these unsigned messages:
-  between old and new daemons entries travel by sync only. py-libp2p's validation cache
+  Own messages are still signed (`CoalescingPubsub.publish`, one Ed25519 signature per
+  published entry) because daemons of earlier versions verify pubsub signatures and
+  would drop unsigned messages: a consortium can upgrade one daemon at a time. Only the
+  verification, on every node for every message, is saved. py-libp2p's validation cache
   is kept small (in `UNSIGNED`): only messages not seen yet reach validation, and its LRU
   list costs a linear scan per message;
 * flood publish (`FloodPublishGossipSub`, go-libp2p's default): a node's OWN messages go
@@ -75,6 +77,7 @@ from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
@@ -86,7 +89,7 @@ os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 ADDRS_TTL = 1.0  # seconds host.get_addrs() is reused
 READ_CHUNK = 1 << 16  # bytes asked of the muxer per read by the pubsub read loop
-# Pubsub kwargs: no pubsub-level signatures, a small validation cache (module doc)
+# Pubsub kwargs: pubsub signatures not checked, a small validation cache (module doc)
 UNSIGNED = {"strict_signing": False, "validation_cache_size": 64}
 
 _last_id: list = [None, b""]  # (message object, its id): py-libp2p asks ~8 times per message
@@ -135,6 +138,14 @@ class CoalescingPubsub(Pubsub):
 
     coalesced_rpcs = 0  # RPCs saved by merging (all instances; for benchmarks and tests)
     duplicates_dropped = 0  # already-seen messages dropped by the read loop (all instances)
+
+    async def publish(self, topic_id: str | list[str], data: bytes) -> None:
+        """Pubsub.publish (libp2p 0.8.1), signed whatever `strict_signing` says (module doc)."""
+        msg = rpc_pb2.Message(data=data, topicIDs=[topic_id] if isinstance(topic_id, str) else list(topic_id),
+                              from_id=self.my_id.to_bytes(), seqno=self._next_seqno())
+        msg.signature = self.host.get_private_key().sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+        msg.key = self.host.get_public_key().serialize()
+        await self.push_msg(self.my_id, msg)
 
     async def continuously_read_stream(self, stream: Any) -> None:
         """Pubsub.continuously_read_stream (libp2p 0.8.1) with a buffered reader, seen
