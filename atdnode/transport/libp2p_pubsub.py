@@ -38,7 +38,7 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   buffer (py-libp2p reads each RPC's varint length one byte at a time: three muxer reads
   per RPC), drops an already-seen message before any other work (py-libp2p spawned a
   managed task per message, duplicates included), and handles new messages in line;
-* no pubsub-level signature checks (`strict_signing=False`, see `UNSIGNED`): every gossiped atd
+* no pubsub-level signature checks (`strict_signing=False`, see `PUBSUB_OPTIONS`): every gossiped atd
   entry is itself signed and the daemon's validator checks that signature and the
   author's membership before delivery or relay, and the forwarder is authenticated by
   Noise. The pubsub signature only vouched for the `from` field, which nothing trusts:
@@ -48,7 +48,7 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   published entry) because daemons of earlier versions verify pubsub signatures and
   would drop unsigned messages: a consortium can upgrade one daemon at a time. Only the
   verification, on every node for every message, is saved. py-libp2p's validation cache
-  is kept small (in `UNSIGNED`): only messages not seen yet reach validation, and its LRU
+  is kept small (in `PUBSUB_OPTIONS`): only messages not seen yet reach validation, and its LRU
   list costs a linear scan per message;
 * flood publish (`FloodPublishGossipSub`, go-libp2p's default): a node's OWN messages go
   to every peer subscribed to the topic, not only to its mesh; relays still follow the
@@ -90,7 +90,7 @@ os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 ADDRS_TTL = 1.0  # seconds host.get_addrs() is reused
 READ_CHUNK = 1 << 16  # bytes asked of the muxer per read by the pubsub read loop
 # Pubsub kwargs: pubsub signatures not checked, a small validation cache (module doc)
-UNSIGNED = {"strict_signing": False, "validation_cache_size": 64}
+PUBSUB_OPTIONS = {"strict_signing": False, "validation_cache_size": 64}
 
 _last_id: list = [None, b""]  # (message object, its id): py-libp2p asks ~8 times per message
 
