@@ -52,7 +52,13 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
-from atdnode.transport.libp2p_pubsub import PUBSUB_OPTIONS, CoalescingPubsub, FloodPublishGossipSub, cache_addrs, content_id
+from atdnode.transport.libp2p_pubsub import (
+    PUBSUB_OPTIONS,
+    CoalescingPubsub,
+    FloodPublishGossipSub,
+    cache_addrs,
+    content_id,
+)
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 
 log = logging.getLogger(__name__)
