@@ -11,7 +11,9 @@ raised). The daemon's validator is registered as a pubsub topic validator, so li
 runs it before delivering or relaying; a rejected message is never forwarded.
 
 Gossip latency here is bounded by CPU, not by the protocol: `libp2p_pubsub` cuts
-py-libp2p's cost per message (coalesced sends, cached addresses, batched yamux credit).
+py-libp2p's cost per message (coalesced sends, cached addresses, batched yamux credit,
+buffered reads, duplicates dropped first, content-addressed ids, no pubsub signature
+checks) and publishes the node's own messages to every topic peer (flood publish).
 """
 from __future__ import annotations
 
