@@ -4,7 +4,8 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
 
 * gossips every entry this node authors (whether it was appended by the daemon or by a
   CLI command in another process — the daemon watches its own head in the ledger), so
-  entries written while the daemon was down go out when it starts;
+  entries written while the daemon was down go out when it starts (the home's `announced`
+  file keeps the seq gossiped so far: a restart does not re-gossip older entries);
 * validates every gossiped entry (signature, consortium membership) *before* the
   transport delivers or relays it, and merges accepted ones into the ledger;
 * pulls missing entries from each peer on connect and periodically (`atdnode.sync`),
@@ -304,12 +305,17 @@ class NodeDaemon:
             log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
                         "(restart with --bootstrap <member address>)")
             await self._head_confirmed.wait()
+        saved = self._announced_seq = min(await trio.to_thread.run_sync(read_announced, self.home),
+                                          await self.ledger.run(lambda led: led.head_of(me)))
         while True:
             try:
                 await self._maybe_say_hello()
             except (sqlite3.OperationalError, OSError) as exc:
                 await self._disk_trouble("appending hello", exc)
             head = await self.ledger.run(lambda led: led.head_of(me))
+            if self._announced_seq != saved:  # a restart re-gossips only what was never announced
+                saved = self._announced_seq
+                await trio.to_thread.run_sync(write_announced, self.home, saved)
             if head > self._announced_seq:
                 seq = self._announced_seq
                 entries = await self.ledger.run(lambda led: led.entries_after(me, seq))
@@ -761,6 +767,24 @@ class NodeDaemon:
                          "dialled": self.peerset.dialled, "pruned": self.peerset.pruned},
             "dashboard": self.dashboard.url if self.dashboard is not None else None,
         }
+
+
+def read_announced(home: NodeHome) -> int:
+    """The seq up to which this node's own entries were gossiped (0: none, or unknown)."""
+    try:
+        return max(0, int(home.announced_file.read_text().strip() or 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def write_announced(home: NodeHome, seq: int) -> None:
+    """Remember (atomically) that own entries up to `seq` were gossiped; best effort."""
+    tmp = home.announced_file.with_suffix(".tmp")
+    try:
+        tmp.write_text(str(seq))
+        tmp.replace(home.announced_file)
+    except OSError as exc:  # a full disk costs only duplicate gossip after a restart
+        log.debug("could not record the announced seq: %s", exc)
 
 
 def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:

@@ -11,6 +11,19 @@ down or lossy link are dropped. Every decision that uses randomness draws from a
 RNG seeded from (network seed, src, dst), so a run is reproducible with trio's MockClock.
 `MemoryNetwork.link_stats()` / `node_stats()` expose byte and message counters, and
 `add_observer` hooks see every transmission (netsim builds its reports on these).
+
+Gossip fan-out. By default a node relays to every connected subscriber (flooding: right
+for a handful of nodes and the contract tests). With `mesh=(D, D_low, D_high)` it keeps a
+GossipSub-style mesh per topic instead (GossipSub v1.0 spec, "mesh maintenance"; the
+degrees the daemon derives from its peer set, `atdnode.peerset.gossip_degrees`): it
+publishes and relays to its mesh peers only. A mesh below D_low is topped up to D from the
+connected subscribers (GRAFT; the other side refuses once its mesh holds D_high, like a
+PRUNE), a disconnected peer leaves both meshes, and a mesh peer whose link is found down
+when sending is dropped from the mesh (what a dead connection does to a real one).
+Deviations, all simulation shortcuts: GRAFT/PRUNE take effect at once without control
+messages, the mesh is repaired when used (on the next publish or relay after a connection
+change) rather than on a 1 s heartbeat, and there is no IHAVE/IWANT lazy gossip -- what
+the mesh misses, the daemon's ledger sync repairs.
 """
 from __future__ import annotations
 
@@ -213,7 +226,12 @@ class _Sub:
 class MemoryTransport(Transport):
     """One node on a `MemoryNetwork`; address `/memory/<name>/p2p/<peer id>`."""
 
-    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str | None = None) -> None:
+    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str | None = None,
+                 mesh: tuple[int, int, int] | None = None) -> None:
+        """`mesh`: GossipSub degrees (D, D_low, D_high) to relay over a mesh; None floods
+        every connected subscriber (see the module doc)."""
+        if mesh is not None and not 1 <= mesh[1] <= mesh[0] <= mesh[2]:
+            raise ValueError(f"mesh degrees must satisfy 1 <= D_low <= D <= D_high, got {mesh}")
         self.net = network
         self._peer_id = peer_id_from_seed(seed)
         self.name = name or self._peer_id[-8:]
@@ -229,6 +247,10 @@ class MemoryTransport(Transport):
         self._nursery: trio.Nursery | None = None
         self._counter = Counter()
         self.rejected = 0  # gossip messages refused by the validator
+        self.mesh_degrees = mesh
+        self._mesh: dict[str, set[str]] = {}  # topic -> mesh peers (with `mesh` degrees)
+        self._mesh_checked: set[str] = set()  # topics topped up since connections last changed
+        self._mesh_rng = random.Random(hashlib.sha256(f"{network.seed}|mesh|{self._peer_id}".encode()).digest())
 
     @property
     def peer_id(self) -> str:
@@ -257,6 +279,7 @@ class MemoryTransport(Transport):
                     s.abort_now()
                 self._streams.clear()
                 self._inbox.clear()
+                self._mesh.clear()
                 nursery.cancel_scope.cancel()
 
     def run(self, listen: list[str] | None = None):  # listen addresses mean nothing here
@@ -294,6 +317,12 @@ class MemoryTransport(Transport):
             raise TransportError(f"{other.peer_id} unreachable (link down)")
         self._conns.add(other.peer_id)
         other._conns.add(self.peer_id)
+        self._mesh_checked.clear()
+        other._mesh_checked.clear()
+        for topic in self._subs:  # a new subscriber to graft (GossipSub does this on its heartbeat)
+            self._top_up(topic)
+        for topic in other._subs:
+            other._top_up(topic)
         self._notify_connected(other.peer_id)
         other._notify_connected(self.peer_id)
 
@@ -304,9 +333,15 @@ class MemoryTransport(Transport):
 
     def _drop_conn(self, peer: str) -> None:
         self._conns.discard(peer)
+        self._mesh_checked.clear()
+        for mesh in self._mesh.values():
+            mesh.discard(peer)
         other = self.net.nodes.get(peer)
         if other is not None:
             other._conns.discard(self.peer_id)
+            other._mesh_checked.clear()
+            for mesh in other._mesh.values():
+                mesh.discard(self.peer_id)
 
     async def disconnect(self, peer_id: str) -> None:
         self._drop_conn(peer_id)
@@ -365,12 +400,66 @@ class MemoryTransport(Transport):
             self._seen.popitem(last=False)
         return True
 
+    def mesh_peers(self, topic: str) -> list[str]:
+        """The topic's mesh (empty when flooding)."""
+        return sorted(self._mesh.get(topic, ()))
+
+    def _targets(self, topic: str) -> list[str]:
+        """Where to publish / relay: the topic's mesh (topped up first), or every subscriber."""
+        if self.mesh_degrees is None:
+            return self.topic_peers(topic)
+        if topic not in self._mesh_checked:  # connections changed since the last top-up
+            self._mesh_checked.add(topic)
+            self._top_up(topic)
+        return sorted(self._mesh.get(topic, ()))
+
+    def _top_up(self, topic: str) -> None:
+        """Below D_low, graft connected subscribers (seeded random order) up to D."""
+        if self.mesh_degrees is None or topic not in self._subs:
+            return
+        d, d_low, _ = self.mesh_degrees
+        mesh = self._mesh.setdefault(topic, set())
+        if len(mesh) >= d_low:
+            return
+        candidates = [p for p in self.topic_peers(topic) if p not in mesh and self.net.link(self.peer_id, p).is_up()]
+        self._mesh_rng.shuffle(candidates)
+        for peer in candidates:
+            if len(mesh) >= d:
+                break
+            if self.net.nodes[peer]._graft(topic, self.peer_id):
+                mesh.add(peer)
+
+    def _graft(self, topic: str, peer: str) -> bool:
+        """`peer` asks to join our mesh for `topic`: yes unless it is full (D_high)."""
+        if topic not in self._subs or peer not in self._conns:
+            return False
+        if self.mesh_degrees is None:
+            return True  # flooding: it gets everything anyway
+        mesh = self._mesh.setdefault(topic, set())
+        if len(mesh) >= self.mesh_degrees[2]:
+            return False
+        mesh.add(peer)
+        return True
+
+    def _leave_mesh(self, topic: str, peer: str) -> None:
+        """A mesh link found dead: both sides drop it (and top up on next use)."""
+        self._mesh.get(topic, set()).discard(peer)
+        self._mesh_checked.clear()
+        other = self.net.nodes.get(peer)
+        if other is not None:
+            other._mesh.get(topic, set()).discard(self.peer_id)
+            other._mesh_checked.clear()
+
     def _relay(self, msg: tuple, exclude: tuple[str, ...]) -> None:
         topic, data = msg[2], msg[3]
-        for peer in self.topic_peers(topic):
+        for peer in self._targets(topic):
             if peer in exclude:
                 continue
-            at = self.net.link(self.peer_id, peer).gossip(len(data))
+            link = self.net.link(self.peer_id, peer)
+            at = link.gossip(len(data))
+            if at is None and self.mesh_degrees is not None and not link.is_up():
+                self._leave_mesh(topic, peer)
+                continue
             node = self.net.nodes[peer]
             if at is not None and (msg[0], msg[1]) not in node._seen:  # else it would drop it on arrival
                 node._enqueue(at, msg, self.peer_id)
