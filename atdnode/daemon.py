@@ -159,6 +159,7 @@ class NodeDaemon:
         if self._members == {self.identity.public_key}:
             self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart
+        self._announced_seq = await trio.to_thread.run_sync(read_announced, self.home)
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
             self.transport.set_stream_handler(
@@ -190,6 +191,8 @@ class NodeDaemon:
                 await self._stop.wait()
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
+        if self._announced_seq:  # clean stop: what went out since the announce loop's last write
+            await trio.to_thread.run_sync(write_announced, self.home, self._announced_seq)
         self._clear_state()
         await self.ledger.run(lambda led: led.close())
 
@@ -305,8 +308,8 @@ class NodeDaemon:
             log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
                         "(restart with --bootstrap <member address>)")
             await self._head_confirmed.wait()
-        saved = self._announced_seq = min(await trio.to_thread.run_sync(read_announced, self.home),
-                                          await self.ledger.run(lambda led: led.head_of(me)))
+        head = await self.ledger.run(lambda led: led.head_of(me))
+        saved = self._announced_seq = min(self._announced_seq, head)  # a restored home may hold fewer
         while True:
             try:
                 await self._maybe_say_hello()
@@ -412,19 +415,22 @@ class NodeDaemon:
             return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
+        kinds: set[str] = set()
         if result.added_ids:
-            # own entries that came back *through this pull* (a CLI appending meanwhile is not a loss)
-            def own_recovered(led: Ledger) -> int:
-                return sum(1 for i in result.added_ids if (e := led.get(i)) is not None and e.author == me)
+            # own entries that came back *through this pull* (a CLI appending meanwhile is not a
+            # loss), and the kinds added (what _after_merge must refresh)
+            def added(led: Ledger) -> tuple[int, set[str]]:
+                found = [e for i in result.added_ids if (e := led.get(i)) is not None]
+                return sum(1 for e in found if e.author == me), {e.kind for e in found}
 
-            recovered = await self.ledger.run(own_recovered)
+            recovered, kinds = await self.ledger.run(added)
             if recovered:
                 log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
                             "(restored or truncated home); recovered them", peer_id, recovered)
                 self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + recovered
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
-            await self._after_merge()  # membership first: the pull may have taught us who is a member
+            await self._after_merge(kinds)  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
             own_head = await self.ledger.run(lambda led: led.head_of(me))
             log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
