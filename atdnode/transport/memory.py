@@ -131,6 +131,8 @@ class Link:
     def _count(self, nbytes: int, kind: str) -> None:
         self.stats["bytes"] += nbytes
         self.stats["messages"] += 1
+        self.net._sent[self.src] = self.net._sent.get(self.src, 0) + nbytes
+        self.net._received[self.dst] = self.net._received.get(self.dst, 0) + nbytes
         self.net._observe(self.src, self.dst, kind, nbytes, True)
 
     def is_up(self) -> bool:
@@ -157,6 +159,8 @@ class MemoryNetwork:
         # (netsim.memnet.SimNetwork uses 1 ms); 0 keeps exact delivery times.
         self.gossip_tick_s = 0.0
         self._cuts: list[dict[str, int]] = []  # partitions in force (see partition)
+        self._sent: dict[str, int] = {}  # per node, the sum of its links' bytes (node_stats: no scan of all links)
+        self._received: dict[str, int] = {}
 
     def link(self, src: str, dst: str) -> Link:
         key = (src, dst)
@@ -206,9 +210,7 @@ class MemoryNetwork:
 
     def node_stats(self, peer_id: str) -> dict[str, int]:
         """Bytes a node put on / took off its links (gossip + streams, link level)."""
-        sent = sum(l.stats["bytes"] for (s, _), l in self._links.items() if s == peer_id)
-        recv = sum(l.stats["bytes"] for (_, d), l in self._links.items() if d == peer_id)
-        return {"sent": sent, "received": recv}
+        return {"sent": self._sent.get(peer_id, 0), "received": self._received.get(peer_id, 0)}
 
     def next_seq(self) -> int:
         return next(self._seq)
