@@ -194,7 +194,7 @@ class NodeDaemon:
         if self._announced_seq:  # clean stop: what went out since the announce loop's last write
             await trio.to_thread.run_sync(write_announced, self.home, self._announced_seq)
         self._clear_state()
-        await self.ledger.run(lambda led: led.close())
+        await self.ledger.close()
 
     def stop(self) -> None:
         self._stop.set()

@@ -41,6 +41,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 import trio
 import trio.testing
 
+from atdnode import bodies
 from atdnode.config import NodeConfig
 from atdnode.daemon import NodeDaemon
 from atdnode.peerset import PeerSetConfig, gossip_degrees
@@ -403,7 +404,7 @@ class MemCluster:
             return (await self.daemons[name].append(kind, body)).seq
         signer = Signer.from_seed(self.c.seeds[name])
         await trio.lowlevel.checkpoint()
-        return self._ledger_call(name, lambda led: led.append(signer, kind, body)).seq
+        return self._ledger_call(name, lambda led: bodies.append(led, signer, kind, body)).seq
 
     async def heads(self, name: str) -> dict[str, int]:
         """Author peer id -> highest contiguous seq in `name`'s ledger."""
