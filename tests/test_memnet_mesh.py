@@ -126,3 +126,44 @@ def test_sync_in_step_sends_nothing_and_malformed_heads_are_refused(tmp_path: Pa
             _missing_raw(led, {b"short": 1})
         with pytest.raises(SyncProtocolError):
             _missing_raw(led, {g.author: "1"})
+
+
+def test_mesh_drops_peers_behind_a_partition_and_refills_inside_it() -> None:
+    """A mesh link found down (partition) leaves both meshes; the mesh refills from the
+    node's own side, so gossip keeps reaching that side over the mesh alone."""
+    net = MemoryNetwork(seed=8, default=LinkConditions(latency_s=0.01))
+    ts = [MemoryTransport(net, _seed(100 + i), mesh=(3, 2, 6)) for i in range(16)]
+    left = {t.peer_id for t in ts[:8]}
+    got = [0] * 16
+    out: dict = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for i, t in enumerate(ts):
+                async def on_msg(_data: bytes, _frm: str, i: int = i) -> None:
+                    got[i] += 1
+
+                await t.subscribe(TOPIC, on_msg, lambda _d, _f: True)
+                await nursery.start(_serve, t)
+            for i, t in enumerate(ts):  # a ring plus chords: every node has neighbours on both sides
+                for j in (i + 1, i + 5):
+                    await t.connect(ts[j % 16].addrs()[0])
+            await ts[0].publish(TOPIC, b"before")
+            await trio.sleep(1.0)
+            out["crossing_before"] = sum(1 for t in ts for p in t.mesh_peers(TOPIC) if (t.peer_id in left) != (p in left))
+            net.partition(left, {t.peer_id for t in ts[8:]})
+            for k in range(4):  # the first messages find the dead mesh links; later ones go round them
+                await ts[k].publish(TOPIC, b"during%d" % k)
+                await trio.sleep(1.0)
+            out["crossing_after"] = sum(1 for t in ts for p in t.mesh_peers(TOPIC) if (t.peer_id in left) != (p in left))
+            out["sizes"] = [len(t.mesh_peers(TOPIC)) for t in ts[:8]]
+            got[:] = [0] * 16
+            await ts[5].publish(TOPIC, b"last")
+            await trio.sleep(1.0)
+            nursery.cancel_scope.cancel()
+
+    simulate(main, seed=2)
+    assert out["crossing_before"] > 0  # the mesh did span the future cut
+    assert out["crossing_after"] == 0, out
+    assert all(s >= 2 for s in out["sizes"]), out["sizes"]  # refilled to at least D_low inside the side
+    assert got[:5] + got[6:8] == [1] * 7 and sum(got[8:]) == 0  # the whole left side, nothing across the cut
