@@ -34,12 +34,7 @@ def _gossip_run(mesh: tuple[int, int, int] | None) -> tuple[list[int], list[int]
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for i, t in enumerate(ts):
-                async def on_msg(_data: bytes, _frm: str, i: int = i) -> None:
-                    got[i] += 1
-
-                await t.subscribe(TOPIC, on_msg, lambda _d, _f: True)
-                await nursery.start(_serve, t)
+            await _start_counting(nursery, ts, got)
             for i, t in enumerate(ts):
                 for j in rng.sample([j for j in range(N) if j != i], DEGREE // 2):
                     await t.connect(ts[j].addrs()[0])
@@ -52,6 +47,16 @@ def _gossip_run(mesh: tuple[int, int, int] | None) -> tuple[list[int], list[int]
     simulate(main, seed=1)
     copies = sum(s["messages"] for s in net.link_stats().values())
     return got, sizes, copies
+
+
+async def _start_counting(nursery: trio.Nursery, ts: list[MemoryTransport], got: list[int]) -> None:
+    """Subscribe each transport to TOPIC (counting deliveries in `got`) and run it."""
+    for i, t in enumerate(ts):
+        async def on_msg(_data: bytes, _frm: str, i: int = i) -> None:
+            got[i] += 1
+
+        await t.subscribe(TOPIC, on_msg, lambda _d, _f: True)
+        await nursery.start(_serve, t)
 
 
 async def _serve(t: MemoryTransport, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -139,12 +144,7 @@ def test_mesh_drops_peers_behind_a_partition_and_refills_inside_it() -> None:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            for i, t in enumerate(ts):
-                async def on_msg(_data: bytes, _frm: str, i: int = i) -> None:
-                    got[i] += 1
-
-                await t.subscribe(TOPIC, on_msg, lambda _d, _f: True)
-                await nursery.start(_serve, t)
+            await _start_counting(nursery, ts, got)
             for i, t in enumerate(ts):  # a ring plus chords: every node has neighbours on both sides
                 for j in (i + 1, i + 5):
                     await t.connect(ts[j % 16].addrs()[0])
