@@ -52,7 +52,7 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
-from atdnode.transport.libp2p_pubsub import CoalescingPubsub, cache_addrs
+from atdnode.transport.libp2p_pubsub import UNSIGNED, CoalescingPubsub, cache_addrs, content_id
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,8 @@ class Libp2pTransport(Transport):
             max_pending_messages_per_peer=c.pending_per_peer,
         )
         cache_addrs(host)
-        pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096)
+        pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096,
+                                  msg_id_constructor=content_id, **UNSIGNED)
         pubsub.peer_queues = _SizedQueues(c.peer_queue_size)
         host.get_network().register_notifee(_Notifee(self))
         for proto, handler in self._handlers.items():
