@@ -167,3 +167,26 @@ def test_mesh_drops_peers_behind_a_partition_and_refills_inside_it() -> None:
     assert out["crossing_after"] == 0, out
     assert all(s >= 2 for s in out["sizes"]), out["sizes"]  # refilled to at least D_low inside the side
     assert got[:5] + got[6:8] == [1] * 7 and sum(got[8:]) == 0  # the whole left side, nothing across the cut
+
+
+def test_same_bytes_from_two_publishers_are_one_message() -> None:
+    """Message ids are content ids (as on libp2p): an entry re-published by another node,
+    or by a restarted one, is a duplicate everywhere; different bytes are not."""
+    net = MemoryNetwork(seed=9)
+    ts = [MemoryTransport(net, _seed(200 + i), mesh=(3, 2, 6)) for i in range(6)]
+    got = [0] * 6
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await _start_counting(nursery, ts, got)
+            for i in range(6):
+                await ts[i].connect(ts[(i + 1) % 6].addrs()[0])
+            await ts[0].publish(TOPIC, b"entry")
+            await trio.sleep(0.5)
+            await ts[3].publish(TOPIC, b"entry")  # the same bytes from elsewhere
+            await ts[3].publish(TOPIC, b"other")
+            await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+
+    simulate(main, seed=3)
+    assert got == [1, 2, 2, 1, 2, 2]  # "entry" once each (not at 0, its publisher), "other" everywhere but 3

@@ -1,8 +1,9 @@
 """In-process transport: `MemoryNetwork` (the hub) and `MemoryTransport` (one node on it).
 
 Same semantics as the libp2p transport (the contract tests run against both): gossip with
-a seen-cache, a validator called before delivery and relay, relaying only to subscribed
-neighbours; streams carry bytes through `framing.FramedStream`, so frame rules are shared.
+a seen-cache of content ids (SHA-256 of the data, like `libp2p_pubsub.content_id`: the
+same bytes published again are a duplicate), a validator called before delivery and
+relay, relaying only to subscribed neighbours; streams carry bytes through `framing.FramedStream`, so frame rules are shared.
 
 Links are simulated per direction (`LinkConditions`): latency, bandwidth (bytes/s), gossip
 loss probability, and up/down (partitions). Stream bytes are reliable (like TCP): they are
@@ -242,8 +243,8 @@ class MemoryTransport(Transport):
         self._subs: dict[str, _Sub] = {}
         self._handlers: dict[str, StreamHandler] = {}
         self._streams: set[LinkPipe] = set()
-        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._seqno = 0
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # content ids (SHA-256 of the data)
+        self._seqno = 0  # messages published
         self._inbox: list[tuple[float, int, tuple]] = []
         self._inbox_lot = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
@@ -388,12 +389,15 @@ class MemoryTransport(Transport):
             raise TransportError(f"gossip message of {len(data)} bytes exceeds {MAX_GOSSIP}")
         await trio.lowlevel.checkpoint()
         self._seqno += 1
-        msg = (self.peer_id, self._seqno, topic, bytes(data))
-        self._remember((self.peer_id, self._seqno))
+        data = bytes(data)
+        mid = hashlib.sha256(data).digest()  # content id, as the libp2p transport (libp2p_pubsub.content_id)
+        if not self._remember(mid):
+            return  # the same bytes already went out through here: a duplicate by content
+        msg = (self.peer_id, mid, topic, data)
         self._counter.count("gossip", sent=len(data))
         self._relay(msg, exclude=())
 
-    def _remember(self, mid: tuple[str, int]) -> bool:
+    def _remember(self, mid: bytes) -> bool:
         """Add to the seen cache; False if it was already there."""
         if mid in self._seen:
             return False
@@ -463,7 +467,7 @@ class MemoryTransport(Transport):
                 self._leave_mesh(topic, peer)
                 continue
             node = self.net.nodes[peer]
-            if at is not None and (msg[0], msg[1]) not in node._seen:  # else it would drop it on arrival
+            if at is not None and msg[1] not in node._seen:  # else it would drop it on arrival
                 node._enqueue(at, msg, self.peer_id)
 
     def _enqueue(self, at: float, msg: tuple, forwarder: str) -> None:
@@ -486,9 +490,9 @@ class MemoryTransport(Transport):
             await trio.lowlevel.checkpoint()
 
     def _receive(self, msg: tuple, forwarder: str) -> None:
-        origin, seqno, topic, data = msg
+        origin, mid, topic, data = msg
         sub = self._subs.get(topic)
-        if sub is None or forwarder not in self._conns or not self._remember((origin, seqno)):
+        if sub is None or forwarder not in self._conns or not self._remember(mid):
             return
         self._counter.count("gossip", received=len(data))
         try:
@@ -498,7 +502,7 @@ class MemoryTransport(Transport):
             ok = False
         if not ok:
             self.rejected += 1
-            log.debug("rejected gossip %s:%d on %s from %s", origin, seqno, topic, forwarder)
+            log.debug("rejected gossip %s from %s on %s via %s", mid.hex()[:12], origin, topic, forwarder)
             return
         sub.send.send_nowait((data, forwarder))
         self._relay(msg, exclude=(forwarder, origin))
