@@ -10,20 +10,45 @@ from typing import Callable, Iterable, TypeVar
 
 import trio
 
+from atdnode.transport.base import StreamClosed
 from ledger import Ledger
 
 T = TypeVar("T")
 
 
+class NodeStopping(StreamClosed):
+    """The ledger was closed: the node is shutting down. A stream handler that still runs
+    (a peer's sync or blob request that arrived during shutdown) ends like a closed stream,
+    quietly, instead of failing on SQLite's closed connection."""
+
+
 class LedgerAccess:
-    """Owns an open `Ledger`; `run(fn)` calls `fn(ledger)` in a worker thread."""
+    """Owns an open `Ledger`; `run(fn)` calls `fn(ledger)` in a worker thread; after
+    `close()` every call raises `NodeStopping`."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._limiter = trio.CapacityLimiter(1)
+        self._closed = False
 
     async def run(self, fn: Callable[[Ledger], T]) -> T:
-        return await trio.to_thread.run_sync(fn, self.ledger, limiter=self._limiter)
+        if self._closed:
+            raise NodeStopping("the node is shutting down")
+        return await trio.to_thread.run_sync(self._call, fn, limiter=self._limiter)
+
+    def _call(self, fn: Callable[[Ledger], T]) -> T:
+        if self._closed:  # closed while this call waited for the limiter
+            raise NodeStopping("the node is shutting down")
+        return fn(self.ledger)
+
+    async def close(self) -> None:
+        """Close the ledger after the call in progress (the limiter serialises them)."""
+        def shut(_led: Ledger) -> None:
+            self._closed = True
+            self.ledger.close()
+
+        if not self._closed:
+            await self.run(shut)
 
     async def merge(self, items: Iterable[bytes]):
         items = list(items)

@@ -36,16 +36,12 @@ def classification_metrics(y_true, y_pred, num_classes: int) -> dict:
 
 def save_confusion_png(confusion: list[list[int]], classes: list[str], path: str | Path, *, title: str = "") -> Path:
     """Render a confusion matrix to PNG (matplotlib Agg, no display needed); returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    from atdnode.plots import png_figure
 
     cm = np.asarray(confusion)
     n = len(classes)
     size = max(4.0, 0.45 * n + 2)
-    fig, ax = plt.subplots(figsize=(size, size), dpi=100)
-    try:
+    with png_figure(path, figsize=(size, size), dpi=100) as (fig, ax):
         ax.imshow(cm, cmap="Blues")
         ax.set_xticks(range(n), labels=classes, rotation=90 if n > 12 else 0)
         ax.set_yticks(range(n), labels=classes)
@@ -59,10 +55,4 @@ def save_confusion_png(confusion: list[list[int]], classes: list[str], path: str
                 for j in range(n):
                     ax.text(j, i, str(cm[i, j]), ha="center", va="center", fontsize=8,
                             color="white" if hi and cm[i, j] > hi / 2 else "black")
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
-    return path
+    return Path(path)

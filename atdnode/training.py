@@ -309,6 +309,10 @@ def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | N
     if len(h) >= 8 and all(c in "0123456789abcdef" for c in h):
         if len(h) < 64:  # unique prefix of a held blob
             hits = [b for b in store.list() if b.startswith(h)]
+            if len(hits) > 1:
+                from atdnode.ids import unique
+
+                unique(h, hits, what="--init-from blob")  # raises, naming the matching blobs
             if len(hits) == 1:
                 h = hits[0]
         if len(h) == 64 and store.has(h):

@@ -47,14 +47,10 @@ def write_history_csv(history: list[dict], path: Path) -> Path:
 
 def save_curves_png(history: list[dict], path: Path, *, title: str = "") -> Path:
     """Loss (left) and accuracy (right) per epoch, train and held-out, as PNG (matplotlib Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    from atdnode.plots import png_figure
 
     epochs = [h["epoch"] for h in history]
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100)
-    try:
+    with png_figure(path, ncols=2, figsize=(9, 3.6), dpi=100) as (fig, (ax_l, ax_a)):
         for ax, key, label in ((ax_l, "loss", "loss"), (ax_a, "accuracy", "accuracy")):
             ax.plot(epochs, [h.get(key) for h in history], marker="o", label="train")
             if any(h.get(f"val_{key}") is not None for h in history):
@@ -66,11 +62,6 @@ def save_curves_png(history: list[dict], path: Path, *, title: str = "") -> Path
         ax_a.set_ylim(0, 1)
         if title:
             fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
     return path
 
 

@@ -7,10 +7,16 @@ gossip: N daemons (real libp2p: Noise + yamux + GossipSub, one process, loopback
     100 ms for 5 daemons at 100 entries/s on a quiet 2-core machine), the append's own
     share (sign + durable store), the CPU seconds the process spent per entry (all 5
     daemons: they share one interpreter here) and the garbage collector's pauses meanwhile.
+gossip --procs: the same, with each daemon in its own OS process, as deployed (`atd node
+    start` runs one NodeDaemon per process): the parent builds the consortium, starts one
+    child per home, connects them in a full mesh and gives them a common start time; each
+    child appends its share of the entries on the shared schedule and records append and
+    merge times on CLOCK_MONOTONIC (`time.monotonic()`, one clock for every process on the
+    machine). CPU per entry sums the children's CPU over the measured window.
 rss: a subprocess with two daemons (one holds a blob, the other fetches it); reports its
     peak RSS next to the blob size: memory must be bounded by buffers, not by blob size.
 
-    python bench/daemon_bench.py [--nodes 5] [--entries 500] [--rate 100] [--blob-mb 350] [--no-rss]
+    python bench/daemon_bench.py [--nodes 5] [--entries 500] [--rate 100] [--blob-mb 350] [--no-rss] [--procs]
 """
 from __future__ import annotations
 
@@ -104,20 +110,154 @@ async def gossip_bench(n: int, entries: int, rate: float) -> dict:
             for d in daemons:
                 d.stop()
         lat = sorted(x for a in arrivals for x in a)
-        appends.sort()
-        return {
-            "nodes": n, "entries": entries, "rate_per_s": rate, "entry_bytes": len(e.to_bytes()),
-            "delivered": len(lat), "expected": expected, "delivery_ratio": round(len(lat) / expected, 4),
-            "latency_p50_ms": round(1000 * statistics.median(lat), 2) if lat else None,
-            "latency_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
-            "goal_p99_ms": 100.0,
-            "append_p50_ms": round(1000 * statistics.median(appends), 2),
-            "append_p99_ms": round(1000 * appends[int(0.99 * (len(appends) - 1))], 2),
-            "cpu_ms_per_entry": round(1000 * cpu / entries, 2),
-            "gc_pauses": len(pauses), "gc_pause_max_ms": round(1000 * max(pauses, default=0.0), 2),
-            "gc_pause_total_ms": round(1000 * sum(pauses), 1),
-            "load_avg": [round(x, 2) for x in os.getloadavg()],
-        }
+        out = summary(n, entries, rate, len(e.to_bytes()), lat, appends, cpu)
+        out.update({"gc_pauses": len(pauses), "gc_pause_max_ms": round(1000 * max(pauses, default=0.0), 2),
+                    "gc_pause_total_ms": round(1000 * sum(pauses), 1), "load_avg": [round(x, 2) for x in os.getloadavg()]})
+        return out
+
+
+def summary(n: int, entries: int, rate: float, entry_bytes: int, lat: list[float], appends: list[float],
+            cpu: float) -> dict:
+    """The gossip figures both modes report (`lat`: seconds from append to merge, per other node)."""
+    lat, appends = sorted(lat), sorted(appends)
+    expected = entries * (n - 1)
+    return {
+        "nodes": n, "entries": entries, "rate_per_s": rate, "entry_bytes": entry_bytes,
+        "delivered": len(lat), "expected": expected, "delivery_ratio": round(len(lat) / expected, 4),
+        "latency_p50_ms": round(1000 * statistics.median(lat), 2) if lat else None,
+        "latency_p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2) if lat else None,
+        "goal_p99_ms": 100.0,
+        "append_p50_ms": round(1000 * statistics.median(appends), 2) if appends else None,
+        "append_p99_ms": round(1000 * appends[int(0.99 * (len(appends) - 1))], 2) if appends else None,
+        "cpu_ms_per_entry": round(1000 * cpu / entries, 2),
+    }
+
+
+def gossip_procs(n: int, entries: int, rate: float) -> dict:
+    """Each daemon in its own process (module doc); the parent only coordinates."""
+    with tempfile.TemporaryDirectory() as tmp:
+        homes = consortium(Path(tmp), n)
+        children: list[subprocess.Popen] = []
+
+        def start(i: int, bootstrap: list[str]) -> list[str]:
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--proc-child", str(homes[i].root), "--index", str(i), "--nodes", str(n),
+                 "--entries", str(entries), "--rate", str(rate), *(["--bootstrap", *bootstrap] if bootstrap else [])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            children.append(child)
+            return _expect(child, "addrs")
+
+        try:
+            first = start(0, [])
+            addrs = [first] + [start(i, [first[0]]) for i in range(1, n)]
+            for c in children:  # full mesh, as the in-process mode
+                _say(c, {"peers": [a[0] for a in addrs]})
+            for c in children:
+                _expect(c, "ready", timeout=60)
+            time.sleep(2.0)  # gossipsub heartbeats build the mesh
+            t0 = time.monotonic() + 0.5
+            for c in children:
+                _say(c, {"t0": t0})
+            results = [_expect(c, "result", timeout=entries / rate + 90) for c in children]
+            for c in children:
+                _say(c, {"stop": True})
+            for c in children:
+                c.wait(timeout=30)
+        finally:
+            for c in children:
+                if c.poll() is None:
+                    c.kill()
+    sent = {k: v for r in results for k, v in r["sent"].items()}
+    lat = [t - sent[i] for r in results for i, t in r["arrived"].items() if i in sent]
+    cpu = sum(r["cpu_s"] for r in results)
+    out = summary(n, entries, rate, results[0]["entry_bytes"], lat, [a for r in results for a in r["appends"]], cpu)
+    out.update({"mode": "procs", "cpu_ms_per_entry_per_daemon": [round(1000 * r["cpu_s"] / entries, 2) for r in results],
+                "load_avg": [round(x, 2) for x in os.getloadavg()]})
+    return out
+
+
+def _say(child: subprocess.Popen, msg: dict) -> None:
+    child.stdin.write(json.dumps(msg) + "\n")
+    child.stdin.flush()
+
+
+def _expect(child: subprocess.Popen, key: str, timeout: float = 60.0):
+    """The next line the child prints that carries `key` (its value); raises if the child dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark child exited (rc {child.wait()}) before sending {key!r}")
+        if line.startswith("{"):
+            msg = json.loads(line)
+            if key in msg:
+                return msg[key]
+    raise RuntimeError(f"benchmark child sent no {key!r} within {timeout:.0f} s")
+
+
+def proc_child(home: str, index: int, n: int, entries: int, rate: float, bootstrap: list[str]) -> None:
+    """One daemon of `--procs`: the parent talks to it by JSON lines on stdin / stdout."""
+    async def main() -> None:
+        d = NodeDaemon(NodeHome.at(Path(home)), sync_interval=3600, poll_interval=0.5, auto_fetch=False)
+        lines = _lines(trio.lowlevel.FdStream(os.dup(0)))
+        arrived: dict[str, float] = {}
+        d.merge_observers.append(lambda ids: arrived.update((x.hex(), time.monotonic()) for x in ids))
+        async with trio.open_nursery() as nursery:
+            addrs = await nursery.start(d.run, ["/ip4/127.0.0.1/tcp/0"], bootstrap)
+            _print({"addrs": addrs})
+            peers = (await lines.__anext__())["peers"]
+            for a in peers:
+                if a not in addrs:
+                    await d.transport.connect(a)
+            with trio.fail_after(30):
+                while len(d.transport.topic_peers(d.topic)) < n - 1:
+                    await trio.sleep(0.05)
+            _print({"ready": True})
+            t0 = (await lines.__anext__())["t0"]
+            mine = range(index, entries, n)
+            expected = entries - len(mine)
+            sent: dict[str, float] = {}
+            appends: list[float] = []
+            pad = "x" * 900
+            before = set(arrived)
+            cpu0 = time.process_time()
+            for k in mine:
+                await trio.sleep_until(trio.current_time() + max(0.0, t0 + k / rate - time.monotonic()))
+                at = time.monotonic()
+                e = await d.append("metrics", {"k": k, "pad": pad})
+                sent[e.id.hex()] = at
+                appends.append(time.monotonic() - at)
+            with trio.move_on_after(30):
+                while len(set(arrived) - before) < expected:
+                    await trio.sleep(0.02)
+            cpu = time.process_time() - cpu0
+            new = {i: t for i, t in arrived.items() if i not in before}
+            _print({"result": {"sent": sent, "arrived": new, "appends": appends, "cpu_s": cpu,
+                               "entry_bytes": len(e.to_bytes())}})
+            await lines.__anext__()  # stop: peers may still need this daemon to relay
+            d.stop()
+
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    trio.run(main)
+
+
+async def _lines(stream):
+    """JSON messages, one per line, from an async byte stream."""
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        yield json.loads(line)
+
+
+def _print(msg: dict) -> None:
+    print(json.dumps(msg), flush=True)
 
 
 def rss_child(blob_mb: int) -> None:
@@ -162,15 +302,25 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0, help="entries appended per second (all nodes together)")
     ap.add_argument("--blob-mb", type=int, default=350)
     ap.add_argument("--no-rss", action="store_true", help="gossip latency only")
+    ap.add_argument("--procs", action="store_true", help="gossip with each daemon in its own OS process")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--proc-child", help=argparse.SUPPRESS)
+    ap.add_argument("--index", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--bootstrap", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
         rss_child(args.blob_mb)
         return
+    if args.proc_child:
+        proc_child(args.proc_child, args.index, args.nodes, args.entries, args.rate, args.bootstrap)
+        return
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    out = {"gossip": trio.run(gossip_bench, args.nodes, args.entries, args.rate)}
+    if args.procs:
+        out = {"gossip": gossip_procs(args.nodes, args.entries, args.rate)}
+    else:
+        out = {"gossip": trio.run(gossip_bench, args.nodes, args.entries, args.rate)}
     if args.no_rss:
         print(json.dumps(out, indent=2))
         return

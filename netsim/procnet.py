@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import trio
 
-from atdnode import control
+from atdnode import bodies, control
 from atdnode.blobstore import BlobStore
 from atdnode.errors import DaemonError
 from ledger import Ledger, Signer, peer_id_from_public_key
@@ -259,7 +259,7 @@ class ProcCluster:
             led = self._ledgers.get(name)
             if led is None:
                 led = self._ledgers[name] = Ledger.open(path)
-            return led.append(signer, kind, body).seq
+            return bodies.append(led, signer, kind, body).seq
 
         return await trio.to_thread.run_sync(go)
 

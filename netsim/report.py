@@ -170,10 +170,9 @@ def gossip_markdown(g: dict) -> str:
 # ------------------------------------------------------------------ plots
 
 def plots(report: dict, out: Path) -> dict[str, Path]:
-    import matplotlib
+    from atdnode.plots import pyplot, save_png as _save
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     methods = report["methods"]
     phases = sorted({ph["phase"] for v in methods.values() for ph in v})
@@ -210,17 +209,6 @@ def plots(report: dict, out: Path) -> dict[str, Path]:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     paths["forgetting_png"] = _save(fig, out / "forgetting.png")
     return paths
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    try:
-        fig.tight_layout()
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
-    return path
 
 
 def forgetting(methods: dict[str, list[dict]], phase1_nodes: list[str]) -> dict[str, dict[str, float | None]]:

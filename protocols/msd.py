@@ -58,7 +58,6 @@ class MSDConfig:
     momentum_start: float = 0.95
     seed: int = 0
     head_bn: bool = True
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.student_keep <= self.teacher_keep <= 1:

@@ -8,6 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import trio
@@ -463,9 +464,12 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
         server.terminate()
     metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
+    digit_majority = _majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
     for algo in ("pfesta", "festa"):
         ink = metrics[(algo, "ink")]  # the positive patch rate is ~0.52: compare with the majority rate
-        assert 0.0 <= metrics[(algo, "digit")]["accuracy"] <= 1.0 and ink["patch_accuracy"] > ink["patch_majority"]
+        assert ink["patch_accuracy"] > ink["patch_majority"]
+        # 12 steps reach 0.38-0.47 here (measured): well clear of a constant predictor
+        assert metrics[(algo, "digit")]["accuracy"] > 1.5 * digit_majority, (algo, metrics)
     rows = json.loads(atd("split", "report", "--home", str(c1), "--home", str(c2), "--json").stdout)
     assert len(rows) == 4
     for row in rows:
@@ -478,6 +482,14 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     table = _cli("split", "report", "--home", str(c1))
     assert "T_pFESTA" in table and "pfesta" in table and "festa" in table
     _check_embedder_secret(NodeHome.at(ps), NodeHome.at(c1), NodeHome.at(c2), jobs[0][2])
+
+
+def _majority_rate(spec: str) -> float:
+    """The most frequent class's share of ``spec``'s held-out split (what a constant scores)."""
+    from atdnode.data import load_dataset
+
+    labels = np.asarray(load_dataset(spec, 28, 1, "test", seed=0).labels)
+    return float(np.bincount(labels).max() / len(labels))
 
 
 def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) -> None:

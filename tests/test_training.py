@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -156,6 +157,11 @@ def test_init_from_errors(tmp_path):
         train(home, DATA, cfg(), opts(epochs=1, init_from=a.blobs["extractor"]))
     with pytest.raises(ConfigError, match="head-only"):
         train(home, DATA, other, opts(epochs=1, init_from=a.blobs["head"]))
+    reg = ModelRegistry(home)  # a model-id prefix that two models share names both, not "neither"
+    for twin in ("abcd0001", "abcd0002"):
+        shutil.copyfile(reg.path(a.id), reg.path(twin))
+    with pytest.raises(ConfigError, match=r"'abcd' is ambiguous: abcd0001, abcd0002"):
+        train(home, DATA, other, opts(epochs=1, init_from="abcd"))
 
 
 class Recorder:

@@ -251,7 +251,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
         path = await trio.to_thread.run_sync(lambda: write_record(home, rec))
         return JoinResult(record=rec, path=path)
     finally:
-        await ledger.run(lambda led: led.close())
+        await ledger.close()
 
 
 async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, ident: NodeIdentity,

@@ -393,15 +393,11 @@ def render(report: dict[str, Any]) -> str:
 
 def write_png(report: dict[str, Any], path: str | Path) -> Path:
     """Accuracy per method and task (mean, std over seeds) and bytes per client (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    from atdnode.plots import png_figure
 
     names = list(report["methods"])
     tasks = [t["name"] for t in report["tasks"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
-    try:
+    with png_figure(path, ncols=2, figsize=(12, 4.5), dpi=100) as (fig, (ax1, ax2)):
         width = 0.8 / len(tasks)
         for i, t in enumerate(tasks):
             mean = [report["methods"][n]["accuracy"][t]["mean"] for n in names]
@@ -417,11 +413,5 @@ def write_png(report: dict[str, Any], path: str | Path) -> Path:
         ax2.tick_params(axis="x", rotation=45)
         for lab in ax2.get_xticklabels():
             lab.set_ha("right")
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
-    return path
+    return Path(path)
 
