@@ -4,7 +4,8 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
 
 * gossips every entry this node authors (whether it was appended by the daemon or by a
   CLI command in another process — the daemon watches its own head in the ledger), so
-  entries written while the daemon was down go out when it starts;
+  entries written while the daemon was down go out when it starts (the home's `announced`
+  file keeps the seq gossiped so far: a restart does not re-gossip older entries);
 * validates every gossiped entry (signature, consortium membership) *before* the
   transport delivers or relays it, and merges accepted ones into the ledger;
 * pulls missing entries from each peer on connect and, every `sync_interval`, from a
@@ -164,6 +165,7 @@ class NodeDaemon:
         if self._members == {self.identity.public_key}:
             self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart
+        self._announced_seq = await trio.to_thread.run_sync(read_announced, self.home)
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
             self.transport.set_stream_handler(
@@ -195,6 +197,8 @@ class NodeDaemon:
                 await self._stop.wait()
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
+        if self._announced_seq:  # clean stop: what went out since the announce loop's last write
+            await trio.to_thread.run_sync(write_announced, self.home, self._announced_seq)
         self._clear_state()
         await self.ledger.close()
 
@@ -310,6 +314,8 @@ class NodeDaemon:
             log.warning("no member reachable yet to confirm this node's own chain head: signing nothing until one is "
                         "(restart with --bootstrap <member address>)")
             await self._head_confirmed.wait()
+        head = await self.ledger.run(lambda led: led.head_of(me))
+        saved = self._announced_seq = min(self._announced_seq, head)  # a restored home may hold fewer
         stamp, recheck_at = None, 0.0
         while True:
             # Idle cost (issue 15): the ledger is read only when its files changed (a CLI
@@ -326,6 +332,9 @@ class NodeDaemon:
             except (sqlite3.OperationalError, OSError) as exc:
                 await self._disk_trouble("appending hello", exc)
             head = await self.ledger.run(lambda led: led.head_of(me))
+            if self._announced_seq != saved:  # a restart re-gossips only what was never announced
+                saved = self._announced_seq
+                await trio.to_thread.run_sync(write_announced, self.home, saved)
             if head > self._announced_seq:
                 seq = self._announced_seq
                 entries = await self.ledger.run(lambda led: led.entries_after(me, seq))
@@ -422,19 +431,22 @@ class NodeDaemon:
             return None
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
+        kinds: set[str] = set()
         if result.added_ids:
-            # own entries that came back *through this pull* (a CLI appending meanwhile is not a loss)
-            def own_recovered(led: Ledger) -> int:
-                return sum(1 for i in result.added_ids if (e := led.get(i)) is not None and e.author == me)
+            # own entries that came back *through this pull* (a CLI appending meanwhile is not a
+            # loss), and the kinds added (what _after_merge must refresh)
+            def added(led: Ledger) -> tuple[int, set[str]]:
+                found = [e for i in result.added_ids if (e := led.get(i)) is not None]
+                return sum(1 for e in found if e.author == me), {e.kind for e in found}
 
-            recovered = await self.ledger.run(own_recovered)
+            recovered, kinds = await self.ledger.run(added)
             if recovered:
                 log.warning("peer %s returned %d of this node's own entries that its ledger had lost "
                             "(restored or truncated home); recovered them", peer_id, recovered)
                 self.stats["own_recovered"] = self.stats.get("own_recovered", 0) + recovered
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
-            await self._after_merge()  # membership first: the pull may have taught us who is a member
+            await self._after_merge(kinds)  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
             own_head = await self.ledger.run(lambda led: led.head_of(me))
             log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
@@ -800,6 +812,24 @@ def ledger_stamp(db: "os.PathLike[str] | str") -> tuple:
         except OSError:
             out.append(None)
     return tuple(out)
+
+
+def read_announced(home: NodeHome) -> int:
+    """The seq up to which this node's own entries were gossiped (0: none, or unknown)."""
+    try:
+        return max(0, int(home.announced_file.read_text().strip() or 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def write_announced(home: NodeHome, seq: int) -> None:
+    """Remember (atomically) that own entries up to `seq` were gossiped; best effort."""
+    tmp = home.announced_file.with_suffix(".tmp")
+    try:
+        tmp.write_text(str(seq))
+        tmp.replace(home.announced_file)
+    except OSError as exc:  # a full disk costs only duplicate gossip after a restart
+        log.debug("could not record the announced seq: %s", exc)
 
 
 def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:

@@ -79,6 +79,11 @@ class NodeHome:
     def control_socket(self) -> Path:
         return self.root / "control.sock"
 
+    @property
+    def announced_file(self) -> Path:
+        """The seq up to which the daemon gossiped this node's own entries (atdnode.daemon)."""
+        return self.root / "announced"
+
     def is_initialised(self) -> bool:
         return self.key_file.exists() and self.config_file.exists()
 

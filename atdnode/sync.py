@@ -88,12 +88,7 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         heads = msg.get("heads")
         if msg["t"] != "heads" or not isinstance(heads, dict) or len(heads) > MAX_AUTHORS:
             raise SyncProtocolError("expected a heads map")
-        theirs: dict[bytes, int] = {}
-        for author, seq in heads.items():
-            if not isinstance(author, bytes) or len(author) != 32 or not isinstance(seq, int):
-                raise SyncProtocolError("malformed heads entry")
-            theirs[author] = seq
-        missing = await ledger.run(lambda led: _missing_raw(led, theirs))
+        missing = await ledger.run(lambda led: _missing_raw(led, heads))
         sent = 0
         batch: list[bytes] = []
         size = 0
@@ -126,11 +121,23 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         await stream.close()
 
 
-def _missing_raw(led, theirs: dict[bytes, int]) -> list[bytes]:
+def _missing_raw(led, heads: dict) -> list[bytes]:
+    """Raw entries the requester with `heads` lacks, in log order; SyncProtocolError on a
+    malformed heads map. Heads equal to ours (the common case once in step: every periodic
+    pull between converged peers) answer at once, with no per-author work."""
+    mine = led.heads()
+    if heads == mine:  # equal to our (well-formed) heads, so well-formed too
+        return []
+    theirs: dict[bytes, int] = {}
+    for author, seq in heads.items():
+        if not isinstance(author, bytes) or len(author) != 32 or not isinstance(seq, int):
+            raise SyncProtocolError("malformed heads entry")
+        theirs[author] = seq
     out = []
-    for author, seq in led.heads().items():
-        if theirs.get(author, 0) < seq:
-            out.extend(led.entries_after(author, theirs.get(author, 0)))
+    for author, seq in mine.items():
+        have = theirs.get(author, 0)
+        if have < seq:
+            out.extend(led.entries_after(author, have))
     out.sort(key=lambda e: (e.lamport, e.author, e.seq))  # log order: admissions first
     return [e.to_bytes() for e in out]
 

@@ -11,6 +11,10 @@ Run for
     code `atd node start` runs), node homes on /dev/shm when it exists;
   * `lite`: gossip-only `LitePeer`s (netsim.litenode), chosen explicitly.
 
+Both relay gossip over a GossipSub-style mesh (D, D_low, D_high = 3, 2, 6 from the default
+`[peers]` target 8 / max 16; `MemoryTransport(mesh=...)`), not by flooding every connected
+peer; what the mesh misses (the partition, the churned nodes) the ledger sync repairs.
+
 Measured per run: simulated seconds, wall seconds and process CPU seconds, for the whole
 run (start-up included) and for the workload alone (from the first publication to
 convergence), and for `idle_after` (10 simulated seconds of the converged consortium

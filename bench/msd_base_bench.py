@@ -9,6 +9,14 @@
         test set, next to the same fine-tuning from a random body (same seeds). Ratio = MSD
         accuracy / scratch accuracy, per candidate.
 
+    python bench/msd_base_bench.py --probe demo [--steps-list 0,300,1000,2000] [--seeds 3]
+        How long the MSD campaign must run: the base's features as they are (no fine-tuning)
+        under the scenario's last-phase ensemble (`EnsembleClassifier` with its
+        ``[ensemble]`` settings, fitted on every node's training features, scored on the
+        pooled test set) after N distillation steps, N = 0 being the random body. The
+        embedder is the one netsim's campaign draws from the seed; ratio = accuracy / the
+        random body's. This is what VGS-ATD's features start from in every phase.
+
     python bench/msd_base_bench.py --campaign demo
         MSD campaign wall time and measured bytes per client for the scenario's nodes
         (`netsim.msdbase.run_msd_base`: real daemon, sessions and ledger, in-memory network).
@@ -94,6 +102,70 @@ def choose(name: str, steps: int, seeds: int, finetune_steps: list[int]) -> dict
             "best": best["candidate"]}
 
 
+def probe(name: str, steps_list: list[int], seeds: list[int]) -> dict:
+    import warnings
+    from dataclasses import replace
+
+    import numpy as np
+
+    from atdnode.features import extract_features
+    from atdnode.split.base import assemble
+    from netsim.nodedata import load_scenario_data
+    from netsim.scenario import load_scenario, shipped_scenario
+    from protocols.ensemble import EnsembleClassifier
+    from protocols.msd import MSDConfig, MSDTrainer
+    from protocols.split_parts import SplitBody, build_plain_embedder, new_embedder_state, split_config, split_dict
+
+    warnings.filterwarnings("ignore")  # a capped MLP epoch count is a setting, not news
+    rows: dict[int, list[float]] = {s: [] for s in steps_list}
+    t0 = time.perf_counter()
+    for seed in seeds:
+        scn = load_scenario(shipped_scenario(name)).replace(seed=seed)
+        data = load_scenario_data(scn)
+        space, last = data.label_space, max(d.phase for d in data.nodes.values())
+        nodes = [data.nodes[n] for n in data.present(last)]
+        x = torch.cat([nd.train.images for nd in nodes])
+        y = np.concatenate([[space.index(nd.classes[int(i)]) for i in nd.train.labels] for nd in nodes])
+        pool, cl = data.pooled_test(last), data.classes_at(last)
+        yt = np.array([space.index(cl[int(i)]) for i in pool.labels])
+        cfg = split_config(split_dict(replace(scn.model, mlp_ratio=4.0)))
+        emb = new_embedder_state(cfg, seed=seed)  # netsim's campaign draws the same (JoinOptions.secret_seed)
+        with torch.no_grad():
+            tokens = build_plain_embedder(cfg, state=emb)(x)
+        for steps in steps_list:
+            m = scn.msd
+            if steps:
+                mc = MSDConfig(steps=steps, batch_size=m.batch_size, lr=m.lr, teacher_keep=m.teacher_keep,
+                               student_keep=m.student_keep, teacher_views=m.teacher_views,
+                               student_views=m.student_views, seed=seed)
+                body = MSDTrainer(cfg, mc).train(tokens).body_state
+            else:
+                torch.manual_seed(seed)
+                body = SplitBody(cfg).state_dict()
+            model, _ = assemble(cfg, emb, body)
+            f, _ = extract_features(model, _Images(x, y))
+            ft, _ = extract_features(model, _Images(pool.images, yt))
+            ens = EnsembleClassifier(pca_components=scn.ensemble.pca_components, mlp_max_iter=scn.ensemble.mlp_epochs,
+                                     seed=seed).fit(f, y)
+            rows[steps].append(round(float((ens.predict(ft) == yt).mean()), 4))
+            print(json.dumps({"seed": seed, "steps": steps, "accuracy": rows[steps][-1]}), file=sys.stderr, flush=True)
+    mean = {s: round(sum(v) / len(v), 4) for s, v in rows.items()}
+    ref = mean.get(0)
+    return {"bench": "msd_steps_probe", "scenario": name, "seeds": seeds, "accuracy": rows, "mean": mean,
+            **({"ratio_to_random_body": {s: round(a / ref, 3) for s, a in mean.items()}} if ref else {}),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+class _Images:
+    """The (images, labels) pair `extract_features` reads."""
+
+    def __init__(self, x: torch.Tensor, y) -> None:
+        self.images, self.labels = x, torch.as_tensor(y)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
 def campaign(name: str, steps: int | None) -> dict:
     from netsim.msdbase import run_msd_base
     from netsim.nodedata import load_scenario_data
@@ -119,7 +191,7 @@ def reports(paths: list[str]) -> dict:
     out = {}
     for p in paths:
         rep = json.loads(Path(p).read_text())
-        base = "msd" if rep.get("msd_base") else "scratch"
+        base = ",".join(rep["bases"]) if rep.get("bases") else "msd" if rep.get("msd_base") else "scratch"
         key = f"{rep['scenario']['name']}/{base}/{rep['methods'] and next(iter(rep['methods']))}"
         out[key] = {m: [round(ph["overall"]["accuracy"], 4) for ph in phs] for m, phs in rep["methods"].items()}
         out[key]["model"] = rep.get("msd_base", {}).get("model", {}).get("name") or rep["scenario"]["model"]["name"]
@@ -130,6 +202,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--choose", action="store_true")
     ap.add_argument("--campaign", metavar="SCENARIO")
+    ap.add_argument("--probe", metavar="SCENARIO")
+    ap.add_argument("--steps-list", default="0,300,1000,2000")
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--reports", nargs="+")
     ap.add_argument("--scenario", default="three_phase")
     ap.add_argument("--steps", type=int, default=None)
@@ -139,12 +214,15 @@ def main() -> None:
     torch.set_num_threads(1)
     if a.choose:
         print(json.dumps(choose(a.scenario, a.steps or 300, a.seeds, a.finetune_steps)))
+    elif a.probe:
+        seeds = list(range(a.first_seed, a.first_seed + a.seeds))
+        print(json.dumps(probe(a.probe, [int(v) for v in a.steps_list.split(",")], seeds)))
     elif a.campaign:
         print(json.dumps(campaign(a.campaign, a.steps)))
     elif a.reports:
         print(json.dumps(reports(a.reports)))
     else:
-        ap.error("give --choose, --campaign SCENARIO or --reports FILE...")
+        ap.error("give --choose, --probe SCENARIO, --campaign SCENARIO or --reports FILE...")
 
 
 if __name__ == "__main__":

@@ -87,13 +87,17 @@ def _say_every_hello(homes: dict[str, NodeHome], names: list[str], seeds: dict[s
                      roles: dict[str, str]) -> None:
     """Append every node's hello to the founder's ledger, then copy that ledger to all."""
     from atdnode import bodies
+    from atdnode.daemon import write_announced
 
     founder = homes[names[0]].ledger_db
+    said: dict[str, int] = {}
     with Ledger.open(founder) as led:
         for name in names:
             ident = NodeIdentity.load(homes[name])
             body = {"addrs": [f"/memory/{name}/p2p/{ident.peer_id}"],  # MemoryTransport.addrs()
                     "x25519": ident.x25519_public, "role": roles.get(name, "node"), "name": name}
-            bodies.append(led, Signer.from_seed(seeds[name]), "hello", body)
+            said[name] = bodies.append(led, Signer.from_seed(seeds[name]), "hello", body).seq
     for name in names[1:]:
         shutil.copyfile(founder, homes[name].ledger_db)  # closed: the WAL is checkpointed into it
+    for name in names:  # ... and gossiped them: restarting daemons do not gossip them again
+        write_announced(homes[name], said[name])

@@ -16,6 +16,7 @@ from typing import Callable, TypeVar
 
 import trio
 
+from atdnode.peerset import PeerSetConfig, gossip_degrees
 from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, TransportError
 from ledger import Entry, LedgerError, Signer, peer_id_from_public_key
@@ -106,7 +107,8 @@ class LitePeer:
 
     async def run(self, bootstrap: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
         c = self.cluster
-        t = CappedTransport(c.net, self.seed, name=self.name, max_peers=c.max_peers)
+        t = CappedTransport(c.net, self.seed, name=self.name, max_peers=c.max_peers,
+                            mesh=gossip_degrees(PeerSetConfig()))  # the daemon's default mesh
         self.transport = t
         t.set_stream_handler(SYNC_PROTOCOL, lambda s: serve_sync(s, self.access))
         async with t.run([]):

@@ -20,7 +20,9 @@ next (`shared_signature_checks`: same bytes, same result; failures always recomp
 start-up objects are frozen for the GC (`quiet_gc`), the clock's autojump looks up only
 the next deadline (`sim_clock`), and gossip arrives on a 1 ms grid (`GOSSIP_TICK_S`), so
 nodes wake once per tick for all that is due. `MemCluster(established=True)` starts from
-a consortium whose ledgers already hold every node's hello (no N^2 hello flood). Nodes
+a consortium whose ledgers already hold every node's hello (no N^2 hello flood). Gossip
+goes over a GossipSub-style mesh whose degrees follow each node's peer set
+(`MemoryTransport(mesh=...)`, `atdnode.peerset.gossip_degrees`), as on libp2p. Nodes
 are full daemons; `netsim.litenode` has gossip-only peers for when a scenario asks for
 them (`topology.peers = "lite"`; reports say which). Measured in bench/memsim_bench.py.
 """
@@ -40,7 +42,9 @@ import trio
 import trio.testing
 
 from atdnode import bodies
+from atdnode.config import NodeConfig
 from atdnode.daemon import NodeDaemon
+from atdnode.peerset import PeerSetConfig, gossip_degrees
 from atdnode.transport.base import TransportError
 from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer, peer_id_from_public_key
@@ -219,8 +223,9 @@ class CappedTransport(MemoryTransport):
     dial every member it hears of, a full mesh: N^2 links and N^2 gossip copies).
     Inbound connections are still accepted, so degrees stay around 2 x max_peers at most."""
 
-    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str, max_peers: int) -> None:
-        super().__init__(network, seed, name=name)
+    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str, max_peers: int,
+                 mesh: tuple[int, int, int] | None = None) -> None:
+        super().__init__(network, seed, name=name, mesh=mesh)
         self.max_peers = max_peers
 
     async def connect(self, addr: str) -> str:
@@ -313,7 +318,9 @@ class MemCluster:
         await self._nursery.start(self._run_node, name, addrs)
 
     async def _run_node(self, name: str, bootstrap: list[str], task_status=trio.TASK_STATUS_IGNORED) -> None:
-        transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers)
+        home = self.c.homes[name]  # the gossip mesh follows the node's peer set, as on libp2p
+        mesh = gossip_degrees(PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers")))
+        transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers, mesh=mesh)
         daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
                             poll_interval=self.poll_interval, auto_fetch=self.auto_fetch)
         done = trio.Event()

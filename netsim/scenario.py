@@ -8,7 +8,8 @@ the network conditions, the faults, and optionally a gossip workload:
                  step_deadline_s, base ("scratch" | "msd": VGS-ATD starts from a base the nodes
                  build first by masked sampling distillation, `netsim.msdbase`)
     [msd]        the MSD campaign of base = "msd": steps, batch_size, lr, teacher_keep,
-                 student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`)
+                 student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`);
+                 finetune_lr: VGS-ATD's learning rate when its models descend from the base
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
@@ -65,15 +66,20 @@ class MSDSpec:
     """The MSD campaign that builds the base (`base = "msd"`). The view settings the paper
     leaves blank were measured (`bench/msd_base_bench.py --choose`, `netsim.msdbase`):
     teacher views keep 3 of the scenarios' 4 patches (0.75), student views 2 (0.5), two of
-    each. steps, batch_size and lr are `protocols.msd.MSDConfig`'s, steps 300 (not measured)."""
+    each. batch_size and lr are `protocols.msd.MSDConfig`'s; steps 1000, measured
+    (`bench/msd_base_bench.py --probe`, `netsim.msdbase`): at 300 the base's features were
+    hardly better than a random body's for the last phase's ensemble."""
 
-    steps: int = 300
+    steps: int = 1000
     batch_size: int = 128
     lr: float = 3e-3
     teacher_keep: float = 0.75
     student_keep: float = 0.5
     teacher_views: int = 2
     student_views: int = 2
+    # VGS-ATD's training from the base (`base = "msd"`): every model then descends from the
+    # pretrained base, and this learning rate replaces [train] lr (None: [train] lr)
+    finetune_lr: float | None = None
 
 
 @dataclass(frozen=True)

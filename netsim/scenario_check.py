@@ -231,3 +231,5 @@ def _check_base(c, s: Scenario) -> None:
                                          f"{m.teacher_keep}")
     if not m.lr > 0:
         raise c.fail("msd.lr", f"must be > 0, got {m.lr}")
+    if m.finetune_lr is not None and not m.finetune_lr > 0:
+        raise c.fail("msd.finetune_lr", f"must be > 0, got {m.finetune_lr}")

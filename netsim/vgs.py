@@ -211,8 +211,9 @@ class VgsRunner:
         return got
 
     def _train_opts(self, init: Pub | None, freeze: int, node: str) -> TrainOptions:
-        t = self.scn.train
-        return TrainOptions(epochs=t.epochs, batch_size=t.batch_size, lr=t.lr, weight_decay=t.weight_decay,
+        t, ft = self.scn.train, self.scn.msd.finetune_lr
+        lr = ft if self.base_files and ft is not None else t.lr  # from the MSD base: its fine-tuning rate
+        return TrainOptions(epochs=t.epochs, batch_size=t.batch_size, lr=lr, weight_decay=t.weight_decay,
                             warmup_epochs=0.5, freeze_blocks=freeze,
                             init_from=init.blob if init else _opt_str(self.base_files.get(node)),
                             seed=self.scn.seed + sum(map(ord, node)), augment=t.augment)

@@ -217,10 +217,12 @@ def build_plain_embedder(cfg: ModelConfig, seed: int | None = 0, content_gain: f
     return stem.eval()
 
 
-def new_embedder_state(cfg: ModelConfig, content_gain: float = 2.0) -> dict[str, torch.Tensor]:
+def new_embedder_state(cfg: ModelConfig, content_gain: float = 2.0, *, seed: int | None = None
+                       ) -> dict[str, torch.Tensor]:
     """A fresh secret embedder (projection + position table) from OS randomness: the tensors
-    one p-FESTA / MSD client generates and seals to the other clients. No seed survives."""
-    stem = build_plain_embedder(cfg, seed=None, content_gain=content_gain)
+    one p-FESTA / MSD client generates and seals to the other clients. No seed survives.
+    ``seed``: simulation only (netsim's reproducible runs); a seed is no secret."""
+    stem = build_plain_embedder(cfg, seed=seed, content_gain=content_gain)
     return embedder_state(stem)
 
 

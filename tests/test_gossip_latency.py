@@ -236,8 +236,8 @@ async def _line_of_transports(n: int, validators: list, got: dict, stop: trio.Ev
     return ts
 
 
-def test_unsigned_gossip_is_still_gated_by_the_validator_before_delivery_and_relay() -> None:
-    """Pubsub messages carry no pubsub signature now; what the validator refuses is neither
+def test_unchecked_pubsub_signatures_leave_the_validator_gating_delivery_and_relay() -> None:
+    """Pubsub signatures are no longer checked; what the validator refuses is neither
     delivered nor relayed (atd's validator checks the entry's own signature)."""
     async def main() -> None:
         got: dict[str, list[bytes]] = {}
@@ -326,5 +326,42 @@ def test_yamux_returns_window_credit_in_batches() -> None:
             stop.set()
         assert frames["data"] >= 10
         assert frames["window"] <= max(3, frames["data"] // 10), frames
+
+    trio.run(main)
+
+
+def test_own_messages_reach_every_topic_peer_even_with_an_empty_mesh() -> None:
+    """Flood publish: a publisher whose mesh is empty (not formed yet, or pruned under a
+    bounded peer set) still hands its own messages to its direct peers; relays use meshes."""
+    async def main() -> None:
+        got: dict[str, list[bytes]] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            a, b, c = await _line_of_transports(3, [lambda d, p: True] * 3, got, stop, nursery)
+            await c.connect(a.addrs()[0])
+            await wait_for(lambda: all(len(t.topic_peers(TOPIC)) == 2 for t in (a, b, c)), "triangle", 30)
+            a._pubsub.router.mesh[TOPIC] = set()  # as if a's mesh had not formed
+            b._pubsub.router.mesh[TOPIC] = set()
+            c._pubsub.router.mesh[TOPIC] = set()  # and nobody relays
+            await a.publish(TOPIC, b"own entry")
+            await wait_for(lambda: got[b.peer_id] == [b"own entry"] and got[c.peer_id] == [b"own entry"],
+                           "delivery to both direct peers", 10)
+            stop.set()
+
+    trio.run(main)
+
+
+def test_own_messages_stay_signed_for_daemons_that_verify_pubsub_signatures() -> None:
+    """An earlier daemon version verifies pubsub signatures (strict signing): it must still
+    accept this version's gossip (rolling upgrades), though this version skips the check."""
+    async def main() -> None:
+        got: dict[str, list[bytes]] = {}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            a, b = await _line_of_transports(2, [lambda d, p: True] * 2, got, stop, nursery)
+            b._pubsub.strict_signing = True  # b verifies like an old daemon
+            await a.publish(TOPIC, b"signed by a")
+            await wait_for(lambda: got[b.peer_id] == [b"signed by a"], "delivery to a verifying peer", 10)
+            stop.set()
 
     trio.run(main)

@@ -151,7 +151,7 @@ def _tiny_raw(**scenario) -> dict:
     raw = json.loads(json.dumps(TINY))
     raw["scenario"].update({"methods": ["vgs-atd", "centralized"], **scenario})
     raw["cohorts"] = raw["cohorts"][:1]  # phase 1 only: two nodes
-    raw["msd"] = {"steps": 8, "batch_size": 64}
+    raw["msd"] = {"steps": 8, "batch_size": 64, "finetune_lr": 2e-3}
     return raw
 
 
@@ -166,7 +166,8 @@ def test_scenario_base_option_validates() -> None:
                           ({"msd": {"student_keep": 0.0}}, "msd.student_keep"),
                           ({"msd": {"student_keep": 0.9, "teacher_keep": 0.5}}, "msd.student_keep"),
                           ({"msd": {"teacher_views": 1, "student_views": 0}}, "msd.student_views"),
-                          ({"msd": {"steps": 0}}, "msd.steps"), ({"msd": {"views": 3}}, "msd")):
+                          ({"msd": {"steps": 0}}, "msd.steps"), ({"msd": {"finetune_lr": 0}}, "msd.finetune_lr"),
+                          ({"msd": {"views": 3}}, "msd")):
         raw = _tiny_raw(base="msd")
         for k, v in change.items():
             raw[k].update(v)
@@ -208,12 +209,37 @@ def _netsim_base_msd(tmp_path: Path) -> None:
     (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     files = sorted((work / "msd" / "base").glob("*.safetensors"))
     assert [f.stem for f in files] == ["a1", "a2"] and files[0].read_bytes() == files[1].read_bytes()
+    _assert_seeded_embedder(files[0], scenario_from_dict(_tiny_raw(base="msd")))
     for n in ("a1", "a2"):  # every VGS-ATD model descends from the campaign's base
         recs = ModelRegistry(NodeHome.at(work / "vgs" / "homes" / n)).list()
         trained = [r for r in recs if r.provenance.get("run_key")]
         assert trained and all(r.provenance["base"] == f"msd:{_body_entry(work)[:32]}" for r in trained)
+        assert all(r.provenance["options"]["lr"] == 2e-3 for r in trained)  # [msd] finetune_lr, not [train] lr
     assert [p["phase"] for p in rep["methods"]["centralized-msd"]] == [1]
     assert 0 <= rep["methods"]["vgs-atd"][0]["overall"]["accuracy"] <= 1
+
+
+def _assert_seeded_embedder(base_file: Path, scn) -> None:
+    """netsim's campaign draws its embedder secret from the scenario seed (a reproducible run;
+    `JoinOptions.secret_seed`): the base's patch projection and position table are that draw."""
+    from safetensors.torch import load_file
+
+    from protocols.split_parts import new_embedder_state, split_dict
+
+    tensors = load_file(str(base_file))
+    cfg = split_config(split_dict(scn.model))
+    for k, v in new_embedder_state(cfg, seed=scn.seed).items():
+        assert torch.equal(tensors[k.removeprefix("vit.")], v), k
+
+
+def test_embedder_secret_seed_is_for_simulation_only() -> None:
+    """A seeded secret is reproducible (netsim); the default draws from the OS every time."""
+    from protocols.split_parts import new_embedder_state
+
+    cfg = split_config(BODY)
+    a, b, c = new_embedder_state(cfg, seed=3), new_embedder_state(cfg, seed=3), new_embedder_state(cfg)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["vit.pos_embed"], c["vit.pos_embed"])
 
 
 def _body_entry(work: Path) -> str:

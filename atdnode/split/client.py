@@ -69,6 +69,9 @@ class JoinOptions:
     finetune_steps: int = 100
     finetune_lr: float = 2e-3
     compare_scratch: bool = False
+    # simulation only (netsim): draw the embedder secret this node may make from this seed,
+    # so that a scenario's MSD base is reproducible; None (OS randomness) in any deployment
+    secret_seed: int | None = None
 
 
 @dataclass
@@ -207,7 +210,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
             secretive = offer["algorithm"] in ("pfesta", "msd")
             entry = await _verified_entry(link, ledger, opts.server, offer,
                                           named if opts.sync or secretive else None)
-            secret, state = await _obtain_secret(ch, link, ledger, ident, entry, offer) if secretive else (None, None)
+            secret, state = await _obtain_secret(ch, link, ledger, ident, entry, offer, opts.secret_seed) if secretive else (None, None)
             role = await trio.to_thread.run_sync(_make_role, home, ident.peer_id, offer, opts, state)
             if secret is not None:
                 role.out.extra["secret_entry"] = secret
@@ -252,7 +255,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
 
 
 async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, ident: NodeIdentity,
-                         service: str | None, offer: dict[str, Any]) -> tuple[str, dict]:
+                         service: str | None, offer: dict[str, Any], seed: int | None = None) -> tuple[str, dict]:
     """The campaign's embedder secret (p-FESTA / MSD), before joining (see `secret.py`):
     announce this node's X25519 key, ask the server which ``split_secret`` entry it
     adopted; if none, make one (sealed to every client member known by then), offer it, and
@@ -266,7 +269,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
     adopted = (await ch.recv("secret_ok")).meta.get("entry")
     if adopted is None:
         await _sync(link, ledger)  # the other askers' hellos: the secret is sealed to them too
-        mine = await ledger.run(lambda led: create_secret(ident, led, service, cfg))
+        mine = await ledger.run(lambda led: create_secret(ident, led, service, cfg, seed=seed))
         log.info("made the campaign's embedder secret %s", mine.id.hex()[:12])
         await ch.send("secret", None, {"entry": mine.id.hex()})
         adopted = (await ch.recv("secret_ok")).meta.get("entry")

@@ -76,16 +76,18 @@ def service_entry(led: Ledger, service_id: str) -> Entry:
     return entry
 
 
-def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ModelConfig) -> Entry:
+def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ModelConfig, *,
+                  seed: int | None = None) -> Entry:
     """Generate a fresh embedder (OS randomness), seal it to the campaign's clients and
     append the ``split_secret`` entry (signed by ``ident``). Needs this node's own key in
-    its ``hello`` (see `ensure_hello`)."""
+    its ``hello`` (see `ensure_hello`). ``seed``: simulation only (netsim draws the embedder
+    from the scenario seed so that a run is reproducible); never set in a deployment."""
     service = service_entry(led, service_id)
     if service.author == ident.public_key:
         raise SplitSecretError("a split server cannot make its own campaign's embedder secret")
     recipients = client_recipients(led, service, ident.public_key)
     recipients[ident.peer_id] = ident.x25519_public
-    payload = st_save(new_embedder_state(cfg))
+    payload = st_save(new_embedder_state(cfg, seed=seed))
     env = seal_bytes(payload, recipients, ident.x25519_private, purpose=PURPOSE, sender_id=ident.peer_id)
     body = {"service": service_id, "recipients": sorted(recipients), "envelope": env, "alg": ALG}
     return bodies.append(led, ident.signer, SPLIT_SECRET_KIND, check_secret_body(body))

@@ -38,14 +38,23 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   buffer (py-libp2p reads each RPC's varint length one byte at a time: three muxer reads
   per RPC), drops an already-seen message before any other work (py-libp2p spawned a
   managed task per message, duplicates included), and handles new messages in line;
-* no pubsub-level signatures (`strict_signing=False`, see `UNSIGNED`): every gossiped atd
+* no pubsub-level signature checks (`strict_signing=False`, see `PUBSUB_OPTIONS`): every gossiped atd
   entry is itself signed and the daemon's validator checks that signature and the
   author's membership before delivery or relay, and the forwarder is authenticated by
   Noise. The pubsub signature only vouched for the `from` field, which nothing trusts:
   message ids are the SHA-256 of the data (`content_id`), so a forged `from`/`seqno`
   cannot shadow another message, and a re-published entry is a duplicate by content.
-  py-libp2p's validation cache is kept small (`VALIDATION_CACHE`): only messages not seen
-  yet reach validation, and its LRU list costs a linear scan per message;
+  Own messages are still signed (`CoalescingPubsub.publish`, one Ed25519 signature per
+  published entry) because daemons of earlier versions verify pubsub signatures and
+  would drop unsigned messages: a consortium can upgrade one daemon at a time. Only the
+  verification, on every node for every message, is saved. py-libp2p's validation cache
+  is kept small (in `PUBSUB_OPTIONS`): only messages not seen yet reach validation, and its LRU
+  list costs a linear scan per message;
+* flood publish (`FloodPublishGossipSub`, go-libp2p's default): a node's OWN messages go
+  to every peer subscribed to the topic, not only to its mesh; relays still follow the
+  mesh. A publisher whose mesh is empty or not formed yet (just started, pruned under a
+  bounded peer set) lost its messages until the next sync; now its direct peers get them
+  in one hop. In a 5-node consortium every peer is in the mesh anyway (no extra sends);
 * connection reads are buffered (`buffer_raw_reads`): Noise reads each transport message
   as a 2-byte length and a body, two socket reads; one read of up to READ_CHUNK bytes
   now serves both, and often the frames after them.
@@ -65,9 +74,11 @@ from libp2p.network.connection.exceptions import RawConnError
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.stream.exceptions import StreamEOF, StreamError
 import libp2p.pubsub.gossipsub as _gossipsub_mod
+from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
@@ -79,8 +90,8 @@ os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 ADDRS_TTL = 1.0  # seconds host.get_addrs() is reused
 READ_CHUNK = 1 << 16  # bytes asked of the muxer per read by the pubsub read loop
-# Pubsub kwargs: no pubsub-level signatures, a small validation cache (module doc)
-UNSIGNED = {"strict_signing": False, "validation_cache_size": 64}
+# Pubsub kwargs: pubsub signatures not checked, a small validation cache (module doc)
+PUBSUB_OPTIONS = {"strict_signing": False, "validation_cache_size": 64}
 
 _last_id: list = [None, b""]  # (message object, its id): py-libp2p asks ~8 times per message
 
@@ -129,6 +140,14 @@ class CoalescingPubsub(Pubsub):
     coalesced_rpcs = 0  # RPCs saved by merging (all instances; for benchmarks and tests)
     duplicates_dropped = 0  # already-seen messages dropped by the read loop (all instances)
 
+    async def publish(self, topic_id: str | list[str], data: bytes) -> None:
+        """Pubsub.publish (libp2p 0.8.1), signed whatever `strict_signing` says (module doc)."""
+        msg = rpc_pb2.Message(data=data, topicIDs=[topic_id] if isinstance(topic_id, str) else list(topic_id),
+                              from_id=self.my_id.to_bytes(), seqno=self._next_seqno())
+        msg.signature = self.host.get_private_key().sign(PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString())
+        msg.key = self.host.get_public_key().serialize()
+        await self.push_msg(self.my_id, msg)
+
     async def continuously_read_stream(self, stream: Any) -> None:
         """Pubsub.continuously_read_stream (libp2p 0.8.1) with a buffered reader, seen
         messages dropped first and new ones pushed in line (see the module doc). Streams
@@ -151,7 +170,10 @@ class CoalescingPubsub(Pubsub):
                     if self._is_msg_seen(msg):  # a copy from another mesh peer: nothing to do
                         CoalescingPubsub.duplicates_dropped += 1
                         continue
-                    await self.push_msg(peer_id, msg)  # validators are synchronous: no task per message
+                    try:
+                        await self.push_msg(peer_id, msg)  # validators are synchronous: no task per message
+                    except Exception:  # as when it ran in its own task: this peer's other messages go on
+                        log.exception("pubsub message from %s could not be processed", peer_id)
                 if rpc.subscriptions:
                     if len(rpc.subscriptions) > self.max_subscriptions_per_rpc:
                         log.warning("Peer %s sent %d subscriptions exceeding limit %d, rejecting subscriptions",
@@ -195,6 +217,19 @@ class CoalescingPubsub(Pubsub):
         except Exception:
             log.debug("sending loop for %s terminated with error", peer_id, exc_info=True)
             self._handle_dead_peer(peer_id)
+
+
+class FloodPublishGossipSub(GossipSub):
+    """GossipSub that sends the node's own messages to every topic peer (module doc)."""
+
+    def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
+        topic_ids = list(topic_ids)
+        peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
+        if self.pubsub is not None and msg_forwarder == self.pubsub.my_id:
+            for topic in topic_ids:
+                peers.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
+            peers.discard(origin)
+        return peers
 
 
 def coalesce_publish(first: Any, pop: Callable[[], Any], limit: int) -> tuple[Any, Any, int]:

@@ -11,7 +11,9 @@ raised). The daemon's validator is registered as a pubsub topic validator, so li
 runs it before delivering or relaying; a rejected message is never forwarded.
 
 Gossip latency here is bounded by CPU, not by the protocol: `libp2p_pubsub` cuts
-py-libp2p's cost per message (coalesced sends, cached addresses, batched yamux credit).
+py-libp2p's cost per message (coalesced sends, cached addresses, batched yamux credit,
+buffered reads, duplicates dropped first, content-addressed ids, no pubsub signature
+checks) and publishes the node's own messages to every topic peer (flood publish).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -52,7 +54,13 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
-from atdnode.transport.libp2p_pubsub import UNSIGNED, CoalescingPubsub, cache_addrs, content_id
+from atdnode.transport.libp2p_pubsub import (
+    PUBSUB_OPTIONS,
+    CoalescingPubsub,
+    FloodPublishGossipSub,
+    cache_addrs,
+    content_id,
+)
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 
 log = logging.getLogger(__name__)
@@ -231,7 +239,7 @@ class Libp2pTransport(Transport):
             listen_addrs=maddrs,
         )
         c = self.cfg
-        gossipsub = GossipSub(
+        gossipsub = FloodPublishGossipSub(
             protocols=[PROTOCOL_ID_V11],
             degree=c.degree,
             degree_low=c.degree_low,
@@ -245,7 +253,7 @@ class Libp2pTransport(Transport):
         cache_addrs(host)
         _no_auto_connector(host)
         pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096,
-                                  msg_id_constructor=content_id, **UNSIGNED)
+                                  msg_id_constructor=content_id, **PUBSUB_OPTIONS)
         pubsub.peer_queues = _SizedQueues(c.peer_queue_size)
         host.get_network().register_notifee(_Notifee(self))
         for proto, handler in self._handlers.items():

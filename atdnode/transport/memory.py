@@ -1,8 +1,9 @@
 """In-process transport: `MemoryNetwork` (the hub) and `MemoryTransport` (one node on it).
 
 Same semantics as the libp2p transport (the contract tests run against both): gossip with
-a seen-cache, a validator called before delivery and relay, relaying only to subscribed
-neighbours; streams carry bytes through `framing.FramedStream`, so frame rules are shared.
+a seen-cache of content ids (SHA-256 of the data, like `libp2p_pubsub.content_id`: the
+same bytes published again are a duplicate), a validator called before delivery and
+relay, relaying only to subscribed neighbours; streams carry bytes through `framing.FramedStream`, so frame rules are shared.
 
 Links are simulated per direction (`LinkConditions`): latency, bandwidth (bytes/s), gossip
 loss probability, and up/down (partitions). Stream bytes are reliable (like TCP): they are
@@ -11,6 +12,19 @@ down or lossy link are dropped. Every decision that uses randomness draws from a
 RNG seeded from (network seed, src, dst), so a run is reproducible with trio's MockClock.
 `MemoryNetwork.link_stats()` / `node_stats()` expose byte and message counters, and
 `add_observer` hooks see every transmission (netsim builds its reports on these).
+
+Gossip fan-out. By default a node relays to every connected subscriber (flooding: right
+for a handful of nodes and the contract tests). With `mesh=(D, D_low, D_high)` it keeps a
+GossipSub-style mesh per topic instead (GossipSub v1.0 spec, "mesh maintenance"; the
+degrees the daemon derives from its peer set, `atdnode.peerset.gossip_degrees`): it
+publishes and relays to its mesh peers only. A mesh below D_low is topped up to D from the
+connected subscribers (GRAFT; the other side refuses once its mesh holds D_high, like a
+PRUNE), a disconnected peer leaves both meshes, and a mesh peer whose link is found down
+when sending is dropped from the mesh (what a dead connection does to a real one).
+Deviations, all simulation shortcuts: GRAFT/PRUNE take effect at once without control
+messages, the mesh is repaired when used (on the next publish or relay after a connection
+change) rather than on a 1 s heartbeat, and there is no IHAVE/IWANT lazy gossip -- what
+the mesh misses, the daemon's ledger sync repairs.
 """
 from __future__ import annotations
 
@@ -118,6 +132,8 @@ class Link:
     def _count(self, nbytes: int, kind: str) -> None:
         self.stats["bytes"] += nbytes
         self.stats["messages"] += 1
+        self.net._sent[self.src] = self.net._sent.get(self.src, 0) + nbytes
+        self.net._received[self.dst] = self.net._received.get(self.dst, 0) + nbytes
         self.net._observe(self.src, self.dst, kind, nbytes, True)
 
     def is_up(self) -> bool:
@@ -144,6 +160,8 @@ class MemoryNetwork:
         # (netsim.memnet.SimNetwork uses 1 ms); 0 keeps exact delivery times.
         self.gossip_tick_s = 0.0
         self._cuts: list[dict[str, int]] = []  # partitions in force (see partition)
+        self._sent: dict[str, int] = {}  # per node, the sum of its links' bytes (node_stats: no scan of all links)
+        self._received: dict[str, int] = {}
 
     def link(self, src: str, dst: str) -> Link:
         key = (src, dst)
@@ -193,9 +211,7 @@ class MemoryNetwork:
 
     def node_stats(self, peer_id: str) -> dict[str, int]:
         """Bytes a node put on / took off its links (gossip + streams, link level)."""
-        sent = sum(l.stats["bytes"] for (s, _), l in self._links.items() if s == peer_id)
-        recv = sum(l.stats["bytes"] for (_, d), l in self._links.items() if d == peer_id)
-        return {"sent": sent, "received": recv}
+        return {"sent": self._sent.get(peer_id, 0), "received": self._received.get(peer_id, 0)}
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -213,7 +229,12 @@ class _Sub:
 class MemoryTransport(Transport):
     """One node on a `MemoryNetwork`; address `/memory/<name>/p2p/<peer id>`."""
 
-    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str | None = None) -> None:
+    def __init__(self, network: MemoryNetwork, seed: bytes, *, name: str | None = None,
+                 mesh: tuple[int, int, int] | None = None) -> None:
+        """`mesh`: GossipSub degrees (D, D_low, D_high) to relay over a mesh; None floods
+        every connected subscriber (see the module doc)."""
+        if mesh is not None and not 1 <= mesh[1] <= mesh[0] <= mesh[2]:
+            raise ValueError(f"mesh degrees must satisfy 1 <= D_low <= D <= D_high, got {mesh}")
         self.net = network
         self._peer_id = peer_id_from_seed(seed)
         self.name = name or self._peer_id[-8:]
@@ -222,13 +243,17 @@ class MemoryTransport(Transport):
         self._subs: dict[str, _Sub] = {}
         self._handlers: dict[str, StreamHandler] = {}
         self._streams: set[LinkPipe] = set()
-        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._seqno = 0
+        self._seen: OrderedDict[bytes, None] = OrderedDict()  # content ids (SHA-256 of the data)
+        self._seqno = 0  # messages published
         self._inbox: list[tuple[float, int, tuple]] = []
         self._inbox_lot = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
         self._counter = Counter()
         self.rejected = 0  # gossip messages refused by the validator
+        self.mesh_degrees = mesh
+        self._mesh: dict[str, set[str]] = {}  # topic -> mesh peers (with `mesh` degrees)
+        self._mesh_checked: set[str] = set()  # topics topped up since connections last changed
+        self._mesh_rng = random.Random(hashlib.sha256(f"{network.seed}|mesh|{self._peer_id}".encode()).digest())
 
     @property
     def peer_id(self) -> str:
@@ -257,6 +282,7 @@ class MemoryTransport(Transport):
                     s.abort_now()
                 self._streams.clear()
                 self._inbox.clear()
+                self._mesh.clear()
                 nursery.cancel_scope.cancel()
 
     def run(self, listen: list[str] | None = None):  # listen addresses mean nothing here
@@ -294,6 +320,12 @@ class MemoryTransport(Transport):
             raise TransportError(f"{other.peer_id} unreachable (link down)")
         self._conns.add(other.peer_id)
         other._conns.add(self.peer_id)
+        self._mesh_checked.clear()
+        other._mesh_checked.clear()
+        for topic in self._subs:  # a new subscriber to graft (GossipSub does this on its heartbeat)
+            self._top_up(topic)
+        for topic in other._subs:
+            other._top_up(topic)
         self._notify_connected(other.peer_id)
         other._notify_connected(self.peer_id)
 
@@ -304,9 +336,15 @@ class MemoryTransport(Transport):
 
     def _drop_conn(self, peer: str) -> None:
         self._conns.discard(peer)
+        self._mesh_checked.clear()
+        for mesh in self._mesh.values():
+            mesh.discard(peer)
         other = self.net.nodes.get(peer)
         if other is not None:
             other._conns.discard(self.peer_id)
+            other._mesh_checked.clear()
+            for mesh in other._mesh.values():
+                mesh.discard(self.peer_id)
 
     async def disconnect(self, peer_id: str) -> None:
         self._drop_conn(peer_id)
@@ -351,12 +389,15 @@ class MemoryTransport(Transport):
             raise TransportError(f"gossip message of {len(data)} bytes exceeds {MAX_GOSSIP}")
         await trio.lowlevel.checkpoint()
         self._seqno += 1
-        msg = (self.peer_id, self._seqno, topic, bytes(data))
-        self._remember((self.peer_id, self._seqno))
+        data = bytes(data)
+        mid = hashlib.sha256(data).digest()  # content id, as the libp2p transport (libp2p_pubsub.content_id)
+        if not self._remember(mid):
+            return  # the same bytes already went out through here: a duplicate by content
+        msg = (self.peer_id, mid, topic, data)
         self._counter.count("gossip", sent=len(data))
         self._relay(msg, exclude=())
 
-    def _remember(self, mid: tuple[str, int]) -> bool:
+    def _remember(self, mid: bytes) -> bool:
         """Add to the seen cache; False if it was already there."""
         if mid in self._seen:
             return False
@@ -365,14 +406,68 @@ class MemoryTransport(Transport):
             self._seen.popitem(last=False)
         return True
 
+    def mesh_peers(self, topic: str) -> list[str]:
+        """The topic's mesh (empty when flooding)."""
+        return sorted(self._mesh.get(topic, ()))
+
+    def _targets(self, topic: str) -> list[str]:
+        """Where to publish / relay: the topic's mesh (topped up first), or every subscriber."""
+        if self.mesh_degrees is None:
+            return self.topic_peers(topic)
+        if topic not in self._mesh_checked:  # connections changed since the last top-up
+            self._mesh_checked.add(topic)
+            self._top_up(topic)
+        return sorted(self._mesh.get(topic, ()))
+
+    def _top_up(self, topic: str) -> None:
+        """Below D_low, graft connected subscribers (seeded random order) up to D."""
+        if self.mesh_degrees is None or topic not in self._subs:
+            return
+        d, d_low, _ = self.mesh_degrees
+        mesh = self._mesh.setdefault(topic, set())
+        if len(mesh) >= d_low:
+            return
+        candidates = [p for p in self.topic_peers(topic) if p not in mesh and self.net.link(self.peer_id, p).is_up()]
+        self._mesh_rng.shuffle(candidates)
+        for peer in candidates:
+            if len(mesh) >= d:
+                break
+            if self.net.nodes[peer]._graft(topic, self.peer_id):
+                mesh.add(peer)
+
+    def _graft(self, topic: str, peer: str) -> bool:
+        """`peer` asks to join our mesh for `topic`: yes unless it is full (D_high)."""
+        if topic not in self._subs or peer not in self._conns:
+            return False
+        if self.mesh_degrees is None:
+            return True  # flooding: it gets everything anyway
+        mesh = self._mesh.setdefault(topic, set())
+        if len(mesh) >= self.mesh_degrees[2]:
+            return False
+        mesh.add(peer)
+        return True
+
+    def _leave_mesh(self, topic: str, peer: str) -> None:
+        """A mesh link found dead: both sides drop it (and top up on next use)."""
+        self._mesh.get(topic, set()).discard(peer)
+        self._mesh_checked.clear()
+        other = self.net.nodes.get(peer)
+        if other is not None:
+            other._mesh.get(topic, set()).discard(self.peer_id)
+            other._mesh_checked.clear()
+
     def _relay(self, msg: tuple, exclude: tuple[str, ...]) -> None:
         topic, data = msg[2], msg[3]
-        for peer in self.topic_peers(topic):
+        for peer in self._targets(topic):
             if peer in exclude:
                 continue
-            at = self.net.link(self.peer_id, peer).gossip(len(data))
+            link = self.net.link(self.peer_id, peer)
+            at = link.gossip(len(data))
+            if at is None and self.mesh_degrees is not None and not link.is_up():
+                self._leave_mesh(topic, peer)
+                continue
             node = self.net.nodes[peer]
-            if at is not None and (msg[0], msg[1]) not in node._seen:  # else it would drop it on arrival
+            if at is not None and msg[1] not in node._seen:  # else it would drop it on arrival
                 node._enqueue(at, msg, self.peer_id)
 
     def _enqueue(self, at: float, msg: tuple, forwarder: str) -> None:
@@ -395,9 +490,9 @@ class MemoryTransport(Transport):
             await trio.lowlevel.checkpoint()
 
     def _receive(self, msg: tuple, forwarder: str) -> None:
-        origin, seqno, topic, data = msg
+        origin, mid, topic, data = msg
         sub = self._subs.get(topic)
-        if sub is None or forwarder not in self._conns or not self._remember((origin, seqno)):
+        if sub is None or forwarder not in self._conns or not self._remember(mid):
             return
         self._counter.count("gossip", received=len(data))
         try:
@@ -407,7 +502,7 @@ class MemoryTransport(Transport):
             ok = False
         if not ok:
             self.rejected += 1
-            log.debug("rejected gossip %s:%d on %s from %s", origin, seqno, topic, forwarder)
+            log.debug("rejected gossip %s from %s on %s via %s", mid.hex()[:12], origin, topic, forwarder)
             return
         sub.send.send_nowait((data, forwarder))
         self._relay(msg, exclude=(forwarder, origin))
