@@ -26,9 +26,10 @@ def png_figure(path: Path | str, **subplots) -> Iterator[tuple]:
     fig, axes = plt.subplots(**subplots)
     try:
         yield fig, axes
-        save_png(fig, path)
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    save_png(fig, path)  # closes it
 
 
 def save_png(fig, path: Path | str) -> Path:
