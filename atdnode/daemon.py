@@ -389,7 +389,7 @@ class NodeDaemon:
             await self.transport.disconnect(peer_id)  # no gossip to outsiders either
             return
         self.dialer.changed.set()  # above max now? the peer-set loop prunes at once
-        if self._nursery is not None and self.dialer.may_contact(peer_id):
+        if self._nursery is not None and self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
             self._nursery.start_soon(self.sync_with, peer_id)
 
     async def sync_with(self, peer_id: str) -> int:
@@ -405,6 +405,7 @@ class NodeDaemon:
         if not self.dialer.may_contact(peer_id):  # it refused us lately (back-off), or we were revoked
             return None
         me = self.identity.public_key
+        self.dialer.pulling.add(peer_id)
         try:
             with trio.fail_after(60):
                 t_open = trio.current_time()
@@ -422,6 +423,8 @@ class NodeDaemon:
         except (sqlite3.OperationalError, OSError) as exc:
             await self._disk_trouble(f"syncing with {peer_id}", exc)
             return None
+        finally:
+            self.dialer.pulling.discard(peer_id)
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
         kinds: set[str] = set()

@@ -49,6 +49,7 @@ class PeerDialer:
         self.bootstrap: dict[str, list[str]] = {}  # peer -> [address] given on the command line
         self.hellos_seen = 0  # bumped when hello entries may have changed (re-read them)
         self.changed = trio.Event()  # wakes discovery_loop (a connection came or went)
+        self.pulling: set[str] = set()  # peers a sync pull is in flight with (no second one on connect)
 
     # -- the gate ------------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class PeerDialer:
         me = d.identity.public_key
         cfg = d.peerset.cfg
         rng = random.Random()
-        # peer -> (last prune or loss; its addresses then): not dialled again for
+        # peer -> (last answered dial, prune or loss; its addresses then): not dialled again for
         # cfg.redial_after_s unless it announced new addresses (a restarted member).
         # Failed dials back off in `self.policy` instead (1 s doubling, reset by a new hello).
         tried: dict[str, tuple[float, tuple[str, ...]]] = {}
@@ -220,9 +221,14 @@ class PeerDialer:
                     next_rotation = now + cfg.rotate_s
                     pick = plan_rotation(fresh, connected, rng)
                     picks = [pick] if pick is not None else []
+                async def dial_pick(peer: str) -> None:
+                    tried[peer] = (now, tuple(known[peer]))  # answered: not again soon, even if it drops us
+                    if not await self.dial(peer, known[peer]):
+                        tried.pop(peer, None)  # nothing answered: the dial back-off decides when to retry
+
                 async with trio.open_nursery() as nursery:
                     for peer in picks:
-                        nursery.start_soon(self.dial, peer, known[peer])
+                        nursery.start_soon(dial_pick, peer)
                 now_peers = set(d.transport.peers())
                 if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
