@@ -302,8 +302,10 @@ def test_a_revoked_member_pulls_a_handful_of_times_not_thousands(tmp_path: Path,
             start = dict(seen)
             await trio.sleep(window)  # a measurement window: count what the revoked node does in it
             pulls, refusals = seen["pulls"] - start["pulls"], seen["refusals"] - start["refusals"]
-            # back-off 1, 2, 4 s ... from the first refusal: at most 4 pulls in 6 s (none once revoked is known)
-            assert pulls <= 4 and refusals <= 8, (pulls, refusals)
+            # back-off 1, 2, 4 s ... from the first refusal: at most 4 pulls in 6 s (none once revoked is known);
+            # refusals: those pulls, each with its (memory transport) re-connection, and a bootstrap re-dial
+            # every 2 s while the node is not a member in its own ledger
+            assert pulls <= 4 and refusals <= 16, (pulls, refusals)
             assert d1.transport.peer_id not in d0.transport.peers()
             assert d1.transport.peer_id not in d0.transport.topic_peers(d0.topic)
             if learns:
@@ -315,5 +317,5 @@ def test_a_revoked_member_pulls_a_handful_of_times_not_thousands(tmp_path: Path,
 
     with caplog.at_level("WARNING", logger="atd.daemon"):
         trio.run(main)
-    said = [r for r in caplog.records if "was revoked" in r.getMessage()]
+    said = [r for r in caplog.records if "this node was revoked" in r.getMessage()]
     assert len(said) == (1 if learns else 0)
