@@ -108,7 +108,6 @@ KNOWN_CIRCLES: list[list[str]] = [
     ["atdnode.split", "atdnode.split.campaign", "atdnode.split.msd_campaign", "atdnode.split.service"],
     ["atdnode.transport.blobfetch", "atdnode.transport.blobxfer", "atdnode.transport.bulk"],
     ["atdnode.daemon", "atdnode.dashboard", "atdnode.dashboard.server"],
-    ["atdnode.transport.memory", "atdnode.transport.memory_pipe"],
     ["netsim.scenario", "netsim.scenario_check"],
 ]
 
