@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
@@ -32,9 +32,6 @@ from atdnode.transport.base import TransportError
 from ledger import Ledger
 from ledger.keys import peer_id_from_public_key
 
-if TYPE_CHECKING:
-    from atdnode.daemon import NodeDaemon
-
 log = logging.getLogger("atd.daemon")
 
 DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
@@ -43,7 +40,9 @@ DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
 class PeerDialer:
     """The connection side of one `NodeDaemon` (module doc)."""
 
-    def __init__(self, daemon: "NodeDaemon") -> None:
+    def __init__(self, daemon: Any) -> None:
+        """`daemon`: the `atdnode.daemon.NodeDaemon` it serves (not imported: no import circle).
+        Reads its gate, transport, peer set, ledger, members and blob server."""
         self.d = daemon
         self.policy = DialPolicy(unreachable_after_s=daemon.peerset.cfg.unreachable_after_s)
         self.bootstrap: dict[str, list[str]] = {}  # peer -> [address] given on the command line
