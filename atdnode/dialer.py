@@ -84,7 +84,9 @@ class PeerDialer:
             self.hellos_seen += 1
         if revoked and self.policy.learned_revoked():
             log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
-                        "(a member must admit it again, then restart it)")
+                        "(until a member that re-admitted it connects)")
+        elif not revoked and self.policy.revoked and self.policy.readmitted():
+            log.warning("this node was admitted to the consortium again: dialling members")
 
     def refused_by(self, peer: str) -> float:
         """`peer` refused our request (we are not a member in its ledger): back off."""
@@ -93,7 +95,9 @@ class PeerDialer:
         return delay
 
     def may_contact(self, peer: str) -> bool:
-        return self.policy.may_contact(peer, trio.current_time())
+        """Pull from `peer` now? Not in its refusal back-off; once revoked, only if it connected to us."""
+        connected = self.policy.revoked and peer in self.d.transport.peers()
+        return self.policy.may_contact(peer, trio.current_time(), connected=connected)
 
     def status(self) -> dict:
         now = trio.current_time()

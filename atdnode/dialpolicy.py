@@ -8,8 +8,9 @@ Pure bookkeeping (no network, no clock of its own: callers pass `now`), used by
   (`refusal_base` doubling up to `refusal_cap`; `refusal_cap_joining`, shorter, while we are
   not a member in our own ledger: a joiner must notice its admission soon). Any
   membership change this node can see resets every refusal back-off. A node that learns
-  it was revoked stops contacting anyone (`learned_revoked` is True exactly once, for its
-  one log line). Before this, a revoked daemon pulled 126,775 times in two minutes.
+  it was revoked stops dialling and pulling (`learned_revoked` is True exactly once, for its
+  one log line); it still pulls from a peer that connects to it (members dial only
+  members: that peer holds its re-admission, which ends the state). Before this, a revoked daemon pulled 126,775 times in two minutes.
 * **Addresses change, consortia reconnect.** A member's addresses are every address of
   its signed `hello` entries, newest `hello` first (`addresses_newest_first`); the dialer
   tries them in that order, so a stale address never hides the new one. A peer whose
@@ -111,9 +112,15 @@ class DialPolicy:
         first, self._revoked_said = not self._revoked_said, True
         return first
 
-    def may_contact(self, peer: str, now: float) -> bool:
-        """May we pull from / dial `peer` now? Not once revoked, not while it refused us."""
-        return not self.revoked and not self.refusals.blocked(peer, now)
+    def readmitted(self) -> bool:
+        """Our ledger shows us a member again; True if we had been revoked."""
+        was, self.revoked, self._revoked_said = self.revoked, False, False
+        return was
+
+    def may_contact(self, peer: str, now: float, *, connected: bool = False) -> bool:
+        """May we pull from / dial `peer` now? Not while it refused us; once revoked, only a
+        peer that connected to us (a member that dials us holds our re-admission)."""
+        return (connected or not self.revoked) and not self.refusals.blocked(peer, now)
 
     # -- dials (issue 26) ----------------------------------------------------------------
 

@@ -39,6 +39,9 @@ def test_a_revoked_node_contacts_no_one_and_says_so_once() -> None:
     p = DialPolicy()
     assert p.learned_revoked() and not p.learned_revoked()
     assert not p.may_contact("m", 0.0) and not p.may_dial("m", 0.0)
+    assert p.may_contact("m", 0.0, connected=True)  # a member that dialled us may hold our re-admission
+    assert p.readmitted() and p.may_dial("m", 0.0) and not p.readmitted()
+    assert p.learned_revoked()  # revoked again: said again
 
 
 def test_a_new_hello_lifts_the_dial_back_off() -> None:
