@@ -223,8 +223,9 @@ class NodeDaemon:
 
         def members(led: Ledger) -> tuple[set[bytes], bool]:
             m = led.membership()
-            status = m.members.get(me)
-            return {pk for pk in m.members if m.is_member(pk)}, status is not None and status.revoked
+            status = m.members.get(me)  # revoked, not rotated away (a rotated key reads as revoked too)
+            revoked = status is not None and status.revoked and me not in m.rotations
+            return {pk for pk in m.members if m.is_member(pk)}, revoked
 
         old = self._members
         self._members, revoked = await self.ledger.run(members)

@@ -10,7 +10,8 @@ Pure bookkeeping (no network, no clock of its own: callers pass `now`), used by
   membership change this node can see resets every refusal back-off. A node that learns
   it was revoked stops dialling and pulling (`learned_revoked` is True exactly once, for its
   one log line); it still pulls from a peer that connects to it (members dial only
-  members: that peer holds its re-admission, which ends the state). Before this, a revoked daemon pulled 126,775 times in two minutes.
+  members: that peer holds its re-admission, which ends the state). Before this, a
+  revoked daemon pulled 126,775 times in two minutes.
 * **Addresses change, consortia reconnect.** A member's addresses are every address of
   its signed `hello` entries, newest `hello` first (`addresses_newest_first`); the dialer
   tries them in that order, so a stale address never hides the new one. A peer whose
