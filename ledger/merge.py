@@ -105,7 +105,8 @@ class Batch:
                 return WrongConsortium(f"genesis of another consortium (this ledger is pinned to {pin.hex()})", **where)
             self.recompute = True
         frozen = s.frozen_seq(e.author)
-        if frozen is not None and e.seq >= frozen:
+        rotate_at_fork = e.seq == frozen and e.kind == "member" and e.body.get("action") == "rotate"
+        if frozen is not None and e.seq >= frozen and not rotate_at_fork:  # a rotation there decides (membership.py)
             return Equivocation(f"author forked its chain at seq {frozen}; its later entries are refused", **where)
 
         fork: int | None = None
