@@ -254,3 +254,26 @@ def test_a_stolen_old_key_cannot_fork_a_rotated_identity(tmp_path: Path) -> None
     mem = lf.membership()
     assert not mem.is_member(y.public_key) and not mem.is_member(z.public_key)
     lf.verify()
+
+
+def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path) -> None:
+    """Issue 24 item 9: n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
+    a one-line error naming the cap; the real parameters still import."""
+    import time
+
+    from atdnode.keybackup import SCRYPT, KeyBackupError, export_keys, import_keys
+
+    home = NodeHome.at(tmp_path / "a")
+    init_home(home, name="a", consortium="demo")
+    out = tmp_path / "a.keys"
+    export_keys(home, out, b"correct horse", kdf_cost={"n": 1 << 14, "r": 8, "p": 1})
+    header = json.loads(out.read_text())
+    for cost in ({"n": 1 << 20, "r": 16, "p": 4}, {"n": SCRYPT["n"] * 2, "r": 8, "p": 1},
+                 {"n": 1 << 14, "r": 8, "p": 2}):
+        header["kdf"].update(cost)
+        (tmp_path / "c.keys").write_text(json.dumps(header))
+        t0 = time.perf_counter()
+        with pytest.raises(KeyBackupError, match="beyond what atd writes") as err:
+            import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
+        assert time.perf_counter() - t0 < 0.5 and "\n" not in str(err.value)
+    assert import_keys(NodeHome.at(tmp_path / "r"), out, b"correct horse")
