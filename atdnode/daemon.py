@@ -51,7 +51,7 @@ from atdnode.errors import DaemonError
 from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
-from atdnode.ledger_access import LedgerAccess
+from atdnode.ledger_access import LedgerAccess, quota_from_config
 from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
                              plan_sync)
 from atdnode.split import role_services
@@ -100,7 +100,8 @@ class NodeDaemon:
         self.config = NodeConfig.load(home)
         if not self.config.genesis_id:
             raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
-        self.ledger = LedgerAccess(Ledger.open(home.ledger_db))
+        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=self.identity.public_key,  # [quota]: issue 24
+                                   quota=quota_from_config(self.config.extra.get("quota")))
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
         self._peers_changed = trio.Event()  # wakes the peer-set maintenance (_discovery_loop)
         self._bootstrap_peers: dict[str, list[str]] = {}

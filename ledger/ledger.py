@@ -27,6 +27,7 @@ from ledger.keys import Signer
 from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
 from ledger.keys import peer_id_from_public_key
 from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
+from ledger.quota import AuthorQuota, QuotaTracker
 from ledger.store import ZERO, Store
 from ledger.verify import VerifyReport, verify_store
 
@@ -44,6 +45,7 @@ class Ledger:
         self._store = store
         self._lock = threading.RLock()
         self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
+        self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
 
     @classmethod
     def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
@@ -194,7 +196,8 @@ class Ledger:
         proof = new.sign(rotation_message(old.public_key, new.public_key))
         return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
 
-    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False) -> MergeResult:
+    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False,
+              quota: AuthorQuota | None = None, exempt: Iterable[bytes] = ()) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
         (they are listed in `.rejected`).
 
@@ -203,7 +206,11 @@ class Ledger:
         membership entries of this same batch are applied; the others are rejected
         (UnknownAuthor / RevokedAuthor) and never stored, so outsiders cannot make the
         store grow. The genesis entry is always eligible. Without it, entries of
-        not-yet-admitted keys are stored held and wait for their admission."""
+        not-yet-admitted keys are stored held and wait for their admission.
+
+        `quota` (entries from the network, issue 24): an entry over its author's size or
+        rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
+        `exempt`: authors none of the quotas or waiting caps apply to (the node's own key)."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
         for item in items:
@@ -213,10 +220,11 @@ class Ledger:
                 parsed.append(e)
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
+        opts = dict(quota=quota, tracker=self.quota_tracker, exempt=frozenset(exempt))
         with self._lock, self._store.transaction():
             if members_only:
-                return self._merge_members_only(parsed, early)
-            batch = Batch(self._store)
+                return self._merge_members_only(parsed, early, opts)
+            batch = Batch(self._store, **opts)
             rejected = list(early)
             for e in parsed:
                 err = batch.add(e)
@@ -241,7 +249,7 @@ class Ledger:
             self._store.remove_rows(ids)
             return len(ids)
 
-    def _merge_members_only(self, parsed: list[Entry], early: list) -> MergeResult:
+    def _merge_members_only(self, parsed: list[Entry], early: list, opts: dict) -> MergeResult:
         """Rounds of `Batch`es in one transaction: each stores the entries whose authors are
         (by then) accepted members; admissions stored in one round admit the next round's."""
         total = MergeResult(rejected=list(early))
@@ -252,7 +260,7 @@ class Ledger:
             if not ready:
                 break
             todo = [e for e in todo if not (e.kind == "genesis" or m.accepts(e.author, e.seq))]
-            batch = Batch(self._store)
+            batch = Batch(self._store, **opts)
             for e in ready:
                 err = batch.add(e)
                 if err is not None:
