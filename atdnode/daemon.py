@@ -43,7 +43,7 @@ from collections import OrderedDict
 
 import trio
 
-from atdnode import bodies, control
+from atdnode import bodies, control, own_chain
 from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
@@ -450,8 +450,12 @@ class NodeDaemon:
             await self._after_merge(kinds)  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
             own_head = await self.ledger.run(lambda led: led.head_of(me))
-            log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
-            self._head_confirmed.set()
+            if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back (issue 24)
+                log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
+                self._head_confirmed.set()
+            else:
+                log.warning("member %s holds this node's entries up to seq %s, its ledger only up to seq %d: "
+                            "pulling again before signing anything", peer_id, result.yours, own_head)
         return result
 
     async def _confirm_head_loop(self, every: float = 2.0) -> None:

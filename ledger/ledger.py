@@ -114,7 +114,7 @@ class Ledger:
                     raise MalformedEntry("a genesis must be its author's first entry", author=me)
             lamport = max(s.max_log_lamport(), own_lamport) + 1
             e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
-            batch = Batch(s)
+            batch = Batch(s, exempt=frozenset((me,)))  # own entries: no waiting cap
             err = batch.add(e)
             if err is not None:
                 raise err
@@ -358,6 +358,18 @@ class Ledger:
         q = _SELECT + " WHERE author=? AND seq>?" + (f" AND state!={EVIDENCE}" if include_held else " AND state=0")
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + " ORDER BY seq", (author, seq))]
+
+    def forks(self) -> dict[bytes, int]:
+        """author -> the seq its chain forked at (its rows from there are evidence)."""
+        with self._lock:
+            return self._store.all_frozen()
+
+    def rows_between(self, author: bytes, lo: int, hi: int) -> list[Entry]:
+        """Every stored entry of `author` with lo <= seq <= hi, whatever its state (fork
+        evidence included), by seq then id."""
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(
+                _SELECT + " WHERE author=? AND seq BETWEEN ? AND ? ORDER BY seq, id", (author, lo, hi))]
 
     def membership(self) -> Membership:
         with self._lock:
