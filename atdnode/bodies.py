@@ -28,6 +28,9 @@ split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`
                 "alg": protocols.feature_crypto.ALG}
 
            The envelope is ciphertext: the server replicates the entry, cannot open it.
+split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
+           ({"service": hex id of the `service` entry}); the campaign's secret is sealed
+           to these members only (issue 24), so the server cannot name anyone else.
 """
 from __future__ import annotations
 
@@ -82,8 +85,10 @@ SPECS: dict[str, BodySpec] = {
     "service": _spec({"role": (str,), "protocol": (str,)}),
     "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
                           items={"recipients": (str,)}),
+    "split_join": _spec({"service": (str,)}),
 }
 SPLIT_SECRET_KIND = "split_secret"
+SPLIT_JOIN_KIND = "split_join"
 MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 
