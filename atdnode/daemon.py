@@ -52,6 +52,7 @@ from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess, quota_from_config
+from atdnode.registry import ModelRegistry
 from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
                              plan_sync)
 from atdnode.split import role_services
@@ -163,6 +164,9 @@ class NodeDaemon:
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         logging.raiseExceptions = False  # a full disk must not turn every log call into a traceback
         await self._refresh_members()
+        dropped = await self.ledger.run(ModelRegistry(self.home).drop_unrecorded)  # a killed `atd aggregate`
+        if dropped:
+            log.warning("removed %d model record(s) whose aggregate entry is not in the ledger", len(dropped))
         if self._members == {self.identity.public_key}:
             self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart

@@ -447,3 +447,41 @@ def test_fork_evidence_is_served_by_sync(tmp_path: Path) -> None:
     cli_led.verify()
     for led in (lf, la, srv, cli_led):
         led.close()
+
+
+def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) -> None:
+    """Issue 24 item 9: a global model is registered only once its aggregate entry is in the
+    ledger; a record whose entry never made it (a `kill -9` between the two, simulated by
+    writing the record of an entry that was signed but never stored) is removed when the node
+    starts, and the records of stored entries stay."""
+    from atdnode.errors import ConfigError
+    from atdnode.registry import ModelRecord, ModelRegistry
+
+    (home,) = make_consortium(tmp_path, 1)
+    signer = NodeIdentity.load(home).signer
+    reg = ModelRegistry(home)
+
+    def record(entry: Entry) -> ModelRecord:
+        return ModelRecord(model={}, labels=["a"], label_fp="fp", samples=1, metrics={}, blobs={"full": "00" * 32},
+                           provenance={"kind": "global-horizontal", "aggregate": entry.id.hex()})
+
+    with Ledger.open(home.ledger_db) as led:
+        kept = led.append(signer, "aggregate", {"i": 1})
+        lost = Entry.create(signer, seq=kept.seq + 1, prev=kept.id, lamport=kept.lamport + 1, kind="aggregate",
+                            body={"i": 2})  # signed, never stored: what a crash before the append leaves
+    good = reg.add_recorded(record(kept), kept.id, home.ledger_db)
+    with pytest.raises(ConfigError, match="not in the ledger"):
+        reg.add_recorded(record(lost), lost.id, home.ledger_db)
+    assert [r.id for r in reg.list()] == [good]
+    orphan = reg.add(record(lost))  # the crash as an older version left it: record first, no entry
+    trained = reg.add(ModelRecord(model={}, labels=["a"], label_fp="fp", samples=1, metrics={}, blobs={}))
+    net = MemoryNetwork(seed=9)
+
+    async def main() -> None:
+        d = daemon_on(net, home)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run, [], [])
+            d.stop()
+
+    trio.run(main)
+    assert {r.id for r in reg.list()} == {good, trained} and orphan not in {r.id for r in reg.list()}
