@@ -178,7 +178,8 @@ def open_secret(ident: NodeIdentity, led: Ledger, entry_id: str, service_id: str
     (never pickle) and checked against ``cfg`` (keys, shapes, float32, finite)."""
     entry = _secret_entry(led, entry_id, "is not in the local ledger")
     if ident.public_key not in joined(led, service_id):
-        raise SplitSecretError(f"this node did not join campaign {service_id[:12]}: it does not open its secret")
+        raise SplitSecretError(f"this node is not a recipient: it did not join campaign {service_id[:12]}, "
+                               "so it does not open its secret")
     body = check_secret_entry(led, entry, service_id)
     if ident.peer_id not in body["recipients"]:
         raise SplitSecretError(f"this node is not a recipient of the campaign's embedder secret "
