@@ -251,6 +251,9 @@ class NodeDaemon:
             # Unknown authors are not relayed; sync fetches their entries once membership is known.
             self.stats["gossip_rejected"] += 1
             return False
+        if self.ledger.quota is not None and self.ledger.quota.too_big(entry):  # over its size quota: not relayed
+            self.stats["gossip_rejected"] += 1
+            return False
         # Handed to _on_gossip, which receives these same bytes right after: the entry is
         # parsed and its signature checked once per node, not again by merge.
         self._validated[data] = entry

@@ -65,6 +65,10 @@ class AuthorQuota:
     def limit(self, kind: str) -> KindLimit:
         return self.limits.get(kind) or self.limits.get("*") or DEFAULT_LIMITS["*"]
 
+    def too_big(self, e: Entry) -> bool:
+        """Is `e` over its kind's size limit (a check that needs no window, e.g. before relaying)?"""
+        return e.kind not in NEVER_LIMITED and len(e.payload) + len(e.sig) > self.limit(e.kind).max_entry_bytes
+
     @classmethod
     def from_table(cls, table: dict | None) -> "AuthorQuota":
         """From a config table, e.g. HOME/config.toml ``[quota]``::

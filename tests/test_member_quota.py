@@ -44,6 +44,7 @@ def test_a_flood_is_refused_and_logged_own_entries_are_not(tmp_path: Path, caplo
     assert isinstance(dict(res.rejected)[big[0].id], QuotaExceeded)
     assert sum("quota" in r.message for r in caplog.records) == 1  # logged, once per window
     assert "over this node's limit" in str(dict(res.rejected)[big[0].id])
+    assert quota.too_big(big[0]) and not quota.too_big(weights)  # what a daemon's gossip validator relays
 
     # rate: at most 5 metrics entries per window
     lf2 = Ledger.open(tmp_path / "f2.db", genesis_id=lf.genesis_id)
