@@ -210,7 +210,9 @@ class Ledger:
 
         `quota` (entries from the network, issue 24): an entry over its author's size or
         rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
-        `exempt`: authors none of the quotas or waiting caps apply to (the node's own key)."""
+        `exempt`: authors none of the quotas or waiting caps apply to (the node's own key); with
+        members_only their entries are stored (held) even before their admission is known, so
+        a restored home takes its chain back in one pull whatever order it arrives in."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
         for item in items:
@@ -254,12 +256,14 @@ class Ledger:
         (by then) accepted members; admissions stored in one round admit the next round's."""
         total = MergeResult(rejected=list(early))
         todo = list(parsed)
+        own = opts["exempt"]  # the node's own entries are kept (held) even before it learns it is a member
         while todo:
             m = self._batch_membership(todo)
-            ready = [e for e in todo if e.kind == "genesis" or m.accepts(e.author, e.seq)]
+            ok = [e.kind == "genesis" or e.author in own or m.accepts(e.author, e.seq) for e in todo]
+            ready = [e for e, y in zip(todo, ok) if y]
             if not ready:
                 break
-            todo = [e for e in todo if not (e.kind == "genesis" or m.accepts(e.author, e.seq))]
+            todo = [e for e, y in zip(todo, ok) if not y]
             batch = Batch(self._store, **opts)
             for e in ready:
                 err = batch.add(e)

@@ -389,9 +389,11 @@ def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypat
             await wait_for(lambda: not h1.control_socket.exists(), "node 1 to stop")
             fresh = await trio.to_thread.run_sync(_fresh_home_with_keys_of, h1, tmp_path / "restored")
             d1b = daemon_on(net, fresh)
+            d1b.sync_interval = 3600  # only the pull on connect (and the confirm loop's, if it needed more)
             await nursery.start(d1b.run, [], [a0[0]])
             with trio.fail_after(60):
                 after = await d1b.append("metrics", {"after": "restore"})
+            assert d1b.stats["sync_pulls"] == 1  # one pull brought the whole chain back, admission last
             own = await d1b.ledger.run(lambda led: led.head_of(after.author))
             assert after.seq == own and after.seq > chain[-1].seq  # after its whole chain, not over it
             await wait_for(lambda: after.id in ids(h0), "node 0 to accept the entry signed after restore")
