@@ -92,7 +92,7 @@ class Batch:
     def _insert(self, e: Entry, state: int) -> None:
         self.s.insert(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), e.payload, e.sig, state)
         if self.quota is not None:
-            self.tracker.record(e)
+            self.tracker.record(e, window_s=self.quota.window_s)
         self._before.setdefault(e.id, None)
         self._stored.append(e)
 

@@ -31,6 +31,7 @@ from ledger.errors import QuotaExceeded
 log = logging.getLogger(__name__)
 
 NEVER_LIMITED = ("genesis", "member")
+SWEEP_EVERY = 4096  # records between sweeps of every window
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class QuotaTracker:
         self._seen: dict[tuple[bytes, str], deque[tuple[float, int]]] = {}
         self._sums: dict[tuple[bytes, str], int] = {}
         self._logged: dict[bytes, float] = {}
+        self._records = 0
         self.refused = 0
 
     def _window(self, key: tuple[bytes, str], now: float, window_s: float) -> deque[tuple[float, int]]:
@@ -147,10 +149,14 @@ class QuotaTracker:
                 log.warning("quota: refusing entries from the network: %s", err)
         return err
 
-    def record(self, e: Entry, *, now: float | None = None) -> None:
+    def record(self, e: Entry, *, now: float | None = None, window_s: float = 60.0) -> None:
         if e.kind in NEVER_LIMITED:
             return
         now = time.monotonic() if now is None else now
+        self._records += 1
+        if self._records % SWEEP_EVERY == 0:  # authors that went quiet: their windows are dropped
+            for k in list(self._seen):
+                self._window(k, now, window_s)
         key = (e.author, e.kind)
         self._seen.setdefault(key, deque()).append((now, len(e.payload) + len(e.sig)))
         self._sums[key] = self._sums.get(key, 0) + len(e.payload) + len(e.sig)

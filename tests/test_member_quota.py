@@ -70,7 +70,7 @@ def test_a_flood_is_refused_and_logged_own_entries_are_not(tmp_path: Path, caplo
         led.close()
 
 
-def test_the_window_slides() -> None:
+def test_the_window_slides(monkeypatch) -> None:
     from ledger import Entry
 
     q = AuthorQuota({"*": KindLimit(1 << 10, 2, 1 << 20)}, window_s=10.0)
@@ -82,6 +82,9 @@ def test_the_window_slides() -> None:
         t.record(e, now=now)
     assert isinstance(t.check(q, es[2], now=9.0), QuotaExceeded)
     assert t.check(q, es[2], now=10.5) is None  # the first left the window
+    monkeypatch.setattr("ledger.quota.SWEEP_EVERY", 1)  # an author gone quiet leaves nothing behind
+    t.record(Entry.create(F, seq=1, prev=b"\0" * 32, lamport=1, kind="hello", body={}), now=100.0, window_s=10.0)
+    assert set(t._seen) == {(F.public_key, "hello")}
 
 
 def test_quota_config_table() -> None:
