@@ -545,7 +545,7 @@ class NodeDaemon:
     async def _expire_loop(self) -> None:
         while True:
             try:
-                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL))
+                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL, keep=self.ledger.own))
                 if n:
                     log.info("expired %d held entries of unknown authors", n)
             except (sqlite3.OperationalError, OSError) as exc:

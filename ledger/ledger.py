@@ -236,18 +236,22 @@ class Ledger:
             res.rejected = rejected + res.rejected
             return res
 
-    def expire_held(self, ttl: float, *, now: float | None = None) -> int:
+    def expire_held(self, ttl: float, *, now: float | None = None, keep: Iterable[bytes] = ()) -> int:
         """Delete held entries of unknown authors first held more than `ttl` seconds ago
         (issue 11: what non-members can park here expires); returns how many. Genesis
-        entries and entries of (even revoked) members are kept. Sync fetches an expired
-        entry again if it ever becomes admissible."""
+        entries, entries of (even revoked) members and of the `keep` authors (the node's own
+        key: its signed entries waiting for its admission must never be lost, or it would
+        sign those seqs again) are kept. Sync fetches an expired entry again if it ever
+        becomes admissible."""
         now = time.time() if now is None else now
+        keep = set(keep)
         with self._lock, self._store.transaction():
             c = self._store.conn
             c.execute("INSERT OR IGNORE INTO seen(id, at) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
             ids = {r[0] for r in c.execute(
-                "SELECT e.id FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
-                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))}
+                "SELECT e.id, e.author FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
+                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))
+                if r[1] not in keep}
             self._store.remove_rows(ids)
             return len(ids)
 

@@ -326,6 +326,7 @@ def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
     mine = led.append(F, "metrics", {"after": True})
     assert led.stats()["held"] == 4
     assert led.expire_held(3600) == 0  # too young
+    assert led.expire_held(3600, now=time.time() + 7200, keep=[X.public_key]) == 0  # X's own node keeps them
     assert led.expire_held(3600, now=time.time() + 7200) == 3  # X's three; the member's stays
     assert led.stats()["held"] == 1 and led.state(gap.id) == "held"
     led.verify()  # the store chain was re-linked consistently
