@@ -54,7 +54,7 @@ import trio
 
 from atdnode import control
 from atdnode import bodies
-from atdnode.aggregate import AggregateError, register_global
+from atdnode.aggregate import register_global
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.errors import AtdError
@@ -67,13 +67,13 @@ from atdnode.training import TrainOptions, train
 from atdnode.round_rules import (  # noqa: F401  (re-exported: the rules' public names)
     RoundsError,
     absent_inputs,
-    round_inputs,
     active_members,
     compute_round,
     current_round,
     final,
     round_aggregate,
     round_candidates,
+    round_inputs,
     round_weights_entries,
     signer as _signer,
     verify_round,
