@@ -207,9 +207,11 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
             members = active_members(led)
             ghost = append_body(led, me.signer, "weights", {**honest[0].body, "blob": os.urandom(32).hex()})
             ids = sorted([*(e.id.hex() for e in honest), ghost.id.hex()])
-            fake = append_body(led, me.signer, "aggregate", aggregate_round_body(
-                campaign=campaign, rnd=0, weighting="fedavg", q=1.0, reference=init, inputs=ids, weights=[1 / 3] * 3,
-                participants=members, missing=[], store=store, blob=init, model=honest[0].body["model"]))
+            fake = append_body(led, me.signer, "aggregate", {  # m does not hold the initial model: no manifest of it
+                "mode": "round", "campaign": campaign, "round": 0, "weighting": "fedavg", "q": 1.0, "reference": init,
+                "inputs": ids, "weights": [1 / 3] * 3, "participants": members, "missing": [], "head": True,
+                "part": "full", "blob": init, "size": honest[0].body["size"], "manifest": honest[0].body["manifest"],
+                "model": honest[0].body["model"]})
         wait_until(lambda: store.has(honest[0].body["blob"]), 120, "the hostile daemon to fetch an honest input")
         tensors, meta = load_weights(store, honest[0].body["blob"])
         evil = save_weights(store, {k: v * -1000 for k, v in tensors.items()}, meta)
