@@ -12,14 +12,18 @@ entry of its own with `readers: []`. The rule now:
    - the blob's owner, i.e. a node that authored an entry naming it, serves it per its own
      claim alone (an entry of another author never widens, nor narrows, its list);
    - any other holder serves it per the intersection of the claims that admit it (it
-     fetched the blob as their reader), or of every claim if none admits it.
+     fetched the blob as their reader); if none admits it, it holds the blob through an
+     entry open to every member and serves it to every member (nothing more leaks than it
+     already got), or else (copied by other means) per the intersection of every claim.
    So an entry of another author never widens a blob's reader list, whatever the order
    of the entries: a lamport clock only has to increase along its author's own chain, so
    a member with a short chain can sign an entry that sorts before the owner's, and a
    plain "first publisher by (lamport, id)" rule would hand it the blob. For the logs,
    the first publisher is the author of the first entry naming the blob in log order
    (lamport, author, seq); every entry of another author is reported once, naming both.
-3. A node fetches a restricted blob only when some claim admits it.
+3. A node fetches a restricted blob only when some claim admits it, or when the first
+   publisher's entry is open to every member (so a member's list cannot stop others from
+   fetching a public blob; a wrong guess costs a refused fetch, never a read).
 
 Costs: a reader on both the owner's list and an intruder's narrows what it passes on to
 the intersection (the owner and the other readers still serve the owner's list); a blob
@@ -109,9 +113,14 @@ def reader_lists(entries: Iterable[Entry], me: Iterable[bytes] = (), membership=
                 serve[blob] = frozenset().union(*own)
             admitted.add(blob)
             continue
-        admitting = [c for c in claims.values() if c & mine] or list(claims.values())
-        serve[blob] = frozenset.intersection(*admitting)
-        if any(c & mine for c in claims.values()):
+        admitting = [c for c in claims.values() if c & mine]
+        open_entry = any(blob_readers(e.body) is None for e in es)
+        if admitting:  # we hold it as their reader
+            serve[blob] = frozenset.intersection(*admitting)
+        elif not open_entry:  # copied by other means: the narrowest reading
+            serve[blob] = frozenset.intersection(*claims.values())
+        # else: we hold it through an entry open to every member (serving it on leaks nothing more)
+        if admitting or blob_readers(es[0].body) is None:  # a list admits us, or its first publisher left it open
             admitted.add(blob)
     return ReaderLists(serve, frozenset(admitted), frozenset(restricted), notes)
 

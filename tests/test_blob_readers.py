@@ -56,8 +56,11 @@ def test_a_later_entry_of_another_author_never_widens_a_reader_list() -> None:
     # the owner may add readers with a later entry of its own; an unrestricted blob stays open
     assert THIEF.peer_id in readers_of(own, entry(OWNER, 7, {READERS: [THIEF.peer_id]}, seq=2))
     assert readers_of(entry(OWNER, 5, {}), entry(OWNER, 6, {}, seq=2)) is None
-    # an open blob of the owner is not closed by an intruder's list, on the owner's side
-    assert readers_of(entry(OWNER, 5, {}), entry(THIEF, 1, {READERS: []}), node=OWNER) is None
+    # an open blob is not closed by an intruder's list: the owner and its other holders serve it,
+    # and the others still fetch it
+    public = [entry(OWNER, 5, {}), entry(THIEF, 6, {READERS: []})]
+    assert readers_of(*public, node=OWNER) is None and readers_of(*public, node=READER) is None
+    assert BLOB in reader_lists(public, [READER.public_key]).admitted
 
 
 def test_msd_body_and_msd_base_extractor_lists_hold() -> None:
