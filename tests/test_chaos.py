@@ -7,6 +7,8 @@ restarts with its WAL cut in half. Then: every daemon stayed under RSS_BOUND_MB 
 kernel high-water mark), members kept syncing and fetching during the attack, no node is
 frozen (no equivocation anywhere), no committed entry is lost, and every node's
 `atd ledger verify --peers` is clean.
+
+Issue 24: a hostile member in `atd rounds` (test_hostile_member_cannot_steer_atd_rounds).
 """
 from __future__ import annotations
 
