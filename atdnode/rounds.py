@@ -277,7 +277,8 @@ class RoundRunner:
     async def global_blob_async(self, rnd: int) -> str:
         """The global model entering round `rnd` (round 0: the shared init): the first of round
         rnd-1's candidate aggregates that verifies here (`protocols.rounds.candidate_order`);
-        once adopted it is kept for this run."""
+        once adopted it is kept (`run_round_async` re-reads it when round rnd starts, so
+        members that recorded competing aggregates converge on one)."""
         if rnd == 0:
             return self.init
         if rnd - 1 not in self._globals and await self.pick(rnd - 1, lambda _led, _e: True) is None:
@@ -467,6 +468,7 @@ class RoundRunner:
         with self._led() as led:
             expected = active_members(led)
         self._agg_s = 0.0
+        self._globals.pop(rnd - 1, None)  # re-read round rnd-1 before training on it (a larger one may be here now)
         start = await self.global_blob_async(rnd)
         rec, pub, train_s = None, None, 0.0
         c0 = self.fabric.now()
