@@ -200,7 +200,7 @@ def _wait(cond, deadline: float, what: str, interval: float = 0.2):
 
 def _exited(pid: int, home: NodeHome) -> bool:
     """Has the daemon `pid` exited? For a process this one started, its Popen says so: right
-    after the fork, before the exec, the child still shows its parent's command line, which
+    after Popen returns, the child's /proc cmdline can be empty (or still its parent's), which
     `_is_our_daemon` took for another program -- the cause of "exited at start" reported for
     a live daemon about once in ten starts (issue 26)."""
     proc = _STARTED.get(pid)
