@@ -13,7 +13,8 @@ weights    a published weight set (`atd publish-weights`; split servers' bodies)
 features   CLS features sealed to named peers (`atd share-features`)
 aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out;
            mode "round": one round of `atd rounds` (campaign, round, reference, participants,
-           missing); `weights` of a round carry campaign and round
+           missing; fedwavg: `cosines`, Eq. 3's c_i behind each weight, input order);
+           `weights` of a round carry campaign and round
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
 service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder
@@ -73,9 +74,10 @@ SPECS: dict[str, BodySpec] = {
                        {"model": (dict, type(None)), "q": _NUM, "groups": (list,), "ensemble": (dict,),
                         "classifier": (str,), "reference": (str,), "name": (str,), "n_classes": (int,),
                         "n_models": (int,), "skipped": (list,), "base": (str,),
-                        "campaign": (str,), "round": (int,), "participants": (list,), "missing": (list,)},
+                        "campaign": (str,), "round": (int,), "participants": (list,), "missing": (list,),
+                        "cosines": (list,)},
                        {"weights": _NUM, "inputs": (str,), "groups": (dict,), "skipped": (dict,),
-                        "participants": (str,), "missing": (str,)}),
+                        "participants": (str,), "missing": (str,), "cosines": _NUM}),
     "hello": _spec({"addrs": (list,), "x25519": (bytes,)}, {"role": (str,), "name": (str, type(None))},
                    {"addrs": (str,)}),
     "metrics": _spec({}),

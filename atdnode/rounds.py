@@ -8,7 +8,8 @@ name). Entries (built by `weights_round_body` / `aggregate_round_body`, typed in
 weights    the usual `weights` body of a full set + campaign, round
 aggregate  mode "round": campaign, round, weighting, q, reference (previous global blob;
            round 0: the init blob), inputs (canonically sorted weights entry ids),
-           weights, participants / missing (peer ids), blob (the global model)
+           weights, participants / missing (peer ids), blob (the global model);
+           fedwavg: cosines (Eq. 3's c_i of each input against the reference, input order)
 
 Round t on each member: if round t's aggregate already exists, adopt it; else train from
 global t-1 (`atdnode.training.train`, the library behind `atd train`), publish, wait until
@@ -61,6 +62,7 @@ from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
+from protocols.fedwavg import fedwavg_cosines
 from protocols.rounds import (
     ROUND_WEIGHTINGS,
     canonical,
@@ -157,6 +159,8 @@ class RoundsConfig:
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
+    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.training)
+    lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 
@@ -177,6 +181,7 @@ class RoundReport:
     bytes_out: int = 0
     bytes_in: int = 0
     metrics: dict = field(default_factory=dict)
+    cosines: list[float] | None = None  # fedwavg: the c_i behind `weights` (as recorded)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -190,11 +195,12 @@ def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, camp
 
 def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, reference: str, inputs: list[str],
                          weights: list[float], participants: list[str], missing: list[str], store: BlobStore,
-                         blob: str, model: dict) -> dict:
+                         blob: str, model: dict, cosines: list[float] | None = None) -> dict:
     return {"mode": "round", "campaign": campaign, "round": int(rnd), "weighting": weighting, "q": float(q),
             "reference": reference, "inputs": inputs, "weights": weights, "participants": participants,
             "missing": missing, "head": True, "part": "full", "blob": blob, "size": store.size(blob),
-            "manifest": store.manifest(blob).hash, "model": model}
+            "manifest": store.manifest(blob).hash, "model": model,
+            **({"cosines": cosines} if cosines is not None else {})}
 
 
 # ---------------------------------------------------------------- campaign state
@@ -265,8 +271,9 @@ def active_members(led: Ledger) -> list[str]:
 # ---------------------------------------------------------------- computing / verifying one round
 
 def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: float,
-                  reference: str) -> tuple[list[float], str]:
-    """Weights and global blob of a round over `inputs` (already canonically ordered)."""
+                  reference: str, cosines: list[float] | None = None) -> tuple[list[float], str]:
+    """Weights and global blob of a round over `inputs` (already canonically ordered); a
+    fedwavg round appends Eq. 3's cosines (one per input) to `cosines` when given."""
     blobs = [str(e.body.get("blob")) for e in inputs]
     for b in blobs + [reference]:
         if not store.has(b):
@@ -275,6 +282,8 @@ def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: f
         ref_vec = last_layer_vector(load_weights(store, reference)[0]) if weighting == "fedwavg" else None
         layers = [last_layer_vector(load_weights(store, b)[0]) for b in blobs]
         weights = [float(x) for x in round_weights(weighting, reference=ref_vec, layers=layers, q=q)]
+        if cosines is not None and ref_vec is not None:
+            cosines.extend(float(c) for c in fedwavg_cosines(ref_vec, layers))
     except AggregationError as exc:
         raise RoundsError(f"{weighting} weights: {exc}") from None
     tensors = average_blobs(store, blobs, weights, names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=True)
@@ -412,6 +421,7 @@ class RoundRunner:
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
+                            optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
                             device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd})
         return train(self.home, self.c.data, self.cfg, opts)
@@ -454,8 +464,12 @@ class RoundRunner:
 
     def record(self, rnd: int, inputs: list[Entry], expected: list[str], reference: str) -> Entry:
         t = time.perf_counter()
+        cosines: list[float] = []
         weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
-                                                 reference=reference)
+                                                 reference=reference, cosines=cosines)
+        if self.c.weighting == "fedwavg":
+            self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
+                       f"-> weights {[round(w, 4) for w in weights]}")
         from atdnode.weights import save_weights
 
         blob = save_weights(self.store, tensors, meta)
@@ -464,7 +478,8 @@ class RoundRunner:
         body = aggregate_round_body(campaign=self.campaign, rnd=rnd, weighting=self.c.weighting, q=self.c.q,
                                     reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
-                                    store=self.store, blob=blob, model=self.cfg.to_dict())
+                                    store=self.store, blob=blob, model=self.cfg.to_dict(),
+                                    cosines=cosines if self.c.weighting == "fedwavg" else None)
         with self._led() as led:
             return bodies.append(led, self.ident.signer, "aggregate", body)
 
@@ -511,7 +526,7 @@ class RoundRunner:
                            exchange_s=round(max(exchange, 0.0), 3), aggregate_s=round(self._agg_s, 3),
                            exchange_clock="wall" if self.fabric.wall_clock else "simulated",
                            bytes_out=int(pub.body["size"]) if pub is not None else 0,
-                           bytes_in=bytes_in, metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
+                           bytes_in=bytes_in, cosines=b.get("cosines"), metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
                                                        ("accuracy", "robust_accuracy")} if rec else {})})
 
     def _base(self) -> ModelRecord:

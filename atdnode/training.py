@@ -90,6 +90,8 @@ class AdversarialTransform:
 # patch 8) reached 0.14 test accuracy at 3e-3, 0.18 at 5e-4, 0.42 at 3e-4, 0.43 at 1e-4;
 # d=48 depth 12 did best at 5e-4 of {3e-3, 1e-3, 5e-4}.
 FINETUNE_LR = 3e-3
+OPTIMIZERS = ("adamw", "sgd")
+SGD_MOMENTUM = 0.9  # the FedWAvg paper's local SGD (Sec. 4)
 SCRATCH_LR_192 = 1e-4
 
 
@@ -116,6 +118,13 @@ class TrainOptions:
     epoch_eval: bool = True  # held-out loss/accuracy after each epoch (history.csv, curves.png)
     tensorboard: str | None = None  # log dir (atdnode.trainlog); display only, not in the run key
     mlflow: str | None = None  # tracking URI (atdnode.trainlog); display only
+    # "adamw" (default: warmup + cosine per step) or "sgd": SGD with momentum 0.9 at a rate
+    # that drops by `lr_decay` each epoch (lr * (1 - lr_decay)^(epoch_offset + epoch)), no
+    # warmup -- the local optimiser of the FedWAvg paper (Sec. 4, "Training configuration":
+    # 5 % per epoch in AT); `epoch_offset` counts the epochs of earlier rounds
+    optimizer: str = "adamw"
+    lr_decay: float = 0.0
+    epoch_offset: int = 0
 
     def effective_lr(self, embed_dim: int) -> float:
         """`lr`, or the default: FINETUNE_LR from weights, width-scaled SCRATCH_LR_192 from scratch."""
@@ -131,7 +140,8 @@ class TrainOptions:
                 "warmup": self.warmup_epochs, "init_from": self.init_from, "freeze": self.freeze_blocks,
                 "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob, self.augment_mode],
                 "pretrained": self.pretrained,
-                "transform": self.batch_transform.describe() if self.batch_transform else None}
+                "transform": self.batch_transform.describe() if self.batch_transform else None,
+                **({"optimizer": [self.optimizer, self.lr_decay, self.epoch_offset]} if self.optimizer != "adamw" else {})}
 
 
 def run_key(data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> str:
@@ -174,7 +184,12 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         self.lr = opts.effective_lr(int(model.embed_dim))
-        self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
+        if opts.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {opts.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        if opts.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(param_groups(model, opts.weight_decay), lr=self.lr, momentum=SGD_MOMENTUM)
+        else:
+            self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
         self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
                                           prob=opts.augment_prob, seed=opts.seed, mode=opts.augment_mode)
                         if opts.augment else None)
@@ -199,7 +214,8 @@ class Trainer:
         for b in range(self.steps_per_epoch):
             step = epoch * self.steps_per_epoch + b
             for g in self.optimizer.param_groups:
-                g["lr"] = lr_at(step, self.total_steps, self.warmup, self.lr)
+                g["lr"] = (self.lr * (1.0 - opts.lr_decay) ** (opts.epoch_offset + epoch) if opts.optimizer == "sgd"
+                           else lr_at(step, self.total_steps, self.warmup, self.lr))
             gidx = order[b * opts.batch_size:(b + 1) * opts.batch_size]  # the global batch
             lo, hi = ctx.slice(len(gidx))
             idx = gidx[lo:hi]

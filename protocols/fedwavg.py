@@ -1,6 +1,7 @@
-"""FedWAvg (Eq. 3 of the VGS-ATD paper): weights from the similarity of last layers.
+"""FedWAvg (Eq. 3 of "Federated Adversarial Training with Transformers", Sec. 3; Algorithm 1
+lines 23-29): weights from the similarity of last layers.
 
-``w_i = softmax_i(q * cos(L_ref, L_i))`` where ``L_i`` is input i's last layer -- its weight
+``c_i = cos(L_ref, L_i)``, ``w_i = softmax_i(q * c_i)`` where ``L_i`` is input i's last layer -- its weight
 *and* bias, flattened and concatenated -- and ``L_ref`` the same layer of the reference
 model: the aggregating node's previous global model, or its own model when it has none
 (the caller picks it and names it in the ``aggregate`` entry). Each input is compared with
@@ -22,22 +23,25 @@ import torch
 
 from protocols.aggregation_error import AggregationError
 
-__all__ = ["fedwavg_weights", "last_layer_key", "last_layer_keys", "layer_vector"]
+__all__ = ["fedwavg_cosines", "fedwavg_weights", "softmax_weights", "last_layer_key", "last_layer_keys", "layer_vector"]
 
 Layer = torch.Tensor | np.ndarray | Sequence[float]
 
 
 def fedwavg_weights(reference: Layer | Sequence[Layer], layers: Sequence[Layer | Sequence[Layer]], *,
                     q: float = 1.0) -> np.ndarray:
-    """``softmax_i(q * cos(reference, layers[i]))``.
+    """``softmax_i(q * cos(reference, layers[i]))`` (Eq. 3).
 
     A reference or layer may be one tensor or a list of tensors (weight and bias), which
     are flattened and concatenated; they are compared in float64, and every layer must
     have the reference's size and a non-zero, finite norm. ``q`` sharpens the weighting as
     it grows; ``q = 0`` gives uniform weights.
     """
-    if not math.isfinite(q):
-        raise AggregationError(f"fedwavg scale q must be finite, got {q!r}")
+    return softmax_weights(fedwavg_cosines(reference, layers), q=q)
+
+
+def fedwavg_cosines(reference: Layer | Sequence[Layer], layers: Sequence[Layer | Sequence[Layer]]) -> np.ndarray:
+    """``c_i = g . l_i / (|g| |l_i|)`` of Eq. 3 (Algorithm 1 line 26), in float64."""
     if len(layers) == 0:
         raise AggregationError("fedwavg needs at least one layer")
     ref = layer_vector(reference, "reference", None)
@@ -45,7 +49,14 @@ def fedwavg_weights(reference: Layer | Sequence[Layer], layers: Sequence[Layer |
     for i, layer in enumerate(layers):
         v = layer_vector(layer, f"layer {i}", ref.shape)
         cos[i] = float(ref @ v) / (np.linalg.norm(ref) * np.linalg.norm(v))
-    z = q * cos
+    return cos
+
+
+def softmax_weights(cosines: np.ndarray, *, q: float) -> np.ndarray:
+    """``w_i = exp(q c_i) / sum_j exp(q c_j)`` (Eq. 3, Algorithm 1 line 27)."""
+    if not math.isfinite(q):
+        raise AggregationError(f"fedwavg scale q must be finite, got {q!r}")
+    z = q * np.asarray(cosines, dtype=np.float64)
     e = np.exp(z - z.max())
     return e / e.sum()
 
