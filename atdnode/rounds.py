@@ -62,7 +62,7 @@ from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
-from protocols.fedwavg import fedwavg_cosines
+from protocols.fedwavg import ROUNDS_Q, fedwavg_cosines
 from protocols.rounds import (
     ROUND_WEIGHTINGS,
     canonical,
@@ -148,7 +148,7 @@ class RoundsConfig:
     cfg: ModelConfig
     rounds: int
     weighting: str = "fedwavg"
-    q: float = 1.0
+    q: float = ROUNDS_Q  # FedWAvg's softmax scale, chosen by measurement (protocols.fedwavg)
     local_epochs: int = 1
     batch_size: int = 16
     lr: float | None = None

@@ -52,6 +52,7 @@ from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
 from netsim.scenario import NetworkSpec
 from protocols.adversarial import PGDConfig
+from protocols.fedwavg import ROUNDS_Q
 
 LOCAL_TEST = 32  # samples of each node's own test set that `atd rounds`' local training evaluates on
 
@@ -146,7 +147,7 @@ def _write_node_data(path: Path, train: LabeledImages, test: LabeledImages | Non
 
 
 def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], model: ModelConfig, rounds: int,
-                      weighting: str = "fedavg", q: float = 1.0, adversarial: PGDConfig | None = None,
+                      weighting: str = "fedavg", q: float = ROUNDS_Q, adversarial: PGDConfig | None = None,
                       local_epochs: int = 1, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
                       network: NetworkSpec = NetworkSpec(), test: dict[str, LabeledImages] | None = None,
                       init_state: dict[str, torch.Tensor] | None = None, deadline: float = 300.0,

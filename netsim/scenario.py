@@ -97,7 +97,7 @@ class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
     fedprox_mu: float = 0.0  # must stay 0: fedavg runs through `atd rounds`, which has no FedProx term
-    q: float = 1.0  # fat-fedwavg: softmax scale of Eq. 3
+    q: float = 10.0  # fat-fedwavg: softmax scale of Eq. 3 (protocols.fedwavg.ROUNDS_Q, chosen by measurement)
     pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
     pgd_steps: int = 3
     adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples

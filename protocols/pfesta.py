@@ -31,6 +31,16 @@ without position embedding); the defaults are the paper's method:
 - ``pos_embed=True`` (default): the embedder adds its (secret) position table before
   the permutation. ``pos_embed=False``: it adds none (the table is zero and stays zero),
   so after the permutation the body sees an unordered bag of patches.
+
+**Deviation: the tail.** The paper's tails are "a simpler linear classifier" after the
+body. Here a classification / regression tail is LayerNorm per token, the mean over tokens,
+a BatchNorm1d without affine parameters (MAE's linear-probe norm: it standardises the
+pooled features across the batch, which a fresh, near-identity body otherwise leaves
+almost constant), then the linear layer (`protocols.split_parts.TaskTail`). Because the
+unified tail's BatchNorm statistics are an average of the clients', evaluation first
+*recalibrates* them on body outputs of up to ``CALIBRATION_SAMPLES`` of the client's own
+training images (:meth:`PFestaClient.evaluate`, `TaskTail.calibrate`; extra evaluation
+traffic, not counted as training bytes), on a copy, so the shared tail stays as unified.
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ of ``batch_size`` per client, tails / heads / FL models averaged every
 
 =========================  ====================================================================
 festa, pfesta              both tasks share one body (multi-task), `run_festa_inprocess` /
-                           `run_pfesta_inprocess`
+                           `run_pfesta_inprocess`; FESTA's clients use ``festa_head``
+                           (default "conv": a small CNN head, the FESTA paper's §4 setting;
+                           "vit": a trainable patch embedder, p-FESTA's architecture)
 festa_single, pfesta_single  one server per task (single-task)
 pfesta_learnable_head      p-FESTA ablation: trainable head (`protocols.pfesta`)
 pfesta_no_pos_embed        p-FESTA ablation: no position table
@@ -78,6 +80,7 @@ class CompareSetting:
     lr: float = 3e-3
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
+    festa_head: str = "conv"  # FESTA's client head (protocols.festa.HEADS): the paper's CNN head, small
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(METHODS))
@@ -89,6 +92,8 @@ class CompareSetting:
         if min(self.clients_per_task, self.samples_per_client, self.test_samples, self.rounds,
                self.steps_per_round, self.unifying_rounds, self.batch_size, len(self.seeds)) < 1:
             raise ValueError("every count of the setting must be >= 1 (and at least one seed)")
+        if self.festa_head not in festa.HEADS:
+            raise ValueError(f"festa_head {self.festa_head!r}: choose from {', '.join(festa.HEADS)}")
         if self.rounds % self.unifying_rounds:
             raise ValueError("rounds must be a multiple of unifying_rounds (FL averages every n rounds)")
 
@@ -142,7 +147,8 @@ def _festa(s: CompareSetting, part: Partition, tasks: Sequence[TaskSpec], seed: 
     data = [c for t in tasks for c in part.clients[t.name]]
     spec = {t.name: t for t in tasks}
     cl = [festa.FestaClient(c.client_id, cfg, spec[c.client_id.rsplit("-", 1)[0]], c.images, c.targets,
-                            batch_size=min(s.batch_size, c.images.shape[0]), lr=s.lr, seed=_client_seed(seed, i))
+                            batch_size=min(s.batch_size, c.images.shape[0]), lr=s.lr, seed=_client_seed(seed, i),
+                            head=s.festa_head)
           for i, c in enumerate(data)]
     return festa.run_festa_inprocess(srv, cl, rounds=s.rounds, steps_per_round=s.steps_per_round,
                                      unifying_rounds=s.unifying_rounds, test_data=_test_of(part, cl))
@@ -424,6 +430,7 @@ def render(report: dict[str, Any]) -> str:
                         "-" if b["rel_error"] is None else f"{100 * b['rel_error']:.2f}"])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text.append(f"FESTA head: {report['setting'].get('festa_head', 'vit')} (p-FESTA: fixed patch embedder)")
     text.append("")
     for o in report["orderings"]:
         mark = {True: "holds", False: "does NOT hold", None: "not run"}[o["holds"]]
