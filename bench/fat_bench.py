@@ -10,7 +10,8 @@ Prints one JSON object: per seed and method the FedWAvg weights (min, max over e
 and client), the cosines, clean and PGD-7 robust test accuracy; the mean over seeds; the
 IID control's weight deviation; and FedWAvg - FedAvg (the paper's claim is a robust gain).
 
-    PYTHONPATH=$PWD python bench/fat_bench.py --seeds 0 1 2 --rounds 3 --q 1 50
+    PYTHONPATH=$PWD python bench/fat_bench.py --iid        # tests/test_fat.py's setting
+    PYTHONPATH=$PWD python bench/fat_bench.py --q 1 10 30 --per-client 0 --rounds 3 --lr 0.01
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
 from netsim.scenario import TrainSpec
 from protocols.adversarial import robust_accuracy
-from protocols.fedwavg import softmax_weights
+from protocols.fedwavg import ROUNDS_Q, softmax_weights
 
 MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=28, patch_size=7, embed_dim=64, depth=2, num_heads=4,
                     in_chans=1, num_classes=10)
@@ -44,6 +45,11 @@ def pretrained(tr) -> tuple[dict, np.ndarray]:
     pre = train_model(MODEL, subset(tr, public, tr.classes), TrainSpec(epochs=6, batch_size=16, lr=3e-3, augment=False),
                       seed=0, warmup_epochs=0.0)
     return full_state(pre.model), private
+
+
+def capped(parts: list[np.ndarray], seed: int, n: int) -> list[np.ndarray]:
+    """At most n samples per client (tests/test_fat.py's draw); n = 0: all."""
+    return [np.sort(p[_rng(seed, f"fat-cap{k}").permutation(len(p))[:n]]) if n else p for k, p in enumerate(parts)]
 
 
 def campaign(tr, parts, weighting: str, *, q: float, seed: int, rounds: int, init, lr: float, decay: float,
@@ -61,10 +67,11 @@ def deviation(run) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--per-client", type=int, default=100, help="cap on private samples per client (0: all)")
     ap.add_argument("--classes-per-node", type=int, default=2)
-    ap.add_argument("--q", type=float, nargs="+", default=[50.0], help="FedWAvg scales to run")
-    ap.add_argument("--lr", type=float, default=0.03)
+    ap.add_argument("--q", type=float, nargs="+", default=[ROUNDS_Q], help="FedWAvg scales to run")
+    ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--decay", type=float, default=0.05)
     ap.add_argument("--iid", action="store_true", help="also the IID control (FedWAvg weight deviation)")
     a = ap.parse_args()
@@ -77,7 +84,8 @@ def main() -> None:
                              "model": "vit d=64 depth 2, digits 28px", "train_pgd": "eps 8/255, 2 steps, ratio 0.5",
                              "eval_pgd": "eps 8/255, 7 steps"}, "runs": []}
     for seed in a.seeds:
-        parts = non_iid(private, tr.labels.numpy(), K, _rng(seed, "fat-noniid"), classes_per_node=a.classes_per_node)
+        parts = capped(non_iid(private, tr.labels.numpy(), K, _rng(seed, "fat-noniid"),
+                               classes_per_node=a.classes_per_node), seed, a.per_client)
         for w, q in [("fedavg", 1.0)] + [("fedwavg", q) for q in a.q]:
             r = campaign(tr, parts, w, q=q, seed=seed, rounds=a.rounds, init=init, lr=a.lr, decay=a.decay)
             s = robust_accuracy(r.model(), (te.images, te.labels), generator=torch.Generator().manual_seed(0),
@@ -93,7 +101,7 @@ def main() -> None:
             out["runs"].append(row)
             print(json.dumps(row), flush=True)
         if a.iid:
-            ip = iid(private, K, _rng(seed, "fat-iid"))
+            ip = capped(iid(private, K, _rng(seed, "fat-iid")), seed, a.per_client)
             r = campaign(tr, ip, "fedwavg", q=a.q[0], seed=seed, rounds=a.rounds, init=init, lr=a.lr, decay=a.decay)
             out["runs"].append({"seed": seed, "weighting": "fedwavg-iid", "q": a.q[0], "max_dev_from_1/K": deviation(r),
                                 "cosines": [x["cosines"] for x in r.per_round()]})

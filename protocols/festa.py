@@ -67,14 +67,22 @@ class FestaServer(BodyServer):
     unify_with_head = True
 
     def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, class_token: bool = False,
-                 **kw: Any) -> None:
+                 head: str = "vit", **kw: Any) -> None:
         """``class_token``: heads send a cls token first and tails pool it (timm "token");
-        otherwise tails average the patch tokens (timm "avg"), which trains faster here."""
-        self.has_cls, self.tail_pool = class_token, ("token" if class_token else "avg")
+        otherwise tails average the patch tokens (timm "avg"), which trains faster here.
+        ``head``: the clients' head (:data:`HEADS`), whose state unification checks."""
+        if head not in HEADS or (head == "conv" and class_token):
+            raise ValueError(f"head {head!r} (class_token={class_token}): choose from {', '.join(HEADS)};"
+                             " the conv head has no class token")
+        self.has_cls, self.tail_pool, self.head = class_token, ("token" if class_token else "avg"), head
         super().__init__(cfg, tasks, **kw)
+        if head == "conv":  # unification checks the conv head's keys and shapes
+            conv = {f"head.{k}": v for k, v in ConvHead(cfg).state_dict().items()}
+            self._templates = {name: {**{k: v for k, v in t.items() if not k.startswith("head.")}, **conv}
+                               for name, t in self._templates.items()}
 
     def _ctor_kwargs(self) -> dict[str, Any]:
-        return {"class_token": self.has_cls}
+        return {"class_token": self.has_cls, "head": self.head}
 
     def forward(self, client_id: str, task: str, features: torch.Tensor) -> torch.Tensor:
         """``forward`` message -> ``body_out`` reply."""

@@ -113,3 +113,22 @@ def test_pfesta_is_cheaper_than_festa(runs):
         # same symbols on both sides: one sample is N x D float32 tokens at the cut
         assert f_res.params[cid].F == p_res.params[cid].F == 16 * 32 * 4
         assert f_res.params[cid].B == p_res.params[cid].B == 48 and f_res.params[cid].R == 4
+
+
+def test_split_report_puts_msd_next_to_eq8_and_eq9():
+    """`atd split report`: an MSD record's measured bytes next to T_MSD (Eq. 9) and T_FL-SSL
+    (Eq. 8) at the MSD paper's Table VII schedule (R = 50, r = 1), with both ratios."""
+    from atdnode.split.report import make_record, render, report_row
+
+    p = CostParams(D=100, B=0, R=1, n=1, F=10, G=10, Ph=300, Pb=5000, Pt=0)
+    counter = ByteCounter()
+    counter.record("c1", "up", "upload", wire_bytes=1010, payload_bytes=1000)
+    counter.record("c1", "down", "weights", wire_bytes=5020, payload_bytes=5000)
+    rec = make_record(side="client", algorithm="msd", client="c1", server="s" * 52, task={"name": "digit"},
+                      params=p, counter=counter.to_dict(), train_kinds=["upload", "weights"], rounds=[1])
+    row = report_row(rec)
+    fl = 4 * 50 * (300 + 5000)
+    assert row["T_MSD"] == 6000 and row["T_FL_SSL"] == fl
+    assert row["msd_ratio"] == 6000 / fl and row["measured_ratio"] == 6030 / fl
+    text = render([row])
+    assert "T_MSD (Eq. 9)" in text and "T_FL-SSL (Eq. 8, R=50, r=1)" in text and f"{6000 / fl:.3f}" in text

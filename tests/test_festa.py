@@ -210,7 +210,7 @@ def test_conv_head_is_selectable_trains_and_unifies(digits):
     unification hands both the same head; a conv head with a class token is refused."""
     torch.set_num_threads(1)
     x, y = digits
-    srv = FestaServer(CFG, [CLS], lr=3e-3)
+    srv = FestaServer(CFG, [CLS], lr=3e-3, head="conv")
     clients = [FestaClient(cid, CFG, CLS, x[lo:lo + 200], y[lo:lo + 200], batch_size=16, lr=3e-3, seed=i, head="conv")
                for i, (cid, lo) in enumerate((("a", 0), ("b", 200)))]
     assert clients[0].head(x[:2]).shape == (2, CFG.num_patches, CFG.embed_dim)

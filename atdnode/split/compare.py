@@ -143,7 +143,7 @@ def _client_seed(seed: int, i: int) -> int:
 
 def _festa(s: CompareSetting, part: Partition, tasks: Sequence[TaskSpec], seed: int) -> SplitRunResult:
     cfg = s.cfg()
-    srv = festa.FestaServer(cfg, list(tasks), lr=s.lr, seed=1000 * seed + 7)
+    srv = festa.FestaServer(cfg, list(tasks), lr=s.lr, seed=1000 * seed + 7, head=s.festa_head)
     data = [c for t in tasks for c in part.clients[t.name]]
     spec = {t.name: t for t in tasks}
     cl = [festa.FestaClient(c.client_id, cfg, spec[c.client_id.rsplit("-", 1)[0]], c.images, c.targets,
