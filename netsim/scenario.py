@@ -101,6 +101,8 @@ class BaselineSpec:
     pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
     pgd_steps: int = 3
     adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
+    optimizer: str = "adamw"  # rounds' local optimiser; "sgd": the FedWAvg paper's (momentum 0.9)
+    lr_decay: float = 0.0  # sgd: rate x (1 - lr_decay) per local epoch (the paper: 0.05 in AT)
 
 
 @dataclass(frozen=True)

@@ -170,10 +170,10 @@ TINY = {
     "scenario": {"name": "fat", "seed": 1, "methods": ["fedavg", "fat-fedwavg"], "step_deadline_s": 60},
     "model": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
     "train": {"epochs": 1, "lr": 3e-3},
-    "baselines": {"rounds": 2, "pgd_steps": 1},
+    "baselines": {"rounds": 2, "pgd_steps": 1, "optimizer": "sgd", "lr_decay": 0.05},  # the paper's local SGD
     "datasets": [{"name": "digits", "spec": "digits"}],
     "cohorts": [{"name": "a", "nodes": ["a1", "a2", "a3"], "dataset": "digits", "classes": ["0", "1", "2"],
-                 "partition": "label_skew", "alpha": 1.0, "train_samples": 120, "test_samples": 30}],
+                 "partition": "non_iid2", "train_samples": 120, "test_samples": 30}],
 }
 
 
@@ -189,8 +189,12 @@ def test_netsim_scenario_runs_fedavg_and_fat_methods_through_atd_rounds(tmp_path
     assert "fat-fedwavg phase 1: clean accuracy" in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_fedprox_is_refused_with_the_key_named() -> None:
+def test_fedprox_and_unknown_optimisers_are_refused_with_the_key_named() -> None:
     raw = json.loads(json.dumps(TINY))
     raw["baselines"]["fedprox_mu"] = 0.1
     with pytest.raises(ScenarioError, match=r"baselines.fedprox_mu: FedProx is not offered"):
+        scenario_from_dict(raw)
+    raw = json.loads(json.dumps(TINY))
+    raw["baselines"]["optimizer"] = "rmsprop"
+    with pytest.raises(ScenarioError, match=r"baselines.optimizer: 'rmsprop' is not one of adamw, sgd"):
         scenario_from_dict(raw)
