@@ -8,8 +8,7 @@ name). Entries (built by `weights_round_body` / `aggregate_round_body`, typed in
 weights    the usual `weights` body of a full set + campaign, round
 aggregate  mode "round": campaign, round, weighting, q, reference (previous global blob;
            round 0: the init blob), inputs (canonically sorted weights entry ids),
-           weights, participants / missing (peer ids), blob (the global model);
-           fedwavg: cosines (Eq. 3's c_i of each input against the reference, input order)
+           weights, participants / missing (peer ids), blob (the global model)
 
 Round t on each member: if round t's aggregate already exists, adopt it; else train from
 global t-1 (`atdnode.training.train`, the library behind `atd train`), publish, wait until
@@ -62,7 +61,6 @@ from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
-from protocols.fedwavg import ROUNDS_Q, fedwavg_cosines
 from protocols.rounds import (
     ROUND_WEIGHTINGS,
     canonical,
@@ -148,7 +146,7 @@ class RoundsConfig:
     cfg: ModelConfig
     rounds: int
     weighting: str = "fedwavg"
-    q: float = ROUNDS_Q  # FedWAvg's softmax scale, chosen by measurement (protocols.fedwavg)
+    q: float = 10.0  # FedWAvg's softmax scale: protocols.fedwavg.ROUNDS_Q, chosen by measurement
     local_epochs: int = 1
     batch_size: int = 16
     lr: float | None = None
@@ -201,6 +199,22 @@ def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, r
             "missing": missing, "head": True, "part": "full", "blob": blob, "size": store.size(blob),
             "manifest": store.manifest(blob).hash, "model": model,
             **({"cosines": cosines} if cosines is not None else {})}
+
+
+def round_cosines(store: BlobStore, inputs: list[Entry], reference: str) -> list[float]:
+    """FedWAvg Eq. 3's c_i of each input's last layer against the reference's, input order
+    (what a fedwavg round's `aggregate` entry records beside its weights, as `cosines`)."""
+    from atdnode.weights import load_weights
+    from protocols.aggregation import AggregationError
+    from protocols.fedwavg import fedwavg_cosines
+    from protocols.rounds import last_layer_vector
+
+    try:
+        ref = last_layer_vector(load_weights(store, reference)[0])
+        return [float(c) for c in fedwavg_cosines(ref, [last_layer_vector(load_weights(store, str(e.body.get("blob")))[0])
+                                                        for e in inputs])]
+    except AggregationError as exc:
+        raise RoundsError(f"fedwavg cosines: {exc}") from None
 
 
 # ---------------------------------------------------------------- campaign state
@@ -271,9 +285,8 @@ def active_members(led: Ledger) -> list[str]:
 # ---------------------------------------------------------------- computing / verifying one round
 
 def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: float,
-                  reference: str, cosines: list[float] | None = None) -> tuple[list[float], str]:
-    """Weights and global blob of a round over `inputs` (already canonically ordered); a
-    fedwavg round appends Eq. 3's cosines (one per input) to `cosines` when given."""
+                  reference: str) -> tuple[list[float], str]:
+    """Weights and global blob of a round over `inputs` (already canonically ordered)."""
     blobs = [str(e.body.get("blob")) for e in inputs]
     for b in blobs + [reference]:
         if not store.has(b):
@@ -282,8 +295,6 @@ def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: f
         ref_vec = last_layer_vector(load_weights(store, reference)[0]) if weighting == "fedwavg" else None
         layers = [last_layer_vector(load_weights(store, b)[0]) for b in blobs]
         weights = [float(x) for x in round_weights(weighting, reference=ref_vec, layers=layers, q=q)]
-        if cosines is not None and ref_vec is not None:
-            cosines.extend(float(c) for c in fedwavg_cosines(ref_vec, layers))
     except AggregationError as exc:
         raise RoundsError(f"{weighting} weights: {exc}") from None
     tensors = average_blobs(store, blobs, weights, names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=True)
@@ -420,8 +431,8 @@ class RoundRunner:
     # -- one round
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
-                            warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
                             optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
+                            warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
                             device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd})
         return train(self.home, self.c.data, self.cfg, opts)
@@ -464,10 +475,10 @@ class RoundRunner:
 
     def record(self, rnd: int, inputs: list[Entry], expected: list[str], reference: str) -> Entry:
         t = time.perf_counter()
-        cosines: list[float] = []
         weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
-                                                 reference=reference, cosines=cosines)
-        if self.c.weighting == "fedwavg":
+                                                 reference=reference)
+        cosines = round_cosines(self.store, inputs, reference) if self.c.weighting == "fedwavg" else None
+        if cosines is not None:
             self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
                        f"-> weights {[round(w, 4) for w in weights]}")
         from atdnode.weights import save_weights
@@ -479,7 +490,7 @@ class RoundRunner:
                                     reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
                                     store=self.store, blob=blob, model=self.cfg.to_dict(),
-                                    cosines=cosines if self.c.weighting == "fedwavg" else None)
+                                    cosines=cosines)
         with self._led() as led:
             return bodies.append(led, self.ident.signer, "aggregate", body)
 
