@@ -13,8 +13,7 @@ weights    a published weight set (`atd publish-weights`; split servers' bodies)
 features   CLS features sealed to named peers (`atd share-features`)
 aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out;
            mode "round": one round of `atd rounds` (campaign, round, reference, participants,
-           missing; fedwavg: `cosines`, Eq. 3's c_i behind each weight, input order);
-           `weights` of a round carry campaign and round
+           missing); `weights` of a round carry campaign and round
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
 service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder

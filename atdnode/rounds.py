@@ -150,6 +150,8 @@ class RoundsConfig:
     local_epochs: int = 1
     batch_size: int = 16
     lr: float | None = None
+    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.training)
+    lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
     seed: int = 0
     deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
     min_peers: int | None = None  # None: every live member
@@ -157,8 +159,6 @@ class RoundsConfig:
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
-    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.training)
-    lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 

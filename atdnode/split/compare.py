@@ -317,8 +317,7 @@ def assemble(s: CompareSetting, done: dict[tuple[str, int], dict[str, Any]]) -> 
               "majority": {t.name: _majority(part.test[t.name][1]) for t in TASKS},
               "formulas": FORMULA_TEXT, "approx_tolerance": APPROX, "methods": methods}
     report["orderings"] = orderings(report)
-    report["msd_cost"] = msd_cost(s, part, methods.get("fl", {}).get("bytes_per_client"))
-    return report
+    return {**report, "msd_cost": msd_cost(s, part, methods.get("fl", {}).get("bytes_per_client"))}
 
 
 def msd_cost(s: CompareSetting, part: Partition, fl_bytes: dict[str, Any] | None) -> dict[str, Any]:

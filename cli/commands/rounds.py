@@ -11,7 +11,6 @@ import typer
 from atdnode.home import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
-from protocols.fedwavg import ROUNDS_Q
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -29,8 +28,8 @@ def rounds(
     home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
     weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
-    q: float = typer.Option(ROUNDS_Q, "--q", help="FedWAvg softmax scale q (default chosen by measurement: "
-                                                 "weights move measurably off 1/K on skewed shards, not on IID ones)."),
+    q: float = typer.Option(10.0, "--q", help="FedWAvg softmax scale q (default: protocols.fedwavg.ROUNDS_Q, chosen "
+                                              "by measurement: weights move measurably off 1/K on skewed shards, not on IID ones)."),
     data: str = typer.Option("digits", "--data", help="This node's data spec."),
     model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
     img_size: Optional[int] = typer.Option(None, "--img-size"),
