@@ -184,15 +184,14 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         self.lr = opts.effective_lr(int(model.embed_dim))
-        if opts.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer {opts.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
-        if opts.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(param_groups(model, opts.weight_decay), lr=self.lr, momentum=SGD_MOMENTUM)
-        else:
-            self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
+        self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
         self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
                                           prob=opts.augment_prob, seed=opts.seed, mode=opts.augment_mode)
                         if opts.augment else None)
+        if opts.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {opts.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        if opts.optimizer == "sgd":  # the FedWAvg paper's local optimiser, in AdamW's place
+            self.optimizer = torch.optim.SGD(param_groups(model, opts.weight_decay), lr=self.lr, momentum=SGD_MOMENTUM)
         # sample i < N is data[i]; sample N + k is an augmented copy of data[sources[N + k]]
         extra = self.augment.extra_sources(data.labels) if self.augment is not None else torch.zeros(0, dtype=torch.int64)
         self.sources = torch.cat([torch.arange(len(data)), extra])

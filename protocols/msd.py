@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -197,12 +197,9 @@ def run_msd_inprocess(mcfg: ModelConfig, uploads: Mapping[str, torch.Tensor], cf
 def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
               targets: torch.Tensor, *, body_state: Mapping[str, torch.Tensor] | None = None,
               steps: int = 200, batch_size: int = 32, lr: float = 1e-3, body_lr_scale: float = 1.0,
-              seed: int = 0, on_step: Callable[[int, SplitBody, TaskTail], None] | None = None
-              ) -> tuple[SplitBody, TaskTail]:
+              seed: int = 0) -> tuple[SplitBody, TaskTail]:
     """A client's local training of body + tail on its labelled data, from the MSD body
-    (``body_state``) or from scratch (None) — same seed, steps and learning rate either way.
-    ``on_step(k, body, tail)`` is called after step k (1-based), e.g. to evaluate a learning
-    curve in one run; it must leave the modules as it found them (train mode)."""
+    (``body_state``) or from scratch (None) — same seed, steps and learning rate either way."""
     body = SplitBody(mcfg, seed=seed)
     if body_state is not None:
         body.load_state_dict(dict(body_state), strict=True)
@@ -214,14 +211,12 @@ def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: tor
         tokens = embedder(images)  # (M, N, D): the embedder is frozen, embed once
     body.train()
     tail.train()
-    for k in range(steps):
+    for _ in range(steps):
         idx = sampler.next()
         loss = task_loss(task, tail(body(tokens[idx])), targets[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if on_step is not None:
-            on_step(k + 1, body, tail)
     return body, tail
 
 

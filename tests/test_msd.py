@@ -102,14 +102,10 @@ def test_msd_pretraining_against_scratch_over_the_fine_tuning_curve():
     for seed in range(3):
         lab = torch.randperm(1200, generator=torch.Generator().manual_seed(100 + seed))[:50]
         for name, state in (("msd", result.body_state), ("scratch", None)):
-            curve: list[float] = []
-
-            def at(k: int, body, tail, curve=curve) -> None:
-                if k in CURVE:
-                    curve.append(evaluate_local(emb, body, tail, CLS, xtest, ytest)["accuracy"])
-                    body.train()
-                    tail.train()
-            fine_tune(emb, CFG, CLS, x[lab], y[lab], body_state=state, steps=CURVE[-1], lr=2e-3, seed=seed, on_step=at)
+            curve = []
+            for steps in CURVE:  # same seed: each run repeats the shorter one's first steps
+                body, tail = fine_tune(emb, CFG, CLS, x[lab], y[lab], body_state=state, steps=steps, lr=2e-3, seed=seed)
+                curve.append(evaluate_local(emb, body, tail, CLS, xtest, ytest)["accuracy"])
             curves[name].append(curve)
     mean = {n: [sum(c[i] for c in cs) / 3 for i in range(len(CURVE))] for n, cs in curves.items()}
     print("steps", CURVE, {n: [round(v, 3) for v in m] for n, m in mean.items()}, curves)
