@@ -108,7 +108,8 @@ class TrainOptions:
     augment_prob: float = 0.5
     augment_mode: str = "enlarge"  # paper §4.2: extra samples for small classes; "inplace": replace
     pretrained: bool = False  # timm pretrained-by-name (needs a reachable hub)
-    device: str | None = None
+    device: str | None = None  # atdnode.device rule: cpu / cuda / cuda:N, else [compute] device, else CUDA if present
+    compile: bool = False  # torch.compile the model (not in the run key: same math, other kernels)
     progress: bool = False
     log: Callable[[str], None] | None = None
     batch_transform: BatchTransform | None = None
@@ -374,7 +375,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
     from atdnode.blobstore import BlobStore
 
     log = opts.log or (lambda _msg: None)
-    ctx = ddp.init_from_env(opts.device)
+    ctx = ddp.init_from_env(opts.device, home=home)
     prev_det = torch.are_deterministic_algorithms_enabled()
     tlog = None
     if ctx.device.type == "cpu":
