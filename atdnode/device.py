@@ -90,3 +90,13 @@ def resolve_device(pref: "str | torch.device | None" = None, *, home: "NodeHome 
 def use_amp(device: torch.device) -> bool:
     """bf16 autocast where it pays: on CUDA. The CPU stays in float32 (bitwise resumable)."""
     return device.type == "cuda"
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without a host synchronisation: pinned, non-blocking on CUDA
+    (a pageable copy may wait for the stream); unchanged when already there."""
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
