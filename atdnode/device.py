@@ -2,13 +2,16 @@
 
 Every step that runs a model takes its device from `resolve_device`:
 
-1. an explicit choice (`--device cpu|cuda|cuda:N`, or a `device=` argument), else
-2. the node's `config.toml`:
+1. an explicit choice (a `device=` argument), else
+2. the `ATD_DEVICE` environment variable — what `--device` on any `atd` command sets
+   (`apply_device`), so every step of that command and every process it starts (daemon
+   roles, netsim nodes) follows it, else
+3. the node's `config.toml`:
 
        [compute]
        device = "cuda:1"      # or "cpu", "cuda"; absent: the default below
 
-3. else CUDA when present (`cuda:<local_rank mod count>` under torchrun), else the CPU.
+4. else CUDA when present (`cuda:<local_rank mod count>` under torchrun), else the CPU.
 
 A CUDA choice on a machine without CUDA, an index past the last GPU, or anything that is
 not `cpu` / `cuda` / `cuda:N` is a `DeviceError` (one line) raised *before* any data is
@@ -18,6 +21,7 @@ through `atdnode.weights` as CPU safetensors bytes, and arithmetic that others r
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -28,6 +32,7 @@ from atdnode.errors import ConfigError
 if TYPE_CHECKING:
     from atdnode.home import NodeHome
 
+ENV = "ATD_DEVICE"
 _SPEC = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 CHOICES = "cpu, cuda or cuda:N"
 
@@ -71,19 +76,29 @@ def default_device(local_rank: int = 0) -> torch.device:
 
 def resolve_device(pref: "str | torch.device | None" = None, *, home: "NodeHome | None" = None,
                    local_rank: int = 0) -> torch.device:
-    """The device a model runs on: `pref`, else HOME's `[compute] device`, else the default.
+    """The device a model runs on: `pref`, else $ATD_DEVICE, else HOME's `[compute] device`,
+    else the default (CUDA when present).
 
     Under torchrun with a bare `cuda` (from either source) each local rank takes its own
     GPU, `cuda:<local_rank>`; an explicit `cuda:N` is kept as given.
     """
     if isinstance(pref, torch.device):
         pref = str(pref)
-    spec = pref if pref else configured_device(home)
+    spec = pref or os.environ.get(ENV) or configured_device(home)
     if not spec:
         return default_device(local_rank)
     dev = parse_device(spec)
     if dev.type == "cuda" and str(spec).strip().lower() == "cuda" and local_rank:
         return parse_device(f"cuda:{local_rank}")
+    return dev
+
+
+def apply_device(pref: str | None, home: "NodeHome | None" = None) -> torch.device:
+    """A command's `--device`: checked here (a `DeviceError` before any data loads) and, when
+    given, exported as $ATD_DEVICE for every step of the command and the processes it starts."""
+    dev = resolve_device(pref, home=home)
+    if pref:
+        os.environ[ENV] = str(pref).strip().lower()
     return dev
 
 

@@ -157,6 +157,7 @@ class RoundsConfig:
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
+    device: str | None = None  # local training's device (atdnode.device rule); averaging stays on the CPU
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 
@@ -412,7 +413,7 @@ class RoundRunner:
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
-                            device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
+                            device=self.c.device, epoch_eval=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd})
         return train(self.home, self.c.data, self.cfg, opts)
 
