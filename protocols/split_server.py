@@ -194,8 +194,8 @@ class BodyServer:
                               f"(waiting for {self.step_waiting_for()})")
         check_features("features", x, self.token_shape, self.max_batch)
         x = x.detach().to(self.device).requires_grad_(need_input_grad)
-        with torch.enable_grad():
-            out = self.body(x)  # (B, T, D)
+        with torch.enable_grad(), self._autocast():
+            out = self.body(x).float()  # (B, T, D)
         self._pending[client_id] = (x, out, self.version)
         return out.detach().cpu()
 
@@ -218,9 +218,9 @@ class BodyServer:
         inputs = ([x] if x.requires_grad else []) + params
         grads: tuple[torch.Tensor, ...] = ()
         if inputs:
-            with torch.enable_grad():
+            with torch.enable_grad(), self._autocast():
                 if version != self.version:
-                    out = self.body(x)  # only after a restart or a drop: recompute at current weights
+                    out = self.body(x).float()  # only after a restart or a drop: recompute at current weights
                 grads = torch.autograd.grad(out, inputs, grad_out)
         grad_in = grads[0].detach().cpu() if x.requires_grad else None
         if not self.frozen:
@@ -261,7 +261,12 @@ class BodyServer:
         """Evaluation forward: no graph kept, no update."""
         self.task_of(client_id)
         check_features("features", x, self.token_shape, self.max_batch)
-        return self.body(x.to(self.device)).cpu()
+        with self._autocast():
+            return self.body(x.to(self.device)).float().cpu()
+
+    def _autocast(self):
+        """bf16 autocast on CUDA (the CPU stays float32, bit-reproducible)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     # --- unification (FedAvg of client parts per task) ----------------------------------
 
