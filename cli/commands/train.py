@@ -73,9 +73,9 @@ def train_cmd(
     h = NodeHome.at(home).require()
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from atdnode.ddp import check_nproc
-        from atdnode.device import configured_device
+        from atdnode.device import ENV, configured_device
 
-        check_nproc(nproc_per_node, device or configured_device(h))  # one line, before torchrun starts
+        check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
         return
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
