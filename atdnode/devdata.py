@@ -28,6 +28,19 @@ def _normalise_u8(q: torch.Tensor) -> torch.Tensor:
     return (q.float() / 255.0 - MEAN) / STD
 
 
+def lossless_uint8(images: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """`images` as uint8 intensities on `device` when `_normalise_u8` of them gives back every
+    value bit for bit there (8-bit sources the loader did not resize), else None."""
+    out = torch.empty(images.shape, dtype=torch.uint8, device=device)
+    ok = torch.ones((), dtype=torch.bool, device=device)
+    for s in range(0, len(images), _CHUNK):
+        x = images[s:s + _CHUNK].to(device)
+        q = ((x * STD + MEAN) * 255.0).round().clamp(0, 255).to(torch.uint8)
+        ok &= (_normalise_u8(q) == x).all()  # bit for bit, on the device
+        out[s:s + _CHUNK] = q
+    return out if bool(ok) else None  # one synchronisation, at construction
+
+
 class DeviceImages:
     """Images (and labels) of one split, served as batches on one device."""
 
@@ -42,7 +55,7 @@ class DeviceImages:
             return
         free, _ = torch.cuda.mem_get_info(device)
         if images.numel() <= budget * free:  # uint8 fits: try it
-            q = self._as_u8(images)
+            q = lossless_uint8(images, device)
             if q is not None:
                 self.resident, self.kind = q, "uint8"
                 return
@@ -50,19 +63,6 @@ class DeviceImages:
             self.resident, self.kind = images.to(device), "float32"
             return
         self.kind = "pinned"
-
-    def _as_u8(self, images: torch.Tensor) -> torch.Tensor | None:
-        """The split as uint8 on the device when that is lossless, else None (freed)."""
-        out = torch.empty(images.shape, dtype=torch.uint8, device=self.device)
-        ok = torch.ones((), dtype=torch.bool, device=self.device)
-        for s in range(0, len(images), _CHUNK):
-            x = images[s:s + _CHUNK].to(self.device)
-            q = ((x * STD + MEAN) * 255.0).round().clamp(0, 255).to(torch.uint8)
-            ok &= (_normalise_u8(q) == x).all()  # bit for bit, on the device
-            out[s:s + _CHUNK] = q
-        if not bool(ok):  # one synchronisation, at construction
-            return None
-        return out
 
     def gather(self, src: torch.Tensor) -> torch.Tensor:
         """Rows `src` ((B,) int64 on the CPU) as normalised float32 (B, C, H, W) on the device."""

@@ -90,3 +90,31 @@ def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd):
     err = r.stderr.strip()
     assert "CUDA is not available" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (home.root / "runs").exists() or not any((home.root / "runs").iterdir())
+
+
+def test_env_sits_between_the_argument_and_the_config(tmp_path, monkeypatch):
+    from atdnode.device import ENV, apply_device
+
+    home = _home(tmp_path, "cuda:99")
+    monkeypatch.setenv(ENV, "cpu")
+    assert resolve_device(None, home=home) == torch.device("cpu")  # $ATD_DEVICE beats the config
+    monkeypatch.setenv(ENV, "")
+    with pytest.raises(DeviceError):
+        resolve_device(None, home=home)  # empty: the config's (impossible) choice applies
+    assert apply_device("CPU", home) == torch.device("cpu")
+    assert os.environ[ENV] == "cpu"  # a command's --device reaches the processes it starts
+    with pytest.raises(DeviceError, match="expected"):
+        apply_device("tpu", home)
+
+
+def test_uint8_residency_only_when_lossless():
+    from atdnode.data import MEAN, STD
+    from atdnode.devdata import DeviceImages, lossless_uint8
+
+    q = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    x = (q.float() / 255.0 - MEAN) / STD  # the loader's normalisation of 8-bit data
+    assert torch.equal(lossless_uint8(x, torch.device("cpu")), q)
+    assert lossless_uint8(x + 1e-4, torch.device("cpu")) is None  # resized / windowed data stays float
+    imgs = DeviceImages(x, torch.arange(10), torch.device("cpu"))  # on the CPU: the host tensor, as before
+    src = torch.tensor([4, 0, 4])
+    assert imgs.kind == "host" and torch.equal(imgs.gather(src), x[src]) and imgs.gather_labels(src).tolist() == [4, 0, 4]
