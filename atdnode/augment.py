@@ -14,7 +14,8 @@ blurs), with torchvision's semantics (tests compare them with torchvision's per-
 Randomness is a pure function of (seed, epoch, sample id), so the result does not depend
 on batch composition, the number of DDP processes, or a resume in the middle of a run.
 The parameters are drawn on the host (numpy, per sample); the pixels are computed on the
-images' device, reproducible on each device (bits may differ between CPU and CUDA).
+images' device, reproducible on each device (bits may differ between CPU and CUDA, and on
+CUDA between batch sizes, where the batched blur matmul may take another kernel).
 Images arrive normalised (mean 0.5, std 0.5) and leave normalised; the operations act on
 the [0, 1] intensities in between.
 """

@@ -74,8 +74,11 @@ def _determinism(device: str) -> None:
     drawn = [i for i in range(24) if aug.params(int(ids[i]), 4) is not None]
     assert changed == drawn and 0 < len(drawn) < 24  # exactly the samples whose draw says so
     perm = torch.randperm(48, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(aug(x[perm], y[perm], ids[perm], epoch=4), out[perm])  # batch composition does not matter
-    assert torch.equal(aug(x[5:6], y[5:6], ids[5:6], epoch=4), out[5:6])
+    # batch composition does not matter (bit for bit on the CPU; on CUDA the batched matmul
+    # may pick another kernel for another batch size, so to float precision there)
+    same = torch.equal if device == "cpu" else (lambda a, b: torch.allclose(a, b, atol=1e-5))
+    assert same(aug(x[perm], y[perm], ids[perm], epoch=4), out[perm])
+    assert same(aug(x[5:6], y[5:6], ids[5:6], epoch=4), out[5:6])
     assert not torch.equal(aug(x, y, ids, epoch=5)[:24], out[:24])  # another epoch, other draws
     other = SmallClassAugment([5, 5000], threshold=1000, prob=0.7, seed=4, mode="inplace")
     assert not torch.equal(other(x, y, ids, epoch=4)[:24], out[:24])
