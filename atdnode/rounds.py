@@ -166,6 +166,7 @@ class RoundsConfig:
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
+    device: str | None = None  # local training's device (atdnode.device rule); averaging stays on the CPU
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 
@@ -396,7 +397,7 @@ class RoundRunner:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
                             optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
-                            device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
+                            device=self.c.device, epoch_eval=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
         return train(self.home, self.c.data, self.cfg, opts)
 

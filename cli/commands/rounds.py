@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -51,12 +52,14 @@ def rounds(
     pgd_step: str = typer.Option("2/255", "--pgd-step"),
     pgd_steps: int = typer.Option(7, "--pgd-steps", min=0),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode.model import ModelConfig
     from atdnode.rounds import RoundRunner, RoundsConfig
     from cli.commands.train import _fraction
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                               num_heads=heads)
     transform = None
