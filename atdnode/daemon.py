@@ -354,7 +354,7 @@ class NodeDaemon:
 
         Waits until the own chain head was confirmed with a member (see the module doc)."""
         await self._head_confirmed.wait()
-        entry = await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, kind, body))
+        entry = await self.ledger.append(self.identity.signer, kind, bodies.check_body(kind, body))  # group commit
         if kind in BLOB_KINDS_SET:  # its reader list holds before the entry is gossiped
             await self.ledger.run(self.readers.refresh)
         if entry.seq == self._announced_seq + 1:
@@ -389,7 +389,7 @@ class NodeDaemon:
         if last is not None and last.get("addrs") == addrs and last.get("role") == body["role"]:
             self._hello_said = said
             return
-        await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, "hello", body))
+        await self.ledger.append(self.identity.signer, "hello", bodies.check_body("hello", body))
         self._hello_said = said
 
     # ---------------------------------------------------------------- sync

@@ -8,6 +8,11 @@ Prints one JSON object:
                same signed bytes -> ratio (0.14 before appends were durable). Also the same
                run's bare write+fsync rate in the same directory (`fsync_per_s`): a durable
                append cannot beat one fsync, so `ratio_to_fsync` shows what is left to gain.
+  append_sign_grouped: the daemon's path (`LedgerAccess.append`, group commit, issue 29):
+               n entries appended by `--appenders` concurrent trio tasks, each entry durable
+               (its group's transaction fsynced, synchronous=FULL) before its append returns,
+               vs a bare sign loop timed right before -> ratio (target >= 0.3); `fsyncs` = group
+               commits, `entries_per_fsync` their mean size.
   verify:      Ledger.verify() of those n entries (read back from SQLite) vs a bare
                Ed25519 verify loop over the same (bytes, sig) pairs -> ratio (target >= 0.5)
   verify_big:  Ledger.verify() of a `big`-entry, 8-author ledger read from SQLite, entries/s
@@ -67,6 +72,46 @@ def bench_append_verify(path: str, n: int) -> dict:
     }
 
 
+def bench_grouped(path: str, n: int, appenders: int) -> dict:
+    """n own appends through LedgerAccess (group commit) from `appenders` concurrent tasks."""
+    import trio
+
+    from atdnode.ledger_access import LedgerAccess
+
+    seed = os.urandom(32)
+    signer = Signer.from_seed(seed)
+    led = Ledger.open(path)
+    led.create_genesis(signer, "bench")
+    access = LedgerAccess(led, own=signer.public_key)
+    bodies = [body(i) for i in range(n)]
+    raw_key = Ed25519PrivateKey.from_private_bytes(seed)
+    msgs = [os.urandom(200) for _ in range(n)]
+    t0 = time.perf_counter()
+    for m in msgs:
+        raw_key.sign(m)
+    t_sign = time.perf_counter() - t0
+
+    async def run() -> float:
+        it = iter(bodies)
+
+        async def appender() -> None:
+            for b in it:
+                await access.append(signer, "weights", b)
+
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(appenders):
+                nursery.start_soon(appender)
+        return time.perf_counter() - t0
+
+    t_append = trio.run(run)
+    assert led.heads()[signer.public_key] == n + 1
+    led.close()
+    return {"n": n, "appenders": appenders, "durable": True, "entries_per_s": round(n / t_append),
+            "bare_sign_per_s": round(n / t_sign), "ratio": round(t_sign / t_append, 3), "target": 0.3,
+            "fsyncs": access.commits, "entries_per_fsync": round(n / max(1, access.commits), 1)}
+
+
 def _fsync_rate(directory: str, n: int) -> float:
     """Bare small write + fsync loop on one file in `directory` (what a durable commit costs)."""
     fd = os.open(os.path.join(directory, "fsync.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -122,12 +167,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small counts (1,000 / 10,000) for a smoke run")
     ap.add_argument("--n", type=int, default=None, help="entries for append / verify (default 10,000)")
+    ap.add_argument("--appenders", type=int, default=32, help="concurrent appenders for append_sign_grouped")
     ap.add_argument("--big", type=int, default=None, help="entries for the big verification (default 100,000)")
     args = ap.parse_args()
     n = args.n or (1_000 if args.quick else 10_000)
     big = args.big or (10_000 if args.quick else 100_000)
     with tempfile.TemporaryDirectory() as d:
         out = bench_append_verify(os.path.join(d, "small.db"), n)
+        out["append_sign_grouped"] = bench_grouped(os.path.join(d, "grouped.db"), n, args.appenders)
         out["verify_big"] = bench_big(os.path.join(d, "big.db"), big)
     out["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count()}
     print(json.dumps(out, indent=2))

@@ -93,33 +93,54 @@ class Ledger:
         not (yet) admitted is stored held and enters the log once its admission arrives.
         The entry is durable (fsynced) when this returns."""
         with self._lock, self._store.transaction(durable=True):
-            s = self._store
-            me = signer.public_key
-            if s.frozen_seq(me) is not None:
-                raise Equivocation("this key forked its chain; it may not append", author=me)
-            status = s.member_status(me)
-            if status is not None and status.revoked:
-                new = stored_rotations(s).get(me)
-                if new is not None:
-                    raise RevokedAuthor(f"this key was rotated to {peer_id_from_public_key(new)}; "
-                                        "it may not sign new entries (use the node's new key)", author=me)
-                raise RevokedAuthor("this key's membership was revoked", author=me)
-            if kind == "member":
-                self._check_member_change(signer, body, store_membership(s))
-            seq, prev, own_lamport = self._tip(me)
-            if kind == "genesis":
-                if s.genesis_pin() is not None:
-                    raise WrongConsortium("this ledger already belongs to a consortium")
-                if seq != 0:
-                    raise MalformedEntry("a genesis must be its author's first entry", author=me)
-            lamport = max(s.max_log_lamport(), own_lamport) + 1
-            e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
-            batch = Batch(s, exempt=frozenset((me,)))  # own entries: no waiting cap
-            err = batch.add(e)
-            if err is not None:
-                raise err
-            batch.finish()
-            return e
+            return self._append_one(signer, kind, body)
+
+    def append_many(self, signer: Signer, items: list[tuple[str, dict]]) -> list[Entry | LedgerError]:
+        """Group commit (issue 29): sign and store several of the signer's next entries in one
+        durable transaction -- one WAL fsync for all of them. Item i's result is its Entry, or
+        the LedgerError `append` would have raised for it (then nothing of it was stored and
+        the next item takes its seq). Every stored entry is durable when this returns; an
+        error outside the ledger rules (disk, SQLite) rolls the whole group back and is raised:
+        then none of them was stored -- and none may have been shown to anyone (the caller
+        gossips only what this returned)."""
+        out: list[Entry | LedgerError] = []
+        with self._lock, self._store.transaction(durable=True):
+            for kind, body in items:
+                try:
+                    out.append(self._append_one(signer, kind, body))
+                except LedgerError as exc:  # raised before anything of this item was stored
+                    out.append(exc)
+        return out
+
+    def _append_one(self, signer: Signer, kind: str, body: dict) -> Entry:
+        """`append`'s work inside the caller's transaction (it fsyncs on commit)."""
+        s = self._store
+        me = signer.public_key
+        if s.frozen_seq(me) is not None:
+            raise Equivocation("this key forked its chain; it may not append", author=me)
+        status = s.member_status(me)
+        if status is not None and status.revoked:
+            new = stored_rotations(s).get(me)
+            if new is not None:
+                raise RevokedAuthor(f"this key was rotated to {peer_id_from_public_key(new)}; "
+                                    "it may not sign new entries (use the node's new key)", author=me)
+            raise RevokedAuthor("this key's membership was revoked", author=me)
+        if kind == "member":
+            self._check_member_change(signer, body, store_membership(s))
+        seq, prev, own_lamport = self._tip(me)
+        if kind == "genesis":
+            if s.genesis_pin() is not None:
+                raise WrongConsortium("this ledger already belongs to a consortium")
+            if seq != 0:
+                raise MalformedEntry("a genesis must be its author's first entry", author=me)
+        lamport = max(s.max_log_lamport(), own_lamport) + 1
+        e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
+        batch = Batch(s, exempt=frozenset((me,)))  # own entries: no waiting cap
+        err = batch.add(e)
+        if err is not None:
+            raise err
+        batch.finish()
+        return e
 
     def _tip(self, author: bytes) -> tuple[int, bytes, int]:
         """(seq, id, lamport) of the author's last contiguous stored entry, held ones included."""
