@@ -89,6 +89,8 @@ class LedgerAccess:
             try:
                 while self._queue:
                     await self._commit_group()
+                    for _ in range(2):  # let the appenders just woken queue their next entry into the
+                        await trio.lowlevel.cancel_shielded_checkpoint()  # next group (trio may run us first)
             finally:
                 self._committing = False
                 for _, p in self._queue:  # cancelled leader: hand nothing half-done to waiters

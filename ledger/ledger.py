@@ -24,7 +24,7 @@ from ledger.errors import (
     Equivocation, LedgerError, MalformedEntry, NotAdmin, RevokedAuthor, UnknownAuthor, WrongConsortium,
 )
 from ledger.keys import Signer
-from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
+from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership, Row
 from ledger.keys import peer_id_from_public_key
 from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
 from ledger.quota import AuthorQuota, QuotaTracker
@@ -33,6 +33,7 @@ from ledger.verify import VerifyReport, verify_store
 
 _SELECT = "SELECT payload, sig, id FROM entries"
 _ORDER = " ORDER BY lamport, author, seq"
+_MEMBER_KINDS = ("member", "genesis")  # change membership: always appended through Batch
 
 
 def _entry(row: tuple) -> Entry:
@@ -105,12 +106,31 @@ class Ledger:
         gossips only what this returned)."""
         out: list[Entry | LedgerError] = []
         with self._lock, self._store.transaction(durable=True):
+            last: Entry | None = None  # the group's previous entry, when it went into the log
             for kind, body in items:
                 try:
-                    out.append(self._append_one(signer, kind, body))
+                    if last is not None and kind not in _MEMBER_KINDS:
+                        e = last = self._append_next(signer, kind, body, last)
+                    else:
+                        e = self._append_one(signer, kind, body)
+                        plain = kind not in _MEMBER_KINDS and self._store.state_of(e.id) == LOG
+                        last = e if plain else None
+                    out.append(e)
                 except LedgerError as exc:  # raised before anything of this item was stored
                     out.append(exc)
         return out
+
+    def _append_next(self, signer: Signer, kind: str, body: dict, last: Entry) -> Entry:
+        """The entry after `last` in the same transaction, without `_append_one`'s queries.
+
+        Valid only while `last` -- the signer's own entry, not a member / genesis one -- went
+        into the log in this transaction: then the signer is an admitted, non-revoked member
+        whose chain is not frozen (nothing else writes inside the transaction), `last` is
+        its tip with nothing stored above it, and `last.lamport` is the log's highest clock.
+        So the next entry continues the log head, exactly what `Batch.add` would decide."""
+        e = Entry.create(signer, seq=last.seq + 1, prev=last.id, lamport=last.lamport + 1, kind=kind, body=body)
+        self._store.insert(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), e.payload, e.sig, LOG)
+        return e
 
     def _append_one(self, signer: Signer, kind: str, body: dict) -> Entry:
         """`append`'s work inside the caller's transaction (it fsyncs on commit)."""

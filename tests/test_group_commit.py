@@ -19,7 +19,8 @@ import trio
 
 from atdnode.ledger_access import LedgerAccess
 from ledger import Ledger, Signer
-from ledger import ledger as ledger_mod
+from ledger.encoding import decode_payload
+from ledger.store import Store
 
 F = Signer.from_seed(b"G" * 32)
 
@@ -57,6 +58,35 @@ def test_concurrent_appends_share_durable_commits(tmp_path: Path) -> None:
     led.close()
 
 
+def _states(led: Ledger, author: bytes) -> list[tuple[str, int, int]]:
+    return [(e.id.hex(), e.seq, e.lamport) for e in led.entries_after(author, 0, include_held=True)]
+
+
+@pytest.mark.parametrize("writer", ["member", "outsider"])
+def test_append_many_stores_exactly_what_appends_one_by_one_store(tmp_path: Path, writer: str) -> None:
+    """Ed25519 signatures are deterministic: the group path (including its shortcut after a
+    logged entry) must sign and place byte-identical entries, membership changes included."""
+    a, x = Signer.from_seed(b"a" * 32), Signer.from_seed(b"x" * 32)
+    me = F if writer == "member" else x
+    items = [("metrics", {"i": 0}), ("metrics", {"i": 1}), ("member", {"action": "admit", "member": a.public_key,
+             "admin": False}), ("metrics", {"i": 2}), ("hello", {"addrs": []}), ("metrics", {"i": 3})]
+    one, many = _ledger(tmp_path / "one.db"), _ledger(tmp_path / "many.db")
+    expect = []
+    for kind, body in items:
+        try:
+            expect.append(one.append(me, kind, body).id)
+        except Exception as exc:  # an outsider may not admit: the same refusal both ways
+            expect.append(type(exc))
+    got = [r.id if not isinstance(r, Exception) else type(r) for r in many.append_many(me, items)]
+    assert got == expect
+    assert _states(many, me.public_key) == _states(one, me.public_key)
+    assert [e.id for e in many.all_entries()] == [e.id for e in one.all_entries()]
+    assert many.membership().members == one.membership().members
+    many.verify()
+    one.close()
+    many.close()
+
+
 def test_a_failed_group_gossips_nothing_and_its_seqs_are_reused_safely(monkeypatch, tmp_path: Path) -> None:
     """The group's transaction fails after its entries were signed (disk error, connection
     lost before COMMIT): every appender of the group gets the error, nothing was stored,
@@ -64,14 +94,13 @@ def test_a_failed_group_gossips_nothing_and_its_seqs_are_reused_safely(monkeypat
     led = _ledger(tmp_path / "l.db")
     access = LedgerAccess(led, own=F.public_key)
     signed: list[int] = []
-    real = ledger_mod.Ledger._append_one
+    real = Store.insert
 
-    def failing(self, signer, kind, body):
-        e = real(self, signer, kind, body)
-        signed.append(e.seq)
-        if body.get("i") == 2:
+    def failing(self, row, payload, sig, state):  # every own entry is stored through here, signed
+        real(self, row, payload, sig, state)
+        signed.append(row.seq)
+        if decode_payload(payload, check_canonical=False)[5].get("i") == 2:
             raise sqlite3.OperationalError("disk I/O error")
-        return e
 
     gossiped: list = []
     errors: list[BaseException] = []
@@ -87,9 +116,9 @@ def test_a_failed_group_gossips_nothing_and_its_seqs_are_reused_safely(monkeypat
             for i in range(5):
                 nursery.start_soon(one, i)
 
-    monkeypatch.setattr(ledger_mod.Ledger, "_append_one", failing)
+    monkeypatch.setattr(Store, "insert", failing)
     trio.run(main)
-    monkeypatch.setattr(ledger_mod.Ledger, "_append_one", real)
+    monkeypatch.setattr(Store, "insert", real)
     assert errors, "the failing group must report its error"
     assert len(signed) > len(gossiped)  # entries were signed that nobody was shown
     assert len(gossiped) + len(errors) == 5
@@ -105,21 +134,21 @@ CHILD = textwrap.dedent("""
     import trio
     from atdnode.ledger_access import LedgerAccess
     from ledger import Ledger, Signer
-    from ledger import ledger as ledger_mod
+    from ledger.encoding import decode_payload
+    from ledger.store import Store
 
     F = Signer.from_seed(b"G" * 32)
     led = Ledger.open(sys.argv[1])
     access = LedgerAccess(led, own=F.public_key)
-    real = ledger_mod.Ledger._append_one
+    real = Store.insert
 
-    def hooked(self, signer, kind, body):
-        e = real(self, signer, kind, body)
-        print(json.dumps({"signed": e.id.hex(), "seq": e.seq}), flush=True)
-        if body["i"] == int(sys.argv[2]):  # signed and inserted, its group not committed yet
-            os.kill(os.getpid(), signal.SIGKILL)
-        return e
+    def hooked(self, row, payload, sig, state):  # every own entry is stored through here, signed
+        real(self, row, payload, sig, state)
+        print(json.dumps({"signed": row.id.hex(), "seq": row.seq}), flush=True)
+        if decode_payload(payload, check_canonical=False)[5]["i"] == int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)  # signed and inserted, its group not committed yet
 
-    ledger_mod.Ledger._append_one = hooked
+    Store.insert = hooked
 
     async def one(i):
         e = await access.append(F, "metrics", {"i": i})
