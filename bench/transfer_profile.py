@@ -1,0 +1,147 @@
+"""Where the time of one bulk frame goes: each stage of the encrypted bulk path, timed alone.
+
+    python bench/transfer_profile.py [--frame-mb 4] [--reps 20]
+
+Prints one JSON object: milliseconds per frame (median of --reps, and min) for each stage the
+bulk channel (`atdnode/transport/bulk.py`) and the fetcher (`blobfetch.py`, `blobpartial.py`)
+run on one frame, using the same library calls:
+
+  sender:   file_readinto (page cache) -> aes_gcm_encrypt_into -> socket (sealed frame)
+  receiver: socket -> aes_gcm_decrypt_into -> sha256 chunk check -> pwrite -> sha256 whole blob
+  glue:     thread_hop (`trio.to_thread.run_sync` of a no-op, paid per call on both sides),
+            memcpy (one copy of the frame, what a `bytes(...)` costs)
+
+`socket_sealed` is one SealedSocket.write_frame -> read_frame round of a frame between two
+threads over loopback TCP (encrypt + send + receive + decrypt); `socket_raw` the same bytes with
+sendall / recv_into only. `baseline_tcp_sha256` = socket_raw + one SHA-256, what
+transfer_bench's baseline does per frame; `bulk_path` = the sum of the receiver's serial stages
+(the sender's run in parallel on the other side), so `bulk_path / baseline` shows what a fetch
+costs more than the baseline and which stage it is.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+
+import trio
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from atdnode.transport.bulk import TAG, SealedSocket
+
+
+def timed(fn, reps: int) -> dict:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": round(statistics.median(out), 3), "min_ms": round(min(out), 3)}
+
+
+def socket_rounds(n: int, reps: int, sealed: bool) -> dict:
+    """reps frames of n bytes over loopback TCP between two threads; ms per frame."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    srv.close()
+    key_ab, key_ba = os.urandom(32), os.urandom(32)
+    tx, rx = SealedSocket(a, "rx", 30), SealedSocket(b, "tx", 30)
+    tx.set_keys(key_ab, key_ba)
+    rx.set_keys(key_ba, key_ab)
+    payload, into = bytearray(os.urandom(n)), bytearray(n + TAG)
+    times: list[float] = []
+
+    def send() -> None:
+        for _ in range(reps):
+            if sealed:
+                tx.write_frame(payload)
+            else:
+                a.sendall(payload)
+
+    t = threading.Thread(target=send)
+    t.start()
+    view = memoryview(into)[:n]
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        if sealed:
+            rx.read_frame(n, into)
+        else:
+            got = 0
+            while got < n:
+                got += b.recv_into(view[got:])
+        times.append((time.perf_counter() - t0) * 1e3)
+    t.join()
+    tx.close()
+    rx.close()
+    return {"median_ms": round(statistics.median(times), 3), "min_ms": round(min(times), 3)}
+
+
+def thread_hop(reps: int) -> dict:
+    async def main() -> list[float]:
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            await trio.to_thread.run_sync(lambda: None)
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    out = trio.run(main)
+    return {"median_ms": round(statistics.median(out), 3), "min_ms": round(min(out), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frame-mb", type=float, default=4.0)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    n, reps = int(a.frame_mb * 2**20), a.reps
+    data = bytearray(os.urandom(n))
+    out_buf, plain = bytearray(n + TAG), bytearray(n)
+    aes = AESGCM(os.urandom(32))
+    nonce = [0]
+
+    def enc() -> None:
+        nonce[0] += 1
+        aes.encrypt_into(nonce[0].to_bytes(12, "big"), data, None, out_buf)
+
+    aes.encrypt_into(b"\0" * 12, data, None, out_buf)
+    ct = bytes(out_buf)
+    stages: dict = {"frame_mb": a.frame_mb, "reps": reps, "loadavg_1m": os.getloadavg()[0]}
+    stages["aes_gcm_encrypt_into"] = timed(enc, reps)
+    stages["aes_gcm_decrypt_into"] = timed(lambda: aes.decrypt_into(b"\0" * 12, ct, None, plain), reps)
+    stages["sha256"] = timed(lambda: hashlib.sha256(data).digest(), reps)
+    stages["memcpy"] = timed(lambda: bytes(data), reps)
+    with tempfile.TemporaryDirectory() as d:
+        fd = os.open(os.path.join(d, "f"), os.O_RDWR | os.O_CREAT)
+        os.pwrite(fd, data, 0)
+        stages["pwrite"] = timed(lambda: os.pwrite(fd, data, 0), reps)
+        with open(os.path.join(d, "f"), "rb", buffering=0) as f:
+            stages["file_readinto"] = timed(lambda: (f.seek(0), f.readinto(plain)), reps)
+        os.close(fd)
+    stages["thread_hop"] = thread_hop(reps * 10)
+    stages["socket_raw"] = socket_rounds(n, reps, sealed=False)
+    stages["socket_sealed"] = socket_rounds(n, reps, sealed=True)
+    m = {k: v["median_ms"] for k, v in stages.items() if isinstance(v, dict)}
+    base = m["socket_raw"] + m["sha256"]
+    recv_path = m["socket_sealed"] + 2 * m["sha256"] + m["pwrite"] + 2 * m["thread_hop"]
+    stages["baseline_tcp_sha256_ms"] = round(base, 3)
+    stages["bulk_receiver_path_ms"] = round(recv_path, 3)
+    stages["ratio_if_serial"] = round(base / recv_path, 3)
+    stages["receiver_split_pct"] = {
+        "socket+aes": round(100 * m["socket_sealed"] / recv_path, 1),
+        "sha256_x2": round(100 * 2 * m["sha256"] / recv_path, 1),
+        "pwrite": round(100 * m["pwrite"] / recv_path, 1),
+        "thread_hops": round(100 * 2 * m["thread_hop"] / recv_path, 1),
+    }
+    print(json.dumps(stages, indent=1))
+
+
+if __name__ == "__main__":
+    main()
