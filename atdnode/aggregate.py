@@ -313,8 +313,12 @@ def extractor_of(store: BlobStore, blob: str, part: str) -> str:
 
 
 def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob: str, part: str, entry: Entry,
-                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None) -> str:
-    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head."""
+                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None,
+                    judge_on: str | None = None) -> str:
+    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head.
+    With `judge_on` (a data spec), the node's own model `base` and the new model are scored
+    on its validation data first and the `[aggregate] keep` policy applied (`atdnode.keep`;
+    recorded in the new record's provenance: candidates, kept, kept_why)."""
     ext_blob = extractor_of(store, blob, part)
     if part == "full":
         full_blob = blob
@@ -332,4 +336,15 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
-    return ModelRegistry(home).add(rec)
+    if judge_on is not None:
+        from atdnode.keep import judge
+
+        rec.provenance.update(judge(home, store, base, rec, judge_on))
+    reg = ModelRegistry(home)
+    model_id = reg.add(rec)
+    for name, c in (rec.provenance.get("candidates") or {}).items():
+        if isinstance(c, dict):  # each candidate's score, as `atd classify` would record it
+            reg.add_evaluation(c.get("model") or model_id, {
+                "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
+                "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name})
+    return model_id

@@ -119,14 +119,10 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> f
     return rep.robust * rep.n / len(names)
 
 
-def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
-             out: str | Path | None = None, batch_size: int = 256, pgd=None) -> ClassifyResult:
-    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`."""
-    record = ModelRegistry(home).get(model)
-    cfg = ModelConfig.from_dict(record.model)
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
-    store = BlobStore(home.blobs_dir)
+def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int = 256
+                 ) -> tuple[dict, list[str], str, list[str]]:
+    """(metrics, confusion-matrix classes, kind, the classifier's classes) of `record` on
+    labelled images `data`."""
     names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size)
     if not set(names) & set(data.classes):
         raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
@@ -138,6 +134,22 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     present = sorted({int(t) for t in y_true})
     metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
     metrics["sensitivity"] = metrics["recall"]
+    return metrics, space, kind, names
+
+
+def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
+             out: str | Path | None = None, batch_size: int = 256, pgd=None) -> ClassifyResult:
+    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
+    `model="latest"` is the model the node keeps by default (`atdnode.keep.default_model`:
+    the newest, or the node's own model where the `[aggregate] keep` policy kept it).
+    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`."""
+    from atdnode.keep import default_model
+
+    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    cfg = ModelConfig.from_dict(record.model)
+    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    store = BlobStore(home.blobs_dir)
+    metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size)
     if pgd is not None:
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd)
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
