@@ -203,10 +203,18 @@ def group_base(led: Ledger, entry: Entry) -> str | None:
     return common_base(members) if members else None
 
 
-def group_base_warning(led: Ledger, outs: list["GroupOutcome"]) -> str | None:
+def spec_base(led: Ledger, spec: GroupSpec) -> str | None:
+    """The base of a group as named on the command line (before anything is built)."""
+    first = entry_of(led, spec.refs[0], ("weights", "aggregate"), f"group {spec.name}")
+    if first.kind == "aggregate":
+        return group_base(led, first)
+    return common_base([entry_of(led, h, ("weights",), f"group {spec.name}") for h in spec.refs])
+
+
+def group_base_warning(led: Ledger, groups: list[GroupSpec]) -> str | None:
     """A warning when the groups do not descend from one shared base (README, "One shared
     base"): averaging group models from different random starts gives a random body."""
-    bases = {o.name: group_base(led, o.entry) for o in outs}
+    bases = {g.name: spec_base(led, g) for g in groups}
     known = {b for b in bases.values() if b}
     if len(known) <= 1 and all(bases.values()):
         return None
@@ -252,10 +260,10 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
     with opened(home) as (ident, store, led):
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if ensemble else None
-        outs = [resolve_group(home, ident, store, led, g, weighting=group_weighting, q=q) for g in groups]
-        warning = group_base_warning(led, outs)
-        if warning and strict:
+        warning = group_base_warning(led, groups)
+        if warning and strict:  # refused before any group entry is recorded
             raise AggregateError(f"--strict: {warning}")
+        outs = [resolve_group(home, ident, store, led, g, weighting=group_weighting, q=q) for g in groups]
         comb, head = combine_stored_groups(led, store, [(o.name, o.entry, o.n_classes, o.n_models) for o in outs], weighting)
         part = "full" if head else "extractor"
         meta = result_meta(store, outs[0].entry.body["blob"], part=part, mode="hierarchical", weighting=weighting)
