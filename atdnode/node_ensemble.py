@@ -27,8 +27,8 @@ from ledger import Entry, Ledger
 from protocols.ensemble import EnsembleClassifier, EnsembleError
 from protocols.vgs import fit_vertical_ensemble
 
-CLASSIFIERS = ("ensemble", "head")
-DEFAULT_PRIOR = "node"  # horizontal: fused extractor + ensemble (paper), or averaged heads
+CLASSIFIERS = ("ensemble", "head")  # horizontal: fused extractor + ensemble (paper), or averaged heads
+DEFAULT_PRIOR = "balanced"  # class-prior correction, chosen by measurement (bench/prior_bench.py)
 
 
 @dataclass(frozen=True)

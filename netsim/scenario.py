@@ -107,7 +107,7 @@ class BaselineSpec:
 class EnsembleSpec:
     pca_components: int = 32
     mlp_epochs: int = 200
-    prior: str = "node"  # class-prior correction (protocols.ensemble): none | balanced | node
+    prior: str = "balanced"  # class-prior correction (protocols.ensemble): none | balanced | node
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,17 @@ def test_report_has_every_method_task_and_formula(report):
     assert all(name in text for name in METHODS) and "position embedding needed" in text
 
 
+def test_report_carries_the_reference_ensembles(report):
+    """Issue 23: beside the split methods, the same data through the VGS-ATD ensemble on raw
+    pixels and on an untrained extractor; on ten digit classes both are far above chance."""
+    refs = report["references"]
+    assert set(refs) == {"ensemble-raw", "ensemble-untrained"}
+    for kind, accs in refs.items():
+        assert set(accs) == {"pneumonia", "digit"}
+        assert accs["digit"] > 2 * report["majority"]["digit"], (kind, accs)
+        assert f"{kind} (same data, no learned features): pneumonia {accs['pneumonia']:.3f}" in render(report)
+
+
 def test_measured_bytes_match_the_formulas(report):
     for name, r in report["methods"].items():
         b = r["bytes_per_client"]

@@ -47,7 +47,7 @@ def aggregate(
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
-    prior: str = typer.Option("node", "--prior", help="Ensemble class-prior correction: node (re-weight to this node's class proportions) | balanced | none."),
+    prior: str = typer.Option("balanced", "--prior", help="Ensemble class-prior correction: balanced (uniform class prior) | node (this node's class proportions) | none."),
     strict: bool = typer.Option(False, "--strict", help="Hierarchical: refuse groups that do not descend from one shared base (default: warn)."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
