@@ -33,8 +33,13 @@ MAX_FORGETTING = 0.02  # accuracy points (as a fraction) a phase-1 node may lose
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    return run_scenario(load_scenario(shipped_scenario("three_phase")))
+def out_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("three_phase")
+
+
+@pytest.fixture(scope="module")
+def report(out_dir) -> dict:
+    return run_scenario(load_scenario(shipped_scenario("three_phase")), out_dir)
 
 
 def _overall(report: dict, method: str) -> dict[int, float]:
@@ -57,7 +62,7 @@ def test_vgs_atd_at_least_every_end_to_end_baseline_in_every_phase(report: dict)
             assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {method} {other[p]:.3f}"
 
 
-def test_the_report_says_whether_learned_features_beat_the_references(report: dict) -> None:
+def test_the_report_says_whether_learned_features_beat_the_references(report: dict, out_dir) -> None:
     vgs, raw, unt = (_overall(report, m) for m in ("vgs-atd", *REFERENCES))
     lines = report["feature_verdicts"]
     assert lines == verdicts(report["methods"]) and len(lines) == 3
@@ -65,7 +70,7 @@ def test_the_report_says_whether_learned_features_beat_the_references(report: di
         beats = vgs[p] > raw[p] and vgs[p] > unt[p]
         assert line.startswith(f"Phase {p}: the learned features {'beat' if beats else 'do not beat'} "), line
         assert f"VGS-ATD {vgs[p]:.3f}" in line and f"raw inputs {raw[p]:.3f}" in line
-        assert line in report["notes"]
+        assert line in report["notes"] and f"- {line}." in (out_dir / "report.md").read_text()
     # the references are real classifiers, not placeholders: each beats the majority share
     # of the balanced pooled test sets (1/6, 1/10, 1/10) by far
     for m in REFERENCES:
