@@ -27,7 +27,7 @@ were averaged); it is registered in the model registry, so `atd classify`,
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -314,11 +314,11 @@ def extractor_of(store: BlobStore, blob: str, part: str) -> str:
 
 def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob: str, part: str, entry: Entry,
                     kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None,
-                    judge_on: str | None = None) -> str:
+                    judge: Callable[[ModelRecord], dict] | None = None) -> str:
     """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head.
-    With `judge_on` (a data spec), the node's own model `base` and the new model are scored
-    on its validation data first and the `[aggregate] keep` policy applied (`atdnode.keep`;
-    recorded in the new record's provenance: candidates, kept, kept_why)."""
+    `judge(record)` (`atdnode.candidates.judge_candidates`: the node's own model `base` and the
+    new one scored on its validation data, the `[aggregate] keep` policy applied) gives fields
+    for the new record's provenance (candidates, kept, kept_why) before it is added."""
     ext_blob = extractor_of(store, blob, part)
     if part == "full":
         full_blob = blob
@@ -336,10 +336,8 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
-    if judge_on is not None:
-        from atdnode.keep import judge
-
-        rec.provenance.update(judge(home, store, base, rec, judge_on))
+    if judge is not None:
+        rec.provenance.update(judge(rec))
     reg = ModelRegistry(home)
     model_id = reg.add(rec)
     for name, c in (rec.provenance.get("candidates") or {}).items():

@@ -45,6 +45,7 @@ from atdnode.aggregate import (
 )
 from atdnode.blobstore import BlobStore
 from atdnode.errors import BlobError
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -288,7 +289,7 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
         prov.update(ensemble_classes=fit.classes, features=fit.features)
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry,
                                kind="global-hierarchical", extra_blobs=extra, extra_provenance=prov,
-                               judge_on=spec if judge and ensemble else None)
+                               judge=judge_with(home, store, base, spec) if judge and spec else None)
     details = {"groups": [{**o.record(), "blob": o.entry.body["blob"], "reused": o.reused} for o in outs]}
     if warning:
         details["warnings"] = [warning]

@@ -33,6 +33,7 @@ from atdnode.aggregate import (
     screen_inputs,
     select_inputs,
 )
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig
@@ -99,7 +100,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
                    "samples": fit.samples}
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal",
                                extra_blobs=extra, extra_provenance=prov,
-                               judge_on=judge_on)
+                               judge=judge_with(home, store, base, judge_on) if judge_on else None)
     if warning:
         details["warnings"] = [warning]
     from atdnode.keep import kept_details

@@ -2,7 +2,8 @@
 
 After every aggregation the node scores each candidate — its own current model (what it
 predicted with before: `own`) and the consortium's aggregate (`consortium`) — on its own
-validation data, with `atd classify`'s predictor (`atdnode.classify.score_record`):
+validation data, with `atd classify`'s predictor (`atdnode.classify.judge_candidates`,
+which applies `choose` below):
 
 * the data spec's `val` split when it has one; else its `test` split, and the record says
   so ("test (no val split)") — with no held-out data of its own the node has nothing else;
@@ -15,8 +16,7 @@ validation data, with `atd classify`'s predictor (`atdnode.classify.score_record
 """
 from __future__ import annotations
 
-from atdnode.blobstore import BlobStore
-from atdnode.errors import AtdError, ConfigError, DataError
+from atdnode.errors import AtdError, ConfigError
 from atdnode.home import NodeHome
 from atdnode.registry import ModelRecord, ModelRegistry
 
@@ -38,31 +38,6 @@ def keep_policy(home: NodeHome) -> str:
     return keep
 
 
-def validation_data(spec: str, img_size: int, in_chans: int):
-    """(labelled images, split name) the node scores candidates on: `val`, else `test`."""
-    from atdnode.data import load_dataset
-
-    try:
-        return load_dataset(spec, img_size, in_chans, "val"), "val"
-    except DataError:
-        return load_dataset(spec, img_size, in_chans, "test"), "test (no val split)"
-
-
-def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec: str) -> dict:
-    """{"scored_on": split, "data": spec, name: {"model", "accuracy", "f1", "n"}} for each candidate."""
-    from atdnode.classify import score_record
-    from atdnode.model import ModelConfig
-
-    cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
-    data, split = validation_data(spec, cfg.img_size, cfg.in_chans)
-    out: dict = {"scored_on": split, "data": spec}
-    for name, rec in candidates.items():
-        m, _, kind, _ = score_record(store, rec, data)
-        out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
-                     "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
-    return out
-
-
 def choose(policy: str, scores: dict) -> tuple[str, str]:
     """(kept candidate, why) under `policy`."""
     own, cons = scores["own"]["accuracy"], scores["consortium"]["accuracy"]
@@ -72,21 +47,6 @@ def choose(policy: str, scores: dict) -> tuple[str, str]:
     if cons >= own:
         return "consortium", f"the consortium's model scores {cons:.3f} >= its own {own:.3f} {where}"
     return "own", f"its own model scores {own:.3f} > the consortium's {cons:.3f} {where}; keeps its own"
-
-
-def judge(home: NodeHome, store: BlobStore, own: ModelRecord, consortium: ModelRecord, spec: str | None) -> dict:
-    """Score both candidates and apply the policy; the fields for the new record's provenance
-    (`candidates`, `kept`, `kept_why`), or {"kept_why": reason} when it cannot score."""
-    policy = keep_policy(home)
-    if not spec:
-        return {"kept": "consortium", "kept_why": "no data spec to score on; takes the consortium's model"}
-    try:
-        scores = score_candidates(store, {"own": own, "consortium": consortium}, spec)
-    except (AtdError, ValueError) as exc:
-        return {"kept": "consortium", "kept_why": f"could not score the candidates ({str(exc)[:200]}); "
-                                                  "takes the consortium's model"}
-    kept, why = choose(policy, scores)
-    return {"candidates": scores, "kept": kept, "kept_why": why, "keep_policy": policy}
 
 
 def default_model(home: NodeHome) -> ModelRecord:
@@ -99,7 +59,7 @@ def default_model(home: NodeHome) -> ModelRecord:
         if isinstance(own, str):
             try:
                 return reg.get(own)
-            except ConfigError:
+            except AtdError:
                 return rec
     return rec
 

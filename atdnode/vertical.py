@@ -34,6 +34,7 @@ from atdnode.aggregate import (
     register_global,
     select_inputs,
 )
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig
@@ -66,7 +67,7 @@ def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: li
                                extra_blobs={"ensemble": fit.blob},
                                extra_provenance={"data": spec, "ensemble_classes": fit.classes,
                                                  "features": fit.features},
-                               judge_on=spec if judge else None)
+                               judge=judge_with(home, store, base, spec) if judge else None)
     details = {"ensemble": fit.blob, "classes": fit.classes, "features": fit.features, "skipped": fit.skipped,
                "samples": fit.samples, **({"warnings": [warning]} if warning else {})}
     from atdnode.keep import kept_details
