@@ -11,7 +11,7 @@ from atdnode.classify import score_record
 from atdnode.data import load_dataset
 from atdnode.errors import AtdError, DataError
 from atdnode.home import NodeHome
-from atdnode.keep import choose, keep_policy
+from atdnode.keep import choose, default_model, keep_policy
 from atdnode.model import ModelConfig
 from atdnode.registry import ModelRecord
 
@@ -51,6 +51,8 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
     return {"candidates": scores, "kept": kept, "kept_why": why, "keep_policy": policy}
 
 
-def judge_with(home: NodeHome, store: BlobStore, own: ModelRecord, spec: str | None):
-    """`register_global`'s `judge`: the new record against the node's own model `own`."""
-    return lambda consortium: judge_candidates(home, store, own, consortium, spec)
+def judge_with(home: NodeHome, store: BlobStore, spec: str | None):
+    """`register_global`'s `judge`: the new record against the model the node uses now
+    (`atdnode.keep.default_model`, read when the judge runs, before the new record is added:
+    an earlier aggregate the node did not keep is not its "own")."""
+    return lambda consortium: judge_candidates(home, store, default_model(home), consortium, spec)
