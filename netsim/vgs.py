@@ -326,6 +326,9 @@ class VgsRunner:
         st.model_id, st.kind, st.agg = step.model_id, "global", step.pub
         sizes = "group sizes (from the signed entries): " + ", ".join(
             f"{g['name']} ({g['n_classes']} classes, {g['n_models']} models)" for g in step.detail.get("groups", []))
+        for w in step.detail.get("warnings", []):  # e.g. inputs or groups from different bases
+            if f"{mode}: {w}" not in self._res.notes:
+                self._res.notes.append(f"{mode}: {w}")
         if step.detail.get("kept") == "own":  # `atd classify` would use its own; netsim reports the aggregate
             self._res.notes.append(f"{node} ({mode}): {step.detail.get('kept_why')} — netsim scores the "
                                    "consortium's model (the node had no val split: it judged on its test data)")

@@ -69,6 +69,8 @@ def test_three_phases_produce_predictors_and_metrics(first_run) -> None:
     # C_i and n_i come from the signed entries: group A is the phase-2 vertical aggregate over
     # a's phase-1 model (2 base models) and b1's extractor; group B is c's horizontal aggregate
     assert "group sizes (from the signed entries): A (5 classes, 3 models), B (5 classes, 2 models)" in ph[2]["notes"]
+    # both groups start from the consortium's shared base: no aggregation warned about bases
+    assert not any("shared base" in n or "different starts" in n for p in ph for n in p["notes"]), ph[2]["notes"]
     # every aggregate entry (two per aggregating node: before and after the features round)
     # re-verifies with `atd aggregate --verify`
     assert [p["verified"] for p in ph] == [{"aggregates": n, "verified": n} for n in (4, 6, 14)]
