@@ -94,7 +94,9 @@ class VgsRunner:
         self.data_dir = Path(tempfile.mkdtemp(prefix="atd-netsim-data-"))
         ens = ensemble_options(scn)
         if not self.base_files:  # from scratch: one seeded consortium init that every group starts from
-            init = consortium_init(scn, self.data_dir / "consortium-init.safetensors")
+            founder = next(iter(data.nodes))
+            init = consortium_init(scn, founder, len(data.nodes[founder].classes),
+                                   self.data_dir / "consortium-init.safetensors")
             self.base_files = {n: init for n in data.nodes}
         for name, nd in data.nodes.items():
             spec = f"npz:{write_node_npz(nd, self.data_dir / f'{name}.npz')}"
@@ -454,18 +456,21 @@ class VgsRunner:
         return pred
 
 
-def consortium_init(scn: Scenario, path: Path) -> Path:
-    """The consortium's shared start when there is no MSD base: the extractor of the
-    scenario's model at timm's init under the scenario seed, as a safetensors checkpoint
-    (`atd train --init-from FILE`). Every node that trains from nothing starts here, so
-    every group of a hierarchical run shares one `base` fingerprint (issue 23: group B
-    trained from its own random start, and the combined extractor scored like a random body)."""
+def consortium_init(scn: Scenario, founder: str, num_classes: int, path: Path) -> Path:
+    """The consortium's shared start when there is no MSD base: the founder's initial
+    extractor (the scenario's model at timm's init under the founder's training seed, as
+    `_train_opts` sets it, and its class count, which decides the init order), as a
+    safetensors checkpoint (`atd train --init-from FILE`). Every node derives it the same way;
+    every node that trains from nothing starts here, so every group of a hierarchical run
+    shares one `base` fingerprint (issue 23: group B trained from its own random start, and
+    the combined extractor scored like a random body), and the founder trains exactly as
+    it did before."""
     from safetensors.torch import save_file
 
     from atdnode.model import build_model, extractor_state
 
-    torch.manual_seed(scn.seed)
-    model = build_model(model_config(scn.model, 2))
+    torch.manual_seed(scn.seed + sum(map(ord, founder)))  # the founder's seed in `_train_opts`
+    model = build_model(model_config(scn.model, num_classes))
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in extractor_state(model).items()}, str(path))
     return path
