@@ -339,7 +339,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
     if judge is not None:
         rec.provenance.update(judge(rec))
     reg = ModelRegistry(home)
-    model_id = reg.add(rec)
+    model_id = reg.add_recorded(rec, entry.id, home.ledger_db)  # only once the entry is durable
     for name, c in (rec.provenance.get("candidates") or {}).items():
         if isinstance(c, dict):  # each candidate's score, as `atd classify` would record it
             reg.add_evaluation(c.get("model") or model_id, {
