@@ -5,18 +5,33 @@ simulated network).
 One run of the scenario as shipped (`atd netsim run three_phase`, seed 0) gives, per phase,
 the overall accuracy of VGS-ATD, centralized training on the pooled data, FedAvg, swarm,
 local-only, and the VGS-ATD ensemble on raw pixels and on an untrained extractor of the
-same config (`netsim.references`). Claims asserted (they hold here):
+same config (`netsim.references`). Measured (seed 0, after issue 23):
 
-* VGS-ATD >= FedAvg, >= swarm and >= local-only in every phase;
+    phase          1      2      3
+    vgs-atd        0.954  0.883  0.936
+    centralized    0.861  0.816  0.947
+    fedavg         0.759  0.476  0.557
+    swarm          0.810  0.351  0.869
+    local          0.438  0.232  0.347
+    ensemble-raw   0.981  0.955  0.964
+    untrained      0.972  0.900  0.919
+    phase-1 nodes  0.954 -> 0.940 -> 0.968;  aggregates verified 6/6, 10/10, 22/22
+
+Claims asserted (they hold here):
+
+* VGS-ATD >= FedAvg, >= swarm and >= local-only in every phase, and >= centralized - 2 points;
+* in the hierarchical phase, where both groups start from the consortium's one base,
+  VGS-ATD beats the ensemble on an untrained extractor (0.936 vs 0.919; before the shared
+  base, group B trained from its own random start and VGS-ATD scored 0.925);
 * phase-1 nodes lose at most 2 points on their own test data after phases 2 and 3;
 * every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`);
 * the report's verdict sentence per phase says what its own numbers say.
 
-Claims of issue 23 that do NOT hold at this size (8 px digits, 4 patches), measured seed 0
-(see CLAIMS_SEED0 below and the closing note of the issue): VGS-ATD does not beat the
-ensemble on raw pixels or on an untrained extractor, and trails centralized — the images
-are too small for learned features to matter. They are asserted as what they are: the
-references are measured and reported, and the test fails if the report stops saying so.
+Claims of issue 23 that do NOT hold at this size (8 px digits, 4 patches): VGS-ATD does not
+beat the ensemble on raw pixels in any phase, nor the untrained extractor in phases 1-2;
+the images are too small for learned features to matter. The test fails if the report
+stops saying so. The run took 542 s of wall time on the shared 2-core machine under load
+(VGS-ATD 286 s of compute, the baselines 185 s).
 """
 from __future__ import annotations
 
@@ -60,6 +75,14 @@ def test_vgs_atd_at_least_every_end_to_end_baseline_in_every_phase(report: dict)
         other = _overall(report, method)
         for p in (1, 2, 3):
             assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {method} {other[p]:.3f}"
+
+
+def test_vgs_atd_within_2_points_of_centralized_and_above_the_untrained_extractor_in_phase_3(report: dict
+                                                                                            ) -> None:
+    vgs, central, unt = (_overall(report, m) for m in ("vgs-atd", "centralized", "ensemble-untrained"))
+    for p in (1, 2, 3):
+        assert vgs[p] >= central[p] - 0.02, f"phase {p}: VGS-ATD {vgs[p]:.3f}, centralized {central[p]:.3f}"
+    assert vgs[3] > unt[3], f"phase 3: VGS-ATD {vgs[3]:.3f} <= untrained-extractor ensemble {unt[3]:.3f}"
 
 
 def test_the_report_says_whether_learned_features_beat_the_references(report: dict, out_dir) -> None:
