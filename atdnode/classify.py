@@ -146,6 +146,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
                        title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
+        "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
         **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy")
            if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,

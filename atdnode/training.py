@@ -440,6 +440,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                                  title=f"{cfg.name} on {data_spec} (acc {metrics['accuracy']:.3f})")
         logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {data_spec}")
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
+        # for the model card (atdnode.model_card): what was trained on, without naming a file
+        prov.update(class_counts=dict(zip(data.classes, data.class_counts())), data_fp=data.content_fp())
         common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),
                       extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key},
                              "base": prov["base"]})
