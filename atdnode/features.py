@@ -5,6 +5,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from atdnode import progress as report
 from atdnode.data import LabeledImages
 from atdnode.model import cls_features
 
@@ -36,7 +37,7 @@ def extract_features(model: nn.Module, data: LabeledImages, batch_size: int = 25
     dim = int(getattr(model, "num_features", 0)) or None
     out: np.ndarray | None = np.empty((n, dim), dtype=np.float32) if dim else None
     try:
-        with progress_bar(progress) as bar:
+        with progress_bar(progress) as bar, report.task("CLS features", total=n) as step:
             task = bar.add_task("features", total=n)
             for s in range(0, n, batch_size):
                 x = data.images[s:s + batch_size].to(device, non_blocking=True)  # (B, C, H, W)
@@ -47,6 +48,7 @@ def extract_features(model: nn.Module, data: LabeledImages, batch_size: int = 25
                     out = np.empty((n, f.shape[1]), dtype=np.float32)
                 out[s:s + len(f)] = f
                 bar.advance(task, len(f))
+                step.advance(len(f))
     finally:
         model.train(was_training)
     if out is None:

@@ -123,9 +123,12 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         def ready():
             s = json.loads(get(url + "api/state")[2])
             agg = [x for x in s["aggregates"] if x["id"] == res.entry.id.hex()]
-            fetched = all(BlobStore(h.blobs_dir).has(res.blob) for h in (b, c))  # over the bulk channel
-            return len(s["node"]["peers"]) == 2 and agg and agg[0]["verify"]["status"] == "verified" and fetched and s
-        s = wait_until(ready, 180, "two connected peers, the aggregate verified and fetched by b and c")
+            return len(s["node"]["peers"]) == 2 and agg and agg[0]["verify"]["status"] == "verified" and s
+        s = wait_until(ready, 180, "two connected peers and the aggregate verified")
+        # b and c fetch the aggregate's result from a (`atd fetch`: over the bulk channel)
+        for h in (b, c):
+            assert res.blob in atd("fetch", "--home", str(h.root), res.blob).stdout
+            assert BlobStore(h.blobs_dir).has(res.blob)
         assert {m["name"] for m in s["members"]} == {"a", "b", "c"}
 
         dom = browser("--dump-dom", url)

@@ -54,7 +54,10 @@ def rounds(
     pgd_steps: int = PGD_STEPS_OPT,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
 ) -> None:
-    from atdnode.rounds import RoundRunner, RoundsConfig
+    from atdnode import progress
+    from atdnode.rounds import RoundRunner, RoundsConfig, current_round
+    from cli.progress import bars
+    from ledger import Ledger
 
     h = NodeHome.at(home).require()
     cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
@@ -69,6 +72,8 @@ def rounds(
                         batch_transform=transform, log=log)
     runner = RoundRunner(h, conf)
     log(f"campaign {runner.campaign} (init {runner.init[:12]})")
+    with Ledger.open(h.ledger_db) as led:
+        done = current_round(led, runner.campaign)  # a restarted campaign resumes here
 
     def show(rep) -> None:
         if as_json:
@@ -77,7 +82,9 @@ def rounds(
             typer.echo(f"round {rep.round}: global {rep.blob[:12]} entry {rep.entry[:12]} weights "
                        f"{[round(w, 4) for w in rep.weights]}" + (f" missing {rep.missing}" if rep.missing else ""))
 
-    runner.run(show)
+    with bars(quiet=as_json), progress.task(f"rounds of {runner.campaign[:12]}", total=n_rounds) as bar:
+        bar.update(done)
+        runner.run(lambda rep: (show(rep), bar.update(rep.round + 1)))
 
 
 def register(app: typer.Typer) -> None:

@@ -130,7 +130,10 @@ def join(
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
                        permute=not no_permute, reconnect_timeout=reconnect_timeout, read_timeout=read_timeout,
                        finetune_steps=finetune_steps, compare_scratch=compare_scratch)
-    res = run(h, opts)
+    from cli.progress import bars
+
+    with bars(quiet=as_json):  # upload and rounds as bars on a terminal
+        res = run(h, opts)
     if as_json:
         typer.echo(json.dumps(res.record, indent=2, default=str))
         return
