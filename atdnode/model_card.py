@@ -88,6 +88,15 @@ def source_kind(spec: object) -> str:
     return s.split(":", 1)[0].split("?", 1)[0] if ":" in s else s.split("?", 1)[0]
 
 
+def public_spec(spec: object) -> str:
+    """A data spec as it may be shown to others: its kind and options, not its path
+    (`folder:/data/x?limit=5` -> `folder?limit=5`, `digits?classes=0,1` unchanged)."""
+    s = str(spec or "")
+    kind = source_kind(s)
+    opts = s.split("?", 1)[1] if "?" in s else ""
+    return kind + (f"?{opts}" if opts else "")
+
+
 def collect(home: NodeHome, model: str = "latest") -> Card:
     """The card's facts for `model` (id, prefix or `latest`) of this node."""
     from atdnode.blobstore import BlobStore
@@ -180,7 +189,7 @@ def _signature(e: Entry) -> str:
 
 _KEEP = {
     "weights": ("blob", "size", "part", "labels", "label_fp", "samples", "metrics", "model_id", "base", "campaign",
-                "round", "algorithm"),
+                "round", "algorithm", "class_counts", "data_fp"),
     "aggregate": ("blob", "mode", "weighting", "weights", "inputs", "head", "part", "q", "reference", "classifier",
                   "n_classes", "n_models", "skipped", "base", "campaign", "round", "participants", "missing"),
 }
@@ -239,13 +248,13 @@ def _evaluations(reg, rec) -> list[dict]:
     out = []
     m = rec.metrics or {}
     if m:
-        out.append({"what": "training test split", "source": source_kind((rec.provenance or {}).get("data")),
+        out.append({"what": "training test split", "source": public_spec((rec.provenance or {}).get("data")),
                     "metrics": {k: m[k] for k in _METRICS if isinstance(m.get(k), (int, float))},
                     "confusion": m.get("confusion"), "classes": list(rec.labels),
                     "history": [h for h in m.get("history") or [] if isinstance(h, dict)]})
     for ev in reg.evaluations(rec.id):
         out.append({"what": f"atd classify ({ev.get('kind', 'model')}, {ev.get('split', '?')} split)",
-                    "source": source_kind(ev.get("data")), "time": ev.get("time"),
+                    "source": public_spec(ev.get("data")), "time": ev.get("time"),
                     "metrics": {k: ev[k] for k in _METRICS if isinstance(ev.get(k), (int, float))},
                     "confusion": ev.get("confusion"), "classes": ev.get("classes"), "history": []})
     return out

@@ -123,11 +123,15 @@ def _training(card: Card) -> str:
     for s in ws:
         b = s.body
         m = b.get("metrics") or {}
-        rows.append((_who(card, s.author), f"<code>{_e(s.id[:16])}</code>", _e(b.get("part")),
-                     _e(", ".join(map(str, b.get("labels") or []))), f"<code>{_e(str(b.get('label_fp', ''))[:16])}</code>",
+        counts = b.get("class_counts") if isinstance(b.get("class_counts"), dict) else {}
+        classes = ", ".join(f"{c}: {counts[c]}" if c in counts else str(c) for c in map(str, b.get("labels") or []))
+        rows.append((_who(card, s.author), f"<code>{_e(s.id[:16])}</code>", _e(b.get("part")), _e(classes),
+                     f"<code>{_e(str(b.get('label_fp', ''))[:16])}</code>"
+                     + (f"<br>data <code>{_e(str(b['data_fp'])[:16])}</code>" if b.get("data_fp") else ""),
                      _e(b.get("samples")), f"<code>{_e(str(b.get('base', '-'))[:16])}</code>",
                      _e(", ".join(f"{k} {_fmt(v)}" for k, v in m.items()))))
-    return _table(["trained by", "weights entry", "part", "classes", "label fp", "samples", "shared base",
+    return _table(["trained by", "weights entry", "part", "classes (training counts)", "fingerprints", "samples",
+                   "shared base",
                    "reported metrics"], rows)
 
 
@@ -150,7 +154,7 @@ def _evaluations(card: Card) -> str:
             uri = _png_data(lambda p: save_curves_png(ev["history"], p, title="training curves"))
             figs.append(f'<a href="{uri}" target="_blank"><img alt="training curves" src="{uri}"></a>')
         parts.append(f'<div data-evaluation="{i}"><h3>{_e(ev["what"])}{_e(when)}</h3>'
-                     f'<p>data source kind {_e(ev["source"])}; '
+                     f'<p>data {_e(ev["source"])}; '
                      + _e(", ".join(f"{k} {_fmt(v)}" for k, v in m.items())) + "</p>"
                      + (f'<div class="figs">{"".join(figs)}</div>' if figs else
                         '<p class="muted">no confusion matrix recorded for this evaluation</p>') + "</div>")

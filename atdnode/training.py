@@ -437,9 +437,11 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)
+        from atdnode.model_card import public_spec  # figure titles name no local path
+
         png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
-                                 title=f"{cfg.name} on {data_spec} (acc {metrics['accuracy']:.3f})")
-        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {data_spec}")
+                                 title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")
+        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {public_spec(data_spec)}")
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
         # for the model card (atdnode.model_card): what was trained on, without naming a file
         prov.update(class_counts=dict(zip(data.classes, data.class_counts())), data_fp=data.content_fp())

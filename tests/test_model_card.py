@@ -71,6 +71,10 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
             assert r["kind"] == e.kind and r["author"] == peer_id_from_public_key(e.author)
     assert rows(dom, "data-aggregate") == [{"aggregate": res.entry.id.hex(), "verification": "verified"}]
     assert "every aggregate re-verifies here" in text and agg.body["blob"] in text
+    for e in tuned:  # who trained on what: class counts that add up to the samples, a data fingerprint
+        counts = e.body["class_counts"]
+        assert sum(counts.values()) == e.body["samples"] and e.body["data_fp"][:16] in dom
+        assert ", ".join(f"{c}: {n}" for c, n in counts.items()) in text
     members = {r["member"]: r["status"] for r in rows(dom, "data-member")}
     assert set(members) == set(peer_ids([a, b, c])) and members[peer_ids([a])[0]] == "founder"
     # the evaluation from `atd classify`, with its confusion matrix drawn from the recorded numbers

@@ -135,8 +135,8 @@ def _read_json(path: Path) -> dict | None:
 def models_view(home: NodeHome) -> list[dict]:
     """The registry's models: how each was made, its training test metrics and every later
     evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home.
-    Data specs are shown as their source kind only (no local paths)."""
-    from atdnode.model_card import source_kind
+    Data specs are shown without their path (`model_card.public_spec`)."""
+    from atdnode.model_card import public_spec
     from atdnode.registry import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
@@ -146,7 +146,7 @@ def models_view(home: NodeHome) -> list[dict]:
         evals = []
         for ev in reg.evaluations(r.id):
             png = Path(str(ev.get("png") or ""))
-            evals.append({"data": source_kind(ev.get("data")), "split": ev.get("split"), "time": ev.get("time"),
+            evals.append({"data": public_spec(ev.get("data")), "split": ev.get("split"), "time": ev.get("time"),
                           "png": png.name if classify_png(home, png.name) == png.resolve() else None,
                           "metrics": _scalar_metrics({k: v for k, v in ev.items() if k != "time"})})
         out.append({
