@@ -142,7 +142,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd)
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
-    from atdnode.model_card import public_spec  # figure titles name no local path
+    from atdnode.data.public_spec import public_spec  # figure titles name no local path
 
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "

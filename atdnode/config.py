@@ -3,7 +3,7 @@
 Unknown keys are kept in `extra` and written back unchanged, so other parts can add
 settings without this module knowing them. None values are omitted from the file.
 Every save appends a commented reference of the settings not set, with their defaults
-(`atdnode.config_schema`); `set_key(home, "logs.backups", "3")` is `atd config set`.
+(`atdnode.config_schema`); `atdnode.config_set.set_key` is `atd config set`.
 """
 from __future__ import annotations
 
@@ -111,30 +111,3 @@ class NodeConfig:
             os.fsync(f.fileno())
         os.replace(tmp, home.config_file)
 
-
-def set_key(home: NodeHome, path: str, text: str) -> Any:
-    """`atd config set PATH VALUE`: parse VALUE with the key's type, write config.toml, run the
-    reading part's own validation; on a refusal the old file is put back. Returns the value."""
-    from atdnode.config_schema import CHECKS, lookup, parse_value
-
-    key = lookup(path)
-    value = parse_value(key, text)
-    cfg = NodeConfig.load(home)
-    old = home.config_file.read_bytes()
-    table, _, name = key.path.rpartition(".")
-    if table:
-        t = cfg.extra.setdefault(table, {})
-        if not isinstance(t, dict):
-            raise ConfigError(f"config: [{table}] must be a table")
-        t[name] = value
-    else:
-        setattr(cfg, name, value)
-    try:
-        cfg.save(home)
-        CHECKS.get(table, lambda h: None)(home)
-    except ConfigError:
-        tmp = home.config_file.with_name(f".config.toml.old{os.getpid()}")
-        tmp.write_bytes(old)
-        os.replace(tmp, home.config_file)
-        raise
-    return value

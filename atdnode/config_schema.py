@@ -1,22 +1,20 @@
 """Every setting of config.toml, with its default and how a value is read: one table.
 
-`KEYS` lists each key once (`section.name`, or a top-level name); `atd config set KEY VALUE`
-parses VALUE with the key's type, writes it, and then runs the validator of the part that
-reads it (the same function the daemon calls), restoring the old file when it refuses.
-`commented_defaults(present)` is the reference block `atd init` (and every save) appends to
-config.toml: every section with the keys not set, their defaults commented out.
-To add a setting: one `Key(...)` line here (and its reader's validation in `CHECKS`).
+`KEYS` lists each key once (`section.name`, or a top-level name) with the default its reader
+uses when the key is absent (`tests/test_config_cmd.py` checks they agree with the readers);
+`commented_defaults(present)` is the reference block every save of config.toml appends: every
+section with the keys not set, their defaults commented out. `atdnode.config_set.set_key`
+(`atd config set KEY VALUE`) parses a value with `parse_value` and has the reader validate it.
+This module imports nothing of the readers, so `atdnode.config` can use it without a circle.
+To add a setting: one `Key(...)` line here (and its reader's check in `atdnode.config_set.CHECKS`).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from atdnode.errors import ConfigError
-from atdnode.home import NodeHome
-from atdnode.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
-from atdnode.peerset import DEFAULT_MAX, DEFAULT_TARGET, PeerSetConfig
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,10 @@ KEYS: tuple[Key, ...] = (
     Key("role", str, "node", "role announced in hello (node, festa-server, ...)"),
     Key("listen", list, ["/ip4/127.0.0.1/tcp/0"], "libp2p multiaddrs to listen on (deploy/PORTS.md)"),
     Key("bootstrap", list, [], "full multiaddrs (.../p2p/<id>) of peers to dial at start"),
-    Key("logs.max_bytes", int, DEFAULT_MAX_BYTES, "rotate HOME/logs/*.log at this size (>= 1024)"),
-    Key("logs.backups", int, DEFAULT_BACKUPS, "rotated log files kept (0-100)"),
-    Key("peers.target", int, DEFAULT_TARGET, "peers the daemon keeps connected"),
-    Key("peers.max", int, DEFAULT_MAX, "hard cap on connected peers (>= target)"),
+    Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size (>= 1024)"),
+    Key("logs.backups", int, 5, "rotated log files kept (0-100)"),
+    Key("peers.target", int, 8, "peers the daemon keeps connected"),
+    Key("peers.max", int, 16, "hard cap on connected peers (>= target)"),
     Key("peers.low_latency_share", float, 0.5, "share of dials that go to the fastest peers"),
     Key("peers.grace_s", float, 5.0, "a new connection is not pruned this long"),
     Key("peers.redial_after_s", float, 30.0, "a lost peer is not dialled again this soon"),
@@ -87,47 +85,6 @@ def lookup(path: str) -> Key:
     near = difflib.get_close_matches(path, list(BY_PATH), n=1)
     raise ConfigError(f"config: unknown key {path!r}" + (f" (did you mean {near[0]}?)" if near else "")
                       + f"; known: {', '.join(BY_PATH)}")
-
-
-def _check_logs(home: NodeHome) -> None:
-    from atdnode.logs import log_limits
-
-    log_limits(home)
-
-
-def _check_models(home: NodeHome) -> None:
-    from atdnode.model_gc import size_limit
-
-    size_limit(home)
-
-
-def _check_listen(home: NodeHome) -> None:
-    from atdnode.addrs import check_bootstrap, check_listen
-    from atdnode.config import NodeConfig
-
-    cfg = NodeConfig.load(home)
-    for a in cfg.listen:
-        check_listen(a, "listen")
-    for a in cfg.bootstrap:
-        check_bootstrap(a, "bootstrap")
-
-
-def _check_peers(home: NodeHome) -> None:
-    from atdnode.config import NodeConfig
-
-    PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
-
-
-def _check_bulk(home: NodeHome) -> None:
-    from atdnode.config import NodeConfig
-
-    NodeConfig.load(home).bulk_options()
-
-
-# the reader's own validation per section ("" = top-level keys); each loads config.toml
-CHECKS: dict[str, Callable[[NodeHome], None]] = {
-    "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-}
 
 
 def _toml(v: Any) -> str:

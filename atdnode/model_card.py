@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atdnode.data.public_spec import public_spec, source_kind
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key
@@ -78,23 +79,6 @@ class Card:
     steps: list[Step]
     evaluations: list[dict]
     ledger_check: str
-
-
-def source_kind(spec: object) -> str:
-    """The kind of a data spec without its path or options: `folder:/data/x?limit=5` -> `folder`."""
-    s = str(spec or "")
-    if not s:
-        return "unknown"
-    return s.split(":", 1)[0].split("?", 1)[0] if ":" in s else s.split("?", 1)[0]
-
-
-def public_spec(spec: object) -> str:
-    """A data spec as it may be shown to others: its kind and options, not its path
-    (`folder:/data/x?limit=5` -> `folder?limit=5`, `digits?classes=0,1` unchanged)."""
-    s = str(spec or "")
-    kind = source_kind(s)
-    opts = s.split("?", 1)[1] if "?" in s else ""
-    return kind + (f"?{opts}" if opts else "")
 
 
 def collect(home: NodeHome, model: str = "latest") -> Card:

@@ -437,7 +437,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)
-        from atdnode.model_card import public_spec  # figure titles name no local path
+        from atdnode.data.public_spec import public_spec  # figure titles name no local path
 
         png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
                                  title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")

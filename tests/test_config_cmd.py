@@ -44,6 +44,25 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
     assert f"# max_bytes = {log_limits(h)[0]}" in text and f"# target = {PeerSetConfig().target}" in text
 
 
+def test_schema_defaults_are_the_readers_defaults(tmp_path):
+    """The commented defaults are what each reader uses when the key is absent."""
+    from atdnode.config_schema import BY_PATH
+    from atdnode.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+    from atdnode.model_gc import size_limit
+
+    ok("init", "--home", str(tmp_path / "n"))
+    h = NodeHome.at(tmp_path / "n")
+    cfg, peers = NodeConfig.load(h), PeerSetConfig()
+    got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
+           "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
+           "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           **{f"peers.{f}": getattr(peers, f) for f in ("target", "max", "low_latency_share", "grace_s",
+                                                       "redial_after_s", "rotate_s")}}
+    assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
+    assert {p: BY_PATH[p].default for p in got} == got
+    assert set(BY_PATH) - set(got) == {"name"}
+
+
 def test_config_set_writes_validated_values(tmp_path):
     home = tmp_path / "n"
     ok("init", "--home", str(home))

@@ -135,8 +135,8 @@ def _read_json(path: Path) -> dict | None:
 def models_view(home: NodeHome) -> list[dict]:
     """The registry's models: how each was made, its training test metrics and every later
     evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home.
-    Data specs are shown without their path (`model_card.public_spec`)."""
-    from atdnode.model_card import public_spec
+    Data specs are shown without their path (`atdnode.data.public_spec`)."""
+    from atdnode.data.public_spec import public_spec
     from atdnode.registry import ModelRegistry, made_by
 
     reg = ModelRegistry(home)

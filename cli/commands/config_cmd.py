@@ -44,7 +44,7 @@ def set_cmd(
 ) -> None:
     """Set one setting in config.toml, checked by the part of atd that reads it (a bad value
     changes nothing). A running daemon reads it at its next start."""
-    from atdnode.config import set_key
+    from atdnode.config_set import set_key
 
     v = set_key(NodeHome.at(home).require(), key, value)
     typer.echo(f"{key} = {json.dumps(v)}")
