@@ -304,12 +304,12 @@ class PartialBlob:
         self.close()
 
 
-def partial_bytes(store: BlobStore, blob: str) -> int:
+def partial_bytes(store: PartialHost, blob: str) -> int:
     """Bytes of `blob` a download (by any process) has recorded so far: read-only, from the
     sidecar's records and the manifest's chunk size (0 before a download starts; the full size
     once the blob is held). For progress bars; never used to decide what is verified."""
     if store.has(blob):
-        return store.size(blob)
+        return store.blob_path(blob).stat().st_size
     d = store.partial_dir
     try:
         man = Manifest.from_bytes((d / (blob + ".manifest")).read_bytes())
