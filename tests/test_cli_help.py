@@ -7,6 +7,7 @@ and every option that has a value when absent shows it (`[default: ...]`); flags
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import typer
@@ -37,6 +38,11 @@ COMMANDS = _commands()
 
 
 def _help(path: list[str]) -> str:
+    return _rendered(tuple(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered(path: tuple[str, ...]) -> str:
     r = runner.invoke(app, [*path, "--help"], terminal_width=4000, max_content_width=4000)  # no wrapping
     assert r.exit_code == 0, (path, r.output)
     return r.stdout

@@ -27,7 +27,7 @@ from tests.test_dashboard import browser, text_of
 from tests.vgs_homes import copy_homes, peer_ids, skewed_trio
 
 runner = CliRunner()
-pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
 
 
 @pytest.fixture
