@@ -13,9 +13,9 @@ import typer.core
 WORKFLOW: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Set up a node", ("init", "id", "config", "key", "member")),
     ("Run the daemon", ("node", "local", "peers")),
-    ("Train on local data", ("data", "train", "classify", "predict", "models", "report")),
+    ("Train on local data", ("data", "train", "classify", "predict", "models")),
     ("Share and combine", ("publish-weights", "share-features", "fetch", "aggregate", "rounds", "split", "base")),
-    ("Audit", ("ledger",)),
+    ("Audit", ("ledger", "report")),
     ("Simulate", ("demo", "netsim")),
 )
 
