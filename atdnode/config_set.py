@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from atdnode.config import NodeConfig
 from atdnode.config_schema import lookup, parse_value
-from atdnode.errors import ConfigError
+from atdnode.errors import AtdError, ConfigError
 from atdnode.home import NodeHome
 
 
@@ -49,9 +49,18 @@ def _check_bulk(home: NodeHome) -> None:
     NodeConfig.load(home).bulk_options()
 
 
+def _check_compute(home: NodeHome) -> None:
+    from atdnode.device import parse_device
+
+    dev = NodeConfig.load(home).compute_device()
+    if dev is not None:
+        parse_device(dev)  # the form, and that this machine has it
+
+
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
+    "compute": _check_compute,
 }
 
 
@@ -73,7 +82,7 @@ def set_key(home: NodeHome, path: str, text: str) -> Any:
     try:
         cfg.save(home)
         CHECKS.get(table, lambda h: None)(home)
-    except ConfigError:
+    except AtdError:  # ConfigError, DeviceError, ...: the reader refused it
         tmp = home.config_file.with_name(f".config.toml.old{os.getpid()}")
         tmp.write_bytes(old)
         os.replace(tmp, home.config_file)

@@ -22,6 +22,12 @@ def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:
     return typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=help)
 
 
+DEVICE_HELP = ("Device that runs the model: cpu, cuda or cuda:N (default: [compute] device in "
+               "config.toml, else cuda when present).")
+
+DEVICE_OPT = typer.Option(None, "--device", help=DEVICE_HELP)
+
+
 # --- model options: one definition for every command that builds a ViT (`atd train`, `atd rounds`) ---
 
 MODEL_OPT = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name (vit_*).")

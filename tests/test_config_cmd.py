@@ -33,7 +33,7 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
     home = tmp_path / "n"
     ok("init", "--home", str(home))
     text = (home / "config.toml").read_text()
-    for section in ("logs", "peers", "bulk", "models", "split"):
+    for section in ("logs", "peers", "bulk", "models", "compute", "split"):
         assert f"# [{section}]" in text, section
     for k in KEYS:  # table keys commented; top-level ones are written with their values
         assert f"# {k.path.rpartition('.')[2]} = " in text if "." in k.path else f"\n{k.path} = " in "\n" + text, k.path
@@ -60,7 +60,8 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
                                                        "redial_after_s", "rotate_s")}}
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
-    assert set(BY_PATH) - set(got) == {"name"}
+    assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value
+    assert cfg.compute_device() is None  # absent: cuda when present (atdnode.device)
 
 
 def test_config_set_writes_validated_values(tmp_path):
@@ -70,9 +71,10 @@ def test_config_set_writes_validated_values(tmp_path):
     ok("config", "set", "listen", "/ip4/0.0.0.0/tcp/4001", "--home", str(home))
     ok("config", "set", "logs.backups", "3", "--home", str(home))
     ok("config", "set", "bulk.enabled", "false", "--home", str(home))
+    ok("config", "set", "compute.device", "cpu", "--home", str(home))
     cfg = NodeConfig.load(h)
     assert cfg.listen == ["/ip4/0.0.0.0/tcp/4001"] and log_limits(h)[1] == 3
-    assert cfg.bulk_options()["bulk"] is False
+    assert cfg.bulk_options()["bulk"] is False and cfg.compute_device() == "cpu"
     text = (home / "config.toml").read_text()
     assert "# [peers]" in text and "# backups = " not in text  # set keys leave the reference block
     shown = ok("config", "show", "--home", str(home))
@@ -82,6 +84,7 @@ def test_config_set_writes_validated_values(tmp_path):
                       (["logs.backups", "500"], "logs.backups"),
                       (["peers.max", "1"], "peers.max"),
                       (["listen", "not-an-address"], "listen"),
+                      (["compute.device", "gpu"], "expected"),
                       (["log.backups", "3"], "did you mean logs.backups"),
                       (["split.rounds", "3"], "atd split configure")):
         assert why in refused("config", "set", *args, "--home", str(home)), args

@@ -8,10 +8,11 @@ from typing import Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT, IMG_SIZE_OPT,
-                         IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT, PGD_STEP_OPT,
-                         PGD_STEPS_OPT, model_config, pgd_transform)
+from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+                         IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
+                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -29,7 +30,8 @@ def rounds(
     home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
     weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
-    q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
+    q: float = typer.Option(10.0, "--q", help="FedWAvg softmax scale q (default: protocols.fedwavg.ROUNDS_Q, chosen "
+                                              "by measurement: weights move measurably off 1/K on skewed shards, not on IID ones)."),
     data: str = typer.Option("digits", "--data", help="This node's data spec."),
     model: str = MODEL_OPT,
     img_size: Optional[int] = IMG_SIZE_OPT,
@@ -53,6 +55,7 @@ def rounds(
     pgd_step: str = PGD_STEP_OPT,
     pgd_steps: int = PGD_STEPS_OPT,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode import progress
     from atdnode.rounds import RoundRunner, RoundsConfig, current_round
@@ -60,6 +63,7 @@ def rounds(
     from ledger import Ledger
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                        heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
     transform = None

@@ -12,9 +12,9 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
-from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT, IMG_SIZE_OPT,
-                         IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT, PGD_STEP_OPT,
-                         PGD_STEPS_OPT, model_config, pgd_transform)
+from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+                         IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
+                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
 
 HELP = """Train a timm ViT on this node's private images and register it locally.
@@ -57,7 +57,8 @@ def train_cmd(
     augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="--augment-inplace: chance that a sample of a small class is replaced by an augmented one."),
     augment_inplace: bool = typer.Option(False, "--augment-inplace", help="Replace small-class samples in place instead of the paper's rule (enlarge each small class with extra samples made by three of five operations)."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
+    device: Optional[str] = DEVICE_OPT,
+    compile_model: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the model (CUDA: faster after a warm-up of a minute or so; not in the run key)."),
     adversarial: bool = typer.Option(False, "--adversarial", help=ADVERSARIAL_HELP),
     adv_ratio: float = ADV_RATIO_OPT,
     pgd_eps: str = PGD_EPS_OPT,
@@ -72,6 +73,10 @@ def train_cmd(
 
     h = NodeHome.at(home).require()
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from atdnode.ddp import check_nproc
+        from atdnode.device import ENV, configured_device
+
+        check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
         return
     cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
@@ -85,6 +90,7 @@ def train_cmd(
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
                         augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
+                        compile=compile_model,
                         progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)
