@@ -23,6 +23,7 @@ import torch
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
+from atdnode.data.sanity import caution_for
 from atdnode.errors import AtdError
 from atdnode.features import extract_features
 from atdnode.home import NodeHome
@@ -50,7 +51,7 @@ class ClassifyResult:
         return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
                 "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
                 "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
-                "png": str(self.png), **({"robust_accuracy": m["robust_accuracy"]} if "robust_accuracy" in m else {})}
+                "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution") if k in m}}
 
 
 def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
@@ -140,13 +141,16 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     metrics["sensitivity"] = metrics["recall"]
     if pgd is not None:
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd)
+    caution = caution_for(dict(zip(data.classes, data.class_counts())))
+    if caution is not None:  # a small split: every metric it affects carries the warning
+        metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
-        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy")
-           if k in metrics}})
+        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy",
+                                   "caution") if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
                           unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)

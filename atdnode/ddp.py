@@ -59,8 +59,20 @@ class DistContext:
 
 
 def pick_device(pref: str | None = None, local_rank: int = 0) -> torch.device:
+    """`pref` (cpu / cuda / cuda:N), checked against this machine before anything loads; else
+    CUDA when present, else the CPU."""
     if pref:
-        return torch.device(pref)
+        from atdnode.errors import ConfigError
+
+        try:
+            dev = torch.device(pref)
+        except RuntimeError:
+            raise ConfigError(f"device {pref!r}: expected cpu, cuda or cuda:N") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {pref!r}: CUDA is not available on this machine (use --device cpu)")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {pref!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return dev
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from atdnode.home import NodeHome
+from atdnode.logs import sklearn_warnings_to_log
 from cli.options import HOME_OPT
 from cli.errors import CliError
 
@@ -55,6 +56,7 @@ def aggregate(
     from atdnode.ids import resolve_entry_ids
 
     h = NodeHome.at(home).require()
+    sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:
         from atdnode.agg_verify import verify_aggregate
 

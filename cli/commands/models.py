@@ -45,6 +45,7 @@ def models_cmd(
     its training test split), config, label space and samples."""
     if ctx.invoked_subcommand is not None:
         return
+    from atdnode.data.sanity import caution_of
     from atdnode.registry import ModelRegistry, made_by
 
     if home is None:
@@ -63,13 +64,19 @@ def models_cmd(
         typer.echo("no models yet (run `atd train`)")
         return
     typer.echo(row([c for c, _ in COLUMNS]))
+    marked = False
     for r in recs:
         c = r.model
         m, source = reg.latest_metrics(r)
-        acc, f1 = (f"{m[k]:.3f}" if isinstance(m.get(k), (int, float)) else "-" for k in ("accuracy", "f1"))
+        caution = caution_of(m)  # a small test split: "!" beside the metrics it makes unreliable
+        acc, f1 = (f"{m[k]:.3f}" + ("!" if caution and caution.affects(k) else "") if isinstance(m.get(k), (int, float))
+                   else "-" for k in ("accuracy", "f1"))
         typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
                         f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
+        marked = marked or caution is not None
+    if marked:
+        typer.echo("! unreliable: scored on a small test split (under 20 images, or a class under 5); see --json caution")
 
 
 @models_app.command("rm")

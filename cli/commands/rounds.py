@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from atdnode.logs import sklearn_warnings_to_log
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -56,6 +57,7 @@ def rounds(
     from cli.commands.train import _fraction
 
     h = NodeHome.at(home).require()
+    sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                               num_heads=heads)
     transform = None

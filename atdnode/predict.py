@@ -1,0 +1,144 @@
+"""Predictions on new, unlabelled images (`atd predict`): one row per image.
+
+The model is a registry record, chosen as `atd classify` chooses it (`--model`, default
+the one `atd classify` uses). It predicts the way `atd classify` scores it
+(`atdnode.classify`): a record with an ensemble (vertical / hierarchical aggregation)
+through CLS features of its extractor -> PCA -> the soft-voting ensemble, over the
+ensemble's classes; any other record through its own head, softmax over its labels. The
+predicted class is the argmax of the probabilities (the ensemble's `predict` is the same
+argmax), so a prediction here equals `atd classify`'s on the same image.
+
+Images are read by `atdnode.data.unlabelled` with the training readers and intensity rules.
+The CSV has a header and one row per image:
+
+    file, predicted, probability, p:<class 1>, ..., p:<class K>, model
+
+(`probability` is that of the predicted class; the p: columns sum to 1.)
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from atdnode.blobstore import BlobStore
+from atdnode.classify import ClassifyError, load_full_model
+from atdnode.data.unlabelled import load_unlabelled
+from atdnode.home import NodeHome
+from atdnode.model import ModelConfig, cls_features
+from atdnode.registry import ModelRecord, ModelRegistry
+
+DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass
+class PredictResult:
+    model_id: str
+    kind: str  # "ensemble" | "model"
+    classes: list[str]  # the probability columns, in order
+    files: list[str]
+    probs: np.ndarray  # (N, K) float64, rows sum to 1
+    device: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    scaling: dict[str, int] = field(default_factory=dict)
+    out: Path | None = None
+
+    @property
+    def predicted(self) -> list[str]:
+        return [self.classes[i] for i in self.probs.argmax(1)] if len(self.files) else []
+
+    def to_json(self) -> dict:
+        return {"model": self.model_id, "kind": self.kind, "classes": self.classes, "n": len(self.files),
+                "device": self.device, "out": str(self.out) if self.out else None, "scaling": self.scaling,
+                "skipped": [list(s) for s in self.skipped],
+                "counts": {c: self.predicted.count(c) for c in self.classes}}
+
+
+def resolve_device(pref: str | None, home: NodeHome | None = None) -> torch.device:
+    """The device the model runs on (the node's one device rule: `pref`, else CUDA when
+    present); a CUDA choice without CUDA fails here, before any image is read."""
+    from atdnode.ddp import pick_device
+
+    return pick_device(pref)
+
+
+def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
+    """The registry record `model` names; None: the model `atd classify` uses by default."""
+    return ModelRegistry(home).get(model or DEFAULT_MODEL)
+
+
+@torch.no_grad()
+def class_probabilities(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, device: torch.device,
+                        batch_size: int = 256, tick: Callable[[int], None] | None = None
+                        ) -> tuple[list[str], np.ndarray, str]:
+    """(classes, probabilities (N, K) over them, kind) of `record` on model-ready `images`."""
+    tick = tick or (lambda n: None)
+    model = load_full_model(store, record).to(device)
+    amp = device.type == "cuda"
+    ens_blob = record.blobs.get("ensemble")
+    ens = None
+    if ens_blob:
+        from atdnode.node_ensemble import load_ensemble
+
+        names = list(record.provenance.get("ensemble_classes") or [])
+        ens = load_ensemble(store, ens_blob)
+        if not names or int(ens.classes_.max()) >= len(names):
+            raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
+    else:
+        names = list(record.labels)
+    out = np.zeros((len(images), len(names)), dtype=np.float64)
+    for s in range(0, len(images), batch_size):
+        x = images[s:s + batch_size].to(device, non_blocking=True)  # (B, C, H, W)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            if ens is None:
+                p = torch.softmax(model(x).float(), dim=1).double().cpu().numpy()  # (B, K)
+            else:
+                feats = cls_features(model, x).float().cpu().numpy()  # (B, D)
+        if ens is not None:
+            p = np.zeros((len(x), len(names)))
+            p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats)  # (B, classes the ensemble saw)
+        out[s:s + len(x)] = p
+        tick(len(x))
+    return names, out / out.sum(1, keepdims=True), "ensemble" if ens is not None else "model"
+
+
+def predict(home: NodeHome, inputs: list[str], *, model: str | None = None, out: str | Path | None = None,
+            device: str | None = None, batch_size: int = 256, progress: Progress | None = None) -> PredictResult:
+    """Predict every image of `inputs` (see `atdnode.data.unlabelled`) with `model`; write the
+    CSV to `out` when given. `progress(stage, done, total)` reports reading and predicting."""
+    dev = resolve_device(device, home)  # before any image is read
+    record = model_record(home, model)
+    cfg = ModelConfig.from_dict(record.model)
+    report = progress or (lambda stage, done, total: None)
+    data = load_unlabelled(inputs, cfg.img_size, cfg.in_chans, progress=lambda d, t: report("reading", d, t))
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        report("predicting", done[0], len(data))
+
+    names, probs, kind = class_probabilities(BlobStore(home.blobs_dir), record, data.images, device=dev,
+                                             batch_size=batch_size, tick=tick)
+    res = PredictResult(model_id=record.id, kind=kind, classes=names, files=data.files, probs=probs, device=str(dev),
+                        skipped=data.skipped, scaling=data.scaling)
+    if out is not None:
+        res.out = write_csv(res, Path(out))
+    return res
+
+
+def write_csv(res: PredictResult, path: Path) -> Path:
+    """The predictions as CSV (header + one row per image), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["file", "predicted", "probability", *(f"p:{c}" for c in res.classes), "model"])
+        for name, row, pred in zip(res.files, res.probs, res.predicted):
+            w.writerow([name, pred, f"{row.max():.6f}", *(f"{v:.6f}" for v in row), res.model_id])
+    tmp.replace(path)
+    return path
