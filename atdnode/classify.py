@@ -25,7 +25,6 @@ from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data.sanity import caution_for
 from atdnode.errors import AtdError
-from atdnode.features import extract_features
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
 from atdnode.model import ModelConfig, build_model, load_part, part_spec
@@ -65,29 +64,14 @@ def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
     return model.eval()
 
 
-def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256
-                  ) -> tuple[list[str], np.ndarray, str]:
-    """(classifier classes, predicted index per image into them, kind)."""
-    from atdnode.data import LabeledImages
+def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
+                  device: torch.device | str = "cpu") -> tuple[list[str], np.ndarray, str]:
+    """(classifier classes, predicted index per image into them, kind): the argmax of
+    `atdnode.predict.class_probabilities`, the one place a record's model predicts."""
+    from atdnode.predict import class_probabilities
 
-    model = load_full_model(store, record)
-    ens_blob = record.blobs.get("ensemble")
-    if ens_blob:
-        from atdnode.node_ensemble import load_ensemble
-
-        names = list(record.provenance.get("ensemble_classes") or [])
-        ens = load_ensemble(store, ens_blob)
-        if not names or int(ens.classes_.max()) >= len(names):
-            raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
-        dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
-        X, _ = extract_features(model, dummy, batch_size)
-        return names, ens.predict(X).astype(np.int64), "ensemble"
-    preds = []
-    with torch.no_grad():
-        for s in range(0, len(images), batch_size):
-            preds.append(model(images[s:s + batch_size]).argmax(1))
-    pred = torch.cat(preds).numpy().astype(np.int64) if preds else np.zeros(0, np.int64)
-    return list(record.labels), pred, "model"
+    names, probs, kind = class_probabilities(store, record, images, device=torch.device(device), batch_size=batch_size)
+    return names, probs.argmax(1).astype(np.int64), kind
 
 
 def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[int]) -> tuple[float, float, float]:

@@ -16,8 +16,8 @@ every daemon has announced itself (HOME/daemon.json with its pid), answers on it
 socket and is connected to every other one — readiness read from the daemons, never a
 sleep — or raises LocalNetError with a deadline message naming the node and its log. A
 daemon counts as exited at start only by its exit status (the wait status of the child
-`up` started), reported with what that start wrote to logs/daemon.out. Running `up` again on the same DIR
-restarts the daemons that are not running and keeps the homes.
+`up` started), reported with what that start wrote to logs/daemon.out. Running `up` again
+on the same DIR restarts the daemons that are not running and keeps the homes.
 
 `down` stops each daemon: the control socket's `stop` first, SIGTERM by pid when it does
 not answer, SIGKILL after a deadline; it also cleans up after a crash (a pidfile whose

@@ -50,6 +50,7 @@ from atdnode.agg_check import check_recorded_weights, check_result
 from atdnode.aggregate import AggregateError, average_blobs, register_global, result_meta
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
+from atdnode.data.sanity import require_classes
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -204,6 +205,7 @@ def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int,
     """The shared round-0 model: same config, labels and seed (and `state`, when the campaign
     starts from given weights, e.g. netsim's next phase) -> same blob hash on every member."""
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+    require_classes(data)
     cfg = cfg.with_classes(len(data.classes))
     torch.manual_seed(seed)
     model = build_model(cfg)

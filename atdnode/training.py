@@ -384,12 +384,12 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         home.make_dirs()
         store = BlobStore(home.blobs_dir)
         data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+        require_classes(data)  # one class: a "perfect" model that knows nothing
         test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
         val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
         for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
             if part is not None:
                 log(part.report.summary())
-        require_classes(data)  # one class: a "perfect" model that knows nothing
         cfg = cfg.with_classes(len(data.classes))
         key = run_key(data_spec, cfg, opts)
         ck = RunCheckpoint(home.runs_dir / key)
