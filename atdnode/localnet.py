@@ -243,8 +243,11 @@ def _wait_ready(home: NodeHome, started: Started | int, deadline: float) -> dict
     Ready is the daemon's own signal: HOME/daemon.json names its pid (written once its
     control socket serves) and the control socket answers `status` with its addresses.
     Exited is the kernel's: the wait status of the process this `up` started (or, for a
-    daemon found running, its pid no longer existing) — never a guess from another
-    process's /proc entries, which a live daemon can fail while it starts."""
+    daemon found running, its pid no longer existing) — never a guess from /proc. (The old
+    guess read /proc/PID/cmdline right after `Popen` returned; `Popen` returns once exec has
+    closed the close-on-exec pipe, a moment before the kernel sets up the new image's
+    arguments, and a read in that window gets an empty command line: 12 of 179 reads right
+    after `Popen` on a loaded 2-core host. The live daemon was then reported "exited at start".)"""
     pid = started.pid if isinstance(started, Started) else started
 
     def ready():

@@ -1,6 +1,11 @@
 """`atd local up` decides "exited at start" from the daemon's exit status and "ready" from the
 daemon's own signal (daemon.json with its pid + a control-socket status), never from reading
-the process's /proc entries, which a live daemon can fail while it starts."""
+the process's /proc entries, which a live daemon can fail while it starts.
+
+The race that was seen (about 1 `up` in 10): `/proc/PID/cmdline` is empty for a moment after
+`Popen` returns (exec has closed the close-on-exec pipe but not yet set up the new image's
+arguments), and the old check took "no `node start HOME` in the command line" for "exited".
+That window is a matter of scheduling; the test below makes it long and certain instead."""
 from __future__ import annotations
 
 import sys
