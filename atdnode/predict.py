@@ -72,6 +72,26 @@ def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
     return ModelRegistry(home).get(model or DEFAULT_MODEL)
 
 
+def model_window(record: ModelRecord) -> tuple[float, float] | str | None:
+    """The intensity window the model was trained with (`atdnode.data.loader.training_window`
+    of its training data spec), for inputs that name none: a model trained on CT with
+    `window=-1000,400` sees new CT through the same window. A `window=auto` whose training
+    images are not readable here falls back to percentiles over the new images."""
+    from atdnode.data.loader import training_window
+    from atdnode.data.spec import DataSpec
+    from atdnode.errors import DataError
+
+    spec = (record.provenance or {}).get("data")
+    try:
+        window = DataSpec.parse(spec).window if isinstance(spec, str) else None
+    except DataError:  # a spec this version cannot read: the defaults
+        return None
+    try:
+        return training_window(spec) if window is not None else None  # the data seed training used: 0
+    except (DataError, OSError):
+        return "auto"
+
+
 @torch.no_grad()
 def class_probabilities(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, device: torch.device,
                         batch_size: int = 256, tick: Callable[[int], None] | None = None
@@ -115,7 +135,8 @@ def predict(home: NodeHome, inputs: list[str], *, model: str | None = None, out:
     record = model_record(home, model)
     cfg = ModelConfig.from_dict(record.model)
     report = progress or (lambda stage, done, total: None)
-    data = load_unlabelled(inputs, cfg.img_size, cfg.in_chans, progress=lambda d, t: report("reading", d, t))
+    data = load_unlabelled(inputs, cfg.img_size, cfg.in_chans, window=model_window(record),
+                           progress=lambda d, t: report("reading", d, t))
     done = [0]
 
     def tick(n: int) -> None:

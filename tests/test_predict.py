@@ -146,3 +146,28 @@ def test_predict_errors_are_one_line(trained, tmp_path, capsys):
     err = _one_line_error(capsys, [*base, f"folder:{tmp_path / 'missing'}", "--device", bad])
     assert "device" in err and "missing" not in err
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_the_training_window_applies_to_new_images(trained, tmp_path):
+    home, root, _ = trained
+    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
+                              num_heads=2, in_chans=1)
+    rec = train(home, f"folder:{root}?window=0,128", cfg, TrainOptions(epochs=1, batch_size=16, lr=3e-3, augment=False,
+                                                                      epoch_eval=False, device="cpu"))
+    new = [f"folder:{root / 'test' / 'bright'}"]
+    inherited = predict(home, new, model=rec.id, device="cpu")
+    assert inherited.scaling == {"window 0..128": len(inherited.files)}
+    explicit = predict(home, [f"{new[0]}?window=0,128"], model=rec.id, device="cpu")
+    assert np.array_equal(inherited.probs, explicit.probs)
+    other = predict(home, [f"{new[0]}?window=0,255"], model=rec.id, device="cpu")  # a given window wins
+    assert other.scaling == {"window 0..255": len(other.files)} and not np.allclose(other.probs, inherited.probs)
+
+
+def test_training_window_auto_is_the_training_splits(trained, tmp_path):
+    from atdnode.data import load_dataset
+    from atdnode.data.loader import training_window
+
+    _, root, _ = trained
+    spec = f"folder:{root}?window=auto"
+    assert training_window(spec) == load_dataset(spec, SIZE, 1, "train").report.auto_window
+    assert training_window(f"folder:{root}") is None and training_window(f"{spec[:-4]}minmax") == "minmax"

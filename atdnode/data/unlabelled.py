@@ -10,10 +10,10 @@ Inputs, any number of them:
 
 Pixels go through exactly what training uses: `images.read_image` / `dicom.read_dicom`, the
 default scaling of `intensity.default_for` / the DICOM VOI, `window=` overrides, and
-`select.to_tensor` (channels, resize, normalisation). `window=auto` takes its percentiles
-over the images being predicted (training took them over its training split; give
-`window=lo,hi` to use exactly the training window). Unreadable files are skipped and listed,
-as in training; only the spec options that concern pixels (`window`, `frame`) apply here.
+`select.to_tensor` (channels, resize, normalisation). An input without `window=` takes the
+caller's default (`atd predict`: the model's training window); `window=auto` here takes its
+percentiles over the images being predicted. Unreadable files are skipped and listed, as in
+training; only the spec options that concern pixels (`window`, `frame`) apply here.
 """
 from __future__ import annotations
 
@@ -118,14 +118,19 @@ def _catalog(inp: _Input) -> Catalog:
 
 
 def load_unlabelled(inputs: list[str], img_size: int, in_chans: int = 3, *,
+                    window: tuple[float, float] | str | None = None,
                     progress: Callable[[int, int], None] | None = None) -> UnlabelledImages:
     """Every image the inputs name, ready for a model of `img_size` x `in_chans`.
 
-    Raises DataError for a malformed input or when no image at all could be read;
-    `progress(done, total)` is called as images are read."""
+    `window` (lo,hi | "minmax" | "auto"; e.g. the model's training window) applies to every
+    input that gives no `window=` of its own. Raises DataError for a malformed input or when
+    no image at all could be read; `progress(done, total)` is called as images are read."""
     if not inputs:
         raise DataError(f"no input images (give {FORMS})")
     parsed = [_parse(a) for a in inputs]
+    for inp in parsed:
+        if inp.window is None:
+            inp.window = window
     total = sum(len(p.files) for p in parsed)
     skipped = [s for p in parsed for s in p.skipped]
     if total == 0:

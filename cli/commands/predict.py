@@ -14,7 +14,7 @@ from cli.options import HOME_OPT
 
 HELP = """Predict a class for every image of unlabelled folders or files; write one CSV row per image.
 
-DATA (repeatable) is `folder:DIR` (PNG / JPEG / TIFF / BMP below DIR; no class sub-folders needed), `dicom:DIR` (DICOM files below DIR) or single image / DICOM files, with the options that concern pixels: `?window=lo,hi|auto|minmax` and `?frame=K`. Images are read and scaled exactly as for training (8-bit fixed, 16-bit min-max, the DICOM header's window), resized to the model's input.
+DATA (repeatable) is `folder:DIR` (PNG / JPEG / TIFF / BMP below DIR; no class sub-folders needed), `dicom:DIR` (DICOM files below DIR) or single image / DICOM files, with the options that concern pixels: `?window=lo,hi|auto|minmax` and `?frame=K`. Images are read and scaled exactly as for training (8-bit fixed, 16-bit min-max, the DICOM header's window), resized to the model's input; an input without `window=` gets the window the model was trained with, if any.
 
 The CSV has a header and one row per image: file, predicted class, its probability, the probability of every class the model knows (p:CLASS, summing to 1), and the model id. A model from vertical or hierarchical aggregation predicts with its ensemble, others with their head, as `atd classify` does. Unreadable files are skipped and listed on stderr.
 """
@@ -53,6 +53,7 @@ def predict_cmd(
         return
     counts = ", ".join(f"{c} {n}" for c, n in res.to_json()["counts"].items())
     typer.echo(f"model {res.model_id} ({res.kind}) on {len(res.files)} image(s), {res.device}: {counts}")
+    typer.echo(f"  scaling: {', '.join(f'{how} x{n}' for how, n in res.scaling.items())}")
     typer.echo(f"  predictions {res.out}")
     if res.skipped:
         named = "; ".join(f"{f}: {why}" for f, why in res.skipped[:3])
