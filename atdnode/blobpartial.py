@@ -10,9 +10,26 @@ import hashlib
 import os
 import struct
 import threading
-from atdnode.errors import BlobError
+from pathlib import Path
+from typing import Protocol
 
-from atdnode.blobstore import BlobStore, Manifest, _fsync_dir, _remove, _write_all, _write_error
+from atdnode.errors import BlobError
+from atdnode.blobfs import fsync_dir, remove_quiet, write_all, write_error
+from atdnode.manifest import Manifest
+
+
+
+class PartialHost(Protocol):
+    """What a download needs from its store (`BlobStore` is the one implementation)."""
+
+    partial_dir: Path
+
+    def has(self, h: str) -> bool: ...
+    def blob_path(self, h: str) -> Path: ...
+    def shard(self, h: str) -> Path: ...
+    def cache_manifest(self, m: Manifest) -> None: ...
+    def forget_partial(self, p: "PartialBlob") -> None: ...
+
 
 _STATE_MAGIC = b"ATDPART1"
 _REC = struct.Struct("<II")
@@ -30,7 +47,7 @@ class PartialBlob:
     A sidecar or data file that does not match the manifest restarts the download.
     """
 
-    def __init__(self, store: BlobStore, manifest: Manifest) -> None:
+    def __init__(self, store: PartialHost, manifest: Manifest) -> None:
         self.store, self.manifest = store, manifest
         h, d = manifest.blob, store.partial_dir
         self._data_p, self._state_p, self._man_p = d / h, d / (h + ".state"), d / (h + ".manifest")
@@ -51,7 +68,7 @@ class PartialBlob:
                 self._start()
         except OSError as e:
             self._close_fds()
-            raise _write_error(e, f"the download of blob {h}") from None
+            raise write_error(e, f"the download of blob {h}") from None
 
     def _resume(self) -> bool:
         try:
@@ -93,12 +110,12 @@ class PartialBlob:
             tmp = p.with_name(p.name + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, memoryview(raw))
+                write_all(fd, memoryview(raw))
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, p)
-        _fsync_dir(self._data_p.parent)
+        fsync_dir(self._data_p.parent)
         self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
         self._state_len = len(_STATE_MAGIC) + 32
 
@@ -140,9 +157,9 @@ class PartialBlob:
             if self._held or i in self._done or i in self._pending:
                 return False
         try:
-            _write_all(self._fd, mv, off)
+            write_all(self._fd, mv, off)
         except OSError as e:
-            raise _write_error(e, f"chunk {i} of blob {self.manifest.blob}") from None
+            raise write_error(e, f"chunk {i} of blob {self.manifest.blob}") from None
         with self._lock:
             self._pending.add(i)
         self._advance_hash(i, mv)
@@ -159,11 +176,11 @@ class PartialBlob:
                 return
             try:
                 os.fdatasync(self._fd)
-                _write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
+                write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
                 os.fdatasync(self._state_fd)
             except OSError as e:
                 os.ftruncate(self._state_fd, self._state_len)  # never leave a torn record
-                raise _write_error(e, f"the download state of blob {self.manifest.blob}") from None
+                raise write_error(e, f"the download state of blob {self.manifest.blob}") from None
             self._state_len += _REC.size * len(todo)
             self._done.update(todo)
             self._pending.difference_update(todo)
@@ -208,16 +225,16 @@ class PartialBlob:
         try:
             os.fsync(self._fd)
             self._close_fds()
-            dest = self.store._blob_path(h)
-            self.store._shard(h)
+            dest = self.store.blob_path(h)
+            self.store.shard(h)
             os.replace(self._data_p, dest)
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
         except OSError as e:
-            raise _write_error(e, f"blob {h}") from None
-        self.store._cache_manifest(self.manifest)
+            raise write_error(e, f"blob {h}") from None
+        self.store.cache_manifest(self.manifest)
         self._discard_files()
         self.closed = True
-        self.store._forget_partial(self)
+        self.store.forget_partial(self)
         return h
 
     def _recover_from_bad_hash(self, got: str) -> None:
@@ -236,7 +253,7 @@ class PartialBlob:
         tmp = self._state_p.with_name(self._state_p.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(m.hash)
+            write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(m.hash)
                                       + b"".join(_REC.pack(k, k ^ _REC_CHECK) for k in keep)))
             os.fsync(fd)
         finally:
@@ -258,7 +275,7 @@ class PartialBlob:
 
     def _discard_files(self) -> None:
         for p in (self._data_p, self._state_p, self._man_p):
-            _remove(p)
+            remove_quiet(p)
 
     def close(self) -> None:
         """Flush and release files; the download can be resumed later via store.partial()."""
@@ -270,7 +287,7 @@ class PartialBlob:
             finally:
                 self._close_fds()
         self.closed = True
-        self.store._forget_partial(self)
+        self.store.forget_partial(self)
 
     def discard(self) -> None:
         """Abandon the download and delete its files."""
@@ -278,7 +295,7 @@ class PartialBlob:
         if not self._held:
             self._discard_files()
         self.closed = True
-        self.store._forget_partial(self)
+        self.store.forget_partial(self)
 
     def __enter__(self) -> "PartialBlob":
         return self

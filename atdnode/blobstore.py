@@ -20,154 +20,22 @@ them via ``trio.to_thread.run_sync`` because they hash and touch the disk.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
-import msgpack
-
+from atdnode.blobfs import IO_BUF, fsync_dir, remove_quiet, write_all, write_error
+from atdnode.blobpartial import PartialBlob
 from atdnode.errors import BlobError
-from atdnode.transport.limits import DecodeBudget
+from atdnode.manifest import (_HEX, DEFAULT_CHUNK_SIZE, MAX_BLOB_SIZE, MAX_CHUNK_SIZE,  # noqa: F401 (re-exported)
+                              Manifest, check_hash)
 
-if TYPE_CHECKING:
-    from atdnode.blobpartial import PartialBlob
-
-DEFAULT_CHUNK_SIZE = 1 << 20
-MAX_CHUNK_SIZE = 64 << 20
-MAX_BLOB_SIZE = 1 << 40
-IO_BUF = 8 << 20  # large buffers: hashlib releases the GIL, syscalls are amortised
 _PIPELINE_MIN = 4 * IO_BUF  # below this, hashing in a second thread is not worth a thread
-_HEX = frozenset("0123456789abcdef")
-_MANIFEST_VERSION = 1
-
-
-def check_hash(h: object) -> str:
-    """Return `h` as a lower-case 64-hex SHA-256 name, or raise BlobError."""
-    if not isinstance(h, str) or len(h) != 64 or not set(h.lower()) <= _HEX:
-        raise BlobError(f"not a blob hash (64 hex chars): {h!r:.80}")
-    return h.lower()
-
-
-def _write_error(e: OSError, what: str) -> BlobError:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return BlobError(f"disk full while writing {what}: {e.strerror or e}")
-    return BlobError(f"cannot write {what}: {e}")
-
-
-def _write_all(fd: int, data: memoryview, offset: int | None = None) -> None:
-    """Write all of `data` (os.write/pwrite may write less than asked)."""
-    done, n = 0, len(data)
-    while done < n:
-        piece = data[done:done + IO_BUF]
-        w = os.write(fd, piece) if offset is None else os.pwrite(fd, piece, offset + done)
-        if w <= 0:
-            raise OSError(errno.EIO, "write returned 0")
-        done += w
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(p: Path | str) -> None:
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Fixed-size chunking of one blob: `chunks[i]` is the SHA-256 hex of bytes
-    [i*chunk_size, min(size, (i+1)*chunk_size)). An empty blob has no chunks.
-
-    Invariants are checked on construction. `to_bytes()` is canonical msgpack;
-    `from_bytes()` accepts exactly the canonical form, so `hash` names one manifest.
-    """
-
-    blob: str
-    size: int
-    chunk_size: int
-    chunks: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "blob", check_hash(self.blob))
-        object.__setattr__(self, "chunks", tuple(check_hash(c) for c in self.chunks))
-        for name, v, lo, hi in (("size", self.size, 0, MAX_BLOB_SIZE),
-                                ("chunk_size", self.chunk_size, 1, MAX_CHUNK_SIZE)):
-            if type(v) is not int or not lo <= v <= hi:
-                raise BlobError(f"manifest {name} must be an int in [{lo}, {hi}], got {v!r:.40}")
-        want = _ceil_div(self.size, self.chunk_size)
-        if len(self.chunks) != want:
-            raise BlobError(f"manifest lists {len(self.chunks)} chunks, a {self.size}-byte blob "
-                            f"in {self.chunk_size}-byte chunks has {want}")
-
-    @property
-    def num_chunks(self) -> int:
-        return len(self.chunks)
-
-    def span(self, i: int) -> tuple[int, int]:
-        """(offset, length) of chunk `i`; BlobError when out of range."""
-        if type(i) is not int or not 0 <= i < len(self.chunks):
-            raise BlobError(f"chunk index {i!r} out of range (blob {self.blob[:16]} has {len(self.chunks)} chunks)")
-        off = i * self.chunk_size
-        return off, min(self.chunk_size, self.size - off)
-
-    def to_bytes(self) -> bytes:
-        return msgpack.packb({
-            "v": _MANIFEST_VERSION, "blob": bytes.fromhex(self.blob), "size": self.size,
-            "chunk_size": self.chunk_size, "chunks": b"".join(bytes.fromhex(c) for c in self.chunks),
-        }, use_bin_type=True)
-
-    @cached_property
-    def hash(self) -> str:
-        return hashlib.sha256(self.to_bytes()).hexdigest()
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> "Manifest":
-        """Parse canonical manifest bytes; BlobError on anything malformed, truncated or non-canonical."""
-        try:
-            budget = DecodeBudget(maps=1, lists=1)  # one flat map: a peer's bytes decode to a bounded size
-            d = msgpack.unpackb(raw, raw=False, use_list=True, strict_map_key=True, max_map_len=8, max_array_len=8,
-                                max_str_len=64, max_ext_len=0, object_hook=budget.map, list_hook=budget.list)
-        except (ValueError, TypeError, msgpack.UnpackException) as e:  # ExtraData, truncated, bad utf-8
-            raise BlobError(f"malformed manifest ({type(e).__name__}: {e})") from None
-        keys = {"v", "blob", "size", "chunk_size", "chunks"}
-        if not isinstance(d, dict) or set(d) != keys:
-            raise BlobError("malformed manifest: expected a map with keys " + ", ".join(sorted(keys)))
-        if d["v"] != _MANIFEST_VERSION:
-            raise BlobError(f"unsupported manifest version {d['v']!r:.20}")
-        blob, chunks = d["blob"], d["chunks"]
-        if not isinstance(blob, bytes) or len(blob) != 32 or not isinstance(chunks, bytes) or len(chunks) % 32:
-            raise BlobError("malformed manifest: blob/chunk hashes must be 32-byte binaries")
-        m = cls(blob.hex(), d["size"], d["chunk_size"],
-                tuple(chunks[i:i + 32].hex() for i in range(0, len(chunks), 32)))
-        if m.to_bytes() != bytes(raw):
-            raise BlobError("manifest is not in canonical encoding")
-        return m
-
-    @classmethod
-    def of_bytes(cls, data: bytes | memoryview, chunk_size: int = DEFAULT_CHUNK_SIZE) -> "Manifest":
-        """Manifest of in-memory bytes."""
-        mv = memoryview(data).cast("B")
-        chunks = tuple(hashlib.sha256(mv[o:o + chunk_size]).hexdigest() for o in range(0, len(mv), chunk_size))
-        return cls(hashlib.sha256(mv).hexdigest(), len(mv), chunk_size, chunks)
 
 
 class BlobStore:
@@ -185,7 +53,7 @@ class BlobStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise _write_error(e, f"blob store directory {self.root}") from None
+            raise write_error(e, f"blob store directory {self.root}") from None
         self._sweep_tmp()
 
     def _sweep_tmp(self, max_age_s: float = 3600.0) -> None:
@@ -194,27 +62,27 @@ class BlobStore:
         try:
             for f in (self.root / "tmp").iterdir():
                 if f.name.startswith(".tmp-") and now - f.stat().st_mtime > max_age_s:
-                    _remove(f)
+                    remove_quiet(f)
         except OSError:
             pass
 
     # ----- naming
-    def _blob_path(self, h: str) -> Path:
+    def blob_path(self, h: str) -> Path:
         return self.root / h[:2] / h
 
-    def _shard(self, h: str) -> Path:
+    def shard(self, h: str) -> Path:
         d = self.root / h[:2]
         if not d.is_dir():
             d.mkdir(exist_ok=True)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         return d
 
     def has(self, h: str) -> bool:
-        return self._blob_path(check_hash(h)).is_file()
+        return self.blob_path(check_hash(h)).is_file()
 
     def path(self, h: str) -> Path:
         """Path of a held blob (BlobError if absent). Its bytes are not re-verified."""
-        p = self._blob_path(check_hash(h))
+        p = self.blob_path(check_hash(h))
         if not p.is_file():
             raise BlobError(f"blob {h} is not in the store at {self.root}")
         return p
@@ -237,11 +105,11 @@ class BlobStore:
 
         def fill(fd: int) -> str:
             if len(mv) < _PIPELINE_MIN:
-                _write_all(fd, mv)
+                write_all(fd, mv)
                 return hashlib.sha256(mv).hexdigest()
             with ThreadPoolExecutor(1, thread_name_prefix="blob-hash") as ex:  # hash while writing
                 fut = ex.submit(lambda: hashlib.sha256(mv).hexdigest())
-                _write_all(fd, mv)
+                write_all(fd, mv)
                 return fut.result()
 
         return self._write_new(fill)
@@ -263,31 +131,31 @@ class BlobStore:
             tmp_dir.mkdir(exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=tmp_dir)
         except OSError as e:
-            raise _write_error(e, f"a blob in {self.root}") from None
+            raise write_error(e, f"a blob in {self.root}") from None
         try:
             h = fill(fd)
             os.fsync(fd)
             os.close(fd)
             fd = -1
-            dest = self._blob_path(h)
-            self._shard(h)
+            dest = self.blob_path(h)
+            self.shard(h)
             os.replace(tmp, dest)
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
         except OSError as e:
-            raise _write_error(e, f"a blob in {self.root}") from None
+            raise write_error(e, f"a blob in {self.root}") from None
         finally:
             if fd >= 0:
                 os.close(fd)
-            _remove(tmp)  # no-op after a successful rename
+            remove_quiet(tmp)  # no-op after a successful rename
         return h
 
     def delete(self, h: str) -> None:
         """Remove a blob and its cached manifest (no error if absent)."""
         h = check_hash(h)
         self._manifests.pop(h, None)
-        p = self._blob_path(h)
-        _remove(p)
-        _remove(p.with_name(h + ".manifest"))
+        p = self.blob_path(h)
+        remove_quiet(p)
+        remove_quiet(p.with_name(h + ".manifest"))
 
     # ----- reading
     def open(self, h: str) -> BinaryIO:
@@ -330,7 +198,7 @@ class BlobStore:
             m = None
         if m is None:
             m = self._compute_manifest(h, p)
-            self._cache_manifest(m)
+            self.cache_manifest(m)
         self._manifests[h] = m
         return m
 
@@ -346,16 +214,16 @@ class BlobStore:
             raise BlobError(f"blob {h} is corrupt on disk: it hashes to {whole.hexdigest()}")
         return Manifest(h, p.stat().st_size, cs, tuple(chunks))
 
-    def _cache_manifest(self, m: Manifest) -> None:
+    def cache_manifest(self, m: Manifest) -> None:
         """Remember `m` and write it next to the blob (best effort: it is only a cache)."""
         self._manifests[m.blob] = m
-        p = self._blob_path(m.blob).with_name(m.blob + ".manifest")
+        p = self.blob_path(m.blob).with_name(m.blob + ".manifest")
         try:
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=p.parent)
         except OSError:
             return
         try:
-            _write_all(fd, memoryview(m.to_bytes()))
+            write_all(fd, memoryview(m.to_bytes()))
             os.fsync(fd)
             os.close(fd)
             fd = -1
@@ -365,20 +233,20 @@ class BlobStore:
         finally:
             if fd >= 0:
                 os.close(fd)
-            _remove(tmp)
+            remove_quiet(tmp)
 
     def read_chunk(self, h: str, i: int) -> bytes:
         """Chunk `i` of a held blob per `manifest(h)`, verified (BlobError if corrupt)."""
         m = self.manifest(h)
         off, n = m.span(i)
-        with open(self._blob_path(m.blob), "rb", buffering=0) as f:
+        with open(self.blob_path(m.blob), "rb", buffering=0) as f:
             data = os.pread(f.fileno(), n, off)
         if len(data) != n or hashlib.sha256(data).hexdigest() != m.chunks[i]:
             raise BlobError(f"chunk {i} of blob {m.blob} is corrupt on disk")
         return data
 
     # ----- downloads
-    def partial(self, manifest: Manifest) -> "PartialBlob":
+    def partial(self, manifest: Manifest) -> PartialBlob:
         """The resumable download target for `manifest` (see PartialBlob). Returns the same
         object while it is open; after a restart, resumes from what was recorded on disk."""
         with self._lock:
@@ -387,13 +255,11 @@ class BlobStore:
                 if p.manifest != manifest:
                     raise BlobError(f"a download of blob {manifest.blob} with a different manifest is in progress")
                 return p
-            from atdnode.blobpartial import PartialBlob
-
             p = PartialBlob(self, manifest)
             self._partials[manifest.blob] = p
             return p
 
-    def _forget_partial(self, p: "PartialBlob") -> None:
+    def forget_partial(self, p: PartialBlob) -> None:
         with self._lock:
             if self._partials.get(p.manifest.blob) is p:
                 del self._partials[p.manifest.blob]
@@ -419,19 +285,10 @@ def _copy_hashing(src: BinaryIO, dst_fd: int | None, what: str) -> tuple[str, in
             mv = memoryview(bufs[k])[:r]
             prev[k] = ex.submit(hasher.update, mv)
             if dst_fd is not None:
-                _write_all(dst_fd, mv)
+                write_all(dst_fd, mv)
             n += r
             k ^= 1
         for f in prev:
             if f is not None:
                 f.result()
     return hasher.hexdigest(), n
-
-
-def __getattr__(name: str):
-    # PartialBlob lives in atdnode.blobpartial; keep `from atdnode.blobstore import PartialBlob` working.
-    if name == "PartialBlob":
-        from atdnode.blobpartial import PartialBlob
-
-        return PartialBlob
-    raise AttributeError(name)

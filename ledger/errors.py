@@ -5,6 +5,8 @@ ends with ``entry <peer id> seq <n> id <hex>`` so a one-line CLI report identifi
 """
 from __future__ import annotations
 
+from ledger.peerid import describe_author
+
 
 class LedgerError(Exception):
     """Base of every ledger error. `str(err)` is one human-readable line."""
@@ -28,8 +30,6 @@ class LedgerError(Exception):
     def _render(self) -> str:
         parts: list[str] = []
         if self.author is not None:
-            from ledger.keys import describe_author
-
             parts.append(describe_author(self.author))
         if self.seq is not None:
             parts.append(f"seq {self.seq}")

@@ -15,27 +15,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ledger.errors import BadPeerId, BadSignature
+from ledger.peerid import _B58, _PEER_ID_PREFIX, PUBLIC_KEY_LEN, b58encode, describe_author  # noqa: F401
 
-PUBLIC_KEY_LEN = 32
 SIGNATURE_LEN = 64
 
-_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _B58_INDEX = {c: i for i, c in enumerate(_B58)}
-# protobuf PublicKey: field 1 (Type) varint 1 = Ed25519; field 2 (Data) length-delimited 32 bytes.
-_PROTO_PREFIX = b"\x08\x01\x12\x20"
-# identity multihash: code 0x00, digest length 36 (= len(protobuf)).
-_PEER_ID_PREFIX = b"\x00\x24" + _PROTO_PREFIX
-
-
-def b58encode(data: bytes) -> str:
-    """Base58btc (bitcoin alphabet), leading zero bytes kept as '1'."""
-    n = int.from_bytes(data, "big")
-    out: list[str] = []
-    while n:
-        n, r = divmod(n, 58)
-        out.append(_B58[r])
-    pad = len(data) - len(data.lstrip(b"\0"))
-    return "1" * pad + "".join(reversed(out))
 
 
 def b58decode(text: str) -> bytes:
@@ -78,13 +62,6 @@ def parse_author(text: str) -> bytes:
         except ValueError:
             pass
     return public_key_from_peer_id(text)
-
-
-def describe_author(author: bytes) -> str:
-    """Peer id for a well-formed key, else a hex dump (used in error messages)."""
-    if isinstance(author, bytes) and len(author) == PUBLIC_KEY_LEN:
-        return peer_id_from_public_key(author)
-    return f"<bad author {bytes(author).hex() if isinstance(author, (bytes, bytearray)) else author!r}>"
 
 
 @lru_cache(maxsize=4096)

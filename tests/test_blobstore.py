@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import atdnode.blobfs as blobfs
 import atdnode.blobstore as bs
-from atdnode.blobstore import BlobStore, Manifest, PartialBlob
+from atdnode.blobpartial import PartialBlob
+from atdnode.blobstore import BlobStore, Manifest
 from atdnode.errors import BlobError
 
 CS = 1024  # small chunks keep the tests fast
@@ -38,6 +40,7 @@ def store(tmp_path):
 def small_pipeline(monkeypatch):
     """Exercise the threaded hash-while-writing paths with small buffers."""
     monkeypatch.setattr(bs, "IO_BUF", 256)
+    monkeypatch.setattr(blobfs, "IO_BUF", 256)
     monkeypatch.setattr(bs, "_PIPELINE_MIN", 512)
 
 

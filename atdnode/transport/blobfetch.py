@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from atdnode.blobstore import BlobStore, Manifest, PartialBlob, check_hash
+from atdnode.blobpartial import PartialBlob
+from atdnode.blobstore import BlobStore, Manifest, check_hash
 from atdnode.errors import BlobError
 from atdnode.transport.base import FrameError, Stream, Transport, TransportError
 from atdnode.transport.blobwire import MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, pack, read_header

@@ -8,14 +8,12 @@ a link is down the writer stalls. `abort` resets both directions, like a stream 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import trio
 
 from atdnode.transport.base import TransportError
-
-if TYPE_CHECKING:
-    from atdnode.transport.memory import Link
+from atdnode.transport.memory_link import Link
 
 WINDOW = 1 << 20
 
@@ -34,7 +32,7 @@ class _Direction:
 class LinkPipe:
     """One end of an in-memory stream; implements framing.ByteStream."""
 
-    def __init__(self, inbound: _Direction, outbound: _Direction, link: "Link") -> None:
+    def __init__(self, inbound: _Direction, outbound: _Direction, link: Link) -> None:
         self._in, self._out, self._link = inbound, outbound, link
         self.other: LinkPipe | None = None
         self.on_done: Callable[["LinkPipe"], None] | None = None
@@ -107,7 +105,7 @@ class LinkPipe:
                 end.on_done = None
 
 
-def pipe_pair(a_to_b: "Link", b_to_a: "Link") -> tuple[LinkPipe, LinkPipe]:
+def pipe_pair(a_to_b: Link, b_to_a: Link) -> tuple[LinkPipe, LinkPipe]:
     """Two connected ends: (a's end, b's end)."""
     ab, ba = _Direction(), _Direction()
     a = LinkPipe(inbound=ba, outbound=ab, link=a_to_b)
