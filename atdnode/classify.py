@@ -24,16 +24,11 @@ import torch
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data.sanity import caution_for
-from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
-from atdnode.model import ModelConfig, build_model, load_part, part_spec
+from atdnode.model import ModelConfig
+from atdnode.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
 from atdnode.registry import ModelRecord, ModelRegistry
-from atdnode.weights import load_weights
-
-
-class ClassifyError(AtdError):
-    """The model cannot classify this data (no classes in common, malformed record)."""
 
 
 @dataclass
@@ -53,23 +48,10 @@ class ClassifyResult:
                 "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution") if k in m}}
 
 
-def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
-    """The record's full weight set in a fresh model (keys, shapes and finiteness checked)."""
-    model = build_model(ModelConfig.from_dict(record.model))
-    blob = record.blobs.get("full")
-    if not blob:
-        raise ClassifyError(f"model {record.id} has no full weight set")
-    tensors, _ = load_weights(store, blob, expect=part_spec(model, "full"))
-    load_part(model, tensors, "full")
-    return model.eval()
-
-
 def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
                   device: torch.device | str = "cpu") -> tuple[list[str], np.ndarray, str]:
     """(classifier classes, predicted index per image into them, kind): the argmax of
     `atdnode.predict.class_probabilities`, the one place a record's model predicts."""
-    from atdnode.predict import class_probabilities
-
     names, probs, kind = class_probabilities(store, record, images, device=torch.device(device), batch_size=batch_size)
     return names, probs.argmax(1).astype(np.int64), kind
 

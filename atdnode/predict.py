@@ -26,14 +26,30 @@ import numpy as np
 import torch
 
 from atdnode.blobstore import BlobStore
-from atdnode.classify import ClassifyError, load_full_model
 from atdnode.data.unlabelled import load_unlabelled
+from atdnode.errors import AtdError
 from atdnode.home import NodeHome
-from atdnode.model import ModelConfig, cls_features
+from atdnode.model import ModelConfig, build_model, cls_features, load_part, part_spec
 from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.weights import load_weights
 
 DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class ClassifyError(AtdError):
+    """The model cannot classify this data (no classes in common, malformed record)."""
+
+
+def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
+    """The record's full weight set in a fresh model (keys, shapes and finiteness checked)."""
+    model = build_model(ModelConfig.from_dict(record.model))
+    blob = record.blobs.get("full")
+    if not blob:
+        raise ClassifyError(f"model {record.id} has no full weight set")
+    tensors, _ = load_weights(store, blob, expect=part_spec(model, "full"))
+    load_part(model, tensors, "full")
+    return model.eval()
 
 
 @dataclass
