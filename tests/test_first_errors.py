@@ -53,3 +53,18 @@ def test_as_a_real_process(home):
     r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--home", home, "--model", "resnet50", *TINY],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "is not a ViT" in r.stderr, r.stderr
+
+
+def test_a_misspelt_class_name_gets_a_suggestion(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from atdnode.data import load_dataset
+    from atdnode.errors import DataError
+
+    for c in ("normal", "pneumonia"):
+        (tmp_path / c).mkdir()
+        for i in range(3):
+            Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / c / f"{i}.png")
+    with pytest.raises(DataError, match=r"unknown classes \['pneumona'\] \(did you mean 'pneumonia'\?\)"):
+        load_dataset(f"folder:{tmp_path}?classes=pneumona,normal", 8, 1)
