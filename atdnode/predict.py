@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from atdnode.blobstore import BlobStore
-from atdnode.data.unlabelled import load_unlabelled
+from atdnode.data.unlabelled import UnlabelledReader
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig, build_model, cls_features, load_part, part_spec
@@ -34,7 +34,7 @@ from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.weights import load_weights
 
 DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+Progress = Callable[[str, int, int], None]  # (stage, done, total): files read and predicted
 
 
 class ClassifyError(AtdError):
@@ -108,61 +108,69 @@ def model_window(record: ModelRecord) -> tuple[float, float] | str | None:
         return "auto"
 
 
-@torch.no_grad()
-def class_probabilities(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, device: torch.device,
-                        batch_size: int = 256, tick: Callable[[int], None] | None = None
-                        ) -> tuple[list[str], np.ndarray, str]:
-    """(classes, probabilities (N, K) over them, kind) of `record` on model-ready `images`."""
-    tick = tick or (lambda n: None)
-    model = load_full_model(store, record).to(device)
-    amp = device.type == "cuda"
-    ens_blob = record.blobs.get("ensemble")
-    ens = None
-    if ens_blob:
-        from atdnode.node_ensemble import load_ensemble
+class Predictor:
+    """A record's model loaded once on `device`; `probabilities(images)` -> (N, K) over `classes`."""
 
-        names = list(record.provenance.get("ensemble_classes") or [])
-        ens = load_ensemble(store, ens_blob)
-        if not names or int(ens.classes_.max()) >= len(names):
-            raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
-    else:
-        names = list(record.labels)
-    out = np.zeros((len(images), len(names)), dtype=np.float64)
-    for s in range(0, len(images), batch_size):
-        x = images[s:s + batch_size].to(device, non_blocking=True)  # (B, C, H, W)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            if ens is None:
-                p = torch.softmax(model(x).float(), dim=1).double().cpu().numpy()  # (B, K)
+    def __init__(self, store: BlobStore, record: ModelRecord, device: torch.device) -> None:
+        self.device = device
+        self.model = load_full_model(store, record).to(device)
+        self.ensemble = None
+        ens_blob = record.blobs.get("ensemble")
+        if ens_blob:
+            from atdnode.node_ensemble import load_ensemble
+
+            self.classes = list(record.provenance.get("ensemble_classes") or [])
+            self.ensemble = load_ensemble(store, ens_blob)
+            if not self.classes or int(self.ensemble.classes_.max()) >= len(self.classes):
+                raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
+        else:
+            self.classes = list(record.labels)
+        self.kind = "model" if self.ensemble is None else "ensemble"
+
+    @torch.no_grad()
+    def probabilities(self, images: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+        """(N, K) float64 rows summing to 1; on CUDA under bf16 autocast, as training evaluates."""
+        out = np.zeros((len(images), len(self.classes)), dtype=np.float64)
+        dev = self.device
+        for s in range(0, len(images), batch_size):
+            x = images[s:s + batch_size].to(dev, non_blocking=True)  # (B, C, H, W)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                y = self.model(x) if self.ensemble is None else cls_features(self.model, x)  # (B, K) | (B, D)
+            if self.ensemble is None:
+                p = torch.softmax(y.float(), dim=1).double().cpu().numpy()
             else:
-                feats = cls_features(model, x).float().cpu().numpy()  # (B, D)
-        if ens is not None:
-            p = np.zeros((len(x), len(names)))
-            p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats)  # (B, classes the ensemble saw)
-        out[s:s + len(x)] = p
-        tick(len(x))
-    return names, out / out.sum(1, keepdims=True), "ensemble" if ens is not None else "model"
+                p = np.zeros((len(x), len(self.classes)))
+                p[:, self.ensemble.classes_.astype(np.int64)] = self.ensemble.predict_proba(y.float().cpu().numpy())
+            out[s:s + len(x)] = p
+        return out / out.sum(1, keepdims=True) if len(out) else out
+
+
+def class_probabilities(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, device: torch.device,
+                        batch_size: int = 256) -> tuple[list[str], np.ndarray, str]:
+    """(classes, probabilities (N, K) over them, kind) of `record` on model-ready `images`."""
+    pr = Predictor(store, record, device)
+    return pr.classes, pr.probabilities(images, batch_size), pr.kind
 
 
 def predict(home: NodeHome, inputs: list[str], *, model: str | None = None, out: str | Path | None = None,
-            device: str | None = None, batch_size: int = 256, progress: Progress | None = None) -> PredictResult:
-    """Predict every image of `inputs` (see `atdnode.data.unlabelled`) with `model`; write the
-    CSV to `out` when given. `progress(stage, done, total)` reports reading and predicting."""
+            device: str | None = None, batch_size: int = 256, chunk: int = 512,
+            progress: Progress | None = None) -> PredictResult:
+    """Predict every image of `inputs` (see `atdnode.data.unlabelled`) with `model`, reading
+    `chunk` files at a time (bounded memory for a folder of any size); write the CSV to `out`
+    when given. `progress(stage, done, total)` counts the files read and predicted."""
     dev = resolve_device(device, home)  # before any image is read
     record = model_record(home, model)
     cfg = ModelConfig.from_dict(record.model)
+    reader = UnlabelledReader(inputs, cfg.img_size, cfg.in_chans, window=model_window(record))
+    predictor = Predictor(BlobStore(home.blobs_dir), record, dev)
     report = progress or (lambda stage, done, total: None)
-    data = load_unlabelled(inputs, cfg.img_size, cfg.in_chans, window=model_window(record),
-                           progress=lambda d, t: report("reading", d, t))
-    done = [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        report("predicting", done[0], len(data))
-
-    names, probs, kind = class_probabilities(BlobStore(home.blobs_dir), record, data.images, device=dev,
-                                             batch_size=batch_size, tick=tick)
-    res = PredictResult(model_id=record.id, kind=kind, classes=names, files=data.files, probs=probs, device=str(dev),
-                        skipped=data.skipped, scaling=data.scaling)
+    files: list[str] = []
+    parts: list[np.ndarray] = []
+    for images, names in reader.chunks(chunk, progress=lambda d, t: report("images", d, t)):
+        parts.append(predictor.probabilities(images, batch_size))
+        files += names
+    res = PredictResult(model_id=record.id, kind=predictor.kind, classes=predictor.classes, files=files,
+                        probs=np.concatenate(parts), device=str(dev), skipped=reader.skipped, scaling=reader.scaling)
     if out is not None:
         res.out = write_csv(res, Path(out))
     return res

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -117,44 +117,72 @@ def _catalog(inp: _Input) -> Catalog:
     return Catalog(keys=np.full(n, ""), sides=np.full(n, "all"), read=read, where=list(inp.names))
 
 
+class UnlabelledReader:
+    """The inputs, parsed and listed (no pixels read yet); `chunks()` reads them in bounded
+    batches, so a folder of any size is predicted in bounded memory.
+
+    `window` (lo,hi | "minmax" | "auto"; e.g. the model's training window) applies to every
+    input that gives no `window=` of its own. DataError for a malformed input or no images."""
+
+    def __init__(self, inputs: list[str], img_size: int, in_chans: int = 3, *,
+                 window: tuple[float, float] | str | None = None) -> None:
+        if not inputs:
+            raise DataError(f"no input images (give {FORMS})")
+        self.parsed = [_parse(a) for a in inputs]
+        for inp in self.parsed:
+            if inp.window is None:
+                inp.window = window
+        self.img_size, self.in_chans = img_size, in_chans
+        self.total = sum(len(p.files) for p in self.parsed)
+        self.skipped = [s for p in self.parsed for s in p.skipped]
+        self.stats = ReadStats()
+        if self.total == 0:
+            first = f" (skipped {len(self.skipped)}, first {self.skipped[0][0]}: {self.skipped[0][1]})" if self.skipped else ""
+            raise DataError(f"{', '.join(inputs)}: no images found{first}")
+
+    def chunks(self, size: int = 512, progress: Callable[[int, int], None] | None = None
+               ) -> Iterator[tuple[torch.Tensor, list[str]]]:
+        """(images (n, C, H, W), their display names) per batch of up to `size` files; the
+        unreadable ones are left out and added to `skipped`. DataError at the end when none
+        at all could be read; `progress(done, total)` as files are read."""
+        done, read = [0], 0
+
+        def tick(n: int) -> None:
+            done[0] += n
+            if progress is not None:
+                progress(done[0], self.total)
+
+        for inp in self.parsed:
+            if not inp.files:
+                continue
+            cat = _catalog(inp)
+            auto = _auto(cat, np.arange(len(inp.files)), inp.where) if inp.window == "auto" else None
+            for s in range(0, len(inp.files), size):
+                idx = np.arange(s, min(s + size, len(inp.files)))
+                images, ok = to_tensor(cat, idx, inp.window, auto, self.img_size, self.in_chans, inp.where,
+                                       self.stats, tick)
+                self.skipped += self.stats.skipped
+                self.stats.skipped = []
+                names = [inp.names[i] for i, k in zip(idx, ok) if k]
+                read += len(names)
+                if names:
+                    yield images, names
+        if read == 0:
+            f, why = self.skipped[0]
+            raise DataError(f"none of the {self.total} images could be read (first {f}: {why})")
+
+    @property
+    def scaling(self) -> dict[str, int]:
+        return dict(self.stats.how)
+
+
 def load_unlabelled(inputs: list[str], img_size: int, in_chans: int = 3, *,
                     window: tuple[float, float] | str | None = None,
                     progress: Callable[[int, int], None] | None = None) -> UnlabelledImages:
-    """Every image the inputs name, ready for a model of `img_size` x `in_chans`.
-
-    `window` (lo,hi | "minmax" | "auto"; e.g. the model's training window) applies to every
-    input that gives no `window=` of its own. Raises DataError for a malformed input or when
-    no image at all could be read; `progress(done, total)` is called as images are read."""
-    if not inputs:
-        raise DataError(f"no input images (give {FORMS})")
-    parsed = [_parse(a) for a in inputs]
-    for inp in parsed:
-        if inp.window is None:
-            inp.window = window
-    total = sum(len(p.files) for p in parsed)
-    skipped = [s for p in parsed for s in p.skipped]
-    if total == 0:
-        raise DataError(f"{', '.join(inputs)}: no images found" + (f" (skipped {len(skipped)}, first {skipped[0][0]}: "
-                                                                     f"{skipped[0][1]})" if skipped else ""))
-    stats, done = ReadStats(), [0]
-
-    def tick(n: int) -> None:
-        done[0] += n
-        if progress is not None:
-            progress(done[0], total)
-
+    """Every image the inputs name, in memory at once (`UnlabelledReader` reads in batches)."""
+    reader = UnlabelledReader(inputs, img_size, in_chans, window=window)
     parts, names = [], []
-    for inp in parsed:
-        if not inp.files:
-            continue
-        cat = _catalog(inp)
-        idx = np.arange(len(inp.files))
-        auto = _auto(cat, idx, inp.where) if inp.window == "auto" else None
-        images, ok = to_tensor(cat, idx, inp.window, auto, img_size, in_chans, inp.where, stats, tick)
+    for images, batch in reader.chunks(progress=progress):
         parts.append(images)
-        names += [n for n, k in zip(inp.names, ok) if k]
-    skipped += stats.skipped
-    if not names:
-        f, why = skipped[0]
-        raise DataError(f"none of the {total} images could be read (first {f}: {why})")
-    return UnlabelledImages(images=torch.cat(parts), files=names, skipped=skipped, scaling=dict(stats.how))
+        names += batch
+    return UnlabelledImages(images=torch.cat(parts), files=names, skipped=reader.skipped, scaling=reader.scaling)
