@@ -88,3 +88,17 @@ warnings.warn("a warning of atd's own", UserWarning)
     assert "ConvergenceWarning" not in r.stderr and "a warning of atd's own" in r.stderr
     log = (Path(home) / "logs" / "cli.log").read_text()
     assert "ConvergenceWarning" in log and "atd.sklearn" in log
+
+
+def test_data_inspect_says_what_training_would_refuse_or_caution(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "one"
+    (root / "normal").mkdir(parents=True)
+    for i in range(6):
+        Image.fromarray(np.full((8, 8), i * 40, np.uint8)).save(root / "normal" / f"{i}.png")
+    assert run(["data", "inspect", f"folder:{root}", "--img-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: " in out and "only class 'normal'" in out and "at least 2 classes" in out
+    assert "warning: test metrics (!) unreliable: the test split has 1 image(s)" in out
