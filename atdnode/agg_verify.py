@@ -58,7 +58,7 @@ def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
     if mode == "hierarchical":
         return recompute_hierarchical(led, store, entry)
     if mode == "round":
-        from atdnode.rounds import verify_round
+        from atdnode.round_rules import verify_round
 
         return verify_round(led, store, entry)
     raise AggregateError(f"aggregate {entry.id.hex()[:16]} has unknown mode {mode!r}")

@@ -332,4 +332,4 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
-    return ModelRegistry(home).add(rec)
+    return ModelRegistry(home).add_recorded(rec, entry.id, home.ledger_db)  # only once the entry is durable

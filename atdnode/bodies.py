@@ -13,7 +13,8 @@ weights    a published weight set (`atd publish-weights`; split servers' bodies)
 features   CLS features sealed to named peers (`atd share-features`)
 aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out;
            mode "round": one round of `atd rounds` (campaign, round, reference, participants,
-           missing); `weights` of a round carry campaign and round
+           missing); `weights` of a round carry campaign, round and start (the global
+           model they were trained from)
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
 service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder
@@ -28,6 +29,9 @@ split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`
                 "alg": protocols.feature_crypto.ALG}
 
            The envelope is ciphertext: the server replicates the entry, cannot open it.
+split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
+           ({"service": hex id of the `service` entry}); the campaign's secret is sealed
+           to these members only (issue 24), so the server cannot name anyone else.
 """
 from __future__ import annotations
 
@@ -62,7 +66,8 @@ SPECS: dict[str, BodySpec] = {
     "weights": _spec({**_BLOB, "part": (str,), "model": (dict,), "labels": (list,), "label_fp": (str,),
                       "samples": (int,), "metrics": (dict,), "provenance": (list,)},
                      {"model_id": (str,), "base": (str,), "algorithm": (str,), "tasks": (list,),
-                      "authorized": (list,), "readers": (list,), "campaign": (str,), "round": (int,)},
+                      "authorized": (list,), "readers": (list,), "campaign": (str,), "round": (int,),
+                      "start": (str,)},
                      {"labels": (str,), "provenance": (str,)}),
     "features": _spec({**_BLOB, "recipients": (list,), "shape": (list,), "classes": (list,), "label_fp": (str,),
                        "samples": (int,), "model": (dict,), "extractor": (str,), "alg": (str,)},
@@ -82,8 +87,10 @@ SPECS: dict[str, BodySpec] = {
     "service": _spec({"role": (str,), "protocol": (str,)}),
     "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
                           items={"recipients": (str,)}),
+    "split_join": _spec({"service": (str,)}),
 }
 SPLIT_SECRET_KIND = "split_secret"
+SPLIT_JOIN_KIND = "split_join"
 MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 

@@ -43,7 +43,7 @@ from collections import OrderedDict
 
 import trio
 
-from atdnode import bodies, control
+from atdnode import bodies, control, own_chain
 from atdnode.access import AccessRefused, MembershipGate
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
@@ -51,11 +51,12 @@ from atdnode.errors import DaemonError
 from atdnode.gctune import tune_gc
 from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
-from atdnode.ledger_access import LedgerAccess
+from atdnode.ledger_access import LedgerAccess, quota_from_config
+from atdnode.registry import ModelRegistry
 from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
                              plan_sync)
 from atdnode.split import role_services
-from atdnode.bodies import blob_readers
+from atdnode.blob_readers import BlobReaders
 from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
 from atdnode.transport.limits import PeerLimits
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
@@ -100,7 +101,8 @@ class NodeDaemon:
         self.config = NodeConfig.load(home)
         if not self.config.genesis_id:
             raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
-        self.ledger = LedgerAccess(Ledger.open(home.ledger_db))
+        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=self.identity.public_key,  # [quota]: issue 24
+                                   quota=quota_from_config(self.config.extra.get("quota")))
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
         self._peers_changed = trio.Event()  # wakes the peer-set maintenance (_discovery_loop)
         self._bootstrap_peers: dict[str, list[str]] = {}
@@ -108,8 +110,8 @@ class NodeDaemon:
         self.store = BlobStore(home.blobs_dir)
         self.transport = transport or self._libp2p_transport()
         self.gate = MembershipGate(self_peer=self.transport.peer_id)
-        self._readers: dict[str, frozenset[str]] = {}  # blob -> peers allowed to fetch it (entry's author included)
-        self.blobs = BlobService(self.transport, self.store, gate=self.gate, may_read=self._may_read,
+        self.readers = BlobReaders(self.identity.public_key)  # who may fetch which blob (atdnode.blob_readers)
+        self.blobs = BlobService(self.transport, self.store, gate=self.gate, may_read=self.readers.may_read,
                                  **self.config.bulk_options())
         self.sync_interval = sync_interval
         self.sync_fanout = sync_fanout
@@ -162,6 +164,9 @@ class NodeDaemon:
             raise DaemonError(f"a daemon already runs for {self.home.root}")
         logging.raiseExceptions = False  # a full disk must not turn every log call into a traceback
         await self._refresh_members()
+        dropped = await self.ledger.run(ModelRegistry(self.home).drop_unrecorded)  # a killed `atd aggregate`
+        if dropped:
+            log.warning("removed %d model record(s) whose aggregate entry is not in the ledger", len(dropped))
         if self._members == {self.identity.public_key}:
             self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart
@@ -244,6 +249,9 @@ class NodeDaemon:
             return False
         if entry.kind != "genesis" and entry.author not in self._members:
             # Unknown authors are not relayed; sync fetches their entries once membership is known.
+            self.stats["gossip_rejected"] += 1
+            return False
+        if self.ledger.quota is not None and self.ledger.quota.too_big(entry):  # over its size quota: not relayed
             self.stats["gossip_rejected"] += 1
             return False
         # Handed to _on_gossip, which receives these same bytes right after: the entry is
@@ -338,6 +346,8 @@ class NodeDaemon:
             if head > self._announced_seq:
                 seq = self._announced_seq
                 entries = await self.ledger.run(lambda led: led.entries_after(me, seq))
+                if {e.kind for e in entries} & BLOB_KINDS_SET:  # reader lists before anyone hears of a blob
+                    await self.ledger.run(self.readers.refresh)
                 for e in entries:
                     try:
                         await self.transport.publish(self.topic, e.to_bytes())
@@ -353,6 +363,8 @@ class NodeDaemon:
         Waits until the own chain head was confirmed with a member (see the module doc)."""
         await self._head_confirmed.wait()
         entry = await self.ledger.run(lambda led: bodies.append(led, self.identity.signer, kind, body))
+        if kind in BLOB_KINDS_SET:  # its reader list holds before the entry is gossiped
+            await self.ledger.run(self.readers.refresh)
         if entry.seq == self._announced_seq + 1:
             try:
                 await self.transport.publish(self.topic, entry.to_bytes())
@@ -449,8 +461,12 @@ class NodeDaemon:
             await self._after_merge(kinds)  # membership first: the pull may have taught us who is a member
         if not self._head_confirmed.is_set() and peer_id in self._member_peer_ids():
             own_head = await self.ledger.run(lambda led: led.head_of(me))
-            log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
-            self._head_confirmed.set()
+            if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back (issue 24)
+                log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
+                self._head_confirmed.set()
+            else:
+                log.warning("member %s holds this node's entries up to seq %s, its ledger only up to seq %d: "
+                            "pulling again before signing anything", peer_id, result.yours, own_head)
         return result
 
     async def _confirm_head_loop(self, every: float = 2.0) -> None:
@@ -533,7 +549,7 @@ class NodeDaemon:
     async def _expire_loop(self) -> None:
         while True:
             try:
-                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL))
+                n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL, keep=self.ledger.own))
                 if n:
                     log.info("expired %d held entries of unknown authors", n)
             except (sqlite3.OperationalError, OSError) as exc:
@@ -666,36 +682,23 @@ class NodeDaemon:
 
         def wanted(led: Ledger) -> set[str]:
             out = set()
-            m = led.membership()
-            mine = {peer_id_from_public_key(k) for k in m.keys_of(me)}  # earlier ids after a key rotation
-            readers: dict[str, frozenset[str]] = {}
-            for e in led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features"):
+            named = led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features")
+            for e in named:
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
                     self._manifests.setdefault(e.body["blob"], e.body["manifest"])
-                allowed = blob_readers(e.body)
-                if isinstance(e.body.get("blob"), str) and allowed is not None:
-                    readers[e.body["blob"]] = readers.get(e.body["blob"], frozenset()) | _with_current_ids(
-                        m, allowed | {peer_id_from_public_key(e.author)})
-            self._readers = readers
+            self.readers.refresh(led, named)
             for kind in ("weights", "features"):
                 for e in led.query(kind=kind):
                     if e.author == me:
                         continue
                     blob = e.body.get("blob")
-                    allowed = blob_readers(e.body)
-                    if allowed is not None and not mine & allowed:
+                    if isinstance(blob, str) and not self.readers.for_me(blob):
                         continue  # for named readers only (sealed features, MSD's authorised list)
                     if isinstance(blob, str) and not self.store.has(blob):
                         out.add(blob)
             return out
 
         self._wanted |= await self.ledger.run(wanted)
-
-    def _may_read(self, peer: str, blob: str) -> bool:
-        """Blob protocol: may member `peer` fetch `blob`? Yes unless an entry naming the blob
-        restricts it to a reader list (atdnode.bodies) without `peer`."""
-        allowed = self._readers.get(blob)
-        return allowed is None or peer in allowed
 
     async def _fetch_loop(self) -> None:
         while True:
@@ -830,19 +833,6 @@ def write_announced(home: NodeHome, seq: int) -> None:
         tmp.replace(home.announced_file)
     except OSError as exc:  # a full disk costs only duplicate gossip after a restart
         log.debug("could not record the announced seq: %s", exc)
-
-
-def _with_current_ids(m, peers: frozenset[str]) -> frozenset[str]:
-    """`peers` plus the peer ids their keys rotated to (a reader keeps access after rotating)."""
-    from ledger import public_key_from_peer_id
-
-    out = set(peers)
-    for p in peers:
-        try:
-            out.add(peer_id_from_public_key(m.current(public_key_from_peer_id(p))))
-        except ValueError:
-            pass
-    return frozenset(out)
 
 
 def _kind(item: Entry | bytes) -> str | None:

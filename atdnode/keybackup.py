@@ -41,7 +41,8 @@ from ledger import Entry, Ledger, Signer, peer_id_from_public_key
 
 FORMAT = "atd-key-backup"
 VERSION = 1
-SCRYPT = {"n": 1 << 17, "r": 8, "p": 1}  # ~128 MiB, ~0.3 s: OWASP's scrypt minimum
+SCRYPT = {"n": 1 << 17, "r": 8, "p": 1}  # ~128 MiB, ~0.3 s: OWASP's scrypt minimum; also the cap on import
+MIN_SCRYPT_N = 1 << 14
 MIN_PASSPHRASE = 8
 
 
@@ -71,8 +72,13 @@ def _derive(passphrase: bytes, kdf: dict) -> bytes:
         salt = _unb64(kdf["salt"], "salt")
     except (KeyError, TypeError, ValueError):
         raise KeyBackupError("key backup: malformed kdf parameters") from None
-    if kdf.get("name") != "scrypt" or not (1 << 14 <= n <= 1 << 20 and 1 <= r <= 16 and 1 <= p <= 4):
-        raise KeyBackupError("key backup: unsupported kdf parameters")
+    if kdf.get("name") != "scrypt":
+        raise KeyBackupError("key backup: unsupported kdf (atd writes scrypt)")
+    if not (MIN_SCRYPT_N <= n <= SCRYPT["n"] and 1 <= r <= SCRYPT["r"] and p == SCRYPT["p"]):
+        # issue 24: a crafted header must not cost gigabytes and seconds before "wrong passphrase"
+        raise KeyBackupError(f"key backup: scrypt parameters n={n}, r={r}, p={p} are beyond what atd writes "
+                             f"(n {MIN_SCRYPT_N}..{SCRYPT['n']}, r <= {SCRYPT['r']}, p = {SCRYPT['p']}); refused "
+                             f"unread (they would need {128 * n * r * p >> 20} MiB)")
     return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(passphrase)
 
 

@@ -11,7 +11,8 @@ from typing import Callable, Iterable, TypeVar
 import trio
 
 from atdnode.transport.base import StreamClosed
-from ledger import Ledger
+from atdnode.errors import ConfigError
+from ledger import AuthorQuota, Ledger
 
 T = TypeVar("T")
 
@@ -26,8 +27,14 @@ class LedgerAccess:
     """Owns an open `Ledger`; `run(fn)` calls `fn(ledger)` in a worker thread; after
     `close()` every call raises `NodeStopping`."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, *, quota: AuthorQuota | None = None, own: bytes | None = None) -> None:
+        """`quota`: per-author size / rate limits on entries merged from the network
+        (`ledger.quota`; HOME/config.toml ``[quota]``, see `quota_from_config`); `own`: this
+        node's key, whose entries no quota or waiting cap holds back (a restored home takes
+        its whole chain back from a member at once, issue 24)."""
         self.ledger = ledger
+        self.quota = quota
+        self.own = () if own is None else (own,)
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
 
@@ -52,4 +59,14 @@ class LedgerAccess:
 
     async def merge(self, items: Iterable[bytes]):
         items = list(items)
-        return await self.run(lambda led: led.merge(items, members_only=True))  # outsiders' entries never stored
+        return await self.run(lambda led: led.merge(items, members_only=True, quota=self.quota,  # outsiders' entries
+                                                    exempt=self.own))                            # never stored
+
+
+def quota_from_config(table: dict | None) -> AuthorQuota:
+    """`AuthorQuota` from the config's ``[quota]`` table (defaults without one); ConfigError
+    for a malformed table."""
+    try:
+        return AuthorQuota.from_table(table)
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None

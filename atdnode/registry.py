@@ -140,6 +140,36 @@ class ModelRegistry:
             return e, f"{e.get('data', '?')} [{e.get('split', '?')}]"
         return record.metrics, ("training test split" if record.metrics else "")
 
+    def add_recorded(self, record: ModelRecord, entry_id: bytes, ledger_db: Path) -> str:
+        """`add(record)` for a model an aggregate entry describes, only once the ledger holds
+        that entry (own appends are durable when `append` returns), so a crash can never
+        leave a record without its entry (issue 24). ConfigError when it does not."""
+        from ledger import Ledger
+
+        with Ledger.open(ledger_db) as led:
+            stored = led.state(entry_id) is not None
+        if not stored:
+            raise ConfigError(f"aggregate entry {entry_id.hex()[:16]} is not in the ledger: its model is not registered")
+        return self.add(record)
+
+    def drop_unrecorded(self, led) -> list[str]:
+        """Remove the records of global models whose aggregate entry `led` does not hold (left by
+        an `atd aggregate` killed between registering and appending, in versions that did it in
+        that order); returns their ids. Run when a node starts."""
+        gone = []
+        for rec in self.list():
+            agg = rec.provenance.get("aggregate")
+            if not str(rec.provenance.get("kind", "")).startswith("global") or not isinstance(agg, str):
+                continue
+            try:
+                held = led.state(bytes.fromhex(agg)) is not None
+            except ValueError:
+                held = False
+            if not held:
+                self.remove(rec.id)
+                gone.append(rec.id)
+        return gone
+
     def remove(self, model_id: str) -> None:
         """Delete the record and its evaluations (blobs are the caller's business: atdnode.model_gc)."""
         self.path(model_id).unlink(missing_ok=True)

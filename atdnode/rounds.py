@@ -10,18 +10,26 @@ aggregate  mode "round": campaign, round, weighting, q, reference (previous glob
            round 0: the init blob), inputs (canonically sorted weights entry ids),
            weights, participants / missing (peer ids), blob (the global model)
 
-Round t on each member: if round t's aggregate already exists, adopt it; else train from
-global t-1 (`atdnode.training.train`, the library behind `atd train`), publish, wait until
-the blobs of every live member (all members; with a daemon, not those disconnected from it
-for `absent_grace` s, nor, at the peer-set target, members outside the set that
-sat out the previous round: `RoundRunner._live`) or of
---min-peers members are held, or the deadline passes, then the *coordinator* (smallest
-publishing peer id) records the aggregate over the inputs it holds; the others wait for
-that entry (up to another deadline, then record their own) and recompute it from its
-inputs (`verify_round`, also reached by `atd aggregate --verify`), which gives the same
-blob bit for bit. If two members recorded round t, the canonical one is the smallest
-signer's (protocols.rounds); everyone re-reads it before training round t+1. A restarted
-node derives its round from the ledger (one past the last canonical aggregate).
+Round t on each member: if round t already has a *final* aggregate (inputs from a majority
+of the members) that verifies here, adopt it (a late member); else train from global t-1
+(`atdnode.training.train`, the library behind `atd train`), publish, wait until the blobs
+of every live member (all members; with a daemon, not those disconnected from it for
+`absent_grace` s, nor, at the peer-set target, members outside the set that sat out the
+previous round: `RoundRunner._live`) or of --min-peers members are held, or the deadline
+passes, then the *coordinator* (smallest publishing peer id) records the aggregate over the
+inputs it holds; the others wait for an aggregate they may adopt (final, or over every
+input they hold: `_ready`; up to another deadline, then record their own).
+
+Adoption always recomputes (issue 24): every aggregate, ours aside, is verified here from
+its inputs before its global model is used (`verify_round`, also reached by `atd aggregate
+--verify`), even when its blob is already held; its input entries and blobs are awaited
+until the deadline (gossip brings entries of different authors in any order) and an
+aggregate whose inputs never arrive is not adopted. The rules it checks (inputs trained
+from the previous global, every member included or named missing, ...) are in
+`atdnode.round_rules`. Among a round's aggregates the first that verifies in
+`protocols.rounds.candidate_order` counts (final first, larger input set, hash of the
+inputs: no key to grind); the global entering round t+1 is the one adopted for round t.
+A restarted node resumes one past the last round with a final aggregate.
 
 Waiting: blob readiness goes through the daemon's `fetch` control op (it returns when the
 blob is stored); new entries are noticed by re-reading the local ledger every 0.5 s (the
@@ -46,8 +54,7 @@ import trio
 
 from atdnode import control
 from atdnode import bodies
-from atdnode.agg_check import check_recorded_weights, check_result
-from atdnode.aggregate import AggregateError, average_blobs, register_global, result_meta
+from atdnode.aggregate import register_global
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data.sanity import require_classes
@@ -58,24 +65,24 @@ from atdnode.model import ModelConfig, build_model, export_part
 from atdnode.publish import weights_body
 from atdnode.registry import ModelRecord
 from atdnode.training import TrainOptions, train
-from atdnode.weights import load_weights
-from ledger import Entry, Ledger
-from ledger.keys import peer_id_from_public_key
-from protocols.aggregation import AggregationError
-from protocols.rounds import (
-    ROUND_WEIGHTINGS,
-    canonical,
-    canonical_aggregate,
-    choose_coordinator,
-    last_layer_vector,
-    round_weights,
+from atdnode.round_rules import (  # noqa: F401  (re-exported: the rules' public names)
+    RoundsError,
+    absent_inputs,
+    active_members,
+    compute_round,
+    current_round,
+    final,
+    round_aggregate,
+    round_candidates,
+    round_inputs,
+    round_weights_entries,
+    signer as _signer,
+    verify_round,
 )
+from ledger import Entry, Ledger
+from protocols.rounds import ROUND_WEIGHTINGS, choose_coordinator
 
 POLL_S = 0.5
-
-
-class RoundsError(AtdError):
-    """A round cannot run (bad config, no inputs) or a round aggregate does not verify."""
 
 
 class Fabric:
@@ -185,8 +192,11 @@ class RoundReport:
 
 # ---------------------------------------------------------------- bodies
 
-def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, campaign: str, rnd: int) -> dict:
-    return {**weights_body(store, blob, part="full", record=record), "campaign": campaign, "round": int(rnd)}
+def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, campaign: str, rnd: int,
+                       start: str) -> dict:
+    """`start`: the global model the input was trained from (the round's reference)."""
+    return {**weights_body(store, blob, part="full", record=record), "campaign": campaign, "round": int(rnd),
+            "start": start}
 
 
 def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, reference: str, inputs: list[str],
@@ -224,91 +234,6 @@ def campaign_id(init: str, weighting: str, q: float, name: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _signer(e: Entry) -> str:
-    return peer_id_from_public_key(e.author)
-
-
-def round_weights_entries(led: Ledger, campaign: str, rnd: int) -> list[Entry]:
-    """Weights entries of round `rnd`, one per author (its first), canonically ordered."""
-    by_author: dict[str, Entry] = {}
-    for e in led.query(kind="weights"):
-        b = e.body
-        if b.get("campaign") == campaign and b.get("round") == rnd:
-            a = _signer(e)
-            if a not in by_author or e.id.hex() < by_author[a].id.hex():
-                by_author[a] = e
-    return sorted(by_author.values(), key=lambda e: e.id.hex())
-
-
-def round_aggregate(led: Ledger, campaign: str, rnd: int) -> Entry | None:
-    """Round `rnd`'s canonical aggregate entry, or None."""
-    cands = [e for e in led.query(kind="aggregate")
-             if e.body.get("mode") == "round" and e.body.get("campaign") == campaign and e.body.get("round") == rnd]
-    if not cands:
-        return None
-    return cands[canonical_aggregate([(_signer(e), e.id.hex()) for e in cands])]
-
-
-def current_round(led: Ledger, campaign: str) -> int:
-    """One past the last round with an aggregate (a restarted node resumes here)."""
-    rounds = {e.body.get("round") for e in led.query(kind="aggregate")
-              if e.body.get("mode") == "round" and e.body.get("campaign") == campaign}
-    r = 0
-    while r in rounds:
-        r += 1
-    return r
-
-
-def active_members(led: Ledger) -> list[str]:
-    m = led.membership()
-    return sorted(peer_id_from_public_key(k) for k, s in m.members.items() if not s.revoked and m.current(k) == k)
-
-
-# ---------------------------------------------------------------- computing / verifying one round
-
-def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: float,
-                  reference: str) -> tuple[list[float], str]:
-    """Weights and global blob of a round over `inputs` (already canonically ordered)."""
-    blobs = [str(e.body.get("blob")) for e in inputs]
-    for b in blobs + [reference]:
-        if not store.has(b):
-            raise RoundsError(f"blob {b[:12]} is not held here (fetch it first)")
-    try:
-        ref_vec = last_layer_vector(load_weights(store, reference)[0]) if weighting == "fedwavg" else None
-        layers = [last_layer_vector(load_weights(store, b)[0]) for b in blobs]
-        weights = [float(x) for x in round_weights(weighting, reference=ref_vec, layers=layers, q=q)]
-    except AggregationError as exc:
-        raise RoundsError(f"{weighting} weights: {exc}") from None
-    tensors = average_blobs(store, blobs, weights, names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=True)
-    return weights, _meta_and_tensors(store, blobs[0], weighting, tensors)
-
-
-def _meta_and_tensors(store: BlobStore, first: str, weighting: str, tensors: dict) -> tuple:
-    return tensors, result_meta(store, first, part="full", mode="round", weighting=weighting)
-
-
-def verify_round(led: Ledger, store: BlobStore, entry: Entry) -> str:
-    """Recompute a `round` aggregate from its inputs and reference; returns the result hash."""
-    b = entry.body
-    ids = b.get("inputs") or []
-    if not ids or ids != canonical(ids):
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: inputs are not canonically ordered")
-    inputs = []
-    for h in ids:
-        e = led.get(bytes.fromhex(h))
-        if e is None or e.kind != "weights" or e.body.get("campaign") != b.get("campaign") \
-                or e.body.get("round") != b.get("round"):
-            raise AggregateError(f"aggregate {entry.id.hex()[:16]}: input {h[:16]} is not a weights entry of its round")
-        inputs.append(e)
-    try:
-        weights, (tensors, meta) = compute_round(store, inputs, weighting=str(b.get("weighting")),
-                                                 q=float(b.get("q", 1.0)), reference=str(b.get("reference")))
-    except RoundsError as exc:
-        raise AggregateError(str(exc)) from None
-    check_recorded_weights(entry, weights)
-    return check_result(store, entry, tensors, meta)
-
-
 # ---------------------------------------------------------------- the loop
 
 class RoundRunner:
@@ -328,6 +253,9 @@ class RoundRunner:
         self.init, self.cfg, self.labels, self.label_fp = init_blob(self.store, config.cfg, config.data, config.seed,
                                                                     state=config.init_state)
         self.campaign = campaign_id(self.init, config.weighting, config.q, config.name)
+        self._globals: dict[int, str] = {}  # round -> the global model adopted for it
+        self._verified: dict[bytes, str] = {}  # aggregate entry id -> its recomputed global blob
+        self._rejected: dict[bytes, str] = {}  # aggregate entry id -> why it was not adopted
 
     # -- ledger helpers
     def _led(self) -> Ledger:
@@ -349,30 +277,65 @@ class RoundRunner:
 
     # -- async core
     async def global_blob_async(self, rnd: int) -> str:
-        """The global model entering round `rnd` (round 0: the shared init)."""
+        """The global model entering round `rnd` (round 0: the shared init): the first of round
+        rnd-1's candidate aggregates that verifies here (`protocols.rounds.candidate_order`);
+        once adopted it is kept (`run_round_async` re-reads it when round rnd starts, so
+        members that recorded competing aggregates converge on one)."""
         if rnd == 0:
             return self.init
-        with self._led() as led:
-            agg = round_aggregate(led, self.campaign, rnd - 1)
-        if agg is None:
-            raise RoundsError(f"round {rnd - 1} has no aggregate yet")
-        return await self.adopt_async(agg)
+        if rnd - 1 not in self._globals and await self.pick(rnd - 1, lambda _led, _e: True) is None:
+            raise RoundsError(f"round {rnd - 1} has no aggregate that verifies here yet")
+        return self._globals[rnd - 1]
 
     async def adopt_async(self, agg: Entry) -> str:
-        """Hold round aggregate `agg`'s global blob: recompute it from its inputs (fetched first)."""
-        blob = str(agg.body.get("blob"))
-        if self.store.has(blob):
-            return blob
+        """Hold round aggregate `agg`'s global blob: always recomputed here from its inputs
+        (entries and blobs awaited until the deadline) against the global model this node
+        holds for the previous round, even when the named blob is already held. Raises
+        AggregateError / RoundsError when it does not verify or its inputs never arrive."""
+        await self._adopt(agg, self.fabric.now() + self.c.deadline)
+        return self._globals[agg.body["round"]]
+
+    async def pick(self, rnd: int, eligible: Callable[[Ledger, Entry], bool], until: float | None = None) -> Entry | None:
+        """Adopt round `rnd`'s first candidate aggregate that is `eligible` and verifies here;
+        None if none does. A candidate that fails is logged and not tried again this run.
+        `until`: one deadline for fetching the inputs of all candidates (default: the round's)."""
+        until = self.fabric.now() + self.c.deadline if until is None else until
         with self._led() as led:
-            inputs = [led.get(bytes.fromhex(h)) for h in agg.body.get("inputs") or []]
-        for e in inputs:
-            if e is not None:
-                await self._await_blob(str(e.body.get("blob")), self.fabric.now() + max(self.c.deadline, 60.0))
-        t = time.perf_counter()
-        with self._led() as led:
-            out = verify_round(led, self.store, agg)
-        self._agg_s += time.perf_counter() - t
-        return out
+            cands = [e for e in round_candidates(led, self.campaign, rnd)
+                     if e.id not in self._rejected and eligible(led, e)]
+        for agg in cands:
+            try:
+                await self._adopt(agg, until)
+                return agg
+            except AtdError as exc:  # AggregateError, RoundsError
+                self._rejected[agg.id] = str(exc)
+                self.c.log(f"round {rnd}: aggregate {agg.id.hex()[:12]} by {_signer(agg)[:12]} not adopted: {exc}")
+        return None
+
+    async def _adopt(self, agg: Entry, until: float) -> None:
+        rnd = agg.body.get("round")
+        if agg.body.get("campaign") != self.campaign or type(rnd) is not int or rnd < 0:
+            raise RoundsError(f"aggregate {agg.id.hex()[:12]} is not a round of this campaign")
+        reference = await self.global_blob_async(rnd)
+        if agg.id not in self._verified:
+            while True:  # its input entries may reach this ledger after it (gossip has no order across authors)
+                with self._led() as led:
+                    absent = absent_inputs(led, agg)
+                    inputs = [] if absent else round_inputs(led, agg, reference)  # the checks that need no blob
+                if not absent:
+                    break
+                if self.fabric.now() >= until:
+                    raise RoundsError(f"aggregate {agg.id.hex()[:12]}: input {absent[0][:16]} never reached this ledger")
+                await self.fabric.sleep(POLL_S)
+            for e in inputs:
+                if not await self._await_blob(str(e.body.get("blob")), until):
+                    raise RoundsError(f"aggregate {agg.id.hex()[:12]}: the blob of input {e.id.hex()[:16]} "
+                                      "could not be fetched")
+            t = time.perf_counter()
+            with self._led() as led:
+                self._verified[agg.id] = verify_round(led, self.store, agg, reference)
+            self._agg_s += time.perf_counter() - t
+        self._globals[rnd] = self._verified[agg.id]
 
     async def _await_blob(self, blob: str, until: float) -> bool:
         while not self.store.has(blob):
@@ -415,7 +378,7 @@ class RoundRunner:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
                             device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
-                            extra_provenance={"campaign": self.campaign, "round": rnd})
+                            extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
         return train(self.home, self.c.data, self.cfg, opts)
 
     def publish(self, rnd: int, rec: ModelRecord) -> Entry:
@@ -423,11 +386,19 @@ class RoundRunner:
             mine = [e for e in round_weights_entries(led, self.campaign, rnd) if _signer(e) == self.me]
             if mine:  # a restart after publishing: do not publish twice
                 return mine[0]
-            return bodies.append(led, self.ident.signer, "weights",
-                                 weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd))
+            body = weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd,
+                                      start=str(rec.provenance["start"]))
+            return bodies.append(led, self.ident.signer, "weights", body)
 
-    async def wait_inputs(self, rnd: int, expected: list[str]) -> tuple[list[Entry], Entry | None]:
-        """Until K publishers' blobs are held or the deadline: (held inputs, aggregate if one appeared)."""
+    def _ready(self, held: list[Entry]) -> Callable[[Ledger, Entry], bool]:
+        """Which aggregates this node may adopt while a round is open: a final one, or one over
+        every input it holds (a member's aggregate over its own input alone is neither)."""
+        ids = {e.id.hex() for e in held}
+        return lambda led, e: final(led, e) or ids <= set(e.body.get("inputs") or [])
+
+    async def wait_inputs(self, rnd: int, expected: list[str], start: str) -> list[Entry]:
+        """Until K publishers' blobs are held, an aggregate this node may adopt is ready to
+        verify (all its inputs held), or the deadline: the held inputs (trained from `start`)."""
         until = self.fabric.now() + self.c.deadline
         gone_since: dict[str, float] = {}
         recent = set(expected)  # round 0: every member
@@ -438,15 +409,19 @@ class RoundRunner:
                 recent = set(prev.body.get("participants") or [])
         while True:
             with self._led() as led:
-                agg = round_aggregate(led, self.campaign, rnd)
-                entries = round_weights_entries(led, self.campaign, rnd)
-            held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
+                entries = round_weights_entries(led, self.campaign, rnd, start)
+                held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
+                ready = self._ready(held)
+                agg = any(ready(led, a) and not absent_inputs(led, a) and a.id not in self._rejected
+                          and all(self.store.has(str(led.get(bytes.fromhex(h)).body.get("blob")))
+                                  for h in a.body.get("inputs") or [])
+                          for a in round_candidates(led, self.campaign, rnd))
             if self.c.min_peers:
                 enough = len(held) >= self.c.min_peers
             else:  # every live member: all members, or (daemon running) those connected to it
                 enough = set(await self._live(expected, gone_since, recent)) <= {_signer(e) for e in held}
-            if agg is not None or enough or self.fabric.now() >= until:
-                return held, agg
+            if agg or enough or self.fabric.now() >= until:
+                return held
             for e in entries:  # block on the daemon's fetch of what is announced but not yet here
                 if e not in held:
                     await self._await_blob(str(e.body.get("blob")), min(until, self.fabric.now() + 5))
@@ -468,37 +443,47 @@ class RoundRunner:
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
                                     store=self.store, blob=blob, model=self.cfg.to_dict())
         with self._led() as led:
-            return bodies.append(led, self.ident.signer, "aggregate", body)
+            entry = bodies.append(led, self.ident.signer, "aggregate", body)
+        self._verified[entry.id] = blob  # computed here
+        return entry
+
+    async def settle(self, rnd: int, held: list[Entry], expected: list[str], start: str) -> Entry:
+        """After the wait: adopt an aggregate this node may adopt (`_ready`), else the
+        coordinator records one over `held`; the others wait for it (one more deadline),
+        then stand in and record their own."""
+        ready = self._ready(held)
+        agg = await self.pick(rnd, ready)
+        if agg is None and choose_coordinator([_signer(e) for e in held]) != self.me:
+            until = self.fabric.now() + self.c.deadline
+            while agg is None and self.fabric.now() < until:
+                await self.fabric.sleep(POLL_S)
+                agg = await self.pick(rnd, ready, until)
+        if agg is None:
+            self.c.log(f"round {rnd}: recording the aggregate over {len(held)} inputs")
+            self.record(rnd, held, expected, start)
+            agg = await self.pick(rnd, ready)
+        if agg is None:
+            raise RoundsError(f"round {rnd}: no aggregate verifies here")
+        return agg
 
     async def run_round_async(self, rnd: int) -> RoundReport:
         with self._led() as led:
-            existing = round_aggregate(led, self.campaign, rnd)
             expected = active_members(led)
         self._agg_s = 0.0
+        self._globals.pop(rnd - 1, None)  # re-read round rnd-1 before training on it (a larger one may be here now)
         start = await self.global_blob_async(rnd)
-        rec, pub, agg, train_s = None, None, existing, 0.0
+        rec, pub, train_s = None, None, 0.0
         c0 = self.fabric.now()
-        if existing is None:  # train, publish, gather
+        agg = await self.pick(rnd, final)  # the round is over (we were late): adopt, do not train it
+        if agg is None:  # train, publish, gather
             t = time.perf_counter()
             rec = self.train_round(rnd, start)
             train_s = time.perf_counter() - t
             pub = self.publish(rnd, rec)
             c0 = self.fabric.now()
-            held, agg = await self.wait_inputs(rnd, expected)
-            if agg is None:
-                coordinator = choose_coordinator([_signer(e) for e in held]) == self.me
-                if not coordinator:  # wait for the coordinator's entry, then stand in
-                    until = self.fabric.now() + self.c.deadline
-                    while agg is None and self.fabric.now() < until:
-                        await self.fabric.sleep(POLL_S)
-                        with self._led() as led:
-                            agg = round_aggregate(led, self.campaign, rnd)
-                if agg is None:
-                    self.c.log(f"round {rnd}: recording the aggregate over {len(held)} inputs")
-                    self.record(rnd, held, expected, start)
-                    with self._led() as led:
-                        agg = round_aggregate(led, self.campaign, rnd)
-        blob = await self.adopt_async(agg)
+            held = await self.wait_inputs(rnd, expected, start)
+            agg = await self.settle(rnd, held, expected, start)
+        blob = self._globals[rnd]
         exchange = self.fabric.now() - c0 - (self._agg_s if self.fabric.wall_clock else 0.0)
         model_id = register_global(self.home, self.store, base=rec or self._base(), blob=blob, part="full", entry=agg,
                                    kind="global-round", extra_provenance={"campaign": self.campaign, "round": rnd})

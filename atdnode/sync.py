@@ -4,7 +4,8 @@ Protocol `/atd/sync/1.0.0`, one request per stream, msgpack frames:
 
     client -> server   {"t": "heads", "heads": {author(bytes32): seq, ...}}
     server -> client   {"t": "entries", "e": [raw entry bytes, ...]}   (zero or more, each <= ~512 KiB)
-    server -> client   {"t": "end", "n": total entries sent}
+    server -> client   {"t": "end", "n": total entries sent, "yours": highest seq of the
+                        requester's own key in the server's log (`atdnode.own_chain`)}
 
 The server sends, per author it knows, every entry after the client's contiguous head
 (all of them for authors the client has never seen), in log order so that admissions come
@@ -29,6 +30,7 @@ import trio
 
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
+from atdnode.own_chain import fork_evidence, held_for
 from atdnode.transport.base import Stream, StreamClosed, TransportError, FrameError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
 
@@ -54,6 +56,7 @@ class SyncResult:
     added: int = 0
     rejected: int = 0
     added_ids: list[bytes] = field(default_factory=list)  # entries the peer held and we lacked
+    yours: object = None  # the peer's head for our own key (its end marker; None from older peers)
 
 
 def _decode(frame: bytes) -> dict:
@@ -88,7 +91,7 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         heads = msg.get("heads")
         if msg["t"] != "heads" or not isinstance(heads, dict) or len(heads) > MAX_AUTHORS:
             raise SyncProtocolError("expected a heads map")
-        missing = await ledger.run(lambda led: _missing_raw(led, heads))
+        missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads), held_for(led, stream.remote_peer)))
         sent = 0
         batch: list[bytes] = []
         size = 0
@@ -104,7 +107,7 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
             if batch:
                 await stream.write_frame(msgpack.packb({"t": "entries", "e": batch}))
                 sent += len(batch)
-            await stream.write_frame(msgpack.packb({"t": "end", "n": sent}))
+            await stream.write_frame(msgpack.packb({"t": "end", "n": sent, "yours": yours}))
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
         await stream.reset()
@@ -138,6 +141,7 @@ def _missing_raw(led, heads: dict) -> list[bytes]:
         have = theirs.get(author, 0)
         if have < seq:
             out.extend(led.entries_after(author, have))
+    out.extend(fork_evidence(led, theirs))  # a requester on one side of a fork we know of learns it
     out.sort(key=lambda e: (e.lamport, e.author, e.seq))  # log order: admissions first
     return [e.to_bytes() for e in out]
 
@@ -162,6 +166,7 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
         while True:
             msg = _decode(await stream.read_frame(MAX_SYNC_FRAME))
             if msg["t"] == "end":
+                result.yours = msg.get("yours")  # own entries the peer holds (own_chain.confirms)
                 break
             if is_refusal(msg):
                 if isinstance(msg.get("genesis"), bytes):

@@ -20,6 +20,15 @@ protocols.aggregation.weighted_average by sample count, and the transfer is anal
 (full model down + up per node, time from the same link). Ratios: rounds / old loop.
 
     python bench/rounds_bench.py [--nodes 5] [--rounds 3] [--backend memory] [--adversarial]
+
+--verify-cost: the cost of always verifying a round on adopt (issue 24) instead: on the
+    tests' ViT sizes, N in-process homes train and publish one round; per round the
+    coordinator computes and records the global (`RoundRunner.record`) and every other
+    member recomputes it from the inputs (`verify_round`, what adoption now always runs,
+    even when the global blob is held). Seconds per round, and ratios to recording and
+    to one local training of the round in the same run.
+
+    python bench/rounds_bench.py --verify-cost [--nodes 3] [--repeat 5]
 """
 from __future__ import annotations
 
@@ -146,6 +155,61 @@ def process_rounds(a) -> dict:
                                          "received": statistics.mean(t["received"] for t in traffic)}}
 
 
+VERIFY_SIZES = {  # the tests' round models: tests/vgs_homes.py (test_rounds*), tests/test_rounds_procs.py
+    "vgs_homes (img 16, patch 8, dim 32, depth 1)": dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2),
+    "rounds_procs (img 28, patch 7, dim 32, depth 1)": dict(img_size=28, patch_size=7, embed_dim=32, depth=1,
+                                                           num_heads=2),
+}
+
+
+def verify_cost(a) -> dict:
+    """Seconds per round of `verify_round` (every adopter) vs `record` (the coordinator) and
+    one local training; see the module doc."""
+    from atdnode.model import ModelConfig
+    from atdnode.rounds import RoundRunner, RoundsConfig, active_members, round_weights_entries, verify_round
+    from atdnode.weights import load_weights
+    from ledger import Ledger
+    from tests.vgs_homes import consortium, sync
+
+    out = {}
+    for name, size in VERIFY_SIZES.items():
+        cfg = ModelConfig.resolve("vit_tiny_patch16_224", **size)
+        with tempfile.TemporaryDirectory(prefix="atd-verify-bench-") as tmp:
+            homes = consortium(Path(tmp), [f"n{k}" for k in range(a.nodes)])
+            runners = [RoundRunner(h, RoundsConfig(data=f"digits?shard={k + 1}/{a.nodes}&limit={a.limit}", cfg=cfg,
+                                                   rounds=1, weighting=a.weighting, lr=3e-3, seed=a.seed))
+                       for k, h in enumerate(homes)]
+            train_s = []
+            for r in runners:
+                t = time.perf_counter()
+                rec = r.train_round(0, r.init)
+                train_s.append(time.perf_counter() - t)
+                r.publish(0, rec)
+            sync(homes)
+            first = runners[0]
+            with Ledger.open(homes[0].ledger_db) as led:
+                inputs, expected = round_weights_entries(led, first.campaign, 0, first.init), active_members(led)
+            t = time.perf_counter()
+            agg = first.record(0, inputs, expected, first.init)
+            record_s = time.perf_counter() - t
+            sync(homes)
+            verify_s = []
+            for _ in range(a.repeat):
+                for r in runners[1:]:
+                    with Ledger.open(r.home.ledger_db) as led:
+                        t = time.perf_counter()
+                        assert verify_round(led, r.store, agg, r.init) == agg.body["blob"]
+                        verify_s.append(time.perf_counter() - t)
+            params = sum(v.numel() for v in load_weights(first.store, agg.body["blob"])[0].values())
+        out[name] = {"params": int(params), "inputs": len(inputs),
+                     "verify_s_per_round": round(statistics.median(verify_s), 4),
+                     "verify_s_max": round(max(verify_s), 4), "record_s": round(record_s, 4),
+                     "train_s_per_round": round(statistics.median(train_s), 3),
+                     "ratio_verify_over_record": round(statistics.median(verify_s) / record_s, 3),
+                     "ratio_verify_over_train": round(statistics.median(verify_s) / statistics.median(train_s), 4)}
+    return out
+
+
 def _mean(rounds: list[dict], k: str) -> float:
     return statistics.mean(r[k] for r in rounds)
 
@@ -162,7 +226,13 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--limit", type=int, default=720, help="digits samples over all nodes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verify-cost", action="store_true", help="measure verify-on-adopt per round instead")
+    ap.add_argument("--repeat", type=int, default=5, help="--verify-cost: verifications per member")
     a = ap.parse_args()
+    if a.verify_cost:
+        print(json.dumps({"bench": "rounds-verify-on-adopt", "nodes": a.nodes, "weighting": a.weighting,
+                          "limit_per_node": a.limit, "sizes": verify_cost(a)}, indent=1))
+        return
     train, classes = node_data(a)
     old = old_inprocess_fedavg(a, train, classes)
     new = memory_rounds(a, train, classes) if a.backend == "memory" else process_rounds(a)

@@ -6,12 +6,13 @@ peer ids), membership.py (placement rules), merge.py / ledger.py (SQLite log), v
 from ledger.entry import KINDS, ZERO_HASH, Entry
 from ledger.errors import (
     BadPeerId, BadSignature, BrokenLink, Equivocation, LedgerError, MalformedEntry, NotAdmin,
-    RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor, WrongConsortium,
+    QuotaExceeded, RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor, WrongConsortium,
 )
 from ledger.keys import Signer, parse_author, peer_id_from_public_key, public_key_from_peer_id, verify_signature
 from ledger.ledger import Ledger
 from ledger.membership import MemberStatus, Membership
 from ledger.merge import MergeResult
+from ledger.quota import AuthorQuota
 from ledger.verify import VerifyReport
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "VerifyReport", "parse_author", "peer_id_from_public_key", "public_key_from_peer_id", "verify_signature",
     "LedgerError", "MalformedEntry", "BadSignature", "BrokenLink", "SeqGap", "Equivocation", "UnknownAuthor",
     "RevokedAuthor", "NotAdmin", "WrongConsortium", "TamperedStore", "BadPeerId",
+    "QuotaExceeded", "AuthorQuota",
 ]

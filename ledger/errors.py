@@ -70,6 +70,10 @@ class RevokedAuthor(LedgerError):
     """The author's membership was revoked and the entry lies beyond the revocation point."""
 
 
+class QuotaExceeded(LedgerError):
+    """An entry from the network over its author's size or rate quota (ledger/quota.py); not stored."""
+
+
 class NotAdmin(LedgerError):
     """A membership change by a key that lacks the rights for it."""
 

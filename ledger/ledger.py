@@ -27,6 +27,7 @@ from ledger.keys import Signer
 from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership
 from ledger.keys import peer_id_from_public_key
 from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
+from ledger.quota import AuthorQuota, QuotaTracker
 from ledger.store import ZERO, Store
 from ledger.verify import VerifyReport, verify_store
 
@@ -44,6 +45,7 @@ class Ledger:
         self._store = store
         self._lock = threading.RLock()
         self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
+        self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
 
     @classmethod
     def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
@@ -112,7 +114,7 @@ class Ledger:
                     raise MalformedEntry("a genesis must be its author's first entry", author=me)
             lamport = max(s.max_log_lamport(), own_lamport) + 1
             e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
-            batch = Batch(s)
+            batch = Batch(s, exempt=frozenset((me,)))  # own entries: no waiting cap
             err = batch.add(e)
             if err is not None:
                 raise err
@@ -194,7 +196,8 @@ class Ledger:
         proof = new.sign(rotation_message(old.public_key, new.public_key))
         return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
 
-    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False) -> MergeResult:
+    def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False,
+              quota: AuthorQuota | None = None, exempt: Iterable[bytes] = ()) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
         (they are listed in `.rejected`).
 
@@ -203,7 +206,13 @@ class Ledger:
         membership entries of this same batch are applied; the others are rejected
         (UnknownAuthor / RevokedAuthor) and never stored, so outsiders cannot make the
         store grow. The genesis entry is always eligible. Without it, entries of
-        not-yet-admitted keys are stored held and wait for their admission."""
+        not-yet-admitted keys are stored held and wait for their admission.
+
+        `quota` (entries from the network, issue 24): an entry over its author's size or
+        rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
+        `exempt`: authors none of the quotas or waiting caps apply to (the node's own key); with
+        members_only their entries are stored (held) even before their admission is known, so
+        a restored home takes its chain back in one pull whatever order it arrives in."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
         for item in items:
@@ -213,10 +222,11 @@ class Ledger:
                 parsed.append(e)
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
+        opts = dict(quota=quota, tracker=self.quota_tracker, exempt=frozenset(exempt))
         with self._lock, self._store.transaction():
             if members_only:
-                return self._merge_members_only(parsed, early)
-            batch = Batch(self._store)
+                return self._merge_members_only(parsed, early, opts)
+            batch = Batch(self._store, **opts)
             rejected = list(early)
             for e in parsed:
                 err = batch.add(e)
@@ -226,33 +236,39 @@ class Ledger:
             res.rejected = rejected + res.rejected
             return res
 
-    def expire_held(self, ttl: float, *, now: float | None = None) -> int:
+    def expire_held(self, ttl: float, *, now: float | None = None, keep: Iterable[bytes] = ()) -> int:
         """Delete held entries of unknown authors first held more than `ttl` seconds ago
         (issue 11: what non-members can park here expires); returns how many. Genesis
-        entries and entries of (even revoked) members are kept. Sync fetches an expired
-        entry again if it ever becomes admissible."""
+        entries, entries of (even revoked) members and of the `keep` authors (the node's own
+        key: its signed entries waiting for its admission must never be lost, or it would
+        sign those seqs again) are kept. Sync fetches an expired entry again if it ever
+        becomes admissible."""
         now = time.time() if now is None else now
+        keep = set(keep)
         with self._lock, self._store.transaction():
             c = self._store.conn
             c.execute("INSERT OR IGNORE INTO seen(id, at) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
             ids = {r[0] for r in c.execute(
-                "SELECT e.id FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
-                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))}
+                "SELECT e.id, e.author FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
+                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))
+                if r[1] not in keep}
             self._store.remove_rows(ids)
             return len(ids)
 
-    def _merge_members_only(self, parsed: list[Entry], early: list) -> MergeResult:
+    def _merge_members_only(self, parsed: list[Entry], early: list, opts: dict) -> MergeResult:
         """Rounds of `Batch`es in one transaction: each stores the entries whose authors are
         (by then) accepted members; admissions stored in one round admit the next round's."""
         total = MergeResult(rejected=list(early))
         todo = list(parsed)
+        own = opts["exempt"]  # the node's own entries are kept (held) even before it learns it is a member
         while todo:
             m = self._batch_membership(todo)
-            ready = [e for e in todo if e.kind == "genesis" or m.accepts(e.author, e.seq)]
+            ok = [e.kind == "genesis" or e.author in own or m.accepts(e.author, e.seq) for e in todo]
+            ready = [e for e, y in zip(todo, ok) if y]
             if not ready:
                 break
-            todo = [e for e in todo if not (e.kind == "genesis" or m.accepts(e.author, e.seq))]
-            batch = Batch(self._store)
+            todo = [e for e, y in zip(todo, ok) if not y]
+            batch = Batch(self._store, **opts)
             for e in ready:
                 err = batch.add(e)
                 if err is not None:
@@ -350,6 +366,18 @@ class Ledger:
         q = _SELECT + " WHERE author=? AND seq>?" + (f" AND state!={EVIDENCE}" if include_held else " AND state=0")
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + " ORDER BY seq", (author, seq))]
+
+    def forks(self) -> dict[bytes, int]:
+        """author -> the seq its chain forked at (its rows from there are evidence)."""
+        with self._lock:
+            return self._store.all_frozen()
+
+    def rows_between(self, author: bytes, lo: int, hi: int) -> list[Entry]:
+        """Every stored entry of `author` with lo <= seq <= hi, whatever its state (fork
+        evidence included), by seq then id."""
+        with self._lock:
+            return [_entry(r) for r in self._store.conn.execute(
+                _SELECT + " WHERE author=? AND seq BETWEEN ? AND ? ORDER BY seq, id", (author, lo, hi))]
 
     def membership(self) -> Membership:
         with self._lock:

@@ -29,6 +29,10 @@ Rules (per author X; "chain" = X's stored rows at seq 1, 2, ... while contiguous
   was revoked before it (a cut below the rotate seq); then Y inherits X's membership,
   admin flag and name, and the founder's powers when X is the founder (or its successor).
   A revocation names one key: to revoke a node after its rotation, revoke its new key.
+  The rotation retires the old key for good (issue 24): whatever else X's key signs at or
+  after the rotate seq (a thief's entry at that very seq included) is evidence against X's
+  old key only -- it is never in the log, it does not freeze X, and Y stays the member.
+  Only a fork below the rotate seq, or two valid rotations at the same seq, freeze X.
 * Log = for each member, its chain up to the revocation cut. Entries of keys not (yet)
   admitted, beyond a gap, or beyond a cut are *held*: stored, waiting, and they enter the
   log if a later admission / predecessor / un-cut makes them eligible.
@@ -125,6 +129,29 @@ def _freeze_seq(seqs: dict[int, list[Row]]) -> int | None:
     return None
 
 
+def _rotation_row(author: bytes, seqs: dict[int, list[Row]], bodies: dict[bytes, dict]) -> Row | None:
+    """The row that retires `author`'s key: the first seq r of its unforked, well-linked
+    chain holding exactly one valid rotate entry that links to seq r-1 (issue 24: a thief
+    with the old key who signs anything else at or after r makes evidence against the old
+    key only; it neither freezes the identity nor stops the rotation). None without one,
+    or when the chain forks below it, or when two valid rotations compete at r (then the
+    owner cannot be told from the thief: the fork freezes the key as before)."""
+    prev: Row | None = None
+    s = 1
+    while s in seqs:
+        rows = seqs[s]
+        linked = [r for r in rows if prev is None or (r.prev == prev.id and r.lamport > prev.lamport)]
+        rotates = [r for r in linked if r.kind == "member" and r.id in bodies
+                   and bodies[r.id].get("action") == "rotate" and rotation_proof_ok(author, bodies[r.id])]
+        if len(rotates) == 1:
+            return rotates[0]
+        if len(rows) != 1 or len(linked) != 1:
+            return None
+        prev = rows[0]
+        s += 1
+    return None
+
+
 def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | None) -> Derived:
     """States of all rows, membership and fork points; `bodies` holds genesis/member bodies by id.
 
@@ -141,7 +168,13 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
 
     freeze: dict[bytes, int] = {}
     chain: dict[bytes, list[Row]] = {}
+    retired: dict[bytes, Row] = {}  # old key -> its rotate row (the key signs nothing valid after it)
     for author, seqs in by_author.items():
+        rotate = _rotation_row(author, seqs, bodies)
+        if rotate is not None:  # rows at or after the rotate seq are evidence against the old key only
+            retired[author] = rotate
+            chain[author] = [seqs[s][0] for s in range(1, rotate.seq)] + [rotate]
+            continue
         f = _freeze_seq(seqs)
         if f is not None:
             freeze[author] = f
@@ -152,7 +185,12 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
             s += 1
         chain[author] = c
 
-    states = {r.id: (EVIDENCE if r.author in freeze and r.seq >= freeze[r.author] else HELD) for r in all_rows}
+    def evidence(r: Row) -> bool:
+        if r.author in retired:
+            return r.seq >= retired[r.author].seq and r.id != retired[r.author].id
+        return r.author in freeze and r.seq >= freeze[r.author]
+
+    states = {r.id: (EVIDENCE if evidence(r) else HELD) for r in all_rows}
     g = next((r for r in all_rows if r.id == genesis_id), None) if genesis_id else None
     if g is None or not chain.get(g.author) or chain[g.author][0].id != genesis_id:
         return Derived(states, Membership(None, genesis_id, g.author if g else None, {}), freeze)

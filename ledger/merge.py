@@ -10,7 +10,9 @@ Caps: at most MAX_WAITING_PER_AUTHOR non-log entries (and MAX_WAITING_BYTES_PER_
 per author, and MAX_WAITING_TOTAL held entries (MAX_WAITING_BYTES_TOTAL bytes) overall from
 non-members; beyond them entries are rejected (they can be re-sent by sync later). These
 bound what a flood of unadmitted keys -- or a member sending far-ahead entries -- can make a
-node store (issue 11).
+node store (issue 11). They never apply to the `exempt` authors (the node's own key: a
+restored home takes its whole chain back, issue 24), and neither does the per-author
+rate / size quota (`ledger.quota`) that a node applies to entries from the network.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ledger.encoding import decode_payload, pack, unpack
 from ledger.entry import Entry
 from ledger.errors import BrokenLink, Equivocation, LedgerError, RevokedAuthor, SeqGap, UnknownAuthor, WrongConsortium
 from ledger.membership import EVIDENCE, HELD, LOG, MemberStatus, Membership, Row, derive, why_not_logged
+from ledger.quota import AuthorQuota, QuotaTracker
 from ledger.store import Store
 
 MAX_WAITING_PER_AUTHOR = 4096
@@ -67,8 +70,13 @@ def pack_rotations(rotations: dict[bytes, bytes]) -> bytes:
 class Batch:
     """One transaction's worth of merging; call `add` per entry, then `finish`."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, quota: AuthorQuota | None = None, tracker: QuotaTracker | None = None,
+                 exempt: frozenset[bytes] = frozenset()) -> None:
+        """`quota` (with its `tracker`): refuse entries over their author's quota (quota.py);
+        `exempt`: authors whose entries bypass every quota, waiting caps included (the node's
+        own key, so that a restored home takes its whole chain back at once)."""
         self.s = store
+        self.quota, self.tracker, self.exempt = quota, tracker or QuotaTracker(), exempt
         self.result = MergeResult()
         self.recompute = False
         self._before: dict[bytes, int | None] = {}  # id -> state before this batch (None: new row)
@@ -83,6 +91,8 @@ class Batch:
 
     def _insert(self, e: Entry, state: int) -> None:
         self.s.insert(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), e.payload, e.sig, state)
+        if self.quota is not None:
+            self.tracker.record(e, window_s=self.quota.window_s)
         self._before.setdefault(e.id, None)
         self._stored.append(e)
 
@@ -105,7 +115,8 @@ class Batch:
                 return WrongConsortium(f"genesis of another consortium (this ledger is pinned to {pin.hex()})", **where)
             self.recompute = True
         frozen = s.frozen_seq(e.author)
-        if frozen is not None and e.seq >= frozen:
+        rotate_at_fork = e.seq == frozen and e.kind == "member" and e.body.get("action") == "rotate"
+        if frozen is not None and e.seq >= frozen and not rotate_at_fork:  # a rotation there decides (membership.py)
             return Equivocation(f"author forked its chain at seq {frozen}; its later entries are refused", **where)
 
         fork: int | None = None
@@ -130,6 +141,11 @@ class Batch:
             self._insert(e, state)
             return None
 
+        own = e.author in self.exempt
+        if self.quota is not None and not own:
+            over = self.tracker.check(self.quota, e)
+            if over is not None:
+                return over
         status = self._member(e.author)
         head_seq = s.log_head(e.author)[0]
         if status is not None and not status.revoked and e.seq == head_seq + 1:
@@ -141,12 +157,12 @@ class Batch:
             return None
 
         size = len(e.payload) + len(e.sig)
-        if s.count_waiting(e.author) >= MAX_WAITING_PER_AUTHOR or (
+        if not own and (s.count_waiting(e.author) >= MAX_WAITING_PER_AUTHOR or (
             s.waiting_bytes(e.author) + size > MAX_WAITING_BYTES_PER_AUTHOR
         ) or (
             status is None and (s.count_waiting() >= MAX_WAITING_TOTAL
                                 or s.waiting_bytes() + size > MAX_WAITING_BYTES_TOTAL)
-        ):
+        )):
             cls = UnknownAuthor if status is None else SeqGap
             return cls("too many entries of this author are already waiting", **where)
         self._insert(e, HELD)

@@ -11,9 +11,15 @@ layer"; its bias is part of it). FedAvg (McMahan et al.) is the same with a_i = 
 Serverless determinism: the inputs of a round are sorted canonically (by entry id) before
 any arithmetic, so every member computing over the same set gets the same weights and,
 with protocols.aggregation's fixed arithmetic order, the bit-identical global model.
+
+Which aggregate of a round counts (issue 24): every member recomputes it before adopting
+it; among those that verify, a final one (inputs from a majority of members) before the
+others, the larger input set, then the hash of the inputs (`candidate_order`). A member
+cannot win by grinding keys, nor make a round final alone.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -52,16 +58,32 @@ def canonical(ids: Sequence[str]) -> list[str]:
 
 
 def choose_coordinator(publishers: Sequence[str]) -> str:
-    """Who records round t's aggregate: the smallest peer id among its publishers."""
+    """Who records round t's aggregate: the smallest peer id among its publishers. (Only who
+    does the work: which aggregate counts is `candidate_order`, which no key choice moves.)"""
     if not publishers:
         raise AggregationError("no publishers in this round")
     return min(publishers)
 
 
-def canonical_aggregate(candidates: Sequence[tuple[str, str]]) -> int:
-    """Index of the round's canonical aggregate among (signer peer id, entry id) pairs: the
-    smallest signer, then the smallest entry id. Two members that both recorded a round
-    (a coordinator thought dead) converge on the same one at the next round's start."""
-    if not candidates:
-        raise AggregationError("no aggregate candidates")
-    return min(range(len(candidates)), key=lambda i: candidates[i])
+def inputs_digest(ids: Sequence[str]) -> str:
+    """SHA-256 over a round's canonical input ids (the tie-break between equal-size aggregates)."""
+    return hashlib.sha256("\n".join(canonical(ids)).encode()).hexdigest()
+
+
+def is_final(participants: int, members: int) -> bool:
+    """A round aggregate is final when its inputs come from a majority of the members: no
+    single member (of three or more) can make one alone, and a member that was late adopts
+    a final aggregate instead of training the round again."""
+    return 2 * participants > members
+
+
+def candidate_order(candidates: Sequence[tuple[Sequence[str], str]], members: int) -> list[int]:
+    """Indices of a round's aggregates, given as (input entry ids, entry id), in the order
+    they are tried: final ones first, then the larger input set, then the smaller
+    `inputs_digest`, then the smaller entry id (same inputs: same global, bit for bit). None
+    of it depends on who signed (the old rule, smallest signer peer id, could be ground).
+    The adopter takes the first one that verifies (`atdnode.rounds`)."""
+    def key(i: int) -> tuple:
+        ids, eid = candidates[i]
+        return (not is_final(len(set(ids)), members), -len(set(ids)), inputs_digest(ids), eid)
+    return sorted(range(len(candidates)), key=key)

@@ -7,9 +7,12 @@ restarts with its WAL cut in half. Then: every daemon stayed under RSS_BOUND_MB 
 kernel high-water mark), members kept syncing and fetching during the attack, no node is
 frozen (no equivocation anywhere), no committed entry is lost, and every node's
 `atd ledger verify --peers` is clean.
+
+Issue 24: a hostile member in `atd rounds` (test_hostile_member_cannot_steer_atd_rounds).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -159,3 +162,81 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
             d.terminate()
     print("entries lost locally before restart:", lost, "peak RSS (MB):", {k: round(v) for k, v in peaks.items()})
     assert max(peaks.values()) < RSS_BOUND_MB, peaks
+
+
+ROUNDS_ARGS = ["--rounds", "2", "--weighting", "fedavg", "--img-size", "16", "--patch-size", "8", "--embed-dim", "32",
+               "--depth", "1", "--heads", "2", "--batch-size", "32", "--lr", "3e-3",
+               "--deadline", "15", "--absent-grace", "10", "--json"]  # the hostile member is live: waited for 15 s
+
+
+def _round_entries(home: NodeHome, kind: str) -> list:
+    with Ledger.open(home.ledger_db) as led:
+        return [e for e in led.query(kind=kind) if "campaign" in e.body and "round" in e.body]
+
+
+def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
+    """Issue 24: two members run `atd rounds` on their daemons; the third member's daemon runs
+    too, and it attacks from its own ledger. As soon as the honest round-0 inputs reach it,
+    it records (1) round 0 as "the global is the campaign's initial model", over both honest
+    inputs and one of its own that nobody can fetch (the largest, majority input set: the
+    first candidate every node tries), and (2) round 1 ahead of time, over a `weights` entry
+    holding an honest input x -1000 alone, trained (it says) from the initial model. Neither is adopted: both honest nodes end with
+    the same globals, computed over their own two inputs only, and none is the initial model."""
+    from atdnode.bodies import append as append_body
+    from atdnode.rounds import aggregate_round_body, active_members
+    from atdnode.weights import load_weights, save_weights
+    from tests.nodeprocs import ATD
+
+    a, b, m = make_consortium(tmp_path, 3)
+    daemons, runs = {}, []
+    try:
+        daemons[0] = start_daemon(a.root, timeout=120)
+        for i, h in ((1, b), (2, m)):
+            daemons[i] = start_daemon(h.root, "--bootstrap", daemons[0].addrs[0], timeout=120)
+        wait_until(lambda: all(len(status(h)["peers"]) >= 2 for h in (a, b, m)), 120, "a full mesh")
+        for k, h in enumerate((a, b)):
+            runs.append(subprocess.Popen([*ATD, "rounds", "--home", str(h.root), "--data",
+                                          f"digits?shard={k + 1}/2&limit=160", *ROUNDS_ARGS],
+                                         stdout=subprocess.PIPE, stderr=open(tmp_path / f"rounds{k}.stderr", "wb"),
+                                         text=True, env=_env()))
+        wait_until(lambda: len([e for e in _round_entries(m, "weights") if e.body["round"] == 0]) == 2, 300,
+                   "both honest round-0 inputs at the hostile member")
+        assert not _round_entries(m, "aggregate"), "too late: an honest aggregate was there first"
+        honest = sorted(_round_entries(m, "weights"), key=lambda e: e.id.hex())
+        campaign, init = honest[0].body["campaign"], honest[0].body["start"]
+        me, store = NodeIdentity.load(m), BlobStore(m.blobs_dir)
+        with Ledger.open(m.ledger_db) as led:
+            members = active_members(led)
+            ghost = append_body(led, me.signer, "weights", {**honest[0].body, "blob": os.urandom(32).hex()})
+            ids = sorted([*(e.id.hex() for e in honest), ghost.id.hex()])
+            fake = append_body(led, me.signer, "aggregate", {  # m does not hold the initial model: no manifest of it
+                "mode": "round", "campaign": campaign, "round": 0, "weighting": "fedavg", "q": 1.0, "reference": init,
+                "inputs": ids, "weights": [1 / 3] * 3, "participants": members, "missing": [], "head": True,
+                "part": "full", "blob": init, "size": honest[0].body["size"], "manifest": honest[0].body["manifest"],
+                "model": honest[0].body["model"]})
+        wait_until(lambda: store.has(honest[0].body["blob"]), 120, "the hostile daemon to fetch an honest input")
+        tensors, meta = load_weights(store, honest[0].body["blob"])
+        evil = save_weights(store, {k: v * -1000 for k, v in tensors.items()}, meta)
+        with Ledger.open(m.ledger_db) as led:
+            pre = append_body(led, me.signer, "weights", {**honest[0].body, "blob": evil, "size": store.size(evil),
+                                                          "manifest": store.manifest(evil).hash, "round": 1})
+            lone = append_body(led, me.signer, "aggregate", aggregate_round_body(
+                campaign=campaign, rnd=1, weighting="fedavg", q=1.0, reference=init, inputs=[pre.id.hex()],
+                weights=[1.0], participants=[me.peer_id], missing=sorted(set(members) - {me.peer_id}), store=store,
+                blob=evil, model=honest[0].body["model"]))
+        reports = []
+        for p in runs:
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, (tmp_path / f"rounds{runs.index(p)}.stderr").read_text()[-3000:]
+            reports.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+        for d in daemons.values():
+            d.terminate()
+    assert [[r["blob"] for r in reps] for reps in reports][0] == [r["blob"] for r in reports[1]]  # bit-identical
+    for rep in reports[0]:
+        assert rep["blob"] != init and rep["entry"] not in (fake.id.hex(), lone.id.hex())
+        assert len(rep["inputs"]) == 2 and not {ghost.id.hex(), pre.id.hex()} & set(rep["inputs"])
+    assert "not adopted" in (tmp_path / "rounds0.stderr").read_text() + (tmp_path / "rounds1.stderr").read_text()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from atdnode.home import NodeHome
+from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess
 from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
@@ -304,6 +306,9 @@ def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code != 0  # cli.app.main prints typed errors as one line
     assert isinstance(r.exception, DaemonError) and "no running daemon" in str(r.exception)
     assert r.output.startswith("ok: ")  # the local verification ran (and passed) first
+    alone = CliRunner().invoke(app, ["ledger", "verify", "--home", str(homes[0].root)])
+    assert alone.exit_code == 0 and "only detectable against peers" in alone.output  # issue 24: says what it misses
+    assert "only detectable" not in r.output
 
 
 def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
@@ -321,6 +326,7 @@ def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
     mine = led.append(F, "metrics", {"after": True})
     assert led.stats()["held"] == 4
     assert led.expire_held(3600) == 0  # too young
+    assert led.expire_held(3600, now=time.time() + 7200, keep=[X.public_key]) == 0  # X's own node keeps them
     assert led.expire_held(3600, now=time.time() + 7200) == 3  # X's three; the member's stays
     assert led.stats()["held"] == 1 and led.state(gap.id) == "held"
     led.verify()  # the store chain was re-linked consistently
@@ -329,3 +335,156 @@ def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
     assert len(res.pending) == 3
     led.verify()
     led.close()
+
+
+def _fresh_home_with_keys_of(home: NodeHome, dst: Path) -> NodeHome:
+    """The state after `atd key import` into a fresh home and `atd init --join`: the node's
+    keys and the consortium's genesis id, no entries of its own."""
+    from atdnode.identity import init_home
+    from atdnode.keybackup import export_keys, import_keys
+
+    backup = dst.parent / f"{dst.name}.keys"
+    export_keys(home, backup, b"a long passphrase", kdf_cost={"n": 1 << 14, "r": 8, "p": 1})
+    fresh = NodeHome.at(dst)
+    import_keys(fresh, backup, b"a long passphrase")
+    with Ledger.open(home.ledger_db) as led:
+        genesis = led.genesis_id.hex()
+    init_home(fresh, join=genesis)
+    return fresh
+
+
+def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypatch, tmp_path: Path) -> None:
+    """Issue 24 item 4: node 1 signed its chain (40 entries, ~160 KB) before its admission
+    reached it, so in log order its entries come before the admission, and a pull into a
+    fresh home delivers them in frames (16 KiB here, 512 KiB in a deployment) before it
+    knows it is a member. Restored into a fresh home it takes back every own entry before
+    signing, signs after them, and no node freezes it. (The issue's chain was 100 MB against
+    the 64 MiB waiting quota; the quota and frames are scaled down so the chain stays small.)"""
+    from atdnode import sync
+    from tests.test_daemon_memory import cli
+
+    monkeypatch.setattr(merge_mod, "MAX_WAITING_BYTES_PER_AUTHOR", 32 << 10)
+    monkeypatch.setattr(sync, "BATCH_BYTES", 16 << 10)
+    (h0,) = make_consortium(tmp_path, 1)
+    with Ledger.open(h0.ledger_db) as led:
+        genesis = led.genesis_id.hex()
+    cli("init", "--home", str(tmp_path / "n1"), "--join", genesis)
+    h1 = NodeHome.at(tmp_path / "n1")
+    signer = NodeIdentity.load(h1).signer
+    with Ledger.open(h1.ledger_db) as led:  # `atd publish` before the admission arrived: held, signed
+        chain = [led.append(signer, "metrics", {"i": i, "pad": b"x" * 4000}) for i in range(40)]
+    with Ledger.open(h0.ledger_db) as led:  # the founder's clock runs ahead: its admission sorts after the chain
+        founder = NodeIdentity.load(h0).signer
+        for i in range(45):
+            led.append(founder, "metrics", {"i": i})
+    cli("member", "add", "--home", str(h0.root), NodeIdentity.load(h1).peer_id)
+    net = MemoryNetwork(seed=24)
+
+    async def main() -> None:
+        d0, d1 = daemon_on(net, h0), daemon_on(net, h1)
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            await wait_for(lambda: {e.id for e in chain} <= ids(h0), "node 0 to hold node 1's chain", 60)
+            d1.stop()
+            await wait_for(lambda: not h1.control_socket.exists(), "node 1 to stop")
+            fresh = await trio.to_thread.run_sync(_fresh_home_with_keys_of, h1, tmp_path / "restored")
+            d1b = daemon_on(net, fresh)
+            d1b.sync_interval = 3600  # only the pull on connect (and the confirm loop's, if it needed more)
+            await nursery.start(d1b.run, [], [a0[0]])
+            with trio.fail_after(60):
+                after = await d1b.append("metrics", {"after": "restore"})
+            assert d1b.stats["sync_pulls"] == 1  # one pull brought the whole chain back, admission last
+            own = await d1b.ledger.run(lambda led: led.head_of(after.author))
+            assert after.seq == own and after.seq > chain[-1].seq  # after its whole chain, not over it
+            await wait_for(lambda: after.id in ids(h0), "node 0 to accept the entry signed after restore")
+            d0.stop()
+            d1b.stop()
+        for h in (h0, fresh):
+            with Ledger.open(h.ledger_db) as led:
+                led.verify()
+                assert led._store.all_frozen() == {} and led.stats()["evidence"] == 0  # nothing conflicting
+                assert {e.id for e in chain} <= {e.id for e in led.all_entries()}
+
+    trio.run(main)
+
+
+def test_fork_evidence_is_served_by_sync(tmp_path: Path) -> None:
+    """Issue 24 item 4: node S saw A sign two entries at seq 3 and froze A; node C took one
+    side into its log (and more after it). One pull from S hands C the evidence: C freezes
+    A at seq 3 too, so no node keeps a diverged view; a pull between nodes that agree carries
+    no evidence; the end marker tells the requester its own head on the server."""
+    from atdnode.own_chain import confirms, fork_evidence
+
+    lf = Ledger.open(tmp_path / "f.db")
+    lf.create_genesis(F, "d", members=[(A.public_key, False)])
+    la = Ledger.open(tmp_path / "a.db", genesis_id=lf.genesis_id)
+    la.merge(lf.raw_rows())
+    e1, e2 = la.append(A, "metrics", {"i": 1}), la.append(A, "metrics", {"i": 2})
+    side = [la.append(A, "metrics", {"i": 3}), la.append(A, "metrics", {"i": 4})]
+    other = Entry.create(A, seq=3, prev=e2.id, lamport=side[0].lamport, kind="metrics", body={"i": "other"})
+    srv = Ledger.open(tmp_path / "s.db", genesis_id=lf.genesis_id)
+    srv.merge(lf.raw_rows() + [e1.to_bytes(), e2.to_bytes(), other.to_bytes()] + [e.to_bytes() for e in side])
+    assert srv.forks() == {A.public_key: 3}
+    cli_led = Ledger.open(tmp_path / "c.db", genesis_id=lf.genesis_id)
+    cli_led.merge(la.raw_rows())
+    assert cli_led.head_of(A.public_key) == 4 and cli_led.forks() == {}
+    assert fork_evidence(srv, {A.public_key: 2}) == []  # stopped before the fork: nothing to prove
+
+    net = MemoryNetwork(seed=8)
+    server, client = MemoryTransport(net, b"s" * 32), MemoryTransport(net, A.seed)
+    sa, ca = LedgerAccess(srv), LedgerAccess(cli_led)
+    server.set_stream_handler(SYNC_PROTOCOL, lambda s: serve_sync(s, sa))
+
+    async def main():
+        async with server.run([]), client.run([]):
+            await client.connect(server.addrs()[0])
+            first = await pull(await client.open_stream(server.peer_id, SYNC_PROTOCOL), ca)
+            second = await pull(await client.open_stream(server.peer_id, SYNC_PROTOCOL), ca)
+            return first, second
+
+    first, second = trio.run(main)
+    assert cli_led.forks() == {A.public_key: 3} and cli_led.head_of(A.public_key) == 2
+    assert first.received >= 2 and second.received == 0  # once it agrees, the evidence is not sent again
+    assert first.yours == 2 and confirms(2, first.yours) and not confirms(1, first.yours)
+    cli_led.verify()
+    for led in (lf, la, srv, cli_led):
+        led.close()
+
+
+def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) -> None:
+    """Issue 24 item 9: a global model is registered only once its aggregate entry is in the
+    ledger; a record whose entry never made it (a `kill -9` between the two, simulated by
+    writing the record of an entry that was signed but never stored) is removed when the node
+    starts, and the records of stored entries stay."""
+    from atdnode.errors import ConfigError
+    from atdnode.registry import ModelRecord, ModelRegistry
+
+    (home,) = make_consortium(tmp_path, 1)
+    signer = NodeIdentity.load(home).signer
+    reg = ModelRegistry(home)
+
+    def record(entry: Entry) -> ModelRecord:
+        return ModelRecord(model={}, labels=["a"], label_fp="fp", samples=1, metrics={}, blobs={"full": "00" * 32},
+                           provenance={"kind": "global-horizontal", "aggregate": entry.id.hex()})
+
+    with Ledger.open(home.ledger_db) as led:
+        kept = led.append(signer, "aggregate", {"i": 1})
+        lost = Entry.create(signer, seq=kept.seq + 1, prev=kept.id, lamport=kept.lamport + 1, kind="aggregate",
+                            body={"i": 2})  # signed, never stored: what a crash before the append leaves
+    good = reg.add_recorded(record(kept), kept.id, home.ledger_db)
+    with pytest.raises(ConfigError, match="not in the ledger"):
+        reg.add_recorded(record(lost), lost.id, home.ledger_db)
+    assert [r.id for r in reg.list()] == [good]
+    orphan = reg.add(record(lost))  # the crash as an older version left it: record first, no entry
+    trained = reg.add(ModelRecord(model={}, labels=["a"], label_fp="fp", samples=1, metrics={}, blobs={}))
+    net = MemoryNetwork(seed=9)
+
+    async def main() -> None:
+        d = daemon_on(net, home)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run, [], [])
+            d.stop()
+
+    trio.run(main)
+    assert {r.id for r in reg.list()} == {good, trained} and orphan not in {r.id for r in reg.list()}

@@ -211,3 +211,69 @@ def test_features_sealed_to_the_old_id_stay_readable(tmp_path_factory, tmp_path:
         m = led.membership()
         assert m.rotations == {public_key_from_peer_id(old): ident.public_key} and m.is_member(ident.public_key)
         led.verify()
+
+
+def test_a_stolen_old_key_cannot_fork_a_rotated_identity(tmp_path: Path) -> None:
+    """Issue 24 item 7: after M -> Y, M's old key signing another entry at (or after) the rotate
+    seq is evidence against the old key only: Y stays the member, nothing is frozen, and a
+    peer merging in any order agrees; a thief's competing rotation cannot take the identity."""
+    f, m, lf, lm = _two(tmp_path)
+    lm.append(m, "weights", {"blob": "00" * 32, "part": "extractor"})
+    y = Signer.generate()
+    rot = lm.rotate(m, y)
+    lm.append(y, "hello", {"addrs": [], "role": "node"})
+    prev = lm.get(rot.prev)
+    at_rot = Entry.create(m, seq=rot.seq, prev=rot.prev, lamport=prev.lamport + 1, kind="weights",
+                          body={"blob": "22" * 32})  # the thief, at the rotate seq
+    after = Entry.create(m, seq=rot.seq + 1, prev=at_rot.id, lamport=prev.lamport + 2, kind="weights",
+                         body={"blob": "33" * 32})
+    for order in range(3):
+        db = Ledger.open(tmp_path / f"p{order}.db", genesis_id=lf.genesis_id)
+        rows = lf.raw_rows() + lm.raw_rows() + [at_rot.to_bytes(), after.to_bytes()]
+        random.Random(order).shuffle(rows)
+        res = db.merge(rows)
+        mem = db.membership()
+        assert mem.is_member(y.public_key) and mem.rotations == {m.public_key: y.public_key}, order
+        assert db.state(at_rot.id) == "evidence" and db.state(after.id) in ("evidence", None)  # None: refused
+        assert db.state(rot.id) == "log" and {at_rot.id, after.id} <= {i for i, _ in res.rejected}
+        assert db._store.all_frozen() == {}
+        db.append(y, "metrics", {"n": 1})  # the new key still signs
+        db.verify()
+        db.close()
+    lm.merge([at_rot.to_bytes()])  # the owner's own node learns of the theft: same outcome
+    assert lm.membership().is_member(y.public_key) and lm.state(at_rot.id) == "evidence"
+    lm.append(y, "metrics", {"n": 2})
+    lm.verify()
+
+    # two valid rotations at one seq: the owner cannot be told from the thief -> the old key freezes
+    z = Signer.generate()
+    rival = Entry.create(m, seq=rot.seq, prev=rot.prev, lamport=prev.lamport + 1, kind="member",
+                         body={"action": "rotate", "member": z.public_key,
+                               "proof": z.sign(rotation_message(m.public_key, z.public_key))})
+    lf.merge(lm.raw_rows() + [rival.to_bytes()])
+    mem = lf.membership()
+    assert not mem.is_member(y.public_key) and not mem.is_member(z.public_key)
+    lf.verify()
+
+
+def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path) -> None:
+    """Issue 24 item 9: n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
+    a one-line error naming the cap; the real parameters still import."""
+    import time
+
+    from atdnode.keybackup import SCRYPT, KeyBackupError, export_keys, import_keys
+
+    home = NodeHome.at(tmp_path / "a")
+    init_home(home, name="a", consortium="demo")
+    out = tmp_path / "a.keys"
+    export_keys(home, out, b"correct horse", kdf_cost={"n": 1 << 14, "r": 8, "p": 1})
+    header = json.loads(out.read_text())
+    for cost in ({"n": 1 << 20, "r": 16, "p": 4}, {"n": SCRYPT["n"] * 2, "r": 8, "p": 1},
+                 {"n": 1 << 14, "r": 8, "p": 2}):
+        header["kdf"].update(cost)
+        (tmp_path / "c.keys").write_text(json.dumps(header))
+        t0 = time.perf_counter()
+        with pytest.raises(KeyBackupError, match="beyond what atd writes") as err:
+            import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
+        assert time.perf_counter() - t0 < 0.5 and "\n" not in str(err.value)
+    assert import_keys(NodeHome.at(tmp_path / "r"), out, b"correct horse")

@@ -11,8 +11,8 @@ import trio
 
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
-from atdnode.split.secret import (SplitSecretError, check_secret_body, check_secret_entry, create_secret,
-                                  ensure_hello, open_secret)
+from atdnode.split.secret import (SplitSecretError, campaign_secret, check_adopted, check_secret_body,
+                                  check_secret_entry, create_secret, ensure_hello, ensure_joined, open_secret)
 from ledger import Ledger
 from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
@@ -45,6 +45,7 @@ def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
         _spread(homes)
         with Ledger.open(h.ledger_db) as led:
             ensure_hello(ident, led)
+            ensure_joined(ident, led, service)
     _spread(homes)
     with Ledger.open(homes[1].ledger_db) as led:
         entry = create_secret(c1, led, service, CFG)
@@ -64,14 +65,15 @@ def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
 
     with Ledger.open(homes[0].ledger_db) as led:  # the server replicates the entry, cannot open it
         check_secret_entry(led, led.get(entry.id), service)
-        with pytest.raises(SplitSecretError, match="not a recipient"):
+        with pytest.raises(SplitSecretError, match="did not join"):
             open_secret(server, led, entry.id.hex(), service, CFG)
         with pytest.raises(SplitSecretError, match="server cannot make"):
             create_secret(server, led, service, CFG)
     with pytest.raises(DecryptionError):  # not even by going around the recipient list
         open_sealed_bytes(entry.body["envelope"], server.x25519_private, c2.peer_id, purpose="atd-split-embedder-v1")
-    with Ledger.open(homes[3].ledger_db) as led:  # admitted, but announced its key too late
+    with Ledger.open(homes[3].ledger_db) as led:  # admitted, joined, but announced its key too late
         ensure_hello(late, led)
+        ensure_joined(late, led, service)
         with pytest.raises(SplitSecretError, match="not a recipient"):
             open_secret(late, led, entry.id.hex(), service, CFG)
     assert files_containing(Path(homes[0].root), secret_bytes(mine)) == []
@@ -128,3 +130,57 @@ def test_pfesta_campaign_secret_never_reaches_the_server(tmp_path: Path) -> None
         state = open_secret(ident, led, adopted, service.id.hex(), CFG)
     assert not any("embedder" in k or "seed" == k for k in service.body)
     assert files_containing(Path(homes[0].root), secret_bytes(state)) == []
+
+
+def test_a_member_outside_the_campaign_cannot_open_it(tmp_path: Path) -> None:
+    """Issue 24 item 6: the secret is sealed to the members that joined the campaign (their own
+    signed `split_join`), not to every member with a key: an outsider (say, a node the server's
+    operator also runs) is no recipient, a secret sealed to it anyway is refused by every node,
+    and the adopted secret is the campaign's first valid one, whichever the server names."""
+    from atdnode import bodies
+    from protocols.feature_crypto import ALG, seal_bytes
+    from atdnode.split.secret import PURPOSE
+    from safetensors.torch import save as st_save
+    from protocols.split_parts import new_embedder_state
+
+    homes = make_consortium(tmp_path, 4)  # server, two clients, an outsider with a key
+    server, c1, c2, out = (NodeIdentity.load(h) for h in homes)
+    with Ledger.open(homes[0].ledger_db) as led:
+        ensure_hello(server, led, role="pfesta-server")
+        service = led.append(server.signer, "service", {"algorithm": "pfesta", "body": CFG.to_dict()}).id.hex()
+    _spread(homes)
+    for ident, h in ((c1, homes[1]), (c2, homes[2]), (out, homes[3])):
+        with Ledger.open(h.ledger_db) as led:
+            ensure_hello(ident, led)
+            if ident is not out:
+                ensure_joined(ident, led, service)
+    _spread(homes)
+    with Ledger.open(homes[1].ledger_db) as led:
+        entry = create_secret(c1, led, service, CFG)
+    assert set(entry.body["recipients"]) == {c1.peer_id, c2.peer_id}  # not the outsider
+    # a colluding maker (c2) seals another secret to the outsider as well: it is no valid secret
+    with Ledger.open(homes[2].ledger_db) as led:
+        _spread(homes)
+        to = {c2.peer_id: c2.x25519_public, out.peer_id: out.x25519_public}
+        env = seal_bytes(st_save(new_embedder_state(CFG)), to, c2.x25519_private, purpose=PURPOSE,
+                         sender_id=c2.peer_id)
+        leaky = bodies.append(led, c2.signer, SPLIT_SECRET_KIND,
+                              {"service": service, "recipients": sorted(to), "envelope": env, "alg": ALG})
+        with pytest.raises(SplitSecretError, match="outside the campaign"):
+            check_secret_entry(led, leaky, service)
+    _spread(homes)
+    with Ledger.open(homes[3].ledger_db) as led:
+        for e in (entry, leaky):
+            with pytest.raises(SplitSecretError, match="did not join"):
+                open_secret(out, led, e.id.hex(), service, CFG)
+        with pytest.raises(SplitSecretError, match="not joined"):
+            create_secret(out, led, service, CFG)
+    with Ledger.open(homes[0].ledger_db) as led:  # the server's pick cannot be the leaky one
+        assert campaign_secret(led, service).id == entry.id
+    with Ledger.open(homes[2].ledger_db) as led:
+        check_adopted(led, entry.id.hex(), service)
+        with pytest.raises(SplitSecretError, match="first valid secret"):
+            check_adopted(led, leaky.id.hex(), service)
+        # a second valid secret made later does not displace the first
+        later = create_secret(c2, led, service, CFG)
+        assert later.lamport > entry.lamport and campaign_secret(led, service).id == entry.id

@@ -15,7 +15,8 @@ Routes (GET only; anything else is 405):
 What it shows is what `atd` commands already print (ids, membership, entry bodies' public
 fields, model metrics); it never serves a blob, a key or an entry body beyond those.
 Binding: loopback unless `public=True` (`--dashboard-public`); without it, requests whose
-Host header names another host are refused (a DNS-rebinding page cannot read it).
+Host header names another host are refused (a DNS-rebinding page cannot read it). A public
+dashboard serves only /healthz without its read-only token (`token_guard`, HOME/dashboard.token).
 
 Aggregates are verified in the background with the function behind
 `atd aggregate --verify` (`atdnode.aggregate.verify_aggregate`), one at a time in a worker
@@ -84,6 +85,73 @@ def host_guard(app, allowed: set[str]):
                 await send({"type": "http.response.body", "body": body})
                 return
         await app(scope, receive, send)
+
+    return guarded
+
+
+TOKEN_FILE = "dashboard.token"
+TOKEN_COOKIE = "atd_dashboard_token"
+
+
+def public_token(root) -> str:
+    """The read-only token of a `--dashboard-public` dashboard: HOME/dashboard.token (mode
+    0600), made on first use. Whoever may read the dashboard gets it from the operator."""
+    import os
+    import secrets
+    from pathlib import Path
+
+    path = Path(root) / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+        if len(token) >= 32:
+            return token
+    except FileNotFoundError:
+        pass
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def token_guard(app, token: str):
+    """ASGI wrapper for a public dashboard (issue 24): every route but /healthz answers 401
+    unless the request carries the read-only token -- `Authorization: Bearer <token>`, the
+    cookie a first visit with `?token=<token>` sets (HttpOnly, SameSite=Strict), or that
+    query parameter. Without it a stranger learns nothing of the members, addresses,
+    entries or blobs."""
+    import hmac
+    from urllib.parse import parse_qs
+
+    want = token.encode()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") == "/healthz":
+            return await app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        auth = headers.get(b"authorization", b"")
+        cookies = dict(c.strip().split("=", 1) for c in headers.get(b"cookie", b"").decode("latin-1").split(";")
+                       if "=" in c)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+        given = [auth[7:] if auth.startswith(b"Bearer ") else b"", cookies.get(TOKEN_COOKIE, "").encode(),
+                 query.encode()]
+        if not any(hmac.compare_digest(g, want) for g in given):
+            body = b"this dashboard needs its read-only token (see HOME/dashboard.token on the node)"
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode()),
+                                    (b"www-authenticate", b"Bearer")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if not hmac.compare_digest(given[2], want):
+            return await app(scope, receive, send)
+
+        async def with_cookie(msg):  # a link with ?token= once: the page's images and links work after
+            if msg["type"] == "http.response.start":
+                cookie = f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/".encode()
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"set-cookie", cookie)]}
+            await send(msg)
+
+        await app(scope, receive, with_cookie)
 
     return guarded
 
@@ -293,8 +361,8 @@ class Dashboard:
                   Route("/healthz", healthz), Route("/models/{model_id}/confusion.png", confusion),
                   Route("/classify/{name}", classify_png)]
         app = Starlette(routes=routes)
-        if self.public:
-            return app
+        if self.public:  # anyone can reach it: only holders of the read-only token read it
+            return token_guard(app, public_token(self.daemon.home.root))
         me = f"[{self.host}]" if ":" in self.host else self.host
         return host_guard(app, {"127.0.0.1", "localhost", "[::1]", me})
 

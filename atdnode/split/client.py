@@ -33,7 +33,7 @@ from atdnode.ledger_access import LedgerAccess
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
-from atdnode.split.secret import create_secret, ensure_hello, open_secret
+from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret
 from atdnode.split.session import RemoteError, SplitChannel
 from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, Transport, TransportError
@@ -258,16 +258,22 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
 async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, ident: NodeIdentity,
                          service: str | None, offer: dict[str, Any], seed: int | None = None) -> tuple[str, dict]:
     """The campaign's embedder secret (p-FESTA / MSD), before joining (see `secret.py`):
-    announce this node's X25519 key, ask the server which ``split_secret`` entry it
-    adopted; if none, make one (sealed to every client member known by then), offer it, and
-    use whichever the server adopted. Opened from the local ledger with this node's key;
+    announce this node's X25519 key and sign its join of the campaign, ask the server which
+    ``split_secret`` entry it adopted; if none and this node is the named maker (or the
+    maker's secret did not come), make one (sealed to the clients that joined by then),
+    offer it. The adopted one must be the campaign's first valid secret here
+    (`secret.check_adopted`); opened from the local ledger with this node's key;
     SplitSecretError if this node is not a recipient."""
     if service is None:
         raise SplitJoinError("the server named no signed service entry: cannot find the campaign's embedder secret")
     cfg = split_config(offer["body"])
-    await ledger.run(lambda led: ensure_hello(ident, led))
+    await ledger.run(lambda led: (ensure_hello(ident, led), ensure_joined(ident, led, service)))
     await ch.send("secret", None, {"entry": None})
-    adopted = (await ch.recv("secret_ok")).meta.get("entry")
+    reply = (await ch.recv("secret_ok")).meta
+    adopted = reply.get("entry")
+    if adopted is None and reply.get("maker") not in (None, ident.peer_id):  # another client makes it
+        await ch.send("secret", None, {"entry": None, "wait": True})
+        adopted = (await ch.recv("secret_ok")).meta.get("entry")
     if adopted is None:
         await _sync(link, ledger)  # the other askers' hellos: the secret is sealed to them too
         mine = await ledger.run(lambda led: create_secret(ident, led, service, cfg, seed=seed))
@@ -285,7 +291,12 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
 
     if not await ledger.run(has):
         await _sync(link, ledger)
-    return adopted, await ledger.run(lambda led: open_secret(ident, led, adopted, service, cfg))
+
+    def check_and_open(led: Ledger) -> dict:
+        check_adopted(led, adopted, service)  # the first valid one, not whichever the server liked
+        return open_secret(ident, led, adopted, service, cfg)
+
+    return adopted, await ledger.run(check_and_open)
 
 
 def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOptions, embedder_state=None):

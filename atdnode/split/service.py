@@ -229,8 +229,11 @@ class SplitService:
         with its X25519 key, and its secret entry if it offers one). Without an offered
         entry: if none is adopted yet, the reply waits until ``clients`` members asked (or
         ``start_timeout``), so that whoever then makes the secret can seal it to all of
-        them. With one: the first valid entry (`secret.check_secret_entry`) is adopted
-        and persisted; every later asker is told that one."""
+        them, naming one of them the maker (``maker``: the others ask again with ``wait``
+        and get the maker's secret). With one: once the offered entry is valid
+        (`secret.check_secret_entry`), the campaign's first valid secret
+        (`secret.campaign_secret`, a rule every client re-checks) is adopted and persisted;
+        every later asker is told that one."""
         from atdnode.split.secret import SplitSecretError, adoptable
 
         assert self.settings is not None and self.board is not None
@@ -243,8 +246,12 @@ class SplitService:
         if offered is None:
             self.secret_askers.add(sess.client)
             b.notify()
-            await b.wait(lambda: self.secret_entry is not None or len(self.secret_askers) >= self.settings.clients,
-                         trio.current_time() + self.settings.start_timeout)
+            deadline = trio.current_time() + self.settings.start_timeout
+            if frame.meta.get("wait"):  # not the named maker: wait for the maker's secret
+                await b.wait(lambda: self.secret_entry is not None, deadline)
+            else:
+                await b.wait(lambda: self.secret_entry is not None or len(self.secret_askers) >= self.settings.clients,
+                             deadline)
         elif self.secret_entry is None:
             sid = self.service_entry or ""
             try:
@@ -256,7 +263,8 @@ class SplitService:
                 await trio.to_thread.run_sync(self.write_json, "secret.json", {"service": sid, "entry": eid})
                 log.info("campaign embedder secret: entry %s by %s", eid[:12], sess.client[-8:])
                 b.notify()
-        return {"entry": self.secret_entry, "clients": sorted(self.secret_askers)}
+        maker = min(self.secret_askers) if self.secret_entry is None and self.secret_askers else None
+        return {"entry": self.secret_entry, "clients": sorted(self.secret_askers), "maker": maker}
 
     @property
     def idle_timeout(self) -> float:

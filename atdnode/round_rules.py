@@ -1,0 +1,161 @@
+"""What counts as a round of `atd rounds` in the ledger, and how any member checks it.
+
+Split from `atdnode.rounds` (the loop) so the rules stand on their own: the inputs of a
+round, its candidate aggregates in the order they are tried (`protocols.rounds`), where a
+restarted node resumes, and `verify_round`, the recomputation every member runs before it
+adopts a round's global model (also `atd aggregate --verify`).
+
+Issue 24 ("rounds no single member can steer"). A round aggregate verifies only if
+- its inputs are `weights` entries of its campaign and round, one per author, each trained
+  from the aggregate's `reference` (the body's `start`: an input made from another model,
+  e.g. pre-recorded before the previous round closed, is not an input of this round);
+- its `participants` are exactly its inputs' authors and, with `missing`, they account for
+  every active member (but those admitted after it, by lamport);
+- its `reference` is the global model the verifier holds for the previous round (the
+  runner passes it; round 0: the campaign's initial model);
+- the recomputed weights and global blob are the recorded ones.
+The runner adds: an aggregate whose input entries or blobs do not arrive within the
+round's deadline is not adopted; a final aggregate (majority of members) is what a late
+member adopts; otherwise one that covers every input the member holds.
+"""
+from __future__ import annotations
+
+from atdnode.agg_check import check_recorded_weights, check_result
+from atdnode.aggregate import AggregateError, average_blobs, result_meta
+from atdnode.blobstore import BlobStore
+from atdnode.errors import AtdError
+from atdnode.weights import load_weights
+from ledger import Entry, Ledger
+from ledger.keys import peer_id_from_public_key
+from protocols.aggregation import AggregationError
+from protocols.rounds import candidate_order, canonical, is_final, last_layer_vector, round_weights
+
+
+class RoundsError(AtdError):
+    """A round cannot run (bad config, no inputs) or a round aggregate does not verify."""
+
+
+def signer(e: Entry) -> str:
+    return peer_id_from_public_key(e.author)
+
+
+def round_weights_entries(led: Ledger, campaign: str, rnd: int, start: str | None = None) -> list[Entry]:
+    """Weights entries of round `rnd`, one per author (its first), canonically ordered;
+    with `start`, only those trained from it (the round's global model)."""
+    by_author: dict[str, Entry] = {}
+    for e in led.query(kind="weights"):
+        b = e.body
+        if b.get("campaign") == campaign and b.get("round") == rnd and (start is None or b.get("start") == start):
+            a = signer(e)
+            if a not in by_author or e.id.hex() < by_author[a].id.hex():
+                by_author[a] = e
+    return sorted(by_author.values(), key=lambda e: e.id.hex())
+
+
+def round_candidates(led: Ledger, campaign: str, rnd: int) -> list[Entry]:
+    """Round `rnd`'s aggregate entries in the order they are tried (`candidate_order`)."""
+    cands = [e for e in led.query(kind="aggregate")
+             if e.body.get("mode") == "round" and e.body.get("campaign") == campaign and e.body.get("round") == rnd]
+    members = len(active_members(led))
+    order = candidate_order([([str(h) for h in e.body.get("inputs") or []], e.id.hex()) for e in cands], members)
+    return [cands[i] for i in order]
+
+
+def round_aggregate(led: Ledger, campaign: str, rnd: int) -> Entry | None:
+    """Round `rnd`'s first candidate aggregate (not yet verified), or None."""
+    cands = round_candidates(led, campaign, rnd)
+    return cands[0] if cands else None
+
+
+def final(led: Ledger, entry: Entry) -> bool:
+    """Inputs from a majority of the active members (protocols.rounds.is_final)."""
+    return is_final(len(set(entry.body.get("inputs") or [])), len(active_members(led)))
+
+
+def current_round(led: Ledger, campaign: str) -> int:
+    """One past the last round with a final aggregate (a restarted node resumes here; a
+    round one member recorded alone does not move it on)."""
+    rounds = {e.body.get("round") for e in led.query(kind="aggregate")
+              if e.body.get("mode") == "round" and e.body.get("campaign") == campaign and final(led, e)}
+    r = 0
+    while r in rounds:
+        r += 1
+    return r
+
+
+def active_members(led: Ledger) -> list[str]:
+    m = led.membership()
+    return sorted(peer_id_from_public_key(k) for k, s in m.members.items() if not s.revoked and m.current(k) == k)
+
+
+def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: float,
+                  reference: str) -> tuple[list[float], tuple[dict, dict]]:
+    """Weights and (tensors, metadata) of a round's global model over `inputs` (already
+    canonically ordered)."""
+    blobs = [str(e.body.get("blob")) for e in inputs]
+    for b in blobs + [reference]:
+        if not store.has(b):
+            raise RoundsError(f"blob {b[:12]} is not held here (fetch it first)")
+    try:
+        ref_vec = last_layer_vector(load_weights(store, reference)[0]) if weighting == "fedwavg" else None
+        layers = [last_layer_vector(load_weights(store, b)[0]) for b in blobs]
+        weights = [float(x) for x in round_weights(weighting, reference=ref_vec, layers=layers, q=q)]
+    except AggregationError as exc:
+        raise RoundsError(f"{weighting} weights: {exc}") from None
+    tensors = average_blobs(store, blobs, weights, names=[f"entry {e.id.hex()[:12]}" for e in inputs], head=True)
+    return weights, (tensors, result_meta(store, blobs[0], part="full", mode="round", weighting=weighting))
+
+
+def absent_inputs(led: Ledger, entry: Entry) -> list[str]:
+    """The input ids of a round aggregate that are not (yet) in this ledger."""
+    return [h for h in entry.body.get("inputs") or [] if led.get(bytes.fromhex(h)) is None]
+
+
+def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> list[Entry]:
+    """A round aggregate's input entries, after every check that needs no blob (module doc);
+    AggregateError names the first that fails."""
+    b, eid = entry.body, entry.id.hex()[:16]
+    ids = b.get("inputs") or []
+    if not ids or not all(isinstance(h, str) and len(h) == 64 for h in ids) or ids != canonical(ids):
+        raise AggregateError(f"aggregate {eid} does not verify: inputs are not canonically ordered")
+    if reference is not None and b.get("reference") != reference:
+        raise AggregateError(f"aggregate {eid} does not verify: its reference {str(b.get('reference'))[:12]} is "
+                             f"not the previous round's global model {reference[:12]}")
+    inputs = []
+    for h in ids:
+        e = led.get(bytes.fromhex(h))
+        if e is None:
+            raise AggregateError(f"aggregate {eid}: input {h[:16]} is not in this ledger (yet)")
+        if e.kind != "weights" or e.body.get("campaign") != b.get("campaign") or e.body.get("round") != b.get("round"):
+            raise AggregateError(f"aggregate {eid}: input {h[:16]} is not a weights entry of its round")
+        if e.body.get("start") != b.get("reference"):
+            raise AggregateError(f"aggregate {eid}: input {h[:16]} was not trained from the round's reference")
+        inputs.append(e)
+    authors = [signer(e) for e in inputs]
+    if len(set(authors)) != len(authors):
+        raise AggregateError(f"aggregate {eid} does not verify: two of its inputs have one author")
+    participants, missing = b.get("participants"), b.get("missing") or []
+    if participants != sorted(authors):
+        raise AggregateError(f"aggregate {eid} does not verify: its participants are not its inputs' authors")
+    later = {peer_id_from_public_key(m.body["member"]) for m in led.query(kind="member")  # joined after it
+             if m.body.get("action") == "admit" and isinstance(m.body.get("member"), bytes) and m.lamport > entry.lamport}
+    unaccounted = set(active_members(led)) - set(authors) - set(missing) - later
+    if unaccounted or set(missing) & set(authors):
+        raise AggregateError(f"aggregate {eid} does not verify: it neither includes nor names as missing "
+                             f"{', '.join(sorted(p[:12] for p in unaccounted)) or 'its own participants'}")
+    return inputs
+
+
+def verify_round(led: Ledger, store: BlobStore, entry: Entry, reference: str | None = None) -> str:
+    """Recompute a `round` aggregate from its inputs and reference; returns the result hash.
+    `reference`: the global model the verifier holds for the previous round (checked when
+    given; `atd aggregate --verify` has none to give)."""
+    b = entry.body
+    inputs = round_inputs(led, entry, reference)
+    try:
+        weights, (tensors, meta) = compute_round(store, inputs, weighting=str(b.get("weighting")),
+                                                 q=float(b.get("q", 1.0)), reference=str(b.get("reference")))
+    except RoundsError as exc:
+        raise AggregateError(str(exc)) from None
+    check_recorded_weights(entry, weights)
+    return check_result(store, entry, tensors, meta)

@@ -1,0 +1,63 @@
+"""Issue 24 item 9: `--dashboard-public` serves nothing but /healthz without its read-only token
+(a real daemon on the in-memory network, its dashboard on loopback marked public)."""
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import trio
+
+from atdnode.daemon import NodeDaemon
+from atdnode.dashboard.server import TOKEN_FILE
+from atdnode.identity import NodeIdentity
+from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from tests.test_daemon_memory import make_consortium
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def test_a_public_dashboard_needs_its_read_only_token(tmp_path: Path) -> None:
+    (home,) = make_consortium(tmp_path, 1)
+    me = NodeIdentity.load(home).peer_id
+    d = NodeDaemon(home, transport=MemoryTransport(MemoryNetwork(seed=3), NodeIdentity.load(home).signer.seed),
+                   dashboard=("127.0.0.1", 0), dashboard_public=True)
+    out: dict = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(d.run, [], [])
+            with trio.fail_after(30):
+                while d.dashboard.url is None:
+                    await trio.sleep(0.05)
+            url = d.dashboard.url
+            token = (home.root / TOKEN_FILE).read_text().strip()
+            out["token_mode"] = (home.root / TOKEN_FILE).stat().st_mode & 0o077
+            for path in ("", "api/state", "metrics"):
+                out[f"anon {path}"] = await trio.to_thread.run_sync(_get, url + path)
+                out[f"wrong {path}"] = await trio.to_thread.run_sync(
+                    _get, url + path, {"Authorization": "Bearer " + "x" * len(token)})
+            out["health"] = await trio.to_thread.run_sync(_get, url + "healthz")
+            out["bearer"] = await trio.to_thread.run_sync(_get, url + "api/state", {"Authorization": f"Bearer {token}"})
+            out["link"] = await trio.to_thread.run_sync(_get, url + f"?token={token}")
+            cookie = out["link"][2].get("set-cookie", "").split(";")[0]
+            out["cookie"] = await trio.to_thread.run_sync(_get, url + "api/state", {"Cookie": cookie})
+            d.stop()
+
+    trio.run(main)
+    assert out["token_mode"] == 0
+    for path in ("", "api/state", "metrics"):
+        for who in ("anon", "wrong"):
+            code, body, _ = out[f"{who} {path}"]
+            assert code == 401 and me not in body and "token" in body, (who, path)
+    assert out["health"][0] == 200
+    assert out["bearer"][0] == 200 and me in out["bearer"][1]  # the token holder sees the node
+    assert out["link"][0] == 200 and "HttpOnly" in out["link"][2].get("set-cookie", "")
+    assert out["cookie"][0] == 200 and me in out["cookie"][1]
