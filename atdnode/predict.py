@@ -27,6 +27,7 @@ import torch
 
 from atdnode.blobstore import BlobStore
 from atdnode.data.unlabelled import UnlabelledReader
+from atdnode.device import use_amp
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig, build_model, cls_features, load_part, part_spec
@@ -76,11 +77,12 @@ class PredictResult:
 
 
 def resolve_device(pref: str | None, home: NodeHome | None = None) -> torch.device:
-    """The device the model runs on (the node's one device rule: `pref`, else CUDA when
-    present); a CUDA choice without CUDA fails here, before any image is read."""
-    from atdnode.ddp import pick_device
+    """The device the model runs on: the node's one device rule (`atdnode.device`: `pref`,
+    else HOME's `[compute] device`, else CUDA when present); a device this machine lacks
+    fails here, before any image is read."""
+    from atdnode.device import resolve_device as rule
 
-    return pick_device(pref)
+    return rule(pref, home=home)
 
 
 def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
@@ -134,7 +136,7 @@ class Predictor:
         dev = self.device
         for s in range(0, len(images), batch_size):
             x = images[s:s + batch_size].to(dev, non_blocking=True)  # (B, C, H, W)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp(dev)):
                 y = self.model(x) if self.ensemble is None else cls_features(self.model, x)  # (B, K) | (B, D)
             if self.ensemble is None:
                 p = torch.softmax(y.float(), dim=1).double().cpu().numpy()

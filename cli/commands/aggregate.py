@@ -7,9 +7,10 @@ from typing import List, Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
 from atdnode.logs import sklearn_warnings_to_log
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
 HELP = "\n\n".join([
@@ -50,12 +51,14 @@ def aggregate(
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode import aggregate as agg
 
     from atdnode.ids import resolve_entry_ids
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:
         from atdnode.agg_verify import verify_aggregate

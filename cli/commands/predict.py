@@ -10,7 +10,7 @@ import typer
 
 from atdnode.home import NodeHome
 from atdnode.logs import sklearn_warnings_to_log
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 
 HELP = """Predict a class for every image of unlabelled folders or files; write one CSV row per image.
 
@@ -30,7 +30,7 @@ def predict_cmd(
     out: Path = typer.Option(Path("predictions.csv"), "--out", help="CSV file to write."),
     model: Optional[str] = typer.Option(None, "--model", help="Model id (or unique prefix) from `atd models`, or "
                                         "`latest` (default: the model `atd classify` uses)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
+    device: Optional[str] = DEVICE_OPT,
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per forward pass."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
