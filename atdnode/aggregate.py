@@ -27,7 +27,7 @@ were averaged); it is registered in the model registry, so `atd classify`,
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -313,8 +313,12 @@ def extractor_of(store: BlobStore, blob: str, part: str) -> str:
 
 
 def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob: str, part: str, entry: Entry,
-                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None) -> str:
-    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head."""
+                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None,
+                    judge: Callable[[ModelRecord], dict] | None = None) -> str:
+    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head.
+    `judge(record)` (`atdnode.candidates.judge_candidates`: the node's own model `base` and the
+    new one scored on its validation data, the `[aggregate] keep` policy applied) gives fields
+    for the new record's provenance (candidates, kept, kept_why) before it is added."""
     ext_blob = extractor_of(store, blob, part)
     if part == "full":
         full_blob = blob
@@ -332,4 +336,13 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
-    return ModelRegistry(home).add_recorded(rec, entry.id, home.ledger_db)  # only once the entry is durable
+    if judge is not None:
+        rec.provenance.update(judge(rec))
+    reg = ModelRegistry(home)
+    model_id = reg.add_recorded(rec, entry.id, home.ledger_db)  # only once the entry is durable
+    for name, c in (rec.provenance.get("candidates") or {}).items():
+        if isinstance(c, dict):  # each candidate's score, as `atd classify` would record it
+            reg.add_evaluation(c.get("model") or model_id, {
+                "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
+                "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name})
+    return model_id

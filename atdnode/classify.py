@@ -94,20 +94,11 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd,
     return rep.robust * rep.n / len(names)
 
 
-def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
-             out: str | Path | None = None, batch_size: int = 256, pgd=None,
-             device: str | None = None) -> ClassifyResult:
-    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
-    The model runs on `device` (atdnode.device: else HOME's [compute] device, else CUDA if present)."""
-    from atdnode.device import resolve_device
-
-    dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
-    record = ModelRegistry(home).get(model)
-    cfg = ModelConfig.from_dict(record.model)
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
-    store = BlobStore(home.blobs_dir)
-    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=dev)
+def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int = 256,
+                 device: torch.device | str | None = None) -> tuple[dict, list[str], str, list[str]]:
+    """(metrics, confusion-matrix classes, kind, the classifier's classes) of `record` on
+    labelled images `data` (the model runs on `device`, atdnode.device rule)."""
+    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=device)
     if not set(names) & set(data.classes):
         raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
     space = list(data.classes) + [c for c in names if c not in data.classes]
@@ -118,6 +109,26 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     present = sorted({int(t) for t in y_true})
     metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
     metrics["sensitivity"] = metrics["recall"]
+    return metrics, space, kind, names
+
+
+def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
+             out: str | Path | None = None, batch_size: int = 256, pgd=None,
+             device: str | None = None) -> ClassifyResult:
+    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
+    `model="latest"` is the model the node keeps by default (`atdnode.keep.default_model`:
+    the newest, or the node's own model where the `[aggregate] keep` policy kept it).
+    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
+    The model runs on `device` (atdnode.device: else HOME's [compute] device, else CUDA if present)."""
+    from atdnode.device import resolve_device
+    from atdnode.keep import default_model
+
+    dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
+    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    cfg = ModelConfig.from_dict(record.model)
+    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    store = BlobStore(home.blobs_dir)
+    metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
     if pgd is not None:
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
     caution = caution_for(dict(zip(data.classes, data.class_counts())))

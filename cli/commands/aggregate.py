@@ -49,6 +49,8 @@ def aggregate(
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
+    prior: str = typer.Option("balanced", "--prior", help="Ensemble class-prior correction: balanced (uniform class prior) | node (this node's class proportions) | none."),
+    strict: bool = typer.Option(False, "--strict", help="Hierarchical: refuse groups that do not descend from one shared base (default: warn)."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
@@ -76,6 +78,12 @@ def aggregate(
         raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
     if mode == "horizontal" and classifier == "head" and (feats or data):
         raise CliError("--features / --data need the ensemble (not --classifier head)")
+    if strict and mode != "hierarchical":
+        raise CliError("--strict applies to --mode hierarchical only")
+    from protocols.ensemble import PRIORS
+
+    if prior not in PRIORS:
+        raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
     if classifier not in ("ensemble", "head"):
         raise CliError(f"--classifier {classifier!r}: choose ensemble or head")
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
@@ -89,7 +97,7 @@ def aggregate(
     if not hidden or min(hidden) < 1:
         raise CliError(f"--mlp-hidden {mlp_hidden!r}: expected positive integers like 256 or 128,64")
     opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
-                           seed=seed)
+                           seed=seed, prior=prior)
     if mode == "horizontal":
         from atdnode.horizontal import aggregate_horizontal
 
@@ -108,7 +116,7 @@ def aggregate(
                                                            what=f"group {g.name}"))) for g in specs]
         res = aggregate_hierarchical(h, specs,
                                      weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
-                                     data_spec=data, features=feats, options=opts)
+                                     data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
     from cli.commands.train import _enforce_model_limit
@@ -131,6 +139,12 @@ def aggregate(
         typer.echo(f"  skipped features {s['entry'][:16]}: {s['why']}")
     for s in d.get("skipped_inputs", []):
         typer.echo(f"  skipped weights {s['entry'][:16]}: {s['why']}")
+    cands = d.get("candidates")
+    if cands:
+        typer.echo(f"  candidates on this node's {cands['scored_on']} data: own model {cands['own']['accuracy']:.3f}, "
+                   f"consortium {cands['consortium']['accuracy']:.3f}")
+    if d.get("kept_why"):
+        typer.echo(f"  kept: {d.get('kept')} — {d['kept_why']}")
     typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")
 
 

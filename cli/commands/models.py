@@ -74,6 +74,11 @@ def models_cmd(
         typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
                         f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
+        cands = r.provenance.get("candidates")
+        if isinstance(cands, dict) and r.provenance.get("kept"):  # issue 23: what the node kept, and why
+            typer.echo(f"{'':16}  candidates on its {cands.get('scored_on')} data: own "
+                       f"{cands.get('own', {}).get('accuracy', float('nan')):.3f}, consortium "
+                       f"{cands.get('consortium', {}).get('accuracy', float('nan')):.3f}; kept {r.provenance['kept']}")
         marked = marked or caution is not None
     if marked:
         typer.echo("! unreliable: scored on a small test split (under 20 images, or a class under 5); see --json caution")
