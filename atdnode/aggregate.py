@@ -271,17 +271,25 @@ def read_keys(store: BlobStore, blob: str) -> list[str]:
 def average_blobs(store: BlobStore, blobs: list[str], weights: list[float], *, names: list[str],
                   head: bool) -> dict[str, torch.Tensor]:
     """Streaming weighted average of held safetensors blobs (each verified against its hash first)."""
-    for b, name in zip(blobs, names):
-        try:
-            store.verify(b)  # the bytes are what the signed entry names
-        except BlobError as exc:
-            raise AggregateError(f"{name}: {exc}") from None
+    from atdnode import progress
+
+    with progress.task(f"checking {len(blobs)} input blob(s)", total=sum(store.size(b) for b in blobs),
+                       unit="bytes") as step:
+        for b, name in zip(blobs, names):
+            try:
+                store.verify(b)  # the bytes are what the signed entry names
+            except BlobError as exc:
+                raise AggregateError(f"{name}: {exc}") from None
+            step.advance(store.size(b))
     loaders = [safetensors_loader(store.path(b)) for b in blobs]
     keep = None if head else part_filter(include_head=False)
-    try:
-        return weighted_average(loaders, weights, names=names, key_filter=keep)
-    except AggregationError as exc:
-        raise AggregateError(str(exc)) from None
+    with progress.task(f"averaging {len(blobs)} weight set(s)", total=1) as step:
+        try:
+            out = weighted_average(loaders, weights, names=names, key_filter=keep)
+        except AggregationError as exc:
+            raise AggregateError(str(exc)) from None
+        step.advance()
+    return out
 
 
 def result_meta(store: BlobStore, first_blob: str, *, part: str, mode: str, weighting: str) -> dict:

@@ -136,10 +136,14 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
         metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
+    from atdnode.data.public_spec import public_spec  # figure titles name no local path
+
     save_confusion_png(metrics["confusion"], space, png,
-                       title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
+                       title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "
+                             f"(acc {metrics['accuracy']:.3f})")
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
+        "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
         **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy",
                                    "caution") if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,

@@ -133,9 +133,14 @@ def fit_node_ensemble(home: NodeHome, ident: NodeIdentity, store: BlobStore, led
     """Fit the node's ensemble on its own and the shared features under `extractor`; store it."""
     parts, used, skipped, own_n, own = gather_parts(home, ident, store, led, cfg=cfg, extractor=extractor,
                                                     data_spec=data_spec, features=features)
-    try:
-        ens, classes = fit_vertical_ensemble(parts, own=own, **options.kwargs())
-    except EnsembleError as exc:
-        raise AggregateError(f"cannot fit the ensemble: {exc}") from None
+    from atdnode import progress
+
+    n = int(sum(len(p[1]) for p in parts))
+    with progress.task(f"fitting PCA + MLP + RF + SVM on {n} samples", total=1) as step:
+        try:
+            ens, classes = fit_vertical_ensemble(parts, own=own, **options.kwargs())
+        except EnsembleError as exc:
+            raise AggregateError(f"cannot fit the ensemble: {exc}") from None
+        step.advance()
     return EnsembleFit(blob=save_ensemble(store, ens), classes=list(classes), features=used, skipped=skipped,
                        samples=int(sum(len(p[1]) for p in parts)), own_samples=own_n)

@@ -12,6 +12,7 @@ from atdnode.home import NodeHome
 from atdnode.logs import sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
+from cli.progress import bars
 
 HELP = "\n\n".join([
     "Combine published weight sets into this node's global model and record how.",
@@ -66,7 +67,8 @@ def aggregate(
         from atdnode.agg_verify import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
-        blob = verify_aggregate(h, verify)
+        with bars(quiet=as_json):
+            blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
     if mode not in agg.MODES:
@@ -98,25 +100,26 @@ def aggregate(
         raise CliError(f"--mlp-hidden {mlp_hidden!r}: expected positive integers like 256 or 128,64")
     opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
                            seed=seed, prior=prior)
-    if mode == "horizontal":
-        from atdnode.horizontal import aggregate_horizontal
+    with bars(quiet=as_json):  # the library's steps (blob checks, averaging, features, fits) as bars
+        if mode == "horizontal":
+            from atdnode.horizontal import aggregate_horizontal
 
-        res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
-                                   data_spec=data, features=feats, options=opts)
-    elif mode == "vertical":
-        from atdnode.vertical import aggregate_vertical
+            res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
+                                       data_spec=data, features=feats, options=opts)
+        elif mode == "vertical":
+            from atdnode.vertical import aggregate_vertical
 
-        res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
-                                 features=feats, options=opts)
-    else:
-        from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
+            res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
+                                     features=feats, options=opts)
+        else:
+            from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
-        specs = [GroupSpec.parse(g) for g in group or []]
-        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
-                                                           what=f"group {g.name}"))) for g in specs]
-        res = aggregate_hierarchical(h, specs,
-                                     weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
-                                     data_spec=data, features=feats, options=opts, strict=strict)
+            specs = [GroupSpec.parse(g) for g in group or []]
+            specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
+                                                               what=f"group {g.name}"))) for g in specs]
+            res = aggregate_hierarchical(h, specs,
+                                         weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
+                                         data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
     from cli.commands.train import _enforce_model_limit

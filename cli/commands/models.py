@@ -1,4 +1,4 @@
-"""`atd models [rm ID | prune]`: the node's model registry."""
+"""`atd models [list | rm ID | prune]`: the node's model registry."""
 from __future__ import annotations
 
 import json
@@ -45,11 +45,24 @@ def models_cmd(
     its training test split), config, label space and samples."""
     if ctx.invoked_subcommand is not None:
         return
+    if home is None:
+        raise CliError(f"atd models needs --home DIR (or {HOME_ENV})")
+    _list(home, as_json)
+
+
+@models_app.command("list")
+def list_cmd(
+    home: Path = HOME_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the full records as a JSON list."),
+) -> None:
+    """List the models (the same as `atd models` with no command)."""
+    _list(home, as_json)
+
+
+def _list(home: Path, as_json: bool) -> None:
     from atdnode.data.sanity import caution_of
     from atdnode.registry import ModelRegistry, made_by
 
-    if home is None:
-        raise CliError(f"atd models needs --home DIR (or {HOME_ENV})")
     h = NodeHome.at(home).require()
     reg = ModelRegistry(h)
     recs = reg.list()
