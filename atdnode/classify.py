@@ -23,17 +23,12 @@ import torch
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
-from atdnode.errors import AtdError
-from atdnode.features import extract_features, predict_classes
+from atdnode.data.sanity import caution_for
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
-from atdnode.model import ModelConfig, build_model, load_part, part_spec
+from atdnode.model import ModelConfig
+from atdnode.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
 from atdnode.registry import ModelRecord, ModelRegistry
-from atdnode.weights import load_weights
-
-
-class ClassifyError(AtdError):
-    """The model cannot classify this data (no classes in common, malformed record)."""
 
 
 @dataclass
@@ -50,42 +45,19 @@ class ClassifyResult:
         return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
                 "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
                 "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
-                "png": str(self.png), **({"robust_accuracy": m["robust_accuracy"]} if "robust_accuracy" in m else {})}
-
-
-def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
-    """The record's full weight set in a fresh model (keys, shapes and finiteness checked)."""
-    model = build_model(ModelConfig.from_dict(record.model))
-    blob = record.blobs.get("full")
-    if not blob:
-        raise ClassifyError(f"model {record.id} has no full weight set")
-    tensors, _ = load_weights(store, blob, expect=part_spec(model, "full"))
-    load_part(model, tensors, "full")
-    return model.eval()
+                "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution") if k in m}}
 
 
 def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
                   device: torch.device | str | None = None) -> tuple[list[str], np.ndarray, str]:
-    """(classifier classes, predicted index per image into them, kind); the model runs on
-    `device` (atdnode.device rule; None: CUDA when present)."""
-    from atdnode.data import LabeledImages
+    """(classifier classes, predicted index per image into them, kind): the argmax of
+    `atdnode.predict.class_probabilities`, the one place a record's model predicts; it runs
+    on `device` (atdnode.device rule; None: CUDA when present)."""
     from atdnode.device import resolve_device
 
-    dev = resolve_device(device)
-    model = load_full_model(store, record).to(dev)
-    ens_blob = record.blobs.get("ensemble")
-    if ens_blob:
-        from atdnode.node_ensemble import load_ensemble
-
-        names = list(record.provenance.get("ensemble_classes") or [])
-        ens = load_ensemble(store, ens_blob)
-        if not names or int(ens.classes_.max()) >= len(names):
-            raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
-        dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
-        X, _ = extract_features(model, dummy, batch_size, device=dev)
-        return names, ens.predict(X).astype(np.int64), "ensemble"
-    pred = predict_classes(model, images, batch_size, device=dev).numpy().astype(np.int64)
-    return list(record.labels), pred, "model"
+    names, probs, kind = class_probabilities(store, record, images, device=resolve_device(device),
+                                             batch_size=batch_size)
+    return names, probs.argmax(1).astype(np.int64), kind
 
 
 def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[int]) -> tuple[float, float, float]:
@@ -159,6 +131,9 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
     if pgd is not None:
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
+    caution = caution_for(dict(zip(data.classes, data.class_counts())))
+    if caution is not None:  # a small split: every metric it affects carries the warning
+        metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     from atdnode.data.public_spec import public_spec  # figure titles name no local path
@@ -169,7 +144,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
         "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
-        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy")
-           if k in metrics}})
+        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy",
+                                   "caution") if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
                           unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)

@@ -12,10 +12,12 @@ Layout::
 `atd member add` (`Ledger.admit`), then starts each daemon as a detached OS process
 (`atd node start --quiet`, its own session, so it outlives the command) listening on
 127.0.0.1, the founder first and the others bootstrapping from it. It returns only when
-every daemon answers on its control socket and is connected to every other one —
-readiness read from the daemons, never a sleep — or raises LocalNetError with a
-deadline message naming the node and its log. Running `up` again on the same DIR
-restarts the daemons that are not running and keeps the homes.
+every daemon has announced itself (HOME/daemon.json with its pid), answers on its control
+socket and is connected to every other one — readiness read from the daemons, never a
+sleep — or raises LocalNetError with a deadline message naming the node and its log. A
+daemon counts as exited at start only by its exit status (the wait status of the child
+`up` started), reported with what that start wrote to logs/daemon.out. Running `up` again
+on the same DIR restarts the daemons that are not running and keeps the homes.
 
 `down` stops each daemon: the control socket's `stop` first, SIGTERM by pid when it does
 not answer, SIGKILL after a deadline; it also cleans up after a crash (a pidfile whose
@@ -41,7 +43,6 @@ MANIFEST = "local.json"
 PIDFILE = "daemon.pid"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
-_STARTED: dict[int, subprocess.Popen] = {}  # daemons this process started (pid -> Popen; see _exited)
 
 
 class LocalNetError(AtdError):
@@ -165,20 +166,58 @@ def _clear_stale(home: NodeHome) -> None:
         home.control_socket.unlink(missing_ok=True)
 
 
+@dataclass
+class Started:
+    """A daemon this process started: its process handle and where its output begins."""
+
+    proc: subprocess.Popen
+    out: Path  # logs/daemon.out (appended to across starts)
+    offset: int  # the size of `out` before this start: what follows is this start's output
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exit_status(self) -> int | None:
+        """The exit status once the process has ended (negative: killed by that signal), else None.
+        From the kernel's wait status of our own child: never inferred from /proc."""
+        return self.proc.poll()
+
+    def output(self) -> str:
+        """The last non-empty line this start wrote to daemon.out ("" if none)."""
+        try:
+            with open(self.out, "rb") as f:
+                f.seek(self.offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return lines[-1][-300:] if lines else ""
+
+
 def start_daemon(home: NodeHome, *, bootstrap: list[str] = (), listen_host: str = "127.0.0.1",
-                 extra_args: list[str] = ()) -> int:
-    """Start `atd node start` for `home` as a detached process; returns its pid (not yet ready)."""
+                 extra_args: list[str] = ()) -> Started:
+    """Start `atd node start` for `home` as a detached process; returns its handle (not yet ready)."""
     home.logs_dir.mkdir(parents=True, exist_ok=True)
     argv = [*_atd_argv(), "node", "start", "--home", str(home.root), "--quiet",
             "--listen", f"/ip4/{listen_host}/tcp/0", *extra_args]
     for b in bootstrap:
         argv += ["--bootstrap", b]
-    with open(home.logs_dir / "daemon.out", "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=_env(),
+    out = home.logs_dir / "daemon.out"
+    with open(out, "ab") as fh:
+        offset = fh.tell()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, env=_env(),
                                 start_new_session=True, close_fds=True)
     (home.root / PIDFILE).write_text(f"{proc.pid}\n")
-    _STARTED[proc.pid] = proc
-    return proc.pid
+    return Started(proc=proc, out=out, offset=offset)
+
+
+def _announced_pid(home: NodeHome) -> int | None:
+    """The pid in HOME/daemon.json: the daemon writes it once it serves its control socket."""
+    try:
+        return int(json.loads((home.root / "daemon.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _status_of(home: NodeHome) -> dict | None:
@@ -198,36 +237,45 @@ def _wait(cond, deadline: float, what: str, interval: float = 0.2):
         time.sleep(interval)
 
 
-def _exited(pid: int, home: NodeHome) -> bool:
-    """Has the daemon `pid` exited? For a process this one started, its Popen says so: right
-    after Popen returns, the child's /proc cmdline can be empty (or still its parent's), which
-    `_is_our_daemon` took for another program -- the cause of "exited at start" reported for
-    a live daemon about once in ten starts (issue 26)."""
-    proc = _STARTED.get(pid)
-    if proc is not None:
-        return proc.poll() is not None
-    return not _is_our_daemon(pid, home)
+def _wait_ready(home: NodeHome, started: Started | int, deadline: float) -> dict:
+    """The daemon's status once it is ready; LocalNetError if it exited or the deadline passed.
 
+    Ready is the daemon's own signal: HOME/daemon.json names its pid (written once its
+    control socket serves) and the control socket answers `status` with its addresses.
+    Exited is the kernel's: the wait status of the process this `up` started (or, for a
+    daemon found running, its pid no longer existing) — never a guess from /proc. (The old
+    guess read /proc/PID/cmdline right after `Popen` returned; `Popen` returns once exec has
+    closed the close-on-exec pipe, a moment before the kernel sets up the new image's
+    arguments, and a read in that window gets an empty command line: 12 of 179 reads right
+    after `Popen` on a loaded 2-core host. The live daemon was then reported "exited at start".)"""
+    pid = started.pid if isinstance(started, Started) else started
 
-def _wait_ready(home: NodeHome, pid: int, deadline: float) -> dict:
-    """The daemon's status once its control socket answers; LocalNetError if it died or timed out."""
     def ready():
-        if _exited(pid, home):
-            tail = _tail(home.logs_dir / "daemon.out")
-            raise LocalNetError(f"{home.root.name}: the daemon exited at start (see {home.logs_dir / 'daemon.out'})"
-                                + (f": {tail}" if tail else ""))
+        if isinstance(started, Started):
+            rc = started.exit_status()
+            if rc is not None:
+                how = f"signal {-rc}" if rc < 0 else f"status {rc}"
+                tail = started.output()
+                raise LocalNetError(f"{home.root.name}: the daemon exited at start ({how}; see {started.out})"
+                                    + (f": {tail}" if tail else ""))
+        elif not _pid_alive(pid):
+            raise LocalNetError(f"{home.root.name}: the daemon (pid {pid}) is no longer running "
+                                f"(see {home.logs_dir / 'daemon.out'})")
+        if _announced_pid(home) != pid:
+            return None
         st = _status_of(home)
         return st if st and st.get("addrs") else None
 
     return _wait(ready, deadline, f"{home.root.name}'s daemon to answer (see {home.logs_dir / 'daemon.log'})")
 
 
-def _tail(path: Path) -> str:
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][-300:] if lines else ""
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def up(root: Path, n: int | None = None, *, timeout: float = READY_TIMEOUT, extra_args: list[str] | None = None,
@@ -260,11 +308,12 @@ def up(root: Path, n: int | None = None, *, timeout: float = READY_TIMEOUT, extr
     bootstrap: list[str] = []
     for i, h in enumerate(hs):
         pid = _read_pid(h)
-        if pid is None or not _is_our_daemon(pid, h):
+        handle: Started | int | None = pid if pid is not None and _is_our_daemon(pid, h) else None
+        if handle is None:
             _clear_stale(h)
-            pid = start_daemon(h, bootstrap=bootstrap, extra_args=extra_args)
-            log(f"started {h.root.name} (pid {pid})")
-        st = _wait_ready(h, pid, deadline)
+            handle = start_daemon(h, bootstrap=bootstrap, extra_args=extra_args)
+            log(f"started {h.root.name} (pid {handle.pid})")
+        st = _wait_ready(h, handle, deadline)
         if i == 0:
             bootstrap = [st["addrs"][0]]
     ids = {h.root.name: _status_of(h)["peer_id"] for h in hs}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import sys
 
 from atdnode.errors import ConfigError
@@ -64,3 +65,38 @@ def setup_logging(home: NodeHome, name: str, *, verbose: bool = False, stderr: b
     # py-libp2p is chatty at INFO; keep its warnings.
     for lib in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(lib).setLevel(logging.WARNING)
+
+
+SKLEARN_LOGGER = "atd.sklearn"
+_shown = {"orig": None}
+
+
+def _from_sklearn(category: type, filename: str) -> bool:
+    return getattr(category, "__module__", "").startswith("sklearn") or f"{os.sep}sklearn{os.sep}" in str(filename)
+
+
+def _route_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if _from_sklearn(category, filename):
+        logging.getLogger(SKLEARN_LOGGER).warning("%s: %s (%s:%s)", category.__name__, message, filename, lineno)
+    else:
+        _shown["orig"](message, category, filename, lineno, file, line)
+
+
+def sklearn_warnings_to_log(home: NodeHome | None = None, name: str = "cli") -> logging.Logger:
+    """scikit-learn's warnings (ConvergenceWarning, UndefinedMetricWarning, ...) go to the log,
+    never to stderr: HOME/logs/<name>.log when `home` is given (a command), else the root
+    logger's handlers (the daemon's log). Other warnings are shown as before. Idempotent."""
+    import warnings
+
+    log = logging.getLogger(SKLEARN_LOGGER)
+    if warnings.showwarning is not _route_warning:
+        _shown["orig"] = warnings.showwarning
+        warnings.showwarning = _route_warning
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())  # never Python's last-resort handler (stderr)
+    if home is not None:
+        target = str(home.logs_dir / f"{name}.log")
+        if not any(getattr(h, "baseFilename", None) == target for h in log.handlers):
+            log.addHandler(file_handler(home, name))
+        log.propagate = False
+    return log

@@ -99,8 +99,13 @@ class ModelConfig:
 def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
     import timm
 
-    if name not in timm.list_models():
-        raise ConfigError(f"unknown timm model {name!r} (see timm.list_models('vit*'))")
+    if not is_vit_name(name):
+        from atdnode.data.spec import did_you_mean
+
+        what = f"model {name!r} is not a ViT" if name in timm.list_models() else f"unknown timm model {name!r}"
+        hint = did_you_mean(name.replace("-", "_").lower(), timm.list_models("vit_*"))
+        raise ConfigError(f"{what}{hint}: atd trains timm ViTs (vit_*, e.g. vit_tiny_patch16_224; "
+                          f"timm.list_models('vit_*') lists them)")
     try:
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
@@ -109,6 +114,18 @@ def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
         if not hasattr(model, attr):
             raise ConfigError(f"{name!r} is not a ViT with timm's split seams (no {attr})")
     return model
+
+
+def is_vit_name(name: str) -> bool:
+    """True for timm's ViTs: the `vit_*` models and the other models of its VisionTransformer
+    module family (e.g. `deit_*`), whose split seams atd uses."""
+    import timm
+    from timm.models._registry import model_entrypoint
+
+    if name not in timm.list_models():
+        return False
+    return name.startswith("vit_") or model_entrypoint(name).__module__ in ("timm.models.vision_transformer",
+                                                                             "timm.models.deit")
 
 
 def _read_arch(model: nn.Module) -> dict:

@@ -57,6 +57,7 @@ from atdnode import bodies
 from atdnode.aggregate import register_global
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
+from atdnode.data.sanity import require_classes
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -235,6 +236,7 @@ def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int,
     """The shared round-0 model: same config, labels and seed (and `state`, when the campaign
     starts from given weights, e.g. netsim's next phase) -> same blob hash on every member."""
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+    require_classes(data)
     cfg = cfg.with_classes(len(data.classes))
     torch.manual_seed(seed)
     model = build_model(cfg)

@@ -33,6 +33,7 @@ from torch import nn
 from atdnode import ddp
 from atdnode.augment import SmallClassAugment
 from atdnode.data import LabeledImages, load_dataset
+from atdnode.data.sanity import caution_for, require_classes
 from atdnode.devdata import DeviceImages
 from atdnode.device import to_device, use_amp
 from atdnode.errors import ConfigError
@@ -434,6 +435,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         home.make_dirs()
         store = BlobStore(home.blobs_dir)
         data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+        require_classes(data)  # one class: a "perfect" model that knows nothing
         test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
         val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
         for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
@@ -484,6 +486,10 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         robust = getattr(opts.batch_transform, "robust", None)
         if robust is not None:  # adversarial training: also report accuracy under the attack
             metrics["robust_accuracy"] = evaluate(model, test, device=ctx.device, transform=robust())["accuracy"]
+        caution = caution_for(dict(zip(test.classes, test.class_counts())))
+        if caution is not None:  # a small test split: every metric it affects carries the warning
+            metrics["caution"] = caution.to_json()
+            log(f"test metrics {caution.line()}")
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)

@@ -14,7 +14,9 @@ import torch
 
 from atdnode.data.labeled import LabeledImages
 from atdnode.data.loader import load_dataset
+from atdnode.data.sanity import caution_for, require_classes
 from atdnode.data.select import MEAN, STD
+from atdnode.errors import DataError
 
 TILE = 64
 LABEL_W = 140
@@ -41,7 +43,21 @@ class Inspection:
             "value_range": None if lo is None else [lo, hi],
             "auto_window": first.report.auto_window,
             "skipped": [list(x) for x in skipped],
+            "warnings": self.warnings(),
         }
+
+    def warnings(self) -> list[str]:
+        """What training on this data would refuse or caution about (`atdnode.data.sanity`)."""
+        out = []
+        try:
+            require_classes(self.splits["train"])
+        except DataError as exc:
+            out.append(str(exc))
+        test = self.splits.get("test")
+        caution = caution_for(dict(zip(test.classes, test.class_counts()))) if test is not None else None
+        if caution is not None:
+            out.append(f"test metrics {caution.line()}")
+        return out
 
     def lines(self) -> list[str]:
         d = self.to_dict()
@@ -57,6 +73,7 @@ class Inspection:
         out.append(f"  model input: (N, {self.in_chans}, {self.img_size}, {self.img_size}) float32 in [-1, 1]")
         out.append(f"  skipped ({len(d['skipped'])})" + (":" if d["skipped"] else ""))
         out.extend(f"    {f}: {why}" for f, why in d["skipped"])
+        out.extend(f"  warning: {w}" for w in d["warnings"])
         return out
 
 

@@ -74,6 +74,31 @@ def _auto(cat: Catalog, train_idx: np.ndarray, where: str) -> tuple[float, float
     return auto_window(samples, where)
 
 
+def _labelled_catalog(spec: str, seed: int):
+    """(spec, data seed, catalog, where, class names, label per sample, split side per sample)."""
+    ds = DataSpec.parse(spec)
+    dseed = ds.seed if ds.seed is not None else seed
+    cat, where = open_catalog(ds)
+    if len(cat.keys) == 0:
+        raise DataError(f"{where}: no usable files" + (f" (skipped {len(cat.skipped)}, first {cat.skipped[0][0]}: "
+                                                       f"{cat.skipped[0][1]})" if cat.skipped else ""))
+    mapping = read_class_map(ds.class_map) if ds.class_map else cat.names
+    names, labels = label_space(cat.keys, mapping, ids=cat.ids, where=where,
+                                map_name="classes file" if ds.class_map else "source's class list")
+    return ds, dseed, cat, where, names, labels, _sides(cat, labels, ds, dseed)
+
+
+def training_window(spec: str, seed: int = 0) -> tuple[float, float] | str | None:
+    """The `window=` a spec's training split was scaled with: its lo,hi or minmax as given,
+    `window=auto`'s percentiles recomputed over the same training images (DataError when the
+    source is not readable here), None when the spec gives no window."""
+    window = DataSpec.parse(spec).window
+    if window != "auto":
+        return window
+    _, _, cat, where, _, _, sides = _labelled_catalog(spec, seed)
+    return _auto(cat, np.flatnonzero(sides == "train"), where)
+
+
 def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
                  progress: Callable[[int, int], None] | None = None) -> LabeledImages:
     """Load one split (train / val / test) of a data spec, ready for a model of `img_size` x `in_chans`.
@@ -85,16 +110,7 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
     """
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r} (train, val or test)")
-    ds = DataSpec.parse(spec)
-    dseed = ds.seed if ds.seed is not None else seed
-    cat, where = open_catalog(ds)
-    if len(cat.keys) == 0:
-        raise DataError(f"{where}: no usable files" + (f" (skipped {len(cat.skipped)}, first {cat.skipped[0][0]}: "
-                                                       f"{cat.skipped[0][1]})" if cat.skipped else ""))
-    mapping = read_class_map(ds.class_map) if ds.class_map else cat.names
-    names, labels = label_space(cat.keys, mapping, ids=cat.ids, where=where,
-                                map_name="classes file" if ds.class_map else "source's class list")
-    sides = _sides(cat, labels, ds, dseed)
+    ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
     present = [s for s in SPLITS if (sides == s).any()]
     if split not in present:
         raise DataError(f"{where}: no {split} split (has {', '.join(present)})")

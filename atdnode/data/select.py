@@ -58,7 +58,9 @@ def _select(labels: np.ndarray, names: list[str], spec, seed: int, where: str,
     if spec.classes is not None:
         unknown = [c for c in spec.classes if c not in names]
         if unknown:
-            raise DataError(f"{where}: unknown classes {unknown} (has {names})")
+            from atdnode.data.spec import did_you_mean
+
+            raise DataError(f"{where}: unknown classes {unknown}{did_you_mean(unknown[0], names, n=1)} (has {names})")
         keep = [c for c in names if c in set(spec.classes)]  # source order, not spec order
         old = np.asarray([names.index(c) for c in keep])
         idx = idx[np.isin(labels, old)]

@@ -28,6 +28,11 @@ _FILE_SOURCES = ("folder", "dicom", "nifti")
 # option -> sources it applies to (None: every source)
 _APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window": None, "val": None,
             "labels": _FILE_SOURCES, "frame": ("folder", "dicom"), "axis": ("nifti",), "slices": ("nifti",)}
+# option -> its accepted forms (named in every error about its value)
+FORMS = {"classes": "a,b,c or a .json/.csv class map", "shard": "i/n with 1 <= i <= n, e.g. 1/3",
+         "limit": "a positive integer", "seed": "an integer >= 0", "window": "lo,hi (numbers, lo < hi), auto or minmax",
+         "val": "val (a separate split) or train (merged into training)", "labels": "a CSV file of file,label[,split]",
+         "frame": "a frame index >= 0", "axis": "0, 1 or 2", "slices": "all, mid, a:b[:step] or fractions f0:f1"}
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,13 @@ class DataSpec:
         elif kind in SOURCES[1:] and sep and path:
             pass
         else:
-            raise DataError(f"bad data spec {spec!r}: expected digits, npz:PATH, folder:PATH, dicom:PATH or nifti:PATH")
+            hint = did_you_mean(kind, SOURCES, n=1) if kind not in SOURCES else ""
+            raise DataError(f"bad data spec {spec!r}: expected digits, npz:PATH, folder:PATH, dicom:PATH or nifti:PATH{hint}")
         opts: dict = {}
         try:
             for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
                 if k not in _APPLIES:
-                    raise ValueError(f"unknown option {k!r}")
+                    raise ValueError(f"unknown option {k!r}{did_you_mean(k, _APPLIES, n=1)} (options: {', '.join(_APPLIES)})")
                 if _APPLIES[k] is not None and kind not in _APPLIES[k]:
                     raise ValueError(f"option {k!r} does not apply to {kind} (only {', '.join(_APPLIES[k])})")
                 if k == "classes":
@@ -71,7 +77,7 @@ class DataSpec:
                 elif k in opts:
                     raise ValueError(f"option {k!r} given twice")
                 else:
-                    opts[k] = _value(k, v)
+                    opts[k] = _checked(k, v)
         except ValueError as exc:
             raise DataError(f"bad data spec {spec!r}: {exc}") from None
         return cls(source=kind, path=path, **opts)
@@ -80,6 +86,27 @@ class DataSpec:
 def _is_map_file(v: str) -> bool:
     """`classes=` names a map file when it ends in .json/.csv, or is a path to an existing file."""
     return Path(v).suffix.lower() in (".json", ".csv") or (("/" in v or "\\" in v) and Path(v).expanduser().is_file())
+
+
+def did_you_mean(word: str, choices, n: int = 3) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices` (names starting with `word` first), or ""."""
+    import difflib
+
+    choices = list(choices)
+    near = [c for c in choices if c.startswith(word) and c != word][:n] if len(word) >= 3 else []
+    near = near or difflib.get_close_matches(word, choices, n=n, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in near)}?)" if near else ""
+
+
+def _checked(k: str, v: str):
+    """`_value`, with a conversion failure (`int('abc')`) reworded to name the accepted forms."""
+    try:
+        return _value(k, v)
+    except ValueError as exc:
+        msg = str(exc)
+        if msg.startswith(("invalid literal", "could not convert", "not enough values", "too many values")):
+            raise ValueError(f"{k}={v}: expected {FORMS[k]}") from None
+        raise ValueError(f"{msg} (expected {FORMS[k]})" if FORMS[k] not in msg else msg) from None
 
 
 def _value(k: str, v: str):

@@ -24,6 +24,7 @@ import trio
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.data import load_dataset
+from atdnode.data.sanity import require_classes
 from atdnode.device import resolve_device
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
@@ -307,6 +308,7 @@ def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOption
     spec = specs[opts.task]
     body = offer["body"]
     train = load_dataset(opts.data, body["img_size"], body["in_chans"], "train", seed=0)
+    require_classes(train)
     x, y = prepare(train, spec, body["patch_size"])
     test = None
     if opts.evaluate:

@@ -14,6 +14,7 @@ from typing import Any
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
+from atdnode.data.sanity import require_classes
 from atdnode.device import resolve_device
 from atdnode.home import NodeHome
 from atdnode.split.client import SplitJoinError
@@ -66,7 +67,9 @@ def finetune_from_entry(home: NodeHome, *, task: str, data: str, ref: str = "lat
     except WeightsError as e:
         raise SplitJoinError(f"MSD body blob rejected: {e}") from None
     spec = specs[task]
-    x, y = prepare(load_dataset(data, cfg.img_size, cfg.in_chans, "train"), spec, cfg.patch_size)
+    train = load_dataset(data, cfg.img_size, cfg.in_chans, "train")
+    require_classes(train)
+    x, y = prepare(train, spec, cfg.patch_size)
     xt, yt = prepare(load_dataset(data, cfg.img_size, cfg.in_chans, "test"), spec, cfg.patch_size)
     with Ledger.open(home.ledger_db) as led:
         state = open_secret(NodeIdentity.load(home), led, secret, service, cfg)

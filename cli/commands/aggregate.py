@@ -9,6 +9,7 @@ import typer
 
 from atdnode.device import apply_device
 from atdnode.home import NodeHome
+from atdnode.logs import sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 from cli.progress import bars
@@ -61,6 +62,7 @@ def aggregate(
 
     h = NodeHome.at(home).require()
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
+    sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:
         from atdnode.agg_verify import verify_aggregate
 

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from atdnode.logs import sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
@@ -39,17 +40,22 @@ def classify(
 
     h = NodeHome.at(home).require()
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
+    sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
     res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
+    from atdnode.data.sanity import caution_of, metric_text
+
     m = res.metrics
     typer.echo(f"model {res.model_id} ({res.kind}) on {data} [{split}], n={m['n']}")
-    typer.echo(f"  accuracy {m['accuracy']:.4f}  precision {m['precision']:.4f}  "
-               f"sensitivity {m['sensitivity']:.4f}  f1 {m['f1']:.4f}")
+    typer.echo("  " + metric_text(m, [("accuracy", "accuracy"), ("precision", "precision"),
+                                     ("sensitivity", "sensitivity"), ("f1", "f1")]))
     if "robust_accuracy" in m:
-        typer.echo(f"  robust accuracy (PGD) {m['robust_accuracy']:.4f}")
+        typer.echo("  " + metric_text(m, [("robust accuracy (PGD)", "robust_accuracy")]))
+    if caution_of(m):
+        typer.echo("  " + caution_of(m).line())
     if res.unknown_classes:
         typer.echo(f"  classes the model does not know: {', '.join(res.unknown_classes)}")
     typer.echo(f"  confusion matrix {res.png}")

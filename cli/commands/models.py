@@ -60,6 +60,7 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
+    from atdnode.data.sanity import caution_of
     from atdnode.registry import ModelRegistry, made_by
 
     h = NodeHome.at(home).require()
@@ -76,10 +77,13 @@ def _list(home: Path, as_json: bool) -> None:
         typer.echo("no models yet (run `atd train`)")
         return
     typer.echo(row([c for c, _ in COLUMNS]))
+    marked = False
     for r in recs:
         c = r.model
         m, source = reg.latest_metrics(r)
-        acc, f1 = (f"{m[k]:.3f}" if isinstance(m.get(k), (int, float)) else "-" for k in ("accuracy", "f1"))
+        caution = caution_of(m)  # a small test split: "!" beside the metrics it makes unreliable
+        acc, f1 = (f"{m[k]:.3f}" + ("!" if caution and caution.affects(k) else "") if isinstance(m.get(k), (int, float))
+                   else "-" for k in ("accuracy", "f1"))
         typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
                         f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
@@ -88,6 +92,9 @@ def _list(home: Path, as_json: bool) -> None:
             typer.echo(f"{'':16}  candidates on its {cands.get('scored_on')} data: own "
                        f"{cands.get('own', {}).get('accuracy', float('nan')):.3f}, consortium "
                        f"{cands.get('consortium', {}).get('accuracy', float('nan')):.3f}; kept {r.provenance['kept']}")
+        marked = marked or caution is not None
+    if marked:
+        typer.echo("! unreliable: scored on a small test split (under 20 images, or a class under 5); see --json caution")
 
 
 @models_app.command("rm")

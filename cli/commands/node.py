@@ -48,7 +48,7 @@ def start(
     from atdnode.addrs import check_bootstrap, check_listen
     from atdnode.config import NodeConfig
     from atdnode.daemon import NodeDaemon
-    from atdnode.logs import setup_logging
+    from atdnode.logs import setup_logging, sklearn_warnings_to_log
 
     h = NodeHome.at(home).require()
     bind = None
@@ -66,6 +66,7 @@ def start(
     bootstrap = list(dict.fromkeys([*(check_bootstrap(a, "--bootstrap") for a in bootstrap),
                                     *(check_bootstrap(a, f"{src} bootstrap") for a in cfg.bootstrap)]))
     setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
+    sklearn_warnings_to_log()  # scikit-learn's warnings join the daemon's log
     # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
     logging.getLogger("libp2p.transport.tcp.tcp").setLevel(logging.CRITICAL)
     if role is not None:

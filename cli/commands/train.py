@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
+from atdnode.logs import sklearn_warnings_to_log
 from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
@@ -72,6 +73,7 @@ def train_cmd(
     from atdnode.training import TrainOptions, train
 
     h = NodeHome.at(home).require()
+    sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from atdnode.ddp import check_nproc
         from atdnode.device import ENV, configured_device
@@ -105,12 +107,16 @@ def train_cmd(
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return
+    from atdnode.data.sanity import caution_of, metric_text
+
     m = rec.metrics
     typer.echo(f"model {rec.id}  {rec.model['name']} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
-    typer.echo(f"  test accuracy {m['accuracy']:.4f}  precision {m['precision']:.4f}  "
-               f"sensitivity {m['recall']:.4f}  f1 {m['f1']:.4f}  (n={m['n']})")
+    typer.echo("  test " + metric_text(m, [("accuracy", "accuracy"), ("precision", "precision"),
+                                          ("sensitivity", "recall"), ("f1", "f1")]) + f"  (n={m['n']})")
     if "robust_accuracy" in m:
-        typer.echo(f"  robust accuracy (PGD) {m['robust_accuracy']:.4f}")
+        typer.echo("  " + metric_text(m, [("robust accuracy (PGD)", "robust_accuracy")]))
+    if caution_of(m):
+        typer.echo("  " + caution_of(m).line())
     typer.echo(f"  full weights {rec.blobs['full']}")
     typer.echo(f"  extractor    {rec.blobs['extractor']}")
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
