@@ -4,13 +4,14 @@ verification, FedWAvg ~ 1/K on IID data. In-process homes synced like daemons wo
 from __future__ import annotations
 
 import pytest
+import trio as trio_lib
 
 from atdnode.aggregate import AggregateError
 from atdnode.agg_verify import verify_entry
 from atdnode.blobstore import BlobStore
 from atdnode.identity import NodeIdentity
-from atdnode.rounds import (RoundRunner, RoundsConfig, compute_round, current_round, round_aggregate,
-                            round_weights_entries)
+from atdnode.round_rules import compute_round, current_round, round_aggregate, round_weights_entries
+from atdnode.rounds import RoundRunner, RoundsConfig
 from atdnode.weights import load_weights
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync
@@ -25,7 +26,7 @@ def runner(home, i, n, **kw) -> RoundRunner:
 
 
 def train_publish(r: RoundRunner, rnd: int):
-    return r.publish(rnd, r.train_round(rnd, r.global_blob(rnd)))
+    return r.publish(rnd, r.train_round(rnd, trio_lib.run(r.global_blob, rnd)))
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_two_nodes_compute_bit_identical_globals_and_verify(trio):
     entry = ra.record(0, inputs, peer_ids(trio), ra.init)
     assert entry.body["missing"] == [peer_ids(trio)[2]]
     sync(trio)
-    blob = rb.adopt(round_aggregate(Ledger.open(b.ledger_db), rb.campaign, 0))
+    blob = trio_lib.run(rb.adopt, round_aggregate(Ledger.open(b.ledger_db), rb.campaign, 0))
     assert blob == entry.body["blob"]
     assert load_weights(rb.store, blob)[0].keys() == ta.keys()
     # the existing verify path (atd aggregate --verify) checks it too, and rejects forged weights
@@ -66,21 +67,21 @@ def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio):
     ra, rb = runner(a, 1, 3, deadline=1.0), runner(b, 2, 3, deadline=1.0)
     train_publish(rb, 0)
     sync(trio)
-    rep = ra.run_round(0)  # c never publishes: a waits 1 s (deadline), then records or adopts
+    rep = trio_lib.run(ra.run_round, 0)  # c never publishes: a waits 1 s (deadline), then records or adopts
     assert rep.missing == [peer_ids(trio)[2]] and len(rep.inputs) == 2
     sync(trio)
     # c was down; restarted, it derives its round from the ledger and holds the same global model
     rc = runner(c, 3, 3, deadline=1.0)
     with Ledger.open(c.ledger_db) as led:
         assert current_round(led, rc.campaign) == 1
-    assert rc.global_blob(1) == rep.blob
+    assert trio_lib.run(rc.global_blob, 1) == rep.blob
     # round 1: b and c publish (c from the shared global), a is the late one this time
     train_publish(rb, 1), train_publish(rc, 1)
     sync(trio)
-    rep1 = rc.run_round(1)
+    rep1 = trio_lib.run(rc.run_round, 1)
     assert rep1.missing == [peer_ids(trio)[0]]
     sync(trio)
-    assert ra.global_blob(2) == rep1.blob == rb.global_blob(2)
+    assert trio_lib.run(ra.global_blob, 2) == rep1.blob == trio_lib.run(rb.global_blob, 2)
 
 
 def test_fedwavg_weights_near_uniform_on_iid_data(tmp_path):

@@ -51,6 +51,8 @@ def rounds(
     pgd_steps: int = typer.Option(7, "--pgd-steps", min=0),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
 ) -> None:
+    import trio
+
     from atdnode.model import ModelConfig
     from atdnode.rounds import RoundRunner, RoundsConfig
     from cli.commands.train import _fraction
@@ -84,7 +86,7 @@ def rounds(
             typer.echo(f"round {rep.round}: global {rep.blob[:12]} entry {rep.entry[:12]} weights "
                        f"{[round(w, 4) for w in rep.weights]}" + (f" missing {rep.missing}" if rep.missing else ""))
 
-    runner.run(show)
+    trio.run(runner.run, show)
 
 
 def register(app: typer.Typer) -> None:
