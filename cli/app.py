@@ -15,6 +15,7 @@ import sys
 import typer
 
 from cli import commands
+from cli.commands.models import reporting_removals
 
 app = typer.Typer(
     name="atd",
@@ -23,6 +24,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _around_every_command(ctx: typer.Context) -> None:
+    # the library enforces the model size limit wherever a model is registered; the CLI
+    # prints the models it removed (cli.commands.models.reporting_removals)
+    ctx.with_resource(reporting_removals())
 
 
 def _register_all() -> None:

@@ -1,6 +1,7 @@
 """Serverless rounds (atdnode.rounds): determinism, deadline with a missing peer, rejoin,
 verification, FedWAvg ~ 1/K on IID data. In-process homes synced like daemons would
-(tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py."""
+(tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py. The runner, not
+only the CLI, keeps a node's models under `[models] max_bytes` (issue 28)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,9 @@ import trio as trio_lib
 from atdnode.aggregate import AggregateError
 from atdnode.agg_verify import verify_entry
 from atdnode.blobstore import BlobStore
+from atdnode.config import NodeConfig
 from atdnode.identity import NodeIdentity
+from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.round_rules import compute_round, current_round, round_aggregate, round_weights_entries
 from atdnode.rounds import RoundRunner, RoundsConfig
 from atdnode.weights import load_weights
@@ -62,7 +65,19 @@ def test_two_nodes_compute_bit_identical_globals_and_verify(trio):
     assert current_round(Ledger.open(b.ledger_db), rb.campaign) == 1
 
 
-def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio):
+def plant_unserved_model(home) -> tuple[str, str]:
+    """An old model no entry names (so removable), and `[models] max_bytes = 1` on `home`."""
+    store = BlobStore(home.blobs_dir)
+    blob = store.put_bytes(b"an old model's weights")
+    rec = ModelRecord(model={}, labels=[], label_fp="", samples=0, metrics={}, blobs={"full": blob}, created=0.0)
+    model_id = ModelRegistry(home).add(rec)
+    conf = NodeConfig.load(home)
+    conf.extra["models"] = {"max_bytes": 1}
+    conf.save(home)
+    return model_id, blob
+
+
+def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio, caplog):
     a, b, c = trio
     ra, rb = runner(a, 1, 3, deadline=1.0), runner(b, 2, 3, deadline=1.0)
     train_publish(rb, 0)
@@ -78,8 +93,13 @@ def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio):
     # round 1: b and c publish (c from the shared global), a is the late one this time
     train_publish(rb, 1), train_publish(rc, 1)
     sync(trio)
-    rep1 = trio_lib.run(rc.run_round, 1)
+    old, blob = plant_unserved_model(c)  # and c keeps at most 1 byte of models: the runner's registrations apply it
+    with caplog.at_level("WARNING", logger="atd.models"):
+        rep1 = trio_lib.run(rc.run_round, 1)
     assert rep1.missing == [peer_ids(trio)[0]]
+    assert old not in [r.id for r in ModelRegistry(c).list()] and not rc.store.has(blob)
+    assert rep1.metrics["model"] in [r.id for r in ModelRegistry(c).list()]  # the newest and served ones stay
+    assert any(f"removed old model {old}" in m for m in caplog.messages)
     sync(trio)
     assert trio_lib.run(ra.global_blob, 2) == rep1.blob == trio_lib.run(rb.global_blob, 2)
 
