@@ -101,8 +101,7 @@ def prune_cmd(
     limit = max_bytes or size_limit(h)
     if not limit:
         raise CliError("no size limit: set [models] max_bytes in config.toml or pass --max-bytes")
-    with reporting_removals():
-        enforce_limit(h, limit)
+    enforce_limit(h, limit)  # what it removes is printed by `reporting_removals` (held around every command)
 
 
 class _EchoHandler(logging.Handler):
