@@ -24,7 +24,7 @@ import torch
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
 from atdnode.errors import AtdError
-from atdnode.features import extract_features
+from atdnode.features import extract_features, predict_classes
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
 from atdnode.model import ModelConfig, build_model, load_part, part_spec
@@ -64,12 +64,15 @@ def load_full_model(store: BlobStore, record: ModelRecord) -> torch.nn.Module:
     return model.eval()
 
 
-def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256
-                  ) -> tuple[list[str], np.ndarray, str]:
-    """(classifier classes, predicted index per image into them, kind)."""
+def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
+                  device: torch.device | str | None = None) -> tuple[list[str], np.ndarray, str]:
+    """(classifier classes, predicted index per image into them, kind); the model runs on
+    `device` (atdnode.device rule; None: CUDA when present)."""
     from atdnode.data import LabeledImages
+    from atdnode.device import resolve_device
 
-    model = load_full_model(store, record)
+    dev = resolve_device(device)
+    model = load_full_model(store, record).to(dev)
     ens_blob = record.blobs.get("ensemble")
     if ens_blob:
         from atdnode.node_ensemble import load_ensemble
@@ -79,13 +82,9 @@ def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *
         if not names or int(ens.classes_.max()) >= len(names):
             raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
         dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
-        X, _ = extract_features(model, dummy, batch_size)
+        X, _ = extract_features(model, dummy, batch_size, device=dev)
         return names, ens.predict(X).astype(np.int64), "ensemble"
-    preds = []
-    with torch.no_grad():
-        for s in range(0, len(images), batch_size):
-            preds.append(model(images[s:s + batch_size]).argmax(1))
-    pred = torch.cat(preds).numpy().astype(np.int64) if preds else np.zeros(0, np.int64)
+    pred = predict_classes(model, images, batch_size, device=dev).numpy().astype(np.int64)
     return list(record.labels), pred, "model"
 
 
@@ -96,7 +95,8 @@ def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[in
     return float(p), float(r), float(f)
 
 
-def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> float:
+def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd,
+                       device: torch.device | str | None = None) -> float:
     """Accuracy under PGD (`pgd`: protocols.adversarial.PGDConfig) of a model predicting with
     its head; samples of classes it does not know count as errors, as in the clean metrics."""
     from protocols.adversarial import AdversarialError, robust_accuracy
@@ -104,7 +104,10 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> f
     if record.blobs.get("ensemble"):
         raise ClassifyError(f"model {record.id} predicts with an ensemble (PCA, trees): PGD needs gradients "
                             f"through the classifier, so robust accuracy is for head models only")
-    model = load_full_model(store, record)
+    from atdnode.device import resolve_device
+
+    dev = resolve_device(device)
+    model = load_full_model(store, record).to(dev)
     index = {c: i for i, c in enumerate(record.labels)}
     names = [data.classes[int(t)] for t in data.labels]
     known = torch.tensor([c in index for c in names], dtype=torch.bool)
@@ -112,7 +115,7 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> f
         return 0.0
     y = torch.tensor([index[c] for c, k in zip(names, known.tolist()) if k], dtype=torch.int64)
     try:
-        rep = robust_accuracy(model, (data.images[known], y), generator=torch.Generator().manual_seed(0),
+        rep = robust_accuracy(model, (data.images[known].to(dev), y.to(dev)), generator=torch.Generator().manual_seed(0),
                               **pgd.attack_kwargs())
     except AdversarialError as exc:
         raise ClassifyError(f"robust accuracy: {exc}") from None
@@ -120,14 +123,19 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd) -> f
 
 
 def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
-             out: str | Path | None = None, batch_size: int = 256, pgd=None) -> ClassifyResult:
+             out: str | Path | None = None, batch_size: int = 256, pgd=None,
+             device: str | None = None) -> ClassifyResult:
     """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`."""
+    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
+    The model runs on `device` (atdnode.device: else HOME's [compute] device, else CUDA if present)."""
+    from atdnode.device import resolve_device
+
+    dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = ModelRegistry(home).get(model)
     cfg = ModelConfig.from_dict(record.model)
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
     store = BlobStore(home.blobs_dir)
-    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size)
+    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=dev)
     if not set(names) & set(data.classes):
         raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
     space = list(data.classes) + [c for c in names if c not in data.classes]
@@ -139,7 +147,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
     metrics["sensitivity"] = metrics["recall"]
     if pgd is not None:
-        metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd)
+        metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     save_confusion_png(metrics["confusion"], space, png,

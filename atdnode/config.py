@@ -69,6 +69,17 @@ class NodeConfig:
             raise ConfigError("config: bulk.port must be an integer 0-65535")
         return {"bulk": enabled, "bulk_port": port}
 
+    def compute_device(self) -> str | None:
+        """The `[compute]` table's `device` (`cpu`, `cuda` or `cuda:N`; absent: None, meaning
+        CUDA when present). Checked and turned into a torch.device by atdnode.device."""
+        t = self.extra.get("compute", {})
+        if not isinstance(t, dict):
+            raise ConfigError("config: [compute] must be a table")
+        dev = t.get("device")
+        if dev is not None and (not isinstance(dev, str) or not dev):
+            raise ConfigError("config: compute.device must be a string: cpu, cuda or cuda:N")
+        return dev
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
         for key in _KNOWN:

@@ -59,19 +59,38 @@ class DistContext:
 
 
 def pick_device(pref: str | None = None, local_rank: int = 0) -> torch.device:
-    if pref:
-        return torch.device(pref)
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    """`atdnode.device.resolve_device` without a home (kept for callers of the old name)."""
+    from atdnode.device import resolve_device
+
+    return resolve_device(pref, local_rank=local_rank)
 
 
-def init_from_env(device: str | None = None) -> DistContext:
-    """Join torchrun's process group when WORLD_SIZE > 1, else a single-process context."""
+def check_nproc(nproc: int, device: str | None = None) -> None:
+    """`--nproc-per-node N` needs N GPUs when the ranks run on CUDA (NCCL refuses two ranks
+    on one GPU); on the CPU (`device="cpu"`, or no CUDA) any N runs with gloo."""
+    from atdnode.device import DeviceError, parse_device
+
+    dev = parse_device(device) if device else (torch.device("cuda") if torch.cuda.is_available() else None)
+    if dev is None or dev.type != "cuda" or nproc <= 1:
+        return
+    have = torch.cuda.device_count()
+    if dev.index is not None:
+        raise DeviceError(f"--nproc-per-node {nproc} with --device {device}: every rank would use one GPU "
+                          "(give --device cuda for one GPU per rank, or --device cpu for gloo)")
+    if have < nproc:
+        raise DeviceError(f"--nproc-per-node {nproc} needs {nproc} GPUs, this machine has {have} "
+                          "(use --nproc-per-node {0} or --device cpu to run the ranks on the CPU with gloo)".format(have))
+
+
+def init_from_env(device: "str | torch.device | None" = None, home=None) -> DistContext:
+    """Join torchrun's process group when WORLD_SIZE > 1, else a single-process context.
+    The device follows `atdnode.device.resolve_device(device, home=home)`."""
+    from atdnode.device import resolve_device
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = pick_device(device, local)
+    dev = resolve_device(device, home=home, local_rank=local)
     if world <= 1:
         return DistContext(device=dev)
     owns = False

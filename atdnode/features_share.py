@@ -98,8 +98,13 @@ def _cache_key(spec: str, cfg: ModelConfig, split: str) -> str:
 
 
 def node_features(home: NodeHome, store: BlobStore, cfg: ModelConfig, extractor: str, data_spec: str, *,
-                  split: str = "train", batch_size: int = 256) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """CLS features of this node's data under `extractor`: (X float32 (N, D), y int64, classes)."""
+                  split: str = "train", batch_size: int = 256, device: str | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """CLS features of this node's data under `extractor`: (X float32 (N, D), y int64, classes),
+    extracted on `device` (atdnode.device rule: else $ATD_DEVICE, HOME's [compute] device, CUDA
+    when present; bf16 autocast on CUDA) and cached under HOME/features."""
+    from atdnode.device import resolve_device
+
     from safetensors import SafetensorError, safe_open
     from safetensors.numpy import save_file
 
@@ -111,8 +116,9 @@ def node_features(home: NodeHome, store: BlobStore, cfg: ModelConfig, extractor:
                 return f.get_tensor("X"), f.get_tensor("y"), list(classes)
         except (OSError, KeyError, ValueError, SafetensorError):
             path.unlink(missing_ok=True)  # a damaged cache file is simply rebuilt
+    dev = resolve_device(device, home=home)  # a bad choice fails before the data loads
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
-    X, y = extract_features(model_with_extractor(store, cfg, extractor), data, batch_size)
+    X, y = extract_features(model_with_extractor(store, cfg, extractor), data, batch_size, device=dev)
     home.features_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file({"X": X, "y": y}, str(tmp), metadata={"classes": json.dumps(data.classes), "spec": data_spec})
@@ -165,8 +171,9 @@ def recipient_keys(led: Ledger, peer_ids: list[str]) -> dict[str, bytes]:
 # ---------------------------------------------------------------- share / open
 
 def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = None, model: str = "latest",
-                   batch_size: int = 256) -> SharedFeatures:
-    """Seal the CLS features of this node's data (model `model`'s extractor) to `to`; record it."""
+                   batch_size: int = 256, device: str | None = None) -> SharedFeatures:
+    """Seal the CLS features of this node's data (model `model`'s extractor) to `to`; record it.
+    The features are extracted on `device` (atdnode.device rule); what is sealed is CPU float32."""
     ident = NodeIdentity.load(home)
     store = BlobStore(home.blobs_dir)
     record = ModelRegistry(home).get(model)
@@ -175,7 +182,7 @@ def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = Non
     with Ledger.open(home.ledger_db) as led:
         keys = recipient_keys(led, to)
     ext = extractor_blob(store, record)
-    X, y, classes = node_features(home, store, cfg, ext, spec, batch_size=batch_size)
+    X, y, classes = node_features(home, store, cfg, ext, spec, batch_size=batch_size, device=device)
     try:
         sealed = seal(X, y, classes, keys, ident.x25519_private, sender_id=ident.peer_id)
     except FeatureCryptoError as exc:

@@ -50,6 +50,7 @@ from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
+from protocols.fedwavg import fedwavg_cosines
 from protocols.rounds import candidate_order, canonical, is_final, last_layer_vector, round_weights
 
 
@@ -95,11 +96,23 @@ def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, camp
 
 def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, reference: str, inputs: list[str],
                          weights: list[float], participants: list[str], missing: list[str], store: BlobStore,
-                         blob: str, model: dict) -> dict:
+                         blob: str, model: dict, cosines: list[float] | None = None) -> dict:
     return {"mode": "round", "campaign": campaign, "round": int(rnd), "weighting": weighting, "q": float(q),
             "reference": reference, "inputs": inputs, "weights": weights, "participants": participants,
             "missing": missing, "head": True, "part": "full", "blob": blob, "size": store.size(blob),
-            "manifest": store.manifest(blob).hash, "model": model}
+            "manifest": store.manifest(blob).hash, "model": model,
+            **({"cosines": cosines} if cosines is not None else {})}
+
+
+def round_cosines(store: BlobStore, inputs: list[Entry], reference: str) -> list[float]:
+    """FedWAvg Eq. 3's c_i of each input's last layer against the reference's, input order
+    (what a fedwavg round's `aggregate` entry records beside its weights, as `cosines`)."""
+    try:
+        ref = last_layer_vector(load_weights(store, reference)[0])
+        return [float(c) for c in fedwavg_cosines(ref, [last_layer_vector(load_weights(store, str(e.body.get("blob")))[0])
+                                                        for e in inputs])]
+    except AggregationError as exc:
+        raise RoundsError(f"fedwavg cosines: {exc}") from None
 
 
 # ---------------------------------------------------------------- a round in the ledger

@@ -56,6 +56,7 @@ from atdnode.round_rules import (
     init_blob,
     round_aggregate,
     round_candidates,
+    round_cosines,
     round_inputs,
     round_weights_entries,
     signer as _signer,
@@ -75,10 +76,12 @@ class RoundsConfig:
     cfg: ModelConfig
     rounds: int
     weighting: str = "fedwavg"
-    q: float = 1.0
+    q: float = 10.0  # FedWAvg's softmax scale: protocols.fedwavg.ROUNDS_Q, chosen by measurement
     local_epochs: int = 1
     batch_size: int = 16
     lr: float | None = None
+    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.training)
+    lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
     seed: int = 0
     deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
     min_peers: int | None = None  # None: every live member
@@ -86,6 +89,7 @@ class RoundsConfig:
     name: str = ""
     batch_transform: object | None = None  # atdnode.training.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
+    device: str | None = None  # local training's device (atdnode.device rule); averaging stays on the CPU
     log: Callable[[str], None] = field(default=lambda _m: None)
 
 
@@ -106,6 +110,7 @@ class RoundReport:
     bytes_out: int = 0
     bytes_in: int = 0
     metrics: dict = field(default_factory=dict)
+    cosines: list[float] | None = None  # fedwavg: the c_i behind `weights` (as recorded)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -239,8 +244,9 @@ class RoundRunner:
     # -- one round
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
+                            optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
-                            device="cpu", epoch_eval=False, batch_transform=self.c.batch_transform,
+                            device=self.c.device, epoch_eval=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
         return train(self.home, self.c.data, self.cfg, opts)
 
@@ -296,6 +302,10 @@ class RoundRunner:
         t = time.perf_counter()
         weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
                                                  reference=reference)
+        cosines = round_cosines(self.store, inputs, reference) if self.c.weighting == "fedwavg" else None
+        if cosines is not None:
+            self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
+                       f"-> weights {[round(w, 4) for w in weights]}")
         from atdnode.weights import save_weights
 
         blob = save_weights(self.store, tensors, meta)
@@ -304,7 +314,8 @@ class RoundRunner:
         body = aggregate_round_body(campaign=self.campaign, rnd=rnd, weighting=self.c.weighting, q=self.c.q,
                                     reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
-                                    store=self.store, blob=blob, model=self.cfg.to_dict())
+                                    store=self.store, blob=blob, model=self.cfg.to_dict(),
+                                    cosines=cosines)
         with self._led() as led:
             entry = bodies.append(led, self.ident.signer, "aggregate", body)
         self._verified[entry.id] = blob  # computed here
@@ -361,7 +372,7 @@ class RoundRunner:
                            exchange_s=round(max(exchange, 0.0), 3), aggregate_s=round(self._agg_s, 3),
                            exchange_clock="wall" if self.fabric.wall_clock else "simulated",
                            bytes_out=int(pub.body["size"]) if pub is not None else 0,
-                           bytes_in=bytes_in, metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
+                           bytes_in=bytes_in, cosines=b.get("cosines"), metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
                                                        ("accuracy", "robust_accuracy")} if rec else {})})
 
     def _base(self) -> ModelRecord:

@@ -33,8 +33,10 @@ from torch import nn
 from atdnode import ddp
 from atdnode.augment import SmallClassAugment
 from atdnode.data import LabeledImages, load_dataset
+from atdnode.devdata import DeviceImages
+from atdnode.device import to_device, use_amp
 from atdnode.errors import ConfigError
-from atdnode.features import extract_features, progress_bar  # noqa: F401  (re-exported, INTERFACES)
+from atdnode.features import device_batches, extract_features, predict_classes, progress_bar  # noqa: F401  (re-exported, INTERFACES)
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
 from atdnode.model import ModelConfig, build_model, export_part, extractor_state, freeze_blocks
@@ -91,6 +93,8 @@ class AdversarialTransform:
 # patch 8) reached 0.14 test accuracy at 3e-3, 0.18 at 5e-4, 0.42 at 3e-4, 0.43 at 1e-4;
 # d=48 depth 12 did best at 5e-4 of {3e-3, 1e-3, 5e-4}.
 FINETUNE_LR = 3e-3
+OPTIMIZERS = ("adamw", "sgd")
+SGD_MOMENTUM = 0.9  # the FedWAvg paper's local SGD (Sec. 4)
 SCRATCH_LR_192 = 1e-4
 
 
@@ -109,7 +113,8 @@ class TrainOptions:
     augment_prob: float = 0.5
     augment_mode: str = "enlarge"  # paper §4.2: extra samples for small classes; "inplace": replace
     pretrained: bool = False  # timm pretrained-by-name (needs a reachable hub)
-    device: str | None = None
+    device: str | None = None  # atdnode.device rule: cpu / cuda / cuda:N, else [compute] device, else CUDA if present
+    compile: bool = False  # torch.compile the model (not in the run key: same math, other kernels)
     progress: bool = False
     log: Callable[[str], None] | None = None
     batch_transform: BatchTransform | None = None
@@ -117,6 +122,13 @@ class TrainOptions:
     epoch_eval: bool = True  # held-out loss/accuracy after each epoch (history.csv, curves.png)
     tensorboard: str | None = None  # log dir (atdnode.trainlog); display only, not in the run key
     mlflow: str | None = None  # tracking URI (atdnode.trainlog); display only
+    # "adamw" (default: warmup + cosine per step) or "sgd": SGD with momentum 0.9 at a rate
+    # that drops by `lr_decay` each epoch (lr * (1 - lr_decay)^(epoch_offset + epoch)), no
+    # warmup -- the local optimiser of the FedWAvg paper (Sec. 4, "Training configuration":
+    # 5 % per epoch in AT); `epoch_offset` counts the epochs of earlier rounds
+    optimizer: str = "adamw"
+    lr_decay: float = 0.0
+    epoch_offset: int = 0
 
     def effective_lr(self, embed_dim: int) -> float:
         """`lr`, or the default: FINETUNE_LR from weights, width-scaled SCRATCH_LR_192 from scratch."""
@@ -132,7 +144,8 @@ class TrainOptions:
                 "warmup": self.warmup_epochs, "init_from": self.init_from, "freeze": self.freeze_blocks,
                 "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob, self.augment_mode],
                 "pretrained": self.pretrained,
-                "transform": self.batch_transform.describe() if self.batch_transform else None}
+                "transform": self.batch_transform.describe() if self.batch_transform else None,
+                **({"optimizer": [self.optimizer, self.lr_decay, self.epoch_offset]} if self.optimizer != "adamw" else {})}
 
 
 def run_key(data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> str:
@@ -163,28 +176,65 @@ def lr_at(step: int, total: int, warmup: int, base: float) -> float:
     return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
 
 
+class LaggedStats:
+    """Running (mean loss, accuracy) for a progress display without a host synchronisation.
+
+    On CUDA the device totals are copied without blocking into pinned memory and read only
+    once that copy's event has completed, so the display lags a step or a few; on the CPU
+    the values are read at once.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = torch.zeros(3, dtype=torch.float64).pin_memory() if self.cuda else None
+        self.event = None
+        self.last = (float("nan"), float("nan"))
+
+    def read(self, stats: torch.Tensor) -> tuple[float, float]:
+        """`stats` = (loss sum, correct, count) -> the latest (loss, accuracy) available."""
+        if not self.cuda:
+            loss, correct, n = stats.tolist()
+            return loss / max(n, 1.0), correct / max(n, 1.0)
+        if self.event is not None and self.event.query():
+            loss, correct, n = self.host.tolist()
+            self.last, self.event = (loss / max(n, 1.0), correct / max(n, 1.0)), None
+        if self.event is None:
+            self.host.copy_(stats, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        return self.last
+
+
 class Trainer:
     """The epoch loop on in-memory data (no DataLoader: the tensors are already there)."""
 
     def __init__(self, model: nn.Module, data: LabeledImages, opts: TrainOptions, ctx: ddp.DistContext) -> None:
         self.model, self.data, self.opts, self.ctx = model, data, opts, ctx
         self.device = ctx.device
-        self.amp = self.device.type == "cuda"
+        self.amp = use_amp(self.device)
         self.net: nn.Module = model
         if ctx.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if opts.compile:
+            self.net = torch.compile(self.net)
         self.lr = opts.effective_lr(int(model.embed_dim))
-        self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr)
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # one kernel for all params on CUDA
+        self.optimizer = torch.optim.AdamW(param_groups(model, opts.weight_decay), lr=self.lr, **fused)
         self.augment = (SmallClassAugment(data.class_counts(), threshold=opts.augment_threshold,
                                           prob=opts.augment_prob, seed=opts.seed, mode=opts.augment_mode)
                         if opts.augment else None)
+        if opts.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {opts.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        if opts.optimizer == "sgd":  # the FedWAvg paper's local optimiser, in AdamW's place
+            self.optimizer = torch.optim.SGD(param_groups(model, opts.weight_decay), lr=self.lr, momentum=SGD_MOMENTUM)
         # sample i < N is data[i]; sample N + k is an augmented copy of data[sources[N + k]]
         extra = self.augment.extra_sources(data.labels) if self.augment is not None else torch.zeros(0, dtype=torch.int64)
         self.sources = torch.cat([torch.arange(len(data)), extra])
         self.steps_per_epoch = math.ceil(len(self.sources) / opts.batch_size)
         self.total_steps = self.steps_per_epoch * opts.epochs
         self.warmup = min(self.total_steps, round(opts.warmup_epochs * self.steps_per_epoch))
+        self.images = DeviceImages(data.images, data.labels, self.device)  # on the GPU when it fits
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.opts.seed * 1_000_003 + epoch)
@@ -197,22 +247,23 @@ class Trainer:
         self.net.train()
         order = self.epoch_order(epoch)
         stats = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count (this rank)
+        shown = LaggedStats(self.device)
         for b in range(self.steps_per_epoch):
             step = epoch * self.steps_per_epoch + b
             for g in self.optimizer.param_groups:
-                g["lr"] = lr_at(step, self.total_steps, self.warmup, self.lr)
+                g["lr"] = (self.lr * (1.0 - opts.lr_decay) ** (opts.epoch_offset + epoch) if opts.optimizer == "sgd"
+                           else lr_at(step, self.total_steps, self.warmup, self.lr))
             gidx = order[b * opts.batch_size:(b + 1) * opts.batch_size]  # the global batch
             lo, hi = ctx.slice(len(gidx))
             idx = gidx[lo:hi]
-            src = self.sources[idx]
-            x, y = self.data.images[src], self.data.labels[src]
+            src = self.sources[idx]  # (b,) on the CPU: indices never wait for the device
+            x, y = self.images.gather(src), self.images.gather_labels(src)  # (b, C, H, W), (b,) on the device
             if self.augment is not None:
-                x = self.augment(x, y, idx, epoch)  # in place mode
-                extra = idx >= len(self.data)
-                if bool(extra.any()):  # enlarge mode: the extra samples are made now
-                    x = x.clone()
-                    x[extra] = self.augment.make_extra(x[extra], idx[extra], epoch)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                x = self.augment(x, self.data.labels[src], idx, epoch)  # in place mode
+                extra = torch.nonzero(idx >= len(self.data)).flatten()
+                if len(extra):  # enlarge mode: the extra samples are made now, batched on the device
+                    at = to_device(extra, self.device)
+                    x[at] = self.augment.make_extra(x[at], idx[extra], epoch)
             if opts.batch_transform is not None:
                 g = torch.Generator().manual_seed(_seed_of(opts.seed, epoch, b, ctx.rank))
                 x = opts.batch_transform(self.model, x, y, g)
@@ -228,8 +279,7 @@ class Trainer:
                 stats[1] += (logits.argmax(1) == y).sum()
                 stats[2] += len(y)
             if on_batch is not None:
-                loss, acc = (stats[:2] / stats[2].clamp(min=1)).tolist()
-                on_batch(len(gidx), loss, acc)
+                on_batch(len(gidx), *shown.read(stats))
         ctx.sum_(stats)
         loss, acc = (stats[:2] / stats[2].clamp(min=1)).tolist()
         return {"epoch": epoch + 1, "loss": loss, "accuracy": acc}
@@ -237,28 +287,25 @@ class Trainer:
 
 @torch.no_grad()
 def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: int = 256) -> dict:
-    """Mean cross-entropy and accuracy of `model` on `data` (eval mode, restored afterwards)."""
+    """Mean cross-entropy and accuracy of `model` on `data` (eval mode, restored afterwards);
+    the sums stay on the model's device until the end."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
-    loss, correct = 0.0, 0
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    labels = to_device(data.labels, device)
     try:
-        for s in range(0, len(data), batch_size):
-            x, y = data.images[s:s + batch_size].to(device), data.labels[s:s + batch_size].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        for s, x in device_batches(data.images, batch_size, device):
+            y = labels[s:s + len(x)]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp(device)):
                 logits = model(x)
-            loss += float(F.cross_entropy(logits.float(), y, reduction="sum"))
-            correct += int((logits.argmax(1) == y).sum())
+            sums[0] += F.cross_entropy(logits.float(), y, reduction="sum").double()
+            sums[1] += (logits.argmax(1) == y).sum()
     finally:
         model.train(was)
     n = max(1, len(data))
+    loss, correct = sums.tolist()
     return {"val_loss": loss / n, "val_accuracy": correct / n}
-
-
-@torch.no_grad()
-def _predict(model: nn.Module, images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        return model(images.to(device)).argmax(1).cpu()
 
 
 def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, device: torch.device | str | None = None,
@@ -266,20 +313,23 @@ def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, de
     """Macro metrics + confusion matrix of `model` on `data` (optionally on transformed inputs,
     e.g. adversarial examples). The model's train/eval mode is restored afterwards."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    if transform is None:
+        pred = predict_classes(model, data.images, batch_size, device=device)
+        return classification_metrics(data.labels.numpy(), pred.numpy(), len(data.classes))
     was = model.training
     model.eval()
     preds = []
     try:
-        for s in range(0, len(data), batch_size):
-            x, y = data.images[s:s + batch_size].to(device), data.labels[s:s + batch_size].to(device)
-            if transform is not None:
-                g = torch.Generator().manual_seed(s)
-                with torch.enable_grad():
-                    x = transform(model, x, y, g).detach()
-            preds.append(_predict(model, x, device))
+        for s, x in device_batches(data.images, batch_size, device):
+            y = to_device(data.labels[s:s + len(x)], device)
+            g = torch.Generator().manual_seed(s)
+            with torch.enable_grad():
+                x = transform(model, x, y, g).detach()
+            with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp(device)):
+                preds.append(model(x).argmax(1))
     finally:
         model.train(was)
-    pred = torch.cat(preds) if preds else torch.empty(0, dtype=torch.long)
+    pred = torch.cat(preds).cpu() if preds else torch.empty(0, dtype=torch.long)
     return classification_metrics(data.labels.numpy(), pred.numpy(), len(data.classes))
 
 
@@ -375,7 +425,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
     from atdnode.blobstore import BlobStore
 
     log = opts.log or (lambda _msg: None)
-    ctx = ddp.init_from_env(opts.device)
+    ctx = ddp.init_from_env(opts.device, home=home)
     prev_det = torch.are_deterministic_algorithms_enabled()
     tlog = None
     if ctx.device.type == "cpu":

@@ -5,6 +5,10 @@
   (``tobytes`` + ``frombuffer().copy()``): ratio = frame throughput / copy throughput.
 * ``comm``  -- FESTA and p-FESTA on the same tiny digits setting (2 clients, 2 tasks):
   measured wire bytes per client vs the paper's formulas, and p-FESTA / FESTA.
+* ``msd``   -- MSD's one round (`run_msd_inprocess`, 2 clients x 300 digits; one distillation
+  step: the bytes do not depend on the steps): measured bytes per client vs MSD Eq. 9
+  (T_MSD = DF + Pb) and Eq. 8 (T_FL-SSL = 4 R/r P) at the paper's Table VII schedule
+  (R = 50, r = 1) and at this bench's FESTA schedule; ratio T_MSD / T_FL-SSL (paper: ~0.25).
 
     python bench/split_bench.py            # ~1 min on a small CPU
 Prints one JSON object.
@@ -19,7 +23,9 @@ import numpy as np
 import torch
 
 from protocols import festa, pfesta
-from protocols.comm_cost import compare
+from protocols.comm_cost import MSD_TABLE7_FL_ROUNDS, CostParams, compare, msd_vs_fl_ssl, tensor_bytes
+from protocols.msd import MSDConfig, run_msd_inprocess
+from protocols.pfesta import permute_tokens, random_permutations
 from protocols.split_parts import SPLIT_MODEL, TaskSpec, build_plain_embedder, digits_images, digits_targets
 from protocols.tensor_frames import decode_frame, encode_frame
 
@@ -74,6 +80,31 @@ def bench_comm(rounds: int, steps: int, n: int) -> dict:
     return out
 
 
+def bench_msd(rounds: int, n: int) -> dict:
+    torch.set_num_threads(1)
+    cfg = SPLIT_MODEL
+    x, _ = digits_images(16)
+    emb = build_plain_embedder(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        uploads = {c: permute_tokens(t := emb(x[lo:lo + 300]), random_permutations(t.shape[0], t.shape[1], gen))
+                   for c, lo in (("a", 0), ("b", 300))}
+    res, ch = run_msd_inprocess(cfg, uploads, MSDConfig(steps=1, batch_size=32))
+    f = cfg.num_patches * cfg.embed_dim * 4
+    ph, pb = tensor_bytes(emb.state_dict()), tensor_bytes(res.body_state)
+    msd_p = CostParams(D=300, B=0, R=1, n=1, F=f, G=f, Ph=ph, Pb=pb, Pt=0)
+    measured = {c: ch.counter.total(c) for c in uploads}
+    mean = sum(measured.values()) / len(measured)
+    out = {"measured_per_client": measured, "Pb": pb, "Ph": ph, "F": f, "D": 300}
+    for label, r, every in (("table7_R50_r1", MSD_TABLE7_FL_ROUNDS, 1), (f"festa_schedule_R{rounds}_r{n}", rounds, n)):
+        fl_p = CostParams(D=300, B=0, R=r, n=every, F=f, G=f, Ph=ph, Pb=pb, Pt=0)
+        out[label] = {k: (round(v, 5) if isinstance(v, float) else v)
+                      for k, v in msd_vs_fl_ssl(msd_p, fl_p, measured_msd=mean).items()}
+        out[label]["measured_over_T_FL_SSL"] = round(mean / out[label]["T_FL_SSL"], 5)
+    out["measured_over_eq9"] = round(mean / out["table7_R50_r1"]["T_MSD"], 5)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -83,7 +114,8 @@ def main() -> None:
     ap.add_argument("--unify", type=int, default=2)
     a = ap.parse_args()
     print(json.dumps({"codec": bench_codec(a.batch, a.rounds),
-                      "comm": bench_comm(a.train_rounds, a.steps, a.unify)}, indent=1))
+                      "comm": bench_comm(a.train_rounds, a.steps, a.unify),
+                      "msd": bench_msd(a.train_rounds, a.unify)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -20,3 +20,8 @@ HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=H
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:
     """The shared --home option with a command-specific help text (same flag, same env var)."""
     return typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=help)
+
+DEVICE_HELP = ("Device that runs the model: cpu, cuda or cuda:N (default: [compute] device in "
+               "config.toml, else cuda when present).")
+
+DEVICE_OPT = typer.Option(None, "--device", help=DEVICE_HELP)

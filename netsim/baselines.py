@@ -217,7 +217,7 @@ def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progr
                                local_epochs=b.local_epochs, batch_size=scn.train.batch_size, lr=scn.train.lr,
                                seed=scn.seed + 1000 * (phase - 1), network=scn.network,
                                test={n: data.nodes[n].test for n in names}, init_state=g.state,
-                               deadline=scn.step_deadline_s, log=log)
+                               deadline=scn.step_deadline_s, optimizer=b.optimizer, lr_decay=b.lr_decay, log=log)
         g.state = rr.state
         for n in names:
             res.add_bytes(n, **rr.bytes[n])

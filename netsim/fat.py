@@ -19,6 +19,11 @@ netsim reports call it for "FedAvg of the whole ViT"); `netsim.baselines.run_rou
 runs a scenario's phases with it (a phase's campaign starts from the previous phase's global
 model, its head widened to the new label space — as the other baselines do).
 
+Options after the FedWAvg paper (Sec. 4): the Non-IID(2) / Non-IID(4) class partitions
+(`netsim.partition.non_iid`, scenario partitions `non_iid2` / `non_iid4`) and its local
+optimiser (`optimizer="sgd"`: momentum 0.9, rate decayed by `lr_decay` per epoch). Every
+FedWAvg round's cosines (Eq. 3's c_i) are in its `aggregate` entry and `per_round()`.
+
 Deviations: clients are weighted equally (atd rounds' FedAvg; McMahan et al. weight by
 sample count); there is no FedProx term (scenario_check refuses `fedprox_mu > 0`). Bytes
 are what the nodes' links carried (gossip, sync, blobs: `MemCluster.link_bytes`), not
@@ -49,6 +54,7 @@ from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
 from netsim.scenario import NetworkSpec
 from protocols.adversarial import PGDConfig
+from protocols.fedwavg import ROUNDS_Q
 
 LOCAL_TEST = 32  # samples of each node's own test set that `atd rounds`' local training evaluates on
 
@@ -120,7 +126,7 @@ class RoundsResult:
                         "max_exchange_s": max(r.exchange_s for r in reps),
                         "max_aggregate_s": max(r.aggregate_s for r in reps),
                         "weight_bytes_out": mean("bytes_out"), "weight_bytes_in": mean("bytes_in"),
-                        "weights": reps[0].weights, "missing": reps[0].missing,
+                        "weights": reps[0].weights, "cosines": reps[0].cosines, "missing": reps[0].missing,
                         "identical": len({r.blob for r in reps}) == 1})
         return out
 
@@ -143,16 +149,18 @@ def _write_node_data(path: Path, train: LabeledImages, test: LabeledImages | Non
 
 
 def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], model: ModelConfig, rounds: int,
-                      weighting: str = "fedavg", q: float = 1.0, adversarial: PGDConfig | None = None,
+                      weighting: str = "fedavg", q: float = ROUNDS_Q, adversarial: PGDConfig | None = None,
                       local_epochs: int = 1, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
                       network: NetworkSpec = NetworkSpec(), test: dict[str, LabeledImages] | None = None,
                       init_state: dict[str, torch.Tensor] | None = None, deadline: float = 300.0,
+                      optimizer: str = "adamw", lr_decay: float = 0.0,
                       work: Path | None = None, log: Progress = lambda _m: None) -> RoundsResult:
     """Run one `atd rounds` campaign among the nodes of `train` (name -> its training data)
     as real daemons on the in-memory network; returns the final global model and the
     per-node round reports and link bytes. `classes` is the shared label space (each node's
     labels are re-indexed into it); `model` a ModelConfig (num_classes is set from
-    `classes`); `init_state` optional shared initial weights. `work` (default: a temporary
+    `classes`); `init_state` optional shared initial weights; `optimizer="sgd"` with `lr_decay`
+    the FedWAvg paper's local SGD (momentum 0.9, rate x (1 - lr_decay) per epoch). `work` (default: a temporary
     directory, removed) holds the node homes."""
     from netsim.memnet import MemCluster, simulate
 
@@ -181,7 +189,7 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                 runners = [RoundRunner(cluster.c.homes[n], RoundsConfig(
                     data=specs[n], cfg=cfg, rounds=rounds, weighting=weighting, q=q, local_epochs=local_epochs,
                     batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, batch_transform=transform,
-                    init_state=init_state, log=lambda m, n=n: log(f"{n}: {m}")), fabric=MemFabric(cluster, n))
+                    init_state=init_state, optimizer=optimizer, lr_decay=lr_decay, log=lambda m, n=n: log(f"{n}: {m}")), fabric=MemFabric(cluster, n))
                     for n in names]
                 async with trio.open_nursery() as nursery:
                     for n, r in zip(names, runners):

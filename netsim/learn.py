@@ -5,6 +5,9 @@ through `atd train`'s library function (`netsim.vgs_ops`).
 Everything goes through the node's own code: `atdnode.model` builds and splits the timm
 ViT, `atdnode.training.Trainer` runs the epochs (AdamW, warmup + cosine, seeded order),
 `atdnode.features.extract_features` gives CLS features. Nothing here touches a network.
+Training and prediction run on the node's device (`atdnode.device.resolve_device`: $ATD_DEVICE,
+set by `atd netsim run --device`, else CUDA when present); the trained model comes back on
+the CPU, so every average and every byte counted is computed there, as on the wire.
 
 Metrics (`score`) are macro-averaged over the classes present in the test set, so a node
 whose test data holds 3 classes is not penalised for the 7 it never sees; predictions of
@@ -21,6 +24,8 @@ from torch import nn
 
 from atdnode import ddp
 from atdnode.data import LabeledImages
+from atdnode.device import resolve_device
+from atdnode.features import predict_classes
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
 from netsim.scenario import TrainSpec
@@ -54,6 +59,8 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed:
     if init is not None:
         load_part(model, init, init_part)
     freeze_blocks(model, freeze)
+    dev = resolve_device(None)
+    model.to(dev)
     hooks = []
     if prox_mu > 0:
         ref = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -62,9 +69,10 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed:
                 hooks.append(p.register_hook(lambda g, p=p, r=ref[name]: g + prox_mu * (p.detach() - r)))
     opts = TrainOptions(epochs=epochs or spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
                         weight_decay=spec.weight_decay, warmup_epochs=warmup_epochs, seed=seed, augment=spec.augment)
-    trainer = Trainer(model, data, opts, ddp.DistContext())
+    trainer = Trainer(model, data, opts, ddp.DistContext(device=dev))
     for e in range(opts.epochs):
         trainer.train_epoch(e)
+    model.cpu()
     for h in hooks:
         h.remove()
     for p in model.parameters():
@@ -75,10 +83,13 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed:
 
 @torch.no_grad()
 def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> np.ndarray:
-    """Arg-max class indices (into the model's own label space)."""
+    """Arg-max class indices (into the model's own label space), computed on the node's device;
+    the model is left on the CPU."""
     model.eval()
-    out = [model(images[s:s + batch_size]).argmax(1) for s in range(0, len(images), batch_size)]
-    return torch.cat(out).numpy() if out else np.empty(0, dtype=np.int64)
+    try:
+        return predict_classes(model, images, batch_size, device=resolve_device(None)).numpy().astype(np.int64)
+    finally:
+        model.cpu()
 
 
 def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:

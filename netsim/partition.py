@@ -121,6 +121,29 @@ def disjoint(idx: np.ndarray, labels: np.ndarray, names: list[str], n: int, rng:
     return out
 
 
+def non_iid(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator, *,
+            classes_per_node: int) -> list[np.ndarray]:
+    """The FedWAvg paper's Non-IID(c) (Sec. 4, after Qu et al. 2021): each of the `n` nodes
+    holds samples of exactly `c` classes. The present classes are shuffled once; node k takes
+    classes ``order[(k*c + j) % C]`` for j < c, and each class's samples are split evenly among
+    the nodes that hold it (K = 5, C = 10: Non-IID(2) is disjoint, Non-IID(4) gives every class
+    to two nodes)."""
+    present = np.unique(labels[idx])
+    if not 1 <= classes_per_node <= len(present):
+        raise ScenarioError(f"non_iid({classes_per_node}) needs 1..{len(present)} classes per node")
+    order = present[rng.permutation(len(present))]
+    held = [[order[(k * classes_per_node + j) % len(present)] for j in range(classes_per_node)] for k in range(n)]
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for c in present:
+        owners = [k for k in range(n) if c in held[k]]
+        if not owners:
+            continue
+        pool = idx[labels[idx] == c]
+        for k, share in zip(owners, np.array_split(pool[rng.permutation(len(pool))], len(owners))):
+            parts[k].append(share)
+    return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
+
+
 def partition_cohort(*, nodes: tuple[str, ...], train_labels: np.ndarray, test_labels: np.ndarray,
                      names: list[str], scheme: str, seed: int, salt: str = "", classes: tuple[str, ...] | None = None,
                      alpha: float = 0.5, fractions: tuple[float, ...] | None = None,
@@ -145,6 +168,8 @@ def partition_cohort(*, nodes: tuple[str, ...], train_labels: np.ndarray, test_l
         parts = label_skew(idx, train_labels, n, rng, alpha=alpha)
     elif scheme == "quantity_skew":
         parts = quantity_skew(idx, n, rng, alpha=alpha, fractions=fractions)
+    elif scheme in ("non_iid2", "non_iid4"):
+        parts = non_iid(idx, train_labels, n, rng, classes_per_node=int(scheme[-1]))
     elif scheme == "disjoint":
         parts = disjoint(idx, train_labels, names, n, rng, class_sets=class_sets)
     else:

@@ -43,7 +43,7 @@ BACKENDS = ("memory", "process")
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
 METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
 BASES = ("scratch", "msd")
-PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint")
+PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non_iid4")  # non_iid*: FedWAvg paper
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
 WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count")
@@ -97,10 +97,12 @@ class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
     fedprox_mu: float = 0.0  # must stay 0: fedavg runs through `atd rounds`, which has no FedProx term
-    q: float = 1.0  # fat-fedwavg: softmax scale of Eq. 3
+    q: float = 10.0  # fat-fedwavg: softmax scale of Eq. 3 (protocols.fedwavg.ROUNDS_Q, chosen by measurement)
     pgd_eps: float = 8 / 255  # fat-*: PGD radius in pixel units (step eps / 4)
     pgd_steps: int = 3
     adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
+    optimizer: str = "adamw"  # rounds' local optimiser; "sgd": the FedWAvg paper's (momentum 0.9)
+    lr_decay: float = 0.0  # sgd: rate x (1 - lr_decay) per local epoch (the paper: 0.05 in AT)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ def check(s: Scenario) -> None:
         raise c.fail("baselines.fedprox_mu", "FedProx is not offered: fedavg runs through `atd rounds` (set 0)")
     if not 0 <= s.baselines.adv_ratio <= 1:
         raise c.fail("baselines.adv_ratio", "must be in [0, 1]")
+    if s.baselines.optimizer not in ("adamw", "sgd"):
+        raise c.fail("baselines.optimizer", f"{s.baselines.optimizer!r} is not one of adamw, sgd")
+    if not 0 <= s.baselines.lr_decay < 1:
+        raise c.fail("baselines.lr_decay", "must be in [0, 1)")
     if s.baselines.pgd_eps < 0 or s.baselines.pgd_steps < 0:
         raise c.fail("baselines.pgd_eps" if s.baselines.pgd_eps < 0 else "baselines.pgd_steps", "must be >= 0")
     _positive(c, "ensemble.pca_components", s.ensemble.pca_components)

@@ -29,9 +29,13 @@ a FedAvg every n rounds. ``F``/``G``/``B``/``D`` count per sample, which makes `
 - ``T_FESTA  = 2BR(F+G) + 2R/n (Ph+Pt)``  split traffic plus head/tail averaging;
 - ``T_pFESTA = DF + BR(F+G) + 2R Pt/n``   one upload of permuted embeddings, then per
   sample the body output down and its gradient up, plus tail averaging;
-- ``T_MSD    = DF + Pb``             (MSD Eq. 8) one upload of permuted embeddings, the
+- ``T_MSD    = DF + Pb``             (MSD Eq. 9) one upload of permuted embeddings, the
   distilled body down once; fine-tuning is local. The clients' embedder secret (Ph) is
-  sealed on the ledger, not sent to the server, and is not counted.
+  sealed on the ledger, not sent to the server, and is not counted;
+- ``T_FL-SSL = 4R/n (Ph+Pb+Pt)``    (MSD Eq. 8, ``4 (R/r) P``) federated self-supervised
+  learning: teacher and student, up and down, every n (the paper's r) of R rounds. The MSD
+  paper's "about 25 % of FL" (Table VII) is ``T_MSD / T_FL-SSL``; its FL ran R = 50 rounds
+  aggregated every round (:data:`MSD_TABLE7_FL_ROUNDS`).
 
 Frame headers (tens of bytes per message) are counted in wire bytes but not by the
 formulas; at realistic batch sizes they are well under 1 %.
@@ -176,9 +180,33 @@ def t_pfesta(p: CostParams) -> float:
 
 
 def t_msd(p: CostParams) -> float:
-    """MSD, Eq. 8: every sample's permuted embeddings up once (D F), the pre-trained body down
+    """MSD, Eq. 9: every sample's permuted embeddings up once (D F), the pre-trained body down
     once (Pb); a single round, so B, R, n, G, Ph and Pt do not enter."""
     return p.D * p.F + p.Pb
+
+
+def t_fl_ssl(p: CostParams) -> float:
+    """Federated self-supervised learning, MSD Eq. 8: ``T_FL = 4 (R/r) P`` -- the factor 4 is
+    teacher and student, each up and down (MSD §V "communication cost"), every ``n`` (the
+    paper's r) of ``R`` rounds; P = Ph + Pb + Pt, the whole model each network holds."""
+    return 4 * p.R / p.n * (p.Ph + p.Pb + p.Pt)
+
+
+def msd_vs_fl_ssl(msd: CostParams, fl: CostParams, *, measured_msd: float | None = None,
+                  measured_fl_ssl: float | None = None) -> dict[str, float | None]:
+    """T_MSD (Eq. 9) against T_FL-SSL (Eq. 8), by formula and, where given, measured: the
+    ratio the MSD paper puts at about 0.25 (Table VII). ``msd`` holds MSD's symbols (D, F,
+    Pb); ``fl`` the federated run's (R, n and the model sizes)."""
+    t_m, t_f = t_msd(msd), t_fl_ssl(fl)
+    out: dict[str, float | None] = {"T_MSD": t_m, "T_FL_SSL": t_f, "ratio": t_m / t_f if t_f else None,
+                                    "measured_T_MSD": measured_msd, "measured_T_FL_SSL": measured_fl_ssl,
+                                    "measured_ratio": None}
+    if measured_msd is not None and measured_fl_ssl:
+        out["measured_ratio"] = measured_msd / measured_fl_ssl
+    return out
+
+
+MSD_TABLE7_FL_ROUNDS = 50  # the MSD paper's FL comparison (Table VII): 50 rounds, r = 1
 
 
 def t_pfesta_learnable_head(p: CostParams) -> float:
@@ -188,13 +216,13 @@ def t_pfesta_learnable_head(p: CostParams) -> float:
     return 2 * p.B * p.R * (p.F + p.G) + 2 * p.R * p.Pt / p.n
 
 
-FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta, "msd": t_msd}
+FORMULAS = {"fl": t_fl, "sl": t_sl, "festa": t_festa, "pfesta": t_pfesta, "msd": t_msd, "fl_ssl": t_fl_ssl}
 # formulas of this implementation's variants (kept out of `formulas()`, which lists the papers')
 VARIANT_FORMULAS = {"pfesta_learnable_head": t_pfesta_learnable_head}
 
 
 def formulas(p: CostParams) -> dict[str, float]:
-    """Every formula (FL, SL, FESTA, p-FESTA, MSD Eq. 8) for the same parameters."""
+    """Every formula (FL, SL, FESTA, p-FESTA, MSD Eq. 9, FL-SSL MSD Eq. 8) for the same parameters."""
     return {name: f(p) for name, f in FORMULAS.items()}
 
 

@@ -21,6 +21,21 @@ The body takes one step per synchronous step on the task-averaged client gradien
 clients of the same task upload head+tail (``state_up``) and receive their uniform
 average (``state_down``; sample-weighted with ``part_weighting="samples"``). Phase 2
 freezes the body and keeps training (and unifying) heads and tails through it.
+
+Heads (``head=``): ``"vit"`` (default) is a trainable timm patch embedding + position table,
+the same architecture as p-FESTA's frozen embedder; ``"conv"`` (:class:`ConvHead`) is a small
+task-specific CNN before the patch projection, closer to the paper's setting (FESTA §4: each
+task keeps its own CNN head, e.g. a CheXpert-pretrained feature extractor for
+classification, in front of a shared Transformer body). `atd split compare` runs FESTA with
+the conv head, so its FESTA vs p-FESTA orderings compare a CNN-headed FESTA with p-FESTA's
+fixed patch embedder rather than two near-identical embedders.
+
+Deviations. Body step size: Algorithm 1 l.12 scales the task sum by ``eta / K``; the body
+here takes ``sum_k lambda_k / N_k sum_c g_c`` (``lambda_k`` = the task's ``loss_weight``,
+default 1) into AdamW (:mod:`protocols.split_server`). AdamW's step is invariant to a
+constant gradient scale (up to its epsilon), so the 1/K factor changes nothing there; with
+plain SGD, set ``loss_weight = 1/K`` to get the paper's step. Heads are not pretrained here
+(the paper's classification head starts from CheXpert weights).
 """
 from __future__ import annotations
 
@@ -31,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from timm.layers import build_sincos2d_pos_embed
+from torch import nn
 
 from atdnode.model import ModelConfig
 from protocols.comm_cost import ByteCounter, CostParams, InProcessChannel, tensor_bytes
@@ -50,14 +67,22 @@ class FestaServer(BodyServer):
     unify_with_head = True
 
     def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, class_token: bool = False,
-                 **kw: Any) -> None:
+                 head: str = "vit", **kw: Any) -> None:
         """``class_token``: heads send a cls token first and tails pool it (timm "token");
-        otherwise tails average the patch tokens (timm "avg"), which trains faster here."""
-        self.has_cls, self.tail_pool = class_token, ("token" if class_token else "avg")
+        otherwise tails average the patch tokens (timm "avg"), which trains faster here.
+        ``head``: the clients' head (:data:`HEADS`), whose state unification checks."""
+        if head not in HEADS or (head == "conv" and class_token):
+            raise ValueError(f"head {head!r} (class_token={class_token}): choose from {', '.join(HEADS)};"
+                             " the conv head has no class token")
+        self.has_cls, self.tail_pool, self.head = class_token, ("token" if class_token else "avg"), head
         super().__init__(cfg, tasks, **kw)
+        if head == "conv":  # unification checks the conv head's keys and shapes
+            conv = {f"head.{k}": v for k, v in ConvHead(cfg).state_dict().items()}
+            self._templates = {name: {**{k: v for k, v in t.items() if not k.startswith("head.")}, **conv}
+                               for name, t in self._templates.items()}
 
     def _ctor_kwargs(self) -> dict[str, Any]:
-        return {"class_token": self.has_cls}
+        return {"class_token": self.has_cls, "head": self.head}
 
     def forward(self, client_id: str, task: str, features: torch.Tensor) -> torch.Tensor:
         """``forward`` message -> ``body_out`` reply."""
@@ -76,18 +101,46 @@ class FestaServer(BodyServer):
         return self.body_infer(client_id, features)
 
 
+HEADS = ("vit", "conv")
+
+
+class ConvHead(nn.Module):
+    """A small task-specific CNN head (FESTA §4's setting, scaled down): two 3x3 convolutions
+    (C -> ``width`` -> ``width``, GELU) keep the resolution, a ``patch_size``-strided
+    convolution makes one D-wide token per patch, plus a trainable position table started at
+    the public 2-D sin-cos one: (B, C, H, W) -> (B, N, D), the body's input."""
+
+    def __init__(self, cfg: ModelConfig, *, width: int = 16, seed: int = 0) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.convs = nn.Sequential(nn.Conv2d(cfg.in_chans, width, 3, padding=1), nn.GELU(),
+                                       nn.Conv2d(width, width, 3, padding=1), nn.GELU())
+            self.proj = nn.Conv2d(width, cfg.embed_dim, cfg.patch_size, cfg.patch_size)
+        side = cfg.img_size // cfg.patch_size
+        self.pos = nn.Parameter(build_sincos2d_pos_embed([side, side], dim=cfg.embed_dim).unsqueeze(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.convs(x)).flatten(2).transpose(1, 2) + self.pos  # (B, N, D)
+
+
 class FestaClient:
-    """A FESTA client: head + tail for one task, its data, one AdamW over head and tail."""
+    """A FESTA client: head + tail for one task, its data, one AdamW over head and tail.
+    ``head``: one of :data:`HEADS` (module doc)."""
 
     def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, *, batch_size: int = 32, lr: float = 1e-3,
-                 weight_decay: float = 0.05, class_token: bool = False, seed: int = 0) -> None:
+                 weight_decay: float = 0.05, class_token: bool = False, seed: int = 0, head: str = "vit") -> None:
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
+        if head not in HEADS or (head == "conv" and class_token):
+            raise ValueError(f"{client_id}: head {head!r} (class_token={class_token}): choose from {', '.join(HEADS)};"
+                             " the conv head has no class token")
         self.client_id, self.cfg, self.task = client_id, cfg, task
         self.images, self.targets = images, targets
         self.class_token = class_token
-        self.head = build_head(cfg, seed=seed, class_token=class_token)
+        self.head = (ConvHead(cfg, seed=seed) if head == "conv"
+                     else build_head(cfg, seed=seed, class_token=class_token))
         self.tail = TaskTail(cfg, task, pool="token" if class_token else "avg", seed=seed + 1)
         self.opt = torch.optim.AdamW([*self.head.parameters(), *self.tail.parameters()], lr=lr,
                                      weight_decay=weight_decay)

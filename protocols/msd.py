@@ -106,7 +106,7 @@ def sample_view(tokens: torch.Tensor, keep: float, gen: torch.Generator) -> torc
     """A random subset of ``ceil(keep * N)`` tokens per image: (B, N, D) -> (B, K, D)."""
     b, n, _ = tokens.shape
     k = max(1, math.ceil(keep * n))
-    idx = torch.argsort(torch.rand(b, n, generator=gen), dim=1)[:, :k]
+    idx = torch.argsort(torch.rand(b, n, generator=gen), dim=1)[:, :k].to(tokens.device)  # drawn on the CPU
     return tokens.gather(1, idx.unsqueeze(-1).expand(-1, -1, tokens.shape[-1]))
 
 
@@ -127,12 +127,14 @@ class MSDResult:
 class MSDTrainer:
     """Server-side MSD over stored (permuted) embeddings; no labels involved."""
 
-    def __init__(self, mcfg: ModelConfig, cfg: MSDConfig = MSDConfig()) -> None:
-        self.mcfg, self.cfg = mcfg, cfg
-        self.student = MSDNet(mcfg, cfg, seed=cfg.seed)
+    def __init__(self, mcfg: ModelConfig, cfg: MSDConfig = MSDConfig(), *, device: torch.device | str = "cpu") -> None:
+        """``device`` runs the distillation (initialisation and sampling are drawn on the CPU,
+        so they do not depend on it); the published body comes back on the CPU."""
+        self.mcfg, self.cfg, self.device = mcfg, cfg, torch.device(device)
+        self.student = MSDNet(mcfg, cfg, seed=cfg.seed).to(self.device)
         self.teacher = copy.deepcopy(self.student)
         self.teacher.requires_grad_(False)
-        self.center = torch.zeros(cfg.out_dim)
+        self.center = torch.zeros(cfg.out_dim, device=self.device)
         self.opt = torch.optim.AdamW([p for p in self.student.parameters() if p.requires_grad],
                                      lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -154,7 +156,7 @@ class MSDTrainer:
         losses = []
         self.student.train()
         for step in range(c.steps):
-            x = features[sampler.next()]  # (b, N, D)
+            x = features[sampler.next()].to(self.device)  # (b, N, D)
             big = [sample_view(x, c.teacher_keep, self.gen) for _ in range(c.teacher_views)]
             small = [sample_view(x, c.student_keep, self.gen) for _ in range(c.student_views)]
             with torch.no_grad():
@@ -172,10 +174,10 @@ class MSDTrainer:
                     pt.mul_(m).add_(ps.detach(), alpha=1 - m)
                 batch_center = torch.cat(t_out).mean(0)
                 self.center.mul_(c.center_momentum).add_(batch_center, alpha=1 - c.center_momentum)
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())  # read once at the end: no host sync per step
         # DINO publishes the teacher: the EMA is the smoother, better representation
-        body = {k: v.detach().clone() for k, v in self.teacher.body.state_dict().items()}
-        return MSDResult(body_state=body, losses=losses, config=asdict(c))
+        body = {k: v.detach().cpu().clone() for k, v in self.teacher.body.state_dict().items()}
+        return MSDResult(body_state=body, losses=torch.stack(losses).tolist() if losses else [], config=asdict(c))
 
 
 def run_msd_inprocess(mcfg: ModelConfig, uploads: Mapping[str, torch.Tensor], cfg: MSDConfig = MSDConfig(),
@@ -197,18 +199,23 @@ def run_msd_inprocess(mcfg: ModelConfig, uploads: Mapping[str, torch.Tensor], cf
 def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
               targets: torch.Tensor, *, body_state: Mapping[str, torch.Tensor] | None = None,
               steps: int = 200, batch_size: int = 32, lr: float = 1e-3, body_lr_scale: float = 1.0,
-              seed: int = 0) -> tuple[SplitBody, TaskTail]:
+              seed: int = 0, device: torch.device | str = "cpu") -> tuple[SplitBody, TaskTail]:
     """A client's local training of body + tail on its labelled data, from the MSD body
-    (``body_state``) or from scratch (None) — same seed, steps and learning rate either way."""
+    (``body_state``) or from scratch (None) — same seed, steps and learning rate either way.
+    The steps run on ``device``; body and tail come back on the CPU."""
+    dev = torch.device(device)
     body = SplitBody(mcfg, seed=seed)
     if body_state is not None:
         body.load_state_dict(dict(body_state), strict=True)
     tail = TaskTail(mcfg, task, pool="avg", seed=seed + 1)
+    body.to(dev)
+    tail.to(dev)
     opt = torch.optim.AdamW([{"params": body.parameters(), "lr": lr * body_lr_scale},
                              {"params": tail.parameters(), "lr": lr}], weight_decay=0.05)
     sampler = BatchSampler(images.shape[0], min(batch_size, images.shape[0]), seed=seed + 2)
     with torch.no_grad():
-        tokens = embedder(images)  # (M, N, D): the embedder is frozen, embed once
+        tokens = embedder(images).to(dev)  # (M, N, D): the embedder is frozen, embed once (on its device)
+    targets = targets.to(dev)
     body.train()
     tail.train()
     for _ in range(steps):
@@ -217,7 +224,7 @@ def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: tor
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    return body, tail
+    return body.cpu(), tail.cpu()
 
 
 @torch.no_grad()

@@ -31,6 +31,16 @@ without position embedding); the defaults are the paper's method:
 - ``pos_embed=True`` (default): the embedder adds its (secret) position table before
   the permutation. ``pos_embed=False``: it adds none (the table is zero and stays zero),
   so after the permutation the body sees an unordered bag of patches.
+
+**Deviation: the tail.** The paper's tails are "a simpler linear classifier" after the
+body. Here a classification / regression tail is LayerNorm per token, the mean over tokens,
+a BatchNorm1d without affine parameters (MAE's linear-probe norm: it standardises the
+pooled features across the batch, which a fresh, near-identity body otherwise leaves
+almost constant), then the linear layer (`protocols.split_parts.TaskTail`). Because the
+unified tail's BatchNorm statistics are an average of the clients', evaluation first
+*recalibrates* them on body outputs of up to ``CALIBRATION_SAMPLES`` of the client's own
+training images (:meth:`PFestaClient.evaluate`, `TaskTail.calibrate`; extra evaluation
+traffic, not counted as training bytes), on a copy, so the shared tail stays as unified.
 """
 from __future__ import annotations
 
@@ -90,10 +100,11 @@ def client_seed(seed: int, client_id: str) -> int:
 
 
 class FeatureStore:
-    """Permuted embeddings each client uploaded once, received in order in chunks."""
+    """Permuted embeddings each client uploaded once, received in order in chunks; kept on
+    the server body's ``device`` (so a step gathers its batch there), saved from the CPU."""
 
-    def __init__(self, token_shape: tuple[int, int], max_batch: int) -> None:
-        self.token_shape, self.max_batch = token_shape, max_batch
+    def __init__(self, token_shape: tuple[int, int], max_batch: int, device: torch.device | str = "cpu") -> None:
+        self.token_shape, self.max_batch, self.device = token_shape, max_batch, torch.device(device)
         self.features: dict[str, torch.Tensor] = {}
         self.received: dict[str, int] = {}
 
@@ -102,7 +113,7 @@ class FeatureStore:
             raise SplitProtocolError(f"{client_id}: num_samples must be a positive int")
         if self.features.get(client_id) is not None and self.features[client_id].shape[0] == num_samples:
             return  # re-join after a restart or drop: keep what was uploaded
-        self.features[client_id] = torch.empty(num_samples, *self.token_shape)
+        self.features[client_id] = torch.empty(num_samples, *self.token_shape, device=self.device)
         self.received[client_id] = 0
 
     def receive(self, client_id: str, start: int, feats: torch.Tensor) -> None:
@@ -123,14 +134,14 @@ class FeatureStore:
     def get(self, client_id: str, idx: Sequence[int]) -> torch.Tensor:
         if not self.complete(client_id):
             raise SplitProtocolError(f"{client_id}: upload incomplete ({self.received.get(client_id, 0)} samples)")
-        return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long)]
+        return self.features[client_id][torch.as_tensor(list(idx), dtype=torch.long).to(self.device)]
 
     def to_state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-        return ({f"store.{c}": f for c, f in self.features.items()}, dict(self.received))
+        return ({f"store.{c}": f.cpu() for c, f in self.features.items()}, dict(self.received))
 
     def load_state(self, tensors: Mapping[str, torch.Tensor], received: Mapping[str, int]) -> None:
         for c, n in received.items():
-            self.features[c], self.received[c] = tensors[f"store.{c}"].clone(), int(n)
+            self.features[c], self.received[c] = tensors[f"store.{c}"].clone().to(self.device), int(n)
 
 
 class PFestaServer(BodyServer):
@@ -147,7 +158,7 @@ class PFestaServer(BodyServer):
         ablation: clients send embeddings every step, see the module doc)."""
         super().__init__(cfg, tasks, **kw)
         self.batch_size, self.head = batch_size, check_head(head)
-        self.store = FeatureStore(self.token_shape, self.max_batch)
+        self.store = FeatureStore(self.token_shape, self.max_batch, self.device)
         self.sizes: dict[str, int] = {}  # client -> samples it announced
         self._samplers: dict[str, BatchSampler] = {}
 

@@ -32,6 +32,10 @@ gradient per client until the barrier (memory: clients x body size).
 over a task's clients by default, as in the papers; ``part_weighting="samples"`` weights
 by the clients' sample counts (FedAvg's rule) instead.
 
+**Device.** The body, its optimizer and the pending steps live on ``device`` (default the
+CPU; the node passes its device, atdnode.device). Tensors come in and go out on the CPU —
+what a driver encodes for the wire is the same on any device.
+
 A client that vanishes mid-round is dropped by :meth:`drop_client` (or :meth:`expire`
 at the round deadline): its pending step and unification upload are discarded, the
 event is recorded, the rest continue (the barrier no longer waits for it).
@@ -73,7 +77,7 @@ class BodyServer:
 
     def __init__(self, cfg: ModelConfig, tasks: Sequence[TaskSpec], *, lr: float = 1e-3,
                  weight_decay: float = 0.05, seed: int = 0, max_batch: int = 1024,
-                 part_weighting: str = "uniform") -> None:
+                 part_weighting: str = "uniform", device: torch.device | str = "cpu") -> None:
         if self.has_cls != (self.tail_pool == "token"):
             raise ValueError("a cls token goes with token pooling, and only with it")
         if not tasks or len({t.name for t in tasks}) != len(tasks):
@@ -83,8 +87,10 @@ class BodyServer:
         self.part_weighting = part_weighting
         self.cfg, self.tasks = cfg, {t.name: t for t in tasks}
         self.lr, self.weight_decay, self.seed, self.max_batch = lr, weight_decay, seed, max_batch
-        self.body = SplitBody(cfg, seed=seed)
-        self.opt = torch.optim.AdamW(self.body.parameters(), lr=lr, weight_decay=weight_decay)
+        self.device = torch.device(device)
+        self.body = SplitBody(cfg, seed=seed).to(self.device)  # initialised on the CPU: the same on any device
+        fused = {"fused": True} if self.device.type == "cuda" else {}
+        self.opt = torch.optim.AdamW(self.body.parameters(), lr=lr, weight_decay=weight_decay, **fused)
         self.frozen = False
         self.version = 0  # optimizer steps taken; a pending forward older than this is recomputed
         self.clients: dict[str, str] = {}  # client id -> task name
@@ -187,11 +193,11 @@ class BodyServer:
             raise StepBarrier(f"client {client_id} started a step before the body took the previous one "
                               f"(waiting for {self.step_waiting_for()})")
         check_features("features", x, self.token_shape, self.max_batch)
-        x = x.detach().requires_grad_(need_input_grad)
-        with torch.enable_grad():
-            out = self.body(x)  # (B, T, D)
+        x = x.detach().to(self.device).requires_grad_(need_input_grad)
+        with torch.enable_grad(), self._autocast():
+            out = self.body(x).float()  # (B, T, D)
         self._pending[client_id] = (x, out, self.version)
-        return out.detach()
+        return out.detach().cpu()
 
     def body_backward(self, client_id: str, grad_out: torch.Tensor) -> torch.Tensor | None:
         """Back-propagate ``grad_out`` (dLoss/d body output); keep the body gradient for the
@@ -207,15 +213,16 @@ class BodyServer:
         del self._pending[client_id]
         if not grad_out.isfinite().all():
             raise SplitProtocolError(f"gradient of {client_id} contains NaN or inf")
+        grad_out = grad_out.to(self.device)
         params = [] if self.frozen or task.loss_weight == 0 else [p for p in self.body.parameters()]
         inputs = ([x] if x.requires_grad else []) + params
         grads: tuple[torch.Tensor, ...] = ()
         if inputs:
-            with torch.enable_grad():
+            with torch.enable_grad(), self._autocast():
                 if version != self.version:
-                    out = self.body(x)  # only after a restart or a drop: recompute at current weights
+                    out = self.body(x).float()  # only after a restart or a drop: recompute at current weights
                 grads = torch.autograd.grad(out, inputs, grad_out)
-        grad_in = grads[0].detach() if x.requires_grad else None
+        grad_in = grads[0].detach().cpu() if x.requires_grad else None
         if not self.frozen:
             self._step_grads[client_id] = [g.detach() for g in grads[len(inputs) - len(params):]] if params else None
             self._maybe_step()
@@ -254,7 +261,12 @@ class BodyServer:
         """Evaluation forward: no graph kept, no update."""
         self.task_of(client_id)
         check_features("features", x, self.token_shape, self.max_batch)
-        return self.body(x)
+        with self._autocast():
+            return self.body(x.to(self.device)).float().cpu()
+
+    def _autocast(self):
+        """bf16 autocast on CUDA (the CPU stays float32, bit-reproducible)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     # --- unification (FedAvg of client parts per task) ----------------------------------
 
@@ -313,6 +325,7 @@ class BodyServer:
         extra_t, extra_s = self._extra_state()
         tensors.update(opt_t)
         tensors.update(extra_t)
+        tensors = {k: v.cpu() for k, v in tensors.items()}  # saved bytes do not depend on the device
         scalars = {"kind": self.kind, "cfg": split_dict(self.cfg), "tasks": [t.to_dict() for t in self.tasks.values()],
                    "lr": self.lr, "weight_decay": self.weight_decay, "seed": self.seed,
                    "max_batch": self.max_batch, "part_weighting": self.part_weighting,
@@ -322,15 +335,15 @@ class BodyServer:
         save_state(directory, tensors, scalars)
 
     @classmethod
-    def load(cls, directory: str | Path):
-        """Rebuild a server saved by :meth:`save`; raises SplitStateError on any mismatch."""
+    def load(cls, directory: str | Path, *, device: torch.device | str = "cpu"):
+        """Rebuild a server saved by :meth:`save` on ``device``; raises SplitStateError on any mismatch."""
         tensors, s = load_state(directory)
         if s.get("kind") != cls.kind:
             raise SplitStateError(f"{directory} holds a {s.get('kind')!r} server, not {cls.kind!r}")
         try:
             srv = cls(split_config(s["cfg"]), [TaskSpec.from_dict(t) for t in s["tasks"]],
                       lr=s["lr"], weight_decay=s["weight_decay"], seed=s["seed"], max_batch=s["max_batch"],
-                      part_weighting=s.get("part_weighting", "samples"), **s["ctor"])
+                      part_weighting=s.get("part_weighting", "samples"), device=device, **s["ctor"])
             body = {k[5:]: v for k, v in tensors.items() if k.startswith("body.")}
             srv.body.load_state_dict(body, strict=True)
         except (KeyError, TypeError, ValueError, RuntimeError) as e:

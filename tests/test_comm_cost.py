@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from protocols import festa, pfesta
-from protocols.comm_cost import (ByteCounter, CostParams, InProcessChannel, compare, formulas, t_festa, t_fl,
-                                 t_msd, t_pfesta, t_sl, tensor_bytes)
+from protocols.comm_cost import (ByteCounter, CostParams, InProcessChannel, compare, formulas, msd_vs_fl_ssl,
+                                 t_festa, t_fl, t_fl_ssl, t_msd, t_pfesta, t_sl, tensor_bytes)
 from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, digits_targets, split_config
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, encode_frame
 
@@ -20,8 +20,20 @@ def test_formulas_known_answers():
     assert t_sl(p) == 2 * 20 * 6 * 15 == 3600
     assert t_festa(p) == 3600 + 2 * 6 / 3 * 1200 == 8400
     assert t_pfesta(p) == 100 * 10 + 20 * 6 * 15 + 2 * 6 * 200 / 3 == 3600
-    assert t_msd(p) == 100 * 10 + 5000 == 6000  # MSD Eq. 8: D F + Pb, one round
-    assert formulas(p) == {"fl": 24800, "sl": 3600, "festa": 8400, "pfesta": 3600, "msd": 6000}
+    assert t_msd(p) == 100 * 10 + 5000 == 6000  # MSD Eq. 9: D F + Pb, one round
+    assert formulas(p) == {"fl": 24800, "sl": 3600, "festa": 8400, "pfesta": 3600, "msd": 6000, "fl_ssl": 49600}
+
+
+def test_msd_eq8_federated_ssl_cost_and_the_ratio_to_msd():
+    """MSD Eq. 8: T_FL = 4 (R/r) P -- teacher and student, up and down, R/r times."""
+    p = CostParams(D=100, B=20, R=6, n=3, F=10, G=5, Ph=1000, Pb=5000, Pt=200)
+    assert t_fl_ssl(p) == 4 * (6 / 3) * (1000 + 5000 + 200) == 49600
+    assert t_fl_ssl(p) == 2 * t_fl(p)  # two networks where supervised FL moves one
+    assert t_fl_ssl(CostParams(D=0, B=0, R=50, n=1, F=0, G=0, Ph=0, Pb=7, Pt=0)) == 4 * 50 * 7
+    r = msd_vs_fl_ssl(p, p, measured_msd=6100, measured_fl_ssl=50000)
+    assert r["T_MSD"] == 6000 and r["T_FL_SSL"] == 49600 and r["ratio"] == 6000 / 49600
+    assert r["measured_ratio"] == 6100 / 50000
+    assert msd_vs_fl_ssl(p, p)["measured_ratio"] is None
 
 
 def test_cost_params_validation():
@@ -101,3 +113,22 @@ def test_pfesta_is_cheaper_than_festa(runs):
         # same symbols on both sides: one sample is N x D float32 tokens at the cut
         assert f_res.params[cid].F == p_res.params[cid].F == 16 * 32 * 4
         assert f_res.params[cid].B == p_res.params[cid].B == 48 and f_res.params[cid].R == 4
+
+
+def test_split_report_puts_msd_next_to_eq8_and_eq9():
+    """`atd split report`: an MSD record's measured bytes next to T_MSD (Eq. 9) and T_FL-SSL
+    (Eq. 8) at the MSD paper's Table VII schedule (R = 50, r = 1), with both ratios."""
+    from atdnode.split.report import make_record, render, report_row
+
+    p = CostParams(D=100, B=0, R=1, n=1, F=10, G=10, Ph=300, Pb=5000, Pt=0)
+    counter = ByteCounter()
+    counter.record("c1", "up", "upload", wire_bytes=1010, payload_bytes=1000)
+    counter.record("c1", "down", "weights", wire_bytes=5020, payload_bytes=5000)
+    rec = make_record(side="client", algorithm="msd", client="c1", server="s" * 52, task={"name": "digit"},
+                      params=p, counter=counter.to_dict(), train_kinds=["upload", "weights"], rounds=[1])
+    row = report_row(rec)
+    fl = 4 * 50 * (300 + 5000)
+    assert row["T_MSD"] == 6000 and row["T_FL_SSL"] == fl
+    assert row["msd_ratio"] == 6000 / fl and row["measured_ratio"] == 6030 / fl
+    text = render([row])
+    assert "T_MSD (Eq. 9)" in text and "T_FL-SSL (Eq. 8, R=50, r=1)" in text and f"{6000 / fl:.3f}" in text

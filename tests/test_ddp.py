@@ -9,7 +9,10 @@ from pathlib import Path
 import torch
 
 from atdnode.blobstore import BlobStore
-from atdnode.ddp import DistContext
+import pytest
+
+from atdnode.ddp import DistContext, check_nproc
+from atdnode.device import DeviceError
 from atdnode.home import NodeHome
 from atdnode.identity import init_home
 from atdnode.model import ModelConfig
@@ -23,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = "digits?limit=200"
 ARGS = ["--data", DATA, "--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4",
         "--embed-dim", "32", "--depth", "2", "--heads", "2", "--epochs", "2", "--batch-size", "30",
-        "--lr", "1e-3", "--seed", "3"]
+        "--lr", "1e-3", "--seed", "3", "--device", "cpu"]  # gloo on CPU, also on a one-GPU machine
 
 
 def test_rank_slices_cover_a_batch():
@@ -50,7 +53,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     one_home = NodeHome.at(tmp_path / "one")
     init_home(one_home, consortium="demo")
     cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
-    single = train(one_home, DATA, cfg, TrainOptions(epochs=2, batch_size=30, lr=1e-3, seed=3))
+    single = train(one_home, DATA, cfg, TrainOptions(epochs=2, batch_size=30, lr=1e-3, seed=3, device="cpu"))
 
     for a, b in zip(multi.metrics["history"], single.metrics["history"]):
         assert abs(a["loss"] - b["loss"]) < 1e-4 and abs(a["accuracy"] - b["accuracy"]) < 0.02
@@ -60,3 +63,31 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert worst < 1e-4, worst
     # and the weights did move away from each other's init: the comparison is not vacuous
     assert single.metrics["history"][0]["loss"] != single.metrics["history"][1]["loss"]
+
+
+def test_more_ranks_than_gpus_is_one_line_error(monkeypatch):
+    """NCCL stops with "Duplicate GPU detected" when two ranks share a GPU: refuse first."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DeviceError, match="needs 2 GPUs, this machine has 1"):
+        check_nproc(2)
+    with pytest.raises(DeviceError, match="every rank would use one GPU"):
+        check_nproc(2, "cuda:0")
+    check_nproc(2, "cpu")  # gloo on the CPU: any number of ranks
+    check_nproc(1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_nproc(2)
+
+
+def test_nproc_on_cpu_machine_with_cuda_is_one_line_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    home = NodeHome.at(tmp_path / "h")
+    init_home(home, consortium="demo")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--home", str(home.root), "--data", "digits?limit=1",
+                        "--nproc-per-node", "2", "--device", "cuda"], capture_output=True, text=True, env=env,
+                       cwd=REPO, timeout=120)
+    assert r.returncode != 0
+    assert "CUDA is not available" in r.stderr and "Traceback" not in r.stderr
+    assert not (home.root / "runs").exists() or not any((home.root / "runs").iterdir())

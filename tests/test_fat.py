@@ -1,12 +1,24 @@
-"""Issue 17 acceptance: federated adversarial training through `atd rounds` on netsim's daemons.
+"""Issues 17 and 27: federated adversarial training through `atd rounds` on netsim's daemons.
 
 netsim.fat runs one campaign as real NodeDaemons on the in-memory network, each running the
 `atdnode.rounds.RoundRunner` the CLI runs (weights as signed entries + blobs, every round's
-global model an `aggregate` entry every node recomputes). Claims of "Federated Adversarial
-Training with Transformers" checked at laptop scale (digits, 28 px, ViT d=64 depth 2):
-on label-skewed data FedWAvg's robust accuracy is at least FedAvg's minus 1 point (both
-measured here, same data, seeds and attack), and on IID data FedWAvg's weights stay within
-0.05 of 1/K.
+global model an `aggregate` entry every node recomputes). The setting of "Federated
+Adversarial Training with Transformers" (Sec. 4) at laptop scale: K = 5 clients, the paper's
+Non-IID(2) class partition, its local optimiser (SGD, momentum 0.9, rate decayed 5 % per
+epoch), PGD on half of each batch; digits 28 px, ViT d=64 depth 2, from one shared initial
+model pretrained (clean) on a public IID share -- the paper fine-tunes pretrained ViTs.
+
+What is checked (numbers measured when written are in MEASURED):
+- FedWAvg's weights (q = ROUNDS_Q) move off 1/K on Non-IID(2) shards -- by more than 0.05
+  on average over 3 seeds, more than 4x (on average; 2x on every seed) what they move on
+  IID shards (Sec. 3, Fig. 1 vs Fig. 6); with FedAvg in its place both deviations are 0 and
+  the test fails;
+- every FedWAvg weight is softmax(q * cosine) of the cosines recorded in its aggregate entry;
+- robust accuracy (PGD-7, eps 8/255) over 3 seeds: the paper's gain over FedAvg (Tables 2-3)
+  does NOT reproduce at this scale (mean +0.008, per seed -0.008 .. +0.028, inside the
+  seed-to-seed spread of 0.05); what holds and is
+  asserted: FedWAvg's mean robust accuracy is within ROBUST_MARGIN of FedAvg's and no seed is
+  worse by more than 1.5x that, and both learned (clean accuracy > 3x chance).
 """
 from __future__ import annotations
 
@@ -21,20 +33,30 @@ from atdnode.model import ModelConfig
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
-from netsim.partition import _rng, iid, label_skew
+from netsim.partition import _rng, iid, non_iid
 from netsim.run import run_scenario
 from netsim.scenario import ScenarioError, TrainSpec, scenario_from_dict
 from protocols.adversarial import robust_accuracy
+from protocols.fedwavg import ROUNDS_Q, softmax_weights
 
 torch.set_num_threads(1)
 
-K = 4
+K = 5
 MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=28, patch_size=7, embed_dim=64, depth=2, num_heads=4,
                     in_chans=1, num_classes=10)
 PUBLIC = 720  # IID "public" share of digits' train split the shared initial model is pretrained on
-ROUNDS = 3
+PER_CLIENT = 100  # private training samples per client
+ROUNDS = 2
+SEEDS = (0, 1, 2)
+SGD = {"optimizer": "sgd", "lr": 0.02, "lr_decay": 0.05}  # the paper's local optimiser (its rate: 0.1 at ViT-S scale)
 TRAIN_PGD = pgd_config(steps=2)  # training: half of each batch replaced by PGD-2 examples (eps 8/255)
-EVAL_PGD = {"paper eps 8/255": pgd_config(steps=7), "eps 2/255": pgd_config(eps=2 / 255, steps=7)}  # PGD-7 as the paper
+EVAL_PGD = pgd_config(steps=7)  # PGD-7 as the paper
+ROBUST_MARGIN = 0.02
+MEASURED = {  # seed: (FedAvg clean, robust), (FedWAvg clean, robust), FedWAvg max |w - 1/K| (IID, seed 0: 0.014)
+    0: ((0.671, 0.198), (0.630, 0.201), 0.137),
+    1: ((0.652, 0.175), (0.630, 0.167), 0.094),
+    2: ((0.649, 0.150), (0.674, 0.178), 0.053),
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,68 +64,116 @@ def digits():
     return load_dataset("digits", 28, 1, "train"), load_dataset("digits", 28, 1, "test")
 
 
-def campaign(tr, parts: list[np.ndarray], weighting: str, *, adversarial: bool, rounds: int, init=None):
-    train = {f"h{k}": subset(tr, p, tr.classes) for k, p in enumerate(parts)}
-    return run_rounds_memnet(train, classes=list(tr.classes), model=MODEL, rounds=rounds, weighting=weighting, q=1.0,
-                             adversarial=TRAIN_PGD if adversarial else None, batch_size=16, lr=3e-3, seed=0,
-                             init_state=init)
-
-
 @pytest.fixture(scope="module")
-def skewed(digits):
-    """FedAvg and FedWAvg adversarial campaigns on the same label-skewed shards (Dirichlet 0.5),
-    both from one shared initial model pretrained (clean) on a public IID share of the data --
-    the paper fine-tunes pretrained ViTs; a random-init ViT this small learns too slowly in the
-    few rounds a test affords. Returns the runs and their clean / PGD accuracies on the test split."""
-    tr, te = digits
+def pretrained(digits):
+    """The shared initial model (clean AdamW on the public share) and the private indices."""
+    tr, _ = digits
     perm = _rng(0, "fat-public").permutation(len(tr))
     public, private = np.sort(perm[:PUBLIC]), np.sort(perm[PUBLIC:])
     pre = train_model(MODEL, subset(tr, public, tr.classes), TrainSpec(epochs=6, batch_size=16, lr=3e-3, augment=False),
                       seed=0, warmup_epochs=0.0)
-    parts = label_skew(private, tr.labels.numpy(), K, _rng(0, "fat-skew"), alpha=0.5)
-    runs = {w: campaign(tr, parts, w, adversarial=True, rounds=ROUNDS, init=full_state(pre.model))
-            for w in ("fedavg", "fedwavg")}
-    scores = {w: {k: robust_accuracy(r.model(), (te.images, te.labels), generator=torch.Generator().manual_seed(0),
-                                     **p.attack_kwargs()) for k, p in EVAL_PGD.items()} for w, r in runs.items()}
-    print(json.dumps({w: {"clean": s["paper eps 8/255"].clean, **{k: v.robust for k, v in s.items()},
-                          "weights": [x["weights"] for x in runs[w].per_round()]} for w, s in scores.items()}))
-    return runs, scores
+    return full_state(pre.model), private
 
 
-def test_rounds_on_label_skew_agree_on_every_node_and_learn(skewed) -> None:
-    runs, scores = skewed
-    for w, r in runs.items():
+def capped(parts: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    return [np.sort(p[_rng(seed, f"fat-cap{k}").permutation(len(p))[:PER_CLIENT]]) for k, p in enumerate(parts)]
+
+
+def campaign(tr, parts: list[np.ndarray], weighting: str, *, seed: int, init):
+    train = {f"h{k}": subset(tr, p, tr.classes) for k, p in enumerate(parts)}
+    return run_rounds_memnet(train, classes=list(tr.classes), model=MODEL, rounds=ROUNDS, weighting=weighting,
+                             q=ROUNDS_Q, adversarial=TRAIN_PGD, batch_size=16, seed=seed, init_state=init, **SGD)
+
+
+def deviation(run) -> float:
+    return max(abs(w - 1 / K) for x in run.per_round() for w in x["weights"])
+
+
+@pytest.fixture(scope="module")
+def non_iid2(digits, pretrained):
+    """FedAvg and FedWAvg campaigns on the same Non-IID(2) shards for each seed; their runs
+    and clean / PGD-7 accuracies on the test split."""
+    tr, te = digits
+    init, private = pretrained
+    out = {}
+    for seed in SEEDS:
+        parts = capped(non_iid(private, tr.labels.numpy(), K, _rng(seed, "fat-noniid"), classes_per_node=2), seed)
+        for w in ("fedavg", "fedwavg"):
+            r = campaign(tr, parts, w, seed=seed, init=init)
+            s = robust_accuracy(r.model(), (te.images, te.labels), generator=torch.Generator().manual_seed(0),
+                                **EVAL_PGD.attack_kwargs())
+            out[seed, w] = (r, s)
+    print(json.dumps({f"{sd} {w}": {"clean": s.clean, "robust": s.robust, "max_dev": deviation(r),
+                                    "weights": [x["weights"] for x in r.per_round()]}
+                      for (sd, w), (r, s) in out.items()}))
+    return out
+
+
+def test_non_iid_partitions_give_each_client_c_classes(digits) -> None:
+    labels = digits[0].labels.numpy()
+    idx = np.arange(len(labels))
+    two = non_iid(idx, labels, 5, _rng(0, "t"), classes_per_node=2)
+    assert [len(np.unique(labels[p])) for p in two] == [2] * 5
+    assert len(np.unique(np.concatenate(two))) == len(idx)  # disjoint and complete: 5 x 2 = 10 classes
+    four = non_iid(idx, labels, 5, _rng(0, "t"), classes_per_node=4)
+    assert [len(np.unique(labels[p])) for p in four] == [4] * 5
+    assert sorted(np.concatenate(four).tolist()) == idx.tolist()  # each sample once; each class on 2 clients
+    with pytest.raises(ScenarioError, match="non_iid"):
+        non_iid(idx, labels, 5, _rng(0, "t"), classes_per_node=11)
+
+
+@pytest.mark.slow
+def test_rounds_agree_on_every_node_record_cosines_and_learn(non_iid2) -> None:
+    for (seed, w), (r, s) in non_iid2.items():
         rounds = r.per_round()
-        assert r.identical and all(x["identical"] and not x["missing"] for x in rounds), w
+        assert r.identical and all(x["identical"] and not x["missing"] for x in rounds), (seed, w)
         assert all(len(x["weights"]) == K for x in rounds)
-        assert scores[w]["paper eps 8/255"].clean > 0.25, (w, scores[w])  # learned: 2.5x chance (10 classes)
-    assert all(x["weights"] == [1 / K] * K for x in runs["fedavg"].per_round())
-    assert any(x["weights"] != [1 / K] * K for x in runs["fedwavg"].per_round())  # computed, not uniform by rule
+        assert s.clean > 0.3, (seed, w, s)  # learned: 3x chance (10 classes)
+        for x in rounds:
+            if w == "fedavg":
+                assert x["weights"] == [1 / K] * K and x["cosines"] is None
+            else:  # the weights are Eq. 3 of the recorded cosines
+                assert len(x["cosines"]) == K
+                assert np.allclose(softmax_weights(np.array(x["cosines"]), q=ROUNDS_Q), x["weights"], atol=1e-12)
 
 
-@pytest.mark.parametrize("attack", list(EVAL_PGD))
-def test_fedwavg_robust_accuracy_holds_against_fedavg_on_label_skew(skewed, attack: str) -> None:
-    _, scores = skewed
-    fedwavg, fedavg = scores["fedwavg"][attack].robust, scores["fedavg"][attack].robust
-    assert fedwavg >= fedavg - 0.01, (attack, fedwavg, fedavg)
-
-
-def test_fedwavg_weights_near_uniform_on_iid_data(digits) -> None:
+@pytest.mark.slow
+def test_fedwavg_weights_move_off_uniform_on_non_iid2_not_on_iid(digits, pretrained, non_iid2) -> None:
+    """Sec. 3: under IID the weights stay near 1/K; under Non-IID adversarial training they
+    move away. FedAvg in FedWAvg's place gives 0 for both and fails."""
     tr, _ = digits
-    parts = iid(np.arange(len(tr)), K, _rng(0, "fat-iid"))
-    r = campaign(tr, [p[:200] for p in parts], "fedwavg", adversarial=False, rounds=2)
-    for x in r.per_round():  # round 0 against the shared init, round 1 against round 0's global
-        assert len(x["weights"]) == K and max(abs(w - 1 / K) for w in x["weights"]) < 0.05, x["weights"]
+    init, private = pretrained
+    skewed = [deviation(non_iid2[sd, "fedwavg"][0]) for sd in SEEDS]
+    r = campaign(tr, capped(iid(private, K, _rng(0, "fat-iid")), 0), "fedwavg", seed=0, init=init)
+    flat = deviation(r)
+    print("max |w - 1/K|: Non-IID(2)", skewed, "IID", flat)
+    mean = sum(skewed) / len(skewed)
+    assert mean > 0.05, skewed
+    assert mean > 4 * flat and min(skewed) > 2 * flat, (skewed, flat)
+
+
+@pytest.mark.slow
+def test_fedwavg_robust_accuracy_against_fedavg_over_seeds(non_iid2) -> None:
+    """The paper's claim is a robust gain on Non-IID(2) (Table 3). At this scale it does not
+    reproduce (MEASURED): assert what holds -- no loss beyond ROBUST_MARGIN on the mean over
+    seeds, none beyond 1.5x that on any seed -- and that the two methods trained different
+    models (FedWAvg is not FedAvg in disguise)."""
+    rob = {w: [non_iid2[sd, w][1].robust for sd in SEEDS] for w in ("fedavg", "fedwavg")}
+    diff = [a - b for a, b in zip(rob["fedwavg"], rob["fedavg"])]
+    print("robust accuracy", rob, "FedWAvg - FedAvg", diff)
+    assert sum(diff) / len(diff) > -ROBUST_MARGIN, diff
+    assert min(diff) > -1.5 * ROBUST_MARGIN, diff
+    assert any(d != 0 for d in diff)
 
 
 TINY = {
     "scenario": {"name": "fat", "seed": 1, "methods": ["fedavg", "fat-fedwavg"], "step_deadline_s": 60},
     "model": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
     "train": {"epochs": 1, "lr": 3e-3},
-    "baselines": {"rounds": 2, "pgd_steps": 1},
+    "baselines": {"rounds": 2, "pgd_steps": 1, "optimizer": "sgd", "lr_decay": 0.05},  # the paper's local SGD
     "datasets": [{"name": "digits", "spec": "digits"}],
     "cohorts": [{"name": "a", "nodes": ["a1", "a2", "a3"], "dataset": "digits", "classes": ["0", "1", "2"],
-                 "partition": "label_skew", "alpha": 1.0, "train_samples": 120, "test_samples": 30}],
+                 "partition": "non_iid2", "train_samples": 120, "test_samples": 30}],
 }
 
 
@@ -119,8 +189,12 @@ def test_netsim_scenario_runs_fedavg_and_fat_methods_through_atd_rounds(tmp_path
     assert "fat-fedwavg phase 1: clean accuracy" in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_fedprox_is_refused_with_the_key_named() -> None:
+def test_fedprox_and_unknown_optimisers_are_refused_with_the_key_named() -> None:
     raw = json.loads(json.dumps(TINY))
     raw["baselines"]["fedprox_mu"] = 0.1
     with pytest.raises(ScenarioError, match=r"baselines.fedprox_mu: FedProx is not offered"):
+        scenario_from_dict(raw)
+    raw = json.loads(json.dumps(TINY))
+    raw["baselines"]["optimizer"] = "rmsprop"
+    with pytest.raises(ScenarioError, match=r"baselines.optimizer: 'rmsprop' is not one of adamw, sgd"):
         scenario_from_dict(raw)

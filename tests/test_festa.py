@@ -202,3 +202,23 @@ def test_load_rejects_missing_torn_or_foreign_state(tmp_path):
     PFestaServer(CFG, [CLS]).save(tmp_path / "p")
     with pytest.raises(SplitStateError, match="'pfesta' server"):
         FestaServer.load(tmp_path / "p")
+
+
+def test_conv_head_is_selectable_trains_and_unifies(digits):
+    """FESTA §4's setting: a task-specific CNN head in front of the shared body. Two clients
+    with conv heads learn the digits well above chance through the split protocol, and the
+    unification hands both the same head; a conv head with a class token is refused."""
+    torch.set_num_threads(1)
+    x, y = digits
+    srv = FestaServer(CFG, [CLS], lr=3e-3, head="conv")
+    clients = [FestaClient(cid, CFG, CLS, x[lo:lo + 200], y[lo:lo + 200], batch_size=16, lr=3e-3, seed=i, head="conv")
+               for i, (cid, lo) in enumerate((("a", 0), ("b", 200)))]
+    assert clients[0].head(x[:2]).shape == (2, CFG.num_patches, CFG.embed_dim)
+    assert any(k.startswith("head.convs.") for k in clients[0].part_state())
+    res = run_festa_inprocess(srv, clients, rounds=4, steps_per_round=10, unifying_rounds=2,
+                              test_data={c.client_id: (x[1400:], y[1400:]) for c in clients})
+    assert all(res.metrics[c]["accuracy"] > 0.3 for c in ("a", "b")), res.metrics  # 3x chance
+    a, b = clients[0].part_state(), clients[1].part_state()
+    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("head."))
+    with pytest.raises(ValueError, match="conv head has no class token"):
+        FestaClient("c", CFG, CLS, x[:4], y[:4], head="conv", class_token=True)

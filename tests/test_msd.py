@@ -60,19 +60,25 @@ def test_one_step_updates_student_ema_teacher_and_centre():
     assert res.body_state.keys() == SplitBody(CFG).state_dict().keys()  # what clients load
 
 
-def test_msd_pretraining_beats_scratch_on_digits():
-    """One round: two clients upload permuted embeddings of 600 unlabelled digits each, the
-    server distils, clients fine-tune from the published body with 50 labels. Against the
-    same fine-tuning from a random body (same labels, seed, steps, lr) it is more accurate
-    after 40 steps.
+CURVE = (10, 20, 40, 80, 160)  # fine-tuning steps at which both bodies are evaluated
+# Measured when written (mean over 3 seeds, test accuracy at CURVE's steps):
+#   msd      0.312 0.526 0.638 0.671 0.683
+#   scratch  0.122 0.345 0.567 0.681 0.678
+# MSD ahead by 0.19 / 0.18 / 0.07 up to 40 steps (at 20 steps for 3 of 3 seeds), level from 80.
 
-    Measured while building (4 label draws): MSD 0.56-0.57 vs scratch 0.49 mean accuracy at
-    60 fine-tuning steps. With longer fine-tuning (150-300 steps) scratch catches up and
-    slightly overtakes (about 0.69 vs 0.70): at this scale MSD buys a head start.
-    With the random (secret) position table and bias of issue 10 instead of sin-cos, scratch
-    catches up sooner, so the head start is measured at 40 steps: MSD 0.64 vs scratch 0.57
-    (0.67/0.64/0.61 vs 0.51/0.62/0.58); at 20 steps 0.53 vs 0.34; at 60 steps 0.65 vs 0.67.
-    Deterministic now that MSDNet seeds its projection head."""
+
+def test_msd_pretraining_against_scratch_over_the_fine_tuning_curve():
+    """One round: two clients upload permuted embeddings of 600 unlabelled digits each, the
+    server distils, clients fine-tune from the published body with 50 labels; the same
+    fine-tuning from a random body (same labels, seed, steps, lr) is the baseline. Both are
+    evaluated along the whole curve (CURVE steps) for 3 label draws / seeds.
+
+    What holds at this scale (MSD paper §IV claims better downstream performance than
+    training from scratch): MSD buys a *head start* -- ahead early, not at the end. The
+    assertions: MSD is ahead on the early part of the curve (mean over <= 40 steps, by more
+    than 0.05, and at 20 steps for at least 2 of 3 seeds), and the area under the whole
+    curve is larger; at the end the two are within 0.08 of each other (scratch catches up).
+    The numbers this was written against are above CURVE."""
     torch.set_num_threads(1)
     x, y = digits_images(16)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
@@ -92,12 +98,20 @@ def test_msd_pretraining_beats_scratch_on_digits():
         assert ch.counter.messages(cid, ["weights"]) == 1
     assert result.losses[-1] < result.losses[0] and result.losses[-1] < 0.6 * math.log(64)  # not uniform
     xtest, ytest = x[1300:], y[1300:]
-    msd_acc, scratch_acc = [], []
+    curves: dict[str, list[list[float]]] = {"msd": [], "scratch": []}
     for seed in range(3):
         lab = torch.randperm(1200, generator=torch.Generator().manual_seed(100 + seed))[:50]
-        for state, out in ((result.body_state, msd_acc), (None, scratch_acc)):
-            body, tail = fine_tune(emb, CFG, CLS, x[lab], y[lab], body_state=state, steps=40, lr=2e-3, seed=seed)
-            out.append(evaluate_local(emb, body, tail, CLS, xtest, ytest)["accuracy"])
-    print("msd", msd_acc, "scratch", scratch_acc)
-    assert sum(msd_acc) / 3 > sum(scratch_acc) / 3 + 0.03
-    assert sum(m > s for m, s in zip(msd_acc, scratch_acc)) >= 2
+        for name, state in (("msd", result.body_state), ("scratch", None)):
+            curve = []
+            for steps in CURVE:  # same seed: each run repeats the shorter one's first steps
+                body, tail = fine_tune(emb, CFG, CLS, x[lab], y[lab], body_state=state, steps=steps, lr=2e-3, seed=seed)
+                curve.append(evaluate_local(emb, body, tail, CLS, xtest, ytest)["accuracy"])
+            curves[name].append(curve)
+    mean = {n: [sum(c[i] for c in cs) / 3 for i in range(len(CURVE))] for n, cs in curves.items()}
+    print("steps", CURVE, {n: [round(v, 3) for v in m] for n, m in mean.items()}, curves)
+    early = [i for i, k in enumerate(CURVE) if k <= 40]
+    gap = [m - s for m, s in zip(mean["msd"], mean["scratch"])]
+    assert sum(gap[i] for i in early) / len(early) > 0.05, gap  # the head start
+    assert sum(c_m[1] > c_s[1] for c_m, c_s in zip(curves["msd"], curves["scratch"])) >= 2  # at 20 steps, per seed
+    assert sum(mean["msd"]) > sum(mean["scratch"]), gap  # area under the curve
+    assert abs(gap[-1]) < 0.08, gap  # at the end: caught up (neither is far ahead)

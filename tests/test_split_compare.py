@@ -34,7 +34,7 @@ def test_report_has_every_method_task_and_formula(report):
             a = r["accuracy"][t]
             assert len(a["runs"]) == 1 and 0.0 <= a["min"] <= a["mean"] <= a["max"] <= 1.0
         b = r["bytes_per_client"]
-        assert b["measured"] > 0 and set(b["formulas"]) == {"T_FL", "T_SL", "T_FESTA", "T_pFESTA", "T_MSD"}
+        assert b["measured"] > 0 and set(b["formulas"]) == {"T_FL", "T_SL", "T_FESTA", "T_pFESTA", "T_MSD", "T_FL_SSL"}
         assert b["formula_name"] == OWN_FORMULA[name]
     json.dumps(report)  # JSON values only
     text = render(report)
@@ -123,3 +123,18 @@ def test_cli_rejects_an_unknown_method(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "unknown method" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r.json").exists()
+
+
+def test_msd_cost_against_federated_ssl_measured_and_by_formula(report):
+    """MSD Eq. 9 (one upload, one body download) next to Eq. 8 (federated SSL: teacher and
+    student up and down every n rounds): measured bytes within the header tolerance of the
+    formulas, and the ratio both ways."""
+    c = report["msd_cost"]
+    p, fl = c["params"], c["fl_params"]
+    assert c["T_MSD"] == p["D"] * p["F"] + p["Pb"]
+    assert c["T_FL_SSL"] == 4 * fl["R"] / fl["n"] * (fl["Ph"] + fl["Pb"] + fl["Pt"])
+    assert 0 <= c["measured_T_MSD"] - c["T_MSD"] < BYTES_TOLERANCE * c["T_MSD"]
+    assert 0 <= c["measured_T_FL_SSL"] - c["T_FL_SSL"] < BYTES_TOLERANCE * c["T_FL_SSL"]
+    assert c["ratio"] == c["T_MSD"] / c["T_FL_SSL"] and c["measured_ratio"] == c["measured_T_MSD"] / c["measured_T_FL_SSL"]
+    line = render(report).splitlines()[-1]
+    assert "T_MSD" in line and "T_FL-SSL" in line and f"ratio {c['ratio']:.3f}" in line

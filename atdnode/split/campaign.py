@@ -25,6 +25,8 @@ import logging
 
 import trio
 
+from atdnode.device import resolve_device
+
 from atdnode.split.report import server_record, write_record
 from atdnode.split.rounds import Member
 from atdnode.split.session import EVAL_KINDS, meta_int, tensor
@@ -45,6 +47,7 @@ class Campaign:
     def __init__(self, svc: SplitService) -> None:
         assert svc.settings is not None and svc.board is not None
         self.svc, self.s, self.board = svc, svc.settings, svc.board
+        self.device = resolve_device(None, home=svc.home)  # the body's device (atdnode.device rule)
         self.algo = svc.algorithm
         self.cfg, self.tasks = self.s.vit_config(), {t.name: t for t in self.s.task_specs()}
         self.server: Any = None
@@ -61,7 +64,7 @@ class Campaign:
     def _new_server(self):
         s, tasks = self.s, list(self.tasks.values())
         kw = dict(lr=s.lr, weight_decay=s.weight_decay, seed=s.seed, max_batch=max(1024, s.batch_size, s.upload_chunk),
-                  part_weighting=s.part_weighting)
+                  part_weighting=s.part_weighting, device=self.device)
         if self.algo == "festa":
             return festa.FestaServer(self.cfg, tasks, class_token=s.class_token, **kw)
         return pfesta.PFestaServer(self.cfg, tasks, batch_size=s.batch_size, head=s.head, **kw)
@@ -74,7 +77,7 @@ class Campaign:
         def load():
             if not (state_dir / "state.json").exists():
                 return self._new_server(), None, None
-            srv = cls.load(state_dir)
+            srv = cls.load(state_dir, device=self.device)
             if srv.cfg != self.cfg or set(srv.tasks.values()) != set(self.tasks.values()) \
                     or getattr(srv, "head", self.s.head) != self.s.head:
                 raise SplitStateError(f"saved state in {state_dir} serves a different body, tasks or head than the "

@@ -24,6 +24,7 @@ import trio
 from atdnode.blobstore import BlobStore
 from atdnode.config import NodeConfig
 from atdnode.data import load_dataset
+from atdnode.device import resolve_device
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -313,7 +314,8 @@ def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOption
         test = prepare(held, spec, body["patch_size"])
     t = Task(client=cid, offer=offer, spec=spec, x=x, y=y, test=test, rounds=opts.rounds, seed=opts.seed,
              lr=opts.lr, permute=opts.permute, store=BlobStore(home.blobs_dir), finetune_steps=opts.finetune_steps,
-             finetune_lr=opts.finetune_lr, compare_scratch=opts.compare_scratch, embedder_state=embedder_state)
+             finetune_lr=opts.finetune_lr, compare_scratch=opts.compare_scratch, embedder_state=embedder_state,
+             device=resolve_device(None, home=home))
     return ROLES[offer["algorithm"]](t)
 
 

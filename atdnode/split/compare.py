@@ -11,7 +11,9 @@ of ``batch_size`` per client, tails / heads / FL models averaged every
 
 =========================  ====================================================================
 festa, pfesta              both tasks share one body (multi-task), `run_festa_inprocess` /
-                           `run_pfesta_inprocess`
+                           `run_pfesta_inprocess`; FESTA's clients use ``festa_head``
+                           (default "conv": a small CNN head, the FESTA paper's §4 setting;
+                           "vit": a trainable patch embedder, p-FESTA's architecture)
 festa_single, pfesta_single  one server per task (single-task)
 pfesta_learnable_head      p-FESTA ablation: trainable head (`protocols.pfesta`)
 pfesta_no_pos_embed        p-FESTA ablation: no position table
@@ -23,7 +25,7 @@ sl                         per task: sequential split learning
 
 Bytes are per client (mean over clients), wire bytes of the method's training messages
 (evaluation traffic excluded), next to the method's own formula and all of the paper's
-(T_FL, T_SL, T_FESTA, T_pFESTA, T_MSD) for the same symbols. Accuracy is the task metric on
+(T_FL, T_SL, T_FESTA, T_pFESTA, T_MSD, T_FL-SSL) for the same symbols. Accuracy is the task metric on
 the test set, mean over the task's clients, then mean / std / min / max over ``seeds``
 (training is single-threaded and deterministic per seed; the spread is over seeds).
 """
@@ -39,7 +41,7 @@ from typing import Any
 import torch
 
 from protocols import festa, pfesta
-from protocols.comm_cost import VARIANT_FORMULAS, CostParams, InProcessChannel, formulas
+from protocols.comm_cost import VARIANT_FORMULAS, CostParams, InProcessChannel, formulas, msd_vs_fl_ssl, tensor_bytes
 from protocols.festa import SplitRunResult
 from protocols.split_baselines import (CENTRAL_KINDS, FL_KINDS, SL_KINDS, ClientData, run_central, run_fl,
                                        run_sl)
@@ -49,7 +51,8 @@ from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images,
 METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
            "central", "fl", "sl")
 FORMULA_TEXT = {"T_FL": "2R/n (Ph+Pb+Pt)", "T_SL": "2BR(F+G)", "T_FESTA": "2BR(F+G) + 2R/n (Ph+Pt)",
-                "T_pFESTA": "DF + BR(F+G) + 2R Pt/n", "T_MSD": "DF + Pb (MSD Eq. 8)",
+                "T_pFESTA": "DF + BR(F+G) + 2R Pt/n", "T_MSD": "DF + Pb (MSD Eq. 9)",
+                "T_FL_SSL": "4R/n (Ph+Pb+Pt) (MSD Eq. 8: teacher + student, up and down)",
                 "T_pFESTA_learnable_head": "2BR(F+G) + 2R Pt/n (this implementation's ablation)"}
 # which formula each method's measured bytes are checked against (None: no formula of the papers)
 OWN_FORMULA = {"festa": "T_FESTA", "festa_single": "T_FESTA", "pfesta": "T_pFESTA", "pfesta_single": "T_pFESTA",
@@ -77,6 +80,7 @@ class CompareSetting:
     lr: float = 3e-3
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     methods: tuple[str, ...] = METHODS
+    festa_head: str = "conv"  # FESTA's client head (protocols.festa.HEADS): the paper's CNN head, small
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(METHODS))
@@ -88,6 +92,8 @@ class CompareSetting:
         if min(self.clients_per_task, self.samples_per_client, self.test_samples, self.rounds,
                self.steps_per_round, self.unifying_rounds, self.batch_size, len(self.seeds)) < 1:
             raise ValueError("every count of the setting must be >= 1 (and at least one seed)")
+        if self.festa_head not in festa.HEADS:
+            raise ValueError(f"festa_head {self.festa_head!r}: choose from {', '.join(festa.HEADS)}")
         if self.rounds % self.unifying_rounds:
             raise ValueError("rounds must be a multiple of unifying_rounds (FL averages every n rounds)")
 
@@ -137,11 +143,12 @@ def _client_seed(seed: int, i: int) -> int:
 
 def _festa(s: CompareSetting, part: Partition, tasks: Sequence[TaskSpec], seed: int) -> SplitRunResult:
     cfg = s.cfg()
-    srv = festa.FestaServer(cfg, list(tasks), lr=s.lr, seed=1000 * seed + 7)
+    srv = festa.FestaServer(cfg, list(tasks), lr=s.lr, seed=1000 * seed + 7, head=s.festa_head)
     data = [c for t in tasks for c in part.clients[t.name]]
     spec = {t.name: t for t in tasks}
     cl = [festa.FestaClient(c.client_id, cfg, spec[c.client_id.rsplit("-", 1)[0]], c.images, c.targets,
-                            batch_size=min(s.batch_size, c.images.shape[0]), lr=s.lr, seed=_client_seed(seed, i))
+                            batch_size=min(s.batch_size, c.images.shape[0]), lr=s.lr, seed=_client_seed(seed, i),
+                            head=s.festa_head)
           for i, c in enumerate(data)]
     return festa.run_festa_inprocess(srv, cl, rounds=s.rounds, steps_per_round=s.steps_per_round,
                                      unifying_rounds=s.unifying_rounds, test_data=_test_of(part, cl))
@@ -226,7 +233,8 @@ def _own_formula(method: str, p: CostParams) -> float | None:
 
 def _named_formulas(p: CostParams) -> dict[str, float]:
     f = formulas(p)
-    return {"T_FL": f["fl"], "T_SL": f["sl"], "T_FESTA": f["festa"], "T_pFESTA": f["pfesta"], "T_MSD": f["msd"]}
+    return {"T_FL": f["fl"], "T_SL": f["sl"], "T_FESTA": f["festa"], "T_pFESTA": f["pfesta"], "T_MSD": f["msd"],
+            "T_FL_SSL": f["fl_ssl"]}
 
 
 def bytes_row(method: str, res: SplitRunResult) -> dict[str, Any]:
@@ -241,7 +249,7 @@ def bytes_row(method: str, res: SplitRunResult) -> dict[str, Any]:
                            "other_bytes": _mean([a - t for a, t in zip(allb, train)]),
                            "train_kinds": list(res.train_kinds), "params": asdict(res.params[cl[0]]),
                            "formulas": {k: _mean([_named_formulas(res.params[c])[k] for c in cl])
-                                        for k in ("T_FL", "T_SL", "T_FESTA", "T_pFESTA", "T_MSD")}}
+                                        for k in ("T_FL", "T_SL", "T_FESTA", "T_pFESTA", "T_MSD", "T_FL_SSL")}}
     if method == "sl":
         row["handoff"] = _mean([res.counter.total(c, kinds=["handoff"]) for c in cl])
     row["rel_error"] = None if row["formula"] is None else max(
@@ -309,7 +317,44 @@ def assemble(s: CompareSetting, done: dict[tuple[str, int], dict[str, Any]]) -> 
               "majority": {t.name: _majority(part.test[t.name][1]) for t in TASKS},
               "formulas": FORMULA_TEXT, "approx_tolerance": APPROX, "methods": methods}
     report["orderings"] = orderings(report)
-    return report
+    return {**report, "msd_cost": msd_cost(s, part, methods.get("fl", {}).get("bytes_per_client"))}
+
+
+def msd_cost(s: CompareSetting, part: Partition, fl_bytes: dict[str, Any] | None) -> dict[str, Any]:
+    """MSD's one round (T_MSD, MSD Eq. 9) against federated self-supervised learning
+    (T_FL-SSL, MSD Eq. 8) per client on this setting's clients, measured and by formula.
+
+    Measured T_MSD: the wire bytes of `protocols.msd.run_msd_inprocess`'s messages (every
+    client's permuted embeddings up, the distilled body down), run with one distillation step
+    -- the bytes do not depend on the steps. Measured T_FL-SSL: twice the `fl` method's
+    measured bytes (Eq. 8 moves a teacher and a student where FedAvg moves one model of the
+    same size; the DINO projection head is left out of both), None when `fl` was not run.
+    Formulas: T_MSD with MSD's D, F, Pb; T_FL-SSL at the `fl` run's R, n and model size."""
+    from protocols.msd import MSDConfig, run_msd_inprocess
+    from protocols.pfesta import permute_tokens, random_permutations
+
+    cfg = s.cfg()
+    emb = build_plain_embedder(cfg, seed=5)  # in-process stand-in for the clients' secret
+    gen = torch.Generator().manual_seed(0)
+    uploads = {}
+    with torch.no_grad():
+        for t in TASKS:
+            for c in part.clients[t.name]:
+                tokens = emb(c.images)  # (M, N, D)
+                uploads[c.client_id] = permute_tokens(tokens, random_permutations(tokens.shape[0], tokens.shape[1], gen))
+    res, ch = run_msd_inprocess(cfg, uploads, MSDConfig(steps=1, batch_size=16))
+    cl = sorted(uploads)
+    n_tok = next(iter(uploads.values())).shape[1]
+    f = n_tok * cfg.embed_dim * 4
+    msd_p = CostParams(D=round(_mean([uploads[c].shape[0] for c in cl])), B=0, R=1, n=1, F=f, G=f, Ph=0,
+                       Pb=tensor_bytes(res.body_state), Pt=0)
+    measured = _mean([ch.counter.total(c) for c in cl])
+    if fl_bytes is None:
+        return {"T_MSD": msd_p.D * msd_p.F + msd_p.Pb, "measured_T_MSD": measured, "T_FL_SSL": None,
+                "ratio": None, "measured_T_FL_SSL": None, "measured_ratio": None, "params": asdict(msd_p)}
+    out = msd_vs_fl_ssl(msd_p, CostParams(**fl_bytes["params"]), measured_msd=measured,
+                        measured_fl_ssl=2 * fl_bytes["measured"])
+    return {**out, "params": asdict(msd_p), "fl_params": fl_bytes["params"]}
 
 
 def _majority(y: torch.Tensor) -> float:
@@ -384,11 +429,28 @@ def render(report: dict[str, Any]) -> str:
                         "-" if b["rel_error"] is None else f"{100 * b['rel_error']:.2f}"])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text.append(f"FESTA head: {report['setting'].get('festa_head', 'vit')} (p-FESTA: fixed patch embedder)")
     text.append("")
     for o in report["orderings"]:
         mark = {True: "holds", False: "does NOT hold", None: "not run"}[o["holds"]]
         text.append(f"{o['claim']}: {mark}")
+    if "msd_cost" in report:
+        text += ["", msd_cost_line(report["msd_cost"])]
     return "\n".join(text)
+
+
+def msd_cost_line(c: dict[str, Any]) -> str:
+    """T_MSD (Eq. 9), T_FL-SSL (Eq. 8) and their ratio per client, measured and by formula."""
+    def kb(v: float | None) -> str:
+        return "-" if v is None else f"{v / 1000:,.1f} kB"
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    return (f"MSD vs federated SSL per client: measured T_MSD {kb(c['measured_T_MSD'])}, "
+            f"T_FL-SSL {kb(c['measured_T_FL_SSL'])}, ratio {ratio(c['measured_ratio'])}; "
+            f"formula T_MSD (Eq. 9) {kb(c['T_MSD'])}, T_FL-SSL (Eq. 8) {kb(c['T_FL_SSL'])}, "
+            f"ratio {ratio(c['ratio'])} (MSD Table VII: about 0.25)")
 
 
 def write_png(report: dict[str, Any], path: str | Path) -> Path:

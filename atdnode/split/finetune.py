@@ -14,6 +14,7 @@ from typing import Any
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
+from atdnode.device import resolve_device
 from atdnode.home import NodeHome
 from atdnode.split.client import SplitJoinError
 from atdnode.identity import NodeIdentity
@@ -72,7 +73,8 @@ def finetune_from_entry(home: NodeHome, *, task: str, data: str, ref: str = "lat
     embedder = build_plain_embedder(cfg, state=state)
     metrics: dict[str, float] = {}
     for prefix, state in [("", body_state)] + ([("scratch_", None)] if compare_scratch else []):
-        body, tail = fine_tune(embedder, cfg, spec, x, y, body_state=state, steps=steps, lr=lr, seed=seed)
+        body, tail = fine_tune(embedder, cfg, spec, x, y, body_state=state, steps=steps, lr=lr, seed=seed,
+                               device=resolve_device(None, home=home))
         metrics.update({prefix + k: v for k, v in evaluate_local(embedder, body, tail, spec, xt, yt).items()})
     return {"entry": entry.id.hex(), "blob": b["blob"], "task": task, "samples": int(x.shape[0]),
             "steps": steps, "metrics": metrics}

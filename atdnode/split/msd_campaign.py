@@ -26,6 +26,7 @@ from atdnode.split.rounds import Member
 from atdnode.split.session import meta_int, tensor
 from atdnode.weights import load_weights, save_weights
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
+from atdnode.device import resolve_device
 from protocols.msd import MSDTrainer
 from protocols.pfesta import FeatureStore
 from atdnode.bodies import READERS
@@ -79,7 +80,8 @@ class MSDCampaign:
         b.started, b.round, b.round_members = True, 1, set(contributors)
         b.notify()
         feats = torch.cat([self.store.features[c] for c in contributors])  # (M, N, D)
-        result = await trio.to_thread.run_sync(MSDTrainer(self.cfg, self.s.msd_config()).train, feats)
+        result = await trio.to_thread.run_sync(MSDTrainer(self.cfg, self.s.msd_config(),
+                                                                     device=resolve_device(None, home=self.svc.home)).train, feats)
         # the body is useless without the clients' secret embedder; the entry names which
         # (an id only) so a client can fine-tune later, and who may fetch it (MSD §III)
         secret = {"service": self.svc.service_entry, "secret": self.svc.secret_entry}

@@ -10,7 +10,12 @@ formulas of the p-FESTA paper for the same symbols:
 
     T_FL     = 2R/n (Ph+Pb+Pt)            T_SL     = 2BR(F+G)
     T_FESTA  = 2BR(F+G) + 2R/n (Ph+Pt)    T_pFESTA = DF + BR(F+G) + 2R Pt/n
-    T_MSD    = DF + Pb                    (MSD Eq. 8; one round: upload once, body down once)
+    T_MSD    = DF + Pb                    (MSD Eq. 9; one round: upload once, body down once)
+    T_FL-SSL = 4R/n (Ph+Pb+Pt)            (MSD Eq. 8: federated SSL, teacher + student up and down)
+
+An MSD row also carries T_FL-SSL at the MSD paper's FL schedule (Table VII: R = 50 rounds,
+aggregated every round) and the ratios T_MSD / T_FL-SSL and measured / T_FL-SSL (the paper:
+about 0.25).
 
 and the relative error of the measurement against the formula of its own algorithm.
 """
@@ -19,13 +24,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
-from protocols.comm_cost import VARIANT_FORMULAS, ByteCounter, CostParams, formulas
+from protocols.comm_cost import MSD_TABLE7_FL_ROUNDS, VARIANT_FORMULAS, ByteCounter, CostParams, formulas, t_fl_ssl
 
 RECORD_VERSION = 1
 _REQUIRED = ("version", "side", "algorithm", "client", "server", "task", "params", "counter", "train_kinds")
@@ -128,6 +133,10 @@ def report_row(rec: dict[str, Any]) -> dict[str, Any]:
         row.update({"T_FL": f["fl"], "T_SL": f["sl"], "T_FESTA": f["festa"], "T_pFESTA": f["pfesta"],
                     "T_MSD": f["msd"], "formula": own_formula(rec["algorithm"], p, rec.get("variant"))})
         row["rel_error"] = (measured - row["formula"]) / row["formula"] if row["formula"] else None
+        if rec["algorithm"] == "msd":
+            fl = t_fl_ssl(replace(p, R=MSD_TABLE7_FL_ROUNDS, n=1))
+            row.update({"T_FL_SSL": fl, "msd_ratio": f["msd"] / fl if fl else None,
+                        "measured_ratio": measured / fl if fl else None})
     return row
 
 
@@ -154,4 +163,11 @@ def render(rows: list[dict[str, Any]]) -> str:
                       _kb(r["measured"]), _kb(r.get("formula")), err, _kb(r.get("T_FL")), _kb(r.get("T_SL")),
                       _kb(r.get("T_FESTA")), _kb(r.get("T_pFESTA")), metric or "-"))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    for r in rows:
+        if r.get("T_FL_SSL") is not None:
+            text.append(f"{r['side']} {r['client'][-8:]} msd: T_MSD (Eq. 9) {_kb(r['T_MSD'])} kB, measured "
+                        f"{_kb(r['measured'])} kB; T_FL-SSL (Eq. 8, R={MSD_TABLE7_FL_ROUNDS}, r=1) "
+                        f"{_kb(r['T_FL_SSL'])} kB; ratio {r['msd_ratio']:.3f} by formula, "
+                        f"{r['measured_ratio']:.3f} measured (MSD Table VII: about 0.25)")
+    return "\n".join(text)

@@ -20,6 +20,7 @@ import trio
 
 from atdnode.blobstore import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
+from atdnode.device import resolve_device
 from atdnode.model import ModelConfig
 from atdnode.split.session import SplitChannel, meta_int, tensor
 from atdnode.weights import WeightsError, load_weights, save_weights
@@ -51,6 +52,7 @@ class Task:
     finetune_lr: float = 2e-3
     compare_scratch: bool = False
     embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
+    device: torch.device | None = None  # local fine-tuning's device (atdnode.device rule; None: its default)
 
     @property
     def cfg(self) -> ModelConfig:
@@ -264,7 +266,8 @@ class MSDRole(PFestaRole):
         runs = [("", self.body)] + ([("scratch_", None)] if t.compare_scratch else [])
         for prefix, state in runs:
             body, tail = fine_tune(self.embedder, t.cfg, t.spec, t.x, t.y, body_state=state,
-                                   steps=t.finetune_steps, lr=t.finetune_lr, seed=t.seed)
+                                   steps=t.finetune_steps, lr=t.finetune_lr, seed=t.seed,
+                                   device=t.device or resolve_device(None))
             if t.test is not None:
                 got = evaluate_local(self.embedder, body, tail, t.spec, *t.test)
                 self.out.metrics.update({prefix + k: v for k, v in got.items() if math.isfinite(v)})

@@ -7,8 +7,9 @@ from typing import List, Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
 HELP = "\n\n".join([
@@ -49,12 +50,14 @@ def aggregate(
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode import aggregate as agg
 
     from atdnode.ids import resolve_entry_ids
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     if verify:
         from atdnode.agg_verify import verify_aggregate
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 
 base_app = typer.Typer(help="A base ViT built inside the consortium by masked sampling distillation (MSD).",
                        no_args_is_help=True)
@@ -19,12 +21,15 @@ def build(
     campaign: str = typer.Option("latest", "--campaign", help="The MSD campaign: its service entry id, its body "
                                  "weights entry id (or a unique prefix), or `latest`."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Assemble a timm ViT extractor from the campaign's secret embedder (sealed to this client)
     and its distilled body, and register it as a model. Only a client of the campaign can."""
     from atdnode.split.base import build_base
 
-    rec = build_base(NodeHome.at(home).require(), campaign)
+    h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads
+    rec = build_base(h, campaign)
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
 
@@ -23,6 +23,7 @@ def classify(
     pgd_step: str = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units."),
     pgd_steps: int = typer.Option(7, "--pgd-steps", min=0, help="PGD steps."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Predict with the node's global model or ensemble and report accuracy, precision,
     sensitivity and F1 (macro over the data's classes); writes a confusion-matrix PNG.
@@ -34,9 +35,12 @@ def classify(
     """
     from atdnode.classify import classify as run
 
+    from atdnode.device import resolve_device
+
     h = NodeHome.at(home).require()
+    resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
-    res = run(h, data, model=model, split=split, out=out, pgd=pgd)
+    res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from cli.options import DEVICE_OPT
+
 netsim_app = typer.Typer(help="Run many nodes on this machine: scenarios, faults, VGS-ATD against baselines.",
                          no_args_is_help=True)
 
@@ -46,9 +48,12 @@ def run_cmd(
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),
     base: Optional[str] = typer.Option(None, "--base", help="Where VGS-ATD starts: scratch | msd (a base the nodes "
                                        "build first by masked sampling distillation) | msd,scratch (both, side by side)."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
+    from atdnode.device import apply_device
     from netsim.scenario import validate
 
+    apply_device(device)  # checked first; the nodes it starts inherit it ($ATD_DEVICE)
     scn = resolve_scenario(scenario)
     bases = tuple(b.strip() for b in base.split(",")) if base else ()
     for b in bases:

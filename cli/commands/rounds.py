@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -28,7 +29,8 @@ def rounds(
     home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
     weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
-    q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q."),
+    q: float = typer.Option(10.0, "--q", help="FedWAvg softmax scale q (default: protocols.fedwavg.ROUNDS_Q, chosen "
+                                              "by measurement: weights move measurably off 1/K on skewed shards, not on IID ones)."),
     data: str = typer.Option("digits", "--data", help="This node's data spec."),
     model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
     img_size: Optional[int] = typer.Option(None, "--img-size"),
@@ -50,6 +52,7 @@ def rounds(
     pgd_step: str = typer.Option("2/255", "--pgd-step"),
     pgd_steps: int = typer.Option(7, "--pgd-steps", min=0),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     import trio
 
@@ -58,6 +61,7 @@ def rounds(
     from cli.commands.train import _fraction
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                               num_heads=heads)
     transform = None

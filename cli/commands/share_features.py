@@ -7,8 +7,9 @@ from typing import List, Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 
 
 def share_features(
@@ -17,6 +18,7 @@ def share_features(
     data: Optional[str] = typer.Option(None, "--data", help="Data spec of the images to describe (default: the model's training data)."),
     model: str = typer.Option("latest", "--model", help="Model whose extractor makes the features (id, prefix or `latest`)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Publish CLS features (with labels) of this node's data, encrypted so that only the
     named peers can read them (X25519 + ChaCha20-Poly1305).
@@ -30,6 +32,7 @@ def share_features(
     from atdnode.ids import resolve_peer
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     peers = [resolve_peer(h, p.strip()) for item in to for p in item.split(",") if p.strip()]
     res = do_share(h, to=peers, data_spec=data, model=model)
     if as_json:

@@ -11,8 +11,9 @@ from typing import List, Optional
 
 import typer
 
+from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.options import HOME_ENV, HOME_OPT
+from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
 
 split_app = typer.Typer(help="Split learning over libp2p: FESTA, p-FESTA, masked sampling distillation.",
                         no_args_is_help=True)
@@ -97,6 +98,7 @@ def join(
     compare_scratch: bool = typer.Option(False, help="MSD: also fine-tune from a random body, for comparison."),
     as_json: bool = typer.Option(False, "--json", help="Print the comm record as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress on stderr."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Join a split-learning server as a client: run the protocol, report the task metric and
     write a comm record (measured bytes + the paper's parameters) under HOME/split/records.
@@ -116,6 +118,7 @@ def join(
     from atdnode.ids import resolve_peer
 
     h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads; every step of the command uses it
     server = resolve_peer(h, server)
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
@@ -201,11 +204,14 @@ def finetune(
     seed: int = typer.Option(0, help="Seed of the tail, sampling."),
     compare_scratch: bool = typer.Option(False, help="Also fine-tune from a random body."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Fine-tune body + task tail from a published MSD body and report the task metric."""
     from atdnode.split.finetune import finetune_from_entry
 
-    out = finetune_from_entry(NodeHome.at(home).require(), task=task, data=data, ref=weights, steps=steps, lr=lr,
+    h = NodeHome.at(home).require()
+    apply_device(device, h)  # checked before anything loads
+    out = finetune_from_entry(h, task=task, data=data, ref=weights, steps=steps, lr=lr,
                               seed=seed, compare_scratch=compare_scratch)
     if as_json:
         typer.echo(json.dumps(out, indent=2))

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
 HELP = """Train a timm ViT on this node's private images and register it locally.
@@ -55,7 +55,8 @@ def train_cmd(
     augment_prob: float = typer.Option(0.5, "--augment-prob", min=0.0, max=1.0, help="--augment-inplace: chance that a sample of a small class is replaced by an augmented one."),
     augment_inplace: bool = typer.Option(False, "--augment-inplace", help="Replace small-class samples in place instead of the paper's rule (enlarge each small class with extra samples made by three of five operations)."),
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu / cuda / cuda:1 (default: cuda when present)."),
+    device: Optional[str] = DEVICE_OPT,
+    compile_model: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the model (CUDA: faster after a warm-up of a minute or so; not in the run key)."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."),
     adv_ratio: float = typer.Option(0.5, "--adv-ratio", help="Share of each batch replaced by PGD examples."),
     pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
@@ -71,6 +72,10 @@ def train_cmd(
 
     h = NodeHome.at(home).require()
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from atdnode.ddp import check_nproc
+        from atdnode.device import ENV, configured_device
+
+        check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
         return
     cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
@@ -92,6 +97,7 @@ def train_cmd(
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
                         augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
+                        compile=compile_model,
                         progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)
