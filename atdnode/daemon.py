@@ -31,7 +31,6 @@ Everything slow (SQLite, hashing, disk) runs in worker threads.
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import logging
@@ -53,11 +52,11 @@ from atdnode.home import NodeHome, home_lock
 from atdnode.identity import NodeIdentity
 from atdnode.ledger_access import LedgerAccess, quota_from_config
 from atdnode.registry import ModelRegistry
-from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
-                             plan_sync)
+from atdnode.dialer import PeerDialer
+from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_sync
 from atdnode.split import role_services
 from atdnode.blob_readers import BlobReaders
-from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, SyncResult, genesis_extra, pull, serve_sync
+from atdnode.sync import PER_PEER_STREAMS, SYNC_PROTOCOL, TOTAL_STREAMS, CachedGenesis, SyncResult, pull, serve_sync
 from atdnode.transport.limits import PeerLimits
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
@@ -104,9 +103,7 @@ class NodeDaemon:
         self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=self.identity.public_key,  # [quota]: issue 24
                                    quota=quota_from_config(self.config.extra.get("quota")))
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
-        self._peers_changed = trio.Event()  # wakes the peer-set maintenance (_discovery_loop)
-        self._bootstrap_peers: dict[str, list[str]] = {}
-        self._hellos_seen = 0  # bumped when hello entries may have changed
+        self.dialer = PeerDialer(self)  # connections: the membership gate, dialling, back-offs (atdnode.dialer)
         self.store = BlobStore(home.blobs_dir)
         self.transport = transport or self._libp2p_transport()
         self.gate = MembershipGate(self_peer=self.transport.peer_id)
@@ -155,7 +152,7 @@ class NodeDaemon:
 
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         # bootstrap peers are peer-set candidates too (a newcomer may know no hello yet)
-        self._bootstrap_peers = {a.rsplit("/p2p/", 1)[-1]: [a] for a in bootstrap if "/p2p/" in a}
+        self.dialer.bootstrap = {a.rsplit("/p2p/", 1)[-1]: [a] for a in bootstrap if "/p2p/" in a}
         with home_lock(self.home):  # one daemon per home, even when two start at once
             await self._run_locked(listen, bootstrap, task_status=task_status)
 
@@ -171,10 +168,11 @@ class NodeDaemon:
             self._head_confirmed.set()  # a founder alone: no other member could hold entries of ours
         await self._queue_wanted_blobs()  # learn blob reader lists before serving anything; wanted blobs after a restart
         self._announced_seq = await trio.to_thread.run_sync(read_announced, self.home)
+        self.transport.set_peer_gate(self.dialer.admit)  # every connection and gossip RPC, re-connections included
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, self._on_gossip, self._validate)
-            self.transport.set_stream_handler(
-                SYNC_PROTOCOL, self.gate.guard(self._serve_sync, "ledger sync", lambda: genesis_extra(self.ledger)))
+            self.transport.set_stream_handler(  # a refusal costs no ledger job: the genesis bytes are cached
+                SYNC_PROTOCOL, self.gate.guard(self._serve_sync, "ledger sync", CachedGenesis(self.ledger)))
             self.blobs.install()
             for service in self.services:
                 service.install(self)
@@ -189,13 +187,13 @@ class NodeDaemon:
                 nursery.start_soon(self._announce_loop)
                 nursery.start_soon(self._periodic_sync)
                 nursery.start_soon(self._fetch_loop)
-                nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self.dialer.discovery_loop)
                 nursery.start_soon(self._expire_loop)
                 nursery.start_soon(self._confirm_head_loop)
                 for service in self.services:
                     nursery.start_soon(service.run, self)
                 for addr in bootstrap:
-                    nursery.start_soon(self._dial_with_retry, addr)
+                    nursery.start_soon(self.dialer.dial_bootstrap, addr)
                 log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
                 tune_gc()  # start-up objects out of the collector's scans: no GC pauses in the gossip path
                 task_status.started(self.transport.addrs())
@@ -230,12 +228,18 @@ class NodeDaemon:
     # ---------------------------------------------------------------- gossip
 
     async def _refresh_members(self) -> None:
-        def members(led: Ledger) -> set[bytes]:
-            m = led.membership()
-            return {pk for pk in m.members if m.is_member(pk)}
+        me = self.identity.public_key
 
-        self._members = await self.ledger.run(members)
+        def members(led: Ledger) -> tuple[set[bytes], bool]:
+            m = led.membership()
+            status = m.members.get(me)  # revoked, not rotated away (a rotated key reads as revoked too)
+            revoked = status is not None and status.revoked and me not in m.rotations
+            return {pk for pk in m.members if m.is_member(pk)}, revoked
+
+        old = self._members
+        self._members, revoked = await self.ledger.run(members)
         self.gate.update(peer_id_from_public_key(pk) for pk in self._members)  # same set as access.member_peer_ids
+        self.dialer.membership_seen(changed=self._members != old, revoked=revoked)
 
     def _validate(self, data: bytes, from_peer: str) -> bool:
         """Cheap, synchronous gate before delivery and relay: signature + membership."""
@@ -298,24 +302,12 @@ class NodeDaemon:
     async def _after_merge(self, kinds: set[str] | None = None) -> None:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
         if kinds is None or kinds & {"hello", "member", "genesis"}:
-            self._hellos_seen += 1  # the peer-set loop re-reads hello entries (of members)
+            self.dialer.hellos_seen += 1  # the peer-set loop re-reads hello entries (of members)
         if kinds is None or kinds & {"genesis", "member"}:
             await self._refresh_members()
-            await self._drop_non_members()
+            await self.dialer.drop_non_members()
         if kinds is None or kinds & BLOB_KINDS_SET:  # reader lists matter with auto-fetch off too
             await self._queue_wanted_blobs()
-
-    async def _drop_non_members(self) -> None:
-        """Disconnect peers that are no longer (or never were) members, e.g. just revoked:
-        no more gossip reaches them."""
-        try:
-            connected = self.transport.peers()
-        except TransportError:  # not running yet
-            return
-        for peer in connected:
-            if not self.gate.may_pull_from(peer):
-                self.gate.refuse(peer, "connection")
-                await self.transport.disconnect(peer)
 
     async def _announce_loop(self) -> None:
         """Gossip entries this node authored (by the daemon or by CLI commands) since last time."""
@@ -410,12 +402,11 @@ class NodeDaemon:
         await serve_sync(stream, self.ledger, self._sync_limits)
 
     async def _on_peer(self, peer_id: str) -> None:
-        if not self.gate.may_pull_from(peer_id):
-            self.gate.refuse(peer_id, "connection")
+        if not self.dialer.admit(peer_id):  # the transport's gate ran first; membership may have changed since
             await self.transport.disconnect(peer_id)  # no gossip to outsiders either
             return
-        self._peers_changed.set()  # above max now? the peer-set loop prunes at once
-        if self._nursery is not None:
+        self.dialer.changed.set()  # above max now? the peer-set loop prunes at once
+        if self._nursery is not None and self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
             self._nursery.start_soon(self.sync_with, peer_id)
 
     async def sync_with(self, peer_id: str) -> int:
@@ -428,7 +419,10 @@ class NodeDaemon:
         if not self.gate.may_pull_from(peer_id):
             self.gate.refuse(peer_id, "sync pull")
             return None
+        if not self.dialer.may_contact(peer_id):  # it refused us lately (back-off), or we were revoked
+            return None
         me = self.identity.public_key
+        self.dialer.pulling.add(peer_id)
         try:
             with trio.fail_after(60):
                 t_open = trio.current_time()
@@ -436,8 +430,9 @@ class NodeDaemon:
                 self.peerset.observe_rtt(peer_id, trio.current_time() - t_open)  # one negotiation round trip
                 result = await pull(stream, self.ledger)
         except AccessRefused as exc:
-            log.info("sync with %s: %s", peer_id, exc)
-            await self._after_merge()  # a refusal may still have carried the genesis entry
+            self.dialer.refused_by(peer_id)
+            if getattr(exc, "added", 0):  # the refusal carried a genesis entry new to us
+                await self._after_merge()
             return None
         except (TransportError, trio.TooSlowError) as exc:
             log.info("sync with %s failed: %s", peer_id, exc)
@@ -445,6 +440,8 @@ class NodeDaemon:
         except (sqlite3.OperationalError, OSError) as exc:
             await self._disk_trouble(f"syncing with {peer_id}", exc)
             return None
+        finally:
+            self.dialer.pulling.discard(peer_id)
         self.stats["sync_pulls"] += 1
         self.stats["sync_added"] += result.added
         kinds: set[str] = set()
@@ -559,125 +556,6 @@ class NodeDaemon:
             except (sqlite3.OperationalError, OSError) as exc:
                 await self._disk_trouble("expiring held entries", exc)
             await trio.sleep(EXPIRE_EVERY)
-
-    async def _dial_with_retry(self, addr: str, deadline: float = 60.0, notice_after: float = 5.0) -> None:
-        """Dial a bootstrap peer until it answers (backoff; a member gives up after `deadline`).
-
-        While this node is not a member yet it keeps the connection up, re-dialling every few
-        seconds: members disconnect non-members, and let us in once our admission reached
-        them. A member never re-dials a bootstrap peer that turned out not to be a member.
-        An unreachable peer is logged at the first failed dial, or after `notice_after` s of
-        a dial that hangs, not after the last retry."""
-        delay = 0.2
-        end = trio.current_time() + deadline
-        peer = addr.rsplit("/p2p/", 1)[-1]
-        warned = False
-        async with trio.open_nursery() as nursery:
-
-            async def notice() -> None:
-                await trio.sleep(notice_after)
-                if not warned and peer not in self.transport.peers():
-                    log.warning("could not reach bootstrap %s within %.0f s; still trying", addr, notice_after)
-
-            nursery.start_soon(notice)
-            try:
-                while True:
-                    if peer not in self.transport.peers():
-                        if self.gate.self_is_member and peer in self.gate.refused:
-                            return
-                        try:
-                            await self.transport.connect(addr)
-                            log.info("connected to bootstrap peer %s", peer)
-                        except TransportError as exc:
-                            late = trio.current_time() + delay > end
-                            if not warned:
-                                log.warning("could not reach bootstrap %s: %s; retrying", addr, exc)
-                                warned = True
-                            if late and self.gate.self_is_member:
-                                log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
-                                return
-                            await trio.sleep(delay)
-                            delay = min(delay * 2, 5.0)
-                            continue
-                    if self.gate.self_is_member:
-                        return
-                    await trio.sleep(2.0)
-            finally:
-                nursery.cancel_scope.cancel()
-
-    async def _discovery_loop(self) -> None:
-        """Keep a bounded peer set (`atdnode.peerset`): below `target`, dial members whose
-        signed `hello` entries announce addresses (low-latency and random ones); above
-        `max`, disconnect the least useful peers. Wakes on every connection and each second."""
-        me = self.identity.public_key
-        cfg = self.peerset.cfg
-        rng = random.Random()
-        # peer -> (last dial, prune or loss; its addresses then): not again for cfg.redial_after_s
-        # unless it announced new addresses (a restarted member)
-        tried: dict[str, tuple[float, tuple[str, ...]]] = {}
-        known: dict[str, list[str]] = {}
-        hellos_read = -1  # self._hellos_seen when `known` was read
-        next_rotation = trio.current_time() + cfg.rotate_s
-
-        def hellos(led: Ledger) -> dict[str, list[str]]:
-            out: dict[str, list[str]] = {}
-            for e in led.query(kind="hello"):
-                if e.author != me and e.author in self._members and isinstance(e.body.get("addrs"), list):
-                    out[peer_id_from_public_key(e.author)] = [a for a in e.body["addrs"] if isinstance(a, str)]
-            return out
-
-        async def prune(peer: str, now: float) -> None:
-            tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
-            self.peerset.pruned += 1
-            await self.transport.disconnect(peer)
-
-        async def dial(peer: str, addrs: list[str]) -> None:
-            for addr in addrs:
-                t0 = trio.current_time()
-                try:
-                    with trio.move_on_after(10):
-                        await self.transport.connect(addr)
-                        self.peerset.observe_rtt(peer, trio.current_time() - t0)
-                        self.peerset.dialled += 1
-                        return
-                except TransportError as exc:
-                    log.debug("could not dial %s: %s", addr, exc)
-
-        while True:
-            self._peers_changed = trio.Event()
-            now = trio.current_time()
-            connected = set(self.transport.peers())
-            for peer in set(self.peerset.since) - connected:
-                tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
-            self.peerset.observe_connected(connected, now)
-            for peer in plan_prunes(connected, self.peerset.rtt, self.peerset.since, cfg, now=now):
-                log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
-                await prune(peer, now)
-                connected.discard(peer)
-            rotate = len(connected) >= cfg.target and now >= next_rotation
-            if len(connected) < cfg.target or rotate:
-                if hellos_read != self._hellos_seen:  # a consortium of hundreds: no re-read every second
-                    hellos_read = self._hellos_seen
-                    known = {**self._bootstrap_peers, **await self.ledger.run(hellos)}
-                fresh = [p for p, addrs in known.items() if p not in self.gate.refused
-                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
-                picks = plan_dials(fresh, connected, self.peerset.rtt, cfg, rng)
-                if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
-                    next_rotation = now + cfg.rotate_s
-                    pick = plan_rotation(fresh, connected, rng)
-                    picks = [pick] if pick is not None else []
-                for peer in picks:
-                    tried[peer] = (now, tuple(known[peer]))
-                async with trio.open_nursery() as nursery:
-                    for peer in picks:
-                        nursery.start_soon(dial, peer, known[peer])
-                now_peers = set(self.transport.peers())
-                if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
-                    for peer in plan_prunes(now_peers, self.peerset.rtt, self.peerset.since,
-                                            dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
-                        await prune(peer, now)
-            with trio.move_on_after(max(self.poll_interval * 4, 1.0)):
-                await self._peers_changed.wait()
 
     # ---------------------------------------------------------------- blobs
 
@@ -795,6 +673,8 @@ class NodeDaemon:
             "addrs": self.transport.addrs(),
             "peers": self.transport.peers(),
             "refused": sorted(self.gate.refused),  # non-members refused so far
+            "members": len(self._member_peer_ids()),  # other members (the dashboard's "connected N of M")
+            **self.dialer.status(),  # unreachable members (peer -> seconds), revoked, refusals received
             "ledger": state,
             "blobs": len(self.store.list()),
             "wanted": sorted(self._wanted),

@@ -37,6 +37,7 @@ class LedgerAccess:
         self.own = () if own is None else (own,)
         self._limiter = trio.CapacityLimiter(1)
         self._closed = False
+        self._genesis_seen: set[bytes] = set()  # refusals' genesis bytes already merged
 
     async def run(self, fn: Callable[[Ledger], T]) -> T:
         if self._closed:
@@ -61,6 +62,19 @@ class LedgerAccess:
         items = list(items)
         return await self.run(lambda led: led.merge(items, members_only=True, quota=self.quota,  # outsiders' entries
                                                     exempt=self.own))                            # never stored
+
+    async def merge_genesis(self, raw: bytes) -> int:
+        """Merge the genesis entry a refusal carried; returns how many entries it added. The
+        same bytes a second time cost no ledger-thread job (a refused node must not spend
+        its ledger thread on every refusal, issue 24)."""
+        if raw in self._genesis_seen:
+            await trio.lowlevel.checkpoint()
+            return 0
+        added = len((await self.merge([raw])).added)
+        if len(self._genesis_seen) < 16:
+            self._genesis_seen.add(raw)
+        return added
+
 
 
 def quota_from_config(table: dict | None) -> AuthorQuota:

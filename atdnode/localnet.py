@@ -41,6 +41,7 @@ MANIFEST = "local.json"
 PIDFILE = "daemon.pid"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
+_STARTED: dict[int, subprocess.Popen] = {}  # daemons this process started (pid -> Popen; see _exited)
 
 
 class LocalNetError(AtdError):
@@ -176,6 +177,7 @@ def start_daemon(home: NodeHome, *, bootstrap: list[str] = (), listen_host: str 
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=_env(),
                                 start_new_session=True, close_fds=True)
     (home.root / PIDFILE).write_text(f"{proc.pid}\n")
+    _STARTED[proc.pid] = proc
     return proc.pid
 
 
@@ -196,10 +198,21 @@ def _wait(cond, deadline: float, what: str, interval: float = 0.2):
         time.sleep(interval)
 
 
+def _exited(pid: int, home: NodeHome) -> bool:
+    """Has the daemon `pid` exited? For a process this one started, its Popen says so: right
+    after Popen returns, the child's /proc cmdline can be empty (or still its parent's), which
+    `_is_our_daemon` took for another program -- the cause of "exited at start" reported for
+    a live daemon about once in ten starts (issue 26)."""
+    proc = _STARTED.get(pid)
+    if proc is not None:
+        return proc.poll() is not None
+    return not _is_our_daemon(pid, home)
+
+
 def _wait_ready(home: NodeHome, pid: int, deadline: float) -> dict:
     """The daemon's status once its control socket answers; LocalNetError if it died or timed out."""
     def ready():
-        if not _is_our_daemon(pid, home):
+        if _exited(pid, home):
             tail = _tail(home.logs_dir / "daemon.out")
             raise LocalNetError(f"{home.root.name}: the daemon exited at start (see {home.logs_dir / 'daemon.out'})"
                                 + (f": {tail}" if tail else ""))

@@ -29,7 +29,7 @@ entry (62-77 -> 33-37 ms for all ten, bench/daemon_bench.py, same machine and lo
 every entry still delivered; sync covers what a thinner mesh misses.
 
 Everything here is pure (no network, no clock of its own): the daemon
-(`NodeDaemon._discovery_loop`) feeds it connections, hellos and measurements.
+(`atdnode.dialer.PeerDialer.discovery_loop`) feeds it connections, hellos and measurements.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ class PeerSetConfig:
     grace_s: float = 5.0  # a new connection is not pruned this long (it syncs and learns hellos first)
     redial_after_s: float = 30.0  # a peer we dialled, pruned or lost is not dialled again this soon
     rotate_s: float = 60.0  # one peer is swapped for a random member this often (re-mixing)
+    unreachable_after_s: float = 60.0  # a member whose dials fail this long is one WARNING line (issue 26)
 
     def __post_init__(self) -> None:
         if type(self.target) is not int or self.target < 1:
@@ -63,7 +64,7 @@ class PeerSetConfig:
             raise ConfigError("config: peers.max must be an integer >= peers.target")
         if not isinstance(self.low_latency_share, (int, float)) or not 0.0 <= self.low_latency_share <= 1.0:
             raise ConfigError("config: peers.low_latency_share must be a number in [0, 1]")
-        for key in ("grace_s", "redial_after_s", "rotate_s"):
+        for key in ("grace_s", "redial_after_s", "rotate_s", "unreachable_after_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1e6:
                 raise ConfigError(f"config: peers.{key} must be a number of seconds >= 0")
@@ -75,7 +76,7 @@ class PeerSetConfig:
             return cls()
         if not isinstance(table, dict):
             raise ConfigError("config: [peers] must be a table")
-        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s", "rotate_s")
+        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s", "rotate_s", "unreachable_after_s")
         unknown = set(table) - set(keys)
         if unknown:
             raise ConfigError(f"config: unknown key peers.{sorted(unknown)[0]} (known: {', '.join(keys)})")

@@ -15,7 +15,8 @@ Members only (atdnode.access): a server answers a requester that is not a member
 consortium, before reading its request, with one refusal frame
 `{"t": "refused", "error": str, "genesis": raw genesis entry}` -- the genesis entry is
 the one thing an outsider may have, so that a joiner can bootstrap. `pull` merges that
-genesis entry and raises AccessRefused. The client merges each batch as it
+genesis entry (the same bytes again cost no ledger job: `LedgerAccess.merge_genesis`) and
+raises AccessRefused (its `added`: entries the refusal added). The client merges each batch as it
 arrives; merging is idempotent and order-independent, so overlapping pulls, gossip
 arriving meanwhile, or an interrupted pull (retried later) are all harmless.
 Database work runs in worker threads so the trio loop never blocks.
@@ -157,6 +158,25 @@ async def genesis_extra(ledger: LedgerAccess) -> dict:
     return {} if raw is None else {"genesis": raw}
 
 
+class CachedGenesis:
+    """`genesis_extra` read from the ledger once: the genesis entry never changes, so serving a
+    refusal costs no ledger-thread job (issue 24: a refused peer retrying in a loop had queued
+    95 s of ledger work on a member). Awaitable like `genesis_extra(ledger)`."""
+
+    def __init__(self, ledger: LedgerAccess) -> None:
+        self.ledger = ledger
+        self._extra: dict | None = None
+
+    async def __call__(self) -> dict:
+        if self._extra is None:
+            extra = await genesis_extra(self.ledger)
+            if not extra:  # no genesis yet (a home still joining): ask again next time
+                return extra
+            self._extra = extra
+        await trio.lowlevel.checkpoint()
+        return self._extra
+
+
 async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
     """Send our heads on `stream` and merge everything the peer returns."""
     result = SyncResult()
@@ -170,8 +190,10 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
                 break
             if is_refusal(msg):
                 if isinstance(msg.get("genesis"), bytes):
-                    result.added += len((await ledger.merge([msg["genesis"]])).added)
-                raise AccessRefused(f"{stream.remote_peer} refused sync: {msg.get('error')!r:.80}")
+                    result.added += await ledger.merge_genesis(msg["genesis"])
+                refused = AccessRefused(f"{stream.remote_peer} refused sync: {msg.get('error')!r:.80}")
+                refused.added = result.added  # genesis entries new to us (0: nothing to refresh)
+                raise refused
             entries = msg.get("e")
             if msg["t"] != "entries" or not isinstance(entries, list):
                 raise SyncProtocolError(f"unexpected sync message {msg['t']!r}")

@@ -13,10 +13,15 @@ gossip --procs: the same, with each daemon in its own OS process, as deployed (`
     child appends its share of the entries on the shared schedule and records append and
     merge times on CLOCK_MONOTONIC (`time.monotonic()`, one clock for every process on the
     machine). CPU per entry sums the children's CPU over the measured window.
+gossip --gate-compare: the gossip benchmark twice in one run, the daemons' membership
+    filter on (as deployed: `Transport.set_peer_gate`, checked on every connection and
+    every pubsub RPC in and out) and then off (the baseline), with the ratio of the p99s
+    (issue 24: with the filter p99 must stay < 100 ms on 5 daemons).
 rss: a subprocess with two daemons (one holds a blob, the other fetches it); reports its
     peak RSS next to the blob size: memory must be bounded by buffers, not by blob size.
 
     python bench/daemon_bench.py [--nodes 5] [--entries 500] [--rate 100] [--blob-mb 350] [--no-rss] [--procs]
+                                 [--gate-compare]
 """
 from __future__ import annotations
 
@@ -57,7 +62,8 @@ def consortium(root: Path, n: int) -> list[NodeHome]:
     return homes
 
 
-async def gossip_bench(n: int, entries: int, rate: float) -> dict:
+async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True) -> dict:
+    """`gate=False`: the daemons' membership filter is taken out of the transports (baseline)."""
     with tempfile.TemporaryDirectory() as tmp:
         homes = consortium(Path(tmp), n)
         daemons = [NodeDaemon(h, sync_interval=3600, poll_interval=0.5, auto_fetch=False) for h in homes]
@@ -78,6 +84,10 @@ async def gossip_bench(n: int, entries: int, rate: float) -> dict:
             with trio.fail_after(30):
                 while any(len(d.transport.topic_peers(d.topic)) < n - 1 for d in daemons):
                     await trio.sleep(0.05)
+            if not gate:
+                for d in daemons:
+                    d.transport.set_peer_gate(None)
+                    d.transport._pubsub.peer_gate = None
             await trio.sleep(2.0)  # gossipsub heartbeat builds the mesh
             pad = "x" * 900
             appends: list[float] = []
@@ -111,7 +121,7 @@ async def gossip_bench(n: int, entries: int, rate: float) -> dict:
                 d.stop()
         lat = sorted(x for a in arrivals for x in a)
         out = summary(n, entries, rate, len(e.to_bytes()), lat, appends, cpu)
-        out.update({"gc_pauses": len(pauses), "gc_pause_max_ms": round(1000 * max(pauses, default=0.0), 2),
+        out.update({"membership_filter": gate, "gc_pauses": len(pauses), "gc_pause_max_ms": round(1000 * max(pauses, default=0.0), 2),
                     "gc_pause_total_ms": round(1000 * sum(pauses), 1), "load_avg": [round(x, 2) for x in os.getloadavg()]})
         return out
 
@@ -303,6 +313,7 @@ def main() -> None:
     ap.add_argument("--blob-mb", type=int, default=350)
     ap.add_argument("--no-rss", action="store_true", help="gossip latency only")
     ap.add_argument("--procs", action="store_true", help="gossip with each daemon in its own OS process")
+    ap.add_argument("--gate-compare", action="store_true", help="gossip with and without the membership filter")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--proc-child", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -317,7 +328,13 @@ def main() -> None:
     import logging
 
     logging.basicConfig(level=logging.ERROR)
-    if args.procs:
+    if args.gate_compare:
+        on = trio.run(gossip_bench, args.nodes, args.entries, args.rate, True)
+        off = trio.run(gossip_bench, args.nodes, args.entries, args.rate, False)
+        out = {"gossip_filtered": on, "gossip_unfiltered": off,
+               "p99_ratio_filtered_over_unfiltered": round(on["latency_p99_ms"] / off["latency_p99_ms"], 3)
+               if on["latency_p99_ms"] and off["latency_p99_ms"] else None}
+    elif args.procs:
         out = {"gossip": gossip_procs(args.nodes, args.entries, args.rate)}
     else:
         out = {"gossip": trio.run(gossip_bench, args.nodes, args.entries, args.rate)}

@@ -45,6 +45,11 @@ class MemLog:
     def heads(self) -> dict[bytes, int]:
         return dict(self.head)
 
+    def forks(self) -> dict[bytes, int]:
+        """author -> first forked seq, as `Ledger.forks`. A lite log keeps the first entry it
+        sees per (author, seq) and records no evidence, so it knows of no fork to prove."""
+        return {}
+
     def entries_after(self, author: bytes, seq: int) -> list[Entry]:
         chain = self.by_author.get(author, {})
         return [chain[s] for s in range(seq + 1, self.head.get(author, 0) + 1)]

@@ -1,11 +1,13 @@
 """`atd local up|status|down`: a real local consortium of daemon processes on 127.0.0.1."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.nodeprocs import atd, atd_json, wait_until
 
@@ -71,3 +73,23 @@ def test_ledger_wait(tmp_path: Path) -> None:
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "entries abababababababab" in p.stderr
     p = atd("ledger", "wait", "--home", home, "xyz", check=False)
     assert p.returncode == 1 and "not a 64-hex-digit entry id" in p.stderr
+
+
+@pytest.mark.slow
+def test_local_down_up_reconnects_every_time(tmp_path: Path) -> None:
+    """Issue 26: `atd local down && atd local up` failed 4 of 4 times: every daemon listens on
+    a fresh port, and a node that first dialled a member's address from its old `hello` was
+    refused the new one by py-libp2p's negative dial cache for good. `up` returns only once
+    every daemon is connected to every other one and the ledgers agree."""
+    d = tmp_path / "c"
+    atd("local", "up", "-n", "3", "--dir", str(d), "--daemon-arg=--sync-interval=3", timeout=300)
+    for cycle in range(3):
+        before = {n["peer_id"]: set(n["addrs"]) for n in atd_json("local", "status", "--dir", str(d), "--json")}
+        atd("local", "down", "--dir", str(d))
+        p = atd("local", "up", "--dir", str(d), "--json", "--timeout", "120", check=False, timeout=300)
+        assert p.returncode == 0, f"cycle {cycle}: {p.stderr}"
+        nodes = json.loads(p.stdout)
+        for n in nodes:
+            assert n["running"] and len(n["peers"]) == 2, (cycle, n)
+            assert not set(n["addrs"]) & before[n["peer_id"]], "a new port each start: the old hellos are stale"
+    atd("local", "down", "--dir", str(d))

@@ -241,3 +241,81 @@ def test_members_only_merge_applies_admissions_of_the_same_batch(tmp_path: Path)
     with Ledger.open(tmp_path / "fresh.db", genesis_id=bytes.fromhex(_genesis(homes[0]))) as led:
         res = led.merge([own.to_bytes(), *reversed(log)], members_only=True)  # admission after the entry
         assert not res.rejected and own.id in res.added and len(res.added) == len(log) + 1
+
+
+def _count_traffic(monkeypatch, member) -> dict[str, int]:
+    """Count sync pulls aimed at `member` and the refusals `member` serves (any protocol)."""
+    import atdnode.daemon as daemon_mod
+
+    seen = {"pulls": 0, "refusals": 0}
+    real_pull, real_refuse = daemon_mod.pull, member.gate.refuse
+
+    async def counting_pull(stream, ledger):
+        if stream.remote_peer == member.transport.peer_id:
+            seen["pulls"] += 1
+        return await real_pull(stream, ledger)
+
+    def counting_refuse(peer, what):
+        seen["refusals"] += 1
+        return real_refuse(peer, what)
+
+    monkeypatch.setattr(daemon_mod, "pull", counting_pull)
+    member.gate.refuse = counting_refuse
+    return seen
+
+
+@pytest.mark.parametrize("learns", [True, False], ids=["revoked-mid-session", "revoked-while-away"])
+def test_a_revoked_member_pulls_a_handful_of_times_not_thousands(tmp_path: Path, monkeypatch, caplog,
+                                                                 learns: bool) -> None:
+    """Issue 24 item 10: a revoked daemon pulled 126,775 times in two minutes, each refusal a
+    ledger-thread job on both sides. Now a node that learns it was revoked stops (and says so
+    once); one that cannot learn it backs off exponentially; a refusal costs the member no
+    ledger job (the genesis bytes are cached)."""
+    homes = make_consortium(tmp_path, 2)
+    if not learns:  # revoked while its daemon was down: the revocation never reaches it
+        _revoke(homes[0], homes[1])
+    net = MemoryNetwork(seed=24)
+    window = 6.0
+
+    async def main() -> None:
+        d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])
+        seen = _count_traffic(monkeypatch, d0)
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            if learns:
+                await wait_for(lambda: d1.transport.peer_id in d0.transport.peers(), "connected")
+                pk1 = NodeIdentity.load(homes[1]).public_key
+                await d0.ledger.run(lambda led: led.revoke(d0.identity.signer, pk1))
+            peer1 = d1.transport.peer_id
+            await wait_for(lambda: not d0.gate.allows(peer1) and peer1 in d0.gate.refused, "the revocation takes effect")
+            await wait_for(lambda: d1.dialer.policy.revoked if learns else d1.dialer.policy.refused_count,
+                           "the revoked node learns it, or is refused")
+            jobs = {"n": 0}
+            real_run = d0.ledger.run
+
+            async def counting_run(fn):
+                jobs["n"] += 1
+                return await real_run(fn)
+
+            d0.ledger.run = counting_run
+            start = dict(seen)
+            await trio.sleep(window)  # a measurement window: count what the revoked node does in it
+            pulls, refusals = seen["pulls"] - start["pulls"], seen["refusals"] - start["refusals"]
+            # back-off 1, 2, 4 s ... from the first refusal: at most 4 pulls in 6 s (none once revoked is known);
+            # refusals: those pulls, each with its (memory transport) re-connection, and a bootstrap re-dial
+            # every 2 s while the node is not a member in its own ledger
+            assert pulls <= 4 and refusals <= 16, (pulls, refusals)
+            assert d1.transport.peer_id not in d0.transport.peers()
+            assert d1.transport.peer_id not in d0.transport.topic_peers(d0.topic)
+            if learns:
+                assert d1.dialer.policy.revoked and pulls == 0
+            # d0's ledger thread: its own loops only (announce recheck, periodic sync), never one per refusal
+            assert jobs["n"] <= 2 * window, jobs
+            d0.stop()
+            d1.stop()
+
+    with caplog.at_level("WARNING", logger="atd.daemon"):
+        trio.run(main)
+    said = [r for r in caplog.records if "this node was revoked" in r.getMessage()]
+    assert len(said) == (1 if learns else 0)

@@ -82,6 +82,8 @@ Validator = Callable[[bytes, str], bool]
 MessageHandler = Callable[[bytes, str], Awaitable[None]]
 # (peer_id) -> None, called when a connection to a new peer is up.
 PeerListener = Callable[[str], Awaitable[None]]
+# (peer_id) -> bool: may this peer hold a connection and exchange gossip with us right now?
+PeerGate = Callable[[str], bool]
 
 
 class Transport(ABC):
@@ -139,6 +141,23 @@ class Transport(ABC):
     async def disconnect(self, peer_id: str) -> None:
         """Close our connections to `peer_id` (e.g. a non-member); never raises."""
         await trio_checkpoint()
+
+    def set_peer_gate(self, gate: PeerGate | None) -> None:
+        """Install the membership gate the transport applies by itself, at every moment:
+
+        * every new connection, re-connections included, runs `gate(peer)`; a refused peer
+          is disconnected at once and no `on_peer_connected` listener hears of it;
+        * gossip: nothing is sent to, relayed to or accepted from a peer the gate refuses
+          (no mesh, no fanout, no IWANT answers); checked per message, so a peer revoked
+          mid-session gets nothing more even before its connection closes.
+
+        The gate must be cheap and synchronous (a set lookup). None: everyone passes."""
+        self._peer_gate = gate
+
+    def peer_allowed(self, peer_id: str) -> bool:
+        """The installed gate's verdict for `peer_id` (True without a gate)."""
+        gate = getattr(self, "_peer_gate", None)
+        return gate is None or bool(gate(peer_id))
 
     def bytes_counters(self) -> dict[str, int]:
         """Application bytes sent / received so far (`{"sent": n, "received": m}`): stream

@@ -91,6 +91,27 @@ class BlobServer:
         # Awaited before each `get` batch is served, on streams and bulk connections alike:
         # (peer, chunk indexes) -> None. Tests stall a holder with it; netsim may shape.
         self.before_batch: Callable[[str, list[int]], Awaitable[None]] | None = None
+        self.bulk_conns: dict[str, set] = {}  # peer -> its proven bulk connections being served (SealedSocket)
+
+    def may_serve(self, peer: str, blob: str) -> bool:
+        """May `peer` read `blob` now? The membership gate and the blob's reader list."""
+        if self.gate is not None and not self.gate.allows(peer):
+            return False
+        return self.may_read is None or self.may_read(peer, blob)
+
+    def bulk_peers(self) -> list[str]:
+        """Peers holding bulk connections now."""
+        return list(self.bulk_conns)
+
+    def drop_peer(self, peer: str) -> int:
+        """Close every bulk connection of `peer` at once (e.g. just revoked); returns how many.
+        Safe from the trio thread: closing wakes the worker thread blocked on the socket."""
+        conns = self.bulk_conns.pop(peer, set())
+        for frames in conns:
+            frames.close()
+        if conns:
+            log.info("closed %d bulk connection(s) of %s", len(conns), peer)
+        return len(conns)
 
     def install(self) -> None:
         self.transport.set_stream_handler(PROTOCOL, self.handle)

@@ -23,6 +23,10 @@ sealed. A frame that does not decrypt under the next counter -- tampered, replay
 reordered, truncated -- raises BulkIntegrityError and ends the connection; the fetcher
 then marks the peer's bulk channel bad and falls back to libp2p streams.
 
+Members only at every request (issue 24): the server re-checks the membership gate and the
+blob's reader list (`BlobServer.may_serve`) before each `get`, and `BlobServer.drop_peer`
+closes every bulk connection of a peer at once (the daemon calls it on revocation).
+
 Wire frame: 4-byte big-endian length, then AES-GCM ciphertext + 16-byte tag.
 
 Why threads: py-libp2p streams (and even trio sockets, at ~64 KiB per wakeup) cost far
@@ -365,7 +369,14 @@ async def _prove_and_serve(server: "BlobServer", offer: _Offer, sock: socket.soc
             return
         offer.claimed.add(index)
         frames.sock.settimeout(idle)
-        await _serve_conn(server, frames, blob)
+        server.bulk_conns.setdefault(offer.peer, set()).add(frames)  # BlobServer.drop_peer closes it
+        try:
+            await _serve_conn(server, frames, blob)
+        finally:
+            conns = server.bulk_conns.get(offer.peer, set())
+            conns.discard(frames)
+            if not conns:
+                server.bulk_conns.pop(offer.peer, None)
     finally:
         frames.close()
 
@@ -381,6 +392,9 @@ async def _serve_conn(server: "BlobServer", frames: SealedSocket, blob: str) -> 
             req = unpack(raw)
             if req.get("op") != "get" or req.get("blob") != blob:
                 raise FrameError(f"bulk connection may only get blob {blob[:12]}")
+            if not server.may_serve(frames.peer, blob):  # every request: revoked since the offer?
+                log.warning("bulk connection from %s closed: no longer allowed to read %s", frames.peer, blob[:12])
+                return
             cs, idx = chunk_request(req)
             if server.before_batch is not None:
                 await server.before_batch(frames.peer, idx)

@@ -55,6 +55,14 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   mesh. A publisher whose mesh is empty or not formed yet (just started, pruned under a
   bounded peer set) lost its messages until the next sync; now its direct peers get them
   in one hop. In a 5-node consortium every peer is in the mesh anyway (no extra sends);
+* members only (issue 24): `CoalescingPubsub.peer_gate` (the daemon's membership gate,
+  installed by `Libp2pTransport.set_peer_gate`) sits in front of the router on both sides.
+  A refused peer is never added as a pubsub peer (so never in a mesh, the fanout or
+  `peer_topics`), every RPC it sends is dropped unread (no subscription, GRAFT, IHAVE or
+  IWANT of its takes effect) and every RPC to it is dropped at `write_msg`, the one
+  path all publishes, relays, IWANT answers and pending flushes take. Checked per RPC,
+  so a member revoked mid-session receives nothing more even before its connection is
+  closed. (py-libp2p's own `blacklist` is not used: it is not consulted on writes.)
 * connection reads are buffered (`buffer_raw_reads`): Noise reads each transport message
   as a 2-byte length and a body, two socket reads; one read of up to READ_CHUNK bytes
   now serves both, and often the frames after them.
@@ -139,6 +147,28 @@ class CoalescingPubsub(Pubsub):
 
     coalesced_rpcs = 0  # RPCs saved by merging (all instances; for benchmarks and tests)
     duplicates_dropped = 0  # already-seen messages dropped by the read loop (all instances)
+    peer_gate: Callable[[Any], bool] | None = None  # (libp2p ID) -> may it gossip with us now?
+    gated_rpcs = 0  # RPCs dropped in or out because the gate refused the peer (this instance)
+
+    def _refused(self, peer_id: Any) -> bool:
+        gate = self.peer_gate
+        if gate is None or gate(peer_id):
+            return False
+        self.gated_rpcs += 1
+        return True
+
+    async def _handle_new_peer(self, peer_id: Any) -> None:
+        """Pubsub._handle_new_peer for allowed peers only (no pubsub stream, queue or router
+        entry for a refused one)."""
+        if self._refused(peer_id):
+            return
+        await super()._handle_new_peer(peer_id)
+
+    async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
+        """Pubsub.write_msg, dropping (True: the sending loop goes on) RPCs to refused peers."""
+        if self._refused(stream.muxed_conn.peer_id):
+            return True
+        return await super().write_msg(stream, rpc_msg)
 
     async def publish(self, topic_id: str | list[str], data: bytes) -> None:
         """Pubsub.publish (libp2p 0.8.1), signed whatever `strict_signing` says (module doc)."""
@@ -161,6 +191,8 @@ class CoalescingPubsub(Pubsub):
             while self.manager.is_running:
                 rpc = rpc_pb2.RPC()
                 rpc.ParseFromString(await read_varint_prefixed_bytes_limited(reader, self.max_inbound_rpc_size))
+                if self._refused(peer_id):  # not a member (any more): nothing of it takes effect
+                    continue
                 if not maybe_consume_signed_record(rpc, self.host, peer_id):
                     log.error("Received an invalid-signed-record, ignoring the incoming msg")
                     continue
@@ -229,7 +261,8 @@ class FloodPublishGossipSub(GossipSub):
             for topic in topic_ids:
                 peers.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
             peers.discard(origin)
-        return peers
+        gate = getattr(self.pubsub, "peer_gate", None)
+        return peers if gate is None else {p for p in peers if gate(p)}
 
 
 def coalesce_publish(first: Any, pop: Callable[[], Any], limit: int) -> tuple[Any, Any, int]:

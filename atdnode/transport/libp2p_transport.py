@@ -144,7 +144,7 @@ class _Notifee(INotifee):
         await trio.lowlevel.checkpoint()
 
     async def connected(self, network: Any, conn: Any) -> None:
-        self.owner._on_connected(str(conn.muxed_conn.peer_id))
+        self.owner._on_connection(str(conn.muxed_conn.peer_id))  # every connection, re-connections included
         await trio.lowlevel.checkpoint()
 
     async def disconnected(self, network: Any, conn: Any) -> None:
@@ -158,6 +158,26 @@ class _Notifee(INotifee):
 
     async def listen_close(self, network: Any, maddr: Any) -> None:
         await trio.lowlevel.checkpoint()
+
+
+def _forget_dial_state(host: Any, peer: ID) -> None:
+    """Before `connect(addr)` dials a peer we hold no connection to: forget the addresses
+    the peerstore holds for it and lift py-libp2p's negative dial cache, so the dial goes to
+    `addr` and nothing else. py-libp2p dials at most one TCP address per peer, the first the
+    peerstore lists, and after a failure refuses every dial to that peer for 60 s ("recently
+    failed all addresses (negative cache)"): a member that restarted on a new port (issue 26)
+    was never reached once its stale address had been tried. Which addresses to try, in
+    which order and how often is the daemon's decision (`atdnode.dialpolicy`)."""
+    try:
+        host.get_peerstore().clear_addrs(peer)
+    except Exception as e:  # a peer the store never saw
+        log.debug("clear_addrs %s: %s", peer, e)
+    unblock = getattr(host.get_network(), "unblock_peer", None)
+    if unblock is None:
+        log.warning("cannot lift libp2p's negative dial cache (libp2p internals changed); a stale address may "
+                    "block a peer's new one for 60 s")
+        return
+    unblock(peer)
 
 
 def _check_listening(host: Any, maddrs: list[Any]) -> None:
@@ -213,6 +233,7 @@ class Libp2pTransport(Transport):
         self._pubsub: Any = None
         self._nursery: trio.Nursery | None = None
         self.rejected = 0
+        self.gated_connections = 0  # connections closed at once because the peer gate refused them
 
     @property
     def peer_id(self) -> str:
@@ -255,6 +276,7 @@ class Libp2pTransport(Transport):
         pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096,
                                   msg_id_constructor=content_id, **PUBSUB_OPTIONS)
         pubsub.peer_queues = _SizedQueues(c.peer_queue_size)
+        pubsub.peer_gate = self._gate_id
         host.get_network().register_notifee(_Notifee(self))
         for proto, handler in self._handlers.items():
             host.set_stream_handler(TProtocol(proto), self._inbound(handler))
@@ -301,6 +323,8 @@ class Libp2pTransport(Transport):
             raise TransportError(f"not a dialable multiaddr with /p2p/<id>: {addr!r} ({e})") from e
         if info.peer_id == self._id:
             raise TransportError("cannot connect to self")
+        if not host.get_network().get_connections(info.peer_id):
+            _forget_dial_state(host, info.peer_id)
         try:
             with trio.fail_after(DIAL_TIMEOUT):
                 await host.connect(info)
@@ -309,8 +333,22 @@ class Libp2pTransport(Transport):
         except Exception as e:
             raise TransportError(f"dialing {addr} failed: {type(e).__name__}: {e}") from e
         peer = info.peer_id.to_base58()
-        self._on_connected(peer)
+        self._on_connection(peer)
         return peer
+
+    def _gate_id(self, peer: ID) -> bool:
+        """The peer gate for py-libp2p's pubsub (it holds `ID`s)."""
+        return self.peer_allowed(peer.to_base58())
+
+    def _on_connection(self, peer: str) -> None:
+        """Every new connection (either direction): the peer gate first; a refused peer is
+        disconnected at once and never announced."""
+        if self.peer_allowed(peer):
+            self._on_connected(peer)
+            return
+        self.gated_connections += 1
+        if self._nursery is not None:
+            self._nursery.start_soon(self.disconnect, peer)
 
     def _on_connected(self, peer: str) -> None:
         if self._nursery is None or peer in self._announced:
@@ -396,7 +434,8 @@ class Libp2pTransport(Transport):
     def topic_peers(self, topic: str) -> list[str]:
         host, pubsub, _ = self._require()
         connected = set(host.get_connected_peers())
-        return sorted(p.to_base58() for p in pubsub.peer_topics.get(topic, ()) if p in connected)
+        return sorted(b58 for p in pubsub.peer_topics.get(topic, ())
+                      if p in connected and self.peer_allowed(b58 := p.to_base58()))
 
     async def publish(self, topic: str, data: bytes) -> None:
         _, pubsub, _ = self._require()

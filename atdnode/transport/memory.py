@@ -180,6 +180,9 @@ class MemoryTransport(Transport):
         other._notify_connected(self.peer_id)
 
     def _notify_connected(self, peer: str) -> None:
+        if not self.peer_allowed(peer):  # the membership gate runs on every connection
+            self._drop_conn(peer)
+            return
         if self._nursery is not None:
             for fn in self._listeners:
                 self._nursery.start_soon(fn, peer)
@@ -231,7 +234,8 @@ class MemoryTransport(Transport):
                 log.exception("gossip handler for %s failed", topic)
 
     def topic_peers(self, topic: str) -> list[str]:
-        return sorted(p for p in self._conns if p in self.net.nodes and topic in self.net.nodes[p]._subs)
+        return sorted(p for p in self._conns
+                      if p in self.net.nodes and topic in self.net.nodes[p]._subs and self.peer_allowed(p))
 
     async def publish(self, topic: str, data: bytes) -> None:
         self._require_running()
@@ -287,7 +291,7 @@ class MemoryTransport(Transport):
 
     def _graft(self, topic: str, peer: str) -> bool:
         """`peer` asks to join our mesh for `topic`: yes unless it is full (D_high)."""
-        if topic not in self._subs or peer not in self._conns:
+        if topic not in self._subs or peer not in self._conns or not self.peer_allowed(peer):
             return False
         if self.mesh_degrees is None:
             return True  # flooding: it gets everything anyway
@@ -309,7 +313,7 @@ class MemoryTransport(Transport):
     def _relay(self, msg: tuple, exclude: tuple[str, ...]) -> None:
         topic, data = msg[2], msg[3]
         for peer in self._targets(topic):
-            if peer in exclude:
+            if peer in exclude or not self.peer_allowed(peer):  # a mesh peer revoked since it was grafted
                 continue
             link = self.net.link(self.peer_id, peer)
             at = link.gossip(len(data))
@@ -342,7 +346,7 @@ class MemoryTransport(Transport):
     def _receive(self, msg: tuple, forwarder: str) -> None:
         origin, mid, topic, data = msg
         sub = self._subs.get(topic)
-        if sub is None or forwarder not in self._conns or not self._remember(mid):
+        if sub is None or forwarder not in self._conns or not self.peer_allowed(forwarder) or not self._remember(mid):
             return
         self._counter.count("gossip", received=len(data))
         try:

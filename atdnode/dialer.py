@@ -1,0 +1,249 @@
+"""Connections of a daemon: the membership gate on every connection, dialling members, back-offs.
+
+`PeerDialer` holds what `NodeDaemon` delegates about connections (issues 15, 24, 26):
+
+* `admit(peer)` is the transport's peer gate (`Transport.set_peer_gate`): every connection,
+  re-connections included, and every gossip RPC in or out is checked against the
+  daemon's current member set; a refused peer is disconnected at once, never reaches a
+  pubsub mesh or fanout and receives no gossip;
+* `drop_non_members()` after a membership change: disconnects peers no longer members and
+  closes their open bulk connections (a revoked member loses every stream and connection
+  at once);
+* `discovery_loop()` keeps the bounded peer set (`atdnode.peerset`), dialling members at
+  every address their `hello` entries name, newest first, with back-off
+  (`atdnode.dialpolicy`), and reports members unreachable longer than
+  `[peers] unreachable_after_s` (one WARNING line per episode, `status()["unreachable"]`);
+* `dial_bootstrap(addr)` dials a bootstrap address until it answers;
+* `refused_by(peer)` / `membership_seen(...)`: the refusal back-off and "revoked: stop
+  dialling, say so once" (`DialPolicy`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from typing import Any
+
+import trio
+
+from atdnode.dialpolicy import DialPolicy, addresses_newest_first
+from atdnode.peerset import plan_dials, plan_prunes, plan_rotation
+from atdnode.transport.base import TransportError
+from ledger import Ledger
+from ledger.keys import peer_id_from_public_key
+
+log = logging.getLogger("atd.daemon")
+
+DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
+
+
+class PeerDialer:
+    """The connection side of one `NodeDaemon` (module doc)."""
+
+    def __init__(self, daemon: Any) -> None:
+        """`daemon`: the `atdnode.daemon.NodeDaemon` it serves (not imported: no import circle).
+        Reads its gate, transport, peer set, ledger, members and blob server."""
+        self.d = daemon
+        self.policy = DialPolicy(unreachable_after_s=daemon.peerset.cfg.unreachable_after_s)
+        self.bootstrap: dict[str, list[str]] = {}  # peer -> [address] given on the command line
+        self.hellos_seen = 0  # bumped when hello entries may have changed (re-read them)
+        self.changed = trio.Event()  # wakes discovery_loop (a connection came or went)
+        self.pulling: set[str] = set()  # peers a sync pull is in flight with (no second one on connect)
+
+    # -- the gate ------------------------------------------------------------------------
+
+    def admit(self, peer: str) -> bool:
+        """The transport's peer gate: members (anyone while we are not a member ourselves:
+        bootstrap, see atdnode.access); a refusal is recorded and logged once per peer."""
+        gate = self.d.gate
+        if gate.may_pull_from(peer):
+            return True
+        gate.refuse(peer, "connection")
+        return False
+
+    async def drop_non_members(self) -> None:
+        """Disconnect peers that are no longer (or never were) members, e.g. just revoked,
+        and close their bulk connections: nothing more reaches them."""
+        try:
+            connected = self.d.transport.peers()
+        except TransportError:  # not running yet
+            return
+        for peer in connected:
+            if not self.d.gate.may_pull_from(peer):
+                self.d.gate.refuse(peer, "connection")
+                await self.d.transport.disconnect(peer)
+        for peer in self.d.blobs.server.bulk_peers():
+            if not self.d.gate.allows(peer):
+                self.d.blobs.server.drop_peer(peer)
+
+    def membership_seen(self, changed: bool, revoked: bool) -> None:
+        """After the daemon re-read membership: a change lifts refusal back-offs; learning
+        that this node was revoked stops its dialling (logged once)."""
+        if changed:
+            self.policy.membership_changed()
+            self.hellos_seen += 1
+        if revoked and self.policy.learned_revoked():
+            log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
+                        "(until a member that re-admitted it connects)")
+        elif not revoked and self.policy.revoked and self.policy.readmitted():
+            log.warning("this node was admitted to the consortium again: dialling members")
+
+    def refused_by(self, peer: str) -> float:
+        """`peer` refused our request (we are not a member in its ledger): back off."""
+        delay = self.policy.refused_by(peer, trio.current_time(), joining=not self.d.gate.self_is_member)
+        log.info("peer %s refused us (not a member in its ledger); leaving it alone for %.0f s", peer, delay)
+        return delay
+
+    def may_contact(self, peer: str) -> bool:
+        """Pull from `peer` now? Not in its refusal back-off; once revoked, only if it connected to us."""
+        connected = self.policy.revoked and peer in self.d.transport.peers()
+        return self.policy.may_contact(peer, trio.current_time(), connected=connected)
+
+    def status(self) -> dict:
+        now = trio.current_time()
+        return {"unreachable": self.policy.unreachable(now), "revoked": self.policy.revoked,
+                "refusals_received": self.policy.refused_count}
+
+    # -- dialling ------------------------------------------------------------------------
+
+    async def dial(self, peer: str, addrs: list[str]) -> bool:
+        """Try `addrs` in order (newest hello first) until one answers."""
+        for addr in addrs:
+            t0 = trio.current_time()
+            try:
+                with trio.move_on_after(DIAL_TIMEOUT):
+                    await self.d.transport.connect(addr)
+                    self.d.peerset.observe_rtt(peer, trio.current_time() - t0)
+                    self.d.peerset.dialled += 1
+                    self.policy.dial_ok(peer)
+                    return True
+            except TransportError as exc:
+                log.debug("could not dial %s: %s", addr, exc)
+        delay = self.policy.dial_failed(peer, trio.current_time())
+        log.debug("no address of %s answered (%d tried); next try in %.0f s", peer, len(addrs), delay)
+        return False
+
+    async def dial_bootstrap(self, addr: str, deadline: float = 60.0, notice_after: float = 5.0) -> None:
+        """Dial a bootstrap peer until it answers (backoff; a member gives up after `deadline`).
+
+        While this node is not a member yet it keeps the connection up, re-dialling every few
+        seconds (longer while the peer's refusal back-off runs): members disconnect
+        non-members, and let us in once our admission reached them. A member never re-dials
+        a bootstrap peer that turned out not to be a member; a revoked node stops.
+        An unreachable peer is logged at the first failed dial, or after `notice_after` s of
+        a dial that hangs, not after the last retry."""
+        d = self.d
+        delay = 0.2
+        end = trio.current_time() + deadline
+        peer = addr.rsplit("/p2p/", 1)[-1]
+        warned = False
+        async with trio.open_nursery() as nursery:
+
+            async def notice() -> None:
+                await trio.sleep(notice_after)
+                if not warned and peer not in d.transport.peers():
+                    log.warning("could not reach bootstrap %s within %.0f s; still trying", addr, notice_after)
+
+            nursery.start_soon(notice)
+            try:
+                while not self.policy.revoked:
+                    if peer not in d.transport.peers() and self.may_contact(peer):
+                        if d.gate.self_is_member and peer in d.gate.refused:
+                            return
+                        try:
+                            await d.transport.connect(addr)
+                            log.info("connected to bootstrap peer %s", peer)
+                        except TransportError as exc:
+                            late = trio.current_time() + delay > end
+                            if not warned:
+                                log.warning("could not reach bootstrap %s: %s; retrying", addr, exc)
+                                warned = True
+                            if late and d.gate.self_is_member:
+                                log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
+                                return
+                            await trio.sleep(delay)
+                            delay = min(delay * 2, 5.0)
+                            continue
+                    if d.gate.self_is_member:
+                        return
+                    await trio.sleep(2.0)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def discovery_loop(self) -> None:
+        """Keep a bounded peer set (`atdnode.peerset`): below `target`, dial members whose
+        signed `hello` entries announce addresses (low-latency and random ones; every
+        address, newest hello first); above `max`, disconnect the least useful peers.
+        Wakes on every connection and each second."""
+        d = self.d
+        me = d.identity.public_key
+        cfg = d.peerset.cfg
+        rng = random.Random()
+        # peer -> (last answered dial, prune or loss; its addresses then): not dialled again for
+        # cfg.redial_after_s unless it announced new addresses (a restarted member).
+        # Failed dials back off in `self.policy` instead (1 s doubling, reset by a new hello).
+        tried: dict[str, tuple[float, tuple[str, ...]]] = {}
+        known: dict[str, list[str]] = {}
+        hellos_read = -1  # self.hellos_seen when `known` was read
+
+        def hellos(led: Ledger) -> dict[str, list[str]]:
+            rows = [(peer_id_from_public_key(e.author), e.body["addrs"]) for e in led.query(kind="hello")
+                    if e.author != me and e.author in d._members and isinstance(e.body.get("addrs"), list)]
+            return addresses_newest_first(rows)
+
+        async def prune(peer: str, now: float) -> None:
+            tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
+            d.peerset.pruned += 1
+            await d.transport.disconnect(peer)
+
+        next_rotation = trio.current_time() + cfg.rotate_s
+        while True:
+            self.changed = trio.Event()
+            now = trio.current_time()
+            connected = set(d.transport.peers())
+            for peer in set(d.peerset.since) - connected:
+                tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
+            d.peerset.observe_connected(connected, now)
+            self._report_reachability(connected, now)
+            for peer in plan_prunes(connected, d.peerset.rtt, d.peerset.since, cfg, now=now):
+                log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
+                await prune(peer, now)
+                connected.discard(peer)
+            rotate = len(connected) >= cfg.target and now >= next_rotation
+            if (len(connected) < cfg.target or rotate) and not self.policy.revoked:
+                if hellos_read != self.hellos_seen:  # a consortium of hundreds: no re-read every second
+                    hellos_read = self.hellos_seen
+                    known = {**self.bootstrap, **await d.ledger.run(hellos)}
+                    for peer, addrs in known.items():
+                        self.policy.set_addresses(peer, addrs)
+                    self.policy.forget(known)
+                fresh = [p for p, addrs in known.items() if p not in d.gate.refused and self.policy.may_dial(p, now)
+                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
+                picks = plan_dials(fresh, connected, d.peerset.rtt, cfg, rng)
+                if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
+                    next_rotation = now + cfg.rotate_s
+                    pick = plan_rotation(fresh, connected, rng)
+                    picks = [pick] if pick is not None else []
+                async def dial_pick(peer: str) -> None:
+                    tried[peer] = (now, tuple(known[peer]))  # answered: not again soon, even if it drops us
+                    if not await self.dial(peer, known[peer]):
+                        tried.pop(peer, None)  # nothing answered: the dial back-off decides when to retry
+
+                async with trio.open_nursery() as nursery:
+                    for peer in picks:
+                        nursery.start_soon(dial_pick, peer)
+                now_peers = set(d.transport.peers())
+                if rotate and picks and picks[0] in now_peers and len(now_peers) > cfg.target:
+                    for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
+                                            dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
+                        await prune(peer, now)
+            with trio.move_on_after(max(d.poll_interval * 4, 1.0)):
+                await self.changed.wait()
+
+    def _report_reachability(self, connected: set[str], now: float) -> None:
+        newly, back = self.policy.observe(connected, now)
+        for peer, seconds in newly:
+            log.warning("member %s unreachable for %.0f s (no address of its hellos answers); still trying",
+                        peer, seconds)
+        for peer in back:
+            log.info("member %s reachable again", peer)
