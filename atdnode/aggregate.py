@@ -27,7 +27,7 @@ were averaged); it is registered in the model registry, so `atd classify`,
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -274,17 +274,25 @@ def read_keys(store: BlobStore, blob: str) -> list[str]:
 def average_blobs(store: BlobStore, blobs: list[str], weights: list[float], *, names: list[str],
                   head: bool) -> dict[str, torch.Tensor]:
     """Streaming weighted average of held safetensors blobs (each verified against its hash first)."""
-    for b, name in zip(blobs, names):
-        try:
-            store.verify(b)  # the bytes are what the signed entry names
-        except BlobError as exc:
-            raise AggregateError(f"{name}: {exc}") from None
+    from atdnode import progress
+
+    with progress.task(f"checking {len(blobs)} input blob(s)", total=sum(store.size(b) for b in blobs),
+                       unit="bytes") as step:
+        for b, name in zip(blobs, names):
+            try:
+                store.verify(b)  # the bytes are what the signed entry names
+            except BlobError as exc:
+                raise AggregateError(f"{name}: {exc}") from None
+            step.advance(store.size(b))
     loaders = [safetensors_loader(store.path(b)) for b in blobs]
     keep = None if head else part_filter(include_head=False)
-    try:
-        return weighted_average(loaders, weights, names=names, key_filter=keep)
-    except AggregationError as exc:
-        raise AggregateError(str(exc)) from None
+    with progress.task(f"averaging {len(blobs)} weight set(s)", total=1) as step:
+        try:
+            out = weighted_average(loaders, weights, names=names, key_filter=keep)
+        except AggregationError as exc:
+            raise AggregateError(str(exc)) from None
+        step.advance()
+    return out
 
 
 def result_meta(store: BlobStore, first_blob: str, *, part: str, mode: str, weighting: str) -> dict:
@@ -316,8 +324,12 @@ def extractor_of(store: BlobStore, blob: str, part: str) -> str:
 
 
 def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob: str, part: str, entry: Entry,
-                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None) -> str:
-    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head."""
+                    kind: str, extra_blobs: dict | None = None, extra_provenance: dict | None = None,
+                    judge: Callable[[ModelRecord], dict] | None = None) -> str:
+    """Register the node's global model: `blob` (a full set) or the fused extractor + `base`'s head.
+    `judge(record)` (`atdnode.candidates.judge_candidates`: the node's own model `base` and the
+    new one scored on its validation data, the `[aggregate] keep` policy applied) gives fields
+    for the new record's provenance (candidates, kept, kept_why) before it is added."""
     ext_blob = extractor_of(store, blob, part)
     if part == "full":
         full_blob = blob
@@ -335,4 +347,13 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         labels, label_fp, cfg = list(meta.get("labels") or labels), meta.get("label_fp") or label_fp, meta.get("model") or cfg
     rec = ModelRecord(model=cfg, labels=labels, label_fp=label_fp, samples=base.samples, metrics={},
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
-    return register_model(home, rec, recorded_in=entry.id)  # only once the entry is durable; applies the size limit
+    if judge is not None:
+        rec.provenance.update(judge(rec))
+    model_id = register_model(home, rec, recorded_in=entry.id)  # only once the entry is durable; applies the size limit
+    reg = ModelRegistry(home)
+    for name, c in (rec.provenance.get("candidates") or {}).items():
+        if isinstance(c, dict) and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
+            reg.add_evaluation(c.get("model") or model_id, {  # each candidate's score, as `atd classify` would record it
+                "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
+                "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name})
+    return model_id

@@ -302,3 +302,26 @@ class PartialBlob:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def partial_bytes(store: PartialHost, blob: str) -> int:
+    """Bytes of `blob` a download (by any process) has recorded so far: read-only, from the
+    sidecar's records and the manifest's chunk size (0 before a download starts; the full size
+    once the blob is held). For progress bars; never used to decide what is verified."""
+    if store.has(blob):
+        return store.blob_path(blob).stat().st_size
+    d = store.partial_dir
+    try:
+        man = Manifest.from_bytes((d / (blob + ".manifest")).read_bytes())
+        st = (d / (blob + ".state")).read_bytes()
+    except (OSError, BlobError, ValueError):
+        return 0
+    head = len(_STATE_MAGIC) + 32
+    done = set()
+    for off in range(head, len(st) - (len(st) - head) % _REC.size, _REC.size):
+        i, chk = _REC.unpack_from(st, off)
+        if chk != i ^ _REC_CHECK or i >= man.num_chunks:
+            break
+        done.add(i)
+    last = man.size - (man.num_chunks - 1) * man.chunk_size if man.num_chunks else 0
+    return sum(last if i == man.num_chunks - 1 else man.chunk_size for i in done)

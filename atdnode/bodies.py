@@ -67,7 +67,7 @@ SPECS: dict[str, BodySpec] = {
                       "samples": (int,), "metrics": (dict,), "provenance": (list,)},
                      {"model_id": (str,), "base": (str,), "algorithm": (str,), "tasks": (list,),
                       "authorized": (list,), "readers": (list,), "campaign": (str,), "round": (int,),
-                      "start": (str,)},
+                      "start": (str,), "class_counts": (dict,), "data_fp": (str,)},
                      {"labels": (str,), "provenance": (str,)}),
     "features": _spec({**_BLOB, "recipients": (list,), "shape": (list,), "classes": (list,), "label_fp": (str,),
                        "samples": (int,), "model": (dict,), "extractor": (str,), "alg": (str,)},

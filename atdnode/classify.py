@@ -122,20 +122,11 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd,
     return rep.robust * rep.n / len(names)
 
 
-def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
-             out: str | Path | None = None, batch_size: int = 256, pgd=None,
-             device: str | None = None) -> ClassifyResult:
-    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
-    The model runs on `device` (atdnode.device: else HOME's [compute] device, else CUDA if present)."""
-    from atdnode.device import resolve_device
-
-    dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
-    record = ModelRegistry(home).get(model)
-    cfg = ModelConfig.from_dict(record.model)
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
-    store = BlobStore(home.blobs_dir)
-    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=dev)
+def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int = 256,
+                 device: torch.device | str | None = None) -> tuple[dict, list[str], str, list[str]]:
+    """(metrics, confusion-matrix classes, kind, the classifier's classes) of `record` on
+    labelled images `data` (the model runs on `device`, atdnode.device rule)."""
+    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=device)
     if not set(names) & set(data.classes):
         raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
     space = list(data.classes) + [c for c in names if c not in data.classes]
@@ -146,14 +137,38 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     present = sorted({int(t) for t in y_true})
     metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
     metrics["sensitivity"] = metrics["recall"]
+    return metrics, space, kind, names
+
+
+def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
+             out: str | Path | None = None, batch_size: int = 256, pgd=None,
+             device: str | None = None) -> ClassifyResult:
+    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
+    `model="latest"` is the model the node keeps by default (`atdnode.keep.default_model`:
+    the newest, or the node's own model where the `[aggregate] keep` policy kept it).
+    With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
+    The model runs on `device` (atdnode.device: else HOME's [compute] device, else CUDA if present)."""
+    from atdnode.device import resolve_device
+    from atdnode.keep import default_model
+
+    dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
+    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    cfg = ModelConfig.from_dict(record.model)
+    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    store = BlobStore(home.blobs_dir)
+    metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
     if pgd is not None:
         metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
+    from atdnode.data.public_spec import public_spec  # figure titles name no local path
+
     save_confusion_png(metrics["confusion"], space, png,
-                       title=f"{kind} {record.id[:8]} on {data_spec} {split} (acc {metrics['accuracy']:.3f})")
+                       title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "
+                             f"(acc {metrics['accuracy']:.3f})")
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
+        "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
         **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy")
            if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,

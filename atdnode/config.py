@@ -2,6 +2,8 @@
 
 Unknown keys are kept in `extra` and written back unchanged, so other parts can add
 settings without this module knowing them. None values are omitted from the file.
+Every save appends a commented reference of the settings not set, with their defaults
+(`atdnode.config_schema`); `atdnode.config_set.set_key` is `atd config set`.
 """
 from __future__ import annotations
 
@@ -110,8 +112,13 @@ class NodeConfig:
         self.validate()
         home.root.mkdir(parents=True, exist_ok=True)
         tmp = home.config_file.with_name(f".config.toml.tmp{os.getpid()}")
+        from atdnode.config_schema import commented_defaults
+
+        data = self.to_dict()
         with open(tmp, "wb") as f:
-            tomli_w.dump(self.to_dict(), f)
+            tomli_w.dump(data, f)
+            f.write(commented_defaults(data).encode())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, home.config_file)
+

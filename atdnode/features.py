@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from atdnode import progress as report
 from atdnode.data import LabeledImages
 from atdnode.device import use_amp
 from atdnode.model import cls_features
@@ -80,13 +81,14 @@ def extract_features(model: nn.Module, data: LabeledImages, batch_size: int = 25
     dim = int(getattr(model, "num_features", 0) or 0)
     parts: list[torch.Tensor] = []
     try:
-        with progress_bar(progress) as bar:
+        with progress_bar(progress) as bar, report.task("CLS features", total=n) as step:
             task = bar.add_task("features", total=n)
             for _, x in device_batches(data.images, batch_size, device):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp_on):
                     parts.append(cls_features(model, x).float())  # (B, D)
                 if progress:
                     bar.advance(task, len(x))
+                step.advance(len(x))
     finally:
         model.train(was_training)
     out = torch.cat(parts).cpu().numpy() if parts else np.empty((0, dim), dtype=np.float32)

@@ -31,6 +31,7 @@ from atdnode.aggregate import (
     AggregateResult,
     average_entries,
     blob_fields,
+    common_base,
     entry_of,
     extractor_of,
     fedwavg_reference,
@@ -44,6 +45,7 @@ from atdnode.aggregate import (
 )
 from atdnode.blobstore import BlobStore
 from atdnode.errors import BlobError
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -183,9 +185,43 @@ def resolve_group(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Le
             "inputs": ids, "head": head, "part": part, **blob_fields(store, blob),
             **({"reference": reference} if reference else {}),
             "model": members[0].body.get("model"), "n_classes": max(1, len(labels)),
-            "n_models": len(set().union(*(weights_leaves(led, i) for i in ids)))}
+            "n_models": len(set().union(*(weights_leaves(led, i) for i in ids))),
+            **({"base": common_base(members)} if common_base(members) else {})}
     entry = bodies.append(led, ident.signer, "aggregate", body)
     return GroupOutcome(spec.name, entry, body["n_classes"], body["n_models"], labels, reused=False)
+
+
+def group_base(led: Ledger, entry: Entry) -> str | None:
+    """The `base` fingerprint a group model descends from: its aggregate entry's, else the
+    one its weights inputs share; None when unknown or mixed."""
+    b = entry.body.get("base")
+    if isinstance(b, str) and b:
+        return b
+    try:
+        members = [entry_of(led, h, ("weights",)) for h in entry.body.get("inputs") or []]
+    except AggregateError:
+        return None
+    return common_base(members) if members else None
+
+
+def spec_base(led: Ledger, spec: GroupSpec) -> str | None:
+    """The base of a group as named on the command line (before anything is built)."""
+    first = entry_of(led, spec.refs[0], ("weights", "aggregate"), f"group {spec.name}")
+    if first.kind == "aggregate":
+        return group_base(led, first)
+    return common_base([entry_of(led, h, ("weights",), f"group {spec.name}") for h in spec.refs])
+
+
+def group_base_warning(led: Ledger, groups: list[GroupSpec]) -> str | None:
+    """A warning when the groups do not descend from one shared base (README, "One shared
+    base"): averaging group models from different random starts gives a random body."""
+    bases = {g.name: spec_base(led, g) for g in groups}
+    known = {b for b in bases.values() if b}
+    if len(known) <= 1 and all(bases.values()):
+        return None
+    return ("the groups do not descend from one shared base (" + ", ".join(
+        f"{n}: {b[:17] if b else 'unknown'}" for n, b in bases.items()) + "); combining models trained from "
+            "different starts is meaningless — start every group from the consortium's shared base")
 
 
 def combine_stored_groups(led: Ledger, store: BlobStore, groups: list[tuple[str, Entry, int, int]], weighting: str
@@ -210,8 +246,10 @@ def combine_stored_groups(led: Ledger, store: BlobStore, groups: list[tuple[str,
 def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting: str = "sqrt-classes",
                            group_weighting: str = "uniform", q: float = 1.0, data_spec: str | None = None,
                            features: list[str] | None = None, options: EnsembleOptions = EnsembleOptions(),
-                           ensemble: bool = True) -> AggregateResult:
-    """Resolve (reuse or build) each group, combine them, fit the ensemble, record and register."""
+                           ensemble: bool = True, strict: bool = False, judge: bool = True) -> AggregateResult:
+    """Resolve (reuse or build) each group, combine them, fit the ensemble, record and register.
+    Groups from different bases are a warning (`details["warnings"]`), or with `strict` an
+    AggregateError before anything is recorded."""
     if weighting not in GROUP_WEIGHTINGS:
         raise AggregateError(f"hierarchical weighting must be one of {', '.join(GROUP_WEIGHTINGS)}, got {weighting!r}")
     if group_weighting not in AVERAGE_WEIGHTINGS:
@@ -223,6 +261,9 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
     with opened(home) as (ident, store, led):
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if ensemble else None
+        warning = group_base_warning(led, groups)
+        if warning and strict:  # refused before any group entry is recorded
+            raise AggregateError(f"--strict: {warning}")
         outs = [resolve_group(home, ident, store, led, g, weighting=group_weighting, q=q) for g in groups]
         comb, head = combine_stored_groups(led, store, [(o.name, o.entry, o.n_classes, o.n_models) for o in outs], weighting)
         part = "full" if head else "extractor"
@@ -236,6 +277,9 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
         body = {"mode": "hierarchical", "weighting": weighting, "weights": [float(w) for w in comb.weights],
                 "inputs": [o.entry.id.hex() for o in outs], "groups": [o.record() for o in outs], "head": head,
                 "part": part, **blob_fields(store, blob), "model": base.model}
+        bases = {group_base(led, o.entry) for o in outs}
+        if len(bases) == 1 and None not in bases:
+            body["base"] = next(iter(bases))
         if fit is not None:
             body["ensemble"] = fit.record(store)
         entry = bodies.append(led, ident.signer, "aggregate", body)
@@ -244,8 +288,14 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
     if fit:
         prov.update(ensemble_classes=fit.classes, features=fit.features)
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry,
-                               kind="global-hierarchical", extra_blobs=extra, extra_provenance=prov)
+                               kind="global-hierarchical", extra_blobs=extra, extra_provenance=prov,
+                               judge=judge_with(home, store, spec) if judge and spec else None)
     details = {"groups": [{**o.record(), "blob": o.entry.body["blob"], "reused": o.reused} for o in outs]}
+    if warning:
+        details["warnings"] = [warning]
+    from atdnode.keep import kept_details
+
+    details.update(kept_details(home, model_id))
     if fit:
         details.update(ensemble=fit.blob, classes=fit.classes, features=fit.features, skipped=fit.skipped,
                        samples=fit.samples)

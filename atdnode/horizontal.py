@@ -33,23 +33,35 @@ from atdnode.aggregate import (
     screen_inputs,
     select_inputs,
 )
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig
 from atdnode.node_ensemble import CLASSIFIERS, EnsembleOptions, fit_node_ensemble
 
 
+def _spec_or_none(base, data_spec: str | None) -> str | None:
+    from atdnode.features_share import FeaturesError
+
+    try:
+        return data_spec_of(base, data_spec)
+    except FeaturesError:
+        return None
+
+
 def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: list[str] | None = None,
                          q: float = 1.0, classifier: str = "ensemble", data_spec: str | None = None,
-                         features: list[str] | None = None, options: EnsembleOptions = EnsembleOptions()
-                         ) -> AggregateResult:
+                         features: list[str] | None = None, options: EnsembleOptions = EnsembleOptions(),
+                         judge: bool = True) -> AggregateResult:
     """Average compatible published weight sets; fit the ensemble (unless `classifier="head"`);
-    record an `aggregate` entry; register the global model."""
+    record an `aggregate` entry; register the global model; with `judge`, score it against
+    the node's own on its validation data (`atdnode.keep`)."""
     if classifier not in CLASSIFIERS:
         raise AggregateError(f"classifier must be one of {', '.join(CLASSIFIERS)}, got {classifier!r}")
     with opened(home) as (ident, store, led):
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if classifier == "ensemble" else None
+        judge_on = (spec or _spec_or_none(base, data_spec)) if judge else None
         skipped: list[dict] = []  # default inputs it cannot use, and why (issue 11)
         chosen = select_inputs(home, led, store, ids=inputs, skipped=skipped)
         if inputs is None:
@@ -87,9 +99,13 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
         details = {"ensemble": fit.blob, "classes": fit.classes, "features": fit.features, "skipped": fit.skipped,
                    "samples": fit.samples}
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal",
-                               extra_blobs=extra, extra_provenance=prov)
+                               extra_blobs=extra, extra_provenance=prov,
+                               judge=judge_with(home, store, judge_on) if judge_on else None)
     if warning:
         details["warnings"] = [warning]
+    from atdnode.keep import kept_details
+
+    details.update(kept_details(home, model_id))
     if skipped:
         details["skipped_inputs"] = skipped
     return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=head,

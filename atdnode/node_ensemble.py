@@ -28,6 +28,7 @@ from protocols.ensemble import EnsembleClassifier, EnsembleError
 from protocols.vgs import fit_vertical_ensemble
 
 CLASSIFIERS = ("ensemble", "head")  # horizontal: fused extractor + ensemble (paper), or averaged heads
+DEFAULT_PRIOR = "balanced"  # class-prior correction, chosen by measurement (bench/prior_bench.py)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class EnsembleOptions:
     mlp_max_iter: int = 300
     rf_trees: int = 100
     seed: int = 0
+    # class-prior correction (protocols.ensemble, step 5); default chosen by measurement:
+    # bench/prior_bench.py (numbers in its docstring)
+    prior: str = DEFAULT_PRIOR
 
     def kwargs(self) -> dict:
         return {**asdict(self), "mlp_hidden": list(self.mlp_hidden)}
@@ -67,9 +71,10 @@ def _candidate_features(led: Ledger, ident: NodeIdentity, named: list[str] | Non
 
 def gather_parts(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Ledger, *, cfg: ModelConfig,
                  extractor: str, data_spec: str, features: list[str] | None = None
-                 ) -> tuple[list[tuple[np.ndarray, np.ndarray, list[str]]], list[str], list[dict], int]:
+                 ) -> tuple[list[tuple[np.ndarray, np.ndarray, list[str]]], list[str], list[dict], int, int]:
     """Own features plus the peers' features made with `extractor`; returns
-    (parts ordered by sender peer id, features entries used, skipped, own sample count).
+    (parts ordered by sender peer id, features entries used, skipped, own sample count,
+    index of the own part).
     Named features (`features`) that cannot be used are an error."""
     X, y, classes = node_features(home, store, cfg, extractor, data_spec)
     by_sender: dict[str, tuple[tuple[np.ndarray, np.ndarray, list[str]], str | None]] = {
@@ -102,7 +107,7 @@ def gather_parts(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Led
             skipped.append({"entry": eid, "why": why})
     order = sorted(by_sender)
     used = [by_sender[s][1] for s in order if by_sender[s][1] is not None]
-    return [by_sender[s][0] for s in order], used, skipped, int(len(y))
+    return [by_sender[s][0] for s in order], used, skipped, int(len(y)), order.index(ident.peer_id)
 
 
 def save_ensemble(store: BlobStore, ens: EnsembleClassifier) -> str:
@@ -126,11 +131,16 @@ def fit_node_ensemble(home: NodeHome, ident: NodeIdentity, store: BlobStore, led
                       extractor: str, data_spec: str, features: list[str] | None = None,
                       options: EnsembleOptions = EnsembleOptions()) -> EnsembleFit:
     """Fit the node's ensemble on its own and the shared features under `extractor`; store it."""
-    parts, used, skipped, own_n = gather_parts(home, ident, store, led, cfg=cfg, extractor=extractor,
-                                               data_spec=data_spec, features=features)
-    try:
-        ens, classes = fit_vertical_ensemble(parts, **options.kwargs())
-    except EnsembleError as exc:
-        raise AggregateError(f"cannot fit the ensemble: {exc}") from None
+    parts, used, skipped, own_n, own = gather_parts(home, ident, store, led, cfg=cfg, extractor=extractor,
+                                                    data_spec=data_spec, features=features)
+    from atdnode import progress
+
+    n = int(sum(len(p[1]) for p in parts))
+    with progress.task(f"fitting PCA + MLP + RF + SVM on {n} samples", total=1) as step:
+        try:
+            ens, classes = fit_vertical_ensemble(parts, own=own, **options.kwargs())
+        except EnsembleError as exc:
+            raise AggregateError(f"cannot fit the ensemble: {exc}") from None
+        step.advance()
     return EnsembleFit(blob=save_ensemble(store, ens), classes=list(classes), features=used, skipped=skipped,
                        samples=int(sum(len(p[1]) for p in parts)), own_samples=own_n)

@@ -47,6 +47,10 @@ def weights_body(store: BlobStore, blob: str, *, part: str, record: ModelRecord,
         "provenance": list(provenance or []),
         "model_id": record.id,
         **({"base": record.provenance["base"]} if isinstance(record.provenance.get("base"), str) else {}),
+        # what it was trained on, for model cards (atdnode.model_card): counts and a hash, no file or image
+        **({"class_counts": record.provenance["class_counts"]}
+           if isinstance(record.provenance.get("class_counts"), dict) else {}),
+        **({"data_fp": record.provenance["data_fp"]} if isinstance(record.provenance.get("data_fp"), str) else {}),
     }
 
 

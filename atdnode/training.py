@@ -231,6 +231,7 @@ class Trainer:
         # sample i < N is data[i]; sample N + k is an augmented copy of data[sources[N + k]]
         extra = self.augment.extra_sources(data.labels) if self.augment is not None else torch.zeros(0, dtype=torch.int64)
         self.sources = torch.cat([torch.arange(len(data)), extra])
+        self.samples_per_epoch = len(self.sources)  # with augmented extras: the progress bar's total
         self.steps_per_epoch = math.ceil(len(self.sources) / opts.batch_size)
         self.total_steps = self.steps_per_epoch * opts.epochs
         self.warmup = min(self.total_steps, round(opts.warmup_epochs * self.steps_per_epoch))
@@ -464,7 +465,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         t0 = time.perf_counter()
         with progress_bar(opts.progress and ctx.is_main, "loss", "acc") as bar:
             for epoch in range(start, opts.epochs):
-                task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=len(data), loss="", acc="")
+                task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch, loss="", acc="")
                 cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
                 stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
                 held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
@@ -487,10 +488,14 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)
+        from atdnode.data.public_spec import public_spec  # figure titles name no local path
+
         png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
-                                 title=f"{cfg.name} on {data_spec} (acc {metrics['accuracy']:.3f})")
-        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {data_spec}")
+                                 title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")
+        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {public_spec(data_spec)}")
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
+        # for the model card (atdnode.model_card): what was trained on, without naming a file
+        prov.update(class_counts=dict(zip(data.classes, data.class_counts())), data_fp=data.content_fp())
         common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),
                       extra={"provenance": {"data": data_spec, "init_from": prov["init_from"], "run_key": key},
                              "base": prov["base"]})

@@ -34,6 +34,7 @@ from atdnode.aggregate import (
     register_global,
     select_inputs,
 )
+from atdnode.candidates import judge_with
 from atdnode.features_share import data_spec_of
 from atdnode.home import NodeHome
 from atdnode.model import ModelConfig
@@ -42,8 +43,9 @@ from atdnode.node_ensemble import EnsembleOptions, fit_node_ensemble, load_ensem
 
 def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: list[str] | None = None,
                        q: float = 1.0, data_spec: str | None = None, features: list[str] | None = None,
-                       options: EnsembleOptions = EnsembleOptions()) -> AggregateResult:
-    """Fuse published extractors, fit the ensemble, record an `aggregate` entry, register the model."""
+                       options: EnsembleOptions = EnsembleOptions(), judge: bool = True) -> AggregateResult:
+    """Fuse published extractors, fit the ensemble, record an `aggregate` entry, register the
+    model; with `judge`, score it against the node's own on its validation data (`atdnode.keep`)."""
     with opened(home) as (ident, store, led):
         base = own_model(home)
         spec = data_spec_of(base, data_spec)
@@ -64,8 +66,12 @@ def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: li
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-vertical",
                                extra_blobs={"ensemble": fit.blob},
                                extra_provenance={"data": spec, "ensemble_classes": fit.classes,
-                                                 "features": fit.features})
+                                                 "features": fit.features},
+                               judge=judge_with(home, store, spec) if judge else None)
     details = {"ensemble": fit.blob, "classes": fit.classes, "features": fit.features, "skipped": fit.skipped,
                "samples": fit.samples, **({"warnings": [warning]} if warning else {})}
+    from atdnode.keep import kept_details
+
+    details.update(kept_details(home, model_id))
     return AggregateResult(entry=entry, blob=blob, weights=weights, inputs=ids, model_id=model_id, head=False,
                            details=details)

@@ -2,6 +2,9 @@
 
 Each module in `cli/commands/` exposes `register(app: typer.Typer) -> None` and is
 discovered here, so commands live in their own modules and nobody edits a central list.
+Help is plain text (no rich markup, so `[models]` or `'atd[tensorboard]'` survive as
+written; flags show no value) and `atd --help` lists the commands in workflow order
+(`cli.helpfmt.WorkflowGroup`).
 Every failure (usage errors of whichever click typer bundles, `AtdError`/`LedgerError`,
 OS errors, errors inside trio ExceptionGroups) prints as one line on stderr and exits
 non-zero; none shows a traceback (`cli.failure`).
@@ -16,6 +19,7 @@ import typer
 
 from cli import commands
 from cli.commands.models import reporting_removals
+from cli.helpfmt import WorkflowGroup
 
 app = typer.Typer(
     name="atd",
@@ -23,6 +27,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # sub-apps inherit it: help texts are printed as written
+    cls=WorkflowGroup,
+    context_settings={"show_default": True},
 )
 
 

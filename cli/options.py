@@ -21,7 +21,63 @@ def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:
     """The shared --home option with a command-specific help text (same flag, same env var)."""
     return typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=help)
 
+
 DEVICE_HELP = ("Device that runs the model: cpu, cuda or cuda:N (default: [compute] device in "
                "config.toml, else cuda when present).")
 
 DEVICE_OPT = typer.Option(None, "--device", help=DEVICE_HELP)
+
+
+# --- model options: one definition for every command that builds a ViT (`atd train`, `atd rounds`) ---
+
+MODEL_OPT = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name (vit_*).")
+IMG_SIZE_OPT = typer.Option(None, "--img-size", min=1, help="Image size (default: the model's).")
+PATCH_SIZE_OPT = typer.Option(None, "--patch-size", min=1, help="Patch size (default: the model's).")
+EMBED_DIM_OPT = typer.Option(None, "--embed-dim", min=1, help="Embedding width (default: the model's).")
+DEPTH_OPT = typer.Option(None, "--depth", min=1, help="Number of blocks (default: the model's).")
+HEADS_OPT = typer.Option(None, "--heads", min=1, help="Attention heads (default: the model's).")
+IN_CHANS_OPT = typer.Option(None, "--in-chans", min=1, help="Input channels (default: the model's, 3).")
+MLP_RATIO_OPT = typer.Option(None, "--mlp-ratio", help="MLP width / embedding width (default: the model's, 4).")
+
+
+def model_config(model: str, *, img_size: int | None, patch_size: int | None, embed_dim: int | None,
+                 depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None):
+    """The `ModelConfig` the model options above describe (None: timm's default for `model`)."""
+    from atdnode.model import ModelConfig
+
+    return ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                               num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
+
+
+# --- federated adversarial training (PGD) options, shared by `atd train` and `atd rounds` ---
+
+ADVERSARIAL_HELP = "Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."
+ADV_RATIO_OPT = typer.Option(0.5, "--adv-ratio", help="Share of each batch replaced by PGD examples.")
+PGD_EPS_OPT = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction).")
+PGD_STEP_OPT = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units.")
+PGD_STEPS_OPT = typer.Option(7, "--pgd-steps", min=0, help="PGD steps.")
+
+
+def fraction(text: str) -> float:
+    """'8/255' or '0.03' -> float; CliError otherwise."""
+    from cli.errors import CliError
+
+    try:
+        num, _, den = text.partition("/")
+        return float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise CliError(f"not a number or fraction: {text!r}") from None
+
+
+def pgd_transform(*, adv_ratio: float, pgd_eps: str, pgd_step: str, pgd_steps: int, in_chans: int):
+    """The `AdversarialTransform` the PGD options describe (the data's normalisation per channel)."""
+    from atdnode.data import MEAN, STD
+    from atdnode.training import AdversarialTransform
+    from cli.errors import CliError
+    from protocols.adversarial import AdversarialError, PGDConfig
+
+    try:
+        return AdversarialTransform(PGDConfig(eps=fraction(pgd_eps), step=fraction(pgd_step), steps=pgd_steps,
+                                              ratio=adv_ratio, mean=(MEAN,) * in_chans, std=(STD,) * in_chans))
+    except AdversarialError as exc:
+        raise CliError(f"--adversarial: {exc}") from None

@@ -119,6 +119,9 @@ def markdown(report: dict) -> str:
         parts.append("\n## Comparison (overall = mean over nodes, on the phase's pooled test set)\n\n")
         parts.append(_table(COMPARISON_HEADER, comparison_rows(report)))
         parts += [f"\n{line}.\n" for line in verified_lines(report) + robust_lines(report)]
+        if report.get("feature_verdicts"):
+            parts.append("\n## Do the learned features earn their place?\n\n")
+            parts += [f"- {line}.\n" for line in report["feature_verdicts"]]
         if report.get("base_comparison"):  # `atd netsim run --base msd,scratch`
             parts.append("\n## Accuracy per phase by base (scratch: random init; msd: the nodes' MSD base)\n\n")
             cols = [k for k in report["base_comparison"][0] if k != "phase"]

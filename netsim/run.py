@@ -5,7 +5,10 @@ and the report. This is the Python API behind `atd netsim run` (and what the tes
 
 The report dict (also written as report.json) has: scenario, backend, nodes (data per
 node), methods ({method: [one dict per phase]}), forgetting, gossip (when the scenario has
-a workload), vgs_faults, notes, wall_s. `progress(msg)` gets one line per step.
+a workload), vgs_faults, notes, wall_s. With VGS-ATD among the methods, centralized and
+local-only always run too, and so do the reference ensembles (`netsim.references`:
+ensemble-raw, ensemble-untrained); `feature_verdicts` (also in notes) says per phase
+whether the learned features beat them. `progress(msg)` gets one line per step.
 """
 from __future__ import annotations
 
@@ -130,10 +133,24 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
             report["notes"] += notes
         report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
         report["vgs_faults"] = faults
-    for m in scn.methods:
+    methods = list(scn.methods)
+    if "vgs-atd" in methods:  # a claim about VGS-ATD travels with centralized and local-only (issue 23)
+        added = [m for m in ("centralized", "local") if m not in methods]
+        methods += added
+        if added:
+            report["notes"].append(f"added {' and '.join(added)}: every VGS-ATD report shows them")
+    for m in methods:
         if m in BASELINES:
             progress(f"baseline {m}")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress)]
+    if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
+        from netsim.references import REFERENCES, run_reference, verdicts
+
+        for kind in REFERENCES:
+            progress(f"reference {kind}")
+            report["methods"][kind] = [r.to_dict() for r in run_reference(kind, scn, data, log=progress)]
+        report["feature_verdicts"] = verdicts(report["methods"])
+        report["notes"] += report["feature_verdicts"]
     if base is not None and "centralized" in scn.methods:  # the gap to centralized from the same base
         from netsim.baselines import run_centralized
         from netsim.msdbase import base_tensors

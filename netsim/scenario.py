@@ -13,7 +13,7 @@ the network conditions, the faults, and optionally a gossip workload:
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
-    [ensemble]   pca_components, mlp_epochs (passed to the ensemble classifier)
+    [ensemble]   pca_components, mlp_epochs, prior (passed to the ensemble classifier)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
@@ -109,6 +109,7 @@ class BaselineSpec:
 class EnsembleSpec:
     pca_components: int = 32
     mlp_epochs: int = 200
+    prior: str = "balanced"  # class-prior correction (protocols.ensemble): none | balanced | node
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ def check(s: Scenario) -> None:
     if s.baselines.pgd_eps < 0 or s.baselines.pgd_steps < 0:
         raise c.fail("baselines.pgd_eps" if s.baselines.pgd_eps < 0 else "baselines.pgd_steps", "must be >= 0")
     _positive(c, "ensemble.pca_components", s.ensemble.pca_components)
+    from protocols.ensemble import PRIORS
+
+    if s.ensemble.prior not in PRIORS:
+        raise c.fail("ensemble.prior", f"{s.ensemble.prior!r}: choose from {', '.join(PRIORS)}")
     _check_network(c, s)
     names = s.node_names()
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -29,6 +29,10 @@ ensemble fitted on every feature set it could open. At the end of each phase eve
 --verify` (the input blobs it lacks are fetched first); the phase notes and the report say
 how many verified.
 
+Shared start: a node that trains from nothing starts from the consortium's base — its MSD
+base (`base = "msd"`), or one seeded consortium init (`consortium_init`) that every node
+derives the same way — so the groups of a hierarchical run share one `base` fingerprint.
+
 Every wait (for a peer's entry and blob) has the scenario's `step_deadline_s`; a wait
 that runs out is recorded and the step goes on with what arrived. Times: network time is
 the simulated time a phase took (compute does not advance the simulated clock); compute
@@ -47,12 +51,12 @@ import torch
 import trio
 
 from atdnode.errors import AtdError
-from atdnode.node_ensemble import EnsembleOptions
 from atdnode.training import TrainOptions
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import FaultOutcome, apply_fault, pick_bootstrap
 from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData, write_node_npz
+from netsim.references import ensemble_options
 from netsim.scenario import Scenario
 from netsim.vgs_ops import NodeOps, Pub, Step
 
@@ -82,13 +86,18 @@ class VgsRunner:
         # base = "msd": each node's assembled MSD base (`netsim.msdbase`), where training
         # would otherwise start from random init (`atd train --init-from FILE`)
         self.base_files = dict(base_files or {})
+        self.msd = bool(self.base_files)
         self.real_clock = real_clock
         self.ops: dict[str, NodeOps] = {}
         # The data spec (a path) enters weight-set metadata, so its length changes blob sizes:
         # a fixed-length temp directory keeps runs of one scenario byte-for-byte comparable.
         self.data_dir = Path(tempfile.mkdtemp(prefix="atd-netsim-data-"))
-        ens = EnsembleOptions(pca_components=scn.ensemble.pca_components, mlp_max_iter=scn.ensemble.mlp_epochs,
-                              seed=scn.seed)
+        ens = ensemble_options(scn)
+        if not self.base_files:  # from scratch: one seeded consortium init that every group starts from
+            founder = next(iter(data.nodes))
+            init = consortium_init(scn, founder, len(data.nodes[founder].classes),
+                                   self.data_dir / "consortium-init.safetensors")
+            self.base_files = {n: init for n in data.nodes}
         for name, nd in data.nodes.items():
             spec = f"npz:{write_node_npz(nd, self.data_dir / f'{name}.npz')}"
             self.ops[name] = NodeOps(name, cluster.c.homes[name], seed=scn.seed, spec=spec,
@@ -212,7 +221,7 @@ class VgsRunner:
 
     def _train_opts(self, init: Pub | None, freeze: int, node: str) -> TrainOptions:
         t, ft = self.scn.train, self.scn.msd.finetune_lr
-        lr = ft if self.base_files and ft is not None else t.lr  # from the MSD base: its fine-tuning rate
+        lr = ft if self.msd and ft is not None else t.lr  # from the MSD base: its fine-tuning rate
         return TrainOptions(epochs=t.epochs, batch_size=t.batch_size, lr=lr, weight_decay=t.weight_decay,
                             warmup_epochs=0.5, freeze_blocks=freeze,
                             init_from=init.blob if init else _opt_str(self.base_files.get(node)),
@@ -319,6 +328,12 @@ class VgsRunner:
         st.model_id, st.kind, st.agg = step.model_id, "global", step.pub
         sizes = "group sizes (from the signed entries): " + ", ".join(
             f"{g['name']} ({g['n_classes']} classes, {g['n_models']} models)" for g in step.detail.get("groups", []))
+        for w in step.detail.get("warnings", []):  # e.g. inputs or groups from different bases
+            if f"{mode}: {w}" not in self._res.notes:
+                self._res.notes.append(f"{mode}: {w}")
+        if step.detail.get("kept") == "own":  # `atd classify` would use its own; netsim reports the aggregate
+            self._res.notes.append(f"{node} ({mode}): {step.detail.get('kept_why')} — netsim scores the "
+                                   "consortium's model (the node had no val split: it judged on its test data)")
         if mode == "hierarchical" and sizes not in self._res.notes:
             self._res.notes.append(sizes)
         self._produced.append(step.pub)
@@ -439,6 +454,26 @@ class VgsRunner:
             return to_global(idx, names, space)
 
         return pred
+
+
+def consortium_init(scn: Scenario, founder: str, num_classes: int, path: Path) -> Path:
+    """The consortium's shared start when there is no MSD base: the founder's initial
+    extractor (the scenario's model at timm's init under the founder's training seed, as
+    `_train_opts` sets it, and its class count, which decides the init order), as a
+    safetensors checkpoint (`atd train --init-from FILE`). Every node derives it the same way;
+    every node that trains from nothing starts here, so every group of a hierarchical run
+    shares one `base` fingerprint (issue 23: group B trained from its own random start, and
+    the combined extractor scored like a random body), and the founder trains exactly as
+    it did before."""
+    from safetensors.torch import save_file
+
+    from atdnode.model import build_model, extractor_state
+
+    torch.manual_seed(scn.seed + sum(map(ord, founder)))  # the founder's seed in `_train_opts`
+    model = build_model(model_config(scn.model, num_classes))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in extractor_state(model).items()}, str(path))
+    return path
 
 
 def _groups_of(data: ScenarioData, names: list[str]) -> list[str]:

@@ -124,7 +124,8 @@ class NodeOps:
                   tuple(res.details.get("classes") or ()), int(res.details.get("samples") or 0))
         return Step(time.perf_counter() - t0, model_id=res.model_id, pub=pub,
                     detail={"weights": [round(w, 6) for w in res.weights], "entry": res.entry.id.hex(),
-                            "groups": res.details.get("groups", [])})
+                            "groups": res.details.get("groups", []), "kept": res.details.get("kept"),
+                            "kept_why": res.details.get("kept_why"), "warnings": res.details.get("warnings", [])})
 
     def verify(self, entry: str) -> str:
         """`atd aggregate --verify ENTRY`: the verified result hash, or AggregateError."""

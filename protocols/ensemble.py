@@ -14,6 +14,13 @@ Pipeline (fit with scikit-learn, predict with plain numpy):
    folds = min(5, smallest class count); with a class of one sample the SVM is
    calibrated on its own training predictions instead).
 4. Soft vote: the mean of the members' probabilities; ``predict`` is its argmax.
+5. Class-prior correction (``prior``): the soft vote is multiplied by a per-class ratio
+   target prior / training prior and renormalised (the prior-shift correction of Saerens
+   et al., 2002). ``"balanced"``: the target is uniform over the classes (a classifier
+   fitted on pooled data that is 90 % one class stops voting for it by default);
+   ``"node"``: within the classes the node holds (``target_counts``), their share of the
+   training prior is redistributed by the node's own proportions, other classes keep
+   theirs; ``"none"``: no correction. The ratio is part of the exported arrays.
 
 After ``fit`` the fitted models are exported to arrays (:meth:`to_arrays`) and
 every prediction -- before or after a round trip through :meth:`from_arrays`,
@@ -44,9 +51,10 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from threadpoolctl import threadpool_limits
 
-__all__ = ["EnsembleClassifier", "EnsembleError", "MEMBERS", "FORMAT"]
+__all__ = ["EnsembleClassifier", "EnsembleError", "MEMBERS", "FORMAT", "PRIORS", "prior_ratio"]
 
 MEMBERS = ("mlp", "rf", "svm")
+PRIORS = ("none", "balanced", "node")
 FORMAT = "atd-ensemble-v1"
 _META_KEY = "atd-ensemble"
 
@@ -69,7 +77,9 @@ class EnsembleClassifier:
     def __init__(self, *, pca_components: int = 500, seed: int = 0, standardize: bool = True,
                  members: Sequence[str] = MEMBERS, mlp_hidden: Sequence[int] = (256,),
                  mlp_max_iter: int = 300, rf_trees: int = 100, svm_c: float = 1.0,
-                 svm_max_iter: int = 5000, blas_threads: int | None = 1) -> None:
+                 svm_max_iter: int = 5000, blas_threads: int | None = 1, prior: str = "none") -> None:
+        if prior not in PRIORS:
+            raise EnsembleError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
         if pca_components < 1:
             raise EnsembleError(f"pca_components must be >= 1, got {pca_components}")
         if not members or any(m not in MEMBERS for m in members) or len(set(members)) != len(members):
@@ -77,19 +87,24 @@ class EnsembleClassifier:
         self.params = dict(pca_components=int(pca_components), seed=int(seed), standardize=bool(standardize),
                            members=list(members), mlp_hidden=[int(h) for h in mlp_hidden],
                            mlp_max_iter=int(mlp_max_iter), rf_trees=int(rf_trees), svm_c=float(svm_c),
-                           svm_max_iter=int(svm_max_iter), blas_threads=blas_threads)
+                           svm_max_iter=int(svm_max_iter), blas_threads=blas_threads, prior=prior)
         self._arrays: dict[str, np.ndarray] | None = None
         self._meta: dict[str, Any] | None = None
         self.estimators_: dict[str, Any] = {}  # the sklearn members (fit only, not restored)
 
     # ------------------------------------------------------------ fitting
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> EnsembleClassifier:
-        """Fit on features ``X`` (N, D) and integer labels ``y`` (N,); needs >= 2 classes."""
+    def fit(self, X: np.ndarray, y: np.ndarray, *, target_counts: Mapping[int, int] | None = None
+            ) -> EnsembleClassifier:
+        """Fit on features ``X`` (N, D) and integer labels ``y`` (N,); needs >= 2 classes.
+        ``target_counts`` (label -> count, the node's own data) is needed by ``prior="node"``."""
+        if self.params["prior"] == "node" and not target_counts:
+            raise EnsembleError('prior "node" needs the node\'s own class counts (target_counts)')
         with threadpool_limits(limits=self.params["blas_threads"], user_api="blas"):
-            return self._fit(X, y)
+            return self._fit(X, y, target_counts)
 
-    def _fit(self, X: np.ndarray, y: np.ndarray) -> EnsembleClassifier:
+    def _fit(self, X: np.ndarray, y: np.ndarray, target_counts: Mapping[int, int] | None = None
+             ) -> EnsembleClassifier:
         X = _check_X(X)
         y = np.asarray(y)
         if y.ndim != 1 or len(y) != len(X) or not np.issubdtype(y.dtype, np.integer):
@@ -99,6 +114,8 @@ class EnsembleClassifier:
             raise EnsembleError(f"need at least 2 classes to train, got {classes.tolist()}")
         p, seed = self.params, self.params["seed"]
         arrays: dict[str, np.ndarray] = {"classes": classes.astype(np.int64)}
+        if p["prior"] != "none":
+            arrays["prior.ratio"] = prior_ratio(p["prior"], counts, classes, target_counts)
         if p["standardize"]:
             scaler = StandardScaler().fit(X)
             X = scaler.transform(X)
@@ -197,12 +214,33 @@ class EnsembleClassifier:
         return {name: _PROBA[name](a, Z) for name in meta["params"]["members"]}
 
     def predict_proba(self, X: np.ndarray) -> np.ndarray:
-        """Soft vote: the mean of the members' probabilities, (N, C)."""
+        """Soft vote: the mean of the members' probabilities, (N, C), prior-corrected when
+        the ensemble was fitted with ``prior`` other than "none"."""
         probas = list(self.member_proba(X).values())
-        return sum(probas[1:], probas[0]) / len(probas)
+        p = sum(probas[1:], probas[0]) / len(probas)
+        ratio = self._fitted()[0].get("prior.ratio")
+        if ratio is None:
+            return p
+        p = p * ratio
+        s = p.sum(axis=1, keepdims=True)
+        return np.divide(p, s, out=np.full_like(p, 1.0 / p.shape[1]), where=s > 0)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+    def with_prior(self, prior: str, train_counts: np.ndarray,
+                   target_counts: Mapping[int, int] | None = None) -> EnsembleClassifier:
+        """The same fitted members under another prior correction (``train_counts``: the
+        fitted class counts, in :attr:`classes_` order) -- refitting would give the same
+        members, since the correction only rescales the soft vote."""
+        if prior not in PRIORS:
+            raise EnsembleError(f"prior must be one of {', '.join(PRIORS)}, got {prior!r}")
+        a, meta = self.to_arrays()
+        a.pop("prior.ratio", None)
+        meta["params"]["prior"] = prior
+        if prior != "none":
+            a["prior.ratio"] = prior_ratio(prior, np.asarray(train_counts), a["classes"], target_counts)
+        return EnsembleClassifier.from_arrays(a, meta)
 
     # ------------------------------------------------------------ export
 
@@ -238,6 +276,26 @@ class EnsembleClassifier:
         except (KeyError, ValueError, OSError, SafetensorError) as e:
             raise EnsembleError(f"{path}: not an ensemble file ({e})") from None
         return cls.from_arrays(arrays, meta)
+
+
+# ---------------------------------------------------------------- prior correction
+
+def prior_ratio(prior: str, counts: np.ndarray, classes: np.ndarray,
+                target_counts: Mapping[int, int] | None = None) -> np.ndarray:
+    """Per-class ratio target prior / training prior (see the module doc, step 5), (C,)."""
+    fit = np.asarray(counts, np.float64) / float(np.sum(counts))
+    if prior == "balanced":
+        target = np.full(len(fit), 1.0 / len(fit))
+    elif prior == "node":
+        own = np.array([float((target_counts or {}).get(int(c), 0)) for c in classes])
+        held = own > 0
+        if not held.any():
+            raise EnsembleError("target_counts name none of the fitted classes")
+        target = fit.copy()
+        target[held] = fit[held].sum() * own[held] / own[held].sum()
+    else:
+        raise EnsembleError(f"prior must be balanced or node here, got {prior!r}")
+    return target / fit
 
 
 # ---------------------------------------------------------------- numpy predictors
@@ -326,6 +384,10 @@ def _validate(a: dict[str, np.ndarray], meta: dict[str, Any]) -> tuple[dict[str,
         if need("scaler.mean", 1).shape != (D,) or need("scaler.scale", 1).shape != (D,) \
                 or np.any(a["scaler.scale"] == 0):
             raise fail("scaler shapes")
+    if "prior.ratio" in a:
+        r = need("prior.ratio", 1)
+        if r.shape != (C,) or np.any(r < 0):
+            raise fail("prior ratio shape or sign")
     members = meta["params"]["members"]
     if "mlp" in members:
         n, width = meta.get("mlp_layers"), K

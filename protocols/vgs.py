@@ -71,9 +71,15 @@ def merge_labeled_features(parts: Sequence[tuple[np.ndarray, np.ndarray, Sequenc
 
 
 def fit_vertical_ensemble(parts: Sequence[tuple[np.ndarray, np.ndarray, Sequence[str]]], *,
-                          classes: Sequence[str] | None = None,
+                          classes: Sequence[str] | None = None, own: int = 0,
                           **ensemble: Any) -> tuple[EnsembleClassifier, list[str]]:
     """Merge the parts and fit one ensemble over the union of their label spaces.
+    ``parts[own]`` is the fitting node's own data: its class counts are the target of the
+    ``prior="node"`` correction (:mod:`protocols.ensemble`, step 5).
     Returns the classifier and its class names (``classes_`` index them)."""
     merged = merge_labeled_features(parts, classes=classes)
-    return EnsembleClassifier(**ensemble).fit(merged.X, merged.y), merged.classes
+    _, y, names = parts[own]
+    index = {c: i for i, c in enumerate(merged.classes)}
+    counts = np.bincount(np.asarray(y, dtype=np.int64), minlength=len(names)) if len(y) else np.zeros(len(names))
+    target = {index[str(c)]: int(n) for c, n in zip(names, counts) if n > 0}
+    return EnsembleClassifier(**ensemble).fit(merged.X, merged.y, target_counts=target), merged.classes

@@ -43,3 +43,16 @@ def test_the_trainer_sees_the_enlarged_set_and_in_place_keeps_its_size() -> None
         t.train_epoch(0)
         seen[mode] = (len(t.sources), t.steps_per_epoch)
     assert seen == {"enlarge": (36, 5), "inplace": (33, 5)}
+
+
+def test_the_progress_total_counts_the_augmented_extras() -> None:
+    """The training bar's total is what one epoch reports through `on_batch` (it used to be
+    len(data), so the bar ran past it with augmentation on: `40/20`)."""
+    d = data()
+    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+                              in_chans=1, num_classes=2)
+    opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10)
+    t = Trainer(build_model(cfg), d, opts, ddp.DistContext())
+    advanced = []
+    t.train_epoch(0, lambda n, loss, acc: advanced.append(n))
+    assert sum(advanced) == t.samples_per_epoch == 36 > len(d)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from atdnode.blobstore import BlobStore
 from tests.nodeprocs import atd, start_daemon, wait_until
 from tests.vgs_homes import DISJOINT, copy_homes, disjoint_trio
 
@@ -124,18 +125,30 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
             agg = [x for x in s["aggregates"] if x["id"] == res.entry.id.hex()]
             return len(s["node"]["peers"]) == 2 and agg and agg[0]["verify"]["status"] == "verified" and s
         s = wait_until(ready, 180, "two connected peers and the aggregate verified")
+        # b and c fetch the aggregate's result from a (`atd fetch`: over the bulk channel)
+        for h in (b, c):
+            assert res.blob in atd("fetch", "--home", str(h.root), res.blob).stdout
+            assert BlobStore(h.blobs_dir).has(res.blob)
         assert {m["name"] for m in s["members"]} == {"a", "b", "c"}
 
         dom = browser("--dump-dom", url)
         seen = text_of(dom)
         assert re.search(r"\b3 members\b", seen), seen[:500]
-        assert re.search(r"\b2 connected peers\b", seen)
+        assert re.search(r"\b2 of 2 members connected\b", seen)
+        assert 'class="card warn"' not in dom and "peer-warning" not in dom
         row = re.search(r'<tr class="aggregate">.*?</tr>', dom, re.S).group(0)
         assert res.entry.id.hex()[:12] in row and "vertical" in row
         assert re.search(r'class="ok verify-status"[^>]*>verified<', row)
         model_row = next(r for r in re.findall(r'<tr class="model">.*?</tr>', dom, re.S) if res.model_id in r)
         assert f"accuracy {acc:.3f}" in text_of(model_row) and "<td>vertical</td>" in model_row
-        assert f'/classify/{cls.png.name}' in model_row
+        assert f'<a class="cm-link" href="/classify/{cls.png.name}"' in model_row  # click: full size
+        assert "default for atd classify" in model_row  # the newest model is `latest`
+        assert len(re.findall(r"default for atd classify", dom)) == 1
+        bars = dict(re.findall(r'<g class="acc-bar" data-model="(\w+)" data-kind="(\w+)"', dom))
+        assert bars[res.model_id] == "consortium" and "local" in bars.values()
+        assert "extractor weights, 3 classes" in text_of(dom)  # what a published row carries
+        assert str(a.root) not in dom  # no local paths (data specs show as their kind)
+        assert set(re.findall(r'<g class="peer-bytes" data-peer="(\w+)"', dom)) == {"b", "c"}  # bytes per peer
         for name in ("a", "b", "c"):
             assert re.search(rf'<tr class="peer"><td>{name}<br>', dom)
         timeline = dom[dom.index('id="ledger"'):]
@@ -161,7 +174,9 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         assert log["log"] >= shown and log["held"] == log["evidence"] == 0
         sent = {(smp.labels["protocol"], smp.labels["direction"]): smp.value
                 for smp in fams["atd_transport_bytes"].samples if smp.name == "atd_transport_bytes_total"}
-        assert ("bulk", "sent") in sent and sent[("gossip", "sent")] > 0
+        # b and c fetched the aggregate's blob from a over the bulk channel (its row is always
+        # present, so the count must be > 0: a node without bulk fails here)
+        assert sent[("bulk", "sent")] > 0 and sent[("gossip", "sent")] > 0
         assert any(p.startswith("/atd/sync") and v > 0 for (p, _), v in sent.items())
         verified = {smp.labels["status"]: smp.value for smp in fams["atd_aggregates"].samples}
         assert verified.get("verified") == 1
@@ -170,6 +185,17 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         assert get(url, host="evil.example")[0] == 400  # DNS rebinding: another Host is refused
         assert get(url, method="POST")[0] == 405  # read-only
         assert get(url + "models/..%2f..%2fnode.key/confusion.png")[0] == 404
+
+        # a member that should be reachable goes down: the page says so
+        daemons[2].terminate()
+        c_id = next(m["peer_id"] for m in s["members"] if m["name"] == "c")
+        wait_until(lambda: c_id not in json.loads(get(url + "api/state")[2])["node"]["peers"], 60, "c to drop")
+        dom = browser("--dump-dom", url)
+        assert re.search(r"\b1 of 2 members connected\b", text_of(dom))
+        assert 'class="card warn" id="card-peers"' in dom
+        row_c = re.search(r'<tr class="peer"><td>c<br>.*?</tr>', dom, re.S).group(0)
+        assert "peer-warning" in row_c and "not connected" in text_of(row_c)
+        assert len(re.findall(r"peer-warning", dom)) == 1
     finally:
         for d in daemons:
             d.terminate()

@@ -233,7 +233,7 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     rec = train(home, f"npz:{tmp_path / 'm.npz'}", cfg, TrainOptions(epochs=2, batch_size=32, lr=1e-3, log=logs.append))
     assert rec.samples == 200 and rec.metrics["n"] == 50  # val is neither trained on nor the test set
     hist = rec.metrics["history"]
-    assert len(hist) == 2 and all(0.0 <= h["val_accuracy"] <= 1.0 for h in hist)
+    assert len(hist) == 2
     # the last epoch's held-out numbers are the final model's on the val split (not on test)
     from atdnode.blobstore import BlobStore
     from atdnode.model import build_model, load_part, part_spec
@@ -246,6 +246,7 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     on_val = heldout_loss_accuracy(model, load_dataset(spec, 8, 1, "val"))
     on_test = heldout_loss_accuracy(model, load_dataset(spec, 8, 1, "test"))
     assert hist[-1]["val_loss"] == pytest.approx(on_val["val_loss"], rel=1e-5) and on_val["val_loss"] != on_test["val_loss"]
+    assert hist[-1]["val_accuracy"] == pytest.approx(on_val["val_accuracy"])  # the recorded number is recomputable
     assert any("val_acc=" in line for line in logs) and any(line.startswith("data npz:") and "[val]: 50 images" in line for line in logs)
 
 

@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -35,13 +36,22 @@ def blocks(md: str, lang: str) -> list[str]:
 def test_unit_is_hardened_and_valid() -> None:
     u = unit()
     argv = shlex.split(u["ExecStart"][0])
-    assert argv[0].endswith("/atd") and argv[1:4] == ["node", "start", "--home"] and len(argv) == 5
+    # `atd` is looked up on the unit's PATH (a venv or a system pip), not at one fixed place
+    assert argv[:2] == ["/usr/bin/env", "atd"] and argv[2:5] == ["node", "start", "--home"] and len(argv) == 6
+    path = dict(e.split("=", 1) for e in u["Environment"])["PATH"].split(":")
+    assert path[0] == "/opt/atd/bin" and {"/usr/local/bin", "/usr/bin"} <= set(path)
     for key, want in (("User", "atd"), ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
-                      ("PrivateTmp", "yes"), ("ProtectHome", "yes"), ("UMask", "0077"), ("KillSignal", "SIGTERM")):
+                      ("PrivateTmp", "yes"), ("ProtectHome", "yes"), ("UMask", "0077"), ("KillSignal", "SIGTERM"),
+                      ("StateDirectory", "atd"), ("StateDirectoryMode", "0700")):
         assert u[key] == [want], key
-    assert argv[4].startswith(u["ReadWritePaths"][0])  # the home is the only writable place
+    assert argv[5].startswith(u["ReadWritePaths"][0])  # the home is the only writable place
+    assert u["ReadWritePaths"][0] == "/var/lib/" + u["StateDirectory"][0]  # ... and systemd creates it
+    for doc in u.get("Documentation", []):  # only what exists after `pip install`
+        assert not doc.startswith("file:"), doc
+    recipe = (DEPLOY / "atd.service").read_text()
+    assert "useradd --system --create-home --home-dir /var/lib/atd" in recipe  # `atd init` before the first start
     if shutil.which("systemd-analyze"):  # systemd's own parser: no unknown keys or bad values
-        text = (DEPLOY / "atd.service").read_text().replace(argv[0], shutil.which("sh"))
+        text = (DEPLOY / "atd.service").read_text()
         test_unit = Path("/tmp") / f"atd-unit-check-{id(text)}.service"
         test_unit.write_text(text)
         try:
@@ -49,6 +59,25 @@ def test_unit_is_hardened_and_valid() -> None:
         finally:
             test_unit.unlink()
         assert p.returncode == 0 and p.stderr.strip() == "", p.stderr
+    else:  # no systemd here: at least every line is a section, a comment or KEY=VALUE
+        for line in (DEPLOY / "atd.service").read_text().splitlines():
+            s = line.strip()
+            assert not s or s.startswith(("#", ";")) or re.fullmatch(r"\[[A-Za-z]+\]", s) or re.match(r"[A-Za-z]+=", s), line
+
+
+def test_unit_finds_atd_on_its_path(tmp_path: Path) -> None:
+    """The ExecStart lookup, run as systemd runs it: with only the unit's PATH (plus a venv
+    standing in for /opt/atd/bin), `/usr/bin/env atd` finds this checkout's `atd`."""
+    venv_bin = tmp_path / "opt-atd-bin"
+    venv_bin.mkdir()
+    (venv_bin / "atd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.app "$@"\n')
+    (venv_bin / "atd").chmod(0o755)
+    u = unit()
+    path = dict(e.split("=", 1) for e in u["Environment"])["PATH"].replace("/opt/atd/bin", str(venv_bin))
+    argv = shlex.split(u["ExecStart"][0])
+    p = subprocess.run([*argv[:2], "--help"], env={"PATH": path, "PYTHONPATH": str(DEPLOY.parent)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Set up a node" in p.stdout, p.stderr
 
 
 def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
@@ -64,7 +93,7 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     cfg = NodeConfig.load(NodeHome.at(b))
     cfg.listen, cfg.bootstrap = ["/ip4/127.0.0.1/tcp/0"], [first.addrs[0]]
     cfg.save(NodeHome.at(b))
-    assert shlex.split(unit()["ExecStart"][0])[1:4] == ["node", "start", "--home"]
+    assert shlex.split(unit()["ExecStart"][0])[2:5] == ["node", "start", "--home"]
     second = Daemon(b, [])  # `atd node start --home b` exactly, as the unit runs it
     assert second.proc.args[:len(ATD)] == ATD and second.proc.args[len(ATD):] == ["node", "start", "--home", str(b)]
     try:
@@ -85,7 +114,7 @@ def test_containerfile_runs_the_same_command() -> None:
     import json
 
     argv = json.loads(cmd)
-    assert argv == ["node", "start", "--home", shlex.split(unit()["ExecStart"][0])[4]]
+    assert argv == ["node", "start", "--home", shlex.split(unit()["ExecStart"][0])[5]]
     assert re.search(r"^USER atd$", text, re.M) and "VOLUME" in text
     for pkg in ("atdnode", "ledger", "protocols", "cli", "netsim"):  # every package pyproject installs
         assert f"COPY {pkg} ./{pkg}" in text

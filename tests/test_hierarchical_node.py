@@ -119,3 +119,30 @@ def test_group_option_errors(trio):
         assert isinstance(r.exception, AggregateError) and why in str(r.exception), (args, r.exception)
     r = runner.invoke(app, base + ["--inputs", wa])
     assert r.exit_code != 0 and "--group" in str(r.exception)
+
+
+def test_groups_from_different_bases_warn_and_strict_refuses(trio):
+    """Issue 23: combining groups trained from unrelated random starts gives a random body;
+    `atd aggregate --mode hierarchical` warns, and `--strict` refuses before recording."""
+    from atdnode.publish import publish_weights
+    from tests.vgs_homes import DISJOINT, train_node
+
+    a, b, c = trio
+    wa, wb, wc = weights_by_node(trio)
+    shared = hier(a, f"g1={wa},{wb}", f"g2={wc}")  # c started from a's extractor: one base
+    assert "warnings" not in shared
+    train_node(c, DISJOINT["c"], epochs=1, seed=7)  # c again, from its own random start
+    other = publish_weights(c, part="extractor").entry.id.hex()
+    sync(trio)
+    with Ledger.open(a.ledger_db) as led:
+        before = len(led.query(kind="aggregate"))
+    mixed = hier(a, f"g1={wa},{wb}", f"g3={other}")
+    assert any("do not descend from one shared base" in w for w in mixed["warnings"]), mixed
+    args = ["aggregate", "--home", str(a.root), "--mode", "hierarchical", *ENSEMBLE_ARGS, "--strict",
+            "--group", f"g1={wa},{wb}", "--group", f"g4={other}"]
+    r = runner.invoke(app, args)
+    assert isinstance(r.exception, AggregateError) and "--strict" in str(r.exception), r.output
+    with Ledger.open(a.ledger_db) as led:  # the refused run recorded nothing (the warned one did: 2 entries)
+        assert len(led.query(kind="aggregate")) == before + 2
+    ok = runner.invoke(app, args[:-4] + ["--group", f"g1={wa},{wb}", "--group", f"g2={wc}"])
+    assert ok.exit_code == 0, ok.output  # --strict passes groups of one base

@@ -51,11 +51,21 @@ def test_disjoint_labels_give_every_node_one_ten_class_classifier(trio):
     assert {r["blob"] for r in second} == {first[0]["blob"]}
     for r in second:
         assert r["classes"] == [str(i) for i in range(10)] and len(r["features"]) == 2 and not r["skipped"]
-    # canonical order + fixed seed: every node fits the very same ensemble
+    # canonical order + fixed seed: every node fits the very same ensemble (the default
+    # class-prior correction, balanced, depends on the pooled counts only)
     assert len({r["ensemble"] for r in second}) == 1
+    # each node scored its own model and the consortium's on its own data and kept the better
+    # (`[aggregate] keep = best`); `atd classify` uses what it kept by default
+    for h, r in zip(trio, second):
+        c = r["candidates"]
+        assert c["scored_on"] == "test (no val split)" and c["own"]["model"] != r["model"], c
+        better = "consortium" if c["consortium"]["accuracy"] >= c["own"]["accuracy"] else "own"
+        assert r["kept"] == better and better in r["kept_why"], r
+        out = cli("classify", "--home", str(h.root), "--data", "digits")
+        assert out["model"] == (r["model"] if better == "consortium" else c["own"]["model"])
     accs = []
     for h, r in zip(trio, second):
-        out = cli("classify", "--home", str(h.root), "--data", "digits")
+        out = cli("classify", "--home", str(h.root), "--data", "digits", "--model", r["model"])
         assert out["model"] == r["model"] and out["kind"] == "ensemble" and out["n"] == 359
         assert out["unknown_classes"] == [] and Path(out["png"]).read_bytes()[:4] == b"\x89PNG"
         accs.append(out["accuracy"])

@@ -1,50 +1,104 @@
-"""The VGS-ATD paper's accuracy claims on the shipped `three_phase` scenario, fixed seeds
-(in-memory back-end: real daemons, real training, simulated network).
+"""The VGS-ATD paper's accuracy claims on the shipped `three_phase` scenario, against every
+baseline measured in the same run (in-memory back-end: real daemons, real training,
+simulated network).
 
-One run of the scenario as shipped (`atd netsim run three_phase`, minus the centralized
-baseline, which no claim here compares with) gives, per phase, the overall accuracy of
-VGS-ATD and of FedAvg, swarm and local-only training on the same partitions. Claims:
+One run of the scenario as shipped (`atd netsim run three_phase`, seed 0) gives, per phase,
+the overall accuracy of VGS-ATD, centralized training on the pooled data, FedAvg, swarm,
+local-only, and the VGS-ATD ensemble on raw pixels and on an untrained extractor of the
+same config (`netsim.references`). Measured (seed 0, after issue 23):
 
-* VGS-ATD >= FedAvg, >= swarm and >= local-only in every phase (horizontal, vertical,
-  hierarchical): the baselines are measured in the same run, so the thresholds are theirs;
-* phase-1 nodes lose at most 2 points of accuracy on their own test data after phases 2
-  and 3 (the vertical phase adds four classes they never saw, the hierarchical phase a
-  second group) — the paper's "no forgetting";
-* every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`).
+    phase          1      2      3
+    vgs-atd        0.954  0.883  0.936
+    centralized    0.861  0.816  0.947
+    fedavg         0.759  0.476  0.557
+    swarm          0.810  0.351  0.869
+    local          0.438  0.232  0.347
+    ensemble-raw   0.981  0.955  0.964
+    untrained      0.972  0.900  0.919
+    phase-1 nodes  0.954 -> 0.940 -> 0.968;  aggregates verified 6/6, 10/10, 22/22
 
-Measured (seed 0): VGS-ATD 0.954 / 0.883 / 0.925, FedAvg 0.759 / 0.476 / 0.557, swarm
-0.810 / 0.351 / 0.866, local 0.438 / 0.232 / 0.347; phase-1 nodes 0.954 -> 0.940 -> 0.958.
-The whole run takes about 60 s of compute on the 2-core machine.
+Claims asserted (they hold here):
+
+* VGS-ATD >= FedAvg, >= swarm and >= local-only in every phase, and >= centralized - 2 points;
+* in the hierarchical phase, where both groups start from the consortium's one base,
+  VGS-ATD beats the ensemble on an untrained extractor (0.936 vs 0.919; before the shared
+  base, group B trained from its own random start and VGS-ATD scored 0.925);
+* phase-1 nodes lose at most 2 points on their own test data after phases 2 and 3;
+* every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`);
+* the report's verdict sentence per phase says what its own numbers say.
+
+Claims of issue 23 that do NOT hold at this size (8 px digits, 4 patches): VGS-ATD does not
+beat the ensemble on raw pixels in any phase, nor the untrained extractor in phases 1-2;
+the images are too small for learned features to matter. The test fails if the report
+stops saying so. The run took 542 s of wall time on the shared 2-core machine under load
+(VGS-ATD 286 s of compute, the baselines 185 s).
 """
 from __future__ import annotations
 
 import pytest
 
+from netsim.references import verdicts
 from netsim.run import run_scenario
 from netsim.scenario import load_scenario, shipped_scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-BASELINES = ("fedavg", "swarm", "local")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+E2E = ("fedavg", "swarm", "local")
+REFERENCES = ("ensemble-raw", "ensemble-untrained")
 MAX_FORGETTING = 0.02  # accuracy points (as a fraction) a phase-1 node may lose later
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    scn = load_scenario(shipped_scenario("three_phase"))
-    return run_scenario(scn.replace(methods=("vgs-atd", *BASELINES)))
+def out_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("three_phase")
+
+
+@pytest.fixture(scope="module")
+def report(out_dir) -> dict:
+    return run_scenario(load_scenario(shipped_scenario("three_phase")), out_dir)
 
 
 def _overall(report: dict, method: str) -> dict[int, float]:
     return {ph["phase"]: ph["overall"]["accuracy"] for ph in report["methods"][method]}
 
 
-def test_vgs_atd_at_least_every_baseline_in_every_phase(report: dict) -> None:
+def test_every_baseline_is_measured_in_the_same_run(report: dict) -> None:
+    assert set(report["methods"]) == {"vgs-atd", "centralized", *E2E, *REFERENCES}
+    for m in report["methods"]:
+        assert sorted(_overall(report, m)) == [1, 2, 3], m
+        for ph in report["methods"][m]:  # every present node is scored
+            assert ph["overall"]["nodes"] == len(ph["per_node"]), (m, ph["phase"])
+
+
+def test_vgs_atd_at_least_every_end_to_end_baseline_in_every_phase(report: dict) -> None:
     vgs = _overall(report, "vgs-atd")
-    assert sorted(vgs) == [1, 2, 3]
-    for method in BASELINES:
+    for method in E2E:
         other = _overall(report, method)
         for p in (1, 2, 3):
             assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {method} {other[p]:.3f}"
+
+
+def test_vgs_atd_within_2_points_of_centralized_and_above_the_untrained_extractor_in_phase_3(report: dict
+                                                                                            ) -> None:
+    vgs, central, unt = (_overall(report, m) for m in ("vgs-atd", "centralized", "ensemble-untrained"))
+    for p in (1, 2, 3):
+        assert vgs[p] >= central[p] - 0.02, f"phase {p}: VGS-ATD {vgs[p]:.3f}, centralized {central[p]:.3f}"
+    assert vgs[3] > unt[3], f"phase 3: VGS-ATD {vgs[3]:.3f} <= untrained-extractor ensemble {unt[3]:.3f}"
+
+
+def test_the_report_says_whether_learned_features_beat_the_references(report: dict, out_dir) -> None:
+    vgs, raw, unt = (_overall(report, m) for m in ("vgs-atd", *REFERENCES))
+    lines = report["feature_verdicts"]
+    assert lines == verdicts(report["methods"]) and len(lines) == 3
+    for p, line in zip((1, 2, 3), lines):
+        beats = vgs[p] > raw[p] and vgs[p] > unt[p]
+        assert line.startswith(f"Phase {p}: the learned features {'beat' if beats else 'do not beat'} "), line
+        assert f"VGS-ATD {vgs[p]:.3f}" in line and f"raw inputs {raw[p]:.3f}" in line
+        assert line in report["notes"] and f"- {line}." in (out_dir / "report.md").read_text()
+    # the references are real classifiers, not placeholders: each beats the majority share
+    # of the balanced pooled test sets (1/6, 1/10, 1/10) by far
+    for m in REFERENCES:
+        for p, chance in zip((1, 2, 3), (1 / 6, 1 / 10, 1 / 10)):
+            assert _overall(report, m)[p] > 3 * chance, (m, p)
 
 
 def test_phase1_nodes_keep_their_accuracy_after_phases_2_and_3(report: dict) -> None:

@@ -34,7 +34,8 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 .tag { display:inline-block; padding:0 6px; border-radius:10px; background:#e8eef6; font-size:12px; margin-right:4px; }
 .bar { background:#e8eef6; border-radius:3px; height:10px; width:160px; display:inline-block; vertical-align:middle; }
 .bar > span { display:block; height:10px; background:#2f6fb3; border-radius:3px; }
-img.cm { max-width:220px; border:1px solid var(--line); margin:4px 4px 0 0; }
+img.cm { max-width:320px; border:1px solid var(--line); margin:4px 4px 0 0; }
+.card.warn { border-color:var(--warn); background:#fff8e6; } .card.warn .n { color:var(--warn); }
 .scroll { max-height:420px; overflow:auto; }
 """
 
@@ -80,8 +81,13 @@ def _peers(s: dict) -> str:
             state = '<span class="bad">revoked</span>'
         elif m["me"]:
             state = '<span class="ok">this node</span>'
+        elif m["connected"]:
+            state = '<span class="ok">connected</span>'
+        elif m.get("expected"):  # it announced addresses: it should be reachable
+            state = ('<span class="warn peer-warning" title="announced addresses but not connected to this node">'
+                     '⚠ not connected</span>')
         else:
-            state = '<span class="ok">connected</span>' if m["connected"] else '<span class="muted">not connected</span>'
+            state = '<span class="muted">not connected (no address announced)</span>'
         addrs = "<br>".join(f"<code>{_e(a)}</code>" for a in m["addrs"]) or '<span class="muted">no hello yet</span>'
         rows.append(f'<tr class="peer"><td>{_e(m["name"])}<br><code>{_e(m["peer_id"])}</code></td>'
                     f'<td>{_e(m["role"])} {"".join(f"<span class=tag>{_e(f)}</span>" for f in flags)}</td>'
@@ -100,11 +106,11 @@ def _timeline(s: dict) -> str:
 
 def _published(s: dict) -> str:
     rows = [f'<tr><td><code>{_e(p["id"][:12])}</code></td><td>{_e(p["kind"])}</td><td>{_e(p["author"])}</td>'
-            f'<td>{_e(p["part"])}</td><td>{_e(p["model"])}</td><td>{_e(p["labels"])}</td><td>{_e(p["samples"])}</td>'
-            f'<td>{_size(p["size"])}</td><td>{_metrics(p["metrics"], ("accuracy", "f1"))}</td>'
+            f'<td>{_e(p["part"])}</td><td>{_e(p["model"])}</td><td class="carries">{_e(p.get("carries", ""))}</td>'
+            f'<td>{_size(p["size"])}</td><td>{_metrics(p["metrics"], ("accuracy", "f1")) if p["kind"] == "weights" else "—"}</td>'
             f'<td>{"<span class=ok>held</span>" if p["held"] else "<span class=muted>not here</span>"}</td></tr>'
             for p in s["published"]]
-    return _table(("entry", "kind", "author", "part", "model", "classes", "samples", "size", "metrics", "blob"),
+    return _table(("entry", "kind", "author", "part", "model", "carries", "size", "metrics", "blob"),
                   rows, "nothing published yet (atd publish-weights / share-features)")
 
 
@@ -126,18 +132,34 @@ def _aggregates(s: dict) -> str:
 def _models(s: dict) -> str:
     rows = []
     for m in s["models"]:
-        imgs = [f'<img class="cm" alt="confusion matrix" src="/models/{_e(m["id"])}/confusion.png">'] if m["confusion"] else []
+        imgs = [_thumb(f'/models/{_e(m["id"])}/confusion.png')] if m["confusion"] else []
         lines = [f'<div>training test split: {_metrics(m["metrics"])}</div>'] if m["metrics"] else []
         for c in m["classified"][-3:]:
             lines.append(f'<div>classify {_e(c["data"])} {_e(c["split"])}: {_metrics(c["metrics"])}</div>')
             if c.get("png"):
-                imgs.append(f'<img class="cm" alt="confusion matrix" src="/classify/{_e(c["png"])}">')
-        rows.append(f'<tr class="model"><td><code>{_e(m["id"])}</code><br><span class="muted">{_t(m["created"])}</span></td>'
-                    f'<td>{_e(m["kind"])}</td><td>{_e(m["model"])}<br><span class="muted">{_e(m["arch"])}</span></td>'
+                imgs.append(_thumb(f'/classify/{_e(c["png"])}'))
+        rows.append(f'<tr class="model"><td><code>{_e(m["id"])}</code><br><span class="muted">{_t(m["created"])}</span>'
+                    + ('<br><span class="tag default-model">default for atd classify</span>' if m.get("default") else "")
+                    + f'</td><td>{_e(m["kind"])}</td><td>{_e(m["model"])}<br><span class="muted">{_e(m["arch"])}</span></td>'
                     f'<td>{_e(m["classes"])}</td><td>{_e(m["samples"])}</td>'
                     f'<td>{"".join(lines) or "<span class=muted>no metrics yet</span>"}</td><td>{"".join(imgs)}</td></tr>')
     return _table(("model", "made by", "architecture", "classes", "samples", "metrics", "confusion"), rows,
                   "no models yet (atd train)")
+
+
+def _thumb(src: str) -> str:
+    """A confusion-matrix thumbnail that opens the full-size PNG."""
+    return f'<a class="cm-link" href="{src}" target="_blank"><img class="cm" alt="confusion matrix" src="{src}"></a>'
+
+
+def _charts(s: dict) -> str:
+    from atdnode.dashboard.charts import accuracy_chart, bytes_chart
+
+    names = {m["peer_id"]: m["name"] for m in s["members"]}
+    traffic = sorted(((names.get(p, p[:12]), int(v[0]), int(v[1])) for p, v in s.get("bytes_by_peer", {}).items()),
+                     key=lambda r: -(r[1] + r[2]))
+    return (f'<h3>Accuracy per model</h3>{accuracy_chart(s["models"])}'
+            f'<h3>Stream bytes per peer</h3>{bytes_chart(traffic)}')
 
 
 def _fetches(s: dict) -> str:
@@ -171,12 +193,15 @@ def render_page(s: dict) -> str:
     node = s["node"]
     n_members = sum(1 for m in s["members"] if not m["revoked"])
     verified = sum(1 for a in s["aggregates"] if a["verify"]["status"] == "verified")
-    cards = [(n_members, "members", "members"), (len(node["peers"]), "connected peers", "peers"),
+    expected = [m for m in s["members"] if not m["me"] and not m["revoked"] and not m.get("rotated_to")]
+    up = sum(1 for m in expected if m["connected"])
+    warn = any(m.get("expected") and not m["connected"] for m in expected)
+    cards = [(n_members, "members", "members"), (f"{up} of {len(expected)}", "members connected", "peers"),
              (s["entries"], "ledger entries", "entries"), (len(s["published"]), "published sets", "published"),
              (f'{verified}/{len(s["aggregates"])}', "aggregates verified", "aggregates"),
              (len(s["models"]), "models", "models")]
-    card_html = "".join(f'<div class="card" id="card-{key}"><div class="n">{_e(n)}</div><div class="l">{_e(label)}</div></div>'
-                        for n, label, key in cards)
+    card_html = "".join(f'<div class="card{" warn" if key == "peers" and warn else ""}" id="card-{key}">'
+                        f'<div class="n">{_e(n)}</div><div class="l">{_e(label)}</div></div>' for n, label, key in cards)
     held = s["states"].get("held", 0)
     evidence = s["states"].get("evidence", 0)
     return f"""<!doctype html>
@@ -189,6 +214,7 @@ def render_page(s: dict) -> str:
 <section id="peers"><h2>Peers</h2>{_peers(s)}</section>
 <section id="aggregates"><h2>Aggregates</h2>{_aggregates(s)}</section>
 <section id="models"><h2>Models</h2>{_models(s)}</section>
+<section id="charts"><h2>Charts</h2>{_charts(s)}</section>
 <section id="published"><h2>Published weights and features</h2>{_published(s)}</section>
 <section id="fetches"><h2>Running fetches</h2>{_fetches(s)}</section>
 <section id="split"><h2>Split learning</h2>{_split(s)}</section>

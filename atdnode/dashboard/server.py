@@ -212,6 +212,8 @@ class Dashboard:
         connected = set(d.transport.peers())
         for m in led["members"]:
             m["connected"] = m["peer_id"] in connected
+            # a member that announced addresses should be reachable: not connected is a warning
+            m["expected"] = not (m["me"] or m["revoked"] or m.get("rotated_to")) and bool(m["addrs"])
         for a in led["aggregates"]:
             a["verify"] = self.verify.get(a["id"], {"status": "pending", "detail": "not checked yet"})
         blobs = [p["blob"] for p in led["published"] if p["blob"]]
@@ -225,6 +227,7 @@ class Dashboard:
             **led, "models": models, "split": split, "campaigns": self.campaigns(),
             "fetches": self.fetches(led["published"] + led["aggregates"]),
             "wanted": len(d._wanted),
+            "bytes_by_peer": d.transport.bytes_by_peer(),
         }
 
     def campaigns(self) -> list[dict]:

@@ -46,6 +46,18 @@ def summarize(e: Entry) -> str:
     return ", ".join(sorted(map(str, b)))[:80]
 
 
+def carries(e: Entry) -> str:
+    """What a weights / features entry carries, in words (a features entry has no `labels`)."""
+    b = e.body
+    if e.kind == "features":
+        shape = [x for x in b.get("shape") or [] if isinstance(x, int)]
+        dims = f" x {shape[-1]} features" if len(shape) >= 2 else ""
+        rec = b.get("recipients") if isinstance(b.get("recipients"), list) else []
+        return (f"{b.get('samples', '?')} samples{dims}, {len(b.get('classes') or [])} classes, "
+                f"sealed to {len(rec)} peer(s)")
+    return f"{b.get('part', '?')} weights, {len(b.get('labels') or [])} classes, {b.get('samples', '?')} samples"
+
+
 def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     """Membership, peers' hellos, the timeline and the weights / features / aggregate entries."""
     m = led.membership()
@@ -71,6 +83,7 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     by_id = {e.id: e for e in entries}
     published = [{
         "id": e.id.hex(), "kind": e.kind, "author": who(e.author), "part": e.body.get("part", "features"),
+        "carries": carries(e),
         "model": (e.body.get("model") or {}).get("name", ""), "labels": len(e.body.get("labels") or []),
         "samples": e.body.get("samples"), "size": e.body.get("size"), "blob": str(e.body.get("blob", "")),
         "metrics": _scalar_metrics(e.body.get("metrics") or {}),
@@ -121,7 +134,9 @@ def _read_json(path: Path) -> dict | None:
 
 def models_view(home: NodeHome) -> list[dict]:
     """The registry's models: how each was made, its training test metrics and every later
-    evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home."""
+    evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home.
+    Data specs are shown without their path (`atdnode.data.public_spec`)."""
+    from atdnode.data.public_spec import public_spec
     from atdnode.registry import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
@@ -131,7 +146,7 @@ def models_view(home: NodeHome) -> list[dict]:
         evals = []
         for ev in reg.evaluations(r.id):
             png = Path(str(ev.get("png") or ""))
-            evals.append({"data": ev.get("data"), "split": ev.get("split"), "time": ev.get("time"),
+            evals.append({"data": public_spec(ev.get("data")), "split": ev.get("split"), "time": ev.get("time"),
                           "png": png.name if classify_png(home, png.name) == png.resolve() else None,
                           "metrics": _scalar_metrics({k: v for k, v in ev.items() if k != "time"})})
         out.append({
@@ -139,7 +154,10 @@ def models_view(home: NodeHome) -> list[dict]:
             "model": c.get("name", ""), "arch": f"{c.get('img_size')}/{c.get('patch_size')}/{c.get('embed_dim')}/{c.get('depth')}",
             "classes": len(r.labels), "samples": r.samples, "metrics": _scalar_metrics(r.metrics),
             "confusion": bool(r.files.get("confusion_png")), "classified": evals,
+            "latest_accuracy": reg.latest_metrics(r)[0].get("accuracy"), "default": False,
         })
+    if out:
+        out[-1]["default"] = True  # `atd classify` without --model uses `latest`: the newest record
     return list(reversed(out))  # newest first
 
 

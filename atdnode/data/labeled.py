@@ -41,5 +41,13 @@ class LabeledImages:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def content_fp(self) -> str:
+        """sha256 over the loaded tensors (images as float32, labels as int64) and the class names:
+        a fingerprint of exactly what a model saw, that names no file and shows no pixel."""
+        h = hashlib.sha256(self.label_fp.encode())
+        h.update(self.labels.to(torch.int64).contiguous().numpy().tobytes())
+        h.update(self.images.to(torch.float32).contiguous().numpy().tobytes())
+        return h.hexdigest()
+
     def class_counts(self) -> list[int]:
         return torch.bincount(self.labels, minlength=len(self.classes)).tolist()

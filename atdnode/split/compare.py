@@ -316,6 +316,7 @@ def assemble(s: CompareSetting, done: dict[tuple[str, int], dict[str, Any]]) -> 
     report = {"setting": s.to_dict(), "tasks": [t.to_dict() for t in TASKS],
               "majority": {t.name: _majority(part.test[t.name][1]) for t in TASKS},
               "formulas": FORMULA_TEXT, "approx_tolerance": APPROX, "methods": methods}
+    report["references"] = references(s, part)
     report["orderings"] = orderings(report)
     return {**report, "msd_cost": msd_cost(s, part, methods.get("fl", {}).get("bytes_per_client"))}
 
@@ -355,6 +356,33 @@ def msd_cost(s: CompareSetting, part: Partition, fl_bytes: dict[str, Any] | None
     out = msd_vs_fl_ssl(msd_p, CostParams(**fl_bytes["params"]), measured_msd=measured,
                         measured_fl_ssl=2 * fl_bytes["measured"])
     return {**out, "params": asdict(msd_p), "fl_params": fl_bytes["params"]}
+
+
+def references(s: CompareSetting, part: Partition) -> dict[str, dict[str, float]]:
+    """Per task, the VGS-ATD ensemble (`atdnode.ensemble_refs`, small options) on the pooled
+    clients' raw pixels and on an untrained extractor of the setting's ViT, scored on the
+    test set: what the split methods' learned bodies must beat (issue 23)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    from atdnode.data import LabeledImages
+    from atdnode.ensemble_refs import REFERENCES, fit_reference
+
+    out: dict[str, dict[str, float]] = {k: {} for k in REFERENCES}
+    for t in TASKS:
+        names = [str(i) for i in range(t.num_outputs)]
+        pooled = LabeledImages(images=torch.cat([c.images for c in part.clients[t.name]]),
+                               labels=torch.cat([c.targets for c in part.clients[t.name]]).long(), classes=names)
+        tx, ty = part.test[t.name]
+        for kind in REFERENCES:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                ref = fit_reference(kind, [pooled], s.cfg(), pca_components=32, mlp_max_iter=200, seed=0,
+                                    prior="none")
+            pred = [int(ref.classes[i]) for i in ref.predict(tx)]
+            out[kind][t.name] = round(float((torch.tensor(pred) == ty.long()).float().mean()), 6)
+    return out
 
 
 def _majority(y: torch.Tensor) -> float:
@@ -431,6 +459,9 @@ def render(report: dict[str, Any]) -> str:
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.append(f"FESTA head: {report['setting'].get('festa_head', 'vit')} (p-FESTA: fixed patch embedder)")
     text.append("")
+    for kind, accs in (report.get("references") or {}).items():  # what the learned bodies must beat
+        text.append(f"{kind} (same data, no learned features): "
+                    + ", ".join(f"{t} {accs[t]:.3f}" for t in tasks if t in accs))
     for o in report["orderings"]:
         mark = {True: "holds", False: "does NOT hold", None: "not run"}[o["holds"]]
         text.append(f"{o['claim']}: {mark}")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import trio
 
+from atdnode import progress
 from atdnode.blobstore import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
 from atdnode.device import resolve_device
@@ -131,28 +132,37 @@ class FestaRole:
             self.client = festa.FestaClient(t.client, t.cfg, t.spec, t.x, t.y, batch_size=int(w["batch_size"]),
                                             lr=t.lr or off["lr"], class_token=bool(off["class_token"]), seed=t.seed)
         c, steps, n = self.client, int(off["steps_per_round"]), int(off["unifying_rounds"])
-        for r in range(int(w["next_round"]), int(w["last_round"]) + 1):
-            losses = []
-            for _ in range(steps):
-                feats = await trio.to_thread.run_sync(c.head_forward)
-                await ch.send("forward", {"x": feats}, {"task": t.spec.name, "round": r})
-                y = tensor(await ch.recv("body_out"), "y")
-                g, loss = await trio.to_thread.run_sync(c.tail_step, y)
-                await ch.send("grad_out", {"g": g})
-                gin = tensor(await ch.recv("grad_in"), "g")
-                await trio.to_thread.run_sync(c.head_backward, gin)
-                losses.append(loss)
-            self.out.losses[r] = sum(losses) / len(losses)
-            if r % n == 0:
-                await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
-                _load_parts(c, (await ch.recv("state_down")).tensors)
-            if r not in self.out.rounds:
-                self.out.rounds.append(r)
+        with progress.task(f"{t.spec.name}: FESTA rounds", total=int(w["last_round"])) as bar:
+            bar.update(int(w["next_round"]) - 1)
+            for r in range(int(w["next_round"]), int(w["last_round"]) + 1):
+                await self._round(ch, r)
+                bar.update(r)
         if t.test is not None and not self.out.metrics:
             self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
         await ch.send("bye")
         self.out.params = c.cost_params(steps_per_round=steps, rounds=len(self.out.rounds), unifying_rounds=n,
                                         body_bytes=self.body_bytes)
+
+    async def _round(self, ch: SplitChannel, r: int) -> None:
+        """Round r: head forward, body on the server, tail and head steps; parts unified every n rounds."""
+        t, c, off = self.t, self.client, self.t.offer
+        steps, n = int(off["steps_per_round"]), int(off["unifying_rounds"])
+        losses = []
+        for _ in range(steps):
+            feats = await trio.to_thread.run_sync(c.head_forward)
+            await ch.send("forward", {"x": feats}, {"task": t.spec.name, "round": r})
+            y = tensor(await ch.recv("body_out"), "y")
+            g, loss = await trio.to_thread.run_sync(c.tail_step, y)
+            await ch.send("grad_out", {"g": g})
+            gin = tensor(await ch.recv("grad_in"), "g")
+            await trio.to_thread.run_sync(c.head_backward, gin)
+            losses.append(loss)
+        self.out.losses[r] = sum(losses) / len(losses)
+        if r % n == 0:
+            await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
+            _load_parts(c, (await ch.recv("state_down")).tensors)
+        if r not in self.out.rounds:
+            self.out.rounds.append(r)
 
 
 class PFestaRole:
@@ -176,11 +186,14 @@ class PFestaRole:
     async def upload(self, ch: SplitChannel, start: int) -> None:
         """Permuted embeddings of samples start.. in chunks; keys stay in ``client.keys``."""
         c, chunk = self.client, int(self.t.offer["upload_chunk"])
-        for s0 in range(start, c.num_samples, chunk):
-            feats, keys = await trio.to_thread.run_sync(c.embed, c.images[s0:s0 + chunk])
-            c.keys[s0:s0 + feats.shape[0]] = keys
-            await ch.send("upload", {"x": feats}, {"start": s0})
-            self.uploaded_any = True
+        with progress.task("upload permuted embeddings", total=c.num_samples) as bar:
+            bar.update(start)
+            for s0 in range(start, c.num_samples, chunk):
+                feats, keys = await trio.to_thread.run_sync(c.embed, c.images[s0:s0 + chunk])
+                c.keys[s0:s0 + feats.shape[0]] = keys
+                await ch.send("upload", {"x": feats}, {"start": s0})
+                self.uploaded_any = True
+                bar.update(s0 + feats.shape[0])
 
     async def session(self, ch: SplitChannel, resume: bool) -> None:
         t, c, off = self.t, self.client, self.t.offer
@@ -189,31 +202,35 @@ class PFestaRole:
         if not learnable:
             await self.upload(ch, int(w["uploaded"]))
         steps, losses = int(off["steps_per_round"]), {}
-        while True:
-            m = await ch.recv("batch" if learnable else "body_out", "done")
-            if m.meta["kind"] == "done":
-                break
-            idx, r, step = m.meta.get("idx"), meta_int(m, "round", low=1), meta_int(m, "step")
-            if not isinstance(idx, list) or not all(isinstance(i, int) for i in idx):
-                raise SplitProtocolError(f"{m.meta['kind']}: idx must be a list of ints")
-            if learnable:  # embed the named batch afresh, send it, get its body output
-                await ch.send("forward", {"x": await trio.to_thread.run_sync(c.head_forward, idx)})
-                y = tensor(await ch.recv("body_out"), "y")
-            else:
-                y = tensor(m, "y")
-            y = _like(y, (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
-            g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
-            await ch.send("grad_out", {"g": g})
-            if learnable:
-                gin = _like(tensor(await ch.recv("grad_in"), "g"), y.shape, "grad_in")
-                await trio.to_thread.run_sync(c.head_backward, gin)
-            losses.setdefault(r, []).append(loss)
-            if m.meta.get("unify"):
-                await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
-                _load_parts(c, (await ch.recv("state_down")).tensors)
-            if step == steps - 1 and r not in self.out.rounds:
-                self.out.rounds.append(r)
-                self.out.losses[r] = sum(losses[r]) / len(losses[r])
+        last = int(w.get("last_round", 0))  # the welcome names this client's last round
+        with progress.task(f"{t.spec.name}: p-FESTA rounds", total=last or None) as bar:
+            bar.update(int(w.get("next_round", 1)) - 1)
+            while True:
+                m = await ch.recv("batch" if learnable else "body_out", "done")
+                if m.meta["kind"] == "done":
+                    break
+                idx, r, step = m.meta.get("idx"), meta_int(m, "round", low=1), meta_int(m, "step")
+                if not isinstance(idx, list) or not all(isinstance(i, int) for i in idx):
+                    raise SplitProtocolError(f"{m.meta['kind']}: idx must be a list of ints")
+                if learnable:  # embed the named batch afresh, send it, get its body output
+                    await ch.send("forward", {"x": await trio.to_thread.run_sync(c.head_forward, idx)})
+                    y = tensor(await ch.recv("body_out"), "y")
+                else:
+                    y = tensor(m, "y")
+                y = _like(y, (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
+                g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
+                await ch.send("grad_out", {"g": g})
+                if learnable:
+                    gin = _like(tensor(await ch.recv("grad_in"), "g"), y.shape, "grad_in")
+                    await trio.to_thread.run_sync(c.head_backward, gin)
+                losses.setdefault(r, []).append(loss)
+                if m.meta.get("unify"):
+                    await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
+                    _load_parts(c, (await ch.recv("state_down")).tensors)
+                if step == steps - 1 and r not in self.out.rounds:
+                    self.out.rounds.append(r)
+                    self.out.losses[r] = sum(losses[r]) / len(losses[r])
+                    bar.update(min(r, last) if last else r)
         if t.test is not None and not self.out.metrics:
             self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
         await ch.send("bye")

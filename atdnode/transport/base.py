@@ -169,3 +169,9 @@ class Transport(ABC):
         counter = getattr(self, "_counter", None)
         rows = getattr(counter, "by_protocol", {})
         return {p: (r[0], r[1]) for p, r in list(rows.items())}
+
+    def bytes_by_peer(self) -> dict[str, tuple[int, int]]:
+        """Stream bytes per remote peer: `{peer id: (sent, received)}` (gossip not included)."""
+        counter = getattr(self, "_counter", None)
+        rows = getattr(counter, "by_peer", {})
+        return {p: (r[0], r[1]) for p, r in list(rows.items())}

@@ -44,22 +44,29 @@ class Counter:
     """Byte counters shared by the streams of one transport (`bytes_counters()`).
 
     `sent` / `received` are totals; `by_protocol[name] = [sent, received]` splits them by
-    stream protocol ("gossip" for pubsub messages), for the daemon's /metrics.
+    stream protocol ("gossip" for pubsub messages), for the daemon's /metrics;
+    `by_peer[peer id] = [sent, received]` the stream bytes per remote peer (the dashboard's
+    chart; gossip is fanned out, so it is counted by protocol only).
     """
 
-    __slots__ = ("sent", "received", "by_protocol")
+    __slots__ = ("sent", "received", "by_protocol", "by_peer")
 
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
         self.by_protocol: dict[str, list[int]] = {}
+        self.by_peer: dict[str, list[int]] = {}
 
-    def count(self, protocol: str, *, sent: int = 0, received: int = 0) -> None:
+    def count(self, protocol: str, *, sent: int = 0, received: int = 0, peer: str | None = None) -> None:
         self.sent += sent
         self.received += received
         row = self.by_protocol.setdefault(protocol or "other", [0, 0])
         row[0] += sent
         row[1] += received
+        if peer:
+            prow = self.by_peer.setdefault(peer, [0, 0])
+            prow[0] += sent
+            prow[1] += received
 
     def as_dict(self) -> dict[str, int]:
         return {"sent": self.sent, "received": self.received}
@@ -109,7 +116,7 @@ class FramedStream(Stream):
             del self._buf[:n]
         else:
             out = await self._read_large(n)
-        self._counter.count(self.protocol, received=HEADER.size + n)
+        self._counter.count(self.protocol, received=HEADER.size + n, peer=self.remote_peer)
         return out
 
     async def _read_large(self, n: int) -> bytes:
@@ -137,7 +144,7 @@ class FramedStream(Stream):
         else:
             await self.raw.send_all(HEADER.pack(n))
             await self.raw.send_all(data)
-        self._counter.count(self.protocol, sent=HEADER.size + n)
+        self._counter.count(self.protocol, sent=HEADER.size + n, peer=self.remote_peer)
 
     async def close(self) -> None:
         if not self._closed:

@@ -11,6 +11,7 @@ from atdnode.device import apply_device
 from atdnode.home import NodeHome
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
+from cli.progress import bars
 
 HELP = "\n\n".join([
     "Combine published weight sets into this node's global model and record how.",
@@ -48,6 +49,8 @@ def aggregate(
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
+    prior: str = typer.Option("balanced", "--prior", help="Ensemble class-prior correction: balanced (uniform class prior) | node (this node's class proportions) | none."),
+    strict: bool = typer.Option(False, "--strict", help="Hierarchical: refuse groups that do not descend from one shared base (default: warn)."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
@@ -62,7 +65,8 @@ def aggregate(
         from atdnode.agg_verify import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
-        blob = verify_aggregate(h, verify)
+        with bars(quiet=as_json):
+            blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
     if mode not in agg.MODES:
@@ -74,6 +78,12 @@ def aggregate(
         raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
     if mode == "horizontal" and classifier == "head" and (feats or data):
         raise CliError("--features / --data need the ensemble (not --classifier head)")
+    if strict and mode != "hierarchical":
+        raise CliError("--strict applies to --mode hierarchical only")
+    from protocols.ensemble import PRIORS
+
+    if prior not in PRIORS:
+        raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
     if classifier not in ("ensemble", "head"):
         raise CliError(f"--classifier {classifier!r}: choose ensemble or head")
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
@@ -87,26 +97,27 @@ def aggregate(
     if not hidden or min(hidden) < 1:
         raise CliError(f"--mlp-hidden {mlp_hidden!r}: expected positive integers like 256 or 128,64")
     opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
-                           seed=seed)
-    if mode == "horizontal":
-        from atdnode.horizontal import aggregate_horizontal
+                           seed=seed, prior=prior)
+    with bars(quiet=as_json):  # the library's steps (blob checks, averaging, features, fits) as bars
+        if mode == "horizontal":
+            from atdnode.horizontal import aggregate_horizontal
 
-        res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
-                                   data_spec=data, features=feats, options=opts)
-    elif mode == "vertical":
-        from atdnode.vertical import aggregate_vertical
+            res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
+                                       data_spec=data, features=feats, options=opts)
+        elif mode == "vertical":
+            from atdnode.vertical import aggregate_vertical
 
-        res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
-                                 features=feats, options=opts)
-    else:
-        from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
+            res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
+                                     features=feats, options=opts)
+        else:
+            from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
 
-        specs = [GroupSpec.parse(g) for g in group or []]
-        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
-                                                           what=f"group {g.name}"))) for g in specs]
-        res = aggregate_hierarchical(h, specs,
-                                     weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
-                                     data_spec=data, features=feats, options=opts)
+            specs = [GroupSpec.parse(g) for g in group or []]
+            specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
+                                                               what=f"group {g.name}"))) for g in specs]
+            res = aggregate_hierarchical(h, specs,
+                                         weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
+                                         data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
     if as_json:
@@ -126,6 +137,12 @@ def aggregate(
         typer.echo(f"  skipped features {s['entry'][:16]}: {s['why']}")
     for s in d.get("skipped_inputs", []):
         typer.echo(f"  skipped weights {s['entry'][:16]}: {s['why']}")
+    cands = d.get("candidates")
+    if cands:
+        typer.echo(f"  candidates on this node's {cands['scored_on']} data: own model {cands['own']['accuracy']:.3f}, "
+                   f"consortium {cands['consortium']['accuracy']:.3f}")
+    if d.get("kept_why"):
+        typer.echo(f"  kept: {d.get('kept')} — {d['kept_why']}")
     typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")
 
 

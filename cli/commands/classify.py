@@ -55,23 +55,16 @@ def classify(
     typer.echo(f"  confusion matrix {res.png}")
 
 
-def _fraction(text: str) -> float:
-    try:
-        num, _, den = text.partition("/")
-        return float(num) / float(den) if den else float(num)
-    except (ValueError, ZeroDivisionError):
-        raise CliError(f"not a number or fraction: {text!r}") from None
-
-
 def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
     """The attack `atd train --adversarial` uses, on this model's input normalisation."""
     from atdnode.data import MEAN, STD
     from atdnode.registry import ModelRegistry
+    from cli.options import fraction
     from protocols.adversarial import AdversarialError, PGDConfig
 
     chans = int(ModelRegistry(home).get(model).model["in_chans"])
     try:
-        return PGDConfig(eps=_fraction(eps), step=_fraction(step), steps=steps, mean=(MEAN,) * chans,
+        return PGDConfig(eps=fraction(eps), step=fraction(step), steps=steps, mean=(MEAN,) * chans,
                          std=(STD,) * chans)
     except AdversarialError as exc:
         raise CliError(f"--robust: {exc}") from None

@@ -30,7 +30,7 @@ def add(
     peer_id: str = typer.Argument(..., help="Peer id (12D3KooW...) of the node to admit (`atd id` on that node)."),
     home: Path = HOME_OPT,
     admin: bool = typer.Option(False, "--admin", help="Also make it an admin (founder only)."),
-    name: str = typer.Option("", "--name", help="Optional human-readable name recorded with the admission."),
+    name: str = typer.Option("", "--name", help="Optional human-readable name recorded with the admission (default: none)."),
 ) -> None:
     """Admit a node to the consortium (signed by this node, which must be an admin)."""
     from ledger import parse_author

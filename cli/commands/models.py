@@ -1,4 +1,4 @@
-"""`atd models [rm ID | prune]`: the node's model registry."""
+"""`atd models [list | rm ID | prune]`: the node's model registry."""
 from __future__ import annotations
 
 import json
@@ -48,10 +48,23 @@ def models_cmd(
     its training test split), config, label space and samples."""
     if ctx.invoked_subcommand is not None:
         return
-    from atdnode.registry import ModelRegistry, made_by
-
     if home is None:
         raise CliError(f"atd models needs --home DIR (or {HOME_ENV})")
+    _list(home, as_json)
+
+
+@models_app.command("list")
+def list_cmd(
+    home: Path = HOME_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the full records as a JSON list."),
+) -> None:
+    """List the models (the same as `atd models` with no command)."""
+    _list(home, as_json)
+
+
+def _list(home: Path, as_json: bool) -> None:
+    from atdnode.registry import ModelRegistry, made_by
+
     h = NodeHome.at(home).require()
     reg = ModelRegistry(h)
     recs = reg.list()
@@ -73,6 +86,11 @@ def models_cmd(
         typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
                         f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
+        cands = r.provenance.get("candidates")
+        if isinstance(cands, dict) and r.provenance.get("kept"):  # issue 23: what the node kept, and why
+            typer.echo(f"{'':16}  candidates on its {cands.get('scored_on')} data: own "
+                       f"{cands.get('own', {}).get('accuracy', float('nan')):.3f}, consortium "
+                       f"{cands.get('consortium', {}).get('accuracy', float('nan')):.3f}; kept {r.provenance['kept']}")
 
 
 @models_app.command("rm")

@@ -173,13 +173,35 @@ def fetch(
                                "ledger announces."),
     timeout: float = typer.Option(600.0, help="Give up after this many seconds."),
 ) -> None:
-    """Fetch a blob from the peers that hold it (needs a running daemon)."""
+    """Fetch a blob from the peers that hold it (needs a running daemon). On a terminal a bar
+    shows the bytes the daemon has recorded so far against the size the ledger announces."""
+    from atdnode import progress
+    from atdnode.blobpartial import partial_bytes
+    from atdnode.blobstore import BlobStore
     from atdnode.ids import resolve_blob
+    from cli.progress import bars, while_polling
 
     h = NodeHome.at(home).require()
     blob = resolve_blob(h, blob)
-    reply = control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)
+    store = BlobStore(h.blobs_dir)
+    call = lambda: control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)  # noqa: E731
+    with bars(), progress.task(f"fetch {blob[:12]}", total=announced_size(h, blob), unit="bytes") as step:
+        got = lambda: partial_bytes(store, blob)  # noqa: E731
+        reply = while_polling(call, lambda: step.update(min(got(), step.total) if step.total else got()))
+        step.update(reply["size"])
     typer.echo(f"{reply['blob']} {reply['size']} bytes")
+
+
+def announced_size(h: NodeHome, blob: str) -> int | None:
+    """The size a ledger entry announces for `blob` (None if no entry names it)."""
+    from ledger import Ledger
+
+    with Ledger.open(h.ledger_db) as led:
+        for kind in ("weights", "aggregate", "features"):
+            for e in led.query(kind=kind):
+                if e.body.get("blob") == blob and isinstance(e.body.get("size"), int):
+                    return int(e.body["size"])
+    return None
 
 
 def register(app: typer.Typer) -> None:

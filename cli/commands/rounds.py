@@ -10,8 +10,9 @@ import typer
 
 from atdnode.device import apply_device
 from atdnode.home import NodeHome
-from cli.errors import CliError
-from cli.options import DEVICE_OPT, HOME_OPT
+from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+                         IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
+                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -32,56 +33,54 @@ def rounds(
     q: float = typer.Option(10.0, "--q", help="FedWAvg softmax scale q (default: protocols.fedwavg.ROUNDS_Q, chosen "
                                               "by measurement: weights move measurably off 1/K on skewed shards, not on IID ones)."),
     data: str = typer.Option("digits", "--data", help="This node's data spec."),
-    model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
-    img_size: Optional[int] = typer.Option(None, "--img-size"),
-    patch_size: Optional[int] = typer.Option(None, "--patch-size"),
-    embed_dim: Optional[int] = typer.Option(None, "--embed-dim"),
-    depth: Optional[int] = typer.Option(None, "--depth"),
-    heads: Optional[int] = typer.Option(None, "--heads"),
+    model: str = MODEL_OPT,
+    img_size: Optional[int] = IMG_SIZE_OPT,
+    patch_size: Optional[int] = PATCH_SIZE_OPT,
+    embed_dim: Optional[int] = EMBED_DIM_OPT,
+    depth: Optional[int] = DEPTH_OPT,
+    heads: Optional[int] = HEADS_OPT,
+    in_chans: Optional[int] = IN_CHANS_OPT,
+    mlp_ratio: Optional[float] = MLP_RATIO_OPT,
     local_epochs: int = typer.Option(1, "--local-epochs", min=1, help="Local epochs per round."),
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Local batch size."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW rate (default as `atd train`)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the shared initial model (same on every member)."),
     deadline: float = typer.Option(120.0, "--deadline", min=0.0, help="Seconds to wait for a round's inputs."),
     min_peers: Optional[int] = typer.Option(None, "--min-peers", min=1, help="Stop waiting once this many members' weights are here (default: every live member, i.e. all but those disconnected from this node's daemon for --absent-grace s)."),
     absent_grace: float = typer.Option(20.0, "--absent-grace", min=0.0, help="Stop waiting for a member disconnected this long."),
-    name: str = typer.Option("", "--name", help="Campaign name (to run several campaigns with one config)."),
-    adversarial: bool = typer.Option(False, "--adversarial", help="PGD examples in each local batch (as `atd train --adversarial`)."),
-    adv_ratio: float = typer.Option(0.5, "--adv-ratio"),
-    pgd_eps: str = typer.Option("8/255", "--pgd-eps"),
-    pgd_step: str = typer.Option("2/255", "--pgd-step"),
-    pgd_steps: int = typer.Option(7, "--pgd-steps", min=0),
+    name: str = typer.Option("", "--name", help="Campaign name (to run several campaigns with one config; default: none)."),
+    adversarial: bool = typer.Option(False, "--adversarial", help=ADVERSARIAL_HELP),
+    adv_ratio: float = ADV_RATIO_OPT,
+    pgd_eps: str = PGD_EPS_OPT,
+    pgd_step: str = PGD_STEP_OPT,
+    pgd_steps: int = PGD_STEPS_OPT,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
     import trio
 
-    from atdnode.model import ModelConfig
+    from atdnode import progress
+    from atdnode.round_rules import current_round
     from atdnode.rounds import RoundRunner, RoundsConfig
-    from cli.commands.train import _fraction
+    from cli.progress import bars
+    from ledger import Ledger
 
     h = NodeHome.at(home).require()
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
-    cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                              num_heads=heads)
+    cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                       heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
     transform = None
     if adversarial:
-        from atdnode.data import MEAN, STD
-        from atdnode.training import AdversarialTransform
-        from protocols.adversarial import AdversarialError, PGDConfig
-
-        try:
-            transform = AdversarialTransform(PGDConfig(eps=_fraction(pgd_eps), step=_fraction(pgd_step), steps=pgd_steps,
-                                                       ratio=adv_ratio, mean=(MEAN,) * cfg.in_chans,
-                                                       std=(STD,) * cfg.in_chans))
-        except AdversarialError as exc:
-            raise CliError(f"--adversarial: {exc}") from None
+        transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,
+                                  in_chans=cfg.in_chans)
     log = (lambda m: print(m, file=sys.stderr, flush=True))
     conf = RoundsConfig(data=data, cfg=cfg, rounds=n_rounds, weighting=weighting, q=q, local_epochs=local_epochs,
                         batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, min_peers=min_peers, absent_grace=absent_grace, name=name,
                         batch_transform=transform, log=log)
     runner = RoundRunner(h, conf)
     log(f"campaign {runner.campaign} (init {runner.init[:12]})")
+    with Ledger.open(h.ledger_db) as led:
+        done = current_round(led, runner.campaign)  # a restarted campaign resumes here
 
     def show(rep) -> None:
         if as_json:
@@ -90,7 +89,9 @@ def rounds(
             typer.echo(f"round {rep.round}: global {rep.blob[:12]} entry {rep.entry[:12]} weights "
                        f"{[round(w, 4) for w in rep.weights]}" + (f" missing {rep.missing}" if rep.missing else ""))
 
-    trio.run(runner.run, show)
+    with bars(quiet=as_json), progress.task(f"rounds of {runner.campaign[:12]}", total=n_rounds) as bar:
+        bar.update(done)
+        trio.run(runner.run, lambda rep: (show(rep), bar.update(rep.round + 1)))
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,17 @@ import typer
 
 from atdnode.device import apply_device
 from atdnode.home import NodeHome
+from atdnode.split.settings import DEFAULT_BODY, SplitSettings
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
+
+
+def _kept(first) -> str:
+    """What an absent `configure` option means: the current setting stays (the first time: `first`)."""
+    return f"kept; first {first}"
+
+
+_S = SplitSettings  # its field defaults: the settings of a node never configured (no instance: no torch import)
+_BODY = DEFAULT_BODY
 
 split_app = typer.Typer(help="Split learning over libp2p: FESTA, p-FESTA, masked sampling distillation.",
                         no_args_is_help=True)
@@ -24,26 +34,26 @@ def configure(
     home: Path = HOME_OPT,
     task: List[str] = typer.Option([], "--task", help="NAME:KIND[:OUTPUTS[:LOSS_WEIGHT]] (repeatable), KIND one of "
                                    "classification, regression, segmentation. Replaces the task list."),
-    img_size: Optional[int] = typer.Option(None, help="Body: image size."),
-    patch_size: Optional[int] = typer.Option(None, help="Body: patch size."),
-    in_chans: Optional[int] = typer.Option(None, help="Body: image channels."),
-    embed_dim: Optional[int] = typer.Option(None, help="Body: embedding width."),
-    depth: Optional[int] = typer.Option(None, help="Body: transformer blocks on the server."),
-    heads: Optional[int] = typer.Option(None, help="Body: attention heads."),
-    mlp_ratio: Optional[float] = typer.Option(None, help="Body: MLP width / embedding width."),
-    rounds: Optional[int] = typer.Option(None, help="Training rounds (FESTA: phase 1)."),
-    phase2_rounds: Optional[int] = typer.Option(None, help="FESTA: extra rounds with the body frozen."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Batches per client per round."),
-    unify_every: Optional[int] = typer.Option(None, help="Average heads/tails per task every n rounds."),
-    batch_size: Optional[int] = typer.Option(None, help="Samples per batch."),
-    lr: Optional[float] = typer.Option(None, help="AdamW learning rate (server body and, by default, clients)."),
-    clients: Optional[int] = typer.Option(None, help="Round 1 opens once this many clients are ready ..."),
-    start_timeout: Optional[float] = typer.Option(None, help="... or after this many seconds with at least one."),
-    round_timeout: Optional[float] = typer.Option(None, help="Drop a client that has not finished a round by then."),
-    msd_steps: Optional[int] = typer.Option(None, help="MSD: distillation steps on the server."),
-    msd_batch: Optional[int] = typer.Option(None, help="MSD: distillation batch size."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the server body."),
-    head: Optional[str] = typer.Option(None, help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
+    img_size: Optional[int] = typer.Option(None, show_default=_kept(_BODY["img_size"]), help="Body: image size."),
+    patch_size: Optional[int] = typer.Option(None, show_default=_kept(_BODY["patch_size"]), help="Body: patch size."),
+    in_chans: Optional[int] = typer.Option(None, show_default=_kept(_BODY["in_chans"]), help="Body: image channels."),
+    embed_dim: Optional[int] = typer.Option(None, show_default=_kept(_BODY["embed_dim"]), help="Body: embedding width."),
+    depth: Optional[int] = typer.Option(None, show_default=_kept(_BODY["depth"]), help="Body: transformer blocks on the server."),
+    heads: Optional[int] = typer.Option(None, show_default=_kept(_BODY["num_heads"]), help="Body: attention heads."),
+    mlp_ratio: Optional[float] = typer.Option(None, show_default=_kept(_BODY["mlp_ratio"]), help="Body: MLP width / embedding width."),
+    rounds: Optional[int] = typer.Option(None, show_default=_kept(_S.rounds), help="Training rounds (FESTA: phase 1)."),
+    phase2_rounds: Optional[int] = typer.Option(None, show_default=_kept(_S.phase2_rounds), help="FESTA: extra rounds with the body frozen."),
+    steps: Optional[int] = typer.Option(None, "--steps", show_default=_kept(_S.steps_per_round), help="Batches per client per round."),
+    unify_every: Optional[int] = typer.Option(None, show_default=_kept(_S.unifying_rounds), help="Average heads/tails per task every n rounds."),
+    batch_size: Optional[int] = typer.Option(None, show_default=_kept(_S.batch_size), help="Samples per batch."),
+    lr: Optional[float] = typer.Option(None, show_default=_kept(_S.lr), help="AdamW learning rate (server body and, by default, clients)."),
+    clients: Optional[int] = typer.Option(None, show_default=_kept(_S.clients), help="Round 1 opens once this many clients are ready ..."),
+    start_timeout: Optional[float] = typer.Option(None, show_default=_kept(_S.start_timeout), help="... or after this many seconds with at least one."),
+    round_timeout: Optional[float] = typer.Option(None, show_default=_kept(_S.round_timeout), help="Drop a client that has not finished a round by then."),
+    msd_steps: Optional[int] = typer.Option(None, show_default=_kept(200), help="MSD: distillation steps on the server."),
+    msd_batch: Optional[int] = typer.Option(None, show_default=_kept(128), help="MSD: distillation batch size."),
+    seed: Optional[int] = typer.Option(None, show_default=_kept(_S.seed), help="Seed of the server body."),
+    head: Optional[str] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
     pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
                                              help="p-FESTA ablation: whether the embedder adds a position table."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
@@ -124,7 +134,10 @@ def join(
                        seed=seed, lr=lr, evaluate=not no_eval, test_data=test_data, sync=not no_sync,
                        permute=not no_permute, reconnect_timeout=reconnect_timeout, read_timeout=read_timeout,
                        finetune_steps=finetune_steps, compare_scratch=compare_scratch)
-    res = run(h, opts)
+    from cli.progress import bars
+
+    with bars(quiet=as_json):  # upload and rounds as bars on a terminal
+        res = run(h, opts)
     if as_json:
         typer.echo(json.dumps(res.record, indent=2, default=str))
         return

@@ -12,7 +12,9 @@ from typing import Optional
 import typer
 
 from atdnode.home import NodeHome
-from cli.options import DEVICE_OPT, HOME_OPT
+from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+                         IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
+                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
 
 HELP = """Train a timm ViT on this node's private images and register it locally.
@@ -34,14 +36,14 @@ def register(app: typer.Typer) -> None:
 def train_cmd(
     home: Path = HOME_OPT,
     data: str = typer.Option("digits", "--data", help="Data spec: digits | npz:PATH | folder:PATH | dicom:PATH | nifti:PATH [?options]."),
-    model: str = typer.Option("vit_tiny_patch16_224", "--model", help="timm ViT name."),
-    img_size: Optional[int] = typer.Option(None, "--img-size", help="Image size (default: the model's)."),
-    patch_size: Optional[int] = typer.Option(None, "--patch-size", help="Patch size (default: the model's)."),
-    embed_dim: Optional[int] = typer.Option(None, "--embed-dim", help="Embedding width (default: the model's)."),
-    depth: Optional[int] = typer.Option(None, "--depth", help="Number of blocks (default: the model's)."),
-    heads: Optional[int] = typer.Option(None, "--heads", help="Attention heads (default: the model's)."),
-    in_chans: Optional[int] = typer.Option(None, "--in-chans", help="Input channels (default: the model's, 3)."),
-    mlp_ratio: Optional[float] = typer.Option(None, "--mlp-ratio", help="MLP width / embedding width (default: the model's, 4)."),
+    model: str = MODEL_OPT,
+    img_size: Optional[int] = IMG_SIZE_OPT,
+    patch_size: Optional[int] = PATCH_SIZE_OPT,
+    embed_dim: Optional[int] = EMBED_DIM_OPT,
+    depth: Optional[int] = DEPTH_OPT,
+    heads: Optional[int] = HEADS_OPT,
+    in_chans: Optional[int] = IN_CHANS_OPT,
+    mlp_ratio: Optional[float] = MLP_RATIO_OPT,
     epochs: int = typer.Option(3, "--epochs", min=1, help="Training epochs."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Global batch size over all processes (small data sets need many steps; raise it for large ones / GPUs)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW learning rate (default: 3e-3 from weights; from scratch 1e-4 x 192/embed-dim)."),
@@ -57,17 +59,16 @@ def train_cmd(
     pretrained: bool = typer.Option(False, "--pretrained", help="Start from timm's pretrained weights (needs a model hub)."),
     device: Optional[str] = DEVICE_OPT,
     compile_model: bool = typer.Option(False, "--compile/--no-compile", help="torch.compile the model (CUDA: faster after a warm-up of a minute or so; not in the run key)."),
-    adversarial: bool = typer.Option(False, "--adversarial", help="Federated adversarial training: mix PGD examples into each batch; also reports robust accuracy."),
-    adv_ratio: float = typer.Option(0.5, "--adv-ratio", help="Share of each batch replaced by PGD examples."),
-    pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
-    pgd_step: str = typer.Option("2/255", "--pgd-step", help="PGD step size in pixel units."),
-    pgd_steps: int = typer.Option(7, "--pgd-steps", min=0, help="PGD steps."),
+    adversarial: bool = typer.Option(False, "--adversarial", help=ADVERSARIAL_HELP),
+    adv_ratio: float = ADV_RATIO_OPT,
+    pgd_eps: str = PGD_EPS_OPT,
+    pgd_step: str = PGD_STEP_OPT,
+    pgd_steps: int = PGD_STEPS_OPT,
     tensorboard: Optional[Path] = typer.Option(None, "--tensorboard", help="Also log per-epoch loss/accuracy to TensorBoard in this directory (pip install 'atd[tensorboard]')."),
     mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Also log params, per-epoch metrics and the PNGs to this MLflow tracking URI (pip install 'atd[mlflow]')."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
-    from atdnode.model import ModelConfig
     from atdnode.training import TrainOptions, train
 
     h = NodeHome.at(home).require()
@@ -78,21 +79,13 @@ def train_cmd(
         check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
         return
-    cfg = ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
-                              depth=depth, num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
+    cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                       heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
     main = int(os.environ.get("RANK", "0")) == 0
     transform = None
     if adversarial:
-        from atdnode.data import MEAN, STD
-        from atdnode.training import AdversarialTransform
-        from protocols.adversarial import AdversarialError, PGDConfig
-
-        try:
-            pgd = PGDConfig(eps=_fraction(pgd_eps), step=_fraction(pgd_step), steps=pgd_steps, ratio=adv_ratio,
-                            mean=(MEAN,) * cfg.in_chans, std=(STD,) * cfg.in_chans)
-        except AdversarialError as exc:
-            raise CliError(f"--adversarial: {exc}") from None
-        transform = AdversarialTransform(pgd)
+        transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,
+                                  in_chans=cfg.in_chans)
     opts = TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                         warmup_epochs=warmup_epochs, init_from=init_from, freeze_blocks=freeze_blocks, seed=seed,
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
@@ -122,15 +115,6 @@ def train_cmd(
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
     if "curves_png" in rec.files:
         typer.echo(f"  curves       {h.root / rec.files['curves_png']}  (per epoch: {h.root / rec.files['history_csv']})")
-
-
-def _fraction(text: str) -> float:
-    """'8/255' or '0.03' -> float."""
-    try:
-        num, _, den = text.partition("/")
-        return float(num) / float(den) if den else float(num)
-    except (ValueError, ZeroDivisionError):
-        raise CliError(f"not a number or fraction: {text!r}") from None
 
 
 def _logger(home: NodeHome):

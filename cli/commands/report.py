@@ -1,0 +1,38 @@
+"""`atd report MODEL --out card.html`: a model card for an ethics board or a regulator."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from atdnode.home import NodeHome
+from cli.errors import CliError
+from cli.options import HOME_OPT
+
+HELP = """Write a model card: one self-contained HTML file with everything the signed ledger says about one model.
+
+Who trained it on what (label spaces, fingerprints, sample and class counts; never file paths), which weight sets and weights made each aggregate and whether each aggregate re-verifies here (as `atd aggregate --verify`), metrics of every evaluation with confusion matrices and training curves, the members and their roles at each step, and the ledger entries that prove it.
+
+No PDF: open the HTML in a browser and print it (no PDF library is a dependency of atd).
+"""
+
+
+def report(
+    model: str = typer.Argument("latest", help="Model id (or unique prefix) from `atd models`, or `latest`."),
+    home: Path = HOME_OPT,
+    out: Path = typer.Option(Path("card.html"), "--out", help="Where to write the HTML card."),
+) -> None:
+    from atdnode.model_card import collect
+    from atdnode.model_card_html import write
+
+    if out.is_dir():
+        raise CliError(f"--out {out}: is a folder; give a file name such as card.html")
+    card = collect(NodeHome.at(home).require(), model)
+    write(card, out)
+    agg = [s.verification["status"] for s in card.steps if s.verification]
+    typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
+               f"{agg.count('verified')}/{len(agg)} aggregates re-verified)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report", help=HELP)(report)

@@ -1,0 +1,91 @@
+"""config.toml for people who never open it: `atd init` lists every section with its
+defaults commented; `atd config set KEY VALUE` writes one setting after the reading part's
+own validation accepts it, and a refused value leaves the file as it was."""
+from __future__ import annotations
+
+import tomllib
+
+from typer.testing import CliRunner
+
+from atdnode.config import NodeConfig
+from atdnode.config_schema import KEYS
+from atdnode.home import NodeHome
+from atdnode.logs import log_limits
+from atdnode.peerset import PeerSetConfig
+from cli.app import app
+
+runner = CliRunner()
+
+
+def ok(*args: str) -> str:
+    r = runner.invoke(app, list(args))
+    assert r.exit_code == 0, (r.output, r.exception)
+    return r.stdout
+
+
+def refused(*args: str) -> str:
+    r = runner.invoke(app, list(args))
+    assert r.exit_code != 0 and r.exception is not None, r.output
+    return str(r.exception)
+
+
+def test_init_lists_every_section_with_defaults_commented(tmp_path):
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    text = (home / "config.toml").read_text()
+    for section in ("logs", "peers", "bulk", "models", "compute", "split"):
+        assert f"# [{section}]" in text, section
+    for k in KEYS:  # table keys commented; top-level ones are written with their values
+        assert f"# {k.path.rpartition('.')[2]} = " in text if "." in k.path else f"\n{k.path} = " in "\n" + text, k.path
+    data = tomllib.loads(text)  # the comments change nothing
+    assert set(data) <= {"name", "listen", "bootstrap", "role", "genesis_id", "consortium"}
+    # the commented defaults are the values the readers use when the key is absent
+    h = NodeHome.at(home)
+    assert f"# max_bytes = {log_limits(h)[0]}" in text and f"# target = {PeerSetConfig().target}" in text
+
+
+def test_schema_defaults_are_the_readers_defaults(tmp_path):
+    """The commented defaults are what each reader uses when the key is absent."""
+    from atdnode.config_schema import BY_PATH
+    from atdnode.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+    from atdnode.model_gc import size_limit
+
+    ok("init", "--home", str(tmp_path / "n"))
+    h = NodeHome.at(tmp_path / "n")
+    cfg, peers = NodeConfig.load(h), PeerSetConfig()
+    got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
+           "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
+           "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           **{f"peers.{f}": getattr(peers, f) for f in ("target", "max", "low_latency_share", "grace_s",
+                                                       "redial_after_s", "rotate_s")}}
+    assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
+    assert {p: BY_PATH[p].default for p in got} == got
+    assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value
+    assert cfg.compute_device() is None  # absent: cuda when present (atdnode.device)
+
+
+def test_config_set_writes_validated_values(tmp_path):
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    h = NodeHome.at(home)
+    ok("config", "set", "listen", "/ip4/0.0.0.0/tcp/4001", "--home", str(home))
+    ok("config", "set", "logs.backups", "3", "--home", str(home))
+    ok("config", "set", "bulk.enabled", "false", "--home", str(home))
+    ok("config", "set", "compute.device", "cpu", "--home", str(home))
+    cfg = NodeConfig.load(h)
+    assert cfg.listen == ["/ip4/0.0.0.0/tcp/4001"] and log_limits(h)[1] == 3
+    assert cfg.bulk_options()["bulk"] is False and cfg.compute_device() == "cpu"
+    text = (home / "config.toml").read_text()
+    assert "# [peers]" in text and "# backups = " not in text  # set keys leave the reference block
+    shown = ok("config", "show", "--home", str(home))
+    assert "logs.backups = 3\n" in shown.replace("    # rotated log files kept (0-100)", "")
+    before = (home / "config.toml").read_bytes()
+    for args, why in ((["logs.backups", "abc"], "not an integer"),
+                      (["logs.backups", "500"], "logs.backups"),
+                      (["peers.max", "1"], "peers.max"),
+                      (["listen", "not-an-address"], "listen"),
+                      (["compute.device", "gpu"], "expected"),
+                      (["log.backups", "3"], "did you mean logs.backups"),
+                      (["split.rounds", "3"], "atd split configure")):
+        assert why in refused("config", "set", *args, "--home", str(home)), args
+        assert (home / "config.toml").read_bytes() == before, args  # nothing changed

@@ -1,0 +1,82 @@
+"""Issue 23 acceptance: collaboration never silently makes a hospital worse.
+
+Two classes (digits 0-4 vs 5-9), three nodes with skewed class shares 40/60, 4/96, 8/92,
+each with its own validation split and the same balanced test split (the issue's chest
+X-ray shape). a trains a base; b and c fine-tune it; all publish extractors; every node
+aggregates vertically, shares its features, and aggregates again with every node's
+features. Each node must then have scored its own model and the consortium's on its own
+validation split and either kept the consortium's (it scores at least its own) or kept its
+own and said why; `atd classify`'s default is what it kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atdnode.classify import classify
+from atdnode.features_share import share_features
+from atdnode.publish import publish_weights
+from atdnode.registry import ModelRegistry
+from atdnode.vertical import EnsembleOptions, aggregate_vertical
+from tests.vgs_homes import consortium, peer_ids, sync, train_node
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
+SHARES = {"a": (0.40, 200), "b": (0.04, 250), "c": (0.08, 250)}  # negative share, samples
+
+
+def skewed_specs(root: Path) -> dict[str, str]:
+    """npz data specs: per node its train (80 %) and val (20 %) split, one balanced test split."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = np.clip(np.round(d.images * (255 / 16)), 0, 255).astype(np.uint8)
+    y = (d.target >= 5).astype(np.int64)
+    rng = np.random.default_rng(0)
+    pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in (0, 1)}
+    test = np.array([pools[c].pop() for c in (0, 1) for _ in range(100)])
+    out = {}
+    for name, (neg, n) in SHARES.items():
+        k = round(neg * n)
+        idx = {0: [pools[0].pop() for _ in range(k)], 1: [pools[1].pop() for _ in range(n - k)]}
+        val = np.array([i for v in idx.values() for i in v[:max(1, len(v) // 5)]])
+        tr = np.array([i for v in idx.values() for i in v[max(1, len(v) // 5):]])
+        path = root / f"{name}.npz"
+        np.savez(path, train_images=images[tr], train_labels=y[tr], val_images=images[val], val_labels=y[val],
+                 test_images=images[test], test_labels=y[test], classes=np.array(["neg", "pos"]))
+        out[name] = f"npz:{path}"
+    return out
+
+
+def test_vertical_with_every_nodes_features_never_silently_makes_a_node_worse(tmp_path: Path) -> None:
+    specs = skewed_specs(tmp_path)
+    homes = consortium(tmp_path / "homes", list(SHARES))
+    train_node(homes[0], specs["a"], epochs=3)
+    base = publish_weights(homes[0], part="extractor")
+    sync(homes)
+    for h, n in zip(homes[1:], "bc"):
+        train_node(h, specs[n], init_from=base.blob, epochs=2, lr=1e-3, seed=1)
+        publish_weights(h, part="extractor")
+    sync(homes)
+    opts = EnsembleOptions(pca_components=32, mlp_hidden=(64,), mlp_max_iter=120, rf_trees=30)
+    firsts = [aggregate_vertical(h, options=opts) for h in homes]
+    pids = peer_ids(homes)
+    for h, r, me in zip(homes, firsts, pids):
+        share_features(h, to=[p for p in pids if p != me], model=r.model_id)
+    sync(homes)
+    for h, n in zip(homes, SHARES):
+        r = aggregate_vertical(h, options=opts)
+        d = r.details
+        assert len(d["features"]) == 2, d  # every node's features
+        c = d["candidates"]
+        assert c["scored_on"] == "val" and c["data"] == specs[n], c
+        own, cons = c["own"]["accuracy"], c["consortium"]["accuracy"]
+        print(f"{n}: own {own:.3f}, consortium {cons:.3f} on its val split -> kept {d['kept']}")
+        if d["kept"] == "consortium":
+            assert cons >= own, d
+        else:  # it keeps its own and says why
+            assert d["kept"] == "own" and own > cons and "keeps its own" in d["kept_why"], d
+        used = classify(h, specs[n], split="val").model_id  # the default: what it kept
+        assert used == (r.model_id if d["kept"] == "consortium" else c["own"]["model"])
+        assert ModelRegistry(h).get(r.model_id).provenance["kept"] == d["kept"]

@@ -1,0 +1,105 @@
+"""`atd report MODEL --out card.html`: the model card, opened in a real headless Chromium and
+checked against the signed ledger it was made from.
+
+Three homes (tests.vgs_homes.skewed_trio: a base published by a, fine-tuned and published by
+a, b and c on npz files) are combined by a horizontal aggregate on a, scored once with
+`atd classify`, and the card of the global model is rendered. The browser's DOM must name
+exactly the entries that made the model (the aggregate and its three inputs), each with the author the ledger records; mark the aggregate re-verified;
+list every member; carry the evaluations' confusion matrices as inline PNGs; and name no
+file path. A forged aggregate of the same result (wrong weights, signed by a) must show as
+failing, and an aggregate whose inputs are not held here as not checked.
+"""
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from atdnode.blobstore import BlobStore
+from atdnode.classify import classify
+from atdnode.horizontal import aggregate_horizontal
+from atdnode.identity import NodeIdentity
+from cli.app import app
+from ledger import Ledger, peer_id_from_public_key
+from tests.test_dashboard import browser, text_of
+from tests.vgs_homes import copy_homes, peer_ids, skewed_trio
+
+runner = CliRunner()
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
+
+
+@pytest.fixture
+def skewed(tmp_path_factory, tmp_path):
+    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+    return copy_homes(template, tmp_path / "homes")
+
+
+def render(home, model: str, out) -> str:
+    r = runner.invoke(app, ["report", model, "--home", str(home.root), "--out", str(out)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert out.is_file()
+    return browser("--dump-dom", out.as_uri())
+
+
+def rows(dom: str, attr: str) -> list[dict[str, str]]:
+    """The data-* attributes of every element carrying `attr`."""
+    out = []
+    for tag in re.findall(r"<[a-z]+\s[^>]*" + attr + r'="[^"]*"[^>]*>', dom):
+        out.append(dict(re.findall(r'data-([a-z]+)="([^"]*)"', tag)))
+    return out
+
+
+def test_model_card_matches_the_ledger(skewed, tmp_path):
+    a, b, c = skewed
+    with Ledger.open(a.ledger_db) as led:
+        weights = led.query(kind="weights")
+    tuned = weights[1:]  # a's base, then the three fine-tuned full sets
+    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
+    classify(a, "digits?limit=200", model=res.model_id)
+    dom = render(a, res.model_id, tmp_path / "card.html")
+    text = text_of(dom)
+
+    with Ledger.open(a.ledger_db) as led:
+        agg = led.get(res.entry.id)
+        expected = {agg.id.hex(): agg, **{e.id.hex(): e for e in tuned}}
+        shown = {r["entry"]: r for r in rows(dom, "data-entry")}
+        assert set(shown) == set(expected), (set(shown) ^ set(expected))
+        for eid, r in shown.items():
+            e = led.get(bytes.fromhex(eid))
+            assert r["kind"] == e.kind and r["author"] == peer_id_from_public_key(e.author)
+    assert rows(dom, "data-aggregate") == [{"aggregate": res.entry.id.hex(), "verification": "verified"}]
+    assert "every aggregate re-verifies here" in text and agg.body["blob"] in text
+    for e in tuned:  # who trained on what: class counts that add up to the samples, a data fingerprint
+        counts = e.body["class_counts"]
+        assert sum(counts.values()) == e.body["samples"] and e.body["data_fp"][:16] in dom
+        assert ", ".join(f"{c}: {n}" for c, n in counts.items()) in text
+    members = {r["member"]: r["status"] for r in rows(dom, "data-member")}
+    assert set(members) == set(peer_ids([a, b, c])) and members[peer_ids([a])[0]] == "founder"
+    # the evaluation from `atd classify`, with its confusion matrix drawn from the recorded numbers
+    assert "atd classify" in text and "accuracy" in text
+    pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', dom)
+    assert pngs and all(base64.b64decode(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    # nothing local: no home, no data file, no temp folder
+    for leak in (str(tmp_path), str(a.root), ".npz", "/tmp/"):
+        assert leak not in dom, leak
+
+
+def test_model_card_shows_a_forged_or_unchecked_aggregate(skewed, tmp_path):
+    a, b, c = skewed
+    with Ledger.open(a.ledger_db) as led:
+        tuned = led.query(kind="weights")[1:]
+    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
+    ident = NodeIdentity.load(a)
+    with Ledger.open(a.ledger_db) as led:  # the same result claimed with other weights
+        body = {**led.get(res.entry.id).body, "weights": [0.5, 0.25, 0.25]}
+        forged = led.append(ident.signer, "aggregate", body).id.hex()
+    dom = render(a, res.model_id, tmp_path / "forged.html")
+    status = {r["aggregate"]: r["verification"] for r in rows(dom, "data-aggregate")}
+    assert status == {res.entry.id.hex(): "verified", forged: "failed"}
+    assert "do NOT re-verify" in text_of(dom)
+    BlobStore(a.blobs_dir).path(tuned[1].body["blob"]).unlink()  # an input not held here
+    dom = render(a, res.model_id, tmp_path / "unheld.html")
+    status = {r["aggregate"]: r["verification"] for r in rows(dom, "data-aggregate")}
+    assert status[res.entry.id.hex()] == "not checked"
