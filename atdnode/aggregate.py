@@ -40,10 +40,12 @@ from atdnode.errors import AtdError, BlobError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig
+from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.weights import load_weights, read_meta, save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import (
+    HEAD_PREFIXES,
     AggregationError,
     compute_weights,
     last_layer_keys,
@@ -52,6 +54,7 @@ from protocols.aggregation import (
     safetensors_loader,
     weighted_average,
 )
+from protocols.rounds import LAST_LAYER
 from protocols.vgs import heads_comparable
 
 AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
@@ -220,7 +223,7 @@ def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: f
                 raise AggregateError(f"fedwavg needs its reference model's blob {str(reference)[:16]} held here")
             ref_keys = read_keys(store, reference)
             keys = last_layer_keys(read_keys(store, inputs[0].body["blob"]),
-                                   heads_comparable=head and "head.weight" in ref_keys)
+                                   heads_comparable=head and LAST_LAYER[0] in ref_keys)
             ref = [load_tensor(safetensors_loader(store.path(reference)), k) for k in keys]
             layers = [[load_tensor(safetensors_loader(store.path(e.body["blob"])), k) for k in keys] for e in inputs]
             w = compute_weights("fedwavg", reference=ref, layers=layers, q=q)
@@ -316,7 +319,7 @@ def extractor_of(store: BlobStore, blob: str, part: str) -> str:
     if part != "full":
         return blob
     tensors, meta = load_weights(store, blob)
-    return save_weights(store, {k: v for k, v in tensors.items() if not k.startswith("head.")},
+    return save_weights(store, {k: v for k, v in tensors.items() if not k.startswith(HEAD_PREFIXES)},
                         {**meta, "part": "extractor"})
 
 
@@ -346,11 +349,11 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
                       blobs={"full": full_blob, "extractor": ext_blob, **(extra_blobs or {})}, provenance=prov)
     if judge is not None:
         rec.provenance.update(judge(rec))
+    model_id = register_model(home, rec, recorded_in=entry.id)  # only once the entry is durable; applies the size limit
     reg = ModelRegistry(home)
-    model_id = reg.add_recorded(rec, entry.id, home.ledger_db)  # only once the entry is durable
     for name, c in (rec.provenance.get("candidates") or {}).items():
-        if isinstance(c, dict):  # each candidate's score, as `atd classify` would record it
-            reg.add_evaluation(c.get("model") or model_id, {
+        if isinstance(c, dict) and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
+            reg.add_evaluation(c.get("model") or model_id, {  # each candidate's score, as `atd classify` would record it
                 "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
                 "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name})
     return model_id

@@ -208,6 +208,10 @@ class NodeDaemon:
     def stop(self) -> None:
         self._stop.set()
 
+    async def stopped(self) -> None:
+        """Returns once `stop()` was called."""
+        await self._stop.wait()
+
     def _write_state(self) -> None:
         state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(), "started": time.time(),
                  "dashboard": self.dashboard.url if self.dashboard is not None else None}

@@ -13,11 +13,15 @@ The size limit, from config.toml::
     max_bytes = 2000000000   # total bytes of model blobs this node keeps (0 / absent: no limit)
 
 `enforce_limit` removes the oldest unserved models, never the newest one, until the
-total fits (or only served / newest models are left); `atd train` and `atd aggregate`
-call it after registering a model.
+total fits (or only served / newest models are left). Every writer of a model record
+(training, the aggregation modes, `atd rounds`, the MSD base, netsim through them) goes
+through `register_model`, which applies it after writing the record: the limit holds whoever
+writes. Each removal is logged on the `atd.models` logger (WARNING); the CLI prints
+those lines (`cli.commands.models.reporting_removals`), it decides nothing.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass
 
@@ -25,6 +29,9 @@ from atdnode.blobstore import BlobStore
 from atdnode.errors import AtdError, ConfigError
 from atdnode.home import NodeHome
 from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
+
+
+log = logging.getLogger("atd.models")
 
 
 class ModelServed(AtdError):
@@ -102,9 +109,11 @@ def remove_model(home: NodeHome, ref: str, *, served: dict[str, str] | None = No
 
 
 def size_limit(home: NodeHome) -> int:
-    """`[models] max_bytes` from config.toml (0: no limit)."""
+    """`[models] max_bytes` from config.toml (0: no limit; also for a home without config.toml)."""
     from atdnode.config import NodeConfig
 
+    if not home.config_file.is_file():
+        return 0
     table = NodeConfig.load(home).extra.get("models", {})
     limit = table.get("max_bytes", 0) if isinstance(table, dict) else None
     if type(limit) is not int or limit < 0:
@@ -134,5 +143,19 @@ def enforce_limit(home: NodeHome, limit: int | None = None) -> list[Removed]:
             break
         if any(b in served for b in model_blobs(rec)):
             continue
-        removed.append(remove_model(home, rec.id, served=served))
+        gone = remove_model(home, rec.id, served=served)
+        log.warning("removed old model %s (%.1f MB) to stay under the size limit", gone.model_id, gone.bytes / 1e6)
+        removed.append(gone)
     return removed
+
+
+def register_model(home: NodeHome, record: ModelRecord, *, recorded_in: bytes | None = None) -> str:
+    """Add `record` to the node's registry, then keep model blobs under `[models] max_bytes`
+    (`enforce_limit`; the new record is the newest, so it stays). `recorded_in`: the id of
+    the aggregate entry the model is the result of (`ModelRegistry.add_recorded`: only
+    registered once the ledger holds it). Returns the model id. The one way a model is
+    registered: every writer calls it."""
+    reg = ModelRegistry(home)
+    model_id = reg.add(record) if recorded_in is None else reg.add_recorded(record, recorded_in, home.ledger_db)
+    enforce_limit(home)
+    return model_id

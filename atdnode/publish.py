@@ -19,6 +19,7 @@ from atdnode.identity import NodeIdentity
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.weights import load_weights, read_meta, save_weights
 from ledger import Entry, Ledger
+from protocols.aggregation import HEAD_PREFIXES
 
 PARTS = ("extractor", "head", "full")
 
@@ -64,7 +65,7 @@ def part_blob(store: BlobStore, record: ModelRecord, part: str) -> str:
     if not full or not store.has(full):
         raise ConfigError(f"model {record.id} has no stored weights to publish")
     tensors, meta = load_weights(store, full)
-    head = {k for k in tensors if k.startswith("head.")}
+    head = {k for k in tensors if k.startswith(HEAD_PREFIXES)}
     keep = {k: v for k, v in tensors.items() if (k in head) == (part == "head")} if part != "full" else tensors
     return save_weights(store, keep, {**meta, "part": part})
 

@@ -76,7 +76,8 @@ class ModelRegistry:
     """`add(record) -> id`, `get(id | prefix | "latest")`, `list()` (oldest first),
     `add_evaluation(id, metrics)` / `evaluations(id)` (later scores, e.g. `atd classify`,
     kept in models/evals/<id>.json: the record's id is a hash of its content, so the record
-    itself never changes), `remove(id)`."""
+    itself never changes), `remove(id)`. Writers of new models go through
+    `atdnode.model_gc.register_model`, which adds the record and applies `[models] max_bytes`."""
 
     def __init__(self, home: NodeHome) -> None:
         self.dir = home.models_dir

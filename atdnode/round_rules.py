@@ -1,9 +1,22 @@
 """What counts as a round of `atd rounds` in the ledger, and how any member checks it.
 
-Split from `atdnode.rounds` (the loop) so the rules stand on their own: the inputs of a
-round, its candidate aggregates in the order they are tried (`protocols.rounds`), where a
-restarted node resumes, and `verify_round`, the recomputation every member runs before it
-adopts a round's global model (also `atd aggregate --verify`).
+Split from `atdnode.rounds` (the loop) so the rules stand on their own: what fixes a
+campaign (`init_blob`, `campaign_id`), the entry bodies a round writes
+(`weights_round_body`, `aggregate_round_body`), the inputs of a round, its candidate
+aggregates in the order they are tried (`protocols.rounds`), where a restarted node
+resumes, and `verify_round`, the recomputation every member runs before it adopts a
+round's global model (also `atd aggregate --verify`).
+
+A *campaign* is fixed by its shared initial model and rule: every member builds the round-0
+model deterministically (`torch.manual_seed(seed)` on the same config and label space ->
+the same blob hash everywhere) and the campaign id is a hash of (init blob, weighting, q,
+name). Entries (typed in atdnode.bodies):
+
+weights    the usual `weights` body of a full set + campaign, round, start (the global
+           model it was trained from)
+aggregate  mode "round": campaign, round, weighting, q, reference (previous global blob;
+           round 0: the init blob), inputs (canonically sorted weights entry ids),
+           weights, participants / missing (peer ids), blob (the global model)
 
 Issue 24 ("rounds no single member can steer"). A round aggregate verifies only if
 - its inputs are `weights` entries of its campaign and round, one per author, each trained
@@ -20,14 +33,25 @@ member adopts; otherwise one that covers every input the member holds.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+
+import torch
+
 from atdnode.agg_check import check_recorded_weights, check_result
 from atdnode.aggregate import AggregateError, average_blobs, result_meta
 from atdnode.blobstore import BlobStore
+from atdnode.data import load_dataset
+from atdnode.data.sanity import require_classes
 from atdnode.errors import AtdError
+from atdnode.model import ModelConfig, build_model, export_part
+from atdnode.publish import weights_body
+from atdnode.registry import ModelRecord
 from atdnode.weights import load_weights
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
+from protocols.fedwavg import fedwavg_cosines
 from protocols.rounds import candidate_order, canonical, is_final, last_layer_vector, round_weights
 
 
@@ -37,6 +61,63 @@ class RoundsError(AtdError):
 
 def signer(e: Entry) -> str:
     return peer_id_from_public_key(e.author)
+
+
+# ---------------------------------------------------------------- campaign and bodies
+
+def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int,
+              state: dict[str, torch.Tensor] | None = None) -> tuple[str, ModelConfig, list[str], str]:
+    """The shared round-0 model: same config, labels and seed (and `state`, when the campaign
+    starts from given weights, e.g. netsim's next phase) -> same blob hash on every member."""
+    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+    require_classes(data)
+    cfg = cfg.with_classes(len(data.classes))
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    if state is not None:
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise RoundsError(f"initial state does not fit the model: {str(exc).splitlines()[0]}") from None
+    blob = export_part(store, model, cfg, "full", labels=data.classes, label_fp=data.label_fp, samples=0,
+                       extra={"rounds_init_seed": seed})
+    return blob, cfg, list(data.classes), data.label_fp
+
+
+def campaign_id(init: str, weighting: str, q: float, name: str) -> str:
+    raw = json.dumps({"init": init, "weighting": weighting, "q": float(q), "name": name}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, campaign: str, rnd: int,
+                       start: str) -> dict:
+    """`start`: the global model the input was trained from (the round's reference)."""
+    return {**weights_body(store, blob, part="full", record=record), "campaign": campaign, "round": int(rnd),
+            "start": start}
+
+
+def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, reference: str, inputs: list[str],
+                         weights: list[float], participants: list[str], missing: list[str], store: BlobStore,
+                         blob: str, model: dict, cosines: list[float] | None = None) -> dict:
+    return {"mode": "round", "campaign": campaign, "round": int(rnd), "weighting": weighting, "q": float(q),
+            "reference": reference, "inputs": inputs, "weights": weights, "participants": participants,
+            "missing": missing, "head": True, "part": "full", "blob": blob, "size": store.size(blob),
+            "manifest": store.manifest(blob).hash, "model": model,
+            **({"cosines": cosines} if cosines is not None else {})}
+
+
+def round_cosines(store: BlobStore, inputs: list[Entry], reference: str) -> list[float]:
+    """FedWAvg Eq. 3's c_i of each input's last layer against the reference's, input order
+    (what a fedwavg round's `aggregate` entry records beside its weights, as `cosines`)."""
+    try:
+        ref = last_layer_vector(load_weights(store, reference)[0])
+        return [float(c) for c in fedwavg_cosines(ref, [last_layer_vector(load_weights(store, str(e.body.get("blob")))[0])
+                                                        for e in inputs])]
+    except AggregationError as exc:
+        raise RoundsError(f"fedwavg cosines: {exc}") from None
+
+
+# ---------------------------------------------------------------- a round in the ledger
 
 
 def round_weights_entries(led: Ledger, campaign: str, rnd: int, start: str | None = None) -> list[Entry]:

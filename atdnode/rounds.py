@@ -1,14 +1,8 @@
 """Serverless training rounds on the fabric (`atd rounds`): FedAvg / FedWAvg, optionally adversarial.
 
-A *campaign* is fixed by its shared initial model and rule: every member builds the round-0
-model deterministically (`torch.manual_seed(seed)` on the same config and label space ->
-the same blob hash everywhere) and the campaign id is a hash of (init blob, weighting, q,
-name). Entries (built by `weights_round_body` / `aggregate_round_body`, typed in atdnode.bodies):
-
-weights    the usual `weights` body of a full set + campaign, round
-aggregate  mode "round": campaign, round, weighting, q, reference (previous global blob;
-           round 0: the init blob), inputs (canonically sorted weights entry ids),
-           weights, participants / missing (peer ids), blob (the global model)
+The runner. What fixes a campaign, the entries a round writes and the checks every member
+runs before it adopts a global model are in `atdnode.round_rules`; how the runner reaches
+its daemon and clock is a `atdnode.rounds_fabric.Fabric`.
 
 Round t on each member: if round t already has a *final* aggregate (inputs from a majority
 of the members) that verifies here, adopt it (a late member); else train from global t-1
@@ -24,128 +18,56 @@ Adoption always recomputes (issue 24): every aggregate, ours aside, is verified 
 its inputs before its global model is used (`verify_round`, also reached by `atd aggregate
 --verify`), even when its blob is already held; its input entries and blobs are awaited
 until the deadline (gossip brings entries of different authors in any order) and an
-aggregate whose inputs never arrive is not adopted. The rules it checks (inputs trained
-from the previous global, every member included or named missing, ...) are in
-`atdnode.round_rules`. Among a round's aggregates the first that verifies in
-`protocols.rounds.candidate_order` counts (final first, larger input set, hash of the
-inputs: no key to grind); the global entering round t+1 is the one adopted for round t.
-A restarted node resumes one past the last round with a final aggregate.
+aggregate whose inputs never arrive is not adopted. Among a round's aggregates the first
+that verifies in `protocols.rounds.candidate_order` counts (final first, larger input set,
+hash of the inputs: no key to grind); the global entering round t+1 is the one adopted for
+round t. A restarted node resumes one past the last round with a final aggregate.
 
-Waiting: blob readiness goes through the daemon's `fetch` control op (it returns when the
-blob is stored); new entries are noticed by re-reading the local ledger every 0.5 s (the
-daemon merges gossip into it; there is no push channel from daemon to CLI).
-
-The loop is async and reaches its daemon and clock through a `Fabric`: `ControlFabric`
-(the CLI: control socket, wall clock, run under `trio.run` by the sync wrappers
-`run` / `run_round` / `global_blob` / `adopt`) or netsim's in-memory one
-(`netsim.fat.MemFabric`: the daemon object in the same trio run, simulated clock). Every
-rule above (inputs, coordinator, weights, verification) is the same code on both.
+The loop is async, one implementation: `run`, `run_round`, `global_blob` and `adopt` are
+coroutines. The CLI runs them under `trio.run` with a `ControlFabric` (control socket, wall
+clock); netsim runs many in one trio run with its in-memory fabric (`netsim.fat.MemFabric`,
+simulated clock). Every rule (inputs, coordinator, weights, verification) is the same code
+on both.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-import trio
-
-from atdnode import control
 from atdnode import bodies
 from atdnode.aggregate import register_global
 from atdnode.blobstore import BlobStore
-from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
 from atdnode.errors import AtdError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
-from atdnode.model import ModelConfig, build_model, export_part
-from atdnode.publish import weights_body
+from atdnode.model import ModelConfig
 from atdnode.registry import ModelRecord
 from atdnode.training import TrainOptions, train
-from atdnode.round_rules import (  # noqa: F401  (re-exported: the rules' public names)
+from atdnode.round_rules import (
     RoundsError,
     absent_inputs,
     active_members,
+    aggregate_round_body,
+    campaign_id,
     compute_round,
     current_round,
     final,
+    init_blob,
     round_aggregate,
     round_candidates,
+    round_cosines,
     round_inputs,
     round_weights_entries,
     signer as _signer,
     verify_round,
+    weights_round_body,
 )
+from atdnode.rounds_fabric import ControlFabric, Fabric
 from ledger import Entry, Ledger
 from protocols.rounds import ROUND_WEIGHTINGS, choose_coordinator
 
 POLL_S = 0.5
-
-
-class Fabric:
-    """How a round runner reaches its daemon and tells time (see the module doc).
-
-    `fetch` returns once the blob is stored or raises an AtdError; `peers` lists the
-    daemon's connected peers, or None when there is no daemon to ask. `wall_clock` says
-    whether `now()` is the wall clock (the CLI) or a simulated one (netsim: compute takes
-    no simulated time, so exchange time is the simulated network time)."""
-
-    wall_clock = True
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-
-    async def fetch(self, blob: str, timeout: float) -> None:
-        raise RoundsError("no daemon to fetch from")
-
-    async def peers(self) -> list[str] | None:
-        return None
-
-    def peer_target(self) -> int | None:
-        """The daemon's peer-set target (config.toml `[peers] target`), None when unknown."""
-        return None
-
-
-class ControlFabric(Fabric):
-    """The CLI's fabric: the node's daemon through its control socket."""
-
-    def __init__(self, home: NodeHome) -> None:
-        from atdnode.config import NodeConfig
-        from atdnode.peerset import PeerSetConfig
-
-        self.sock = home.control_socket
-        try:  # read once, as the daemon does at start (not on every liveness poll)
-            self._peer_target: int | None = PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers")).target
-        except AtdError:
-            self._peer_target = None
-
-    def peer_target(self) -> int | None:
-        return self._peer_target
-
-    def _running(self) -> bool:
-        return control.daemon_running(self.sock)
-
-    async def fetch(self, blob: str, timeout: float) -> None:
-        if not await trio.to_thread.run_sync(self._running):
-            raise RoundsError("no daemon running")
-        await trio.to_thread.run_sync(lambda: control.call(self.sock, "fetch", blob=blob, timeout_s=timeout,
-                                                           timeout=timeout + 5))
-
-    async def peers(self) -> list[str] | None:
-        def ask() -> list[str] | None:
-            if not self._running():
-                return None
-            try:
-                return list(control.call(self.sock, "peers")["peers"])
-            except AtdError:
-                return None
-        return await trio.to_thread.run_sync(ask)
 
 
 @dataclass
@@ -194,67 +116,6 @@ class RoundReport:
         return dict(self.__dict__)
 
 
-# ---------------------------------------------------------------- bodies
-
-def weights_round_body(store: BlobStore, blob: str, record: ModelRecord, *, campaign: str, rnd: int,
-                       start: str) -> dict:
-    """`start`: the global model the input was trained from (the round's reference)."""
-    return {**weights_body(store, blob, part="full", record=record), "campaign": campaign, "round": int(rnd),
-            "start": start}
-
-
-def aggregate_round_body(*, campaign: str, rnd: int, weighting: str, q: float, reference: str, inputs: list[str],
-                         weights: list[float], participants: list[str], missing: list[str], store: BlobStore,
-                         blob: str, model: dict, cosines: list[float] | None = None) -> dict:
-    return {"mode": "round", "campaign": campaign, "round": int(rnd), "weighting": weighting, "q": float(q),
-            "reference": reference, "inputs": inputs, "weights": weights, "participants": participants,
-            "missing": missing, "head": True, "part": "full", "blob": blob, "size": store.size(blob),
-            "manifest": store.manifest(blob).hash, "model": model,
-            **({"cosines": cosines} if cosines is not None else {})}
-
-
-def round_cosines(store: BlobStore, inputs: list[Entry], reference: str) -> list[float]:
-    """FedWAvg Eq. 3's c_i of each input's last layer against the reference's, input order
-    (what a fedwavg round's `aggregate` entry records beside its weights, as `cosines`)."""
-    from atdnode.weights import load_weights
-    from protocols.aggregation import AggregationError
-    from protocols.fedwavg import fedwavg_cosines
-    from protocols.rounds import last_layer_vector
-
-    try:
-        ref = last_layer_vector(load_weights(store, reference)[0])
-        return [float(c) for c in fedwavg_cosines(ref, [last_layer_vector(load_weights(store, str(e.body.get("blob")))[0])
-                                                        for e in inputs])]
-    except AggregationError as exc:
-        raise RoundsError(f"fedwavg cosines: {exc}") from None
-
-
-# ---------------------------------------------------------------- campaign state
-
-def init_blob(store: BlobStore, cfg: ModelConfig, data_spec: str, seed: int,
-              state: dict[str, torch.Tensor] | None = None) -> tuple[str, ModelConfig, list[str], str]:
-    """The shared round-0 model: same config, labels and seed (and `state`, when the campaign
-    starts from given weights, e.g. netsim's next phase) -> same blob hash on every member."""
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
-    require_classes(data)
-    cfg = cfg.with_classes(len(data.classes))
-    torch.manual_seed(seed)
-    model = build_model(cfg)
-    if state is not None:
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as exc:
-            raise RoundsError(f"initial state does not fit the model: {str(exc).splitlines()[0]}") from None
-    blob = export_part(store, model, cfg, "full", labels=data.classes, label_fp=data.label_fp, samples=0,
-                       extra={"rounds_init_seed": seed})
-    return blob, cfg, list(data.classes), data.label_fp
-
-
-def campaign_id(init: str, weighting: str, q: float, name: str) -> str:
-    raw = json.dumps({"init": init, "weighting": weighting, "q": float(q), "name": name}, sort_keys=True)
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
-
-
 # ---------------------------------------------------------------- the loop
 
 class RoundRunner:
@@ -282,25 +143,11 @@ class RoundRunner:
     def _led(self) -> Ledger:
         return Ledger.open(self.home.ledger_db)
 
-    # -- sync entry points (the CLI; each is one trio run of its async twin)
-    def global_blob(self, rnd: int) -> str:
-        return trio.run(self.global_blob_async, rnd)
-
-    def adopt(self, agg: Entry) -> str:
-        return trio.run(self.adopt_async, agg)
-
-    def run_round(self, rnd: int) -> RoundReport:
-        return trio.run(self.run_round_async, rnd)
-
-    def run(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
-        """Rounds from the ledger's current round to the last; returns what this run did."""
-        return trio.run(self.run_async, on_round)
-
-    # -- async core
-    async def global_blob_async(self, rnd: int) -> str:
+    # -- the global models
+    async def global_blob(self, rnd: int) -> str:
         """The global model entering round `rnd` (round 0: the shared init): the first of round
         rnd-1's candidate aggregates that verifies here (`protocols.rounds.candidate_order`);
-        once adopted it is kept (`run_round_async` re-reads it when round rnd starts, so
+        once adopted it is kept (`run_round` re-reads it when round rnd starts, so
         members that recorded competing aggregates converge on one)."""
         if rnd == 0:
             return self.init
@@ -308,7 +155,7 @@ class RoundRunner:
             raise RoundsError(f"round {rnd - 1} has no aggregate that verifies here yet")
         return self._globals[rnd - 1]
 
-    async def adopt_async(self, agg: Entry) -> str:
+    async def adopt(self, agg: Entry) -> str:
         """Hold round aggregate `agg`'s global blob: always recomputed here from its inputs
         (entries and blobs awaited until the deadline) against the global model this node
         holds for the previous round, even when the named blob is already held. Raises
@@ -337,7 +184,7 @@ class RoundRunner:
         rnd = agg.body.get("round")
         if agg.body.get("campaign") != self.campaign or type(rnd) is not int or rnd < 0:
             raise RoundsError(f"aggregate {agg.id.hex()[:12]} is not a round of this campaign")
-        reference = await self.global_blob_async(rnd)
+        reference = await self.global_blob(rnd)
         if agg.id not in self._verified:
             while True:  # its input entries may reach this ledger after it (gossip has no order across authors)
                 with self._led() as led:
@@ -493,12 +340,12 @@ class RoundRunner:
             raise RoundsError(f"round {rnd}: no aggregate verifies here")
         return agg
 
-    async def run_round_async(self, rnd: int) -> RoundReport:
+    async def run_round(self, rnd: int) -> RoundReport:
         with self._led() as led:
             expected = active_members(led)
         self._agg_s = 0.0
         self._globals.pop(rnd - 1, None)  # re-read round rnd-1 before training on it (a larger one may be here now)
-        start = await self.global_blob_async(rnd)
+        start = await self.global_blob(rnd)
         rec, pub, train_s = None, None, 0.0
         c0 = self.fabric.now()
         agg = await self.pick(rnd, final)  # the round is over (we were late): adopt, do not train it
@@ -533,12 +380,13 @@ class RoundRunner:
         return ModelRecord(model=self.cfg.to_dict(), labels=self.labels, label_fp=self.label_fp, samples=0,
                            metrics={}, blobs={"full": self.init}, provenance={"data": self.c.data})
 
-    async def run_async(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
+    async def run(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
+        """Rounds from the ledger's current round to the last; returns what this run did."""
         with self._led() as led:
             start = current_round(led, self.campaign)
         out = []
         for rnd in range(start, self.c.rounds):
-            rep = await self.run_round_async(rnd)
+            rep = await self.run_round(rnd)
             self.c.log(f"round {rnd}: global {rep.blob[:12]} over {len(rep.inputs)} inputs"
                        + (f", missing {', '.join(p[:12] for p in rep.missing)}" if rep.missing else ""))
             out.append(rep)

@@ -41,6 +41,7 @@ from atdnode.features import device_batches, extract_features, predict_classes, 
 from atdnode.home import NodeHome
 from atdnode.metrics import classification_metrics, save_confusion_png
 from atdnode.model import ModelConfig, build_model, export_part, extractor_state, freeze_blocks
+from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
 
@@ -510,7 +511,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                           metrics=metrics, blobs=blobs, provenance=prov,
                           files={"confusion_png": str(png.relative_to(home.root)),
                                  **{k: str(p.relative_to(home.root)) for k, p in logged.items()}})
-        model_id = ModelRegistry(home).add(rec)
+        model_id = register_model(home, rec)  # applies the [models] size limit
         ck.finish(model_id)
         log(f"model {model_id}: test accuracy {metrics['accuracy']:.4f} f1 {metrics['f1']:.4f}")
         return rec

@@ -166,7 +166,8 @@ def verify_cost(a) -> dict:
     """Seconds per round of `verify_round` (every adopter) vs `record` (the coordinator) and
     one local training; see the module doc."""
     from atdnode.model import ModelConfig
-    from atdnode.rounds import RoundRunner, RoundsConfig, active_members, round_weights_entries, verify_round
+    from atdnode.round_rules import active_members, round_weights_entries, verify_round
+    from atdnode.rounds import RoundRunner, RoundsConfig
     from atdnode.weights import load_weights
     from ledger import Ledger
     from tests.vgs_homes import consortium, sync

@@ -18,6 +18,7 @@ import sys
 import typer
 
 from cli import commands
+from cli.commands.models import reporting_removals
 from cli.helpfmt import WorkflowGroup
 
 app = typer.Typer(
@@ -30,6 +31,13 @@ app = typer.Typer(
     cls=WorkflowGroup,
     context_settings={"show_default": True},
 )
+
+
+@app.callback()
+def _around_every_command(ctx: typer.Context) -> None:
+    # the library enforces the model size limit wherever a model is registered; the CLI
+    # prints the models it removed (cli.commands.models.reporting_removals)
+    ctx.with_resource(reporting_removals())
 
 
 def _register_all() -> None:

@@ -44,7 +44,9 @@ import trio
 
 from atdnode.data import MEAN, STD, LabeledImages
 from atdnode.model import ModelConfig, build_model
-from atdnode.rounds import Fabric, RoundReport, RoundRunner, RoundsConfig, RoundsError
+from atdnode.round_rules import RoundsError
+from atdnode.rounds import RoundReport, RoundRunner, RoundsConfig
+from atdnode.rounds_fabric import Fabric
 from atdnode.training import AdversarialTransform
 from atdnode.weights import load_weights
 from netsim.learn import model_config
@@ -191,7 +193,7 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                     for n in names]
                 async with trio.open_nursery() as nursery:
                     for n, r in zip(names, runners):
-                        nursery.start_soon(r.run_async, reports[n].append)
+                        nursery.start_soon(r.run, reports[n].append)
                 return trio.current_time() - t0
 
         w0 = time.perf_counter()

@@ -29,6 +29,8 @@ from atdnode.features import predict_classes
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
 from netsim.scenario import TrainSpec
+from protocols.aggregation import HEAD_PREFIXES
+from protocols.rounds import LAST_LAYER
 
 METRICS = ("accuracy", "precision", "sensitivity", "f1")
 
@@ -126,9 +128,9 @@ def expand_head(state: dict[str, torch.Tensor], old: list[str], new: list[str], 
     head rows of known classes are kept, rows of new classes come from a fresh seeded init."""
     torch.manual_seed(seed)
     fresh = full_state(build_model(cfg))
-    out = {k: v.clone() for k, v in state.items() if not k.startswith("head.")}
+    out = {k: v.clone() for k, v in state.items() if not k.startswith(HEAD_PREFIXES)}
     pos = {c: i for i, c in enumerate(old)}
-    for k in ("head.weight", "head.bias"):
+    for k in LAST_LAYER:
         w = fresh[k].clone()
         for j, c in enumerate(new):
             if c in pos:

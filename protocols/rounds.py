@@ -25,11 +25,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation import AggregationError, uniform_weights
+from protocols.aggregation import HEAD_PREFIXES, AggregationError, uniform_weights
 from protocols.fedwavg import fedwavg_weights
 
 ROUND_WEIGHTINGS = ("fedavg", "fedwavg")
-LAST_LAYER = ("head.weight", "head.bias")
+LAST_LAYER = tuple(f"{HEAD_PREFIXES[0]}{name}" for name in ("weight", "bias"))  # the classifier: head.weight, head.bias
 
 
 def last_layer_vector(tensors: Mapping[str, torch.Tensor], keys: Sequence[str] = LAST_LAYER) -> np.ndarray:

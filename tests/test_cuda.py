@@ -110,12 +110,14 @@ def test_one_pfesta_server_step_on_cuda_matches_cpu():
 
 
 def test_one_rounds_step_trains_on_cuda(tmp_path):
+    import trio
+
     from atdnode.rounds import RoundRunner, RoundsConfig
     from tests.vgs_homes import cfg, consortium
 
     (home,) = consortium(tmp_path, ["a"])
     r = RoundRunner(home, RoundsConfig(data="digits?limit=120", cfg=cfg(), rounds=1, lr=3e-3, device="cuda"))
-    rec = r.train_round(0, r.global_blob(0))
+    rec = r.train_round(0, trio.run(r.global_blob, 0))
     tensors, _ = load_weights(r.store, rec.blobs["full"])
     assert all(t.device.type == "cpu" for t in tensors.values())
     assert "round" in str(rec.provenance) or rec.provenance.get("run_key")

@@ -97,7 +97,10 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     cfg = NodeConfig.load(h)
     cfg.extra["models"] = {"max_bytes": 1}
     cfg.save(h)
-    e = train(h.root, 4)  # `atd train` applies the limit after registering
+    r = runner.invoke(app, ["train", "--home", home, "--data", DATA, *TINY, "--seed", "4", "--json"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    e = json.loads(r.stdout[r.stdout.index("{"):])  # training applies the limit after registering; the CLI prints it
+    assert f"removed old model {c['id']}" in r.stderr and f"removed old model {d['id']}" in r.stderr
     left = listed(h.root)
     assert c["id"] not in left and d["id"] not in left
     assert {a["id"], g, e["id"]} <= set(left)

@@ -1,16 +1,20 @@
 """Serverless rounds (atdnode.rounds): determinism, deadline with a missing peer, rejoin,
 verification, FedWAvg ~ 1/K on IID data. In-process homes synced like daemons would
-(tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py."""
+(tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py. The runner, not
+only the CLI, keeps a node's models under `[models] max_bytes` (issue 28)."""
 from __future__ import annotations
 
 import pytest
+import trio as trio_lib
 
 from atdnode.aggregate import AggregateError
 from atdnode.agg_verify import verify_entry
 from atdnode.blobstore import BlobStore
+from atdnode.config import NodeConfig
 from atdnode.identity import NodeIdentity
-from atdnode.rounds import (RoundRunner, RoundsConfig, compute_round, current_round, round_aggregate,
-                            round_weights_entries)
+from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.round_rules import compute_round, current_round, round_aggregate, round_weights_entries
+from atdnode.rounds import RoundRunner, RoundsConfig
 from atdnode.weights import load_weights
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync
@@ -25,7 +29,7 @@ def runner(home, i, n, **kw) -> RoundRunner:
 
 
 def train_publish(r: RoundRunner, rnd: int):
-    return r.publish(rnd, r.train_round(rnd, r.global_blob(rnd)))
+    return r.publish(rnd, r.train_round(rnd, trio_lib.run(r.global_blob, rnd)))
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def test_two_nodes_compute_bit_identical_globals_and_verify(trio):
     entry = ra.record(0, inputs, peer_ids(trio), ra.init)
     assert entry.body["missing"] == [peer_ids(trio)[2]]
     sync(trio)
-    blob = rb.adopt(round_aggregate(Ledger.open(b.ledger_db), rb.campaign, 0))
+    blob = trio_lib.run(rb.adopt, round_aggregate(Ledger.open(b.ledger_db), rb.campaign, 0))
     assert blob == entry.body["blob"]
     assert load_weights(rb.store, blob)[0].keys() == ta.keys()
     # the existing verify path (atd aggregate --verify) checks it too, and rejects forged weights
@@ -61,26 +65,43 @@ def test_two_nodes_compute_bit_identical_globals_and_verify(trio):
     assert current_round(Ledger.open(b.ledger_db), rb.campaign) == 1
 
 
-def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio):
+def plant_unserved_model(home) -> tuple[str, str]:
+    """An old model no entry names (so removable), and `[models] max_bytes = 1` on `home`."""
+    store = BlobStore(home.blobs_dir)
+    blob = store.put_bytes(b"an old model's weights")
+    rec = ModelRecord(model={}, labels=[], label_fp="", samples=0, metrics={}, blobs={"full": blob}, created=0.0)
+    model_id = ModelRegistry(home).add(rec)
+    conf = NodeConfig.load(home)
+    conf.extra["models"] = {"max_bytes": 1}
+    conf.save(home)
+    return model_id, blob
+
+
+def test_deadline_leaves_out_and_names_a_missing_peer_then_it_rejoins(trio, caplog):
     a, b, c = trio
     ra, rb = runner(a, 1, 3, deadline=1.0), runner(b, 2, 3, deadline=1.0)
     train_publish(rb, 0)
     sync(trio)
-    rep = ra.run_round(0)  # c never publishes: a waits 1 s (deadline), then records or adopts
+    rep = trio_lib.run(ra.run_round, 0)  # c never publishes: a waits 1 s (deadline), then records or adopts
     assert rep.missing == [peer_ids(trio)[2]] and len(rep.inputs) == 2
     sync(trio)
     # c was down; restarted, it derives its round from the ledger and holds the same global model
     rc = runner(c, 3, 3, deadline=1.0)
     with Ledger.open(c.ledger_db) as led:
         assert current_round(led, rc.campaign) == 1
-    assert rc.global_blob(1) == rep.blob
+    assert trio_lib.run(rc.global_blob, 1) == rep.blob
     # round 1: b and c publish (c from the shared global), a is the late one this time
     train_publish(rb, 1), train_publish(rc, 1)
     sync(trio)
-    rep1 = rc.run_round(1)
+    old, blob = plant_unserved_model(c)  # and c keeps at most 1 byte of models: the runner's registrations apply it
+    with caplog.at_level("WARNING", logger="atd.models"):
+        rep1 = trio_lib.run(rc.run_round, 1)
     assert rep1.missing == [peer_ids(trio)[0]]
+    assert old not in [r.id for r in ModelRegistry(c).list()] and not rc.store.has(blob)
+    assert rep1.metrics["model"] in [r.id for r in ModelRegistry(c).list()]  # the newest and served ones stay
+    assert any(f"removed old model {old}" in m for m in caplog.messages)
     sync(trio)
-    assert ra.global_blob(2) == rep1.blob == rb.global_blob(2)
+    assert trio_lib.run(ra.global_blob, 2) == rep1.blob == trio_lib.run(rb.global_blob, 2)
 
 
 def test_fedwavg_weights_near_uniform_on_iid_data(tmp_path):

@@ -28,8 +28,9 @@ import trio
 from atdnode import bodies
 from atdnode.blobstore import BlobStore
 from atdnode.identity import NodeIdentity
-from atdnode.rounds import (Fabric, RoundRunner, RoundsConfig, active_members, aggregate_round_body, current_round,
-                            round_weights_entries)
+from atdnode.round_rules import active_members, aggregate_round_body, current_round, round_weights_entries
+from atdnode.rounds import RoundRunner, RoundsConfig
+from atdnode.rounds_fabric import Fabric
 from atdnode.weights import load_weights, save_weights
 from ledger import Entry, Ledger
 from tests.vgs_homes import cfg, consortium, copy_homes, sync
@@ -47,11 +48,11 @@ def runner(home, i: int, **kw) -> RoundRunner:
 def honest_round(ra: RoundRunner, rb: RoundRunner, homes, rnd: int) -> str:
     """b trains and publishes, a runs the round (m silent: waited for until the deadline),
     b adopts a's aggregate. Returns the round's global blob (both hold it)."""
-    rb.publish(rnd, rb.train_round(rnd, rb.global_blob(rnd)))
+    rb.publish(rnd, rb.train_round(rnd, trio.run(rb.global_blob, rnd)))
     sync(homes)
-    rep = ra.run_round(rnd)
+    rep = trio.run(ra.run_round, rnd)
     sync(homes)
-    assert rb.run_round(rnd).blob == rep.blob
+    assert trio.run(rb.run_round, rnd).blob == rep.blob
     return rep.blob
 
 
@@ -90,7 +91,7 @@ def poisoned_input(home, campaign: str, rnd: int, start: str, scale: float = -10
 def test_pre_recorded_round_is_not_adopted_and_globals_match_the_attacker_free_run(template, reference, tmp_path):
     homes = copy_homes(template, tmp_path / "homes")
     ra, rb, rm = runner(homes[0], 1), runner(homes[1], 2), runner(homes[2], 1)
-    g0 = ra.global_blob(1)
+    g0 = trio.run(ra.global_blob, 1)
     evil = poisoned_input(homes[2], rm.campaign, 2, g0)  # round 2, made before round 1 has a global
     with Ledger.open(homes[2].ledger_db) as led:
         expected = active_members(led)
@@ -110,7 +111,7 @@ def test_pre_recorded_round_is_not_adopted_and_globals_match_the_attacker_free_r
 def test_lone_aggregate_over_the_attackers_own_input_is_never_adopted(template, tmp_path):
     homes = copy_homes(template, tmp_path / "homes")
     ra, rb, rm = runner(homes[0], 1), runner(homes[1], 2), runner(homes[2], 1)
-    g0 = ra.global_blob(1)
+    g0 = trio.run(ra.global_blob, 1)
     evil = poisoned_input(homes[2], rm.campaign, 1, g0)
     with Ledger.open(homes[2].ledger_db) as led:
         lone = rm.record(1, [evil], active_members(led), g0)
@@ -128,7 +129,7 @@ def test_lone_aggregate_over_the_attackers_own_input_is_never_adopted(template, 
 def test_result_is_the_initial_model_with_an_unfetchable_input_is_not_adopted(template, reference, tmp_path):
     homes = copy_homes(template, tmp_path / "homes")
     ra, rb, rm = runner(homes[0], 1), runner(homes[1], 2), runner(homes[2], 1)
-    g0 = ra.global_blob(1)
+    g0 = trio.run(ra.global_blob, 1)
     rb.publish(1, rb.train_round(1, g0))
     sync(homes)
     m_store = BlobStore(homes[2].blobs_dir)
@@ -144,9 +145,9 @@ def test_result_is_the_initial_model_with_an_unfetchable_input_is_not_adopted(te
         fake = bodies.append(led, NodeIdentity.load(homes[2]).signer, "aggregate", body)
     sync(homes)
     assert ra.store.has(rm.init)  # the "result" is held everywhere: only recomputing catches it
-    rep = ra.run_round(1)
+    rep = trio.run(ra.run_round, 1)
     sync(homes)
-    assert rb.run_round(1).blob == rep.blob != rm.init
+    assert trio.run(rb.run_round, 1).blob == rep.blob != rm.init
     assert same(load_weights(ra.store, rep.blob)[0], reference[0])
     assert fake.id in ra._rejected and "could not be fetched" in ra._rejected[fake.id]
 
@@ -194,4 +195,4 @@ def test_an_aggregate_that_arrives_before_one_of_its_inputs_is_awaited(tmp_path)
 
     rc = RoundRunner(homes[2], RoundsConfig(data=SPEC.format(i=1), cfg=cfg(), rounds=1, lr=3e-3, weighting="fedavg",
                                             deadline=5.0), fabric=LateGossip(deliver))
-    assert trio.run(rc.adopt_async, agg) == agg.body["blob"]
+    assert trio.run(rc.adopt, agg) == agg.body["blob"]

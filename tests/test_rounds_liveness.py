@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import trio
 
-from atdnode.rounds import Fabric, RoundRunner
+from atdnode.rounds import RoundRunner
+from atdnode.rounds_fabric import Fabric
 
 MEMBERS = [f"m{i:02d}" for i in range(12)]
 ME = MEMBERS[0]

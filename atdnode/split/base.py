@@ -42,6 +42,7 @@ from atdnode.errors import AtdError, ConfigError, WeightsError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig, build_model, export_part, extractor_state, load_part
+from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.split.secret import SplitSecretError, open_secret
 from atdnode.weights import load_weights
@@ -167,7 +168,7 @@ def build_base(home: NodeHome, campaign: str = "latest") -> ModelRecord:
     metrics = {k: v for k, v in (camp.body_entry.body.get("metrics") or {}).items() if isinstance(v, (int, float))}
     rec = ModelRecord(model=cfg.to_dict(), labels=[], label_fp="", samples=samples, metrics=metrics,
                       blobs={"extractor": blob}, provenance=prov)
-    ModelRegistry(home).add(rec)
+    register_model(home, rec)  # applies the [models] size limit
     return rec
 
 

@@ -122,9 +122,6 @@ def aggregate(
                                          data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
-    from cli.commands.train import _enforce_model_limit
-
-    _enforce_model_limit(h)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return

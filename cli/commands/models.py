@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -123,9 +126,24 @@ def prune_cmd(
     limit = max_bytes or size_limit(h)
     if not limit:
         raise CliError("no size limit: set [models] max_bytes in config.toml or pass --max-bytes")
-    report_removed(enforce_limit(h, limit))
+    enforce_limit(h, limit)  # what it removes is printed by `reporting_removals` (held around every command)
 
 
-def report_removed(removed) -> None:
-    for r in removed:
-        typer.echo(f"removed old model {r.model_id} ({r.bytes / 1e6:.1f} MB) to stay under the size limit", err=True)
+class _EchoHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(record.getMessage(), err=True)
+
+
+@contextmanager
+def reporting_removals() -> Iterator[None]:
+    """Print, one line each on stderr, the models the library removes under the size limit
+    (`atdnode.model_gc` logs them on `atd.models` wherever a model is registered, whichever
+    command registers it: `atd train`, `atd aggregate`, `atd rounds`, `atd base build`);
+    the app holds it around every command (`cli.app`)."""
+    handler = _EchoHandler(logging.WARNING)
+    logger = logging.getLogger("atd.models")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)

@@ -89,7 +89,7 @@ def start(
             for a in addrs:
                 typer.echo(a)
             sys.stdout.flush()
-            await daemon._stop.wait()
+            await daemon.stopped()
             nursery.cancel_scope.cancel()
 
     try:

@@ -58,8 +58,11 @@ def rounds(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per round on stdout."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
+    import trio
+
     from atdnode import progress
-    from atdnode.rounds import RoundRunner, RoundsConfig, current_round
+    from atdnode.round_rules import current_round
+    from atdnode.rounds import RoundRunner, RoundsConfig
     from cli.progress import bars
     from ledger import Ledger
 
@@ -90,7 +93,7 @@ def rounds(
 
     with bars(quiet=as_json), progress.task(f"rounds of {runner.campaign[:12]}", total=n_rounds) as bar:
         bar.update(done)
-        runner.run(lambda rep: (show(rep), bar.update(rep.round + 1)))
+        trio.run(runner.run, lambda rep: (show(rep), bar.update(rep.round + 1)))
 
 
 def register(app: typer.Typer) -> None:

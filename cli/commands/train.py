@@ -103,7 +103,6 @@ def train_cmd(
                        exit_code=130) from None
     if rec is None:  # a non-main DDP rank
         return
-    _enforce_model_limit(h)
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return
@@ -122,14 +121,6 @@ def train_cmd(
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
     if "curves_png" in rec.files:
         typer.echo(f"  curves       {h.root / rec.files['curves_png']}  (per epoch: {h.root / rec.files['history_csv']})")
-
-
-def _enforce_model_limit(h: NodeHome) -> None:
-    """Keep the model blobs under `[models] max_bytes` (atdnode.model_gc)."""
-    from atdnode.model_gc import enforce_limit
-    from cli.commands.models import report_removed
-
-    report_removed(enforce_limit(h))
 
 
 def _logger(home: NodeHome):
