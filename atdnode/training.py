@@ -379,6 +379,14 @@ def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | N
 
 
 def _build(home: NodeHome, store, cfg: ModelConfig, data: LabeledImages, opts: TrainOptions) -> tuple[nn.Module, dict]:
+    """The model a run starts from, and its provenance.
+
+    Deviation from VGS-ATD §3.1 (which attaches a new, randomly initialised head to the
+    shared extractor at each node): when `--init-from` names a full weight set whose label
+    space equals this node's, the follower starts from that set's head too (a warm start
+    for the same task); a different label space, or an extractor set, gets timm's fresh
+    head as in the paper. Give the extractor part to get the paper's behaviour always.
+    """
     from atdnode.model import import_part
     from atdnode.weights import read_meta
 
