@@ -29,6 +29,20 @@ def check_recorded_weights(entry: Entry, expected: list[float]) -> list[float]:
     return got
 
 
+def check_recorded_cosines(entry: Entry, expected: list[float]) -> None:
+    """A round's recorded FedWAvg cosines (optional) must be those of its inputs against its
+    reference; else AggregateError. The weights are checked on their own, so this catches a
+    recorder that writes correct weights beside made-up cosines (what a reader would trust)."""
+    if "cosines" not in entry.body:
+        return
+    got = entry.body["cosines"]
+    if not isinstance(got, list) or len(got) != len(expected) or not all(isinstance(x, float) for x in got):
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} records malformed cosines {got!r:.200}")
+    if not np.allclose(got, expected, rtol=0.0, atol=_WEIGHT_TOL):
+        raise AggregateError(f"aggregate {entry.id.hex()[:16]} does not verify: recorded cosines "
+                             f"{[round(x, 6) for x in got]} are not its inputs' {[round(x, 6) for x in expected]}")
+
+
 def check_result(store: BlobStore, entry: Entry, tensors: dict[str, torch.Tensor], meta: dict) -> str:
     """The recomputed result must hash to the recorded blob. It is serialised in a scratch
     store first, so a mismatch leaves nothing behind; a match is kept (we now hold it)."""

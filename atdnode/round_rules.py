@@ -38,7 +38,7 @@ import json
 
 import torch
 
-from atdnode.agg_check import check_recorded_weights, check_result
+from atdnode.agg_check import check_recorded_cosines, check_recorded_weights, check_result
 from atdnode.aggregate import AggregateError, average_blobs, result_meta
 from atdnode.blobstore import BlobStore
 from atdnode.data import load_dataset
@@ -239,4 +239,9 @@ def verify_round(led: Ledger, store: BlobStore, entry: Entry, reference: str | N
     except RoundsError as exc:
         raise AggregateError(str(exc)) from None
     check_recorded_weights(entry, weights)
+    if "cosines" in b:
+        try:
+            check_recorded_cosines(entry, round_cosines(store, inputs, str(b.get("reference"))))
+        except RoundsError as exc:
+            raise AggregateError(str(exc)) from None
     return check_result(store, entry, tensors, meta)
