@@ -25,11 +25,11 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-import torch
-
 from atdnode.errors import ConfigError
 
 if TYPE_CHECKING:
+    import torch
+
     from atdnode.home import NodeHome
 
 ENV = "ATD_DEVICE"
@@ -43,6 +43,8 @@ class DeviceError(ConfigError):
 
 def parse_device(spec: str) -> torch.device:
     """`cpu` / `cuda` / `cuda:N` -> torch.device, checked against this machine."""
+    import torch  # lazily: the CLI imports this module, and torch costs ~300 MB per process
+
     text = str(spec).strip().lower()
     m = _SPEC.match(text)
     if m is None or (m.group(1) == "cpu" and m.group(2) is not None):
@@ -69,6 +71,8 @@ def configured_device(home: "NodeHome | None") -> str | None:
 
 def default_device(local_rank: int = 0) -> torch.device:
     """CUDA when present (one GPU per local rank), else the CPU."""
+    import torch  # lazily: the CLI imports this module, and torch costs ~300 MB per process
+
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
@@ -82,6 +86,8 @@ def resolve_device(pref: "str | torch.device | None" = None, *, home: "NodeHome 
     Under torchrun with a bare `cuda` (from either source) each local rank takes its own
     GPU, `cuda:<local_rank>`; an explicit `cuda:N` is kept as given.
     """
+    import torch  # lazily: the CLI imports this module, and torch costs ~300 MB per process
+
     if isinstance(pref, torch.device):
         pref = str(pref)
     spec = pref or os.environ.get(ENV) or configured_device(home)
