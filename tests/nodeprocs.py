@@ -114,3 +114,20 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: 
 
 def entry_ids(home: Path) -> set[str]:
     return {e["id"] for e in atd_json("ledger", "show", "--home", str(home), "--json")}
+
+
+def consortium(root: Path, n: int) -> list[Path]:
+    """Homes `root/n1 .. n{n}` made with `atd init` / `atd member add` as OS processes: n1
+    founds consortium "demo" and admits the others."""
+    homes = [root / f"n{i + 1}" for i in range(n)]
+    atd("init", "--home", str(homes[0]), "--genesis", "--consortium", "demo")
+    genesis = atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "genesis", "--json")[0]["id"]
+    for h in homes[1:]:
+        atd("init", "--home", str(h), "--join", genesis)
+        atd("member", "add", "--home", str(homes[0]), atd("id", "--home", str(h)).stdout.strip())
+    return homes
+
+
+def status(home: Path) -> dict:
+    """`atd node status --json` of `home` (the running daemon's, or the offline state)."""
+    return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)

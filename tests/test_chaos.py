@@ -28,7 +28,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import _env, atd, start_daemon, wait_until
-from tests.test_daemon_memory import make_consortium
+from tests.factories import make_consortium
 
 pytestmark = pytest.mark.slow
 

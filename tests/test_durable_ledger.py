@@ -25,7 +25,7 @@ from ledger import Entry, Ledger, Signer, TamperedStore
 from ledger import merge as merge_mod
 from ledger.merge import Batch
 from ledger.store import ZERO, next_link
-from tests.test_daemon_memory import daemon_on, ids, make_consortium, wait_for
+from tests.factories import daemon_on, ids, make_consortium, wait_for
 
 F = Signer.from_seed(b"F" * 32)
 A = Signer.from_seed(b"A" * 32)
@@ -361,7 +361,7 @@ def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypat
     signing, signs after them, and no node freezes it. (The issue's chain was 100 MB against
     the 64 MiB waiting quota; the quota and frames are scaled down so the chain stays small.)"""
     from atdnode import sync
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     monkeypatch.setattr(merge_mod, "MAX_WAITING_BYTES_PER_AUTHOR", 32 << 10)
     monkeypatch.setattr(sync, "BATCH_BYTES", 16 << 10)

@@ -17,7 +17,7 @@ import ledger.entry
 from atdnode.transport.libp2p_pubsub import CoalescingPubsub, coalesce_publish
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from atdnode.transport.memory import MemoryNetwork
-from tests.test_daemon_memory import daemon_on, ids, make_consortium, wait_for
+from tests.factories import daemon_on, ids, make_consortium, wait_for
 
 TOPIC = "/atd/test/latency"
 

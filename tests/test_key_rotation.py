@@ -188,14 +188,14 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
                str(pw)).stdout.strip() == old
 
 
-def test_features_sealed_to_the_old_id_stay_readable(tmp_path_factory, tmp_path: Path) -> None:
+def test_features_sealed_to_the_old_id_stay_readable(vgs_template, tmp_path: Path) -> None:
     """The X25519 key survives a rotation, so features sealed before it still open."""
     from atdnode.blobstore import BlobStore
     from atdnode.features_share import addressed_to, open_features, share_features
     from atdnode.keybackup import rotate_key
-    from tests.vgs_homes import copy_homes, disjoint_trio, sync
+    from tests.vgs_homes import copy_homes, sync
 
-    a, b, c = copy_homes(disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint"), tmp_path / "h")
+    a, b, c = copy_homes(vgs_template("disjoint"), tmp_path / "h")
     old = NodeIdentity.load(a).peer_id
     shared = share_features(b, to=[old])
     sync([a, b, c])

@@ -30,7 +30,7 @@ from atdnode.transport.bulk import BulkConn, derive_keys, new_ephemeral
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Entry, Ledger
 from tests.nodeprocs import start_daemon
-from tests.test_daemon_memory import append, cli
+from tests.factories import append, cli
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import start_daemon, wait_until
-from tests.test_daemon_memory import cli
+from tests.factories import cli
 
 
 def _kinds(home: Path) -> list[str]:

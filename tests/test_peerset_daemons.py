@@ -18,7 +18,7 @@ from atdnode.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from netsim.homes import make_consortium
-from tests.test_daemon_memory import wait_for
+from tests.factories import wait_for
 
 TARGET, MAX = 3, 5
 PEERS = {"target": TARGET, "max": MAX, "grace_s": 1.0, "redial_after_s": 2.0, "rotate_s": 2.0}

@@ -14,8 +14,8 @@ from ledger import Ledger
 import pytest
 
 from protocols.comm_cost import ByteCounter, CostParams, t_pfesta_learnable_head
-from tests.test_daemon_memory import daemon_on, make_consortium
-from tests.test_split_network import check_record, client, configure, data
+from tests.factories import daemon_on, make_consortium
+from tests.splitnet import check_record, client, configure, data
 
 
 def test_learnable_head_without_pos_embed_over_the_network(tmp_path: Path) -> None:

@@ -26,46 +26,10 @@ from atdnode.transport.base import StreamClosed, TransportError
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from protocols.comm_cost import ByteCounter
-from tests.test_daemon_memory import daemon_on, make_consortium, wait_for
+from tests.factories import daemon_on, make_consortium, wait_for
+from tests.splitnet import BASE, TOKENS, check_record, client, configure, data
 
 torch.set_num_threads(1)
-
-TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
-         {"name": "ink", "kind": "segmentation", "loss_weight": 0.5},
-         {"name": "severity", "kind": "regression", "loss_weight": 0.5}]
-BODY = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
-BASE = {"tasks": TASKS, "body": BODY, "rounds": 2, "steps_per_round": 3, "unifying_rounds": 1, "batch_size": 16,
-        "clients": 2, "start_timeout": 30.0, "round_timeout": 20.0, "lr": 3e-3}
-TOKENS = (16, 32)  # (N patches, D) at the cut
-
-
-def data(i: int, n: int = 2, limit: int = 120) -> str:
-    return f"digits?shard={i}/{n}&limit={limit}"
-
-
-def configure(home: NodeHome, role: str, **kw) -> None:
-    cfg = NodeConfig.load(home)
-    cfg.role = role
-    cfg.save(home)
-    SplitSettings.from_dict({**BASE, **kw}).save(home)
-
-
-async def client(net: MemoryNetwork, home: NodeHome, server, task: str, spec: str, **kw):
-    t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
-    try:
-        async with t.run([]):
-            return await run_join(home, t, JoinOptions(server=server.transport.peer_id, task=task, data=spec,
-                                                       server_addrs=server.transport.addrs(), **kw))
-    except BaseExceptionGroup as eg:  # the transport's nursery wraps a client error
-        raise single_error(eg) from None
-
-
-def check_record(res, algorithm: str, tol: float = 0.05) -> dict:
-    row = report_row(res.record)
-    assert row["algorithm"] == algorithm and row["side"] == "client"
-    assert abs(row["rel_error"]) < tol, row
-    return row
-
 
 def test_pfesta_two_tasks_over_the_network(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 3)
@@ -337,7 +301,7 @@ def test_join_errors_are_clear(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 2)
     configure(homes[0], "pfesta-server", clients=1, max_samples=100)
     outsider = tmp_path / "outsider"
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     led = Ledger.open(homes[0].ledger_db)
     genesis = led.query(kind="genesis")[0].id.hex()
@@ -419,7 +383,7 @@ def test_settings_validate_and_round_trip(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- processes
 
 def _cli(*args: str) -> str:
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     return cli(*args)
 
