@@ -16,12 +16,18 @@ import pytest
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from tests.factories import append
-from tests.nodeprocs import ATD, _env, atd, atd_json, consortium, entry_ids, start_daemon, status, wait_until
+from tests.nodeprocs import (ATD, _env, atd, atd_all, atd_json, consortium, entry_ids, ledger_rows, live_status, start_daemon,
+                             status, wait_until)
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
         "--depth", "1", "--heads", "2", "--epochs", "1", "--batch-size", "64", "--seed", "0"]
 
 pytestmark = pytest.mark.slow
+
+
+def holds_all(home: Path, n: int) -> bool:
+    st = live_status(home)
+    return not st["wanted"] and st["blobs"] >= n
 
 
 def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
@@ -34,21 +40,19 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
-        for k, h in enumerate(homes, start=1):
-            atd("train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY)
-            atd("publish-weights", "--home", str(h), "--part", "extractor")
-        wait_until(lambda: len({e["body"]["blob"] for e in atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "weights", "--json")}) == 3,
+        # the three nodes train at once (as three hospitals would), then publish
+        atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
+        atd_all(*(["publish-weights", "--home", str(h), "--part", "extractor"] for h in homes))
+        wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
                    120, "node 1 to learn all three weights entries")
-        wait_until(lambda: not status(homes[0])["wanted"] and status(homes[0])["blobs"] >= 3, 180,
-                   "node 1 to fetch every published extractor")
+        wait_until(lambda: holds_all(homes[0], 3), 180, "node 1 to fetch every published extractor")
         out = json.loads(atd("aggregate", "--home", str(homes[0]), "--mode", "horizontal", "--json").stdout)
         assert len(out["inputs"]) == 3
         wait_until(lambda: entry_ids(homes[0]) == entry_ids(homes[1]) == entry_ids(homes[2]), 120,
                    "all three ledgers to hold the same entries")
-        for h in homes:
-            atd("ledger", "verify", "--home", str(h))
+        atd_all(*(["ledger", "verify", "--home", str(h)] for h in homes))
         # the aggregate is checkable by a peer that holds the inputs
-        wait_until(lambda: not status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
+        wait_until(lambda: not live_status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
         atd("aggregate", "--home", str(homes[1]), "--verify", out["entry"])
         # the aggregate averaged exactly the three published extractors (one per node)
         weights = atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "weights", "--json")
@@ -63,7 +67,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
     daemons = {}
     try:
         daemons[0] = start_daemon(homes[0])
-        addr = status(homes[0])["addrs"][0]
+        addr = live_status(homes[0])["addrs"][0]
         daemons[1] = start_daemon(homes[1], "--bootstrap", addr, "--no-auto-fetch")
         # node 3 is offline while node 1 publishes a 150 MB blob
         blob_file = tmp_path / "big.bin"
@@ -78,7 +82,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         daemons[2] = start_daemon(homes[2], "--bootstrap", addr, "--no-auto-fetch")
         wait_until(lambda: entry_ids(homes[2]) >= entry_ids(homes[0]), 60, "node 3 to catch up by sync")
         node2 = atd("id", "--home", str(homes[1])).stdout.strip()
-        wait_until(lambda: node2 in status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
+        wait_until(lambda: node2 in live_status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
         # node 3 fetches from both holders; node 1 is killed -9 as soon as the download is under way
         fetcher = subprocess.Popen([*ATD, "fetch", "--home", str(homes[2]), blob, "--timeout", "120"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())

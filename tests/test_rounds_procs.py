@@ -22,7 +22,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
-from tests.nodeprocs import ATD, _env, consortium, start_daemon, status, wait_until
+from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -82,10 +82,10 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
     daemons, runs = {}, {}
     try:
         daemons[0] = start_daemon(homes[0])
-        addr = status(homes[0])["addrs"][0]
+        addr = live_status(homes[0])["addrs"][0]
         for k in range(1, N):
             daemons[k] = start_daemon(homes[k], "--bootstrap", addr)
-        wait_until(lambda: all(len(status(h)["peers"]) >= N - 1 for h in homes), 120, "a full mesh")
+        wait_until(lambda: all(len(live_status(h)["peers"]) >= N - 1 for h in homes), 120, "a full mesh")
         runs = {k: Rounds(h, k) for k, h in enumerate(homes)}
         for _ in range(KILL_ROUND):
             runs[KILLED].next(600)
