@@ -2,6 +2,7 @@
 (a real daemon on the in-memory network, its dashboard on loopback marked public)."""
 from __future__ import annotations
 
+import functools
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import trio
 
 from atdnode.daemon import NodeDaemon
-from atdnode.dashboard.server import TOKEN_FILE
+from atdnode.dashboard.server import TOKEN_FILE, Dashboard
 from atdnode.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from tests.test_daemon_memory import make_consortium
@@ -27,17 +28,17 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:
 def test_a_public_dashboard_needs_its_read_only_token(tmp_path: Path) -> None:
     (home,) = make_consortium(tmp_path, 1)
     me = NodeIdentity.load(home).peer_id
-    d = NodeDaemon(home, transport=MemoryTransport(MemoryNetwork(seed=3), NodeIdentity.load(home).signer.seed),
-                   dashboard=("127.0.0.1", 0), dashboard_public=True)
+    d = NodeDaemon(home, transport=MemoryTransport(MemoryNetwork(seed=3), NodeIdentity.load(home).signer.seed))
+    web = Dashboard(home, d.store, d.snapshot, host="127.0.0.1", port=0, public=True)
     out: dict = {}
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(d.run, [], [])
+            await nursery.start(functools.partial(d.run, web=web), [], [])
             with trio.fail_after(30):
-                while d.dashboard.url is None:
+                while web.url is None:
                     await trio.sleep(0.05)
-            url = d.dashboard.url
+            url = web.url
             token = (home.root / TOKEN_FILE).read_text().strip()
             out["token_mode"] = (home.root / TOKEN_FILE).stat().st_mode & 0o077
             for path in ("", "api/state", "metrics"):
