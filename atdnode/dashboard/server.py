@@ -207,15 +207,14 @@ class Dashboard:
     # ------------------------------------------------------------------ data
 
     async def state(self) -> dict[str, Any]:
-        snap = self.snapshot()
-        me = snap.public_key
+        me = self.snapshot().public_key
         led = await self.read(lambda led: view.ledger_view(led, me))
         models = await trio.to_thread.run_sync(view.models_view, self.home, limiter=self._view_limiter)
         split = await trio.to_thread.run_sync(view.split_view, self.home, limiter=self._view_limiter)
         now = time.time()
         for e in led["timeline"]:
             e["verified"] = True  # in the log: signature, hash chain and membership checked on merge
-        snap = self.snapshot()  # after the reads above: connections as they are now
+        snap = self.snapshot()  # taken after the reads above: connections as they are now
         connected = set(snap.peers)
         for m in led["members"]:
             m["connected"] = m["peer_id"] in connected
