@@ -16,10 +16,10 @@ from typing import Awaitable, Callable
 
 import trio
 
+from atdnode.access import MembershipGate
 from atdnode.blob_readers import BlobReaders
 from atdnode.blobstore import BlobStore
 from atdnode.errors import DaemonError
-from atdnode.access import MembershipGate
 from atdnode.ledger_access import LedgerAccess
 from atdnode.transport.base import Transport, TransportError
 from atdnode.transport.blobxfer import BlobService
