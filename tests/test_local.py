@@ -80,11 +80,13 @@ def test_local_down_up_reconnects_every_time(tmp_path: Path) -> None:
     """Issue 26: `atd local down && atd local up` failed 4 of 4 times: every daemon listens on
     a fresh port, and a node that first dialled a member's address from its old `hello` was
     refused the new one by py-libp2p's negative dial cache for good. `up` returns only once
-    every daemon is connected to every other one and the ledgers agree."""
+    every daemon is connected to every other one and the ledgers agree. Each `up` starts the
+    three daemons side by side and connects node2 and node3 to node1 only: they meet each
+    other at the addresses of their new `hello`s, as members of a real consortium do."""
     d = tmp_path / "c"
-    atd("local", "up", "-n", "3", "--dir", str(d), "--daemon-arg=--sync-interval=3", timeout=300)
-    for cycle in range(3):
-        before = {n["peer_id"]: set(n["addrs"]) for n in atd_json("local", "status", "--dir", str(d), "--json")}
+    first = atd("local", "up", "-n", "3", "--dir", str(d), "--daemon-arg=--sync-interval=3", "--json", timeout=300)
+    before = {n["peer_id"]: set(n["addrs"]) for n in json.loads(first.stdout)}
+    for cycle in range(5):
         atd("local", "down", "--dir", str(d))
         p = atd("local", "up", "--dir", str(d), "--json", "--timeout", "120", check=False, timeout=300)
         assert p.returncode == 0, f"cycle {cycle}: {p.stderr}"
@@ -92,4 +94,5 @@ def test_local_down_up_reconnects_every_time(tmp_path: Path) -> None:
         for n in nodes:
             assert n["running"] and len(n["peers"]) == 2, (cycle, n)
             assert not set(n["addrs"]) & before[n["peer_id"]], "a new port each start: the old hellos are stale"
+        before = {n["peer_id"]: set(n["addrs"]) for n in nodes}
     atd("local", "down", "--dir", str(d))
