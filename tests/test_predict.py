@@ -94,7 +94,11 @@ def test_predict_unlabelled_png_folder_agrees_with_classify(trained, tmp_path, c
     text, err = capsys.readouterr()
     assert f"model {rec.id}" in text and str(out) in text and "notes.txt" in err
     rows = _check_csv(out, len(labelled.files), rec.id, list(rec.labels))
-    small = predict(home, [f"folder:{flat}"], device="cpu", chunk=5)  # read 5 files at a time: the same result
+    seen: list[tuple[str, int, int]] = []  # the progress bar's updates: a total that holds
+    small = predict(home, [f"folder:{flat}"], device="cpu", chunk=5,  # read 5 files at a time: the same result
+                    progress=lambda stage, done, total: seen.append((stage, done, total)))
+    assert len(seen) > 2 and len({t for _, _, t in seen}) == 1 and all(0 <= d <= t for _, d, t in seen)
+    assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen) and seen[-1][1] == seen[-1][2]
     assert small.files == [r["file"] for r in rows] and small.skipped == [(str(flat / "notes.txt"), small.skipped[0][1])]
     assert np.allclose(small.probs, [[float(r[f"p:{c}"]) for c in rec.labels] for r in rows], atol=1e-6)
     by_file = dict(zip(labelled.files, labelled.predicted))
