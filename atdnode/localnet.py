@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -351,12 +352,15 @@ def up(root: Path, n: int | None = None, *, timeout: float = READY_TIMEOUT, extr
         log(f"started {h.root.name} (pid {started.pid})")
     ready = _wait_all_ready(handles, deadline)
     founder = hs[0].root.name
-    for name in fresh:  # a new start knows no current address: introduce it as --bootstrap would
+    meet: list[tuple[str, str]] = []  # (a daemon just started, whom it is introduced to)
+    for name in sorted(fresh):  # a new start knows no current address: introduce it as --bootstrap would
         if name != founder:
-            _introduce(handles[name][0], ready[founder]["addrs"][0], deadline)
+            meet.append((name, founder))
         else:  # the founder restarted beside running members: it meets them at their addresses
-            for other in sorted(set(handles) - fresh):
-                _introduce(handles[name][0], ready[other]["addrs"][0], deadline)
+            meet += [(name, other) for other in sorted(set(handles) - fresh)]
+    if meet:  # side by side: one slow handshake does not hold up the others
+        with ThreadPoolExecutor(max_workers=len(meet)) as pool:
+            list(pool.map(lambda m: _introduce(handles[m[0]][0], ready[m[1]]["addrs"][0], deadline), meet))
     ids = {h.root.name: _status_of(h)["peer_id"] for h in hs}
 
     def converged():
@@ -441,8 +445,6 @@ def stop_daemon(home: NodeHome, timeout: float = STOP_TIMEOUT) -> str:
 
 def down(root: Path, *, timeout: float = STOP_TIMEOUT) -> dict[str, str]:
     """Stop every daemon of the local consortium at `root` (also after a crash), side by side."""
-    from concurrent.futures import ThreadPoolExecutor
-
     hs = homes(Path(root).expanduser().resolve())
     with ThreadPoolExecutor(max_workers=len(hs)) as pool:
         whats = list(pool.map(lambda h: stop_daemon(h, timeout=timeout), hs))
