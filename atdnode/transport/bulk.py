@@ -45,8 +45,10 @@ import os
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from pathlib import Path
+from typing import Any, Awaitable, Callable
 
+import outcome
 import trio
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -57,9 +59,6 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from atdnode.transport.base import FrameError, Stream, StreamClosed, TransportError
 from atdnode.transport.blobwire import HEADER_MAX, check_chunk_header, chunk_request, pack, unpack
 from atdnode.transport.framing import Counter
-
-if TYPE_CHECKING:
-    from atdnode.transport.blobxfer import BlobServer
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +196,18 @@ class SealedSocket:
     def write_frame(self, data: bytes | bytearray | memoryview) -> None:
         self._send(self.seal(data))
 
+    def write_frames(self, head: bytes, data: bytes | bytearray | memoryview) -> None:
+        """Two sealed frames (a small header, then `data`) in one buffer and one send."""
+        k, n = _LEN.size + len(head) + TAG, _LEN.size + len(data) + TAG
+        if len(self._outbuf) < k + n:
+            self._outbuf = bytearray(k + n)
+        out = memoryview(self._outbuf)[:k + n]
+        for start, part in ((0, head), (k, data)):
+            _LEN.pack_into(out, start, len(part) + TAG)
+            self._tx.encrypt_into(_nonce(self._sent), part, None, out[start + _LEN.size:start + _LEN.size + len(part) + TAG])  # type: ignore[union-attr]
+            self._sent += 1
+        self._send(out)
+
     def read_frame(self, max_size: int, into: bytearray | None = None) -> bytearray | memoryview:
         """Open the next frame: a new bytearray, or a view of `into` (len(into) >= max_size).
 
@@ -224,11 +235,15 @@ class SealedSocket:
         self.sock.close()
 
 
-# -- client ----------------------------------------------------------------------------------
+# -- client ---------------------------------------------------------------------------------
+
+
+ChunkSink = Callable[[int, memoryview], None]  # (chunk index, its bytes) -> None, called in the worker thread
 
 
 class BulkConn:
-    """Client end of one bulk connection; same `request` / `chunk` calls as StreamChunks."""
+    """Client end of one bulk connection; same `request` / `chunk` calls as StreamChunks,
+    plus `fetch_batch` (a whole request in one worker thread)."""
 
     def __init__(self, frames: SealedSocket) -> None:
         self.f = frames
@@ -253,17 +268,33 @@ class BulkConn:
     async def request(self, header: bytes) -> None:
         await self._call(self.f.write_frame, header)
 
-    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytearray | memoryview:
-        """Chunk i (exactly n bytes), opened into `buf` when given (no allocation per chunk)."""
-
-        def recv() -> bytearray | memoryview:
-            check_chunk_header(unpack(self.f.read_frame(HEADER_MAX)), i, n)
-            return self.f.read_frame(n, buf)  # longer than n: FrameError; shorter: checked below
-
-        data = await self._call(recv)
+    def _recv_chunk(self, i: int, n: int, buf: bytearray | None) -> bytearray | memoryview:
+        check_chunk_header(unpack(self.f.read_frame(HEADER_MAX)), i, n)
+        data = self.f.read_frame(n, buf)  # longer than n: FrameError; shorter: checked here
         if len(data) != n:
             raise FrameError(f"sent {len(data)} bytes for chunk {i}, expected {n}")
         return data
+
+    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytearray | memoryview:
+        """Chunk i (exactly n bytes), opened into `buf` when given (no allocation per chunk)."""
+        return await self._call(self._recv_chunk, i, n, buf)
+
+    async def fetch_batch(self, header: bytes, chunks: list[tuple[int, int]], buf: bytearray,
+                          sink: ChunkSink) -> None:
+        """Send one `get` request (`header`) and receive its chunks -- (index, length) each --
+        in ONE worker thread: each is opened into `buf` and handed to `sink(i, view)` in
+        that thread before the next is read (so `sink` may hash and write it). One thread
+        hop per batch, not per frame; the socket's buffers keep the sender busy meanwhile.
+        Errors from the channel or from `sink` end the batch and propagate; on cancellation
+        the socket is shut down and the thread is waited for (it never outlives the call,
+        so `sink` never runs after it returns)."""
+
+        def run() -> None:
+            self.f.write_frame(header)
+            for i, n in chunks:
+                sink(i, memoryview(self._recv_chunk(i, n, buf)))
+
+        await _run_closing(run, self.f.close)
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -280,7 +311,69 @@ class BulkConn:
         await self.close()
 
 
+async def _run_closing(fn: Callable[[], Any], close: Callable[[], None]) -> Any:
+    """Run `fn` in a worker thread and wait for it even when cancelled: a cancellation calls
+    `close()` (which must make `fn` return soon, e.g. by shutting its socket down) and then
+    waits for the thread, so nothing `fn` touches is used after this returns."""
+    finished = False
+
+    async def closer() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            if not finished:
+                close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(closer)
+        result = await outcome.acapture(trio.to_thread.run_sync, fn)  # not abandoned: closer() unblocks it
+        finished = True
+        nursery.cancel_scope.cancel()
+    return result.unwrap()  # raised out here, not wrapped in the nursery's ExceptionGroup
+
+
 # -- server ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ChunkReader:
+    """The blob one offer serves, as the bulk channel sees it (the blob server builds one):
+    its file (read in worker threads, by byte ranges of the client's chunk size), who may
+    read it (re-checked before every request), a hook awaited before each batch, and a
+    counter callback (chunks, bytes) after each."""
+
+    blob: str
+    path: Path
+    allowed: Callable[[str], bool]
+    before_batch: Callable[[str, list[int]], Awaitable[None]] | None = None
+    served: Callable[[int, int], None] = lambda chunks, nbytes: None
+
+
+class BulkConns:
+    """The proven bulk connections being served, by peer: `drop(peer)` closes them at once."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[str, set[SealedSocket]] = {}
+
+    def add(self, frames: SealedSocket) -> None:
+        self._by_peer.setdefault(frames.peer, set()).add(frames)
+
+    def discard(self, frames: SealedSocket) -> None:
+        conns = self._by_peer.get(frames.peer, set())
+        conns.discard(frames)
+        if not conns:
+            self._by_peer.pop(frames.peer, None)
+
+    def peers(self) -> list[str]:
+        return list(self._by_peer)
+
+    def drop(self, peer: str) -> int:
+        """Close every connection of `peer`; safe from the trio thread (closing wakes the
+        worker thread blocked on the socket). Returns how many."""
+        conns = self._by_peer.pop(peer, set())
+        for frames in conns:
+            frames.close()
+        return len(conns)
 
 
 @dataclass
@@ -291,11 +384,12 @@ class _Offer:
     pending: int = 0
 
 
-async def serve_bulk(server: "BlobServer", control: Stream, blob: str, conns: int, client_pub: bytes, *,
-                     bind: str, port: int, idle: float) -> None:
-    """Offer a port on `control` (key exchange), serve up to `conns` key-proving connections."""
+async def serve_bulk(reader: ChunkReader, registry: BulkConns, control: Stream, conns: int, client_pub: bytes, *,
+                     local_peer: str, bind: str, port: int, idle: float) -> None:
+    """Offer a port on `control` (key exchange), serve `reader`'s blob to up to `conns`
+    key-proving connections; each is in `registry` while it is served."""
     private, server_pub = new_ephemeral()
-    keys = derive_keys(private, client_pub, server_peer=server.transport.peer_id, client_peer=control.remote_peer,
+    keys = derive_keys(private, client_pub, server_peer=local_peer, client_peer=control.remote_peer,
                        server_pub=server_pub, client_pub=client_pub, conns=conns)
     offer = _Offer(keys, control.remote_peer)
     try:
@@ -318,7 +412,7 @@ async def serve_bulk(server: "BlobServer", control: Stream, blob: str, conns: in
                     sock.close()  # too many unproven connections: drop the newcomer, keep the rest
                     continue
                 offer.pending += 1
-                nursery.start_soon(_prove_and_serve, server, offer, sock, blob, idle)
+                nursery.start_soon(_prove_and_serve, reader, registry, offer, sock, idle)
             lsock.close()  # no more connections; proven ones finish in the nursery
         served = len(offer.claimed)
     finally:
@@ -351,7 +445,8 @@ def _read_hello(frames: SealedSocket, offer: _Offer) -> int:
     return index
 
 
-async def _prove_and_serve(server: "BlobServer", offer: _Offer, sock: socket.socket, blob: str, idle: float) -> None:
+async def _prove_and_serve(reader: ChunkReader, registry: BulkConns, offer: _Offer, sock: socket.socket,
+                           idle: float) -> None:
     frames = SealedSocket(sock, offer.peer, PROVE_TIMEOUT)
     try:
         try:
@@ -369,21 +464,18 @@ async def _prove_and_serve(server: "BlobServer", offer: _Offer, sock: socket.soc
             return
         offer.claimed.add(index)
         frames.sock.settimeout(idle)
-        server.bulk_conns.setdefault(offer.peer, set()).add(frames)  # BlobServer.drop_peer closes it
+        registry.add(frames)  # BlobServer.drop_peer closes it
         try:
-            await _serve_conn(server, frames, blob)
+            await _serve_conn(reader, frames)
         finally:
-            conns = server.bulk_conns.get(offer.peer, set())
-            conns.discard(frames)
-            if not conns:
-                server.bulk_conns.pop(offer.peer, None)
+            registry.discard(frames)
     finally:
         frames.close()
 
 
-async def _serve_conn(server: "BlobServer", frames: SealedSocket, blob: str) -> None:
+async def _serve_conn(reader: ChunkReader, frames: SealedSocket) -> None:
+    blob = reader.blob
     try:
-        path = await trio.to_thread.run_sync(server.store.path, blob)
         while True:
             try:
                 raw = await _run(frames.read_frame, HEADER_MAX)
@@ -392,15 +484,13 @@ async def _serve_conn(server: "BlobServer", frames: SealedSocket, blob: str) -> 
             req = unpack(raw)
             if req.get("op") != "get" or req.get("blob") != blob:
                 raise FrameError(f"bulk connection may only get blob {blob[:12]}")
-            if not server.may_serve(frames.peer, blob):  # every request: revoked since the offer?
+            if not reader.allowed(frames.peer):  # every request: revoked since the offer?
                 log.warning("bulk connection from %s closed: no longer allowed to read %s", frames.peer, blob[:12])
                 return
             cs, idx = chunk_request(req)
-            if server.before_batch is not None:
-                await server.before_batch(frames.peer, idx)
-            n, nbytes = await _run(_send_ranges, frames, path, cs, idx)
-            server.served_chunks += n
-            server.served_bytes += nbytes
+            if reader.before_batch is not None:
+                await reader.before_batch(frames.peer, idx)
+            reader.served(*await _run(_send_ranges, frames, reader.path, cs, idx))
     except FrameError as e:
         log.warning("bulk connection from %s closed: %s", frames.peer, e)
     except TransportError as e:
@@ -424,7 +514,6 @@ def _send_ranges(frames: SealedSocket, path: os.PathLike, cs: int, idx: list[int
             f.seek(off)
             if f.readinto(view) != n:
                 raise TransportError(f"blob file shrank while sending to {frames.peer}")
-            frames.write_frame(pack({"i": i, "n": n}))
-            frames.write_frame(view)
+            frames.write_frames(pack({"i": i, "n": n}), view)
             sent, nbytes = sent + 1, nbytes + n
     return sent, nbytes
