@@ -60,7 +60,8 @@ class PartialBlob:
         self.store, self.manifest = store, manifest
         h, d = manifest.blob, store.partial_dir
         self._data_p, self._state_p, self._man_p = d / h, d / (h + ".state"), d / (h + ".manifest")
-        self._lock = threading.Lock()  # guards the sets below and the state fd
+        self._lock = threading.Lock()  # guards the sets below
+        self._flush_lock = threading.Lock()  # guards the state fd (one flush at a time)
         self._done: set[int] = set()  # recorded on disk
         self._pending: set[int] = set()  # written, not yet recorded (sync=False)
         self._writing: set[int] = set()  # being written by a thread now
@@ -195,20 +196,22 @@ class PartialBlob:
     def flush(self) -> None:
         """Make the data of every written chunk durable, then record those chunks."""
         self._check_open()
-        with self._lock:
-            todo = sorted(self._pending)
+        with self._flush_lock:  # the syncs run outside `_lock`: writers go on meanwhile
+            with self._lock:
+                todo = sorted(self._pending)
             if not todo:
                 return
             try:
-                os.fdatasync(self._fd)
+                os.fdatasync(self._fd)  # every chunk in `todo` was written before it became pending
                 write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
                 os.fdatasync(self._state_fd)
             except OSError as e:
                 os.ftruncate(self._state_fd, self._state_len)  # never leave a torn record
                 raise write_error(e, f"the download state of blob {self.manifest.blob}") from None
             self._state_len += _REC.size * len(todo)
-            self._done.update(todo)
-            self._pending.difference_update(todo)
+            with self._lock:
+                self._done.update(todo)
+                self._pending.difference_update(todo)
 
     def _advance_hash(self, i: int | None = None, mv: memoryview | None = None, *, wait: bool = False) -> None:
         """Extend the whole-blob hash over the written prefix, so complete() rarely has to
@@ -275,10 +278,17 @@ class PartialBlob:
             keep = sorted(self._done)
         with self._hash_lock:
             self._hasher, self._hashed = hashlib.sha256(), 0
+        with self._flush_lock:
+            self._rewrite_state(keep)
+        raise BadChunks(bad, f"blob {m.blob}: chunks {bad[:10]} changed on disk or arrived corrupt "
+                        "(they do not match the manifest); fetch them again")
+
+    def _rewrite_state(self, keep: list[int]) -> None:
+        """Replace the sidecar atomically by one recording exactly `keep`."""
         tmp = self._state_p.with_name(self._state_p.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(m.hash)
+            write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(self.manifest.hash)
                                       + b"".join(_REC.pack(k, k ^ _REC_CHECK) for k in keep)))
             os.fsync(fd)
         finally:
@@ -287,8 +297,6 @@ class PartialBlob:
         os.close(self._state_fd)
         self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
         self._state_len = os.fstat(self._state_fd).st_size
-        raise BadChunks(bad, f"blob {m.blob}: chunks {bad[:10]} changed on disk or arrived corrupt "
-                        "(they do not match the manifest); fetch them again")
 
     # ----- lifecycle
     def _close_fds(self) -> None:

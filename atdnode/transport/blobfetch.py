@@ -92,6 +92,7 @@ class _Job:
         self.inflight: set[int] = set()
         self.lot = trio.lowlevel.ParkingLot()
         self.unflushed = 0
+        self.flush_due = trio.Event()  # set when `unflushed` reached cfg.flush_bytes (BlobFetcher._flusher)
         self.source: dict[int, str] = {}  # chunk -> the peer it came from in this fetch (for BadChunks)
         self.batch = max(1, min(MAX_BATCH, cfg.batch_bytes // manifest.chunk_size))
 
@@ -132,6 +133,9 @@ class _Job:
             self.unflushed += n
             self.inflight.discard(i)
         arrived.clear()
+        if self.unflushed >= self.cfg.flush_bytes:
+            self.unflushed = 0
+            self.flush_due.set()
         if not self.queue and not self.inflight:
             self.lot.unpark_all()
 
@@ -241,10 +245,13 @@ class BlobFetcher:
             if job.queue and usable:
                 per = max(1, min(self.cfg.per_peer, self.cfg.max_streams // len(usable)))
                 per = min(per, max(1, math.ceil(len(job.queue) / job.batch / len(usable))))
-                async with trio.open_nursery() as nursery:
-                    for p in usable:
-                        first = probes.pop(p)[0] if p in probes else None
-                        nursery.start_soon(self._peer, job, p, first, per)
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(self._flusher, job)
+                    async with trio.open_nursery() as nursery:
+                        for p in usable:
+                            first = probes.pop(p)[0] if p in probes else None
+                            nursery.start_soon(self._peer, job, p, first, per)
+                    outer.cancel_scope.cancel()  # a flush under way finishes first (its thread is waited for)
             if job.queue or job.inflight:
                 break
             try:
@@ -394,7 +401,6 @@ class BlobFetcher:
                     await conn.fetch_batch(job.request(batch), [(i, job.m.span(i)[1]) for i in batch], buf, sink)
                 finally:
                     job.settle(peer, arrived, owned)
-                await self._maybe_flush(job)
         except BlobError as e:  # a chunk failed its hash (or the disk): never trust this peer for this blob
             job.fail(peer, str(e), bad=True)
             await conn.reset()
@@ -461,9 +467,11 @@ class BlobFetcher:
                 finally:
                     del items, item
                     job.settle(peer, arrived, owned)
-                await self._maybe_flush(job)
 
-    async def _maybe_flush(self, job: _Job) -> None:
-        if job.unflushed >= self.cfg.flush_bytes:
-            job.unflushed = 0
+    async def _flusher(self, job: _Job) -> None:
+        """Make written chunks durable (resumable) every `flush_bytes`, beside the workers:
+        a worker never waits for an fsync."""
+        while True:
+            await job.flush_due.wait()
+            job.flush_due = trio.Event()
             await trio.to_thread.run_sync(job.partial.flush)
