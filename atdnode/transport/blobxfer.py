@@ -30,8 +30,7 @@ requests there, every frame AES-256-GCM sealed (see bulk.py). Integrity addition
 from the manifest (named by the signed ledger entry). Turned off or pinned to a fixed port
 in config.toml (`[bulk] enabled`, `port`; see NodeConfig.bulk_options); with a fixed port,
 one offer at a time uses it and a concurrent request is answered "busy" (the client then
-uses streams). On loopback, plaintext bulk moved 350 MB at 0.30-0.88x raw TCP+SHA-256 and
-py-libp2p streams at 0.04-0.09x (bench/transfer_bench.py, 2 busy cores).
+uses streams). Throughput of both against raw TCP + SHA-256: bench/transfer_bench.py.
 
 A peer that breaks the protocol (malformed or oversized header, wrong chunk length) has
 that one stream reset with a logged reason; nothing else is affected.
@@ -58,7 +57,8 @@ from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protoc
     unpack,
 )
 from atdnode.transport.blobfetch import BlobFetcher, FetchConfig
-from atdnode.transport.bulk import MAX_CONNS, BulkConn, BulkConns, ChunkReader, serve_bulk  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.bulk import MAX_CONNS, BulkConn  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.bulk_server import BulkConns, ChunkReader, serve_bulk
 from atdnode.transport.limits import PeerLimits, lease_or_reset
 
 if TYPE_CHECKING:
