@@ -48,12 +48,15 @@ _REC_CHECK = 0x5A7DC0DE  # second word of a record = index ^ this; catches garba
 class PartialBlob:
     """A download of one blob, chunk by chunk in any order, that survives restarts.
 
-    `write_chunk` verifies a chunk against the manifest before writing it into a
-    preallocated file, and records it in an append-only sidecar after the data is on disk
-    (fsync'd unless `sync=False`; then `flush()` records it). After a restart,
-    `store.partial(same manifest).missing()` lists only unrecorded chunks. `complete()`
-    verifies the whole-blob hash and renames the file into the store atomically.
-    A sidecar or data file that does not match the manifest restarts the download.
+    `write_chunk` verifies a chunk against the manifest (unless `verify=False`) before
+    writing it into a preallocated file, and records it in an append-only sidecar after the
+    data is on disk (fsync'd unless `sync=False`; then `flush()` records it). After a
+    restart, `store.partial(same manifest).missing()` lists only unrecorded chunks.
+    `complete()` verifies the whole-blob hash -- computed as chunks are written, over the
+    written prefix, so each byte is hashed once -- and renames the file into the store
+    atomically; on a mismatch it un-records the chunks that do not match the manifest
+    (`BadChunks`). A sidecar or data file that does not match the manifest restarts the
+    download.
     """
 
     def __init__(self, store: PartialHost, manifest: Manifest) -> None:
