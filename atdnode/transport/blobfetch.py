@@ -395,10 +395,26 @@ class BlobFetcher:
                 arrived.append((i, len(data)))
             check_next[0] = False
 
+        ahead: list[int] = []  # the next batch, already requested by the thread of the current one
+
+        def more() -> bytes | None:  # on the trio thread, called by the worker thread (trio.from_thread)
+            if job.usable(peer) and (nxt := job.take()):
+                owned.update(nxt)
+                ahead.extend(nxt)
+                return job.request(nxt)
+            return None
+
         try:
-            while (batch := await job.next_batch(peer, owned)) is not None:
+            while True:
+                if ahead and job.usable(peer):
+                    batch, header = ahead[:], None
+                    ahead.clear()
+                elif (batch := await job.next_batch(peer, owned)) is not None:
+                    header = job.request(batch)
+                else:
+                    break
                 try:
-                    await conn.fetch_batch(job.request(batch), [(i, job.m.span(i)[1]) for i in batch], buf, sink)
+                    await conn.fetch_batch(header, [(i, job.m.span(i)[1]) for i in batch], buf, sink, more)
                 finally:
                     job.settle(peer, arrived, owned)
         except BlobError as e:  # a chunk failed its hash (or the disk): never trust this peer for this blob

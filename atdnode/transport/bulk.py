@@ -283,20 +283,26 @@ class BulkConn:
         """Chunk i (exactly n bytes), opened into `buf` when given (no allocation per chunk)."""
         return await self._call(self._recv_chunk, i, n, buf)
 
-    async def fetch_batch(self, header: bytes, chunks: list[tuple[int, int]], buf: bytearray,
-                          sink: ChunkSink) -> None:
-        """Send one `get` request (`header`) and receive its chunks -- (index, length) each --
-        in ONE worker thread: each is opened into `buf` and handed to `sink(i, view)` in
-        that thread before the next is read (so `sink` may hash and write it). One thread
-        hop per batch, not per frame; the socket's buffers keep the sender busy meanwhile.
-        Errors from the channel or from `sink` end the batch and propagate; on cancellation
-        the socket is shut down and the thread is waited for (it never outlives the call,
-        so `sink` never runs after it returns)."""
+    async def fetch_batch(self, header: bytes | None, chunks: list[tuple[int, int]], buf: bytearray,
+                          sink: ChunkSink, more: Callable[[], bytes | None] | None = None) -> None:
+        """Send one `get` request (`header`; None: sent already) and receive its chunks --
+        (index, length) each -- in ONE worker thread: each is opened into `buf` and handed
+        to `sink(i, view)` in that thread before the next is read (so `sink` may hash and
+        write it). One thread hop per batch, not per frame; the socket's buffers keep the
+        sender busy meanwhile. Once the first chunk is in, `more()` runs on the trio thread
+        (`trio.from_thread`) and the request it returns, if any, is sent at once: the
+        server then never waits for the next request (and a holder that never sends the
+        first chunk is never asked for more). Errors from the channel or from `sink` end
+        the batch and propagate; on cancellation the socket is shut down and the thread is
+        waited for (it never outlives the call, so `sink` never runs after it returns)."""
 
         def run() -> None:
-            self.f.write_frame(header)
-            for i, n in chunks:
+            if header is not None:
+                self.f.write_frame(header)
+            for k, (i, n) in enumerate(chunks):
                 sink(i, memoryview(self._recv_chunk(i, n, buf)))
+                if k == 0 and more is not None and (nxt := trio.from_thread.run_sync(more)) is not None:
+                    self.f.write_frame(nxt)
 
         await _run_closing(run, self.f.close)
 
