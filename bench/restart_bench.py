@@ -10,8 +10,11 @@ had in the cycle before (each start takes a new port: the members' old `hello`s 
 A failed cycle records its error and the next cycle runs `down` first, as a user would.
 
 Baseline, same run: the same cycle on a one-node consortium (one daemon's start and stop, no
-connections). `ratio` = an N-node cycle / a one-node cycle: daemons started one after another
-would give about N; side by side (what `up` does) it stays near 1 when cores are free.
+connections). `ratio` = an N-node cycle / a one-node cycle. A daemon's start is ~1.2 s of one
+core (py-libp2p's import alone ~0.6 s): started one after another N daemons take about N
+times one; side by side (what `up` does) about N / free cores, plus the time they take to find
+each other (introduction, new `hello`s, dials) and to agree on the ledger, which a one-node
+cycle does not have. Other processes on the host (`load`) stretch the N-node cycle most.
 
 Prints one JSON object: nodes, cycles, successes, failures (cycle, error), cycle_s / up_s /
 down_s {p50, max}, baseline_cycle_s {p50, max}, ratio (p50 / baseline p50), cpus, load.
