@@ -11,7 +11,7 @@ A failed cycle records its error and the next cycle runs `down` first, as a user
 
 Baseline, same run: the same cycle on a one-node consortium (one daemon's start and stop, no
 connections). `ratio` = an N-node cycle / a one-node cycle. A daemon's start is ~1.2 s of one
-core (py-libp2p's import alone ~0.6 s): started one after another N daemons take about N
+core (importing py-libp2p alone ~0.8 s of it): started one after another N daemons take about N
 times one; side by side (what `up` does) about N / free cores, plus the time they take to find
 each other (introduction, new `hello`s, dials) and to agree on the ledger, which a one-node
 cycle does not have. Other processes on the host (`load`) stretch the N-node cycle most.
