@@ -146,3 +146,20 @@ def test_the_upward_arrow_finder_finds_one():
     graph = {"protocols.a": {"atdnode.model", "ledger.x"}, "ledger.x": set(), "atdnode.model": {"protocols.a"},
              "ledger.y": {"protocols.a"}}
     assert upward_arrows(graph) == ["protocols.a -> atdnode.model"]
+
+
+def _name_of(node: ast.AST) -> str | None:
+    """`svc` for both `svc` and `self.svc`."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def test_a_campaign_uses_only_what_its_host_interface_offers():
+    """The split campaigns see their service only as `atdnode.split.host.CampaignHost` (that
+    is what keeps service -> campaign one-way): every `svc.<name>` they use is declared there."""
+    from atdnode.split.host import CampaignHost
+
+    offered = set(CampaignHost.__annotations__) | {n for n in vars(CampaignHost) if not n.startswith("_")}
+    for mod in ("campaign", "msd_campaign"):
+        tree = ast.parse((ROOT / "atdnode" / "split" / f"{mod}.py").read_text())
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and _name_of(n.value) == "svc"}
+        assert used and used <= offered, f"{mod} uses {sorted(used - offered)} of the service beyond CampaignHost"
