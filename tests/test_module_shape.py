@@ -126,7 +126,6 @@ def test_the_vit_config_is_pure_data():
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [
     ["atdnode.transport.blobfetch", "atdnode.transport.blobxfer", "atdnode.transport.bulk"],
-    ["atdnode.daemon", "atdnode.dashboard", "atdnode.dashboard.server"],
 ]
 
 
