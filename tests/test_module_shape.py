@@ -125,7 +125,6 @@ def test_the_vit_config_is_pure_data():
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [
-    ["atdnode.transport.blobfetch", "atdnode.transport.blobxfer", "atdnode.transport.bulk"],
 ]
 
 
