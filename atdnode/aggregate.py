@@ -39,7 +39,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.errors import AtdError, BlobError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
-from atdnode.model import ModelConfig
+from atdnode.model import ModelConfig, ModelConfigError
 from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.weights import load_weights, read_meta, save_weights
@@ -141,7 +141,7 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
         else:
             try:
                 diff = cfg.diff(ModelConfig.from_dict(b.get("model") or {}), ignore=("num_classes",))
-            except AtdError as exc:
+            except (AtdError, ModelConfigError) as exc:
                 diff = [str(exc)]
             if diff:
                 problem = "another model config: " + ", ".join(diff)

@@ -165,7 +165,7 @@ VERIFY_SIZES = {  # the tests' round models: tests/vgs_homes.py (test_rounds*), 
 def verify_cost(a) -> dict:
     """Seconds per round of `verify_round` (every adopter) vs `record` (the coordinator) and
     one local training; see the module doc."""
-    from atdnode.model import ModelConfig
+    from atdnode.model import resolve_config
     from atdnode.round_rules import active_members, round_weights_entries, verify_round
     from atdnode.rounds import RoundRunner, RoundsConfig
     from atdnode.weights import load_weights
@@ -174,7 +174,7 @@ def verify_cost(a) -> dict:
 
     out = {}
     for name, size in VERIFY_SIZES.items():
-        cfg = ModelConfig.resolve("vit_tiny_patch16_224", **size)
+        cfg = resolve_config("vit_tiny_patch16_224", **size)
         with tempfile.TemporaryDirectory(prefix="atd-verify-bench-") as tmp:
             homes = consortium(Path(tmp), [f"n{k}" for k in range(a.nodes)])
             runners = [RoundRunner(h, RoundsConfig(data=f"digits?shard={k + 1}/{a.nodes}&limit={a.limit}", cfg=cfg,

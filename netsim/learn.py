@@ -26,7 +26,7 @@ from atdnode import ddp
 from atdnode.data import LabeledImages
 from atdnode.device import resolve_device
 from atdnode.features import predict_classes
-from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
+from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
 from atdnode.training import Trainer, TrainOptions
 from netsim.scenario import TrainSpec
 from protocols.aggregation import HEAD_PREFIXES
@@ -36,9 +36,9 @@ METRICS = ("accuracy", "precision", "sensitivity", "f1")
 
 
 def model_config(spec: ModelConfig, num_classes: int) -> ModelConfig:
-    return ModelConfig.resolve(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
-                               embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
-                               in_chans=spec.in_chans, num_classes=num_classes, mlp_ratio=spec.mlp_ratio)
+    return resolve_config(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
+                           embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
+                           in_chans=spec.in_chans, num_classes=num_classes, mlp_ratio=spec.mlp_ratio)
 
 
 @dataclass

@@ -49,7 +49,7 @@ import torch
 from timm.layers import build_sincos2d_pos_embed
 from torch import nn
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.comm_cost import ByteCounter, CostParams, InProcessChannel, tensor_bytes
 from protocols.split_parts import BatchSampler, TaskSpec, TaskTail, build_head, task_loss, task_metric
 from protocols.split_server import BodyServer

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import SplitRunResult, unify_clients
 from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,

@@ -12,14 +12,14 @@ from atdnode.blobstore import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages, load_dataset
 from atdnode.home import NodeHome
 from atdnode.identity import init_home
-from atdnode.model import ModelConfig, build_model
+from atdnode.model import build_model, resolve_config
 from atdnode.training import TrainOptions, train
 from atdnode.weights import load_weights
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 DATA = "digits?limit=300"
-CFG = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
+CFG = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
 
 
 def _home(tmp_path, name: str) -> NodeHome:

@@ -18,7 +18,7 @@ import torch
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity, init_home
-from atdnode.model import ModelConfig
+from atdnode.model import ModelConfig, resolve_config
 from atdnode.publish import publish_weights
 from atdnode.registry import ModelRegistry
 from atdnode.training import TrainOptions, train
@@ -32,7 +32,7 @@ DISJOINT = {"a": "digits?classes=0,1,2", "b": "digits?classes=3,4,5", "c": "digi
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig.resolve("vit_tiny_patch16_224", **CFG)
+    return resolve_config("vit_tiny_patch16_224", **CFG)
 
 
 def consortium(root: Path, names: list[str]) -> list[NodeHome]:

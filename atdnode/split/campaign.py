@@ -19,7 +19,7 @@ call runs in one worker thread at a time (`call`), never on the trio loop.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import logging
 
@@ -27,6 +27,7 @@ import trio
 
 from atdnode.device import resolve_device
 
+from atdnode.split.host import CampaignHost, Session
 from atdnode.split.report import server_record, write_record
 from atdnode.split.rounds import Member
 from atdnode.split.session import EVAL_KINDS, meta_int, tensor
@@ -37,14 +38,11 @@ from protocols.split_state import SplitProtocolError, SplitStateError
 
 log = logging.getLogger("atd.split")
 
-if TYPE_CHECKING:
-    from atdnode.split.service import Session, SplitService
-
 
 class Campaign:
     """Coordinator + session logic of a FESTA or p-FESTA server (``svc.algorithm``)."""
 
-    def __init__(self, svc: SplitService) -> None:
+    def __init__(self, svc: CampaignHost) -> None:
         assert svc.settings is not None and svc.board is not None
         self.svc, self.s, self.board = svc, svc.settings, svc.board
         self.device = resolve_device(None, home=svc.home)  # the body's device (atdnode.device rule)
