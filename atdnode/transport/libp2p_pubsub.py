@@ -90,6 +90,8 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
+from atdnode.transport.gossip_mesh import MeshHealthMixin
+
 log = logging.getLogger(__name__)
 
 # Read by py-libp2p's yamux at call time; set before any stream exists. setdefault keeps
@@ -251,8 +253,9 @@ class CoalescingPubsub(Pubsub):
             self._handle_dead_peer(peer_id)
 
 
-class FloodPublishGossipSub(GossipSub):
-    """GossipSub that sends the node's own messages to every topic peer (module doc)."""
+class FloodPublishGossipSub(MeshHealthMixin, GossipSub):
+    """GossipSub that sends the node's own messages to every topic peer (module doc), and
+    whose mesh cannot stay empty (`atdnode.transport.gossip_mesh`: relays flood while it is)."""
 
     def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
         topic_ids = list(topic_ids)
@@ -261,6 +264,12 @@ class FloodPublishGossipSub(GossipSub):
             for topic in topic_ids:
                 peers.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
             peers.discard(origin)
+        elif self.pubsub is not None:  # a relay: to every topic peer while our mesh is empty
+            flood = self.flood_relay_peers(topic_ids)
+            if flood:
+                peers.update(flood)
+                peers.discard(origin)
+                peers.discard(msg_forwarder)
         gate = getattr(self.pubsub, "peer_gate", None)
         return peers if gate is None else {p for p in peers if gate(p)}
 
