@@ -16,6 +16,7 @@ import trio
 
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from tests.test_daemon_memory import wait_for
+from tests.test_gossip_latency import serve_subscribed
 
 TOPIC = "/atd/test/mesh"
 
@@ -29,17 +30,8 @@ def test_empty_mesh_floods_relays_and_takes_a_graft_back(caplog) -> None:
         got: dict[str, list[bytes]] = {t.peer_id: [] for t in ts}
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
-            async def serve(t: Libp2pTransport, task_status=trio.TASK_STATUS_IGNORED) -> None:
-                async with t.run(["/ip4/127.0.0.1/tcp/0"]):
-                    async def handler(data: bytes, _frm: str) -> None:
-                        got[t.peer_id].append(data)
-
-                    await t.subscribe(TOPIC, handler, lambda d, p: True)
-                    task_status.started()
-                    await stop.wait()
-
             for t in ts:
-                await nursery.start(serve, t)
+                await nursery.start(serve_subscribed, t, TOPIC, got, stop)
             for t in (a, b, c, o):  # X in the middle; O reaches the others only through X
                 await t.connect(x.addrs()[0])
             await a.connect(b.addrs()[0])
