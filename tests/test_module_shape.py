@@ -107,7 +107,6 @@ def test_protocols_import_from_atdnode_only_the_model_config():
 KNOWN_CIRCLES: list[list[str]] = [
     ["atdnode.split", "atdnode.split.campaign", "atdnode.split.msd_campaign", "atdnode.split.service"],
     ["atdnode.transport.blobfetch", "atdnode.transport.blobxfer", "atdnode.transport.bulk"],
-    ["atdnode.daemon", "atdnode.dashboard", "atdnode.dashboard.server"],
     ["netsim.scenario", "netsim.scenario_check"],
 ]
 
