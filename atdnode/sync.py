@@ -49,7 +49,7 @@ import trio
 
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
-from atdnode.own_chain import fork_evidence, held_for
+from atdnode.own_chain import fork_evidence, held_by, held_for
 from atdnode.sync_digest import VECTOR_BYTES, bucket_of, differing, digest_vector
 from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
@@ -159,7 +159,8 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     theirs = msg.get("b")
     if msg["t"] != "digest" or not isinstance(theirs, bytes) or len(theirs) != VECTOR_BYTES:
         raise SyncProtocolError("expected a digest vector")
-    mine, yours = await ledger.run(lambda led: (digest_vector(led)[0], held_for(led, stream.remote_peer)))
+    mine, heads_here = await ledger.run(digest_vector)
+    yours = held_by(heads_here, stream.remote_peer)
     wanted = differing(mine, theirs)
     if not wanted:
         await _write(stream, {"t": "end", "n": 0, "yours": yours})

@@ -261,6 +261,7 @@ class MemCluster:
         self.c = consortium or make_consortium(root, self.names, seed=seed, roles=roles,
                                                    established=established)
         self._pid_of = {Signer.from_seed(k).public_key: self.c.peer_ids[n] for n, k in self.c.seeds.items()}
+        self._key_of = {p: k for k, p in self._pid_of.items()}
         self.sync_interval = sync_interval
         self.poll_interval = poll_interval
         self.max_peers = max_peers
@@ -412,7 +413,8 @@ class MemCluster:
         node: with 1,000 nodes mapping every author of every node was most of a run's CPU)."""
         await trio.lowlevel.checkpoint()
         if authors is not None:
-            keys = [(p, public_key_from_peer_id(p)) for p in authors]
+            key_of = self._key_of
+            keys = [(p, key_of.get(p) or public_key_from_peer_id(p)) for p in authors]
             h = self._ledger_call(name, lambda led: led.heads())
             return {p: h[k] for p, k in keys if k in h}
         pid = self._pid_of
