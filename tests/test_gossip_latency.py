@@ -70,25 +70,9 @@ def test_libp2p_burst_is_coalesced_and_delivered_intact() -> None:
         ts = [Libp2pTransport(bytes([i + 1]) * 32) for i in range(3)]
         got: dict[str, list[bytes]] = {t.peer_id: [] for t in ts}
         async with trio.open_nursery() as nursery:
-            ready: list[trio.Event] = []
             stop = trio.Event()
-
-            async def serve(t: Libp2pTransport, ev: trio.Event) -> None:
-                async with t.run(["/ip4/127.0.0.1/tcp/0"]):
-
-                    async def handler(data: bytes, frm: str) -> None:
-                        got[t.peer_id].append(data)
-
-                    await t.subscribe(TOPIC, handler, lambda d, p: True)
-                    ev.set()
-                    await stop.wait()
-
             for t in ts:
-                ev = trio.Event()
-                ready.append(ev)
-                nursery.start_soon(serve, t, ev)
-            for ev in ready:
-                await ev.wait()
+                await nursery.start(serve_subscribed, t, TOPIC, got, stop)
             await ts[1].connect(ts[0].addrs()[0])
             await ts[2].connect(ts[0].addrs()[0])
             await ts[2].connect(ts[1].addrs()[0])
@@ -133,6 +117,19 @@ def test_daemon_checks_each_gossiped_signature_once(tmp_path: Path, monkeypatch)
         assert 20 <= calls["n"] <= 25, calls["n"]
 
     trio.run(main)
+
+
+async def serve_subscribed(t: Libp2pTransport, topic: str, got: dict[str, list[bytes]], stop: trio.Event,
+                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run `t` on loopback subscribed to `topic` (what arrives is appended to got[peer id])
+    until `stop` is set; started once subscribed."""
+    async with t.run(["/ip4/127.0.0.1/tcp/0"]):
+        async def handler(data: bytes, _frm: str) -> None:
+            got[t.peer_id].append(data)
+
+        await t.subscribe(topic, handler, lambda d, p: True)
+        task_status.started()
+        await stop.wait()
 
 
 # ---- issue 15: the receive path (buffered reads, duplicates dropped first, no pubsub
