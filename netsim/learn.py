@@ -9,9 +9,9 @@ Training and prediction run on the node's device (`atdnode.device.resolve_device
 set by `atd netsim run --device`, else CUDA when present); the trained model comes back on
 the CPU, so every average and every byte counted is computed there, as on the wire.
 
-Metrics (`score`) are macro-averaged over the classes present in the test set, so a node
-whose test data holds 3 classes is not penalised for the 7 it never sees; predictions of
-other classes count as errors.
+Metrics (`score`) are the node's (`atdnode.metrics.classification_metrics`): macro-averaged
+over the classes present in the test set, so a node whose test data holds 3 classes is not
+penalised for the 7 it never sees; predictions of other classes count as errors.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from atdnode import ddp
 from atdnode.data import LabeledImages
 from atdnode.device import resolve_device
 from atdnode.features import predict_classes
+from atdnode.metrics import classification_metrics
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
 from netsim.scenario import TrainSpec
@@ -100,17 +101,13 @@ def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
-    """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`."""
-    from sklearn.metrics import precision_recall_fscore_support
-
+    """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`:
+    `atdnode.metrics.classification_metrics` (the scorer of `atd train` and `atd classify`),
+    rounded to 6 places, without the confusion matrix."""
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    if len(y_true) == 0:
-        return {k: 0.0 for k in METRICS} | {"n": 0}
-    labels = np.unique(y_true)
-    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro", zero_division=0)
-    return {"accuracy": round(float((y_true == y_pred).mean()), 6), "precision": round(float(p), 6),
-            "sensitivity": round(float(r), 6), "f1": round(float(f), 6), "n": int(len(y_true))}
+    m = classification_metrics(y_true, y_pred, labels=np.union1d(y_true, y_pred))
+    return {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]}
 
 
 def state_bytes(tensors: dict[str, torch.Tensor]) -> int:
