@@ -16,7 +16,7 @@ penalised for the 7 it never sees; predictions of other classes count as errors.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -29,7 +29,6 @@ from atdnode.features import predict_classes
 from atdnode.metrics import classification_metrics
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part
 from atdnode.training import Trainer, TrainOptions
-from netsim.scenario import TrainSpec
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 
@@ -48,12 +47,14 @@ class Trained:
     seconds: float  # wall-clock compute time of this step
 
 
-def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed: int, epochs: int | None = None,
+def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainOptions, *, seed: int, epochs: int | None = None,
                 init: dict[str, torch.Tensor] | None = None, init_part: str = "extractor", freeze: int = 0,
-                prox_mu: float = 0.0, warmup_epochs: float = 0.5) -> Trained:
+                prox_mu: float = 0.0, warmup_epochs: float | None = None) -> Trained:
     """Train a fresh model of `cfg` on `data`, optionally initialised from `init` (a part's
     tensors), with the first `freeze` blocks frozen and an optional FedProx term
-    `mu/2 * ||w - w_init||^2` (added to each parameter's gradient by a hook)."""
+    `mu/2 * ||w - w_init||^2` (added to each parameter's gradient by a hook). `spec` is the
+    scenario's [train] (`TrainOptions`: epochs, batch size, rate, weight decay, warmup, augment);
+    `epochs`, `warmup_epochs` and `freeze` override it for this step."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = build_model(cfg)
@@ -68,8 +69,8 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed:
         for name, p in model.named_parameters():
             if p.requires_grad:
                 hooks.append(p.register_hook(lambda g, p=p, r=ref[name]: g + prox_mu * (p.detach() - r)))
-    opts = TrainOptions(epochs=epochs or spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
-                        weight_decay=spec.weight_decay, warmup_epochs=warmup_epochs, seed=seed, augment=spec.augment)
+    opts = replace(spec, epochs=epochs or spec.epochs, seed=seed, freeze_blocks=freeze, init_from=None,
+                   warmup_epochs=spec.warmup_epochs if warmup_epochs is None else warmup_epochs)
     trainer = Trainer(model, data, opts, ddp.DistContext(device=dev))
     for e in range(opts.epochs):
         trainer.train_epoch(e)

@@ -11,9 +11,11 @@ the network conditions, the faults, and optionally a gossip workload:
                  student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`);
                  finetune_lr: VGS-ATD's learning rate when its models descend from the base
     [model]      timm ViT overrides (atdnode.model.ModelConfig fields)
-    [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
+    [train]      epochs, batch_size, lr, weight_decay, warmup_epochs, freeze_blocks, augment
+                 (atdnode.training.TrainOptions fields)
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
-    [ensemble]   pca_components, mlp_epochs, prior (passed to the ensemble classifier)
+    [ensemble]   pca_components, mlp_max_iter (older name: mlp_epochs), rf_trees, prior
+                 (atdnode.node_ensemble.EnsembleOptions fields)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
@@ -32,12 +34,14 @@ Every problem raises `ScenarioError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from atdnode.errors import AtdError
 from atdnode.model import ModelConfig
+from atdnode.node_ensemble import EnsembleOptions
+from atdnode.training import TrainOptions
 
 BACKENDS = ("memory", "process")
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
@@ -59,6 +63,17 @@ class ScenarioError(AtdError):
 # defaults are laptop-sized, and num_classes is set per node from its label space.
 NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
                            num_heads=2, in_chans=1, num_classes=2)
+
+# [train] is an `atdnode.training.TrainOptions` and [ensemble] an `atdnode.node_ensemble.EnsembleOptions`
+# (the node's own option types, which `atd train` / `atd aggregate` fill from their flags); a
+# scenario sets the keys below over netsim's laptop-sized defaults. [train] freeze_blocks are
+# the blocks frozen when a model starts from published weights (VGS-ATD phases 2 and 3).
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "freeze_blocks", "augment")
+NETSIM_TRAIN = TrainOptions(epochs=3, batch_size=32, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5, freeze_blocks=1,
+                            augment=False)
+ENSEMBLE_KEYS = ("pca_components", "mlp_max_iter", "rf_trees", "prior")
+ENSEMBLE_RENAMED = {"mlp_epochs": "mlp_max_iter"}  # an older scenario key, still read, -> the option's name
+NETSIM_ENSEMBLE = EnsembleOptions(pca_components=32, mlp_max_iter=200)
 
 
 @dataclass(frozen=True)
@@ -83,16 +98,6 @@ class MSDSpec:
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    freeze_blocks: int = 1
-    augment: bool = False
-
-
-@dataclass(frozen=True)
 class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
@@ -103,13 +108,6 @@ class BaselineSpec:
     adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
     optimizer: str = "adamw"  # rounds' local optimiser; "sgd": the FedWAvg paper's (momentum 0.9)
     lr_decay: float = 0.0  # sgd: rate x (1 - lr_decay) per local epoch (the paper: 0.05 in AT)
-
-
-@dataclass(frozen=True)
-class EnsembleSpec:
-    pca_components: int = 32
-    mlp_epochs: int = 200
-    prior: str = "balanced"  # class-prior correction (protocols.ensemble): none | balanced | node
 
 
 @dataclass(frozen=True)
@@ -207,9 +205,9 @@ class Scenario:
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     model: ModelConfig = NETSIM_MODEL
-    train: TrainSpec = TrainSpec()
+    train: TrainOptions = field(default_factory=lambda: replace(NETSIM_TRAIN))
     baselines: BaselineSpec = BaselineSpec()
-    ensemble: EnsembleSpec = EnsembleSpec()
+    ensemble: EnsembleOptions = NETSIM_ENSEMBLE  # its seed is the scenario's (netsim.references.ensemble_options)
     network: NetworkSpec = NetworkSpec()
     datasets: tuple[DatasetSpec, ...] = ()
     cohorts: tuple[CohortSpec, ...] = ()
@@ -253,8 +251,6 @@ class Scenario:
         raise ScenarioError(f"{self.source}: no dataset named {name!r}")
 
     def replace(self, **changes: Any) -> "Scenario":
-        from dataclasses import replace
-
         return replace(self, **changes)
 
 
@@ -323,6 +319,21 @@ class _Ctx:
             missing = [f.name for f in fields(cls) if f.name not in raw and f.default is f.default_factory]
             raise self.fail(where, f"missing required key(s) {', '.join(missing) or exc}") from None
 
+    def options(self, default, raw: dict, where: str, keys: tuple[str, ...], renamed: dict[str, str] | None = None):
+        """`default` (a node options dataclass) with the scenario's `keys` from `raw`, type-checked;
+        an old key in `renamed` is read as its new name."""
+        raw = dict(raw)
+        for old, new in (renamed or {}).items():
+            if old in raw:
+                if new in raw:
+                    raise self.fail(where, f"{old} and {new} name one setting: keep {new}")
+                raw[new] = raw.pop(old)
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise self.fail(where, f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(keys))})")
+        types = {f.name: f.type for f in fields(default)}
+        return replace(default, **{k: self.scalar(v, types[k], f"{where}.{k}") for k, v in raw.items()})
+
     def scalar(self, v: Any, typ: Any, where: str) -> Any:
         t = str(typ)
         if t.startswith("int"):
@@ -374,9 +385,9 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     hdr = c.build(_Header, head, "scenario", head_conv)
 
     model = c.build(ModelConfig, {**asdict(NETSIM_MODEL), **c.table(raw, "model", "model")}, "model")
-    train = c.build(TrainSpec, c.table(raw, "train", "train"), "train")
+    train = c.options(NETSIM_TRAIN, c.table(raw, "train", "train"), "train", TRAIN_KEYS)
     base = c.build(BaselineSpec, c.table(raw, "baselines", "baselines"), "baselines")
-    ens = c.build(EnsembleSpec, c.table(raw, "ensemble", "ensemble"), "ensemble")
+    ens = c.options(NETSIM_ENSEMBLE, c.table(raw, "ensemble", "ensemble"), "ensemble", ENSEMBLE_KEYS, ENSEMBLE_RENAMED)
     net_raw = dict(c.table(raw, "network", "network"))
     links_raw = net_raw.pop("links", [])
     if not isinstance(links_raw, list):
