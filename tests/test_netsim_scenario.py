@@ -197,3 +197,14 @@ def test_data_sets_sharing_class_names_share_the_classes(tmp_path: Path) -> None
     assert pooled.labels.bincount().tolist() == [30, 30]  # both classes in the pooled test set
     # one model over the 2 shared classes, well above chance (0.5, any constant predictor) on the pooled test set
     assert res[0].overall["accuracy"] > 0.5 + 0.25
+
+
+def test_interfaces_scenario_options_table_is_current():
+    """INTERFACES.md's scenario-options table is generated from the option types (netsim.scenario_doc)."""
+    from netsim import scenario_doc
+
+    doc = Path(__file__).resolve().parent.parent / "INTERFACES.md"
+    assert scenario_doc.update_doc(doc.read_text()) == doc.read_text(), "run: python -m netsim.scenario_doc INTERFACES.md"
+    assert "| `[ensemble]` | `mlp_max_iter` |" in scenario_doc.options_markdown()
+    with pytest.raises(ValueError, match="no generated scenario-options section"):
+        scenario_doc.update_doc("# no section\n")
