@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from atdnode.docsections import replace_section, rewrite_main
 from atdnode.node_ensemble import EnsembleOptions
 from atdnode.training import TrainOptions
 from netsim.scenario import ENSEMBLE_KEYS, ENSEMBLE_RENAMED, NETSIM_ENSEMBLE, NETSIM_TRAIN, TRAIN_KEYS
@@ -36,17 +37,8 @@ def options_markdown() -> str:
 
 def update_doc(text: str) -> str:
     """`text` with the part between DOC_BEGIN and DOC_END replaced by :func:`options_markdown`."""
-    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
-    if start < 0 or end < start:
-        raise ValueError("the document has no generated scenario-options section (DOC_BEGIN ... DOC_END)")
-    return text[:start] + options_markdown() + text[end + len(DOC_END):]
+    return replace_section(text, DOC_BEGIN, DOC_END, options_markdown(), "scenario-options")
 
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m netsim.scenario_doc INTERFACES.md")
-    doc = Path(sys.argv[1])
-    doc.write_text(update_doc(doc.read_text()))
+    rewrite_main(update_doc, "netsim.scenario_doc")
