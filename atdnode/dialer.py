@@ -188,7 +188,7 @@ class PeerDialer:
 
         def hellos(led: Ledger) -> dict[str, list[str]]:
             rows = [(peer_id_from_public_key(e.author), e.body["addrs"]) for e in led.query(kind="hello")
-                    if e.author != me and e.author in d._members and isinstance(e.body.get("addrs"), list)]
+                    if e.author != me and e.author in d.members and isinstance(e.body.get("addrs"), list)]
             return addresses_newest_first(rows)
 
         async def prune(peer: str, now: float) -> None:

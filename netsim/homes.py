@@ -87,7 +87,7 @@ def _say_every_hello(homes: dict[str, NodeHome], names: list[str], seeds: dict[s
                      roles: dict[str, str]) -> None:
     """Append every node's hello to the founder's ledger, then copy that ledger to all."""
     from atdnode import bodies
-    from atdnode.daemon import write_announced
+    from atdnode.announce import write_announced
 
     founder = homes[names[0]].ledger_db
     said: dict[str, int] = {}

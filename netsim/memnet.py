@@ -400,7 +400,7 @@ class MemCluster:
         """Append a signed entry to `name`'s ledger; returns its seq. A running node signs
         and gossips it at once (`NodeDaemon.append`); a node that is down gets it the way a
         CLI command writes it (straight into its ledger) and gossips it when it starts."""
-        if self.alive(name) and self.daemons[name]._head_confirmed.is_set():
+        if self.alive(name) and self.daemons[name].head_confirmed:
             return (await self.daemons[name].append(kind, body)).seq
         signer = Signer.from_seed(self.c.seeds[name])
         await trio.lowlevel.checkpoint()

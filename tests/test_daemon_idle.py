@@ -13,7 +13,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.daemon import LEDGER_RECHECK_S, SYNC_FANOUT, ledger_stamp
+from atdnode.announce import LEDGER_RECHECK_S, ledger_stamp
+from atdnode.replication import SYNC_FANOUT
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec

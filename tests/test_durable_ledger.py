@@ -279,8 +279,8 @@ def test_disk_full_is_one_line_with_back_off(tmp_path: Path, caplog) -> None:
             calls.append(trio.current_time())
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        d.fetch = full_disk
-        d._wanted = {"ab" * 32, "cd" * 32}
+        d.fetcher.fetch = full_disk
+        d.fetcher.wanted = {"ab" * 32, "cd" * 32}
         async with trio.open_nursery() as nursery:
             await nursery.start(d.run, [], [])
             await trio.sleep(6)

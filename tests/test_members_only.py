@@ -118,8 +118,8 @@ def test_outsider_and_revoked_member_are_refused_on_every_protocol(tmp_path: Pat
                     assert rogue.peer_id in d0.gate.refused and served == []
                     # gossip relay: a genuine member entry forwarded by the outsider is dropped
                     fresh = append(homes[1], "metrics", {"relay": home.root.name})
-                    assert not d0._validate(fresh.to_bytes(), rogue.peer_id)
-                    assert d0._validate(fresh.to_bytes(), d1.transport.peer_id)
+                    assert not d0.replica.validate(fresh.to_bytes(), rogue.peer_id)
+                    assert d0.replica.validate(fresh.to_bytes(), d1.transport.peer_id)
             # the outsiders' traffic stored nothing
             rows_after = await d0.ledger.run(lambda led: led.stats())
             assert rows_after["held"] == rows_before["held"] == 0 and rows_after["evidence"] == 0
@@ -196,7 +196,7 @@ def test_reader_list_restricts_who_may_fetch_a_blob(tmp_path: Path) -> None:
                 await nursery.start(x.run, [], [a0[0]])
             await wait_for(lambda: d[1].store.has(h), "the named reader fetches it")
             await wait_for(lambda: d[2].gate.allows(d[0].transport.peer_id), "membership known")
-            assert h not in d[2]._wanted  # not for us: not even tried
+            assert h not in d[2].snapshot().wanted  # not for us: not even tried
             msg = await _refused_on(d[2].transport, d[0].transport.peer_id, BLOB_PROTOCOL,
                                     pack({"op": "manifest", "blob": h}))
             assert msg == {"ok": False, "error": "not a reader"}
@@ -245,7 +245,7 @@ def test_members_only_merge_applies_admissions_of_the_same_batch(tmp_path: Path)
 
 def _count_traffic(monkeypatch, member) -> dict[str, int]:
     """Count sync pulls aimed at `member` and the refusals `member` serves (any protocol)."""
-    import atdnode.daemon as daemon_mod
+    import atdnode.replication as daemon_mod
 
     seen = {"pulls": 0, "refusals": 0}
     real_pull, real_refuse = daemon_mod.pull, member.gate.refuse

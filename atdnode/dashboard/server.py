@@ -1,8 +1,10 @@
 """The daemon's read-only web dashboard, `/metrics` and `/healthz` (Starlette on hypercorn-trio).
 
-`Dashboard.serve` runs inside the daemon's nursery, on its trio loop: hypercorn's trio
-worker (`hypercorn.trio.serve`) drives a Starlette app. Every handler gathers what it
-shows in worker threads (SQLite, registry JSON, PNG files), so the loop never blocks.
+`Dashboard.serve` runs beside the daemon (`atd node start` hands it to `NodeDaemon.run(...,
+web=...)`), on its trio loop: hypercorn's trio worker (`hypercorn.trio.serve`) drives a
+Starlette app. It never touches the daemon object: what only the running daemon knows comes
+from its read-only `snapshot()` (`atdnode.node_snapshot.NodeSnapshot`); the ledger, the blob
+store and the home's files it reads itself, in worker threads, so the loop never blocks.
 
 Routes (GET only; anything else is 405):
 
@@ -25,18 +27,19 @@ input blobs are not here yet is retried).
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import trio
 
+from atdnode.blobstore import BlobStore
 from atdnode.dashboard import prom, view
 from atdnode.errors import ConfigError
-
-if TYPE_CHECKING:
-    from atdnode.daemon import NodeDaemon
+from atdnode.home import NodeHome
+from atdnode.node_snapshot import FetchProgress, NodeSnapshot
 
 log = logging.getLogger("atd.dashboard")
 VERIFY_INTERVAL = 2.0
@@ -174,10 +177,13 @@ def check_free(host: str, port: int) -> None:
 
 
 class Dashboard:
-    """Serves one daemon's dashboard. Construct with the daemon, then `nursery.start(serve)`."""
+    """Serves one daemon's dashboard: construct with the node's home, its blob store and its
+    `snapshot` (e.g. `NodeDaemon.snapshot`), then `nursery.start(serve)` (or pass it to
+    `NodeDaemon.run(..., web=...)`)."""
 
-    def __init__(self, daemon: "NodeDaemon", *, host: str = "127.0.0.1", port: int = 0, public: bool = False) -> None:
-        self.daemon = daemon
+    def __init__(self, home: NodeHome, store: BlobStore, snapshot: Callable[[], NodeSnapshot], *,
+                 host: str = "127.0.0.1", port: int = 0, public: bool = False) -> None:
+        self.home, self.store, self.snapshot = home, store, snapshot
         self.host, self.port, self.public = host, port, public
         self.url: str | None = None
         self.verify: dict[str, dict] = {}  # aggregate entry id -> {"status": ..., "detail": ...}
@@ -193,7 +199,7 @@ class Dashboard:
 
         def call():
             if self._ledger is None:
-                self._ledger = Ledger.open(self.daemon.home.ledger_db)
+                self._ledger = Ledger.open(self.home.ledger_db)
             return fn(self._ledger)
 
         return await trio.to_thread.run_sync(call, limiter=self._ledger_limiter)
@@ -201,15 +207,15 @@ class Dashboard:
     # ------------------------------------------------------------------ data
 
     async def state(self) -> dict[str, Any]:
-        d = self.daemon
-        me = d.identity.public_key
+        me = self.snapshot().public_key
         led = await self.read(lambda led: view.ledger_view(led, me))
-        models = await trio.to_thread.run_sync(view.models_view, d.home, limiter=self._view_limiter)
-        split = await trio.to_thread.run_sync(view.split_view, d.home, limiter=self._view_limiter)
+        models = await trio.to_thread.run_sync(view.models_view, self.home, limiter=self._view_limiter)
+        split = await trio.to_thread.run_sync(view.split_view, self.home, limiter=self._view_limiter)
         now = time.time()
         for e in led["timeline"]:
             e["verified"] = True  # in the log: signature, hash chain and membership checked on merge
-        connected = set(d.transport.peers())
+        snap = self.snapshot()  # taken after the reads above: connections as they are now
+        connected = set(snap.peers)
         for m in led["members"]:
             m["connected"] = m["peer_id"] in connected
             # a member that announced addresses should be reachable: not connected is a warning
@@ -217,39 +223,28 @@ class Dashboard:
         for a in led["aggregates"]:
             a["verify"] = self.verify.get(a["id"], {"status": "pending", "detail": "not checked yet"})
         blobs = [p["blob"] for p in led["published"] if p["blob"]]
-        held = await trio.to_thread.run_sync(lambda: {b for b in blobs if d.store.has(b)}, limiter=self._view_limiter)
+        held = await trio.to_thread.run_sync(lambda: {b for b in blobs if self.store.has(b)},
+                                             limiter=self._view_limiter)
         for p in led["published"]:
             p["held"] = p["blob"] in held
         return {
-            "node": {"peer_id": d.transport.peer_id, "name": d.config.name, "role": d.config.role,
-                     "addrs": d.transport.addrs(), "peers": sorted(connected), "started": self.started,
+            "node": {"peer_id": snap.peer_id, "name": snap.name, "role": snap.role,
+                     "addrs": list(snap.addrs), "peers": sorted(connected), "started": self.started,
                      "now": now},
-            **led, "models": models, "split": split, "campaigns": self.campaigns(),
-            "fetches": self.fetches(led["published"] + led["aggregates"]),
-            "wanted": len(d._wanted),
-            "bytes_by_peer": d.transport.bytes_by_peer(),
+            **led, "models": models, "split": split,
+            "campaigns": [dataclasses.asdict(c) for c in snap.campaigns],
+            "fetches": self.fetches(snap.fetches, led["published"] + led["aggregates"]),
+            "wanted": len(snap.wanted),
+            "bytes_by_peer": snap.bytes_by_peer,
         }
 
-    def campaigns(self) -> list[dict]:
-        """Split-learning campaigns this node serves right now (its role services' round boards)."""
-        out = []
-        for svc in self.daemon.services:
-            board = getattr(svc, "board", None)
-            if board is None:
-                continue
-            state = ("failed" if getattr(svc, "failed", None) else "done" if board.done
-                     else "running" if board.started else "waiting for clients")
-            out.append({"algorithm": getattr(svc, "algorithm", "?"), "round": board.round, "total": board.total,
-                        "completed": board.completed, "clients": len(board.members), "state": state,
-                        "detail": getattr(svc, "failed", None) or ""})
-        return out
-
-    def fetches(self, announced: list[dict]) -> list[dict]:
+    def fetches(self, started: tuple[FetchProgress, ...], announced: list[dict]) -> list[dict]:
         """Running fetches (started, blob not stored yet) with bytes so far and the announced size."""
         sizes = {a["blob"]: a.get("size") for a in announced if a.get("blob")}
         out = []
-        for blob, rep in list(self.daemon.blobs.fetcher.reports.items()):
-            if self.daemon.store.has(blob):
+        for rep in started:
+            blob = rep.blob
+            if self.store.has(blob):
                 continue
             size = sizes.get(blob) or 0
             out.append({"blob": blob, "bytes": rep.bytes, "size": size,
@@ -258,8 +253,6 @@ class Dashboard:
         return out
 
     async def metrics_text(self) -> str:
-        d = self.daemon
-
         def counts(led) -> dict:
             m = led.membership()
             members: dict[str, int] = {"active": 0, "revoked": 0}
@@ -271,7 +264,8 @@ class Dashboard:
         c = await self.read(counts)
         from atdnode.transport.bulk import BULK_BYTES
 
-        by_proto = dict(d.transport.bytes_by_protocol())
+        snap = self.snapshot()
+        by_proto = dict(snap.bytes_by_protocol)
         if BULK_BYTES.by_protocol:
             by_proto["bulk"] = tuple(BULK_BYTES.by_protocol.get("bulk", (0, 0)))
         else:
@@ -279,11 +273,12 @@ class Dashboard:
         agg: dict[str, int] = {}
         for v in self.verify.values():
             agg[v["status"]] = agg.get(v["status"], 0) + 1
-        blobs = await trio.to_thread.run_sync(lambda: len(d.store.list()), limiter=self._view_limiter)
-        snap = {"peer_id": d.transport.peer_id, "peers": d.transport.peers(), **c,
-                "bytes_by_protocol": by_proto, "fetches": self.fetches([]), "wanted": len(d._wanted),
-                "blobs": blobs, "stats": dict(d.stats), "aggregates": agg}
-        return prom.render(prom.node_families(snap))
+        blobs = await trio.to_thread.run_sync(lambda: len(self.store.list()), limiter=self._view_limiter)
+        now = self.snapshot()  # after the reads above: counters as they are now
+        values = {"peer_id": now.peer_id, "peers": list(now.peers), **c,
+                  "bytes_by_protocol": by_proto, "fetches": self.fetches(now.fetches, []), "wanted": len(now.wanted),
+                  "blobs": blobs, "stats": dict(now.stats), "aggregates": agg}
+        return prom.render(prom.node_families(values))
 
     # ------------------------------------------------------------------ verify
 
@@ -293,7 +288,7 @@ class Dashboard:
         from atdnode.errors import AtdError
         from ledger.errors import LedgerError
 
-        home = self.daemon.home
+        home = self.home
 
         def todo(led) -> list[tuple[str, list[str]]]:
             out = []
@@ -317,7 +312,7 @@ class Dashboard:
                                                            limiter=self._verify_limiter)
                     self.verify[entry_id] = {"status": "verified", "detail": f"recomputed {result[:16]}"}
                 except (AggregateError, AtdError, LedgerError) as exc:
-                    held = all(b and self.daemon.store.has(b) for b in blobs)
+                    held = all(b and self.store.has(b) for b in blobs)
                     status = "failed" if held else "waiting"
                     self.verify[entry_id] = {"status": status, "detail": str(exc)}
                 except Exception as exc:  # a bug in one verification must not stop the dashboard
@@ -354,18 +349,18 @@ class Dashboard:
 
         async def confusion(request: Request) -> Response:
             mid = request.path_params["model_id"]
-            return await png(await trio.to_thread.run_sync(view.confusion_path, self.daemon.home, mid))
+            return await png(await trio.to_thread.run_sync(view.confusion_path, self.home, mid))
 
         async def classify_png(request: Request) -> Response:
             name = request.path_params["name"]
-            return await png(await trio.to_thread.run_sync(view.classify_png, self.daemon.home, name))
+            return await png(await trio.to_thread.run_sync(view.classify_png, self.home, name))
 
         routes = [Route("/", index), Route("/api/state", api_state), Route("/metrics", metrics),
                   Route("/healthz", healthz), Route("/models/{model_id}/confusion.png", confusion),
                   Route("/classify/{name}", classify_png)]
         app = Starlette(routes=routes)
         if self.public:  # anyone can reach it: only holders of the read-only token read it
-            return token_guard(app, public_token(self.daemon.home.root))
+            return token_guard(app, public_token(self.home.root))
         me = f"[{self.host}]" if ":" in self.host else self.host
         return host_guard(app, {"127.0.0.1", "localhost", "[::1]", me})
 

@@ -1,6 +1,7 @@
 """`atd node start|status|stop`, `atd peers`, `atd fetch`: run and drive the daemon."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -72,8 +73,12 @@ def start(
     if role is not None:
         cfg.role = role
         cfg.save(h)
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch, dashboard=bind,
-                        dashboard_public=dashboard_public)
+    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    web = None
+    if bind is not None:  # read-only web page + /metrics + /healthz beside the daemon (atdnode.dashboard)
+        from atdnode.dashboard import Dashboard
+
+        web = Dashboard(h, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -85,7 +90,7 @@ def start(
                         return
 
             nursery.start_soon(on_signals)
-            addrs = await nursery.start(daemon.run, list(listen), list(bootstrap))
+            addrs = await nursery.start(functools.partial(daemon.run, web=web), list(listen), list(bootstrap))
             for a in addrs:
                 typer.echo(a)
             sys.stdout.flush()
