@@ -51,8 +51,8 @@ from torch import nn
 from atdnode.model import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.split_parts import BatchSampler, TaskSpec, TaskTail, build_head, task_loss, task_metric
-from protocols.split_rounds import (RoundPlan, SplitRunResult, Step, evaluate_clients, run_rounds,  # noqa: F401
-                                    unify_clients)
+from protocols.split_rounds import (Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients,  # noqa: F401
+                                    run_rounds, unify_clients)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError
 
@@ -188,6 +188,16 @@ class FestaClient:
         self.opt.zero_grad(set_to_none=True)
         self._feats = None
 
+    def train_step(self, exchange: Exchange, round_idx: int) -> float:
+        """The client's half of one training step (module doc), run by the in-process driver
+        and by `atd split join` alike: ``exchange(kind, tensors, meta)`` carries a message to the
+        server and returns the tensor of its reply (``forward`` -> body_out's y, ``grad_out`` ->
+        grad_in's g). Returns the step's loss."""
+        y = exchange("forward", {"x": self.head_forward()}, {"task": self.task.name, "round": round_idx})
+        g, loss = self.tail_step(y)
+        self.head_backward(exchange("grad_out", {"g": g}, {}))
+        return loss
+
     def part_state(self) -> dict[str, torch.Tensor]:
         """What this client shares at a unification (the ``state_up`` message; CPU tensors)."""
         out = {f"head.{k}": v.detach().cpu().clone() for k, v in self.head.state_dict().items()}
@@ -232,16 +242,23 @@ def festa_step(server: FestaServer, by_id: Mapping[str, FestaClient], ch: InProc
     :data:`protocols.split_rounds.Step` of :func:`run_festa_inprocess`. A vanishing client
     sends its forward and never takes the body output."""
 
+    class Vanished(Exception):
+        pass
+
     def step(cid: str, r: int, s: int, vanish: bool) -> float | None:
-        c = by_id[cid]
-        m = ch.send(cid, "up", "forward", {"x": c.head_forward()}, {"task": c.task.name, "round": r})
-        y = server.forward(cid, m.meta["task"], m.tensors["x"])
-        if vanish:
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            m = ch.send(cid, "up", kind, tensors, meta)
+            if kind == "forward":
+                y = server.forward(cid, m.meta["task"], m.tensors["x"])
+                if vanish:
+                    raise Vanished
+                return ch.send(cid, "down", "body_out", {"y": y}).tensors["y"]
+            return ch.send(cid, "down", "grad_in", {"g": server.backward(cid, m.tensors["g"])}).tensors["g"]
+
+        try:
+            return by_id[cid].train_step(exchange, r)
+        except Vanished:
             return None
-        g, loss = c.tail_step(ch.send(cid, "down", "body_out", {"y": y}).tensors["y"])
-        gin = server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
-        c.head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
-        return loss
 
     return step
 

@@ -54,7 +54,7 @@ import torch
 
 from atdnode.model import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
-from protocols.split_rounds import RoundPlan, SplitRunResult, Step, evaluate_clients, run_rounds
+from protocols.split_rounds import Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients, run_rounds
 from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
@@ -352,6 +352,17 @@ class PFestaClient:
             self.opt.step()
         return y.grad.detach().cpu(), float(loss.detach())
 
+    def train_step(self, idx: Sequence[int], body_out: torch.Tensor, exchange: Exchange) -> float:
+        """The client's half of one training step once the body output of batch ``idx`` is here,
+        run by the in-process driver and by `atd split join` alike: the tail step, ``grad_out``
+        through ``exchange(kind, tensors, meta)`` (its reply: ``grad_in``'s gradient for a
+        learnable head, then the embedder steps; None for the fixed head). Returns the loss."""
+        g, loss = self.tail_step(idx, body_out)
+        gin = exchange("grad_out", {"g": g}, {})
+        if self.head == "learnable":
+            self.head_backward(gin)
+        return loss
+
     def part_state(self) -> dict[str, torch.Tensor]:
         """The task tail (the ``state_up`` message; CPU tensors)."""
         return {f"tail.{k}": v.detach().cpu().clone() for k, v in self.tail.state_dict().items()}
@@ -408,11 +419,12 @@ def pfesta_step(server: PFestaServer, by_id: Mapping[str, PFestaClient], ch: InP
             m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
         if vanish:
             return None
-        g, loss = c.tail_step(m.meta["idx"], m.tensors["y"])
-        gin = server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
-        if gin is not None:  # learnable head
-            c.head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
-        return loss
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            gin = server.backward(cid, ch.send(cid, "up", kind, tensors, meta).tensors["g"])
+            return None if gin is None else ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"]  # learnable head
+
+        return c.train_step(m.meta["idx"], m.tensors["y"], exchange)
 
     return step
 

@@ -73,6 +73,10 @@ class RoundPlan:
 # step(client, round, step, vanish) -> the step's loss; with vanish=True the client stops
 # answering part-way through the step (what it sent is counted) and the step returns None
 Step = Callable[[str, int, int, bool], "float | None"]
+# exchange(kind, tensors, meta) -> the reply's tensor (or None): how a client's half of a step
+# (`FestaClient.train_step`, `PFestaClient.train_step`) reaches the server, in-process or over
+# a split stream (`atdnode.split.roles`)
+Exchange = Callable[[str, "dict[str, torch.Tensor]", "dict[str, Any]"], "torch.Tensor | None"]
 
 
 @dataclass

@@ -151,18 +151,21 @@ class FestaRole:
                                         unifying_rounds=plan.unifying_rounds, body_bytes=self.body_bytes)
 
     async def _round(self, ch: SplitChannel, r: int) -> None:
-        """Round r: head forward, body on the server, tail and head steps; parts unified every n rounds."""
-        t, c, plan = self.t, self.client, RoundPlan.from_offer(self.t.offer)
+        """Round r: `FestaClient.train_step` per step (head forward, body on the server, tail and
+        head steps), the messages over ``ch``; parts unified as the plan says."""
+        c, plan = self.client, RoundPlan.from_offer(self.t.offer)
+
+        async def remote(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            await ch.send(kind, tensors, meta)
+            reply, name = ("body_out", "y") if kind == "forward" else ("grad_in", "g")
+            return tensor(await ch.recv(reply), name)
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            return trio.from_thread.run(remote, kind, tensors, meta)  # the step runs in a worker thread
+
         losses = []
-        for _ in range(plan.steps_per_round):
-            feats = await trio.to_thread.run_sync(c.head_forward)
-            await ch.send("forward", {"x": feats}, {"task": t.spec.name, "round": r})
-            y = tensor(await ch.recv("body_out"), "y")
-            g, loss = await trio.to_thread.run_sync(c.tail_step, y)
-            await ch.send("grad_out", {"g": g})
-            gin = tensor(await ch.recv("grad_in"), "g")
-            await trio.to_thread.run_sync(c.head_backward, gin)
-            losses.append(loss)
+        for _ in range(plan.steps_per_round):  # the client's half of festa_step (FestaClient.train_step)
+            losses.append(await trio.to_thread.run_sync(c.train_step, exchange, r))
         self.out.losses[r] = sum(losses) / len(losses)
         if plan.unifies(r):
             await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
@@ -209,6 +212,13 @@ class PFestaRole:
         if not learnable:
             await self.upload(ch, int(w["uploaded"]))
         plan, losses = RoundPlan.from_offer(off), {}
+
+        async def send_grad(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            await ch.send(kind, tensors, meta)  # grad_out; a learnable head gets grad_in back
+            return _like(tensor(await ch.recv("grad_in"), "g"), tensors["g"].shape, "grad_in") if learnable else None
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            return trio.from_thread.run(send_grad, kind, tensors, meta)
         last = int(w.get("last_round", 0))  # the welcome names this client's last round
         with progress.task(f"{t.spec.name}: p-FESTA rounds", total=last or None) as bar:
             bar.update(int(w.get("next_round", 1)) - 1)
@@ -225,12 +235,8 @@ class PFestaRole:
                 else:
                     y = tensor(m, "y")
                 y = _like(y, (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
-                g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
-                await ch.send("grad_out", {"g": g})
-                if learnable:
-                    gin = _like(tensor(await ch.recv("grad_in"), "g"), y.shape, "grad_in")
-                    await trio.to_thread.run_sync(c.head_backward, gin)
-                losses.setdefault(r, []).append(loss)
+                # the client's half of pfesta_step (PFestaClient.train_step), in a worker thread
+                losses.setdefault(r, []).append(await trio.to_thread.run_sync(c.train_step, idx, y, exchange))
                 if m.meta.get("unify"):
                     await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
                     _load_parts(c, (await ch.recv("state_down")).tensors)
