@@ -31,6 +31,15 @@ class PartialHost(Protocol):
     def forget_partial(self, p: "PartialBlob") -> None: ...
 
 
+class BadChunks(BlobError):
+    """`complete()` found chunks that do not match the manifest (unverified writes, or disk
+    rot): they are un-recorded (missing again); `chunks` lists them."""
+
+    def __init__(self, chunks: list[int], message: str) -> None:
+        super().__init__(message)
+        self.chunks = chunks
+
+
 _STATE_MAGIC = b"ATDPART1"
 _REC = struct.Struct("<II")
 _REC_CHECK = 0x5A7DC0DE  # second word of a record = index ^ this; catches garbage records
@@ -39,21 +48,26 @@ _REC_CHECK = 0x5A7DC0DE  # second word of a record = index ^ this; catches garba
 class PartialBlob:
     """A download of one blob, chunk by chunk in any order, that survives restarts.
 
-    `write_chunk` verifies a chunk against the manifest before writing it into a
-    preallocated file, and records it in an append-only sidecar after the data is on disk
-    (fsync'd unless `sync=False`; then `flush()` records it). After a restart,
-    `store.partial(same manifest).missing()` lists only unrecorded chunks. `complete()`
-    verifies the whole-blob hash and renames the file into the store atomically.
-    A sidecar or data file that does not match the manifest restarts the download.
+    `write_chunk` verifies a chunk against the manifest (unless `verify=False`) before
+    writing it into a preallocated file, and records it in an append-only sidecar after the
+    data is on disk (fsync'd unless `sync=False`; then `flush()` records it). After a
+    restart, `store.partial(same manifest).missing()` lists only unrecorded chunks.
+    `complete()` verifies the whole-blob hash -- computed as chunks are written, over the
+    written prefix, so each byte is hashed once -- and renames the file into the store
+    atomically; on a mismatch it un-records the chunks that do not match the manifest
+    (`BadChunks`). A sidecar or data file that does not match the manifest restarts the
+    download.
     """
 
     def __init__(self, store: PartialHost, manifest: Manifest) -> None:
         self.store, self.manifest = store, manifest
         h, d = manifest.blob, store.partial_dir
         self._data_p, self._state_p, self._man_p = d / h, d / (h + ".state"), d / (h + ".manifest")
-        self._lock = threading.Lock()  # guards the sets below and the state fd
+        self._lock = threading.Lock()  # guards the sets below
+        self._flush_lock = threading.Lock()  # guards the state fd (one flush at a time)
         self._done: set[int] = set()  # recorded on disk
-        self._pending: set[int] = set()  # written + verified, not yet recorded (sync=False)
+        self._pending: set[int] = set()  # written, not yet recorded (sync=False)
+        self._writing: set[int] = set()  # being written by a thread now
         self._hash_lock = threading.Lock()  # whole-blob hash over the written prefix
         self._hasher, self._hashed = hashlib.sha256(), 0
         self._fd = self._state_fd = -1
@@ -139,51 +153,68 @@ class PartialBlob:
         if self.closed:
             raise BlobError(f"download of blob {self.manifest.blob} is closed")
 
-    def write_chunk(self, i: int, data: bytes | bytearray | memoryview, sync: bool = True) -> bool:
+    def write_chunk(self, i: int, data: bytes | bytearray | memoryview, sync: bool = True,
+                    verify: bool = True) -> bool:
         """Verify chunk `i` against the manifest and write it. BlobError (nothing recorded)
-        on a wrong length or hash, or a full disk. Returns False if already held.
-        With sync=False the chunk is recorded durably only at the next `flush()`.
-        (`sync` is positional too, for trio.to_thread.run_sync.)"""
+        on a wrong length or hash, or a full disk. Returns False if already held (or being
+        written by another thread). With sync=False the chunk is recorded durably only at
+        the next `flush()`. (`sync` and `verify` are positional too, for trio.to_thread.)
+
+        verify=False skips the chunk's own SHA-256 (its length is still checked): the chunk
+        is then checked only by the whole-blob hash in `complete()`, which un-records every
+        chunk that does not match the manifest (`BadChunks`). A fetcher uses it to hash each
+        byte once instead of twice; nothing unverified ever enters the store."""
         self._check_open()
         off, n = self.manifest.span(i)
         mv = memoryview(data).cast("B")
         if len(mv) != n:
             raise BlobError(f"chunk {i} of blob {self.manifest.blob[:16]} has {len(mv)} bytes, expected {n}")
-        got = hashlib.sha256(mv).hexdigest()
-        if got != self.manifest.chunks[i]:
-            raise BlobError(f"chunk {i} of blob {self.manifest.blob[:16]} does not match the manifest "
-                            f"(hash {got[:16]}, expected {self.manifest.chunks[i][:16]}); rejected")
+        if verify:
+            self.check_chunk(i, mv)
         with self._lock:
-            if self._held or i in self._done or i in self._pending:
+            if self._held or i in self._done or i in self._pending or i in self._writing:
                 return False
+            self._writing.add(i)  # one writer per chunk: a concurrent second copy is dropped
         try:
             write_all(self._fd, mv, off)
         except OSError as e:
+            with self._lock:
+                self._writing.discard(i)
             raise write_error(e, f"chunk {i} of blob {self.manifest.blob}") from None
         with self._lock:
+            self._writing.discard(i)
             self._pending.add(i)
         self._advance_hash(i, mv)
         if sync:
             self.flush()
         return True
 
+    def check_chunk(self, i: int, data: bytes | bytearray | memoryview) -> None:
+        """BlobError unless `data` hashes to chunk `i` of the manifest."""
+        got = hashlib.sha256(data).hexdigest()
+        if got != self.manifest.chunks[i]:
+            raise BlobError(f"chunk {i} of blob {self.manifest.blob[:16]} does not match the manifest "
+                            f"(hash {got[:16]}, expected {self.manifest.chunks[i][:16]}); rejected")
+
     def flush(self) -> None:
         """Make the data of every written chunk durable, then record those chunks."""
         self._check_open()
-        with self._lock:
-            todo = sorted(self._pending)
+        with self._flush_lock:  # the syncs run outside `_lock`: writers go on meanwhile
+            with self._lock:
+                todo = sorted(self._pending)
             if not todo:
                 return
             try:
-                os.fdatasync(self._fd)
+                os.fdatasync(self._fd)  # every chunk in `todo` was written before it became pending
                 write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
                 os.fdatasync(self._state_fd)
             except OSError as e:
                 os.ftruncate(self._state_fd, self._state_len)  # never leave a torn record
                 raise write_error(e, f"the download state of blob {self.manifest.blob}") from None
             self._state_len += _REC.size * len(todo)
-            self._done.update(todo)
-            self._pending.difference_update(todo)
+            with self._lock:
+                self._done.update(todo)
+                self._pending.difference_update(todo)
 
     def _advance_hash(self, i: int | None = None, mv: memoryview | None = None, *, wait: bool = False) -> None:
         """Extend the whole-blob hash over the written prefix, so complete() rarely has to
@@ -250,10 +281,17 @@ class PartialBlob:
             keep = sorted(self._done)
         with self._hash_lock:
             self._hasher, self._hashed = hashlib.sha256(), 0
+        with self._flush_lock:
+            self._rewrite_state(keep)
+        raise BadChunks(bad, f"blob {m.blob}: chunks {bad[:10]} changed on disk or arrived corrupt "
+                        "(they do not match the manifest); fetch them again")
+
+    def _rewrite_state(self, keep: list[int]) -> None:
+        """Replace the sidecar atomically by one recording exactly `keep`."""
         tmp = self._state_p.with_name(self._state_p.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(m.hash)
+            write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(self.manifest.hash)
                                       + b"".join(_REC.pack(k, k ^ _REC_CHECK) for k in keep)))
             os.fsync(fd)
         finally:
@@ -262,8 +300,6 @@ class PartialBlob:
         os.close(self._state_fd)
         self._state_fd = os.open(self._state_p, os.O_WRONLY | os.O_APPEND)
         self._state_len = os.fstat(self._state_fd).st_size
-        raise BlobError(f"blob {m.blob}: chunks {bad[:10]} changed on disk after they were verified; "
-                        "fetch them again")
 
     # ----- lifecycle
     def _close_fds(self) -> None:

@@ -74,7 +74,7 @@ from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees
 from atdnode.registry import ModelRegistry
 from atdnode.replication import SYNC_FANOUT, Replicator
 from atdnode.split import role_services
-from atdnode.sync import SYNC_PROTOCOL, CachedGenesis
+from atdnode.sync import SYNC_PROTOCOLS, CachedGenesis
 from atdnode.transport.base import Transport
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
@@ -210,8 +210,9 @@ class NodeDaemon:
         self.transport.set_peer_gate(self.dialer.admit)  # every connection and gossip RPC, re-connections included
         async with self.transport.run(listen):
             await self.transport.subscribe(self.topic, replica.on_gossip, replica.validate)
-            self.transport.set_stream_handler(  # a refusal costs no ledger job: the genesis bytes are cached
-                SYNC_PROTOCOL, self.gate.guard(replica.serve_sync, "ledger sync", CachedGenesis(self.ledger)))
+            genesis = CachedGenesis(self.ledger)  # a refusal costs no ledger job: the genesis bytes are cached
+            for proto in SYNC_PROTOCOLS:  # v2, and v1 for older daemons (atdnode.sync)
+                self.transport.set_stream_handler(proto, self.gate.guard(replica.serve_sync, "ledger sync", genesis))
             self.blobs.install()
             for service in self.services:
                 service.install(self)

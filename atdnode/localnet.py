@@ -11,7 +11,8 @@ Layout::
 `up` makes the homes with the library calls behind `atd init` (`init_home`) and
 `atd member add` (`Ledger.admit`), then starts each daemon as a detached OS process
 (`atd node start --quiet`, its own session, so it outlives the command) listening on
-127.0.0.1, the founder first and the others bootstrapping from it. It returns only when
+127.0.0.1, all at once; once they answer, each new one is told to connect to the founder
+(the founder, when it alone restarted, to the running members) over its control socket. It returns only when
 every daemon has announced itself (HOME/daemon.json with its pid), answers on its control
 socket and is connected to every other one — readiness read from the daemons, never a
 sleep — or raises LocalNetError with a deadline message naming the node and its log. A
@@ -32,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,8 +239,8 @@ def _wait(cond, deadline: float, what: str, interval: float = 0.2):
         time.sleep(interval)
 
 
-def _wait_ready(home: NodeHome, started: Started | int, deadline: float) -> dict:
-    """The daemon's status once it is ready; LocalNetError if it exited or the deadline passed.
+def _ready_status(home: NodeHome, started: Started | int) -> dict | None:
+    """The daemon's status once it is ready, None while it starts; LocalNetError if it exited.
 
     Ready is the daemon's own signal: HOME/daemon.json names its pid (written once its
     control socket serves) and the control socket answers `status` with its addresses.
@@ -249,24 +251,55 @@ def _wait_ready(home: NodeHome, started: Started | int, deadline: float) -> dict
     arguments, and a read in that window gets an empty command line: 12 of 179 reads right
     after `Popen` on a loaded 2-core host. The live daemon was then reported "exited at start".)"""
     pid = started.pid if isinstance(started, Started) else started
+    if isinstance(started, Started):
+        rc = started.exit_status()
+        if rc is not None:
+            how = f"signal {-rc}" if rc < 0 else f"status {rc}"
+            tail = started.output()
+            raise LocalNetError(f"{home.root.name}: the daemon exited at start ({how}; see {started.out})"
+                                + (f": {tail}" if tail else ""))
+    elif not _pid_alive(pid):
+        raise LocalNetError(f"{home.root.name}: the daemon (pid {pid}) is no longer running "
+                            f"(see {home.logs_dir / 'daemon.out'})")
+    if _announced_pid(home) != pid:
+        return None
+    st = _status_of(home)
+    return st if st and st.get("addrs") else None
 
-    def ready():
-        if isinstance(started, Started):
-            rc = started.exit_status()
-            if rc is not None:
-                how = f"signal {-rc}" if rc < 0 else f"status {rc}"
-                tail = started.output()
-                raise LocalNetError(f"{home.root.name}: the daemon exited at start ({how}; see {started.out})"
-                                    + (f": {tail}" if tail else ""))
-        elif not _pid_alive(pid):
-            raise LocalNetError(f"{home.root.name}: the daemon (pid {pid}) is no longer running "
-                                f"(see {home.logs_dir / 'daemon.out'})")
-        if _announced_pid(home) != pid:
-            return None
-        st = _status_of(home)
-        return st if st and st.get("addrs") else None
 
-    return _wait(ready, deadline, f"{home.root.name}'s daemon to answer (see {home.logs_dir / 'daemon.log'})")
+def _wait_all_ready(handles: dict[str, tuple[NodeHome, Started | int]], deadline: float) -> dict[str, dict]:
+    """Every daemon's status once all are ready (they start side by side: a daemon's start is
+    mostly importing py-libp2p, ~3 s of one core, so N starts overlap instead of queueing)."""
+    ready: dict[str, dict] = {}
+
+    def all_ready():
+        for name, (home, started) in handles.items():
+            if name not in ready:
+                st = _ready_status(home, started)
+                if st:
+                    ready[name] = st
+        return len(ready) == len(handles)
+
+    waiting = lambda: ", ".join(f"{n}'s daemon" for n in handles if n not in ready)  # noqa: E731
+    while not all_ready():
+        if time.monotonic() > deadline:
+            raise LocalNetError(f"timed out waiting for {waiting()} to answer (see its logs/daemon.log)")
+        time.sleep(0.1)
+    return ready
+
+
+def _introduce(home: NodeHome, addr: str, deadline: float) -> None:
+    """Have `home`'s running daemon connect to `addr` (what `--bootstrap addr` does at start;
+    here the address is only known once that daemon is up). The daemon pulls the ledger from
+    the peer on connection and finds every other member from their new `hello`s itself."""
+    while True:
+        try:
+            control.call(home.control_socket, "connect", addr=addr, timeout=30.0)
+            return
+        except AtdError as exc:
+            if time.monotonic() > deadline:
+                raise LocalNetError(f"{home.root.name} could not connect to {addr}: {exc}") from None
+            time.sleep(0.2)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -305,17 +338,29 @@ def up(root: Path, n: int | None = None, *, timeout: float = READY_TIMEOUT, extr
     if not start:
         return status(root)
     deadline = time.monotonic() + timeout
-    bootstrap: list[str] = []
-    for i, h in enumerate(hs):
+    handles: dict[str, tuple[NodeHome, Started | int]] = {}
+    fresh: set[str] = set()
+    for h in hs:  # start every stopped daemon at once; none needs another's address to start
         pid = _read_pid(h)
-        handle: Started | int | None = pid if pid is not None and _is_our_daemon(pid, h) else None
-        if handle is None:
-            _clear_stale(h)
-            handle = start_daemon(h, bootstrap=bootstrap, extra_args=extra_args)
-            log(f"started {h.root.name} (pid {handle.pid})")
-        st = _wait_ready(h, handle, deadline)
-        if i == 0:
-            bootstrap = [st["addrs"][0]]
+        if pid is not None and _is_our_daemon(pid, h):
+            handles[h.root.name] = (h, pid)
+            continue
+        _clear_stale(h)
+        started = start_daemon(h, extra_args=extra_args)
+        handles[h.root.name] = (h, started)
+        fresh.add(h.root.name)
+        log(f"started {h.root.name} (pid {started.pid})")
+    ready = _wait_all_ready(handles, deadline)
+    founder = hs[0].root.name
+    meet: list[tuple[str, str]] = []  # (a daemon just started, whom it is introduced to)
+    for name in sorted(fresh):  # a new start knows no current address: introduce it as --bootstrap would
+        if name != founder:
+            meet.append((name, founder))
+        else:  # the founder restarted beside running members: it meets them at their addresses
+            meet += [(name, other) for other in sorted(set(handles) - fresh)]
+    if meet:  # side by side: one slow handshake does not hold up the others
+        with ThreadPoolExecutor(max_workers=len(meet)) as pool:
+            list(pool.map(lambda m: _introduce(handles[m[0]][0], ready[m[1]]["addrs"][0], deadline), meet))
     ids = {h.root.name: _status_of(h)["peer_id"] for h in hs}
 
     def converged():
@@ -399,5 +444,8 @@ def stop_daemon(home: NodeHome, timeout: float = STOP_TIMEOUT) -> str:
 
 
 def down(root: Path, *, timeout: float = STOP_TIMEOUT) -> dict[str, str]:
-    """Stop every daemon of the local consortium at `root` (also after a crash)."""
-    return {h.root.name: stop_daemon(h, timeout=timeout) for h in homes(Path(root).expanduser().resolve())}
+    """Stop every daemon of the local consortium at `root` (also after a crash), side by side."""
+    hs = homes(Path(root).expanduser().resolve())
+    with ThreadPoolExecutor(max_workers=len(hs)) as pool:
+        whats = list(pool.map(lambda h: stop_daemon(h, timeout=timeout), hs))
+    return {h.root.name: what for h, what in zip(hs, whats)}

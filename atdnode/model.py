@@ -6,94 +6,39 @@ re-implemented ViT. The *extractor* is every parameter/buffer outside the classi
 (patch embedding, cls/reg tokens, position embedding, blocks, final norm, and fc_norm /
 attention pooling where the model has them); the *head* is the classifier (`head.*`).
 
-A `ModelConfig` is fully resolved: fields the user did not override are read back from
-the model timm builds, so two nodes compare configs field by field.
+A `ModelConfig` (`protocols.vit_config`, pure data) is fully resolved by `resolve_config`:
+fields the user did not override are read back from the model timm builds, so two nodes
+compare configs field by field.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from atdnode.errors import ConfigError, WeightsError
+# the configuration dataclass lives at the ground floor (protocols import it too); it is
+# re-exported here for the node's callers
+from protocols.vit_config import DEFAULT_MLP_RATIO, ModelConfig, ModelConfigError, check_field  # noqa: F401
 
 PARTS = ("extractor", "head", "full")
 
 
-# mlp_ratio of the ViT paper and of every timm ViT atd used before the field existed. A
-# config's dict leaves mlp_ratio out when it has this value, so `weights` entries, registry
-# records and training run keys written before the field existed read back unchanged.
-DEFAULT_MLP_RATIO = 4.0
+def resolve_config(name: str, **overrides: float | None) -> ModelConfig:
+    """Config of `timm.create_model(name, **overrides)`; `None` overrides take timm's default.
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A timm ViT by name plus the architecture overrides atd exposes (all resolved).
-
-    The one ViT configuration class: nodes' models, netsim's `[model]` and the split
-    learning parts (`protocols.split_parts`, which build the same timm blocks) all use it.
+    Each override is checked first (`protocols.vit_config.check_field`: ModelConfigError for
+    a bad value, before timm sees it). The model is built on the meta device, so resolving
+    even a ViT-Base costs nothing.
     """
-
-    name: str = "vit_tiny_patch16_224"
-    img_size: int = 224
-    patch_size: int = 16
-    embed_dim: int = 192
-    depth: int = 12
-    num_heads: int = 3
-    in_chans: int = 3
-    num_classes: int = 10
-    mlp_ratio: float = DEFAULT_MLP_RATIO
-
-    @property
-    def num_patches(self) -> int:
-        return (self.img_size // self.patch_size) ** 2
-
-    def to_dict(self) -> dict:
-        """The wire form (entries, registry, run keys); mlp_ratio only when it is not 4.0."""
-        d = asdict(self)
-        if d["mlp_ratio"] == DEFAULT_MLP_RATIO:
-            del d["mlp_ratio"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        """Parse :meth:`to_dict`'s form strictly (WeightsError on unknown or missing fields)."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
-        missing = names - set(d) - {"mlp_ratio"}
-        if unknown or missing:
-            raise WeightsError(f"bad model config: unknown {sorted(unknown)}, missing {sorted(missing)}")
-        try:
-            return cls(name=str(d["name"]), mlp_ratio=float(d.get("mlp_ratio", DEFAULT_MLP_RATIO)),
-                       **{k: int(d[k]) for k in names - {"name", "mlp_ratio"}})
-        except (TypeError, ValueError) as exc:
-            raise WeightsError(f"bad model config {d!r}: {exc}") from None
-
-    @classmethod
-    def resolve(cls, name: str, **overrides: float | None) -> "ModelConfig":
-        """Config of `timm.create_model(name, **overrides)`; `None` overrides take timm's default.
-
-        The model is built on the meta device, so resolving even a ViT-Base costs nothing.
-        """
-        given = {k: v for k, v in overrides.items() if v is not None}
-        with torch.device("meta"):
-            model = _create(name, given)
-        return cls(name=name, **_read_arch(model))
-
-    def diff(self, other: "ModelConfig", *, ignore: tuple[str, ...] = ()) -> list[str]:
-        """Human-readable field differences, e.g. ["depth 2 != 4"]."""
-        out = []
-        for f in fields(self):
-            a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name not in ignore and a != b:
-                out.append(f"{f.name} {a} != {b}")
-        return out
-
-    def with_classes(self, num_classes: int) -> "ModelConfig":
-        return replace(self, num_classes=num_classes)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for k, v in given.items():
+        check_field(k, v)
+    with torch.device("meta"):
+        model = _create(name, given)
+    return ModelConfig(name=name, **_read_arch(model))
 
 
 def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
@@ -361,7 +306,10 @@ def check_meta(meta: dict, cfg: ModelConfig, *, label_fp: str | None, labels: li
     part = meta.get("part")
     if part not in PARTS:
         raise WeightsError(f"{what}: not an atd weight set (part {part!r})")
-    theirs = ModelConfig.from_dict(meta.get("model") or {})
+    try:
+        theirs = ModelConfig.from_dict(meta.get("model") or {})
+    except ModelConfigError as exc:
+        raise WeightsError(f"{what}: {exc}") from None
     ignore = ("num_classes",) if part == "extractor" else ()
     d = [f"{f} {getattr(theirs, f)} (weights) vs {getattr(cfg, f)} (model)"
          for f in cfg.to_dict() if f not in ignore and getattr(theirs, f) != getattr(cfg, f)]

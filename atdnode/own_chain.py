@@ -33,8 +33,13 @@ MAX_EVIDENCE_AUTHORS = 64  # per answer: bounded work for a requester that lags 
 def held_for(led: Ledger, peer_id: str) -> int:
     """Highest seq of `peer_id`'s key in this ledger's log (0 when none or not a key). From
     the cached `heads()` the sync answer reads anyway: no extra query per served pull."""
+    return held_by(led.heads(), peer_id)
+
+
+def held_by(heads: dict[bytes, int], peer_id: str) -> int:
+    """`held_for` from a heads map already read."""
     try:
-        return led.heads().get(public_key_from_peer_id(peer_id), 0)
+        return heads.get(public_key_from_peer_id(peer_id), 0)
     except BadPeerId:
         return 0
 

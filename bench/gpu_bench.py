@@ -201,12 +201,12 @@ def pfesta_rates(cfg, a, dev) -> dict:
 
 
 def bench_model(name: str, a, dev: torch.device) -> dict:
-    from atdnode.model import ModelConfig, build_model
+    from atdnode.model import build_model, resolve_config
 
     if a.dry_run:
-        cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+        cfg = resolve_config("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
     else:
-        cfg = ModelConfig.resolve(name)
+        cfg = resolve_config(name)
     cfg = cfg.with_classes(2)
     if dev.type == "cuda":
         torch.cuda.empty_cache()

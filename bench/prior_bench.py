@@ -40,7 +40,7 @@ import torch
 
 from atdnode.data import LabeledImages, load_dataset
 from atdnode.ensemble_refs import fit_reference
-from atdnode.model import ModelConfig
+from atdnode.model import resolve_config
 from netsim.learn import score
 
 SHARES = {"A": (0.40, 200), "B": (0.04, 250), "C": (0.08, 250)}  # negative share, samples
@@ -72,8 +72,8 @@ def setting(seed: int) -> tuple[dict[str, tuple[LabeledImages, LabeledImages]], 
 
 def run(seed: int) -> dict:
     nodes, test = setting(seed)
-    cfg = ModelConfig.resolve("vit_base_patch16_gap_224", img_size=8, patch_size=4, embed_dim=32, depth=2,
-                              num_heads=2, in_chans=1, num_classes=2)
+    cfg = resolve_config("vit_base_patch16_gap_224", img_size=8, patch_size=4, embed_dim=32, depth=2,
+                          num_heads=2, in_chans=1, num_classes=2)
     ens = dict(pca_components=16, mlp_max_iter=300, seed=seed)
     out: dict[str, dict] = {}
     names = list(nodes)

@@ -69,11 +69,12 @@ def old_inprocess_fedavg(a, train: dict, classes: list[str]) -> dict:
     from atdnode.model import build_model
     from netsim.baselines import transfer_s
     from netsim.learn import full_state, model_config, state_bytes, train_model
-    from netsim.scenario import NetworkSpec, TrainSpec
+    from atdnode.training import TrainOptions
+    from netsim.scenario import NetworkSpec
     from protocols.aggregation import compute_weights, weighted_average
 
     cfg = model_config(model_cfg(a), len(classes))
-    spec = TrainSpec(epochs=1, batch_size=32, lr=3e-3, augment=False)
+    spec = TrainOptions(epochs=1, batch_size=32, lr=3e-3, augment=False)
     torch.manual_seed(a.seed)
     state = full_state(build_model(cfg))
     names = list(train)
@@ -165,7 +166,7 @@ VERIFY_SIZES = {  # the tests' round models: tests/vgs_homes.py (test_rounds*), 
 def verify_cost(a) -> dict:
     """Seconds per round of `verify_round` (every adopter) vs `record` (the coordinator) and
     one local training; see the module doc."""
-    from atdnode.model import ModelConfig
+    from atdnode.model import resolve_config
     from atdnode.round_rules import active_members, round_weights_entries, verify_round
     from atdnode.rounds import RoundRunner, RoundsConfig
     from atdnode.weights import load_weights
@@ -174,7 +175,7 @@ def verify_cost(a) -> dict:
 
     out = {}
     for name, size in VERIFY_SIZES.items():
-        cfg = ModelConfig.resolve("vit_tiny_patch16_224", **size)
+        cfg = resolve_config("vit_tiny_patch16_224", **size)
         with tempfile.TemporaryDirectory(prefix="atd-verify-bench-") as tmp:
             homes = consortium(Path(tmp), [f"n{k}" for k in range(a.nodes)])
             runners = [RoundRunner(h, RoundsConfig(data=f"digits?shard={k + 1}/{a.nodes}&limit={a.limit}", cfg=cfg,

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from atdnode.data import load_dataset
 from atdnode.ddp import DistContext, pick_device
 from atdnode.features import extract_features
-from atdnode.model import ModelConfig, build_model
+from atdnode.model import build_model, resolve_config
 from atdnode.training import Trainer, TrainOptions
 
 
@@ -70,8 +70,8 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     device = pick_device()
-    cfg = ModelConfig.resolve(a.model, img_size=a.img_size, patch_size=a.patch_size, embed_dim=a.embed_dim,
-                              depth=a.depth, num_heads=a.heads)
+    cfg = resolve_config(a.model, img_size=a.img_size, patch_size=a.patch_size, embed_dim=a.embed_dim,
+                          depth=a.depth, num_heads=a.heads)
     data = load_dataset(a.data, cfg.img_size, cfg.in_chans, "train")
     cfg = cfg.with_classes(len(data.classes))
     n = len(data)

@@ -13,6 +13,8 @@ streams), `bulk` (the encrypted bulk channel: X25519 over libp2p, AES-256-GCM fr
 TCP, 1 and --streams connections). `rss`: both processes serve and fetch a blob of
 --size-mb at the same time (bulk); their peak RSS is reported next to the blob size.
 `encrypted_bulk` summarises the best bulk ratio against its target (0.5x raw TCP+SHA-256).
+On a shared machine wall-clock ratios follow the load; `cpu_ratio` (CPU seconds of the
+baseline's two processes / of both nodes for the same bytes) does not, so both are printed.
 """
 from __future__ import annotations
 
@@ -64,16 +66,26 @@ def tcp_sender(path: str) -> None:
     srv = socket.create_server(("127.0.0.1", 0))
     print(srv.getsockname()[1], flush=True)
     conn, _ = srv.accept()
+    c0 = time.process_time()
     buf = bytearray(BUF)
     with open(path, "rb", buffering=0) as f, conn:
         while n := f.readinto(buf):
             conn.sendall(memoryview(buf)[:n])
     srv.close()
+    print(time.process_time() - c0, flush=True)  # CPU of the sending itself (not Python's start-up)
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) of the processes `pids`."""
+    import psutil
+
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
 
 
 def baseline(path: Path, size: int) -> dict:
     child = subprocess.Popen([sys.executable, __file__, "--role", "tcp-send", "--file", str(path)], stdout=subprocess.PIPE, text=True)
     port = int(child.stdout.readline())
+    c0 = time.process_time()
     t0 = time.perf_counter()
     s = socket.create_connection(("127.0.0.1", port))
     h, got, buf = hashlib.sha256(), 0, bytearray(BUF)
@@ -83,10 +95,11 @@ def baseline(path: Path, size: int) -> dict:
         got += n
     digest = h.hexdigest()
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0 + float(child.stdout.readline())  # receiver + sender
     s.close()
     child.wait()
     assert got == size
-    return {"seconds": round(dt, 3), "MBps": round(size / 1e6 / dt, 1), "sha256": digest}
+    return {"seconds": round(dt, 3), "MBps": round(size / 1e6 / dt, 1), "cpu_s": round(cpu, 3), "sha256": digest}
 
 
 # -- libp2p nodes ------------------------------------------------------------------------
@@ -203,12 +216,18 @@ def main() -> None:
         for name, cfg in runs.items():
             if name.split("_")[0] not in modes and name not in modes:
                 continue
+            c0 = [cpu_s([A.p.pid]), cpu_s([B.p.pid])]
             r = B.call({"op": "fetch", "tag": name, "blob": x["blob"], "manifest": x["manifest"], "peer": ia["peer"], "cfg": cfg})
+            served, fetched = cpu_s([A.p.pid]) - c0[0], cpu_s([B.p.pid]) - c0[1]
+            r["cpu_s"] = round(served + fetched, 3)  # both nodes, every thread
+            r["cpu_server_s"], r["cpu_client_s"] = round(served, 3), round(fetched, 3)
             r["MBps"] = round(size / 1e6 / r["seconds"], 1)
             # the machine's load drifts: compare with raw TCP measured right before and right after
             after = baseline(fx, size)
             r["baseline_MBps"] = round((base["MBps"] + after["MBps"]) / 2, 1)
             r["ratio"] = round(r["MBps"] / r["baseline_MBps"], 3)
+            # CPU is what load does not skew: baseline CPU seconds / this mode's, same bytes
+            r["cpu_ratio"] = round((base["cpu_s"] + after["cpu_s"]) / 2 / r["cpu_s"], 3)
             base = after
             r["encrypted"] = cfg["bulk"] and "bulk" in r["modes"]  # libp2p streams are Noise-encrypted too
             out[name] = r

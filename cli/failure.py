@@ -1,9 +1,9 @@
 """Turn whatever a command raised into one line on stderr and an exit code.
 
-Every `atd` failure ends here (`cli.app.main`): usage errors, typed `AtdError`s, OS
-errors, errors wrapped in trio's ExceptionGroups, and bugs. The user sees exactly one
-line, `error: ...`, never a traceback (set ATD_DEBUG=1 to get the traceback of an
-unexpected error).
+Every `atd` failure ends here (`cli.app.main`): usage errors, typed `AtdError`s (and the
+ground floor's `LedgerError` and `ModelConfigError`), OS errors, errors wrapped in trio's
+ExceptionGroups, and bugs. The user sees exactly one line, `error: ...`, never a traceback
+(set ATD_DEBUG=1 to get the traceback of an unexpected error).
 
 Usage errors come from click, but which click depends on what pip installed: typer
 < 0.2x uses the `click` package, newer typer bundles its own copy as `typer._click`
@@ -78,6 +78,7 @@ def report(exc: BaseException) -> int:
     from atdnode.errors import AtdError
     from atdnode.transport.base import TransportError
     from ledger.errors import LedgerError
+    from protocols.vit_config import ModelConfigError
 
     if isinstance(exc, SystemExit):
         code = exc.code
@@ -107,7 +108,7 @@ def report(exc: BaseException) -> int:
     if isinstance(exc, _click_classes("ClickException")):
         print(f"error: {one_line(exc.format_message())}", file=sys.stderr)  # type: ignore[attr-defined]
         return int(getattr(exc, "exit_code", 1))
-    if isinstance(exc, (AtdError, LedgerError, TransportError)):
+    if isinstance(exc, (AtdError, LedgerError, TransportError, ModelConfigError)):
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 1) or 1)
     if isinstance(exc, sqlite3.Error):  # e.g. a ledger.db that is not a database any more

@@ -43,10 +43,10 @@ MLP_RATIO_OPT = typer.Option(None, "--mlp-ratio", help="MLP width / embedding wi
 def model_config(model: str, *, img_size: int | None, patch_size: int | None, embed_dim: int | None,
                  depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None):
     """The `ModelConfig` the model options above describe (None: timm's default for `model`)."""
-    from atdnode.model import ModelConfig
+    from atdnode.model import resolve_config
 
-    return ModelConfig.resolve(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                               num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
+    return resolve_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                           num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
 
 
 # --- federated adversarial training (PGD) options, shared by `atd train` and `atd rounds` ---

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, Collection, TypeVar
 
 import trio
 
@@ -280,10 +280,12 @@ class LiteCluster:
             await trio.lowlevel.checkpoint()
         return e.seq
 
-    async def heads(self, name: str) -> dict[str, int]:
+    async def heads(self, name: str, authors: Collection[str] | None = None) -> dict[str, int]:
+        """Author peer id -> contiguous seq (only `authors`' when given, as `MemCluster.heads`)."""
         await trio.lowlevel.checkpoint()
         pid = self._pid_of
-        return {pid.get(a) or peer_id_from_public_key(a): s for a, s in self.peers_by_name[name].log.head.items()}
+        out = {pid.get(a) or peer_id_from_public_key(a): s for a, s in self.peers_by_name[name].log.head.items()}
+        return out if authors is None else {p: s for p, s in out.items() if p in authors}
 
     def peers(self, name: str) -> list[str]:
         t = self.peers_by_name[name].transport

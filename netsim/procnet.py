@@ -24,7 +24,7 @@ import sys
 import threading
 from functools import partial
 from pathlib import Path
-from typing import Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, Collection, TypeVar
 
 import trio
 
@@ -271,7 +271,7 @@ class ProcCluster:
         signer = Signer.from_seed(self.c.seeds[name])
         return await trio.to_thread.run_sync(lambda: bodies.append(self._ledger(name), signer, kind, body).seq)
 
-    async def heads(self, name: str) -> dict[str, int]:
+    async def heads(self, name: str, authors: Collection[str] | None = None) -> dict[str, int]:
         """Author peer id -> contiguous seq, read from the node's ledger file (what the daemon
         committed), as `atd ledger` would: no control call, so polling every node costs the
         daemons nothing (a `status` call per node per poll was a load of its own with 30+
@@ -279,7 +279,8 @@ class ProcCluster:
         pid = self._pid_of
 
         def read() -> dict[str, int]:
-            return {pid.get(a) or peer_id_from_public_key(a): s for a, s in self._ledger(name).heads().items()}
+            out = {pid.get(a) or peer_id_from_public_key(a): s for a, s in self._ledger(name).heads().items()}
+            return out if authors is None else {p: s for p, s in out.items() if p in authors}
 
         return await trio.to_thread.run_sync(read)
 

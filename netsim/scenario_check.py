@@ -1,11 +1,12 @@
-"""Cross-field checks of a parsed scenario (`netsim.scenario.validate` calls `check`).
+"""Cross-field checks of a parsed scenario (`netsim.scenario.validate` calls `check`; the
+types come from `netsim.scenario_spec`, which imports neither module).
 
 Each failure is a `ScenarioError` naming the file and the key path, e.g.
 `demo.toml: faults[2].node: unknown node 'h9'`.
 """
 from __future__ import annotations
 
-from netsim.scenario import (
+from netsim.scenario_spec import (
     BACKENDS,
     BASES,
     FAULTS,
@@ -15,15 +16,15 @@ from netsim.scenario import (
     WEIGHTINGS,
     CohortSpec,
     FaultSpec,
+    KeyReader,
     Scenario,
     WorkloadSpec,
-    _Ctx,
 )
 
 
 def check(s: Scenario) -> None:
     """Cross-field checks; raises ScenarioError naming the offending key."""
-    c = _Ctx(s.source)
+    c = KeyReader(s.source)
     if s.backend not in BACKENDS:
         raise c.fail("scenario.backend", f"{s.backend!r} is not one of {', '.join(BACKENDS)}")
     for m in s.methods:
@@ -33,12 +34,9 @@ def check(s: Scenario) -> None:
         raise c.fail("scenario.methods", "must name at least one method")
     _check_base(c, s)
     _positive(c, "scenario.deadline_s", s.deadline_s)
-    for k in ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "in_chans", "mlp_ratio"):
-        _positive(c, f"model.{k}", getattr(s.model, k))
+    # each [model] value and num_heads | embed_dim are the config's own invariants (vit_config)
     if s.model.img_size % s.model.patch_size:
         raise c.fail("model.patch_size", f"{s.model.patch_size} does not divide img_size {s.model.img_size}")
-    if s.model.embed_dim % s.model.num_heads:
-        raise c.fail("model.num_heads", f"{s.model.num_heads} does not divide embed_dim {s.model.embed_dim}")
     for k in ("epochs", "batch_size"):
         _positive(c, f"train.{k}", getattr(s.train, k))
     _positive(c, "train.lr", s.train.lr)
@@ -106,12 +104,12 @@ def check(s: Scenario) -> None:
         raise c.fail("scenario", "nothing to run: no cohorts and no workload")
 
 
-def _positive(c: _Ctx, where: str, v: float) -> None:
+def _positive(c: KeyReader, where: str, v: float) -> None:
     if not v > 0:
         raise c.fail(where, f"must be > 0, got {v!r}")
 
 
-def _check_network(c: _Ctx, s: Scenario) -> None:
+def _check_network(c: KeyReader, s: Scenario) -> None:
     n = s.network
     if n.latency_ms < 0:
         raise c.fail("network.latency_ms", "must be >= 0")
@@ -131,7 +129,7 @@ def _check_network(c: _Ctx, s: Scenario) -> None:
         _link_values(c, f"network.links[{i}]", l.latency_ms, l.bandwidth_mbps, l.loss)
 
 
-def _link_values(c: _Ctx, where: str, latency: float | None, bw: float | None, loss: float | None) -> None:
+def _link_values(c: KeyReader, where: str, latency: float | None, bw: float | None, loss: float | None) -> None:
     if latency is not None and latency < 0:
         raise c.fail(f"{where}.latency_ms", "must be >= 0")
     if bw is not None and not bw > 0:
@@ -140,7 +138,7 @@ def _link_values(c: _Ctx, where: str, latency: float | None, bw: float | None, l
         raise c.fail(f"{where}.loss", "must be in [0, 1)")
 
 
-def _check_cohort(c: _Ctx, w: str, co: CohortSpec, datasets: list[str]) -> None:
+def _check_cohort(c: KeyReader, w: str, co: CohortSpec, datasets: list[str]) -> None:
     if not co.nodes:
         raise c.fail(f"{w}.nodes", "must name at least one node")
     if co.dataset not in datasets:
@@ -172,7 +170,7 @@ def _check_cohort(c: _Ctx, w: str, co: CohortSpec, datasets: list[str]) -> None:
             raise c.fail(f"{w}.{k}", f"must be at least the node count ({len(co.nodes)})")
 
 
-def _check_fault(c: _Ctx, w: str, f: FaultSpec, nodes: set[str], phases: set[int]) -> None:
+def _check_fault(c: KeyReader, w: str, f: FaultSpec, nodes: set[str], phases: set[int]) -> None:
     if f.kind not in FAULTS:
         raise c.fail(f"{w}.kind", f"{f.kind!r} is not one of {', '.join(FAULTS)}")
     if (f.at_s is None) == (f.at_phase is None):
@@ -209,7 +207,7 @@ def _check_fault(c: _Ctx, w: str, f: FaultSpec, nodes: set[str], phases: set[int
         raise c.fail(w, "late_join in learning scenarios is expressed by a cohort's phase; use at_s")
 
 
-def _check_workload(c: _Ctx, wl: WorkloadSpec, nodes: set[str]) -> None:
+def _check_workload(c: KeyReader, wl: WorkloadSpec, nodes: set[str]) -> None:
     if wl.kind != "gossip":
         raise c.fail("workload.kind", f"{wl.kind!r} is not a known workload (gossip)")
     _positive(c, "workload.entries", wl.entries)

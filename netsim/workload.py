@@ -119,13 +119,14 @@ async def _converge(cluster: Any, rep: GossipReport, published: list[Published],
         seqs.setdefault(p.author, []).append(p.seq)
     done_at: dict[str, float] = {}
     heads: dict[str, dict[str, int]] = {}
+    wanted = {pid[a] for a in seqs}  # only the publishers' heads matter here
     expected = 0
     with trio.move_on_at(deadline):
         while True:
             up = [n for n in cluster.names if cluster.alive(n)]
             for n in up:
                 if n not in done_at:
-                    heads[n] = await cluster.heads(n)
+                    heads[n] = await cluster.heads(n, authors=wanted)
             expected = _expected(cluster, seqs, heads, up, pid)
             for n in up:
                 if n not in done_at and _held(heads[n], expected, pid) == _count(expected):

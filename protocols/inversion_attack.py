@@ -54,7 +54,7 @@ import torch.nn.functional as Fn
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.pfesta import permute_tokens, random_permutations
 from protocols.reconstruction import mse, ssim
 from protocols.split_parts import BatchSampler

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.comm_cost import InProcessChannel, tensor_bytes
 from protocols.split_parts import BatchSampler, SplitBody, TaskSpec, TaskTail, TimmStem, task_loss, task_metric
 

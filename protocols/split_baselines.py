@@ -32,7 +32,7 @@ from protocols.aggregation import weighted_average
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.festa import CALIBRATION_SAMPLES, FestaClient, FestaServer, SplitRunResult
 from protocols.rounds import last_layer_vector, round_weights
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.split_parts import (BatchSampler, SplitBody, TaskSpec, TaskTail, build_head,
                                    task_loss, task_metric)
 

@@ -28,12 +28,12 @@ from timm.layers import build_sincos2d_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig, ModelConfigError
 
 TASK_KINDS = ("classification", "regression", "segmentation")
 
 
-# The split ViT's shape is an `atdnode.model.ModelConfig` (the one ViT configuration class;
+# The split ViT's shape is a `protocols.vit_config.ModelConfig` (the one ViT configuration class;
 # its num_classes is unused here: tasks carry their outputs). Its wire form in `service`
 # offers, MSD `weights` entries and saved server state is `split_dict`: these fields only.
 SPLIT_FIELDS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio")
@@ -45,18 +45,17 @@ SPLIT_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=4
 
 def split_config(body: Mapping | None = None, **overrides: Any) -> ModelConfig:
     """:data:`SPLIT_MODEL` with the :data:`SPLIT_FIELDS` of ``body`` and ``overrides``
-    (other keys ignored, as a newer peer may add some); ValueError if the shape is unusable."""
+    (other keys ignored, as a newer peer may add some); ModelConfigError (a ValueError) if
+    the shape is unusable. Integral floats (``8.0``) are taken as integers."""
     given = {k: v for k, v in {**(body or {}), **overrides}.items() if k in SPLIT_FIELDS}
-    cfg = replace(SPLIT_MODEL, **given)
-    for k in SPLIT_FIELDS:
-        v = getattr(cfg, k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or (k != "mlp_ratio" and v != int(v)):
-            raise ValueError(f"{k} must be a positive {'number' if k == 'mlp_ratio' else 'integer'}, got {v!r}")
+    for k, v in given.items():
+        if k != "mlp_ratio" and isinstance(v, float) and v.is_integer():
+            given[k] = int(v)
+    cfg = replace(SPLIT_MODEL, **given)  # each field and num_heads | embed_dim checked (vit_config)
     if cfg.img_size % cfg.patch_size:
-        raise ValueError(f"img_size {cfg.img_size} is not a multiple of patch_size {cfg.patch_size}")
-    if cfg.embed_dim % cfg.num_heads:
-        raise ValueError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
-    return replace(cfg, mlp_ratio=float(cfg.mlp_ratio), **{k: int(getattr(cfg, k)) for k in SPLIT_FIELDS[:-1]})
+        raise ModelConfigError(f"img_size {cfg.img_size} is not a multiple of patch_size {cfg.patch_size}",
+                               field="patch_size")
+    return cfg
 
 
 def split_dict(cfg: ModelConfig) -> dict:

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from atdnode.model import ModelConfig
+from protocols.vit_config import ModelConfig
 from protocols.split_parts import SplitBody, TaskSpec, fedavg, part_template, split_config, split_dict
 from protocols.split_state import (ClientDropped, RoundTracker, SplitProtocolError, SplitStateError,
                                    check_features, load_state, optimizer_from_state, optimizer_to_state,

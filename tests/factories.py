@@ -124,3 +124,16 @@ async def transports(kind: str, n: int, *, net: MemoryNetwork | None = None,
         for t in ts:
             await stack.enter_async_context(t.run(["/ip4/127.0.0.1/tcp/0"]))
         yield ts
+
+
+async def serve_subscribed(t: Transport, topic: str, got: dict[str, list[bytes]], stop: trio.Event,
+                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run `t` on loopback subscribed to `topic` (what arrives is appended to got[peer id])
+    until `stop` is set; started once subscribed."""
+    async with t.run(["/ip4/127.0.0.1/tcp/0"]):
+        async def handler(data: bytes, _frm: str) -> None:
+            got[t.peer_id].append(data)
+
+        await t.subscribe(topic, handler, lambda d, p: True)
+        task_status.started()
+        await stop.wait()

@@ -46,3 +46,13 @@ def check_record(res, algorithm: str, tol: float = 0.05) -> dict:
     assert row["algorithm"] == algorithm and row["side"] == "client"
     assert abs(row["rel_error"]) < tol, row
     return row
+
+
+def majority_rate(spec: str) -> float:
+    """The most frequent class's share of ``spec``'s held-out split (what a constant scores)."""
+    import numpy as np
+
+    from atdnode.data import load_dataset
+
+    labels = np.asarray(load_dataset(spec, 28, 1, "test", seed=0).labels)
+    return float(np.bincount(labels).max() / len(labels))

@@ -7,7 +7,7 @@ import torch
 from atdnode import ddp
 from atdnode.augment import SmallClassAugment
 from atdnode.data import LabeledImages
-from atdnode.model import ModelConfig, build_model
+from atdnode.model import build_model, resolve_config
 from atdnode.training import Trainer, TrainOptions
 
 
@@ -34,8 +34,8 @@ def test_small_classes_get_extra_samples_up_to_the_threshold() -> None:
 
 def test_the_trainer_sees_the_enlarged_set_and_in_place_keeps_its_size() -> None:
     d = data()
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
-                              in_chans=1, num_classes=2)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+                          in_chans=1, num_classes=2)
     seen = {}
     for mode in ("enlarge", "inplace"):
         opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10, augment_mode=mode)
@@ -49,8 +49,8 @@ def test_the_progress_total_counts_the_augmented_extras() -> None:
     """The training bar's total is what one epoch reports through `on_batch` (it used to be
     len(data), so the bar ran past it with augmentation on: `40/20`)."""
     d = data()
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
-                              in_chans=1, num_classes=2)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+                          in_chans=1, num_classes=2)
     opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10)
     t = Trainer(build_model(cfg), d, opts, ddp.DistContext())
     advanced = []

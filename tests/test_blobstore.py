@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import atdnode.blobfs as blobfs
 import atdnode.blobstore as bs
-from atdnode.blobpartial import PartialBlob
+from atdnode.blobpartial import BadChunks, PartialBlob
 from atdnode.blobstore import BlobStore, Manifest
 from atdnode.errors import BlobError
 
@@ -393,6 +393,26 @@ def test_complete_catches_chunk_changed_on_disk(src, tmp_path):
     assert BlobStore(tmp_path).partial(m).missing() == [3]
     q.write_chunk(3, _chunk(data, m, 3))
     assert q.complete() == h and s.get_bytes(h) == data
+
+
+def test_unverified_chunks_are_checked_by_the_whole_hash_only(src, tmp_path):
+    """verify=False (a fetcher's path: one SHA-256 per byte) writes a wrong chunk, but
+    complete() stores nothing, names exactly the wrong chunks and un-records them."""
+    _, h, m, data = src
+    s = BlobStore(tmp_path, chunk_size=CS)
+    p = s.partial(m)
+    for i in (6, 0, 1, 2, 3, 4, 5):  # out of order: the whole hash catches up by reading back
+        chunk = _chunk(data, m, i)
+        assert p.write_chunk(i, bytes([chunk[0] ^ 1]) + chunk[1:] if i in (2, 6) else chunk, False, False)
+    with pytest.raises(BadChunks, match=r"chunks \[2, 6\]") as e:
+        p.complete()
+    assert e.value.chunks == [2, 6] and not s.has(h) and p.missing() == [2, 6]
+    assert BlobStore(tmp_path).partial(m).missing() == [2, 6]  # un-recorded on disk too
+    with pytest.raises(BlobError, match="does not match the manifest"):
+        p.write_chunk(2, _chunk(data, m, 3)[:CS])  # verify=True (the default) still rejects
+    p.write_chunk(2, _chunk(data, m, 2), False, False)
+    p.write_chunk(6, _chunk(data, m, 6))
+    assert p.complete() == h and s.get_bytes(h) == data
 
 
 def test_inconsistent_manifest_is_discarded(tmp_path):

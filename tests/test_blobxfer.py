@@ -167,6 +167,49 @@ def test_bad_chunk_peer_detected_and_chunk_refetched(kind: str, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_bad_chunks_past_the_first_are_caught_by_the_whole_blob_hash(kind: str, tmp_path: Path) -> None:
+    """Chunks are hashed once (the whole-blob hash): a holder whose first chunk is right but
+    some later ones are not gets through the transfer, then the whole-blob check finds
+    exactly those chunks, marks the holder bad, stores nothing, and a good holder supplies
+    only them."""
+    bad_chunks = [5, 9, NCHUNKS - 1]
+
+    async def body() -> None:
+        cfg = FetchConfig(batch_bytes=4 * CHUNK, per_peer=1)
+        async with cluster(kind, 3, tmp_path, cfg=cfg) as (a, b, c):
+            data = blob_bytes()
+            h = a.store.put_bytes(data)
+            c.store.put_bytes(data)
+            m = a.store.manifest(h)
+            corrupt(a.store, h, bad_chunks)  # chunk 0, the first of a's connection, stays right
+            await b.t.connect(c.t.addrs()[0])
+            with pytest.raises(FetchError, match="still missing"):
+                await b.svc.fetch(h, [a.t.peer_id], manifest_hash=m.hash)
+            rep = b.svc.fetcher.reports[h]
+            assert "found by the whole-blob hash" in rep.bad_peers[a.t.peer_id]
+            assert rep.chunks_from[a.t.peer_id] == NCHUNKS - len(bad_chunks)  # bad ones not credited
+            assert not b.store.has(h) and b.store.partial(m).missing() == bad_chunks
+            assert await b.svc.fetch(h, [c.t.peer_id], manifest_hash=m.hash) == h
+            assert b.svc.fetcher.reports[h].chunks_from == {c.t.peer_id: len(bad_chunks)}
+            assert b.store.get_bytes(h) == data
+            # both at once, into a fresh store: the same fetch re-fetches a's bad chunks from c
+            corrupt(a.store, h, [i for i in range(NCHUNKS) if i % 4])  # every batch's first chunk is right
+
+            async def after_a_served(peer: str, idx: list[int]) -> None:
+                await wait_for(lambda: a.svc.server.served_chunks > 0, "a served a chunk")  # a surely sends some of them
+
+            c.svc.server.before_batch = after_a_served
+            b.svc.fetcher.store = fresh = BlobStore(tmp_path / "fresh", chunk_size=CHUNK)
+            assert await b.svc.fetch(h, [a.t.peer_id, c.t.peer_id], manifest_hash=m.hash) == h
+            rep = b.svc.fetcher.reports[h]
+            assert "found by the whole-blob hash" in rep.bad_peers[a.t.peer_id]
+            assert sum(rep.chunks_from.values()) == NCHUNKS and rep.chunks_from[c.t.peer_id] < NCHUNKS
+            assert fresh.get_bytes(h) == data
+
+    run(body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_multi_holder_parallel(kind: str, tmp_path: Path) -> None:
     async def body() -> None:
         cfg = FetchConfig(batch_bytes=CHUNK, per_peer=2, max_streams=6)

@@ -73,6 +73,16 @@ def test_errors_print_one_line_without_traceback(tmp_path):
     assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'}: no such folder"]
 
 
+def test_a_bad_model_config_is_one_typed_line(tmp_path, capsys):
+    """A model option timm would choke on is a typed ModelConfigError, printed as one line."""
+    from cli.app import run
+
+    home = _home(tmp_path)
+    rc = run(["train", "--home", str(home), "--data", "digits?limit=10", *TINY, "--mlp-ratio", "0"])
+    assert rc == 1
+    assert capsys.readouterr().err.strip().splitlines() == ["error: mlp_ratio must be a positive number, got 0.0"]
+
+
 def test_help_documents_the_learning_rate():
     r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0

@@ -3,6 +3,8 @@ defaults commented; `atd config set KEY VALUE` writes one setting after the read
 own validation accepts it, and a refused value leaves the file as it was."""
 from __future__ import annotations
 
+import dataclasses
+
 import tomllib
 
 from typer.testing import CliRunner
@@ -56,8 +58,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
            "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
-           **{f"peers.{f}": getattr(peers, f) for f in ("target", "max", "low_latency_share", "grace_s",
-                                                       "redial_after_s", "rotate_s")}}
+           **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)}}  # every [peers] key
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
     assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value

@@ -44,7 +44,7 @@ def _ct_tree(tmp_path, size=24, per_class=8):
 def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
     from atdnode.home import NodeHome
     from atdnode.identity import init_home
-    from atdnode.model import ModelConfig
+    from atdnode.model import resolve_config
     from atdnode.training import TrainOptions, train
 
     root, png = _ct_tree(tmp_path)
@@ -68,8 +68,8 @@ def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
     home = NodeHome.at(tmp_path / "node")
     init_home(home, consortium="demo")
     logs: list[str] = []
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
-                              in_chans=1)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                          in_chans=1)
     rec = train(home, spec, cfg, TrainOptions(epochs=1, batch_size=8, lr=1e-3, seed=0, log=logs.append))
     assert rec.labels == ["lesion", "normal"] and rec.samples == len(load_dataset(spec, 16, 1, "train"))
     assert len(rec.metrics["history"]) == 1 and rec.metrics["n"] == len(load_dataset(spec, 16, 1, "test"))

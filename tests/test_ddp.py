@@ -15,7 +15,7 @@ from atdnode.ddp import DistContext, check_nproc
 from atdnode.device import DeviceError
 from atdnode.home import NodeHome
 from atdnode.identity import init_home
-from atdnode.model import ModelConfig
+from atdnode.model import resolve_config
 from atdnode.registry import ModelRegistry
 from atdnode.training import TrainOptions, train
 from atdnode.weights import load_weights
@@ -52,7 +52,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
 
     one_home = NodeHome.at(tmp_path / "one")
     init_home(one_home, consortium="demo")
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
     single = train(one_home, DATA, cfg, TrainOptions(epochs=2, batch_size=30, lr=1e-3, seed=3, device="cpu"))
 
     for a, b in zip(multi.metrics["history"], single.metrics["history"]):

@@ -50,3 +50,37 @@ def test_unreachable_member_is_one_warning_and_in_status(tmp_path: Path, caplog)
     said = [r for r in caplog.records if "unreachable for" in r.getMessage()]
     assert len(said) == 1 and said[0].getMessage().startswith("member ") and said[0].levelno == logging.WARNING
     assert sum("reachable again" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_member_whose_port_changes_is_reached_at_its_new_address() -> None:
+    """Real py-libp2p hosts on 127.0.0.1 (issue 26): B restarts with the same key on a new port.
+    A's dial of B's old address fails (py-libp2p then caches the failure for 60 s for B's peer
+    id: "recently failed all addresses (negative cache)"); A's next dial, to B's new address,
+    must reach B at once. Fails without `_forget_dial_state` (libp2p_transport.connect)."""
+    import pytest
+
+    from atdnode.transport.base import TransportError
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    listen = ["/ip4/127.0.0.1/tcp/0"]
+    key_b = bytes([62]) * 32
+
+    async def main() -> None:
+        a = Libp2pTransport(bytes([61]) * 32)
+        async with a.run(listen):
+            b = Libp2pTransport(key_b)
+            async with b.run(listen):
+                old = b.addrs()[0]
+                assert await a.connect(old) == b.peer_id
+            await wait_for(lambda: b.peer_id not in a.peers(), "A to see B's connection close")
+            with pytest.raises(TransportError):
+                await a.connect(old)  # B is gone from there
+            b = Libp2pTransport(key_b)
+            async with b.run(listen):
+                new = b.addrs()[0]
+                assert new != old and new.endswith(b.peer_id)
+                with trio.fail_after(10):
+                    assert await a.connect(new) == b.peer_id
+                assert b.peer_id in a.peers()
+
+    trio.run(main)

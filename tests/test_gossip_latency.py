@@ -17,7 +17,7 @@ import ledger.entry
 from atdnode.transport.libp2p_pubsub import CoalescingPubsub, coalesce_publish
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from atdnode.transport.memory import MemoryNetwork
-from tests.factories import daemon_on, ids, make_consortium, wait_for
+from tests.factories import daemon_on, ids, make_consortium, serve_subscribed, wait_for
 
 TOPIC = "/atd/test/latency"
 
@@ -70,25 +70,9 @@ def test_libp2p_burst_is_coalesced_and_delivered_intact() -> None:
         ts = [Libp2pTransport(bytes([i + 1]) * 32) for i in range(3)]
         got: dict[str, list[bytes]] = {t.peer_id: [] for t in ts}
         async with trio.open_nursery() as nursery:
-            ready: list[trio.Event] = []
             stop = trio.Event()
-
-            async def serve(t: Libp2pTransport, ev: trio.Event) -> None:
-                async with t.run(["/ip4/127.0.0.1/tcp/0"]):
-
-                    async def handler(data: bytes, frm: str) -> None:
-                        got[t.peer_id].append(data)
-
-                    await t.subscribe(TOPIC, handler, lambda d, p: True)
-                    ev.set()
-                    await stop.wait()
-
             for t in ts:
-                ev = trio.Event()
-                ready.append(ev)
-                nursery.start_soon(serve, t, ev)
-            for ev in ready:
-                await ev.wait()
+                await nursery.start(serve_subscribed, t, TOPIC, got, stop)
             await ts[1].connect(ts[0].addrs()[0])
             await ts[2].connect(ts[0].addrs()[0])
             await ts[2].connect(ts[1].addrs()[0])

@@ -106,6 +106,7 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
     append(NodeHome.at(f), "weights", {"blob": blob, "manifest": store.manifest(blob).hash, "size": 3 * CHUNK,
                                        "part": "extractor"})
     founder_id = NodeIdentity.load(NodeHome.at(f)).peer_id
+    founder_key = NodeIdentity.load(NodeHome.at(f)).signer.public_key.hex()
     r_id = NodeIdentity.load(NodeHome.at(r)).peer_id
     topic = ledger_topic(genesis)
     daemons = [start_daemon(f)]
@@ -154,6 +155,10 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
         # peer was still a member there. From the moment it was disconnected: nothing.
         report["revoked_got_meanwhile"] = sum(1 for t, _ in revoked.got if t_revoked < t <= t_dropped)
         report["revoked_got_after"] = sum(1 for t, _ in revoked.got if t > t_dropped)
+        # the founder gossips the revocation, then drops the peer: the drop follows at once
+        learned = [t for t, e in revoked.got if e.kind == "member" and e.author == bytes.fromhex(founder_key)
+                   and t > t_revoked]
+        report["revoked_dropped_after_gossip_s"] = t_dropped - learned[0] if learned else None
         report["sent_after"] = sum(1 for t, _ in sent if t > t_dropped)
 
     try:
@@ -165,6 +170,10 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
     assert report["outsider_got"] == 0, report
     assert all(s < 1.0 for s in report["outsider_s"]), report
     assert all(s < 1.0 for s in report["revoked_redial_s"]), report
-    assert report["revoked_dropped_s"] < 3.0, report  # the founder daemon's next ledger poll, then at once
+    # The founder daemon notices its new ledger entry on its next poll (0.25 s; a loaded 2-core
+    # CI box once took 3.1 s), gossips it, and drops the peer at once after that.
+    assert report["revoked_dropped_s"] < 10.0, report
+    if report["revoked_dropped_after_gossip_s"] is not None:
+        assert report["revoked_dropped_after_gossip_s"] < 1.0, report
     assert report["revoked_got_before"] >= 1, report  # it did receive gossip while a member: the test can fail
     assert report["sent_after"] >= 5 and report["revoked_got_after"] == 0, report

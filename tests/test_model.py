@@ -10,7 +10,8 @@ from atdnode.blobstore import BlobStore
 from atdnode.data import label_fingerprint
 from atdnode.errors import ConfigError, WeightsError
 from atdnode.model import (ModelConfig, build_model, cls_features, export_part, extractor_state, freeze_blocks,
-                           head_state, import_part, load_part, part_state, split_at)
+                           head_state, import_part, load_part, part_state, resolve_config, split_at)
+from protocols.vit_config import ModelConfigError
 
 torch.set_num_threads(1)
 NAME = "vit_tiny_patch16_224"
@@ -21,7 +22,7 @@ FP = label_fingerprint(LABELS)
 def tiny(**kw) -> ModelConfig:
     base = dict(img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5)
     base.update(kw)
-    return ModelConfig.resolve(NAME, **base)
+    return resolve_config(NAME, **base)
 
 
 @pytest.fixture
@@ -30,21 +31,36 @@ def store(tmp_path):
 
 
 def test_resolve_reads_timm_defaults_and_round_trips():
-    cfg = ModelConfig.resolve(NAME)
+    cfg = resolve_config(NAME)
     assert (cfg.img_size, cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.in_chans) == (224, 16, 192, 12, 3, 3)
     small = tiny(in_chans=1)
     assert small.in_chans == 1 and small.depth == 3
     assert ModelConfig.from_dict(small.to_dict()) == small
     assert small.diff(tiny(depth=2, in_chans=1)) == ["depth 3 != 2"]
-    with pytest.raises(WeightsError, match="missing"):
+    with pytest.raises(ModelConfigError, match="missing"):
         ModelConfig.from_dict({"name": NAME})
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("depth", 0, "depth must be a positive integer"), ("patch_size", 2.5, "patch_size must be a positive integer"),
+    ("embed_dim", True, "embed_dim must be a positive integer"), ("num_classes", -1, "num_classes must be an integer >= 0"),
+    ("mlp_ratio", float("nan"), "mlp_ratio must be a positive number"), ("name", "", "non-empty string"),
+    ("num_heads", 5, "embed_dim 192 is not divisible by num_heads 5")])
+def test_a_bad_config_value_is_a_typed_error_naming_the_field(field, value, match):
+    with pytest.raises(ModelConfigError, match=match) as err:
+        ModelConfig(**{field: value})
+    assert err.value.field == field and isinstance(err.value, ValueError)
+    assert ModelConfig(num_classes=0).num_classes == 0  # a classifier-less extractor is fine
+    if field not in ("name", "num_heads"):  # resolve_config checks an override before timm sees it
+        with pytest.raises(ModelConfigError, match=match):
+            resolve_config(NAME, **{field: value})
 
 
 def test_unknown_model_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown timm model"):
-        ModelConfig.resolve("vit_does_not_exist")
+        resolve_config("vit_does_not_exist")
     with pytest.raises(ConfigError, match="not a ViT"):
-        ModelConfig.resolve("resnet18")
+        resolve_config("resnet18")
 
 
 def test_extractor_plus_head_reproduce_full_forward_exactly():

@@ -36,8 +36,8 @@ def skewed(vgs_template, tmp_path):
     return copy_homes(template, tmp_path / "homes")
 
 
-def render(home, model: str, out) -> str:
-    r = runner.invoke(app, ["report", model, "--home", str(home.root), "--out", str(out)])
+def render(home, model: str, out, *more: str) -> str:
+    r = runner.invoke(app, ["report", model, "--home", str(home.root), "--out", str(out), *more])
     assert r.exit_code == 0, (r.output, r.exception)
     assert out.is_file()
     return browser("--dump-dom", out.as_uri())
@@ -58,8 +58,9 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
     tuned = weights[1:]  # a's base, then the three fine-tuned full sets
     res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
     classify(a, "digits?limit=200", model=res.model_id)
-    dom = render(a, res.model_id, tmp_path / "card.html")
+    dom = render(a, res.model_id, tmp_path / "card.html", "--pdf", str(tmp_path / "card.pdf"))
     text = text_of(dom)
+    assert (tmp_path / "card.pdf").read_bytes()[:5] == b"%PDF-"  # printed by the same browser
 
     with Ledger.open(a.ledger_db) as led:
         agg = led.get(res.entry.id)

@@ -1,15 +1,22 @@
-"""Shape of the code: no import circle anywhere (issue 28; VGS-ATD modules since issue 12).
+"""Shape of the code (issue 28; VGS-ATD modules since issue 12): no import circle anywhere
+but the known ones (a list that may only shrink), and no arrow up from the ground floor
+(ledger, protocols) to the layers above it (atdnode, netsim, cli).
 
 Imports are read statically (every `import` / `from ... import`, also those inside
-functions: a deferred import that closes a circle is still a circle a reader must untangle).
+functions and under TYPE_CHECKING: a deferred import that closes a circle is still a circle
+a reader must untangle), the same rule as shared/tools/import_graph.py.
 """
 from __future__ import annotations
 
 import ast
+import functools
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ledger", "atdnode", "protocols", "netsim", "cli")
+GROUND = ("ledger", "protocols")  # the ground floor: imports nothing of the packages above it
 # the math in protocols/, the node-level steps in atdnode/, the simulator's driver in netsim/
 VGS_MODULES = ("protocols.aggregation", "protocols.aggregation_error", "protocols.fedwavg", "protocols.vgs",
                "protocols.hierarchical", "protocols.ensemble", "atdnode.aggregate", "atdnode.agg_check",
@@ -27,6 +34,7 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache  # read once per session; callers only read it
 def import_graph() -> dict[str, set[str]]:
     """module -> the project modules it imports (`from a.b import c` counts a.b.c when that is
     a module, else a.b; the same rule as shared/tools/import_graph.py)."""
@@ -87,27 +95,36 @@ def test_no_import_circle_runs_through_a_vgs_module():
     assert cycles_through(graph, set(VGS_MODULES)) == []
 
 
-def test_protocols_import_from_atdnode_only_the_model_config():
-    """Layers import downward (INTERFACES.md); the one exception is the ViT configuration
-    class, `atdnode.model.ModelConfig`, which shapes the split-learning parts too. So
-    `atdnode.model` itself must stay a leaf: torch, timm and `atdnode.errors` at load time."""
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a GROUND package to a package above it, as "module -> module"."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                  if m.split(".")[0] in GROUND and d.split(".")[0] not in GROUND)
+
+
+def test_ground_layers_import_nothing_above_them():
+    """0 upward arrows: protocols imports only ledger and itself, ledger only itself."""
     graph = import_graph()
-    allowed = {"atdnode", "atdnode.model", "atdnode.errors"}
+    assert upward_arrows(graph) == [], "the ground floor (ledger, protocols) imports a layer above it"
     for name, deps in graph.items():
-        if name.startswith("protocols"):
-            up = {d for d in deps if d.split(".")[0] in ("atdnode", "netsim", "cli")}
-            assert up <= allowed, f"{name} imports {sorted(up - allowed)}"
-    tree = ast.parse((ROOT / "atdnode" / "model.py").read_text())
-    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
-    assert {m for m in top if m.split(".")[0] in PACKAGES} == {"atdnode.errors"}
+        if name.split(".")[0] == "ledger":
+            assert {d for d in deps if d.split(".")[0] != "ledger"} == set(), name
+
+
+def test_the_vit_config_is_pure_data():
+    """`protocols.vit_config` (what the split-learning parts and the node share) loads
+    neither torch nor timm: only the standard library at module level."""
+    tree = ast.parse((ROOT / "protocols" / "vit_config.py").read_text())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert top <= set(sys.stdlib_module_names) | {"__future__"}, top
+    probe = "import sys, protocols.vit_config; print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [
-    ["atdnode.split", "atdnode.split.campaign", "atdnode.split.msd_campaign", "atdnode.split.service"],
-    ["atdnode.transport.blobfetch", "atdnode.transport.blobxfer", "atdnode.transport.bulk"],
-    ["netsim.scenario", "netsim.scenario_check"],
 ]
 
 
@@ -119,20 +136,31 @@ def test_no_import_circle_beyond_the_known_ones_and_the_list_only_shrinks():
     assert gone == [], f"these circles are gone: remove them from KNOWN_CIRCLES: {gone}"
 
 
-def test_ground_layers_import_nothing_above_them():
-    """ledger imports nothing of ours but ledger; protocols imports only ledger and itself,
-    apart from the one known upward arrow (`atdnode.model`, checked above)."""
-    graph = import_graph()
-    for name, deps in graph.items():
-        top = name.split(".")[0]
-        if top == "ledger":
-            assert {d for d in deps if not d.startswith("ledger")} == set(), name
-        if top == "protocols":
-            up = {d for d in deps if d.split(".")[0] in ("netsim", "cli")}
-            assert up == set(), f"{name} imports {sorted(up)}"
-
-
 def test_the_cycle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}}
     assert cycles_through(graph, {"a"}) == [["a", "b", "c"]]
     assert cycles_through(graph, {"d"}) == []
+
+
+def test_the_upward_arrow_finder_finds_one():
+    graph = {"protocols.a": {"atdnode.model", "ledger.x"}, "ledger.x": set(), "atdnode.model": {"protocols.a"},
+             "ledger.y": {"protocols.a"}}
+    assert upward_arrows(graph) == ["protocols.a -> atdnode.model"]
+
+
+def _name_of(node: ast.AST) -> str | None:
+    """`svc` for both `svc` and `self.svc`."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def test_a_campaign_uses_only_what_its_host_interface_offers():
+    """The split campaigns see their service only as `atdnode.split.host.CampaignHost` (that
+    is what keeps service -> campaign one-way): every `svc.<name>` they use is declared there."""
+    host = ast.parse((ROOT / "atdnode" / "split" / "host.py").read_text())
+    body = next(n for n in host.body if isinstance(n, ast.ClassDef) and n.name == "CampaignHost").body
+    offered = {n.target.id for n in body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    offered |= {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for mod in ("campaign", "msd_campaign"):
+        tree = ast.parse((ROOT / "atdnode" / "split" / f"{mod}.py").read_text())
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and _name_of(n.value) == "svc"}
+        assert used and used <= offered, f"{mod} uses {sorted(used - offered)} of the service beyond CampaignHost"

@@ -14,7 +14,7 @@ import trio
 
 from atdnode.blobstore import BlobStore
 from atdnode.identity import NodeIdentity
-from atdnode.model import ModelConfig, build_model, cls_features, import_part
+from atdnode.model import ModelConfig, build_model, cls_features, import_part, resolve_config
 from atdnode.split.base import BaseBuildError, assemble, base_config, build_base, publish_base
 from atdnode.split.secret import open_secret
 from atdnode.training import TrainOptions, train
@@ -136,8 +136,8 @@ def test_publish_to_clients_only_and_train_from_it(campaign) -> None:
 
 
 def _trained(home, init):
-    cfg = ModelConfig.resolve("vit_base_patch16_gap_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
-                              num_heads=2, in_chans=1, mlp_ratio=2.0)
+    cfg = resolve_config("vit_base_patch16_gap_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
+                          num_heads=2, in_chans=1, mlp_ratio=2.0)
     return train(home, "digits?shard=1/2&limit=80", cfg, TrainOptions(epochs=1, batch_size=32, init_from=init,
                                                                        augment=False, epoch_eval=False))
 

@@ -15,7 +15,7 @@ import pytest
 
 from protocols.comm_cost import ByteCounter, CostParams, t_pfesta_learnable_head
 from tests.factories import daemon_on, make_consortium
-from tests.splitnet import check_record, client, configure, data
+from tests.splitnet import check_record, client, configure, data, majority_rate
 
 
 def test_learnable_head_without_pos_embed_over_the_network(tmp_path: Path) -> None:
@@ -51,7 +51,10 @@ def test_learnable_head_without_pos_embed_over_the_network(tmp_path: Path) -> No
         assert row["formula"] == t_pfesta_learnable_head(CostParams(**row["params"]))
         theirs = server_rows[cid]
         assert theirs["variant"] == rec["variant"] and theirs["measured"] == row["measured"]
-        assert res.metrics["accuracy"] > 0.1  # it trained and evaluated through the body
+        # it trained and evaluated through the body: measured 0.44 and 0.51 against the
+        # held-out majority rate (0.15-0.16; what a constant predictor scores)
+        majority = majority_rate(data(1 if res is results["a"] else 2))
+        assert res.metrics["accuracy"] > 2 * majority, (res.metrics, majority)
     assert "pfesta[learnable-head,no-pos-embed]" in render(list(server_rows.values()))
     with Ledger.open(homes[1].ledger_db) as led:
         (svc,) = led.query(kind="service")

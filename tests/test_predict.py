@@ -15,7 +15,7 @@ from PIL import Image
 from atdnode.classify import classify
 from atdnode.home import NodeHome
 from atdnode.identity import init_home
-from atdnode.model import ModelConfig
+from atdnode.model import resolve_config
 from atdnode.predict import predict
 from atdnode.training import TrainOptions, train
 from cli.app import run
@@ -48,8 +48,8 @@ def trained(tmp_path_factory):
                 Image.fromarray(_image(rng, c)).save(root / split / c / f"{c}{i:02d}.png")
     home = NodeHome.at(base / "node")
     init_home(home, consortium="demo")
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
-                              num_heads=2, in_chans=1)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
+                          num_heads=2, in_chans=1)
     rec = train(home, f"folder:{root}", cfg, TrainOptions(epochs=4, batch_size=16, lr=3e-3, augment=False,
                                                           epoch_eval=False, device="cpu"))
     return home, root, rec
@@ -94,7 +94,11 @@ def test_predict_unlabelled_png_folder_agrees_with_classify(trained, tmp_path, c
     text, err = capsys.readouterr()
     assert f"model {rec.id}" in text and str(out) in text and "notes.txt" in err
     rows = _check_csv(out, len(labelled.files), rec.id, list(rec.labels))
-    small = predict(home, [f"folder:{flat}"], device="cpu", chunk=5)  # read 5 files at a time: the same result
+    seen: list[tuple[str, int, int]] = []  # the progress bar's updates: a total that holds
+    small = predict(home, [f"folder:{flat}"], device="cpu", chunk=5,  # read 5 files at a time: the same result
+                    progress=lambda stage, done, total: seen.append((stage, done, total)))
+    assert len(seen) > 2 and len({t for _, _, t in seen}) == 1 and all(0 <= d <= t for _, d, t in seen)
+    assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen) and seen[-1][1] == seen[-1][2]
     assert small.files == [r["file"] for r in rows] and small.skipped == [(str(flat / "notes.txt"), small.skipped[0][1])]
     assert np.allclose(small.probs, [[float(r[f"p:{c}"]) for c in rec.labels] for r in rows], atol=1e-6)
     by_file = dict(zip(labelled.files, labelled.predicted))
@@ -153,8 +157,8 @@ def test_predict_errors_are_one_line(trained, tmp_path, capsys):
 
 def test_the_training_window_applies_to_new_images(trained, tmp_path):
     home, root, _ = trained
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
-                              num_heads=2, in_chans=1)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
+                          num_heads=2, in_chans=1)
     rec = train(home, f"folder:{root}?window=0,128", cfg, TrainOptions(epochs=1, batch_size=16, lr=3e-3, augment=False,
                                                                       epoch_eval=False, device="cpu"))
     new = [f"folder:{root / 'test' / 'bright'}"]

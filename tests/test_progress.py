@@ -21,7 +21,7 @@ from atdnode.blobpartial import partial_bytes
 from atdnode.blobstore import BlobStore, Manifest
 from atdnode.data import LabeledImages
 from atdnode.features import extract_features
-from atdnode.model import ModelConfig, build_model
+from atdnode.model import build_model, resolve_config
 from atdnode.weights import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ def test_averaging_and_features_report_within_their_totals(tmp_path):
     torch.manual_seed(0)
     blobs = [save_weights(store, {"w": torch.randn(64, 64), "b": torch.randn(64)}, {"part": "extractor", "i": i})
              for i in range(3)]
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                              num_classes=2)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                          num_classes=2)
     data = LabeledImages(images=torch.rand(37, 3, 16, 16), labels=torch.randint(0, 2, (37,)), classes=["a", "b"])
     rec = Recorder()
     with progress.use(rec):

@@ -1,4 +1,4 @@
-"""One ViT configuration class: split-learning parts are shaped by `atdnode.model.ModelConfig`."""
+"""One ViT configuration class: split-learning parts are shaped by `protocols.vit_config.ModelConfig`."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from atdnode.errors import WeightsError
-from atdnode.model import ModelConfig, build_model
+from atdnode.model import ModelConfig, build_model, resolve_config
 from atdnode.split.settings import DEFAULT_BODY, SplitSettings
 from protocols.split_parts import SPLIT_MODEL, SplitBody, split_config, split_dict
+from protocols.vit_config import ModelConfigError
 
 
 def test_split_body_is_the_blocks_of_the_timm_model_of_the_same_config():
@@ -57,7 +57,7 @@ def test_model_config_dict_leaves_out_the_usual_mlp_ratio():
     two = replace(cfg, mlp_ratio=2.0)
     assert two.to_dict()["mlp_ratio"] == 2.0 and ModelConfig.from_dict(two.to_dict()) == two
     assert two.diff(cfg) == ["mlp_ratio 2.0 != 4.0"]
-    with pytest.raises(WeightsError, match="bad model config"):
+    with pytest.raises(ModelConfigError, match="bad model config"):
         ModelConfig.from_dict({**old, "mlp_ratio": "wide"})
-    assert ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
-                               num_heads=2, mlp_ratio=2.0).mlp_ratio == 2.0
+    assert resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
+                           num_heads=2, mlp_ratio=2.0).mlp_ratio == 2.0

@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import trio
@@ -27,7 +26,7 @@ from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from protocols.comm_cost import ByteCounter
 from tests.factories import daemon_on, make_consortium, wait_for
-from tests.splitnet import BASE, TOKENS, check_record, client, configure, data
+from tests.splitnet import BASE, TOKENS, check_record, client, configure, data, majority_rate
 
 torch.set_num_threads(1)
 
@@ -292,9 +291,15 @@ def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
         row = check_record(res, "msd", tol=0.01)
         assert row["measured_down"] >= row["params"]["Pb"]
     assert "accuracy" in results["a"].metrics and "patch_accuracy" in results["b"].metrics
-    # later, from the entry the client's ledger learned by sync and the blob it stored
-    out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=10)
-    assert out["entry"] == w.id.hex() and 0.0 <= out["metrics"]["accuracy"] <= 1.0
+    # later, from the entry the client's ledger learned by sync and the blob it stored, with
+    # the campaign's fine-tuning budget (20 steps): the same body, steps and seed give the
+    # campaign's own result, and it learned the digits (measured 0.42-0.46 against a majority
+    # rate of 0.16; a constant predictor scores the majority rate; 10 steps scored 0.075)
+    out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=20)
+    assert out["entry"] == w.id.hex()
+    acc, majority = out["metrics"]["accuracy"], majority_rate(data(1))
+    assert acc == pytest.approx(results["a"].metrics["accuracy"], abs=1e-6), (out["metrics"], results["a"].metrics)
+    assert acc > 1.5 * majority, (acc, majority)
 
 
 def test_join_errors_are_clear(tmp_path: Path) -> None:
@@ -428,10 +433,11 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
         server.terminate()
     metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
-    digit_majority = _majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
+    digit_majority = majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
     for algo in ("pfesta", "festa"):
         ink = metrics[(algo, "ink")]  # the positive patch rate is ~0.52: compare with the majority rate
-        assert ink["patch_accuracy"] > ink["patch_majority"]
+        # 12 steps; the in-memory test_pfesta_two_tasks_over_the_network holds a 0.05 margin after 6
+        assert ink["patch_accuracy"] > ink["patch_majority"] + 0.05, (algo, ink)
         # 12 steps reach 0.38-0.47 here (measured): well clear of a constant predictor
         assert metrics[(algo, "digit")]["accuracy"] > 1.5 * digit_majority, (algo, metrics)
     rows = json.loads(atd("split", "report", "--home", str(c1), "--home", str(c2), "--json").stdout)
@@ -446,14 +452,6 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     table = _cli("split", "report", "--home", str(c1))
     assert "T_pFESTA" in table and "pfesta" in table and "festa" in table
     _check_embedder_secret(NodeHome.at(ps), NodeHome.at(c1), NodeHome.at(c2), jobs[0][2])
-
-
-def _majority_rate(spec: str) -> float:
-    """The most frequent class's share of ``spec``'s held-out split (what a constant scores)."""
-    from atdnode.data import load_dataset
-
-    labels = np.asarray(load_dataset(spec, 28, 1, "test", seed=0).labels)
-    return float(np.bincount(labels).max() / len(labels))
 
 
 def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) -> None:

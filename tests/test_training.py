@@ -16,7 +16,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.errors import ConfigError, WeightsError
 from atdnode.home import NodeHome
 from atdnode.identity import init_home
-from atdnode.model import ModelConfig, build_model, part_spec
+from atdnode.model import ModelConfig, build_model, part_spec, resolve_config
 from atdnode.registry import ModelRegistry, flatten_optimizer, unflatten_optimizer
 from atdnode.training import TrainOptions, evaluate, lr_at, run_key, train
 from atdnode.weights import load_weights
@@ -30,7 +30,7 @@ CLI_ARCH = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig.resolve("vit_tiny_patch16_224", **ARCH)
+    return resolve_config("vit_tiny_patch16_224", **ARCH)
 
 
 def opts(**kw) -> TrainOptions:
@@ -94,13 +94,13 @@ DRIVER = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
     from atdnode.home import NodeHome
-    from atdnode.model import ModelConfig
+    from atdnode.model import resolve_config
     from atdnode.training import TrainOptions, train
     def log(msg):
         print(msg, flush=True)
         if msg.startswith("epoch 1/3 finished"):
             sys.stdin.read()  # park here (checkpoint of epoch 1 is on disk) until killed
-    cfg = ModelConfig.resolve("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
     train(NodeHome.at(sys.argv[1]), "digits?limit=100", cfg,
           TrainOptions(epochs=3, batch_size=32, lr=1e-3, seed=0, log=log))
 """)
@@ -160,7 +160,7 @@ def test_init_from_errors(tmp_path):
     home = new_home(tmp_path / "n")
     with pytest.raises(ConfigError, match="neither a file, a blob"):
         train(home, DATA, cfg(), opts(epochs=1, init_from="deadbeefdeadbeef"))
-    other = ModelConfig.resolve("vit_tiny_patch16_224", **dict(ARCH, depth=3))
+    other = resolve_config("vit_tiny_patch16_224", **dict(ARCH, depth=3))
     a = train(home, DATA, other, opts(epochs=1))
     with pytest.raises(WeightsError, match=r"depth 3 \(weights\) vs 2 \(model\)"):
         train(home, DATA, cfg(), opts(epochs=1, init_from=a.blobs["extractor"]))

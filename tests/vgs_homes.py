@@ -18,7 +18,7 @@ import torch
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity, init_home
-from atdnode.model import ModelConfig
+from atdnode.model import ModelConfig, resolve_config
 from atdnode.publish import publish_weights
 from atdnode.registry import ModelRegistry
 from atdnode.training import TrainOptions, train
@@ -27,12 +27,12 @@ from ledger import Ledger
 torch.set_num_threads(1)
 
 CFG = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
-ENSEMBLE_ARGS = ["--pca-components", "32", "--mlp-hidden", "64", "--mlp-iter", "120", "--rf-trees", "30"]
+ENSEMBLE_ARGS = ["--pca-components", "32", "--mlp-hidden", "64", "--mlp-max-iter", "120", "--rf-trees", "30"]
 DISJOINT = {"a": "digits?classes=0,1,2", "b": "digits?classes=3,4,5", "c": "digits?classes=6,7,8,9"}
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig.resolve("vit_tiny_patch16_224", **CFG)
+    return resolve_config("vit_tiny_patch16_224", **CFG)
 
 
 def consortium(root: Path, names: list[str]) -> list[NodeHome]:

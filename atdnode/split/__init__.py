@@ -9,6 +9,7 @@ counts every byte, and ties the roles to the node (config, ledger, blob store).
 * `client`   -- `atd split join`: a transient transport, one session, a comm record;
 * `session`  -- message framing and byte accounting shared by both ends;
 * `settings` -- the `[split]` table of config.toml (tasks, body, schedule);
+* `names`    -- the stream protocol id and the server roles (a leaf: no torch);
 * `report`   -- comm records and `atd split report`.
 
 This module stays import-light (no torch): the daemon calls `role_services` for every
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SPLIT_PROTOCOL = "/atd/split/1.0.0"
-# node role -> algorithm served
-SERVER_ROLES = {"festa-server": "festa", "pfesta-server": "pfesta", "msd-server": "msd"}
+from atdnode.split.names import SERVER_ROLES, SPLIT_PROTOCOL  # noqa: F401 - the package's names
 
 
 def role_services(home: Any, config: Any) -> list:

@@ -41,7 +41,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.errors import AtdError, ConfigError, WeightsError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
-from atdnode.model import ModelConfig, build_model, export_part, extractor_state, load_part
+from atdnode.model import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
 from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.split.secret import SplitSecretError, open_secret
@@ -100,9 +100,9 @@ def base_config(split: ModelConfig) -> ModelConfig:
     """The timm config of the assembled extractor for the campaign's split shape ``split``
     (no classifier). BaseBuildError if timm cannot build it."""
     try:
-        return ModelConfig.resolve(BASE_MODEL, img_size=split.img_size, patch_size=split.patch_size,
-                                   embed_dim=split.embed_dim, depth=split.depth, num_heads=split.num_heads,
-                                   in_chans=split.in_chans, mlp_ratio=split.mlp_ratio, num_classes=0)
+        return resolve_config(BASE_MODEL, img_size=split.img_size, patch_size=split.patch_size,
+                               embed_dim=split.embed_dim, depth=split.depth, num_heads=split.num_heads,
+                               in_chans=split.in_chans, mlp_ratio=split.mlp_ratio, num_classes=0)
     except ConfigError as e:
         raise BaseBuildError(f"shape mismatch: {e}") from None
 

@@ -31,7 +31,7 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.access import ledger_guard
 from atdnode.ledger_access import LedgerAccess
-from atdnode.split import SPLIT_PROTOCOL
+from atdnode.split.names import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret

@@ -15,12 +15,13 @@ after the round gets the published body again; one that did not contribute is re
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import trio
 
 from atdnode.blobstore import BlobStore
+from atdnode.split.host import CampaignHost, Session
 from atdnode.split.report import server_record, write_record
 from atdnode.split.rounds import Member
 from atdnode.split.session import meta_int, tensor
@@ -33,8 +34,6 @@ from atdnode.bodies import READERS
 from protocols.split_parts import SplitBody, embedder_state_bytes, split_dict
 from protocols.split_state import SplitProtocolError
 
-if TYPE_CHECKING:
-    from atdnode.split.service import Session, SplitService
 
 TRAIN_KINDS = ("upload", "weights")
 
@@ -42,7 +41,7 @@ TRAIN_KINDS = ("upload", "weights")
 class MSDCampaign:
     """Coordinator + session logic of an MSD server."""
 
-    def __init__(self, svc: SplitService) -> None:
+    def __init__(self, svc: CampaignHost) -> None:
         assert svc.settings is not None and svc.board is not None
         self.svc, self.s, self.board = svc, svc.settings, svc.board
         self.cfg, self.tasks = self.s.vit_config(), {t.name: t for t in self.s.task_specs()}

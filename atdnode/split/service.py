@@ -22,15 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from atdnode.home import NodeHome
-from atdnode.split import SPLIT_PROTOCOL
+from atdnode.split.names import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
+from atdnode.split.host import Session
 from atdnode.split.msd_campaign import MSDCampaign
 from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
@@ -47,25 +47,14 @@ log = logging.getLogger("atd.split")
 ROLE_OF = {"festa": "festa-server", "pfesta": "pfesta-server", "msd": "msd-server"}
 
 
-@dataclass
-class Session:
-    """One client stream being served."""
-
-    client: str
-    channel: SplitChannel
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    admitted: bool = False
-    clean: bool = False  # the client said bye
-    dropped: str | None = None  # why the coordinator cancelled this session (told to the client)
-
-
 SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold (issue 11) ...
 SPLIT_STREAMS_TOTAL = 512  # ... and all peers together
 
 
 class SplitService:
     """A split server. `install(daemon)` registers the stream handler; `run(daemon)` runs
-    the campaign in the daemon's nursery. Tests may pass ``settings`` explicitly."""
+    the campaign in the daemon's nursery. Tests may pass ``settings`` explicitly. The
+    campaign sees it as a `host.CampaignHost`."""
 
     def __init__(self, home: NodeHome, algorithm: str, *, settings: SplitSettings | None = None) -> None:
         if algorithm not in ROLE_OF:

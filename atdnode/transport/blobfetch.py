@@ -11,18 +11,24 @@
    fetch resumes with only those). They sit in one shared queue; each holder gets up to
    `per_peer` workers (bulk TCP connections or libp2p streams, `max_streams` in total),
    each taking batches from the queue, so faster holders serve more chunks.
-3. Each received chunk is handed to a writer task and written through
-   `PartialBlob.write_chunk` in a worker thread (it verifies the chunk's hash against the
-   manifest before writing). A chunk that fails verification is put back in the queue for
-   another holder, and the peer that sent it is marked bad for this blob. A peer whose
-   stream breaks, stalls (`stall_timeout`) or lacks a chunk is dropped for this fetch.
+3. Chunks are written through `PartialBlob.write_chunk` in worker threads: on a bulk
+   connection one thread per batch receives, decrypts, writes and hashes each chunk (no
+   thread hop per frame); on a libp2p stream a writer task writes whatever chunks arrived,
+   one thread hop for all of them. Each byte is hashed ONCE: the whole-blob SHA-256 runs
+   incrementally over the written prefix (`PartialBlob._advance_hash`), and a chunk is
+   checked against its own manifest hash only when it is the first of its connection
+   (a holder that serves garbage is caught at once). A chunk that fails that check is put
+   back in the queue and its sender is marked bad for this blob. A peer whose connection
+   breaks, stalls (`stall_timeout`) or lacks a chunk is dropped for this fetch.
 4. When every chunk is written, `complete()` checks the whole blob and moves it into the
-   store. If holders run out first, FetchError; what was written stays for a resume.
+   store. If the whole hash is wrong, the chunks that do not match the manifest are
+   un-recorded (`BadChunks`); their senders are marked bad and those chunks are fetched
+   again from the other holders. Nothing unverified ever enters the store. If holders run
+   out first, FetchError; what was written stays for a resume.
 
-Memory is bounded by buffers, whatever the blob size: per worker a fixed set of
-`pipeline_bytes` + 2 chunks of buffers (one being received, the rest queued or being written). The queue keeps
-the connection busy while a writer thread hashes, so a single connection is not a
-stop-and-go ping-pong between processes.
+Memory is bounded by buffers, whatever the blob size: per bulk connection one chunk buffer
+(plus the sockets' buffers); per stream `pipeline_bytes` of received chunks waiting for the
+writer, which keeps the stream busy while a writer thread hashes.
 """
 from __future__ import annotations
 
@@ -31,10 +37,11 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import trio
 
-from atdnode.blobpartial import PartialBlob
+from atdnode.blobpartial import BadChunks, PartialBlob
 from atdnode.blobstore import BlobStore, Manifest, check_hash
 from atdnode.errors import BlobError
 from atdnode.transport.base import FrameError, Stream, Transport, TransportError
@@ -85,6 +92,8 @@ class _Job:
         self.inflight: set[int] = set()
         self.lot = trio.lowlevel.ParkingLot()
         self.unflushed = 0
+        self.flush_due = trio.Event()  # set when `unflushed` reached cfg.flush_bytes (BlobFetcher._flusher)
+        self.source: dict[int, str] = {}  # chunk -> the peer it came from in this fetch (for BadChunks)
         self.batch = max(1, min(MAX_BATCH, cfg.batch_bytes // manifest.chunk_size))
 
     def take(self) -> list[int]:
@@ -92,16 +101,60 @@ class _Job:
         self.inflight.update(out)
         return out
 
+    async def next_batch(self, peer: str, owned: set[int]) -> list[int] | None:
+        """The next batch for a worker of `peer` (added to its `owned`); None when nothing is
+        left for it. Waits while other workers hold the last chunks (they may give them back)."""
+        while self.usable(peer):
+            if batch := self.take():
+                owned.update(batch)
+                return batch
+            if not self.inflight:
+                return None
+            await self.lot.park()  # woken when chunks come back to the queue, or all are done
+        return None
+
+    def request(self, batch: list[int]) -> bytes:
+        """The `get` request for `batch`."""
+        return pack({"op": "get", "blob": self.m.blob, "chunk_size": self.m.chunk_size, "chunks": batch})
+
     def give_back(self, idx: set[int]) -> None:
         back = sorted(i for i in idx if i in self.inflight)
         self.inflight.difference_update(back)
         self.queue.extendleft(reversed(back))
         self.lot.unpark_all()
 
-    def done(self, i: int) -> None:
-        self.inflight.discard(i)
+    def settle(self, peer: str, arrived: list[tuple[int, int]], owned: set[int]) -> None:
+        """Account the chunks a worker thread wrote for `peer` -- (index, bytes) -- and empty `arrived`."""
+        for i, n in arrived:
+            owned.discard(i)
+            self.source[i] = peer
+            self.report.chunks_from[peer] += 1
+            self.report.bytes += n
+            self.unflushed += n
+            self.inflight.discard(i)
+        arrived.clear()
+        if self.unflushed >= self.cfg.flush_bytes:
+            self.unflushed = 0
+            self.flush_due.set()
         if not self.queue and not self.inflight:
             self.lot.unpark_all()
+
+    def reject(self, chunks: list[int]) -> list[str]:
+        """Chunks the whole-blob check found wrong (`BadChunks`, now missing again): the
+        peers that sent them are marked bad and no longer credited; the chunks go back in
+        the queue. Returns those peers (none for chunks from an earlier, resumed fetch)."""
+        blamed: dict[str, list[int]] = {}
+        for i in chunks:
+            peer = self.source.pop(i, None)
+            if peer is not None:
+                blamed.setdefault(peer, []).append(i)
+                self.report.chunks_from[peer] -= 1
+                self.report.bytes -= self.m.span(i)[1]
+        for peer, bad in blamed.items():
+            self.fail(peer, f"chunks {bad[:10]} of blob {self.m.blob[:16]} do not match the manifest "
+                            "(found by the whole-blob hash); rejected", bad=True)
+        self.queue.extend(sorted(chunks))
+        return list(blamed)
 
     def usable(self, peer: str) -> bool:
         return peer not in self.report.bad_peers and peer not in self.report.failed_peers
@@ -164,17 +217,7 @@ class BlobFetcher:
             job = _Job(m, partial, report, self.cfg)
             report.resumed_chunks = m.num_chunks - len(job.queue)
             try:
-                if job.queue:
-                    per = max(1, min(self.cfg.per_peer, self.cfg.max_streams // len(holders)))
-                    per = min(per, max(1, math.ceil(len(job.queue) / job.batch / len(holders))))
-                    async with trio.open_nursery() as nursery:
-                        for p in holders:
-                            nursery.start_soon(self._peer, job, p, probes.pop(p)[0], per)
-                if job.queue or job.inflight:
-                    why = "; ".join(f"{p}: {r}" for p, r in {**report.failed_peers, **report.bad_peers}.items())
-                    raise FetchError(f"blob {blob[:12]}: {len(job.queue) + len(job.inflight)} of {m.num_chunks} "
-                                     f"chunks still missing, no usable holder left ({why or 'none'})")
-                h = await trio.to_thread.run_sync(partial.complete)
+                h = await self._rounds(job, holders, probes)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(partial.close)  # keep what was written, for a resume
@@ -190,6 +233,36 @@ class BlobFetcher:
         log.info("fetched blob %s (%d bytes from %s) in %.2fs", blob[:12], report.bytes,
                  dict(report.chunks_from), report.seconds)
         return h
+
+    async def _rounds(self, job: _Job, holders: list[str], probes: dict) -> str:
+        """Fetch every missing chunk from the usable holders, then `complete()`. Chunks are
+        written unverified (one SHA-256 per byte: the whole-blob hash), so when that hash
+        fails, the chunks that do not match the manifest are missing again (`BadChunks`):
+        their senders are marked bad and they are fetched again from the others -- a round
+        per bad holder at most. FetchError when no usable holder is left."""
+        for _ in range(len(holders) + 2):
+            usable = [p for p in holders if job.usable(p)]
+            if job.queue and usable:
+                per = max(1, min(self.cfg.per_peer, self.cfg.max_streams // len(usable)))
+                per = min(per, max(1, math.ceil(len(job.queue) / job.batch / len(usable))))
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(self._flusher, job)
+                    async with trio.open_nursery() as nursery:
+                        for p in usable:
+                            first = probes.pop(p)[0] if p in probes else None
+                            nursery.start_soon(self._peer, job, p, first, per)
+                    outer.cancel_scope.cancel()  # a flush under way finishes first (its thread is waited for)
+            if job.queue or job.inflight:
+                break
+            try:
+                return await trio.to_thread.run_sync(job.partial.complete)
+            except BadChunks as e:
+                log.warning("blob %s: %s", job.m.blob[:12], e)
+                job.reject(e.chunks)
+        report, m = job.report, job.m
+        why = "; ".join(f"{p}: {r}" for p, r in {**report.failed_peers, **report.bad_peers}.items())
+        raise FetchError(f"blob {m.blob[:12]}: {len(job.queue) + len(job.inflight)} of {m.num_chunks} "
+                         f"chunks still missing, no usable holder left ({why or 'none'})")
 
     async def _probe(self, blob: str, peer: str, out: dict, report: FetchReport) -> None:
         """Ask `peer` for the manifest; on success keep the stream for the transfer."""
@@ -226,11 +299,20 @@ class BlobFetcher:
 
     # -- per holder --------------------------------------------------------------------
 
-    async def _peer(self, job: _Job, peer: str, first: Stream, n: int) -> None:
+    async def _peer(self, job: _Job, peer: str, first: Stream | None, n: int) -> None:
         """Run up to n workers against one holder: over the bulk channel if offered, else
-        (or when bulk fails) over libp2p streams."""
-        if self.cfg.bulk and first.remote_host and peer not in self.no_bulk:
+        (or when bulk fails) over libp2p streams. `first`: an open blob stream, if any."""
+        if first is None and self.cfg.bulk and peer not in self.no_bulk:
+            try:
+                with trio.fail_after(self.cfg.stall_timeout):
+                    first = await self.transport.open_stream(peer, PROTOCOL)
+            except (TransportError, trio.TooSlowError) as e:
+                job.fail(peer, f"{type(e).__name__}: {e}")
+                return
+        if first is not None and self.cfg.bulk and first.remote_host and peer not in self.no_bulk:
             outcome = await self._bulk(job, peer, first, n)
+            if outcome == "failed" and job.usable(peer) and not (job.queue or job.inflight):
+                job.fail(peer, f"bulk channel: {job.report.bulk_failed.get(peer, 'failed')}")  # others finished
             if outcome == "done" or not job.usable(peer) or not (job.queue or job.inflight):
                 return
             if outcome == "failed":
@@ -284,7 +366,7 @@ class BlobFetcher:
             job.report.modes[peer] = "bulk"
             async with trio.open_nursery() as nursery:
                 for c in conns:
-                    nursery.start_soon(self._worker, job, peer, c, fail)
+                    nursery.start_soon(self._bulk_worker, job, peer, c, fail)
         except (TransportError, trio.TooSlowError) as e:
             fail(f"{type(e).__name__}: {e}", isinstance(e, BulkIntegrityError))
         finally:
@@ -299,71 +381,113 @@ class BlobFetcher:
                 await control.close()
         return "failed" if failed else "done"
 
-    async def _worker(self, job: _Job, peer: str, conn: StreamChunks | BulkConn, fail=None) -> None:
-        """Receive batches on `conn` until the queue is empty. On a broken connection:
-        `fail(reason, integrity)` when given (bulk: the caller falls back), else the peer is
-        dropped for this fetch."""
-        # A fixed set of chunk buffers circulates receiver -> writer -> receiver: memory per
-        # worker is bounded by it, and no chunk-sized allocation happens per chunk (which
-        # otherwise lets glibc's heap grow with the blob size through fragmentation).
-        depth = max(1, self.cfg.pipeline_bytes // job.m.chunk_size)
-        free_send, free_recv = trio.open_memory_channel(depth + 2)
-        for _ in range(depth + 2):  # streams deliver frames as fresh bytes: no buffers needed
-            free_send.send_nowait(bytearray(job.m.chunk_size) if isinstance(conn, BulkConn) else None)
+    async def _bulk_worker(self, job: _Job, peer: str, conn: BulkConn, fail: Callable[[str, bool], None]) -> None:
+        """Fetch batches on one bulk connection until the queue is empty. Each batch is
+        received, decrypted, written and hashed in one worker thread (`BulkConn.fetch_batch`)
+        through one chunk buffer: memory per connection is one chunk plus the socket's
+        buffers, and there is one thread hop per batch, not per frame. A broken connection
+        calls `fail(reason, integrity)` (the caller falls back to streams)."""
+        buf, owned, arrived = bytearray(job.m.chunk_size), set[int](), list[tuple[int, int]]()
+        check_next = [True]  # the connection's first chunk is checked against its own hash
+
+        def sink(i: int, data: memoryview) -> None:  # in the worker thread
+            if job.partial.write_chunk(i, data, False, check_next[0]):
+                arrived.append((i, len(data)))
+            check_next[0] = False
+
+        ahead: list[int] = []  # the next batch, already requested by the thread of the current one
+
+        def more() -> bytes | None:  # on the trio thread, called by the worker thread (trio.from_thread)
+            if job.usable(peer) and (nxt := job.take()):
+                owned.update(nxt)
+                ahead.extend(nxt)
+                return job.request(nxt)
+            return None
+
+        try:
+            while True:
+                if ahead and job.usable(peer):
+                    batch, header = ahead[:], None
+                    ahead.clear()
+                elif (batch := await job.next_batch(peer, owned)) is not None:
+                    header = job.request(batch)
+                else:
+                    break
+                try:
+                    await conn.fetch_batch(header, [(i, job.m.span(i)[1]) for i in batch], buf, sink, more)
+                finally:
+                    job.settle(peer, arrived, owned)
+        except BlobError as e:  # a chunk failed its hash (or the disk): never trust this peer for this blob
+            job.fail(peer, str(e), bad=True)
+            await conn.reset()
+        except (TransportError, trio.TooSlowError) as e:
+            fail(f"{type(e).__name__}: {e}", isinstance(e, BulkIntegrityError))
+            await conn.reset()
+        finally:
+            job.give_back(owned)
+
+    async def _worker(self, job: _Job, peer: str, conn: StreamChunks) -> None:
+        """Receive batches on a libp2p stream until the queue is empty; a writer task writes
+        what arrived (all chunks waiting, in one thread hop). A broken stream drops the peer
+        for this fetch."""
+        depth = max(1, self.cfg.pipeline_bytes // job.m.chunk_size)  # chunks waiting for the writer
         owned: set[int] = set()
         send, recv = trio.open_memory_channel(depth)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, job, peer, recv, free_send, owned, nursery.cancel_scope)
+                nursery.start_soon(self._writer, job, peer, recv, owned, nursery.cancel_scope)
                 async with send:
                     try:
-                        await self._receive(job, peer, conn, send, free_recv, owned)
+                        await self._receive(job, peer, conn, send, owned)
                     except (TransportError, trio.TooSlowError) as e:
-                        if fail is not None:
-                            fail(f"{type(e).__name__}: {e}", isinstance(e, BulkIntegrityError))
-                        else:
-                            job.fail(peer, f"{type(e).__name__}: {e}")
+                        job.fail(peer, f"{type(e).__name__}: {e}")
                         await conn.reset()
         finally:
             job.give_back(owned)
 
-    async def _receive(self, job: _Job, peer: str, conn: StreamChunks | BulkConn, send: trio.MemorySendChannel,
-                       free: trio.MemoryReceiveChannel, owned: set[int]) -> None:
+    async def _receive(self, job: _Job, peer: str, conn: StreamChunks, send: trio.MemorySendChannel,
+                       owned: set[int]) -> None:
         m, stall = job.m, self.cfg.stall_timeout
-        while job.usable(peer):
-            batch = job.take()
-            if not batch:
-                if not job.inflight:
-                    return
-                await job.lot.park()  # woken when chunks come back to the queue, or all are done
-                continue
-            owned.update(batch)
+        while (batch := await job.next_batch(peer, owned)) is not None:
             with trio.fail_after(stall):
-                await conn.request(pack({"op": "get", "blob": m.blob, "chunk_size": m.chunk_size, "chunks": batch}))
+                await conn.request(job.request(batch))
             for i in batch:
-                buf = await free.receive()
                 with trio.fail_after(stall):
-                    data = await conn.chunk(i, m.span(i)[1], buf)
-                await send.send((i, data, buf))
+                    data = await conn.chunk(i, m.span(i)[1])
+                await send.send((i, data))
 
-    async def _writer(self, job: _Job, peer: str, recv: trio.MemoryReceiveChannel, free: trio.MemorySendChannel,
-                      owned: set[int], scope: trio.CancelScope) -> None:
+    async def _writer(self, job: _Job, peer: str, recv: trio.MemoryReceiveChannel, owned: set[int],
+                      scope: trio.CancelScope) -> None:
+        check_next, arrived = [True], list[tuple[int, int]]()  # the stream's first chunk: checked by its own hash
+
+        def write(items: list[tuple[int, bytes]]) -> None:  # in a worker thread
+            for i, data in items:
+                if job.partial.write_chunk(i, data, False, check_next[0]):
+                    arrived.append((i, len(data)))
+                check_next[0] = False
+
         async with recv:
-            async for i, data, buf in recv:
+            async for item in recv:
+                items = [item]
+                while len(items) < MAX_BATCH:
+                    try:
+                        items.append(recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
                 try:
-                    await trio.to_thread.run_sync(job.partial.write_chunk, i, data, False)
+                    await trio.to_thread.run_sync(write, items)  # not abandoned: it ends before we go on
                 except BlobError as e:  # hash mismatch (or the disk): never trust this peer for this blob
                     job.fail(peer, str(e), bad=True)
                     scope.cancel()
                     return
-                n = len(data)
-                del data
-                free.send_nowait(buf)  # the buffer may be reused: write_chunk is done with it
-                owned.discard(i)
-                job.report.chunks_from[peer] += 1
-                job.report.bytes += n
-                job.unflushed += n
-                if job.unflushed >= self.cfg.flush_bytes:
-                    job.unflushed = 0
-                    await trio.to_thread.run_sync(job.partial.flush)
-                job.done(i)
+                finally:
+                    del items, item
+                    job.settle(peer, arrived, owned)
+
+    async def _flusher(self, job: _Job) -> None:
+        """Make written chunks durable (resumable) every `flush_bytes`, beside the workers:
+        a worker never waits for an fsync."""
+        while True:
+            await job.flush_due.wait()
+            job.flush_due = trio.Event()
+            await trio.to_thread.run_sync(job.partial.flush)

@@ -30,8 +30,7 @@ requests there, every frame AES-256-GCM sealed (see bulk.py). Integrity addition
 from the manifest (named by the signed ledger entry). Turned off or pinned to a fixed port
 in config.toml (`[bulk] enabled`, `port`; see NodeConfig.bulk_options); with a fixed port,
 one offer at a time uses it and a concurrent request is answered "busy" (the client then
-uses streams). On loopback, plaintext bulk moved 350 MB at 0.30-0.88x raw TCP+SHA-256 and
-py-libp2p streams at 0.04-0.09x (bench/transfer_bench.py, 2 busy cores).
+uses streams). Throughput of both against raw TCP + SHA-256: bench/transfer_bench.py.
 
 A peer that breaks the protocol (malformed or oversized header, wrong chunk length) has
 that one stream reset with a logged reason; nothing else is affected.
@@ -57,7 +56,9 @@ from atdnode.transport.blobwire import (  # noqa: F401  (re-exported: the protoc
     read_header,
     unpack,
 )
-from atdnode.transport.bulk import MAX_CONNS, BulkConn, serve_bulk  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.blobfetch import BlobFetcher, FetchConfig
+from atdnode.transport.bulk import MAX_CONNS, BulkConn  # noqa: F401  (BulkConn re-exported)
+from atdnode.transport.bulk_server import BulkConns, ChunkReader, serve_bulk
 from atdnode.transport.limits import PeerLimits, lease_or_reset
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class BlobServer:
         # Awaited before each `get` batch is served, on streams and bulk connections alike:
         # (peer, chunk indexes) -> None. Tests stall a holder with it; netsim may shape.
         self.before_batch: Callable[[str, list[int]], Awaitable[None]] | None = None
-        self.bulk_conns: dict[str, set] = {}  # peer -> its proven bulk connections being served (SealedSocket)
+        self.bulk_conns = BulkConns()  # the proven bulk connections being served, by peer
 
     def may_serve(self, peer: str, blob: str) -> bool:
         """May `peer` read `blob` now? The membership gate and the blob's reader list."""
@@ -101,17 +102,28 @@ class BlobServer:
 
     def bulk_peers(self) -> list[str]:
         """Peers holding bulk connections now."""
-        return list(self.bulk_conns)
+        return self.bulk_conns.peers()
 
     def drop_peer(self, peer: str) -> int:
         """Close every bulk connection of `peer` at once (e.g. just revoked); returns how many.
         Safe from the trio thread: closing wakes the worker thread blocked on the socket."""
-        conns = self.bulk_conns.pop(peer, set())
-        for frames in conns:
-            frames.close()
-        if conns:
-            log.info("closed %d bulk connection(s) of %s", len(conns), peer)
-        return len(conns)
+        n = self.bulk_conns.drop(peer)
+        if n:
+            log.info("closed %d bulk connection(s) of %s", n, peer)
+        return n
+
+    def _reader(self, blob: str, path: os.PathLike) -> ChunkReader:
+        """What the bulk channel may know of this server: one blob's file and its gate."""
+
+        async def before_batch(peer: str, idx: list[int]) -> None:
+            if self.before_batch is not None:  # looked up per batch: tests set it late
+                await self.before_batch(peer, idx)
+
+        def served(chunks: int, nbytes: int) -> None:
+            self.served_chunks += chunks
+            self.served_bytes += nbytes
+
+        return ChunkReader(blob, path, lambda peer: self.may_serve(peer, blob), before_batch, served)
 
     def install(self) -> None:
         self.transport.set_stream_handler(PROTOCOL, self.handle)
@@ -204,9 +216,15 @@ class BlobServer:
             if not (held and self.bulk and stream.remote_host):
                 await stream.write_frame(pack({"ok": False, "error": "bulk channel not offered"}))
                 return
+            reader = self._reader(blob, await trio.to_thread.run_sync(self.store.path, blob))
             bind = _bind_host(self.transport, stream.remote_host)
+
+            async def offer() -> None:
+                await serve_bulk(reader, self.bulk_conns, stream, conns, pub, local_peer=self.transport.peer_id,
+                                 bind=bind, port=self.bulk_port, idle=IDLE_TIMEOUT)
+
             if self.bulk_port == 0:
-                await serve_bulk(self, stream, blob, conns, pub, bind=bind, port=0, idle=IDLE_TIMEOUT)
+                await offer()
                 return
             try:
                 self._bulk_port_lock.acquire_nowait()
@@ -214,7 +232,7 @@ class BlobServer:
                 await stream.write_frame(pack({"ok": False, "error": "bulk channel busy"}))
                 return
             try:
-                await serve_bulk(self, stream, blob, conns, pub, bind=bind, port=self.bulk_port, idle=IDLE_TIMEOUT)
+                await offer()
             finally:
                 self._bulk_port_lock.release()
         else:
@@ -288,8 +306,6 @@ class BlobService:
     def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, config: Any = None,
                  gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
                  bulk_port: int = 0) -> None:
-        from atdnode.transport.blobfetch import BlobFetcher, FetchConfig  # imports this module's wire helpers
-
         self.server = BlobServer(transport, store, bulk=bulk, gate=gate, may_read=may_read, bulk_port=bulk_port)
         self.fetcher = BlobFetcher(transport, store, config or FetchConfig(bulk=bulk))
 

@@ -24,29 +24,35 @@ reordered, truncated -- raises BulkIntegrityError and ends the connection; the f
 then marks the peer's bulk channel bad and falls back to libp2p streams.
 
 Members only at every request (issue 24): the server re-checks the membership gate and the
-blob's reader list (`BlobServer.may_serve`) before each `get`, and `BlobServer.drop_peer`
-closes every bulk connection of a peer at once (the daemon calls it on revocation).
+blob's reader list (`ChunkReader.allowed`, from `BlobServer.may_serve`) before each `get`,
+and `BlobServer.drop_peer` closes every bulk connection of a peer at once (`BulkConns.drop`;
+the daemon calls it on revocation). The server side lives in bulk_server.py and knows
+nothing of the blob server: an offer gets a `ChunkReader` and the `BulkConns` registry.
 
 Wire frame: 4-byte big-endian length, then AES-GCM ciphertext + 16-byte tag.
 
 Why threads: py-libp2p streams (and even trio sockets, at ~64 KiB per wakeup) cost far
 more CPU per byte than the bytes themselves. Each connection's socket is a blocking socket
-driven from worker threads (`trio.to_thread`, one call per chunk or batch), with
-preallocated buffers: the server reads a chunk from the file, seals it into one buffer
-and sends it; the client receives into one buffer and opens it into the chunk buffer
-(`encrypt_into` / `decrypt_into`: no allocation per chunk). AES-GCM runs at several GB/s,
-well above SHA-256, which the fetcher does anyway. The trio loop never blocks; a cancelled
-call is abandoned and its socket shut down, which ends the thread's I/O.
+driven from worker threads with preallocated buffers, one thread hop per batch of chunks
+(up to 256), not per frame: the server reads each chunk from the file and seals its header
+and data into one buffer and one send; the client (`BulkConn.fetch_batch`) receives into one
+buffer, opens it into the chunk buffer (`encrypt_into` / `decrypt_into`: no allocation per
+chunk) and hands it to the fetcher's sink in the same thread, which writes it and extends
+the whole-blob SHA-256 (blobfetch.py: each byte hashed once). The trio loop never blocks. A
+cancelled server call is abandoned and its socket shut down, which ends the thread's I/O; a
+cancelled client batch shuts its socket down and waits for its thread, so the sink never
+runs after the fetch moved on. Where each millisecond of a frame goes:
+bench/transfer_profile.py; throughput against raw TCP + SHA-256: bench/transfer_bench.py.
 """
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import struct
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
+import outcome
 import trio
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -54,12 +60,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from atdnode.transport.base import FrameError, Stream, StreamClosed, TransportError
-from atdnode.transport.blobwire import HEADER_MAX, check_chunk_header, chunk_request, pack, unpack
+from atdnode.transport.base import FrameError, StreamClosed, TransportError
+from atdnode.transport.blobwire import HEADER_MAX, check_chunk_header, unpack
 from atdnode.transport.framing import Counter
-
-if TYPE_CHECKING:
-    from atdnode.transport.blobxfer import BlobServer
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +200,18 @@ class SealedSocket:
     def write_frame(self, data: bytes | bytearray | memoryview) -> None:
         self._send(self.seal(data))
 
+    def write_frames(self, head: bytes, data: bytes | bytearray | memoryview) -> None:
+        """Two sealed frames (a small header, then `data`) in one buffer and one send."""
+        k, n = _LEN.size + len(head) + TAG, _LEN.size + len(data) + TAG
+        if len(self._outbuf) < k + n:
+            self._outbuf = bytearray(k + n)
+        out = memoryview(self._outbuf)[:k + n]
+        for start, part in ((0, head), (k, data)):
+            _LEN.pack_into(out, start, len(part) + TAG)
+            self._tx.encrypt_into(_nonce(self._sent), part, None, out[start + _LEN.size:start + _LEN.size + len(part) + TAG])  # type: ignore[union-attr]
+            self._sent += 1
+        self._send(out)
+
     def read_frame(self, max_size: int, into: bytearray | None = None) -> bytearray | memoryview:
         """Open the next frame: a new bytearray, or a view of `into` (len(into) >= max_size).
 
@@ -224,11 +239,15 @@ class SealedSocket:
         self.sock.close()
 
 
-# -- client ----------------------------------------------------------------------------------
+# -- client ---------------------------------------------------------------------------------
+
+
+ChunkSink = Callable[[int, memoryview], None]  # (chunk index, its bytes) -> None, called in the worker thread
 
 
 class BulkConn:
-    """Client end of one bulk connection; same `request` / `chunk` calls as StreamChunks."""
+    """Client end of one bulk connection; same `request` / `chunk` calls as StreamChunks,
+    plus `fetch_batch` (a whole request in one worker thread)."""
 
     def __init__(self, frames: SealedSocket) -> None:
         self.f = frames
@@ -253,17 +272,39 @@ class BulkConn:
     async def request(self, header: bytes) -> None:
         await self._call(self.f.write_frame, header)
 
-    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytearray | memoryview:
-        """Chunk i (exactly n bytes), opened into `buf` when given (no allocation per chunk)."""
-
-        def recv() -> bytearray | memoryview:
-            check_chunk_header(unpack(self.f.read_frame(HEADER_MAX)), i, n)
-            return self.f.read_frame(n, buf)  # longer than n: FrameError; shorter: checked below
-
-        data = await self._call(recv)
+    def _recv_chunk(self, i: int, n: int, buf: bytearray | None) -> bytearray | memoryview:
+        check_chunk_header(unpack(self.f.read_frame(HEADER_MAX)), i, n)
+        data = self.f.read_frame(n, buf)  # longer than n: FrameError; shorter: checked here
         if len(data) != n:
             raise FrameError(f"sent {len(data)} bytes for chunk {i}, expected {n}")
         return data
+
+    async def chunk(self, i: int, n: int, buf: bytearray | None = None) -> bytearray | memoryview:
+        """Chunk i (exactly n bytes), opened into `buf` when given (no allocation per chunk)."""
+        return await self._call(self._recv_chunk, i, n, buf)
+
+    async def fetch_batch(self, header: bytes | None, chunks: list[tuple[int, int]], buf: bytearray,
+                          sink: ChunkSink, more: Callable[[], bytes | None] | None = None) -> None:
+        """Send one `get` request (`header`; None: sent already) and receive its chunks --
+        (index, length) each -- in ONE worker thread: each is opened into `buf` and handed
+        to `sink(i, view)` in that thread before the next is read (so `sink` may hash and
+        write it). One thread hop per batch, not per frame; the socket's buffers keep the
+        sender busy meanwhile. Once the first chunk is in, `more()` runs on the trio thread
+        (`trio.from_thread`) and the request it returns, if any, is sent at once: the
+        server then never waits for the next request (and a holder that never sends the
+        first chunk is never asked for more). Errors from the channel or from `sink` end
+        the batch and propagate; on cancellation the socket is shut down and the thread is
+        waited for (it never outlives the call, so `sink` never runs after it returns)."""
+
+        def run() -> None:
+            if header is not None:
+                self.f.write_frame(header)
+            for k, (i, n) in enumerate(chunks):
+                sink(i, memoryview(self._recv_chunk(i, n, buf)))
+                if k == 0 and more is not None and (nxt := trio.from_thread.run_sync(more)) is not None:
+                    self.f.write_frame(nxt)
+
+        await _run_closing(run, self.f.close)
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -280,151 +321,22 @@ class BulkConn:
         await self.close()
 
 
-# -- server ----------------------------------------------------------------------------------
+async def _run_closing(fn: Callable[[], Any], close: Callable[[], None]) -> Any:
+    """Run `fn` in a worker thread and wait for it even when cancelled: a cancellation calls
+    `close()` (which must make `fn` return soon, e.g. by shutting its socket down) and then
+    waits for the thread, so nothing `fn` touches is used after this returns."""
+    finished = False
 
-
-@dataclass
-class _Offer:
-    keys: list[ConnKeys]
-    peer: str
-    claimed: set[int] = field(default_factory=set)
-    pending: int = 0
-
-
-async def serve_bulk(server: "BlobServer", control: Stream, blob: str, conns: int, client_pub: bytes, *,
-                     bind: str, port: int, idle: float) -> None:
-    """Offer a port on `control` (key exchange), serve up to `conns` key-proving connections."""
-    private, server_pub = new_ephemeral()
-    keys = derive_keys(private, client_pub, server_peer=server.transport.peer_id, client_peer=control.remote_peer,
-                       server_pub=server_pub, client_pub=client_pub, conns=conns)
-    offer = _Offer(keys, control.remote_peer)
-    try:
-        lsock = socket.create_server((bind, port))
-    except OSError as e:
-        log.warning("bulk channel: cannot listen on %s:%d: %s", bind, port, e)
-        await control.write_frame(pack({"ok": False, "error": "bulk channel unavailable"}))
-        return
-    served = 0
-    try:
-        await control.write_frame(pack({"ok": True, "port": lsock.getsockname()[1], "x25519": server_pub}))
-        async with trio.open_nursery() as nursery:
-            deadline = trio.current_time() + ACCEPT_TIMEOUT
-            while len(offer.claimed) < conns and (left := deadline - trio.current_time()) > 0:
-                try:
-                    sock = await _run(_accept, lsock, min(left, 0.5))
-                except TimeoutError:
-                    continue
-                if offer.pending >= MAX_PENDING:
-                    sock.close()  # too many unproven connections: drop the newcomer, keep the rest
-                    continue
-                offer.pending += 1
-                nursery.start_soon(_prove_and_serve, server, offer, sock, blob, idle)
-            lsock.close()  # no more connections; proven ones finish in the nursery
-        served = len(offer.claimed)
-    finally:
-        lsock.close()
-    await control.write_frame(pack({"done": True, "conns": served}))
-
-
-def _accept(lsock: socket.socket, wait: float) -> socket.socket:
-    lsock.settimeout(wait)
-    sock, _ = lsock.accept()  # TimeoutError when nobody came
-    return sock
-
-
-def _read_hello(frames: SealedSocket, offer: _Offer) -> int:
-    raw = frames.read_raw(1 + len(HELLO) + TAG)
-    if len(raw) != 1 + len(HELLO) + TAG:
-        raise BulkIntegrityError(f"bulk hello of {len(raw)} bytes")
-    index = raw[0]
-    if index >= len(offer.keys):
-        raise BulkIntegrityError(f"bulk connection index {index} out of range")
-    keys = offer.keys[index]
-    frames.set_keys(keys.server_to_client, keys.client_to_server)
-    try:
-        hello = frames._rx.decrypt(_nonce(0), bytes(raw[1:]), None)  # type: ignore[union-attr]
-    except InvalidTag:
-        raise BulkIntegrityError("bulk connection did not prove the session key") from None
-    if hello != HELLO:
-        raise BulkIntegrityError("bulk connection sent a wrong hello")
-    frames._received = 1
-    return index
-
-
-async def _prove_and_serve(server: "BlobServer", offer: _Offer, sock: socket.socket, blob: str, idle: float) -> None:
-    frames = SealedSocket(sock, offer.peer, PROVE_TIMEOUT)
-    try:
+    async def closer() -> None:
         try:
-            with trio.fail_after(PROVE_TIMEOUT + 1):
-                index = await _run(_read_hello, frames, offer)
-        except (TransportError, trio.TooSlowError) as e:
-            log.warning("bulk connection (offered to %s) dropped before proving its key: %s", offer.peer, e)
-            frames.close()
-            return
+            await trio.sleep_forever()
         finally:
-            offer.pending -= 1
-        if index in offer.claimed:
-            log.warning("bulk connection index %d for %s used twice (replay?); refused", index, offer.peer)
-            frames.close()
-            return
-        offer.claimed.add(index)
-        frames.sock.settimeout(idle)
-        server.bulk_conns.setdefault(offer.peer, set()).add(frames)  # BlobServer.drop_peer closes it
-        try:
-            await _serve_conn(server, frames, blob)
-        finally:
-            conns = server.bulk_conns.get(offer.peer, set())
-            conns.discard(frames)
-            if not conns:
-                server.bulk_conns.pop(offer.peer, None)
-    finally:
-        frames.close()
+            if not finished:
+                close()
 
-
-async def _serve_conn(server: "BlobServer", frames: SealedSocket, blob: str) -> None:
-    try:
-        path = await trio.to_thread.run_sync(server.store.path, blob)
-        while True:
-            try:
-                raw = await _run(frames.read_frame, HEADER_MAX)
-            except StreamClosed:
-                return
-            req = unpack(raw)
-            if req.get("op") != "get" or req.get("blob") != blob:
-                raise FrameError(f"bulk connection may only get blob {blob[:12]}")
-            if not server.may_serve(frames.peer, blob):  # every request: revoked since the offer?
-                log.warning("bulk connection from %s closed: no longer allowed to read %s", frames.peer, blob[:12])
-                return
-            cs, idx = chunk_request(req)
-            if server.before_batch is not None:
-                await server.before_batch(frames.peer, idx)
-            n, nbytes = await _run(_send_ranges, frames, path, cs, idx)
-            server.served_chunks += n
-            server.served_bytes += nbytes
-    except FrameError as e:
-        log.warning("bulk connection from %s closed: %s", frames.peer, e)
-    except TransportError as e:
-        log.debug("bulk connection from %s ended: %s", frames.peer, e)
-    finally:
-        frames.close()
-
-
-def _send_ranges(frames: SealedSocket, path: os.PathLike, cs: int, idx: list[int]) -> tuple[int, int]:
-    sent = nbytes = 0
-    buf = bytearray(cs)
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        for i in idx:
-            off = i * cs
-            if off >= size:
-                frames.write_frame(pack({"i": i, "error": "chunk index out of range"}))
-                continue
-            n = min(cs, size - off)
-            view = memoryview(buf)[:n]
-            f.seek(off)
-            if f.readinto(view) != n:
-                raise TransportError(f"blob file shrank while sending to {frames.peer}")
-            frames.write_frame(pack({"i": i, "n": n}))
-            frames.write_frame(view)
-            sent, nbytes = sent + 1, nbytes + n
-    return sent, nbytes
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(closer)
+        result = await outcome.acapture(trio.to_thread.run_sync, fn)  # not abandoned: closer() unblocks it
+        finished = True
+        nursery.cancel_scope.cancel()
+    return result.unwrap()  # raised out here, not wrapped in the nursery's ExceptionGroup

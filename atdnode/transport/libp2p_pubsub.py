@@ -76,6 +76,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+import trio
 from google.protobuf.message import DecodeError
 from libp2p.io.exceptions import IOException, MessageTooLarge
 from libp2p.network.connection.exceptions import RawConnError
@@ -89,6 +90,8 @@ from libp2p.pubsub.utils import maybe_consume_signed_record
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
+
+from atdnode.transport.gossip_mesh import MeshHealthMixin
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,17 @@ class BufferedReader:
         return out
 
 
+_write_locks: "weakref.WeakKeyDictionary[Any, trio.Lock]" = weakref.WeakKeyDictionary()
+
+
+def _write_lock(stream: Any) -> trio.Lock:
+    """The lock that keeps one stream's RPC writes whole (CoalescingPubsub.write_msg)."""
+    lock = _write_locks.get(stream)
+    if lock is None:
+        lock = _write_locks[stream] = trio.Lock()
+    return lock
+
+
 def _publish_only(rpc: Any) -> bool:
     return bool(rpc.publish) and not rpc.subscriptions and not rpc.HasField("control")
 
@@ -165,10 +179,29 @@ class CoalescingPubsub(Pubsub):
         await super()._handle_new_peer(peer_id)
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
-        """Pubsub.write_msg, dropping (True: the sending loop goes on) RPCs to refused peers."""
+        """Pubsub.write_msg, dropping (True: the sending loop goes on) RPCs to refused peers,
+        one whole RPC at a time per stream (`_write_lock`): the garbled-RPC fix (issue 29).
+
+        py-libp2p 0.8.1 writes to a peer's pubsub stream from three tasks -- the per-peer
+        sending loop, `GossipSub.flush_pending_messages` and `send_recent_messages` -- and
+        `YamuxStream.write` holds its write lock per frame only: when the send window runs
+        out mid-RPC (a loaded receiver), it releases the lock and polls, and another task's
+        frames go out between the two halves. The receiver then parses a garbled RPC. A
+        write that fails or is cancelled part-way (yamux gives up after 5 s without window)
+        left half an RPC on the stream, and the flush paths wrote on after it; now the
+        stream is reset instead, so nothing follows a partial RPC."""
         if self._refused(stream.muxed_conn.peer_id):
             return True
-        return await super().write_msg(stream, rpc_msg)
+        async with _write_lock(stream):
+            try:
+                return await super().write_msg(stream, rpc_msg)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await stream.reset()
+                    except Exception:  # already gone
+                        pass
+                raise
 
     async def publish(self, topic_id: str | list[str], data: bytes) -> None:
         """Pubsub.publish (libp2p 0.8.1), signed whatever `strict_signing` says (module doc)."""
@@ -251,8 +284,9 @@ class CoalescingPubsub(Pubsub):
             self._handle_dead_peer(peer_id)
 
 
-class FloodPublishGossipSub(GossipSub):
-    """GossipSub that sends the node's own messages to every topic peer (module doc)."""
+class FloodPublishGossipSub(MeshHealthMixin, GossipSub):
+    """GossipSub that sends the node's own messages to every topic peer (module doc), and
+    whose mesh cannot stay empty (`atdnode.transport.gossip_mesh`: relays flood while it is)."""
 
     def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
         topic_ids = list(topic_ids)
@@ -261,6 +295,12 @@ class FloodPublishGossipSub(GossipSub):
             for topic in topic_ids:
                 peers.update(p for p in self.pubsub.peer_topics.get(topic, ()) if p in self.peer_protocol)
             peers.discard(origin)
+        elif self.pubsub is not None:  # a relay: to every topic peer while our mesh is empty
+            flood = self.flood_relay_peers(topic_ids)
+            if flood:
+                peers.update(flood)
+                peers.discard(origin)
+                peers.discard(msg_forwarder)
         gate = getattr(self.pubsub, "peer_gate", None)
         return peers if gate is None else {p for p in peers if gate(p)}
 

@@ -131,7 +131,10 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
     typer.echo(f"running : {st['running']}")
     for a in st.get("addrs", []):
         typer.echo(f"address : {a}")
-    typer.echo(f"peers   : {len(st.get('peers', []))}")
+    members = st.get("members")  # the other members (a running daemon's count)
+    typer.echo(f"peers   : {len(st.get('peers', []))}" + (f" of {members} members connected" if members is not None else ""))
+    for peer, secs in sorted(st.get("unreachable", {}).items()):  # after [peers] unreachable_after_s
+        typer.echo(f"warning : member {peer} unreachable for {secs:.0f} s")
     typer.echo(f"ledger  : {st['ledger']['entries']} entries from {len(st['ledger']['heads'])} authors")
     typer.echo(f"blobs   : {st['blobs']}")
     if st.get("dashboard"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -13,7 +14,7 @@ HELP = """Write a model card: one self-contained HTML file with everything the s
 
 Who trained it on what (label spaces, fingerprints, sample and class counts; never file paths), which weight sets and weights made each aggregate and whether each aggregate re-verifies here (as `atd aggregate --verify`), metrics of every evaluation with confusion matrices and training curves, the members and their roles at each step, and the ledger entries that prove it.
 
-No PDF: open the HTML in a browser and print it (no PDF library is a dependency of atd).
+--pdf also prints it to PDF with a Chromium or Google Chrome installed here (no PDF library is a dependency of atd); without one, open the HTML in any browser and print it.
 """
 
 
@@ -21,6 +22,8 @@ def report(
     model: str = typer.Argument("latest", help="Model id (or unique prefix) from `atd models`, or `latest`."),
     home: Path = HOME_OPT,
     out: Path = typer.Option(Path("card.html"), "--out", help="Where to write the HTML card."),
+    pdf: Optional[Path] = typer.Option(None, "--pdf", help="Also print the card to this PDF file (needs Chromium or "
+                                       "Google Chrome on PATH)."),
 ) -> None:
     from atdnode.model_card import collect
     from atdnode.model_card_html import write
@@ -32,6 +35,10 @@ def report(
     agg = [s.verification["status"] for s in card.steps if s.verification]
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
                f"{agg.count('verified')}/{len(agg)} aggregates re-verified)")
+    if pdf is not None:
+        from atdnode.model_card_pdf import print_pdf
+
+        typer.echo(f"printed to {print_pdf(out, pdf)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -185,7 +185,8 @@ def compare(
     bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
     from rich.progress import Progress
 
-    from atdnode.split.compare import METHODS, CompareSetting, render, run_compare, write_png
+    from atdnode.split.compare import METHODS, CompareSetting, run_compare
+    from atdnode.split.compare_view import render, write_png
     from cli.errors import CliError
 
     try:

@@ -1,0 +1,100 @@
+"""Gossip mesh health for py-libp2p 0.8.1 GossipSub (issue 29): an empty mesh cannot persist.
+
+How a node's mesh stayed empty (read from libp2p/pubsub/gossipsub.py, 0.8.1):
+
+1. A peer P whose mesh is over D_high prunes some members in its heartbeat
+   (`mesh_heartbeat` -> `_emit_control_msgs`) *without* recording a backoff for them
+   (go-libp2p does: `addBackoff` on every prune it sends).
+2. The pruned node X records a backoff for P (60 s, `handle_prune`) and the prune time
+   (`graft_flood_tracking`). X's heartbeat never grafts a peer in backoff. Once every
+   topic peer of X has pruned it, X's mesh is empty and no heartbeat can refill it.
+3. P, its own mesh now under D_low, re-grafts X at its next heartbeat (nothing stops it:
+   step 1). X treats that GRAFT as a "GRAFT flood" (it came within 10 s of P's PRUNE, or
+   inside X's backoff for P), prunes P back, penalises it and *extends* its backoff for
+   P by another 60 s (`handle_graft`). Every re-graft restarts the clock: the empty mesh
+   persists, and X relays nothing (only lazy IHAVE gossip still reaches it).
+
+What `MeshHealthMixin` changes (a mixin in front of `GossipSub`):
+
+* a peer we prune in our heartbeat gets a backoff on our side too (as in go-libp2p), so
+  we never re-graft it inside the backoff it was told, the GRAFT its side counts as a flood;
+* a GRAFT from a peer is accepted while our mesh for the topic is under D_low, even if
+  *that peer* once pruned us (our backoff for it only kept *us* from grafting it; it now
+  asks to be in our mesh), unless we pruned it ourselves within its backoff -- then the
+  GRAFT really breaks the backoff we gave it and the flood rule applies as before;
+* flood relay: when the mesh of a topic is still empty after two consecutive heartbeats
+  (every topic peer in backoff: no GRAFT is allowed), messages we relay go to every
+  topic peer, as our own messages already do (flood publish). This needs no GRAFT, so it
+  trips no penalty; it ends as soon as the mesh has a member again (a GRAFT accepted, or
+  a backoff expired and the heartbeat grafted).
+
+`starved_topics()` names the topics in flood-relay mode (tests, status).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STARVED_AFTER_BEATS = 2  # heartbeats that end with an empty mesh before relays are flooded
+
+
+class MeshHealthMixin:
+    """Mix in before `GossipSub` (see the module doc)."""
+
+    def _mesh_state(self) -> tuple[dict[str, int], dict[tuple[Any, str], float]]:
+        st = self.__dict__.get("_atd_mesh_state")
+        if st is None:
+            st = self.__dict__["_atd_mesh_state"] = ({}, {})
+        return st
+
+    def mesh_heartbeat(self) -> tuple[Any, Any]:
+        to_graft, to_prune = super().mesh_heartbeat()  # type: ignore[misc]
+        empty_beats, we_pruned = self._mesh_state()
+        until = time.time() + float(self.prune_back_off)  # type: ignore[attr-defined]
+        for peer, topics in to_prune.items():
+            for topic in topics:
+                self._add_back_off(peer, topic, False)  # type: ignore[attr-defined]
+                we_pruned[(peer, topic)] = until
+        for topic, members in self.mesh.items():  # type: ignore[attr-defined]
+            empty_beats[topic] = 0 if members else empty_beats.get(topic, 0) + 1
+        now = time.time()
+        for key in [k for k, t in we_pruned.items() if t <= now]:
+            del we_pruned[key]
+        return to_graft, to_prune
+
+    async def emit_prune(self, topic: str, to_peer: Any, do_px: bool, is_unsubscribe: bool) -> None:
+        _, we_pruned = self._mesh_state()
+        back_off = self.unsubscribe_back_off if is_unsubscribe else self.prune_back_off  # type: ignore[attr-defined]
+        we_pruned[(to_peer, topic)] = time.time() + float(back_off)
+        await super().emit_prune(topic, to_peer, do_px, is_unsubscribe)  # type: ignore[misc]
+
+    async def handle_graft(self, graft_msg: Any, sender_peer_id: Any) -> None:
+        topic = graft_msg.topicID
+        members = self.mesh.get(topic)  # type: ignore[attr-defined]
+        _, we_pruned = self._mesh_state()
+        if (members is not None and len(members) < self.degree_low  # type: ignore[attr-defined]
+                and we_pruned.get((sender_peer_id, topic), 0.0) <= time.time()):
+            # its PRUNE of us is what left these marks: it wants back in, and we need members
+            self.back_off.get(topic, {}).pop(sender_peer_id, None)  # type: ignore[attr-defined]
+            tracked = self.graft_flood_tracking.get(sender_peer_id)  # type: ignore[attr-defined]
+            if tracked is not None:
+                tracked.pop(topic, None)
+        await super().handle_graft(graft_msg, sender_peer_id)  # type: ignore[misc]
+
+    def starved_topics(self) -> set[str]:
+        """Topics whose mesh ended STARVED_AFTER_BEATS heartbeats in a row empty and still is."""
+        empty_beats, _ = self._mesh_state()
+        return {t for t, n in empty_beats.items()
+                if n >= STARVED_AFTER_BEATS and not self.mesh.get(t)}  # type: ignore[attr-defined]
+
+    def flood_relay_peers(self, topic_ids: list[str]) -> set:
+        """Every topic peer, for the topics among `topic_ids` in flood-relay mode."""
+        starved = self.starved_topics()
+        peers: set = set()
+        if self.pubsub is None:  # type: ignore[attr-defined]
+            return peers
+        for topic in topic_ids:
+            if topic in starved:
+                peers.update(p for p in self.pubsub.peer_topics.get(topic, ())  # type: ignore[attr-defined]
+                             if p in self.peer_protocol)  # type: ignore[attr-defined]
+        return peers

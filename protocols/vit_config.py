@@ -1,0 +1,121 @@
+"""The ViT configuration: a timm ViT by name plus the architecture fields atd exposes.
+
+The one ViT configuration class of the project: nodes' models (`atdnode.model`), netsim's
+``[model]`` and the split-learning parts (`protocols.split_parts`, which build the same timm
+blocks) all use it. It is pure data and lives at the ground floor so that `protocols`
+imports nothing above it; asking timm what a named model's fields are
+(`atdnode.model.resolve_config`) and building the model stay in `atdnode.model`.
+
+Invariants, checked when a config is constructed (`ModelConfigError` otherwise): the name
+is a non-empty string; every size is a positive integer (``num_classes`` may be 0, a
+classifier-less extractor, as timm's ``reset_classifier(0)``); ``mlp_ratio`` is a positive
+finite number; ``num_heads`` divides ``embed_dim`` (timm's attention needs it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+# mlp_ratio of the ViT paper and of every timm ViT atd used before the field existed. A
+# config's dict leaves mlp_ratio out when it has this value, so `weights` entries, registry
+# records and training run keys written before the field existed read back unchanged.
+DEFAULT_MLP_RATIO = 4.0
+
+# the integer fields and their least allowed value
+INT_FIELDS = {"img_size": 1, "patch_size": 1, "embed_dim": 1, "depth": 1, "num_heads": 1, "in_chans": 1,
+              "num_classes": 0}
+
+
+class ModelConfigError(ValueError):
+    """A model configuration has a bad value, or its dict form unknown or missing fields.
+
+    ``field`` names the offending field when there is one (e.g. for a message keyed by the
+    path of a scenario file); the message is one line meant for a human."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_field(name: str, value: Any) -> None:
+    """ModelConfigError unless `value` is allowed for field `name` on its own (the per-field
+    rules of the module doc; the divisibility rule needs both fields, see `ModelConfig`)."""
+    if name == "name":
+        if not isinstance(value, str) or not value:
+            raise ModelConfigError(f"model name must be a non-empty string, got {value!r}", field=name)
+    elif name in INT_FIELDS:
+        least = INT_FIELDS[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "a positive integer" if least else "an integer >= 0"
+            raise ModelConfigError(f"{name} must be {kind}, got {value!r}", field=name)
+    elif name == "mlp_ratio":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ModelConfigError(f"mlp_ratio must be a positive number, got {value!r}", field=name)
+    else:
+        raise ModelConfigError(f"unknown model config field {name!r}", field=name)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A timm ViT by name plus the architecture overrides atd exposes (all resolved: fields
+    the user did not set are read back from the model timm builds, so two nodes compare
+    configs field by field)."""
+
+    name: str = "vit_tiny_patch16_224"
+    img_size: int = 224
+    patch_size: int = 16
+    embed_dim: int = 192
+    depth: int = 12
+    num_heads: int = 3
+    in_chans: int = 3
+    num_classes: int = 10
+    mlp_ratio: float = DEFAULT_MLP_RATIO
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_field(f.name, getattr(self, f.name))
+        if self.embed_dim % self.num_heads:
+            raise ModelConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}",
+                                   field="num_heads")
+        object.__setattr__(self, "mlp_ratio", float(self.mlp_ratio))
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
+
+    def to_dict(self) -> dict:
+        """The wire form (entries, registry, run keys); mlp_ratio only when it is not 4.0."""
+        d = asdict(self)
+        if d["mlp_ratio"] == DEFAULT_MLP_RATIO:
+            del d["mlp_ratio"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Parse :meth:`to_dict`'s form strictly (ModelConfigError on unknown or missing
+        fields or a bad value)."""
+        if not isinstance(d, dict):
+            raise ModelConfigError(f"bad model config: not a table ({type(d).__name__})")
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        missing = names - set(d) - {"mlp_ratio"}
+        if unknown or missing:
+            raise ModelConfigError(f"bad model config: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        try:
+            return cls(name=str(d["name"]), mlp_ratio=float(d.get("mlp_ratio", DEFAULT_MLP_RATIO)),
+                       **{k: int(d[k]) for k in names - {"name", "mlp_ratio"}})
+        except (TypeError, ValueError) as exc:  # ModelConfigError included: name the dict
+            raise ModelConfigError(f"bad model config {d!r}: {exc}", field=getattr(exc, "field", None)) from None
+
+    def diff(self, other: "ModelConfig", *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """Human-readable field differences, e.g. ["depth 2 != 4"]."""
+        out = []
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name not in ignore and a != b:
+                out.append(f"{f.name} {a} != {b}")
+        return out
+
+    def with_classes(self, num_classes: int) -> "ModelConfig":
+        return replace(self, num_classes=num_classes)
