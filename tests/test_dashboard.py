@@ -57,6 +57,7 @@ def test_bind_rules() -> None:
             parse_bind(bad)
 
 
+@pytest.mark.slow  # atd as OS processes
 def test_cli_refuses_a_public_bind_in_one_line(tmp_path) -> None:
     atd("init", "--home", str(tmp_path / "n"), "--genesis", "--consortium", "demo")
     proc = atd("node", "start", "--home", str(tmp_path / "n"), "--dashboard", "0.0.0.0:0", check=False, timeout=120)

@@ -84,6 +84,7 @@ def test_split_walkthrough(tmp_path: Path) -> None:
     assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
 
 
+@pytest.mark.slow  # daemons and curl as OS processes
 def test_dashboard_walkthrough(tmp_path: Path) -> None:
     """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
     from prometheus_client.parser import text_string_to_metric_families

@@ -158,7 +158,9 @@ def test_vanished_and_silent_clients_do_not_stall_the_server(tmp_path: Path) -> 
             ids = [NodeIdentity.load(h).peer_id for h in homes[2:]]
             assert dropped[ids[0]]["reason"].startswith("disconnected") and dropped[ids[0]]["round"] == 1
             assert "round 1" in dropped[ids[1]]["reason"]
-            assert svc.board.completed == 2 and took < 2 * 3.0 + 10  # one deadline, not one per round
+            # both were dropped in round 1 (above); a server that waited on either would never
+            # finish. One 3 s deadline plus 2 x 2 tiny steps: ~4 s idle; 30 s is for a loaded CI box
+            assert svc.board.completed == 2 and took < 30, took
             server.stop()
 
     trio.run(main)
