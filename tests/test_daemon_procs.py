@@ -15,8 +15,8 @@ import pytest
 
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
-from tests.factories import append
-from tests.nodeprocs import (ATD, _env, atd, atd_all, atd_json, consortium, entry_ids, ledger_rows, live_status, start_daemon,
+from tests.factories import append, cli
+from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
@@ -36,7 +36,7 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
     try:
         d1 = start_daemon(homes[0])
         daemons.append(d1)
-        addr = status(homes[0])["addrs"][0]
+        addr = status(homes[0])["addrs"][0]  # `atd node status` as a process once; polls below are in-process
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
@@ -50,12 +50,13 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert len(out["inputs"]) == 3
         wait_until(lambda: entry_ids(homes[0]) == entry_ids(homes[1]) == entry_ids(homes[2]), 120,
                    "all three ledgers to hold the same entries")
-        atd_all(*(["ledger", "verify", "--home", str(h)] for h in homes))
+        for h in homes:  # the `atd ledger verify` command, in-process (as a process: test_cli_ledger)
+            cli("ledger", "verify", "--home", str(h))
         # the aggregate is checkable by a peer that holds the inputs
         wait_until(lambda: not live_status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
         atd("aggregate", "--home", str(homes[1]), "--verify", out["entry"])
         # the aggregate averaged exactly the three published extractors (one per node)
-        weights = atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "weights", "--json")
+        weights = ledger_rows(homes[0], "weights")  # what `atd ledger show --kind weights --json` prints
         assert sorted(out["inputs"]) == sorted(e["id"] for e in weights) and len({e["author"] for e in weights}) == 3
     finally:
         for d in daemons:
