@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from atdnode.config import NodeConfig
@@ -77,6 +78,7 @@ class Cluster:
         return out
 
 
+@pytest.mark.slow  # ten daemons on real libp2p, three leave and rejoin
 def test_peer_set_bounds_hold_under_churn_and_entries_reach_everyone(tmp_path: Path) -> None:
     n = 10
     c = homes_with_peer_set(tmp_path, n)
