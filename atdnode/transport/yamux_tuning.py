@@ -1,0 +1,200 @@
+"""Faster yamux streams for bulk data on py-libp2p 0.8.1, wire-compatible with stock peers.
+
+Why (issue 29): one libp2p stream moved a blob at ~0.10 of raw TCP + SHA-256. Profiled
+(`bench/transfer_stream_profile.py`), a 1 MiB chunk crossed as 16 yamux DATA frames of
+64 KiB, each paying the muxer's per-frame Python work on both sides (two locks, a header
+and a payload copy, debug f-strings formatted even with logging off, a scheduler pass in
+the receiver's `handle_incoming` and in the reader) on top of its Noise message; a sender
+whose window ran out polled it every 10 ms (`trio.sleep(0.01)`), and the window is 256 KiB.
+
+What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own connections only:
+
+* large DATA frames: `YamuxStream.write` sends up to FRAME_MAX bytes per frame, never more
+  than the peer's send window, holding the stream's write lock for the whole write (one
+  write is contiguous on the stream; the pubsub layer's own lock stays). The yamux spec
+  bounds a DATA frame by the receiver's window only, and py-libp2p accepts frames up to
+  16 MiB (`MAX_WINDOW_SIZE`), go-yamux up to its window; Noise still cuts each frame
+  into messages of <= 65535 bytes, each one encrypted (nothing crosses in the clear).
+* window waits are event-driven: a writer with no window sleeps until a WINDOW_UPDATE
+  raises `send_window` (a property that wakes it), not in 10 ms polls.
+* a larger receive window: each stream grants RECV_WINDOW bytes at once with one
+  WINDOW_UPDATE frame (opener: after its SYN; acceptor: after its ACK). The spec makes
+  window updates per-stream deltas a receiver may send at any time, and go-yamux grants a
+  larger initial window the same way. Credit then returns in batches (libp2p_pubsub's
+  `batch_yamux_credit`) once half of it is consumed.
+* no per-frame debug formatting in `_write_frame`.
+
+Applied to every Noise connection (wire-identical, so stock peers see the same bytes): a
+message longer than one Noise frame is sealed frame by frame as before, then written with
+ONE socket write instead of one per 64 KiB (`coalesce_noise_writes`).
+
+Stock peers: a stock py-libp2p peer that talks to a `TunedYamux` gets 256 KiB frames at most
+(its window) and grants the window it always did; it receives our larger window grant as an
+ordinary WINDOW_UPDATE. `tests/test_yamux_tuning.py` runs a blob transfer with one side on
+stock `Yamux` both ways. Streams of a stock `Yamux` connection in this process keep py-libp2p's
+own write path (the patched `write` checks `conn.atd_tuned`).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any
+
+import trio
+from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH, NoiseTransportReadWriter
+from libp2p.stream_muxer.exceptions import MuxedStreamError
+from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
+from libp2p.stream_muxer.yamux import yamux as _y
+
+log = logging.getLogger(__name__)
+
+FRAME_MAX = 1 << 20  # largest DATA frame payload we send (bounded by the peer's window too)
+RECV_WINDOW = 4 << 20  # receive window each stream of a TunedYamux grants at once
+WINDOW_WAIT = 5.0  # seconds a writer waits for window before giving up (py-libp2p's 5 s)
+_HEADER = struct.Struct(_y.YAMUX_HEADER_FORMAT)
+
+
+class TunedYamux(_y.Yamux):
+    """py-libp2p's Yamux with large frames, event-driven window waits and a RECV_WINDOW
+    grant per stream (module doc). Same protocol id, same wire format."""
+
+    atd_tuned = True
+
+    async def open_stream(self) -> Any:
+        stream = await super().open_stream()
+        await grant_window(stream)
+        return stream
+
+    async def accept_stream(self) -> Any:
+        stream = await super().accept_stream()
+        if not (stream.closed or stream.reset_received):
+            await grant_window(stream)
+        return stream
+
+    async def _write_frame(self, data: bytes) -> None:
+        """Yamux._write_frame without the per-frame debug formatting."""
+        async with self._write_lock:
+            await self.secured_conn.write(data)
+        await trio.lowlevel.checkpoint()
+
+
+async def grant_window(stream: Any, window: int = RECV_WINDOW) -> None:
+    """Raise `stream`'s receive window to `window` with one WINDOW_UPDATE (a delta, as the
+    spec defines it). Never raises: a stream that is already gone needs no window."""
+    extra = window - stream.target_recv_window
+    if extra <= 0:
+        return
+    async with stream.window_lock:
+        stream.target_recv_window = window
+        stream.recv_window += extra
+    try:
+        await stream.send_window_update(extra)
+    except Exception as e:  # connection closing: the stream is unusable anyway
+        log.debug("window grant on stream %s failed: %s", stream.stream_id, e)
+
+
+def _window_get(self: Any) -> int:
+    return self.__dict__.get("_atd_send_window", 0)
+
+
+def _window_set(self: Any, value: int) -> None:
+    d = self.__dict__
+    grew = value > d.get("_atd_send_window", 0)
+    d["_atd_send_window"] = value
+    if grew and (ev := d.pop("_atd_window_event", None)) is not None:
+        ev.set()
+
+
+async def _wait_window(stream: Any) -> None:
+    """Sleep until the peer grants window (or the stream closes); MuxedStreamError after
+    WINDOW_WAIT seconds without any, as py-libp2p's own writer does."""
+    with trio.move_on_after(WINDOW_WAIT) as scope:
+        while stream.send_window <= 0 and not (stream.closed or stream.send_closed):
+            ev = stream.__dict__.get("_atd_window_event")
+            if ev is None:
+                ev = stream.__dict__["_atd_window_event"] = trio.Event()
+            with trio.move_on_after(0.25):  # close/reset do not touch the window: re-check
+                await ev.wait()
+    if scope.cancelled_caught:
+        raise MuxedStreamError(f"Timed out waiting for window update after {WINDOW_WAIT:g} seconds.")
+
+
+async def _tuned_write(self: Any, data: bytes) -> None:
+    """YamuxStream.write for TunedYamux connections: frames of up to FRAME_MAX bytes within
+    the send window, the whole write under the stream's write lock."""
+    view = memoryview(data).cast("B")
+    total, sent = len(view), 0
+    async with self.rw_lock.write_lock():
+        while sent < total:
+            if self.send_closed:
+                raise MuxedStreamError("Stream is closed for sending")
+            if self.closed:
+                raise MuxedStreamError("Stream is closed")
+            n = min(self.send_window, FRAME_MAX, total - sent)
+            if n <= 0:
+                await _wait_window(self)
+                continue
+            self.send_window -= n  # no await since the check: nothing else moved it
+            frame = b"".join((_HEADER.pack(0, _y.TYPE_DATA, 0, self.stream_id, n), view[sent : sent + n]))
+            await self.conn._write_frame(frame)
+            sent += n
+
+
+def _coalesced_write_msg(original: Any) -> Any:
+    async def write_msg(self: Any, msg: bytes, prefix_encoded: bool = False) -> None:
+        """Seal `msg` in Noise messages of <= MAX_PLAINTEXT_LENGTH bytes (as py-libp2p and
+        go-libp2p do) and send them all with one write."""
+        if prefix_encoded or len(msg) <= MAX_PLAINTEXT_LENGTH:
+            return await original(self, msg, prefix_encoded)
+        view, parts = memoryview(msg), []
+        for at in range(0, len(view), MAX_PLAINTEXT_LENGTH):
+            sealed = self.encrypt(bytes(view[at : at + MAX_PLAINTEXT_LENGTH]))
+            parts += (len(sealed).to_bytes(2, "big"), sealed)
+        await self.read_writer.read_write_closer.write(b"".join(parts))
+
+    write_msg.atd_coalesced = True
+    return write_msg
+
+
+def install() -> None:
+    """Patch py-libp2p (idempotent): the send-window property and the tuned write path on
+    YamuxStream (used only by TunedYamux connections), coalesced Noise writes (all). Must
+    run before any yamux stream exists; `libp2p_transport` calls it at import."""
+    S = _y.YamuxStream
+    if getattr(S.write, "atd_tuned", False):
+        return
+    if not hasattr(MuxerMultistream, "transports"):
+        log.warning("py-libp2p muxer selection changed; bulk stream tuning not applied")
+        return
+    needed = ("send_window", "window_lock", "rw_lock", "target_recv_window", "recv_window", "send_window_update")
+    probe = S.__init__.__code__.co_names + tuple(vars(S))
+    if not all(n in probe for n in needed) or not hasattr(NoiseTransportReadWriter, "write_msg"):
+        log.warning("py-libp2p yamux/noise internals changed; bulk stream tuning not applied")
+        return
+    stock = S.write
+
+    async def write(self: Any, data: bytes) -> None:
+        if getattr(self.conn, "atd_tuned", False):
+            return await _tuned_write(self, data)
+        return await stock(self, data)
+
+    write.atd_tuned = True
+    new_conn = MuxerMultistream.new_conn
+
+    async def new_conn_tuned(self: Any, conn: Any, peer_id: Any) -> Any:
+        """py-libp2p builds `Yamux` by name whatever class the host was given; honour a
+        Yamux subclass (TunedYamux adds no state, so it can take over the fresh object)."""
+        muxed = await new_conn(self, conn, peer_id)
+        want = self.transports.get(_y.PROTOCOL_ID)
+        if type(muxed) is _y.Yamux and isinstance(want, type) and issubclass(want, _y.Yamux):
+            muxed.__class__ = want
+        return muxed
+
+    MuxerMultistream.new_conn = new_conn_tuned
+    S.send_window = property(_window_get, _window_set)
+    S.write = write
+    if not getattr(NoiseTransportReadWriter.write_msg, "atd_coalesced", False):
+        NoiseTransportReadWriter.write_msg = _coalesced_write_msg(NoiseTransportReadWriter.write_msg)
+
+
+install()
