@@ -120,20 +120,23 @@ class FramedStream(Stream):
         return out
 
     async def _read_large(self, n: int) -> bytes:
-        """Assemble an n-byte payload, growing the buffer only as bytes arrive.
+        """Assemble an n-byte payload, holding only what has arrived.
 
         Memory follows what the peer actually sent, never what it announced: a peer that
         announces `max_size` and goes silent costs one header, not `max_size` (issue 11).
-        bytearray growth is amortised, so this stays linear in n.
+        Pieces are kept as received and joined once (one copy of the payload; none when one
+        read brought it all, as a large yamux DATA frame does).
         """
-        out = self._buf
+        parts: list[bytes] = [bytes(self._buf)] if self._buf else []
+        got = len(self._buf)
         self._buf = bytearray()
-        while len(out) < n:
-            data = await self.raw.receive_some(min(RECV_MAX, n - len(out)))
+        while got < n:
+            data = await self.raw.receive_some(min(RECV_MAX, n - got))
             if not data:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a {n}-byte frame")
-            out += data  # reads are capped at n - len(out)
-        return bytes(out)
+            parts.append(data)  # reads are capped at n - got
+            got += len(data)
+        return parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
 
     async def write_frame(self, data: bytes) -> None:
         n = len(data)

@@ -41,6 +41,8 @@ import struct
 from typing import Any
 
 import trio
+from cryptography.exceptions import InvalidTag
+from libp2p.io.exceptions import IncompleteReadError
 from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH, NoiseTransportReadWriter
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 
 FRAME_MAX = 1 << 20  # largest DATA frame payload we send (bounded by the peer's window too)
 RECV_WINDOW = 4 << 20  # receive window each stream of a TunedYamux grants at once
+RX_DIRECT_MIN = 1 << 17  # DATA frames at least this large are read by NoiseRx
+_MAX_NONCE = 2**64 - 1  # noise's MAX_NONCE: that nonce is never used
 WINDOW_WAIT = 5.0  # seconds a writer waits for window before giving up (py-libp2p's 5 s)
 _HEADER = struct.Struct(_y.YAMUX_HEADER_FORMAT)
 
@@ -71,11 +75,125 @@ class TunedYamux(_y.Yamux):
             await grant_window(stream)
         return stream
 
+    async def _read_data_body(self, length: int) -> bytes | bytearray:
+        """A DATA frame's body; a large one is decrypted straight into one buffer (NoiseRx)."""
+        rx = self.__dict__.get("_atd_rx", False)
+        if rx is False:
+            rx = self.__dict__["_atd_rx"] = NoiseRx.attach(self.secured_conn)
+        if rx is None or length <= RX_DIRECT_MIN:
+            return await super()._read_data_body(length)
+        with trio.fail_after(_y._yamux_data_read_timeout()):
+            return await rx.read_plain(length)
+
     async def _write_frame(self, data: bytes) -> None:
         """Yamux._write_frame without the per-frame debug formatting."""
         async with self._write_lock:
             await self.secured_conn.write(data)
         await trio.lowlevel.checkpoint()
+
+
+class NoiseRx:
+    """Reads the plaintext of a large yamux DATA frame from a Noise session with one copy
+    per byte: ciphertext lands in a persistent buffer (`recv_into`), each Noise message is
+    authenticated and decrypted into the frame's buffer (`decrypt_into`, the session's own
+    key and nonce counter, advanced exactly as `noise` does). py-libp2p's path copied each
+    byte ~8 times (read_exactly, SecureSession and raw-read buffers). It never reads past
+    the Noise message holding the frame's last byte, so the session's ordinary reader
+    (headers, small frames) goes on where it stops; plaintext past the frame goes back
+    into the session's buffer, bytes read ahead by `buffer_raw_reads` are used first."""
+
+    RECV = 1 << 18  # persistent ciphertext buffer, bytes
+
+    def __init__(self, session: Any, raw: Any, sock: Any, cipher_state: Any) -> None:
+        self.session, self.raw, self.sock, self.cs = session, raw, sock, cipher_state
+        self.aead = cipher_state.cipher.cipher
+        self.buf = bytearray(self.RECV)
+        self.view = memoryview(self.buf)
+        self.lo = self.hi = 0
+
+    @classmethod
+    def attach(cls, session: Any) -> "NoiseRx | None":
+        """A reader for this secured connection, or None when it is not py-libp2p's Noise over
+        TCP as expected (then the ordinary path is used)."""
+        try:
+            noise = session.conn
+            raw = noise.read_writer.read_write_closer
+            sock = raw.stream.stream.socket
+            cs = noise.noise_state.noise_protocol.cipher_state_decrypt
+            ok = (isinstance(noise, NoiseTransportReadWriter) and hasattr(session, "_drain")
+                  and hasattr(session, "_fill") and hasattr(cs.cipher.cipher, "decrypt_into")
+                  and hasattr(sock, "recv_into") and type(cs.n) is int)
+        except AttributeError:
+            ok = False
+        return cls(session, raw, sock, cs) if ok else None
+
+    async def _need(self, k: int, hint: int) -> None:
+        """Hold at least k unread bytes; read at most max(k, hint) past what is held."""
+        if self.hi - self.lo >= k:
+            return
+        if self.lo:
+            held = self.hi - self.lo
+            self.buf[:held] = self.view[self.lo : self.hi]
+            self.lo, self.hi = 0, held
+        ahead = self.raw.__dict__.get("_atd_buf")  # bytes buffer_raw_reads already took
+        if ahead:
+            take = min(len(ahead), self.RECV - self.hi)
+            self.view[self.hi : self.hi + take] = memoryview(ahead)[:take]
+            del ahead[:take]
+            self.hi += take
+        while self.hi - self.lo < k:
+            want = min(self.RECV - self.hi, max(k, hint) - (self.hi - self.lo))
+            try:
+                got = await self.sock.recv_into(self.view[self.hi : self.hi + want])
+            except OSError as e:
+                raise IncompleteReadError(f"connection broke inside a frame: {e}", k, self.hi - self.lo) from None
+            if not got:
+                raise IncompleteReadError("connection closed inside a frame", k, self.hi - self.lo)
+            self.hi += got
+
+    def _give_back(self) -> None:
+        """Unread ciphertext returns to the raw connection's read-ahead buffer."""
+        if self.hi > self.lo:
+            ahead = self.raw.__dict__.setdefault("_atd_buf", bytearray())
+            ahead[:0] = self.view[self.lo : self.hi]
+        self.lo = self.hi = 0
+
+    async def read_plain(self, length: int) -> bytearray:
+        out = bytearray(length)
+        ov = memoryview(out)
+        first = self.session._drain(length)  # plaintext left over from the header's message
+        at = len(first)
+        ov[:at] = first
+        try:
+            while at < length:
+                left = length - at
+                hint = left + 18 * -(-left // MAX_PLAINTEXT_LENGTH)  # never past the frame's end
+                await self._need(2, hint)
+                n = int.from_bytes(self.view[self.lo : self.lo + 2], "big")
+                if n < 16:
+                    raise IncompleteReadError(f"bad Noise message length {n}", n, 0)
+                await self._need(2 + n, hint)
+                ct = self.view[self.lo + 2 : self.lo + 2 + n]
+                plain = n - 16
+                if self.cs.n >= _MAX_NONCE:
+                    raise IncompleteReadError("Noise nonce exhausted", n, 0)
+                nonce = self.cs.cipher.format_nonce(self.cs.n)
+                try:
+                    if plain <= left:
+                        self.aead.decrypt_into(nonce, ct, None, ov[at : at + plain])
+                    else:  # this message also starts the next frame: keep its tail for the session
+                        tail = self.aead.decrypt(nonce, bytes(ct), None)
+                        ov[at:] = memoryview(tail)[:left]
+                        self.session._fill(tail[left:])
+                        plain = left
+                except InvalidTag:
+                    raise IncompleteReadError("Noise message failed authentication", n, 0) from None
+                self.cs.n += 1
+                self.lo += 2 + n
+                at += plain
+        finally:
+            self._give_back()
+        return out
 
 
 async def grant_window(stream: Any, window: int = RECV_WINDOW) -> None:
