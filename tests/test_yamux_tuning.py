@@ -70,14 +70,14 @@ def test_tuned_peers_grant_a_large_window_and_send_large_frames(tmp_path: Path) 
             # the grant arrived (less the few bytes of protocol negotiation already sent)
             await until(lambda: ys.send_window > RECV_WINDOW - 1024 > DEFAULT_WINDOW_SIZE)
             sizes: list[int] = []
-            write = conn._write_frame
+            write = conn._write_data
 
-            async def spy(frame: bytes) -> None:
-                if frame[1] == TYPE_DATA:
-                    sizes.append(len(frame) - 12)
-                await write(frame)
+            async def spy(header: bytes, body) -> None:
+                assert header[1] == TYPE_DATA
+                sizes.append(len(body))
+                await write(header, body)
 
-            conn._write_frame = spy
+            conn._write_data = spy
             await s.write_frame(payload)
             with trio.fail_after(20):
                 await done.wait()
