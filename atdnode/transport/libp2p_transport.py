@@ -2,7 +2,11 @@
 
 Host: Ed25519 identity from a 32-byte seed (the ledger key), TCP, Noise security and the
 yamux muxer ONLY (no mplex, secio, TLS or plaintext offered), GossipSub for the ledger
-topics and stream protocols with `framing.FramedStream` frames.
+topics and stream protocols with `framing.FramedStream` frames. The muxer is
+`yamux_tuning.TunedYamux` (same /yamux/1.0.0 wire: 1 MiB DATA frames within the peer's
+window, a 4 MiB window per stream, one copy per byte through Noise; stock py-libp2p peers
+interoperate), so a blob over plain streams (the fallback when the bulk channel is not
+offered) moves several times faster than on py-libp2p's own yamux (issue 29).
 
 py-libp2p's pubsub silently drops messages in three places; each is configured here so
 bursts are not lost (see `GossipConfig`): the per-topic spam limit (10 msg/s by default:
