@@ -85,3 +85,45 @@ def test_tuned_peers_grant_a_large_window_and_send_large_frames(tmp_path: Path) 
             assert max(sizes) == FRAME_MAX and len(sizes) <= 5, sizes
 
     run(body, timeout=60)
+
+
+def test_tuned_reader_handles_noise_messages_that_straddle_frames(tmp_path: Path) -> None:
+    """NoiseRx (one copy per byte) must accept any split of yamux frames into Noise messages:
+    here the sender coalesces three DATA frames into one Noise write, so messages end in the
+    middle of frames and one message carries the end of a large frame and the start of the
+    next. Both large frames arrive intact and the connection goes on working."""
+    payload = random.Random(4).randbytes(2 * MIB)
+
+    async def body() -> None:
+        async with cluster("libp2p", 2, tmp_path) as (a, b):
+            received: list[bytes] = []
+            arrived = trio.Event()
+
+            async def sink(stream) -> None:
+                received.append(await stream.read_frame())
+                received.append(await stream.read_frame())
+                arrived.set()
+
+            a.t.set_stream_handler("/test/bulk/1", sink)
+            s = await b.t.open_stream(a.t.peer_id, "/test/bulk/1")
+            conn = muxer_of(s)
+            await until(lambda: s.raw.s.muxed_stream.send_window > RECV_WINDOW - 1024)
+            pending: list[bytes] = []
+
+            async def coalesce(header: bytes, body) -> None:
+                pending.append(header + bytes(body))
+                if sum(len(p) for p in pending) >= len(payload) + 4 + 3 * 12:
+                    async with conn._write_lock:
+                        await conn.secured_conn.write(b"".join(pending))
+                    pending.clear()
+
+            real = conn._write_data
+            conn._write_data = coalesce
+            await s.write_frame(payload)
+            conn._write_data = real
+            await s.write_frame(b"after")
+            with trio.fail_after(20):
+                await arrived.wait()
+            assert received == [payload, b"after"]
+
+    run(body, timeout=60)

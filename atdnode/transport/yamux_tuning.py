@@ -143,15 +143,16 @@ class NoiseRx:
             return
         if self.lo:
             held = self.hi - self.lo
-            self.buf[:held] = self.view[self.lo : self.hi]
+            self.buf[:held] = bytes(self.view[self.lo : self.hi])  # overlapping: copy out first
             self.lo, self.hi = 0, held
-        ahead = self.raw.__dict__.get("_atd_buf")  # bytes buffer_raw_reads already took
-        if ahead:
-            take = min(len(ahead), self.RECV - self.hi)
-            self.view[self.hi : self.hi + take] = memoryview(ahead)[:take]
-            del ahead[:take]
-            self.hi += take
         while self.hi - self.lo < k:
+            ahead = self.raw.__dict__.get("_atd_buf")  # bytes buffer_raw_reads already took: first
+            if ahead:
+                take = min(len(ahead), self.RECV - self.hi)
+                self.view[self.hi : self.hi + take] = memoryview(ahead)[:take]
+                del ahead[:take]
+                self.hi += take
+                continue
             want = min(self.RECV - self.hi, max(k, hint) - (self.hi - self.lo))
             try:
                 got = await self.sock.recv_into(self.view[self.hi : self.hi + want])
