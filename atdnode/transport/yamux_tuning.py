@@ -30,8 +30,11 @@ What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own conne
   `batch_yamux_credit`) once half of it is consumed.
 
 Applied to every Noise connection (wire-identical, so stock peers see the same bytes): a
-message longer than one Noise frame is sealed frame by frame as before, then written with
-ONE socket write instead of one per 64 KiB (`coalesce_noise_writes`).
+write longer than one Noise message is sealed message by message as before, then sent with
+ONE socket write instead of one per 64 KiB (`_coalesced_write_msg`; NoiseTx's fallback).
+
+Cost: a stream may hold up to RECV_WINDOW unread bytes (py-libp2p's auto-tuning already let
+a window grow to 16 MiB); the blob fetcher reads its streams continuously.
 
 Stock peers: a stock py-libp2p peer that talks to a `TunedYamux` gets 256 KiB frames at most
 (its window) and grants the window it always did; it receives our larger window grant as an
@@ -256,14 +259,15 @@ class NoiseTx:
         await self.raw.write(out[:pos])
 
 
-async def grant_window(stream: Any, window: int = RECV_WINDOW) -> None:
-    """Raise `stream`'s receive window to `window` with one WINDOW_UPDATE (a delta, as the
-    spec defines it). Never raises: a stream that is already gone needs no window."""
-    extra = window - stream.target_recv_window
+async def grant_window(stream: Any, window: int | None = None) -> None:
+    """Raise `stream`'s receive window to `window` (default RECV_WINDOW) with one
+    WINDOW_UPDATE (a delta, as the spec defines it). Never raises: a stream that is
+    already gone needs no window."""
+    extra = (window or RECV_WINDOW) - stream.target_recv_window
     if extra <= 0:
         return
     async with stream.window_lock:
-        stream.target_recv_window = window
+        stream.target_recv_window += extra
         stream.recv_window += extra
     try:
         await stream.send_window_update(extra)
