@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -139,13 +140,22 @@ async def node_main(seed: bytes, home: Path, files: list[str], chunk: int, contr
             if cmd["op"] == "profile":  # transfer_stream_profile.py: cProfile this node's loop
                 import cProfile
 
+                import psutil
+
+                def thread_cpu() -> dict[int, float]:
+                    return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
+
                 if cmd["on"]:
-                    prof = cProfile.Profile()
+                    prof, cpu0 = cProfile.Profile(), thread_cpu()
                     prof.enable()
+                    await control.send({"ok": True})
                 else:
                     prof.disable()
                     prof.dump_stats(cmd["path"])
-                await control.send({"ok": True})
+                    main_id, cpu1 = threading.get_native_id(), thread_cpu()
+                    spent = {t: c - cpu0.get(t, 0.0) for t, c in cpu1.items()}
+                    await control.send({"loop_thread_cpu_s": round(spent.pop(main_id, 0.0), 3),
+                                        "other_threads_cpu_s": round(sum(spent.values()), 3)})
             elif cmd["op"] == "connect":
                 await t.connect(cmd["addr"])
                 await control.send({"ok": True})
@@ -245,7 +255,8 @@ def main() -> None:
                 r = B.call({"op": "fetch", "tag": name, "blob": x["blob"], "manifest": x["manifest"], "peer": ia["peer"], "cfg": cfg})
                 served, fetched = cpu_s([A.p.pid]) - c0[0], cpu_s([B.p.pid]) - c0[1]
                 for c, side in ((A, "server"), (B, "client")) if prof else ():
-                    c.call({"op": "profile", "on": False, "path": os.path.join(prof, f"{name}-{side}.pstats")})
+                    r[f"threads_{side}"] = c.call({"op": "profile", "on": False,
+                                                   "path": os.path.join(prof, f"{name}-{side}.pstats")})
                 r["cpu_s"] = round(served + fetched, 3)  # both nodes, every thread
                 r["cpu_server_s"], r["cpu_client_s"] = round(served, 3), round(fetched, 3)
                 r["MBps"] = round(size / 1e6 / r["seconds"], 1)

@@ -102,6 +102,12 @@ class FramedStream(Stream):
         return True
 
     async def read_frame(self, max_size: int = MAX_FRAME) -> bytes:
+        out = await self.read_frame_buffer(max_size)
+        return out if type(out) is bytes else bytes(out)
+
+    async def read_frame_buffer(self, max_size: int = MAX_FRAME) -> bytes | bytearray:
+        """`read_frame`, but a large payload may come back as the bytearray the byte stream
+        handed over (one copy less: the blob fetcher's chunks, issue 29)."""
         if not await self._fill(HEADER.size):
             if self._buf:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a frame header")
@@ -119,7 +125,7 @@ class FramedStream(Stream):
         self._counter.count(self.protocol, received=HEADER.size + n, peer=self.remote_peer)
         return out
 
-    async def _read_large(self, n: int) -> bytes:
+    async def _read_large(self, n: int) -> bytes | bytearray:
         """Assemble an n-byte payload, holding only what has arrived.
 
         Memory follows what the peer actually sent, never what it announced: a peer that
@@ -136,7 +142,7 @@ class FramedStream(Stream):
                 raise FrameError(f"stream from {self.remote_peer} ended inside a {n}-byte frame")
             parts.append(data)  # reads are capped at n - got
             got += len(data)
-        return parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def write_frame(self, data: bytes) -> None:
         n = len(data)

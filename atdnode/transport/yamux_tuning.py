@@ -93,6 +93,20 @@ class TunedYamux(_y.Yamux):
         with trio.fail_after(_y._yamux_data_read_timeout()):
             return await rx.read_plain(length)
 
+    async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
+        """Yamux.read_stream; a large buffered run of an open stream is handed over whole (the
+        bytearray itself, a fresh one takes its place) instead of copied, or copied once."""
+        buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
+        if (buf is None or stream is None or len(buf) < DIRECT_MIN or stream.closed or stream.reset_received
+                or self.event_shutting_down.is_set()):
+            return await super().read_stream(stream_id, n)
+        if n is None or n < 0 or n >= len(buf):
+            self.stream_buffers[stream_id] = bytearray()
+            return buf
+        out = bytes(memoryview(buf)[:n])
+        del buf[:n]
+        return out
+
     async def _write_data(self, header: bytes, body: memoryview) -> None:
         """One DATA frame; a large one is sealed straight from `body` (NoiseTx)."""
         tx = self.__dict__.get("_atd_tx", False)
@@ -115,7 +129,7 @@ class NoiseRx:
     (headers, small frames) goes on where it stops; plaintext past the frame goes back
     into the session's buffer, bytes read ahead by `buffer_raw_reads` are used first."""
 
-    RECV = 1 << 18  # persistent ciphertext buffer, bytes
+    RECV = (1 << 20) + (1 << 16)  # persistent ciphertext buffer: a whole FRAME_MAX frame per recv_into
 
     def __init__(self, session: Any, raw: Any, sock: Any, cipher_state: Any) -> None:
         self.session, self.raw, self.sock, self.cs = session, raw, sock, cipher_state
