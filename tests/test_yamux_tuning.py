@@ -49,39 +49,36 @@ def test_blob_over_streams_intact_with_stock_and_tuned_yamux(server: type, clien
     assert not [r.getMessage() for r in caplog.records if "exceeded receive window" in r.getMessage()]
 
 
-def test_tuned_peers_grant_a_large_window_and_send_large_frames(tmp_path: Path) -> None:
-    """Between two TunedYamux hosts the acceptor grants RECV_WINDOW at once and a 3 MiB
-    write leaves in frames of FRAME_MAX (stock py-libp2p: 48 frames of < 64 KiB, 256 KiB window)."""
+def test_tuned_opener_grants_a_large_window_and_receives_large_frames(tmp_path: Path) -> None:
+    """Between two TunedYamux hosts the stream's opener (a fetcher) grants RECV_WINDOW at once
+    and the acceptor's 3 MiB write leaves in frames of FRAME_MAX (stock py-libp2p: 48 frames
+    of < 64 KiB within a 256 KiB window); the acceptor grants no more than the default."""
     payload = random.Random(3).randbytes(3 * MIB)
 
     async def body() -> None:
         async with cluster("libp2p", 2, tmp_path) as (a, b):
-            received: list[bytes] = []
-            done = trio.Event()
-
-            async def sink(stream) -> None:
-                received.append(await stream.read_frame())
-                done.set()
-
-            a.t.set_stream_handler("/test/bulk/1", sink)
-            s = await b.t.open_stream(a.t.peer_id, "/test/bulk/1")
-            ys, conn = s.raw.s.muxed_stream, muxer_of(s)
-            assert isinstance(conn, TunedYamux)
-            # the grant arrived (less the few bytes of protocol negotiation already sent)
-            await until(lambda: ys.send_window > RECV_WINDOW - 1024 > DEFAULT_WINDOW_SIZE)
             sizes: list[int] = []
-            write = conn._write_data
 
-            async def spy(header: bytes, body) -> None:
-                assert header[1] == TYPE_DATA
-                sizes.append(len(body))
-                await write(header, body)
+            async def source(stream) -> None:
+                ys, conn = stream.raw.s.muxed_stream, muxer_of(stream)
+                assert isinstance(conn, TunedYamux) and ys.target_recv_window == DEFAULT_WINDOW_SIZE
+                # the opener's grant arrived (less the few bytes of protocol negotiation)
+                await until(lambda: ys.send_window > RECV_WINDOW - 1024 > DEFAULT_WINDOW_SIZE)
+                write = conn._write_data
 
-            conn._write_data = spy
-            await s.write_frame(payload)
+                async def spy(header: bytes, body) -> None:
+                    assert header[1] == TYPE_DATA
+                    sizes.append(len(body))
+                    await write(header, body)
+
+                conn._write_data = spy
+                await stream.write_frame(payload)
+                conn._write_data = write
+
+            a.t.set_stream_handler("/test/bulk/1", source)
+            s = await b.t.open_stream(a.t.peer_id, "/test/bulk/1")
             with trio.fail_after(20):
-                await done.wait()
-            assert received == [payload]
+                assert await s.read_frame() == payload
             assert max(sizes) == FRAME_MAX and len(sizes) <= 5, sizes
 
     run(body, timeout=60)
@@ -91,39 +88,34 @@ def test_tuned_reader_handles_noise_messages_that_straddle_frames(tmp_path: Path
     """NoiseRx (one copy per byte) must accept any split of yamux frames into Noise messages:
     here the sender coalesces three DATA frames into one Noise write, so messages end in the
     middle of frames and one message carries the end of a large frame and the start of the
-    next. Both large frames arrive intact and the connection goes on working."""
+    next. Both large frames arrive intact and the stream goes on working."""
     payload = random.Random(4).randbytes(2 * MIB)
 
     async def body() -> None:
         async with cluster("libp2p", 2, tmp_path) as (a, b):
-            received: list[bytes] = []
-            arrived = trio.Event()
 
-            async def sink(stream) -> None:
-                received.append(await stream.read_frame())
-                received.append(await stream.read_frame())
-                arrived.set()
+            async def source(stream) -> None:
+                ys, conn = stream.raw.s.muxed_stream, muxer_of(stream)
+                await until(lambda: ys.send_window > RECV_WINDOW - 1024)
+                pending: list[bytes] = []
 
-            a.t.set_stream_handler("/test/bulk/1", sink)
+                async def coalesce(header: bytes, body) -> None:
+                    pending.append(header + bytes(body))
+                    if sum(len(p) for p in pending) >= len(payload) + 4 + 3 * 12:
+                        async with conn._write_lock:
+                            await conn.secured_conn.write(b"".join(pending))
+                        pending.clear()
+
+                real = conn._write_data
+                conn._write_data = coalesce
+                await stream.write_frame(payload)
+                conn._write_data = real
+                await stream.write_frame(b"after")
+
+            a.t.set_stream_handler("/test/bulk/1", source)
             s = await b.t.open_stream(a.t.peer_id, "/test/bulk/1")
-            conn = muxer_of(s)
-            await until(lambda: s.raw.s.muxed_stream.send_window > RECV_WINDOW - 1024)
-            pending: list[bytes] = []
-
-            async def coalesce(header: bytes, body) -> None:
-                pending.append(header + bytes(body))
-                if sum(len(p) for p in pending) >= len(payload) + 4 + 3 * 12:
-                    async with conn._write_lock:
-                        await conn.secured_conn.write(b"".join(pending))
-                    pending.clear()
-
-            real = conn._write_data
-            conn._write_data = coalesce
-            await s.write_frame(payload)
-            conn._write_data = real
-            await s.write_frame(b"after")
             with trio.fail_after(20):
-                await arrived.wait()
-            assert received == [payload, b"after"]
+                assert await s.read_frame() == payload
+                assert await s.read_frame() == b"after"
 
     run(body, timeout=60)

@@ -23,18 +23,20 @@ What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own conne
   `decrypt_into`), with the session's own keys and nonce counters; the Noise messages on
   the wire are exactly py-libp2p's. (py-libp2p copied each byte ~4 times sending, ~8
   times receiving.) Small frames keep py-libp2p's path.
-* a larger receive window: each stream grants RECV_WINDOW bytes at once with one
-  WINDOW_UPDATE frame (opener: after its SYN; acceptor: after its ACK). The spec makes
-  window updates per-stream deltas a receiver may send at any time, and go-yamux grants a
-  larger initial window the same way. Credit then returns in batches (libp2p_pubsub's
-  `batch_yamux_credit`) once half of it is consumed.
+* a larger receive window on the streams we open: right after its SYN, each grants
+  RECV_WINDOW bytes with one WINDOW_UPDATE frame. The spec makes window updates
+  per-stream deltas a receiver may send at any time, and go-yamux grants a larger initial
+  window the same way. Credit then returns in batches (libp2p_pubsub's
+  `batch_yamux_credit`) once half of it is consumed. Streams a peer opens to us keep the
+  default 256 KiB (auto-tuning may grow it as we read): the bulk receiver is the opener
+  (the blob fetcher), and a peer cannot make us hold RECV_WINDOW per stream it opens.
 
 Applied to every Noise connection (wire-identical, so stock peers see the same bytes): a
 write longer than one Noise message is sealed message by message as before, then sent with
 ONE socket write instead of one per 64 KiB (`_coalesced_write_msg`; NoiseTx's fallback).
 
-Cost: a stream may hold up to RECV_WINDOW unread bytes (py-libp2p's auto-tuning already let
-a window grow to 16 MiB); the blob fetcher reads its streams continuously.
+Cost: a stream we opened may hold up to RECV_WINDOW unread bytes (py-libp2p's auto-tuning
+already let any window grow to 16 MiB); the blob fetcher reads its streams continuously.
 
 Stock peers: a stock py-libp2p peer that talks to a `TunedYamux` gets 256 KiB frames at most
 (its window) and grants the window it always did; it receives our larger window grant as an
@@ -59,7 +61,7 @@ from libp2p.stream_muxer.yamux import yamux as _y
 log = logging.getLogger(__name__)
 
 FRAME_MAX = 1 << 20  # largest DATA frame payload we send (bounded by the peer's window too)
-RECV_WINDOW = 4 << 20  # receive window each stream of a TunedYamux grants at once
+RECV_WINDOW = 4 << 20  # receive window each stream a TunedYamux opens grants at once
 DIRECT_MIN = 1 << 17  # DATA frames larger than this are sealed by NoiseTx, opened by NoiseRx
 _MAX_NONCE = 2**64 - 1  # noise's MAX_NONCE: that nonce is never used
 WINDOW_WAIT = 5.0  # seconds a writer waits for window before giving up (py-libp2p's 5 s)
@@ -68,19 +70,13 @@ _HEADER = struct.Struct(_y.YAMUX_HEADER_FORMAT)
 
 class TunedYamux(_y.Yamux):
     """py-libp2p's Yamux with large frames, event-driven window waits and a RECV_WINDOW
-    grant per stream (module doc). Same protocol id, same wire format."""
+    grant per stream it opens (module doc). Same protocol id, same wire format."""
 
     atd_tuned = True
 
     async def open_stream(self) -> Any:
         stream = await super().open_stream()
         await grant_window(stream)
-        return stream
-
-    async def accept_stream(self) -> Any:
-        stream = await super().accept_stream()
-        if not (stream.closed or stream.reset_received):
-            await grant_window(stream)
         return stream
 
     async def _read_data_body(self, length: int) -> bytes | bytearray:
