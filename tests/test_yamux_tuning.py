@@ -52,12 +52,13 @@ def test_blob_over_streams_intact_with_stock_and_tuned_yamux(server: type, clien
 def test_tuned_opener_grants_a_large_window_and_receives_large_frames(tmp_path: Path) -> None:
     """Between two TunedYamux hosts the stream's opener (a fetcher) grants RECV_WINDOW at once
     and the acceptor's 3 MiB write leaves in frames of FRAME_MAX (stock py-libp2p: 48 frames
-    of < 64 KiB within a 256 KiB window); the acceptor grants no more than the default."""
+    of < 64 KiB within a 256 KiB window), sealed; the acceptor grants no more than the default."""
     payload = random.Random(3).randbytes(3 * MIB)
 
     async def body() -> None:
         async with cluster("libp2p", 2, tmp_path) as (a, b):
             sizes: list[int] = []
+            wire = bytearray()
 
             async def source(stream) -> None:
                 ys, conn = stream.raw.s.muxed_stream, muxer_of(stream)
@@ -71,15 +72,24 @@ def test_tuned_opener_grants_a_large_window_and_receives_large_frames(tmp_path: 
                     sizes.append(len(body))
                     await write(header, body)
 
-                conn._write_data = spy
+                raw = conn.secured_conn.conn.read_writer.read_write_closer  # the TCP connection
+                send = raw.write
+
+                async def tap(data) -> None:
+                    wire.extend(data)
+                    await send(data)
+
+                conn._write_data, raw.write = spy, tap
                 await stream.write_frame(payload)
-                conn._write_data = write
+                conn._write_data, raw.write = write, send
 
             a.t.set_stream_handler("/test/bulk/1", source)
             s = await b.t.open_stream(a.t.peer_id, "/test/bulk/1")
             with trio.fail_after(20):
                 assert await s.read_frame() == payload
             assert max(sizes) == FRAME_MAX and len(sizes) <= 5, sizes
+            # every byte crossed sealed: no 32-byte run of the payload is on the wire
+            assert len(wire) > len(payload) and not any(payload[k : k + 32] in wire for k in range(0, len(payload), 65521))
 
     run(body, timeout=60)
 
