@@ -239,7 +239,8 @@ def main() -> None:
             "stock": {"bulk": False, "per_peer": 1, "max_streams": 1},  # `single` on py-libp2p's own yamux
         }
         for stock in (False, True):
-            todo = {n: c for n, c in runs.items() if (n == "stock") == stock and (n in modes or n.split("_")[0] in modes)}
+            todo = {n: c for n, c in runs.items()
+                    if (n == "stock") == stock and (n in modes or n.split("_")[0] in modes)}
             if not todo:
                 continue
             A = Child(SEED_A, tmp / f"a{int(stock)}", [fx], chunk, stock=stock)

@@ -83,7 +83,8 @@ def run(mode: str, size_mb: float) -> dict:
         return {"fetch_ms_per_chunk": round(bench["seconds"] * 1e3 / chunks, 3),
                 "cpu_server_s": bench["cpu_server_s"], "cpu_client_s": bench["cpu_client_s"],
                 # CPU of the event-loop thread vs the worker threads (pread; write + SHA-256), per chunk
-                "threads_ms_per_chunk": {side: {k: round(v * 1e3 / chunks, 3) for k, v in bench[f"threads_{side}"].items()}
+                "threads_ms_per_chunk": {side: {k: round(v * 1e3 / chunks, 3)
+                                                for k, v in bench[f"threads_{side}"].items()}
                                          for side in ("server", "client")},
                 "server": split(Path(d) / f"{mode}-server.pstats", chunks),
                 "client": split(Path(d) / f"{mode}-client.pstats", chunks)}
