@@ -276,8 +276,7 @@ class BlobServer:
         if data is None:
             await stream.write_frame(pack({"i": i, "error": "chunk index out of range"}))
             return
-        await stream.write_frame(pack({"i": i, "n": len(data)}))
-        await stream.write_frame(data)
+        await stream.write_frames([pack({"i": i, "n": len(data)}), data])  # libp2p: two yamux writes, not three
         self.served_chunks += 1
         self.served_bytes += len(data)
 
