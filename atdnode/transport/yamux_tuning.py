@@ -19,8 +19,8 @@ What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own conne
   raises `send_window` (a property that wakes it), not in 10 ms polls.
 * one copy per byte through Noise: a large DATA frame is sealed message by message from
   the writer's buffer into one output buffer (`NoiseTx`, `encrypt_into`) and opened from
-  a persistent receive buffer straight into the frame's buffer (`NoiseRx`, `recv_into` +
-  `decrypt_into`), with the session's own keys and nonce counters; the Noise messages on
+  one receive buffer straight into the frame's buffer (`NoiseRx`, `recv_into` +
+  `decrypt_into`; both buffers come from a small pool shared by all connections), with the session's own keys and nonce counters; the Noise messages on
   the wire are exactly py-libp2p's. (py-libp2p copied each byte ~4 times sending, ~8
   times receiving.) Small frames keep py-libp2p's path.
 * a larger receive window on the streams we open: right after its SYN, each grants
@@ -115,9 +115,31 @@ class TunedYamux(_y.Yamux):
         await trio.lowlevel.checkpoint()
 
 
+class _Pool:
+    """A few BUF_SIZE buffers shared by every connection's NoiseRx / NoiseTx: one is taken
+    for one frame and given back after it, so an idle connection holds none and idle memory
+    stays <= KEEP buffers in all (fresh 1 MiB buffers per frame cost page faults)."""
+
+    KEEP = 4
+
+    def __init__(self, size: int) -> None:
+        self.size, self.free = size, list[bytearray]()
+
+    def take(self) -> bytearray:
+        return self.free.pop() if self.free else bytearray(self.size)
+
+    def give(self, buf: bytearray) -> None:
+        if len(self.free) < self.KEEP:
+            self.free.append(buf)
+
+
+BUF_SIZE = FRAME_MAX + (1 << 16)  # a whole FRAME_MAX frame's Noise messages with room to spare
+_buffers = _Pool(BUF_SIZE)
+
+
 class NoiseRx:
     """Reads the plaintext of a large yamux DATA frame from a Noise session with one copy
-    per byte: ciphertext lands in a persistent buffer (`recv_into`), each Noise message is
+    per byte: ciphertext lands in one buffer (`recv_into`), each Noise message is
     authenticated and decrypted into the frame's buffer (`decrypt_into`, the session's own
     key and nonce counter, advanced exactly as `noise` does). py-libp2p's path copied each
     byte ~8 times (read_exactly, SecureSession and raw-read buffers). It never reads past
@@ -125,13 +147,12 @@ class NoiseRx:
     (headers, small frames) goes on where it stops; plaintext past the frame goes back
     into the session's buffer, bytes read ahead by `buffer_raw_reads` are used first."""
 
-    RECV = (1 << 20) + (1 << 16)  # persistent ciphertext buffer: a whole FRAME_MAX frame per recv_into
+    RECV = BUF_SIZE  # ciphertext buffer (from _buffers, per frame): a whole frame per recv_into
 
     def __init__(self, session: Any, raw: Any, sock: Any, cipher_state: Any) -> None:
         self.session, self.raw, self.sock, self.cs = session, raw, sock, cipher_state
         self.aead = cipher_state.cipher.cipher
-        self.buf = bytearray(self.RECV)
-        self.view = memoryview(self.buf)
+        self.buf, self.view = bytearray(), memoryview(b"")
         self.lo = self.hi = 0
 
     @classmethod
@@ -176,11 +197,14 @@ class NoiseRx:
             self.hi += got
 
     def _give_back(self) -> None:
-        """Unread ciphertext returns to the raw connection's read-ahead buffer."""
+        """Unread ciphertext returns to the raw connection's read-ahead buffer, the buffer to
+        the pool."""
         if self.hi > self.lo:
             ahead = self.raw.__dict__.setdefault("_atd_buf", bytearray())
             ahead[:0] = self.view[self.lo : self.hi]
         self.lo = self.hi = 0
+        _buffers.give(self.buf)
+        self.buf, self.view = bytearray(), memoryview(b"")
 
     async def read_plain(self, length: int) -> bytearray:
         out = bytearray(length)
@@ -188,6 +212,8 @@ class NoiseRx:
         first = self.session._drain(length)  # plaintext left over from the header's message
         at = len(first)
         ov[:at] = first
+        self.buf = _buffers.take()
+        self.view = memoryview(self.buf)
         try:
             while at < length:
                 left = length - at
@@ -223,15 +249,14 @@ class NoiseRx:
 class NoiseTx:
     """Seals a large yamux DATA frame into Noise messages with one copy per byte: each
     message is encrypted (`encrypt_into`, the session's own key and nonce counter, advanced
-    as `noise` does) from the caller's buffer into one persistent output buffer, which goes
-    out in one socket write. The messages are exactly those py-libp2p's `write_msg` makes
+    as `noise` does) from the caller's buffer into one output buffer (from _buffers), which
+    goes out in one socket write. The messages are exactly those py-libp2p's `write_msg` makes
     (<= MAX_PLAINTEXT_LENGTH plaintext bytes each, a 2-byte length before each). Callers
     hold the connection's write lock."""
 
     def __init__(self, raw: Any, cipher_state: Any) -> None:
         self.raw, self.cs = raw, cipher_state
         self.aead = cipher_state.cipher.cipher
-        self.buf = bytearray()
 
     @classmethod
     def attach(cls, session: Any) -> "NoiseTx | None":
@@ -248,9 +273,14 @@ class NoiseTx:
     async def write(self, header: bytes, body: memoryview) -> None:
         total = len(header) + len(body)
         size = total + 18 * -(-total // MAX_PLAINTEXT_LENGTH)
-        if len(self.buf) < size:
-            self.buf = bytearray(size)  # a new object: a cancelled write may still hold a view of the old
-        out = memoryview(self.buf)
+        buf = _buffers.take() if size <= BUF_SIZE else bytearray(size)
+        try:
+            await self._seal_and_send(header, body, memoryview(buf))
+        finally:
+            if len(buf) == BUF_SIZE:
+                _buffers.give(buf)
+
+    async def _seal_and_send(self, header: bytes, body: memoryview, out: memoryview) -> None:
         lead = MAX_PLAINTEXT_LENGTH - len(header)
         src: Any = header + bytes(body[:lead])  # the first message carries the header
         at, pos = len(src) - len(header), 0
