@@ -1,6 +1,7 @@
 """Shared fixtures. Start here when writing a test.
 
-Factories (plain functions, importable from their modules; never import another test module):
+Factories (plain functions, importable from their modules; never import another test module:
+`tests/test_suite_shape.py` checks):
 - `tests/factories.py`: `make_consortium(root, n)` (N homes, n0 founds and admits the rest),
   `daemon_on(net, home)` (a real `NodeDaemon` on the in-memory network), `append`, `ids`, `cli`,
   `cli_json`, `transports(kind, n)` (bare transports, both kinds), `run`, and
