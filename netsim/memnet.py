@@ -201,19 +201,16 @@ class SimNetwork(MemoryNetwork):
         super().__init__(seed=seed, default=link_conditions(spec))
         self.gossip_tick_s = GOSSIP_TICK_S
         self.spec = spec
-        self._fresh: set[tuple[str, str]] = set()
 
     def jitter(self, a: str, b: str) -> float:
         lo, hi = sorted((a, b))
         d = hashlib.sha256(f"{self.seed}|jitter|{lo}|{hi}".encode()).digest()
         return int.from_bytes(d[:8], "big") / 2**64 * 2 - 1  # in [-1, 1)
 
-    def link(self, src: str, dst: str):
-        lk = super().link(src, dst)
-        if (src, dst) not in self._fresh:
-            self._fresh.add((src, dst))
-            if lk.cond.up and lk.cond == self.default:
-                lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
+    def new_link(self, src: str, dst: str):
+        lk = super().new_link(src, dst)
+        if lk.cond.up and lk.cond == self.default:
+            lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
         return lk
 
 

@@ -16,6 +16,7 @@ Run against any back-end that offers the `faults.Cluster` calls plus `append`, `
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,10 @@ async def run_gossip(cluster: Any, scn: Scenario, *, log=lambda _m: None) -> Gos
 
 
 def _held(heads: dict[str, int], seqs: dict[str, list[int]], pid: dict[str, str]) -> int:
-    return sum(sum(1 for s in ss if s <= heads.get(pid[a], 0)) for a, ss in seqs.items())
+    """How many of `seqs` (author -> ascending seqs) the node with `heads` holds: those at or
+    below its contiguous head of each author (a bisection per author: the harness polls this
+    for every node, and counting entry by entry was a fifth of a 300-daemon run's CPU)."""
+    return sum(bisect_right(ss, heads.get(pid[a], 0)) for a, ss in seqs.items())
 
 
 async def _converge(cluster: Any, rep: GossipReport, published: list[Published], *, t0: float, deadline: float) -> None:
@@ -117,6 +121,8 @@ async def _converge(cluster: Any, rep: GossipReport, published: list[Published],
     seqs: dict[str, list[int]] = {}
     for p in published:
         seqs.setdefault(p.author, []).append(p.seq)
+    for ss in seqs.values():
+        ss.sort()  # _held bisects
     done_at: dict[str, float] = {}
     heads: dict[str, dict[str, int]] = {}
     wanted = {pid[a] for a in seqs}  # only the publishers' heads matter here
