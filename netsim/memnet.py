@@ -406,15 +406,16 @@ class MemCluster:
 
     async def heads(self, name: str, authors: Collection[str] | None = None) -> dict[str, int]:
         """Author peer id -> highest contiguous seq in `name`'s ledger; with `authors` (peer
-        ids), only theirs, one index lookup each (the convergence poll asks for the
-        publishers' heads of every node: with 1,000 nodes mapping every author of every node,
-        then reading every head of a ledger that changed since the last poll, was most of a
-        run's CPU)."""
+        ids), only theirs (`Ledger.heads_of`: the convergence poll asks for the publishers'
+        heads of every node: with 1,000 nodes mapping every author of every node, then
+        reading every head of a ledger that changed since the last poll, was most of a run's
+        CPU)."""
         await trio.lowlevel.checkpoint()
         if authors is not None:
             key_of = self._key_of
             keys = [(p, key_of.get(p) or public_key_from_peer_id(p)) for p in authors]
-            return self._ledger_call(name, lambda led: {p: s for p, k in keys if (s := led.head_of(k))})
+            h = self._ledger_call(name, lambda led: led.heads_of(k for _, k in keys))
+            return {p: h[k] for p, k in keys if k in h}
         pid = self._pid_of
         return {pid.get(a) or peer_id_from_public_key(a): s
                 for a, s in self._ledger_call(name, lambda led: led.heads()).items()}
