@@ -402,7 +402,7 @@ class Ledger:
 
     def heads_of(self, authors: Iterable[bytes]) -> dict[bytes, int]:
         """`heads()` of just these authors (those with no log entry left out): from the cache
-        while the database is unchanged, else one query over the chain index -- not a scan of
+        while the database is unchanged, else one chain-index lookup per author -- not a scan of
         every head (a harness polling a few authors' heads of many ledgers, issue 29)."""
         keys = list(dict.fromkeys(authors))
         with self._lock:
@@ -411,12 +411,7 @@ class Ledger:
             if self._heads is not None and self._heads[0] == token:
                 h = self._heads[1]
                 return {a: h[a] for a in keys if a in h}
-            out: dict[bytes, int] = {}
-            for i in range(0, len(keys), 500):  # SQLite's bound-parameter limit
-                part = keys[i:i + 500]
-                out.update(c.execute("SELECT author, MAX(seq) FROM entries WHERE state=0 AND author IN (%s) "
-                                     "GROUP BY author" % ",".join("?" * len(part)), part))
-            return out
+            return {a: seq for a in keys if (seq := self._store.log_head(a)[0])}
 
     def head_of(self, author: bytes) -> int:
         """`heads().get(author, 0)` for one author (an index lookup, not a scan of every head)."""
