@@ -122,6 +122,14 @@ def test_the_vit_config_is_pure_data():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_training_options_load_without_torch():
+    """`atd train`'s help is formatted from `atdnode.train_options` at CLI start-up, and netsim's
+    scenario keys read its fields: the options module stays free of torch and timm."""
+    probe = "import sys, atdnode.train_options; print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [
