@@ -15,8 +15,7 @@ import logging
 import trio
 
 from atdnode.transport.libp2p_transport import Libp2pTransport
-from tests.test_daemon_memory import wait_for
-from tests.test_gossip_latency import serve_subscribed
+from tests.factories import serve_subscribed, wait_for
 
 TOPIC = "/atd/test/mesh"
 
