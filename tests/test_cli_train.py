@@ -88,7 +88,11 @@ def test_a_bad_model_config_is_one_typed_line(tmp_path, capsys):
 def test_help_documents_the_learning_rate():
     r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    assert "3e-3" in r.stdout and "1e-3" in r.stdout and "--init-from" in r.stdout and "--freeze-blocks" in r.stdout
+    from atdnode.train_options import FINETUNE_LR, SCRATCH_LR_192
+
+    # the rates the help quotes are the code's (read from its constants, so they cannot drift)
+    assert f"--lr {FINETUNE_LR}" in r.stdout and f"{SCRATCH_LR_192} x 192 / embed-dim" in r.stdout, r.stdout
+    assert "--init-from" in r.stdout and "--freeze-blocks" in r.stdout
 
 
 def test_adversarial_training_reports_robust_accuracy(tmp_path):
