@@ -35,6 +35,7 @@ from ledger.keys import peer_id_from_public_key
 log = logging.getLogger("atd.daemon")
 
 DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
+IDLE_TICK_S = 5.0  # the peer-set round of a settled daemon runs at least this often (see _tick)
 
 
 class PeerDialer:
@@ -46,9 +47,19 @@ class PeerDialer:
         self.d = daemon
         self.policy = DialPolicy(unreachable_after_s=daemon.peerset.cfg.unreachable_after_s)
         self.bootstrap: dict[str, list[str]] = {}  # peer -> [address] given on the command line
-        self.hellos_seen = 0  # bumped when hello entries may have changed (re-read them)
-        self.changed = trio.Event()  # wakes discovery_loop (a connection came or went)
+        self.changed = trio.Event()  # wakes discovery_loop (a connection came, hellos changed)
+        self._hellos_seen = 0
         self.pulling: set[str] = set()  # peers a sync pull is in flight with (no second one on connect)
+
+    @property
+    def hellos_seen(self) -> int:
+        """Bumped when hello entries may have changed: the peer-set round re-reads them, now."""
+        return self._hellos_seen
+
+    @hellos_seen.setter
+    def hellos_seen(self, value: int) -> None:
+        self._hellos_seen = value
+        self.changed.set()
 
     # -- the gate ------------------------------------------------------------------------
 
@@ -174,7 +185,7 @@ class PeerDialer:
         """Keep a bounded peer set (`atdnode.peerset`): below `target`, dial members whose
         signed `hello` entries announce addresses (low-latency and random ones; every
         address, newest hello first); above `max`, disconnect the least useful peers.
-        Wakes on every connection and each second."""
+        Wakes on every connection, and each second (every IDLE_TICK_S once settled, `_tick`)."""
         d = self.d
         me = d.identity.public_key
         cfg = d.peerset.cfg
@@ -237,8 +248,25 @@ class PeerDialer:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
                         await prune(peer, now)
-            with trio.move_on_after(max(d.poll_interval * 4, 1.0)):
+            with trio.move_on_after(self._tick(known, next_rotation)):
                 await self.changed.wait()
+
+    def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
+        """Seconds until the next peer-set round unless a connection wakes it first: one
+        second while it has members to dial; IDLE_TICK_S (or until the next rotation) once
+        it holds `target` peers or every member it knows of (issue 29: an idle daemon's
+        peer set is not re-planned every second). A lost peer is replaced within that."""
+        d = self.d
+        tick = max(d.poll_interval * 4, 1.0)
+        now_peers = set(d.transport.peers())
+        settled = len(now_peers) >= d.peerset.cfg.target or not [p for p in known if p not in now_peers
+                                                                  and p not in d.gate.refused]
+        if settled and not self.policy.revoked:
+            if len(now_peers) >= d.peerset.cfg.target:  # a rotation may be due before IDLE_TICK_S
+                tick = max(tick, min(IDLE_TICK_S, next_rotation - trio.current_time()))
+            else:
+                tick = max(tick, IDLE_TICK_S)
+        return tick
 
     def _report_reachability(self, connected: set[str], now: float) -> None:
         newly, back = self.policy.observe(connected, now)
