@@ -48,19 +48,9 @@ class PeerDialer:
         self.d = daemon
         self.policy = DialPolicy(unreachable_after_s=daemon.peerset.cfg.unreachable_after_s)
         self.bootstrap: dict[str, list[str]] = {}  # peer -> [address] given on the command line
-        self.changed = trio.Event()  # wakes discovery_loop (a connection came, hellos changed)
-        self._hellos_seen = 0
+        self.hellos_seen = 0  # bumped when hello entries may have changed (re-read them)
+        self.changed = trio.Event()  # wakes discovery_loop (a connection came or went)
         self.pulling: set[str] = set()  # peers a sync pull is in flight with (no second one on connect)
-
-    @property
-    def hellos_seen(self) -> int:
-        """Bumped when hello entries may have changed: the peer-set round re-reads them, now."""
-        return self._hellos_seen
-
-    @hellos_seen.setter
-    def hellos_seen(self, value: int) -> None:
-        self._hellos_seen = value
-        self.changed.set()
 
     # -- the gate ------------------------------------------------------------------------
 
@@ -256,14 +246,14 @@ class PeerDialer:
 
     def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
         """Seconds until the next peer-set round unless a connection wakes it first: one
-        second while it has members to dial; IDLE_TICK_S (or until the next rotation) once
-        it holds `target` peers or every member it knows of (issue 29: an idle daemon's
+        second while it has members to dial (or knows of none yet); IDLE_TICK_S (or until the
+        next rotation) once it holds `target` peers or every member it knows of (issue 29: an idle daemon's
         peer set is not re-planned every second). A lost peer is replaced within that."""
         d = self.d
         tick = max(d.poll_interval * 4, 1.0)
         now_peers = set(d.transport.peers())
-        settled = len(now_peers) >= d.peerset.cfg.target or not [p for p in known if p not in now_peers
-                                                                  and p not in d.gate.refused]
+        settled = len(now_peers) >= d.peerset.cfg.target or bool(known) and not [
+            p for p in known if p not in now_peers and p not in d.gate.refused]
         if settled and not self.policy.revoked:
             if len(now_peers) >= d.peerset.cfg.target:  # a rotation may be due before IDLE_TICK_S
                 tick = max(tick, min(IDLE_TICK_S, next_rotation - trio.current_time()))
