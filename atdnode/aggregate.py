@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from atdnode import bodies
@@ -48,6 +47,7 @@ from protocols.aggregation import (
     HEAD_PREFIXES,
     AggregationError,
     compute_weights,
+    counted_quantity,
     last_layer_keys,
     load_tensor,
     part_filter,
@@ -58,6 +58,11 @@ from protocols.rounds import LAST_LAYER
 from protocols.vgs import heads_comparable
 
 AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
+# what a weights entry's body says of each quantity a weighting counts (protocols.aggregation.COUNTED)
+ENTRY_COUNTS: dict[str, Callable[[Entry], int]] = {
+    "samples": lambda e: int(e.body.get("samples", 0)),
+    "classes": lambda e: len(e.body.get("labels") or []),
+}
 MODES = ("horizontal", "vertical", "hierarchical")
 
 
@@ -211,14 +216,11 @@ def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: f
     its own model when it has none (`fedwavg_reference`). Inputs are never compared with each
     other, so the weights do not depend on input order.
     """
+    if weighting not in AVERAGE_WEIGHTINGS:
+        raise AggregateError(f"weighting {weighting!r} does not apply to weight sets "
+                             f"(choose from {', '.join(AVERAGE_WEIGHTINGS)})")
     try:
-        if weighting == "uniform":
-            w = compute_weights("uniform", n=len(inputs))
-        elif weighting == "samples":
-            w = compute_weights("samples", counts=[int(e.body.get("samples", 0)) for e in inputs])
-        elif weighting == "sqrt-classes":
-            w = compute_weights("sqrt-classes", counts=[len(e.body.get("labels") or []) for e in inputs])
-        elif weighting == "fedwavg":
+        if weighting == "fedwavg":
             if not reference or not store.has(reference):
                 raise AggregateError(f"fedwavg needs its reference model's blob {str(reference)[:16]} held here")
             ref_keys = read_keys(store, reference)
@@ -227,9 +229,10 @@ def input_weights(store: BlobStore, inputs: list[Entry], weighting: str, *, q: f
             ref = [load_tensor(safetensors_loader(store.path(reference)), k) for k in keys]
             layers = [[load_tensor(safetensors_loader(store.path(e.body["blob"])), k) for k in keys] for e in inputs]
             w = compute_weights("fedwavg", reference=ref, layers=layers, q=q)
-        else:
-            raise AggregateError(f"weighting {weighting!r} does not apply to weight sets "
-                                 f"(choose from {', '.join(AVERAGE_WEIGHTINGS)})")
+        else:  # the weighting table: what it counts per input, read off each entry
+            counted = counted_quantity(weighting)
+            w = compute_weights(weighting, n=len(inputs),
+                                counts=[ENTRY_COUNTS[counted](e) for e in inputs] if counted else None)
     except AggregationError as exc:
         raise AggregateError(f"{weighting} weights: {exc}") from None
     return [float(x) for x in w]

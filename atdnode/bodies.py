@@ -196,17 +196,12 @@ def spec_markdown() -> str:
 
 def update_doc(text: str) -> str:
     """`text` with the part between DOC_BEGIN and DOC_END replaced by :func:`spec_markdown`."""
-    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
-    if start < 0 or end < start:
-        raise ValueError("the document has no generated entry-body section (DOC_BEGIN ... DOC_END)")
-    return text[:start] + spec_markdown() + text[end + len(DOC_END):]
+    from atdnode.docsections import replace_section
+
+    return replace_section(text, DOC_BEGIN, DOC_END, spec_markdown(), "entry-body")
 
 
 if __name__ == "__main__":
-    import sys
-    from pathlib import Path
+    from atdnode.docsections import rewrite_main
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m atdnode.bodies INTERFACES.md")
-    doc = Path(sys.argv[1])
-    doc.write_text(update_doc(doc.read_text()))
+    rewrite_main(update_doc, "atdnode.bodies")

@@ -60,13 +60,6 @@ def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *
     return names, probs.argmax(1).astype(np.int64), kind
 
 
-def _macro_over_present(y_true: np.ndarray, y_pred: np.ndarray, present: list[int]) -> tuple[float, float, float]:
-    from sklearn.metrics import precision_recall_fscore_support
-
-    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=present, average="macro", zero_division=0)
-    return float(p), float(r), float(f)
-
-
 def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd,
                        device: torch.device | str | None = None) -> float:
     """Accuracy under PGD (`pgd`: protocols.adversarial.PGDConfig) of a model predicting with
@@ -105,10 +98,7 @@ def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int
     index = {c: i for i, c in enumerate(space)}
     y_true = np.asarray([index[data.classes[int(t)]] for t in data.labels], dtype=np.int64)
     y_pred = np.asarray([index[names[int(p)]] for p in pred], dtype=np.int64)
-    metrics = classification_metrics(y_true, y_pred, len(space))
-    present = sorted({int(t) for t in y_true})
-    metrics["precision"], metrics["recall"], metrics["f1"] = _macro_over_present(y_true, y_pred, present)
-    metrics["sensitivity"] = metrics["recall"]
+    metrics = classification_metrics(y_true, y_pred, labels=range(len(space)))
     return metrics, space, kind, names
 
 

@@ -1,36 +1,52 @@
-"""Classification metrics (macro) and the confusion-matrix PNG.
+"""Classification metrics (macro) and the confusion-matrix PNG — the one scorer of
+`atd train`'s evaluation, `atd classify` and netsim.
 
-`classification_metrics` returns a JSON-ready dict: accuracy, precision, recall
-(= sensitivity, also under that name), f1 — all macro-averaged over the label space,
-with classes absent from both truth and prediction contributing 0 (sklearn's
-`zero_division=0`) — plus the confusion matrix (rows = true, columns = predicted) and n.
+`classification_metrics(y_true, y_pred, labels=...)` returns a JSON-ready dict:
+
+- ``accuracy``: over all samples;
+- ``precision``, ``recall`` (= ``sensitivity``, also under that name), ``f1``: macro
+  averages over the classes **present in y_true** (a test set holding 3 of 10 classes is
+  not scored on the 7 it never shows); a prediction of any other class counts as an error;
+  per-class values with no positive predictions are 0 (sklearn's ``zero_division=0``);
+- ``confusion``: rows = true, columns = predicted, over the explicit label space ``labels``
+  (every index of y_true and y_pred must be in it), in that order;
+- ``n``: the number of samples.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
+MACRO = ("precision", "recall", "sensitivity", "f1")
 
-def classification_metrics(y_true, y_pred, num_classes: int) -> dict:
-    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
+def classification_metrics(y_true, y_pred, *, labels: Iterable[int]) -> dict:
+    """Accuracy, macro precision / recall (sensitivity) / F1 over the classes present in
+    `y_true`, and the confusion matrix over `labels` (see the module docstring)."""
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
 
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    labels = list(range(num_classes))
+    labels = [int(c) for c in labels]
+    if y_true.shape != y_pred.shape:
+        raise ValueError(f"{len(y_true)} true labels but {len(y_pred)} predictions")
+    unknown = sorted((set(np.unique(y_true).tolist()) | set(np.unique(y_pred).tolist())) - set(labels))
+    if unknown:
+        raise ValueError(f"classes {unknown[:8]} are outside the label space of {len(labels)} classes")
     if len(y_true) == 0:
-        return {"n": 0, "accuracy": 0.0, "precision": 0.0, "recall": 0.0, "sensitivity": 0.0, "f1": 0.0,
-                "confusion": [[0] * num_classes for _ in labels]}
-    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro", zero_division=0)
-    cm = confusion_matrix(y_true, y_pred, labels=labels)
+        return {"n": 0, "accuracy": 0.0, **{k: 0.0 for k in MACRO}, "confusion": [[0] * len(labels) for _ in labels]}
+    present = np.unique(y_true).tolist()
+    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=present, average="macro", zero_division=0)
     return {
         "n": int(len(y_true)),
-        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "accuracy": float((y_true == y_pred).mean()),
         "precision": float(p),
         "recall": float(r),
         "sensitivity": float(r),
         "f1": float(f),
-        "confusion": cm.astype(int).tolist(),
+        "confusion": confusion_matrix(y_true, y_pred, labels=labels).astype(int).tolist(),
     }
 
 

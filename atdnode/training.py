@@ -317,7 +317,7 @@ def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, de
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if transform is None:
         pred = predict_classes(model, data.images, batch_size, device=device)
-        return classification_metrics(data.labels.numpy(), pred.numpy(), len(data.classes))
+        return classification_metrics(data.labels.numpy(), pred.numpy(), labels=range(len(data.classes)))
     was = model.training
     model.eval()
     preds = []
@@ -332,7 +332,7 @@ def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, de
     finally:
         model.train(was)
     pred = torch.cat(preds).cpu() if preds else torch.empty(0, dtype=torch.long)
-    return classification_metrics(data.labels.numpy(), pred.numpy(), len(data.classes))
+    return classification_metrics(data.labels.numpy(), pred.numpy(), labels=range(len(data.classes)))
 
 
 def _resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | None, Path | None]:

@@ -28,7 +28,7 @@ from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
-from netsim.scenario import TrainSpec
+from atdnode.training import TrainOptions
 from protocols.adversarial import robust_accuracy
 from protocols.fedwavg import ROUNDS_Q, softmax_weights
 
@@ -42,7 +42,7 @@ def pretrained(tr) -> tuple[dict, np.ndarray]:
     """The shared initial model (clean AdamW on a public IID share) and the private indices."""
     perm = _rng(0, "fat-public").permutation(len(tr))
     public, private = np.sort(perm[:PUBLIC]), np.sort(perm[PUBLIC:])
-    pre = train_model(MODEL, subset(tr, public, tr.classes), TrainSpec(epochs=6, batch_size=16, lr=3e-3, augment=False),
+    pre = train_model(MODEL, subset(tr, public, tr.classes), TrainOptions(epochs=6, batch_size=16, lr=3e-3, augment=False),
                       seed=0, warmup_epochs=0.0)
     return full_state(pre.model), private
 

@@ -145,7 +145,7 @@ def probe(name: str, steps_list: list[int], seeds: list[int]) -> dict:
             model, _ = assemble(cfg, emb, body)
             f, _ = extract_features(model, _Images(x, y))
             ft, _ = extract_features(model, _Images(pool.images, yt))
-            ens = EnsembleClassifier(pca_components=scn.ensemble.pca_components, mlp_max_iter=scn.ensemble.mlp_epochs,
+            ens = EnsembleClassifier(pca_components=scn.ensemble.pca_components, mlp_max_iter=scn.ensemble.mlp_max_iter,
                                      seed=seed).fit(f, y)
             rows[steps].append(round(float((ens.predict(ft) == yt).mean()), 4))
             print(json.dumps({"seed": seed, "steps": steps, "accuracy": rows[steps][-1]}), file=sys.stderr, flush=True)

@@ -69,11 +69,12 @@ def old_inprocess_fedavg(a, train: dict, classes: list[str]) -> dict:
     from atdnode.model import build_model
     from netsim.baselines import transfer_s
     from netsim.learn import full_state, model_config, state_bytes, train_model
-    from netsim.scenario import NetworkSpec, TrainSpec
+    from atdnode.training import TrainOptions
+    from netsim.scenario import NetworkSpec
     from protocols.aggregation import compute_weights, weighted_average
 
     cfg = model_config(model_cfg(a), len(classes))
-    spec = TrainSpec(epochs=1, batch_size=32, lr=3e-3, augment=False)
+    spec = TrainOptions(epochs=1, batch_size=32, lr=3e-3, augment=False)
     torch.manual_seed(a.seed)
     state = full_state(build_model(cfg))
     names = list(train)

@@ -9,14 +9,14 @@ Training and prediction run on the node's device (`atdnode.device.resolve_device
 set by `atd netsim run --device`, else CUDA when present); the trained model comes back on
 the CPU, so every average and every byte counted is computed there, as on the wire.
 
-Metrics (`score`) are macro-averaged over the classes present in the test set, so a node
-whose test data holds 3 classes is not penalised for the 7 it never sees; predictions of
-other classes count as errors.
+Metrics (`score`) are the node's (`atdnode.metrics.classification_metrics`): macro-averaged
+over the classes present in the test set, so a node whose test data holds 3 classes is not
+penalised for the 7 it never sees; predictions of other classes count as errors.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -26,9 +26,9 @@ from atdnode import ddp
 from atdnode.data import LabeledImages
 from atdnode.device import resolve_device
 from atdnode.features import predict_classes
+from atdnode.metrics import classification_metrics
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
 from atdnode.training import Trainer, TrainOptions
-from netsim.scenario import TrainSpec
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 
@@ -47,12 +47,14 @@ class Trained:
     seconds: float  # wall-clock compute time of this step
 
 
-def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed: int, epochs: int | None = None,
+def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainOptions, *, seed: int, epochs: int | None = None,
                 init: dict[str, torch.Tensor] | None = None, init_part: str = "extractor", freeze: int = 0,
-                prox_mu: float = 0.0, warmup_epochs: float = 0.5) -> Trained:
+                prox_mu: float = 0.0, warmup_epochs: float | None = None) -> Trained:
     """Train a fresh model of `cfg` on `data`, optionally initialised from `init` (a part's
     tensors), with the first `freeze` blocks frozen and an optional FedProx term
-    `mu/2 * ||w - w_init||^2` (added to each parameter's gradient by a hook)."""
+    `mu/2 * ||w - w_init||^2` (added to each parameter's gradient by a hook). `spec` is the
+    scenario's [train] (`TrainOptions`: epochs, batch size, rate, weight decay, warmup, augment);
+    `epochs`, `warmup_epochs` and `freeze` override it for this step."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = build_model(cfg)
@@ -67,8 +69,8 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainSpec, *, seed:
         for name, p in model.named_parameters():
             if p.requires_grad:
                 hooks.append(p.register_hook(lambda g, p=p, r=ref[name]: g + prox_mu * (p.detach() - r)))
-    opts = TrainOptions(epochs=epochs or spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
-                        weight_decay=spec.weight_decay, warmup_epochs=warmup_epochs, seed=seed, augment=spec.augment)
+    opts = replace(spec, epochs=epochs or spec.epochs, seed=seed, freeze_blocks=freeze, init_from=None,
+                   warmup_epochs=spec.warmup_epochs if warmup_epochs is None else warmup_epochs)
     trainer = Trainer(model, data, opts, ddp.DistContext(device=dev))
     for e in range(opts.epochs):
         trainer.train_epoch(e)
@@ -100,17 +102,13 @@ def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
-    """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`."""
-    from sklearn.metrics import precision_recall_fscore_support
-
+    """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`:
+    `atdnode.metrics.classification_metrics` (the scorer of `atd train` and `atd classify`),
+    rounded to 6 places, without the confusion matrix."""
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    if len(y_true) == 0:
-        return {k: 0.0 for k in METRICS} | {"n": 0}
-    labels = np.unique(y_true)
-    p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=labels, average="macro", zero_division=0)
-    return {"accuracy": round(float((y_true == y_pred).mean()), 6), "precision": round(float(p), 6),
-            "sensitivity": round(float(r), 6), "f1": round(float(f), 6), "n": int(len(y_true))}
+    m = classification_metrics(y_true, y_pred, labels=np.union1d(y_true, y_pred))
+    return {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]}
 
 
 def state_bytes(tensors: dict[str, torch.Tensor]) -> int:

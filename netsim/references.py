@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,8 +34,7 @@ from netsim.scenario import Scenario
 
 def ensemble_options(scn: Scenario) -> EnsembleOptions:
     """The scenario's ensemble options (VGS-ATD's and the references')."""
-    e = scn.ensemble
-    return EnsembleOptions(pca_components=e.pca_components, mlp_max_iter=e.mlp_epochs, seed=scn.seed, prior=e.prior)
+    return replace(scn.ensemble, seed=scn.seed)
 
 
 def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[str], None] = print

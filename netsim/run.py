@@ -21,7 +21,7 @@ from typing import Callable
 
 from netsim.baselines import BASELINES, run_baseline
 from netsim.report import forgetting, write_report
-from netsim.scenario import Scenario
+from netsim.scenario import TRAIN_KEYS, Scenario
 
 Progress = Callable[[str], None]
 
@@ -97,7 +97,7 @@ def base_comparison(methods: dict[str, list[dict]]) -> list[dict]:
 
 def _scenario_info(scn: Scenario) -> dict:
     return {"name": scn.name, "description": scn.description, "seed": scn.seed, "source": scn.source,
-            "methods": list(scn.methods), "model": asdict(scn.model), "train": asdict(scn.train),
+            "methods": list(scn.methods), "model": asdict(scn.model), "train": {k: getattr(scn.train, k) for k in TRAIN_KEYS},
             "baselines": asdict(scn.baselines), "network": {k: v for k, v in asdict(scn.network).items()
                                                            if k != "links"},
             "phases": {p: scn.phase(p).mode for p in scn.phase_numbers()}}

@@ -11,9 +11,11 @@ the network conditions, the faults, and optionally a gossip workload:
                  student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`);
                  finetune_lr: VGS-ATD's learning rate when its models descend from the base
     [model]      timm ViT overrides (protocols.vit_config.ModelConfig fields)
-    [train]      epochs, batch_size, lr, weight_decay, freeze_blocks, augment
+    [train]      epochs, batch_size, lr, weight_decay, warmup_epochs, freeze_blocks, augment
+                 (atdnode.training.TrainOptions fields)
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
-    [ensemble]   pca_components, mlp_epochs, prior (passed to the ensemble classifier)
+    [ensemble]   pca_components, mlp_max_iter (older name: mlp_epochs), rf_trees, prior
+                 (atdnode.node_ensemble.EnsembleOptions fields)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
@@ -52,7 +54,11 @@ from netsim.scenario_spec import (  # noqa: F401
     BaselineSpec,
     CohortSpec,
     DatasetSpec,
-    EnsembleSpec,
+    ENSEMBLE_KEYS,
+    ENSEMBLE_RENAMED,
+    NETSIM_ENSEMBLE,
+    NETSIM_TRAIN,
+    TRAIN_KEYS,
     FaultSpec,
     KeyReader,
     LinkSpec,
@@ -62,7 +68,6 @@ from netsim.scenario_spec import (  # noqa: F401
     Scenario,
     ScenarioError,
     TopologySpec,
-    TrainSpec,
     WorkloadSpec,
     default_mode,
 )
@@ -107,9 +112,9 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     hdr = c.build(_Header, head, "scenario", head_conv)
 
     model = c.build(ModelConfig, {**asdict(NETSIM_MODEL), **c.table(raw, "model", "model")}, "model")
-    train = c.build(TrainSpec, c.table(raw, "train", "train"), "train")
+    train = c.options(NETSIM_TRAIN, c.table(raw, "train", "train"), "train", TRAIN_KEYS)
     base = c.build(BaselineSpec, c.table(raw, "baselines", "baselines"), "baselines")
-    ens = c.build(EnsembleSpec, c.table(raw, "ensemble", "ensemble"), "ensemble")
+    ens = c.options(NETSIM_ENSEMBLE, c.table(raw, "ensemble", "ensemble"), "ensemble", ENSEMBLE_KEYS, ENSEMBLE_RENAMED)
     net_raw = dict(c.table(raw, "network", "network"))
     links_raw = net_raw.pop("links", [])
     if not isinstance(links_raw, list):

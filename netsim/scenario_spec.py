@@ -7,10 +7,12 @@ imports neither (no circle between parsing and checking).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from atdnode.errors import AtdError
+from atdnode.node_ensemble import EnsembleOptions
+from atdnode.training import TrainOptions
 from protocols.vit_config import ModelConfig, ModelConfigError
 
 BACKENDS = ("memory", "process")
@@ -35,6 +37,18 @@ NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=
                            num_heads=2, in_chans=1, num_classes=2)
 
 
+# [train] is an `atdnode.training.TrainOptions` and [ensemble] an `atdnode.node_ensemble.EnsembleOptions`
+# (the node's own option types, which `atd train` / `atd aggregate` fill from their flags); a
+# scenario sets the keys below over netsim's laptop-sized defaults. [train] freeze_blocks are
+# the blocks frozen when a model starts from published weights (VGS-ATD phases 2 and 3).
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "freeze_blocks", "augment")
+NETSIM_TRAIN = TrainOptions(epochs=3, batch_size=32, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5, freeze_blocks=1,
+                            augment=False)
+ENSEMBLE_KEYS = ("pca_components", "mlp_max_iter", "rf_trees", "prior")
+ENSEMBLE_RENAMED = {"mlp_epochs": "mlp_max_iter"}  # an older scenario key, still read, -> the option's name
+NETSIM_ENSEMBLE = EnsembleOptions(pca_components=32, mlp_max_iter=200)
+
+
 @dataclass(frozen=True)
 class MSDSpec:
     """The MSD campaign that builds the base (`base = "msd"`). The view settings the paper
@@ -57,16 +71,6 @@ class MSDSpec:
 
 
 @dataclass(frozen=True)
-class TrainSpec:
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    freeze_blocks: int = 1
-    augment: bool = False
-
-
-@dataclass(frozen=True)
 class BaselineSpec:
     rounds: int = 3
     local_epochs: int = 1
@@ -77,13 +81,6 @@ class BaselineSpec:
     adv_ratio: float = 0.5  # share of each training batch replaced by PGD examples
     optimizer: str = "adamw"  # rounds' local optimiser; "sgd": the FedWAvg paper's (momentum 0.9)
     lr_decay: float = 0.0  # sgd: rate x (1 - lr_decay) per local epoch (the paper: 0.05 in AT)
-
-
-@dataclass(frozen=True)
-class EnsembleSpec:
-    pca_components: int = 32
-    mlp_epochs: int = 200
-    prior: str = "balanced"  # class-prior correction (protocols.ensemble): none | balanced | node
 
 
 @dataclass(frozen=True)
@@ -181,9 +178,9 @@ class Scenario:
     deadline_s: float = 1800.0
     step_deadline_s: float = 300.0
     model: ModelConfig = NETSIM_MODEL
-    train: TrainSpec = TrainSpec()
+    train: TrainOptions = field(default_factory=lambda: replace(NETSIM_TRAIN))
     baselines: BaselineSpec = BaselineSpec()
-    ensemble: EnsembleSpec = EnsembleSpec()
+    ensemble: EnsembleOptions = NETSIM_ENSEMBLE  # its seed is the scenario's (netsim.references.ensemble_options)
     network: NetworkSpec = NetworkSpec()
     datasets: tuple[DatasetSpec, ...] = ()
     cohorts: tuple[CohortSpec, ...] = ()
@@ -277,6 +274,21 @@ class KeyReader:
             raise self.fail(where, f"missing required key(s) {', '.join(missing) or exc}") from None
         except ModelConfigError as exc:  # a value `cls` itself refuses (the [model] invariants)
             raise self.fail(f"{where}.{exc.field}" if exc.field else where, str(exc)) from None
+
+    def options(self, default, raw: dict, where: str, keys: tuple[str, ...], renamed: dict[str, str] | None = None):
+        """`default` (a node options dataclass) with the scenario's `keys` from `raw`, type-checked;
+        an old key in `renamed` is read as its new name."""
+        raw = dict(raw)
+        for old, new in (renamed or {}).items():
+            if old in raw:
+                if new in raw:
+                    raise self.fail(where, f"{old} and {new} name one setting: keep {new}")
+                raw[new] = raw.pop(old)
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise self.fail(where, f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(keys))})")
+        types = {f.name: f.type for f in fields(default)}
+        return replace(default, **{k: self.scalar(v, types[k], f"{where}.{k}") for k, v in raw.items()})
 
     def scalar(self, v: Any, typ: Any, where: str) -> Any:
         t = str(typ)

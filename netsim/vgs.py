@@ -222,10 +222,8 @@ class VgsRunner:
     def _train_opts(self, init: Pub | None, freeze: int, node: str) -> TrainOptions:
         t, ft = self.scn.train, self.scn.msd.finetune_lr
         lr = ft if self.msd and ft is not None else t.lr  # from the MSD base: its fine-tuning rate
-        return TrainOptions(epochs=t.epochs, batch_size=t.batch_size, lr=lr, weight_decay=t.weight_decay,
-                            warmup_epochs=0.5, freeze_blocks=freeze,
-                            init_from=init.blob if init else _opt_str(self.base_files.get(node)),
-                            seed=self.scn.seed + sum(map(ord, node)), augment=t.augment)
+        return replace(t, lr=lr, freeze_blocks=freeze, init_from=init.blob if init else _opt_str(self.base_files.get(node)),
+                       seed=self.scn.seed + sum(map(ord, node)))
 
     # ---------------------------------------------------------------- shared steps
 

@@ -4,7 +4,7 @@ Every step is exactly the library call the CLI makes for the same command, and n
 else: `atd train` (`atdnode.training.train`), `atd publish-weights`
 (`atdnode.publish.publish_weights`), `atd share-features`
 (`atdnode.features_share.share_features`), `atd aggregate --mode horizontal | vertical |
-hierarchical` (`atdnode.horizontal`, `atdnode.vertical`, `atdnode.hierarchical_node`),
+hierarchical` (`atdnode.aggregate_modes.aggregate`, the CLI's own dispatch onto the modes),
 `atd aggregate --verify` (`atdnode.agg_verify.verify_aggregate`) and `atd classify`'s
 predictor (`atdnode.classify.predict_names`). netsim keeps no fusion, combining, ensemble
 or entry-writing code of its own. The bytes move between nodes only through the daemons
@@ -100,25 +100,18 @@ class NodeOps:
 
     def aggregate(self, mode: str, inputs: list[Pub], weighting: str, *, classifier: str = "ensemble") -> Step:
         """`atd aggregate --mode MODE --inputs ...` (hierarchical: `--group NAME=AGG_ENTRY` per
-        input, named by the pub's node group in `part`)."""
+        input, named by the pub's node group in `part`): `atdnode.aggregate_modes.aggregate`, the
+        CLI's dispatch."""
+        from atdnode.aggregate_modes import aggregate
+        from atdnode.hierarchical_node import GroupSpec
+
         t0 = time.perf_counter()
         with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
             warnings.simplefilter("ignore", ConvergenceWarning)
-            if mode == "horizontal":
-                from atdnode.horizontal import aggregate_horizontal
-
-                res = aggregate_horizontal(self.home, weighting=weighting, inputs=[p.entry for p in inputs],
-                                           classifier=classifier, data_spec=self.spec, options=self.ensemble)
-            elif mode == "vertical":
-                from atdnode.vertical import aggregate_vertical
-
-                res = aggregate_vertical(self.home, weighting=weighting, inputs=[p.entry for p in inputs],
-                                         data_spec=self.spec, options=self.ensemble)
-            else:
-                from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
-
-                res = aggregate_hierarchical(self.home, [GroupSpec(p.part, (p.entry,)) for p in inputs],
-                                             weighting=weighting, data_spec=self.spec, options=self.ensemble)
+            hier = mode == "hierarchical"
+            res = aggregate(self.home, mode, weighting=weighting, classifier=classifier, data_spec=self.spec,
+                            options=self.ensemble, inputs=None if hier else [p.entry for p in inputs],
+                            groups=[GroupSpec(p.part, (p.entry,)) for p in inputs] if hier else ())
         b = res.entry.body
         pub = Pub(self.name, res.entry.id.hex(), res.blob, b["manifest"], "aggregate", mode,
                   tuple(res.details.get("classes") or ()), int(res.details.get("samples") or 0))

@@ -44,7 +44,7 @@ from protocols.safetensors_stream import (WINDOW_BYTES, SafetensorsLoader, Safet
 __all__ = [
     "AggregationError", "WEIGHTINGS", "HEAD_PREFIXES", "Loader",
     "uniform_weights", "sample_weights", "sqrt_class_weights", "model_count_weights",
-    "fedwavg_weights", "compute_weights", "check_weights", "last_layer_key", "last_layer_keys",
+    "fedwavg_weights", "COUNTED", "counted_quantity", "compute_weights", "check_weights", "last_layer_key", "last_layer_keys",
     "load_tensor", "part_filter", "SafetensorsStream", "safetensors_loader",
     "weighted_average",
 ]
@@ -100,11 +100,31 @@ def model_count_weights(models: Sequence[float]) -> np.ndarray:
     return arr / arr.sum()
 
 
+# The weighting table: each count-based weighting names the quantity it counts per input
+# ("samples", "classes", "models") and its rule; callers read the count off their inputs by
+# that name (`atdnode.aggregate.input_weights`, `protocols.hierarchical.group_weights`)
+# instead of choosing by the weighting's string again. uniform needs only the number of
+# inputs, fedwavg the layers (`compute_weights`).
+COUNTED: dict[str, tuple[str, Callable[[Sequence[float]], np.ndarray]]] = {
+    "samples": ("samples", sample_weights),
+    "sqrt-classes": ("classes", sqrt_class_weights),
+    "model-count": ("models", model_count_weights),
+}
+
+
+def counted_quantity(weighting: str) -> str | None:
+    """What a weighting counts per input ("samples", "classes", "models"), None for uniform
+    and fedwavg; AggregationError for a name outside :data:`WEIGHTINGS`."""
+    if weighting not in WEIGHTINGS:
+        raise AggregationError(f"unknown weighting {weighting!r}; expected one of {', '.join(WEIGHTINGS)}")
+    return COUNTED[weighting][0] if weighting in COUNTED else None
+
+
 def compute_weights(weighting: str, *, n: int | None = None, counts: Sequence[float] | None = None,
                     reference: torch.Tensor | np.ndarray | None = None,
                     layers: Sequence[torch.Tensor | np.ndarray] | None = None,
                     q: float = 1.0) -> np.ndarray:
-    """Dispatch by name (one of :data:`WEIGHTINGS`).
+    """Dispatch by name (one of :data:`WEIGHTINGS`, the table :data:`COUNTED`).
 
     ``uniform`` uses ``n``; ``samples``/``sqrt-classes``/``model-count`` use
     ``counts`` (samples, classes, or base models per input); ``fedwavg`` uses
@@ -112,12 +132,10 @@ def compute_weights(weighting: str, *, n: int | None = None, counts: Sequence[fl
     """
     if weighting == "uniform":
         return uniform_weights(n if n is not None else len(counts or layers or []))
-    if weighting in ("samples", "sqrt-classes", "model-count"):
+    if weighting in COUNTED:
         if counts is None:
             raise AggregationError(f"weighting {weighting!r} needs counts")
-        fn = {"samples": sample_weights, "sqrt-classes": sqrt_class_weights,
-              "model-count": model_count_weights}[weighting]
-        return fn(counts)
+        return COUNTED[weighting][1](counts)
     if weighting == "fedwavg":
         if reference is None or layers is None:
             raise AggregationError("weighting 'fedwavg' needs reference and layers")

@@ -42,7 +42,6 @@ from __future__ import annotations
 import copy
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,8 +49,10 @@ from timm.layers import build_sincos2d_pos_embed
 from torch import nn
 
 from protocols.vit_config import ModelConfig
-from protocols.comm_cost import ByteCounter, CostParams, InProcessChannel, tensor_bytes
+from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.split_parts import BatchSampler, TaskSpec, TaskTail, build_head, task_loss, task_metric
+from protocols.split_rounds import (Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients,  # noqa: F401
+                                    run_rounds, unify_clients)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError
 
@@ -126,11 +127,15 @@ class ConvHead(nn.Module):
 
 class FestaClient:
     """A FESTA client: head + tail for one task, its data, one AdamW over head and tail.
-    ``head``: one of :data:`HEADS` (module doc)."""
+    ``head``: one of :data:`HEADS` (module doc). Head and tail run on ``device`` (the node's
+    device rule, `atdnode.device`); every tensor a method returns for the wire (features,
+    gradients, shared parts) is a CPU tensor, the same on any device, and every tensor it is
+    given may be a CPU one. Images and targets stay where they are given; batches move."""
 
     def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, *, batch_size: int = 32, lr: float = 1e-3,
-                 weight_decay: float = 0.05, class_token: bool = False, seed: int = 0, head: str = "vit") -> None:
+                 weight_decay: float = 0.05, class_token: bool = False, seed: int = 0, head: str = "vit",
+                 device: torch.device | str = "cpu") -> None:
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
         if head not in HEADS or (head == "conv" and class_token):
@@ -138,10 +143,10 @@ class FestaClient:
                              " the conv head has no class token")
         self.client_id, self.cfg, self.task = client_id, cfg, task
         self.images, self.targets = images, targets
-        self.class_token = class_token
+        self.class_token, self.device = class_token, torch.device(device)
         self.head = (ConvHead(cfg, seed=seed) if head == "conv"
-                     else build_head(cfg, seed=seed, class_token=class_token))
-        self.tail = TaskTail(cfg, task, pool="token" if class_token else "avg", seed=seed + 1)
+                     else build_head(cfg, seed=seed, class_token=class_token)).to(self.device)
+        self.tail = TaskTail(cfg, task, pool="token" if class_token else "avg", seed=seed + 1).to(self.device)
         self.opt = torch.optim.AdamW([*self.head.parameters(), *self.tail.parameters()], lr=lr,
                                      weight_decay=weight_decay)
         self.sampler = BatchSampler(images.shape[0], batch_size, seed=seed + 2)
@@ -158,35 +163,45 @@ class FestaClient:
         idx = self.sampler.next()
         self.head.train()
         self.opt.zero_grad(set_to_none=True)
-        self._feats = self.head(self.images[idx])  # (b, T, D), graph kept for head_backward
-        self._batch_idx, self._batch_targets = idx, self.targets[idx]
-        return self._feats.detach()
+        self._feats = self.head(self.images[idx].to(self.device))  # (b, T, D), graph kept for head_backward
+        self._batch_idx, self._batch_targets = idx, self.targets[idx].to(self.device)
+        return self._feats.detach().cpu()
 
     def tail_step(self, body_out: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``body_out`` -> (``grad_out`` message, loss): tail loss, backward into the tail."""
         if self._feats is None or body_out.shape != self._feats.shape:
             raise SplitProtocolError(f"{self.client_id}: body output {tuple(body_out.shape)} does not match "
                                      "the pending forward")
-        y = body_out.detach().requires_grad_(True)
+        y = body_out.detach().to(self.device).requires_grad_(True)
         self.tail.train()
         loss = task_loss(self.task, self.tail(y), self._batch_targets)
         loss.backward()
-        return y.grad.detach(), float(loss.detach())
+        return y.grad.detach().cpu(), float(loss.detach())
 
     def head_backward(self, grad_in: torch.Tensor) -> None:
         """``grad_in`` -> backward into the head, then one optimizer step on head + tail."""
         if self._feats is None or grad_in.shape != self._feats.shape:
             raise SplitProtocolError(f"{self.client_id}: gradient {tuple(grad_in.shape)} does not match "
                                      "the pending forward")
-        self._feats.backward(grad_in)
+        self._feats.backward(grad_in.to(self.device))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self._feats = None
 
+    def train_step(self, exchange: Exchange, round_idx: int) -> float:
+        """The client's half of one training step (module doc), run by the in-process driver
+        and by `atd split join` alike: ``exchange(kind, tensors, meta)`` carries a message to the
+        server and returns the tensor of its reply (``forward`` -> body_out's y, ``grad_out`` ->
+        grad_in's g). Returns the step's loss."""
+        y = exchange("forward", {"x": self.head_forward()}, {"task": self.task.name, "round": round_idx})
+        g, loss = self.tail_step(y)
+        self.head_backward(exchange("grad_out", {"g": g}, {}))
+        return loss
+
     def part_state(self) -> dict[str, torch.Tensor]:
-        """What this client shares at a unification (the ``state_up`` message)."""
-        out = {f"head.{k}": v.detach().clone() for k, v in self.head.state_dict().items()}
-        out.update({f"tail.{k}": v.detach().clone() for k, v in self.tail.state_dict().items()})
+        """What this client shares at a unification (the ``state_up`` message; CPU tensors)."""
+        out = {f"head.{k}": v.detach().cpu().clone() for k, v in self.head.state_dict().items()}
+        out.update({f"tail.{k}": v.detach().cpu().clone() for k, v in self.tail.state_dict().items()})
         return out
 
     def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -202,12 +217,15 @@ class FestaClient:
         from up to ``CALIBRATION_SAMPLES`` training images (:meth:`TaskTail.calibrate`)."""
         self.head.eval()
         tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
+
+        def body(x: torch.Tensor) -> torch.Tensor:  # head here, body there (CPU tensors on the wire)
+            return infer(self.head(x.to(self.device)).cpu()).to(self.device)
+
         if tail.pool == "avg":
             n = min(self.num_samples, CALIBRATION_SAMPLES)
-            tail.calibrate(torch.cat([tail.pooled(infer(self.head(self.images[i:i + batch_size])))
+            tail.calibrate(torch.cat([tail.pooled(body(self.images[i:i + batch_size]))
                                       for i in range(0, n, batch_size)]))
-        outs = [tail(infer(self.head(images[i:i + batch_size])))
-                for i in range(0, images.shape[0], batch_size)]
+        outs = [tail(body(images[i:i + batch_size])).cpu() for i in range(0, images.shape[0], batch_size)]
         return task_metric(self.task, torch.cat(outs), targets)
 
     def cost_params(self, *, steps_per_round: int, rounds: int, unifying_rounds: int,
@@ -219,17 +237,30 @@ class FestaClient:
                           Pb=body_bytes, Pt=tensor_bytes(self.tail.state_dict()))
 
 
-@dataclass
-class SplitRunResult:
-    """What an in-process run returns: per-round mean loss and final metric per client,
-    the byte counter, the paper's parameters per client, and the clients dropped."""
+def festa_step(server: FestaServer, by_id: Mapping[str, FestaClient], ch: InProcessChannel) -> Step:
+    """One FESTA training step of a client, as messages through ``ch`` (module doc): the
+    :data:`protocols.split_rounds.Step` of :func:`run_festa_inprocess`. A vanishing client
+    sends its forward and never takes the body output."""
 
-    losses: dict[str, list[float]] = field(default_factory=dict)
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    counter: ByteCounter = field(default_factory=ByteCounter)
-    params: dict[str, CostParams] = field(default_factory=dict)
-    dropped: dict[str, dict[str, Any]] = field(default_factory=dict)
-    train_kinds: tuple[str, ...] = TRAIN_KINDS
+    class Vanished(Exception):
+        pass
+
+    def step(cid: str, r: int, s: int, vanish: bool) -> float | None:
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            m = ch.send(cid, "up", kind, tensors, meta)
+            if kind == "forward":
+                y = server.forward(cid, m.meta["task"], m.tensors["x"])
+                if vanish:
+                    raise Vanished
+                return ch.send(cid, "down", "body_out", {"y": y}).tensors["y"]
+            return ch.send(cid, "down", "grad_in", {"g": server.backward(cid, m.tensors["g"])}).tensors["g"]
+
+        try:
+            return by_id[cid].train_step(exchange, r)
+        except Vanished:
+            return None
+
+    return step
 
 
 def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, rounds: int,
@@ -237,73 +268,22 @@ def run_festa_inprocess(server: FestaServer, clients: Sequence[FestaClient], *, 
                         channel: InProcessChannel | None = None,
                         test_data: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
                         vanish: Mapping[str, tuple[int, int]] | None = None) -> SplitRunResult:
-    """Run FESTA with every message encoded, counted and decoded by ``channel``.
-
-    Rounds 1..rounds train the body; rounds+1..rounds+phase2_rounds freeze it. Clients take
-    turns step by step. ``vanish={client: (round, step)}`` makes that client send its
-    forward and then never answer: the server drops it at the round deadline (a logical
-    clock here) and the others go on. Unification after every round r with r % n == 0."""
+    """Run FESTA with every message encoded, counted and decoded by ``channel``: the round loop
+    of `protocols.split_rounds` (rounds 1..rounds train the body, rounds+1..rounds+phase2_rounds
+    freeze it; unification after every round r with r % n == 0) over :func:`festa_step`.
+    ``vanish={client: (round, step)}`` makes that client send its forward and then never
+    answer: the server drops it at the round deadline and the others go on."""
     ch = channel or InProcessChannel()
-    res = SplitRunResult(counter=ch.counter)
-    vanish, gone = dict(vanish or {}), set()
+    plan = RoundPlan(rounds, steps_per_round, unifying_rounds, phase2_rounds)
+    res = SplitRunResult(counter=ch.counter, train_kinds=TRAIN_KINDS)
     for c in clients:
         server.join(c.client_id, c.task.name)
-        res.losses[c.client_id] = []
     by_id = {c.client_id: c for c in clients}
-    total = rounds + phase2_rounds
-    for r in range(1, total + 1):
-        if r == rounds + 1:
-            server.freeze_body()
-        server.begin_round(r, deadline=float(r))
-        round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
-        for s in range(steps_per_round):
-            for cid in server.live_clients():
-                if cid in gone:
-                    continue
-                c = by_id[cid]
-                m = ch.send(cid, "up", "forward", {"x": c.head_forward()}, {"task": c.task.name, "round": r})
-                y = server.forward(cid, m.meta["task"], m.tensors["x"])
-                if vanish.get(cid) == (r, s):
-                    gone.add(cid)
-                    # the others wait at the step barrier until the deadline drops it
-                    server.drop_client(cid, f"missed the round {r} deadline")
-                    continue  # the client is gone: no gradient will come back
-                m = ch.send(cid, "down", "body_out", {"y": y})
-                g, loss = c.tail_step(m.tensors["y"])
-                m = ch.send(cid, "up", "grad_out", {"g": g})
-                gin = server.backward(cid, m.tensors["g"])
-                c.head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
-                round_loss[cid].append(loss)
-        for cid in server.live_clients():
-            if cid not in gone:
-                server.finish_round(cid)
-        server.expire(now=float(r) + 0.5)  # the deadline passed: drop whoever did not finish
-        for cid in server.live_clients():
-            res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
-        if r % unifying_rounds == 0:
-            unify_clients(server, by_id, ch)
+    res.losses = run_rounds(server, by_id, plan, ch, festa_step(server, by_id, ch), vanish=vanish)
     body_bytes = tensor_bytes(server.body.state_dict())
     for cid in server.live_clients():
-        c = by_id[cid]
-        res.params[cid] = c.cost_params(steps_per_round=steps_per_round, rounds=total,
-                                        unifying_rounds=unifying_rounds, body_bytes=body_bytes)
-        if test_data and cid in test_data:
-            def infer(x: torch.Tensor, cid: str = cid) -> torch.Tensor:
-                m = ch.send(cid, "up", "eval_forward", {"x": x})
-                return ch.send(cid, "down", "eval_out", {"y": server.infer(cid, m.tensors["x"])}).tensors["y"]
-            res.metrics[cid] = c.evaluate(*test_data[cid], infer)
+        res.params[cid] = by_id[cid].cost_params(steps_per_round=steps_per_round, rounds=plan.total,
+                                                 unifying_rounds=unifying_rounds, body_bytes=body_bytes)
+    res.metrics = evaluate_clients(server, by_id, ch, test_data)
     res.dropped = dict(server.dropped)
     return res
-
-
-def unify_clients(server: BodyServer, by_id: Mapping[str, Any], ch: InProcessChannel) -> None:
-    """Upload every live client's shared parts, average per task, download the average."""
-    for cid in server.live_clients():
-        m = ch.send(cid, "up", "state_up", by_id[cid].part_state(), {"samples": by_id[cid].num_samples})
-        server.submit_state(cid, m.tensors, m.meta["samples"])
-    for task in sorted({server.clients[c] for c in server.live_clients()}):
-        if not server.unify_ready(task):
-            raise SplitProtocolError(f"task {task!r}: not every live client submitted")
-        avg = server.unify(task)
-        for cid in server.live_clients(task):
-            by_id[cid].load_part_state(ch.send(cid, "down", "state_down", avg).tensors)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from protocols.aggregation import (AggregationError, Loader, check_weights, model_count_weights,
-                                   safetensors_loader, sqrt_class_weights, weighted_average)
+from protocols.aggregation import (AggregationError, Loader, check_weights, compute_weights, counted_quantity,
+                                   safetensors_loader, weighted_average)
 
 __all__ = ["GroupModel", "Combination", "GROUP_WEIGHTINGS", "group_weights", "build_group",
            "combine_groups", "add_group", "persist_safetensors"]
@@ -77,11 +77,10 @@ def group_weights(groups: Sequence[GroupModel], weighting: str = "sqrt-classes")
     """``sqrt-classes``: sqrt(C_i)/sum sqrt(C_j); ``model-count``: n_i/sum n_j."""
     if not groups:
         raise AggregationError("no groups to weight")
-    if weighting == "sqrt-classes":
-        return sqrt_class_weights([g.n_classes for g in groups])
-    if weighting == "model-count":
-        return model_count_weights([g.n_models for g in groups])
-    raise AggregationError(f"group weighting must be one of {', '.join(GROUP_WEIGHTINGS)}, got {weighting!r}")
+    if weighting not in GROUP_WEIGHTINGS:
+        raise AggregationError(f"group weighting must be one of {', '.join(GROUP_WEIGHTINGS)}, got {weighting!r}")
+    count = {"classes": lambda g: g.n_classes, "models": lambda g: g.n_models}[counted_quantity(weighting)]
+    return compute_weights(weighting, counts=[count(g) for g in groups])
 
 
 def build_group(name: str, members: Sequence[Loader], weights: Sequence[float], *, n_classes: int,

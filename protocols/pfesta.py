@@ -54,7 +54,7 @@ import torch
 
 from protocols.vit_config import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
-from protocols.festa import SplitRunResult, unify_clients
+from protocols.split_rounds import Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients, run_rounds
 from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
                                    task_metric)
 from protocols.split_server import BodyServer
@@ -184,6 +184,17 @@ class PFestaServer(BodyServer):
             raise SplitProtocolError("this p-FESTA server trains learnable heads: nothing is uploaded")
         self.store.receive(client_id, start, feats)
 
+    def batch_size_for(self, client_id: str) -> int:
+        """The size of the client's training batches: the server's, capped by its samples."""
+        return min(self.batch_size, self.sizes[client_id])
+
+    def forget_upload(self, client_id: str) -> None:
+        """Drop what the client uploaded and its batch order: a new client process has new
+        permutation keys, so its old upload is useless (it joins and uploads afresh)."""
+        self.store.features.pop(client_id, None)
+        self.store.received.pop(client_id, None)
+        self._samplers.pop(client_id, None)
+
     def next_indices(self, client_id: str) -> list[int]:
         """The server's choice of the client's next training batch: a per-client shuffle whose
         seed is a function of the campaign seed and the client id only (not of the order in
@@ -191,7 +202,7 @@ class PFestaServer(BodyServer):
         self.task_of(client_id)
         if client_id not in self._samplers:
             n = self.sizes[client_id]
-            self._samplers[client_id] = BatchSampler(n, min(self.batch_size, n),
+            self._samplers[client_id] = BatchSampler(n, self.batch_size_for(client_id),
                                                      seed=client_seed(self.seed, client_id))
         return self._samplers[client_id].next().tolist()
 
@@ -237,17 +248,24 @@ class PFestaClient:
 
     ``head="fixed"`` (the paper's): the embedder is frozen and shared. ``"learnable"``:
     this client trains its own copy (never sent). ``pos_embed=False``: the embedder adds
-    no position table (a zeroed, frozen copy). See the module doc."""
+    no position table (a zeroed, frozen copy). See the module doc.
+
+    Embedder and tail run on ``device`` (the node's device rule, `atdnode.device`; an
+    embedder elsewhere is copied there); permutation keys are drawn and kept on the CPU, and
+    every tensor a method returns for the wire (embeddings, gradients, tails) is a CPU
+    tensor, the same on any device."""
 
     def __init__(self, client_id: str, cfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
                  targets: torch.Tensor, embedder: TimmStem, *, permute: bool = True, lr: float = 1e-3,
-                 weight_decay: float = 0.05, seed: int = 0, head: str = "fixed", pos_embed: bool = True) -> None:
+                 weight_decay: float = 0.05, seed: int = 0, head: str = "fixed", pos_embed: bool = True,
+                 device: torch.device | str = "cpu") -> None:
         if images.shape[0] != targets.shape[0]:
             raise ValueError(f"{client_id}: {images.shape[0]} images but {targets.shape[0]} targets")
         self.client_id, self.cfg, self.task = client_id, cfg, task
         self.head, self.pos_embed = check_head(head), pos_embed
         self.images, self.targets, self.permute = images, targets, permute
-        if head == "learnable" or not pos_embed:
+        self.device = torch.device(device)
+        if head == "learnable" or not pos_embed or next(embedder.parameters()).device != self.device:
             embedder = copy.deepcopy(embedder)  # ours alone: the shared one stays as it is
             if not pos_embed:
                 with torch.no_grad():
@@ -255,8 +273,8 @@ class PFestaClient:
             if head == "learnable":
                 embedder.requires_grad_(True)
             embedder.vit.pos_embed.requires_grad_(head == "learnable" and pos_embed)
-        self.embedder = embedder
-        self.tail = TaskTail(cfg, task, pool="avg", seed=seed + 1)
+        self.embedder = embedder.to(self.device)
+        self.tail = TaskTail(cfg, task, pool="avg", seed=seed + 1).to(self.device)
         params = [*self.tail.parameters()]
         if head == "learnable":
             params += [p for p in self.embedder.parameters() if p.requires_grad]
@@ -272,14 +290,17 @@ class PFestaClient:
 
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings of ``images`` under fresh permutations: (tokens (b, N, D), keys (b, N))."""
-        return self._embed(images)
+        """Embeddings of ``images`` under fresh permutations: (tokens (b, N, D), keys (b, N)), on the CPU."""
+        tokens, keys = self._embed(images)
+        return tokens.cpu(), keys
 
     def _embed(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = self.embedder(images)  # (b, N, D), pos embed added (zero with pos_embed=False)
+        """(permuted tokens on the device, CPU keys): the keys come from this client's CPU
+        generator, so they are the same on any device."""
+        tokens = self.embedder(images.to(self.device))  # (b, N, D), pos embed added (zero with pos_embed=False)
         keys = (random_permutations(tokens.shape[0], tokens.shape[1], self._gen) if self.permute
                 else torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1))
-        return permute_tokens(tokens, keys), keys
+        return permute_tokens(tokens, keys.to(self.device)), keys
 
     def head_forward(self, idx: Sequence[int]) -> torch.Tensor:
         """Learnable head, ``batch {idx}`` -> ``forward``: the samples' embeddings under fresh
@@ -293,7 +314,7 @@ class PFestaClient:
         feats, keys = self._embed(self.images[ix])
         self.keys[ix] = keys
         self._feats = feats
-        return feats.detach()
+        return feats.detach().cpu()
 
     def head_backward(self, grad_in: torch.Tensor) -> None:
         """Learnable head, ``grad_in``: back-propagate into the embedder, then one step on
@@ -301,7 +322,7 @@ class PFestaClient:
         if self._feats is None or grad_in.shape != self._feats.shape:
             raise SplitProtocolError(f"{self.client_id}: gradient {tuple(grad_in.shape)} does not match "
                                      "the pending forward")
-        self._feats.backward(grad_in)
+        self._feats.backward(grad_in.to(self.device))
         self._feats = None
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -321,18 +342,30 @@ class PFestaClient:
                                      f"{len(idx)} indices of {self.num_samples} samples")
         ix = torch.as_tensor(list(idx), dtype=torch.long)
         self.tail.train()
-        y = body_out.detach().requires_grad_(True)
-        out = self.tail(unpermute_tokens(y, self.keys[ix]))  # tail sees image order
-        loss = task_loss(self.task, out, self.targets[ix])
+        y = body_out.detach().to(self.device).requires_grad_(True)
+        out = self.tail(unpermute_tokens(y, self.keys[ix].to(self.device)))  # tail sees image order
+        loss = task_loss(self.task, out, self.targets[ix].to(self.device))
         if self.head == "fixed":
             self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.head == "fixed":  # a learnable head steps with the embedder, at grad_in
             self.opt.step()
-        return y.grad.detach(), float(loss.detach())
+        return y.grad.detach().cpu(), float(loss.detach())
+
+    def train_step(self, idx: Sequence[int], body_out: torch.Tensor, exchange: Exchange) -> float:
+        """The client's half of one training step once the body output of batch ``idx`` is here,
+        run by the in-process driver and by `atd split join` alike: the tail step, ``grad_out``
+        through ``exchange(kind, tensors, meta)`` (its reply: ``grad_in``'s gradient for a
+        learnable head, then the embedder steps; None for the fixed head). Returns the loss."""
+        g, loss = self.tail_step(idx, body_out)
+        gin = exchange("grad_out", {"g": g}, {})
+        if self.head == "learnable":
+            self.head_backward(gin)
+        return loss
 
     def part_state(self) -> dict[str, torch.Tensor]:
-        return {f"tail.{k}": v.detach().clone() for k, v in self.tail.state_dict().items()}
+        """The task tail (the ``state_up`` message; CPU tensors)."""
+        return {f"tail.{k}": v.detach().cpu().clone() for k, v in self.tail.state_dict().items()}
 
     def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.tail.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("tail.")})
@@ -345,15 +378,14 @@ class PFestaClient:
         of this client's training images (:meth:`TaskTail.calibrate`; extra evaluation traffic,
         not part of the paper's T_pFESTA)."""
         tail = copy.deepcopy(self.tail).eval()  # calibrated copy: the shared tail stays as unified
-        pooled = []
-        for i in range(0, min(self.num_samples, CALIBRATION_SAMPLES), batch_size):
-            feats, keys = self.embed(self.images[i:i + batch_size])
-            pooled.append(tail.pooled(unpermute_tokens(infer(feats), keys)))
-        tail.calibrate(torch.cat(pooled))
-        outs = []
-        for i in range(0, images.shape[0], batch_size):
-            feats, keys = self.embed(images[i:i + batch_size])
-            outs.append(tail(unpermute_tokens(infer(feats), keys)))
+
+        def body(x: torch.Tensor) -> torch.Tensor:  # in image order, on the device
+            feats, keys = self.embed(x)
+            return unpermute_tokens(infer(feats).to(self.device), keys.to(self.device))
+
+        tail.calibrate(torch.cat([tail.pooled(body(self.images[i:i + batch_size]))
+                                  for i in range(0, min(self.num_samples, CALIBRATION_SAMPLES), batch_size)]))
+        outs = [tail(body(images[i:i + batch_size])).cpu() for i in range(0, images.shape[0], batch_size)]
         return task_metric(self.task, torch.cat(outs), targets)
 
     def cost_params(self, *, batch_size: int, steps_per_round: int, rounds: int, unifying_rounds: int,
@@ -372,66 +404,55 @@ def upload_all(server: PFestaServer, client: PFestaClient, ch: InProcessChannel,
         server.receive_features(client.client_id, m.meta["start"], m.tensors["x"])
 
 
+def pfesta_step(server: PFestaServer, by_id: Mapping[str, PFestaClient], ch: InProcessChannel) -> Step:
+    """One p-FESTA training step of a client, as messages through ``ch`` (module doc): the
+    :data:`protocols.split_rounds.Step` of :func:`run_pfesta_inprocess`. The server names the
+    batch; a vanishing client receives its body output and never answers."""
+
+    def step(cid: str, r: int, s: int, vanish: bool) -> float | None:
+        c, idx = by_id[cid], server.next_indices(cid)
+        if server.head == "learnable":  # the client embeds the named batch afresh
+            b = ch.send(cid, "down", "batch", None, {"idx": idx})
+            x = ch.send(cid, "up", "forward", {"x": c.head_forward(b.meta["idx"])}).tensors["x"]
+            m = ch.send(cid, "down", "body_out", {"y": server.forward_features(cid, x)}, {"idx": idx})
+        else:
+            m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
+        if vanish:
+            return None
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            gin = server.backward(cid, ch.send(cid, "up", kind, tensors, meta).tensors["g"])
+            return None if gin is None else ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"]  # learnable head
+
+        return c.train_step(m.meta["idx"], m.tensors["y"], exchange)
+
+    return step
+
+
 def run_pfesta_inprocess(server: PFestaServer, clients: Sequence[PFestaClient], *, rounds: int,
                          steps_per_round: int, unifying_rounds: int, upload_chunk: int = 256,
                          channel: InProcessChannel | None = None,
                          test_data: Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
                          vanish: Mapping[str, tuple[int, int]] | None = None) -> SplitRunResult:
-    """Run p-FESTA with every message through ``channel``: upload once, then ``rounds`` rounds
-    of ``steps_per_round`` server-chosen batches per client, tails unified every n rounds.
+    """Run p-FESTA with every message through ``channel``: upload once, then the round loop of
+    `protocols.split_rounds` over :func:`pfesta_step` (``rounds`` rounds of ``steps_per_round``
+    server-chosen batches per client, tails unified every n rounds).
     ``vanish={client: (round, step)}``: that client receives its body output and never answers."""
     ch = channel or InProcessChannel()
     if any(c.head != server.head for c in clients):
         raise ValueError(f"every client must have the server's head ({server.head!r})")
+    plan = RoundPlan(rounds, steps_per_round, unifying_rounds)
     res = SplitRunResult(counter=ch.counter, train_kinds=train_kinds(server.head))
-    vanish, gone = dict(vanish or {}), set()
     by_id = {c.client_id: c for c in clients}
     for c in clients:
         server.join(c.client_id, c.task.name, c.num_samples)
         if server.head == "fixed":
             upload_all(server, c, ch, upload_chunk)
-        res.losses[c.client_id] = []
-    for r in range(1, rounds + 1):
-        server.begin_round(r, deadline=float(r))
-        round_loss: dict[str, list[float]] = {c: [] for c in server.live_clients()}
-        for s in range(steps_per_round):
-            for cid in server.live_clients():
-                if cid in gone:
-                    continue
-                idx = server.next_indices(cid)
-                if server.head == "learnable":  # the client embeds the named batch afresh
-                    b = ch.send(cid, "down", "batch", None, {"idx": idx})
-                    x = ch.send(cid, "up", "forward", {"x": by_id[cid].head_forward(b.meta["idx"])}).tensors["x"]
-                    m = ch.send(cid, "down", "body_out", {"y": server.forward_features(cid, x)}, {"idx": idx})
-                else:
-                    m = ch.send(cid, "down", "body_out", {"y": server.forward(cid, idx)}, {"idx": idx})
-                if vanish.get(cid) == (r, s):
-                    gone.add(cid)
-                    # the others wait at the step barrier until the deadline drops it
-                    server.drop_client(cid, f"missed the round {r} deadline")
-                    continue  # gone: its gradient never arrives
-                g, loss = by_id[cid].tail_step(m.meta["idx"], m.tensors["y"])
-                gin = server.backward(cid, ch.send(cid, "up", "grad_out", {"g": g}).tensors["g"])
-                if gin is not None:  # learnable head
-                    by_id[cid].head_backward(ch.send(cid, "down", "grad_in", {"g": gin}).tensors["g"])
-                round_loss[cid].append(loss)
-        for cid in server.live_clients():
-            if cid not in gone:
-                server.finish_round(cid)
-        server.expire(now=float(r) + 0.5)
-        for cid in server.live_clients():
-            res.losses[cid].append(sum(round_loss[cid]) / max(1, len(round_loss[cid])))
-        if r % unifying_rounds == 0:
-            unify_clients(server, by_id, ch)
+    res.losses = run_rounds(server, by_id, plan, ch, pfesta_step(server, by_id, ch), vanish=vanish)
     body_bytes = tensor_bytes(server.body.state_dict())
     for cid in server.live_clients():
-        c = by_id[cid]
-        res.params[cid] = c.cost_params(batch_size=server._samplers[cid].batch_size, steps_per_round=steps_per_round,
-                                        rounds=rounds, unifying_rounds=unifying_rounds, body_bytes=body_bytes)
-        if test_data and cid in test_data:
-            def infer(x: torch.Tensor, cid: str = cid) -> torch.Tensor:
-                m = ch.send(cid, "up", "eval_forward", {"x": x})
-                return ch.send(cid, "down", "eval_out", {"y": server.infer(cid, m.tensors["x"])}).tensors["y"]
-            res.metrics[cid] = c.evaluate(*test_data[cid], infer)
+        res.params[cid] = by_id[cid].cost_params(batch_size=server.batch_size_for(cid), steps_per_round=steps_per_round,
+                                                 rounds=rounds, unifying_rounds=unifying_rounds, body_bytes=body_bytes)
+    res.metrics = evaluate_clients(server, by_id, ch, test_data)
     res.dropped = dict(server.dropped)
     return res

@@ -67,6 +67,27 @@ def test_compute_weights_dispatch():
     assert set(agg.WEIGHTINGS) == {"uniform", "samples", "sqrt-classes", "model-count", "fedwavg"}
 
 
+def test_one_weighting_table_for_node_inputs_and_groups():
+    """What each weighting counts is said once (agg.COUNTED); the node's input weights and the
+    hierarchical group weights read their counts by that name."""
+    from types import SimpleNamespace
+
+    from atdnode.aggregate import ENTRY_COUNTS
+    from protocols.hierarchical import group_weights
+
+    assert {w: agg.counted_quantity(w) for w in agg.WEIGHTINGS} == {
+        "uniform": None, "samples": "samples", "sqrt-classes": "classes", "model-count": "models", "fedwavg": None}
+    with pytest.raises(AggregationError, match="unknown weighting"):
+        agg.counted_quantity("median")
+    entries = [SimpleNamespace(body={"samples": 30, "labels": ["a", "b", "c", "d"]}),
+               SimpleNamespace(body={"samples": 10, "labels": ["a"] * 16})]
+    assert [ENTRY_COUNTS["samples"](e) for e in entries] == [30, 10]
+    assert [ENTRY_COUNTS["classes"](e) for e in entries] == [4, 16]
+    groups = [SimpleNamespace(n_classes=4, n_models=3), SimpleNamespace(n_classes=16, n_models=1)]
+    np.testing.assert_allclose(group_weights(groups, "sqrt-classes"), [1 / 3, 2 / 3])
+    np.testing.assert_allclose(group_weights(groups, "model-count"), [0.75, 0.25])
+
+
 @pytest.mark.parametrize("fn, arg", [
     (sample_weights, []), (sample_weights, [1, -1]), (sample_weights, [1, float("nan")]),
     (sample_weights, [0, 0]), (sqrt_class_weights, [3, float("inf")]), (model_count_weights, [[1, 2]]),

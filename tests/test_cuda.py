@@ -1,7 +1,7 @@
 """The node's learning steps on a CUDA device (issue 25): train, classify, features, data
-resident on the GPU, one split (p-FESTA) server step, one rounds step. Each result is
-checked against the same step on the CPU in the same test. Run with `pytest -m cuda` on a
-GPU machine; skipped where there is no CUDA."""
+resident on the GPU, one split (p-FESTA) server step, one FESTA and one p-FESTA client step,
+one rounds step. Each result is checked against the same step on the CPU in the same test.
+Run with `pytest -m cuda` on a GPU machine; skipped where there is no CUDA."""
 from __future__ import annotations
 
 import numpy as np
@@ -107,6 +107,39 @@ def test_one_pfesta_server_step_on_cuda_matches_cpu():
     (o1, a1), (o2, a2) = outs["cpu"], outs["cuda"]
     assert (o1 - o2).abs().mean() < 0.05 and (o1 - o2).abs().max() < 0.5  # bf16 autocast on the GPU
     assert not torch.equal(a2, o2) and (a1 - a2).abs().mean() < 0.05  # the body stepped, alike on both
+
+
+def test_one_split_client_step_on_cuda_matches_cpu():
+    """`atd split join`'s FESTA and p-FESTA client parts on CUDA (issue 25): one step each
+    against a CPU server; what crosses the wire is CPU float32 either way, the loss is alike."""
+    from protocols import festa, pfesta
+    from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
+
+    x, y = digits_images(16)
+    cfg, t = split_config(), TaskSpec("t", "classification", 10)
+    losses = {}
+    for dev in ("cpu", "cuda"):
+        c = festa.FestaClient("c", cfg, t, x[:32], y[:32], batch_size=8, seed=1, device=dev)
+        srv = festa.FestaServer(cfg, [t], seed=1)
+        srv.join("c", "t")
+        srv.begin_round(1, deadline=1.0)
+        feats = c.head_forward()
+        assert next(c.head.parameters()).device.type == dev
+        g, loss = c.tail_step(srv.forward("c", "t", feats))
+        c.head_backward(srv.backward("c", g))
+        assert all(v.device.type == "cpu" for v in (feats, g, *c.part_state().values()))
+        p = pfesta.PFestaClient("c", cfg, t, x[:32], y[:32], build_plain_embedder(cfg), seed=1, device=dev)
+        (_, up), = list(p.upload_chunks(64))
+        psrv = pfesta.PFestaServer(cfg, [t], batch_size=8, seed=1)
+        psrv.join("c", "t", 32)
+        psrv.receive_features("c", 0, up)
+        psrv.begin_round(1, deadline=1.0)
+        idx = psrv.next_indices("c")
+        pg, ploss = p.tail_step(idx, psrv.forward("c", idx))
+        assert up.device.type == pg.device.type == "cpu" and next(p.tail.parameters()).device.type == dev
+        losses[dev] = (loss, ploss)
+    for a, b in zip(losses["cpu"], losses["cuda"]):
+        assert abs(a - b) < 0.05 * max(1.0, abs(a)), losses
 
 
 def test_one_rounds_step_trains_on_cuda(tmp_path):

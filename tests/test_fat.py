@@ -35,7 +35,8 @@ from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
 from netsim.run import run_scenario
-from netsim.scenario import ScenarioError, TrainSpec, scenario_from_dict
+from atdnode.training import TrainOptions
+from netsim.scenario import ScenarioError, scenario_from_dict
 from protocols.adversarial import robust_accuracy
 from protocols.fedwavg import ROUNDS_Q, softmax_weights
 
@@ -70,7 +71,7 @@ def pretrained(digits):
     tr, _ = digits
     perm = _rng(0, "fat-public").permutation(len(tr))
     public, private = np.sort(perm[:PUBLIC]), np.sort(perm[PUBLIC:])
-    pre = train_model(MODEL, subset(tr, public, tr.classes), TrainSpec(epochs=6, batch_size=16, lr=3e-3, augment=False),
+    pre = train_model(MODEL, subset(tr, public, tr.classes), TrainOptions(epochs=6, batch_size=16, lr=3e-3, augment=False),
                       seed=0, warmup_epochs=0.0)
     return full_state(pre.model), private
 

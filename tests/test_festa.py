@@ -222,3 +222,26 @@ def test_conv_head_is_selectable_trains_and_unifies(digits):
     assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("head."))
     with pytest.raises(ValueError, match="conv head has no class token"):
         FestaClient("c", CFG, CLS, x[:4], y[:4], head="conv", class_token=True)
+
+
+def test_one_round_plan_for_the_drivers_the_campaign_and_its_clients():
+    """protocols.split_rounds.RoundPlan: what the [split] settings plan, the offer announces and
+    the in-process drivers follow (issue 28, "Once")."""
+    import pytest
+
+    from atdnode.split.settings import SplitSettings
+    from protocols.split_rounds import RoundPlan
+    from protocols.split_state import SplitProtocolError
+
+    s = SplitSettings(rounds=3, phase2_rounds=2, steps_per_round=3, unifying_rounds=2)
+    plan = s.plan("festa")
+    assert plan == RoundPlan(3, 3, 2, 2) == RoundPlan.from_offer(s.offer("festa"))
+    assert plan.total == s.total_rounds("festa") == 5
+    assert [r for r in range(1, 6) if plan.freezes_at(r)] == [4]
+    assert [r for r in range(1, 6) if plan.unifies(r)] == [2, 4]
+    assert [(r, k) for r in (1, 2) for k in range(3) if plan.unifies_after(r, k)] == [(2, 2)]
+    assert s.plan("pfesta") == RoundPlan(3, 3, 2) and not any(s.plan("pfesta").freezes_at(r) for r in range(9))
+    with pytest.raises(SplitProtocolError, match="round plan"):
+        RoundPlan.from_offer({"rounds": 2, "steps_per_round": "x", "unifying_rounds": 1})
+    with pytest.raises(ValueError):
+        RoundPlan(2, 0, 1)

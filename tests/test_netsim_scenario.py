@@ -53,11 +53,29 @@ def test_shipped_scenarios_load() -> None:
     (with_(workload={"entries": 0}), "workload.entries"),
     (with_(bogus={}), "unknown section"),
     (with_(train={"epochz": 3}), "unknown key(s) epochz"),
+    (with_(train={"seed": 3}), "unknown key(s) seed"),  # the scenario's seed decides each node's
+    (with_(ensemble={"mlp_epochs": 30, "mlp_max_iter": 30}), "keep mlp_max_iter"),
+    (with_(ensemble={"rf_trees": "many"}), "ensemble.rf_trees"),
 ])
 def test_bad_scenarios_name_the_key(raw: dict, where: str) -> None:
     with pytest.raises(ScenarioError, match=None) as err:
         scenario_from_dict(raw, source="x.toml")
     assert where in str(err.value) and str(err.value).startswith("x.toml")
+
+
+def test_train_and_ensemble_are_the_node_option_types() -> None:
+    """[train] / [ensemble] fill the node's own TrainOptions / EnsembleOptions (one type, one
+    name per knob): netsim's defaults below the scenario's keys; the older key mlp_epochs is read."""
+    from atdnode.node_ensemble import EnsembleOptions
+    from atdnode.training import TrainOptions
+    from netsim.scenario import NETSIM_ENSEMBLE, NETSIM_TRAIN
+
+    s = scenario_from_dict(with_(train={"epochs": 2, "warmup_epochs": 0.0}, ensemble={"mlp_epochs": 30}))
+    assert isinstance(s.train, TrainOptions) and isinstance(s.ensemble, EnsembleOptions)
+    assert (s.train.epochs, s.train.warmup_epochs, s.train.lr) == (2, 0.0, NETSIM_TRAIN.lr)
+    assert s.ensemble.mlp_max_iter == 30 and s.ensemble.pca_components == NETSIM_ENSEMBLE.pca_components
+    assert scenario_from_dict(with_(ensemble={"mlp_max_iter": 30})).ensemble == s.ensemble
+    assert scenario_from_dict(BASE).train.epochs == NETSIM_TRAIN.epochs and NETSIM_TRAIN.epochs == 3
 
 
 def test_bad_files(tmp_path: Path) -> None:
@@ -179,3 +197,14 @@ def test_data_sets_sharing_class_names_share_the_classes(tmp_path: Path) -> None
     assert pooled.labels.bincount().tolist() == [30, 30]  # both classes in the pooled test set
     # one model over the 2 shared classes, well above chance (0.5, any constant predictor) on the pooled test set
     assert res[0].overall["accuracy"] > 0.5 + 0.25
+
+
+def test_interfaces_scenario_options_table_is_current():
+    """INTERFACES.md's scenario-options table is generated from the option types (netsim.scenario_doc)."""
+    from netsim import scenario_doc
+
+    doc = Path(__file__).resolve().parent.parent / "INTERFACES.md"
+    assert scenario_doc.update_doc(doc.read_text()) == doc.read_text(), "run: python -m netsim.scenario_doc INTERFACES.md"
+    assert "| `[ensemble]` | `mlp_max_iter` |" in scenario_doc.options_markdown()
+    with pytest.raises(ValueError, match="no generated scenario-options section"):
+        scenario_doc.update_doc("# no section\n")

@@ -70,10 +70,15 @@ def test_vgs_walkthrough(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_split_walkthrough(tmp_path: Path) -> None:
     out = run(tmp_path, "split", ["split"])
-    assert re.search(r"^pfesta task digit: 2 round\(s\), accuracy=", out, re.M)
+    digit = float(re.search(r"^pfesta task digit: 2 round\(s\), accuracy=(\d\.\d+)", out, re.M).group(1))
+    # the walkthrough's setting (2 rounds x 3 steps, 120 samples) is test_split_network's in-memory one:
+    # 0.44-0.46 there against the shard's held-out majority rate of 0.16 (what a constant scores)
+    from tests.test_split_network import _majority_rate
+
+    assert digit > 1.5 * _majority_rate("digits?shard=1/2&limit=120"), digit
     m = re.search(r"^pfesta task ink: 2 round\(s\), patch_accuracy=(\d\.\d+) patch_majority=(\d\.\d+)", out, re.M)
     ink, majority = float(m.group(1)), float(m.group(2))
-    assert ink > majority, (ink, majority)  # better than predicting the majority patch value
+    assert ink > majority + 0.05, (ink, majority)  # clearly better than predicting the majority patch value
     errs = [float(e) for e in re.findall(r"^client\s+\S+\s+pfesta\s+\S+\s+\d+\s+\S+\s+\S+\s+([+-]\d+\.\d+)", out, re.M)]
     assert len(errs) == 2 and all(abs(e) < 5 for e in errs), errs  # measured bytes within 5% of the formula
     assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")

@@ -328,9 +328,15 @@ def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
         row = check_record(res, "msd", tol=0.01)
         assert row["measured_down"] >= row["params"]["Pb"]
     assert "accuracy" in results["a"].metrics and "patch_accuracy" in results["b"].metrics
-    # later, from the entry the client's ledger learned by sync and the blob it stored
-    out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=10)
-    assert out["entry"] == w.id.hex() and 0.0 <= out["metrics"]["accuracy"] <= 1.0
+    # later, from the entry the client's ledger learned by sync and the blob it stored, with
+    # the campaign's fine-tuning budget (20 steps): the same body, steps and seed give the
+    # campaign's own result, and it learned the digits (measured 0.42-0.46 against a majority
+    # rate of 0.16; a constant predictor scores the majority rate; 10 steps scored 0.075)
+    out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=20)
+    assert out["entry"] == w.id.hex()
+    acc, majority = out["metrics"]["accuracy"], _majority_rate(data(1))
+    assert acc == pytest.approx(results["a"].metrics["accuracy"], abs=1e-6), (out["metrics"], results["a"].metrics)
+    assert acc > 1.5 * majority, (acc, majority)
 
 
 def test_join_errors_are_clear(tmp_path: Path) -> None:
@@ -467,7 +473,8 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     digit_majority = _majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
     for algo in ("pfesta", "festa"):
         ink = metrics[(algo, "ink")]  # the positive patch rate is ~0.52: compare with the majority rate
-        assert ink["patch_accuracy"] > ink["patch_majority"]
+        # 12 steps; the in-memory test_pfesta_two_tasks_over_the_network holds a 0.05 margin after 6
+        assert ink["patch_accuracy"] > ink["patch_majority"] + 0.05, (algo, ink)
         # 12 steps reach 0.38-0.47 here (measured): well clear of a constant predictor
         assert metrics[(algo, "digit")]["accuracy"] > 1.5 * digit_majority, (algo, metrics)
     rows = json.loads(atd("split", "report", "--home", str(c1), "--home", str(c2), "--json").stdout)

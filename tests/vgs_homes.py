@@ -27,7 +27,7 @@ from ledger import Ledger
 torch.set_num_threads(1)
 
 CFG = dict(img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
-ENSEMBLE_ARGS = ["--pca-components", "32", "--mlp-hidden", "64", "--mlp-iter", "120", "--rf-trees", "30"]
+ENSEMBLE_ARGS = ["--pca-components", "32", "--mlp-hidden", "64", "--mlp-max-iter", "120", "--rf-trees", "30"]
 DISJOINT = {"a": "digits?classes=0,1,2", "b": "digits?classes=3,4,5", "c": "digits?classes=6,7,8,9"}
 
 

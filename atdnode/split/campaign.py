@@ -1,6 +1,8 @@
 """FESTA / p-FESTA campaigns over the network: the server side of each client session and
 the round coordinator, moving exactly the messages of the in-process drivers
-(`protocols.festa.run_festa_inprocess`, `protocols.pfesta.run_pfesta_inprocess`).
+(`protocols.festa.run_festa_inprocess`, `protocols.pfesta.run_pfesta_inprocess`) on the same
+round schedule (`protocols.split_rounds.RoundPlan`: which round freezes the body, which
+unifies, how many steps).
 
 FESTA (the client drives each step; the server holds a forward of round r until r opens)::
 
@@ -52,6 +54,7 @@ class Campaign:
         self.resumed: set[str] = set()
         self._limiter = trio.CapacityLimiter(1)
         self.train_kinds = festa.TRAIN_KINDS if self.algo == "festa" else pfesta.train_kinds(self.s.head)
+        self.plan = self.s.plan(self.algo)  # the round schedule of the in-process drivers too
 
     async def call(self, fn, *args):
         """Run ``fn(*args)`` in the worker thread that owns the protocol server."""
@@ -147,7 +150,7 @@ class Campaign:
         r = b.completed + 1
         while r <= b.total:
             await b.wait(lambda: any(b.members[c].last_round >= r for c in b.ready))
-            if self.algo == "festa" and r == s.rounds + 1 and not self.server.frozen:
+            if self.plan.freezes_at(r) and not self.server.frozen:
                 await self.call(self.server.freeze_body)
             members = sorted(c for c in b.ready if b.members[c].last_round >= r)
             deadline = trio.current_time() + s.round_timeout
@@ -161,7 +164,7 @@ class Campaign:
                 for c in sorted(stalling or b.pending()):
                     await self.svc.drop(c, f"missed the round {r} deadline")
                 deadline = trio.current_time() + s.round_timeout
-            if r % s.unifying_rounds == 0:
+            if self.plan.unifies(r):
                 await self._unify(r, deadline)
             for c in b.round_members:
                 b.members[c].rounds_done.append(r)
@@ -216,9 +219,7 @@ class Campaign:
                 srv.join(cid, task)
                 return 0
             if fresh:  # a new client process has new permutation keys: its old upload is useless
-                srv.store.features.pop(cid, None)
-                srv.store.received.pop(cid, None)
-                srv._samplers.pop(cid, None)  # sized for the old upload (no public reset in PFestaServer)
+                srv.forget_upload(cid)
             srv.join(cid, task, num)
             return srv.store.received.get(cid, 0)
 
@@ -255,7 +256,7 @@ class Campaign:
             await self._serve_pfesta(sess)
 
     async def _serve_festa(self, sess: Session) -> None:
-        cid, ch, steps = sess.client, sess.channel, self.s.steps_per_round
+        cid, ch, steps = sess.client, sess.channel, self.plan.steps_per_round
         done_steps: dict[int, int] = {}
         while True:
             m = await self.svc.recv(sess, "forward", "state_up", "eval_forward", "bye")
@@ -307,7 +308,7 @@ class Campaign:
         """``state_up`` of round r -> wait for the task's average -> ``state_down``."""
         b, cid = self.board, sess.client
         r = meta_int(m, "round", low=1)
-        if r != b.round or r % self.s.unifying_rounds or b.finished.get(cid, 0) != r:
+        if r != b.round or not self.plan.unifies(r) or b.finished.get(cid, 0) != r:
             raise SplitProtocolError(f"state_up for round {r} out of turn (open round {b.round})")
         await self.call(self.server.submit_state, cid, m.tensors, m.meta.get("samples"))
         b.submitted[cid] = r
@@ -333,10 +334,10 @@ class Campaign:
             if not my_turn():
                 break
             r = b.round
-            for step in range(self.s.steps_per_round):
+            for step in range(self.plan.steps_per_round):
                 await self._await_step(cid)
                 idx = await self.call(srv.next_indices, cid)
-                unify = step == self.s.steps_per_round - 1 and r % self.s.unifying_rounds == 0
+                unify = self.plan.unifies_after(r, step)
                 meta = {"idx": idx, "round": r, "step": step, "unify": unify}
                 if srv.head == "learnable":  # the client embeds the named batch afresh (pfesta module doc)
                     await ch.send("batch", None, meta)
@@ -350,7 +351,7 @@ class Campaign:
                 if gin is not None:
                     await ch.send("grad_in", {"g": gin})
             await self._finish_round(cid, r)
-            if r % self.s.unifying_rounds == 0:
+            if self.plan.unifies(r):
                 await self._exchange_parts(sess, await self.svc.recv(sess, "state_up"))
         await ch.send("done")
         while True:

@@ -29,6 +29,7 @@ from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune
 from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, digits_targets, split_config
+from protocols.split_rounds import RoundPlan
 from protocols.split_state import SplitProtocolError
 
 EVAL_BATCH = 64
@@ -53,11 +54,16 @@ class Task:
     finetune_lr: float = 2e-3
     compare_scratch: bool = False
     embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
-    device: torch.device | None = None  # local fine-tuning's device (atdnode.device rule; None: its default)
+    device: torch.device | None = None  # where this client's parts run (atdnode.device rule; None: its default)
 
     @property
     def cfg(self) -> ModelConfig:
         return split_config(self.offer["body"])
+
+    def run_device(self) -> torch.device:
+        """The device of every model step of this client: head / tail (FESTA), embedder / tail
+        (p-FESTA), fine-tuning (MSD). What it sends is CPU tensors on any device."""
+        return self.device or resolve_device(None)
 
 
 def prepare(data: LabeledImages, spec: TaskSpec, patch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,8 +136,9 @@ class FestaRole:
         self.body_bytes = int(w["body_bytes"])
         if self.client is None:
             self.client = festa.FestaClient(t.client, t.cfg, t.spec, t.x, t.y, batch_size=int(w["batch_size"]),
-                                            lr=t.lr or off["lr"], class_token=bool(off["class_token"]), seed=t.seed)
-        c, steps, n = self.client, int(off["steps_per_round"]), int(off["unifying_rounds"])
+                                            lr=t.lr or off["lr"], class_token=bool(off["class_token"]), seed=t.seed,
+                                            device=t.run_device())
+        c, plan = self.client, RoundPlan.from_offer(off)
         with progress.task(f"{t.spec.name}: FESTA rounds", total=int(w["last_round"])) as bar:
             bar.update(int(w["next_round"]) - 1)
             for r in range(int(w["next_round"]), int(w["last_round"]) + 1):
@@ -140,25 +147,27 @@ class FestaRole:
         if t.test is not None and not self.out.metrics:
             self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
         await ch.send("bye")
-        self.out.params = c.cost_params(steps_per_round=steps, rounds=len(self.out.rounds), unifying_rounds=n,
-                                        body_bytes=self.body_bytes)
+        self.out.params = c.cost_params(steps_per_round=plan.steps_per_round, rounds=len(self.out.rounds),
+                                        unifying_rounds=plan.unifying_rounds, body_bytes=self.body_bytes)
 
     async def _round(self, ch: SplitChannel, r: int) -> None:
-        """Round r: head forward, body on the server, tail and head steps; parts unified every n rounds."""
-        t, c, off = self.t, self.client, self.t.offer
-        steps, n = int(off["steps_per_round"]), int(off["unifying_rounds"])
+        """Round r: `FestaClient.train_step` per step (head forward, body on the server, tail and
+        head steps), the messages over ``ch``; parts unified as the plan says."""
+        c, plan = self.client, RoundPlan.from_offer(self.t.offer)
+
+        async def remote(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            await ch.send(kind, tensors, meta)
+            reply, name = ("body_out", "y") if kind == "forward" else ("grad_in", "g")
+            return tensor(await ch.recv(reply), name)
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor:
+            return trio.from_thread.run(remote, kind, tensors, meta)  # the step runs in a worker thread
+
         losses = []
-        for _ in range(steps):
-            feats = await trio.to_thread.run_sync(c.head_forward)
-            await ch.send("forward", {"x": feats}, {"task": t.spec.name, "round": r})
-            y = tensor(await ch.recv("body_out"), "y")
-            g, loss = await trio.to_thread.run_sync(c.tail_step, y)
-            await ch.send("grad_out", {"g": g})
-            gin = tensor(await ch.recv("grad_in"), "g")
-            await trio.to_thread.run_sync(c.head_backward, gin)
-            losses.append(loss)
+        for _ in range(plan.steps_per_round):  # the client's half of festa_step (FestaClient.train_step)
+            losses.append(await trio.to_thread.run_sync(c.train_step, exchange, r))
         self.out.losses[r] = sum(losses) / len(losses)
-        if r % n == 0:
+        if plan.unifies(r):
             await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
             _load_parts(c, (await ch.recv("state_down")).tensors)
         if r not in self.out.rounds:
@@ -178,7 +187,8 @@ class PFestaRole:
         self.embedder = build_plain_embedder(t.cfg, state=t.embedder_state)
         try:
             self.client = pfesta.PFestaClient(t.client, t.cfg, t.spec, t.x, t.y, self.embedder, permute=t.permute,
-                                              lr=t.lr or t.offer["lr"], seed=t.seed, head=self.head, pos_embed=pos)
+                                              lr=t.lr or t.offer["lr"], seed=t.seed, head=self.head, pos_embed=pos,
+                                              device=t.run_device())
         except ValueError as e:
             raise SplitProtocolError(f"offer: {e}") from None
         self.uploaded_any = False
@@ -201,7 +211,14 @@ class PFestaRole:
         w = await _join(ch, t, resume and (self.uploaded_any or learnable))  # a learnable head uploads nothing
         if not learnable:
             await self.upload(ch, int(w["uploaded"]))
-        steps, losses = int(off["steps_per_round"]), {}
+        plan, losses = RoundPlan.from_offer(off), {}
+
+        async def send_grad(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            await ch.send(kind, tensors, meta)  # grad_out; a learnable head gets grad_in back
+            return _like(tensor(await ch.recv("grad_in"), "g"), tensors["g"].shape, "grad_in") if learnable else None
+
+        def exchange(kind: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> torch.Tensor | None:
+            return trio.from_thread.run(send_grad, kind, tensors, meta)
         last = int(w.get("last_round", 0))  # the welcome names this client's last round
         with progress.task(f"{t.spec.name}: p-FESTA rounds", total=last or None) as bar:
             bar.update(int(w.get("next_round", 1)) - 1)
@@ -218,24 +235,20 @@ class PFestaRole:
                 else:
                     y = tensor(m, "y")
                 y = _like(y, (len(idx), t.cfg.num_patches, t.cfg.embed_dim), "body_out")
-                g, loss = await trio.to_thread.run_sync(c.tail_step, idx, y)
-                await ch.send("grad_out", {"g": g})
-                if learnable:
-                    gin = _like(tensor(await ch.recv("grad_in"), "g"), y.shape, "grad_in")
-                    await trio.to_thread.run_sync(c.head_backward, gin)
-                losses.setdefault(r, []).append(loss)
+                # the client's half of pfesta_step (PFestaClient.train_step), in a worker thread
+                losses.setdefault(r, []).append(await trio.to_thread.run_sync(c.train_step, idx, y, exchange))
                 if m.meta.get("unify"):
                     await ch.send("state_up", c.part_state(), {"samples": c.num_samples, "round": r})
                     _load_parts(c, (await ch.recv("state_down")).tensors)
-                if step == steps - 1 and r not in self.out.rounds:
+                if step == plan.steps_per_round - 1 and r not in self.out.rounds:
                     self.out.rounds.append(r)
                     self.out.losses[r] = sum(losses[r]) / len(losses[r])
                     bar.update(min(r, last) if last else r)
         if t.test is not None and not self.out.metrics:
             self.out.metrics = await _evaluate(ch, c.evaluate, *t.test)
         await ch.send("bye")
-        self.out.params = c.cost_params(batch_size=int(w["batch_size"]), steps_per_round=steps,
-                                        rounds=len(self.out.rounds), unifying_rounds=int(off["unifying_rounds"]),
+        self.out.params = c.cost_params(batch_size=int(w["batch_size"]), steps_per_round=plan.steps_per_round,
+                                        rounds=len(self.out.rounds), unifying_rounds=plan.unifying_rounds,
                                         body_bytes=int(w["body_bytes"]))
 
 
@@ -284,7 +297,7 @@ class MSDRole(PFestaRole):
         for prefix, state in runs:
             body, tail = fine_tune(self.embedder, t.cfg, t.spec, t.x, t.y, body_state=state,
                                    steps=t.finetune_steps, lr=t.finetune_lr, seed=t.seed,
-                                   device=t.device or resolve_device(None))
+                                   device=t.run_device())
             if t.test is not None:
                 got = evaluate_local(self.embedder, body, tail, t.spec, *t.test)
                 self.out.metrics.update({prefix + k: v for k, v in got.items() if math.isfinite(v)})

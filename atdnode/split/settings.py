@@ -137,11 +137,17 @@ class SplitSettings:
 
         return MSDConfig(**self.msd)
 
+    def plan(self, algorithm: str):
+        """The FESTA / p-FESTA campaign's round schedule (`protocols.split_rounds.RoundPlan`,
+        the in-process drivers' too): FESTA adds its frozen-body phase 2."""
+        from protocols.split_rounds import RoundPlan
+
+        return RoundPlan(self.rounds, self.steps_per_round, self.unifying_rounds,
+                         self.phase2_rounds if algorithm == "festa" else 0)
+
     def total_rounds(self, algorithm: str) -> int:
-        """Rounds of a campaign: FESTA adds its frozen-body phase 2; MSD has one round."""
-        if algorithm == "msd":
-            return 1
-        return self.rounds + (self.phase2_rounds if algorithm == "festa" else 0)
+        """Rounds of a campaign: the plan's (FESTA adds its frozen-body phase 2); MSD has one round."""
+        return 1 if algorithm == "msd" else self.plan(algorithm).total
 
     def offer(self, algorithm: str) -> dict[str, Any]:
         """What a server announces (service entry) and tells each client (offer/welcome);

@@ -46,7 +46,7 @@ def aggregate(
     classifier: str = typer.Option("ensemble", "--classifier", help="Horizontal: ensemble (paper default: fused extractor -> CLS -> PCA -> MLP + RF + SVM) | head (the averaged-head model predicts directly)."),
     q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q (the reference is this node's current model: its previous global model, or its own)."),
     pca_components: int = typer.Option(500, "--pca-components", min=1, help="Ensemble PCA components (capped by feature width and samples)."),
-    mlp_iter: int = typer.Option(300, "--mlp-iter", min=1, help="Ensemble MLP max iterations."),
+    mlp_max_iter: int = typer.Option(300, "--mlp-max-iter", min=1, help="Ensemble MLP max iterations."),
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
@@ -56,8 +56,6 @@ def aggregate(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
-    from atdnode import aggregate as agg
-
     from atdnode.ids import resolve_entry_ids
 
     h = NodeHome.at(home).require()
@@ -71,26 +69,17 @@ def aggregate(
             blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
-    if mode not in agg.MODES:
-        raise CliError(f"--mode {mode!r}: choose from {', '.join(agg.MODES)}")
-    ids, feats = _split(inputs), _split(features)
-    if group and mode != "hierarchical":
-        raise CliError("--group applies to --mode hierarchical only")
-    if mode == "hierarchical" and ids:
-        raise CliError("hierarchical mode takes its inputs from --group NAME=ENTRY_ID,...")
-    if mode == "horizontal" and classifier == "head" and (feats or data):
-        raise CliError("--features / --data need the ensemble (not --classifier head)")
-    if strict and mode != "hierarchical":
-        raise CliError("--strict applies to --mode hierarchical only")
+    from atdnode.aggregate_modes import aggregate as run_aggregate, check_arguments, default_weighting
     from protocols.ensemble import PRIORS
 
+    ids, feats = _split(inputs), _split(features)
+    check_arguments(mode, inputs=ids, groups=group or (), classifier=classifier, data_spec=data, features=feats,
+                    strict=strict)  # before any entry id is resolved
     if prior not in PRIORS:
         raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
-    if classifier not in ("ensemble", "head"):
-        raise CliError(f"--classifier {classifier!r}: choose ensemble or head")
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
     feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
-    from atdnode.vertical import EnsembleOptions
+    from atdnode.node_ensemble import EnsembleOptions
 
     try:
         hidden = tuple(int(x) for x in mlp_hidden.split(",") if x.strip())
@@ -98,28 +87,18 @@ def aggregate(
         hidden = ()
     if not hidden or min(hidden) < 1:
         raise CliError(f"--mlp-hidden {mlp_hidden!r}: expected positive integers like 256 or 128,64")
-    opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_iter, rf_trees=rf_trees,
+    opts = EnsembleOptions(pca_components=pca_components, mlp_hidden=hidden, mlp_max_iter=mlp_max_iter, rf_trees=rf_trees,
                            seed=seed, prior=prior)
+    specs = []
+    if mode == "hierarchical":
+        from atdnode.hierarchical_node import GroupSpec
+
+        specs = [GroupSpec.parse(g) for g in group or []]
+        specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
+                                                           what=f"group {g.name}"))) for g in specs]
     with bars(quiet=as_json):  # the library's steps (blob checks, averaging, features, fits) as bars
-        if mode == "horizontal":
-            from atdnode.horizontal import aggregate_horizontal
-
-            res = aggregate_horizontal(h, weighting=weighting or "uniform", inputs=ids, q=q, classifier=classifier,
-                                       data_spec=data, features=feats, options=opts)
-        elif mode == "vertical":
-            from atdnode.vertical import aggregate_vertical
-
-            res = aggregate_vertical(h, weighting=weighting or "uniform", inputs=ids, q=q, data_spec=data,
-                                     features=feats, options=opts)
-        else:
-            from atdnode.hierarchical_node import GroupSpec, aggregate_hierarchical
-
-            specs = [GroupSpec.parse(g) for g in group or []]
-            specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
-                                                               what=f"group {g.name}"))) for g in specs]
-            res = aggregate_hierarchical(h, specs,
-                                         weighting=weighting or "sqrt-classes", group_weighting=group_weighting, q=q,
-                                         data_spec=data, features=feats, options=opts, strict=strict)
+        res = run_aggregate(h, mode, weighting=weighting, inputs=ids, groups=specs, group_weighting=group_weighting,
+                            q=q, classifier=classifier, data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):
         typer.echo(f"warning: {w}", err=True)
     if as_json:
@@ -127,7 +106,7 @@ def aggregate(
         return
     d = res.details
     typer.echo(f"{mode}: combined {len(res.inputs)} {'groups' if mode == 'hierarchical' else 'weight sets'} "
-               f"({weighting or ('sqrt-classes' if mode == 'hierarchical' else 'uniform')}, weights "
+               f"({default_weighting(mode, weighting)}, weights "
                f"{', '.join(f'{w:.4f}' for w in res.weights)}) -> {res.blob}")
     for g in d.get("groups", []):
         typer.echo(f"  group {g['name']}: {'reused' if g['reused'] else 'built'} {g['entry'][:16]} "
