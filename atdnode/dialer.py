@@ -27,9 +27,8 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation
+from atdnode.peerset import plan_dials, plan_prunes, plan_rotation
 from atdnode.transport.base import TransportError
-from atdnode.transport.gossip_mesh import fit_mesh_degrees
 from ledger import Ledger
 from ledger.keys import peer_id_from_public_key
 
@@ -84,8 +83,6 @@ class PeerDialer:
         if changed:
             self.policy.membership_changed()
             self.hellos_seen += 1
-            # the mesh follows the consortium's size (a small one: fewer duplicate copies, issue 29)
-            fit_mesh_degrees(self.d.transport, gossip_degrees(self.d.peerset.cfg, len(self.d.members)))
         if revoked and self.policy.learned_revoked():
             log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
                         "(until a member that re-admitted it connects)")

@@ -86,23 +86,10 @@ class PeerSetConfig:
         return cls(**{**{k: table[k] for k in keys if k in table}, "max": top})
 
 
-SMALL_MESH_D = 2  # mesh degree of a small consortium (gossip_degrees)
-
-
-def gossip_degrees(cfg: PeerSetConfig, members: int | None = None) -> tuple[int, int, int]:
+def gossip_degrees(cfg: PeerSetConfig) -> tuple[int, int, int]:
     """GossipSub (D, D_low, D_high) for a peer set: D = min(target, 3) (each extra mesh peer
     is one more duplicate of every message to receive; see the module doc), D_low = D - 1
-    (at least 1), D_high = min(max, 2 D) but at least D.
-
-    A small consortium (`members` - 1 <= target: every node can hold every other member in
-    its peer set, so a node's own messages reach each member in one hop, flood publish) gets
-    D = D_high = min(target, SMALL_MESH_D), D_low = 1 (issue 29): relays then only cover a
-    member whose link to the origin is down, through the one or two mesh peers it keeps,
-    instead of each node relaying to all its peers (5 nodes: 12 of 16 copies of each entry
-    were duplicates; 7.5 of 11.5 with these degrees, bench/daemon_bench.py --degree-compare)."""
-    if members is not None and members - 1 <= cfg.target:
-        d = min(cfg.target, SMALL_MESH_D)
-        return d, 1, d
+    (at least 1), D_high = min(max, 2 D) but at least D."""
     d = min(cfg.target, 3)
     return d, max(1, d - 1), max(d, min(cfg.max, 2 * d))
 

@@ -29,13 +29,9 @@ What `MeshHealthMixin` changes (a mixin in front of `GossipSub`):
   a backoff expired and the heartbeat grafted).
 
 `starved_topics()` names the topics in flood-relay mode (tests, status).
-
-`fit_mesh_degrees(transport, degrees)` sets the mesh degrees of a `Libp2pTransport`, before
-or while it runs (the daemon fits them to the consortium's size, `peerset.gossip_degrees`).
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -102,20 +98,3 @@ class MeshHealthMixin:
                 peers.update(p for p in self.pubsub.peer_topics.get(topic, ())  # type: ignore[attr-defined]
                              if p in self.peer_protocol)  # type: ignore[attr-defined]
         return peers
-
-
-def fit_mesh_degrees(transport: Any, degrees: tuple[int, int, int]) -> bool:
-    """Give a libp2p transport's GossipSub the mesh degrees (D, D_low, D_high): its config
-    (for its next run) and its running router (read at every heartbeat). False for a
-    transport without a GossipSub mesh (e.g. the in-memory one keeps its own degrees)."""
-    d, low, high = degrees
-    if not 1 <= low <= d <= high:
-        raise ValueError(f"mesh degrees must satisfy 1 <= D_low <= D <= D_high, got {degrees}")
-    cfg = getattr(transport, "cfg", None)
-    if cfg is None or not hasattr(cfg, "degree_high"):
-        return False
-    transport.cfg = dataclasses.replace(cfg, degree=d, degree_low=low, degree_high=high)
-    router = getattr(getattr(transport, "_pubsub", None), "router", None)
-    if router is not None and hasattr(router, "degree_high"):
-        router.degree, router.degree_low, router.degree_high = d, low, high
-    return True
