@@ -27,8 +27,9 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import plan_dials, plan_prunes, plan_rotation
+from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, small_consortium
 from atdnode.transport.base import TransportError
+from atdnode.transport.gossip_mesh import fit_mesh
 from ledger import Ledger
 from ledger.keys import peer_id_from_public_key
 
@@ -83,11 +84,18 @@ class PeerDialer:
         if changed:
             self.policy.membership_changed()
             self.hellos_seen += 1
+            self.fit_mesh()
         if revoked and self.policy.learned_revoked():
             log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
                         "(until a member that re-admitted it connects)")
         elif not revoked and self.policy.revoked and self.policy.readmitted():
             log.warning("this node was admitted to the consortium again: dialling members")
+
+    def fit_mesh(self) -> None:
+        """The gossip mesh follows the consortium's size (`peerset.gossip_degrees`; a small
+        consortium: fewer duplicate copies, `gossip_mesh.SmallConsortiumMixin`, issue 29)."""
+        cfg, members = self.d.peerset.cfg, len(self.d.members)
+        fit_mesh(self.d.transport, gossip_degrees(cfg, members), small_consortium(cfg, members))
 
     def refused_by(self, peer: str) -> float:
         """`peer` refused our request (we are not a member in its ledger): back off."""
@@ -198,6 +206,7 @@ class PeerDialer:
             await d.transport.disconnect(peer)
 
         next_rotation = trio.current_time() + cfg.rotate_s
+        self.fit_mesh()  # the router exists now (membership was read before the transport ran)
         while True:
             self.changed = trio.Event()
             now = trio.current_time()

@@ -14,8 +14,9 @@ gossip --procs: the same, with each daemon in its own OS process, as deployed (`
     merge times on CLOCK_MONOTONIC (`time.monotonic()`, one clock for every process on the
     machine). CPU per entry sums the children's CPU over the measured window.
 gossip --degree-compare D,DLO,DHI: the gossip benchmark twice in one run, with the deployed
-    GossipSub mesh degrees (the baseline) and with the given ones; duplicate copies per
-    entry, delivery and latency of both (issue 29).
+    GossipSub mesh and with the given degrees and py-libp2p's own mesh upkeep (no
+    small-consortium mode; 3,2,6 is the mesh before issue 29); duplicate copies per entry,
+    delivery and latency of both.
 gossip --gate-compare: the gossip benchmark twice in one run, the daemons' membership
     filter on (as deployed: `Transport.set_peer_gate`, checked on every connection and
     every pubsub RPC in and out) and then off (the baseline), with the ratio of the p99s
@@ -68,7 +69,8 @@ def consortium(root: Path, n: int) -> list[NodeHome]:
 async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True,
                        degrees: tuple[int, int, int] | None = None) -> dict:
     """`gate=False`: the daemons' membership filter is taken out of the transports (baseline).
-    `degrees`: GossipSub (D, D_low, D_high) of every daemon for this run (None: as deployed)."""
+    `degrees`: GossipSub (D, D_low, D_high) of every daemon for this run, without the
+    small-consortium mode (`atdnode.transport.gossip_mesh`); None: as deployed."""
     from atdnode.transport.libp2p_pubsub import CoalescingPubsub
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,8 +95,10 @@ async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True,
                     await trio.sleep(0.05)
             for d in daemons:
                 r = d.transport._pubsub.router
-                if degrees is not None:
+                if degrees is not None:  # and py-libp2p's own mesh upkeep (no small-consortium mode)
                     r.degree, r.degree_low, r.degree_high = degrees
+                    r.adaptive_degree_low, r.adaptive_degree_high = degrees[1:]
+                    r.small_consortium, r.adaptive_gossip_enabled = False, True
             used = [r.degree, r.degree_low, r.degree_high]
             if not gate:
                 for d in daemons:
