@@ -41,9 +41,11 @@ class Node:
 
 
 @asynccontextmanager
-async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: FetchConfig | None = None) -> AsyncIterator[list[Node]]:
+async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: FetchConfig | None = None,
+                  muxers: list[type] | None = None, chunk: int = CHUNK) -> AsyncIterator[list[Node]]:
     """n running nodes, each with its own store and BlobService, all connected to node 0.
-    A node whose `stop` event is set shuts its transport down (like a killed peer)."""
+    A node whose `stop` event is set shuts its transport down (like a killed peer).
+    `muxers`: libp2p only, node i's yamux class (default: the transport's TunedYamux)."""
     net = MemoryNetwork(seed=11)
     nodes: list[Node] = []
     for i in range(n):
@@ -53,8 +55,10 @@ async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: Fetch
             from atdnode.transport.libp2p_transport import Libp2pTransport
 
             t = Libp2pTransport(seed(i))
-        store = BlobStore(tmp / f"n{i}", chunk_size=CHUNK)
-        svc = BlobService(t, store, bulk=bulk, config=cfg or FetchConfig(bulk=bulk, batch_bytes=4 * CHUNK))
+            if muxers:
+                t.muxer = muxers[i]
+        store = BlobStore(tmp / f"n{i}", chunk_size=chunk)
+        svc = BlobService(t, store, bulk=bulk, config=cfg or FetchConfig(bulk=bulk, batch_bytes=4 * chunk))
         svc.install()
         nodes.append(Node(t, store, svc))
 

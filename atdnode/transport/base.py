@@ -63,6 +63,11 @@ class Stream(ABC):
     async def write_frame(self, data: bytes) -> None:
         """Send one frame (TransportError if the stream is closed or broken)."""
 
+    async def write_frames(self, frames: list[bytes]) -> None:
+        """Send several frames in order; a transport may send them in fewer writes."""
+        for data in frames:
+            await self.write_frame(data)
+
     @abstractmethod
     async def close(self) -> None:
         """Close our side; the peer's next read sees end of stream. Never raises."""

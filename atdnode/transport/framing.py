@@ -102,6 +102,12 @@ class FramedStream(Stream):
         return True
 
     async def read_frame(self, max_size: int = MAX_FRAME) -> bytes:
+        out = await self.read_frame_buffer(max_size)
+        return out if type(out) is bytes else bytes(out)
+
+    async def read_frame_buffer(self, max_size: int = MAX_FRAME) -> bytes | bytearray:
+        """`read_frame`, but a large payload may come back as the bytearray the byte stream
+        handed over (one copy less: the blob fetcher's chunks, issue 29)."""
         if not await self._fill(HEADER.size):
             if self._buf:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a frame header")
@@ -119,21 +125,24 @@ class FramedStream(Stream):
         self._counter.count(self.protocol, received=HEADER.size + n, peer=self.remote_peer)
         return out
 
-    async def _read_large(self, n: int) -> bytes:
-        """Assemble an n-byte payload, growing the buffer only as bytes arrive.
+    async def _read_large(self, n: int) -> bytes | bytearray:
+        """Assemble an n-byte payload, holding only what has arrived.
 
         Memory follows what the peer actually sent, never what it announced: a peer that
         announces `max_size` and goes silent costs one header, not `max_size` (issue 11).
-        bytearray growth is amortised, so this stays linear in n.
+        Pieces are kept as received and joined once (one copy of the payload; none when one
+        read brought it all, as a large yamux DATA frame does).
         """
-        out = self._buf
+        parts: list[bytes] = [bytes(self._buf)] if self._buf else []
+        got = len(self._buf)
         self._buf = bytearray()
-        while len(out) < n:
-            data = await self.raw.receive_some(min(RECV_MAX, n - len(out)))
+        while got < n:
+            data = await self.raw.receive_some(min(RECV_MAX, n - got))
             if not data:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a {n}-byte frame")
-            out += data  # reads are capped at n - len(out)
-        return bytes(out)
+            parts.append(data)  # reads are capped at n - got
+            got += len(data)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def write_frame(self, data: bytes) -> None:
         n = len(data)
@@ -145,6 +154,26 @@ class FramedStream(Stream):
             await self.raw.send_all(HEADER.pack(n))
             await self.raw.send_all(data)
         self._counter.count(self.protocol, sent=HEADER.size + n, peer=self.remote_peer)
+
+    async def write_frames(self, frames: list[bytes]) -> None:
+        """Frames in order with as few writes as possible: every length header and each small
+        frame go out with the next large payload's header; a large payload is sent as is
+        (the blob server's chunk header + chunk: two writes, not three)."""
+        pending = bytearray()
+        for data in frames:
+            n = len(data)
+            if n > 0xFFFFFFFF:
+                raise FrameError(f"frame of {n} bytes cannot be encoded")
+            pending += HEADER.pack(n)
+            if n <= _COALESCE:
+                pending += data
+            else:
+                await self.raw.send_all(bytes(pending))
+                pending.clear()
+                await self.raw.send_all(data)
+            self._counter.count(self.protocol, sent=HEADER.size + n, peer=self.remote_peer)
+        if pending:
+            await self.raw.send_all(bytes(pending))
 
     async def close(self) -> None:
         if not self._closed:

@@ -2,7 +2,11 @@
 
 Host: Ed25519 identity from a 32-byte seed (the ledger key), TCP, Noise security and the
 yamux muxer ONLY (no mplex, secio, TLS or plaintext offered), GossipSub for the ledger
-topics and stream protocols with `framing.FramedStream` frames.
+topics and stream protocols with `framing.FramedStream` frames. The muxer is
+`yamux_tuning.TunedYamux` (same /yamux/1.0.0 wire: 1 MiB DATA frames within the peer's
+window, a 4 MiB window per stream, one copy per byte through Noise; stock py-libp2p peers
+interoperate), so a blob over plain streams (the fallback when the bulk channel is not
+offered) moves several times faster than on py-libp2p's own yamux (issue 29).
 
 py-libp2p's pubsub silently drops messages in three places; each is configured here so
 bursts are not lost (see `GossipConfig`): the per-topic spam limit (10 msg/s by default:
@@ -40,7 +44,6 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from atdnode.transport.base import (
@@ -62,6 +65,7 @@ from atdnode.transport.libp2p_pubsub import (
     content_id,
 )
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
+from atdnode.transport.yamux_tuning import TunedYamux
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +216,8 @@ def _no_auto_connector(host: Any) -> None:
 class Libp2pTransport(Transport):
     """A py-libp2p host (Noise + yamux over TCP) with GossipSub. Run it once."""
 
+    muxer: type = TunedYamux  # yamux_tuning's wire-compatible muxer; tests set stock Yamux
+
     def __init__(self, key: bytes | KeyPair, *, gossip: GossipConfig | None = None) -> None:
         """`key`: the node's 32-byte Ed25519 seed, or a libp2p Ed25519 KeyPair made from it."""
         if isinstance(key, KeyPair):
@@ -256,7 +262,7 @@ class Libp2pTransport(Transport):
         host = new_host(
             key_pair=kp,
             sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(kp, noise_privkey=create_x25519_key_pair().private_key)},
-            muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+            muxer_opt={YAMUX_PROTOCOL_ID: self.muxer},
             listen_addrs=maddrs,
         )
         c = self.cfg
