@@ -21,7 +21,8 @@ convergence), and for `idle_after` (10 simulated seconds of the converged consor
 with nothing to publish: the periodic sync, poll and peer-set loops alone);
 sim_s_per_wall_s and sim_s_per_cpu_s (on a machine shared with other jobs
 CPU time is the fair measure: one process, one thread); memory per node (RSS growth from
-before the cluster was built to the peak, divided by N). Baseline in the same run: the
+before the cluster was built to the peak, divided by N); sync pulls per node by the time
+every node is up (start-up: one each, `atdnode.sync_connect`) and by convergence. Baseline in the same run: the
 same scenario with `--baseline` full daemons (default 100); `ratio_to_baseline` compares
 the CPU cost per node per simulated second.
 
@@ -83,6 +84,7 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float 
     root = Path(tempfile.mkdtemp(prefix="atd-memsim-", dir=shm if shm.is_dir() else None))
     marks: dict[str, tuple[float, float, float]] = {}
     peak = {"rss": rss0}
+    sync_pulls: dict[str, int] = {}
     try:
         w0, c0 = time.perf_counter(), time.process_time()
         if kind == "lite":
@@ -94,9 +96,13 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float 
                                  max_peers=t.max_peers, established=True)
         setup = {"wall_s": round(time.perf_counter() - w0, 2), "cpu_s": round(time.process_time() - c0, 2)}
 
+        def pulls() -> int:  # sync pulls done by the daemons running now
+            return sum(d.stats["sync_pulls"] for d in getattr(cluster, "daemons", {}).values())
+
         def mark(msg: str) -> None:
             if "publishing" in msg and "publishing" not in marks:  # run_gossip: every first node is up
                 marks["publishing"] = (trio.current_time(), time.perf_counter(), time.process_time())
+                sync_pulls["start_up"] = pulls()
             peak["rss"] = max(peak["rss"], proc.memory_info().rss)
             log(f"[{kind} {n}] {msg}")
 
@@ -106,6 +112,7 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float 
                 rep = await run_gossip(cluster, s, log=mark)
                 peak["rss"] = max(peak["rss"], proc.memory_info().rss)
                 end = (trio.current_time(), time.perf_counter(), time.process_time())
+                sync_pulls["whole_run"] = pulls()
                 await trio.sleep(idle_s)  # the converged consortium with nothing to say
                 idle = (trio.current_time() - end[0], time.perf_counter() - end[1], time.process_time() - end[2])
             return {"rep": rep, "start": start, "end": end, "idle": idle}
@@ -136,6 +143,7 @@ def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float 
                        "sim_s_per_cpu_s": round(r["idle"][0] / max(1e-9, r["idle"][2]), 3)},
         "cpu_ms_per_node_per_sim_s": round(1000 * (c1 - c0) / n / max(1e-9, s1 - s0), 3),
         "memory_per_node_mb": round((peak["rss"] - rss0) / 2**20 / n, 3),
+        "sync_pulls_per_node": {k: round(v / n, 2) for k, v in sync_pulls.items()},  # full daemons only
         "peak_rss_mb": round(peak["rss"] / 2**20, 1),
         "notes": rep.notes[:5],
     }

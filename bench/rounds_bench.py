@@ -116,7 +116,7 @@ def memory_rounds(a, train: dict, classes: list[str]) -> dict:
 
 def process_rounds(a) -> dict:
     from tests.nodeprocs import ATD, _env, start_daemon, wait_until
-    from tests.test_daemon_procs import _consortium as consortium, _status as status
+    from tests.nodeprocs import consortium, status
 
     args = ["--rounds", str(a.rounds), "--weighting", a.weighting, "--img-size", str(a.img_size), "--patch-size", "7",
             "--embed-dim", str(a.embed_dim), "--depth", str(a.depth), "--heads", "2", "--batch-size", "32",

@@ -17,6 +17,7 @@ rate / size quota (`ledger.quota`) that a node applies to entries from the netwo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from ledger.encoding import decode_payload, pack, unpack
 from ledger.entry import Entry
@@ -52,8 +53,15 @@ class MergeResult:
     duplicates: int = 0
 
 
-def store_membership(store: Store) -> Membership:
-    return Membership(store.meta("consortium"), store.genesis_pin(), store.meta("founder"), store.all_members(),
+def store_membership(store: Store, authors: Iterable[bytes] | None = None) -> Membership:
+    """The stored membership; with `authors`, only their member rows (what `why_not_logged`
+    needs for their entries: a merge that leaves a few entries waiting does not read the
+    whole member table, thousands of rows in a large consortium)."""
+    if authors is None:
+        members = store.all_members()
+    else:
+        members = {a: st for a in set(authors) if (st := store.member_status(a)) is not None}
+    return Membership(store.meta("consortium"), store.genesis_pin(), store.meta("founder"), members,
                       stored_rotations(store))
 
 
@@ -218,7 +226,7 @@ class Batch:
                 res.removed.append(entry_id)
         res.added = [i for _, i in sorted(placed)]
         waiting = [e for e in self._stored if final[e.id] != LOG]
-        membership = store_membership(s) if waiting else None
+        membership = store_membership(s, {e.author for e in waiting}) if waiting else None
         for e in waiting:
             row = Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind)
             if final[e.id] == EVIDENCE:

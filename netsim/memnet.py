@@ -201,19 +201,16 @@ class SimNetwork(MemoryNetwork):
         super().__init__(seed=seed, default=link_conditions(spec))
         self.gossip_tick_s = GOSSIP_TICK_S
         self.spec = spec
-        self._fresh: set[tuple[str, str]] = set()
 
     def jitter(self, a: str, b: str) -> float:
         lo, hi = sorted((a, b))
         d = hashlib.sha256(f"{self.seed}|jitter|{lo}|{hi}".encode()).digest()
         return int.from_bytes(d[:8], "big") / 2**64 * 2 - 1  # in [-1, 1)
 
-    def link(self, src: str, dst: str):
-        lk = super().link(src, dst)
-        if (src, dst) not in self._fresh:
-            self._fresh.add((src, dst))
-            if lk.cond.up and lk.cond == self.default:
-                lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
+    def new_link(self, src: str, dst: str):
+        lk = super().new_link(src, dst)
+        if lk.cond.up and lk.cond == self.default:
+            lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
         return lk
 
 
@@ -409,13 +406,15 @@ class MemCluster:
 
     async def heads(self, name: str, authors: Collection[str] | None = None) -> dict[str, int]:
         """Author peer id -> highest contiguous seq in `name`'s ledger; with `authors` (peer
-        ids), only theirs (the convergence poll asks for the publishers' heads of every
-        node: with 1,000 nodes mapping every author of every node was most of a run's CPU)."""
+        ids), only theirs (`Ledger.heads_of`: the convergence poll asks for the publishers'
+        heads of every node: with 1,000 nodes mapping every author of every node, then
+        reading every head of a ledger that changed since the last poll, was most of a run's
+        CPU)."""
         await trio.lowlevel.checkpoint()
         if authors is not None:
             key_of = self._key_of
             keys = [(p, key_of.get(p) or public_key_from_peer_id(p)) for p in authors]
-            h = self._ledger_call(name, lambda led: led.heads())
+            h = self._ledger_call(name, lambda led: led.heads_of(k for _, k in keys))
             return {p: h[k] for p, k in keys if k in h}
         pid = self._pid_of
         return {pid.get(a) or peer_id_from_public_key(a): s

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -199,10 +199,14 @@ def run_msd_inprocess(mcfg: ModelConfig, uploads: Mapping[str, torch.Tensor], cf
 def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: torch.Tensor,
               targets: torch.Tensor, *, body_state: Mapping[str, torch.Tensor] | None = None,
               steps: int = 200, batch_size: int = 32, lr: float = 1e-3, body_lr_scale: float = 1.0,
-              seed: int = 0, device: torch.device | str = "cpu") -> tuple[SplitBody, TaskTail]:
+              seed: int = 0, device: torch.device | str = "cpu",
+              after_step: Callable[[int, SplitBody, TaskTail], None] | None = None) -> tuple[SplitBody, TaskTail]:
     """A client's local training of body + tail on its labelled data, from the MSD body
     (``body_state``) or from scratch (None) — same seed, steps and learning rate either way.
-    The steps run on ``device``; body and tail come back on the CPU."""
+    The steps run on ``device``; body and tail come back on the CPU. ``after_step(k, body,
+    tail)``, if given, runs after step k (1-based; e.g. to evaluate along the curve: the first
+    k steps do not depend on ``steps``, so one run gives what k separate runs would); the two
+    are back in training mode after it."""
     dev = torch.device(device)
     body = SplitBody(mcfg, seed=seed)
     if body_state is not None:
@@ -218,12 +222,16 @@ def fine_tune(embedder: TimmStem, mcfg: ModelConfig, task: TaskSpec, images: tor
     targets = targets.to(dev)
     body.train()
     tail.train()
-    for _ in range(steps):
+    for k in range(1, steps + 1):
         idx = sampler.next()
         loss = task_loss(task, tail(body(tokens[idx])), targets[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if after_step is not None:
+            after_step(k, body, tail)
+            body.train()
+            tail.train()
     return body.cpu(), tail.cpu()
 
 

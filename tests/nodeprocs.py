@@ -17,6 +17,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from atdnode import control
+from atdnode.home import NodeHome
+from ledger import Ledger
+
 ATD = [sys.executable, "-m", "cli.app"]
 
 
@@ -113,4 +117,46 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: 
 
 
 def entry_ids(home: Path) -> set[str]:
-    return {e["id"] for e in atd_json("ledger", "show", "--home", str(home), "--json")}
+    """Ids (hex) of every entry in `home`'s ledger, read in-process."""
+    return {r["id"] for r in ledger_rows(home)}
+
+
+def consortium(root: Path, n: int) -> list[Path]:
+    """Home folders `root/n0 .. n{n-1}`: n0 founded the consortium and admitted the others
+    (`tests.factories.make_consortium`: the same `atd` commands, run in-process)."""
+    from tests.factories import make_consortium
+
+    return [h.root for h in make_consortium(root, n)]
+
+
+def status(home: Path) -> dict:
+    """`atd node status --json` of `home` as an OS process (the daemon's, or the offline state)."""
+    return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)
+
+
+def live_status(home: Path | NodeHome) -> dict:
+    """The running daemon's status over its control socket, in-process (what `atd node status`
+    prints, without starting a process: cheap enough to poll)."""
+    h = home if isinstance(home, NodeHome) else NodeHome.at(home)
+    return control.call(h.control_socket, "status", timeout=60)
+
+
+def ledger_rows(home: Path | NodeHome, kind: str | None = None) -> list[dict]:
+    """What `atd ledger show --json [--kind K]` prints (less `stored_at`), read in-process:
+    cheap enough to poll while the daemon writes (SQLite readers do not block the writer)."""
+    h = home if isinstance(home, NodeHome) else NodeHome.at(home)
+    with Ledger.open(h.ledger_db) as led:
+        return [e.to_json() for e in led.query(kind=kind)]
+
+
+def atd_all(*commands: list[str], timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Run several `atd` commands at once (e.g. each node trains on its own data); all must succeed."""
+    procs = [subprocess.Popen([*ATD, *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for c in commands]
+    done = []
+    for c, p in zip(commands, procs):
+        out, err = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise AssertionError(f"atd {' '.join(c)} failed ({p.returncode}):\n{out}\n{err}")
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done

@@ -68,3 +68,14 @@ def attack_margin(server_home: NodeHome, client_home: NodeHome, spec: str, publi
     plain = paper_attack(in_order, x, public, cfg, permuted=False, ac=ac)
     perm = paper_attack(stored, x, public, cfg, permuted=True, ac=ac)
     return plain, perm
+
+
+def spread(homes: list[NodeHome]) -> None:
+    """Every home's entries merged into every other home's ledger (what sync would do)."""
+    raws = []
+    for h in homes:
+        with Ledger.open(h.ledger_db) as led:
+            raws += [e.to_bytes() for e in led.all_entries()]
+    for h in homes:
+        with Ledger.open(h.ledger_db) as led:
+            led.merge(raws)

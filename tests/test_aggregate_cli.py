@@ -2,7 +2,6 @@
 vertical), and the command's errors."""
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -14,16 +13,11 @@ from atdnode.identity import NodeIdentity
 from atdnode.weights import save_weights
 from cli.app import app, main
 from ledger import Ledger
-from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, latest, skewed_trio, sync
+from tests.factories import cli_json as cli
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, latest, sync
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-
-
-def cli(*args: str) -> dict:
-    r = runner.invoke(app, [*args, "--json"])
-    assert r.exit_code == 0, (r.output, r.exception)
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def fails(*args: str) -> Exception:
@@ -33,14 +27,14 @@ def fails(*args: str) -> Exception:
 
 
 @pytest.fixture
-def skewed(tmp_path_factory, tmp_path):
-    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+def skewed(vgs_template, tmp_path):
+    template = vgs_template("skewed")
     return copy_homes(template, tmp_path / "homes")
 
 
 @pytest.fixture
-def disjoint(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def disjoint(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
 
 
@@ -169,7 +163,7 @@ def test_default_inputs_skip_what_does_not_fit(disjoint):
     assert isinstance(err, AggregateError) and "head set" in str(err)
 
 
-def test_fedwavg_does_not_depend_on_input_order(tmp_path_factory, tmp_path):
+def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
     """FedWAvg compares every input with the node's own current model (the recorded
     reference), never with input 0: on two copies of one node, reordering the inputs
     reorders the weights and leaves the result unchanged (up to float32 summation order)."""
@@ -177,7 +171,7 @@ def test_fedwavg_does_not_depend_on_input_order(tmp_path_factory, tmp_path):
 
     from atdnode.weights import load_weights
 
-    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+    template = vgs_template("skewed")
     one, two = copy_homes(template, tmp_path / "one")[0], copy_homes(template, tmp_path / "two")[0]
     inputs = fine_tuned(one)
     own = latest(one).blobs["full"]

@@ -16,14 +16,14 @@ from atdnode.identity import NodeIdentity
 from atdnode.weights import load_weights, save_weights
 from cli.app import app
 from ledger import Ledger
-from tests.vgs_homes import copy_homes, skewed_trio
+from tests.vgs_homes import copy_homes
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
-def test_default_aggregation_skips_a_nan_weight_set(tmp_path_factory, tmp_path):
-    homes = copy_homes(skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed"), tmp_path / "homes")
+def test_default_aggregation_skips_a_nan_weight_set(vgs_template, tmp_path):
+    homes = copy_homes(vgs_template("skewed"), tmp_path / "homes")
     a = homes[0]
     store = BlobStore(a.blobs_dir)
     with Ledger.open(a.ledger_db) as led:

@@ -20,7 +20,7 @@ from atdnode.identity import NodeIdentity
 from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, unpack
 from atdnode.transport.memory import MemoryNetwork
 from ledger import Entry, Signer
-from tests.test_daemon_memory import append, daemon_on, make_consortium, wait_for
+from tests.factories import append, daemon_on, make_consortium, wait_for
 
 BLOB = "ab" * 32
 OWNER, READER, THIEF = (Signer.from_seed(bytes([i]) * 32) for i in (1, 2, 3))

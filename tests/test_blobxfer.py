@@ -5,90 +5,18 @@ the in-memory transport always uses streams. Every wait has a deadline.
 """
 from __future__ import annotations
 
-import hashlib
-import random
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 import trio
 
 from atdnode.blobstore import BlobStore
-from atdnode.transport.base import Transport, TransportError
+from atdnode.transport.base import TransportError
 from atdnode.transport.blobfetch import FetchConfig, FetchError
-from atdnode.transport.blobxfer import PROTOCOL, BlobService, BulkConn, pack, read_header
+from atdnode.transport.blobxfer import PROTOCOL, BulkConn, pack, read_header
 from atdnode.transport.bulk import derive_keys, new_ephemeral
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
-
-KINDS = ["memory", "libp2p"]
-CHUNK = 64 << 10
-NCHUNKS = 24
-
-
-def seed(i: int) -> bytes:
-    return hashlib.sha256(f"blob-node-{i}".encode()).digest()
-
-
-def blob_bytes() -> bytes:
-    return random.Random(5).randbytes(NCHUNKS * CHUNK - 1234)  # last chunk is short
-
-
-class Node:
-    def __init__(self, t: Transport, store: BlobStore, svc: BlobService) -> None:
-        self.t, self.store, self.svc = t, store, svc
-        self.stop = trio.Event()
-
-
-@asynccontextmanager
-async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: FetchConfig | None = None,
-                  muxers: list[type] | None = None, chunk: int = CHUNK) -> AsyncIterator[list[Node]]:
-    """n running nodes, each with its own store and BlobService, all connected to node 0.
-    A node whose `stop` event is set shuts its transport down (like a killed peer).
-    `muxers`: libp2p only, node i's yamux class (default: the transport's TunedYamux)."""
-    net = MemoryNetwork(seed=11)
-    nodes: list[Node] = []
-    for i in range(n):
-        if kind == "memory":
-            t: Transport = MemoryTransport(net, seed(i))
-        else:
-            from atdnode.transport.libp2p_transport import Libp2pTransport
-
-            t = Libp2pTransport(seed(i))
-            if muxers:
-                t.muxer = muxers[i]
-        store = BlobStore(tmp / f"n{i}", chunk_size=chunk)
-        svc = BlobService(t, store, bulk=bulk, config=cfg or FetchConfig(bulk=bulk, batch_bytes=4 * chunk))
-        svc.install()
-        nodes.append(Node(t, store, svc))
-
-    async def run_node(node: Node, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with node.t.run(["/ip4/127.0.0.1/tcp/0"]):
-            task_status.started()
-            await node.stop.wait()
-
-    async with trio.open_nursery() as nursery:
-        for node in nodes:
-            await nursery.start(run_node, node)
-        for node in nodes[1:]:
-            await node.t.connect(nodes[0].t.addrs()[0])
-        yield nodes
-        for node in nodes:
-            node.stop.set()
-
-
-def run(fn, *args, timeout: float = 90.0) -> None:
-    async def main() -> None:
-        with trio.fail_after(timeout):
-            await fn(*args)
-
-    trio.run(main)
-
-
-async def until(cond, timeout: float = 20.0) -> None:
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.005)
+from tests.blobnet import CHUNK, NCHUNKS, blob_bytes, cluster
+from tests.factories import KINDS, run, wait_for
 
 
 def corrupt(store: BlobStore, h: str, chunks: list[int]) -> None:
@@ -164,7 +92,8 @@ def test_resume_after_holder_dies(kind: str, tmp_path: Path) -> None:
 
             async with trio.open_nursery() as n:
                 n.start_soon(fetch)
-                await until(lambda: h in b.svc.fetcher.reports and b.svc.fetcher.reports[h].bytes >= 4 * CHUNK)
+                await wait_for(lambda: h in b.svc.fetcher.reports and b.svc.fetcher.reports[h].bytes >= 4 * CHUNK,
+                               "4 chunks fetched", interval=0.005)
                 a.stop.set()  # the holder goes away mid-transfer
             assert result and isinstance(result[0], FetchError)
             got = b.svc.fetcher.reports[h].chunks_from[a.t.peer_id]
@@ -202,7 +131,7 @@ def test_holder_dies_mid_fetch_other_holder_finishes(kind: str, tmp_path: Path) 
             a.svc.server.before_batch = hang_forever
             async with trio.open_nursery() as n:
                 n.start_soon(b.svc.fetch, h, [a.t.peer_id, c.t.peer_id])
-                await until(lambda: c.svc.server.served_chunks == NCHUNKS - 1)
+                await wait_for(lambda: c.svc.server.served_chunks == NCHUNKS - 1, "all but one chunk served", interval=0.005)
                 a.stop.set()  # "kill" a while b waits for its chunk
             rep = b.svc.fetcher.reports[h]
             assert rep.chunks_from == {c.t.peer_id: NCHUNKS}
@@ -267,7 +196,7 @@ def test_bad_chunks_past_the_first_are_caught_by_the_whole_blob_hash(kind: str, 
             corrupt(a.store, h, [i for i in range(NCHUNKS) if i % 4])  # every batch's first chunk is right
 
             async def after_a_served(peer: str, idx: list[int]) -> None:
-                await until(lambda: a.svc.server.served_chunks > 0)  # a surely sends some of them
+                await wait_for(lambda: a.svc.server.served_chunks > 0, "a served a chunk")  # a surely sends some of them
 
             c.svc.server.before_batch = after_a_served
             b.svc.fetcher.store = fresh = BlobStore(tmp_path / "fresh", chunk_size=CHUNK)

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
+import trio.testing
 
 from atdnode import sync
 from atdnode.blobstore import BlobStore
@@ -28,6 +29,7 @@ from atdnode.transport.framing import FramedStream
 from atdnode.transport.limits import PeerLimits
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
+from tests.factories import wait_for
 
 MiB = 1 << 20
 
@@ -69,7 +71,7 @@ def test_announced_frame_size_is_not_allocated() -> None:
         async with trio.open_nursery() as nursery:
             for s in streams:
                 nursery.start_soon(s.read_frame, 4 * MiB)
-            await trio.sleep(0.2)
+            await trio.testing.wait_all_tasks_blocked()  # every reader took what arrived and waits for more
             grown = tracemalloc.get_traced_memory()[0] - base
             nursery.cancel_scope.cancel()
         tracemalloc.stop()
@@ -146,7 +148,8 @@ def test_silent_sync_streams_are_capped_per_peer_and_time_out(tmp_path: Path, mo
                 s = await attacker.open_stream(victim.peer_id, SYNC_PROTOCOL)
                 await s.raw.send_all(struct.pack(">I", 2 * MiB - 1) + b"\x82")
                 streams.append(s)
-            await trio.sleep(0.2)
+            await wait_for(lambda: limits.refused >= 255 - sync.PER_PEER_STREAMS, "the victim to answer every stream")
+            await trio.testing.wait_all_tasks_blocked()
             held_max = limits.live(attacker.peer_id)
             # an honest member is served meanwhile
             with trio.fail_after(10):
@@ -191,7 +194,8 @@ def test_blob_slot_hog_cannot_starve_others(tmp_path: Path) -> None:
                 s = await hog.open_stream(server.peer_id, BLOB_PROTOCOL)
                 await s.write_frame(pack({"op": "manifest", "blob": blob}))
                 hogged.append(s)
-            await trio.sleep(0.2)
+            await wait_for(lambda: svcs[0].server.limits.refused - refused_before >= 32 - blobxfer.PER_PEER_STREAMS,
+                           "the server to answer every hog stream")
             assert svcs[0].server.limits.live(hog.peer_id) <= blobxfer.PER_PEER_STREAMS
             with trio.fail_after(15):
                 got = await svcs[2].fetch(blob, [server.peer_id])
@@ -237,7 +241,8 @@ def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
                 s = await attacker.open_stream(server.peer_id, SPLIT_PROTOCOL)
                 await s.raw.send_all(struct.pack(">I", 64 * MiB) + b"x" * 100)
                 streams.append(s)
-            await trio.sleep(0.2)
+            await wait_for(lambda: svc._stream_limits.refused >= 12 - SPLIT_STREAMS_PER_PEER, "every stream answered")
+            await trio.testing.wait_all_tasks_blocked()  # the held streams read what was sent
             grown = tracemalloc.get_traced_memory()[0] - base
             tracemalloc.stop()
             assert svc._stream_limits.live(attacker.peer_id) <= SPLIT_STREAMS_PER_PEER

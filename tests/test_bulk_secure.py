@@ -21,7 +21,8 @@ from atdnode.transport import blobfetch
 from atdnode.transport.base import TransportError
 from atdnode.transport.blobxfer import PROTOCOL, _bind_host, pack, read_header
 from atdnode.transport.bulk import BulkConn, PROVE_TIMEOUT, derive_keys, new_ephemeral
-from tests.test_blobxfer import CHUNK, blob_bytes, cluster, run
+from tests.blobnet import CHUNK, blob_bytes, cluster
+from tests.factories import run
 
 FrameHook = Callable[[int, bytes], list[bytes]]  # (index of a server frame, frame) -> frames to forward
 

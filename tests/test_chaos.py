@@ -22,13 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from atdnode import control
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
-from tests.nodeprocs import _env, atd, start_daemon, wait_until
-from tests.test_daemon_memory import make_consortium
+from tests.factories import append, ids, make_consortium
+from tests.nodeprocs import _env, atd, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,27 +42,12 @@ def hwm_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
-def ledger_ids(home: NodeHome) -> set[bytes]:
-    with Ledger.open(home.ledger_db) as led:
-        return {e.id for e in led.all_entries()}
-
-
-def append(home: NodeHome, kind: str, body: dict) -> bytes:
-    """What a CLI command does while the daemon runs: append to the ledger file directly."""
-    with Ledger.open(home.ledger_db) as led:
-        return led.append(NodeIdentity.load(home).signer, kind, body).id
-
-
 def publish_blob(home: NodeHome, seed: int) -> str:
     store = BlobStore(home.blobs_dir)
     blob = store.put_bytes(os.urandom(384 << 10) + seed.to_bytes(4, "big"))
     append(home, "weights", {"blob": blob, "size": store.size(blob), "manifest": store.manifest(blob).hash,
                              "part": "extractor", "samples": 1, "model": {}})
     return blob
-
-
-def status(home: NodeHome) -> dict:
-    return control.call(home.control_socket, "status", timeout=60)
 
 
 def backup(src: Path, dst: Path) -> None:
@@ -87,7 +71,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         daemons[i] = start_daemon(homes[i].root, *args, timeout=120)
 
     def converged(want: set[bytes]) -> bool:
-        return all(want <= ledger_ids(h) for h in homes)
+        return all(want <= ids(h) for h in homes)
 
     def record_peak(i: int) -> None:
         peaks[f"n{i}:{daemons[i].proc.pid}"] = hwm_mb(daemons[i].proc.pid)
@@ -96,12 +80,12 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         for i in range(N):
             start(i)
         blob1 = publish_blob(homes[1], 1)
-        wait_until(lambda: all(status(h)["blobs"] >= 1 and not status(h)["wanted"] for h in homes), 120,
+        wait_until(lambda: all(live_status(h)["blobs"] >= 1 and not live_status(h)["wanted"] for h in homes), 120,
                    "every node to fetch the first blob")
         backup(homes[3].root, tmp_path / "n3-old")  # the older copy n3 will be restored from
         for i, h in enumerate(homes):
             append(h, "metrics", {"round": 1, "node": i})
-        committed = set().union(*(ledger_ids(h) for h in homes))
+        committed = set().union(*(ids(h) for h in homes))
         wait_until(lambda: converged(committed), 120, "round-1 entries everywhere")
 
         seed = NodeIdentity.load(evil).signer.seed.hex()
@@ -124,7 +108,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         wal = Path(str(homes[4].ledger_db) + "-wal")
         assert wal.stat().st_size > 0, "nothing to cut: the fault would be vacuous"
         os.truncate(wal, wal.stat().st_size // 2)
-        lost = {3: len(committed - ledger_ids(homes[3])), 4: len(committed - ledger_ids(homes[4]))}
+        lost = {3: len(committed - ids(homes[3])), 4: len(committed - ids(homes[4]))}
         assert lost[3] > 0  # the older copy lacks the round-1 entries
         start(3)
         start(4)
@@ -132,20 +116,20 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         # during the attack: members keep syncing and fetching
         blob2 = publish_blob(homes[2], 2)
         for i in (0, 1, 2):
-            committed.add(append(homes[i], "metrics", {"round": 2, "node": i}))
-        committed |= ledger_ids(homes[2])
+            committed.add(append(homes[i], "metrics", {"round": 2, "node": i}).id)
+        committed |= ids(homes[2])
         wait_until(lambda: converged(committed), 120, "entries made during the attack to reach every node")
         wait_until(lambda: all(BlobStore(h.blobs_dir).has(blob2) for h in homes), 120,
                    "every node to fetch the blob published during the attack")
         for i in (3, 4):  # the restarted nodes sign again, after recovering their own chains
-            wait_until(lambda: status(homes[i])["ledger"]["heads"], 60, f"n{i} to report its heads")
-            committed.add(append(homes[i], "metrics", {"round": 2, "node": i}))
+            wait_until(lambda: live_status(homes[i])["ledger"]["heads"], 60, f"n{i} to report its heads")
+            committed.add(append(homes[i], "metrics", {"round": 2, "node": i}).id)
         wait_until(lambda: converged(committed), 120, "the restarted nodes' new entries everywhere")
         assert attacker.poll() is None, ("the attack ended before the checks ran under it: "
                                          + (tmp_path / "attacker.stderr").read_text()[-2000:])
         for i in range(N):
             record_peak(i)
-            assert status(homes[i])["peer_id"]  # answering, not frozen
+            assert live_status(homes[i])["peer_id"]  # answering, not frozen
     finally:
         if attacker is not None:
             attacker.kill()
@@ -193,7 +177,7 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
         daemons[0] = start_daemon(a.root, timeout=120)
         for i, h in ((1, b), (2, m)):
             daemons[i] = start_daemon(h.root, "--bootstrap", daemons[0].addrs[0], timeout=120)
-        wait_until(lambda: all(len(status(h)["peers"]) >= 2 for h in (a, b, m)), 120, "a full mesh")
+        wait_until(lambda: all(len(live_status(h)["peers"]) >= 2 for h in (a, b, m)), 120, "a full mesh")
         for k, h in enumerate((a, b)):
             runs.append(subprocess.Popen([*ATD, "rounds", "--home", str(h.root), "--data",
                                           f"digits?shard={k + 1}/2&limit=160", *ROUNDS_ARGS],

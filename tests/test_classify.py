@@ -2,8 +2,6 @@
 `atd train --adversarial` reporting clean and robust accuracy."""
 from __future__ import annotations
 
-import json
-
 import pytest
 from typer.testing import CliRunner
 
@@ -13,21 +11,16 @@ from atdnode.home import NodeHome
 from atdnode.identity import init_home
 from cli.app import app
 from cli.errors import CliError
-from tests.vgs_homes import CFG, copy_homes, disjoint_trio, latest
+from tests.factories import cli_json as cli
+from tests.vgs_homes import CFG, copy_homes, latest
 
 runner = CliRunner()
 
 
 @pytest.fixture
-def trio(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def trio(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
-
-
-def cli(*args: str) -> dict:
-    r = runner.invoke(app, [*args, "--json"])
-    assert r.exit_code == 0, (r.output, r.exception)
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_classify_matches_training_metrics_on_the_same_split(trio):

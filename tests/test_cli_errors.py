@@ -139,6 +139,7 @@ ISSUE_USAGE_ERRORS = [
 ]
 
 
+@pytest.mark.slow  # atd as OS processes
 def test_usage_errors_as_real_processes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != HOME_ENV}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -37,6 +37,7 @@ def atd(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow  # atd as OS processes
 def test_acceptance_commands_as_written(tmp_path):
     script = ACCEPTANCE.replace("/tmp/", f"{tmp_path}/")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -63,6 +64,7 @@ def test_models_empty_and_errors(tmp_path):
     assert isinstance(r.exception, ConfigError)
 
 
+@pytest.mark.slow  # an atd process
 def test_errors_print_one_line_without_traceback(tmp_path):
     home = _home(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -103,6 +105,7 @@ def test_adversarial_training_reports_robust_accuracy(tmp_path):
     assert r.exit_code != 0 and "not a number" in str(r.exception)
 
 
+@pytest.mark.slow  # an atd process, trained until interrupted
 def test_ctrl_c_exits_130_and_keeps_the_finished_epochs(tmp_path):
     import signal
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from typer.testing import CliRunner
 
 from atdnode import control
 from atdnode.blobstore import BlobStore
@@ -17,59 +16,8 @@ from atdnode.daemon import NodeDaemon
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
-from cli.app import app
 from ledger import Entry, Ledger
-
-runner = CliRunner()
-
-
-def cli(*args: str) -> str:
-    res = runner.invoke(app, list(args))
-    assert res.exit_code == 0, f"atd {' '.join(args)}: {res.output} {res.exception!r}"
-    return res.output
-
-
-def make_consortium(root: Path, n: int) -> list[NodeHome]:
-    homes = [root / f"n{i}" for i in range(n)]
-    cli("init", "--home", str(homes[0]), "--genesis", "--consortium", "test")
-    led = Ledger.open(homes[0] / "ledger.db")
-    genesis = led.query(kind="genesis")[0].id.hex()
-    led.close()
-    for h in homes[1:]:
-        cli("init", "--home", str(h), "--join", genesis)
-        peer = cli("id", "--home", str(h)).strip()
-        cli("member", "add", "--home", str(homes[0]), peer)
-    return [NodeHome.at(h) for h in homes]
-
-
-def daemon_on(net: MemoryNetwork, home: NodeHome) -> NodeDaemon:
-    seed = NodeIdentity.load(home).signer.seed
-    return NodeDaemon(home, transport=MemoryTransport(net, seed), sync_interval=0.5, poll_interval=0.05)
-
-
-def ids(home: NodeHome) -> set[bytes]:
-    led = Ledger.open(home.ledger_db)
-    try:
-        return {e.id for e in led.all_entries()}
-    finally:
-        led.close()
-
-
-async def wait_for(cond, what: str, timeout: float = 20.0) -> None:
-    with trio.move_on_after(timeout) as scope:
-        while not cond():
-            await trio.sleep(0.05)
-    if scope.cancelled_caught:
-        raise AssertionError(f"timed out waiting for {what}")
-
-
-def append(home: NodeHome, kind: str, body: dict) -> Entry:
-    ident = NodeIdentity.load(home)
-    led = Ledger.open(home.ledger_db)
-    try:
-        return led.append(ident.signer, kind, body)
-    finally:
-        led.close()
+from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
 
 
 def test_entries_replicate_and_late_node_catches_up(tmp_path: Path) -> None:

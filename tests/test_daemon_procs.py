@@ -8,11 +8,16 @@ offline while entries were published catches up when it returns.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.nodeprocs import atd, atd_json, entry_ids, start_daemon, wait_until
+from atdnode.blobstore import BlobStore
+from atdnode.home import NodeHome
+from tests.factories import append, cli
+from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
+                             status, wait_until)
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
         "--depth", "1", "--heads", "2", "--epochs", "1", "--batch-size", "64", "--seed", "0"]
@@ -20,48 +25,38 @@ TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "
 pytestmark = pytest.mark.slow
 
 
-def _consortium(tmp_path: Path, n: int) -> list[Path]:
-    homes = [tmp_path / f"n{i + 1}" for i in range(n)]
-    atd("init", "--home", str(homes[0]), "--genesis", "--consortium", "demo")
-    genesis = atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "genesis", "--json")[0]["id"]
-    for h in homes[1:]:
-        atd("init", "--home", str(h), "--join", genesis)
-        atd("member", "add", "--home", str(homes[0]), atd("id", "--home", str(h)).stdout.strip())
-    return homes
-
-
-def _status(home: Path) -> dict:
-    return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)
+def holds_all(home: Path, n: int) -> bool:
+    st = live_status(home)
+    return not st["wanted"] and st["blobs"] >= n
 
 
 def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
-    homes = _consortium(tmp_path, 3)
+    homes = consortium(tmp_path, 3)
     daemons = []
     try:
         d1 = start_daemon(homes[0])
         daemons.append(d1)
-        addr = _status(homes[0])["addrs"][0]
+        addr = status(homes[0])["addrs"][0]  # `atd node status` as a process once; polls below are in-process
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
-        for k, h in enumerate(homes, start=1):
-            atd("train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY)
-            atd("publish-weights", "--home", str(h), "--part", "extractor")
-        wait_until(lambda: len({e["body"]["blob"] for e in atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "weights", "--json")}) == 3,
+        # the three nodes train at once (as three hospitals would), then publish
+        atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
+        atd_all(*(["publish-weights", "--home", str(h), "--part", "extractor"] for h in homes))
+        wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
                    120, "node 1 to learn all three weights entries")
-        wait_until(lambda: not _status(homes[0])["wanted"] and _status(homes[0])["blobs"] >= 3, 180,
-                   "node 1 to fetch every published extractor")
+        wait_until(lambda: holds_all(homes[0], 3), 180, "node 1 to fetch every published extractor")
         out = json.loads(atd("aggregate", "--home", str(homes[0]), "--mode", "horizontal", "--json").stdout)
         assert len(out["inputs"]) == 3
         wait_until(lambda: entry_ids(homes[0]) == entry_ids(homes[1]) == entry_ids(homes[2]), 120,
                    "all three ledgers to hold the same entries")
-        for h in homes:
-            atd("ledger", "verify", "--home", str(h))
+        for h in homes:  # the `atd ledger verify` command, in-process (as a process: test_cli_ledger)
+            cli("ledger", "verify", "--home", str(h))
         # the aggregate is checkable by a peer that holds the inputs
-        wait_until(lambda: not _status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
+        wait_until(lambda: not live_status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
         atd("aggregate", "--home", str(homes[1]), "--verify", out["entry"])
         # the aggregate averaged exactly the three published extractors (one per node)
-        weights = atd_json("ledger", "show", "--home", str(homes[0]), "--kind", "weights", "--json")
+        weights = ledger_rows(homes[0], "weights")  # what `atd ledger show --kind weights --json` prints
         assert sorted(out["inputs"]) == sorted(e["id"] for e in weights) and len({e["author"] for e in weights}) == 3
     finally:
         for d in daemons:
@@ -69,22 +64,17 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
 
 
 def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path: Path) -> None:
-    homes = _consortium(tmp_path, 3)
+    homes = consortium(tmp_path, 3)
     daemons = {}
     try:
         daemons[0] = start_daemon(homes[0])
-        addr = _status(homes[0])["addrs"][0]
+        addr = live_status(homes[0])["addrs"][0]
         daemons[1] = start_daemon(homes[1], "--bootstrap", addr, "--no-auto-fetch")
         # node 3 is offline while node 1 publishes a 150 MB blob
         blob_file = tmp_path / "big.bin"
         blob_file.write_bytes(bytes(range(256)) * (600 * 1024))
-        from atdnode.blobstore import BlobStore
-
         store = BlobStore(homes[0] / "blobs")
         blob = store.put_file(blob_file)
-        from tests.test_daemon_memory import append
-        from atdnode.home import NodeHome
-
         append(NodeHome.at(homes[0]), "weights", {"blob": blob, "size": store.size(blob),
                                                  "manifest": store.manifest(blob).hash, "part": "full"})
         # node 2 fetches it explicitly and becomes a second holder
@@ -93,11 +83,8 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         daemons[2] = start_daemon(homes[2], "--bootstrap", addr, "--no-auto-fetch")
         wait_until(lambda: entry_ids(homes[2]) >= entry_ids(homes[0]), 60, "node 3 to catch up by sync")
         node2 = atd("id", "--home", str(homes[1])).stdout.strip()
-        wait_until(lambda: node2 in _status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
+        wait_until(lambda: node2 in live_status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
         # node 3 fetches from both holders; node 1 is killed -9 as soon as the download is under way
-        import subprocess
-        from tests.nodeprocs import ATD, _env
-
         fetcher = subprocess.Popen([*ATD, "fetch", "--home", str(homes[2]), blob, "--timeout", "120"],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
         partial = homes[2] / "blobs" / "partial"

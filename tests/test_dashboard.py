@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,26 +18,11 @@ from pathlib import Path
 import pytest
 
 from atdnode.blobstore import BlobStore
+from tests.browser import browser, text_of
 from tests.nodeprocs import atd, start_daemon, wait_until
-from tests.vgs_homes import DISJOINT, copy_homes, disjoint_trio
+from tests.vgs_homes import DISJOINT, copy_homes
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    raise AssertionError("no Chromium on PATH: install the system package (apt-get install -y chromium)")
-
-
-def browser(*args: str, timeout: float = 120) -> str:
-    proc = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--no-first-run", "--hide-scrollbars", *args],
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 def get(url: str, *, host: str | None = None, method: str = "GET") -> tuple[int, str, str]:
@@ -51,14 +34,9 @@ def get(url: str, *, host: str | None = None, method: str = "GET") -> tuple[int,
         return exc.code, exc.headers.get("content-type", ""), exc.read().decode(errors="replace")
 
 
-def text_of(dom: str) -> str:
-    """What a reader sees: the DOM's text without tags and with collapsed whitespace."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<style.*?</style>", "", dom, flags=re.S)))
-
-
 @pytest.fixture
-def disjoint(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def disjoint(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
 
 
@@ -79,6 +57,7 @@ def test_bind_rules() -> None:
             parse_bind(bad)
 
 
+@pytest.mark.slow  # atd as OS processes
 def test_cli_refuses_a_public_bind_in_one_line(tmp_path) -> None:
     atd("init", "--home", str(tmp_path / "n"), "--genesis", "--consortium", "demo")
     proc = atd("node", "start", "--home", str(tmp_path / "n"), "--dashboard", "0.0.0.0:0", check=False, timeout=120)
@@ -206,7 +185,7 @@ def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:
     import trio
 
     from atdnode.transport.bulk import BULK_BYTES
-    from tests.test_blobxfer import blob_bytes, cluster
+    from tests.blobnet import blob_bytes, cluster
 
     async def body() -> None:
         async with cluster("libp2p", 2, tmp_path) as (a, b):

@@ -16,7 +16,7 @@ from atdnode.daemon import NodeDaemon
 from atdnode.dashboard.server import TOKEN_FILE, Dashboard
 from atdnode.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
-from tests.test_daemon_memory import make_consortium
+from tests.factories import make_consortium
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:

@@ -69,6 +69,7 @@ def test_small_test_split_warns_beside_every_metric(tmp_path, capsys):
     assert "(!)" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a Python process
 def test_sklearn_warnings_go_to_the_log_not_stderr(tmp_path):
     home = _home(tmp_path)
     code = f"""

@@ -141,6 +141,7 @@ def _bomb_png(path: Path, side: int = 40000) -> None:
                      + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow  # an atd process
 def test_image_size_limits_are_one_line_data_errors(tmp_path, monkeypatch):
     _bomb_png(tmp_path / "f" / "a" / "bomb.png")
     write_png16(tmp_path / "f" / "a" / "ok.png", np.arange(16).reshape(4, 4))

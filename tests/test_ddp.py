@@ -37,6 +37,7 @@ def test_rank_slices_cover_a_batch():
             assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
 
 
+@pytest.mark.slow  # torchrun: two training processes and one more
 def test_two_process_ddp_matches_one_process(tmp_path):
     ddp_home = NodeHome.at(tmp_path / "ddp")
     init_home(ddp_home, consortium="demo")
@@ -79,6 +80,7 @@ def test_more_ranks_than_gpus_is_one_line_error(monkeypatch):
     check_nproc(2)
 
 
+@pytest.mark.slow  # an atd process
 def test_nproc_on_cpu_machine_with_cuda_is_one_line_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")

@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from atdnode.config import NodeConfig
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
@@ -65,6 +67,7 @@ def test_unit_is_hardened_and_valid() -> None:
             assert not s or s.startswith(("#", ";")) or re.fullmatch(r"\[[A-Za-z]+\]", s) or re.match(r"[A-Za-z]+=", s), line
 
 
+@pytest.mark.slow  # an atd process
 def test_unit_finds_atd_on_its_path(tmp_path: Path) -> None:
     """The ExecStart lookup, run as systemd runs it: with only the unit's PATH (plus a venv
     standing in for /opt/atd/bin), `/usr/bin/env atd` finds this checkout's `atd`."""
@@ -80,6 +83,7 @@ def test_unit_finds_atd_on_its_path(tmp_path: Path) -> None:
     assert p.returncode == 0 and "Set up a node" in p.stdout, p.stderr
 
 
+@pytest.mark.slow  # atd and daemons as OS processes
 def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     """The ExecStart line (no --listen, no --bootstrap) with this test's home: the daemon
     listens and dials where config.toml says (loopback here)."""

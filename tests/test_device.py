@@ -81,6 +81,7 @@ def test_index_past_the_last_gpu(monkeypatch):
 @pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
 @pytest.mark.parametrize("cmd", [["train", "--data", "digits"], ["classify", "--data", "digits"],
                                  ["split", "join", "--server", "x", "--task", "t", "--data", "digits"]])
+@pytest.mark.slow  # an atd process
 def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd):
     """As pip installs it: the error comes before any data loads (no run dir, no traceback)."""
     home = _home(tmp_path)

@@ -9,7 +9,7 @@ import trio
 
 from atdnode.transport.memory import MemoryNetwork
 from ledger import Ledger
-from tests.test_daemon_memory import daemon_on, make_consortium, wait_for
+from tests.factories import daemon_on, make_consortium, wait_for
 
 
 def _has_hello(home, peer: str) -> bool:

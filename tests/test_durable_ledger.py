@@ -25,7 +25,7 @@ from ledger import Entry, Ledger, Signer, TamperedStore
 from ledger import merge as merge_mod
 from ledger.merge import Batch
 from ledger.store import ZERO, next_link
-from tests.test_daemon_memory import daemon_on, ids, make_consortium, wait_for
+from tests.factories import daemon_on, ids, make_consortium, wait_for
 
 F = Signer.from_seed(b"F" * 32)
 A = Signer.from_seed(b"A" * 32)
@@ -264,9 +264,13 @@ def test_verify_peers_reports_what_a_truncated_ledger_lacked(tmp_path: Path) -> 
 
 
 def test_disk_full_is_one_line_with_back_off(tmp_path: Path, caplog) -> None:
-    """A fetch that hits ENOSPC is logged once and retried after a back-off, not every second."""
+    """A fetch that hits ENOSPC is logged once and retried after a back-off, not every second.
+    The daemon's clock is trio's: a MockClock at 20x real time gives a 29 s window (just under
+    the 30 s back-off) in 1.5 s; with a 1 s back-off the window would see ~6 tries."""
     import errno
     import logging
+
+    from trio.testing import MockClock
 
     homes = make_consortium(tmp_path, 1)
     net = MemoryNetwork(seed=8)
@@ -283,15 +287,15 @@ def test_disk_full_is_one_line_with_back_off(tmp_path: Path, caplog) -> None:
         d.fetcher.wanted = {"ab" * 32, "cd" * 32}
         async with trio.open_nursery() as nursery:
             await nursery.start(d.run, [], [])
-            await trio.sleep(6)
+            await trio.sleep(29)  # virtual seconds: a measurement window, not synchronisation
             d.stop()
 
     with caplog.at_level(logging.INFO, logger="atd.daemon"):
-        trio.run(main)
+        trio.run(main, clock=MockClock(rate=20))
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "disk full" in errors[0].getMessage(), [r.getMessage() for r in errors]
     assert not any(r.exc_info for r in caplog.records)
-    assert 1 <= len(calls) <= 4, calls  # two blobs, each tried once (back-off >= 30 s), not every second
+    assert len(calls) == 2, calls  # two blobs, each tried once in 29 s (back-off >= 30 s), not every second
 
 
 def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
@@ -361,7 +365,7 @@ def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypat
     signing, signs after them, and no node freezes it. (The issue's chain was 100 MB against
     the 64 MiB waiting quota; the quota and frames are scaled down so the chain stays small.)"""
     from atdnode import sync
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     monkeypatch.setattr(merge_mod, "MAX_WAITING_BYTES_PER_AUTHOR", 32 << 10)
     monkeypatch.setattr(sync, "BATCH_BYTES", 16 << 10)

@@ -14,14 +14,14 @@ from atdnode.identity import NodeIdentity
 from atdnode.model import ModelConfig
 from cli.app import app, main
 from ledger import Ledger, Signer
-from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, latest, peer_ids, sync
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, latest, peer_ids, sync
 
 runner = CliRunner()
 
 
 @pytest.fixture
-def trio(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def trio(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
 
 

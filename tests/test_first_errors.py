@@ -48,6 +48,7 @@ def test_first_errors_are_one_clear_line(home, args, expect, capsys):
     assert "unexpected keyword" not in err and "could not convert" not in err
 
 
+@pytest.mark.slow  # atd as OS processes
 def test_as_a_real_process(home):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--home", home, "--model", "resnet50", *TINY],

@@ -17,7 +17,7 @@ import ledger.entry
 from atdnode.transport.libp2p_pubsub import CoalescingPubsub, coalesce_publish
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from atdnode.transport.memory import MemoryNetwork
-from tests.test_daemon_memory import daemon_on, ids, make_consortium, wait_for
+from tests.factories import daemon_on, ids, make_consortium, serve_subscribed, wait_for
 
 TOPIC = "/atd/test/latency"
 
@@ -117,19 +117,6 @@ def test_daemon_checks_each_gossiped_signature_once(tmp_path: Path, monkeypatch)
         assert 20 <= calls["n"] <= 25, calls["n"]
 
     trio.run(main)
-
-
-async def serve_subscribed(t: Libp2pTransport, topic: str, got: dict[str, list[bytes]], stop: trio.Event,
-                           task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run `t` on loopback subscribed to `topic` (what arrives is appended to got[peer id])
-    until `stop` is set; started once subscribed."""
-    async with t.run(["/ip4/127.0.0.1/tcp/0"]):
-        async def handler(data: bytes, _frm: str) -> None:
-            got[t.peer_id].append(data)
-
-        await t.subscribe(topic, handler, lambda d, p: True)
-        task_status.started()
-        await stop.wait()
 
 
 # ---- issue 15: the receive path (buffered reads, duplicates dropped first, no pubsub

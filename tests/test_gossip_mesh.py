@@ -23,8 +23,7 @@ import trio
 from atdnode.daemon import NodeDaemon
 from atdnode.transport.libp2p_pubsub import CoalescingPubsub
 from atdnode.transport.libp2p_transport import Libp2pTransport
-from tests.test_daemon_memory import ids, make_consortium, wait_for
-from tests.test_gossip_latency import serve_subscribed
+from tests.factories import ids, make_consortium, serve_subscribed, wait_for
 
 TOPIC = "/atd/test/mesh"
 

@@ -36,6 +36,7 @@ def test_dry_run_prints_every_figure(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.slow  # a bench process
 def test_without_cuda_it_refuses_in_one_line():
     r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_bench.py")], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO, timeout=120)

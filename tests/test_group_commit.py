@@ -164,6 +164,7 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("kill_at", [0, 17])
+@pytest.mark.slow  # daemons as OS processes, one killed
 def test_a_process_killed_between_sign_and_commit_loses_nothing_gossiped(tmp_path: Path, kill_at: int) -> None:
     db = tmp_path / "l.db"
     _ledger(db).close()

@@ -9,14 +9,14 @@ import pytest
 from atdnode.hierarchical_node import group_stats
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
-from tests.test_aggregate_cli import cli
-from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, sync
+from tests.factories import cli_json as cli
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, sync
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
-def test_hierarchical_groups_one_horizontal_one_vertical(tmp_path_factory, tmp_path):
-    a, b, c = copy_homes(disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint"), tmp_path / "h")
+def test_hierarchical_groups_one_horizontal_one_vertical(vgs_template, tmp_path):
+    a, b, c = copy_homes(vgs_template("disjoint"), tmp_path / "h")
     with Ledger.open(a.ledger_db) as led:  # a: digits 0-2, b: 3-5, c: 6-9; each published its extractor
         wa, wb, wc = (led.query(kind="weights", author=NodeIdentity.load(h).public_key)[0] for h in (a, b, c))
     # phase-1-like horizontal global model on a (a, b); phase-2-like vertical global model on c (a, b, c)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 
 import pytest
@@ -14,22 +13,17 @@ from atdnode.identity import NodeIdentity
 from atdnode.registry import ModelRegistry
 from cli.app import app
 from ledger import Ledger
-from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, sync
+from tests.factories import cli_json as cli
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, sync
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
 @pytest.fixture
-def trio(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def trio(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
-
-
-def cli(*args: str) -> dict:
-    r = runner.invoke(app, [*args, "--json"])
-    assert r.exit_code == 0, (r.output, r.exception)
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def hier(home, *groups: str, weighting: str | None = None) -> dict:

@@ -14,7 +14,8 @@ import trio.testing
 from atdnode.ledger_access import LedgerAccess, NodeStopping
 from ledger import Ledger
 from ledger.keys import Signer
-from tests.test_transport_contract import KINDS, nodes, run
+from tests.factories import KINDS, run
+from tests.factories import transports as nodes
 
 PROTO = "/atd/test-stopping/1.0.0"
 

@@ -16,7 +16,8 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from atdnode.transport.libp2p_transport import Libp2pTransport
-from tests.test_transport_contract import nodes, run
+from tests.factories import run
+from tests.factories import transports as nodes
 
 
 async def _known_peer_is_not_dialled() -> None:

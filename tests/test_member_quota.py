@@ -18,7 +18,7 @@ from atdnode.errors import ConfigError
 from atdnode.ledger_access import quota_from_config
 from ledger import AuthorQuota, Ledger, QuotaExceeded, Signer
 from ledger.quota import KindLimit, QuotaTracker
-from tests.test_daemon_memory import daemon_on, make_consortium, wait_for
+from tests.factories import daemon_on, make_consortium, wait_for
 
 F = Signer.from_seed(b"F" * 32)
 A = Signer.from_seed(b"A" * 32)

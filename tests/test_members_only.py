@@ -25,7 +25,7 @@ from atdnode.sync import SYNC_PROTOCOL, pull
 from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, read_header, unpack
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
-from tests.test_daemon_memory import append, cli, daemon_on, ids, make_consortium, wait_for
+from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
 
 
 class AcceptOnly(SplitService):

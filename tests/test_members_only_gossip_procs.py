@@ -30,7 +30,7 @@ from atdnode.transport.bulk import BulkConn, derive_keys, new_ephemeral
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Entry, Ledger
 from tests.nodeprocs import start_daemon
-from tests.test_daemon_memory import append, cli
+from tests.factories import append, cli
 
 pytestmark = pytest.mark.slow
 
@@ -168,12 +168,15 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
             d.terminate()
     print(report)
     assert report["outsider_got"] == 0, report
-    assert all(s < 1.0 for s in report["outsider_s"]), report
-    assert all(s < 1.0 for s in report["revoked_redial_s"]), report
+    # Closed, not kept: a connection the founder keeps lasts the whole `connected_for` limit
+    # (5 s; the revoked member's did, receiving gossip, until its revocation). Closing takes
+    # ~0.1 s on an idle machine; half the limit leaves room for a loaded 2-core CI box.
+    assert all(s < 2.5 for s in report["outsider_s"]), report
+    assert all(s < 2.5 for s in report["revoked_redial_s"]), report
     # The founder daemon notices its new ledger entry on its next poll (0.25 s; a loaded 2-core
     # CI box once took 3.1 s), gossips it, and drops the peer at once after that.
     assert report["revoked_dropped_s"] < 10.0, report
-    if report["revoked_dropped_after_gossip_s"] is not None:
-        assert report["revoked_dropped_after_gossip_s"] < 1.0, report
+    if report["revoked_dropped_after_gossip_s"] is not None:  # at once: milliseconds idle, 2 s for a loaded CI box
+        assert report["revoked_dropped_after_gossip_s"] < 2.0, report
     assert report["revoked_got_before"] >= 1, report  # it did receive gossip while a member: the test can fail
     assert report["sent_after"] >= 5 and report["revoked_got_after"] == 0, report

@@ -12,13 +12,15 @@ import os
 import random
 from pathlib import Path
 
+import pytest
+
 from atdnode import control
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import start_daemon, wait_until
-from tests.test_daemon_memory import cli
+from tests.factories import cli
 
 
 def _kinds(home: Path) -> list[str]:
@@ -35,6 +37,7 @@ def _status(home: Path) -> dict:
     return control.call(NodeHome.at(home).control_socket, "status")
 
 
+@pytest.mark.slow  # daemons as OS processes
 def test_never_admitted_and_revoked_nodes_get_nothing(tmp_path: Path) -> None:
     f, m, o, r = (tmp_path / n for n in ("founder", "member", "outsider", "revoked"))
     cli("init", "--home", str(f), "--genesis", "--consortium", "closed")

@@ -23,16 +23,16 @@ from atdnode.horizontal import aggregate_horizontal
 from atdnode.identity import NodeIdentity
 from cli.app import app
 from ledger import Ledger, peer_id_from_public_key
-from tests.test_dashboard import browser, text_of
-from tests.vgs_homes import copy_homes, peer_ids, skewed_trio
+from tests.browser import browser, text_of
+from tests.vgs_homes import copy_homes, peer_ids
 
 runner = CliRunner()
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
 
 
 @pytest.fixture
-def skewed(tmp_path_factory, tmp_path):
-    template = skewed_trio(tmp_path_factory.getbasetemp() / "templates" / "skewed")
+def skewed(vgs_template, tmp_path):
+    template = vgs_template("skewed")
     return copy_homes(template, tmp_path / "homes")
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -45,6 +46,7 @@ def listed(home: Path) -> dict[str, dict]:
     return {m["id"]: m for m in json.loads(cli("models", "--home", str(home), "--json"))}
 
 
+@pytest.mark.slow  # an atd process
 def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     h = NodeHome.at(tmp_path / "n")
     init_home(h, consortium="demo")

@@ -23,9 +23,9 @@ from atdnode.weights import load_weights
 from cli.app import run
 from ledger import Ledger
 from protocols.split_parts import SplitBody, build_plain_embedder, digits_images, split_config
-from tests.test_daemon_memory import daemon_on, make_consortium
-from tests.test_split_network import BODY, client, configure, data
-from tests.test_split_secret import _spread
+from tests.factories import daemon_on, make_consortium
+from tests.split_checks import spread
+from tests.splitnet import BODY, client, configure, data
 
 torch.set_num_threads(1)
 
@@ -48,7 +48,7 @@ def campaign(tmp_path_factory):
             server.stop()
 
     trio.run(main)
-    _spread(homes)
+    spread(homes)
     return homes
 
 
@@ -147,7 +147,7 @@ def _trained(home, init):
 def _tiny_raw(**scenario) -> dict:
     import json
 
-    from tests.test_netsim_vgs import TINY
+    from tests.netsim_tiny import TINY
 
     raw = json.loads(json.dumps(TINY))
     raw["scenario"].update({"methods": ["vgs-atd", "centralized"], **scenario})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from atdnode.config import NodeConfig
@@ -18,7 +19,7 @@ from atdnode.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from netsim.homes import make_consortium
-from tests.test_daemon_memory import wait_for
+from tests.factories import wait_for
 
 TARGET, MAX = 3, 5
 PEERS = {"target": TARGET, "max": MAX, "grace_s": 1.0, "redial_after_s": 2.0, "rotate_s": 2.0}
@@ -77,6 +78,7 @@ class Cluster:
         return out
 
 
+@pytest.mark.slow  # ten daemons on real libp2p, three leave and rejoin
 def test_peer_set_bounds_hold_under_churn_and_entries_reach_everyone(tmp_path: Path) -> None:
     n = 10
     c = homes_with_peer_set(tmp_path, n)

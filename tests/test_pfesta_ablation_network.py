@@ -14,8 +14,8 @@ from ledger import Ledger
 import pytest
 
 from protocols.comm_cost import ByteCounter, CostParams, t_pfesta_learnable_head
-from tests.test_daemon_memory import daemon_on, make_consortium
-from tests.test_split_network import _majority_rate, check_record, client, configure, data
+from tests.factories import daemon_on, make_consortium
+from tests.splitnet import check_record, client, configure, data, majority_rate
 
 
 def test_learnable_head_without_pos_embed_over_the_network(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_learnable_head_without_pos_embed_over_the_network(tmp_path: Path) -> No
         assert theirs["variant"] == rec["variant"] and theirs["measured"] == row["measured"]
         # it trained and evaluated through the body: measured 0.44 and 0.51 against the
         # held-out majority rate (0.15-0.16; what a constant predictor scores)
-        majority = _majority_rate(data(1 if res is results["a"] else 2))
+        majority = majority_rate(data(1 if res is results["a"] else 2))
         assert res.metrics["accuracy"] > 2 * majority, (res.metrics, majority)
     assert "pfesta[learnable-head,no-pos-embed]" in render(list(server_rows.values()))
     with Ledger.open(homes[1].ledger_db) as led:

@@ -95,6 +95,7 @@ def test_partial_bytes_follows_a_download_in_another_process(tmp_path):
 
 
 @pytest.mark.parametrize("force", ["1", "0"])
+@pytest.mark.slow  # an atd process
 def test_ledger_wait_draws_its_bars_when_asked(tmp_path, force):
     from atdnode.identity import init_home
     from atdnode.home import NodeHome

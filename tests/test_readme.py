@@ -73,9 +73,9 @@ def test_split_walkthrough(tmp_path: Path) -> None:
     digit = float(re.search(r"^pfesta task digit: 2 round\(s\), accuracy=(\d\.\d+)", out, re.M).group(1))
     # the walkthrough's setting (2 rounds x 3 steps, 120 samples) is test_split_network's in-memory one:
     # 0.44-0.46 there against the shard's held-out majority rate of 0.16 (what a constant scores)
-    from tests.test_split_network import _majority_rate
+    from tests.splitnet import majority_rate
 
-    assert digit > 1.5 * _majority_rate("digits?shard=1/2&limit=120"), digit
+    assert digit > 1.5 * majority_rate("digits?shard=1/2&limit=120"), digit
     m = re.search(r"^pfesta task ink: 2 round\(s\), patch_accuracy=(\d\.\d+) patch_majority=(\d\.\d+)", out, re.M)
     ink, majority = float(m.group(1)), float(m.group(2))
     assert ink > majority + 0.05, (ink, majority)  # clearly better than predicting the majority patch value
@@ -84,6 +84,7 @@ def test_split_walkthrough(tmp_path: Path) -> None:
     assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
 
 
+@pytest.mark.slow  # daemons and curl as OS processes
 def test_dashboard_walkthrough(tmp_path: Path) -> None:
     """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
     from prometheus_client.parser import text_string_to_metric_families

@@ -119,6 +119,7 @@ def test_fedwavg_weights_near_uniform_on_iid_data(tmp_path):
     assert max(abs(x - 0.25) for x in w_sharp) > max(abs(x - 0.25) for x in w)
 
 
+@pytest.mark.slow  # an atd process
 def test_bad_weighting_is_a_one_line_error(tmp_path):
     import subprocess
     import sys

@@ -22,8 +22,7 @@ from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from ledger import Ledger
-from tests.nodeprocs import ATD, _env, start_daemon, wait_until
-from tests.test_daemon_procs import _consortium, _status
+from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -79,14 +78,14 @@ def _aggregates(home: Path) -> dict[int, dict]:
 
 
 def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Path) -> None:
-    homes = _consortium(tmp_path, N)
+    homes = consortium(tmp_path, N)
     daemons, runs = {}, {}
     try:
         daemons[0] = start_daemon(homes[0])
-        addr = _status(homes[0])["addrs"][0]
+        addr = live_status(homes[0])["addrs"][0]
         for k in range(1, N):
             daemons[k] = start_daemon(homes[k], "--bootstrap", addr)
-        wait_until(lambda: all(len(_status(h)["peers"]) >= N - 1 for h in homes), 120, "a full mesh")
+        wait_until(lambda: all(len(live_status(h)["peers"]) >= N - 1 for h in homes), 120, "a full mesh")
         runs = {k: Rounds(h, k) for k, h in enumerate(homes)}
         for _ in range(KILL_ROUND):
             runs[KILLED].next(600)

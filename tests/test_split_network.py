@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import trio
@@ -26,46 +25,10 @@ from atdnode.transport.base import StreamClosed, TransportError
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from protocols.comm_cost import ByteCounter
-from tests.test_daemon_memory import daemon_on, make_consortium, wait_for
+from tests.factories import daemon_on, make_consortium, wait_for
+from tests.splitnet import BASE, TOKENS, check_record, client, configure, data, majority_rate
 
 torch.set_num_threads(1)
-
-TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
-         {"name": "ink", "kind": "segmentation", "loss_weight": 0.5},
-         {"name": "severity", "kind": "regression", "loss_weight": 0.5}]
-BODY = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 2, "num_heads": 2}
-BASE = {"tasks": TASKS, "body": BODY, "rounds": 2, "steps_per_round": 3, "unifying_rounds": 1, "batch_size": 16,
-        "clients": 2, "start_timeout": 30.0, "round_timeout": 20.0, "lr": 3e-3}
-TOKENS = (16, 32)  # (N patches, D) at the cut
-
-
-def data(i: int, n: int = 2, limit: int = 120) -> str:
-    return f"digits?shard={i}/{n}&limit={limit}"
-
-
-def configure(home: NodeHome, role: str, **kw) -> None:
-    cfg = NodeConfig.load(home)
-    cfg.role = role
-    cfg.save(home)
-    SplitSettings.from_dict({**BASE, **kw}).save(home)
-
-
-async def client(net: MemoryNetwork, home: NodeHome, server, task: str, spec: str, **kw):
-    t = MemoryTransport(net, NodeIdentity.load(home).signer.seed)
-    try:
-        async with t.run([]):
-            return await run_join(home, t, JoinOptions(server=server.transport.peer_id, task=task, data=spec,
-                                                       server_addrs=server.transport.addrs(), **kw))
-    except BaseExceptionGroup as eg:  # the transport's nursery wraps a client error
-        raise single_error(eg) from None
-
-
-def check_record(res, algorithm: str, tol: float = 0.05) -> dict:
-    row = report_row(res.record)
-    assert row["algorithm"] == algorithm and row["side"] == "client"
-    assert abs(row["rel_error"]) < tol, row
-    return row
-
 
 def test_pfesta_two_tasks_over_the_network(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 3)
@@ -195,7 +158,9 @@ def test_vanished_and_silent_clients_do_not_stall_the_server(tmp_path: Path) -> 
             ids = [NodeIdentity.load(h).peer_id for h in homes[2:]]
             assert dropped[ids[0]]["reason"].startswith("disconnected") and dropped[ids[0]]["round"] == 1
             assert "round 1" in dropped[ids[1]]["reason"]
-            assert svc.board.completed == 2 and took < 2 * 3.0 + 10  # one deadline, not one per round
+            # both were dropped in round 1 (above); a server that waited on either would never
+            # finish. One 3 s deadline plus 2 x 2 tiny steps: ~4 s idle; 30 s is for a loaded CI box
+            assert svc.board.completed == 2 and took < 30, took
             server.stop()
 
     trio.run(main)
@@ -334,7 +299,7 @@ def test_msd_round_publishes_weights_clients_fine_tune(tmp_path: Path) -> None:
     # rate of 0.16; a constant predictor scores the majority rate; 10 steps scored 0.075)
     out = finetune_from_entry(homes[1], task="digit", data=data(1), steps=20)
     assert out["entry"] == w.id.hex()
-    acc, majority = out["metrics"]["accuracy"], _majority_rate(data(1))
+    acc, majority = out["metrics"]["accuracy"], majority_rate(data(1))
     assert acc == pytest.approx(results["a"].metrics["accuracy"], abs=1e-6), (out["metrics"], results["a"].metrics)
     assert acc > 1.5 * majority, (acc, majority)
 
@@ -343,7 +308,7 @@ def test_join_errors_are_clear(tmp_path: Path) -> None:
     homes = make_consortium(tmp_path, 2)
     configure(homes[0], "pfesta-server", clients=1, max_samples=100)
     outsider = tmp_path / "outsider"
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     led = Ledger.open(homes[0].ledger_db)
     genesis = led.query(kind="genesis")[0].id.hex()
@@ -425,7 +390,7 @@ def test_settings_validate_and_round_trip(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- processes
 
 def _cli(*args: str) -> str:
-    from tests.test_daemon_memory import cli
+    from tests.factories import cli
 
     return cli(*args)
 
@@ -470,7 +435,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
         server.terminate()
     metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
-    digit_majority = _majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
+    digit_majority = majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split
     for algo in ("pfesta", "festa"):
         ink = metrics[(algo, "ink")]  # the positive patch rate is ~0.52: compare with the majority rate
         # 12 steps; the in-memory test_pfesta_two_tasks_over_the_network holds a 0.05 margin after 6
@@ -489,14 +454,6 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     table = _cli("split", "report", "--home", str(c1))
     assert "T_pFESTA" in table and "pfesta" in table and "festa" in table
     _check_embedder_secret(NodeHome.at(ps), NodeHome.at(c1), NodeHome.at(c2), jobs[0][2])
-
-
-def _majority_rate(spec: str) -> float:
-    """The most frequent class's share of ``spec``'s held-out split (what a constant scores)."""
-    from atdnode.data import load_dataset
-
-    labels = np.asarray(load_dataset(spec, 28, 1, "test", seed=0).labels)
-    return float(np.bincount(labels).max() / len(labels))
 
 
 def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) -> None:

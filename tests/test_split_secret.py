@@ -9,7 +9,6 @@ import pytest
 import torch
 import trio
 
-from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.split.secret import (SplitSecretError, campaign_secret, check_adopted, check_secret_body,
                                   check_secret_entry, create_secret, ensure_hello, ensure_joined, open_secret)
@@ -17,22 +16,11 @@ from ledger import Ledger
 from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
 from protocols.split_parts import SPLIT_MODEL, build_plain_embedder
-from tests.split_checks import files_containing, secret_bytes
-from tests.test_daemon_memory import daemon_on, make_consortium
-from tests.test_split_network import client, configure, data
+from tests.split_checks import files_containing, secret_bytes, spread
+from tests.factories import daemon_on, make_consortium
+from tests.splitnet import client, configure, data
 
 CFG = SPLIT_MODEL
-
-
-def _spread(homes: list[NodeHome]) -> None:
-    """Every home's entries merged into every other home's ledger (what sync would do)."""
-    raws = []
-    for h in homes:
-        with Ledger.open(h.ledger_db) as led:
-            raws += [e.to_bytes() for e in led.all_entries()]
-    for h in homes:
-        with Ledger.open(h.ledger_db) as led:
-            led.merge(raws)
 
 
 def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
@@ -42,17 +30,17 @@ def test_secret_sealed_to_clients_only(tmp_path: Path) -> None:
         ensure_hello(server, led, role="pfesta-server")
         service = led.append(server.signer, "service", {"algorithm": "pfesta", "body": CFG.to_dict()}).id.hex()
     for ident, h in ((c1, homes[1]), (c2, homes[2])):
-        _spread(homes)
+        spread(homes)
         with Ledger.open(h.ledger_db) as led:
             ensure_hello(ident, led)
             ensure_joined(ident, led, service)
-    _spread(homes)
+    spread(homes)
     with Ledger.open(homes[1].ledger_db) as led:
         entry = create_secret(c1, led, service, CFG)
         mine = open_secret(c1, led, entry.id.hex(), service, CFG)
     assert entry.kind == SPLIT_SECRET_KIND
     assert set(entry.body["recipients"]) == {c1.peer_id, c2.peer_id}  # not the server, not the keyless member
-    _spread(homes)
+    spread(homes)
     with Ledger.open(homes[2].ledger_db) as led:
         theirs = open_secret(c2, led, entry.id.hex(), service, CFG)
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
@@ -148,19 +136,19 @@ def test_a_member_outside_the_campaign_cannot_open_it(tmp_path: Path) -> None:
     with Ledger.open(homes[0].ledger_db) as led:
         ensure_hello(server, led, role="pfesta-server")
         service = led.append(server.signer, "service", {"algorithm": "pfesta", "body": CFG.to_dict()}).id.hex()
-    _spread(homes)
+    spread(homes)
     for ident, h in ((c1, homes[1]), (c2, homes[2]), (out, homes[3])):
         with Ledger.open(h.ledger_db) as led:
             ensure_hello(ident, led)
             if ident is not out:
                 ensure_joined(ident, led, service)
-    _spread(homes)
+    spread(homes)
     with Ledger.open(homes[1].ledger_db) as led:
         entry = create_secret(c1, led, service, CFG)
     assert set(entry.body["recipients"]) == {c1.peer_id, c2.peer_id}  # not the outsider
     # a colluding maker (c2) seals another secret to the outsider as well: it is no valid secret
     with Ledger.open(homes[2].ledger_db) as led:
-        _spread(homes)
+        spread(homes)
         to = {c2.peer_id: c2.x25519_public, out.peer_id: out.x25519_public}
         env = seal_bytes(st_save(new_embedder_state(CFG)), to, c2.x25519_private, purpose=PURPOSE,
                          sender_id=c2.peer_id)
@@ -168,7 +156,7 @@ def test_a_member_outside_the_campaign_cannot_open_it(tmp_path: Path) -> None:
                               {"service": service, "recipients": sorted(to), "envelope": env, "alg": ALG})
         with pytest.raises(SplitSecretError, match="outside the campaign"):
             check_secret_entry(led, leaky, service)
-    _spread(homes)
+    spread(homes)
     with Ledger.open(homes[3].ledger_db) as led:
         for e in (entry, leaky):
             with pytest.raises(SplitSecretError, match="did not join"):

@@ -106,6 +106,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # an atd process killed, then resumed
 def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     home = new_home(tmp_path / "killed")

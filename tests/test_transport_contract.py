@@ -4,56 +4,18 @@ Every wait has a deadline (trio.fail_after); nothing sleeps for a fixed time.
 """
 from __future__ import annotations
 
-import hashlib
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import AsyncIterator, Callable
-
 import pytest
 import trio
 import trio.testing
 
 from atdnode.transport.base import MAX_FRAME, MAX_GOSSIP, FrameError, StreamClosed, Transport, TransportError
 from atdnode.transport.framing import HEADER
-from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport, peer_id_from_seed
+from atdnode.transport.memory import LinkConditions, MemoryNetwork, peer_id_from_seed
+from tests.factories import KINDS, run, seed, wait_for
+from tests.factories import transports as nodes
 
-KINDS = ["memory", "libp2p"]
 TOPIC = "atd/test/1"
 ECHO = "/atd/test-echo/1.0.0"
-
-
-def seed(i: int) -> bytes:
-    return hashlib.sha256(f"node-{i}".encode()).digest()
-
-
-@asynccontextmanager
-async def nodes(kind: str, n: int, *, net: MemoryNetwork | None = None, first: int = 0) -> AsyncIterator[list[Transport]]:
-    """n running transports of one kind (not yet connected), keys seed(first) ... seed(first + n - 1)."""
-    if kind == "memory":
-        net = net or MemoryNetwork(seed=7)
-        ts: list[Transport] = [MemoryTransport(net, seed(i)) for i in range(first, first + n)]
-    else:
-        from atdnode.transport.libp2p_transport import Libp2pTransport
-
-        ts = [Libp2pTransport(seed(i)) for i in range(first, first + n)]
-    async with AsyncExitStack() as stack:
-        for t in ts:
-            await stack.enter_async_context(t.run(["/ip4/127.0.0.1/tcp/0"]))
-        yield ts
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `cond` until true; fail after `timeout` seconds."""
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.01)
-
-
-def run(fn, *args, timeout: float = 60.0) -> None:
-    async def main() -> None:
-        with trio.fail_after(timeout):
-            await fn(*args)
-
-    trio.run(main)
 
 
 async def star(ts: list[Transport], topic: str | None = TOPIC) -> None:

@@ -15,15 +15,15 @@ from atdnode.features_share import FeaturesError
 from atdnode.publish import publish_weights
 from atdnode.weights import load_weights
 from cli.app import app
-from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, disjoint_trio, latest, peer_ids, sync
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, latest, peer_ids, sync
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
 @pytest.fixture
-def trio(tmp_path_factory, tmp_path):
-    template = disjoint_trio(tmp_path_factory.getbasetemp() / "templates" / "disjoint")
+def trio(vgs_template, tmp_path):
+    template = vgs_template("disjoint")
     return copy_homes(template, tmp_path / "homes")
 
 

@@ -11,7 +11,8 @@ import trio
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, TYPE_DATA, Yamux
 
 from atdnode.transport.yamux_tuning import FRAME_MAX, RECV_WINDOW, TunedYamux
-from tests.test_blobxfer import cluster, run, until
+from tests.blobnet import cluster
+from tests.factories import run, wait_for
 
 MIB = 1 << 20
 
@@ -64,7 +65,8 @@ def test_tuned_opener_grants_a_large_window_and_receives_large_frames(tmp_path: 
                 ys, conn = stream.raw.s.muxed_stream, muxer_of(stream)
                 assert isinstance(conn, TunedYamux) and ys.target_recv_window == DEFAULT_WINDOW_SIZE
                 # the opener's grant arrived (less the few bytes of protocol negotiation)
-                await until(lambda: ys.send_window > RECV_WINDOW - 1024 > DEFAULT_WINDOW_SIZE)
+                await wait_for(lambda: ys.send_window > RECV_WINDOW - 1024 > DEFAULT_WINDOW_SIZE,
+                               "the large window granted", interval=0.005)
                 write = conn._write_data
 
                 async def spy(header: bytes, body) -> None:
@@ -107,7 +109,7 @@ def test_tuned_reader_handles_noise_messages_that_straddle_frames(tmp_path: Path
 
             async def source(stream) -> None:
                 ys, conn = stream.raw.s.muxed_stream, muxer_of(stream)
-                await until(lambda: ys.send_window > RECV_WINDOW - 1024)
+                await wait_for(lambda: ys.send_window > RECV_WINDOW - 1024, "the window credit back", interval=0.005)
                 pending: list[bytes] = []
 
                 async def coalesce(header: bytes, body) -> None:

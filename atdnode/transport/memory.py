@@ -60,6 +60,7 @@ from atdnode.transport.framing import Counter, FramedStream
 log = logging.getLogger(__name__)
 
 SEEN_CACHE = 200_000  # message ids remembered per node (like gossipsub's seen cache)
+DISPATCH_BATCH = 64  # gossip messages due at once handled between two checkpoints
 
 
 def peer_id_from_seed(seed: bytes) -> str:
@@ -339,8 +340,12 @@ class MemoryTransport(Transport):
                 with trio.move_on_at(at):  # an earlier message may arrive meanwhile
                     await self._inbox_lot.park()
                 continue
-            _, _, (msg, forwarder) = heapq.heappop(self._inbox)
-            self._receive(msg, forwarder)
+            now, inbox = trio.current_time(), self._inbox
+            for _ in range(DISPATCH_BATCH):  # every message due now, then one checkpoint (not one each)
+                _, _, (msg, forwarder) = heapq.heappop(inbox)
+                self._receive(msg, forwarder)
+                if not inbox or inbox[0][0] > now:
+                    break
             await trio.lowlevel.checkpoint()
 
     def _receive(self, msg: tuple, forwarder: str) -> None:

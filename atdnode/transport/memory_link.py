@@ -8,6 +8,7 @@ src, dst), so a run is reproducible with trio's MockClock.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import trio
 
 
-@dataclass
+@dataclass(slots=True)
 class LinkConditions:
     """Simulated properties of one direction of a link."""
 
@@ -33,16 +34,40 @@ Observer = Callable[[str, str, str, int, bool], None]
 
 
 class Link:
-    """One direction src -> dst: conditions, a serialization clock, counters, an RNG."""
+    """One direction src -> dst: conditions, a serialization clock, counters, an RNG.
+
+    Small (issue 29: a simulation of 1,000 daemons holds tens of thousands): slots, and
+    the RNG (a `random.Random` is ~2.5 KB) and the parking lot for stalled streams are made
+    on first use -- only lossy links draw, only cut links stall. The RNG's seed is the same
+    whenever it is made, so runs stay reproducible."""
+
+    __slots__ = ("net", "src", "dst", "cond", "_rng", "_busy_until", "bytes", "messages", "dropped", "_lot")
 
     def __init__(self, net: "MemoryNetwork", src: str, dst: str) -> None:
         self.net, self.src, self.dst = net, src, dst
-        self.cond = LinkConditions(**vars(net.default))
-        digest = hashlib.sha256(f"{net.seed}|{src}|{dst}".encode()).digest()
-        self.rng = random.Random(int.from_bytes(digest[:8], "big"))
+        self.cond = net.default  # shared until set(): conditions are replaced, never mutated
+        self._rng: random.Random | None = None
         self._busy_until = 0.0
-        self.stats = {"bytes": 0, "messages": 0, "dropped": 0}
-        self._up = trio.lowlevel.ParkingLot()
+        self.bytes = self.messages = self.dropped = 0
+        self._lot: trio.lowlevel.ParkingLot | None = None
+
+    @property
+    def rng(self) -> random.Random:
+        """This link's RNG, seeded from (network seed, src, dst)."""
+        if self._rng is None:
+            digest = hashlib.sha256(f"{self.net.seed}|{self.src}|{self.dst}".encode()).digest()
+            self._rng = random.Random(int.from_bytes(digest[:8], "big"))
+        return self._rng
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"bytes": self.bytes, "messages": self.messages, "dropped": self.dropped}
+
+    @property
+    def _up(self) -> trio.lowlevel.ParkingLot:
+        if self._lot is None:
+            self._lot = trio.lowlevel.ParkingLot()
+        return self._lot
 
     def _schedule(self, nbytes: int) -> tuple[float, float]:
         """Reserve the link for nbytes: (serialization done, delivery time)."""
@@ -56,7 +81,7 @@ class Link:
     def gossip(self, nbytes: int) -> float | None:
         """Delivery time of a gossip message, or None if it is lost (down link or loss)."""
         if not self.is_up() or (self.cond.loss > 0 and self.rng.random() < self.cond.loss):
-            self.stats["dropped"] += 1
+            self.dropped += 1
             self.net._observe(self.src, self.dst, "gossip", nbytes, False)
             return None
         _, at = self._schedule(nbytes)
@@ -75,8 +100,8 @@ class Link:
         return at
 
     def _count(self, nbytes: int, kind: str) -> None:
-        self.stats["bytes"] += nbytes
-        self.stats["messages"] += 1
+        self.bytes += nbytes
+        self.messages += 1
         self.net._sent[self.src] = self.net._sent.get(self.src, 0) + nbytes
         self.net._received[self.dst] = self.net._received.get(self.dst, 0) + nbytes
         self.net._observe(self.src, self.dst, kind, nbytes, True)
@@ -86,8 +111,8 @@ class Link:
 
     def set(self, cond: LinkConditions) -> None:
         self.cond = cond
-        if cond.up:
-            self._up.unpark_all()
+        if cond.up and self._lot is not None:
+            self._lot.unpark_all()
 
 
 class MemoryNetwork:
@@ -109,16 +134,20 @@ class MemoryNetwork:
         self._received: dict[str, int] = {}
 
     def link(self, src: str, dst: str) -> Link:
-        key = (src, dst)
-        if key not in self._links:
-            self._links[key] = Link(self, src, dst)
-        return self._links[key]
+        lk = self._links.get((src, dst))
+        if lk is None:
+            lk = self._links[(src, dst)] = self.new_link(src, dst)
+        return lk
+
+    def new_link(self, src: str, dst: str) -> Link:
+        """The link src -> dst, made when first used (a subclass may set its conditions)."""
+        return Link(self, src, dst)
 
     def set_link(self, a: str, b: str, cond: LinkConditions, *, both: bool = True) -> None:
         """Set the conditions of a -> b (and b -> a unless both=False)."""
-        self.link(a, b).set(LinkConditions(**vars(cond)))
+        self.link(a, b).set(dataclasses.replace(cond))
         if both:
-            self.link(b, a).set(LinkConditions(**vars(cond)))
+            self.link(b, a).set(dataclasses.replace(cond))
 
     def partition(self, *groups: set[str]) -> None:
         """Take down every link between peers of different groups (others unchanged).
@@ -139,9 +168,9 @@ class MemoryNetwork:
         self._cuts.clear()
         for link in self._links.values():
             if not link.cond.up:
-                link.set(LinkConditions(**{**vars(link.cond), "up": True}))
-            else:
-                link._up.unpark_all()  # streams stalled by the cut
+                link.set(dataclasses.replace(link.cond, up=True))
+            elif link._lot is not None:
+                link._lot.unpark_all()  # streams stalled by the cut
 
     def add_observer(self, fn: Observer) -> None:
         self._observers.append(fn)
@@ -152,7 +181,7 @@ class MemoryNetwork:
 
     def link_stats(self) -> dict[tuple[str, str], dict[str, int]]:
         """(src, dst) -> {"bytes", "messages", "dropped"} for every link used so far."""
-        return {k: dict(v.stats) for k, v in self._links.items()}
+        return {k: v.stats for k, v in self._links.items()}
 
     def node_stats(self, peer_id: str) -> dict[str, int]:
         """Bytes a node put on / took off its links (gossip + streams, link level)."""

@@ -1,0 +1,103 @@
+"""Shared fixtures. Start here when writing a test.
+
+Factories (plain functions, importable from their modules; never import another test module:
+`tests/test_suite_shape.py` checks):
+- `tests/factories.py`: `make_consortium(root, n)` (N homes, n0 founds and admits the rest),
+  `daemon_on(net, home)` (a real `NodeDaemon` on the in-memory network), `append`, `ids`, `cli`,
+  `cli_json`, `transports(kind, n)` (bare transports, both kinds), `run`, and
+  `wait_for(cond, what, timeout)`: the one way to wait inside a trio run.
+- `tests/nodeprocs.py`: daemons as OS processes (`start_daemon` returns once the daemon printed
+  its address), `atd(...)` as a subprocess, `consortium(root, n)` made by the CLI processes,
+  `status(home)`, and `wait_until(cond, timeout, what)`: the one way to wait outside trio.
+- `tests/vgs_homes.py`: homes with trained tiny ViTs (the `disjoint` and `skewed` trios).
+- `tests/blobnet.py`, `tests/splitnet.py`, `tests/split_checks.py`, `tests/browser.py`,
+  `tests/medimg.py`, `tests/mdblocks.py`, `tests/netsim_tiny.py`: narrower helpers.
+
+Fixtures here: `consortium` (N fresh homes under tmp_path), `procs` (start daemons as OS
+processes; all are stopped when the test ends), `vgs_template` (the trained trios, built once
+per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a test to change).
+
+Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
+Mark a test `slow` when it starts OS processes or trains for more than a few seconds.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from atdnode.home import NodeHome
+from tests.factories import make_consortium
+from tests.nodeprocs import Daemon, start_daemon
+
+
+@pytest.fixture
+def consortium(tmp_path: Path) -> Callable[[int], list[NodeHome]]:
+    """`consortium(n)`: n fresh homes `tmp_path/c<k>/n0..` (n0 founded and admitted the others)."""
+    made = 0
+
+    def make(n: int) -> list[NodeHome]:
+        nonlocal made
+        made += 1
+        return make_consortium(tmp_path / f"c{made}", n)
+
+    return make
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., Daemon]]:
+    """`procs(home, *args, timeout=60)`: `atd node start` as an OS process, returned once it
+    listens; every daemon still running when the test ends gets SIGTERM (then SIGKILL)."""
+    started: list[Daemon] = []
+
+    def start(home: Path | NodeHome, *args: str, timeout: float = 60) -> Daemon:
+        d = start_daemon(home.root if isinstance(home, NodeHome) else home, *args, timeout=timeout)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            try:
+                d.terminate()
+            except AssertionError:
+                pass  # it ignored SIGTERM: terminate() already killed it; the test itself decides
+
+
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this run sees (the run's base temp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def vgs_template(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`vgs_template("disjoint" | "skewed")`: the folder of that trained trio (see
+    `tests/vgs_homes.py`), built once per run under a file lock. Read-only: copy it
+    (`vgs_trio`, or `copy_homes`) before changing anything."""
+    from filelock import FileLock
+
+    from tests.vgs_homes import disjoint_trio, skewed_trio
+
+    builders = {"disjoint": disjoint_trio, "skewed": skewed_trio}
+    root = _shared_root(tmp_path_factory) / "templates"
+    root.mkdir(parents=True, exist_ok=True)
+
+    def get(name: str) -> Path:
+        with FileLock(str(root / f"{name}.lock")):
+            return builders[name](root / name)
+
+    return get
+
+
+@pytest.fixture
+def vgs_trio(vgs_template, tmp_path: Path) -> Callable[[str], list[NodeHome]]:
+    """`vgs_trio("disjoint" | "skewed")`: a private copy of that trained trio's homes (a, b, c)."""
+    from tests.vgs_homes import copy_homes
+
+    def get(name: str) -> list[NodeHome]:
+        return copy_homes(vgs_template(name), tmp_path / f"{name}-homes")
+
+    return get
