@@ -142,12 +142,12 @@ def test_small_consortium_mesh_sends_fewer_copies_and_covers_a_lost_origin_link(
     every mesh, so each node relayed each entry to all its other peers: 12 of the 16 copies
     were duplicates (measured 12.0 per entry here). Then X refuses the author's connection:
     the author's entries still reach X, through the others' relays alone (no sync: its
-    interval is an hour)."""
+    interval is an hour once the ledgers are in step)."""
     homes = make_consortium(tmp_path, 5)
     out: dict = {}
 
     async def main() -> None:
-        ds = [NodeDaemon(h, sync_interval=3600.0, poll_interval=0.1, auto_fetch=False) for h in homes]
+        ds = [NodeDaemon(h, sync_interval=1.0, poll_interval=0.1, auto_fetch=False) for h in homes]
         async with trio.open_nursery() as nursery:
             first = await nursery.start(ds[0].run, ["/ip4/127.0.0.1/tcp/0"], [])
             for d in ds[1:]:
@@ -159,6 +159,14 @@ def test_small_consortium_mesh_sends_fewer_copies_and_covers_a_lost_origin_link(
             routers = [d.transport._pubsub.router for d in ds]
             await wait_for(lambda: all(len(d.transport.topic_peers(d.topic)) == 4 for d in ds), "topic peers", 30)
             await wait_for(lambda: all(r.mesh.get(d.topic) for d, r in zip(ds, routers)), "meshes formed", 30)
+            # joiners learn members and hellos by sync pulls; then gossip alone carries entries
+            await wait_for(lambda: len({frozenset(ids(h)) for h in homes}) == 1 and all(len(d.members) == 5 for d in ds),
+                           "ledgers in step", 30)
+            pulls0 = [d.stats["sync_pulls"] for d in ds]
+            for d in ds:
+                d.sync_interval = 3600.0
+            await wait_for(lambda: all(d.stats["sync_pulls"] > p for d, p in zip(ds, pulls0)),
+                           "periodic sync on the long interval", 10)
             out["small"] = {(r.degree, r.degree_low, r.degree_high, r.small_consortium) for r in routers}
             sizes: list[int] = []
             dropped = CoalescingPubsub.duplicates_dropped
