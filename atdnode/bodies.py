@@ -7,14 +7,27 @@ code that writes an entry and the code that reads it. Unknown extra fields are a
 (a newer peer may add some); missing required fields and wrong types are a `BodyError`
 naming the kind and the field. To add a kind, add its spec to `SPECS`.
 
-Kinds (see INTERFACES.md for what each field means):
+Kinds (INTERFACES.md has the generated table of fields and types), and what the fields mean:
 
-weights    a published weight set (`atd publish-weights`; split servers' bodies)
-features   CLS features sealed to named peers (`atd share-features`)
-aggregate  a one-time aggregation (`atd aggregate`); `skipped` lists inputs left out;
-           mode "round": one round of `atd rounds` (campaign, round, reference, participants,
-           missing); `weights` of a round carry campaign, round and start (the global
-           model they were trained from)
+weights    a published weight set (`atd publish-weights`; split servers' bodies): blob, size,
+           manifest (hash of the blob's chunk manifest), part (full | extractor | head |
+           body), model (config dict), labels + label_fp (the label space), samples,
+           metrics, provenance (entry ids it descends from), base (the shared start the
+           model descends from: averaging different bases is meaningless), readers (only
+           they may fetch the blob); a round's weights carry campaign, round and start
+           (the global model they were trained from)
+features   CLS features sealed to named peers (`atd share-features`): recipients (peer ids),
+           shape [N, D], classes, label_fp, samples, model, extractor (blob of the model
+           that made them), alg (the sealing)
+aggregate  an aggregation (`atd aggregate`): mode (horizontal | vertical | group |
+           hierarchical | round), weighting, q, weights (one per input), inputs (weights
+           entries; group aggregates for hierarchical), head (heads averaged), part (full |
+           extractor), the result blob; group: name, n_classes, n_models; hierarchical:
+           groups [{name, entry, n_classes, n_models}]; horizontal: classifier (ensemble |
+           head); with an ensemble: ensemble {blob, size, manifest, classes, features, samples,
+           own_samples}; fedwavg: reference (blob the inputs were compared with); base (the
+           inputs' common start); skipped [{entry, why}] (inputs left out); mode "round": one
+           round of `atd rounds` (campaign, round, reference, participants, missing)
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
 service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder

@@ -75,7 +75,6 @@ from atdnode.registry import ModelRegistry
 from atdnode.replication import SYNC_FANOUT, Replicator
 from atdnode.split import role_services
 from atdnode.sync import SYNC_PROTOCOLS, CachedGenesis
-from atdnode.sync_connect import ConnectPulls
 from atdnode.transport.base import Transport
 from atdnode.transport.blobxfer import BlobService
 from ledger import Entry, Ledger
@@ -136,7 +135,6 @@ class NodeDaemon:
                                   disk_trouble=disk_trouble, on_blob_entries=self.fetcher.queue_wanted_blobs,
                                   merge_observers=self.merge_observers, sync_interval=sync_interval,
                                   sync_fanout=sync_fanout)
-        self.connect_pulls = ConnectPulls(self.replica.pull_from)  # a burst of connections pulls once (issue 29)
         self.announcer = Announcer(home=self.home, identity=self.identity, config=self.config, ledger=self.ledger,
                                    transport=self.transport, topic=self.topic, readers=self.readers,
                                    replica=self.replica, poll_interval=poll_interval)
@@ -270,7 +268,7 @@ class NodeDaemon:
             return
         self.dialer.changed.set()  # above max now? the peer-set loop prunes at once
         if self._nursery is not None and self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
-            self._nursery.start_soon(self.connect_pulls.on_connect, peer_id)
+            self._nursery.start_soon(self.sync_with, peer_id)
 
     # ---------------------------------------------------------------- public API (delegates)
 

@@ -54,6 +54,9 @@ def _read_secret(path: Path) -> bytes:
 
 @dataclass(frozen=True)
 class NodeIdentity:
+    """A node's keys: its Ed25519 signer (ledger entries, libp2p peer id) and its X25519 key
+    (sealed features and secrets addressed to it); `create` writes them 0600, never over a home's."""
+
     signer: Signer
     x25519_private: X25519PrivateKey
 

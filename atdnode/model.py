@@ -19,11 +19,10 @@ import torch
 from torch import nn
 
 from atdnode.errors import ConfigError, WeightsError
+from atdnode.weights import PARTS
 # the configuration dataclass lives at the ground floor (protocols import it too); it is
 # re-exported here for the node's callers
-from protocols.vit_config import DEFAULT_MLP_RATIO, ModelConfig, ModelConfigError, check_field  # noqa: F401
-
-PARTS = ("extractor", "head", "full")
+from protocols.vit_config import CLASSIFIER, DEFAULT_MLP_RATIO, ModelConfig, ModelConfigError, check_field  # noqa: F401
 
 
 def resolve_config(name: str, **overrides: float | None) -> ModelConfig:
@@ -158,8 +157,9 @@ def _load_checkpoint(model: nn.Module, path: Path) -> None:
 # --- the split --------------------------------------------------------------------------
 
 def head_prefix(model: nn.Module) -> str:
-    """The classifier's module name according to timm (`"head"` for ViTs)."""
-    cls = getattr(model, "pretrained_cfg", {}).get("classifier", "head")
+    """The classifier's module name according to timm (`protocols.vit_config.CLASSIFIER`,
+    "head", for ViTs)."""
+    cls = getattr(model, "pretrained_cfg", {}).get("classifier", CLASSIFIER)
     return cls if isinstance(cls, str) else cls[0]
 
 

@@ -17,11 +17,10 @@ from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity
 from atdnode.registry import ModelRecord, ModelRegistry
-from atdnode.weights import load_weights, read_meta, save_weights
+from atdnode.weights import PARTS, load_weights, read_meta, save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import HEAD_PREFIXES
 
-PARTS = ("extractor", "head", "full")
 
 
 @dataclass

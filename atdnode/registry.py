@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # torch is imported lazily: `atd models` should not pay for i
 
 @dataclass
 class ModelRecord:
+    """A registered model: its config, label space, metrics, weight-set blobs and provenance;
+    the id is the hash of its content, so a record never changes (evaluations are kept beside it)."""
+
     model: dict  # ModelConfig.to_dict()
     labels: list[str]
     label_fp: str

@@ -72,6 +72,10 @@ POLL_S = 0.5
 
 @dataclass
 class RoundsConfig:
+    """One member's view of a rounds campaign (`atd rounds`): its data, the shared model shape,
+    rounds and the aggregation rule. Members with the same round-0 blob, weighting, q and name
+    are one campaign (`round_rules.campaign_id`)."""
+
     data: str
     cfg: ModelConfig
     rounds: int
@@ -80,14 +84,14 @@ class RoundsConfig:
     local_epochs: int = 1
     batch_size: int = 16
     lr: float | None = None
-    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.training)
+    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.trainer)
     lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
     seed: int = 0
     deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
     min_peers: int | None = None  # None: every live member
     absent_grace: float = 20.0  # a member not connected to our daemon this long is not waited for
     name: str = ""
-    batch_transform: object | None = None  # atdnode.training.AdversarialTransform
+    batch_transform: object | None = None  # atdnode.train_options.AdversarialTransform
     init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
     device: str | None = None  # local training's device (atdnode.device rule); averaging stays on the CPU
     log: Callable[[str], None] = field(default=lambda _m: None)

@@ -25,6 +25,7 @@ from atdnode.blobstore import BlobStore, check_hash
 from atdnode.errors import BlobError, WeightsError
 
 META_KEY = "atd"
+PARTS = ("extractor", "head", "full")  # the weight sets a model is stored and published as
 _LIST_MAX = 12  # names listed per problem kind in one error message
 
 Expect = Mapping[str, tuple[Iterable[int], "torch.dtype | str"]]

@@ -72,7 +72,7 @@ def fraction(text: str) -> float:
 def pgd_transform(*, adv_ratio: float, pgd_eps: str, pgd_step: str, pgd_steps: int, in_chans: int):
     """The `AdversarialTransform` the PGD options describe (the data's normalisation per channel)."""
     from atdnode.data import MEAN, STD
-    from atdnode.training import AdversarialTransform
+    from atdnode.train_options import AdversarialTransform
     from cli.errors import CliError
     from protocols.adversarial import AdversarialError, PGDConfig
 

@@ -118,6 +118,10 @@ def _check_fields(author: bytes, seq: int, prev: bytes, lamport: int, kind: str,
 
 @dataclass(frozen=True, eq=False)
 class Entry:
+    """One signed ledger entry: author's Ed25519 key (32 bytes), seq (1 = first), prev (id of
+    seq - 1; zeros for seq 1), lamport, kind, body (a msgpack map), sig (64 bytes); `.id` is
+    the SHA-256 of its signed encoding."""
+
     author: bytes
     seq: int
     prev: bytes

@@ -101,6 +101,7 @@ class Signer:
 
     @classmethod
     def generate(cls) -> "Signer":
+        """A new random Ed25519 key (its `seed` is what node.key holds)."""
         return cls(Ed25519PrivateKey.generate())
 
     @property
@@ -111,6 +112,7 @@ class Signer:
         )
 
     def sign(self, data: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of `data` (entries sign their canonical encoding)."""
         return self._key.sign(data)
 
     def __repr__(self) -> str:

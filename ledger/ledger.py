@@ -215,6 +215,7 @@ class Ledger:
         return self.append(signer, "genesis", body)
 
     def admit(self, signer: Signer, key: bytes, *, admin: bool = False, name: str | None = None) -> Entry:
+        """Append a `member` entry admitting `key` (only an admin may; only the founder grants admin)."""
         body: dict = {"action": "admit", "member": key, "admin": admin}
         if name:
             body["name"] = name
@@ -339,6 +340,7 @@ class Ledger:
 
     # --- reading -----------------------------------------------------------------------
     def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:
+        """The entry with this id in the log (or held, with include_held); None if not stored."""
         with self._lock:
             q = _SELECT + " WHERE id=?" + ("" if include_held else " AND state=0")
             row = self._store.conn.execute(q, (entry_id,)).fetchone()
@@ -380,6 +382,7 @@ class Ledger:
             return self._store.stored_at(list(ids))
 
     def all_entries(self) -> list[Entry]:
+        """Every entry of the log in merged order (lamport, author, seq); held entries excluded."""
         return self.query()
 
     def heads(self) -> dict[bytes, int]:
@@ -437,6 +440,7 @@ class Ledger:
                 _SELECT + " WHERE author=? AND seq BETWEEN ? AND ? ORDER BY seq, id", (author, lo, hi))]
 
     def membership(self) -> Membership:
+        """Who is a member now: founder, members with admin / revoked / upto / name, key rotations."""
         with self._lock:
             return store_membership(self._store)
 

@@ -47,7 +47,7 @@ from atdnode.model import ModelConfig, build_model
 from atdnode.round_rules import RoundsError
 from atdnode.rounds import RoundReport, RoundRunner, RoundsConfig
 from atdnode.rounds_fabric import Fabric
-from atdnode.training import AdversarialTransform
+from atdnode.train_options import AdversarialTransform
 from atdnode.weights import load_weights
 from netsim.learn import model_config
 from netsim.nodedata import concat, to_uint8

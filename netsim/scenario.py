@@ -12,7 +12,7 @@ the network conditions, the faults, and optionally a gossip workload:
                  finetune_lr: VGS-ATD's learning rate when its models descend from the base
     [model]      timm ViT overrides (protocols.vit_config.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, warmup_epochs, freeze_blocks, augment
-                 (atdnode.training.TrainOptions fields)
+                 (atdnode.train_options.TrainOptions fields)
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
     [ensemble]   pca_components, mlp_max_iter (older name: mlp_epochs), rf_trees, prior
                  (atdnode.node_ensemble.EnsembleOptions fields)
@@ -34,7 +34,7 @@ Every problem raises `ScenarioError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,24 +134,18 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         workload = c.build(WorkloadSpec, c.table(raw, "workload", "workload"), "workload", {"publishers": c.strs})
     topo = c.build(TopologySpec, c.table(raw, "topology", "topology"), "topology")
     msd = c.build(MSDSpec, c.table(raw, "msd", "msd"), "msd")
-    scn = Scenario(name=hdr.name, seed=hdr.seed, backend=hdr.backend, description=hdr.description,
-                   methods=hdr.methods, deadline_s=hdr.deadline_s, step_deadline_s=hdr.step_deadline_s, model=model, train=train, baselines=base,
+    scn = Scenario(**{k: getattr(hdr, k) for k in HEADER_KEYS}, model=model, train=train, baselines=base,
                    ensemble=ens, network=net, datasets=datasets, cohorts=cohorts, phases=phases, faults=faults,
-                   workload=workload, topology=topo, base=hdr.base, msd=msd, source=source)
+                   workload=workload, topology=topo, msd=msd, source=source)
     validate(scn)
     return scn
 
 
-@dataclass(frozen=True)
-class _Header:
-    name: str
-    seed: int = 0
-    backend: str = "memory"
-    description: str = ""
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    deadline_s: float = 1800.0
-    step_deadline_s: float = 300.0
-    base: str = "scratch"
+# The [scenario] table: these fields of `Scenario` (their types and defaults), read as one
+# dataclass so `KeyReader.build` type-checks them and names unknown keys.
+HEADER_KEYS = ("name", "seed", "backend", "description", "methods", "deadline_s", "step_deadline_s", "base")
+_Header = make_dataclass("_Header", [(f.name, f.type) if f.default is MISSING else (f.name, f.type, f.default)
+                                     for f in fields(Scenario) if f.name in HEADER_KEYS], frozen=True)
 
 
 def _opt_float(c: KeyReader):

@@ -12,7 +12,7 @@ from typing import Any
 
 from atdnode.errors import AtdError
 from atdnode.node_ensemble import EnsembleOptions
-from atdnode.training import TrainOptions
+from atdnode.train_options import TrainOptions
 from protocols.vit_config import ModelConfig, ModelConfigError
 
 BACKENDS = ("memory", "process")
@@ -37,7 +37,7 @@ NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=
                            num_heads=2, in_chans=1, num_classes=2)
 
 
-# [train] is an `atdnode.training.TrainOptions` and [ensemble] an `atdnode.node_ensemble.EnsembleOptions`
+# [train] is an `atdnode.train_options.TrainOptions` and [ensemble] an `atdnode.node_ensemble.EnsembleOptions`
 # (the node's own option types, which `atd train` / `atd aggregate` fill from their flags); a
 # scenario sets the keys below over netsim's laptop-sized defaults. [train] freeze_blocks are
 # the blocks frozen when a model starts from published weights (VGS-ATD phases 2 and 3).

@@ -40,6 +40,7 @@ from protocols.aggregation_error import AggregationError
 from protocols.fedwavg import fedwavg_weights, last_layer_key, last_layer_keys
 from protocols.safetensors_stream import (WINDOW_BYTES, SafetensorsLoader, SafetensorsStream,  # noqa: F401
                                           safetensors_loader)
+from protocols.vit_config import CLASSIFIER
 
 __all__ = [
     "AggregationError", "WEIGHTINGS", "HEAD_PREFIXES", "Loader",
@@ -50,8 +51,8 @@ __all__ = [
 ]
 
 Loader = Callable[[], Mapping[str, torch.Tensor]]
-WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count", "fedwavg")
-HEAD_PREFIXES = ("head.",)  # timm ViT classifier; everything else is the extractor
+WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count", "fedwavg")  # every weighting compute_weights knows
+HEAD_PREFIXES = (f"{CLASSIFIER}.",)  # timm ViT classifier; everything else is the extractor
 CHUNK_BYTES = 512 * 1024  # arithmetic chunk: its product stays in L2 until it is added
 _WEIGHT_SUM_TOL = 1e-6
 _NP_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}

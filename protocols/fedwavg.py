@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from protocols.aggregation_error import AggregationError
+from protocols.vit_config import CLASSIFIER
 
 __all__ = ["ROUNDS_Q", "fedwavg_cosines", "fedwavg_weights", "softmax_weights", "last_layer_key", "last_layer_keys",
            "layer_vector"]
@@ -91,13 +92,13 @@ def last_layer_keys(keys: Iterable[str], *, heads_comparable: bool) -> list[str]
     """The tensors FedWAvg compares for a timm ViT: ``head.weight`` (+ ``head.bias``) when
     the heads share a label space, else the last block's ``mlp.fc2.weight`` (+ bias)."""
     keys = set(keys)
-    if heads_comparable and "head.weight" in keys:
-        base = "head"
+    if heads_comparable and f"{CLASSIFIER}.weight" in keys:
+        base = CLASSIFIER
     else:
         blocks = [int(k.split(".")[1]) for k in keys
                   if k.startswith("blocks.") and k.endswith(".mlp.fc2.weight") and k.split(".")[1].isdigit()]
         if not blocks:
-            raise AggregationError("no 'head.weight' or 'blocks.N.mlp.fc2.weight' to compare")
+            raise AggregationError(f"no '{CLASSIFIER}.weight' or 'blocks.N.mlp.fc2.weight' to compare")
         base = f"blocks.{max(blocks)}.mlp.fc2"
     return [f"{base}.weight"] + ([f"{base}.bias"] if f"{base}.bias" in keys else [])
 

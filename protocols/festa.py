@@ -50,7 +50,8 @@ from torch import nn
 
 from protocols.vit_config import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
-from protocols.split_parts import BatchSampler, TaskSpec, TaskTail, build_head, task_loss, task_metric
+from protocols.split_parts import (HEAD_PART, TAIL_PART, BatchSampler, TaskSpec, TaskTail, build_head, task_loss,
+                                   task_metric, under_prefix, with_prefix)
 from protocols.split_rounds import (Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients,  # noqa: F401
                                     run_rounds, unify_clients)
 from protocols.split_server import BodyServer
@@ -78,8 +79,8 @@ class FestaServer(BodyServer):
         self.has_cls, self.tail_pool, self.head = class_token, ("token" if class_token else "avg"), head
         super().__init__(cfg, tasks, **kw)
         if head == "conv":  # unification checks the conv head's keys and shapes
-            conv = {f"head.{k}": v for k, v in ConvHead(cfg).state_dict().items()}
-            self._templates = {name: {**{k: v for k, v in t.items() if not k.startswith("head.")}, **conv}
+            conv = with_prefix(HEAD_PART, ConvHead(cfg).state_dict())
+            self._templates = {name: {**{k: v for k, v in t.items() if not k.startswith(HEAD_PART)}, **conv}
                                for name, t in self._templates.items()}
 
     def _ctor_kwargs(self) -> dict[str, Any]:
@@ -200,14 +201,13 @@ class FestaClient:
 
     def part_state(self) -> dict[str, torch.Tensor]:
         """What this client shares at a unification (the ``state_up`` message; CPU tensors)."""
-        out = {f"head.{k}": v.detach().cpu().clone() for k, v in self.head.state_dict().items()}
-        out.update({f"tail.{k}": v.detach().cpu().clone() for k, v in self.tail.state_dict().items()})
-        return out
+        return {**with_prefix(HEAD_PART, self.head.state_dict(), copy=True),
+                **with_prefix(TAIL_PART, self.tail.state_dict(), copy=True)}
 
     def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Adopt the task's averaged head + tail (the ``state_down`` message)."""
-        self.head.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("head.")})
-        self.tail.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("tail.")})
+        self.head.load_state_dict(under_prefix(HEAD_PART, tensors))
+        self.tail.load_state_dict(under_prefix(TAIL_PART, tensors))
 
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,

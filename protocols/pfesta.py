@@ -55,8 +55,8 @@ import torch
 from protocols.vit_config import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.split_rounds import Exchange, RoundPlan, SplitRunResult, Step, evaluate_clients, run_rounds
-from protocols.split_parts import (BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
-                                   task_metric)
+from protocols.split_parts import (TAIL_PART, BatchSampler, TaskSpec, TaskTail, TimmStem, task_loss,
+                                   task_metric, under_prefix, with_prefix)
 from protocols.split_server import BodyServer
 from protocols.split_state import SplitProtocolError, check_features
 
@@ -365,10 +365,10 @@ class PFestaClient:
 
     def part_state(self) -> dict[str, torch.Tensor]:
         """The task tail (the ``state_up`` message; CPU tensors)."""
-        return {f"tail.{k}": v.detach().cpu().clone() for k, v in self.tail.state_dict().items()}
+        return with_prefix(TAIL_PART, self.tail.state_dict(), copy=True)
 
     def load_part_state(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.tail.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("tail.")})
+        self.tail.load_state_dict(under_prefix(TAIL_PART, tensors))
 
     @torch.no_grad()
     def evaluate(self, images: torch.Tensor, targets: torch.Tensor,

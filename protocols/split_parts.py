@@ -344,12 +344,28 @@ def fedavg(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float
             for k in keys}
 
 
+# A client's parts in what it shares at a unification (``state_up`` / ``state_down``): its
+# head's tensors under HEAD_PART (FESTA), its task tail's under TAIL_PART (FESTA, p-FESTA).
+# The split head is the client's front (embedding), not the ViT classifier.
+HEAD_PART, TAIL_PART = "head.", "tail."
+
+
+def with_prefix(prefix: str, state: Mapping[str, torch.Tensor], *, copy: bool = False) -> dict[str, torch.Tensor]:
+    """``state``'s tensors under ``prefix`` (detached CPU copies with ``copy``: for the wire)."""
+    return {f"{prefix}{k}": (v.detach().cpu().clone() if copy else v) for k, v in state.items()}
+
+
+def under_prefix(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors named ``prefix...``, with the prefix taken off (a part's state dict)."""
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
 def part_template(cfg: ModelConfig, task: TaskSpec, *, with_head: bool, pool: str) -> dict[str, torch.Tensor]:
-    """Keys and shapes of what a client of ``task`` shares at a unification ("head."/"tail.").
-    A head has a cls token exactly when the tail pools by token."""
-    out = {f"tail.{k}": v for k, v in TaskTail(cfg, task, pool).state_dict().items()}
+    """Keys and shapes of what a client of ``task`` shares at a unification (HEAD_PART /
+    TAIL_PART). A head has a cls token exactly when the tail pools by token."""
+    out = with_prefix(TAIL_PART, TaskTail(cfg, task, pool).state_dict())
     if with_head:
-        out.update({f"head.{k}": v for k, v in build_head(cfg, class_token=pool == "token").state_dict().items()})
+        out.update(with_prefix(HEAD_PART, build_head(cfg, class_token=pool == "token").state_dict()))
     return out
 
 

@@ -22,6 +22,11 @@ from typing import Any
 # records and training run keys written before the field existed read back unchanged.
 DEFAULT_MLP_RATIO = 4.0
 
+# timm's ViT classifier module ("head": pretrained_cfg["classifier"]); its tensors are
+# `head.weight` / `head.bias`, everything else is the extractor. The one spelling of it:
+# `protocols.aggregation.HEAD_PREFIXES`, `protocols.fedwavg`, `atdnode.model.head_prefix`.
+CLASSIFIER = "head"
+
 # the integer fields and their least allowed value
 INT_FIELDS = {"img_size": 1, "patch_size": 1, "embed_dim": 1, "depth": 1, "num_heads": 1, "in_chans": 1,
               "num_classes": 0}

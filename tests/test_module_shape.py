@@ -122,6 +122,14 @@ def test_the_vit_config_is_pure_data():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_training_options_load_without_torch():
+    """`atd train`'s help is formatted from `atdnode.train_options` at CLI start-up, and netsim's
+    scenario keys read its fields: the options module stays free of torch and timm."""
+    probe = "import sys, atdnode.train_options; print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [
@@ -164,3 +172,40 @@ def test_a_campaign_uses_only_what_its_host_interface_offers():
         tree = ast.parse((ROOT / "atdnode" / "split" / f"{mod}.py").read_text())
         used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and _name_of(n.value) == "svc"}
         assert used and used <= offered, f"{mod} uses {sorted(used - offered)} of the service beyond CampaignHost"
+
+
+# One concern per file (issue 28): a source file of the node, the protocols or the simulator
+# over MAX_LINES says why in its opening docstring, in a sentence with "over 500 lines".
+MAX_LINES = 500
+LONG_BY_REASON = "over 500 lines"
+# files another branch is splitting as this is written; tolerated until it lands, then removed
+LONG_TOLERATED = {"atdnode/transport/libp2p_transport.py"}
+
+
+def long_files_without_reason(root: Path = ROOT) -> list[str]:
+    out = []
+    for pkg in ("atdnode", "protocols", "netsim"):
+        for f in sorted((root / pkg).rglob("*.py")):
+            text = f.read_text()
+            if text.count("\n") <= MAX_LINES:
+                continue
+            doc = ast.get_docstring(ast.parse(text, str(f))) or ""
+            if LONG_BY_REASON not in " ".join(doc.lower().split()):
+                out.append(f"{f.relative_to(root).as_posix()} ({text.count(chr(10))} lines)")
+    return out
+
+
+def test_no_source_file_over_500_lines_without_a_stated_reason():
+    long = [f for f in long_files_without_reason() if f.split(" ")[0] not in LONG_TOLERATED]
+    assert long == [], f"split these by concern, or say in the opening docstring why they are {LONG_BY_REASON}"
+
+
+def test_the_long_file_check_finds_one(tmp_path):
+    (tmp_path / "atdnode").mkdir()
+    (tmp_path / "protocols").mkdir()
+    (tmp_path / "netsim").mkdir()
+    body = "x = 1\n" * MAX_LINES
+    (tmp_path / "atdnode" / "big.py").write_text('"""Does one thing."""\n' + body)
+    (tmp_path / "protocols" / "ok.py").write_text('"""One table, over 500 lines: it is data."""\n' + body)
+    (tmp_path / "netsim" / "small.py").write_text('"""Small."""\nx = 1\n')
+    assert long_files_without_reason(tmp_path) == [f"atdnode/big.py ({MAX_LINES + 1} lines)"]

@@ -29,8 +29,15 @@ Claims asserted (they hold here):
 
 Claims of issue 23 that do NOT hold at this size (8 px digits, 4 patches): VGS-ATD does not
 beat the ensemble on raw pixels in any phase, nor the untrained extractor in phases 1-2;
-the images are too small for learned features to matter. The test fails if the report
-stops saying so. The run took 542 s of wall time on the shared 2-core machine under load
+the images are too small for learned features to matter. Each is a strict xfail (it fails
+the day it starts to hold, so it gets promoted), and the verdict test fails if the report
+stops saying so. The settings tried for learned features to win (28 px digits; the jittered
+digits of `netsim/scenarios/jitter.toml`) and their numbers are in three_phase.toml [model].
+
+Cost: one seed, not the issue's three: the scenario's setup is the whole cost (205 s on an
+idle core; three seeds would take the suite's budget). A 4-node variant of the same recipe
+(one seed, 465 s under load) did not hold the claims asserted here (phase 3 -3.3 points to
+centralized, phase-1 nodes -4.6 points), so the test keeps the shipped 8-node scenario. The run took 542 s of wall time on the shared 2-core machine under load
 (VGS-ATD 286 s of compute, the baselines 185 s).
 """
 from __future__ import annotations
@@ -112,3 +119,12 @@ def test_every_aggregate_entry_verifies(report: dict) -> None:
     for ph in report["methods"]["vgs-atd"]:
         v = ph["verified"]
         assert v["aggregates"] > 0 and v["verified"] == v["aggregates"], (ph["phase"], v, ph["notes"])
+
+
+@pytest.mark.parametrize("kind", REFERENCES)
+@pytest.mark.xfail(strict=True, reason="issue 23: at 8 px the learned features lose to raw pixels in every phase "
+                                       "and to the untrained extractor in phases 1-2 (module docstring)")
+def test_learned_features_beat_the_reference_in_every_phase(report: dict, kind: str) -> None:
+    vgs, ref = _overall(report, "vgs-atd"), _overall(report, kind)
+    for p in (1, 2, 3):
+        assert vgs[p] > ref[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} <= {kind} {ref[p]:.3f}"

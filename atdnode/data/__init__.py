@@ -3,6 +3,8 @@
 A data spec is `SOURCE[?opt=val&...]` with SOURCE one of
 
     digits          scikit-learn's bundled 8x8 handwritten digits (real data, no download)
+    digits-jitter   the same digits at random size / angle / offset in a 32 px canvas, with
+                    random contrast, background and noise (`jitter.py`; seeded, fixed)
     npz:PATH        MedMNIST layout (train_/val_/test_ images and labels, optional `classes`)
     folder:PATH     PNG / JPEG / TIFF / BMP, 8-bit, 16-bit or float, one sub-folder per class
                     (or PATH/train, PATH/test [, PATH/val]; or labels=FILE.csv)

@@ -27,6 +27,9 @@ from atdnode.errors import DataError
 def open_catalog(ds: DataSpec) -> tuple[Catalog, str]:
     if ds.source == "digits":
         return digits_catalog(), "digits"
+    if ds.source == "digits-jitter":
+        from atdnode.data.jitter import digits_jitter_catalog
+        return digits_jitter_catalog(), "digits-jitter"
     path = Path(ds.path).expanduser()
     if ds.source == "npz":
         return npz_catalog(path), ds.path

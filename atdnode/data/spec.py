@@ -1,6 +1,6 @@
 """Data spec grammar: `SOURCE[?opt=val&...]` parsed into a `DataSpec`.
 
-Sources: `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH`, `nifti:PATH`. Options (each
+Sources: `digits`, `digits-jitter` (`jitter.py`), `npz:PATH`, `folder:PATH`, `dicom:PATH`, `nifti:PATH`. Options (each
 checked against the source it applies to, so a typo is an error, not a silent no-op):
 
     classes=a,b,c       keep only these classes (by name), renumbered in label-space order
@@ -23,7 +23,8 @@ from urllib.parse import parse_qsl
 
 from atdnode.errors import DataError
 
-SOURCES = ("digits", "npz", "folder", "dicom", "nifti")
+SOURCES = ("digits", "digits-jitter", "npz", "folder", "dicom", "nifti")
+_BUILTIN = ("digits", "digits-jitter")  # no path
 _FILE_SOURCES = ("folder", "dicom", "nifti")
 # option -> sources it applies to (None: every source)
 _APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window": None, "val": None,
@@ -55,13 +56,13 @@ class DataSpec:
     def parse(cls, spec: str) -> "DataSpec":
         head, _, query = spec.partition("?")
         kind, sep, path = head.partition(":")
-        if kind == "digits" and not sep:
+        if kind in _BUILTIN and not sep:
             path = None
-        elif kind in SOURCES[1:] and sep and path:
+        elif kind in SOURCES and kind not in _BUILTIN and sep and path:
             pass
         else:
             hint = did_you_mean(kind, SOURCES, n=1) if kind not in SOURCES else ""
-            raise DataError(f"bad data spec {spec!r}: expected digits, npz:PATH, folder:PATH, dicom:PATH or nifti:PATH{hint}")
+            raise DataError(f"bad data spec {spec!r}: expected digits, digits-jitter, npz:PATH, folder:PATH, dicom:PATH or nifti:PATH{hint}")
         opts: dict = {}
         try:
             for k, v in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):

@@ -57,6 +57,8 @@ class FetchError(TransportError, BlobError):
 
 @dataclass(frozen=True)
 class FetchConfig:
+    """How a fetch spreads over holders: bulk channel or streams, workers, batch size, stall timeout."""
+
     bulk: bool = True  # ask holders for the encrypted TCP bulk channel (see bulk.py); streams if it fails
     max_streams: int = 8  # workers over all holders
     per_peer: int = 2  # workers (streams or bulk connections) per holder

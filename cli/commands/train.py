@@ -13,14 +13,15 @@ import typer
 
 from atdnode.home import NodeHome
 from atdnode.logs import sklearn_warnings_to_log
+from atdnode.train_options import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
 from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
 
-HELP = """Train a timm ViT on this node's private images and register it locally.
+HELP = f"""Train a timm ViT on this node's private images and register it locally.
 
-Optimiser: AdamW with the VGS-ATD defaults (--lr 3e-3, --weight-decay 0.05), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is 1e-4 x 192 / embed-dim: vit_tiny (embed 192, depth 12) on digits at img 32 / patch 8, 3 epochs, batch 16, reached 0.14 test accuracy at 3e-3, 0.42 at 3e-4 and 0.43 at 1e-4 (0.52 with --augment-prob 0.25 and 0.64 with --no-augment: augmentation pays off over longer runs, not in 3 epochs). Tiny models (embed 32, depth 2) tolerate 1e-3 to 3e-3.
+Optimiser: AdamW with the VGS-ATD defaults (--lr {FINETUNE_LR:g}, --weight-decay {TrainOptions.weight_decay:g}), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is {SCRATCH_LR_192:g} x 192 / embed-dim (why: atdnode.train_options). Tiny models (embed 32, depth 2) tolerate higher rates; try --lr.
 
 DATA is `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH` or `nifti:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0` or `dicom:PATH?window=-1000,400` (README: data specs; `atd data inspect SPEC` shows what would be read).
 
@@ -47,9 +48,9 @@ def train_cmd(
     mlp_ratio: Optional[float] = MLP_RATIO_OPT,
     epochs: int = typer.Option(3, "--epochs", min=1, help="Training epochs."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Global batch size over all processes (small data sets need many steps; raise it for large ones / GPUs)."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW learning rate (default: 3e-3 from weights; from scratch 1e-4 x 192/embed-dim)."),
-    weight_decay: float = typer.Option(0.05, "--weight-decay", help="AdamW weight decay."),
-    warmup_epochs: float = typer.Option(0.2, "--warmup-epochs", help="Linear warmup length in epochs."),
+    lr: Optional[float] = typer.Option(None, "--lr", help=f"Peak AdamW learning rate (default: {FINETUNE_LR:g} from weights; from scratch {SCRATCH_LR_192:g} x 192/embed-dim)."),
+    weight_decay: float = typer.Option(TrainOptions.weight_decay, "--weight-decay", help="AdamW weight decay."),
+    warmup_epochs: float = typer.Option(TrainOptions.warmup_epochs, "--warmup-epochs", help="Linear warmup length in epochs."),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, a checkpoint file (safetensors / timm), or a model id from `atd models` (e.g. an MSD base from `atd base build`: train it with --model vit_base_patch16_gap_224 and the base's sizes)."),
     freeze_blocks: int = typer.Option(0, "--freeze-blocks", min=0, help="Freeze embeddings + the first K blocks."),
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
@@ -70,7 +71,7 @@ def train_cmd(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
-    from atdnode.training import TrainOptions, train
+    from atdnode.training import train
 
     h = NodeHome.at(home).require()
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
