@@ -29,7 +29,9 @@ from ledger import Entry, Ledger
 
 log = logging.getLogger("atd.daemon")
 
-LEDGER_RECHECK_S = 5.0  # the announce loop reads the ledger at least this often, changed or not
+LEDGER_RECHECK_S = 30.0  # the announce loop reads the ledger at least this often, changed or not
+QUIET_TICKS = 8  # poll ticks without a ledger change before the announce loop polls slower ...
+IDLE_POLL_S = 1.0  # ... at most this often (issue 29: 4 wakeups a second of 100 idle daemons add up)
 
 
 class Announcer:
@@ -65,17 +67,22 @@ class Announcer:
             await confirmed.wait()
         head = await self.ledger.run(lambda led: led.head_of(me))
         saved = self.announced_seq = min(self.announced_seq, head)  # a restored home may hold fewer
-        stamp, recheck_at = None, 0.0
+        stamp, recheck_at, quiet = None, 0.0, 0
+        db = os.fspath(self.home.ledger_db)
         while True:
-            # Idle cost (issue 15): the ledger is read only when its files changed (a CLI
+            # Idle cost (issues 15, 29): the ledger is read only when its files changed (a CLI
             # command appended, or a merge), when no hello went out yet, and every
-            # LEDGER_RECHECK_S; otherwise a poll tick is two stat calls, no thread hop.
+            # LEDGER_RECHECK_S; otherwise a poll tick is two stat calls, no thread hop. After
+            # QUIET_TICKS unchanged ticks the loop polls every IDLE_POLL_S instead of every
+            # poll_interval: an entry a CLI command appends to an idle node goes out within
+            # IDLE_POLL_S (own appends through the daemon are gossiped at once, `append`).
             now = trio.current_time()
-            new_stamp = ledger_stamp(self.home.ledger_db)
+            new_stamp = ledger_stamp(db)
             if new_stamp == stamp and now < recheck_at and self._hello_said is not None:
-                await trio.sleep(self.poll_interval)
+                quiet += 1
+                await trio.sleep(idle_poll(self.poll_interval, quiet))
                 continue
-            stamp, recheck_at = new_stamp, now + LEDGER_RECHECK_S
+            stamp, recheck_at, quiet = new_stamp, now + LEDGER_RECHECK_S, 0
             try:
                 await self.maybe_say_hello()
             except (sqlite3.OperationalError, OSError) as exc:
@@ -142,13 +149,20 @@ class Announcer:
         self._hello_said = said
 
 
+def idle_poll(poll_interval: float, quiet_ticks: int) -> float:
+    """Seconds to the next announce tick after `quiet_ticks` ticks without a ledger change:
+    `poll_interval` at first, IDLE_POLL_S (or `poll_interval`, if longer) once quiet."""
+    return poll_interval if quiet_ticks < QUIET_TICKS else max(poll_interval, IDLE_POLL_S)
+
+
 def ledger_stamp(db: "os.PathLike[str] | str") -> tuple:
     """A cheap change signal for a SQLite ledger file: (size, mtime, inode) of the database
     and of its WAL. Any commit, from this process or another one (a CLI command), changes
     it. Two stat calls of a local file cost microseconds, so they run on the event loop;
     the ledger itself is read in a worker thread only when the stamp moved."""
     out = []
-    for path in (os.fspath(db), os.fspath(db) + "-wal"):
+    db = os.fspath(db)
+    for path in (db, db + "-wal"):
         try:
             st = os.stat(path)
             out.append((st.st_size, st.st_mtime_ns, st.st_ino))

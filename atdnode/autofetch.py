@@ -27,6 +27,8 @@ from ledger import Ledger
 
 log = logging.getLogger("atd.daemon")
 
+IDLE_WAKE_S = 300.0  # with nothing wanted, the fetch loop still looks again this often
+
 
 class AutoFetcher:
     """What one daemon wants of the blobs its ledger announces, and the loop that gets them."""
@@ -39,11 +41,22 @@ class AutoFetcher:
         self.gate, self.blobs, self.readers = gate, blobs, readers
         self.disk_trouble = disk_trouble
         self.poll_interval = poll_interval
-        self.auto_fetch = auto_fetch  # off: only explicit `fetch` calls download
+        self._auto_fetch = auto_fetch
+        self._wake = trio.Event()  # set when there may be something to fetch (fetch_loop waits on it)
         self.wanted: set[str] = set()
         self.manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
         self.failures: dict[str, str] = {}
         self.retry_at: dict[str, tuple[float, float]] = {}  # blob -> (next try, back-off delay)
+
+    @property
+    def auto_fetch(self) -> bool:
+        """Off: only explicit `fetch` calls download. Turning it on wakes the fetch loop."""
+        return self._auto_fetch
+
+    @auto_fetch.setter
+    def auto_fetch(self, value: bool) -> None:
+        self._auto_fetch = value
+        self._wake.set()
 
     async def queue_wanted_blobs(self) -> None:
         """Re-read blob entries: manifests, reader lists, and the blobs to fetch."""
@@ -67,10 +80,17 @@ class AutoFetcher:
                         out.add(blob)
             return out
 
-        self.wanted |= await self.ledger.run(wanted)
+        found = await self.ledger.run(wanted)
+        if found - self.wanted:
+            self._wake.set()
+        self.wanted |= found
 
     async def fetch_loop(self) -> None:
+        """Fetch wanted blobs (module doc). With nothing to fetch it sleeps until
+        `queue_wanted_blobs` finds a new blob, auto-fetch is turned on, or the earliest
+        back-off ends: an idle daemon's fetch loop does not wake every second (issue 29)."""
         while True:
+            self._wake = trio.Event()
             # with --no-auto-fetch only explicit `fetch` calls download (they learn manifests, not wants)
             for blob in sorted(self.wanted) if self.auto_fetch else []:
                 if self.store.has(blob) or blob in self.failures:
@@ -89,7 +109,13 @@ class AutoFetcher:
                 except OSError as exc:  # disk full or unwritable store: one line, long back-off
                     self.retry_at[blob] = (now + max(delay, 30.0), min(max(delay, 30.0) * 2, 600.0))
                     await self.disk_trouble(f"fetching blob {blob[:12]}", exc)
-            await trio.sleep(max(self.poll_interval, 1.0))
+            wait = IDLE_WAKE_S
+            if self.auto_fetch and self.wanted:  # back-offs running: wake when the first one ends
+                now = trio.current_time()
+                due = min(self.retry_at.get(b, (now, 0.0))[0] for b in self.wanted)
+                wait = max(max(self.poll_interval, 1.0), due - now)
+            with trio.move_on_after(wait):
+                await self._wake.wait()
 
     async def fetch(self, blob: str, timeout: float = 600.0) -> str:
         """Fetch `blob` from whichever connected peers hold it; returns its hash when stored."""

@@ -237,6 +237,7 @@ class NodeDaemon:
                 await self._stop.wait()
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
+            self._nursery = None  # closed: a peer connecting while the transport stops starts nothing
         await self.announcer.save()  # clean stop: what went out since the announce loop's last write
         self._clear_state()
         await self.ledger.close()

@@ -27,14 +27,16 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import plan_dials, plan_prunes, plan_rotation
+from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, small_consortium
 from atdnode.transport.base import TransportError
+from atdnode.transport.gossip_mesh import fit_mesh
 from ledger import Ledger
 from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
 DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
+IDLE_TICK_S = 5.0  # the peer-set round of a settled daemon runs at least this often (see _tick)
 
 
 class PeerDialer:
@@ -82,11 +84,18 @@ class PeerDialer:
         if changed:
             self.policy.membership_changed()
             self.hellos_seen += 1
+            self.fit_mesh()
         if revoked and self.policy.learned_revoked():
             log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
                         "(until a member that re-admitted it connects)")
         elif not revoked and self.policy.revoked and self.policy.readmitted():
             log.warning("this node was admitted to the consortium again: dialling members")
+
+    def fit_mesh(self) -> None:
+        """The gossip mesh follows the consortium's size (`peerset.gossip_degrees`; a small
+        consortium: fewer duplicate copies, `gossip_mesh.SmallConsortiumMixin`, issue 29)."""
+        cfg, members = self.d.peerset.cfg, len(self.d.members)
+        fit_mesh(self.d.transport, gossip_degrees(cfg, members), small_consortium(cfg, members))
 
     def refused_by(self, peer: str) -> float:
         """`peer` refused our request (we are not a member in its ledger): back off."""
@@ -174,7 +183,7 @@ class PeerDialer:
         """Keep a bounded peer set (`atdnode.peerset`): below `target`, dial members whose
         signed `hello` entries announce addresses (low-latency and random ones; every
         address, newest hello first); above `max`, disconnect the least useful peers.
-        Wakes on every connection and each second."""
+        Wakes on every connection, and each second (every IDLE_TICK_S once settled, `_tick`)."""
         d = self.d
         me = d.identity.public_key
         cfg = d.peerset.cfg
@@ -197,6 +206,7 @@ class PeerDialer:
             await d.transport.disconnect(peer)
 
         next_rotation = trio.current_time() + cfg.rotate_s
+        self.fit_mesh()  # the router exists now (membership was read before the transport ran)
         while True:
             self.changed = trio.Event()
             now = trio.current_time()
@@ -237,8 +247,25 @@ class PeerDialer:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
                         await prune(peer, now)
-            with trio.move_on_after(max(d.poll_interval * 4, 1.0)):
+            with trio.move_on_after(self._tick(known, next_rotation)):
                 await self.changed.wait()
+
+    def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
+        """Seconds until the next peer-set round unless a connection wakes it first: one
+        second while it has members to dial (or knows of none yet); IDLE_TICK_S (or until the
+        next rotation) once it holds `target` peers or every member it knows of (issue 29: an idle daemon's
+        peer set is not re-planned every second). A lost peer is replaced within that."""
+        d = self.d
+        tick = max(d.poll_interval * 4, 1.0)
+        now_peers = set(d.transport.peers())
+        settled = len(now_peers) >= d.peerset.cfg.target or bool(known) and not [
+            p for p in known if p not in now_peers and p not in d.gate.refused]
+        if settled and not self.policy.revoked:
+            if len(now_peers) >= d.peerset.cfg.target:  # a rotation may be due before IDLE_TICK_S
+                tick = max(tick, min(IDLE_TICK_S, next_rotation - trio.current_time()))
+            else:
+                tick = max(tick, IDLE_TICK_S)
+        return tick
 
     def _report_reachability(self, connected: set[str], now: float) -> None:
         newly, back = self.policy.observe(connected, now)

@@ -13,7 +13,8 @@ entries (their addresses):
   one first, the newest connection first among equals (so an established topology
   stays put and a dialler that finds a full node moves on), keeping the lowest-RTT share;
 * a peer that drops is replaced on the next maintenance tick (the daemon wakes on every
-  connect and at least once a second);
+  connect, each second while it has members to dial, and every 5 s once it holds `target`
+  peers or every member it knows: `atdnode.dialer.IDLE_TICK_S`);
 * every `rotate_s` one random member not connected is dialled and the least useful peer
   dropped (`plan_rotation`): sets at `target` would otherwise never change, and two
   sides of a healed partition, each at `target` within itself, would never meet again.
@@ -85,10 +86,24 @@ class PeerSetConfig:
         return cls(**{**{k: table[k] for k in keys if k in table}, "max": top})
 
 
-def gossip_degrees(cfg: PeerSetConfig) -> tuple[int, int, int]:
+def small_consortium(cfg: PeerSetConfig, members: int) -> bool:
+    """Every other member fits in the peer set: each node holds all of them, and its own
+    messages reach each member in one hop (flood publish). See `gossip_degrees`."""
+    return members - 1 <= cfg.target
+
+
+def gossip_degrees(cfg: PeerSetConfig, members: int | None = None) -> tuple[int, int, int]:
     """GossipSub (D, D_low, D_high) for a peer set: D = min(target, 3) (each extra mesh peer
     is one more duplicate of every message to receive; see the module doc), D_low = D - 1
-    (at least 1), D_high = min(max, 2 D) but at least D."""
+    (at least 1), D_high = min(max, 2 D) but at least D.
+
+    A small consortium (`small_consortium`) gets D = D_high = min(target, 2), D_low = 1: its
+    relays only cover a member whose link to an entry's author is down (issue 29; the rest
+    of that mode, no opportunistic grafting and no IHAVE gossip, is in
+    `atdnode.transport.gossip_mesh.SmallConsortiumMixin`)."""
+    if members is not None and small_consortium(cfg, members):
+        d = min(cfg.target, 2)
+        return d, 1, d
     d = min(cfg.target, 3)
     return d, max(1, d - 1), max(d, min(cfg.max, 2 * d))
 

@@ -13,6 +13,10 @@ gossip --procs: the same, with each daemon in its own OS process, as deployed (`
     child appends its share of the entries on the shared schedule and records append and
     merge times on CLOCK_MONOTONIC (`time.monotonic()`, one clock for every process on the
     machine). CPU per entry sums the children's CPU over the measured window.
+gossip --degree-compare D,DLO,DHI: the gossip benchmark twice in one run, with the deployed
+    GossipSub mesh and with the given degrees and py-libp2p's own mesh upkeep (no
+    small-consortium mode; 3,2,6 is the mesh before issue 29); duplicate copies per entry,
+    delivery and latency of both.
 gossip --gate-compare: the gossip benchmark twice in one run, the daemons' membership
     filter on (as deployed: `Transport.set_peer_gate`, checked on every connection and
     every pubsub RPC in and out) and then off (the baseline), with the ratio of the p99s
@@ -21,7 +25,7 @@ rss: a subprocess with two daemons (one holds a blob, the other fetches it); rep
     peak RSS next to the blob size: memory must be bounded by buffers, not by blob size.
 
     python bench/daemon_bench.py [--nodes 5] [--entries 500] [--rate 100] [--blob-mb 350] [--no-rss] [--procs]
-                                 [--gate-compare]
+                                 [--gate-compare] [--degree-compare D,DLO,DHI]
 """
 from __future__ import annotations
 
@@ -62,8 +66,13 @@ def consortium(root: Path, n: int) -> list[NodeHome]:
     return homes
 
 
-async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True) -> dict:
-    """`gate=False`: the daemons' membership filter is taken out of the transports (baseline)."""
+async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True,
+                       degrees: tuple[int, int, int] | None = None) -> dict:
+    """`gate=False`: the daemons' membership filter is taken out of the transports (baseline).
+    `degrees`: GossipSub (D, D_low, D_high) of every daemon for this run, without the
+    small-consortium mode (`atdnode.transport.gossip_mesh`); None: as deployed."""
+    from atdnode.transport.libp2p_pubsub import CoalescingPubsub
+
     with tempfile.TemporaryDirectory() as tmp:
         homes = consortium(Path(tmp), n)
         daemons = [NodeDaemon(h, sync_interval=3600, poll_interval=0.5, auto_fetch=False) for h in homes]
@@ -84,6 +93,13 @@ async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True) -> 
             with trio.fail_after(30):
                 while any(len(d.transport.topic_peers(d.topic)) < n - 1 for d in daemons):
                     await trio.sleep(0.05)
+            for d in daemons:
+                r = d.transport._pubsub.router
+                if degrees is not None:  # and py-libp2p's own mesh upkeep (no small-consortium mode)
+                    r.degree, r.degree_low, r.degree_high = degrees
+                    r.adaptive_degree_low, r.adaptive_degree_high = degrees[1:]
+                    r.small_consortium, r.adaptive_gossip_enabled = False, True
+            used = [r.degree, r.degree_low, r.degree_high]
             if not gate:
                 for d in daemons:
                     d.transport.set_peer_gate(None)
@@ -101,6 +117,7 @@ async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True) -> 
                     pauses.append(time.perf_counter() - gc_start[0])
 
             gc.callbacks.append(on_gc)
+            dups0 = CoalescingPubsub.duplicates_dropped
             cpu0 = time.process_time()
             t0 = time.perf_counter()
             for k in range(entries):
@@ -116,11 +133,15 @@ async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True) -> 
                 while sum(len(a) for a in arrivals) < expected:
                     await trio.sleep(0.05)
             cpu = time.process_time() - cpu0
+            dups = CoalescingPubsub.duplicates_dropped - dups0
             gc.callbacks.remove(on_gc)
             for d in daemons:
                 d.stop()
         lat = sorted(x for a in arrivals for x in a)
         out = summary(n, entries, rate, len(e.to_bytes()), lat, appends, cpu)
+        out.update({"gossip_degrees": used,
+                    # copies of each entry every node received after the first (dropped unread)
+                    "duplicates_per_entry": round(dups / entries, 2), "copies_per_entry": round(dups / entries + n - 1, 2)})
         out.update({"membership_filter": gate, "gc_pauses": len(pauses), "gc_pause_max_ms": round(1000 * max(pauses, default=0.0), 2),
                     "gc_pause_total_ms": round(1000 * sum(pauses), 1), "load_avg": [round(x, 2) for x in os.getloadavg()]})
         return out
@@ -314,6 +335,7 @@ def main() -> None:
     ap.add_argument("--no-rss", action="store_true", help="gossip latency only")
     ap.add_argument("--procs", action="store_true", help="gossip with each daemon in its own OS process")
     ap.add_argument("--gate-compare", action="store_true", help="gossip with and without the membership filter")
+    ap.add_argument("--degree-compare", metavar="D,DLO,DHI", help="gossip with the deployed mesh degrees, then these")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--proc-child", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -334,6 +356,13 @@ def main() -> None:
         out = {"gossip_filtered": on, "gossip_unfiltered": off,
                "p99_ratio_filtered_over_unfiltered": round(on["latency_p99_ms"] / off["latency_p99_ms"], 3)
                if on["latency_p99_ms"] and off["latency_p99_ms"] else None}
+    elif args.degree_compare:  # issue 29: duplicates with the deployed mesh degrees, then the given ones (same run)
+        base = trio.run(gossip_bench, args.nodes, args.entries, args.rate, True, None)
+        other = trio.run(gossip_bench, args.nodes, args.entries, args.rate, True,
+                         tuple(int(x) for x in args.degree_compare.split(",")))
+        out = {"gossip_deployed_degrees": base, "gossip_given_degrees": other,
+               "duplicates_ratio_given_over_deployed": round(other["duplicates_per_entry"] / base["duplicates_per_entry"], 3)
+               if base["duplicates_per_entry"] else None}
     elif args.procs:
         out = {"gossip": gossip_procs(args.nodes, args.entries, args.rate)}
     else:

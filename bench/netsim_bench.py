@@ -19,7 +19,10 @@
     the same run: the same workload on 100 full node daemons (SQLite ledgers, hello and
     discovery loops) on the same back-end.
 
-    python bench/netsim_bench.py [procs] [memory] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
+(c) `idle`: only the idle part of (a): `--nodes` daemons started and left alone; CPU per
+    daemon over `--idle-s` s (`--trace`: per-task CPU and wakeups, `bench/wakeprof`).
+
+    python bench/netsim_bench.py [procs] [memory] [idle] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -94,14 +98,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
 
     def cpu_now() -> dict[str, float]:
         """CPU seconds (user + system) of each live daemon and of this driver process."""
-        out = {"driver": sum(psutil.Process().cpu_times()[:2])}
-        for name, node in cluster.nodes.items():
-            if node.proc is not None and node.proc.returncode is None:
-                try:
-                    out[name] = sum(psutil.Process(node.proc.pid).cpu_times()[:2])
-                except psutil.Error:
-                    pass
-        return out
+        return {"driver": sum(psutil.Process().cpu_times()[:2]), **daemon_cpu(cluster)}
 
     marks: dict[str, dict[str, float]] = {}
     idle: dict = {}
@@ -131,14 +128,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
                 nursery.start_soon(sample_conns, stop)
                 if idle_s > 0:  # every daemon up and idle: what idling costs (run_gossip finds them started)
                     await start_all(cluster, cluster.names, seed=scn.seed, degree=scn.topology.degree, deadline_s=60)
-                    await trio.sleep(15)  # discovery, hellos and on-connect pulls settle
-                    c0, w0 = cpu_now(), time.perf_counter()
-                    await trio.sleep(idle_s)
-                    c1, w1 = cpu_now(), time.perf_counter()
-                    pct = [100 * (c1[n] - c0[n]) / (w1 - w0) for n in c1 if n in c0 and n != "driver"]
-                    idle.update(daemons=len(pct), window_s=round(w1 - w0, 1), load_avg=os.getloadavg()[0],
-                                cpu_pct_mean=round(sum(pct) / max(1, len(pct)), 3),
-                                cpu_pct_max=round(max(pct, default=0.0), 3))
+                    idle.update(await measure_idle(cluster, cpu_now, idle_s))
                 rep = await run_gossip(cluster, scn, log=on_log)
                 marks["end"] = cpu_now()
                 pss.extend(pss_now())
@@ -188,6 +178,110 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
         "ratio_to_merge_baseline": round(conv / base, 2) if conv else None,
         "notes": rep["notes"],
     }
+
+
+def daemon_cpu(cluster) -> dict[str, float]:
+    """CPU seconds (user + system) of each live daemon of a ProcCluster."""
+    out = {}
+    for name, node in cluster.nodes.items():
+        if node.proc is not None and node.proc.returncode is None:
+            try:
+                out[name] = sum(psutil.Process(node.proc.pid).cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return out
+
+
+async def measure_idle(cluster, cpu_now, idle_s: float, settle_s: float = 15.0, trace: Path | None = None) -> dict:
+    """CPU of every daemon (% of one core) over `idle_s` s once all are up and `settle_s` s
+    passed (discovery, hellos and on-connect pulls done). `trace`: the daemons run with
+    `bench/wakeprof` (per-task CPU and wakeups); their counts over the window are summed."""
+    await trio.sleep(settle_s)
+    pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None and n.proc.returncode is None]
+    if trace is not None:
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+    c0, w0 = cpu_now(), time.perf_counter()
+    await trio.sleep(idle_s)
+    c1, w1 = cpu_now(), time.perf_counter()
+    pct = sorted(100 * (c1[n] - c0[n]) / (w1 - w0) for n in c1 if n in c0 and n != "driver")
+    res = {"daemons": len(pct), "window_s": round(w1 - w0, 1), "load_avg": os.getloadavg()[0],
+           "cpu_pct_mean": round(sum(pct) / max(1, len(pct)), 3),
+           "cpu_pct_median": round(pct[len(pct) // 2], 3) if pct else None,
+           "cpu_pct_max": round(max(pct, default=0.0), 3)}
+    if trace is not None:
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR2)
+        await trio.sleep(3)
+        res["per_task"] = wakeup_table(trace, len(pids), w1 - w0)
+    return res
+
+
+def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> dict:
+    """Sum the daemons' wakeprof files: per task, CPU (ms per s per daemon) and wakeups (per s per daemon)."""
+    tasks: dict[str, list[float]] = {}
+    proc = main = 0.0
+    files = list(trace.glob("*.json"))
+    for f in files:
+        doc = json.loads(f.read_text())
+        proc += doc["process_cpu_s"]
+        main += doc["main_thread_cpu_s"]
+        for name, t in doc["tasks"].items():
+            key = name.split(" ")[0].rsplit("<locals>.", 1)[-1]
+            acc = tasks.setdefault(key, [0.0, 0.0])
+            acc[0] += t["cpu_s"]
+            acc[1] += t["steps"]
+    n, scale = max(1, len(files)), 1000.0 / max(1, len(files)) / window_s
+    in_tasks = sum(v[0] for v in tasks.values())
+    rows = sorted(tasks.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"daemons_traced": len(files),
+            "process_cpu_ms_per_s": round(proc * scale, 3),
+            "worker_threads_ms_per_s": round((proc - main) * scale, 3),
+            "scheduler_ms_per_s": round((main - in_tasks) * scale, 3),
+            "tasks_ms_per_s": round(in_tasks * scale, 3),
+            "wakeups_per_s": round(sum(v[1] for v in tasks.values()) / n / window_s, 1),
+            "top": {k: {"ms_per_s": round(v[0] * scale, 4), "steps_per_s": round(v[1] / n / window_s, 2)}
+                    for k, v in rows}}
+
+
+def bench_idle(nodes: int, idle_s: float, trace: bool = False, target: int = 8, max_peers: int = 16,
+               rotate_s: float | None = None) -> dict:
+    """Idle CPU only: `nodes` real daemons started and left alone (issue 29: <= 0.3% of a core each at 100)."""
+    from atdnode.config import NodeConfig
+    from netsim.procnet import ProcCluster
+    from netsim.workload import start_all
+
+    scn = scenario_from_dict({"scenario": {"name": "bench-idle", "seed": 1, "backend": "process"},
+                              "topology": {"nodes": nodes, "degree": 3, "sync_interval_s": 10}})
+    root = Path(tempfile.mkdtemp(prefix="atd-bench-idle-"))
+    trace_dir = None
+    if trace:  # every daemon runs with bench/wakeprof (per-task CPU and wakeups)
+        trace_dir = root / "wakeprof"
+        trace_dir.mkdir()
+        os.environ["ATD_WAKEPROF"] = str(trace_dir)
+        os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parent / "wakeprof") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    cluster = ProcCluster(root, scn.node_names(), seed=scn.seed, network=scn.network, sync_interval=10,
+                          ready_timeout=600)
+    for home in cluster.c.homes.values():
+        cfg = NodeConfig.load(home)
+        cfg.extra["peers"] = {"target": target, "max": max_peers,
+                              **({"rotate_s": rotate_s} if rotate_s is not None else {})}
+        cfg.save(home)
+
+    async def run() -> dict:
+        async with cluster.running():
+            t0 = time.perf_counter()
+            lonely = await start_all(cluster, cluster.names, seed=scn.seed, degree=3, deadline_s=60)
+            started = time.perf_counter() - t0
+            res = await measure_idle(cluster, lambda: daemon_cpu(cluster), idle_s, trace=trace_dir)
+            conns = [len(cluster.peers(n)) for n in cluster.names]
+        return {**res, "start_s": round(started, 1), "lonely": lonely,
+                "connections_mean": round(sum(conns) / max(1, len(conns)), 2)}
+
+    try:
+        return trio.run(run)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def merge_baseline(nodes: int, entries: int) -> float:
@@ -271,10 +365,14 @@ def main() -> None:
     ap.add_argument("--target", type=int, default=8, help="procs: [peers] target of each daemon")
     ap.add_argument("--max-peers", type=int, default=16, help="procs: [peers] max of each daemon")
     ap.add_argument("--idle-s", type=float, default=30.0, help="procs: seconds of idle CPU measured before publishing (0: none)")
+    ap.add_argument("--rotate-s", type=float, default=None, help="idle: [peers] rotate_s of each daemon")
+    ap.add_argument("--trace", action="store_true", help="idle: per-task CPU and wakeups (bench/wakeprof)")
     a = ap.parse_args()
     result: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     if "procs" in a.parts:
         result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers, a.idle_s)
+    if "idle" in a.parts:
+        result["idle"] = bench_idle(a.nodes, a.idle_s, a.trace, a.target, a.max_peers, a.rotate_s)
     if "memory" in a.parts:
         result["memory"] = bench_memory(a.peers, a.daemons)
     print(json.dumps(result, indent=2))

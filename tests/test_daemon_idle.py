@@ -4,8 +4,10 @@ ledgers, simulated network and time), not timed:
 
 * the announce loop reads the ledger only when its files changed (`ledger_stamp`) and every
   LEDGER_RECHECK_S, yet an entry a CLI command appends from another connection is still
-  gossiped within a poll tick or two;
-* periodic sync pulls from `sync_fanout` peers per interval, in turn, not from every peer.
+  gossiped within an idle poll tick (IDLE_POLL_S) or so;
+* periodic sync pulls from `sync_fanout` peers per interval, in turn, not from every peer;
+* its own loops wake rarely (issue 29): the announce loop every IDLE_POLL_S once quiet, the
+  peer-set round every IDLE_TICK_S once settled, the fetch loop not at all with nothing wanted.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.announce import LEDGER_RECHECK_S, ledger_stamp
+from atdnode.announce import IDLE_POLL_S, LEDGER_RECHECK_S, ledger_stamp
+from atdnode.dialer import IDLE_TICK_S
 from atdnode.replication import SYNC_FANOUT
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
@@ -61,8 +64,12 @@ def test_idle_daemon_reads_its_ledger_only_on_change_and_pulls_a_few_peers(tmp_p
             led.head_of = counting_head_of
             pulls0 = d.stats["sync_pulls"]
             peers = len(d.transport.peers())
+            steps = _StepCounter(LOOPS)
+            trio.lowlevel.add_instrument(steps)
             await trio.sleep(IDLE_S)
-            out.update(reads=reads["head_of"], pulls=d.stats["sync_pulls"] - pulls0, peers=peers)
+            trio.lowlevel.remove_instrument(steps)
+            out.update(reads=reads["head_of"], pulls=d.stats["sync_pulls"] - pulls0, peers=peers,
+                       wakeups={k: v / len(names) / IDLE_S for k, v in steps.counts.items()})
             # a CLI command appends from its own connection: still announced at once
             signer = Signer.from_seed(cluster.c.seeds["n0"])
             with Ledger.open(cluster.c.homes["n0"].ledger_db) as cli_handle:
@@ -81,4 +88,27 @@ def test_idle_daemon_reads_its_ledger_only_on_change_and_pulls_a_few_peers(tmp_p
     assert out["reads"] <= IDLE_S / LEDGER_RECHECK_S + 2, out
     # SYNC_FANOUT pulls per interval, where pulling from every peer made 5 per interval
     assert SYNC_FANOUT < 5 and intervals * SYNC_FANOUT - 2 <= out["pulls"] <= intervals * SYNC_FANOUT + 1, out
-    assert out["spread_s"] < 4 * POLL_S, out
+    # an idle announce loop polls every IDLE_POLL_S (issue 29), not every POLL_S
+    assert out["spread_s"] < IDLE_POLL_S + 4 * POLL_S, out
+    # wakeups (task steps) per second of each daemon's own loops (issue 29); polling made
+    # over 4, about 2 and 1
+    w = out["wakeups"]
+    assert w["announce_loop"] <= 1.5 / IDLE_POLL_S, w  # a tick a second, a few more at ledger re-reads
+    assert w["discovery_loop"] <= 3 / IDLE_TICK_S, w  # a round is a step or two
+    assert w["fetch_loop"] <= 0.1, w
+
+
+LOOPS = ("announce_loop", "discovery_loop", "fetch_loop")
+
+
+class _StepCounter(trio.abc.Instrument):
+    """Counts the task steps (wakeups) of tasks whose name ends with one of `names`."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.counts = dict.fromkeys(names, 0)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        for n in self.names:
+            if task.name.endswith(n):
+                self.counts[n] += 1

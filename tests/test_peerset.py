@@ -97,10 +97,16 @@ def test_gossip_degrees_follow_the_bounds() -> None:
     assert gossip_degrees(PeerSetConfig()) == (3, 2, 6)  # defaults 8/16: a thin mesh (CPU per message)
     assert gossip_degrees(PeerSetConfig(target=3, max=5)) == (3, 2, 5)
     assert gossip_degrees(PeerSetConfig(target=1, max=1)) == (1, 1, 1)
+    # a small consortium (every other member fits in the peer set): a thin mesh (issue 29)
+    assert gossip_degrees(PeerSetConfig(), members=5) == (2, 1, 2)
+    assert gossip_degrees(PeerSetConfig(), members=9) == (2, 1, 2)
+    assert gossip_degrees(PeerSetConfig(), members=10) == (3, 2, 6)
+    assert gossip_degrees(PeerSetConfig(target=1, max=1), members=2) == (1, 1, 1)
     for t in range(1, 20):
         for m in (t, t + 1, 2 * t, 40):
-            d, lo, hi = gossip_degrees(PeerSetConfig(target=t, max=m))
-            assert 1 <= lo <= d <= hi <= m and d <= t
+            for members in (None, 2, t + 1, t + 2, 100):
+                d, lo, hi = gossip_degrees(PeerSetConfig(target=t, max=m), members)
+                assert 1 <= lo <= d <= hi <= m and d <= t
 
 
 def test_config_table() -> None:

@@ -91,7 +91,7 @@ from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-from atdnode.transport.gossip_mesh import MeshHealthMixin
+from atdnode.transport.gossip_mesh import MeshHealthMixin, SmallConsortiumMixin
 
 log = logging.getLogger(__name__)
 
@@ -284,9 +284,10 @@ class CoalescingPubsub(Pubsub):
             self._handle_dead_peer(peer_id)
 
 
-class FloodPublishGossipSub(MeshHealthMixin, GossipSub):
-    """GossipSub that sends the node's own messages to every topic peer (module doc), and
-    whose mesh cannot stay empty (`atdnode.transport.gossip_mesh`: relays flood while it is)."""
+class FloodPublishGossipSub(SmallConsortiumMixin, MeshHealthMixin, GossipSub):
+    """GossipSub that sends the node's own messages to every topic peer (module doc), whose
+    mesh cannot stay empty (`atdnode.transport.gossip_mesh`: relays flood while it is), and
+    that keeps a thin, stable mesh in a small consortium (`gossip_mesh.SmallConsortiumMixin`)."""
 
     def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
         topic_ids = list(topic_ids)
