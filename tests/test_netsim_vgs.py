@@ -16,6 +16,9 @@ from netsim.run import run_scenario, run_vgs_memory
 from netsim.scenario import scenario_from_dict
 from tests.netsim_tiny import TINY
 
+# every test here runs netsim's learning (several trained ViTs per scenario): ~60 s in all
+pytestmark = pytest.mark.slow
+
 torch.set_num_threads(1)
 
 

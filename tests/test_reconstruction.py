@@ -29,6 +29,7 @@ def test_ssim_and_mse_sanity(images):
     assert 0 < ssim(a, noisy) < 0.98 and ssim(a, torch.zeros_like(a)) < ssim(a, noisy)
 
 
+@pytest.mark.slow  # trains four attackers (~16 s)
 def test_every_attacker_needs_the_order(images):
     """The attackers who do not know the embedder (900 public digits, disjoint from 300
     private ones; one F̂ / G training shared): MSD Eq. 7's transformer jigsaw J, the order-free
