@@ -258,8 +258,8 @@ class PeerDialer:
         d = self.d
         tick = max(d.poll_interval * 4, 1.0)
         now_peers = set(d.transport.peers())
-        settled = len(now_peers) >= d.peerset.cfg.target or bool(known) and not [
-            p for p in known if p not in now_peers and p not in d.gate.refused]
+        settled = len(now_peers) >= d.peerset.cfg.target or (
+            bool(known) and all(p in now_peers or p in d.gate.refused for p in known))
         if settled and not self.policy.revoked:
             if len(now_peers) >= d.peerset.cfg.target:  # a rotation may be due before IDLE_TICK_S
                 tick = max(tick, min(IDLE_TICK_S, next_rotation - trio.current_time()))
