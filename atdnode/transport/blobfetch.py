@@ -15,7 +15,8 @@
    connection one thread per batch receives, decrypts, writes and hashes each chunk (no
    thread hop per frame); on a libp2p stream a writer task writes whatever chunks arrived,
    one thread hop for all of them. Each byte is hashed ONCE: the whole-blob SHA-256 runs
-   incrementally over the written prefix (`PartialBlob._advance_hash`), and a chunk is
+   incrementally over the written prefix, in a hasher thread of its own beside the
+   receivers (`PartialBlob.start_hasher`: two cores busy, not one), and a chunk is
    checked against its own manifest hash only when it is the first of its connection
    (a holder that serves garbage is caught at once). A chunk that fails that check is put
    back in the queue and its sender is marked bad for this blob. A peer whose connection
@@ -247,6 +248,7 @@ class BlobFetcher:
             if job.queue and usable:
                 per = max(1, min(self.cfg.per_peer, self.cfg.max_streams // len(usable)))
                 per = min(per, max(1, math.ceil(len(job.queue) / job.batch / len(usable))))
+                job.partial.start_hasher()  # the whole-blob hash on a core of its own, beside the receivers
                 async with trio.open_nursery() as outer:
                     outer.start_soon(self._flusher, job)
                     async with trio.open_nursery() as nursery:
