@@ -284,21 +284,22 @@ class PartialBlob:
         when stopped, or on an error (then `complete` hashes what is left itself)."""
         me = threading.current_thread()
         try:
-            with mmap.mmap(self._fd, self.manifest.size, prot=mmap.PROT_READ) as mm, memoryview(mm) as view:
-                while True:
-                    with self._lock:
-                        while self._hash_thread is me and not self._unhashed_bytes():
-                            self._ready.wait()
-                        if self._hash_thread is not me:
-                            return
-                    with self._hash_lock:
-                        off, n = self.manifest.span(self._hashed)
-                        self._hasher.update(view[off:off + n])
-                        self._hashed += 1
-                    with self._lock:
-                        self._ready.notify_all()
-                        if self._hashed >= self.manifest.num_chunks:
-                            return
+            while True:
+                with self._lock:
+                    while self._hash_thread is me and not self._unhashed_bytes():
+                        self._ready.wait()
+                    if self._hash_thread is not me:
+                        return
+                with self._hash_lock:
+                    off, n = self.manifest.span(self._hashed)
+                    at = off - off % mmap.ALLOCATIONGRANULARITY  # one map per chunk: RSS stays one chunk
+                    with mmap.mmap(self._fd, off + n - at, prot=mmap.PROT_READ, offset=at) as mm, memoryview(mm) as view:
+                        self._hasher.update(view[off - at:])
+                    self._hashed += 1
+                with self._lock:
+                    self._ready.notify_all()
+                    if self._hashed >= self.manifest.num_chunks:
+                        return
         except (OSError, ValueError):
             pass
         finally:
