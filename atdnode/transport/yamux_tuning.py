@@ -65,6 +65,7 @@ RECV_WINDOW = 4 << 20  # receive window each stream a TunedYamux opens grants at
 DIRECT_MIN = 1 << 17  # DATA frames larger than this are sealed by NoiseTx, opened by NoiseRx
 _MAX_NONCE = 2**64 - 1  # noise's MAX_NONCE: that nonce is never used
 WINDOW_WAIT = 5.0  # seconds a writer waits for window before giving up (py-libp2p's 5 s)
+WHOLE_FRAME_WAIT = 0.5  # seconds a writer waits for the window of a whole frame before cutting a piece
 _HEADER = struct.Struct(_y.YAMUX_HEADER_FORMAT)
 
 
@@ -90,15 +91,21 @@ class TunedYamux(_y.Yamux):
             return await rx.read_plain(length)
 
     async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
-        """Yamux.read_stream; a large buffered run of an open stream is handed over whole (the
-        bytearray itself, a fresh one takes its place) instead of copied, or copied once."""
+        """Yamux.read_stream; what an open stream has buffered is returned at once, without
+        the stock path's lock and debug formatting: a large run is handed over whole (the
+        bytearray itself, a fresh one takes its place) instead of copied, or copied once.
+        Everything else (nothing buffered, closing, reset) takes the stock path."""
         buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
-        if (buf is None or stream is None or len(buf) < DIRECT_MIN or stream.closed or stream.reset_received
+        if (not buf or stream is None or stream.closed or stream.reset_received
                 or self.event_shutting_down.is_set()):
             return await super().read_stream(stream_id, n)
         if n is None or n < 0 or n >= len(buf):
-            self.stream_buffers[stream_id] = bytearray()
-            return buf
+            if len(buf) >= DIRECT_MIN:
+                self.stream_buffers[stream_id] = bytearray()
+                return buf
+            out = bytes(buf)
+            buf.clear()
+            return out
         out = bytes(memoryview(buf)[:n])
         del buf[:n]
         return out
@@ -323,21 +330,35 @@ def _window_set(self: Any, value: int) -> None:
     d = self.__dict__
     grew = value > d.get("_atd_send_window", 0)
     d["_atd_send_window"] = value
+    if value > d.get("_atd_max_window", 0):
+        d["_atd_max_window"] = value  # the largest window the peer ever granted (`_whole_frame_soon`)
     if grew and (ev := d.pop("_atd_window_event", None)) is not None:
         ev.set()
 
 
-async def _wait_window(stream: Any) -> None:
-    """Sleep until the peer grants window (or the stream closes); MuxedStreamError after
-    WINDOW_WAIT seconds without any, as py-libp2p's own writer does."""
+def _whole_frame_soon(stream: Any, want: int) -> bool:
+    """Is it worth waiting for window to send `want` bytes in ONE frame instead of cutting a
+    piece now? Only when the peer grants large windows (> 2 FRAME_MAX: a TunedYamux opener)
+    and holds at least half of its window unread: a receiver returns credit once half its
+    window is consumed (go-yamux, libp2p_pubsub.batch_yamux_credit), so credit is coming
+    without anything more from us. A split costs the receiver a join of the pieces (a copy
+    of the chunk) and both sides a frame and a Noise message more."""
+    top = stream.__dict__.get("_atd_max_window", 0)
+    return top > 2 * FRAME_MAX and top - stream.send_window >= top // 2 and stream.send_window < want
+
+
+async def _wait_window(stream: Any, want: int = 1) -> None:
+    """Sleep until the peer's window holds `want` bytes (or the stream closes). Without any
+    window after WINDOW_WAIT seconds: MuxedStreamError, as py-libp2p's own writer does;
+    with some but less than `want`, return (the caller sends a piece)."""
     with trio.move_on_after(WINDOW_WAIT) as scope:
-        while stream.send_window <= 0 and not (stream.closed or stream.send_closed):
+        while stream.send_window < want and not (stream.closed or stream.send_closed):
             ev = stream.__dict__.get("_atd_window_event")
             if ev is None:
                 ev = stream.__dict__["_atd_window_event"] = trio.Event()
             with trio.move_on_after(0.25):  # close/reset do not touch the window: re-check
                 await ev.wait()
-    if scope.cancelled_caught:
+    if scope.cancelled_caught and stream.send_window <= 0:
         raise MuxedStreamError(f"Timed out waiting for window update after {WINDOW_WAIT:g} seconds.")
 
 
@@ -352,7 +373,11 @@ async def _tuned_write(self: Any, data: bytes) -> None:
                 raise MuxedStreamError("Stream is closed for sending")
             if self.closed:
                 raise MuxedStreamError("Stream is closed")
-            n = min(self.send_window, FRAME_MAX, total - sent)
+            whole = min(FRAME_MAX, total - sent)
+            if _whole_frame_soon(self, whole):  # credit is on its way: one frame, not two pieces
+                with trio.move_on_after(WHOLE_FRAME_WAIT):
+                    await _wait_window(self, whole)
+            n = min(self.send_window, whole)
             if n <= 0:
                 await _wait_window(self)
                 continue
