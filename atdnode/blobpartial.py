@@ -246,7 +246,7 @@ class PartialBlob:
             self._hash_lock.release()
 
     # ----- the whole-blob hash in a thread of its own
-    def start_hasher(self, lag: int = 32 << 20) -> None:
+    def start_hasher(self, lag: int = 8 << 20) -> None:
         """Extend the whole-blob hash in a background thread from now on (until `complete`,
         `close` or `discard`), re-reading written chunks from the page cache, so that the
         threads writing chunks (receive, decrypt, write) and the hash run on two cores at

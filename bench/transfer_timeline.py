@@ -11,9 +11,11 @@ for the peer, the disk or the GIL), per 4 MiB, summed over every thread of that 
 Receiver (client): `recv` (SealedSocket.read_raw: socket -> preallocated buffer),
 `decrypt` (read_frame less read_raw: AES-GCM decrypt_into + header unpack), `pwrite`
 (the chunk into the preallocated partial file), `sha256` (the whole-blob hash over the
-written prefix, PartialBlob._advance_hash; the first chunk per connection also gets its
-own hash: `check_chunk`), `flush` (fdatasync + record, in the flusher thread beside the
-workers), `complete` (final fsync, rename). Sender (server): `send` (sendall of the
+written prefix, inline in a writer: PartialBlob._advance_hash -- now only what is left when
+complete() stops the hasher), `hasher_thread` (PartialBlob.start_hasher's thread: its CPU
+is the whole-blob SHA-256 from the page cache; its wall includes waiting for chunks), the
+first chunk per connection also gets its own hash (`check_chunk`), `flush` (fdatasync +
+record, in the flusher thread beside the workers), `complete` (final fsync, rename). Sender (server): `send` (sendall of the
 sealed frames), `encrypt` (write_frames less send), `read_file` (_send_ranges less both).
 `setup_ms`: fetch start to the first chunk written (manifest, key exchange, connects);
 `wall_ms_per_4mib`: the whole fetch. Prints one JSON object.
@@ -68,7 +70,8 @@ def install() -> None:
                               (bs, "_send_ranges", "send_ranges"), (bp, "write_all", "pwrite"),
                               (bp.PartialBlob, "_advance_hash", "sha256"), (bp.PartialBlob, "check_chunk", "check_chunk"),
                               (bp.PartialBlob, "flush", "flush"), (bp.PartialBlob, "complete", "complete"),
-                              (bp.PartialBlob, "write_chunk", "write_chunk")):
+                              (bp.PartialBlob, "write_chunk", "write_chunk"),
+                              (bp.PartialBlob, "_hash_loop", "hasher_thread")):
         _timed(owner, attr, name)
     first = bp.PartialBlob.write_chunk
 
