@@ -38,6 +38,22 @@ _ACC: dict[str, list[float]] = {}  # stage -> [wall s, thread CPU s, calls]
 _MARK: dict[str, float] = {}
 
 
+def _timed_async(owner: object, attr: str, name: str) -> None:
+    fn = getattr(owner, attr)
+
+    @wraps(fn)
+    async def wrapper(*a, **kw):
+        w0 = time.perf_counter()
+        try:
+            return await fn(*a, **kw)
+        finally:
+            with _LOCK:
+                _MARK.setdefault(f"{name}_first", w0 - _MARK.get("start", w0))
+                _MARK[f"{name}_last"] = time.perf_counter() - _MARK.get("start", w0)
+
+    setattr(owner, attr, wrapper)
+
+
 def _timed(owner: object, attr: str, name: str) -> None:
     fn = getattr(owner, attr)
 
@@ -73,6 +89,15 @@ def install() -> None:
                               (bp.PartialBlob, "write_chunk", "write_chunk"),
                               (bp.PartialBlob, "_hash_loop", "hasher_thread")):
         _timed(owner, attr, name)
+    from atdnode.blobstore import BlobStore
+    from atdnode.transport.blobfetch import BlobFetcher
+    from atdnode.transport.bulk import BulkConn
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    for owner, attr, name in ((Libp2pTransport, "open_stream", "open_stream"), (BlobFetcher, "_probe", "probe"),
+                              (BlobFetcher, "_bulk", "bulk_channel"), (BulkConn, "open", "bulk_connect")):
+        _timed_async(owner, attr, name)
+    _timed(BlobStore, "partial", "store_partial")
     first = bp.PartialBlob.write_chunk
 
     def mark_first(self, *a, **kw):
