@@ -51,6 +51,9 @@ from atdnode.transport.bulk import BulkConn, BulkIntegrityError, derive_keys, ne
 
 log = logging.getLogger(__name__)
 
+WRITER_GATHER = 4  # stream path: chunks the writer gathers per thread hop (at most half the pipeline)
+WRITER_GATHER_S = 0.02  # ... waiting at most this long for them
+
 
 class FetchError(TransportError, BlobError):
     """A blob could not be fetched (no holder, every holder failed or served bad data)."""
@@ -470,9 +473,18 @@ class BlobFetcher:
                     arrived.append((i, len(data)))
                 check_next[0] = False
 
+        gather = max(1, min(WRITER_GATHER, self.cfg.pipeline_bytes // job.m.chunk_size // 2))
         async with recv:
             async for item in recv:
                 items = [item]
+                # a few chunks per thread hop, not one: each hop wakes a thread and then the
+                # loop (on 2 busy cores ~0.2-0.9 ms each); waits at most WRITER_GATHER_S for them
+                with trio.move_on_after(WRITER_GATHER_S):
+                    while len(items) < gather:
+                        try:
+                            items.append(await recv.receive())
+                        except trio.EndOfChannel:
+                            break
                 while len(items) < MAX_BATCH:
                     try:
                         items.append(recv.receive_nowait())

@@ -96,13 +96,22 @@ class TunedYamux(_y.Yamux):
 
     async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
         """Yamux.read_stream; what an open stream has buffered is returned at once, without
-        the stock path's lock and debug formatting: a large run is handed over whole (the
-        bytearray itself, a fresh one takes its place) instead of copied, or copied once.
-        Everything else (nothing buffered, closing, reset) takes the stock path."""
-        buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
-        if (not buf or stream is None or stream.closed or stream.reset_received
-                or self.event_shutting_down.is_set()):
-            return await super().read_stream(stream_id, n)
+        the stock path's lock and debug formatting, or as soon as data arrives: a large run is
+        handed over whole (the bytearray itself, a fresh one takes its place) instead of
+        copied, or copied once. Closing, closed and reset streams take the stock path."""
+        while True:
+            buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
+            if (buf is None or stream is None or stream.closed or stream.reset_received
+                    or self.event_shutting_down.is_set()):
+                return await super().read_stream(stream_id, n)
+            if buf:
+                break
+            ev = self.stream_events.get(stream_id)
+            if stream.recv_closed or ev is None:
+                return await super().read_stream(stream_id, n)
+            await ev.wait()  # as the stock path waits, but the data is then handed over, not copied
+            if self.stream_events.get(stream_id) is ev:
+                self.stream_events[stream_id] = trio.Event()
         if n is None or n < 0 or n >= len(buf):
             if len(buf) >= DIRECT_MIN:
                 self.stream_buffers[stream_id] = bytearray()
@@ -110,6 +119,10 @@ class TunedYamux(_y.Yamux):
             out = bytes(buf)
             buf.clear()
             return out
+        if n >= DIRECT_MIN and len(buf) - n < n:  # hand over the head, keep a copy of the shorter tail
+            self.stream_buffers[stream_id] = buf[n:]
+            del buf[n:]
+            return buf
         out = bytes(memoryview(buf)[:n])
         del buf[:n]
         return out
