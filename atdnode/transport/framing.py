@@ -28,7 +28,8 @@ class ByteStream(Protocol):
     """What a transport must provide under FramedStream. Errors raise TransportError."""
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        """Return 1..max_bytes bytes, or b"" at a clean end of stream."""
+        """Return 1..max_bytes bytes, or b"" at a clean end of stream. A bytearray returned
+        is the caller's own (nothing else refers to it): FramedStream keeps it as its buffer."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send all of `data`."""
