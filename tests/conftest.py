@@ -38,17 +38,17 @@ from tests.factories import make_consortium
 from tests.nodeprocs import Daemon, start_daemon
 
 
-# The longest test files, longest first (seconds of one worker, setup included, measured with
-# `--durations=0` on the shared 2-core machine). Only the order matters; a file missing here
-# runs after them, slow files before fast ones.
+# The longest test files, longest first (a file's setup and tests on one worker, from
+# `--durations=0` of a whole run). Only the order matters; a file missing here runs after
+# them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
     "test_vgs_claims.py",
     "test_readme.py",
+    "test_fat.py",
     "test_split_network.py",
     "test_chaos.py",
-    "test_fat.py",
-    "test_rounds_procs.py",
     "test_daemon_procs.py",
+    "test_rounds_procs.py",
 )
 
 
