@@ -46,13 +46,10 @@ from atdnode.blobpartial import BadChunks, PartialBlob
 from atdnode.blobstore import BlobStore, Manifest, check_hash
 from atdnode.errors import BlobError
 from atdnode.transport.base import FrameError, Stream, Transport, TransportError
-from atdnode.transport.blobwire import MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, pack, read_header
+from atdnode.transport.blobwire import GATHER, MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, gather, pack, read_header
 from atdnode.transport.bulk import BulkConn, BulkIntegrityError, derive_keys, new_ephemeral
 
 log = logging.getLogger(__name__)
-
-WRITER_GATHER = 4  # stream path: chunks the writer gathers per thread hop (at most half the pipeline)
-WRITER_GATHER_S = 0.02  # ... waiting at most this long for them
 
 
 class FetchError(TransportError, BlobError):
@@ -473,23 +470,10 @@ class BlobFetcher:
                     arrived.append((i, len(data)))
                 check_next[0] = False
 
-        gather = max(1, min(WRITER_GATHER, self.cfg.pipeline_bytes // job.m.chunk_size // 2))
+        want = max(1, min(GATHER, self.cfg.pipeline_bytes // job.m.chunk_size // 2))
         async with recv:
             async for item in recv:
-                items = [item]
-                # a few chunks per thread hop, not one: each hop wakes a thread and then the
-                # loop (on 2 busy cores ~0.2-0.9 ms each); waits at most WRITER_GATHER_S for them
-                with trio.move_on_after(WRITER_GATHER_S):
-                    while len(items) < gather:
-                        try:
-                            items.append(await recv.receive())
-                        except trio.EndOfChannel:
-                            break
-                while len(items) < MAX_BATCH:
-                    try:
-                        items.append(recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+                items = await gather(recv, item, want)
                 try:
                     await trio.to_thread.run_sync(write, items)  # not abandoned: it ends before we go on
                 except BlobError as e:  # hash mismatch (or the disk): never trust this peer for this blob
