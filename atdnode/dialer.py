@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, small_consortium
+from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval, small_consortium
 from atdnode.transport.base import TransportError
 from atdnode.transport.gossip_mesh import fit_mesh
 from ledger import Ledger
@@ -205,7 +205,7 @@ class PeerDialer:
             d.peerset.pruned += 1
             await d.transport.disconnect(peer)
 
-        next_rotation = trio.current_time() + cfg.rotate_s
+        pace = RotationPace(self, trio.current_time())  # when the next rotation is due (peerset.rotation_interval)
         self.fit_mesh()  # the router exists now (membership was read before the transport ran)
         while True:
             self.changed = trio.Event()
@@ -219,7 +219,7 @@ class PeerDialer:
                 log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
                 await prune(peer, now)
                 connected.discard(peer)
-            rotate = len(connected) >= cfg.target and now >= next_rotation
+            rotate = len(connected) >= cfg.target and now >= pace.due()
             if (len(connected) < cfg.target or rotate) and not self.policy.revoked:
                 if hellos_read != self.hellos_seen:  # a consortium of hundreds: no re-read every second
                     hellos_read = self.hellos_seen
@@ -231,8 +231,8 @@ class PeerDialer:
                          and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
                 picks = plan_dials(fresh, connected, d.peerset.rtt, cfg, rng)
                 if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
-                    next_rotation = now + cfg.rotate_s
-                    pick = plan_rotation(fresh, connected, rng)
+                    pace.rotated(now)
+                    pick = plan_rotation(fresh, connected, rng, self.policy.failing())
                     picks = [pick] if pick is not None else []
                 async def dial_pick(peer: str) -> None:
                     tried[peer] = (now, tuple(known[peer]))  # answered: not again soon, even if it drops us
@@ -247,7 +247,7 @@ class PeerDialer:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
                         await prune(peer, now)
-            with trio.move_on_after(self._tick(known, next_rotation)):
+            with trio.move_on_after(self._tick(known, pace.due())):
                 await self.changed.wait()
 
     def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
@@ -274,3 +274,26 @@ class PeerDialer:
                         peer, seconds)
         for peer in back:
             log.info("member %s reachable again", peer)
+
+
+class RotationPace:
+    """When a dialler's next peer-set rotation is due: `peerset.rotation_interval` after the
+    last one, from what happened since (dials failing, entries that only sync brought, a
+    membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
+    so a failure or a sync that learned something pulls a distant rotation forward."""
+
+    def __init__(self, dialer: PeerDialer, now: float) -> None:
+        self.dialer = dialer
+        self.rotated(now)
+
+    def _learned(self) -> int:
+        return getattr(self.dialer.d, "stats", {}).get("sync_added", 0)
+
+    def rotated(self, now: float) -> None:
+        self.last, self.learned_at, self.members_at = now, self._learned(), self.dialer.hellos_seen
+
+    def due(self) -> float:
+        dialer = self.dialer
+        return self.last + rotation_interval(dialer.d.peerset.cfg, failing=bool(dialer.policy.failing()),
+                                             learned=self._learned() != self.learned_at,
+                                             members_changed=dialer.hellos_seen != self.members_at)
