@@ -200,8 +200,11 @@ class PeerDialer:
                     if e.author != me and e.author in d.members and isinstance(e.body.get("addrs"), list)]
             return addresses_newest_first(rows)
 
+        pruned_here: set[str] = set()  # peers this loop disconnected (their loss is no news)
+
         async def prune(peer: str, now: float) -> None:
             tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
+            pruned_here.add(peer)
             d.peerset.pruned += 1
             await d.transport.disconnect(peer)
 
@@ -211,8 +214,12 @@ class PeerDialer:
             self.changed = trio.Event()
             now = trio.current_time()
             connected = set(d.transport.peers())
-            for peer in set(d.peerset.since) - connected:
+            gone = set(d.peerset.since) - connected
+            for peer in gone:
                 tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
+            if gone - pruned_here and len(connected) < cfg.target:
+                pace.lost_peer()  # a link cut under us (a partition?): rotate at rotate_s for now
+            pruned_here -= gone
             d.peerset.observe_connected(connected, now)
             self._report_reachability(connected, now)
             for peer in plan_prunes(connected, d.peerset.rtt, d.peerset.since, cfg, now=now):
@@ -278,8 +285,8 @@ class PeerDialer:
 
 class RotationPace:
     """When a dialler's next peer-set rotation is due: `peerset.rotation_interval` after the
-    last one, from what happened since (dials failing, entries that only sync brought, a
-    membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
+    last one, from what happened since (dials failing, a peer lost under `target`, entries
+    that only sync brought, a membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
     so a failure or a sync that learned something pulls a distant rotation forward."""
 
     def __init__(self, dialer: PeerDialer, now: float) -> None:
@@ -290,10 +297,21 @@ class RotationPace:
         return getattr(self.dialer.d, "stats", {}).get("sync_added", 0)
 
     def rotated(self, now: float) -> None:
+        self.interval = self._interval()
         self.last, self.learned_at, self.members_at = now, self._learned(), self.dialer.hellos_seen
+        self.lost = False
+
+    def lost_peer(self) -> None:
+        """A peer we did not prune went away and left the set under `target`."""
+        self.lost = True
+
+    def _interval(self) -> float:
+        dialer = self.dialer
+        if not hasattr(self, "last"):  # the first rotation: rotate_s after start
+            return dialer.d.peerset.cfg.rotate_s
+        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=self.lost or bool(dialer.policy.failing()),
+                                 learned=self._learned() != self.learned_at,
+                                 members_changed=dialer.hellos_seen != self.members_at)
 
     def due(self) -> float:
-        dialer = self.dialer
-        return self.last + rotation_interval(dialer.d.peerset.cfg, failing=bool(dialer.policy.failing()),
-                                             learned=self._learned() != self.learned_at,
-                                             members_changed=dialer.hellos_seen != self.members_at)
+        return self.last + self._interval()

@@ -23,10 +23,12 @@ entries (their addresses):
   their CPU (issue 29). So a node rotates every `rotate_s` only while a rotation may buy
   something (`rotation_interval`): some member's dials failed and it was not reached
   since (a partition or a member away: the rotation then re-probes such a member every
-  other time, so a healed cut is crossed at the next rotation), sync pulls brought
+  other time, so a healed cut is crossed at the next rotation), a peer it did not prune
+  went away and left the set under `target` (a cut link), sync pulls brought
   entries gossip had not (the graph misses something), or the member set changed. With
-  none of these it rotates every `rotate_idle_s` (default 600 s), and any of them pulls
-  the next rotation forward to `rotate_s` after the last one.
+  none of these its rotations space out, each interval twice the one before, up to
+  `rotate_idle_s` (default 600 s); any of them pulls the next rotation forward to
+  `rotate_s` after the last one.
 
 RTTs are measured cheaply from work the daemon does anyway: the time a dial takes and the
 time a sync stream takes to open (one multistream round trip), smoothed (EWMA).
@@ -197,13 +199,16 @@ def plan_rotation(candidates: Iterable[str], connected: Iterable[str], rng: rand
     return rng.choice(pool) if pool else None
 
 
-def rotation_interval(cfg: PeerSetConfig, *, failing: bool, learned: bool, members_changed: bool) -> float:
-    """Seconds from one rotation to the next (module doc): `rotate_s` while a rotation may buy
-    something -- some member's dials are `failing`, sync pulls `learned` entries gossip had
-    not brought, the member set changed -- else `rotate_idle_s` (never less than `rotate_s`)."""
+def rotation_interval(cfg: PeerSetConfig, last: float, *, failing: bool, learned: bool, members_changed: bool) -> float:
+    """Seconds from one rotation to the next, `last` the interval before it (module doc):
+    `rotate_s` while a rotation may buy something -- some member's dials are `failing` (or a
+    link was cut), sync pulls `learned` entries gossip had not brought, the member set
+    changed -- else twice `last`, up to `rotate_idle_s` (never below `rotate_s`): quiet
+    rotations space out step by step, so a partition that begins soon after one still
+    finds the others rotating often."""
     if failing or learned or members_changed:
         return cfg.rotate_s
-    return max(cfg.rotate_s, cfg.rotate_idle_s)
+    return max(cfg.rotate_s, min(2 * last, cfg.rotate_idle_s))
 
 
 def plan_sync(due: list[str], connected: Iterable[str], fanout: int, rng: random.Random) -> list[str]:

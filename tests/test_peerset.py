@@ -97,10 +97,14 @@ def test_rotation_re_probes_failing_members_every_other_time() -> None:
 def test_rotation_slows_down_only_while_nothing_suggests_it_helps() -> None:
     cfg = PeerSetConfig(rotate_s=60.0, rotate_idle_s=600.0)
     quiet = dict(failing=False, learned=False, members_changed=False)
-    assert rotation_interval(cfg, **quiet) == 600.0
+    steps, last = [], 60.0
+    for _ in range(6):
+        last = rotation_interval(cfg, last, **quiet)
+        steps.append(last)
+    assert steps == [120.0, 240.0, 480.0, 600.0, 600.0, 600.0]  # quiet: spaced out step by step
     for reason in quiet:
-        assert rotation_interval(cfg, **{**quiet, reason: True}) == 60.0
-    assert rotation_interval(PeerSetConfig(rotate_s=60.0, rotate_idle_s=10.0), **quiet) == 60.0  # never faster
+        assert rotation_interval(cfg, 600.0, **{**quiet, reason: True}) == 60.0  # back to rotate_s at once
+    assert rotation_interval(PeerSetConfig(rotate_s=60.0, rotate_idle_s=10.0), 60.0, **quiet) == 60.0  # never faster
 
 
 def test_peerset_tracks_rtt_and_connection_ages() -> None:
