@@ -48,6 +48,7 @@ import torch
 from timm.layers import build_sincos2d_pos_embed
 from torch import nn
 
+from protocols.seeding import seeded
 from protocols.vit_config import ModelConfig
 from protocols.comm_cost import CostParams, InProcessChannel, tensor_bytes
 from protocols.split_parts import (HEAD_PART, TAIL_PART, BatchSampler, TaskSpec, TaskTail, build_head, task_loss,
@@ -114,8 +115,7 @@ class ConvHead(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, width: int = 16, seed: int = 0) -> None:
         super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             self.convs = nn.Sequential(nn.Conv2d(cfg.in_chans, width, 3, padding=1), nn.GELU(),
                                        nn.Conv2d(width, width, 3, padding=1), nn.GELU())
             self.proj = nn.Conv2d(width, cfg.embed_dim, cfg.patch_size, cfg.patch_size)

@@ -54,6 +54,7 @@ import torch.nn.functional as Fn
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
+from protocols.seeding import seeded
 from protocols.vit_config import ModelConfig
 from protocols.pfesta import permute_tokens, random_permutations
 from protocols.reconstruction import mse, ssim
@@ -240,8 +241,7 @@ def train_attacker(uploads: torch.Tensor, public: torch.Tensor, cfg: ModelConfig
     """Train F̂, G, D on ``public`` images against the observed ``uploads`` (M, N, D), then
     the per-token decoder on F̂'s tokens; with ``permuted`` also Eq. 7's J and the position
     MLP (module docstring)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(ac.seed)
+    with seeded(ac.seed):
         enc, dec = _train_encoder(uploads, public, cfg, permuted=permuted, ac=ac)
         per_token = _train_per_token(enc, public, cfg, ac)
         jig = _train_jigsaw(enc, public, cfg, ac) if permuted else None

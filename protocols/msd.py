@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as Fn
 from torch import nn
 
+from protocols.seeding import seeded
 from protocols.vit_config import ModelConfig
 from protocols.comm_cost import InProcessChannel, tensor_bytes
 from protocols.split_parts import BatchSampler, SplitBody, TaskSpec, TaskTail, TimmStem, task_loss, task_metric
@@ -94,8 +95,7 @@ class MSDNet(nn.Module):
         super().__init__()
         self.body = SplitBody(mcfg, seed=seed)
         self.norm = nn.LayerNorm(mcfg.embed_dim, eps=1e-6)
-        with torch.random.fork_rng(devices=[]):  # deterministic from the seed, not the caller's RNG
-            torch.manual_seed(seed + 7)
+        with seeded(seed + 7):  # deterministic from the seed, not the caller's RNG
             self.head = ProjectionHead(mcfg.embed_dim, cfg)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, K, D) -> (B, out_dim)

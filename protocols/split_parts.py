@@ -28,6 +28,8 @@ from timm.layers import build_sincos2d_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from protocols.seeding import seeded
+
 from protocols.vit_config import ModelConfig, ModelConfigError
 
 TASK_KINDS = ("classification", "regression", "segmentation")
@@ -87,15 +89,6 @@ class TaskSpec:
     def from_dict(cls, d: Mapping) -> TaskSpec:
         return cls(name=str(d["name"]), kind=str(d["kind"]), num_outputs=int(d.get("num_outputs", 1)),
                    loss_weight=float(d.get("loss_weight", 1.0)))
-
-
-def _seeded(seed: int | None):
-    """Build modules deterministically without disturbing the caller's global RNG."""
-    ctx = torch.random.fork_rng(devices=[])
-    ctx.__enter__()
-    if seed is not None:
-        torch.manual_seed(seed)
-    return ctx
 
 
 def _vit(cfg: ModelConfig, depth: int, **kw) -> VisionTransformer:
@@ -162,13 +155,10 @@ def build_head(cfg: ModelConfig, seed: int | None = None, *, class_token: bool =
     """FESTA client head, trainable: patch embedding + position embedding (+ cls token if
     ``class_token``) -> (B, N, D) or (B, 1+N, D); initialised like the plain embedder (see
     :func:`_content_friendly_init`) but with the public sin-cos position table."""
-    ctx = _seeded(seed)
-    try:
+    with seeded(seed):
         kw = {} if class_token else {"class_token": False, "no_embed_class": True, "global_pool": "avg"}
         stem = TimmStem(_vit(cfg, 0, final_norm=False, **kw))
         _content_friendly_init(stem, cfg, content_gain)
-    finally:
-        ctx.__exit__(None, None, None)
     return stem
 
 
@@ -200,12 +190,9 @@ def build_plain_embedder(cfg: ModelConfig, seed: int | None = 0, content_gain: f
     in-process experiments only: a seed known to the server is no secret), else the OS."""
     if state is not None:
         _check_embedder_state(cfg, state)
-    ctx = _seeded(0)
-    try:
+    with seeded(0):
         stem = TimmStem(_vit(cfg, 0, final_norm=False, class_token=False, no_embed_class=True,
                              global_pool="avg"))
-    finally:
-        ctx.__exit__(None, None, None)
     if state is not None:
         with torch.no_grad():
             for k, v in state.items():
@@ -252,11 +239,8 @@ class SplitBody(nn.Module):
 
     def __init__(self, cfg: ModelConfig, seed: int | None = None) -> None:
         super().__init__()
-        ctx = _seeded(seed)
-        try:
+        with seeded(seed):
             self.blocks = _vit(cfg, cfg.depth).blocks
-        finally:
-            ctx.__exit__(None, None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)
@@ -271,8 +255,7 @@ class TaskTail(nn.Module):
         if pool not in ("token", "avg"):
             raise ValueError(f"pool must be 'token' or 'avg', not {pool!r}")
         self.task, self.pool = task, pool
-        ctx = _seeded(seed)
-        try:
+        with seeded(seed):
             self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
             # MAE-style probe norm: standardise pooled features across the batch so a linear
             # head is well conditioned even while the body still returns near-identical means
@@ -281,8 +264,6 @@ class TaskTail(nn.Module):
             self.head = nn.Linear(cfg.embed_dim, task.num_outputs)
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
-        finally:
-            ctx.__exit__(None, None, None)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.task.kind == "segmentation":

@@ -46,6 +46,7 @@ from atdnode.model_gc import register_model
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.split.secret import SplitSecretError, open_secret
 from atdnode.weights import load_weights
+from protocols.seeding import seeded
 from ledger import Entry, Ledger
 
 # timm's ViT without class token, average-pooled, no fc_norm: the MSD body's shape. Its
@@ -113,8 +114,7 @@ def assemble(split: ModelConfig, embedder: dict[str, torch.Tensor],
     ``embedder`` (`protocols.split_parts.EMBEDDER_KEYS`) and whose blocks are ``body`` (a
     `SplitBody` state); final norm fresh. BaseBuildError on any key or shape mismatch."""
     cfg = base_config(split)
-    with torch.random.fork_rng(devices=[]):  # deterministic, and the caller's RNG untouched
-        torch.manual_seed(0)
+    with seeded(0):  # deterministic, and the caller's RNG untouched
         model = build_model(cfg)
     own = extractor_state(model)
     tensors = {k.removeprefix("vit."): v for k, v in embedder.items()}
