@@ -250,7 +250,7 @@ class RoundRunner:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
                             optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
                             warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
-                            device=self.c.device, epoch_eval=False, batch_transform=self.c.batch_transform,
+                            device=self.c.device, epoch_eval=False, plots=False, batch_transform=self.c.batch_transform,
                             extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
         return train(self.home, self.c.data, self.cfg, opts)
 

@@ -105,6 +105,7 @@ class TrainOptions:
     batch_transform: BatchTransform | None = None
     extra_provenance: dict = field(default_factory=dict)
     epoch_eval: bool = True  # held-out loss/accuracy after each epoch (history.csv, curves.png)
+    plots: bool = True  # confusion.png and curves.png in the run folder (display only; the metrics keep both)
     tensorboard: str | None = None  # log dir (atdnode.trainlog); display only, not in the run key
     mlflow: str | None = None  # tracking URI (atdnode.trainlog); display only
     # "adamw" (default: warmup + cosine per step) or "sgd": SGD with momentum 0.9 at a rate

@@ -126,9 +126,10 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                        train_seconds=round(train_s, 3), history=history)
         from atdnode.data.public_spec import public_spec  # figure titles name no local path
 
-        png = save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
-                                 title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")
-        logged = tlog.finish(history, metrics, [png], title=f"{cfg.name} on {public_spec(data_spec)}")
+        pngs = {"confusion_png": save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
+                title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")} if opts.plots else {}
+        logged = tlog.finish(history, metrics, list(pngs.values()), title=f"{cfg.name} on {public_spec(data_spec)}",
+                             curves=opts.plots)
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
         # for the model card (atdnode.model_card): what was trained on, without naming a file
         prov.update(class_counts=dict(zip(data.classes, data.class_counts())), data_fp=data.content_fp())
@@ -139,8 +140,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         blobs = {part: export_part(store, model, cfg, part, **common) for part in ("full", "extractor", "head")}
         rec = ModelRecord(model=cfg.to_dict(), labels=data.classes, label_fp=data.label_fp, samples=len(data),
                           metrics=metrics, blobs=blobs, provenance=prov,
-                          files={"confusion_png": str(png.relative_to(home.root)),
-                                 **{k: str(p.relative_to(home.root)) for k, p in logged.items()}})
+                          files={k: str(p.relative_to(home.root)) for k, p in {**pngs, **logged}.items()})
         model_id = register_model(home, rec)  # applies the [models] size limit
         ck.finish(model_id)
         log(f"model {model_id}: test accuracy {metrics['accuracy']:.4f} f1 {metrics['f1']:.4f}")

@@ -138,11 +138,13 @@ class TrainLog:
         if self.mlflow is not None:
             self.mlflow.log_metrics({tag.replace("/", "_"): v for tag, v in values.items()}, step=step)
 
-    def finish(self, history: list[dict], metrics: dict, files: list[Path], *, title: str = "") -> dict[str, Path]:
-        """Write the CSV and curve PNG; log test metrics and artifacts; returns {name: path}."""
+    def finish(self, history: list[dict], metrics: dict, files: list[Path], *, title: str = "",
+               curves: bool = True) -> dict[str, Path]:
+        """Write the CSV and (`curves`) the curve PNG; log test metrics and artifacts; returns {name: path}."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        out = {"history_csv": write_history_csv(history, self.run_dir / "history.csv"),
-               "curves_png": save_curves_png(history, self.run_dir / "curves.png", title=title)}
+        out = {"history_csv": write_history_csv(history, self.run_dir / "history.csv")}
+        if curves:
+            out["curves_png"] = save_curves_png(history, self.run_dir / "curves.png", title=title)
         final = {f"test/{k}": float(metrics[k]) for k in ("accuracy", "precision", "recall", "f1", "robust_accuracy")
                  if isinstance(metrics.get(k), (int, float))}
         step = int(history[-1]["epoch"]) if history else 0

@@ -42,6 +42,11 @@ def test_two_nodes_compute_bit_identical_globals_and_verify(trio):
     ra, rb = runner(a, 1, 3), runner(b, 2, 3)
     assert ra.init == rb.init and ra.campaign == rb.campaign  # one shared initial model
     train_publish(ra, 0), train_publish(rb, 0)
+    # a round's local model keeps its metrics (confusion matrix included) and history.csv, but
+    # draws no PNGs (TrainOptions.plots: two per node and round cost ~0.3 s of CPU, half a round)
+    (rec,) = [r for r in ModelRegistry(a).list() if r.provenance.get("round") == 0]
+    assert len(rec.metrics["confusion"]) == len(rec.labels) > 1 and set(rec.files) == {"history_csv"}
+    assert not list((a.root / rec.files["history_csv"]).parent.glob("*.png"))
     sync(trio)
     with Ledger.open(a.ledger_db) as led:
         inputs = round_weights_entries(led, ra.campaign, 0)

@@ -24,13 +24,32 @@ Modules: spec (grammar), layout (file listing, Catalog), images / dicom / nifti 
 (sources), intensity, labels (label space), select (split, selection, tensors), loader,
 report, inspect (`atd data inspect`).
 """
-from atdnode.data.images import IMAGE_EXTS
-from atdnode.data.labeled import LabeledImages, label_fingerprint
-from atdnode.data.layout import SPLITS
-from atdnode.data.loader import load_dataset
-from atdnode.data.report import DataReport
-from atdnode.data.select import MEAN, STD, _select, split_indices
-from atdnode.data.spec import DataSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from atdnode.data.images import IMAGE_EXTS
+    from atdnode.data.labeled import LabeledImages, label_fingerprint
+    from atdnode.data.layout import SPLITS
+    from atdnode.data.loader import load_dataset
+    from atdnode.data.report import DataReport
+    from atdnode.data.select import MEAN, STD, _select, split_indices
+    from atdnode.data.spec import DataSpec
+
+# Imported on first use (PEP 562), so torch-free submodules (`sanity`, `spec`) load without torch.
+_LAZY = {"IMAGE_EXTS": "images", "LabeledImages": "labeled", "label_fingerprint": "labeled", "SPLITS": "layout",
+         "load_dataset": "loader", "DataReport": "report", "MEAN": "select", "STD": "select", "_select": "select",
+         "split_indices": "select", "DataSpec": "spec"}
 
 __all__ = ["DataReport", "DataSpec", "IMAGE_EXTS", "LabeledImages", "MEAN", "SPLITS", "STD", "_select",
            "label_fingerprint", "load_dataset", "split_indices"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
