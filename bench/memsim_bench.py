@@ -26,7 +26,12 @@ every node is up (one per connection at start-up) and by convergence. Baseline i
 same scenario with `--baseline` full daemons (default 100); `ratio_to_baseline` compares
 the CPU cost per node per simulated second.
 
-    python bench/memsim_bench.py [--daemons 1000] [--lite 1000] [--baseline 100] [--entries 100]
+    python bench/memsim_bench.py [--daemons 1000] [--lite 1000] [--baseline 100] [--entries 100] [--seed 1]
+
+Reproducible: every random choice (keys, link jitter, trio's scheduling order, each
+daemon's dialer and periodic-sync order: `NodeDaemon(rng_seed=...)`) follows `--seed`, and
+the bench re-runs itself with PYTHONHASHSEED=0 so set iteration order is fixed too; two
+runs with one seed reach the same simulated times and pull counts (CPU times vary).
 """
 from __future__ import annotations
 
@@ -51,7 +56,7 @@ SYNC_S = 10.0  # the daemon's default periodic sync
 POLL_S = 0.5  # ledger poll (own entries written by CLI commands); appends of running nodes gossip at once
 
 
-def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8):
+def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8, seed: int = 1):
     names = [f"n{i}" for i in range(n)]
     churn = names[1::10][: max(1, n // 10)]  # 10% of the nodes (never n0, the founder)
     faults: list[dict] = [{"kind": "partition", "groups": [names[: n // 2], names[n // 2:]], "at_s": 2.0},
@@ -61,7 +66,7 @@ def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8):
         faults.append({"kind": "restart", "node": name, "at_s": 5.0 + 4.0 * k / len(churn)})
     publishers = [x for x in names[::max(1, n // 20)] if x not in churn][:20]
     return scenario_from_dict({
-        "scenario": {"name": f"memsim-{kind}-{n}", "seed": 1},
+        "scenario": {"name": f"memsim-{kind}-{n}", "seed": seed},
         "network": {"latency_ms": 20, "bandwidth_mbps": 100},
         "topology": {"nodes": n, "degree": 3, "max_peers": max_peers, "peers": kind, "sync_interval_s": SYNC_S,
                      "poll_interval_s": POLL_S},
@@ -71,12 +76,12 @@ def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8):
     }), len(churn)
 
 
-def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float = 10.0) -> dict:
+def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float = 10.0, seed: int = 1) -> dict:
     from netsim.litenode import LiteCluster
     from netsim.memnet import MemCluster, simulate
     from netsim.workload import run_gossip
 
-    s, churned = churn_scenario(n, kind, entries)
+    s, churned = churn_scenario(n, kind, entries, seed=seed)
     t = s.topology
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
@@ -155,14 +160,18 @@ def main() -> None:
     ap.add_argument("--lite", type=int, default=1000)
     ap.add_argument("--baseline", type=int, default=100, help="full daemons in the baseline run (0: none)")
     ap.add_argument("--entries", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1, help="scenario seed: keys, links, every node's choices")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
+    if os.environ.get("PYTHONHASHSEED") != "0":  # set iteration order too: a run is a function of --seed
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if a.verbose else (lambda _m: None)
-    out: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+    out: dict = {"seed": a.seed, "load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     for key, n, kind in (("baseline_daemons", a.baseline, "daemon"), ("lite", a.lite, "lite"),
                          ("daemons", a.daemons, "daemon")):
         if n:
-            out[key] = run_one(n, kind, a.entries, log)
+            out[key] = run_one(n, kind, a.entries, log, seed=a.seed)
             log(json.dumps({key: out[key]}))  # each part as it finishes (the big one takes long)
     base = out.get("baseline_daemons")
     if base and "daemons" in out:

@@ -264,6 +264,7 @@ class MemCluster:
         self.max_peers = max_peers
         self.auto_fetch = auto_fetch
         self.daemons: dict[str, NodeDaemon] = {}
+        self._runs: dict[str, int] = {}  # starts of each node (its daemon's rng_seed)
         self._scopes: dict[str, trio.CancelScope] = {}
         self._done: dict[str, trio.Event] = {}
         self.status: dict[str, str] = {n: "not started" for n in self.names}
@@ -319,8 +320,10 @@ class MemCluster:
         home = self.c.homes[name]  # the gossip mesh follows the node's peer set, as on libp2p
         mesh = gossip_degrees(PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers")))
         transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers, mesh=mesh)
+        runs = self._runs[name] = self._runs.get(name, 0) + 1  # each run of a node its own choices
         daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
-                            poll_interval=self.poll_interval, auto_fetch=self.auto_fetch)
+                            poll_interval=self.poll_interval, auto_fetch=self.auto_fetch,
+                            rng_seed=f"{self.seed}|{name}|{runs}")
         done = trio.Event()
         self._done[name] = done
         self.daemons[name] = daemon
