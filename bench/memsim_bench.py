@@ -50,31 +50,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from netsim.scenario import scenario_from_dict  # noqa: E402
-
-SYNC_S = 10.0  # the daemon's default periodic sync
-POLL_S = 0.5  # ledger poll (own entries written by CLI commands); appends of running nodes gossip at once
-
-
-def churn_scenario(n: int, kind: str, entries: int, max_peers: int = 8, seed: int = 1):
-    names = [f"n{i}" for i in range(n)]
-    churn = names[1::10][: max(1, n // 10)]  # 10% of the nodes (never n0, the founder)
-    faults: list[dict] = [{"kind": "partition", "groups": [names[: n // 2], names[n // 2:]], "at_s": 2.0},
-                          {"kind": "heal", "at_s": 8.0}]
-    for k, name in enumerate(churn):
-        faults.append({"kind": "kill", "node": name, "at_s": 1.0 + 2.0 * k / len(churn)})
-        faults.append({"kind": "restart", "node": name, "at_s": 5.0 + 4.0 * k / len(churn)})
-    publishers = [x for x in names[::max(1, n // 20)] if x not in churn][:20]
-    return scenario_from_dict({
-        "scenario": {"name": f"memsim-{kind}-{n}", "seed": seed},
-        "network": {"latency_ms": 20, "bandwidth_mbps": 100},
-        "topology": {"nodes": n, "degree": 3, "max_peers": max_peers, "peers": kind, "sync_interval_s": SYNC_S,
-                     "poll_interval_s": POLL_S},
-        "workload": {"entries": entries, "entry_bytes": 256, "interval_s": 1.0, "deadline_s": 300,
-                     "publishers": publishers},
-        "faults": faults,
-    }), len(churn)
-
+from netsim.memsim import churn_scenario  # noqa: E402
 
 def run_one(n: int, kind: str, entries: int, log=lambda _m: None, idle_s: float = 10.0, seed: int = 1) -> dict:
     from netsim.litenode import LiteCluster

@@ -132,6 +132,37 @@ def shared_signature_checks(keep: int = 1 << 18) -> Iterator[None]:
 
 
 @contextmanager
+def shared_entry_reads(keep: int = 1 << 17) -> Iterator[None]:
+    """Share parsed log entries process-wide (simulation only).
+
+    Every simulated ledger is its own SQLite database, and each read still runs its query
+    there; only the step from a stored row to an `Entry` (decoding the payload) is looked up:
+    an `Entry` is immutable and the same stored (id, signature) is the same entry in every
+    node, so one node's parse serves the next (with 1,000 nodes, every node reading the
+    1,000 hello entries at start-up decoded the same million rows; issue 29). Bounded LRU;
+    restored afterwards."""
+    import ledger.ledger as ledger_mod
+
+    original = ledger_mod._entry
+    parsed: OrderedDict[tuple[bytes, bytes], Any] = OrderedDict()
+
+    def entry(row: tuple) -> Any:
+        key = (row[2], row[1])  # (entry id = hash of the payload, signature)
+        e = parsed.get(key)
+        if e is None:
+            e = parsed[key] = original(row)
+            if len(parsed) > keep:
+                parsed.popitem(last=False)
+        return e
+
+    ledger_mod._entry = entry
+    try:
+        yield
+    finally:
+        ledger_mod._entry = original
+
+
+@contextmanager
 def quiet_gc(gen0: int = 50_000) -> Iterator[None]:
     """Freeze what exists before the run and collect young objects less often.
 
@@ -175,7 +206,7 @@ def sim_clock() -> trio.testing.MockClock:
 def simulate(fn: Callable[[], Awaitable[T]], *, seed: int = 0) -> T:
     """Run `fn()` in a fresh trio run on simulated time (see the module doc)."""
     clock = sim_clock()
-    with inline_threads(), deterministic_scheduling(seed), shared_signature_checks(), quiet_gc():
+    with inline_threads(), deterministic_scheduling(seed), shared_signature_checks(), shared_entry_reads(), quiet_gc():
         return trio.run(fn, clock=clock)
 
 
@@ -212,6 +243,21 @@ class SimNetwork(MemoryNetwork):
         if lk.cond.up and lk.cond == self.default:
             lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
         return lk
+
+
+SIM_PAGE_CACHE_KIB = 128  # SQLite page cache per simulated ledger (see bound_page_cache)
+
+
+def bound_page_cache(daemon: NodeDaemon, kib: int) -> None:
+    """Cap the SQLite page cache of a simulated node's ledger connection at `kib` KiB.
+
+    A real daemon keeps SQLite's default (up to 2 MiB) for a database on disk. A simulated
+    node's database lives on /dev/shm, i.e. already in RAM, so a page-cache miss is a memory
+    copy, not a disk read; with the default, 1,000 nodes' caches filled with the pages of
+    1,000-entry ledgers and made memory per node grow with N (issue 29)."""
+    store = getattr(daemon.ledger.ledger, "_store", None)
+    if store is not None:
+        store.conn.execute(f"PRAGMA cache_size=-{int(kib)}")
 
 
 class CappedTransport(MemoryTransport):
@@ -324,6 +370,7 @@ class MemCluster:
         daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
                             poll_interval=self.poll_interval, auto_fetch=self.auto_fetch,
                             rng_seed=f"{self.seed}|{name}|{runs}")
+        bound_page_cache(daemon, SIM_PAGE_CACHE_KIB)
         done = trio.Event()
         self._done[name] = done
         self.daemons[name] = daemon
