@@ -52,16 +52,14 @@ def test_a_connection_pulls_what_its_peer_holds_right_after_another_pull(tmp_pat
     pull on that new connection is the only way the entry reaches them, so a start-up
     shortcut that skipped a connection's pull after a recent successful one (or whenever
     the connecting peer had pulled from us) loses it."""
-    names = ["n0", "n1", "n2"]
-    c = MemCluster(tmp_path, names, seed=7, network=NetworkSpec(latency_ms=5), sync_interval=1e6,
+    c = MemCluster(tmp_path, ["n0", "n1", "n2"], seed=7, network=NetworkSpec(latency_ms=5), sync_interval=1e6,
                    poll_interval=0.1, established=True)
-    out: dict = {}
 
     async def main() -> None:
         async with c.running():
             await c.start("n0")
-            for n in ("n2", "n1"):
-                await c.start(n, bootstrap=["n0"])
+            await c.start("n2", bootstrap=["n0"])
+            await c.start("n1", bootstrap=["n2", "n0"])
             with trio.fail_after(10):
                 while not c.daemons["n1"].head_confirmed:  # it may sign and gossip at once
                     await trio.sleep(0.05)
@@ -84,11 +82,10 @@ def test_a_connection_pulls_what_its_peer_holds_right_after_another_pull(tmp_pat
                 for n in ("n0", "n2"):
                     while (await c.heads(n)).get(pid, 0) < seq:
                         await trio.sleep(0.05)
-            out["pulls"] = {n: c.daemons[n].stats["sync_pulls"] - before[n] for n in ("n0", "n2")}
-            out["gossip_in"] = {n: c.daemons[n].stats["gossip_in"] for n in ("n0", "n2")}
+            for n in ("n0", "n2"):  # each pulled on the new connection
+                assert c.daemons[n].stats["sync_pulls"] > before[n]
 
     simulate(main, seed=7)
-    assert all(v >= 1 for v in out["pulls"].values())  # each pulled on the new connection
 
 
 def test_digest_vector_is_cached_until_any_connection_writes(tmp_path: Path) -> None:
