@@ -17,6 +17,9 @@ Scale (issue 15: 1,000 full daemons in one process). A simulated second costs on
 CPU work the nodes do, so the simulation shares what one process can share without
 changing any node's outcome: a signature one node verified is not recomputed for the
 next (`shared_signature_checks`: same bytes, same result; failures always recomputed),
+a stored entry parsed by one node is not parsed again by the next (`shared_entry_reads`;
+both in netsim.memsim_share), each ledger's SQLite page cache is capped (it lives on
+/dev/shm: `bound_page_cache`), each daemon's random choices follow the seed (`rng_seed`),
 start-up objects are frozen for the GC (`quiet_gc`), the clock's autojump looks up only
 the next deadline (`sim_clock`), and gossip arrives on a 1 ms grid (`GOSSIP_TICK_S`), so
 nodes wake once per tick for all that is due. `MemCluster(established=True)` starts from
@@ -33,7 +36,6 @@ import hashlib
 import logging
 import math
 import random
-from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Iterator, TypeVar
@@ -49,6 +51,7 @@ from atdnode.transport.base import TransportError
 from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer, peer_id_from_public_key, public_key_from_peer_id
 from netsim.homes import Consortium, make_consortium
+from netsim.memsim_share import shared_entry_reads, shared_signature_checks
 from netsim.scenario import NetworkSpec
 
 log = logging.getLogger("netsim.memnet")
@@ -98,68 +101,6 @@ def deterministic_scheduling(seed: int) -> Iterator[None]:
             r.setstate(state)
             if old is not None:
                 run_mod._ALLOW_DETERMINISTIC_SCHEDULING = old
-
-
-@contextmanager
-def shared_signature_checks(keep: int = 1 << 18) -> Iterator[None]:
-    """Remember successful Ed25519 checks process-wide (simulation only).
-
-    Every simulated node still parses and checks each entry it receives, but all nodes
-    share one process: a (key, signature, message) triple one node verified verifies the
-    same for the next, so its result is looked up instead of recomputed (1,000 nodes would
-    otherwise repeat each check 1,000 times). Keyed by a hash of the exact bytes; failures
-    are never cached, so a forged or altered entry is always checked for real.
-    """
-    import ledger.entry as entry_mod
-
-    original = entry_mod.verify_signature
-    ok: OrderedDict[bytes, None] = OrderedDict()
-
-    def verify(public_key: bytes, signature: bytes, data: bytes) -> None:
-        key = hashlib.blake2b(bytes(public_key) + bytes(signature) + bytes(data), digest_size=32).digest()
-        if key in ok:
-            return
-        original(public_key, signature, data)  # raises BadSignature
-        ok[key] = None
-        if len(ok) > keep:
-            ok.popitem(last=False)
-
-    entry_mod.verify_signature = verify
-    try:
-        yield
-    finally:
-        entry_mod.verify_signature = original
-
-
-@contextmanager
-def shared_entry_reads(keep: int = 1 << 17) -> Iterator[None]:
-    """Share parsed log entries process-wide (simulation only).
-
-    Every simulated ledger is its own SQLite database, and each read still runs its query
-    there; only the step from a stored row to an `Entry` (decoding the payload) is looked up:
-    an `Entry` is immutable and the same stored (id, signature) is the same entry in every
-    node, so one node's parse serves the next (with 1,000 nodes, every node reading the
-    1,000 hello entries at start-up decoded the same million rows; issue 29). Bounded LRU;
-    restored afterwards."""
-    import ledger.ledger as ledger_mod
-
-    original = ledger_mod._entry
-    parsed: OrderedDict[tuple[bytes, bytes], Any] = OrderedDict()
-
-    def entry(row: tuple) -> Any:
-        key = (row[2], row[1])  # (entry id = hash of the payload, signature)
-        e = parsed.get(key)
-        if e is None:
-            e = parsed[key] = original(row)
-            if len(parsed) > keep:
-                parsed.popitem(last=False)
-        return e
-
-    ledger_mod._entry = entry
-    try:
-        yield
-    finally:
-        ledger_mod._entry = original
 
 
 @contextmanager
