@@ -105,8 +105,10 @@ class NodeDaemon:
         sync_fanout: int = SYNC_FANOUT,
         poll_interval: float = 0.25,
         auto_fetch: bool = True,
+        rng_seed: str | None = None,
     ) -> None:
         self.home = home.require()
+        self.rng_seed = rng_seed  # seeds the dialer's and periodic sync's choices (simulations; atdnode.rngs)
         self.identity = NodeIdentity.load(home)
         self.config = NodeConfig.load(home)
         if not self.config.genesis_id:
@@ -134,7 +136,7 @@ class NodeDaemon:
                                   dialer=self.dialer, peerset=self.peerset, stats=self.stats,
                                   disk_trouble=disk_trouble, on_blob_entries=self.fetcher.queue_wanted_blobs,
                                   merge_observers=self.merge_observers, sync_interval=sync_interval,
-                                  sync_fanout=sync_fanout)
+                                  sync_fanout=sync_fanout, rng_seed=rng_seed)
         self.announcer = Announcer(home=self.home, identity=self.identity, config=self.config, ledger=self.ledger,
                                    transport=self.transport, topic=self.topic, readers=self.readers,
                                    replica=self.replica, poll_interval=poll_interval)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from typing import Any
 
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
 from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval, small_consortium
+from atdnode.rngs import loop_rng
 from atdnode.transport.base import TransportError
 from atdnode.transport.gossip_mesh import fit_mesh
 from ledger import Ledger
@@ -187,7 +187,7 @@ class PeerDialer:
         d = self.d
         me = d.identity.public_key
         cfg = d.peerset.cfg
-        rng = random.Random()
+        rng = loop_rng(d.rng_seed, "dial")
         # peer -> (last answered dial, prune or loss; its addresses then): not dialled again for
         # cfg.redial_after_s unless it announced new addresses (a restarted member).
         # Failed dials back off in `self.policy` instead (1 s doubling, reset by a new hello).

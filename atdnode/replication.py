@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import sqlite3
 from collections import OrderedDict
 from typing import Awaitable, Callable
@@ -34,6 +33,7 @@ from atdnode.access import AccessRefused, MembershipGate
 from atdnode.dialer import PeerDialer
 from atdnode.ledger_access import LedgerAccess
 from atdnode.peerset import PeerSet, plan_sync
+from atdnode.rngs import loop_rng
 from atdnode.sync import PER_PEER_STREAMS, TOTAL_STREAMS, SyncResult, SyncVersions, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.limits import PeerLimits
@@ -60,7 +60,7 @@ class Replicator:
                  dialer: PeerDialer, peerset: PeerSet, stats: dict[str, int],
                  disk_trouble: Callable[[str, BaseException], Awaitable[None]],
                  on_blob_entries: Callable[[], Awaitable[None]], merge_observers: list,
-                 sync_interval: float, sync_fanout: int) -> None:
+                 sync_interval: float, sync_fanout: int, rng_seed: str | None = None) -> None:
         self.ledger, self.me, self.transport, self.gate = ledger, me, transport, gate
         self.dialer, self.peerset, self.stats = dialer, peerset, stats
         self.disk_trouble = disk_trouble
@@ -68,6 +68,7 @@ class Replicator:
         self.merge_observers = merge_observers  # fn(entry_ids: list[bytes]) after each merge that added entries
         self.sync_interval = sync_interval
         self.sync_fanout = sync_fanout
+        self.rng_seed = rng_seed  # None: OS randomness (atdnode.rngs)
         self.members: set[bytes] = set()
         self.head_confirmed = trio.Event()  # own chain head checked with a member (see module doc)
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
@@ -290,7 +291,7 @@ class Replicator:
         peer is pulled from once per round of ceil(peers / fanout) intervals and the idle cost
         does not grow with the peer set (issue 15; a pull from every peer each interval was
         most of an idle daemon's CPU). Connections still pull at once (`NodeDaemon._on_peer`)."""
-        rng = random.Random()
+        rng = loop_rng(self.rng_seed, "sync")
         due: list[str] = []
         while True:
             await trio.sleep(self.sync_interval)

@@ -64,6 +64,7 @@ class _Cache:
     """One ledger's last heads map and its vector, updated bucket by bucket."""
 
     def __init__(self) -> None:
+        self.token: object = None  # the ledger's change token when `heads` was read
         self.heads: dict[bytes, int] = {}
         self.digests = [_EMPTY] * BUCKETS
         self.vector = _EMPTY * BUCKETS
@@ -91,9 +92,19 @@ _caches: "weakref.WeakKeyDictionary[object, _Cache]" = weakref.WeakKeyDictionary
 
 def digest_vector(led) -> tuple[bytes, dict[bytes, int]]:
     """(digest vector, heads) of an open `Ledger`, cached per ledger object (module doc).
-    Call it where the ledger's calls are serialised (`LedgerAccess.run`)."""
-    heads = led.heads()
+    Call it where the ledger's calls are serialised (`LedgerAccess.run`). The heads map
+    returned is the cache's own: read it, never change it.
+
+    While the database is unchanged (`Ledger.change_token`) this is O(1): no heads map is
+    copied or compared (issue 29: with 1,000 authors, copying and comparing the heads on
+    both sides of every no-op pull made start-up pulls O(N) each, O(N^2) in all)."""
     cache = _caches.get(led)
     if cache is None:
         cache = _caches[led] = _Cache()
-    return cache.update(heads), heads
+    token_of = getattr(led, "change_token", None)
+    token = token_of() if token_of is not None else None  # read before heads: a write between only recomputes
+    if token is not None and token == cache.token:
+        return cache.vector, cache.heads
+    vector = cache.update(led.heads())
+    cache.token = token
+    return vector, cache.heads

@@ -403,6 +403,12 @@ class Ledger:
                 self._heads = (token, heads)
             return dict(self._heads[1])
 
+    def change_token(self) -> tuple[int, int]:
+        """A value that moves whenever any connection may have written the database: what a
+        cached view of the log (`heads`, atdnode.sync_digest's vector) is keyed on."""
+        with self._lock:
+            return self._change_token()
+
     def _change_token(self) -> tuple[int, int]:
         """Changes when any connection (this one or another process's) wrote the database:
         what the cached heads are keyed on. Call with the lock held."""

@@ -17,6 +17,9 @@ Scale (issue 15: 1,000 full daemons in one process). A simulated second costs on
 CPU work the nodes do, so the simulation shares what one process can share without
 changing any node's outcome: a signature one node verified is not recomputed for the
 next (`shared_signature_checks`: same bytes, same result; failures always recomputed),
+a stored entry parsed by one node is not parsed again by the next (`shared_entry_reads`;
+both in netsim.memsim_share), each ledger's SQLite page cache is capped (it lives on
+/dev/shm: `bound_page_cache`), each daemon's random choices follow the seed (`rng_seed`),
 start-up objects are frozen for the GC (`quiet_gc`), the clock's autojump looks up only
 the next deadline (`sim_clock`), and gossip arrives on a 1 ms grid (`GOSSIP_TICK_S`), so
 nodes wake once per tick for all that is due. `MemCluster(established=True)` starts from
@@ -33,7 +36,6 @@ import hashlib
 import logging
 import math
 import random
-from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Iterator, TypeVar
@@ -49,6 +51,7 @@ from atdnode.transport.base import TransportError
 from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer, peer_id_from_public_key, public_key_from_peer_id
 from netsim.homes import Consortium, make_consortium
+from netsim.memsim_share import shared_entry_reads, shared_signature_checks
 from netsim.scenario import NetworkSpec
 
 log = logging.getLogger("netsim.memnet")
@@ -101,37 +104,6 @@ def deterministic_scheduling(seed: int) -> Iterator[None]:
 
 
 @contextmanager
-def shared_signature_checks(keep: int = 1 << 18) -> Iterator[None]:
-    """Remember successful Ed25519 checks process-wide (simulation only).
-
-    Every simulated node still parses and checks each entry it receives, but all nodes
-    share one process: a (key, signature, message) triple one node verified verifies the
-    same for the next, so its result is looked up instead of recomputed (1,000 nodes would
-    otherwise repeat each check 1,000 times). Keyed by a hash of the exact bytes; failures
-    are never cached, so a forged or altered entry is always checked for real.
-    """
-    import ledger.entry as entry_mod
-
-    original = entry_mod.verify_signature
-    ok: OrderedDict[bytes, None] = OrderedDict()
-
-    def verify(public_key: bytes, signature: bytes, data: bytes) -> None:
-        key = hashlib.blake2b(bytes(public_key) + bytes(signature) + bytes(data), digest_size=32).digest()
-        if key in ok:
-            return
-        original(public_key, signature, data)  # raises BadSignature
-        ok[key] = None
-        if len(ok) > keep:
-            ok.popitem(last=False)
-
-    entry_mod.verify_signature = verify
-    try:
-        yield
-    finally:
-        entry_mod.verify_signature = original
-
-
-@contextmanager
 def quiet_gc(gen0: int = 50_000) -> Iterator[None]:
     """Freeze what exists before the run and collect young objects less often.
 
@@ -175,7 +147,7 @@ def sim_clock() -> trio.testing.MockClock:
 def simulate(fn: Callable[[], Awaitable[T]], *, seed: int = 0) -> T:
     """Run `fn()` in a fresh trio run on simulated time (see the module doc)."""
     clock = sim_clock()
-    with inline_threads(), deterministic_scheduling(seed), shared_signature_checks(), quiet_gc():
+    with inline_threads(), deterministic_scheduling(seed), shared_signature_checks(), shared_entry_reads(), quiet_gc():
         return trio.run(fn, clock=clock)
 
 
@@ -212,6 +184,21 @@ class SimNetwork(MemoryNetwork):
         if lk.cond.up and lk.cond == self.default:
             lk.cond = link_conditions(self.spec, jitter_u=self.jitter(src, dst))
         return lk
+
+
+SIM_PAGE_CACHE_KIB = 128  # SQLite page cache per simulated ledger (see bound_page_cache)
+
+
+def bound_page_cache(daemon: NodeDaemon, kib: int) -> None:
+    """Cap the SQLite page cache of a simulated node's ledger connection at `kib` KiB.
+
+    A real daemon keeps SQLite's default (up to 2 MiB) for a database on disk. A simulated
+    node's database lives on /dev/shm, i.e. already in RAM, so a page-cache miss is a memory
+    copy, not a disk read; with the default, 1,000 nodes' caches filled with the pages of
+    1,000-entry ledgers and made memory per node grow with N (issue 29)."""
+    store = getattr(daemon.ledger.ledger, "_store", None)
+    if store is not None:
+        store.conn.execute(f"PRAGMA cache_size=-{int(kib)}")
 
 
 class CappedTransport(MemoryTransport):
@@ -264,6 +251,7 @@ class MemCluster:
         self.max_peers = max_peers
         self.auto_fetch = auto_fetch
         self.daemons: dict[str, NodeDaemon] = {}
+        self._runs: dict[str, int] = {}  # starts of each node (its daemon's rng_seed)
         self._scopes: dict[str, trio.CancelScope] = {}
         self._done: dict[str, trio.Event] = {}
         self.status: dict[str, str] = {n: "not started" for n in self.names}
@@ -319,8 +307,11 @@ class MemCluster:
         home = self.c.homes[name]  # the gossip mesh follows the node's peer set, as on libp2p
         mesh = gossip_degrees(PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers")))
         transport = CappedTransport(self.net, self.c.seeds[name], name=name, max_peers=self.max_peers, mesh=mesh)
+        runs = self._runs[name] = self._runs.get(name, 0) + 1  # each run of a node its own choices
         daemon = NodeDaemon(self.c.homes[name], transport=transport, sync_interval=self.sync_interval,
-                            poll_interval=self.poll_interval, auto_fetch=self.auto_fetch)
+                            poll_interval=self.poll_interval, auto_fetch=self.auto_fetch,
+                            rng_seed=f"{self.seed}|{name}|{runs}")
+        bound_page_cache(daemon, SIM_PAGE_CACHE_KIB)
         done = trio.Event()
         self._done[name] = done
         self.daemons[name] = daemon
