@@ -19,6 +19,11 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds.
+
+Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
+files with a slow test, then the rest. With `-n 2 --dist loadfile --no-loadscope-reorder`
+xdist hands files to its workers in this order, so the longest start at once and short files
+fill the end, instead of a 3-minute file starting last and running alone.
 """
 from __future__ import annotations
 
@@ -31,6 +36,32 @@ import pytest
 from atdnode.home import NodeHome
 from tests.factories import make_consortium
 from tests.nodeprocs import Daemon, start_daemon
+
+
+# The longest test files, longest first (a file's setup and tests on one worker, from
+# `--durations=0` of a whole run). Only the order matters; a file missing here runs after
+# them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
+LONGEST_FIRST = (
+    "test_vgs_claims.py",
+    "test_readme.py",
+    "test_fat.py",
+    "test_split_network.py",
+    "test_chaos.py",
+    "test_daemon_procs.py",
+    "test_rounds_procs.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the longest files first (see `LONGEST_FIRST`); a file's tests keep their order."""
+    has_slow = {item.path.name for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        return (LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST),
+                0 if name in has_slow else 1)
+
+    items.sort(key=rank)  # stable
 
 
 @pytest.fixture

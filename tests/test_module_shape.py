@@ -178,8 +178,6 @@ def test_a_campaign_uses_only_what_its_host_interface_offers():
 # over MAX_LINES says why in its opening docstring, in a sentence with "over 500 lines".
 MAX_LINES = 500
 LONG_BY_REASON = "over 500 lines"
-# files another branch is splitting as this is written; tolerated until it lands, then removed
-LONG_TOLERATED = {"atdnode/transport/libp2p_transport.py"}
 
 
 def long_files_without_reason(root: Path = ROOT) -> list[str]:
@@ -196,7 +194,7 @@ def long_files_without_reason(root: Path = ROOT) -> list[str]:
 
 
 def test_no_source_file_over_500_lines_without_a_stated_reason():
-    long = [f for f in long_files_without_reason() if f.split(" ")[0] not in LONG_TOLERATED]
+    long = long_files_without_reason()
     assert long == [], f"split these by concern, or say in the opening docstring why they are {LONG_BY_REASON}"
 
 

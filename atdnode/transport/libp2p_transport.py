@@ -8,10 +8,11 @@ window, a 4 MiB window per stream, one copy per byte through Noise; stock py-lib
 interoperate), so a blob over plain streams (the fallback when the bulk channel is not
 offered) moves several times faster than on py-libp2p's own yamux (issue 29).
 
-py-libp2p's pubsub silently drops messages in three places; each is configured here so
-bursts are not lost (see `GossipConfig`): the per-topic spam limit (10 msg/s by default:
+py-libp2p's pubsub silently drops messages in three places; each is configured so bursts
+are not lost (`libp2p_host.GossipConfig`): the per-topic spam limit (10 msg/s by default:
 disabled), the per-peer outbound RPC queue (32: raised) and the subscription channel (32:
-raised). The daemon's validator is registered as a pubsub topic validator, so libp2p
+raised). `libp2p_host` holds the host's configuration and its workarounds of py-libp2p's
+defaults, `libp2p_stream` the byte-stream adapter under `FramedStream`. The daemon's validator is registered as a pubsub topic validator, so libp2p
 runs it before delivering or relaying; a rejected message is never forwarded.
 
 Gossip latency here is bounded by CPU, not by the protocol: `libp2p_pubsub` cuts
@@ -24,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import multiaddr
@@ -37,7 +37,6 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
@@ -57,6 +56,13 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
+from atdnode.transport.libp2p_host import (
+    GossipConfig,
+    SizedQueues,
+    check_listening,
+    forget_dial_state,
+    no_auto_connector,
+)
 from atdnode.transport.libp2p_pubsub import (
     PUBSUB_OPTIONS,
     CoalescingPubsub,
@@ -64,6 +70,7 @@ from atdnode.transport.libp2p_pubsub import (
     cache_addrs,
     content_id,
 )
+from atdnode.transport.libp2p_stream import Libp2pBytes
 from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
 from atdnode.transport.yamux_tuning import TunedYamux
 
@@ -72,69 +79,6 @@ log = logging.getLogger(__name__)
 _exclusive_tcp_listeners()  # no SO_REUSEPORT: nobody can bind the daemon's port beside it
 
 DIAL_TIMEOUT = 15.0
-
-
-@dataclass(frozen=True)
-class GossipConfig:
-    """GossipSub parameters; defaults suit consortia of a few to a few dozen nodes."""
-
-    degree: int = 6
-    degree_low: int = 4
-    degree_high: int = 12
-    heartbeat_interval: int = 1  # seconds: mesh repair and IHAVE gossip
-    peer_queue_size: int = 8192  # outbound RPCs queued per peer (libp2p default 32)
-    subscription_queue: int = 100_000  # received messages waiting for our handler (default 32)
-    pending_per_peer: int = 10_000  # messages held for a peer whose identify is pending (100)
-    seen_ttl: int = 600  # seconds a message id stays in the seen cache
-
-
-class _SizedQueues(dict):
-    """`Pubsub.peer_queues` replacement that raises each new peer queue's bound."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def __setitem__(self, peer: Any, queue: Any) -> None:
-        inner = getattr(queue, "_queue", None)  # RpcQueue -> PriorityQueue (libp2p 0.8.1 internals)
-        if inner is not None and hasattr(inner, "max_size"):
-            inner.max_size = self.size
-        else:
-            log.warning("cannot raise the pubsub peer queue bound (libp2p internals changed); bursts may drop")
-        super().__setitem__(peer, queue)
-
-
-class _Libp2pBytes:
-    """framing.ByteStream over a libp2p NetStream; maps libp2p errors to TransportError."""
-
-    def __init__(self, stream: Any) -> None:
-        self.s = stream
-
-    async def receive_some(self, max_bytes: int) -> bytes:
-        try:
-            return await self.s.read(max_bytes)
-        except StreamEOF:
-            return b""
-        except Exception as e:
-            raise TransportError(f"stream read failed: {type(e).__name__}: {e}") from e
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        try:
-            await self.s.write(bytes(data))
-        except Exception as e:
-            raise TransportError(f"stream write failed: {type(e).__name__}: {e}") from e
-
-    async def close(self) -> None:
-        try:
-            await self.s.close()
-        except Exception as e:  # closing a broken stream is not an error worth raising
-            log.debug("stream close: %s", e)
-
-    async def abort(self) -> None:
-        try:
-            await self.s.reset()
-        except Exception as e:
-            log.debug("stream reset: %s", e)
 
 
 class _Notifee(INotifee):
@@ -162,55 +106,6 @@ class _Notifee(INotifee):
 
     async def listen_close(self, network: Any, maddr: Any) -> None:
         await trio.lowlevel.checkpoint()
-
-
-def _forget_dial_state(host: Any, peer: ID) -> None:
-    """Before `connect(addr)` dials a peer we hold no connection to: forget the addresses
-    the peerstore holds for it and lift py-libp2p's negative dial cache, so the dial goes to
-    `addr` and nothing else. py-libp2p dials at most one TCP address per peer, the first the
-    peerstore lists, and after a failure refuses every dial to that peer for 60 s ("recently
-    failed all addresses (negative cache)"): a member that restarted on a new port (issue 26)
-    was never reached once its stale address had been tried. Which addresses to try, in
-    which order and how often is the daemon's decision (`atdnode.dialpolicy`)."""
-    try:
-        host.get_peerstore().clear_addrs(peer)
-    except Exception as e:  # a peer the store never saw
-        log.debug("clear_addrs %s: %s", peer, e)
-    unblock = getattr(host.get_network(), "unblock_peer", None)
-    if unblock is None:
-        log.warning("cannot lift libp2p's negative dial cache (libp2p internals changed); a stale address may "
-                    "block a peer's new one for 60 s")
-        return
-    unblock(peer)
-
-
-def _check_listening(host: Any, maddrs: list[Any]) -> None:
-    """py-libp2p logs a listen failure and runs on; refuse to run without every listen address."""
-    from atdnode.transport.tcp_exclusive import listen_failure
-
-    listeners = getattr(host.get_network(), "listeners", None)
-    failed = [m for m in maddrs if listeners is not None and str(m) not in listeners]
-    if failed or not host.get_addrs():
-        m = failed[0] if failed else maddrs[0]
-        raise TransportError(f"cannot listen on {m}: {listen_failure(m) or 'no transport accepted it'}")
-
-
-def _no_auto_connector(host: Any) -> None:
-    """Turn off py-libp2p's AutoConnector. It aims at 200 connections (between its 100 and
-    300 watermarks) and, every 10 s and on each disconnect, dials peers the peerstore
-    knows, so it undid the daemon's bounded peer set (atdnode.peerset, issue 15): a peer
-    that pruned us was dialled again, pruned again, and so on. With 80 daemons that churn
-    (dials, Noise handshakes, GossipSub hellos, an on-connect sync each) kept every idle
-    daemon at ~1.2 % of a core. Which peers to dial is the daemon's decision alone."""
-    connector = getattr(host.get_network(), "auto_connector", None)
-    if connector is None or not hasattr(connector, "maybe_connect"):
-        log.warning("cannot turn off libp2p's auto-connector (libp2p internals changed); peer sets may churn")
-        return
-
-    async def never() -> None:
-        await trio.lowlevel.checkpoint()
-
-    connector.maybe_connect = never
 
 
 class Libp2pTransport(Transport):
@@ -278,10 +173,10 @@ class Libp2pTransport(Transport):
             max_pending_messages_per_peer=c.pending_per_peer,
         )
         cache_addrs(host)
-        _no_auto_connector(host)
+        no_auto_connector(host)
         pubsub = CoalescingPubsub(host, gossipsub, seen_ttl=c.seen_ttl, cache_size=4096,
                                   msg_id_constructor=content_id, **PUBSUB_OPTIONS)
-        pubsub.peer_queues = _SizedQueues(c.peer_queue_size)
+        pubsub.peer_queues = SizedQueues(c.peer_queue_size)
         pubsub.peer_gate = self._gate_id
         host.get_network().register_notifee(_Notifee(self))
         for proto, handler in self._handlers.items():
@@ -289,7 +184,7 @@ class Libp2pTransport(Transport):
         # Pubsub must be running before the host starts dialling or accepting.
         async with background_trio_service(pubsub), background_trio_service(gossipsub):
             async with host.run(maddrs):
-                _check_listening(host, maddrs)
+                check_listening(host, maddrs)
                 await pubsub.wait_until_ready()
                 async with trio.open_nursery() as nursery:
                     self._host, self._pubsub, self._nursery = host, pubsub, nursery
@@ -330,7 +225,7 @@ class Libp2pTransport(Transport):
         if info.peer_id == self._id:
             raise TransportError("cannot connect to self")
         if not host.get_network().get_connections(info.peer_id):
-            _forget_dial_state(host, info.peer_id)
+            forget_dial_state(host, info.peer_id)
         try:
             with trio.fail_after(DIAL_TIMEOUT):
                 await host.connect(info)
@@ -466,7 +361,7 @@ class Libp2pTransport(Transport):
         except Exception:
             remote_host = None
         return FramedStream(
-            _Libp2pBytes(net_stream),
+            Libp2pBytes(net_stream),
             str(net_stream.muxed_conn.peer_id),
             protocol=protocol,
             remote_host=remote_host,
