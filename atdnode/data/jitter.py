@@ -20,6 +20,8 @@ re-rendering of a training digit.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from atdnode.data.intensity import Scaling
@@ -62,6 +64,17 @@ def render(digits: np.ndarray, seed: int = RENDER_SEED) -> np.ndarray:
     return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
+@functools.lru_cache(maxsize=2)
+def _images(variants: int) -> np.ndarray:
+    """The rendered data set (read-only; cached: a train and a test load render it once)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits().images
+    out = np.concatenate([render(d, RENDER_SEED + j) for j in range(variants)])
+    out.setflags(write=False)
+    return out
+
+
 def digits_jitter_catalog(variants: int = 1) -> Catalog:
     """The catalog of `digits-jitter` with `variants` renderings per source digit: sample
     `j * 1797 + i` is variant j of digit i; group i holds digit i's variants (one split side)."""
@@ -70,7 +83,7 @@ def digits_jitter_catalog(variants: int = 1) -> Catalog:
     from atdnode.data.arrays import _array_reader
 
     d = load_digits()
-    images = np.concatenate([render(d.images, RENDER_SEED + j) for j in range(variants)])
+    images = _images(variants)
     keys = np.tile(d.target.astype(np.int64).astype(str), variants)
     groups = np.tile(np.arange(len(d.target)), variants) if variants > 1 else None
     how = f"digits-jitter, {CANVAS} px canvas, fixed 0..255"
