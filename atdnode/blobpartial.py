@@ -7,6 +7,7 @@ checks the whole-blob hash and renames the file into the store atomically.
 from __future__ import annotations
 import errno
 import hashlib
+import mmap
 import os
 import struct
 import threading
@@ -70,6 +71,9 @@ class PartialBlob:
         self._writing: set[int] = set()  # being written by a thread now
         self._hash_lock = threading.Lock()  # whole-blob hash over the written prefix
         self._hasher, self._hashed = hashlib.sha256(), 0
+        self._ready = threading.Condition(self._lock)  # a chunk was written / hashed (start_hasher)
+        self._hash_thread: threading.Thread | None = None
+        self._hash_lag = 0  # start_hasher: writers wait while this many written bytes await the hash
         self._fd = self._state_fd = -1
         self.closed = False
         if store.has(h):  # already held: nothing to fetch
@@ -184,7 +188,12 @@ class PartialBlob:
         with self._lock:
             self._writing.discard(i)
             self._pending.add(i)
-        self._advance_hash(i, mv)
+            if self._hash_thread is not None:  # the hasher thread extends the hash
+                self._ready.notify_all()
+                while self._hash_thread is not None and self._unhashed_bytes() > self._hash_lag:
+                    self._ready.wait(1.0)  # backpressure: the hasher can always progress here
+        if self._hash_thread is None:
+            self._advance_hash(i, mv)
         if sync:
             self.flush()
         return True
@@ -236,6 +245,69 @@ class PartialBlob:
         finally:
             self._hash_lock.release()
 
+    # ----- the whole-blob hash in a thread of its own
+    def start_hasher(self, lag: int = 8 << 20) -> None:
+        """Extend the whole-blob hash in a background thread from now on (until `complete`,
+        `close` or `discard`), re-reading written chunks from the page cache, so that the
+        threads writing chunks (receive, decrypt, write) and the hash run on two cores at
+        once (issue 29). A writer waits while more than `lag` bytes of written chunks, in
+        order from the hashed prefix, await the hash (the hasher can always take those, so
+        this cannot deadlock): the receivers never run far ahead of the page cache."""
+        with self._lock:
+            if (self._held or self.closed or self._hash_thread is not None or not self.manifest.size
+                    or self._hashed >= self.manifest.num_chunks):
+                return
+            self._hash_lag = max(lag, self.manifest.chunk_size)
+            self._hash_thread = threading.Thread(target=self._hash_loop, name=f"blob-hash-{self.manifest.blob[:8]}",
+                                                 daemon=True)
+            self._hash_thread.start()
+
+    def stop_hasher(self) -> None:
+        """Stop the hasher thread (what it hashed stays hashed); the caller's thread goes on."""
+        with self._lock:
+            t, self._hash_thread = self._hash_thread, None
+            self._ready.notify_all()
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+    def _unhashed_bytes(self) -> int:
+        """Bytes of written chunks, in order from the hashed prefix (call with `_lock` held)."""
+        k, n, cap = self._hashed, 0, self._hash_lag
+        while n <= cap and k < self.manifest.num_chunks and (k in self._done or k in self._pending):
+            n += self.manifest.span(k)[1]
+            k += 1
+        return n
+
+    def _hash_loop(self) -> None:
+        """The hasher thread: hash written chunks in order, straight from the page cache (a
+        read-only map of the preallocated file: no copy). Ends when every chunk is hashed,
+        when stopped, or on an error (then `complete` hashes what is left itself)."""
+        me = threading.current_thread()
+        try:
+            while True:
+                with self._lock:
+                    while self._hash_thread is me and not self._unhashed_bytes():
+                        self._ready.wait()
+                    if self._hash_thread is not me:
+                        return
+                with self._hash_lock:
+                    off, n = self.manifest.span(self._hashed)
+                    at = off - off % mmap.ALLOCATIONGRANULARITY  # one map per chunk: RSS stays one chunk
+                    with mmap.mmap(self._fd, off + n - at, prot=mmap.PROT_READ, offset=at) as mm, memoryview(mm) as view:
+                        self._hasher.update(view[off - at:])
+                    self._hashed += 1
+                with self._lock:
+                    self._ready.notify_all()
+                    if self._hashed >= self.manifest.num_chunks:
+                        return
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._lock:
+                if self._hash_thread is me:
+                    self._hash_thread = None
+                self._ready.notify_all()
+
     def complete(self) -> str:
         """Verify the whole blob and move it into the store; returns its hash.
         BlobError if chunks are missing; if the whole hash is wrong, chunks that changed on
@@ -246,9 +318,10 @@ class PartialBlob:
         if self._held:
             self.close()
             return h
-        self.flush()
+        self.flush()  # the hasher (if any) catches up meanwhile
         if miss := self.missing():
             raise BlobError(f"blob {h} is incomplete: {len(miss)} of {self.manifest.num_chunks} chunks missing")
+        self.stop_hasher()
         self._advance_hash(wait=True)
         got = self._hasher.hexdigest()
         if got != h:
@@ -317,6 +390,7 @@ class PartialBlob:
         """Flush and release files; the download can be resumed later via store.partial()."""
         if self.closed:
             return
+        self.stop_hasher()
         if not self._held:
             try:
                 self.flush()
@@ -327,6 +401,7 @@ class PartialBlob:
 
     def discard(self) -> None:
         """Abandon the download and delete its files."""
+        self.stop_hasher()
         self._close_fds()
         if not self._held:
             self._discard_files()

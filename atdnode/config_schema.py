@@ -38,6 +38,7 @@ KEYS: tuple[Key, ...] = (
     Key("peers.grace_s", float, 5.0, "a new connection is not pruned this long"),
     Key("peers.redial_after_s", float, 30.0, "a lost peer is not dialled again this soon"),
     Key("peers.rotate_s", float, 60.0, "one peer is swapped for a random member this often"),
+    Key("peers.rotate_idle_s", float, 600.0, "... or this often while no dial fails and sync finds nothing new"),
     Key("peers.unreachable_after_s", float, 60.0, "a member whose dials fail this long is one WARNING line "
         "and a dashboard warning"),
     Key("bulk.enabled", bool, True, "encrypted TCP bulk channel for blobs (false: libp2p streams only)"),

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, small_consortium
+from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval, small_consortium
 from atdnode.transport.base import TransportError
 from atdnode.transport.gossip_mesh import fit_mesh
 from ledger import Ledger
@@ -200,26 +200,33 @@ class PeerDialer:
                     if e.author != me and e.author in d.members and isinstance(e.body.get("addrs"), list)]
             return addresses_newest_first(rows)
 
+        pruned_here: set[str] = set()  # peers this loop disconnected (their loss is no news)
+
         async def prune(peer: str, now: float) -> None:
             tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
+            pruned_here.add(peer)
             d.peerset.pruned += 1
             await d.transport.disconnect(peer)
 
-        next_rotation = trio.current_time() + cfg.rotate_s
+        pace = RotationPace(self, trio.current_time())  # when the next rotation is due (peerset.rotation_interval)
         self.fit_mesh()  # the router exists now (membership was read before the transport ran)
         while True:
             self.changed = trio.Event()
             now = trio.current_time()
             connected = set(d.transport.peers())
-            for peer in set(d.peerset.since) - connected:
+            gone = set(d.peerset.since) - connected
+            for peer in gone:
                 tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
+            if gone - pruned_here and len(connected) < cfg.target:
+                pace.lost_peer()  # a link cut under us (a partition?): rotate at rotate_s for now
+            pruned_here -= gone
             d.peerset.observe_connected(connected, now)
             self._report_reachability(connected, now)
             for peer in plan_prunes(connected, d.peerset.rtt, d.peerset.since, cfg, now=now):
                 log.debug("peer set above %d: disconnecting %s", cfg.max, peer)
                 await prune(peer, now)
                 connected.discard(peer)
-            rotate = len(connected) >= cfg.target and now >= next_rotation
+            rotate = len(connected) >= cfg.target and now >= pace.due()
             if (len(connected) < cfg.target or rotate) and not self.policy.revoked:
                 if hellos_read != self.hellos_seen:  # a consortium of hundreds: no re-read every second
                     hellos_read = self.hellos_seen
@@ -231,8 +238,8 @@ class PeerDialer:
                          and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
                 picks = plan_dials(fresh, connected, d.peerset.rtt, cfg, rng)
                 if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
-                    next_rotation = now + cfg.rotate_s
-                    pick = plan_rotation(fresh, connected, rng)
+                    pace.rotated(now)
+                    pick = plan_rotation(fresh, connected, rng, self.policy.failing())
                     picks = [pick] if pick is not None else []
                 async def dial_pick(peer: str) -> None:
                     tried[peer] = (now, tuple(known[peer]))  # answered: not again soon, even if it drops us
@@ -247,7 +254,7 @@ class PeerDialer:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
                         await prune(peer, now)
-            with trio.move_on_after(self._tick(known, next_rotation)):
+            with trio.move_on_after(self._tick(known, pace.due())):
                 await self.changed.wait()
 
     def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
@@ -274,3 +281,37 @@ class PeerDialer:
                         peer, seconds)
         for peer in back:
             log.info("member %s reachable again", peer)
+
+
+class RotationPace:
+    """When a dialler's next peer-set rotation is due: `peerset.rotation_interval` after the
+    last one, from what happened since (dials failing, a peer lost under `target`, entries
+    that only sync brought, a membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
+    so a failure or a sync that learned something pulls a distant rotation forward."""
+
+    def __init__(self, dialer: PeerDialer, now: float) -> None:
+        self.dialer = dialer
+        self.rotated(now)
+
+    def _learned(self) -> int:
+        return getattr(self.dialer.d, "stats", {}).get("sync_added", 0)
+
+    def rotated(self, now: float) -> None:
+        self.interval = self._interval()
+        self.last, self.learned_at, self.members_at = now, self._learned(), self.dialer.hellos_seen
+        self.lost = False
+
+    def lost_peer(self) -> None:
+        """A peer we did not prune went away and left the set under `target`."""
+        self.lost = True
+
+    def _interval(self) -> float:
+        dialer = self.dialer
+        if not hasattr(self, "last"):  # the first rotation: rotate_s after start
+            return dialer.d.peerset.cfg.rotate_s
+        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=self.lost or bool(dialer.policy.failing()),
+                                 learned=self._learned() != self.learned_at,
+                                 members_changed=dialer.hellos_seen != self.members_at)
+
+    def due(self) -> float:
+        return self.last + self._interval()

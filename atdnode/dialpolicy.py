@@ -163,6 +163,10 @@ class DialPolicy:
                 newly.append((peer, now - since))
         return newly, back
 
+    def failing(self) -> set[str]:
+        """Members whose dials failed, not connected since (reachability unknown or lost)."""
+        return set(self._failing_since)
+
     def unreachable(self, now: float) -> dict[str, float]:
         """Members unreachable longer than `unreachable_after_s`: peer -> seconds so far."""
         return {p: round(now - s, 1) for p, s in self._failing_since.items() if now - s >= self.unreachable_after_s}

@@ -18,6 +18,17 @@ entries (their addresses):
 * every `rotate_s` one random member not connected is dialled and the least useful peer
   dropped (`plan_rotation`): sets at `target` would otherwise never change, and two
   sides of a healed partition, each at `target` within itself, would never meet again.
+  A rotation costs a connection set-up on both sides (Noise handshake, identify, pubsub
+  hello, a sync pull each way): in an idle consortium of 100 daemons about a third of
+  their CPU (issue 29). So a node rotates every `rotate_s` only while a rotation may buy
+  something (`rotation_interval`): some member's dials failed and it was not reached
+  since (a partition or a member away: the rotation then re-probes such a member every
+  other time, so a healed cut is crossed at the next rotation), a peer it did not prune
+  went away and left the set under `target` (a cut link), sync pulls brought
+  entries gossip had not (the graph misses something), or the member set changed. With
+  none of these its rotations space out, each interval twice the one before, up to
+  `rotate_idle_s` (default 600 s); any of them pulls the next rotation forward to
+  `rotate_s` after the last one.
 
 RTTs are measured cheaply from work the daemon does anyway: the time a dial takes and the
 time a sync stream takes to open (one multistream round trip), smoothed (EWMA).
@@ -55,7 +66,8 @@ class PeerSetConfig:
     low_latency_share: float = 0.5  # of the dials (and of the peers protected from pruning)
     grace_s: float = 5.0  # a new connection is not pruned this long (it syncs and learns hellos first)
     redial_after_s: float = 30.0  # a peer we dialled, pruned or lost is not dialled again this soon
-    rotate_s: float = 60.0  # one peer is swapped for a random member this often (re-mixing)
+    rotate_s: float = 60.0  # one peer is swapped for a random member this often (re-mixing) ...
+    rotate_idle_s: float = 600.0  # ... or this often while nothing suggests a rotation helps (rotation_interval)
     unreachable_after_s: float = 60.0  # a member whose dials fail this long is one WARNING line (issue 26)
 
     def __post_init__(self) -> None:
@@ -65,7 +77,7 @@ class PeerSetConfig:
             raise ConfigError("config: peers.max must be an integer >= peers.target")
         if not isinstance(self.low_latency_share, (int, float)) or not 0.0 <= self.low_latency_share <= 1.0:
             raise ConfigError("config: peers.low_latency_share must be a number in [0, 1]")
-        for key in ("grace_s", "redial_after_s", "rotate_s", "unreachable_after_s"):
+        for key in ("grace_s", "redial_after_s", "rotate_s", "rotate_idle_s", "unreachable_after_s"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1e6:
                 raise ConfigError(f"config: peers.{key} must be a number of seconds >= 0")
@@ -77,7 +89,8 @@ class PeerSetConfig:
             return cls()
         if not isinstance(table, dict):
             raise ConfigError("config: [peers] must be a table")
-        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s", "rotate_s", "unreachable_after_s")
+        keys = ("target", "max", "low_latency_share", "grace_s", "redial_after_s", "rotate_s", "rotate_idle_s",
+                "unreachable_after_s")
         unknown = set(table) - set(keys)
         if unknown:
             raise ConfigError(f"config: unknown key peers.{sorted(unknown)[0]} (known: {', '.join(keys)})")
@@ -173,10 +186,29 @@ def plan_prunes(connected: Iterable[str], rtt: Mapping[str, float], since: Mappi
     return victims[:excess]
 
 
-def plan_rotation(candidates: Iterable[str], connected: Iterable[str], rng: random.Random) -> str | None:
-    """The member to dial in a rotation: one not connected, at random (None: none left)."""
+def plan_rotation(candidates: Iterable[str], connected: Iterable[str], rng: random.Random,
+                  failing: Iterable[str] = ()) -> str | None:
+    """The member to dial in a rotation: one not connected, at random (None: none left).
+    Every other time (a coin flip) one of the `failing` candidates (dials failed, not reached
+    since) if any: after a partition heals, the next rotation crosses the cut; a member that
+    is away for good takes only half of the rotations."""
     pool = sorted(set(candidates) - set(connected))
+    suspects = sorted(set(failing) & set(pool))
+    if suspects and rng.random() < 0.5:
+        return rng.choice(suspects)
     return rng.choice(pool) if pool else None
+
+
+def rotation_interval(cfg: PeerSetConfig, last: float, *, failing: bool, learned: bool, members_changed: bool) -> float:
+    """Seconds from one rotation to the next, `last` the interval before it (module doc):
+    `rotate_s` while a rotation may buy something -- some member's dials are `failing` (or a
+    link was cut), sync pulls `learned` entries gossip had not brought, the member set
+    changed -- else twice `last`, up to `rotate_idle_s` (never below `rotate_s`): quiet
+    rotations space out step by step, so a partition that begins soon after one still
+    finds the others rotating often."""
+    if failing or learned or members_changed:
+        return cfg.rotate_s
+    return max(cfg.rotate_s, min(2 * last, cfg.rotate_idle_s))
 
 
 def plan_sync(due: list[str], connected: Iterable[str], fanout: int, rng: random.Random) -> list[str]:

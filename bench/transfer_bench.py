@@ -128,6 +128,12 @@ async def node_main(seed: bytes, home: Path, files: list[str], chunk: int, contr
         from libp2p.stream_muxer.yamux.yamux import Yamux
 
         t.muxer = Yamux
+    timeline = None
+    if os.environ.get("ATD_XFER_TIMELINE"):  # transfer_timeline.py: time each stage of the bulk path
+        sys.path.insert(0, str(Path(__file__).parent))
+        import transfer_timeline as timeline
+
+        timeline.install()
     svc = BlobService(t, store)
     svc.install()
     async with t.run(["/ip4/127.0.0.1/tcp/0"]):
@@ -156,6 +162,12 @@ async def node_main(seed: bytes, home: Path, files: list[str], chunk: int, contr
                     spent = {t: c - cpu0.get(t, 0.0) for t, c in cpu1.items()}
                     await control.send({"loop_thread_cpu_s": round(spent.pop(main_id, 0.0), 3),
                                         "other_threads_cpu_s": round(sum(spent.values()), 3)})
+            elif cmd["op"] == "timeline":  # reset (nbytes 0) or read the stage timers
+                if cmd["nbytes"]:
+                    await control.send(timeline.take(cmd["nbytes"]))
+                else:
+                    timeline.reset()
+                    await control.send({"ok": True})
             elif cmd["op"] == "connect":
                 await t.connect(cmd["addr"])
                 await control.send({"ok": True})
@@ -252,12 +264,17 @@ def main() -> None:
             for name, cfg in todo.items():
                 for c, side in ((A, "server"), (B, "client")) if prof else ():
                     c.call({"op": "profile", "on": True})
+                timed = os.environ.get("ATD_XFER_TIMELINE")
+                for c in (A, B) if timed else ():
+                    c.call({"op": "timeline", "nbytes": 0})
                 c0 = [cpu_s([A.p.pid]), cpu_s([B.p.pid])]
                 r = B.call({"op": "fetch", "tag": name, "blob": x["blob"], "manifest": x["manifest"], "peer": ia["peer"], "cfg": cfg})
                 served, fetched = cpu_s([A.p.pid]) - c0[0], cpu_s([B.p.pid]) - c0[1]
                 for c, side in ((A, "server"), (B, "client")) if prof else ():
                     r[f"threads_{side}"] = c.call({"op": "profile", "on": False,
                                                    "path": os.path.join(prof, f"{name}-{side}.pstats")})
+                for c, side in ((A, "server"), (B, "client")) if timed else ():
+                    r[f"timeline_{side}"] = c.call({"op": "timeline", "nbytes": r["bytes"]})
                 r["cpu_s"] = round(served + fetched, 3)  # both nodes, every thread
                 r["cpu_server_s"], r["cpu_client_s"] = round(served, 3), round(fetched, 3)
                 r["MBps"] = round(size / 1e6 / r["seconds"], 1)

@@ -76,6 +76,54 @@ def test_empty_mesh_floods_relays_and_takes_a_graft_back(caplog) -> None:
     assert not flood, flood
 
 
+def test_emptied_mesh_regrafts_within_an_idle_heartbeat_and_degrees_stay(caplog) -> None:
+    """An idle node's heartbeat runs every IDLE_HEARTBEAT_S; when its mesh empties (its mesh
+    peers dropped it without a PRUNE: a connection reset, say) it notices at its next
+    heartbeat and grafts again at 1 s beats, with no "GRAFT flood" on any side. py-libp2p's
+    adaptive gossip, which is off, would have set the heartbeat to 30-60 s and raised the
+    mesh bounds at its first health update (forced here): the re-graft then took a minute."""
+    from atdnode.transport.gossip_mesh import IDLE_HEARTBEAT_S, fit_mesh
+
+    caplog.set_level(logging.WARNING)
+    out: dict = {}
+
+    async def main() -> None:
+        x, *others = ts = [Libp2pTransport(bytes([80 + i]) * 32) for i in range(5)]
+        got: dict[str, list[bytes]] = {t.peer_id: [] for t in ts}
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for t in ts:
+                await nursery.start(serve_subscribed, t, TOPIC, got, stop)
+                fit_mesh(t, (3, 2, 6), False)  # a consortium of more members than the peer set holds
+            for t in others:
+                await x.connect(t.addrs()[0])
+            rx = x._pubsub.router
+            await wait_for(lambda: len(rx.mesh.get(TOPIC, ())) >= 2, "X's mesh", 30)
+            await wait_for(lambda: rx.heartbeat_interval == IDLE_HEARTBEAT_S, "X idle", 30)
+            rx.last_health_update = 0  # an adaptive router re-scores health at its next heartbeat
+            await trio.sleep(IDLE_HEARTBEAT_S + 0.5)
+            out["idle_beat"] = rx.heartbeat_interval
+            out["bounds"] = (rx.degree, rx.degree_low, rx.degree_high)
+            xid = x._pubsub.my_id
+            for t in others:
+                t._pubsub.router.mesh.get(TOPIC, set()).discard(xid)
+            rx.mesh[TOPIC] = set()  # X's mesh empties: no PRUNE, no backoff on either side
+            t0 = trio.current_time()
+            await wait_for(lambda: len(rx.mesh.get(TOPIC, ())) >= 2, "X grafts again", IDLE_HEARTBEAT_S + 8)
+            out["regraft_s"] = trio.current_time() - t0
+            await trio.sleep(1.5)  # a PRUNE back would arrive in this time
+            out["kept"] = len(rx.mesh.get(TOPIC, ()))
+            out["bounds_after"] = {(t._pubsub.router.degree_low, t._pubsub.router.degree_high) for t in ts}
+            stop.set()
+
+    trio.run(main)
+    assert out["idle_beat"] == IDLE_HEARTBEAT_S, out  # not 30-60 s (adaptive gossip)
+    assert out["bounds"] == (3, 2, 6) and out["bounds_after"] == {(2, 6)}, out
+    assert out["regraft_s"] <= IDLE_HEARTBEAT_S + 3 and out["kept"] >= 2, out
+    flood = [r.getMessage() for r in caplog.records if "GRAFT flood" in r.getMessage() or "back off" in r.getMessage()]
+    assert not flood, flood
+
+
 class _FramedWrites:
     """A pubsub stream whose `write` goes out in small frames with a checkpoint between
     them, as `YamuxStream.write` does when the send window runs out mid-RPC."""

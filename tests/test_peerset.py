@@ -8,7 +8,8 @@ import random
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peerset import PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation, plan_sync
+from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation, plan_sync,
+                             rotation_interval)
 
 PEERS = [f"p{i:02d}" for i in range(20)]
 
@@ -81,6 +82,31 @@ def test_rotation_dials_a_random_member_not_connected() -> None:
     assert plan_rotation(PEERS[:3], PEERS, random.Random(0)) is None
 
 
+def test_rotation_re_probes_failing_members_every_other_time() -> None:
+    """Members whose dials failed (a partition, say) take about half of the rotations, so a
+    healed cut is crossed at once; the other half still re-mix at random. Failing members
+    already connected or not candidates are never picked as such."""
+    failing = {PEERS[12], PEERS[13], PEERS[0]}  # PEERS[0] is connected: not a pick
+    picks = [plan_rotation(PEERS, PEERS[:10], random.Random(s), failing) for s in range(400)]
+    share = sum(p in failing for p in picks) / len(picks)
+    assert 0.45 < share < 0.65  # 1/2 by the coin, plus their share of the random half (2 of 20)
+    assert PEERS[0] not in picks and {p for p in picks if p not in failing} >= set(PEERS[14:20])
+    assert plan_rotation(PEERS[:12], PEERS[:10], random.Random(1), {PEERS[15]}) in PEERS[10:12]
+
+
+def test_rotation_slows_down_only_while_nothing_suggests_it_helps() -> None:
+    cfg = PeerSetConfig(rotate_s=60.0, rotate_idle_s=600.0)
+    quiet = dict(failing=False, learned=False, members_changed=False)
+    steps, last = [], 60.0
+    for _ in range(6):
+        last = rotation_interval(cfg, last, **quiet)
+        steps.append(last)
+    assert steps == [120.0, 240.0, 480.0, 600.0, 600.0, 600.0]  # quiet: spaced out step by step
+    for reason in quiet:
+        assert rotation_interval(cfg, 600.0, **{**quiet, reason: True}) == 60.0  # back to rotate_s at once
+    assert rotation_interval(PeerSetConfig(rotate_s=60.0, rotate_idle_s=10.0), 60.0, **quiet) == 60.0  # never faster
+
+
 def test_peerset_tracks_rtt_and_connection_ages() -> None:
     ps = PeerSet(PeerSetConfig())
     ps.observe_rtt("a", 0.100)
@@ -115,7 +141,7 @@ def test_config_table() -> None:
     assert PeerSetConfig.from_table({"target": 12}).max == 24  # max defaults to 2 x target (at least 16)
     for bad, word in [({"target": 0}, "target"), ({"target": 4, "max": 3}, "max"), ({"target": "8"}, "target"),
                       ({"low_latency_share": 1.5}, "low_latency_share"), ({"grace_s": -1}, "grace_s"),
-                      ({"rotate_s": "1m"}, "rotate_s"),
+                      ({"rotate_s": "1m"}, "rotate_s"), ({"rotate_idle_s": -5}, "rotate_idle_s"),
                       ({"targte": 3}, "targte"), ([1], "[peers]")]:
         with pytest.raises(ConfigError, match=word.replace("[", r"\[").replace("]", r"\]")):
             PeerSetConfig.from_table(bad)

@@ -15,7 +15,8 @@
    connection one thread per batch receives, decrypts, writes and hashes each chunk (no
    thread hop per frame); on a libp2p stream a writer task writes whatever chunks arrived,
    one thread hop for all of them. Each byte is hashed ONCE: the whole-blob SHA-256 runs
-   incrementally over the written prefix (`PartialBlob._advance_hash`), and a chunk is
+   incrementally over the written prefix, in a hasher thread of its own beside the
+   receivers (`PartialBlob.start_hasher`: two cores busy, not one), and a chunk is
    checked against its own manifest hash only when it is the first of its connection
    (a holder that serves garbage is caught at once). A chunk that fails that check is put
    back in the queue and its sender is marked bad for this blob. A peer whose connection
@@ -45,7 +46,7 @@ from atdnode.blobpartial import BadChunks, PartialBlob
 from atdnode.blobstore import BlobStore, Manifest, check_hash
 from atdnode.errors import BlobError
 from atdnode.transport.base import FrameError, Stream, Transport, TransportError
-from atdnode.transport.blobwire import MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, pack, read_header
+from atdnode.transport.blobwire import GATHER, MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, gather, pack, read_header
 from atdnode.transport.bulk import BulkConn, BulkIntegrityError, derive_keys, new_ephemeral
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,7 @@ class BlobFetcher:
             if job.queue and usable:
                 per = max(1, min(self.cfg.per_peer, self.cfg.max_streams // len(usable)))
                 per = min(per, max(1, math.ceil(len(job.queue) / job.batch / len(usable))))
+                job.partial.start_hasher()  # the whole-blob hash on a core of its own, beside the receivers
                 async with trio.open_nursery() as outer:
                     outer.start_soon(self._flusher, job)
                     async with trio.open_nursery() as nursery:
@@ -468,14 +470,10 @@ class BlobFetcher:
                     arrived.append((i, len(data)))
                 check_next[0] = False
 
+        want = max(1, min(GATHER, self.cfg.pipeline_bytes // job.m.chunk_size // 2))
         async with recv:
             async for item in recv:
-                items = [item]
-                while len(items) < MAX_BATCH:
-                    try:
-                        items.append(recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+                items = await gather(recv, item, want)
                 try:
                     await trio.to_thread.run_sync(write, items)  # not abandoned: it ends before we go on
                 except BlobError as e:  # hash mismatch (or the disk): never trust this peer for this blob

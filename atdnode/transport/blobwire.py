@@ -2,7 +2,10 @@
 for the protocol). Header frames are msgpack maps of at most HEADER_MAX bytes."""
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
+import trio
 
 from atdnode.transport.base import MAX_FRAME, FrameError, Stream, TransportError
 from atdnode.transport.limits import DecodeBudget
@@ -12,6 +15,8 @@ HEADER_MAX = 64 << 10
 MAX_BATCH = 256  # chunk indexes per `get` request
 MAX_CHUNK = MAX_FRAME - HEADER_MAX  # largest chunk a manifest may use over this protocol
 TOKEN_BYTES = 32
+GATHER = 4  # stream path: chunks the fetcher's writer gathers per thread hop (`gather`)
+GATHER_S = 0.02  # ... waiting at most this long for them
 
 
 def pack(obj: dict) -> bytes:
@@ -79,3 +84,19 @@ class StreamChunks:
 
     async def reset(self) -> None:
         await self.stream.reset()
+
+
+async def gather(recv: trio.MemoryReceiveChannel, first: Any, want: int) -> list[Any]:
+    """`first` plus up to `want` - 1 more items from `recv` within GATHER_S, then whatever
+    else is waiting (<= MAX_BATCH in all): the fetcher's writer moves a few chunks per thread
+    hop, not one (each hop wakes a thread, then the loop: ~0.2-0.9 ms on 2 busy cores)."""
+    items = [first]
+    try:
+        with trio.move_on_after(GATHER_S):
+            while len(items) < want:
+                items.append(await recv.receive())
+        while len(items) < MAX_BATCH:
+            items.append(recv.receive_nowait())
+    except (trio.WouldBlock, trio.EndOfChannel):
+        pass
+    return items

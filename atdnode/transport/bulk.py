@@ -37,12 +37,13 @@ driven from worker threads with preallocated buffers, one thread hop per batch o
 (up to 256), not per frame: the server reads each chunk from the file and seals its header
 and data into one buffer and one send; the client (`BulkConn.fetch_batch`) receives into one
 buffer, opens it into the chunk buffer (`encrypt_into` / `decrypt_into`: no allocation per
-chunk) and hands it to the fetcher's sink in the same thread, which writes it and extends
-the whole-blob SHA-256 (blobfetch.py: each byte hashed once). The trio loop never blocks. A
+chunk) and hands it to the fetcher's sink in the same thread, which writes it; the
+whole-blob SHA-256 runs in the partial blob's hasher thread, from the page cache (blobfetch.py:
+each byte hashed once). The trio loop never blocks. A
 cancelled server call is abandoned and its socket shut down, which ends the thread's I/O; a
 cancelled client batch shuts its socket down and waits for its thread, so the sink never
 runs after the fetch moved on. Where each millisecond of a frame goes:
-bench/transfer_profile.py; throughput against raw TCP + SHA-256: bench/transfer_bench.py.
+bench/transfer_profile.py (stages alone), bench/transfer_timeline.py (a real fetch); throughput against raw TCP + SHA-256: bench/transfer_bench.py.
 """
 from __future__ import annotations
 

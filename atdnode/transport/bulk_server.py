@@ -85,6 +85,7 @@ class _Offer:
     peer: str
     claimed: set[int] = field(default_factory=set)
     pending: int = 0
+    accepting: trio.CancelScope = field(default_factory=trio.CancelScope)  # cancelled once every index is claimed
 
 
 async def serve_bulk(reader: ChunkReader, registry: BulkConns, control: Stream, conns: int, client_pub: bytes, *,
@@ -104,29 +105,29 @@ async def serve_bulk(reader: ChunkReader, registry: BulkConns, control: Stream, 
     served = 0
     try:
         await control.write_frame(pack({"ok": True, "port": lsock.getsockname()[1], "x25519": server_pub}))
+        lsock.setblocking(False)
         async with trio.open_nursery() as nursery:
-            deadline = trio.current_time() + ACCEPT_TIMEOUT
-            while len(offer.claimed) < conns and (left := deadline - trio.current_time()) > 0:
-                try:
-                    sock = await _run(_accept, lsock, min(left, 0.5))
-                except TimeoutError:
-                    continue
-                if offer.pending >= MAX_PENDING:
-                    sock.close()  # too many unproven connections: drop the newcomer, keep the rest
-                    continue
-                offer.pending += 1
-                nursery.start_soon(_prove_and_serve, reader, registry, offer, sock, idle)
+            # Accept on the trio loop (no thread, no polling): the port closes the moment the
+            # last index is proven (`offer.accepting` is cancelled) or at ACCEPT_TIMEOUT.
+            offer.accepting.deadline = trio.current_time() + ACCEPT_TIMEOUT
+            with offer.accepting:
+                while len(offer.claimed) < conns:
+                    await trio.lowlevel.wait_readable(lsock)
+                    try:
+                        sock, _ = lsock.accept()
+                    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                        continue
+                    if offer.pending >= MAX_PENDING:
+                        sock.close()  # too many unproven connections: drop the newcomer, keep the rest
+                        continue
+                    sock.setblocking(True)
+                    offer.pending += 1
+                    nursery.start_soon(_prove_and_serve, reader, registry, offer, sock, idle)
             lsock.close()  # no more connections; proven ones finish in the nursery
         served = len(offer.claimed)
     finally:
         lsock.close()
     await control.write_frame(pack({"done": True, "conns": served}))
-
-
-def _accept(lsock: socket.socket, wait: float) -> socket.socket:
-    lsock.settimeout(wait)
-    sock, _ = lsock.accept()  # TimeoutError when nobody came
-    return sock
 
 
 def _read_hello(frames: SealedSocket, offer: _Offer) -> int:
@@ -166,6 +167,8 @@ async def _prove_and_serve(reader: ChunkReader, registry: BulkConns, offer: _Off
             frames.close()
             return
         offer.claimed.add(index)
+        if len(offer.claimed) == len(offer.keys):
+            offer.accepting.cancel()  # every index proven: stop listening now
         frames.sock.settimeout(idle)
         registry.add(frames)  # BlobServer.drop_peer closes it
         try:

@@ -28,7 +28,8 @@ class ByteStream(Protocol):
     """What a transport must provide under FramedStream. Errors raise TransportError."""
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        """Return 1..max_bytes bytes, or b"" at a clean end of stream."""
+        """Return 1..max_bytes bytes, or b"" at a clean end of stream. A bytearray returned
+        is the caller's own (nothing else refers to it): FramedStream keeps it as its buffer."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send all of `data`."""
@@ -98,7 +99,10 @@ class FramedStream(Stream):
             data = await self.raw.receive_some(RECV_MAX)
             if not data:
                 return False
-            self._buf += data
+            if not self._buf and type(data) is bytearray:
+                self._buf = data  # handed over by the byte stream (yamux_tuning): keep it, no copy
+            else:
+                self._buf += data
         return True
 
     async def read_frame(self, max_size: int = MAX_FRAME) -> bytes:
@@ -117,8 +121,12 @@ class FramedStream(Stream):
             await self.reset()
             raise FrameError(f"frame of {n} bytes from {self.remote_peer} exceeds limit {max_size}")
         del self._buf[: HEADER.size]
-        if len(self._buf) >= n:  # common for small frames: already buffered
-            out = bytes(self._buf[:n])
+        if len(self._buf) >= n and n > _COALESCE and len(self._buf) - n < n:
+            out = self._buf  # a large payload already buffered: hand it over, keep the shorter tail
+            self._buf = out[n:]
+            del out[n:]
+        elif len(self._buf) >= n:  # common for small frames: already buffered
+            out = bytes(memoryview(self._buf)[:n])
             del self._buf[:n]
         else:
             out = await self._read_large(n)

@@ -30,6 +30,20 @@ What `MeshHealthMixin` changes (a mixin in front of `GossipSub`):
 
 `starved_topics()` names the topics in flood-relay mode (tests, status).
 
+Heartbeat cadence (`MeshHealthMixin.heartbeat_interval`, issue 29). py-libp2p 0.8.1's
+"adaptive gossip" (on by default) re-scores network health every 30 s and, below 0.7 --
+an idle consortium scores ~0.4-0.6, mostly from "delivery health" with nothing delivered
+-- sets the heartbeat to `max(30, min(60, base // 2))` or `max(60, ...)` s: with our 1 s
+base, a heartbeat every 30-60 s, so an emptied mesh was re-grafted a minute later and
+flood relay began two minutes later; it also raised D_low / D_high by up to 2 / 4 over
+what `peerset.gossip_degrees` chose (measured: 12 idle hosts, D=3/2/6, after 30 s every
+heartbeat 60 s, D_high 7-8, meshes of 5-7). Adaptive gossip is off here (`NO_ADAPTIVE`);
+instead the heartbeat runs every `heartbeat_interval` (1 s) while there is work for it --
+a topic's mesh under D_low (empty included) or over D_high, or messages in the message
+cache (IHAVE gossip windows) -- and every IDLE_HEARTBEAT_S (5 s) otherwise. A mesh that
+empties is therefore seen within IDLE_HEARTBEAT_S and repaired (or flood relay begins)
+at 1 s beats from then on; an idle daemon wakes for the heartbeat 0.2 times a second.
+
 Small consortia (`SmallConsortiumMixin`, `fit_mesh`; issue 29). With 5 nodes 12 of the 16
 copies of each entry were duplicates, whatever D said: py-libp2p 0.8.1's opportunistic
 grafting ("GossipSub 2.0") grafts up to two more peers at every heartbeat whenever
@@ -38,7 +52,7 @@ candidates score at least the mesh median -- with no score parameters every peer
 them. When every other member fits in the peer set (`peerset.small_consortium`) each
 node's own messages already reach every member in one hop (flood publish), so the mesh
 only has to cover a member whose link to the author is down. Then: D = D_high = 2,
-D_low = 1, no opportunistic grafting, no adaptive degrees, no IHAVE gossip (each IHAVE
+D_low = 1, no opportunistic grafting, no IHAVE gossip (each IHAVE
 to a peer whose copy is still queued came back as an IWANT: a mesh of 2 without opportunistic
 grafting but with IHAVE gave 14 duplicates per entry under load). Measured on 5 daemons
 (tests/test_gossip_mesh.py, same load): 12.0 -> 4.8 duplicates per entry; an entry whose
@@ -51,6 +65,8 @@ import time
 from typing import Any
 
 STARVED_AFTER_BEATS = 2  # heartbeats that end with an empty mesh before relays are flooded
+IDLE_HEARTBEAT_S = 5  # heartbeat period while the mesh is within bounds and nothing is cached (module doc)
+NO_ADAPTIVE = {"adaptive_gossip_enabled": False}  # GossipSub kwargs: fixed degrees and heartbeat (module doc)
 
 
 class MeshHealthMixin:
@@ -61,6 +77,25 @@ class MeshHealthMixin:
         if st is None:
             st = self.__dict__["_atd_mesh_state"] = ({}, {})
         return st
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds to the next heartbeat: the configured period while the mesh needs work or
+        the message cache holds messages, IDLE_HEARTBEAT_S (if longer) otherwise (module doc)."""
+        base = self.__dict__.get("_atd_heartbeat", 1)
+        return base if self.heartbeat_busy() else max(base, IDLE_HEARTBEAT_S)
+
+    @heartbeat_interval.setter
+    def heartbeat_interval(self, value: float) -> None:
+        self.__dict__["_atd_heartbeat"] = value
+
+    def heartbeat_busy(self) -> bool:
+        """Work for the next heartbeat: a topic mesh outside [D_low, D_high], or cached messages."""
+        mcache = getattr(self, "mcache", None)
+        if mcache is not None and mcache.msgs:
+            return True
+        low, high = self.degree_low, self.degree_high  # type: ignore[attr-defined]
+        return any(not low <= len(m) <= high for m in getattr(self, "mesh", {}).values())
 
     def mesh_heartbeat(self) -> tuple[Any, Any]:
         to_graft, to_prune = super().mesh_heartbeat()  # type: ignore[misc]
@@ -147,6 +182,6 @@ def fit_mesh(transport: Any, degrees: tuple[int, int, int], small: bool) -> bool
     if router is not None and hasattr(router, "small_consortium"):
         router.degree, router.degree_low, router.degree_high = d, low, high
         router.adaptive_degree_low, router.adaptive_degree_high = low, high
-        router.adaptive_gossip_enabled = not small  # py-libp2p's default (True) otherwise
+        router.adaptive_gossip_enabled = False  # fixed degrees and heartbeat (module doc)
         router.small_consortium = small
     return True

@@ -88,10 +88,11 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
+import libp2p.stream_muxer.yamux.yamux as _yamux_mod
 from libp2p.stream_muxer.yamux.yamux import YamuxStream
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 
-from atdnode.transport.gossip_mesh import MeshHealthMixin, SmallConsortiumMixin
+from atdnode.transport.gossip_mesh import NO_ADAPTIVE, MeshHealthMixin, SmallConsortiumMixin
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 ADDRS_TTL = 1.0  # seconds host.get_addrs() is reused
 READ_CHUNK = 1 << 16  # bytes asked of the muxer per read by the pubsub read loop
+RTT_PING_S = 300.0  # yamux RTT pings per connection at most this often (slow_yamux_rtt_pings)
 # Pubsub kwargs: pubsub signatures not checked, a small validation cache (module doc)
 PUBSUB_OPTIONS = {"strict_signing": False, "validation_cache_size": 64}
 
@@ -287,7 +289,12 @@ class CoalescingPubsub(Pubsub):
 class FloodPublishGossipSub(SmallConsortiumMixin, MeshHealthMixin, GossipSub):
     """GossipSub that sends the node's own messages to every topic peer (module doc), whose
     mesh cannot stay empty (`atdnode.transport.gossip_mesh`: relays flood while it is), and
-    that keeps a thin, stable mesh in a small consortium (`gossip_mesh.SmallConsortiumMixin`)."""
+    that keeps a thin, stable mesh in a small consortium (`gossip_mesh.SmallConsortiumMixin`).
+    py-libp2p's adaptive gossip is off: it slowed the heartbeat to 30-60 s and grew the mesh
+    past the degrees asked for (`gossip_mesh` module doc, "Heartbeat cadence")."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, **NO_ADAPTIVE})
 
     def _get_peers_to_send(self, topic_ids: Any, msg_forwarder: Any, origin: Any, msg_id: Any = None) -> set:
         topic_ids = list(topic_ids)
@@ -361,6 +368,21 @@ def batch_yamux_credit() -> None:
 
 
 batch_yamux_credit()
+
+
+def slow_yamux_rtt_pings(interval: float = RTT_PING_S) -> None:
+    """py-libp2p's yamux pings every connection every 30 s from both ends, only to measure
+    an RTT that sizes stream windows (`_effective_rtt`); the ping neither keeps a connection
+    alive nor closes a dead one. Idle, those pings were a third of the yamux frames a daemon
+    sent (issue 29: 0.86 of 2.96 frames a second with ~12 connections). Measured every
+    `interval` s instead (the first sample, 0.5 s after connecting, is kept)."""
+    if getattr(_yamux_mod, "RTT_MEASURE_INTERVAL", None) is None:
+        log.warning("yamux internals changed; RTT pings keep their own period")
+        return
+    _yamux_mod.RTT_MEASURE_INTERVAL = max(_yamux_mod.RTT_MEASURE_INTERVAL, interval)
+
+
+slow_yamux_rtt_pings()
 
 
 def buffer_raw_reads() -> None:

@@ -65,6 +65,7 @@ RECV_WINDOW = 4 << 20  # receive window each stream a TunedYamux opens grants at
 DIRECT_MIN = 1 << 17  # DATA frames larger than this are sealed by NoiseTx, opened by NoiseRx
 _MAX_NONCE = 2**64 - 1  # noise's MAX_NONCE: that nonce is never used
 WINDOW_WAIT = 5.0  # seconds a writer waits for window before giving up (py-libp2p's 5 s)
+WHOLE_FRAME_WAIT = 0.5  # seconds a writer waits for the window of a whole frame before cutting a piece
 _HEADER = struct.Struct(_y.YAMUX_HEADER_FORMAT)
 
 
@@ -87,17 +88,40 @@ class TunedYamux(_y.Yamux):
         if rx is None or length <= DIRECT_MIN:
             return await super()._read_data_body(length)
         with trio.fail_after(_y._yamux_data_read_timeout()):
-            return await rx.read_plain(length)
+            body = await rx.read_plain(length)
+        if type(self.stream_buffers) is dict:
+            self.stream_buffers = _AdoptingBuffers(self.stream_buffers)
+        self.stream_buffers.adopt = body  # handle_incoming's `extend(body)` next: adopt, not copy
+        return body
 
     async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
-        """Yamux.read_stream; a large buffered run of an open stream is handed over whole (the
-        bytearray itself, a fresh one takes its place) instead of copied, or copied once."""
-        buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
-        if (buf is None or stream is None or len(buf) < DIRECT_MIN or stream.closed or stream.reset_received
-                or self.event_shutting_down.is_set()):
-            return await super().read_stream(stream_id, n)
+        """Yamux.read_stream; what an open stream has buffered is returned at once, without
+        the stock path's lock and debug formatting, or as soon as data arrives: a large run is
+        handed over whole (the bytearray itself, a fresh one takes its place) instead of
+        copied, or copied once. Closing, closed and reset streams take the stock path."""
+        while True:
+            buf, stream = self.stream_buffers.get(stream_id), self.streams.get(stream_id)
+            if (buf is None or stream is None or stream.closed or stream.reset_received
+                    or self.event_shutting_down.is_set()):
+                return await super().read_stream(stream_id, n)
+            if buf:
+                break
+            ev = self.stream_events.get(stream_id)
+            if stream.recv_closed or ev is None:
+                return await super().read_stream(stream_id, n)
+            await ev.wait()  # as the stock path waits, but the data is then handed over, not copied
+            if self.stream_events.get(stream_id) is ev:
+                self.stream_events[stream_id] = trio.Event()
         if n is None or n < 0 or n >= len(buf):
-            self.stream_buffers[stream_id] = bytearray()
+            if len(buf) >= DIRECT_MIN:
+                self.stream_buffers[stream_id] = bytearray()
+                return buf
+            out = bytes(buf)
+            buf.clear()
+            return out
+        if n >= DIRECT_MIN and len(buf) - n < n:  # hand over the head, keep a copy of the shorter tail
+            self.stream_buffers[stream_id] = buf[n:]
+            del buf[n:]
             return buf
         out = bytes(memoryview(buf)[:n])
         del buf[:n]
@@ -113,6 +137,34 @@ class TunedYamux(_y.Yamux):
         async with self._write_lock:  # every write of this connection takes it: nonces stay in wire order
             await tx.write(header, body)
         await trio.lowlevel.checkpoint()
+
+
+class _AdoptingBuffers(dict):
+    """A TunedYamux's `stream_buffers`: when a large DATA body (`adopt`, just opened by
+    NoiseRx into a fresh bytearray) lands on a stream whose buffer is empty, that body
+    becomes the buffer, instead of being copied into it by handle_incoming's
+    `stream_buffers[sid].extend(body)` (its only `[]` reads; everything else uses `get`).
+    Any other extend (small frames, a body for a stream that is gone) behaves as before."""
+
+    adopt: bytearray | None = None
+
+    def __getitem__(self, sid: int) -> Any:
+        buf = dict.__getitem__(self, sid)
+        body, self.adopt = self.adopt, None
+        return buf if body is None else _Adopt(self, sid, buf, body)
+
+
+class _Adopt:
+    __slots__ = ("d", "sid", "buf", "body")
+
+    def __init__(self, d: dict, sid: int, buf: bytearray, body: bytearray) -> None:
+        self.d, self.sid, self.buf, self.body = d, sid, buf, body
+
+    def extend(self, data: Any) -> None:
+        if data is self.body and not self.buf:
+            dict.__setitem__(self.d, self.sid, data)
+        else:
+            self.buf.extend(data)
 
 
 class _Pool:
@@ -323,21 +375,35 @@ def _window_set(self: Any, value: int) -> None:
     d = self.__dict__
     grew = value > d.get("_atd_send_window", 0)
     d["_atd_send_window"] = value
+    if value > d.get("_atd_max_window", 0):
+        d["_atd_max_window"] = value  # the largest window the peer ever granted (`_whole_frame_soon`)
     if grew and (ev := d.pop("_atd_window_event", None)) is not None:
         ev.set()
 
 
-async def _wait_window(stream: Any) -> None:
-    """Sleep until the peer grants window (or the stream closes); MuxedStreamError after
-    WINDOW_WAIT seconds without any, as py-libp2p's own writer does."""
+def _whole_frame_soon(stream: Any, want: int) -> bool:
+    """Is it worth waiting for window to send `want` bytes in ONE frame instead of cutting a
+    piece now? Only when the peer grants large windows (> 2 FRAME_MAX: a TunedYamux opener)
+    and holds at least half of its window unread: a receiver returns credit once half its
+    window is consumed (go-yamux, libp2p_pubsub.batch_yamux_credit), so credit is coming
+    without anything more from us. A split costs the receiver a join of the pieces (a copy
+    of the chunk) and both sides a frame and a Noise message more."""
+    top = stream.__dict__.get("_atd_max_window", 0)
+    return top > 2 * FRAME_MAX and top - stream.send_window >= top // 2 and stream.send_window < want
+
+
+async def _wait_window(stream: Any, want: int = 1) -> None:
+    """Sleep until the peer's window holds `want` bytes (or the stream closes). Without any
+    window after WINDOW_WAIT seconds: MuxedStreamError, as py-libp2p's own writer does;
+    with some but less than `want`, return (the caller sends a piece)."""
     with trio.move_on_after(WINDOW_WAIT) as scope:
-        while stream.send_window <= 0 and not (stream.closed or stream.send_closed):
+        while stream.send_window < want and not (stream.closed or stream.send_closed):
             ev = stream.__dict__.get("_atd_window_event")
             if ev is None:
                 ev = stream.__dict__["_atd_window_event"] = trio.Event()
             with trio.move_on_after(0.25):  # close/reset do not touch the window: re-check
                 await ev.wait()
-    if scope.cancelled_caught:
+    if scope.cancelled_caught and stream.send_window <= 0:
         raise MuxedStreamError(f"Timed out waiting for window update after {WINDOW_WAIT:g} seconds.")
 
 
@@ -352,7 +418,11 @@ async def _tuned_write(self: Any, data: bytes) -> None:
                 raise MuxedStreamError("Stream is closed for sending")
             if self.closed:
                 raise MuxedStreamError("Stream is closed")
-            n = min(self.send_window, FRAME_MAX, total - sent)
+            whole = min(FRAME_MAX, total - sent)
+            if _whole_frame_soon(self, whole):  # credit is on its way: one frame, not two pieces
+                with trio.move_on_after(WHOLE_FRAME_WAIT):
+                    await _wait_window(self, whole)
+            n = min(self.send_window, whole)
             if n <= 0:
                 await _wait_window(self)
                 continue
