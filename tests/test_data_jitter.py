@@ -43,3 +43,36 @@ def test_takes_no_path() -> None:
     assert DataSpec.parse("digits-jitter").path is None
     with pytest.raises(DataError, match="digits-jitter"):
         DataSpec.parse("digits-jitter:/tmp/x")
+
+
+def test_variants_multiply_the_data_without_train_test_leakage() -> None:
+    from atdnode.data.jitter import digits_jitter_catalog
+
+    cat = digits_jitter_catalog(3)
+    assert len(cat.keys) == 3 * 1797 and cat.groups is not None
+    one = digits_jitter_catalog(1)
+    a, _ = one.read(5)
+    b, _ = cat.read(5)
+    c, _ = cat.read(1797 + 5)
+    assert np.array_equal(a, b) and not np.array_equal(b, c)  # variant 0 is the K = 1 data set
+    # the split deals source digits (groups): all 3 variants of a digit land on one side, so
+    # no test image is a re-rendering of a training digit; the test digits are those of K = 1
+    from atdnode.data.loader import _labelled_catalog
+
+    sides3 = _labelled_catalog("digits-jitter?variants=3", 0)[-1]
+    sides1 = _labelled_catalog("digits-jitter", 0)[-1]
+    src = np.arange(3 * 1797) % 1797
+    test_src, train_src = set(src[sides3 == "test"]), set(src[sides3 == "train"])
+    assert test_src and not test_src & train_src
+    assert test_src == set(np.flatnonzero(sides1 == "test"))
+    assert all((sides3[src == i] == sides3[i]).all() for i in range(0, 1797, 97))
+    te = load_dataset("digits-jitter?variants=3", 28, 1, "test", seed=0)
+    assert len(te) == 3 * len(test_src)
+
+
+def test_variants_is_checked() -> None:
+    assert DataSpec.parse("digits-jitter?variants=4").variants == 4
+    with pytest.raises(DataError, match="variants"):
+        DataSpec.parse("digits-jitter?variants=0")
+    with pytest.raises(DataError, match="does not apply"):
+        DataSpec.parse("digits?variants=2")

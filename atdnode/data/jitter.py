@@ -11,8 +11,16 @@ tokens, mean pooled) need not.
 The rendering is a pure function of `RENDER_SEED` and the sample index, so the data set is
 one fixed set of 1797 images (like `digits`), whatever the run's seed: the seed of a run
 picks the 80/20 split and the partition, as for every source. Pixels are uint8 (0..255).
+
+`digits-jitter?variants=K` renders every source digit K times (variant j with render seed
+`RENDER_SEED + j`; variant 0 is the K = 1 data set), so a node gets K times the images of
+the same 1797 digits. The K variants of one digit form a split group (`Catalog.groups`):
+all of them land on the same side of the train/test split, so no test image is a
+re-rendering of a training digit.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -56,15 +64,29 @@ def render(digits: np.ndarray, seed: int = RENDER_SEED) -> np.ndarray:
     return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
 
 
-def digits_jitter_catalog() -> Catalog:
+@functools.lru_cache(maxsize=2)
+def _images(variants: int) -> np.ndarray:
+    """The rendered data set (read-only; cached: a train and a test load render it once)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits().images
+    out = np.concatenate([render(d, RENDER_SEED + j) for j in range(variants)])
+    out.setflags(write=False)
+    return out
+
+
+def digits_jitter_catalog(variants: int = 1) -> Catalog:
+    """The catalog of `digits-jitter` with `variants` renderings per source digit: sample
+    `j * 1797 + i` is variant j of digit i; group i holds digit i's variants (one split side)."""
     from sklearn.datasets import load_digits
 
     from atdnode.data.arrays import _array_reader
 
     d = load_digits()
-    images = render(d.images)
-    keys = d.target.astype(np.int64).astype(str)
+    images = _images(variants)
+    keys = np.tile(d.target.astype(np.int64).astype(str), variants)
+    groups = np.tile(np.arange(len(d.target)), variants) if variants > 1 else None
     how = f"digits-jitter, {CANVAS} px canvas, fixed 0..255"
-    return Catalog(keys=keys, sides=np.full(len(keys), "all"), ids=True, uniform=True,
+    return Catalog(keys=keys, sides=np.full(len(keys), "all"), ids=True, uniform=True, groups=groups,
                    read=_array_reader(images, Scaling(window=(0.0, 255.0), how=how)),
                    names={str(i): str(i) for i in range(10)}, where=[""] * len(keys))

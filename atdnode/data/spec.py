@@ -14,6 +14,8 @@ checked against the source it applies to, so a typo is an error, not a silent no
     axis=0|1|2          nifti: slice along this array axis (default 2)
     slices=all|mid|a:b[:s]|f0:f1   nifti: which slices (ints: indices, python slice
                         semantics; floats in [0, 1]: fractions of the depth)
+    variants=K          digits-jitter: K seeded renderings of every source digit (default 1);
+                        the K variants of a digit share a split side (no train/test leakage)
 """
 from __future__ import annotations
 
@@ -28,12 +30,14 @@ _BUILTIN = ("digits", "digits-jitter")  # no path
 _FILE_SOURCES = ("folder", "dicom", "nifti")
 # option -> sources it applies to (None: every source)
 _APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window": None, "val": None,
-            "labels": _FILE_SOURCES, "frame": ("folder", "dicom"), "axis": ("nifti",), "slices": ("nifti",)}
+            "labels": _FILE_SOURCES, "frame": ("folder", "dicom"), "axis": ("nifti",), "slices": ("nifti",),
+            "variants": ("digits-jitter",)}
 # option -> its accepted forms (named in every error about its value)
 FORMS = {"classes": "a,b,c or a .json/.csv class map", "shard": "i/n with 1 <= i <= n, e.g. 1/3",
          "limit": "a positive integer", "seed": "an integer >= 0", "window": "lo,hi (numbers, lo < hi), auto or minmax",
          "val": "val (a separate split) or train (merged into training)", "labels": "a CSV file of file,label[,split]",
-         "frame": "a frame index >= 0", "axis": "0, 1 or 2", "slices": "all, mid, a:b[:step] or fractions f0:f1"}
+         "frame": "a frame index >= 0", "axis": "0, 1 or 2", "slices": "all, mid, a:b[:step] or fractions f0:f1",
+         "variants": "an integer from 1 to 64"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class DataSpec:
     frame: int | None = None
     axis: int = 2
     slices: tuple | str = "all"  # "all" | "mid" | ("idx", a, b, s) | ("frac", f0, f1)
+    variants: int = 1  # digits-jitter: renderings per source digit
 
     @classmethod
     def parse(cls, spec: str) -> "DataSpec":
@@ -116,6 +121,11 @@ def _value(k: str, v: str):
         if not 1 <= i <= n:
             raise ValueError(f"shard {v} needs 1 <= i <= n")
         return (i, n)
+    if k == "variants":
+        x = int(v)
+        if not 1 <= x <= 64:
+            raise ValueError(f"variants={v} out of range")
+        return x
     if k in ("limit", "seed", "frame", "axis"):
         x = int(v)
         if x < 0 or (k == "limit" and x == 0) or (k == "axis" and x > 2):
