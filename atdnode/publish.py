@@ -19,7 +19,6 @@ from atdnode.identity import NodeIdentity
 from atdnode.registry import ModelRecord, ModelRegistry
 from atdnode.weights import PARTS, load_weights, read_meta, save_weights
 from ledger import Entry, Ledger
-from protocols.aggregation import HEAD_PREFIXES
 
 
 
@@ -63,6 +62,8 @@ def part_blob(store: BlobStore, record: ModelRecord, part: str) -> str:
     full = record.blobs.get("full")
     if not full or not store.has(full):
         raise ConfigError(f"model {record.id} has no stored weights to publish")
+    from protocols.aggregation import HEAD_PREFIXES  # torch: only when a part is cut from the full set
+
     tensors, meta = load_weights(store, full)
     head = {k for k in tensors if k.startswith(HEAD_PREFIXES)}
     keep = {k: v for k, v in tensors.items() if (k in head) == (part == "head")} if part != "full" else tensors

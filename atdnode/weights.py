@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from atdnode.blobstore import BlobStore, check_hash
 from atdnode.errors import BlobError, WeightsError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: `atd publish-weights` and the
+    import torch  # other header-only readers (`read_meta`) start without it
 
 META_KEY = "atd"
 PARTS = ("extractor", "head", "full")  # the weight sets a model is stored and published as
@@ -39,6 +39,9 @@ def save_weights(store: BlobStore, tensors: Mapping[str, torch.Tensor], meta: Ma
     """Serialise `tensors` (detached, moved to CPU, made contiguous) with `meta` as JSON
     under metadata key "atd"; store it and return the blob hash. Deterministic: the same
     tensors and meta give the same hash. WeightsError on non-tensors or non-JSON meta."""
+    import torch
+    from safetensors.torch import save as st_save
+
     if not isinstance(tensors, Mapping):
         raise WeightsError(f"weights must be a mapping of name -> tensor, got {type(tensors).__name__}")
     if not isinstance(meta, Mapping):
@@ -77,6 +80,8 @@ def load_weights(store: BlobStore, h: str, *, expect: Expect | None = None
     `expect` maps each required name to (shape, dtype); dtype is a torch.dtype or its
     name ("float32"). Raises WeightsError listing missing / extra keys, wrong shapes and
     dtypes and non-finite tensors (each named); WeightsBlobError if the blob is bad."""
+    from safetensors.torch import load as st_load
+
     try:
         h = check_hash(h)
         data = store.get_bytes(h)
@@ -103,7 +108,7 @@ def read_meta(store: BlobStore, h: str) -> dict[str, Any]:
     except BlobError as e:
         raise WeightsBlobError(str(e)) from None
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # header only: no torch import
             md = f.metadata() or {}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise WeightsError(f"blob {h} is not a safetensors weight set: {e}") from None
@@ -131,6 +136,8 @@ def _parse_meta(raw: str | None, h: str) -> dict[str, Any]:
 
 
 def _dtype(d: torch.dtype | str) -> torch.dtype:
+    import torch
+
     if isinstance(d, torch.dtype):
         return d
     t = getattr(torch, str(d).removeprefix("torch."), None)
@@ -169,6 +176,8 @@ def _layout_problems(tensors: dict[str, torch.Tensor], expect: Expect) -> list[s
 
 def _all_finite(t: torch.Tensor) -> bool:
     """One allocation-free pass: min/max propagate NaN, and show +-inf (10x faster than isfinite().all())."""
+    import torch
+
     if t.numel() == 0:
         return True
     if t.is_complex():
@@ -181,6 +190,8 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def _finiteness_problems(tensors: dict[str, torch.Tensor]) -> list[str]:
+    import torch
+
     bad = []
     for name in sorted(tensors):
         t = tensors[name]
