@@ -16,8 +16,9 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from netsim.baselines import BASELINES, run_baseline
 from netsim.report import forgetting, write_report
@@ -49,7 +50,8 @@ def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress =
                     "notes": [], "vgs_faults": []}
     try:
         if scn.learning:
-            _learning(scn, work, report, progress)
+            with one_torch_thread():
+                _learning(scn, work, report, progress)
         if scn.workload is not None:
             report["gossip"] = run_gossip_scenario(scn, work / "gossip", progress=progress)
     finally:
@@ -59,6 +61,26 @@ def run_scenario(scn: Scenario, out: Path | None = None, *, progress: Progress =
     if out is not None:
         report["files"] = {k: p.name for k, p in write_report(report, Path(out)).items()}
     return report
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Every simulated node computes on one CPU thread (then the previous count is restored).
+
+    The in-memory back-end runs all nodes in this process, one step at a time; a node's
+    steps are small (tiny ViTs, batches of 32), so more threads only add synchronisation —
+    with two busy cores, two torch threads made a 2-epoch training 14x slower (40 s vs 2.9 s)
+    — and the result would depend on the machine: torch's reductions split by thread count,
+    so the same scenario gave other weights on a 2-core and a 16-core machine. The process
+    back-end's daemons get OMP_NUM_THREADS=1 likewise (`netsim.procnet`)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _side_by_side(scn: Scenario, bases: tuple[str, ...], out: Path | None, *, progress: Progress,

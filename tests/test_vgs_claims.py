@@ -5,13 +5,14 @@ simulated network).
 One run of the scenario as shipped (`atd netsim run three_phase`, seed 0) gives, per phase,
 the overall accuracy of VGS-ATD, centralized training on the pooled data, FedAvg, swarm,
 local-only, and the VGS-ATD ensemble on raw pixels and on an untrained extractor of the
-same config (`netsim.references`). Measured (seed 0, after issue 23):
+same config (`netsim.references`). Measured (seed 0, after issue 23; one torch thread, as
+`netsim.run` computes since issue 28 — two threads gave swarm 0.869 in phase 3, the rest equal):
 
     phase          1      2      3
     vgs-atd        0.954  0.883  0.936
     centralized    0.861  0.816  0.947
     fedavg         0.759  0.476  0.557
-    swarm          0.810  0.351  0.869
+    swarm          0.810  0.351  0.872
     local          0.438  0.232  0.347
     ensemble-raw   0.981  0.955  0.964
     untrained      0.972  0.900  0.919
@@ -37,8 +38,11 @@ digits of `netsim/scenarios/jitter.toml`) and their numbers are in three_phase.t
 Cost: one seed, not the issue's three: the scenario's setup is the whole cost (205 s on an
 idle core; three seeds would take the suite's budget). A 4-node variant of the same recipe
 (one seed, 465 s under load) did not hold the claims asserted here (phase 3 -3.3 points to
-centralized, phase-1 nodes -4.6 points), so the test keeps the shipped 8-node scenario. The run took 542 s of wall time on the shared 2-core machine under load
-(VGS-ATD 286 s of compute, the baselines 185 s).
+centralized, phase-1 nodes -4.6 points), so the test keeps the shipped 8-node scenario. On the
+shared 2-core machine under load (load average 10-16, under cProfile) the run took 394 s: VGS-ATD
+210 s (its 38 ensemble fits 148 s, the MLP most of it), the baselines 141 s (FedAvg's rounds on
+8 daemons 111 s), the references 36 s. With two torch threads (a single-file run before issue 28)
+the same run took 2257 s under load 16-29: training 14x slower.
 """
 from __future__ import annotations
 
