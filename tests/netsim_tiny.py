@@ -6,7 +6,7 @@ TINY = {
     "model": {"img_size": 8, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
     "train": {"epochs": 1, "lr": 3e-3, "freeze_blocks": 0},
     "baselines": {"rounds": 2},
-    "ensemble": {"pca_components": 8, "mlp_epochs": 30},
+    "ensemble": {"pca_components": 8, "mlp_epochs": 30, "rf_trees": 20},  # 100 trees: 30% of a run
     "topology": {"degree": 2, "poll_interval_s": 0.2},
     "datasets": [{"name": "digits", "spec": "digits"}],
     "cohorts": [

@@ -67,7 +67,7 @@ def test_three_phases_produce_predictors_and_metrics(first_run) -> None:
             # a constant predictor scores at most the majority share of the node's test labels
             majority = float(np.bincount(data.nodes[n].test.labels.numpy()).max() / len(data.nodes[n].test))
             assert m["accuracy"] > majority, (p["phase"], n, m["accuracy"], majority)
-        # measured 0.82 / 0.90 / 0.92: at least twice chance (the pooled test sets are balanced)
+        # measured 0.83 / 0.88 / 0.85 (rf_trees 100: 0.85 / 0.90 / 0.86): at least twice chance (balanced test sets)
         assert p["overall"]["accuracy"] > 2 * chance
         assert p["compute_s"] > 0 and p["ready_s"] > 0
     assert not any("no " in n and "from" in n for p in ph for n in p["notes"])  # no wait ran out
