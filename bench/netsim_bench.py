@@ -151,8 +151,10 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
 
     try:
         rep = trio.run(run)
+    finally:  # scanned (and kept) even when the run fails or is interrupted (Ctrl-C, `timeout -s INT`)
         logs = scan_logs(root, keep_logs)
-    finally:
+        if keep_logs is not None:
+            print(json.dumps({"daemon_logs": logs}), file=sys.stderr, flush=True)
         shutil.rmtree(root, ignore_errors=True)
     base = merge_baseline(nodes, entries)
     conv = rep["time_to_converge_s"]
