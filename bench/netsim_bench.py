@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -227,6 +228,11 @@ def scan_logs(root: Path, keep: Path | None) -> dict:
         out["warning_lines"] += text.count(" WARNING ")
         out["error_lines"] += text.count(" ERROR ")
         hits = {k: text.count(sign) for k, sign in LOG_SIGNS.items()}
+        # a daemon still starting when the run is interrupted (Ctrl-C, `timeout -s INT`) prints
+        # a KeyboardInterrupt traceback: the bench's doing, counted apart from real ones
+        interrupted = len(re.findall(r"^KeyboardInterrupt\s*$", text, re.M))
+        hits["traceback"] -= min(interrupted, hits["traceback"])
+        out["interrupted_traceback"] = out.get("interrupted_traceback", 0) + interrupted
         for k, n in hits.items():
             out[k] += n
         if keep is not None and (any(hits.values()) or " ERROR " in text):
