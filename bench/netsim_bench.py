@@ -233,6 +233,11 @@ def scan_logs(root: Path, keep: Path | None) -> dict:
         interrupted = len(re.findall(r"^KeyboardInterrupt\s*$", text, re.M))
         hits["traceback"] -= min(interrupted, hits["traceback"])
         out["interrupted_traceback"] = out.get("interrupted_traceback", 0) + interrupted
+        # after the daemon logged its shutdown: py-libp2p prints tasks it had in flight that the
+        # shutdown cancelled (e.g. "[ADDCONN_FAIL] ... Cancelled"), counted apart as well
+        at_stop = text.partition("atd.daemon: shutting down")[2].count(LOG_SIGNS["traceback"])
+        hits["traceback"] -= min(at_stop, hits["traceback"])
+        out["traceback_after_shutdown"] = out.get("traceback_after_shutdown", 0) + at_stop
         for k, n in hits.items():
             out[k] += n
         if keep is not None and (any(hits.values()) or " ERROR " in text):
