@@ -17,9 +17,10 @@ Prints one JSON object:
                A closed loop of k appenders cannot form groups larger than k, and every
                group waits one fsync, so `fsync_ceiling` = what the ratio would be if a group
                cost nothing but its signatures and one bare write+fsync in the same directory
-               (fsync rate measured in the same run): on a disk with ~3 ms fsyncs, 32 appenders
-               cap the ratio near 0.3 whatever the code does. `by_appenders` repeats the run
-               with the `--sweep` appender counts (default 8 and 128) to show the scaling.
+               (fsync rate measured in the same run): with 2-4 ms fsyncs and 32 appenders that
+               ceiling was 0.38-0.62 here (issue 29, load 6 on 2 cores), the measured ratio
+               0.22-0.24. `by_appenders` repeats the run with the `--sweep` appender counts
+               (default 8 and 128) to show the scaling (128: 0.36-0.50).
   verify:      Ledger.verify() of those n entries (read back from SQLite) vs a bare
                Ed25519 verify loop over the same (bytes, sig) pairs -> ratio (target >= 0.5)
   verify_big:  Ledger.verify() of a `big`-entry, 8-author ledger read from SQLite, entries/s
