@@ -42,7 +42,7 @@ from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.limits import PeerLimits
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
-from ledger.keys import peer_id_from_public_key
+from ledger.keys import intern_key, peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -90,7 +90,7 @@ class Replicator:
             m = led.membership()
             status = m.members.get(me)  # revoked, not rotated away (a rotated key reads as revoked too)
             revoked = status is not None and status.revoked and me not in m.rotations
-            return {pk for pk in m.members if m.is_member(pk)}, revoked
+            return {intern_key(pk) for pk in m.members if m.is_member(pk)}, revoked  # keys shared process-wide
 
         old = self.members
         self.members, revoked = await self.ledger.run(members)
