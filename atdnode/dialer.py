@@ -26,7 +26,8 @@ from typing import Any
 import trio
 
 from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval, small_consortium
+from atdnode.peerset import (gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval,
+                             sample_candidates, small_consortium)
 from atdnode.rngs import loop_rng
 from atdnode.transport.base import TransportError
 from atdnode.transport.gossip_mesh import fit_mesh
@@ -193,6 +194,7 @@ class PeerDialer:
         # Failed dials back off in `self.policy` instead (1 s doubling, reset by a new hello).
         tried: dict[str, tuple[float, tuple[str, ...]]] = {}
         known: dict[str, list[str]] = {}
+        order: list[str] = []  # the peers of `known` (sample_candidates draws from it)
         hellos_read = -1  # self.hellos_seen when `known` was read
 
         def hellos(led: Ledger) -> dict[str, list[str]]:
@@ -234,8 +236,15 @@ class PeerDialer:
                     for peer, addrs in known.items():
                         self.policy.set_addresses(peer, addrs)
                     self.policy.forget(known)
-                fresh = [p for p, addrs in known.items() if p not in d.gate.refused and self.policy.may_dial(p, now)
-                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
+                    order = list(known)
+
+                def dialable(p: str) -> bool:
+                    return (p not in connected and p not in d.gate.refused and self.policy.may_dial(p, now)
+                            and (p not in tried or now - tried[p][0] >= cfg.redial_after_s
+                                 or tried[p][1] != tuple(known[p])))
+
+                extra = [p for p in (*d.peerset.rtt, *self.policy.failing()) if p in known]
+                fresh = sample_candidates(order, dialable, 1 if rotate else cfg.target - len(connected), rng, extra)
                 picks = plan_dials(fresh, connected, d.peerset.rtt, cfg, rng)
                 if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
                     pace.rotated(now)
