@@ -147,6 +147,10 @@ class DialPolicy:
             self._addrs[peer] = new
             self.dials.clear(peer)
 
+    def addressed(self) -> list[str]:
+        """Peers whose addresses were recorded (`set_addresses`): those a dialer has dialled."""
+        return list(self._addrs)
+
     def may_dial(self, peer: str, now: float) -> bool:
         return self.may_contact(peer, now) and not self.dials.blocked(peer, now)
 

@@ -90,7 +90,8 @@ class Replicator:
             m = led.membership()
             status = m.members.get(me)  # revoked, not rotated away (a rotated key reads as revoked too)
             revoked = status is not None and status.revoked and me not in m.rotations
-            return {intern_key(pk) for pk in m.members if m.is_member(pk)}, revoked  # keys shared process-wide
+            # == {pk for pk in m.members if m.is_member(pk)} (admitted, not revoked); keys shared process-wide
+            return {intern_key(pk) for pk, st in m.members.items() if not st.revoked}, revoked
 
         old = self.members
         self.members, revoked = await self.ledger.run(members)
