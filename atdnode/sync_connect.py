@@ -16,6 +16,9 @@ step. Now:
   older daemon that never leads, a leader in a refusal back-off, a failed stream), or the
   follower is not a member itself (a joiner) -- and it pulls as before.
 
+Measured (bench/memsim_bench.py, 1,000 established daemons with churn and a partition):
+start-up pulls per daemon 15.5 -> 7.7, whole run 27.7 -> 21.2 (seed 1).
+
 Correct under churn and partitions: a pull is skipped only on evidence gathered *after*
 the connection came up (a waiter sees only observations made after it started), and the
 evidence says exactly what a pull would have fetched: nothing. A leader that lacks
