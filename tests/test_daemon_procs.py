@@ -16,7 +16,7 @@ import pytest
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
 from tests.factories import append, cli
-from tests.nodeprocs import (ATD, _env, atd, consortium, entry_ids, ledger_rows, live_status, start_daemon,
+from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
@@ -40,11 +40,11 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
-        # each node trains on its shard and publishes (`atd train`, `atd publish-weights` run by
-        # typer's runner in this process: neither talks to the daemon, and six `atd` start-ups
-        # with torch and timm cost ~15 s of CPU; as processes: test_cli_train, test_readme)
-        for k, h in enumerate(homes, start=1):
-            cli("train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY)
+        # the three nodes train at once (as three hospitals would), then publish (`atd
+        # publish-weights` run by typer's runner in this process: it does not talk to the daemon,
+        # and three more start-ups with torch cost ~8 s of CPU; as processes: test_readme)
+        atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
+        for h in homes:
             cli("publish-weights", "--home", str(h), "--part", "extractor")
         wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
                    120, "node 1 to learn all three weights entries")
