@@ -278,9 +278,10 @@ class NodeDaemon:
         """Sign, store and gossip an entry at once; waits until the own chain head is confirmed."""
         return await self.announcer.append(kind, body)
 
-    async def sync_with(self, peer_id: str) -> int:
-        """Pull what `peer_id` has and we lack; returns the number of entries added."""
-        return await self.replica.sync_with(peer_id)
+    async def sync_with(self, peer_id: str, *, asked: bool = False) -> int:
+        """Pull what `peer_id` has and we lack; returns the number of entries added
+        (`asked`: see `Replicator.sync_with`)."""
+        return await self.replica.sync_with(peer_id, asked=asked)
 
     async def verify_peers(self) -> dict:
         """Pull from every connected peer; list each entry a peer held that we lacked."""

@@ -205,17 +205,21 @@ class Replicator:
         if self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
             await self.sync_with(peer_id)
 
-    async def sync_with(self, peer_id: str) -> int:
-        """Pull what `peer_id` has and we lack; returns the number of entries added."""
-        result = await self.pull_from(peer_id)
+    async def sync_with(self, peer_id: str, *, asked: bool = False) -> int:
+        """Pull what `peer_id` has and we lack; returns the number of entries added.
+        `asked`: `peer_id` is talking to us right now and the caller needs its entries (e.g.
+        a split client's hello before its campaign secret is made), so a refusal back-off
+        from an earlier pull does not skip this one."""
+        result = await self.pull_from(peer_id, asked=asked)
         return 0 if result is None else result.added
 
-    async def pull_from(self, peer_id: str) -> SyncResult | None:
-        """One sync pull; None when it failed. Confirms our own head if `peer_id` is a member."""
+    async def pull_from(self, peer_id: str, *, asked: bool = False) -> SyncResult | None:
+        """One sync pull; None when it failed. Confirms our own head if `peer_id` is a member.
+        `asked`: see `sync_with`."""
         if not self.gate.may_pull_from(peer_id):
             self.gate.refuse(peer_id, "sync pull")
             return None
-        if not self.dialer.may_contact(peer_id):  # it refused us lately (back-off), or we were revoked
+        if not asked and not self.dialer.may_contact(peer_id):  # it refused us lately (back-off), or we were revoked
             return None
         me = self.me
         self.dialer.pulling.add(peer_id)

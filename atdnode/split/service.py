@@ -229,7 +229,7 @@ class SplitService:
         if self.algorithm == "festa":
             raise SplitProtocolError("FESTA has no embedder secret")
         await self.check_member(sess.client)
-        await self.daemon.sync_with(sess.client)
+        await self.daemon.sync_with(sess.client, asked=True)  # its hello, even in a refusal back-off
         offered = frame.meta.get("entry")
         b = self.board
         if offered is None:
