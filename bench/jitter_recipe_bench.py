@@ -156,9 +156,9 @@ def run(scn, args, log) -> dict:
         if args.refs:
             rows["raw"].append(score(p, None))
             rows["untrained"].append(score(p, untrained))
-        log(json.dumps({"phase": p, **{k: v[-1] for k, v in rows.items()}}))
+        log(json.dumps({"phase": p, **{k: v[-1] for k, v in rows.items() if v}}))
     out["timings"]["ensembles_s"] = round(time.perf_counter() - t0, 1)
-    out["accuracy"] = rows
+    out["accuracy"] = {k: v for k, v in rows.items() if v}
     if args.refs:
         out["minus_raw_points"] = [round(100 * (a - r), 1) for a, r in zip(rows["vgs-atd"], rows["raw"])]
     out["wall_s"] = round(time.perf_counter() - t_all, 1)
