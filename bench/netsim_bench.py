@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -47,8 +48,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from netsim.scenario import scenario_from_dict  # noqa: E402
 
 
+async def start_concurrently(cluster, names: list[str], *, seed: int, degree: int, width: int) -> None:
+    """Start `names` with up to `width` daemons starting at once (each dials up to `degree`
+    seeded daemons already listening); `start_all` then finds them started. One at a time,
+    100 daemons took over 9 minutes to start on the shared 2-core machine at load 16-21
+    (imports, ~6 s wall each); nothing measured depends on the start order."""
+    import random
+
+    limiter = trio.CapacityLimiter(max(1, width))
+
+    async def one(n: str) -> None:
+        async with limiter:
+            ready = [m for m in cluster.names if m != n and cluster.nodes[m].addr]
+            rng = random.Random(f"{seed}|boot|{n}")
+            await cluster.start(n, sorted(rng.sample(ready, min(degree, len(ready))), key=cluster.names.index))
+
+    if names:
+        await one(names[0])
+    async with trio.open_nursery() as nursery:
+        for n in names[1:]:
+            nursery.start_soon(one, n)
+
+
 def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, idle_s: float = 30.0,
-                keep_logs: Path | None = None) -> dict:
+                keep_logs: Path | None = None, start_width: int = 4) -> dict:
     from atdnode.config import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import run_gossip, start_all
@@ -130,6 +153,8 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(sample, stop)
                 nursery.start_soon(sample_conns, stop)
+                await start_concurrently(cluster, cluster.names, seed=scn.seed, degree=scn.topology.degree,
+                                         width=start_width)
                 if idle_s > 0:  # every daemon up and idle: what idling costs (run_gossip finds them started)
                     await start_all(cluster, cluster.names, seed=scn.seed, degree=scn.topology.degree, deadline_s=60)
                     idle.update(await measure_idle(cluster, cpu_now, idle_s))
@@ -151,13 +176,15 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
 
     try:
         rep = trio.run(run)
+    finally:  # scanned (and kept) even when the run fails or is interrupted (Ctrl-C, `timeout -s INT`)
         logs = scan_logs(root, keep_logs)
-    finally:
+        if keep_logs is not None:
+            print(json.dumps({"daemon_logs": logs}), file=sys.stderr, flush=True)
         shutil.rmtree(root, ignore_errors=True)
     base = merge_baseline(nodes, entries)
     conv = rep["time_to_converge_s"]
     t0, end = marks.get("t0", {}), marks.get("end", {})
-    daemon_cpu = sum(end[n] - t0[n] for n in end if n in t0 and n != "driver")
+    cpu_total = sum(end[n] - t0[n] for n in end if n in t0 and n != "driver")
     received = entries * max(0, nodes - 1)  # each entry reaches every node but its author
     return {
         "daemons": nodes, "entries": rep["entries"], "converged": rep["converged"],
@@ -175,8 +202,8 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
         "goal_s": 60.0 if nodes <= 30 else None,
         "load_avg_during": {"min": round(min(loads), 2), "max": round(max(loads), 2)} if loads else None,
         # CPU from t0 (every daemon up) to convergence: where the seconds went
-        "cpu_s_daemons_total": round(daemon_cpu, 1),
-        "cpu_ms_per_entry_received": round(1000 * daemon_cpu / received, 2) if received else None,
+        "cpu_s_daemons_total": round(cpu_total, 1),
+        "cpu_ms_per_entry_received": round(1000 * cpu_total / received, 2) if received else None,
         "cpu_s_driver": round(end.get("driver", 0.0) - t0.get("driver", 0.0), 1),
         "daemon_stats_total": rep["daemon_stats"],
         "merge_baseline_s": round(base, 3),
@@ -201,6 +228,16 @@ def scan_logs(root: Path, keep: Path | None) -> dict:
         out["warning_lines"] += text.count(" WARNING ")
         out["error_lines"] += text.count(" ERROR ")
         hits = {k: text.count(sign) for k, sign in LOG_SIGNS.items()}
+        # a daemon still starting when the run is interrupted (Ctrl-C, `timeout -s INT`) prints
+        # a KeyboardInterrupt traceback: the bench's doing, counted apart from real ones
+        interrupted = len(re.findall(r"^KeyboardInterrupt\s*$", text, re.M))
+        hits["traceback"] -= min(interrupted, hits["traceback"])
+        out["interrupted_traceback"] = out.get("interrupted_traceback", 0) + interrupted
+        # after the daemon logged its shutdown: py-libp2p prints tasks it had in flight that the
+        # shutdown cancelled (e.g. "[ADDCONN_FAIL] ... Cancelled"), counted apart as well
+        at_stop = text.partition("atd.daemon: shutting down")[2].count(LOG_SIGNS["traceback"])
+        hits["traceback"] -= min(at_stop, hits["traceback"])
+        out["traceback_after_shutdown"] = out.get("traceback_after_shutdown", 0) + at_stop
         for k, n in hits.items():
             out[k] += n
         if keep is not None and (any(hits.values()) or " ERROR " in text):
@@ -401,10 +438,11 @@ def main() -> None:
     ap.add_argument("--keep-logs", type=Path, default=None,
                     help="procs: copy daemon logs with a garbled RPC, GRAFT flood, traceback or ERROR here")
     ap.add_argument("--trace", action="store_true", help="idle: per-task CPU and wakeups (bench/wakeprof)")
+    ap.add_argument("--start-width", type=int, default=4, help="procs: daemons started at once")
     a = ap.parse_args()
     result: dict = {"load_avg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
     if "procs" in a.parts:
-        result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers, a.idle_s, a.keep_logs)
+        result["procs"] = bench_procs(a.nodes, a.entries, a.target, a.max_peers, a.idle_s, a.keep_logs, a.start_width)
     if "idle" in a.parts:
         result["idle"] = bench_idle(a.nodes, a.idle_s, a.trace, a.target, a.max_peers, a.rotate_s)
     if "memory" in a.parts:

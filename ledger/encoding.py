@@ -37,6 +37,8 @@ def canonical(value: Any, _depth: int = 0) -> Any:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 raise MalformedEntry("body string is not valid UTF-8") from None
+            if type(value) is not str:  # a str subclass (enum...): the plain string msgpack decodes to
+                value = str.__str__(value)
         return value
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
@@ -81,7 +83,13 @@ def unpack(data: bytes) -> Any:
 
 def encode_payload(author: bytes, seq: int, prev: bytes, lamport: int, kind: str, body: dict) -> bytes:
     """Canonical payload bytes for entry fields (body is canonicalised here)."""
-    payload = pack([author, seq, prev, lamport, kind, canonical(body)])
+    return pack_payload(author, seq, prev, lamport, kind, canonical(body))
+
+
+def pack_payload(author: bytes, seq: int, prev: bytes, lamport: int, kind: str, canon: dict) -> bytes:
+    """`encode_payload` for a body already in `canonical` form (which equals what decoding
+    the payload gives back, so a new entry keeps `canon` as its body)."""
+    payload = pack([author, seq, prev, lamport, kind, canon])
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise MalformedEntry(f"entry payload is {len(payload)} bytes (max {MAX_PAYLOAD_BYTES})")
     return payload

@@ -135,8 +135,9 @@ class Entry:
 
     def __post_init__(self) -> None:
         _check_fields(self.author, self.seq, self.prev, self.lamport, self.kind, self.body)
-        payload = encoding.encode_payload(self.author, self.seq, self.prev, self.lamport, self.kind, self.body)
-        object.__setattr__(self, "body", encoding.unpack(payload)[5])  # canonical key order
+        body = encoding.canonical(self.body)  # sorted keys, lists, exact types: what decoding gives back
+        payload = encoding.pack_payload(self.author, self.seq, self.prev, self.lamport, self.kind, body)
+        object.__setattr__(self, "body", body)
         object.__setattr__(self, "_payload", payload)
         object.__setattr__(self, "_id", encoding.entry_id(payload))
 

@@ -64,6 +64,24 @@ def test_key_order_and_tuples_do_not_change_the_encoding(signer):
     assert list(a.body) == ["a", "b"]
 
 
+def test_a_new_entry_body_is_exactly_what_its_payload_decodes_to(signer):
+    """Entry keeps its canonical body instead of decoding the payload it just packed
+    (issue 29, group commit's per-entry cost): same value and same plain types."""
+    import enum
+
+    class Tag(str, enum.Enum):
+        A = "a"
+
+    class Big(int):
+        pass
+
+    body = {"t": Tag.A, "i": Big(7), "f": -0.0, "l": (1, (2.5, None)), "b": bytearray(b"\x00"), "m": {"z": True, "y": b""}}
+    e = Entry.create(signer, seq=1, prev=ZERO_HASH, lamport=1, kind="hello", body=body)
+    decoded = encoding.decode_payload(e.payload)[5]
+    assert e.body == decoded and repr(e.body) == repr(decoded)
+    assert type(e.body["t"]) is str and type(e.body["i"]) is int and type(e.body["b"]) is bytes
+
+
 def test_wire_round_trip(signer):
     e = kat_entry(signer)
     back = Entry.from_bytes(e.to_bytes())
