@@ -138,6 +138,9 @@ class BlobReaders:
         BLOB_KINDS, when the caller already read them); logs each non-owner entry once."""
         if entries is None:
             entries = [e for kind in BLOB_KINDS for e in led.query(kind=kind)]
+        if not any(isinstance(e.body.get("blob"), str) for e in entries):  # no reader list to compute: no
+            self._lists = reader_lists(())  # membership read either (O(members), at every daemon start; issue 29)
+            return
         m = led.membership()
         lists = reader_lists(entries, m.keys_of(self.me), m)
         self._lists = lists

@@ -25,13 +25,13 @@ from typing import Any
 
 import trio
 
-from atdnode.dialpolicy import DialPolicy, addresses_newest_first
-from atdnode.peerset import gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval, small_consortium
+from atdnode.dial_addrs import HelloAddresses
+from atdnode.dialpolicy import DialPolicy
+from atdnode.peerset import (gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval,
+                             SAMPLE_ALL, sample_candidates, small_consortium)
 from atdnode.rngs import loop_rng
 from atdnode.transport.base import TransportError
 from atdnode.transport.gossip_mesh import fit_mesh
-from ledger import Ledger
-from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -185,25 +185,25 @@ class PeerDialer:
         address, newest hello first); above `max`, disconnect the least useful peers.
         Wakes on every connection, and each second (every IDLE_TICK_S once settled, `_tick`)."""
         d = self.d
-        me = d.identity.public_key
         cfg = d.peerset.cfg
         rng = loop_rng(d.rng_seed, "dial")
         # peer -> (last answered dial, prune or loss; its addresses then): not dialled again for
         # cfg.redial_after_s unless it announced new addresses (a restarted member).
         # Failed dials back off in `self.policy` instead (1 s doubling, reset by a new hello).
         tried: dict[str, tuple[float, tuple[str, ...]]] = {}
-        known: dict[str, list[str]] = {}
-        hellos_read = -1  # self.hellos_seen when `known` was read
-
-        def hellos(led: Ledger) -> dict[str, list[str]]:
-            rows = [(peer_id_from_public_key(e.author), e.body["addrs"]) for e in led.query(kind="hello")
-                    if e.author != me and e.author in d.members and isinstance(e.body.get("addrs"), list)]
-            return addresses_newest_first(rows)
+        addrs = HelloAddresses(d.ledger, self.bootstrap, lambda: d.members)  # read per member looked at
+        order: list[str] = []  # the members (and bootstrap peers) to dial from, sorted
+        members_read: object = None  # d.gate.members when `order` was built
+        hellos_read = -1  # self.hellos_seen when `addrs` was last cleared
 
         pruned_here: set[str] = set()  # peers this loop disconnected (their loss is no news)
 
+        async def mark_tried(peers: list[str], now: float) -> None:
+            for peer, a in (await addrs.get(peers)).items():
+                tried[peer] = (now, a)  # not re-dialled soon unless its addresses change
+
         async def prune(peer: str, now: float) -> None:
-            tried[peer] = (now, tuple(known.get(peer, ())))  # not re-dialled soon
+            await mark_tried([peer], now)
             pruned_here.add(peer)
             d.peerset.pruned += 1
             await d.transport.disconnect(peer)
@@ -215,8 +215,7 @@ class PeerDialer:
             now = trio.current_time()
             connected = set(d.transport.peers())
             gone = set(d.peerset.since) - connected
-            for peer in gone:
-                tried[peer] = (now, tuple(known.get(peer, ())))  # it dropped (or dropped us): replace it
+            await mark_tried(sorted(gone), now)  # it dropped (or dropped us): replace it
             if gone - pruned_here and len(connected) < cfg.target:
                 pace.lost_peer()  # a link cut under us (a partition?): rotate at rotate_s for now
             pruned_here -= gone
@@ -228,19 +227,37 @@ class PeerDialer:
                 connected.discard(peer)
             rotate = len(connected) >= cfg.target and now >= pace.due()
             if (len(connected) < cfg.target or rotate) and not self.policy.revoked:
-                if hellos_read != self.hellos_seen:  # a consortium of hundreds: no re-read every second
+                if members_read is not d.gate.members:  # a consortium of hundreds: not rebuilt every round
+                    members_read = d.gate.members
+                    order = sorted((set(members_read) | set(self.bootstrap)) - {d.gate.self_peer})
+                    self.policy.forget(order)
+                if hellos_read != self.hellos_seen:  # a hello may have changed: read addresses again
                     hellos_read = self.hellos_seen
-                    known = {**self.bootstrap, **await d.ledger.run(hellos)}
-                    for peer, addrs in known.items():
-                        self.policy.set_addresses(peer, addrs)
-                    self.policy.forget(known)
-                fresh = [p for p, addrs in known.items() if p not in d.gate.refused and self.policy.may_dial(p, now)
-                         and (p not in tried or now - tried[p][0] >= cfg.redial_after_s or tried[p][1] != tuple(addrs))]
+                    addrs.clear()
+                    for peer, a in (await addrs.get(self.policy.addressed())).items():
+                        self.policy.set_addresses(peer, a)  # a new hello lifts a dial back-off at once
+                await addrs.get(tried)  # (cached: read again only after a hello changed)
+
+                def dialable(p: str) -> bool:
+                    return (p not in connected and p not in d.gate.refused and addrs.cache.get(p) != ()
+                            and self.policy.may_dial(p, now)
+                            and (p not in tried or now - tried[p][0] >= cfg.redial_after_s
+                                 or tried[p][1] != addrs.cache[p]))
+
+                in_order = set(order) if len(order) <= SAMPLE_ALL else None
+                extra = [p for p in (*d.peerset.rtt, *self.policy.failing())
+                         if (p in in_order if in_order is not None else p in d.gate.members or p in self.bootstrap)]
+                fresh = sample_candidates(order, dialable, 1 if rotate else cfg.target - len(connected), rng, extra)
                 picks = plan_dials(fresh, connected, d.peerset.rtt, cfg, rng)
                 if rotate:  # swap one peer for a random member (re-mixing; see atdnode.peerset)
                     pace.rotated(now)
                     pick = plan_rotation(fresh, connected, rng, self.policy.failing())
                     picks = [pick] if pick is not None else []
+                known = await addrs.get(picks)
+                picks = [p for p in picks if known[p]]  # a member with no hello: nothing to dial
+                for p in picks:
+                    self.policy.set_addresses(p, known[p])
+
                 async def dial_pick(peer: str) -> None:
                     tried[peer] = (now, tuple(known[peer]))  # answered: not again soon, even if it drops us
                     if not await self.dial(peer, known[peer]):
@@ -254,10 +271,10 @@ class PeerDialer:
                     for peer in plan_prunes(now_peers, d.peerset.rtt, d.peerset.since,
                                             dataclasses.replace(cfg, max=len(now_peers) - 1), now=now, keep=picks):
                         await prune(peer, now)
-            with trio.move_on_after(self._tick(known, pace.due())):
+            with trio.move_on_after(self._tick(order, addrs.cache, pace.due())):
                 await self.changed.wait()
 
-    def _tick(self, known: dict[str, list[str]], next_rotation: float) -> float:
+    def _tick(self, order: list[str], addrs: dict[str, tuple[str, ...]], next_rotation: float) -> float:
         """Seconds until the next peer-set round unless a connection wakes it first: one
         second while it has members to dial (or knows of none yet); IDLE_TICK_S (or until the
         next rotation) once it holds `target` peers or every member it knows of (issue 29: an idle daemon's
@@ -266,7 +283,7 @@ class PeerDialer:
         tick = max(d.poll_interval * 4, 1.0)
         now_peers = set(d.transport.peers())
         settled = len(now_peers) >= d.peerset.cfg.target or (
-            bool(known) and all(p in now_peers or p in d.gate.refused for p in known))
+            bool(order) and all(p in now_peers or p in d.gate.refused or addrs.get(p) == () for p in order))
         if settled and not self.policy.revoked:
             if len(now_peers) >= d.peerset.cfg.target:  # a rotation may be due before IDLE_TICK_S
                 tick = max(tick, min(IDLE_TICK_S, next_rotation - trio.current_time()))

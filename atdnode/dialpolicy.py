@@ -61,7 +61,22 @@ class Backoff:
         return key in self._state
 
 
-def addresses_newest_first(hellos: Iterable[tuple[str, list[str]]]) -> dict[str, list[str]]:
+MAX_INTERNED_ADDRS = 1 << 16
+_interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _intern(addrs: tuple[str, ...]) -> tuple[str, ...]:
+    """One shared tuple per distinct address list in this process (the dialer's table and
+    the policy's point at it; all nodes of a simulation share one process, issue 29)."""
+    t = _interned.get(addrs)
+    if t is None:
+        if len(_interned) >= MAX_INTERNED_ADDRS:
+            return addrs
+        t = _interned[addrs] = addrs
+    return t
+
+
+def addresses_newest_first(hellos: Iterable[tuple[str, list[str]]]) -> dict[str, tuple[str, ...]]:
     """`(peer, addrs)` of `hello` entries in log order -> every address of each peer, those
     of its newest hello first (duplicates dropped, at most MAX_ADDRS_PER_MEMBER)."""
     out: dict[str, list[str]] = {}
@@ -70,7 +85,7 @@ def addresses_newest_first(hellos: Iterable[tuple[str, list[str]]]) -> dict[str,
         for a in addrs:
             if isinstance(a, str) and a not in have and len(have) < MAX_ADDRS_PER_MEMBER:
                 have.append(a)
-    return out
+    return {peer: _intern(tuple(have)) for peer, have in out.items()}
 
 
 @dataclass
@@ -127,10 +142,14 @@ class DialPolicy:
 
     def set_addresses(self, peer: str, addrs: Iterable[str]) -> None:
         """The addresses known for `peer`; a change (a newer hello) lifts its dial back-off."""
-        new = tuple(addrs)
+        new = addrs if isinstance(addrs, tuple) else tuple(addrs)  # (shared with the dialer's table)
         if self._addrs.get(peer) != new:
             self._addrs[peer] = new
             self.dials.clear(peer)
+
+    def addressed(self) -> list[str]:
+        """Peers whose addresses were recorded (`set_addresses`): those a dialer has dialled."""
+        return list(self._addrs)
 
     def may_dial(self, peer: str, now: float) -> bool:
         return self.may_contact(peer, now) and not self.dials.blocked(peer, now)

@@ -46,7 +46,7 @@ Everything here is pure (no network, no clock of its own): the daemon
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ from atdnode.errors import ConfigError
 DEFAULT_TARGET = 8
 DEFAULT_MAX = 16
 RTT_ALPHA = 0.3  # weight of a new RTT sample in the moving average
+SAMPLE_ALL = 64  # up to this many members, a dial round looks at every one (see sample_candidates)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,25 @@ class PeerSet:
                 del self.since[p]
         for p in now_set:
             self.since.setdefault(p, now)
+
+
+def sample_candidates(members: Sequence[str], ok: Callable[[str], bool], need: int, rng: random.Random,
+                      extra: Iterable[str] = ()) -> list[str]:
+    """The members a dial round chooses from (`plan_dials`, `plan_rotation`), without a pass
+    over every member of a large consortium (issue 29: with 1,000 members that pass, every
+    round of every daemon, was a large part of start-up): with at most SAMPLE_ALL members,
+    every one `ok` accepts, as before; else those `ok` accepts among a uniform random sample
+    of max(8 * need, SAMPLE_ALL) members, and among `extra` (the peers with a known RTT that
+    the low-latency share picks from, the failing ones a rotation retries), so a uniform
+    choice from the result is a uniform choice among acceptable members. A sample with
+    fewer than `need` acceptable members falls back to the full pass (a consortium mostly
+    connected, refused or backing off)."""
+    if len(members) <= SAMPLE_ALL:
+        return [p for p in members if ok(p)]
+    k = min(len(members), max(8 * need, SAMPLE_ALL))
+    sample = [members[i] for i in rng.sample(range(len(members)), k)]
+    out = list(dict.fromkeys(p for p in (*sample, *extra) if ok(p)))
+    return out if len(out) >= need else [p for p in members if ok(p)]
 
 
 def plan_dials(candidates: Iterable[str], connected: Iterable[str], rtt: Mapping[str, float],

@@ -35,13 +35,8 @@ def bucket_of(author: bytes) -> int:
 
 def bucket_digest(items: Iterable[tuple[bytes, int]]) -> bytes:
     """The digest of one bucket's (author, seq) pairs (any order; sorted here)."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES, person=_PERSON)
-    n = 0
-    for author, seq in sorted(items):
-        h.update(author)
-        h.update(seq.to_bytes(8, "big"))
-        n += 1
-    return h.digest() if n else _EMPTY
+    data = b"".join(author + seq.to_bytes(8, "big") for author, seq in sorted(items))  # one update: same digest
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES, person=_PERSON).digest() if data else _EMPTY
 
 
 def vector_of(heads: dict[bytes, int]) -> bytes:
@@ -61,17 +56,21 @@ def differing(a: bytes, b: bytes) -> list[int]:
 
 
 class _Cache:
-    """One ledger's last heads map and its vector, updated bucket by bucket."""
+    """One ledger's last heads map and its vector, updated bucket by bucket. `heads` is the
+    ledger's own cached map where it offers one (`Ledger.heads(copy=False)`): read, never
+    changed; a changed ledger hands out a new map, so the old one here is still the old."""
+
+    __slots__ = ("token", "heads", "vector")
 
     def __init__(self) -> None:
         self.token: object = None  # the ledger's change token when `heads` was read
         self.heads: dict[bytes, int] = {}
-        self.digests = [_EMPTY] * BUCKETS
         self.vector = _EMPTY * BUCKETS
 
     def update(self, heads: dict[bytes, int]) -> bytes:
         old = self.heads
-        if heads == old:
+        if heads is old or heads == old:
+            self.heads = heads
             return self.vector
         changed = {bucket_of(a) for a, s in heads.items() if old.get(a) != s}
         changed.update(bucket_of(a) for a in old.keys() - heads.keys())
@@ -80,10 +79,11 @@ class _Cache:
             lst = members.get(a[0])
             if lst is not None:
                 lst.append((a, s))
+        vector = bytearray(self.vector)  # one bytes object per ledger, not one per bucket
         for i, items in members.items():
-            self.digests[i] = bucket_digest(items)
+            vector[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES] = bucket_digest(items)
         self.heads = heads
-        self.vector = b"".join(self.digests)
+        self.vector = bytes(vector)
         return self.vector
 
 
@@ -105,6 +105,6 @@ def digest_vector(led) -> tuple[bytes, dict[bytes, int]]:
     token = token_of() if token_of is not None else None  # read before heads: a write between only recomputes
     if token is not None and token == cache.token:
         return cache.vector, cache.heads
-    vector = cache.update(led.heads())
+    vector = cache.update(led.heads(copy=False) if token_of is not None else led.heads())  # (a `Ledger`: its own map)
     cache.token = token
     return vector, cache.heads

@@ -21,6 +21,23 @@ SIGNATURE_LEN = 64
 
 _B58_INDEX = {c: i for i, c in enumerate(_B58)}
 
+MAX_INTERNED_KEYS = 1 << 17
+_interned: dict[bytes, bytes] = {}
+
+
+def intern_key(key: bytes) -> bytes:
+    """One shared bytes object per distinct public key in this process (like `sys.intern`
+    for str): tables keyed by member keys (heads, member sets) point at one copy instead
+    of each holding the bytes its SQLite row produced (issue 29: ~65 B per member per
+    table; all nodes of a simulation share one process). Bounded: past MAX_INTERNED_KEYS
+    distinct keys, new ones are returned as they are."""
+    k = _interned.get(key)
+    if k is None:
+        if len(_interned) >= MAX_INTERNED_KEYS:
+            return key
+        k = _interned[key] = bytes(key)
+    return k
+
 
 def b58decode(text: str) -> bytes:
     """Inverse of `b58encode`; raises BadPeerId on a character outside the alphabet."""

@@ -28,6 +28,14 @@ fill the end, instead of a 3-minute file starting last and running alone.
 from __future__ import annotations
 
 import os
+
+# One compute thread per process, for the test process and every daemon / CLI process it
+# starts (they inherit the environment): `-n 2` runs one worker per core, and a second torch /
+# BLAS thread per worker only spins against the other worker (a tiny ViT trains no faster on
+# two threads; under load a 2-epoch netsim training took 40 s on two threads, 2.9 s on one).
+# Set before anything imports numpy or torch; a test that wants more threads sets its own.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 from pathlib import Path
 from typing import Callable, Iterator
 

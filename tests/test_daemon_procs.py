@@ -40,9 +40,12 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
-        # the three nodes train at once (as three hospitals would), then publish
+        # the three nodes train at once (as three hospitals would), then publish (`atd
+        # publish-weights` run by typer's runner in this process: it does not talk to the daemon,
+        # and three more start-ups with torch cost ~8 s of CPU; as processes: test_readme)
         atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
-        atd_all(*(["publish-weights", "--home", str(h), "--part", "extractor"] for h in homes))
+        for h in homes:
+            cli("publish-weights", "--home", str(h), "--part", "extractor")
         wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
                    120, "node 1 to learn all three weights entries")
         wait_until(lambda: holds_all(homes[0], 3), 180, "node 1 to fetch every published extractor")

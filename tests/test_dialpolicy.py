@@ -20,7 +20,9 @@ def test_backoff_doubles_to_its_cap_and_clears() -> None:
 
 def test_addresses_newest_hello_first_without_duplicates() -> None:
     hellos = [("A", ["/old/1", "/both"]), ("B", ["/b"]), ("A", ["/new/1", "/both"])]  # log order
-    assert addresses_newest_first(hellos) == {"A": ["/new/1", "/both", "/old/1"], "B": ["/b"]}
+    got = addresses_newest_first(hellos)
+    assert got == {"A": ("/new/1", "/both", "/old/1"), "B": ("/b",)}
+    assert addresses_newest_first(list(hellos))["A"] is got["A"]  # one shared tuple per address list
     many = [("A", [f"/a/{i}"]) for i in range(3 * MAX_ADDRS_PER_MEMBER)]
     got = addresses_newest_first(many)["A"]
     assert len(got) == MAX_ADDRS_PER_MEMBER and got[0] == f"/a/{3 * MAX_ADDRS_PER_MEMBER - 1}"

@@ -16,7 +16,8 @@ from atdnode.home import NodeHome
 from atdnode.identity import NodeIdentity, init_home
 from ledger import Entry, Ledger, MalformedEntry, RevokedAuthor, Signer, peer_id_from_public_key, public_key_from_peer_id
 from ledger.entry import rotation_message
-from tests.nodeprocs import atd, start_daemon, wait_until
+from tests.factories import cli
+from tests.nodeprocs import atd, live_status, start_daemon, wait_until
 
 
 def _two(tmp_path: Path):
@@ -154,12 +155,15 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "--encrypted" in proc.stderr and proc.stderr.count("\n") == 1
     atd("key", "export", "--home", str(b), "--encrypted", "--out", str(tmp_path / "b.keys"), "--passphrase-file", str(pw))
 
+    # polled in-process (`atd member list` run by typer's runner; the daemon's status over its
+    # control socket): an `atd` start-up per poll costs ~0.7 s of CPU. The commands above and
+    # below run as processes.
     def members(home: Path) -> dict:
-        rows = json.loads(atd("member", "list", "--home", str(home), "--json").stdout)["members"]
+        rows = json.loads(cli("member", "list", "--home", str(home), "--json"))["members"]
         return {r["peer_id"]: r for r in rows}
 
     def connected(home: Path) -> list[str]:
-        return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)["peers"]
+        return live_status(home)["peers"]
 
     da = start_daemon(a)
     daemons = [da]

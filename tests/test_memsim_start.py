@@ -1,7 +1,7 @@
 """The 1,000-daemon simulation's start-up and reproducibility (issue 29): a run is a
 function of its seed; a connection pulls what the peer holds even right after another
 pull (the pull a "recently synced" shortcut would skip); a no-op pull between ledgers in
-step reads no heads map."""
+step reads no heads map; member keys and heads maps are not duplicated per node."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -105,3 +105,21 @@ def test_digest_vector_is_cached_until_any_connection_writes(tmp_path: Path) -> 
             cli.append(other, "metrics", {"k": 2})
         v4, _ = digest_vector(led)
         assert v4 != v3 and v4 == vector_of(led.heads())
+
+
+def test_ledgers_share_member_key_objects_and_the_digest_keeps_the_ledgers_heads(tmp_path: Path) -> None:
+    """Memory per node flat in N (issue 29): two ledgers (two simulated nodes of one
+    process) hold one bytes object per member key in their heads maps, not one each; the
+    digest cache keeps the ledger's own heads map, not a second copy."""
+    signer, other = Signer.from_seed(b"\x03" * 32), Signer.from_seed(b"\x04" * 32)
+    with Ledger.open(tmp_path / "a.db") as a, Ledger.open(tmp_path / "b.db") as b:
+        a.create_genesis(signer, "c", [(other.public_key, False)])
+        b.merge(a.raw_rows())
+        b.append(other, "metrics", {"k": 1})
+        ha, hb = a.heads(), b.heads()
+        assert set(ha) == {signer.public_key} and set(hb) == {signer.public_key, other.public_key}
+        ka = next(iter(ha))
+        kb = next(k for k in hb if k == ka)
+        assert ka is kb  # one shared object, though each came from its own SQLite row
+        _, heads = digest_vector(b)
+        assert heads is b.heads(copy=False) and heads == hb

@@ -130,6 +130,14 @@ def test_the_training_options_load_without_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_averaging_weight_sets_loads_no_scikit_learn():
+    """Every `atd rounds` and `atd aggregate` process imports `atdnode.aggregate` (through
+    `atdnode.rounds`); scikit-learn (~0.7 s of CPU at each start-up) is for the ensembles only."""
+    probe = "import sys, atdnode.rounds, atdnode.daemon; print(sorted({'sklearn'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or
 # an old one that grows, fails the test; a circle that is gone must be removed from here).
 KNOWN_CIRCLES: list[list[str]] = [

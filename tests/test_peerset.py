@@ -4,12 +4,13 @@ degrees follow the bounds."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peerset import (PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation, plan_sync,
-                             rotation_interval)
+from atdnode.peerset import (SAMPLE_ALL, PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
+                             plan_sync, rotation_interval, sample_candidates)
 
 PEERS = [f"p{i:02d}" for i in range(20)]
 
@@ -160,3 +161,22 @@ def test_periodic_sync_pulls_a_few_peers_in_turn_covering_all() -> None:
     assert plan_sync(due, [PEERS[0]], 2, rng) == [PEERS[0]]
     assert plan_sync([], [], 2, rng) == []
     assert sorted(plan_sync([], PEERS[:1], 3, rng)) == PEERS[:1]
+
+
+def test_candidates_of_a_large_consortium_come_from_a_uniform_sample() -> None:
+    """Up to SAMPLE_ALL members: every acceptable one (as before). Above: a sample, whose
+    draws still cover every acceptable member about uniformly, that always holds the
+    acceptable `extra` peers, and that falls back to the full pass when acceptable members
+    are rare (issue 29: no pass over 1,000 members per dial round)."""
+    small = [f"p{i:02d}" for i in range(SAMPLE_ALL)]
+    assert sample_candidates(small, lambda p: p != "p03", 3, random.Random(1)) == [p for p in small if p != "p03"]
+    members = [f"p{i:04d}" for i in range(1000)]
+    rng = random.Random(2)
+    got = sample_candidates(members, lambda p: True, 2, rng, extra=["p0999"])
+    assert len(got) == SAMPLE_ALL + 1 or (len(got) == SAMPLE_ALL and "p0999" in got)
+    assert "p0999" in got
+    counts = Counter(rng.choice(sample_candidates(members, lambda p: p < "p0500", 2, rng)) for _ in range(20_000))
+    assert set(counts) <= set(members[:500]) and len(counts) == 500  # only acceptable ones, every one of them
+    assert max(counts.values()) < 4 * 20_000 / 500  # no member strongly favoured
+    rare = {"p0123", "p0777"}
+    assert sorted(sample_candidates(members, rare.__contains__, 2, rng)) == sorted(rare)  # the full pass
