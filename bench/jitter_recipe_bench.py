@@ -1,0 +1,201 @@
+"""Benchmark: which start (random consortium init or the MSD base) and which fusion keep
+VGS-ATD's extractor close to centralized training on `digits-jitter` (issue 23, "a setting
+and recipe in which learning matters")?
+
+A pooled, in-process replay of the scenario's VGS-ATD phases (`netsim/vgs.py`) at the level
+of the extractor weights, with the library's trainer (`netsim.learn.train_model`), its MSD
+distillation (`protocols.msd.MSDTrainer` over the pooled images' embedder tokens, what the
+netsim campaign runs; `atdnode.split.base.assemble`) and its ensemble
+(`protocols.vgs.fit_vertical_ensemble`, the scenario's `[ensemble]`):
+
+    phase 1 (horizontal)   the first founder trains from the start S; the others from its
+                           weights (node-to-node transfer); E1 = uniform mean of their extractors
+    phase 2 (vertical)     each specialist fine-tunes E1; E2 = uniform mean of E1 and theirs
+                           (paper §3.2) -- or, `keep`, the specialist's extractor alone
+    phase 3 (hierarchical) the new group's node trains from S; E3 = its extractor and E2
+                           averaged with sqrt-classes weights (paper Eq. 11)
+
+S is the consortium init (the founder's seeded init, `netsim.vgs.consortium_init`; rate
+[train] lr) or the MSD base (rate `--lr`). Each phase's ensemble is fitted on every present
+node's training features (the features round) and scored on the phase's pooled test set,
+next to the same ensemble on raw pixels, on an untrained extractor, and on S itself, all
+in this run. No daemons, no ledger: a cheap probe for choosing a recipe before a full
+`atd netsim run` (which is what the claims rest on). Prints one JSON object.
+
+    nice -n 15 python bench/jitter_recipe_bench.py --start scratch
+    nice -n 15 python bench/jitter_recipe_bench.py --start msd --lr 3e-4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def _mean(states: list[dict], weights: list[float]) -> dict:
+    w = np.asarray(weights, dtype=np.float64) / sum(weights)
+    return {k: sum(float(wi) * s[k].double() for wi, s in zip(w, states)).to(states[0][k].dtype) for k in states[0]}
+
+
+def msd_start(scn, data, seed: int, steps: int) -> dict:
+    """The MSD base's extractor tensors, distilled on every node's training images."""
+    from atdnode.model import extractor_state
+    from atdnode.split.base import assemble
+    from protocols.msd import MSDConfig, MSDTrainer
+    from protocols.split_parts import build_plain_embedder, new_embedder_state, split_config, split_dict
+
+    x = torch.cat([nd.train.images for nd in data.nodes.values()])
+    cfg = split_config(split_dict(replace(scn.model, mlp_ratio=4.0)))
+    emb = new_embedder_state(cfg, seed=seed)
+    with torch.no_grad():
+        tokens = build_plain_embedder(cfg, state=emb)(x)
+    m = scn.msd
+    mc = MSDConfig(steps=steps, batch_size=m.batch_size, lr=m.lr, teacher_keep=m.teacher_keep,
+                   student_keep=m.student_keep, teacher_views=m.teacher_views, student_views=m.student_views, seed=seed)
+    body = MSDTrainer(cfg, mc).train(tokens).body_state
+    model, _ = assemble(cfg, emb, body)
+    return extractor_state(model)
+
+
+def run(scn, args, log) -> dict:
+    from atdnode.features import extract_features
+    from atdnode.model import build_model, extractor_state
+    from netsim.learn import model_config, to_global, train_model
+    from netsim.msdbase import base_scenario
+    from netsim.nodedata import load_scenario_data
+    from netsim.references import ensemble_options
+    from protocols.vgs import fit_vertical_ensemble
+
+    seed = args.seed
+    scn = scn.replace(seed=seed)
+    data = load_scenario_data(scn)
+    space = data.label_space
+    out: dict = {"start": args.start, "seed": seed, "epochs": args.epochs or scn.train.epochs, "timings": {}}
+    t_all = time.perf_counter()
+    if args.start == "msd":
+        scn = base_scenario(scn)
+    cfg = lambda n: model_config(scn.model, n)  # noqa: E731
+    founder = next(iter(data.nodes))
+    t0 = time.perf_counter()
+    if args.start == "msd":
+        start = msd_start(scn, data, seed, args.msd_steps)
+        lr = args.lr
+    else:  # netsim.vgs.consortium_init
+        torch.manual_seed(seed + sum(map(ord, founder)))
+        start = extractor_state(build_model(cfg(len(data.nodes[founder].classes))))
+        lr = args.lr or scn.train.lr
+    out["lr"], out["timings"]["start_s"] = lr, round(time.perf_counter() - t0, 1)
+    spec = replace(scn.train, lr=lr)
+    kw = {**replace(ensemble_options(scn), seed=seed).kwargs(), "prior": "none"}
+
+    def train(node: str, init: dict, part: str = "extractor"):
+        nd = data.nodes[node]
+        t = train_model(cfg(len(nd.classes)), nd.train, spec, seed=seed + sum(map(ord, node)), epochs=args.epochs,
+                        init=init, init_part=part)
+        out["timings"][f"train_{node}_s"] = round(t.seconds, 1)
+        log(f"trained {node} ({len(nd.train)} images) in {t.seconds:.0f} s")
+        return t.model
+
+    def ext(model_or_state) -> torch.nn.Module:
+        if isinstance(model_or_state, dict):
+            m = build_model(cfg(2))
+            m.load_state_dict(model_or_state, strict=False)
+            return m.eval()
+        return model_or_state
+
+    def score(phase: int, extractor) -> float:
+        """Ensemble on `extractor`'s features (None: raw pixels) of the present nodes' training
+        data, scored on the phase's pooled test set."""
+        def feats(images: torch.Tensor) -> np.ndarray:
+            if extractor is None:
+                return images.reshape(len(images), -1).numpy()
+            return extract_features(ext(extractor), _Images(images))[0]
+
+        parts = [(feats(data.nodes[n].train.images), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
+                 for n in data.present(phase)]
+        ens, classes = fit_vertical_ensemble(parts, own=0, **kw)
+        te = data.pooled_test(phase)
+        y = to_global(te.labels.numpy(), te.classes, space)
+        pred = to_global(ens.predict(feats(te.images)), list(classes), space)
+        return round(float((pred == y).mean()), 4)
+
+    nodes_at = {p: [n for n, d in data.nodes.items() if d.phase == p] for p in (1, 2, 3)}
+    rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "vgs-atd-keep", "start", "raw", "untrained")}
+    torch.manual_seed(seed + 7)
+    untrained = extractor_state(build_model(cfg(2)))
+    # phase 1: node-to-node transfer inside the founders, uniform mean of extractors
+    h = nodes_at[1]
+    first = train(h[0], start)
+    same = all(data.nodes[n].classes == data.nodes[h[0]].classes for n in h)
+    models = [first] + [train(n, first.state_dict() if same else extractor_state(first), "full" if same else "extractor")
+                        for n in h[1:]]
+    e1 = _mean([extractor_state(m) for m in models], [1.0] * len(models))
+    # phase 2: specialists fine-tune E1; vertical mean (paper) or the specialist's extractor (keep)
+    spec_models = [extractor_state(train(n, e1)) for n in nodes_at[2]]
+    e2 = _mean([e1, *spec_models], [1.0] * (1 + len(spec_models)))
+    e2_keep = _mean(spec_models, [1.0] * len(spec_models))
+    # phase 3: the new group trains from S; sqrt-classes weights (Eq. 11)
+    g_b = _mean([extractor_state(train(n, start)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
+    ka, kb = len(data.classes_at(2)), len({c for n in nodes_at[3] for c in data.nodes[n].classes})
+    wa, wb = math.sqrt(ka), math.sqrt(kb)
+    e3, e3_keep = _mean([e2, g_b], [wa, wb]), _mean([e2_keep, g_b], [wa, wb])
+    t0 = time.perf_counter()
+    for p, (a, b) in zip((1, 2, 3), ((e1, e1), (e2, e2_keep), (e3, e3_keep))):
+        rows["vgs-atd"].append(score(p, a))
+        rows["vgs-atd-keep"].append(score(p, b))
+        rows["start"].append(score(p, start))
+        if args.refs:
+            rows["raw"].append(score(p, None))
+            rows["untrained"].append(score(p, untrained))
+        log(json.dumps({"phase": p, **{k: v[-1] for k, v in rows.items() if v}}))
+    out["timings"]["ensembles_s"] = round(time.perf_counter() - t0, 1)
+    out["accuracy"] = {k: v for k, v in rows.items() if v}
+    if args.refs:
+        out["minus_raw_points"] = [round(100 * (a - r), 1) for a, r in zip(rows["vgs-atd"], rows["raw"])]
+    out["wall_s"] = round(time.perf_counter() - t_all, 1)
+    return out
+
+
+class _Images:
+    """The (images, labels) pair `extract_features` reads."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.images, self.labels = x, torch.zeros(len(x), dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="netsim/scenarios/jitter.toml")
+    ap.add_argument("--start", choices=("scratch", "msd"), default="scratch")
+    ap.add_argument("--lr", type=float, help="training rate (default: [train] lr; --start msd needs it)")
+    ap.add_argument("--epochs", type=int, help="override [train] epochs")
+    ap.add_argument("--msd-steps", type=int, help="MSD distillation steps (default: [msd] steps)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-refs", dest="refs", action="store_false", help="skip the raw / untrained ensembles")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    from netsim.scenario import load_scenario
+
+    torch.set_num_threads(args.threads)
+    scn = load_scenario(Path(args.scenario))
+    if args.start == "msd" and args.lr is None:
+        args.lr = scn.msd.finetune_lr or scn.train.lr
+    args.msd_steps = args.msd_steps or scn.msd.steps
+    res = run(scn, args, lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps({"bench": "jitter_recipe", "scenario": args.scenario, **res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
