@@ -270,7 +270,7 @@ class NodeDaemon:
             return
         self.dialer.changed.set()  # above max now? the peer-set loop prunes at once
         if self._nursery is not None and self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
-            self._nursery.start_soon(self.replica.connect_pull, peer_id)  # one end pulls (atdnode.sync_connect)
+            self._nursery.start_soon(self.sync_with, peer_id)
 
     # ---------------------------------------------------------------- public API (delegates)
 

@@ -7,8 +7,6 @@
   entry is kept for `on_gossip`, which queues it; `merge_loop()` merges queued entries in
   batches (one transaction each) and calls `merge_observers` with the ids added;
 * `pull_from(peer)` / `sync_with(peer)` pull what a peer has and we lack (`atdnode.sync`);
-  `connect_pull(peer)` is the pull of a new connection: one end pulls, the other only when
-  the first one's request showed that it lacks something (`atdnode.sync_connect`);
   `periodic_sync()` pulls from `sync_fanout` members per `sync_interval` in turn (issue 15);
   `verify_peers()` pulls from every connected peer and lists what they held that we lacked;
 * safe restart (issue 11): `head_confirmed` is set once a member's copy shows that our own
@@ -36,7 +34,6 @@ from atdnode.dialer import PeerDialer
 from atdnode.ledger_access import LedgerAccess
 from atdnode.peerset import PeerSet, plan_sync
 from atdnode.rngs import loop_rng
-from atdnode.sync_connect import ConnectPulls
 from atdnode.sync import PER_PEER_STREAMS, TOTAL_STREAMS, SyncResult, SyncVersions, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.limits import PeerLimits
@@ -78,7 +75,6 @@ class Replicator:
         self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
         self._sync_limits = PeerLimits(per_peer=PER_PEER_STREAMS, total=TOTAL_STREAMS)
         self._versions = SyncVersions()  # which sync version each peer speaks
-        self.connect_pulls = ConnectPulls(peer_id_from_public_key(me))  # who pulls on a new connection
         self._last_merge = -math.inf  # when merge_loop last committed (see MERGE_LINGER_S)
 
     # ---------------------------------------------------------------- membership
@@ -101,11 +97,6 @@ class Replicator:
     def member_peer_ids(self) -> set[str]:
         """Peer ids of the other members."""
         return {peer_id_from_public_key(k) for k in self.members if k != self.me}
-
-    def is_other_member(self, peer_id: str) -> bool:
-        """`peer_id in member_peer_ids()` without building the set (O(1): the gate holds the
-        same member set as peer ids, `refresh_members`)."""
-        return peer_id != self.gate.self_peer and peer_id in self.gate.members
 
     # ---------------------------------------------------------------- gossip
 
@@ -188,22 +179,7 @@ class Replicator:
     # ---------------------------------------------------------------- sync
 
     async def serve_sync(self, stream: Stream) -> None:
-        await serve_sync(stream, self.ledger, self._sync_limits, observe=self.connect_pulls.observed)
-
-    async def connect_pull(self, peer_id: str) -> None:
-        """The pull of a new connection to `peer_id` (`atdnode.sync_connect`): the leader
-        pulls at once; the follower (a member) waits for the leader's request and pulls only
-        if it showed that the peer holds something we lack, or if none came in time."""
-        if not self.connect_pulls.leads(peer_id) and self.gate.self_is_member:
-            if await self.connect_pulls.peer_has_nothing_new(peer_id):
-                self.stats["connect_pulls_skipped"] = self.stats.get("connect_pulls_skipped", 0) + 1
-                if not self.head_confirmed.is_set() and self.is_other_member(peer_id):
-                    # its heads are nowhere ahead of ours: it holds no own entry of ours past our head
-                    log.info("own chain head confirmed with member %s (in step on connecting)", peer_id)
-                    self.head_confirmed.set()
-                return
-        if self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
-            await self.sync_with(peer_id)
+        await serve_sync(stream, self.ledger, self._sync_limits)
 
     async def sync_with(self, peer_id: str, *, asked: bool = False) -> int:
         """Pull what `peer_id` has and we lack; returns the number of entries added.
@@ -260,7 +236,7 @@ class Replicator:
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
             await self.after_merge(kinds)  # membership first: the pull may have taught us who is a member
-        if not self.head_confirmed.is_set() and self.is_other_member(peer_id):
+        if not self.head_confirmed.is_set() and peer_id in self.member_peer_ids():
             own_head = await self.ledger.run(lambda led: led.head_of(me))
             if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back (issue 24)
                 log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
@@ -284,8 +260,9 @@ class Replicator:
                 peers = self.transport.peers()
             except TransportError:
                 continue
+            members = self.member_peer_ids()
             for peer in peers:
-                if self.is_other_member(peer) and not self.head_confirmed.is_set():
+                if peer in members and not self.head_confirmed.is_set():
                     await self.pull_from(peer)
 
     async def verify_peers(self) -> dict:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import msgpack
 import trio
@@ -51,7 +50,6 @@ import trio
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.own_chain import fork_evidence, held_by, held_for
-from atdnode.sync_connect import ahead_of
 from atdnode.sync_digest import VECTOR_BYTES, bucket_of, differing, digest_vector
 from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
@@ -101,14 +99,9 @@ def _decode(frame: bytes) -> dict:
     return msg
 
 
-async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None,
-                     observe: Callable[[str, bool], None] | None = None) -> None:
+async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None) -> None:
     """Answer one request on `stream` (v1 or v2, by the stream's protocol) with the entries
     the requester lacks.
-
-    `observe(peer, ahead)` is told, once the request was compared with our ledger, whether
-    the requester holds anything we lack (`atdnode.sync_connect`: a connection's follower
-    skips its own pull on that evidence).
 
     With `limits`, a peer over its share of concurrent sync streams is reset before any
     read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
@@ -119,9 +112,9 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         return
     try:
         if stream.protocol == SYNC_PROTOCOL_V2:
-            await _serve_v2(stream, ledger, observe or _ignore)
+            await _serve_v2(stream, ledger)
         else:
-            await _serve_v1(stream, ledger, observe or _ignore)
+            await _serve_v1(stream, ledger)
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
         await stream.reset()
@@ -155,23 +148,13 @@ def _heads_of(msg: dict) -> dict:
     return heads
 
 
-def _ignore(_peer: str, _ahead: bool) -> None:
-    pass
-
-
-async def _serve_v1(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
+async def _serve_v1(stream: Stream, ledger: LedgerAccess) -> None:
     heads = _heads_of(await _read(stream))
-
-    def answer(led) -> tuple[list[bytes], int, bool]:
-        missing = _missing_raw(led, heads)  # validates `heads` first
-        return missing, held_for(led, stream.remote_peer), ahead_of(led.heads(), heads)
-
-    missing, yours, ahead = await ledger.run(answer)
-    observe(stream.remote_peer, ahead)
+    missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads), held_for(led, stream.remote_peer)))
     await _send_entries(stream, missing, yours)
 
 
-async def _serve_v2(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
+async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     msg = await _read(stream)
     theirs = msg.get("b")
     if msg["t"] != "digest" or not isinstance(theirs, bytes) or len(theirs) != VECTOR_BYTES:
@@ -180,7 +163,6 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess, observe: Callable[[str
     yours = held_by(heads_here, stream.remote_peer)
     wanted = differing(mine, theirs)
     if not wanted:
-        observe(stream.remote_peer, False)  # in step
         await _write(stream, {"t": "end", "n": 0, "yours": yours})
         return
     await _write(stream, {"t": "want", "b": bytes(wanted)})
@@ -189,7 +171,6 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess, observe: Callable[[str
     if any(isinstance(a, bytes) and a[:1] and a[0] not in buckets for a in heads):
         raise SyncProtocolError("heads of a bucket that was not asked for")
     missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads, buckets), held_for(led, stream.remote_peer)))
-    observe(stream.remote_peer, ahead_of(heads_here, heads))  # (validated by _missing_raw)
     await _send_entries(stream, missing, yours)
 
 

@@ -22,8 +22,7 @@ convergence), and for `idle_after` (10 simulated seconds of the converged consor
 with nothing to publish: the periodic sync, poll and peer-set loops alone);
 sim_s_per_wall_s and sim_s_per_cpu_s (on a machine shared with other jobs
 CPU time is the fair measure: one process, one thread); sync pulls per node by the time
-every node is up (between ledgers in step, one per connection, by its leader:
-atdnode.sync_connect) and by convergence. Baseline in the same run: the same scenario
+every node is up (both ends of each new connection pull) and by convergence. Baseline in the same run: the same scenario
 with `--baseline` full daemons (default 100); `ratio_to_baseline` compares the CPU cost
 per node per simulated second.
 
