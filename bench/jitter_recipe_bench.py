@@ -129,7 +129,7 @@ def run(scn, args, log) -> dict:
         return round(float((pred == y).mean()), 4)
 
     nodes_at = {p: [n for n, d in data.nodes.items() if d.phase == p] for p in (1, 2, 3)}
-    rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "vgs-atd-keep", "start", "raw", "untrained")}
+    rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "raw", "untrained")}
     torch.manual_seed(seed + 7)
     untrained = extractor_state(build_model(cfg(2)))
     # phase 1: node-to-node transfer inside the founders, uniform mean of extractors
@@ -148,11 +148,22 @@ def run(scn, args, log) -> dict:
     ka, kb = len(data.classes_at(2)), len({c for n in nodes_at[3] for c in data.nodes[n].classes})
     wa, wb = math.sqrt(ka), math.sqrt(kb)
     e3, e3_keep = _mean([e2, g_b], [wa, wb]), _mean([e2_keep, g_b], [wa, wb])
+    # b-from-a: the new group's first node starts from group A's fused extractor E2 (the
+    # consortium's latest model) instead of S; then the same Eq. 11 average
+    per_phase: dict[str, dict[int, dict]] = {k: {} for k in args.rows}
+    per_phase["vgs-atd"] = {1: e1, 2: e2, 3: e3}
+    per_phase["vgs-atd-keep"] = {1: e1, 2: e2_keep, 3: e3_keep}
+    per_phase["start"] = {1: start, 2: start, 3: start}
+    if "b-from-a" in args.rows or "b-chain-end" in args.rows:
+        g_b2 = _mean([extractor_state(train(n, e2)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
+        per_phase["b-from-a"] = {3: _mean([e2, g_b2], [wa, wb])}
+        per_phase["b-chain-end"] = {3: g_b2}  # group B's model alone (no Eq. 11 average)
+    per_phase["chain-end"] = {1: extractor_state(models[-1])}  # phase 1: the last founder's extractor, no mean
     t0 = time.perf_counter()
-    for p, (a, b) in zip((1, 2, 3), ((e1, e1), (e2, e2_keep), (e3, e3_keep))):
-        rows["vgs-atd"].append(score(p, a))
-        rows["vgs-atd-keep"].append(score(p, b))
-        rows["start"].append(score(p, start))
+    for p in (1, 2, 3):
+        for k in args.rows:
+            if p in per_phase.get(k, {}):
+                rows.setdefault(k, []).append(score(p, per_phase[k][p]))
         if args.refs:
             rows["raw"].append(score(p, None))
             rows["untrained"].append(score(p, untrained))
@@ -185,6 +196,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-refs", dest="refs", action="store_false", help="skip the raw / untrained ensembles")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", nargs="+", default=["vgs-atd", "vgs-atd-keep", "start"],
+                    choices=("vgs-atd", "vgs-atd-keep", "start", "b-from-a", "b-chain-end", "chain-end"),
+                    help="which extractors to score (b-*: phase 3 only, chain-end: phase 1 only)")
     args = ap.parse_args()
     from netsim.scenario import load_scenario
 
