@@ -16,20 +16,23 @@ from netsim.scenario import ScenarioError, scenario_from_dict
 from tests.netsim_tiny import TINY
 
 
-def _raw(**phase3) -> dict:
+def _raw(**phase2) -> dict:
+    """TINY cut to two phases (cheaper): founders a1, a2 (group A, horizontal), then c1 alone
+    as group B (hierarchical)."""
     raw = json.loads(json.dumps(TINY))
-    raw["phases"] = [{"phase": 1, "mode": "horizontal"}, {"phase": 2, "mode": "vertical"},
-                     {"phase": 3, "mode": "hierarchical", "weighting": "sqrt-classes", **phase3}]
+    raw["cohorts"] = [raw["cohorts"][0], {**raw["cohorts"][2], "phase": 2, "nodes": ["c1"]}]
+    raw["phases"] = [{"phase": 1, "mode": "horizontal"},
+                     {"phase": 2, "mode": "hierarchical", "weighting": "sqrt-classes", **phase2}]
     return raw
 
 
 def test_group_start_is_validated() -> None:
-    assert scenario_from_dict(_raw()).phase(3).group_start == "base"  # the paper's default
-    with pytest.raises(ScenarioError, match=r"phases\[2\]\.group_start: 'latest' is not one of base, consortium"):
+    assert scenario_from_dict(_raw()).phase(2).group_start == "base"  # the paper's default
+    with pytest.raises(ScenarioError, match=r"phases\[1\]\.group_start: 'latest' is not one of base, consortium"):
         scenario_from_dict(_raw(group_start="latest"))
     raw = _raw()
-    raw["phases"][1]["group_start"] = "consortium"
-    with pytest.raises(ScenarioError, match=r"phases\[1\]\.group_start: only a hierarchical phase"):
+    raw["phases"][0]["group_start"] = "consortium"
+    with pytest.raises(ScenarioError, match=r"phases\[0\]\.group_start: only a hierarchical phase"):
         scenario_from_dict(raw)
 
 
@@ -41,16 +44,17 @@ def test_new_group_starts_from_the_consortium_model(tmp_path) -> None:
     names the consortium's base file)."""
     scn = scenario_from_dict(_raw(group_start="consortium"))
     phases, _ = run_vgs_memory(scn, load_scenario_data(scn), tmp_path)
-    notes = phases[2].notes
+    notes = phases[1].notes
     start = [n for n in notes if n.startswith("group B starts from group A's extractor")]
     assert start, notes
-    assert phases[2].outcomes["c1"].startswith("combined 2 groups"), phases[2].outcomes
-    homes = {n: NodeHome.at(tmp_path / "homes" / n) for n in ("a1", "a2", "b1", "c1")}
+    assert phases[1].outcomes["c1"].startswith("combined 2 groups"), phases[1].outcomes
+    homes = {n: NodeHome.at(tmp_path / "homes" / n) for n in ("a1", "a2", "c1")}
     keys = {NodeIdentity.load(h).public_key: n for n, h in homes.items()}
     with Ledger.open(homes["c1"].ledger_db) as led:  # the extractors group A's members published
         a_extractors = {e.body["blob"] for e in led.query(kind="weights")
-                        if keys.get(e.author) in ("a1", "a2", "b1") and e.body["part"] == "extractor"}
+                        if keys.get(e.author) in ("a1", "a2") and e.body["part"] == "extractor"}
     assert a_extractors
     starts = {r.provenance.get("init_from") for r in ModelRegistry(homes["c1"]).list()
               if r.provenance.get("run_key")}  # its trained models (aggregates have none)
-    assert starts and starts <= a_extractors, (starts, a_extractors)  # c1 trained from A's model, not the base
+    # c1 trained from group A's horizontal model (published by a1 or a2), not from the base file
+    assert starts and starts <= a_extractors, (starts, a_extractors)
