@@ -36,24 +36,6 @@ _ORDER = " ORDER BY lamport, author, seq"
 _MEMBER_KINDS = ("member", "genesis")  # change membership: always appended through Batch
 
 
-def sign_after(signer: Signer, last: Entry, items: list[tuple[str, dict]]) -> list[Entry | None]:
-    """Sign `items` ahead as the signer's next entries after `last` (its own entry): what
-    `Ledger.append_many` stores for them if nothing else is written in between (seq, prev
-    and lamport continue `last`'s). Pure CPU, no store: a caller signs the next group while
-    the previous one's commit waits on the disk (issue 29). An item that cannot be an entry
-    (malformed body) and those after it come back None (append_many reports its error)."""
-    out: list[Entry | None] = []
-    for kind, body in items:
-        if kind in _MEMBER_KINDS:  # membership changes go through the full rules, unsigned
-            break
-        try:
-            last = Entry.create(signer, seq=last.seq + 1, prev=last.id, lamport=last.lamport + 1, kind=kind, body=body)
-        except LedgerError:
-            break
-        out.append(last)
-    return out + [None] * (len(items) - len(out))
-
-
 def _entry(row: tuple) -> Entry:
     payload, sig, entry_id = row
     return Entry._trusted(payload, sig, decode_payload(payload, check_canonical=False), entry_id)
@@ -65,7 +47,6 @@ class Ledger:
         self._lock = threading.RLock()
         self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
         self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
-        self.presign_hits = self.presign_misses = 0  # append_many's use of entries signed ahead
 
     @classmethod
     def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
@@ -115,31 +96,23 @@ class Ledger:
         with self._lock, self._store.transaction(durable=True):
             return self._append_one(signer, kind, body)
 
-    def append_many(self, signer: Signer, items: list[tuple[str, dict]],
-                    presigned: list[Entry | None] | None = None) -> list[Entry | LedgerError]:
+    def append_many(self, signer: Signer, items: list[tuple[str, dict]]) -> list[Entry | LedgerError]:
         """Group commit (issue 29): sign and store several of the signer's next entries in one
         durable transaction -- one WAL fsync for all of them. Item i's result is its Entry, or
         the LedgerError `append` would have raised for it (then nothing of it was stored and
         the next item takes its seq). Every stored entry is durable when this returns; an
         error outside the ledger rules (disk, SQLite) rolls the whole group back and is raised:
         then none of them was stored -- and none may have been shown to anyone (the caller
-        gossips only what this returned).
-
-        `presigned[i]` (optional, from `sign_after`): item i signed ahead of time, on the guess
-        that nothing else is written before it; it is stored only if it is exactly the entry
-        this call would sign (same seq, prev, lamport -- Ed25519 is deterministic, so the
-        signature is the same too), else item i is signed afresh. So a wrong guess costs one
-        signature and never changes what is stored (`presign_hits` / `presign_misses`)."""
+        gossips only what this returned)."""
         out: list[Entry | LedgerError] = []
-        pre = presigned if presigned is not None else [None] * len(items)
         with self._lock, self._store.transaction(durable=True):
             last: Entry | None = None  # the group's previous entry, when it went into the log
-            for (kind, body), p in zip(items, pre):
+            for kind, body in items:
                 try:
                     if last is not None and kind not in _MEMBER_KINDS:
-                        e = last = self._append_next(signer, kind, body, last, p)
+                        e = last = self._append_next(signer, kind, body, last)
                     else:
-                        e = self._append_one(signer, kind, body, p)
+                        e = self._append_one(signer, kind, body)
                         plain = kind not in _MEMBER_KINDS and self._store.state_of(e.id) == LOG
                         last = e if plain else None
                     out.append(e)
@@ -147,7 +120,7 @@ class Ledger:
                     out.append(exc)
         return out
 
-    def _append_next(self, signer: Signer, kind: str, body: dict, last: Entry, pre: Entry | None = None) -> Entry:
+    def _append_next(self, signer: Signer, kind: str, body: dict, last: Entry) -> Entry:
         """The entry after `last` in the same transaction, without `_append_one`'s queries.
 
         Valid only while `last` -- the signer's own entry, not a member / genesis one -- went
@@ -155,22 +128,11 @@ class Ledger:
         whose chain is not frozen (nothing else writes inside the transaction), `last` is
         its tip with nothing stored above it, and `last.lamport` is the log's highest clock.
         So the next entry continues the log head, exactly what `Batch.add` would decide."""
-        e = self._signed(signer, pre, last.seq + 1, last.id, last.lamport + 1, kind, body)
+        e = Entry.create(signer, seq=last.seq + 1, prev=last.id, lamport=last.lamport + 1, kind=kind, body=body)
         self._store.insert(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), e.payload, e.sig, LOG)
         return e
 
-    def _signed(self, signer: Signer, pre: Entry | None, seq: int, prev: bytes, lamport: int, kind: str,
-                body: dict) -> Entry:
-        """The entry (seq, prev, lamport, kind, body) by `signer`: `pre` when it is that entry
-        (signed ahead by `sign_after`), else a fresh signature."""
-        if pre is not None:
-            if (pre.seq, pre.prev, pre.lamport, pre.kind, pre.author) == (seq, prev, lamport, kind, signer.public_key):
-                self.presign_hits += 1
-                return pre
-            self.presign_misses += 1
-        return Entry.create(signer, seq=seq, prev=prev, lamport=lamport, kind=kind, body=body)
-
-    def _append_one(self, signer: Signer, kind: str, body: dict, pre: Entry | None = None) -> Entry:
+    def _append_one(self, signer: Signer, kind: str, body: dict) -> Entry:
         """`append`'s work inside the caller's transaction (it fsyncs on commit)."""
         s = self._store
         me = signer.public_key
@@ -192,7 +154,7 @@ class Ledger:
             if seq != 0:
                 raise MalformedEntry("a genesis must be its author's first entry", author=me)
         lamport = max(s.max_log_lamport(), own_lamport) + 1
-        e = self._signed(signer, pre, seq + 1, prev, lamport, kind, body)
+        e = Entry.create(signer, seq=seq + 1, prev=prev, lamport=lamport, kind=kind, body=body)
         batch = Batch(s, exempt=frozenset((me,)))  # own entries: no waiting cap
         err = batch.add(e)
         if err is not None:
