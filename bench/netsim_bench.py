@@ -214,7 +214,9 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
 
 
 LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC (issue 29), reset instead of a crash
-             "graft_flood": "GRAFT flood", "graft_in_backoff": "GRAFT: ignoring request", "traceback": "Traceback"}
+             "graft_flood": "GRAFT flood", "graft_in_backoff": "GRAFT: ignoring request", "traceback": "Traceback",
+             "empty_mesh": "heartbeats: flood-relaying",  # atdnode/transport/gossip_mesh.py, per episode
+             "mesh_refilled": "refilled after"}
 
 
 def scan_logs(root: Path, keep: Path | None) -> dict:
