@@ -113,6 +113,23 @@ def test_corrupt_blob_detected(store):
         store.manifest(h)  # never describe corrupt bytes
 
 
+@pytest.mark.parametrize("n", [300, 511, 512, 4000])  # below / at _PIPELINE_MIN (inline) and above (pipelined)
+def test_verify_reads_every_byte_on_both_paths(store, small_pipeline, n):
+    """A small blob is hashed in the calling thread with one buffer of its size, a large one
+    pipelined; either way a flipped last byte (same size, same inode) is caught, however
+    often the blob was verified before, and a blob that grew is read whole."""
+    data = _data(n, seed=n)
+    h = store.put_bytes(data)
+    for _ in range(2):
+        store.verify(h)
+    _flip(store.path(h), n - 1)
+    with pytest.raises(BlobError, match=f"corrupt on disk: its {n} bytes"):
+        store.verify(h)
+    store.path(h).write_bytes(data + b"x")  # appended after the name was given
+    with pytest.raises(BlobError, match=f"its {n + 1} bytes"):
+        store.verify(h)
+
+
 def test_read_chunk_detects_rot_after_manifest(store):
     data = _data(3 * CS + 10)
     h = store.put_bytes(data)
