@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from atdnode.blobfs import IO_BUF, fsync_dir, remove_quiet, write_all, write_error
+from atdnode.blobfs import IO_BUF, fsync, fsync_dir, remove_quiet, write_all, write_error
 from atdnode.blobpartial import PartialBlob
 from atdnode.errors import BlobError
 from atdnode.manifest import (_HEX, DEFAULT_CHUNK_SIZE, MAX_BLOB_SIZE, MAX_CHUNK_SIZE,  # noqa: F401 (re-exported)
@@ -134,7 +134,7 @@ class BlobStore:
             raise write_error(e, f"a blob in {self.root}") from None
         try:
             h = fill(fd)
-            os.fsync(fd)
+            fsync(fd)
             os.close(fd)
             fd = -1
             dest = self.blob_path(h)
@@ -224,7 +224,7 @@ class BlobStore:
             return
         try:
             write_all(fd, memoryview(m.to_bytes()))
-            os.fsync(fd)
+            fsync(fd)
             os.close(fd)
             fd = -1
             os.replace(tmp, p)
