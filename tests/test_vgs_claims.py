@@ -43,6 +43,14 @@ shared 2-core machine under load (load average 10-16, under cProfile) the run to
 210 s (its 38 ensemble fits 148 s, the MLP most of it), the baselines 141 s (FedAvg's rounds on
 8 daemons 111 s), the references 36 s. With two torch threads (a single-file run before issue 28)
 the same run took 2257 s under load 16-29: training 14x slower.
+
+Since issue 28's suite work the simulated nodes that hold the same features share one
+ensemble fit (netsim.fit_share: 38 fits computed 23 times, results identical), the
+simulation skips fsync (atdnode.blobfs.volatile_disk) and small blobs verify without
+16 MiB of buffers: this file took 76 s of CPU and 120 s of wall clock at load 4, against
+134 s and 206 s before, measured back to back (126 s of CPU, 130 s wall on an idle machine
+before). The baselines' own runs of tests/test_netsim_vgs.py were merged into this run
+(`test_every_baseline_learns_and_counts_its_bytes`).
 """
 from __future__ import annotations
 
