@@ -269,14 +269,15 @@ def _copy_hashing(src: BinaryIO, dst_fd: int | None, what: str) -> tuple[str, in
     """Read `src` in IO_BUF blocks, hashing each in a worker thread while the block is
     written to `dst_fd` (if any) and the next one read (two buffers). Returns (hash, n).
     A file below _PIPELINE_MIN (by its size when opened) is read in this thread into one
-    buffer of its size: no worker thread and no 2 x IO_BUF of zeroed buffers (which cost
+    buffer of about its size: no worker thread and no 2 x IO_BUF of zeroed buffers (which cost
     ~9 ms per call, the whole cost of verifying a small weight blob)."""
     try:
         size = os.fstat(src.fileno()).st_size
     except (AttributeError, OSError, ValueError):  # not a real file: the pipelined loop
         size = _PIPELINE_MIN
     if size < _PIPELINE_MIN:
-        return _copy_hashing_inline(src, dst_fd, what, bytearray(min(IO_BUF, size + 1)))
+        # at least 64 KiB: a pipe or a file still being written reads as small, but is not
+        return _copy_hashing_inline(src, dst_fd, what, bytearray(min(IO_BUF, max(size + 1, 1 << 16))))
     hasher, n = hashlib.sha256(), 0
     bufs = [bytearray(IO_BUF), bytearray(IO_BUF)]
     prev: list[Future | None] = [None, None]
