@@ -1,7 +1,13 @@
 """The README's walkthroughs, run exactly as written (bash -euo pipefail, in an empty
-directory, `atd` = this checkout)."""
+directory, `atd` = this checkout).
+
+`atd` is each command in its own process, forked from one interpreter that imported torch,
+timm, scikit-learn and matplotlib once (tests/atd_forkserver.py: the VGS walkthrough's 14
+torch commands spent ~80 of its ~110 CPU-seconds importing them); the dashboard walkthrough,
+which starts a daemon with `&` and stops it, runs the console script as is."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -10,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.atd_forkserver import forkserver
 from tests.mdblocks import fenced_blocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,11 +32,11 @@ def walkthrough(name: str) -> str:
     return body
 
 
-def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = ()) -> str:
+def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = (),
+        warm: bool = True) -> str:
+    """Run walkthrough `name` in `tmp_path/work`; `warm`: `atd` through a fork server (above)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "atd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.app "$@"\n')
-    (bin_dir / "atd").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     work = tmp_path / "work"
     work.mkdir()
@@ -38,18 +45,22 @@ def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500,
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
                PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     env.pop("ATD_HOME", None)
-    try:
-        p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=timeout)
-    finally:
-        for d in local_dirs:  # never leave daemons behind, whatever happened
-            if (work / d / "local.json").exists():
-                subprocess.run([str(bin_dir / "atd"), "local", "down", "--dir", str(work / d)], env=env,
-                               capture_output=True, timeout=120)
-        for h in homes:  # daemons the script started itself
-            if (work / h / "control.sock").exists():
-                subprocess.run([str(bin_dir / "atd"), "node", "stop", "--home", str(work / h)], env=env,
-                               capture_output=True, timeout=120)
+    cold = [sys.executable, "-m", "cli.app"]
+    with forkserver(tmp_path, env) if warm else contextlib.nullcontext(cold) as atd:
+        (bin_dir / "atd").write_text("#!/bin/sh\nexec " + " ".join(f'"{a}"' for a in atd) + ' "$@"\n')
+        (bin_dir / "atd").chmod(0o755)
+        try:
+            p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
+                               text=True, timeout=timeout)
+        finally:
+            for d in local_dirs:  # never leave daemons behind, whatever happened
+                if (work / d / "local.json").exists():
+                    subprocess.run([*cold, "local", "down", "--dir", str(work / d)], env=env,
+                                   capture_output=True, timeout=120)
+            for h in homes:  # daemons the script started itself
+                if (work / h / "control.sock").exists():
+                    subprocess.run([*cold, "node", "stop", "--home", str(work / h)], env=env,
+                                   capture_output=True, timeout=120)
     assert p.returncode == 0, f"walkthrough {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
 
@@ -89,7 +100,7 @@ def test_dashboard_walkthrough(tmp_path: Path) -> None:
     """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"]).splitlines()
+    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"], warm=False).splitlines()
     assert re.fullmatch(r"12D3KooW\w+", out[0]) and out[-1] == "stopping"  # atd init ... atd node stop
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families("\n".join(out[1:-1]) + "\n") for s in f.samples}
@@ -97,3 +108,24 @@ def test_dashboard_walkthrough(tmp_path: Path) -> None:
     assert samples[("atd_ledger_entries", (("state", "log"),))] >= 1  # the genesis (+ hello, once said)
     assert sum(v for (name, _), v in samples.items() if name == "atd_members") >= 1
     assert not (tmp_path / "work" / "hospital" / "control.sock").exists()
+
+
+def test_forkserver_runs_each_command_as_its_own_process(tmp_path: Path) -> None:
+    """The walkthroughs' `atd`: arguments, directory, environment, stdin/stdout/stderr and the
+    exit code are the caller's, and each command is a fresh child (a warm server of cli.app only)."""
+    (tmp_path / "here").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("ATD_HOME", None)
+    with forkserver(tmp_path, env, warm=("cli.app",)) as atd:
+        init = subprocess.run([*atd, "init", "--home", "h", "--genesis", "--consortium", "c"], cwd=tmp_path / "here",
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert init.returncode == 0 and (tmp_path / "here" / "h" / "ledger.db").exists(), init.stderr
+        ident = subprocess.run([*atd, "id"], cwd=tmp_path / "here", env={**env, "ATD_HOME": "h"},
+                               capture_output=True, text=True, timeout=60)  # the caller's environment
+        assert ident.returncode == 0 and re.fullmatch(r"12D3KooW\w+\n", ident.stdout), ident
+        bad = subprocess.run([*atd, "id", "--home", str(tmp_path / "nowhere")], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode != 0 and bad.stdout == "" and bad.stderr.startswith("error: "), bad
+        assert len(bad.stderr.splitlines()) == 1, bad.stderr
+        usage = subprocess.run([*atd, "no-such-command"], env=env, capture_output=True, text=True, timeout=60)
+        assert usage.returncode == 2 and "no-such-command" in usage.stderr, usage
