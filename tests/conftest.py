@@ -10,6 +10,9 @@ Factories (plain functions, importable from their modules; never import another 
   its address), `atd(...)` as a subprocess, `consortium(root, n)` made by the CLI processes,
   `status(home)`, and `wait_until(cond, timeout, what)`: the one way to wait outside trio.
 - `tests/vgs_homes.py`: homes with trained tiny ViTs (the `disjoint` and `skewed` trios).
+- `tests/atd_forkserver.py`: `forkserver(root, env)`, `atd` commands each forked from one
+  interpreter that imported torch, timm, scikit-learn and matplotlib once (the README
+  walkthroughs run their ~20 torch commands through it).
 - `tests/blobnet.py`, `tests/splitnet.py`, `tests/split_checks.py`, `tests/browser.py`,
   `tests/medimg.py`, `tests/mdblocks.py`, `tests/netsim_tiny.py`: narrower helpers.
 
