@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -125,6 +126,8 @@ def forkserver(root: Path, env: dict[str, str], warm: tuple[str, ...] = WARM) ->
     """Start a server under `root` with `env` that imported `warm`; yield the client's argv
     prefix (append the command's arguments); stop it (and any command still running) on exit."""
     sock = root / "atd.sock"
+    if len(str(sock)) > 100:  # AF_UNIX paths are limited to ~108 bytes
+        sock = Path(tempfile.mkdtemp(prefix="atdfs-")) / "atd.sock"
     client = root / "atd_client.py"
     client.write_text(CLIENT)
     proc = subprocess.Popen([sys.executable, "-m", "tests.atd_forkserver", str(sock), *warm], env=env,
@@ -137,6 +140,8 @@ def forkserver(root: Path, env: dict[str, str], warm: tuple[str, ...] = WARM) ->
     finally:
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()
+        if sock.parent != root:
+            sock.parent.rmdir()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
