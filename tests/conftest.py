@@ -54,12 +54,12 @@ from tests.nodeprocs import Daemon, start_daemon
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
     "test_vgs_claims.py",
-    "test_readme.py",
     "test_fat.py",
     "test_split_network.py",
     "test_chaos.py",
     "test_daemon_procs.py",
     "test_rounds_procs.py",
+    "test_readme.py",  # ~175 s before its `atd` commands were forked from a warm interpreter, ~60 s after
 )
 
 
