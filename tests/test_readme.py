@@ -7,12 +7,12 @@ torch commands spent ~80 of its ~110 CPU-seconds importing them); the dashboard 
 which starts a daemon with `&` and stops it, runs the console script as is."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -32,42 +32,56 @@ def walkthrough(name: str) -> str:
     return body
 
 
-def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = (),
-        warm: bool = True) -> str:
-    """Run walkthrough `name` in `tmp_path/work`; `warm`: `atd` through a fork server (above)."""
+COLD = [sys.executable, "-m", "cli.app"]  # the console script, as installed
+
+
+def _env(bin_dir: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env.pop("ATD_HOME", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def warm_atd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """`atd` through one fork server (above), shared by the walkthroughs of this file."""
+    with forkserver(tmp_path_factory.mktemp("forkserver"), _env()) as client:
+        yield client
+
+
+def run(tmp_path: Path, name: str, local_dirs: list[str], atd: list[str] = COLD, timeout: float = 1500,
+        homes: list[str] = ()) -> str:
+    """Run walkthrough `name` in `tmp_path/work`, `atd` being the command line `atd`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "atd").write_text("#!/bin/sh\nexec " + " ".join(f'"{a}"' for a in atd) + ' "$@"\n')
+    (bin_dir / "atd").chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
     script = tmp_path / f"{name}.sh"
     script.write_text(walkthrough(name))
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    env.pop("ATD_HOME", None)
-    cold = [sys.executable, "-m", "cli.app"]
-    with forkserver(tmp_path, env) if warm else contextlib.nullcontext(cold) as atd:
-        (bin_dir / "atd").write_text("#!/bin/sh\nexec " + " ".join(f'"{a}"' for a in atd) + ' "$@"\n')
-        (bin_dir / "atd").chmod(0o755)
-        try:
-            p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
-                               text=True, timeout=timeout)
-        finally:
-            for d in local_dirs:  # never leave daemons behind, whatever happened
-                if (work / d / "local.json").exists():
-                    subprocess.run([*cold, "local", "down", "--dir", str(work / d)], env=env,
-                                   capture_output=True, timeout=120)
-            for h in homes:  # daemons the script started itself
-                if (work / h / "control.sock").exists():
-                    subprocess.run([*cold, "node", "stop", "--home", str(work / h)], env=env,
-                                   capture_output=True, timeout=120)
+    env = _env(bin_dir)
+    try:
+        p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        for d in local_dirs:  # never leave daemons behind, whatever happened
+            if (work / d / "local.json").exists():
+                subprocess.run([*COLD, "local", "down", "--dir", str(work / d)], env=env,
+                               capture_output=True, timeout=120)
+        for h in homes:  # daemons the script started itself
+            if (work / h / "control.sock").exists():
+                subprocess.run([*COLD, "node", "stop", "--home", str(work / h)], env=env,
+                               capture_output=True, timeout=120)
     assert p.returncode == 0, f"walkthrough {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
 
 
 @pytest.mark.slow
-def test_vgs_walkthrough(tmp_path: Path) -> None:
-    out = run(tmp_path, "vgs", ["consortium"])
+def test_vgs_walkthrough(tmp_path: Path, warm_atd: list[str]) -> None:
+    out = run(tmp_path, "vgs", ["consortium"], warm_atd)
     accs = [float(a) for a in re.findall(r"^  accuracy (\d\.\d+)", out, re.M)]
     assert len(accs) == 3  # horizontal, vertical, hierarchical global models, each scored
     assert min(accs) > 2 * 0.1, accs  # ten digit classes: chance is 0.1
@@ -79,8 +93,8 @@ def test_vgs_walkthrough(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_split_walkthrough(tmp_path: Path) -> None:
-    out = run(tmp_path, "split", ["split"])
+def test_split_walkthrough(tmp_path: Path, warm_atd: list[str]) -> None:
+    out = run(tmp_path, "split", ["split"], warm_atd)
     digit = float(re.search(r"^pfesta task digit: 2 round\(s\), accuracy=(\d\.\d+)", out, re.M).group(1))
     # the walkthrough's setting (2 rounds x 3 steps, 120 samples) is test_split_network's in-memory one:
     # 0.44-0.46 there against the shard's held-out majority rate of 0.16 (what a constant scores)
@@ -100,7 +114,7 @@ def test_dashboard_walkthrough(tmp_path: Path) -> None:
     """(The page itself is checked in a real browser by tests/test_dashboard.py.)"""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"], warm=False).splitlines()
+    out = run(tmp_path, "dashboard", [], timeout=300, homes=["hospital"]).splitlines()
     assert re.fullmatch(r"12D3KooW\w+", out[0]) and out[-1] == "stopping"  # atd init ... atd node stop
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families("\n".join(out[1:-1]) + "\n") for s in f.samples}
