@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Iterator
 
@@ -74,6 +75,8 @@ def _run_child(conn: socket.socket, fds: list[int], req: dict) -> None:
         from cli.app import run
 
         code = run(req["argv"])
+    except BaseException:  # the harness itself failed (run() never raises): say so, exit 255
+        traceback.print_exc()
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
