@@ -133,9 +133,9 @@ def forkserver(root: Path, env: dict[str, str], warm: tuple[str, ...] = WARM) ->
         sock = Path(tempfile.mkdtemp(prefix="atdfs-")) / "atd.sock"
     client = root / "atd_client.py"
     client.write_text(CLIENT)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.atd_forkserver", str(sock), *warm], env=env,
-                            stdout=subprocess.PIPE, stderr=open(root / "forkserver.stderr", "wb"),
-                            text=True, start_new_session=True)
+    with open(root / "forkserver.stderr", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.atd_forkserver", str(sock), *warm], env=env,
+                                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()
         assert line == "ready\n", f"forkserver did not start: {(root / 'forkserver.stderr').read_text()[-3000:]}"
@@ -148,6 +148,7 @@ def forkserver(root: Path, env: dict[str, str], warm: tuple[str, ...] = WARM) ->
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
 
 
 if __name__ == "__main__":

@@ -135,13 +135,18 @@ def test_averaging_and_predicting_load_no_scikit_learn(tmp_path):
     `atdnode.rounds`); scikit-learn (~1.5 s of CPU at each start-up, with scipy) is imported
     where an ensemble is fitted only: a stored one predicts with numpy, so `atd aggregate
     --verify`, `atd classify` / `predict` of an ensemble and the modules behind them load none."""
+    import warnings
+
     import numpy as np
+    from sklearn.exceptions import ConvergenceWarning
 
     from protocols.ensemble import EnsembleClassifier
 
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(60, 8)), np.arange(60) % 3
-    ens = EnsembleClassifier(pca_components=4, mlp_hidden=(8,), mlp_max_iter=50, rf_trees=5).fit(X, y)
+    with warnings.catch_warnings():  # a few MLP iterations on noise: it does not converge, nor need to
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ens = EnsembleClassifier(pca_components=4, mlp_hidden=(8,), mlp_max_iter=50, rf_trees=5).fit(X, y)
     ens.save(tmp_path / "ens.safetensors")
     np.save(tmp_path / "x.npy", X)
     probe = ("import sys, numpy as np, atdnode.rounds, atdnode.daemon, cli.app, atdnode.aggregate_modes, "
