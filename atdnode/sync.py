@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import msgpack
 import trio
@@ -50,6 +51,7 @@ import trio
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.own_chain import fork_evidence, held_by, held_for
+from atdnode.sync_connect import ahead_of
 from atdnode.sync_digest import VECTOR_BYTES, bucket_of, differing, digest_vector
 from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
@@ -99,9 +101,14 @@ def _decode(frame: bytes) -> dict:
     return msg
 
 
-async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None) -> None:
+async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None,
+                     observe: Callable[[str, bool], None] | None = None) -> None:
     """Answer one request on `stream` (v1 or v2, by the stream's protocol) with the entries
     the requester lacks.
+
+    `observe(peer, ahead)` is told, once the request was compared with our ledger, whether
+    the requester holds anything we lack (`atdnode.sync_connect`: the dialled end of a new
+    connection skips its own pull on that evidence).
 
     With `limits`, a peer over its share of concurrent sync streams is reset before any
     read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
@@ -112,9 +119,9 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         return
     try:
         if stream.protocol == SYNC_PROTOCOL_V2:
-            await _serve_v2(stream, ledger)
+            await _serve_v2(stream, ledger, observe or _ignore)
         else:
-            await _serve_v1(stream, ledger)
+            await _serve_v1(stream, ledger, observe or _ignore)
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
         await stream.reset()
@@ -148,13 +155,23 @@ def _heads_of(msg: dict) -> dict:
     return heads
 
 
-async def _serve_v1(stream: Stream, ledger: LedgerAccess) -> None:
+def _ignore(_peer: str, _ahead: bool) -> None:
+    pass
+
+
+async def _serve_v1(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
     heads = _heads_of(await _read(stream))
-    missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads), held_for(led, stream.remote_peer)))
+
+    def answer(led) -> tuple[list[bytes], int, bool]:
+        missing = _missing_raw(led, heads)  # validates `heads` first
+        return missing, held_for(led, stream.remote_peer), ahead_of(led.heads(), heads)
+
+    missing, yours, ahead = await ledger.run(answer)
+    observe(stream.remote_peer, ahead)
     await _send_entries(stream, missing, yours)
 
 
-async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
+async def _serve_v2(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
     msg = await _read(stream)
     theirs = msg.get("b")
     if msg["t"] != "digest" or not isinstance(theirs, bytes) or len(theirs) != VECTOR_BYTES:
@@ -163,6 +180,7 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     yours = held_by(heads_here, stream.remote_peer)
     wanted = differing(mine, theirs)
     if not wanted:
+        observe(stream.remote_peer, False)  # in step
         await _write(stream, {"t": "end", "n": 0, "yours": yours})
         return
     await _write(stream, {"t": "want", "b": bytes(wanted)})
@@ -171,6 +189,7 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     if any(isinstance(a, bytes) and a[:1] and a[0] not in buckets for a in heads):
         raise SyncProtocolError("heads of a bucket that was not asked for")
     missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads, buckets), held_for(led, stream.remote_peer)))
+    observe(stream.remote_peer, ahead_of(heads_here, heads))  # (validated by _missing_raw)
     await _send_entries(stream, missing, yours)
 
 
