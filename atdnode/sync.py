@@ -52,7 +52,7 @@ from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.own_chain import fork_evidence, held_by, held_for
 from atdnode.sync_connect import ahead_of
-from atdnode.sync_digest import VECTOR_BYTES, bucket_of, differing, digest_vector
+from atdnode.sync_digest import VECTOR_BYTES, differing, digest_vector, in_buckets
 from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
 
@@ -164,7 +164,7 @@ async def _serve_v1(stream: Stream, ledger: LedgerAccess, observe: Callable[[str
 
     def answer(led) -> tuple[list[bytes], int, bool]:
         missing = _missing_raw(led, heads)  # validates `heads` first
-        return missing, held_for(led, stream.remote_peer), ahead_of(led.heads(), heads)
+        return missing, held_for(led, stream.remote_peer), ahead_of(led.heads(copy=False), heads)
 
     missing, yours, ahead = await ledger.run(answer)
     observe(stream.remote_peer, ahead)
@@ -216,11 +216,11 @@ def _missing_raw(led, heads: dict, buckets: frozenset[int] | None = None) -> lis
     malformed heads map. Heads equal to ours (the common case once in step: every periodic
     v1 pull between converged peers) answer at once, with no per-author work. `buckets`
     (v2): only authors in these digest buckets (`sync_digest.bucket_of`) are looked at."""
-    mine = led.heads()
+    mine = led.heads(copy=False)  # read only (the cached map)
     if heads == mine:  # equal to our (well-formed) heads, so well-formed too
         return []
     if buckets is not None:
-        mine = {a: s for a, s in mine.items() if bucket_of(a) in buckets}
+        mine = in_buckets(mine, buckets)
     theirs: dict[bytes, int] = {}
     for author, seq in heads.items():
         if not isinstance(author, bytes) or len(author) != 32 or not isinstance(seq, int):
@@ -282,7 +282,7 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
             if msg["t"] != "want" or not isinstance(want, bytes) or not want:
                 raise SyncProtocolError(f"unexpected sync message {msg['t']!r}")
             buckets = frozenset(want)
-            heads = {a: s for a, s in heads.items() if bucket_of(a) in buckets}
+            heads = in_buckets(heads, buckets)
         else:
             heads = await ledger.run(lambda led: led.heads())
         await stream.write_frame(msgpack.packb({"t": "heads", "heads": heads}))
