@@ -24,9 +24,20 @@ than k: with sign time s and fsync time F, throughput is bounded by 1 / (s + F /
 group's signing with this group's fsync does not help a closed loop: the appenders that
 would form the next group are the ones waiting for this one. `executemany` for a group's
 rows was measured at 2 us per entry less: not worth a second insert path.
+
+A pipelined variant was tried and reverted (issue 29, commit bb07115): the next group signed
+in a worker thread during this group's commit, committing two alternating halves of the
+appenders when F < k * s. Interleaved with this code at 32 appenders (load 4.5-5 on the 2
+shared cores) it was no faster (0.21-0.26 vs 0.24-0.27): an Ed25519 signature holds the GIL
+(cryptography 50), so a signer thread only runs while the trio loop and the ledger thread
+wait, and with both cores busy there is no spare CPU to overlap with; the GIL hand-offs
+made its signing 4-5 times slower than a bare loop. It can only pay on a quiet machine
+whose fsync is short (F < k * s) -- and then the fsync is a small part anyway (~1 ms a group
+of 31 when the disk is quiet: ~30 us of the ~145 us an entry costs).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
@@ -71,6 +82,7 @@ class LedgerAccess:
         self._queue: list[tuple[Signer, _Pending]] = []  # own appends waiting for the next group commit
         self._committing = False
         self.commits = 0  # group commits (one WAL fsync each) so far, for tests and /metrics
+        self.commit_s = 0.0  # time those commits took (the ledger thread's part), for benchmarks
 
     async def run(self, fn: Callable[[Ledger], T]) -> T:
         if self._closed:
@@ -121,10 +133,12 @@ class LedgerAccess:
         signer = self._queue[0][0]
         group = [p for s, p in self._queue if s is signer]
         self._queue = [(s, p) for s, p in self._queue if s is not signer]
+        t0 = time.perf_counter()
         try:
             with trio.CancelScope(shield=True):  # the thread runs to the end anyway: report its outcome
                 results: list = await self.run(lambda led: led.append_many(signer, [(p.kind, p.body) for p in group]))
             self.commits += 1
+            self.commit_s += time.perf_counter() - t0
         except BaseException as exc:  # disk / SQLite / shutdown: nothing of the group was stored
             results = [exc] * len(group)
         for p, r in zip(group, results):

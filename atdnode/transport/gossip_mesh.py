@@ -61,8 +61,11 @@ author's link to X is down still reaches X through the mesh; sync covers the res
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
+
+log = logging.getLogger("atd.gossip")
 
 STARVED_AFTER_BEATS = 2  # heartbeats that end with an empty mesh before relays are flooded
 IDLE_HEARTBEAT_S = 5  # heartbeat period while the mesh is within bounds and nothing is cached (module doc)
@@ -106,7 +109,13 @@ class MeshHealthMixin:
                 self._add_back_off(peer, topic, False)  # type: ignore[attr-defined]
                 we_pruned[(peer, topic)] = until
         for topic, members in self.mesh.items():  # type: ignore[attr-defined]
-            empty_beats[topic] = 0 if members else empty_beats.get(topic, 0) + 1
+            beats = empty_beats.get(topic, 0)
+            empty_beats[topic] = 0 if members else beats + 1
+            peers = getattr(self.pubsub, "peer_topics", {}).get(topic)  # type: ignore[attr-defined]
+            if empty_beats[topic] == STARVED_AFTER_BEATS and peers:  # once per episode, with topic peers to graft
+                log.info("gossip mesh of %s empty for %d heartbeats: flood-relaying", topic, STARVED_AFTER_BEATS)
+            elif members and beats >= STARVED_AFTER_BEATS:
+                log.info("gossip mesh of %s refilled after %d empty heartbeats (%d members)", topic, beats, len(members))
         now = time.time()
         for key in [k for k, t in we_pruned.items() if t <= now]:
             del we_pruned[key]
