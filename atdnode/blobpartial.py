@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from atdnode.errors import BlobError
-from atdnode.blobfs import fsync_dir, remove_quiet, write_all, write_error
+from atdnode.blobfs import fsync, fsync_dir, remove_quiet, write_all, write_error
 from atdnode.manifest import Manifest
 
 
@@ -129,7 +129,7 @@ class PartialBlob:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 write_all(fd, memoryview(raw))
-                os.fsync(fd)
+                fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, p)
@@ -214,9 +214,9 @@ class PartialBlob:
             if not todo:
                 return
             try:
-                os.fdatasync(self._fd)  # every chunk in `todo` was written before it became pending
+                fsync(self._fd, data_only=True)  # every chunk in `todo` was written before it became pending
                 write_all(self._state_fd, memoryview(b"".join(_REC.pack(i, i ^ _REC_CHECK) for i in todo)))
-                os.fdatasync(self._state_fd)
+                fsync(self._state_fd, data_only=True)
             except OSError as e:
                 os.ftruncate(self._state_fd, self._state_len)  # never leave a torn record
                 raise write_error(e, f"the download state of blob {self.manifest.blob}") from None
@@ -327,7 +327,7 @@ class PartialBlob:
         if got != h:
             self._recover_from_bad_hash(got)
         try:
-            os.fsync(self._fd)
+            fsync(self._fd)
             self._close_fds()
             dest = self.store.blob_path(h)
             self.store.shard(h)
@@ -366,7 +366,7 @@ class PartialBlob:
         try:
             write_all(fd, memoryview(_STATE_MAGIC + bytes.fromhex(self.manifest.hash)
                                       + b"".join(_REC.pack(k, k ^ _REC_CHECK) for k in keep)))
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self._state_p)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from atdnode.blobfs import fsync
 from atdnode.errors import ConfigError
 from atdnode.home import NodeHome
 
@@ -185,7 +186,7 @@ def _write_json(path: Path, obj: Any) -> None:
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.flush()
-        os.fsync(f.fileno())
+        fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -195,7 +196,7 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
     with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+        fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import trio
 
+from atdnode.blobfs import volatile_disk
 from atdnode.data import MEAN, STD, LabeledImages
 from atdnode.model import ModelConfig, build_model
 from atdnode.round_rules import RoundsError
@@ -197,7 +198,8 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                 return trio.current_time() - t0
 
         w0 = time.perf_counter()
-        sim_s = simulate(main, seed=seed)
+        with volatile_disk():  # simulated homes: no fsync (atdnode.blobfs)
+            sim_s = simulate(main, seed=seed)
         wall = time.perf_counter() - w0
         last = {n: reps[-1].blob for n, reps in reports.items() if reps}
         if len(last) != len(names) or any(len(r) != rounds for r in reports.values()):

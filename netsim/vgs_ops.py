@@ -28,6 +28,7 @@ from atdnode.node_ensemble import EnsembleOptions
 from atdnode.registry import ModelRegistry
 from atdnode.training import TrainOptions, train
 from ledger import Ledger
+from netsim.fit_share import replayed_s
 from netsim.homes import node_seed
 
 
@@ -105,7 +106,7 @@ class NodeOps:
         from atdnode.aggregate_modes import aggregate
         from atdnode.hierarchical_node import GroupSpec
 
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), replayed_s()
         with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
             warnings.simplefilter("ignore", ConvergenceWarning)
             hier = mode == "hierarchical"
@@ -115,7 +116,8 @@ class NodeOps:
         b = res.entry.body
         pub = Pub(self.name, res.entry.id.hex(), res.blob, b["manifest"], "aggregate", mode,
                   tuple(res.details.get("classes") or ()), int(res.details.get("samples") or 0))
-        return Step(time.perf_counter() - t0, model_id=res.model_id, pub=pub,
+        # a fit shared with another simulated node (netsim.fit_share) is charged as if refitted
+        return Step(time.perf_counter() - t0 + replayed_s() - r0, model_id=res.model_id, pub=pub,
                     detail={"weights": [round(w, 6) for w in res.weights], "entry": res.entry.id.hex(),
                             "groups": res.details.get("groups", []), "kept": res.details.get("kept"),
                             "kept_why": res.details.get("kept_why"), "warnings": res.details.get("warnings", [])})

@@ -36,20 +36,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
-from sklearn.calibration import CalibratedClassifierCV
-from sklearn.decomposition import PCA
-from sklearn.ensemble import RandomForestClassifier
-from sklearn.frozen import FrozenEstimator
-from sklearn.model_selection import StratifiedKFold
-from sklearn.neural_network import MLPClassifier
-from sklearn.preprocessing import StandardScaler
-from sklearn.svm import LinearSVC
 from threadpoolctl import threadpool_limits
+
+if TYPE_CHECKING:  # scikit-learn is imported where a model is fitted: predicting is numpy only,
+    # so `atd classify` / `aggregate --mode horizontal` / `--verify` never pay ~1.5 s for it
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.neural_network import MLPClassifier
 
 __all__ = ["EnsembleClassifier", "EnsembleError", "MEMBERS", "FORMAT", "PRIORS", "prior_ratio"]
 
@@ -116,6 +114,9 @@ class EnsembleClassifier:
         arrays: dict[str, np.ndarray] = {"classes": classes.astype(np.int64)}
         if p["prior"] != "none":
             arrays["prior.ratio"] = prior_ratio(p["prior"], counts, classes, target_counts)
+        from sklearn.decomposition import PCA
+        from sklearn.preprocessing import StandardScaler
+
         if p["standardize"]:
             scaler = StandardScaler().fit(X)
             X = scaler.transform(X)
@@ -134,16 +135,25 @@ class EnsembleClassifier:
         return self
 
     def _fit_mlp(self, Z: np.ndarray, y: np.ndarray, counts: np.ndarray, seed: int) -> MLPClassifier:
+        from sklearn.neural_network import MLPClassifier
+
         return MLPClassifier(hidden_layer_sizes=tuple(self.params["mlp_hidden"]), solver="adam",
                              learning_rate_init=1e-3, max_iter=self.params["mlp_max_iter"],
                              random_state=seed).fit(Z, y)
 
     def _fit_rf(self, Z: np.ndarray, y: np.ndarray, counts: np.ndarray, seed: int) -> RandomForestClassifier:
+        from sklearn.ensemble import RandomForestClassifier
+
         return RandomForestClassifier(n_estimators=self.params["rf_trees"], criterion="gini",
                                       max_features="log2", min_samples_split=3, random_state=seed,
                                       n_jobs=1).fit(Z, y)
 
     def _fit_svm(self, Z: np.ndarray, y: np.ndarray, counts: np.ndarray, seed: int) -> CalibratedClassifierCV:
+        from sklearn.calibration import CalibratedClassifierCV
+        from sklearn.frozen import FrozenEstimator
+        from sklearn.model_selection import StratifiedKFold
+        from sklearn.svm import LinearSVC
+
         svc = LinearSVC(loss="squared_hinge", tol=0.01, C=self.params["svm_c"],
                         max_iter=self.params["svm_max_iter"], random_state=seed)
         folds = min(5, int(counts.min()))

@@ -10,6 +10,9 @@ Factories (plain functions, importable from their modules; never import another 
   its address), `atd(...)` as a subprocess, `consortium(root, n)` made by the CLI processes,
   `status(home)`, and `wait_until(cond, timeout, what)`: the one way to wait outside trio.
 - `tests/vgs_homes.py`: homes with trained tiny ViTs (the `disjoint` and `skewed` trios).
+- `tests/atd_forkserver.py`: `forkserver(root, env)`, `atd` commands each forked from one
+  interpreter that imported torch, timm, scikit-learn and matplotlib once (the README
+  walkthroughs run their ~20 torch commands through it).
 - `tests/blobnet.py`, `tests/splitnet.py`, `tests/split_checks.py`, `tests/browser.py`,
   `tests/medimg.py`, `tests/mdblocks.py`, `tests/netsim_tiny.py`: narrower helpers.
 
@@ -51,12 +54,12 @@ from tests.nodeprocs import Daemon, start_daemon
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
     "test_vgs_claims.py",
-    "test_readme.py",
     "test_fat.py",
     "test_split_network.py",
     "test_chaos.py",
     "test_daemon_procs.py",
     "test_rounds_procs.py",
+    "test_readme.py",  # ~175 s before its `atd` commands were forked from a warm interpreter, ~60 s after
 )
 
 

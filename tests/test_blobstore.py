@@ -113,6 +113,23 @@ def test_corrupt_blob_detected(store):
         store.manifest(h)  # never describe corrupt bytes
 
 
+@pytest.mark.parametrize("n", [300, 511, 512, 4000])  # below / at _PIPELINE_MIN (inline) and above (pipelined)
+def test_verify_reads_every_byte_on_both_paths(store, small_pipeline, n):
+    """A small blob is hashed in the calling thread with one buffer of its size, a large one
+    pipelined; either way a flipped last byte (same size, same inode) is caught, however
+    often the blob was verified before, and a blob that grew is read whole."""
+    data = _data(n, seed=n)
+    h = store.put_bytes(data)
+    for _ in range(2):
+        store.verify(h)
+    _flip(store.path(h), n - 1)
+    with pytest.raises(BlobError, match=f"corrupt on disk: its {n} bytes"):
+        store.verify(h)
+    store.path(h).write_bytes(data + b"x")  # appended after the name was given
+    with pytest.raises(BlobError, match=f"its {n + 1} bytes"):
+        store.verify(h)
+
+
 def test_read_chunk_detects_rot_after_manifest(store):
     data = _data(3 * CS + 10)
     h = store.put_bytes(data)
@@ -546,3 +563,50 @@ def test_write_chunk_sync_flag_positional(src, tmp_path):
     assert BlobStore(tmp_path).partial(m).missing() == list(range(7))
     p.flush()
     assert BlobStore(tmp_path).partial(m).missing() == list(range(1, 7))
+
+
+# ----- durability: always, except inside a throw-away simulation
+
+def _count_syncs(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
+    return calls
+
+
+def _writes(store: BlobStore, root: Path, seed: int) -> None:
+    """A blob put, a manifest cached, a chunked download completed, a registry record written."""
+    from atdnode.home import NodeHome
+    from atdnode.registry import ModelRecord, ModelRegistry
+
+    data = _data(3 * CS + 7, seed=seed)
+    store.manifest(store.put_bytes(data))
+    other = BlobStore(root / f"other{seed}", chunk_size=CS)
+    m = store.manifest(store.put_bytes(_data(2 * CS, seed=seed + 100)))
+    p = other.partial(m)
+    for i in range(m.num_chunks):
+        p.write_chunk(i, store.read_chunk(m.blob, i))
+    p.complete()
+    ModelRegistry(NodeHome.at(root / f"home{seed}")).add(ModelRecord(
+        model={}, labels=["0", "1"], label_fp="x", samples=2, metrics={}, blobs={"full": m.blob}))
+
+
+def test_writes_are_fsynced_unless_a_simulation_says_its_disk_is_volatile(store, tmp_path, monkeypatch):
+    """A node's blobs, downloads and registry files reach the disk (fsync per file, per rename,
+    per download record); only inside `volatile_disk()` (netsim's in-memory back-end) are
+    the syncs skipped, and durability is back when the block ends, even on an error."""
+    calls = _count_syncs(monkeypatch)
+    assert blobfs.durable()
+    _writes(store, tmp_path, 1)
+    assert calls.count("fsync") >= 6 and calls.count("fdatasync") >= 2, calls
+    calls.clear()
+    with pytest.raises(RuntimeError), blobfs.volatile_disk():
+        with blobfs.volatile_disk():  # nested: the outer block stays volatile
+            pass
+        assert not blobfs.durable()
+        _writes(store, tmp_path, 2)
+        raise RuntimeError("the simulation failed")
+    assert calls == [] and blobfs.durable()
+    _writes(store, tmp_path, 3)
+    assert calls.count("fsync") >= 6, calls

@@ -7,7 +7,6 @@ offline while entries were published catches up when it returns.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from atdnode.blobstore import BlobStore
 from atdnode.home import NodeHome
-from tests.factories import append, cli
+from tests.factories import append, cli, cli_json
 from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)
 
@@ -40,16 +39,17 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
         for h in homes[1:]:
             daemons.append(start_daemon(h, "--bootstrap", addr))
-        # the three nodes train at once (as three hospitals would), then publish (`atd
-        # publish-weights` run by typer's runner in this process: it does not talk to the daemon,
-        # and three more start-ups with torch cost ~8 s of CPU; as processes: test_readme)
+        # the three nodes train at once (as three hospitals would), then publish, aggregate and
+        # verify (`atd publish-weights`, `aggregate`, `aggregate --verify` run by typer's runner
+        # in this process: they read the home on disk and do not talk to the daemon, and each
+        # start-up with torch and timm costs ~5 s of CPU; the same commands as processes: test_readme)
         atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
         for h in homes:
             cli("publish-weights", "--home", str(h), "--part", "extractor")
         wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
                    120, "node 1 to learn all three weights entries")
         wait_until(lambda: holds_all(homes[0], 3), 180, "node 1 to fetch every published extractor")
-        out = json.loads(atd("aggregate", "--home", str(homes[0]), "--mode", "horizontal", "--json").stdout)
+        out = cli_json("aggregate", "--home", str(homes[0]), "--mode", "horizontal")
         assert len(out["inputs"]) == 3
         wait_until(lambda: entry_ids(homes[0]) == entry_ids(homes[1]) == entry_ids(homes[2]), 120,
                    "all three ledgers to hold the same entries")
@@ -57,7 +57,7 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
             cli("ledger", "verify", "--home", str(h))
         # the aggregate is checkable by a peer that holds the inputs
         wait_until(lambda: not live_status(homes[1])["wanted"], 180, "node 2 to fetch the blobs it lacks")
-        atd("aggregate", "--home", str(homes[1]), "--verify", out["entry"])
+        assert "verifies" in cli("aggregate", "--home", str(homes[1]), "--verify", out["entry"])
         # the aggregate averaged exactly the three published extractors (one per node)
         weights = ledger_rows(homes[0], "weights")  # what `atd ledger show --kind weights --json` prints
         assert sorted(out["inputs"]) == sorted(e["id"] for e in weights) and len({e["author"] for e in weights}) == 3

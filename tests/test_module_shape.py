@@ -130,12 +130,34 @@ def test_the_training_options_load_without_torch():
     assert out.stdout.strip() == "[]"
 
 
-def test_averaging_weight_sets_loads_no_scikit_learn():
+def test_averaging_and_predicting_load_no_scikit_learn(tmp_path):
     """Every `atd rounds` and `atd aggregate` process imports `atdnode.aggregate` (through
-    `atdnode.rounds`); scikit-learn (~0.7 s of CPU at each start-up) is for the ensembles only."""
-    probe = "import sys, atdnode.rounds, atdnode.daemon; print(sorted({'sklearn'} & set(sys.modules)))"
+    `atdnode.rounds`); scikit-learn (~1.5 s of CPU at each start-up, with scipy) is imported
+    where an ensemble is fitted only: a stored one predicts with numpy, so `atd aggregate
+    --verify`, `atd classify` / `predict` of an ensemble and the modules behind them load none."""
+    import warnings
+
+    import numpy as np
+    from sklearn.exceptions import ConvergenceWarning
+
+    from protocols.ensemble import EnsembleClassifier
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(60, 8)), np.arange(60) % 3
+    with warnings.catch_warnings():  # a few MLP iterations on noise: it does not converge, nor need to
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ens = EnsembleClassifier(pca_components=4, mlp_hidden=(8,), mlp_max_iter=50, rf_trees=5).fit(X, y)
+    ens.save(tmp_path / "ens.safetensors")
+    np.save(tmp_path / "x.npy", X)
+    probe = ("import sys, numpy as np, atdnode.rounds, atdnode.daemon, cli.app, atdnode.aggregate_modes, "
+             "atdnode.agg_verify, atdnode.classify\n"
+             "from protocols.ensemble import EnsembleClassifier\n"
+             f"p = EnsembleClassifier.load({str(tmp_path / 'ens.safetensors')!r}).predict_proba("
+             f"np.load({str(tmp_path / 'x.npy')!r}))\n"
+             "print(p.shape, sorted({'sklearn', 'scipy'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "(60, 3) []", out.stdout
+    assert np.allclose(EnsembleClassifier.load(tmp_path / "ens.safetensors").predict_proba(X), ens.predict_proba(X))
 
 
 # Circles that still exist, each to be untangled; this list may only shrink (a new circle, or

@@ -1,5 +1,10 @@
 """The README's walkthroughs, run exactly as written (bash -euo pipefail, in an empty
-directory, `atd` = this checkout)."""
+directory, `atd` = this checkout).
+
+`atd` is each command in its own process, forked from one interpreter that imported torch,
+timm, scikit-learn and matplotlib once (tests/atd_forkserver.py: the VGS walkthrough's 14
+torch commands spent ~80 of its ~110 CPU-seconds importing them); the dashboard walkthrough,
+which starts a daemon with `&` and stops it, runs the console script as is."""
 from __future__ import annotations
 
 import os
@@ -7,9 +12,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from tests.atd_forkserver import forkserver
 from tests.mdblocks import fenced_blocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,38 +32,56 @@ def walkthrough(name: str) -> str:
     return body
 
 
-def run(tmp_path: Path, name: str, local_dirs: list[str], timeout: float = 1500, homes: list[str] = ()) -> str:
+COLD = [sys.executable, "-m", "cli.app"]  # the console script, as installed
+
+
+def _env(bin_dir: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env.pop("ATD_HOME", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def warm_atd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """`atd` through one fork server (above), shared by the walkthroughs of this file."""
+    with forkserver(tmp_path_factory.mktemp("forkserver"), _env()) as client:
+        yield client
+
+
+def run(tmp_path: Path, name: str, local_dirs: list[str], atd: list[str] = COLD, timeout: float = 1500,
+        homes: list[str] = ()) -> str:
+    """Run walkthrough `name` in `tmp_path/work`, `atd` being the command line `atd`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "atd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cli.app "$@"\n')
-    (bin_dir / "atd").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "atd").write_text("#!/bin/sh\nexec " + " ".join(f'"{a}"' for a in atd) + ' "$@"\n')
+    (bin_dir / "atd").chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
     script = tmp_path / f"{name}.sh"
     script.write_text(walkthrough(name))
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    env.pop("ATD_HOME", None)
+    env = _env(bin_dir)
     try:
         p = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=work, env=env, capture_output=True,
                            text=True, timeout=timeout)
     finally:
         for d in local_dirs:  # never leave daemons behind, whatever happened
             if (work / d / "local.json").exists():
-                subprocess.run([str(bin_dir / "atd"), "local", "down", "--dir", str(work / d)], env=env,
+                subprocess.run([*COLD, "local", "down", "--dir", str(work / d)], env=env,
                                capture_output=True, timeout=120)
         for h in homes:  # daemons the script started itself
             if (work / h / "control.sock").exists():
-                subprocess.run([str(bin_dir / "atd"), "node", "stop", "--home", str(work / h)], env=env,
+                subprocess.run([*COLD, "node", "stop", "--home", str(work / h)], env=env,
                                capture_output=True, timeout=120)
     assert p.returncode == 0, f"walkthrough {name} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
 
 
 @pytest.mark.slow
-def test_vgs_walkthrough(tmp_path: Path) -> None:
-    out = run(tmp_path, "vgs", ["consortium"])
+def test_vgs_walkthrough(tmp_path: Path, warm_atd: list[str]) -> None:
+    out = run(tmp_path, "vgs", ["consortium"], warm_atd)
     accs = [float(a) for a in re.findall(r"^  accuracy (\d\.\d+)", out, re.M)]
     assert len(accs) == 3  # horizontal, vertical, hierarchical global models, each scored
     assert min(accs) > 2 * 0.1, accs  # ten digit classes: chance is 0.1
@@ -68,8 +93,8 @@ def test_vgs_walkthrough(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_split_walkthrough(tmp_path: Path) -> None:
-    out = run(tmp_path, "split", ["split"])
+def test_split_walkthrough(tmp_path: Path, warm_atd: list[str]) -> None:
+    out = run(tmp_path, "split", ["split"], warm_atd)
     digit = float(re.search(r"^pfesta task digit: 2 round\(s\), accuracy=(\d\.\d+)", out, re.M).group(1))
     # the walkthrough's setting (2 rounds x 3 steps, 120 samples) is test_split_network's in-memory one:
     # 0.44-0.46 there against the shard's held-out majority rate of 0.16 (what a constant scores)
@@ -97,3 +122,24 @@ def test_dashboard_walkthrough(tmp_path: Path) -> None:
     assert samples[("atd_ledger_entries", (("state", "log"),))] >= 1  # the genesis (+ hello, once said)
     assert sum(v for (name, _), v in samples.items() if name == "atd_members") >= 1
     assert not (tmp_path / "work" / "hospital" / "control.sock").exists()
+
+
+def test_forkserver_runs_each_command_as_its_own_process(tmp_path: Path) -> None:
+    """The walkthroughs' `atd`: arguments, directory, environment, stdin/stdout/stderr and the
+    exit code are the caller's, and each command is a fresh child (a warm server of cli.app only)."""
+    (tmp_path / "here").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("ATD_HOME", None)
+    with forkserver(tmp_path, env, warm=("cli.app",)) as atd:
+        init = subprocess.run([*atd, "init", "--home", "h", "--genesis", "--consortium", "c"], cwd=tmp_path / "here",
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert init.returncode == 0 and (tmp_path / "here" / "h" / "ledger.db").exists(), init.stderr
+        ident = subprocess.run([*atd, "id"], cwd=tmp_path / "here", env={**env, "ATD_HOME": "h"},
+                               capture_output=True, text=True, timeout=60)  # the caller's environment
+        assert ident.returncode == 0 and re.fullmatch(r"12D3KooW\w+\n", ident.stdout), ident
+        bad = subprocess.run([*atd, "id", "--home", str(tmp_path / "nowhere")], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode != 0 and bad.stdout == "" and bad.stderr.startswith("error: "), bad
+        assert len(bad.stderr.splitlines()) == 1, bad.stderr
+        usage = subprocess.run([*atd, "no-such-command"], env=env, capture_output=True, text=True, timeout=60)
+        assert usage.returncode == 2 and "no-such-command" in usage.stderr, usage
