@@ -42,8 +42,9 @@ class MemLog:
         self.by_author: dict[bytes, dict[int, Entry]] = {}
         self.head: dict[bytes, int] = {}
 
-    def heads(self) -> dict[bytes, int]:
-        return dict(self.head)
+    def heads(self, *, copy: bool = True) -> dict[bytes, int]:
+        """author -> contiguous head, as `Ledger.heads` (`copy=False`: the live map, read only)."""
+        return dict(self.head) if copy else self.head
 
     def forks(self) -> dict[bytes, int]:
         """author -> first forked seq, as `Ledger.forks`. A lite log keeps the first entry it
