@@ -269,8 +269,8 @@ class NodeDaemon:
             await self.transport.disconnect(peer_id)  # no gossip to outsiders either
             return
         self.dialer.changed.set()  # above max now? the peer-set loop prunes at once
-        if self._nursery is not None and self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
-            self._nursery.start_soon(self.sync_with, peer_id)
+        if self._nursery is not None:
+            self.replica.on_connected(peer_id, self._nursery.start_soon)  # which end pulls: atdnode.sync_connect
 
     # ---------------------------------------------------------------- public API (delegates)
 

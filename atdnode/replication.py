@@ -7,6 +7,9 @@
   entry is kept for `on_gossip`, which queues it; `merge_loop()` merges queued entries in
   batches (one transaction each) and calls `merge_observers` with the ids added;
 * `pull_from(peer)` / `sync_with(peer)` pull what a peer has and we lack (`atdnode.sync`);
+  `on_connected(peer, start_soon)` starts the pull of a new connection: the dialling end
+  pulls at once, the dialled end only when the dialler's request showed that it lacks
+  something, or when none came (`atdnode.sync_connect`);
   `periodic_sync()` pulls from `sync_fanout` members per `sync_interval` in turn (issue 15);
   `verify_peers()` pulls from every connected peer and lists what they held that we lacked;
 * safe restart (issue 11): `head_confirmed` is set once a member's copy shows that our own
@@ -34,6 +37,7 @@ from atdnode.dialer import PeerDialer
 from atdnode.ledger_access import LedgerAccess
 from atdnode.peerset import PeerSet, plan_sync
 from atdnode.rngs import loop_rng
+from atdnode.sync_connect import ConnectPulls, Waiter
 from atdnode.sync import PER_PEER_STREAMS, TOTAL_STREAMS, SyncResult, SyncVersions, pull, serve_sync
 from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.limits import PeerLimits
@@ -75,6 +79,7 @@ class Replicator:
         self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
         self._sync_limits = PeerLimits(per_peer=PER_PEER_STREAMS, total=TOTAL_STREAMS)
         self._versions = SyncVersions()  # which sync version each peer speaks
+        self.connect_pulls = ConnectPulls()  # which end of a new connection pulls
         self._last_merge = -math.inf  # when merge_loop last committed (see MERGE_LINGER_S)
 
     # ---------------------------------------------------------------- membership
@@ -97,6 +102,11 @@ class Replicator:
     def member_peer_ids(self) -> set[str]:
         """Peer ids of the other members."""
         return {peer_id_from_public_key(k) for k in self.members if k != self.me}
+
+    def is_other_member(self, peer_id: str) -> bool:
+        """`peer_id in member_peer_ids()` without building the set (O(1): the gate holds the
+        same member set as peer ids, `refresh_members`)."""
+        return peer_id != self.gate.self_peer and peer_id in self.gate.members
 
     # ---------------------------------------------------------------- gossip
 
@@ -179,7 +189,29 @@ class Replicator:
     # ---------------------------------------------------------------- sync
 
     async def serve_sync(self, stream: Stream) -> None:
-        await serve_sync(stream, self.ledger, self._sync_limits)
+        await serve_sync(stream, self.ledger, self._sync_limits, observe=self.connect_pulls.observed)
+
+    def on_connected(self, peer_id: str, start_soon: Callable) -> None:
+        """Start the pull of a new connection to `peer_id` (`atdnode.sync_connect`): the
+        dialling end (or either, when the transport cannot tell) pulls at once; the dialled
+        end, a member, waits for the dialler's request and pulls only if it showed that the
+        peer holds something we lack, or if none came in time. Synchronous up to the
+        `start_soon`: the wait is registered before any request on the connection is served."""
+        if ConnectPulls.waits(self.transport.dialled(peer_id), self.gate.self_is_member):
+            start_soon(self._pull_unless_in_step, peer_id, self.connect_pulls.expect(peer_id))
+        elif self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
+            start_soon(self.sync_with, peer_id)
+
+    async def _pull_unless_in_step(self, peer_id: str, waiter: Waiter) -> None:
+        if await self.connect_pulls.peer_has_nothing_new(peer_id, waiter):
+            self.stats["connect_pulls_skipped"] = self.stats.get("connect_pulls_skipped", 0) + 1
+            if not self.head_confirmed.is_set() and self.is_other_member(peer_id):
+                # its heads are nowhere ahead of ours: it holds no own entry of ours past our head
+                log.info("own chain head confirmed with member %s (in step on connecting)", peer_id)
+                self.head_confirmed.set()
+            return
+        if self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
+            await self.sync_with(peer_id)
 
     async def sync_with(self, peer_id: str, *, asked: bool = False) -> int:
         """Pull what `peer_id` has and we lack; returns the number of entries added.
@@ -236,7 +268,7 @@ class Replicator:
         if result.added:
             log.info("sync with %s: %d new entries", peer_id, result.added)
             await self.after_merge(kinds)  # membership first: the pull may have taught us who is a member
-        if not self.head_confirmed.is_set() and peer_id in self.member_peer_ids():
+        if not self.head_confirmed.is_set() and self.is_other_member(peer_id):
             own_head = await self.ledger.run(lambda led: led.head_of(me))
             if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back (issue 24)
                 log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
@@ -260,9 +292,8 @@ class Replicator:
                 peers = self.transport.peers()
             except TransportError:
                 continue
-            members = self.member_peer_ids()
             for peer in peers:
-                if peer in members and not self.head_confirmed.is_set():
+                if self.is_other_member(peer) and not self.head_confirmed.is_set():
                     await self.pull_from(peer)
 
     async def verify_peers(self) -> dict:

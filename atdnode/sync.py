@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import msgpack
 import trio
@@ -50,7 +51,8 @@ import trio
 from atdnode.access import AccessRefused, is_refusal
 from atdnode.ledger_access import LedgerAccess
 from atdnode.own_chain import fork_evidence, held_by, held_for
-from atdnode.sync_digest import VECTOR_BYTES, bucket_of, differing, digest_vector
+from atdnode.sync_connect import ahead_of
+from atdnode.sync_digest import VECTOR_BYTES, differing, digest_vector, in_buckets
 from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
 from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
 
@@ -99,9 +101,14 @@ def _decode(frame: bytes) -> dict:
     return msg
 
 
-async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None) -> None:
+async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | None = None,
+                     observe: Callable[[str, bool], None] | None = None) -> None:
     """Answer one request on `stream` (v1 or v2, by the stream's protocol) with the entries
     the requester lacks.
+
+    `observe(peer, ahead)` is told, once the request was compared with our ledger, whether
+    the requester holds anything we lack (`atdnode.sync_connect`: the dialled end of a new
+    connection skips its own pull on that evidence).
 
     With `limits`, a peer over its share of concurrent sync streams is reset before any
     read. Every read and write has an idle deadline (IDLE_TIMEOUT), so a silent or
@@ -112,9 +119,9 @@ async def serve_sync(stream: Stream, ledger: LedgerAccess, limits: PeerLimits | 
         return
     try:
         if stream.protocol == SYNC_PROTOCOL_V2:
-            await _serve_v2(stream, ledger)
+            await _serve_v2(stream, ledger, observe or _ignore)
         else:
-            await _serve_v1(stream, ledger)
+            await _serve_v1(stream, ledger, observe or _ignore)
     except (SyncProtocolError, FrameError) as exc:
         log.warning("sync request from %s refused: %s", stream.remote_peer, exc)
         await stream.reset()
@@ -148,13 +155,23 @@ def _heads_of(msg: dict) -> dict:
     return heads
 
 
-async def _serve_v1(stream: Stream, ledger: LedgerAccess) -> None:
+def _ignore(_peer: str, _ahead: bool) -> None:
+    pass
+
+
+async def _serve_v1(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
     heads = _heads_of(await _read(stream))
-    missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads), held_for(led, stream.remote_peer)))
+
+    def answer(led) -> tuple[list[bytes], int, bool]:
+        missing = _missing_raw(led, heads)  # validates `heads` first
+        return missing, held_for(led, stream.remote_peer), ahead_of(led.heads(copy=False), heads)
+
+    missing, yours, ahead = await ledger.run(answer)
+    observe(stream.remote_peer, ahead)
     await _send_entries(stream, missing, yours)
 
 
-async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
+async def _serve_v2(stream: Stream, ledger: LedgerAccess, observe: Callable[[str, bool], None]) -> None:
     msg = await _read(stream)
     theirs = msg.get("b")
     if msg["t"] != "digest" or not isinstance(theirs, bytes) or len(theirs) != VECTOR_BYTES:
@@ -163,6 +180,7 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     yours = held_by(heads_here, stream.remote_peer)
     wanted = differing(mine, theirs)
     if not wanted:
+        observe(stream.remote_peer, False)  # in step
         await _write(stream, {"t": "end", "n": 0, "yours": yours})
         return
     await _write(stream, {"t": "want", "b": bytes(wanted)})
@@ -171,6 +189,7 @@ async def _serve_v2(stream: Stream, ledger: LedgerAccess) -> None:
     if any(isinstance(a, bytes) and a[:1] and a[0] not in buckets for a in heads):
         raise SyncProtocolError("heads of a bucket that was not asked for")
     missing, yours = await ledger.run(lambda led: (_missing_raw(led, heads, buckets), held_for(led, stream.remote_peer)))
+    observe(stream.remote_peer, ahead_of(heads_here, heads))  # (validated by _missing_raw)
     await _send_entries(stream, missing, yours)
 
 
@@ -197,11 +216,11 @@ def _missing_raw(led, heads: dict, buckets: frozenset[int] | None = None) -> lis
     malformed heads map. Heads equal to ours (the common case once in step: every periodic
     v1 pull between converged peers) answer at once, with no per-author work. `buckets`
     (v2): only authors in these digest buckets (`sync_digest.bucket_of`) are looked at."""
-    mine = led.heads()
+    mine = led.heads(copy=False)  # read only (the cached map)
     if heads == mine:  # equal to our (well-formed) heads, so well-formed too
         return []
     if buckets is not None:
-        mine = {a: s for a, s in mine.items() if bucket_of(a) in buckets}
+        mine = in_buckets(mine, buckets)
     theirs: dict[bytes, int] = {}
     for author, seq in heads.items():
         if not isinstance(author, bytes) or len(author) != 32 or not isinstance(seq, int):
@@ -263,7 +282,7 @@ async def pull(stream: Stream, ledger: LedgerAccess) -> SyncResult:
             if msg["t"] != "want" or not isinstance(want, bytes) or not want:
                 raise SyncProtocolError(f"unexpected sync message {msg['t']!r}")
             buckets = frozenset(want)
-            heads = {a: s for a, s in heads.items() if bucket_of(a) in buckets}
+            heads = in_buckets(heads, buckets)
         else:
             heads = await ledger.run(lambda led: led.heads())
         await stream.write_frame(msgpack.packb({"t": "heads", "heads": heads}))

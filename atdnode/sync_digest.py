@@ -72,8 +72,9 @@ class _Cache:
         if heads is old or heads == old:
             self.heads = heads
             return self.vector
-        changed = {bucket_of(a) for a, s in heads.items() if old.get(a) != s}
-        changed.update(bucket_of(a) for a in old.keys() - heads.keys())
+        # the buckets (first key byte, `bucket_of`) of every (author, seq) pair in one map and
+        # not the other: changed, new or gone heads (set operations in C, no call per author)
+        changed = {a[0] for a, _ in heads.items() ^ old.items()}
         members: dict[int, list[tuple[bytes, int]]] = {i: [] for i in changed}
         for a, s in heads.items():
             lst = members.get(a[0])
@@ -88,6 +89,11 @@ class _Cache:
 
 
 _caches: "weakref.WeakKeyDictionary[object, _Cache]" = weakref.WeakKeyDictionary()
+
+
+def in_buckets(heads: dict[bytes, int], buckets: frozenset[int]) -> dict[bytes, int]:
+    """The heads of the authors in `buckets` (`bucket_of`), inlined: one pass, no call per author."""
+    return {a: s for a, s in heads.items() if a[0] in buckets}
 
 
 def digest_vector(led) -> tuple[bytes, dict[bytes, int]]:

@@ -15,6 +15,15 @@ netsim campaign runs; `atdnode.split.base.assemble`) and its ensemble
     phase 3 (hierarchical) the new group's node trains from S; E3 = its extractor and E2
                            averaged with sqrt-classes weights (paper Eq. 11)
 
+Deviations it can score next to the paper's (`--rows`): chain-end (phase 1: the last
+founder's extractor instead of the mean; the founders train as a chain, each from the
+previous one's weights); b-from-a (phase 3: the new group's node trains from group A's E2,
+the consortium's latest fused extractor, netsim's `group_start = "consortium"`, then the
+same Eq. 11 average); b-chain-end (group B's model from E2 alone, no average);
+b-paper-chain-end (the paper's group-B model from S alone). `--skip-vertical` drops phase 2
+(group A is E1: a cheaper probe of the hierarchical step); `--no-paper-phase3` skips the
+paper's group-B training; `--ckpt DIR` keeps each trained model, so a stopped run resumes.
+
 S is the consortium init (the founder's seeded init, `netsim.vgs.consortium_init`; rate
 [train] lr) or the MSD base (rate `--lr`). Each phase's ensemble is fitted on every present
 node's training features (the features round) and scored on the phase's pooled test set,
@@ -24,6 +33,8 @@ in this run. No daemons, no ledger: a cheap probe for choosing a recipe before a
 
     nice -n 15 python bench/jitter_recipe_bench.py --start scratch
     nice -n 15 python bench/jitter_recipe_bench.py --start msd --lr 3e-4
+    nice -n 19 python bench/jitter_recipe_bench.py --no-refs --no-paper-phase3 --ckpt /tmp/ck \\
+        --rows vgs-atd chain-end b-from-a b-chain-end
 """
 from __future__ import annotations
 
@@ -97,12 +108,21 @@ def run(scn, args, log) -> dict:
     spec = replace(scn.train, lr=lr)
     kw = {**replace(ensemble_options(scn), seed=seed).kwargs(), "prior": "none"}
 
-    def train(node: str, init: dict, part: str = "extractor"):
+    def train(node: str, init: dict, part: str = "extractor", tag: str = ""):
         nd = data.nodes[node]
+        ck = Path(args.ckpt) / f"{args.start}-s{seed}-{node}{tag}.pt" if args.ckpt else None
+        if ck is not None and ck.exists():  # a checkpoint of this very step (same start, seed, node)
+            m = build_model(cfg(len(nd.classes)))
+            m.load_state_dict(torch.load(ck))
+            log(f"loaded {ck}")
+            return m.eval()
         t = train_model(cfg(len(nd.classes)), nd.train, spec, seed=seed + sum(map(ord, node)), epochs=args.epochs,
                         init=init, init_part=part)
         out["timings"][f"train_{node}_s"] = round(t.seconds, 1)
         log(f"trained {node} ({len(nd.train)} images) in {t.seconds:.0f} s")
+        if ck is not None:
+            ck.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(t.model.state_dict(), ck)
         return t.model
 
     def ext(model_or_state) -> torch.nn.Module:
@@ -129,9 +149,25 @@ def run(scn, args, log) -> dict:
         return round(float((pred == y).mean()), 4)
 
     nodes_at = {p: [n for n, d in data.nodes.items() if d.phase == p] for p in (1, 2, 3)}
-    rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "vgs-atd-keep", "start", "raw", "untrained")}
+    rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "raw", "untrained")}
     torch.manual_seed(seed + 7)
     untrained = extractor_state(build_model(cfg(2)))
+    t_ens, refs_done = 0.0, set()
+
+    def phase_rows(p: int, cands: dict[str, dict]) -> None:
+        """Score this phase's candidates (in --rows order) as soon as they exist."""
+        nonlocal t_ens
+        t0 = time.perf_counter()
+        for k in args.rows:
+            if k in cands:
+                rows.setdefault(k, []).append(score(p, cands[k]))
+        if args.refs and p not in refs_done:  # once per phase
+            refs_done.add(p)
+            rows["raw"].append(score(p, None))
+            rows["untrained"].append(score(p, untrained))
+        t_ens += time.perf_counter() - t0
+        log(json.dumps({"phase": p, **{k: v[-1] for k, v in rows.items() if v}}))
+
     # phase 1: node-to-node transfer inside the founders, uniform mean of extractors
     h = nodes_at[1]
     first = train(h[0], start)
@@ -139,27 +175,32 @@ def run(scn, args, log) -> dict:
     models = [first] + [train(n, first.state_dict() if same else extractor_state(first), "full" if same else "extractor")
                         for n in h[1:]]
     e1 = _mean([extractor_state(m) for m in models], [1.0] * len(models))
+    # chain-end: the last founder's extractor, no mean
+    phase_rows(1, {"vgs-atd": e1, "vgs-atd-keep": e1, "start": start, "chain-end": extractor_state(models[-1])})
     # phase 2: specialists fine-tune E1; vertical mean (paper) or the specialist's extractor (keep)
-    spec_models = [extractor_state(train(n, e1)) for n in nodes_at[2]]
-    e2 = _mean([e1, *spec_models], [1.0] * (1 + len(spec_models)))
-    e2_keep = _mean(spec_models, [1.0] * len(spec_models))
-    # phase 3: the new group trains from S; sqrt-classes weights (Eq. 11)
-    g_b = _mean([extractor_state(train(n, start)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
-    ka, kb = len(data.classes_at(2)), len({c for n in nodes_at[3] for c in data.nodes[n].classes})
+    if args.skip_vertical:  # a cheaper probe of phase 3: group A is the founders' E1 alone
+        e2 = e2_keep = e1
+    else:
+        spec_models = [extractor_state(train(n, e1)) for n in nodes_at[2]]
+        e2 = _mean([e1, *spec_models], [1.0] * (1 + len(spec_models)))
+        e2_keep = _mean(spec_models, [1.0] * len(spec_models))
+        phase_rows(2, {"vgs-atd": e2, "vgs-atd-keep": e2_keep, "start": start})
+    # phase 3: the new group trains from S (the paper) -- or, b-from-a, from group A's fused
+    # extractor E2 (the consortium's latest model; `group_start = "consortium"`); then the
+    # sqrt-classes average (Eq. 11); b-chain-end: group B's model alone
+    ka, kb = len(data.classes_at(1 if args.skip_vertical else 2)), len({c for n in nodes_at[3] for c in data.nodes[n].classes})
     wa, wb = math.sqrt(ka), math.sqrt(kb)
-    e3, e3_keep = _mean([e2, g_b], [wa, wb]), _mean([e2_keep, g_b], [wa, wb])
-    t0 = time.perf_counter()
-    for p, (a, b) in zip((1, 2, 3), ((e1, e1), (e2, e2_keep), (e3, e3_keep))):
-        rows["vgs-atd"].append(score(p, a))
-        rows["vgs-atd-keep"].append(score(p, b))
-        rows["start"].append(score(p, start))
-        if args.refs:
-            rows["raw"].append(score(p, None))
-            rows["untrained"].append(score(p, untrained))
-        log(json.dumps({"phase": p, **{k: v[-1] for k, v in rows.items() if v}}))
-    out["timings"]["ensembles_s"] = round(time.perf_counter() - t0, 1)
+    if {"b-from-a", "b-chain-end"} & set(args.rows):
+        tag = "-from-e1" if args.skip_vertical else "-from-e2"
+        g_b2 = _mean([extractor_state(train(n, e2, tag=tag)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
+        phase_rows(3, {"b-from-a": _mean([e2, g_b2], [wa, wb]), "b-chain-end": g_b2})
+    if {"vgs-atd", "vgs-atd-keep"} & set(args.rows) and args.paper_phase3:
+        g_b = _mean([extractor_state(train(n, start)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
+        phase_rows(3, {"vgs-atd": _mean([e2, g_b], [wa, wb]), "vgs-atd-keep": _mean([e2_keep, g_b], [wa, wb]),
+                       "b-paper-chain-end": g_b})
+    out["timings"]["ensembles_s"] = round(t_ens, 1)
     out["accuracy"] = {k: v for k, v in rows.items() if v}
-    if args.refs:
+    if args.refs and len(rows["vgs-atd"]) == 3:
         out["minus_raw_points"] = [round(100 * (a - r), 1) for a, r in zip(rows["vgs-atd"], rows["raw"])]
     out["wall_s"] = round(time.perf_counter() - t_all, 1)
     return out
@@ -185,6 +226,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-refs", dest="refs", action="store_false", help="skip the raw / untrained ensembles")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-paper-phase3", dest="paper_phase3", action="store_false",
+                    help="skip the paper's phase 3 (group B from S): only b-* rows there")
+    ap.add_argument("--skip-vertical", action="store_true",
+                    help="no phase 2: phase 3's group A is the founders' E1 (a cheaper probe of the hierarchical step)")
+    ap.add_argument("--ckpt", help="folder for each trained model (reused when present: a stopped run resumes)")
+    ap.add_argument("--rows", nargs="+", default=["vgs-atd", "vgs-atd-keep", "start"],
+                    choices=("vgs-atd", "vgs-atd-keep", "start", "b-from-a", "b-chain-end", "chain-end", "b-paper-chain-end"),
+                    help="which extractors to score (b-*: phase 3 only, chain-end: phase 1 only)")
     args = ap.parse_args()
     from netsim.scenario import load_scenario
 

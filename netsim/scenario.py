@@ -22,7 +22,8 @@ the network conditions, the faults, and optionally a gossip workload:
                  namespace (bool, default false: classes are matched by name across data sets)
     [[cohorts]]  name, phase, group, role, dataset, classes, partition, alpha, fractions,
                  class_sets, train_samples, test_samples, nodes
-    [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting
+    [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting, group_start
+                 (hierarchical: "base", the paper's, | "consortium", netsim.vgs._hierarchical)
     [[faults]]   kind, at_s | at_phase, node, nodes, groups, a, b, latency_ms, ...
     [workload]   kind = "gossip", entries, entry_bytes, publishers, interval_s, deadline_s
     [topology]   nodes (count, for network-only scenarios), degree, max_peers, peers

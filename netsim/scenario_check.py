@@ -10,6 +10,7 @@ from netsim.scenario_spec import (
     BACKENDS,
     BASES,
     FAULTS,
+    GROUP_STARTS,
     METHODS,
     MODES,
     PARTITIONS,
@@ -82,6 +83,10 @@ def check(s: Scenario) -> None:
             raise c.fail(f"{w}.mode", f"{ph.mode!r} is not one of {', '.join(MODES)}")
         if ph.weighting not in WEIGHTINGS:
             raise c.fail(f"{w}.weighting", f"{ph.weighting!r} is not one of {', '.join(WEIGHTINGS)}")
+        if ph.group_start not in GROUP_STARTS:
+            raise c.fail(f"{w}.group_start", f"{ph.group_start!r} is not one of {', '.join(GROUP_STARTS)}")
+        if ph.group_start != "base" and ph.mode != "hierarchical":
+            raise c.fail(f"{w}.group_start", "only a hierarchical phase has new groups to start")
         if ph.phase == 1 and ph.mode == "hierarchical":
             raise c.fail(f"{w}.mode", "phase 1 cannot be hierarchical (there is no earlier group)")
     for i, f in enumerate(s.faults):

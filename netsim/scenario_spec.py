@@ -23,6 +23,10 @@ PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
 WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count")
+# where a new group of a hierarchical phase starts (netsim.vgs._hierarchical): "base", the
+# consortium's shared base (the paper, §3.3); "consortium", the latest fused extractor of the
+# consortium's existing group (a deviation, issue 23)
+GROUP_STARTS = ("base", "consortium")
 
 
 class ScenarioError(AtdError):
@@ -131,6 +135,7 @@ class PhaseSpec:
     phase: int
     mode: str
     weighting: str = "uniform"  # the paper's: uniform (Eq. 2); hierarchical: sqrt-classes unless model-count
+    group_start: str = "base"  # hierarchical only: one of GROUP_STARTS ("base": the paper's)
 
 
 @dataclass(frozen=True)

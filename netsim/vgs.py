@@ -18,7 +18,12 @@ vertical     a shared base (the group's current extractor, published by a member
 hierarchical each new group first does its own horizontal round; then every node runs
              `atd aggregate --mode hierarchical` with one group per aggregate entry (a
              group's latest horizontal or vertical aggregate) — existing groups are reused,
-             never retrained; C_i and n_i are read from the signed entries.
+             never retrained; C_i and n_i are read from the signed entries. The new group's
+             first node starts from the consortium's shared base (the paper's §3.3: each
+             group from its pretrained W_p), or, with the phase's `group_start =
+             "consortium"` (a deviation, issue 23), from the latest fused extractor of the
+             first existing group, published by one of its members (node-to-node transfer
+             across groups, as the paper's horizontal mode does inside one).
 
 Features round (every mode): after the first aggregation each node seals the pre-logits
 features (the CLS token; for the shipped GAP ViT the mean of the patch tokens) of its data
@@ -423,9 +428,16 @@ class VgsRunner:
         for g in self.groups:
             if g not in new and any(n in joiners for n in self.groups[g].members):
                 self._res.notes.append(f"group {g}: joiners in hierarchical mode are only evaluated")
+        old = [g for g in self.groups if g not in new]
         for g in new:  # a new group first learns horizontally on its own
             gj = [n for n in joiners if self.data.nodes[n].group == g]
-            pubs = await self._group_round(g, gj, None, "uniform")
+            start = None  # the paper: from the consortium's shared base
+            if self.scn.phase(p).group_start == "consortium" and old:  # deviation: from group old[0]'s model
+                start = await self._group_base(old[0], joiners)
+                if start is not None:
+                    self._res.notes.append(f"group {g} starts from group {old[0]}'s extractor ({start.node}'s "
+                                           f"{self.state[start.node].kind} model)")
+            pubs = await self._group_round(g, gj, start, "uniform")
             if pubs:
                 await self._agg_round("horizontal", gj, pubs, "uniform", f"group {g} model")
         groups = []

@@ -41,12 +41,15 @@ def test_connect_and_peer_listener(kind: str) -> None:
         async with nodes(kind, 2) as (a, b):
             seen_a: list[str] = []
             seen_b: list[str] = []
+            dialled: dict[str, bool | None] = {}  # each end's `dialled` when the connection is announced
 
             async def la(p: str) -> None:
                 seen_a.append(p)
+                dialled["a"] = a.dialled(p)
 
             async def lb(p: str) -> None:
                 seen_b.append(p)
+                dialled["b"] = b.dialled(p)
 
             a.on_peer_connected(la)
             b.on_peer_connected(lb)
@@ -58,6 +61,9 @@ def test_connect_and_peer_listener(kind: str) -> None:
             assert a.peers() == [b.peer_id] and b.peers() == [a.peer_id]
             await b.connect(a.addrs()[0])  # idempotent; listeners fire once per peer
             assert seen_b == [a.peer_id]
+            assert dialled == {"a": False, "b": True}  # b dialled a (atdnode.sync_connect: b pulls at once)
+            assert b.dialled(a.peer_id) is True and a.dialled(b.peer_id) is False
+            assert a.dialled(peer_id_from_seed(seed(5))) is None  # not connected: unknown
 
     run(body)
 

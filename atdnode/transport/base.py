@@ -123,6 +123,13 @@ class Transport(ABC):
     def on_peer_connected(self, listener: PeerListener) -> None:
         """Register a coroutine called once for every newly connected peer (either direction)."""
 
+    def dialled(self, peer_id: str) -> bool | None:
+        """Which end opened our connection to `peer_id`: True when we dialled it, False when
+        it dialled us, None when unknown (not connected, connections both ways, or a
+        transport that cannot tell). The daemon's connection pull uses it
+        (`atdnode.sync_connect`: the dialling end pulls at once, the other waits)."""
+        return None
+
     @abstractmethod
     async def subscribe(self, topic: str, handler: MessageHandler, validator: Validator) -> None:
         """Receive gossip on `topic`; `validator` rejects messages before delivery and relay."""

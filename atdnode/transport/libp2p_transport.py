@@ -273,6 +273,16 @@ class Libp2pTransport(Transport):
         host, _, _ = self._require()
         return sorted(p.to_base58() for p in host.get_connected_peers())
 
+    def dialled(self, peer_id: str) -> bool | None:
+        """From the muxer's initiator flag of our connections to `peer_id` (None when there
+        are none, or one each way after a simultaneous dial)."""
+        host, _, _ = self._require()
+        try:
+            ends = {bool(c.muxed_conn.is_initiator) for c in host.get_network().get_connections(ID.from_base58(peer_id))}
+        except Exception:  # a malformed id, a connection without a muxer: unknown
+            return None
+        return ends.pop() if len(ends) == 1 else None
+
     def on_peer_connected(self, listener: PeerListener) -> None:
         self._listeners.append(listener)
 

@@ -90,6 +90,7 @@ class MemoryTransport(Transport):
         self._peer_id = peer_id_from_seed(seed)
         self.name = name or self._peer_id[-8:]
         self._conns: set[str] = set()
+        self._dialled: set[str] = set()  # connected peers we dialled (`dialled`)
         self._listeners: list[PeerListener] = []
         self._subs: dict[str, _Sub] = {}
         self._handlers: dict[str, StreamHandler] = {}
@@ -171,6 +172,8 @@ class MemoryTransport(Transport):
             raise TransportError(f"{other.peer_id} unreachable (link down)")
         self._conns.add(other.peer_id)
         other._conns.add(self.peer_id)
+        self._dialled.add(other.peer_id)  # (a stream opened to a peer not connected dials it too)
+        other._dialled.discard(self.peer_id)
         self._mesh_checked.clear()
         other._mesh_checked.clear()
         for topic in self._subs:  # a new subscriber to graft (GossipSub does this on its heartbeat)
@@ -190,12 +193,14 @@ class MemoryTransport(Transport):
 
     def _drop_conn(self, peer: str) -> None:
         self._conns.discard(peer)
+        self._dialled.discard(peer)
         self._mesh_checked.clear()
         for mesh in self._mesh.values():
             mesh.discard(peer)
         other = self.net.nodes.get(peer)
         if other is not None:
             other._conns.discard(self.peer_id)
+            other._dialled.discard(self.peer_id)
             other._mesh_checked.clear()
             for mesh in other._mesh.values():
                 mesh.discard(self.peer_id)
@@ -206,6 +211,9 @@ class MemoryTransport(Transport):
 
     def peers(self) -> list[str]:
         return sorted(self._conns)
+
+    def dialled(self, peer_id: str) -> bool | None:
+        return (peer_id in self._dialled) if peer_id in self._conns else None
 
     def on_peer_connected(self, listener: PeerListener) -> None:
         self._listeners.append(listener)
