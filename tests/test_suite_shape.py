@@ -31,11 +31,21 @@ def test_no_test_module_imports_another() -> None:
 def test_the_files_conftest_runs_first_exist_and_hold_slow_tests() -> None:
     """`conftest.LONGEST_FIRST` orders the run (the longest files start at once); a file
     renamed or deleted there would silently fall back to the end of the queue."""
-    tree = ast.parse((TESTS / "conftest.py").read_text())
-    (names,) = [ast.literal_eval(n.value) for n in tree.body
-                if isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["LONGEST_FIRST"]]
-    assert names and len(set(names)) == len(names), names
-    missing = [n for n in names if not (TESTS / n).is_file()]
-    assert missing == [], f"LONGEST_FIRST names files that are gone: {missing}"
+    names = _conftest_tuple("LONGEST_FIRST")
     fast = [n for n in names if "mark.slow" not in (TESTS / n).read_text()]
     assert fast == [], f"LONGEST_FIRST names files without a slow test: {fast}"
+
+
+def test_the_files_conftest_runs_first_in_the_fast_tier_exist() -> None:
+    _conftest_tuple("FAST_LONGEST_FIRST")
+
+
+def _conftest_tuple(var: str) -> tuple[str, ...]:
+    """`conftest.<var>`: test file names, none twice, each an existing file."""
+    tree = ast.parse((TESTS / "conftest.py").read_text())
+    (names,) = [ast.literal_eval(n.value) for n in tree.body
+                if isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == [var]]
+    assert names and len(set(names)) == len(names), names
+    missing = [n for n in names if not (TESTS / n).is_file()]
+    assert missing == [], f"{var} names files that are gone: {missing}"
+    return names
