@@ -13,27 +13,18 @@ after that commit returned, so whatever the caller gossips is already durable: a
 shown, and the node never signs twice at a seq anyone saw. Readers of this process go
 through the same limiter, so they never see an uncommitted own entry either.
 
-Where a group's time goes (issue 29, measured on the shared 2-core VM, 32 appenders, groups
-of ~31): per entry ~55-65 us Ed25519 sign, ~10 us canonical encoding / hashing, ~20 us
-SQLite insert (two rows, two random-key index pages: entries.id and seen.id), ~10-25 us
-of trio scheduling; per group one COMMIT of 4-5 ms (a bare write+fsync on that disk is
-3.2-4 ms; the WAL auto-checkpoint adds ~1 ms a group on average). So the fsync is half
-the cost at 32 appenders, and a closed loop of k appenders can never form groups larger
-than k: with sign time s and fsync time F, throughput is bounded by 1 / (s + F / k)
-(`bench/ledger_bench.py` reports that bound as `fsync_ceiling`). Overlapping the next
-group's signing with this group's fsync does not help a closed loop: the appenders that
-would form the next group are the ones waiting for this one. `executemany` for a group's
-rows was measured at 2 us per entry less: not worth a second insert path.
+Where a group's time goes (issue 29; `bench/ledger_bench.py` prints the numbers: `fsync_ms`,
+`group_ms`, `fsync_ceiling`): per entry an Ed25519 signature, the canonical encoding and
+hash, and an SQLite insert; per group one COMMIT, i.e. one fsync of the WAL (plus, now and
+then, a WAL checkpoint). A closed loop of k appenders never forms groups larger than k, so
+with sign time s and fsync time F throughput is bounded by 1 / (s + F / k): on a disk whose
+fsync is slow the fsync dominates at small k, whatever this code does.
 
-A pipelined variant was tried and reverted (issue 29, commit bb07115): the next group signed
-in a worker thread during this group's commit, committing two alternating halves of the
-appenders when F < k * s. Interleaved with this code at 32 appenders (load 4.5-5 on the 2
-shared cores) it was no faster (0.21-0.26 vs 0.24-0.27): an Ed25519 signature holds the GIL
-(cryptography 50), so a signer thread only runs while the trio loop and the ledger thread
-wait, and with both cores busy there is no spare CPU to overlap with; the GIL hand-offs
-made its signing 4-5 times slower than a bare loop. It can only pay on a quiet machine
-whose fsync is short (F < k * s) -- and then the fsync is a small part anyway (~1 ms a group
-of 31 when the disk is quiet: ~30 us of the ~145 us an entry costs).
+Signing the next group while this group's fsync runs was tried and reverted (commit bb07115,
+numbers in its message): an Ed25519 signature holds the GIL (cryptography), so a signer
+thread runs only while the trio loop and the ledger thread wait; it gained nothing on the
+shared 2-core machine, and `executemany` for a group's rows was not worth a second insert
+path either.
 """
 from __future__ import annotations
 
