@@ -199,8 +199,12 @@ class Replicator:
         `start_soon`: the wait is registered before any request on the connection is served."""
         if ConnectPulls.waits(self.transport.dialled(peer_id), self.gate.self_is_member):
             start_soon(self._pull_unless_in_step, peer_id, self.connect_pulls.expect(peer_id))
-        elif self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
+        elif self._may_pull_now(peer_id):
             start_soon(self.sync_with, peer_id)
+
+    def _may_pull_now(self, peer_id: str) -> bool:
+        """Not in a refusal back-off with `peer_id`, and no pull from it running already."""
+        return self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling
 
     async def _pull_unless_in_step(self, peer_id: str, waiter: Waiter) -> None:
         if await self.connect_pulls.peer_has_nothing_new(peer_id, waiter):
@@ -210,7 +214,7 @@ class Replicator:
                 log.info("own chain head confirmed with member %s (in step on connecting)", peer_id)
                 self.head_confirmed.set()
             return
-        if self.dialer.may_contact(peer_id) and peer_id not in self.dialer.pulling:
+        if self._may_pull_now(peer_id):
             await self.sync_with(peer_id)
 
     async def sync_with(self, peer_id: str, *, asked: bool = False) -> int:
