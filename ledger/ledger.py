@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ledger.encoding import decode_payload
 from ledger.entry import Entry
@@ -77,6 +78,52 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextmanager
+    def _writing(self, *, durable: bool = False) -> Iterator[None]:
+        """One write transaction (under the lock) that keeps the cached heads current.
+
+        When the cache was current as the transaction began (read under SQLite's write lock:
+        nothing another connection commits can slip in between), the rows that entered or
+        left the log meanwhile (`Store.log_moves`) turn the cached map into the new one --
+        a new map object, the old one is left as it was (`heads(copy=False)` readers keep
+        theirs) -- keyed by the token the commit left. Otherwise (no cache, or another
+        connection wrote) nothing is tracked and the next `heads()` rebuilds as before."""
+        s = self._store
+        with self._lock:
+            cached, new = self._heads, None
+            with s.transaction(durable=durable):
+                track = cached is not None and cached[0] == self._change_token()
+                s.log_moves = [] if track else None
+                try:
+                    yield
+                    if track and s.log_moves:
+                        new = self._moved(cached[1], s.log_moves)  # inside the transaction: reads its rows
+                finally:
+                    s.log_moves = None
+            if track:  # committed
+                self._heads = (s.commit_token, cached[1] if new is None else new)
+
+    def _moved(self, heads: dict[bytes, int], moves: list[tuple[bytes, int, bool]]) -> dict[bytes, int]:
+        """`heads` after these log moves: an entry that entered the log raises its author's
+        head to its seq (a log chain is contiguous from 1, so its head is its highest seq);
+        an author with an entry that left the log (a revocation cut, a fork) is looked up."""
+        out = dict(heads)
+        gone: set[bytes] = set()
+        for author, seq, entered in moves:
+            if not entered:
+                gone.add(author)
+            elif (have := out.get(author)) is None:
+                out[intern_key(author)] = seq
+            elif have < seq:
+                out[author] = seq
+        for author in gone:
+            seq = self._store.log_head(author)[0]
+            if seq:
+                out[intern_key(author)] = seq
+            else:
+                out.pop(author, None)
+        return out
+
     @property
     def path(self) -> str:
         return self._store.path
@@ -93,7 +140,7 @@ class Ledger:
         entry it may not make, WrongConsortium for a second genesis. The entry of a signer
         not (yet) admitted is stored held and enters the log once its admission arrives.
         The entry is durable (fsynced) when this returns."""
-        with self._lock, self._store.transaction(durable=True):
+        with self._writing(durable=True):
             return self._append_one(signer, kind, body)
 
     def append_many(self, signer: Signer, items: list[tuple[str, dict]]) -> list[Entry | LedgerError]:
@@ -105,7 +152,7 @@ class Ledger:
         then none of them was stored -- and none may have been shown to anyone (the caller
         gossips only what this returned)."""
         out: list[Entry | LedgerError] = []
-        with self._lock, self._store.transaction(durable=True):
+        with self._writing(durable=True):
             last: Entry | None = None  # the group's previous entry, when it went into the log
             for kind, body in items:
                 try:
@@ -265,7 +312,7 @@ class Ledger:
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
         opts = dict(quota=quota, tracker=self.quota_tracker, exempt=frozenset(exempt))
-        with self._lock, self._store.transaction():
+        with self._writing():
             if members_only:
                 return self._merge_members_only(parsed, early, opts)
             batch = Batch(self._store, **opts)
@@ -287,7 +334,7 @@ class Ledger:
         becomes admissible."""
         now = time.time() if now is None else now
         keep = set(keep)
-        with self._lock, self._store.transaction():
+        with self._writing():
             c = self._store.conn
             c.execute("INSERT OR IGNORE INTO seen(id, at) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
             ids = {r[0] for r in c.execute(
@@ -389,10 +436,11 @@ class Ledger:
         """author -> highest seq in the log (contiguous from 1 by construction). `copy=False`:
         the cached map itself (read it, never change it; one map per ledger, not two).
 
-        Cached until the database changes: a daemon asks on every sync (both sides), and
-        with thousands of authors the query scans the log each time. The cache is keyed by
-        SQLite's `data_version` (moves when another connection, e.g. a CLI command,
-        commits) and this connection's `total_changes` (moves on our own writes)."""
+        Cached: a daemon asks on every sync (both sides), and with thousands of authors the
+        query scans the log each time. The cache is keyed by SQLite's `data_version` (moves
+        when another connection, e.g. a CLI command, commits) and this connection's
+        `total_changes` (moves on our own writes); this object's own appends and merges keep
+        it current as they commit (`_writing`), so only another writer makes it rebuild."""
         with self._lock:
             c = self._store.conn
             token = self._change_token()
@@ -416,8 +464,7 @@ class Ledger:
     def _change_token(self) -> tuple[int, int]:
         """Changes when any connection (this one or another process's) wrote the database:
         what the cached heads are keyed on. Call with the lock held."""
-        c = self._store.conn
-        return c.execute("PRAGMA data_version").fetchone()[0], c.total_changes
+        return self._store.change_token()
 
     def heads_of(self, authors: Iterable[bytes]) -> dict[bytes, int]:
         """`heads()` of just these authors (those with no log entry left out): from the cache

@@ -104,9 +104,9 @@ class Batch:
         self._before.setdefault(e.id, None)
         self._stored.append(e)
 
-    def _set_state(self, entry_id: bytes, old: int, new: int) -> None:
-        self._before.setdefault(entry_id, old)
-        self.s.set_state(entry_id, new)
+    def _set_state(self, row: Row, old: int, new: int) -> None:
+        self._before.setdefault(row.id, old)
+        self.s.set_state(row, old, new)
 
     def add(self, e: Entry) -> LedgerError | None:
         """Store `e` (signature already verified) if acceptable; return the rejection error otherwise."""
@@ -185,7 +185,7 @@ class Batch:
             if len(near) != 1 or near[0][1] != HELD:
                 return
             row = near[0][0]
-            self._set_state(row.id, HELD, LOG)
+            self._set_state(row, HELD, LOG)
             if row.kind in ("member", "genesis"):
                 self.recompute = True
             seq += 1
@@ -198,7 +198,7 @@ class Batch:
         for r, old in rows:
             new = d.states[r.id]
             if new != old:
-                self._set_state(r.id, old, new)
+                self._set_state(r, old, new)
         s.replace_members(d.membership.members)
         s.replace_frozen(d.freeze)
         if d.membership.rotations or s.meta("rotations") is not None:

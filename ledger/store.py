@@ -91,6 +91,11 @@ class Store:
             raise TamperedStore(f"cannot open ledger database {self.path}: {exc}") from None
         self._count = 0
         self._tip = ZERO
+        # while a caller tracks them (a list, set inside a transaction): (author, seq, entered)
+        # of every row that entered (True) or left (False) the log -- what `Ledger` keeps its
+        # heads current with, instead of re-reading every head after each write
+        self.log_moves: list[tuple[bytes, int, bool]] | None = None
+        self.commit_token: tuple[int, int] | None = None  # `change_token()` of the last commit, read before it
 
     # --- transactions ------------------------------------------------------------------
     @contextmanager
@@ -120,11 +125,21 @@ class Store:
             if self._count != start:
                 self.conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('count', ?), ('tip', ?)",
                                   (self._count, self._tip))
+            # read under the write lock: no other connection can commit before our COMMIT, and
+            # COMMIT changes neither value, so this is the token the database has right after it
+            token = self.change_token()
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
         else:
             self.conn.execute("COMMIT")
+            self.commit_token = token
+
+    def change_token(self) -> tuple[int, int]:
+        """Moves whenever any connection may have written the database: SQLite's
+        `data_version` (moves when another connection commits) and this connection's
+        `total_changes` (moves on its own writes)."""
+        return self.conn.execute("PRAGMA data_version").fetchone()[0], self.conn.total_changes
 
     def close(self) -> None:
         self.conn.close()
@@ -151,6 +166,8 @@ class Store:
             (self._count, row.id, row.author, row.seq, row.prev, row.lamport, row.kind, payload, sig, state, link),
         )
         self._tip = link
+        if state == LOG and self.log_moves is not None:
+            self.log_moves.append((row.author, row.seq, True))
         # when this node stored it (unsigned local fact, for display: `atd ledger show`; held rows expire by it)
         self.conn.execute("INSERT OR IGNORE INTO seen(id, at) VALUES (?, ?)", (row.id, time.time()))
 
@@ -169,6 +186,9 @@ class Store:
         if not ids:
             return
         q = ",".join("?" * len(ids))
+        if self.log_moves is not None:  # (by contract held rows only; a log row would still be tracked)
+            self.log_moves.extend((a, n, False) for a, n in self.conn.execute(
+                f"SELECT author, seq FROM entries WHERE id IN ({q}) AND state=?", [*ids, LOG]))
         first = self.conn.execute(f"SELECT MIN(pos) FROM entries WHERE id IN ({q})", list(ids)).fetchone()[0]
         if first is None:
             return
@@ -192,8 +212,11 @@ class Store:
         row = self.conn.execute("SELECT state FROM entries WHERE id=?", (entry_id,)).fetchone()
         return None if row is None else row[0]
 
-    def set_state(self, entry_id: bytes, state: int) -> None:
-        self.conn.execute("UPDATE entries SET state=? WHERE id=?", (state, entry_id))
+    def set_state(self, row: Row, old: int, new: int) -> None:
+        """Move the stored `row` from state `old` (what it holds now) to `new`."""
+        self.conn.execute("UPDATE entries SET state=? WHERE id=?", (new, row.id))
+        if self.log_moves is not None and (old == LOG) != (new == LOG):
+            self.log_moves.append((row.author, row.seq, new == LOG))
 
     def rows_at(self, author: bytes, lo: int, hi: int) -> list[tuple[Row, int]]:
         """(row, state) of `author` with lo <= seq <= hi."""
