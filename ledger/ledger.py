@@ -400,7 +400,7 @@ class Ledger:
         if not p or len(p) > 64 or any(c not in "0123456789abcdef" for c in p):
             return []
         lo, hi = bytes.fromhex((p + "0" * 64)[:64]), bytes.fromhex((p + "f" * 64)[:64])
-        q, args = _SELECT + " WHERE id BETWEEN ? AND ? AND state=0", [lo, hi]
+        q, args = _SELECT + " WHERE id BETWEEN ? AND ? AND +state=0", [lo, hi]  # (+: by the id index)
         if kinds:
             q, args = q + f" AND kind IN ({','.join('?' * len(kinds))})", args + list(kinds)
         with self._lock:
@@ -413,12 +413,21 @@ class Ledger:
             return None if st is None else STATE_NAMES[st]
 
     def query(self, kind: str | None = None, author: bytes | None = None) -> list[Entry]:
-        """Log entries, optionally of one kind and/or author, in log order."""
-        q, args = _SELECT + " WHERE state=0", []
-        if kind is not None:
-            q, args = q + " AND kind=?", args + [kind]
+        """Log entries, optionally of one kind and/or author, in log order.
+
+        With an author, its chain index (author, seq) finds its rows; with a kind only, the
+        kind index: SQLite left to itself (no statistics) walks the whole log in log order
+        instead, to skip a sort -- one author's hello, or a kind with no entries, then cost a
+        read of every log row (issue 29: a daemon looking up a peer's hello in a log of
+        1,000 members read 1,000 rows per peer)."""
         if author is not None:
-            q, args = q + " AND author=?", args + [author]
+            q, args = _SELECT + " INDEXED BY entries_chain WHERE author=? AND state=0", [author]
+            if kind is not None:
+                q, args = q + " AND kind=?", args + [kind]
+        elif kind is not None:
+            q, args = _SELECT + " INDEXED BY entries_kind WHERE kind=? AND state=0", [kind]
+        else:
+            q, args = _SELECT + " WHERE state=0", []
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + _ORDER, args)]
 
