@@ -122,8 +122,7 @@ def member_peer_ids(led) -> set[str]:
     """Peer ids of the admitted, non-revoked members of an open `Ledger`."""
     from ledger.keys import peer_id_from_public_key
 
-    m = led.membership()
-    return {peer_id_from_public_key(pk) for pk in m.members if m.is_member(pk)}
+    return {peer_id_from_public_key(pk) for pk in led.member_keys()}
 
 
 def ledger_guard(handler: StreamHandler, ledger, what: str) -> StreamHandler:

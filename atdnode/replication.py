@@ -43,7 +43,7 @@ from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
 from atdnode.transport.limits import PeerLimits
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
-from ledger.keys import intern_key, peer_id_from_public_key
+from ledger.keys import peer_id_from_public_key
 
 log = logging.getLogger("atd.daemon")
 
@@ -73,7 +73,7 @@ class Replicator:
         self.sync_interval = sync_interval
         self.sync_fanout = sync_fanout
         self.rng_seed = rng_seed  # None: OS randomness (atdnode.rngs)
-        self.members: set[bytes] = set()
+        self.members: frozenset[bytes] = frozenset()  # `Ledger.member_keys`
         self.head_confirmed = trio.Event()  # own chain head checked with a member (see module doc)
         self._inbox_send, self._inbox_recv = trio.open_memory_channel(INBOX_SIZE)
         self._validated: OrderedDict[bytes, Entry] = OrderedDict()  # wire bytes -> checked entry
@@ -87,16 +87,18 @@ class Replicator:
     async def refresh_members(self) -> None:
         me = self.me
 
-        def members(led: Ledger) -> tuple[set[bytes], bool]:
-            m = led.membership()
+        def members(led: Ledger) -> tuple[frozenset[bytes], bool]:
+            keys = led.member_keys()  # admitted, not revoked; the same object while unchanged
+            if me in keys:
+                return keys, False
+            m = led.membership()  # not a member (yet, or any more): revoked, or rotated away?
             status = m.members.get(me)  # revoked, not rotated away (a rotated key reads as revoked too)
-            revoked = status is not None and status.revoked and me not in m.rotations
-            # == {pk for pk in m.members if m.is_member(pk)} (admitted, not revoked); keys shared process-wide
-            return {intern_key(pk) for pk, st in m.members.items() if not st.revoked}, revoked
+            return keys, status is not None and status.revoked and me not in m.rotations
 
         old = self.members
         self.members, revoked = await self.ledger.run(members)
-        self.gate.update(peer_id_from_public_key(pk) for pk in self.members)  # same set as access.member_peer_ids
+        if self.members is not old:  # (the ledger hands out the same set while membership is unchanged)
+            self.gate.update(peer_id_from_public_key(pk) for pk in self.members)  # same set as access.member_peer_ids
         self.dialer.membership_seen(changed=self.members != old, revoked=revoked)
 
     def member_peer_ids(self) -> set[str]:

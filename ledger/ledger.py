@@ -47,6 +47,7 @@ class Ledger:
         self._store = store
         self._lock = threading.RLock()
         self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
+        self._members: tuple[tuple[int, int], frozenset[bytes]] | None = None  # see member_keys()
         self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
 
     @classmethod
@@ -513,6 +514,23 @@ class Ledger:
         """Who is a member now: founder, members with admin / revoked / upto / name, key rotations."""
         with self._lock:
             return store_membership(self._store)
+
+    def member_keys(self) -> frozenset[bytes]:
+        """Keys of the admitted, non-revoked members (`Membership.is_member`), interned.
+
+        Cached until the database changes (`change_token`: our own writes and any other
+        connection's), so an admission or revocation shows at the next call; while the set is
+        unchanged the same object is returned (a caller can tell "unchanged" by `is`). One
+        indexed read of the member table, no `MemberStatus` per member (a daemon reads this
+        at every start and after every merge that carried a member entry)."""
+        with self._lock:
+            token = self._change_token()
+            cached = self._members
+            if cached is None or cached[0] != token:
+                keys = frozenset(intern_key(k) for (k,) in self._store.conn.execute(
+                    "SELECT key FROM members WHERE revoked=0"))
+                self._members = (token, cached[1] if cached is not None and cached[1] == keys else keys)
+            return self._members[1]
 
     def stats(self) -> dict[str, int]:
         with self._lock:
