@@ -29,7 +29,7 @@ from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership, Row
 from ledger.keys import intern_key, peer_id_from_public_key
 from ledger.merge import Batch, MergeResult, store_membership, stored_rotations
 from ledger.quota import AuthorQuota, QuotaTracker
-from ledger.store import ZERO, Store
+from ledger.store import ZERO, Store, commits_to
 from ledger.verify import VerifyReport, verify_store
 
 _SELECT = "SELECT payload, sig, id FROM entries"
@@ -475,6 +475,14 @@ class Ledger:
         """Changes when any connection (this one or another process's) wrote the database:
         what the cached heads are keyed on. Call with the lock held."""
         return self._store.change_token()
+
+    def local_writes(self) -> tuple[int, int]:
+        """Moves whenever a connection of *this process* commits to this ledger's file, or this
+        connection writes anything -- without a query: what a harness that holds every writer
+        of its ledgers in one process (netsim.memnet) keys a cache on. Another process's
+        writes do not move it (`change_token` sees those)."""
+        with self._lock:
+            return commits_to(self._store.path), self._store.conn.total_changes
 
     def heads_of(self, authors: Iterable[bytes]) -> dict[bytes, int]:
         """`heads()` of just these authors (those with no log entry left out): from the cache

@@ -56,6 +56,13 @@ CREATE TABLE IF NOT EXISTS seen(id BLOB PRIMARY KEY, at REAL NOT NULL);
 
 ROW_COLUMNS = "id, author, seq, prev, lamport, kind"
 
+_commits: dict[str, int] = {}  # database path -> transactions committed to it by this process's stores
+
+
+def commits_to(path: str) -> int:
+    """How many `Store.transaction`s of this process (any connection) committed to `path`."""
+    return _commits.get(path, 0)
+
 
 def next_link(prev_link: bytes, entry_id: bytes) -> bytes:
     h = hashlib.sha256(LINK_DOMAIN)
@@ -134,6 +141,7 @@ class Store:
         else:
             self.conn.execute("COMMIT")
             self.commit_token = token
+            _commits[self.path] = _commits.get(self.path, 0) + 1
 
     def change_token(self) -> tuple[int, int]:
         """Moves whenever any connection may have written the database: SQLite's

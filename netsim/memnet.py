@@ -258,6 +258,7 @@ class MemCluster:
         self.errors: dict[str, str] = {}
         self._nursery: trio.Nursery | None = None
         self.addrs: dict[str, str] = {}
+        self._polled: dict[str, tuple] = {}  # name -> (ledger, its local_writes, authors, heads): see heads()
         for link in network.links:  # the scenario's per-link conditions
             self.set_link(link.a, link.b, latency_ms=link.latency_ms, bandwidth_mbps=link.bandwidth_mbps,
                           loss=link.loss)
@@ -400,13 +401,27 @@ class MemCluster:
         ids), only theirs (`Ledger.heads_of`: the convergence poll asks for the publishers'
         heads of every node: with 1,000 nodes mapping every author of every node, then
         reading every head of a ledger that changed since the last poll, was most of a run's
-        CPU)."""
+        CPU).
+
+        A running node's answer is kept and given again while its ledger has not been
+        written since (`Ledger.local_writes`: every writer of a simulated ledger -- its
+        daemon, a CLI command the cluster runs for it -- lives in this process), so a poll
+        re-reads only the ledgers that changed, and a change is never missed."""
         await trio.lowlevel.checkpoint()
         if authors is not None:
+            led = self.daemons[name].ledger.ledger if self.alive(name) else None
+            stamp = led.local_writes() if led is not None else None
+            kept = self._polled.get(name)
+            if led is not None and kept is not None and kept[0] is led and kept[1] == stamp and kept[2].issuperset(authors):
+                held = kept[3]
+                return {p: held[p] for p in authors if p in held}
             key_of = self._key_of
             keys = [(p, key_of.get(p) or public_key_from_peer_id(p)) for p in authors]
             h = self._ledger_call(name, lambda led: led.heads_of(k for _, k in keys))
-            return {p: h[k] for p, k in keys if k in h}
+            out = {p: h[k] for p, k in keys if k in h}
+            if led is not None:
+                self._polled[name] = (led, stamp, frozenset(authors), out)
+            return out
         pid = self._pid_of
         return {pid.get(a) or peer_id_from_public_key(a): s
                 for a, s in self._ledger_call(name, lambda led: led.heads()).items()}

@@ -123,3 +123,45 @@ def test_ledgers_share_member_key_objects_and_the_digest_keeps_the_ledgers_heads
         assert ka is kb  # one shared object, though each came from its own SQLite row
         _, heads = digest_vector(b)
         assert heads is b.heads(copy=False) and heads == hb
+
+
+def test_the_convergence_poll_rereads_only_changed_ledgers_and_misses_no_change(tmp_path: Path, monkeypatch) -> None:
+    """`MemCluster.heads(name, authors)` (the harness's convergence poll) reads a running
+    node's ledger again only after it was written, and every write shows at the next poll:
+    a gossiped entry merged by the daemon, and an entry another connection of this process
+    (a CLI command) wrote into that ledger."""
+    c = MemCluster(tmp_path, ["n0", "n1", "n2"], seed=3, network=NetworkSpec(latency_ms=5), sync_interval=1e6,
+                   poll_interval=0.1, established=True)
+    reads: list[str] = []
+    heads_of = Ledger.heads_of
+    monkeypatch.setattr(Ledger, "heads_of", lambda led, authors: reads.append(led.path) or heads_of(led, authors))
+
+    async def main() -> None:
+        async with c.running():
+            await c.start("n0")
+            await c.start("n1", bootstrap=["n0"])
+            with trio.fail_after(10):
+                while not (c.daemons["n0"].head_confirmed and c.daemons["n1"].head_confirmed):
+                    await trio.sleep(0.05)
+            pids = [c.peer_ids[n] for n in c.names]
+
+            async def fresh() -> dict:  # every head, read without the kept answers
+                return {p: s for p, s in (await c.heads("n0")).items() if p in pids}
+
+            first = await c.heads("n0", pids)
+            assert first == await fresh()
+            n = len(reads)
+            assert await c.heads("n0", pids) == first and await c.heads("n0", pids[1:]) == {
+                p: s for p, s in first.items() if p in pids[1:]}
+            assert len(reads) == n  # unchanged ledger: no read
+            seq = await c.append("n1", "metrics", {"k": 1})  # gossiped to n0, merged by its daemon
+            with trio.fail_after(10):
+                while (await c.heads("n0", pids)).get(c.peer_ids["n1"], 0) < seq:
+                    await trio.sleep(0.05)
+            assert await c.heads("n0", pids) == await fresh() and len(reads) > n
+            with Ledger.open(c.c.homes["n0"].ledger_db) as cli:  # another connection writes n2's entry
+                cli.append(Signer.from_seed(c.c.seeds["n2"]), "metrics", {"k": 2})
+            got = await c.heads("n0", pids)
+            assert got.get(c.peer_ids["n2"], 0) >= 1 and got == await fresh()
+
+    simulate(main, seed=3)
