@@ -358,7 +358,8 @@ class Ledger:
             if not ready:
                 break
             todo = [e for e, y in zip(todo, ok) if not y]
-            batch = Batch(self._store, **opts)
+            statuses = {e.author: m.members.get(e.author) for e in ready}  # (just read, as the batch would)
+            batch = Batch(self._store, **opts, statuses=statuses)
             for e in ready:
                 err = batch.add(e)
                 if err is not None:

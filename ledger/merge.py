@@ -79,10 +79,12 @@ class Batch:
     """One transaction's worth of merging; call `add` per entry, then `finish`."""
 
     def __init__(self, store: Store, *, quota: AuthorQuota | None = None, tracker: QuotaTracker | None = None,
-                 exempt: frozenset[bytes] = frozenset()) -> None:
+                 exempt: frozenset[bytes] = frozenset(),
+                 statuses: dict[bytes, MemberStatus | None] | None = None) -> None:
         """`quota` (with its `tracker`): refuse entries over their author's quota (quota.py);
         `exempt`: authors whose entries bypass every quota, waiting caps included (the node's
-        own key, so that a restored home takes its whole chain back at once)."""
+        own key, so that a restored home takes its whole chain back at once); `statuses`:
+        member rows (None: not a member) the caller read in this transaction just before."""
         self.s = store
         self.quota, self.tracker, self.exempt = quota, tracker or QuotaTracker(), exempt
         self.result = MergeResult()
@@ -90,7 +92,11 @@ class Batch:
         self._before: dict[bytes, int | None] = {}  # id -> state before this batch (None: new row)
         self._stored: list[Entry] = []
         self._evidence_err: dict[bytes, LedgerError] = {}
-        self._status: dict[bytes, MemberStatus | None] = {}
+        self._status: dict[bytes, MemberStatus | None] = dict(statuses or {})
+        # Until `finish` re-derives, rows change only through this batch, so what it wrote is
+        # what the store holds: the fork points it read or set, and each row's state now
+        self._frozen: dict[bytes, int | None] = {}
+        self._now: dict[bytes, tuple[int, int, bytes, int]] = {}  # id -> (state, lamport, author, seq)
 
     def _member(self, author: bytes) -> MemberStatus | None:
         if author not in self._status:
@@ -102,10 +108,12 @@ class Batch:
         if self.quota is not None:
             self.tracker.record(e, window_s=self.quota.window_s)
         self._before.setdefault(e.id, None)
+        self._now[e.id] = (state, e.lamport, e.author, e.seq)
         self._stored.append(e)
 
     def _set_state(self, row: Row, old: int, new: int) -> None:
         self._before.setdefault(row.id, old)
+        self._now[row.id] = (new, row.lamport, row.author, row.seq)
         self.s.set_state(row, old, new)
 
     def add(self, e: Entry) -> LedgerError | None:
@@ -122,7 +130,9 @@ class Batch:
             elif pin != e.id:
                 return WrongConsortium(f"genesis of another consortium (this ledger is pinned to {pin.hex()})", **where)
             self.recompute = True
-        frozen = s.frozen_seq(e.author)
+        if e.author not in self._frozen:
+            self._frozen[e.author] = s.frozen_seq(e.author)
+        frozen = self._frozen[e.author]
         rotate_at_fork = e.seq == frozen and e.kind == "member" and e.body.get("action") == "rotate"
         if frozen is not None and e.seq >= frozen and not rotate_at_fork:  # a rotation there decides (membership.py)
             return Equivocation(f"author forked its chain at seq {frozen}; its later entries are refused", **where)
@@ -142,6 +152,7 @@ class Batch:
         if fork is not None:
             f = fork if frozen is None else min(fork, frozen)
             self.s.set_frozen(e.author, f)
+            self._frozen[e.author] = f
             self.recompute = True
             state = EVIDENCE if e.seq >= f else HELD
             if state == EVIDENCE:
@@ -217,8 +228,9 @@ class Batch:
         final: dict[bytes, int] = {}
         placed: list[tuple[tuple, bytes]] = []
         for entry_id, old in self._before.items():
-            new, lamport, author, seq = s.conn.execute(
-                "SELECT state, lamport, author, seq FROM entries WHERE id=?", (entry_id,)).fetchone()
+            new, lamport, author, seq = s.conn.execute(  # after a re-derivation: read what it decided
+                "SELECT state, lamport, author, seq FROM entries WHERE id=?", (entry_id,)).fetchone() \
+                if self.recompute else self._now[entry_id]
             final[entry_id] = new
             if new == LOG and old != LOG:
                 placed.append(((lamport, author, seq), entry_id))
