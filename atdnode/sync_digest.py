@@ -60,21 +60,27 @@ class _Cache:
     ledger's own cached map where it offers one (`Ledger.heads(copy=False)`): read, never
     changed; a changed ledger hands out a new map, so the old one here is still the old."""
 
-    __slots__ = ("token", "heads", "vector")
+    __slots__ = ("token", "version", "heads", "vector")
 
     def __init__(self) -> None:
         self.token: object = None  # the ledger's change token when `heads` was read
+        self.version: int | None = None  # the ledger's heads version of `heads` (`Ledger.heads_since`)
         self.heads: dict[bytes, int] = {}
         self.vector = _EMPTY * BUCKETS
 
-    def update(self, heads: dict[bytes, int]) -> bytes:
+    def update(self, heads: dict[bytes, int], authors: set[bytes] | None = None) -> bytes:
+        """The vector of `heads`; `authors`: those whose head differs from the cached map's
+        (None: not known, then the two maps are compared)."""
         old = self.heads
-        if heads is old or heads == old:
+        if heads is old or (authors is None and heads == old):
             self.heads = heads
             return self.vector
-        # the buckets (first key byte, `bucket_of`) of every (author, seq) pair in one map and
-        # not the other: changed, new or gone heads (set operations in C, no call per author)
-        changed = {a[0] for a, _ in heads.items() ^ old.items()}
+        if authors is not None:
+            changed = {a[0] for a in authors}
+        else:
+            # the buckets (first key byte, `bucket_of`) of every (author, seq) pair in one map and
+            # not the other: changed, new or gone heads (set operations in C, no call per author)
+            changed = {a[0] for a, _ in heads.items() ^ old.items()}
         members: dict[int, list[tuple[bytes, int]]] = {i: [] for i in changed}
         for a, s in heads.items():
             lst = members.get(a[0])
@@ -111,6 +117,11 @@ def digest_vector(led) -> tuple[bytes, dict[bytes, int]]:
     token = token_of() if token_of is not None else None  # read before heads: a write between only recomputes
     if token is not None and token == cache.token:
         return cache.vector, cache.heads
-    vector = cache.update(led.heads(copy=False) if token_of is not None else led.heads())  # (a `Ledger`: its own map)
+    since = getattr(led, "heads_since", None)
+    if since is not None:  # a `Ledger`: its own map, and which authors changed since the cached one
+        cache.version, heads, authors = since(cache.version)
+        vector = cache.update(heads, authors)
+    else:
+        vector = cache.update(led.heads())
     cache.token = token
     return vector, cache.heads

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -35,6 +36,7 @@ from ledger.verify import VerifyReport, verify_store
 _SELECT = "SELECT payload, sig, id FROM entries"
 _ORDER = " ORDER BY lamport, author, seq"
 _MEMBER_KINDS = ("member", "genesis")  # change membership: always appended through Batch
+HEADS_LOG = 32  # transitions of the heads map whose changed authors `heads_since` remembers
 
 
 def _entry(row: tuple) -> Entry:
@@ -48,6 +50,8 @@ class Ledger:
         self._lock = threading.RLock()
         self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
         self._members: tuple[tuple[int, int], frozenset[bytes]] | None = None  # see member_keys()
+        self._heads_version = 0  # moves with every new heads map (see heads_since)
+        self._heads_log: deque[tuple[int, tuple[bytes, ...]]] = deque(maxlen=HEADS_LOG)
         self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
 
     @classmethod
@@ -102,12 +106,17 @@ class Ledger:
                 finally:
                     s.log_moves = None
             if track:  # committed
-                self._heads = (s.commit_token, cached[1] if new is None else new)
+                if new is not None:
+                    self._heads_version += 1
+                    self._heads_log.append((self._heads_version, new[1]))
+                self._heads = (s.commit_token, cached[1] if new is None else new[0])
 
-    def _moved(self, heads: dict[bytes, int], moves: list[tuple[bytes, int, bool]]) -> dict[bytes, int]:
-        """`heads` after these log moves: an entry that entered the log raises its author's
-        head to its seq (a log chain is contiguous from 1, so its head is its highest seq);
-        an author with an entry that left the log (a revocation cut, a fork) is looked up."""
+    def _moved(self, heads: dict[bytes, int], moves: list[tuple[bytes, int, bool]]
+               ) -> tuple[dict[bytes, int], tuple[bytes, ...]] | None:
+        """(`heads` after these log moves, the authors whose head changed), None if none did:
+        an entry that entered the log raises its author's head to its seq (a log chain is
+        contiguous from 1, so its head is its highest seq); an author with an entry that left
+        the log (a revocation cut, a fork) is looked up."""
         out = dict(heads)
         gone: set[bytes] = set()
         for author, seq, entered in moves:
@@ -123,7 +132,8 @@ class Ledger:
                 out[intern_key(author)] = seq
             else:
                 out.pop(author, None)
-        return out
+        changed = tuple({a for a, _, _ in moves if out.get(a) != heads.get(a)})
+        return (out, changed) if changed else None
 
     @property
     def path(self) -> str:
@@ -464,7 +474,29 @@ class Ledger:
                     elif have < seq:
                         heads[author] = seq
                 self._heads = (token, heads)
+                self._heads_version += 1
+                self._heads_log.clear()  # a rebuild: what changed since an earlier map is not known
             return dict(self._heads[1]) if copy else self._heads[1]
+
+    def heads_since(self, version: int | None) -> tuple[int, dict[bytes, int], set[bytes] | None]:
+        """(version, `heads(copy=False)`, the authors whose head differs from the map of that
+        earlier `version` -- or None when that is not known: no version given, a rebuild
+        since, or more than HEADS_LOG maps ago). Each new heads map gets a new version;
+        what changed between maps this ledger's own writes made is remembered, so a cached
+        view of the heads (`atdnode.sync_digest`) updates only those authors' buckets
+        instead of comparing two maps of every author."""
+        with self._lock:
+            heads = self.heads(copy=False)
+            now, log = self._heads_version, self._heads_log
+            if version == now:
+                return now, heads, set()
+            if version is None or version > now or not log or log[0][0] > version + 1:
+                return now, heads, None
+            changed: set[bytes] = set()
+            for v, authors in log:
+                if v > version:
+                    changed.update(authors)
+            return now, heads, changed
 
     def change_token(self) -> tuple[int, int]:
         """A value that moves whenever any connection may have written the database: what a

@@ -150,3 +150,46 @@ def test_merges_in_any_order_and_cut_keep_the_same_heads(tmp_path: Path) -> None
             assert led.heads() == rebuilt(led)
         assert led.heads() == want and scanned == []
         led.close()
+
+
+def test_heads_since_names_exactly_the_changed_authors_and_the_digest_follows(tmp_path: Path) -> None:
+    """`heads_since(v)` lists the authors whose head differs from version v's map (None when
+    that is not known: a rebuild, or too many maps ago); the sync digest built on it equals
+    the digest of the heads computed from scratch after every kind of write."""
+    from atdnode.sync_digest import digest_vector, vector_of
+    from ledger.ledger import HEADS_LOG
+
+    led = Ledger.open(tmp_path / "l.db")
+    led.create_genesis(F, "c", members=[(A.public_key, False), (B.public_key, False)])
+    v0, h0, _ = led.heads_since(None)
+    old = dict(h0)
+
+    def step() -> None:
+        nonlocal v0, old
+        v, heads, changed = led.heads_since(v0)
+        want = {a for a in set(heads) | set(old) if heads.get(a) != old.get(a)}
+        assert changed is None or changed == want
+        assert digest_vector(led)[0] == vector_of(rebuilt(led))
+        v0, old = v, dict(heads)
+
+    for i in range(3):
+        led.append(A, "metrics", {"i": i})
+        step()
+    tip = led.query(author=A.public_key)[-1]
+    led.merge(chain(B, 2) + chain(A, 2, lamport=tip.lamport + 100, start=(tip.seq, tip.id)))  # two authors at once
+    step()
+    a = led.query(author=A.public_key)
+    led.merge([Entry.create(A, seq=2, prev=a[0].id, lamport=a[1].lamport + 9, kind="metrics", body={})])  # a fork
+    step()
+    assert led.heads_since(v0)[2] == set()  # nothing since
+    v_old = v0
+    for i in range(HEADS_LOG + 2):
+        led.append(B, "metrics", {"i": i})
+    assert led.heads_since(v_old)[2] is None  # too long ago: not known
+    assert led.heads_since(v_old + HEADS_LOG + 1)[2] == {B.public_key}
+    step()
+    with Ledger.open(led.path) as other:
+        other.append(F, "metrics", {})
+    assert led.heads_since(v0)[2] is None  # rebuilt after another writer: not known
+    step()
+    led.close()
