@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -25,6 +24,7 @@ from ledger.entry import Entry
 from ledger.errors import (
     Equivocation, LedgerError, MalformedEntry, NotAdmin, RevokedAuthor, UnknownAuthor, WrongConsortium,
 )
+from ledger.heads import Heads
 from ledger.keys import Signer
 from ledger.membership import EVIDENCE, HELD, LOG, STATE_NAMES, Membership, Row
 from ledger.keys import intern_key, peer_id_from_public_key
@@ -36,7 +36,6 @@ from ledger.verify import VerifyReport, verify_store
 _SELECT = "SELECT payload, sig, id FROM entries"
 _ORDER = " ORDER BY lamport, author, seq"
 _MEMBER_KINDS = ("member", "genesis")  # change membership: always appended through Batch
-HEADS_LOG = 32  # transitions of the heads map whose changed authors `heads_since` remembers
 
 
 def _entry(row: tuple) -> Entry:
@@ -48,10 +47,8 @@ class Ledger:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.RLock()
-        self._heads: tuple[tuple[int, int], dict[bytes, int]] | None = None  # see heads()
+        self._heads = Heads()  # see heads()
         self._members: tuple[tuple[int, int], frozenset[bytes]] | None = None  # see member_keys()
-        self._heads_version = 0  # moves with every new heads map (see heads_since)
-        self._heads_log: deque[tuple[int, tuple[bytes, ...]]] = deque(maxlen=HEADS_LOG)
         self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
 
     @classmethod
@@ -85,55 +82,25 @@ class Ledger:
 
     @contextmanager
     def _writing(self, *, durable: bool = False) -> Iterator[None]:
-        """One write transaction (under the lock) that keeps the cached heads current.
-
-        When the cache was current as the transaction began (read under SQLite's write lock:
-        nothing another connection commits can slip in between), the rows that entered or
-        left the log meanwhile (`Store.log_moves`) turn the cached map into the new one --
-        a new map object, the old one is left as it was (`heads(copy=False)` readers keep
-        theirs) -- keyed by the token the commit left. Otherwise (no cache, or another
-        connection wrote) nothing is tracked and the next `heads()` rebuilds as before."""
-        s = self._store
+        """One write transaction (under the lock) that keeps the cached heads current
+        (ledger.heads): when they were current as it began -- read under SQLite's write lock,
+        so nothing another connection commits can slip in between -- the rows that entered
+        or left the log meanwhile (`Store.log_moves`) make the new map as it commits.
+        Otherwise nothing is tracked, and the next `heads()` reads the log again."""
+        s, h = self._store, self._heads
         with self._lock:
-            cached, new = self._heads, None
+            new = None
             with s.transaction(durable=durable):
-                track = cached is not None and cached[0] == self._change_token()
+                track = h.current(self._change_token())
                 s.log_moves = [] if track else None
                 try:
                     yield
                     if track and s.log_moves:
-                        new = self._moved(cached[1], s.log_moves)  # inside the transaction: reads its rows
+                        new = h.moved(s, s.log_moves)  # inside the transaction: reads its rows
                 finally:
                     s.log_moves = None
             if track:  # committed
-                if new is not None:
-                    self._heads_version += 1
-                    self._heads_log.append((self._heads_version, new[1]))
-                self._heads = (s.commit_token, cached[1] if new is None else new[0])
-
-    def _moved(self, heads: dict[bytes, int], moves: list[tuple[bytes, int, bool]]
-               ) -> tuple[dict[bytes, int], tuple[bytes, ...]] | None:
-        """(`heads` after these log moves, the authors whose head changed), None if none did:
-        an entry that entered the log raises its author's head to its seq (a log chain is
-        contiguous from 1, so its head is its highest seq); an author with an entry that left
-        the log (a revocation cut, a fork) is looked up."""
-        out = dict(heads)
-        gone: set[bytes] = set()
-        for author, seq, entered in moves:
-            if not entered:
-                gone.add(author)
-            elif (have := out.get(author)) is None:
-                out[intern_key(author)] = seq
-            elif have < seq:
-                out[author] = seq
-        for author in gone:
-            seq = self._store.log_head(author)[0]
-            if seq:
-                out[intern_key(author)] = seq
-            else:
-                out.pop(author, None)
-        changed = tuple({a for a, _, _ in moves if out.get(a) != heads.get(a)})
-        return (out, changed) if changed else None
+                h.committed(s.commit_token, new)
 
     @property
     def path(self) -> str:
@@ -457,46 +424,21 @@ class Ledger:
         """author -> highest seq in the log (contiguous from 1 by construction). `copy=False`:
         the cached map itself (read it, never change it; one map per ledger, not two).
 
-        Cached: a daemon asks on every sync (both sides), and with thousands of authors the
-        query scans the log each time. The cache is keyed by SQLite's `data_version` (moves
-        when another connection, e.g. a CLI command, commits) and this connection's
-        `total_changes` (moves on our own writes); this object's own appends and merges keep
-        it current as they commit (`_writing`), so only another writer makes it rebuild."""
+        Cached until another connection writes (ledger.heads: this object's own writes keep
+        it current)."""
         with self._lock:
-            c = self._store.conn
-            token = self._change_token()
-            if self._heads is None or self._heads[0] != token:
-                heads: dict[bytes, int] = {}  # the maximum taken here: 2-3x faster than SQL's GROUP BY
-                for author, seq in c.execute("SELECT author, seq FROM entries WHERE state=0"):  # (its temp B-tree)
-                    have = heads.get(author)
-                    if have is None:
-                        heads[intern_key(author)] = seq  # keys shared process-wide (ledger.keys.intern_key)
-                    elif have < seq:
-                        heads[author] = seq
-                self._heads = (token, heads)
-                self._heads_version += 1
-                self._heads_log.clear()  # a rebuild: what changed since an earlier map is not known
-            return dict(self._heads[1]) if copy else self._heads[1]
+            heads = self._heads.read(self._store.conn, self._change_token())
+            return dict(heads) if copy else heads
 
     def heads_since(self, version: int | None) -> tuple[int, dict[bytes, int], set[bytes] | None]:
         """(version, `heads(copy=False)`, the authors whose head differs from the map of that
         earlier `version` -- or None when that is not known: no version given, a rebuild
-        since, or more than HEADS_LOG maps ago). Each new heads map gets a new version;
-        what changed between maps this ledger's own writes made is remembered, so a cached
-        view of the heads (`atdnode.sync_digest`) updates only those authors' buckets
-        instead of comparing two maps of every author."""
+        since, or more than `ledger.heads.HEADS_LOG` maps ago). A cached view of the heads
+        (`atdnode.sync_digest`) then updates only those authors instead of comparing two maps
+        of every author."""
         with self._lock:
             heads = self.heads(copy=False)
-            now, log = self._heads_version, self._heads_log
-            if version == now:
-                return now, heads, set()
-            if version is None or version > now or not log or log[0][0] > version + 1:
-                return now, heads, None
-            changed: set[bytes] = set()
-            for v, authors in log:
-                if v > version:
-                    changed.update(authors)
-            return now, heads, changed
+            return self._heads.version, heads, self._heads.since(version)
 
     def change_token(self) -> tuple[int, int]:
         """A value that moves whenever any connection may have written the database: what a
@@ -523,8 +465,8 @@ class Ledger:
         every head (a harness polling a few authors' heads of many ledgers, issue 29)."""
         keys = list(dict.fromkeys(authors))
         with self._lock:
-            if self._heads is not None and self._heads[0] == self._change_token():
-                h = self._heads[1]
+            if self._heads.current(self._change_token()):
+                h = self._heads.map
                 return {a: h[a] for a in keys if a in h}
             return {a: seq for a in keys if (seq := self._store.log_head(a)[0])}
 

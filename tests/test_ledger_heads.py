@@ -157,7 +157,7 @@ def test_heads_since_names_exactly_the_changed_authors_and_the_digest_follows(tm
     that is not known: a rebuild, or too many maps ago); the sync digest built on it equals
     the digest of the heads computed from scratch after every kind of write."""
     from atdnode.sync_digest import digest_vector, vector_of
-    from ledger.ledger import HEADS_LOG
+    from ledger.heads import HEADS_LOG
 
     led = Ledger.open(tmp_path / "l.db")
     led.create_genesis(F, "c", members=[(A.public_key, False), (B.public_key, False)])
