@@ -304,18 +304,29 @@ class RotationPace:
     """When a dialler's next peer-set rotation is due: `peerset.rotation_interval` after the
     last one, from what happened since (dials failing, a peer lost under `target`, entries
     that only sync brought, a membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
-    so a failure or a sync that learned something pulls a distant rotation forward."""
+    so a failure or a sync that learned something pulls a distant rotation forward.
+
+    "Entries only sync brought" counts the periodic pulls' (`stats["anti_entropy_added"]`,
+    `atdnode.antientropy`), not a new connection's pull: at start-up, and on every new
+    connection of a node that was away, that pull brings what the node missed while it was
+    not connected, which says nothing about the graph. "A membership change" is the member
+    set itself, not a new `hello` (issue 29: while a consortium of 100 started, every hello
+    of a starting member kept every other member rotating every `rotate_s`, a connection set-up
+    on both sides each time, and the idle daemons were still doing so minutes later)."""
 
     def __init__(self, dialer: PeerDialer, now: float) -> None:
         self.dialer = dialer
         self.rotated(now)
 
     def _learned(self) -> int:
-        return getattr(self.dialer.d, "stats", {}).get("sync_added", 0)
+        return getattr(self.dialer.d, "stats", {}).get("anti_entropy_added", 0)
+
+    def _members(self) -> frozenset[str]:
+        return self.dialer.d.gate.members
 
     def rotated(self, now: float) -> None:
         self.interval = self._interval()
-        self.last, self.learned_at, self.members_at = now, self._learned(), self.dialer.hellos_seen
+        self.last, self.learned_at, self.members_at = now, self._learned(), self._members()
         self.lost = False
 
     def lost_peer(self) -> None:
@@ -328,7 +339,8 @@ class RotationPace:
             return dialer.d.peerset.cfg.rotate_s
         return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=self.lost or bool(dialer.policy.failing()),
                                  learned=self._learned() != self.learned_at,
-                                 members_changed=dialer.hellos_seen != self.members_at)
+                                 members_changed=self._members() is not self.members_at
+                                 and self._members() != self.members_at)
 
     def due(self) -> float:
         return self.last + self._interval()

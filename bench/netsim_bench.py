@@ -187,7 +187,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
                 st = await cluster._status(n)
                 if st is not None:
                     final.append(len(st["peers"]))
-                    for k, v in [*st["stats"].items(), *((f"peer_set_{k}", st["peer_set"][k]) for k in ("dialled", "pruned"))]:
+                    for k, v in status_counters(st):
                         stats[k] = stats.get(k, 0) + v
         d = rep.to_dict()
         d["final_conns"] = final
@@ -316,6 +316,7 @@ async def measure_idle(cluster, cpu_now, idle_s: float, settle_s: float = 15.0, 
     `bench/wakeprof` (per-task CPU and wakeups); their counts over the window are summed."""
     await trio.sleep(settle_s)
     pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None and n.proc.returncode is None]
+    s0 = await daemon_counters(cluster)  # outside the window: a status call costs the daemon a ledger read
     if trace is not None:
         for pid in pids:
             os.kill(pid, signal.SIGUSR1)
@@ -327,12 +328,33 @@ async def measure_idle(cluster, cpu_now, idle_s: float, settle_s: float = 15.0, 
            "cpu_pct_mean": round(sum(pct) / max(1, len(pct)), 3),
            "cpu_pct_median": round(pct[len(pct) // 2], 3) if pct else None,
            "cpu_pct_max": round(max(pct, default=0.0), 3)}
+    s1 = await daemon_counters(cluster)
+    res["counters_in_window"] = {k: s1[k] - s0.get(k, 0) for k in sorted(s1)}  # all daemons, summed
     if trace is not None:
         for pid in pids:
             os.kill(pid, signal.SIGUSR2)
         await trio.sleep(3)
         res["per_task"] = wakeup_table(trace, len(pids), w1 - w0)
     return res
+
+
+async def daemon_counters(cluster) -> dict[str, int]:
+    """The daemons' counters summed (`atd node status`: sync pulls, entries they added, connect
+    pulls skipped, peer-set dials and prunes): what the daemons did in an idle window."""
+    out: dict[str, int] = {}
+    for n in cluster.names:
+        st = await cluster._status(n)
+        if st is None:
+            continue
+        for k, v in status_counters(st):
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def status_counters(st: dict) -> list[tuple[str, int]]:
+    """A daemon's counters from its `atd node status`: its stats and its peer-set dials and prunes."""
+    items = [*st["stats"].items(), *((f"peer_set_{k}", st["peer_set"][k]) for k in ("dialled", "pruned"))]
+    return [(k, v) for k, v in items if isinstance(v, int)]
 
 
 def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> dict:
