@@ -107,11 +107,12 @@ class AntiEntropy:
         pace = self.pace
         last = trio.current_time()
         while True:
+            base = self._interval()  # read once per pull: a new sync_interval applies from the next one
             pace.wake = trio.Event()
             if not pace.ahead:
-                with trio.move_on_at(last + pace.interval(self._interval())):
+                with trio.move_on_at(last + pace.interval(base)):
                     await pace.wake.wait()
-            await trio.sleep_until(last + self._interval())  # never more often than sync_interval
+            await trio.sleep_until(last + base)  # never more often than sync_interval
             last = trio.current_time()
             await self.pull_round()
 

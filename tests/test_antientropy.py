@@ -45,21 +45,27 @@ def test_quiet_pulls_space_out_and_any_sign_of_movement_resets_the_pace() -> Non
     assert pace.take_ahead(["p2"], 1) == [] and not pace.ahead  # gone since: dropped
 
 
-def _run_loop(until: float, pokes: dict[float, str] = {}) -> list[tuple[float, str]]:
-    """Run an AntiEntropy loop on a mock clock until `until`; `pokes`: time -> peer seen ahead."""
+def _run_loop(until: float, pokes: dict[float, str] = {}, new_interval: tuple[float, float] | None = None
+              ) -> list[tuple[float, str]]:
+    """Run an AntiEntropy loop on a mock clock until `until`; `pokes`: time -> peer seen
+    ahead; `new_interval`: (time, seconds) the daemon's sync_interval is set to."""
     pulls: list[tuple[float, str]] = []
     stats: dict[str, int] = {}
+    interval = [BASE]
 
     async def pull(peer: str) -> int:
         pulls.append((trio.current_time(), peer))
         return 0
 
-    ae = AntiEntropy(stats=stats, interval=lambda: BASE, fanout=lambda: 1, members=lambda: ["a", "b", "c"],
+    ae = AntiEntropy(stats=stats, interval=lambda: interval[0], fanout=lambda: 1, members=lambda: ["a", "b", "c"],
                      pull=pull, rng=random.Random(1))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ae.run)
+            if new_interval is not None:
+                await trio.sleep_until(new_interval[0])
+                interval[0] = new_interval[1]
             for at, peer in sorted(pokes.items()):
                 await trio.sleep_until(at)
                 ae.observed(peer, True)
@@ -83,6 +89,9 @@ def test_loop_pulls_quiet_peers_ever_less_often_and_a_peer_seen_ahead_next() -> 
     times = [t for t, _ in busy]
     assert all(b - a >= BASE for a, b in zip(times, times[1:])), busy
     assert busy[1] == (20.0, "a")  # the first peer seen ahead, pulled at the earliest moment
+    # sync_interval set to an hour while a pull is pending: that pull still comes when it was
+    # due (as a sleep of the old interval did), the next SYNC_IDLE_FACTOR hours later
+    assert [t for t, _ in _run_loop(20000.0, new_interval=(25.0, 3600.0))] == [10.0, 30.0, 30.0 + 4 * 3600.0]
 
 
 def test_a_daemon_that_missed_an_entry_pulls_it_from_the_member_whose_request_shows_it(tmp_path: Path) -> None:
