@@ -325,9 +325,22 @@ class RotationPace:
         return self.dialer.d.gate.members
 
     def rotated(self, now: float) -> None:
+        """A rotation happened at `now` (also called once at start). Counted in the daemon's
+        stats by what made it due (`rotations_<signal>`, `rotations_quiet`: none)."""
+        stats = getattr(self.dialer.d, "stats", None)
+        if hasattr(self, "last") and stats is not None:
+            for why in [k for k, on in self.signals().items() if on] or ["quiet"]:
+                stats[f"rotations_{why}"] = stats.get(f"rotations_{why}", 0) + 1
         self.interval = self._interval()
         self.last, self.learned_at, self.members_at = now, self._learned(), self._members()
         self.lost = False
+
+    def signals(self) -> dict[str, bool]:
+        """What suggests a rotation helps, since the last one (`peerset.rotation_interval`)."""
+        members = self._members()
+        return {"failing": bool(self.dialer.policy.failing()), "lost": self.lost,
+                "learned": self._learned() != self.learned_at,
+                "members_changed": members is not self.members_at and members != self.members_at}
 
     def lost_peer(self) -> None:
         """A peer we did not prune went away and left the set under `target`."""
@@ -337,10 +350,9 @@ class RotationPace:
         dialer = self.dialer
         if not hasattr(self, "last"):  # the first rotation: rotate_s after start
             return dialer.d.peerset.cfg.rotate_s
-        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=self.lost or bool(dialer.policy.failing()),
-                                 learned=self._learned() != self.learned_at,
-                                 members_changed=self._members() is not self.members_at
-                                 and self._members() != self.members_at)
+        why = self.signals()
+        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=why["failing"] or why["lost"],
+                                 learned=why["learned"], members_changed=why["members_changed"])
 
     def due(self) -> float:
         return self.last + self._interval()

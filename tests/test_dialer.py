@@ -118,3 +118,5 @@ def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pul
     assert pace.due() == 180.0 + 120.0
     dialer.d.gate.members = frozenset({"a", "b", "c"})  # admitted a member
     assert pace.due() == 180.0 + 60.0
+    # what made each rotation due, in the daemon's stats (`atd node status`)
+    assert dialer.d.stats.get("rotations_quiet") == 1 and dialer.d.stats.get("rotations_learned") == 1
