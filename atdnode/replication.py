@@ -83,7 +83,7 @@ class Replicator:
         self.connect_pulls = ConnectPulls()  # which end of a new connection pulls
         self.anti_entropy = AntiEntropy(  # periodic sync, paced by what happens (atdnode.antientropy)
             stats=stats, interval=lambda: self.sync_interval, fanout=lambda: self.sync_fanout,
-            members=lambda: [p for p in self.transport.peers() if self.gate.may_pull_from(p)],
+            members=self._pullable_peers,
             pull=self.sync_with, rng=loop_rng(rng_seed, "sync"))
         self._observe = chain_observers(self.connect_pulls.observed, self.anti_entropy.observed)
         self._last_merge = -math.inf  # when merge_loop last committed (see MERGE_LINGER_S)
@@ -207,6 +207,11 @@ class Replicator:
             start_soon(self._pull_unless_in_step, peer_id, self.connect_pulls.expect(peer_id))
         elif self._may_pull_now(peer_id):
             start_soon(self.sync_with, peer_id)
+
+    def _pullable_peers(self) -> list[str]:
+        """Connected members a periodic pull may go to now: not those whose refusal back-off
+        runs (a pull slot spent on one was skipped, so a round pulled from nobody)."""
+        return [p for p in self.transport.peers() if self.gate.may_pull_from(p) and self.dialer.may_contact(p)]
 
     def _may_pull_now(self, peer_id: str) -> bool:
         """Not in a refusal back-off with `peer_id`, and no pull from it running already."""

@@ -131,3 +131,31 @@ def test_a_daemon_that_missed_an_entry_pulls_it_from_the_member_whose_request_sh
     simulate(main, seed=9)
     assert out["factor"] == SYNC_IDLE_FACTOR, out  # spaced out before
     assert out["learned_s"] <= sync_s + 1.0, out  # its next pull was SYNC_IDLE_FACTOR intervals away
+
+
+def test_periodic_pulls_skip_a_member_whose_refusal_back_off_runs(tmp_path: Path) -> None:
+    """A member that refused us lately (its refusal back-off runs) is left out of the periodic
+    round: the round's pull goes to another member instead of being skipped (a round with
+    two peers lost every other pull; tests/test_gossip_mesh.py then waited in vain for the
+    pull that a new sync_interval follows)."""
+    sync_s = 2.0
+    names = ["n0", "n1", "n2"]
+    cluster = MemCluster(tmp_path, names, seed=11, network=NetworkSpec(), sync_interval=sync_s,
+                         poll_interval=0.25, established=True)
+    out: dict = {}
+
+    async def main() -> None:
+        async with cluster.running():
+            assert not await start_all(cluster, names, seed=11, degree=2, deadline_s=30)
+            await trio.sleep(5 * sync_s)
+            n0 = cluster.daemons["n0"]
+            assert len(n0.transport.peers()) == 2
+            n0.replica.anti_entropy.pace.idle_factor = 1  # a pull every interval: rounds are countable
+            n0.dialer.policy.refusals.base = n0.dialer.policy.refusals.cap = 60.0
+            n0.dialer.refused_by(cluster.peer_ids["n1"])  # n1 refused us: left alone for 60 s
+            pulls = n0.stats["sync_pulls"]
+            await trio.sleep(8 * sync_s + 0.5)
+            out["pulls"] = n0.stats["sync_pulls"] - pulls
+
+    simulate(main, seed=11)
+    assert out["pulls"] >= 7, out  # one per interval (8), where every other one was skipped
