@@ -24,7 +24,11 @@
     0.379% mean / 0.367% median / 0.70% max at load 13; the 1,000 entries in every node 154 s
     after publishing began (ratio 5.5 to the merge baseline of 28.2 s); 0 garbled RPCs, 6
     GRAFT floods, 20 empty-mesh episodes / 33 refills, 6 tracebacks (add_conn deadline
-    cancellations under overload).
+    cancellations under overload). Run 4 (10:37-10:46, this branch's idle work, loads 1.4-19):
+    100/100 started in 285 s (1.40 CPU s median a daemon); idle 0.282% mean / 0.267% median /
+    0.70% max at load 9.8; all 1,000 entries in every node 105 s after publishing began
+    (ratio 3.85 to the 27.4 s merge baseline; 1.31 CPU ms per entry received, run 3: 1.86);
+    0 garbled RPCs, 0 GRAFT floods, 20 empty-mesh episodes / 29 refills, 4 tracebacks.
 (b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
     gossip, signed entries verified on arrival, the real sync protocol) under a gossip
     workload (20 publishers, 1 entry/s each for 10 simulated seconds); measured:
@@ -41,7 +45,11 @@
     by start-up pulls or hellos (`atdnode.dialer.RotationPace`), main vs this, back to back
     under heavy.lock: N=30 (loads 1.2-2.9) 0.394 / 0.455% mean -> 0.174 / 0.212% (median
     0.400 / 0.466 -> 0.167 / 0.200, max 0.67 / 0.90 -> 0.30 / 0.37); N=100 0.378% mean /
-    0.366 median / 0.77 max (load 5.4) -> 0.274 / 0.266 / 0.60 (load 7.9). `counters_in_window`
+    0.366 median / 0.77 max (load 5.4) -> 0.274 / 0.266 / 0.60 (load 7.9); two more runs of
+    this at N=100: 0.242 / 0.233 / 0.53 (load 5.8), 0.282 / 0.267 / 0.70 (load 9.8, procs
+    run 4). Left in the window: ~0.4 rotation dials a daemon a minute (a rotation prunes a
+    peer, which re-dials when under target, `rotations_lost`) and the announce loop's 1 s
+    tick. `counters_in_window`
     (sync pulls, dials, rotations by reason) says what the daemons did in the window.
 
     python bench/netsim_bench.py [procs] [memory] [idle] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
