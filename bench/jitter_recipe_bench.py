@@ -30,9 +30,11 @@ designated client's supervised ViT on a public labelled pool, `netsim.publicbase
 F` of the source digits reserved, rendered `--public-variants` times, trained `--public-epochs`
 at `--public-lr`; the nodes keep the other digits; fine-tuning at `--lr` for `--epochs`).
 `--baselines` adds centralized (`netsim.baselines.run_centralized` from S, at the nodes' rate
-and epochs) and local (each node alone from S) rows; `--choose-lr LR..` only fine-tunes the
-first founder from S on 80 % of its training data at each rate and prints the accuracy on
-the other 20 % (no test data: how the fine-tuning rate is chosen). Each phase's ensemble is fitted on every present
+and epochs) and local (each node alone from S) rows; `--choose-lr LR..` only fine-tunes each
+phase-1 founder from S on 80 % of its training data at each rate and prints the accuracy on
+the other 20 % (no test data: how the fine-tuning rate is chosen).
+
+Each phase's ensemble is fitted on every present
 node's training features (the features round) and scored on the phase's pooled test set,
 next to the same ensemble on raw pixels, on an untrained extractor, and on S itself, all
 in this run. No daemons, no ledger: a cheap probe for choosing a recipe before a full
@@ -151,16 +153,16 @@ def run(scn, args, log) -> dict:
         trained[key] = t.model
         return t.model
 
-    def train_with(lr_: float, tr):
+    def train_with(node: str, lr_: float, tr):
         nonlocal spec
         keep, spec = spec, replace(spec, lr=lr_)
         try:
-            return train(founder, start, tag=f"-holdout-lr{lr_:g}", train_data=tr)
+            return train(node, start, tag=f"-holdout-lr{lr_:g}", train_data=tr)
         finally:
             spec = keep
 
     if args.choose_lr:  # fine-tuning rate from the first founder's own holdout: no test data
-        return {**out, "choose_lr": choose_lr(data, founder, args, train_with),
+        return {**out, "choose_lr": choose_lr(data, [n for n, d in data.nodes.items() if d.phase == 1], args, train_with),
                 "wall_s": round(time.perf_counter() - t_all, 1)}
 
     def ext(model_or_state) -> torch.nn.Module:
@@ -293,22 +295,28 @@ def public_start(scn, args, log) -> tuple[dict, dict]:
     return wp.extractor, summary
 
 
-def choose_lr(data, founder: str, args, train_at) -> dict[str, float]:
-    """Fine-tune the first founder from S on a seeded 80 % of its training data at each rate
-    of `--choose-lr`; its own accuracy on the other 20 % (end-to-end, its label space)."""
+def choose_lr(data, founders: list[str], args, train_at) -> dict:
+    """Fine-tune each phase-1 founder from S on a seeded 80 % of its training data at each
+    rate of `--choose-lr`; its own accuracy on the other 20 % (end-to-end, its label space),
+    and the mean over the founders (no test data is read)."""
     from netsim.learn import predict
     from netsim.nodedata import subset
 
-    nd = data.nodes[founder]
-    perm = np.random.default_rng([args.seed, 0xC0DE]).permutation(len(nd.train))
-    cut = int(0.8 * len(perm))
-    fit, hold = (subset(nd.train, np.sort(perm[a:b]), nd.classes) for a, b in ((0, cut), (cut, len(perm))))
-    res = {}
-    for lr in args.choose_lr:
-        m = train_at(lr, fit)
-        res[f"{lr:g}"] = round(float((predict(m, hold.images) == hold.labels.numpy()).mean()), 4)
-        print(json.dumps({"lr": lr, "holdout_accuracy": res[f"{lr:g}"]}), file=sys.stderr, flush=True)
-    return {"node": founder, "fit": len(fit), "holdout": len(hold), "accuracy": res}
+    res: dict = {}
+    for node in founders:
+        nd = data.nodes[node]
+        perm = np.random.default_rng([args.seed, 0xC0DE]).permutation(len(nd.train))
+        cut = int(0.8 * len(perm))
+        fit, hold = (subset(nd.train, np.sort(perm[a:b]), nd.classes) for a, b in ((0, cut), (cut, len(perm))))
+        for lr in args.choose_lr:
+            m = train_at(node, lr, fit)
+            acc = round(float((predict(m, hold.images) == hold.labels.numpy()).mean()), 4)
+            res.setdefault(f"{lr:g}", {})[node] = {"fit": len(fit), "holdout": len(hold), "accuracy": acc}
+            print(json.dumps({"node": node, "lr": lr, "holdout_accuracy": acc}), file=sys.stderr, flush=True)
+    for r in res.values():  # weighted by holdout size: the founders' pooled holdout accuracy
+        n = sum(v["holdout"] for v in r.values())
+        r["pooled"] = round(sum(v["accuracy"] * v["holdout"] for v in r.values()) / n, 4)
+    return res
 
 
 class _Images:
