@@ -161,8 +161,15 @@ def run(scn, args, log) -> dict:
         finally:
             spec = keep
 
+    def holdout_ensemble(model, fit, hold) -> float:
+        """The ensemble on `model`'s features of `fit`, scored on `hold` (one node's own data)."""
+        X = [extract_features(model, _Images(d.images))[0] for d in (fit, hold)]
+        ens, _ = fit_vertical_ensemble([(X[0], fit.labels.numpy(), list(fit.classes))], own=0, **kw)
+        return round(float((ens.predict(X[1]) == hold.labels.numpy()).mean()), 4)
+
     if args.choose_lr:  # fine-tuning rate from the first founder's own holdout: no test data
-        return {**out, "choose_lr": choose_lr(data, [n for n, d in data.nodes.items() if d.phase == 1], args, train_with),
+        return {**out, "choose_lr": choose_lr(data, [n for n, d in data.nodes.items() if d.phase == 1], args, train_with,
+                                             holdout_ensemble),
                 "wall_s": round(time.perf_counter() - t_all, 1)}
 
     def ext(model_or_state) -> torch.nn.Module:
@@ -246,7 +253,7 @@ def run(scn, args, log) -> dict:
     if {"vgs-atd", "vgs-atd-keep"} & set(args.rows) and args.paper_phase3:
         g_b = _mean([extractor_state(train(n, start)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
         phase_rows(3, {"vgs-atd": _mean([e2, g_b], [wa, wb]), "vgs-atd-keep": _mean([e2_keep, g_b], [wa, wb]),
-                       "b-paper-chain-end": g_b})
+                       "b-paper-chain-end": g_b, "start": start})
     if args.baselines:  # local (each node alone from S) and centralized (pooled, from S)
         for p in (1, 2, 3):
             rows.setdefault("local", []).append(
@@ -295,10 +302,11 @@ def public_start(scn, args, log) -> tuple[dict, dict]:
     return wp.extractor, summary
 
 
-def choose_lr(data, founders: list[str], args, train_at) -> dict:
+def choose_lr(data, founders: list[str], args, train_at, ens_at) -> dict:
     """Fine-tune each phase-1 founder from S on a seeded 80 % of its training data at each
-    rate of `--choose-lr`; its own accuracy on the other 20 % (end-to-end, its label space),
-    and the mean over the founders (no test data is read)."""
+    rate of `--choose-lr`; its own accuracy on the other 20 % (end-to-end, its label space,
+    and `ens_at`: the VGS-ATD ensemble on the fine-tuned model's features, fitted on the 80 %),
+    and the founders' pooled holdout accuracy (no test data is read)."""
     from netsim.learn import predict
     from netsim.nodedata import subset
 
@@ -311,11 +319,15 @@ def choose_lr(data, founders: list[str], args, train_at) -> dict:
         for lr in args.choose_lr:
             m = train_at(node, lr, fit)
             acc = round(float((predict(m, hold.images) == hold.labels.numpy()).mean()), 4)
-            res.setdefault(f"{lr:g}", {})[node] = {"fit": len(fit), "holdout": len(hold), "accuracy": acc}
-            print(json.dumps({"node": node, "lr": lr, "holdout_accuracy": acc}), file=sys.stderr, flush=True)
-    for r in res.values():  # weighted by holdout size: the founders' pooled holdout accuracy
+            ens = ens_at(m, fit, hold)
+            res.setdefault(f"{lr:g}", {})[node] = {"fit": len(fit), "holdout": len(hold), "accuracy": acc,
+                                                   "ensemble": ens}
+            print(json.dumps({"node": node, "lr": lr, "holdout_accuracy": acc, "holdout_ensemble": ens}),
+                  file=sys.stderr, flush=True)
+    for r in res.values():  # weighted by holdout size: the founders' pooled holdout accuracies
         n = sum(v["holdout"] for v in r.values())
-        r["pooled"] = round(sum(v["accuracy"] * v["holdout"] for v in r.values()) / n, 4)
+        for k in ("accuracy", "ensemble"):
+            r[f"pooled_{k}"] = round(sum(v[k] * v["holdout"] for v in list(r.values()) if isinstance(v, dict)) / n, 4)
     return res
 
 
