@@ -47,8 +47,8 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
     for phase in data_phases(data):
         res = PhaseResult(name or kind, phase)
         names, classes = data.present(phase), data.classes_at(phase)
-        log(f"{kind} phase {phase}: the VGS-ATD ensemble on {len(names)} nodes' pooled "
-            f"{'pixels' if kind == 'ensemble-raw' else 'untrained-extractor features'}")
+        what = "pixels" if kind == "ensemble-raw" else "untrained-extractor features" if model is None else "features"
+        log(f"{name or kind} phase {phase}: the VGS-ATD ensemble on {len(names)} nodes' pooled {what}")
         t0 = time.perf_counter()
         pooled = data.pooled_train(names, classes)
         cfg = model_config(scn.model, len(classes))

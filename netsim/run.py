@@ -175,6 +175,9 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         if m in BASELINES:
             progress(f"baseline {m}")
             start = wp.extractor if wp is not None and m in FROM_BASE else None
+            if wp is not None and m not in FROM_BASE:
+                report["notes"].append(f"base public: {m} starts from scratch (only {', '.join(FROM_BASE)} "
+                                       "take W_p)")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
         from netsim.references import REFERENCES, run_reference, verdicts
