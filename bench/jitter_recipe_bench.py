@@ -167,7 +167,7 @@ def run(scn, args, log) -> dict:
         ens, _ = fit_vertical_ensemble([(X[0], fit.labels.numpy(), list(fit.classes))], own=0, **kw)
         return round(float((ens.predict(X[1]) == hold.labels.numpy()).mean()), 4)
 
-    if args.choose_lr:  # fine-tuning rate from the first founder's own holdout: no test data
+    if args.choose_lr:  # the fine-tuning rate from the founders' own holdouts: no test data
         return {**out, "choose_lr": choose_lr(data, [n for n, d in data.nodes.items() if d.phase == 1], args, train_with,
                                              holdout_ensemble),
                 "wall_s": round(time.perf_counter() - t_all, 1)}
