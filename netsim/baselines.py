@@ -143,9 +143,11 @@ class _Global:
 
 
 def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
-                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized") -> list[PhaseResult]:
+                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized",
+                    models: list[nn.Module] | None = None) -> list[PhaseResult]:
     """Pooled training, phase by phase (each phase continues the last one's model). `base`:
-    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`)."""
+    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`, or W_p,
+    `netsim.publicbase`); `models`, when given, receives each phase's trained model."""
     g = _Global(scn, data)
     out = []
     for phase in data_phases(data):
@@ -163,6 +165,8 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
         t = train_model(g.cfg(), data.pooled_train(names, classes), scn.train, seed=scn.seed + phase,
                         init=base if first else g.state, init_part="extractor" if first else "full")
         g.state = full_state(t.model)
+        if models is not None:
+            models.append(t.model)
         m = state_bytes(g.state)
         for n in names:
             res.add_bytes(n, received=m)
