@@ -304,19 +304,43 @@ class RotationPace:
     """When a dialler's next peer-set rotation is due: `peerset.rotation_interval` after the
     last one, from what happened since (dials failing, a peer lost under `target`, entries
     that only sync brought, a membership change; `atdnode.peerset` module doc). Re-evaluated on every peer-set round,
-    so a failure or a sync that learned something pulls a distant rotation forward."""
+    so a failure or a sync that learned something pulls a distant rotation forward.
+
+    "Entries only sync brought" counts the periodic pulls' (`stats["anti_entropy_added"]`,
+    `atdnode.antientropy`), not a new connection's pull: at start-up, and on every new
+    connection of a node that was away, that pull brings what the node missed while it was
+    not connected, which says nothing about the graph. "A membership change" is the member
+    set itself, not a new `hello` (issue 29: while a consortium of 100 started, every hello
+    of a starting member kept every other member rotating every `rotate_s`, a connection set-up
+    on both sides each time, and the idle daemons were still doing so minutes later)."""
 
     def __init__(self, dialer: PeerDialer, now: float) -> None:
         self.dialer = dialer
         self.rotated(now)
 
     def _learned(self) -> int:
-        return getattr(self.dialer.d, "stats", {}).get("sync_added", 0)
+        return getattr(self.dialer.d, "stats", {}).get("anti_entropy_added", 0)
+
+    def _members(self) -> frozenset[str]:
+        return self.dialer.d.gate.members
 
     def rotated(self, now: float) -> None:
+        """A rotation happened at `now` (also called once at start). Counted in the daemon's
+        stats by what made it due (`rotations_<signal>`, `rotations_quiet`: none)."""
+        stats = getattr(self.dialer.d, "stats", None)
+        if hasattr(self, "last") and stats is not None:
+            for why in [k for k, on in self.signals().items() if on] or ["quiet"]:
+                stats[f"rotations_{why}"] = stats.get(f"rotations_{why}", 0) + 1
         self.interval = self._interval()
-        self.last, self.learned_at, self.members_at = now, self._learned(), self.dialer.hellos_seen
+        self.last, self.learned_at, self.members_at = now, self._learned(), self._members()
         self.lost = False
+
+    def signals(self) -> dict[str, bool]:
+        """What suggests a rotation helps, since the last one (`peerset.rotation_interval`)."""
+        members = self._members()
+        return {"failing": bool(self.dialer.policy.failing()), "lost": self.lost,
+                "learned": self._learned() != self.learned_at,
+                "members_changed": members is not self.members_at and members != self.members_at}
 
     def lost_peer(self) -> None:
         """A peer we did not prune went away and left the set under `target`."""
@@ -326,9 +350,9 @@ class RotationPace:
         dialer = self.dialer
         if not hasattr(self, "last"):  # the first rotation: rotate_s after start
             return dialer.d.peerset.cfg.rotate_s
-        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=self.lost or bool(dialer.policy.failing()),
-                                 learned=self._learned() != self.learned_at,
-                                 members_changed=dialer.hellos_seen != self.members_at)
+        why = self.signals()
+        return rotation_interval(dialer.d.peerset.cfg, self.interval, failing=why["failing"] or why["lost"],
+                                 learned=why["learned"], members_changed=why["members_changed"])
 
     def due(self) -> float:
         return self.last + self._interval()

@@ -24,8 +24,10 @@ entries (their addresses):
   something (`rotation_interval`): some member's dials failed and it was not reached
   since (a partition or a member away: the rotation then re-probes such a member every
   other time, so a healed cut is crossed at the next rotation), a peer it did not prune
-  went away and left the set under `target` (a cut link), sync pulls brought
-  entries gossip had not (the graph misses something), or the member set changed. With
+  went away and left the set under `target` (a cut link), periodic sync pulls brought
+  entries gossip had not (the graph misses something; a new connection's pull does not
+  count, `atdnode.dialer.RotationPace`), or the member set changed (a new hello alone does
+  not count). With
   none of these its rotations space out, each interval twice the one before, up to
   `rotate_idle_s` (default 600 s); any of them pulls the next rotation forward to
   `rotate_s` after the last one.

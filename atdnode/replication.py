@@ -33,9 +33,10 @@ import trio
 
 from atdnode import own_chain
 from atdnode.access import AccessRefused, MembershipGate
+from atdnode.antientropy import AntiEntropy, chain_observers
 from atdnode.dialer import PeerDialer
 from atdnode.ledger_access import LedgerAccess
-from atdnode.peerset import PeerSet, plan_sync
+from atdnode.peerset import PeerSet
 from atdnode.rngs import loop_rng
 from atdnode.sync_connect import ConnectPulls, Waiter
 from atdnode.sync import PER_PEER_STREAMS, TOTAL_STREAMS, SyncResult, SyncVersions, pull, serve_sync
@@ -80,6 +81,11 @@ class Replicator:
         self._sync_limits = PeerLimits(per_peer=PER_PEER_STREAMS, total=TOTAL_STREAMS)
         self._versions = SyncVersions()  # which sync version each peer speaks
         self.connect_pulls = ConnectPulls()  # which end of a new connection pulls
+        self.anti_entropy = AntiEntropy(  # periodic sync, paced by what happens (atdnode.antientropy)
+            stats=stats, interval=lambda: self.sync_interval, fanout=lambda: self.sync_fanout,
+            members=self._pullable_peers,
+            pull=self.sync_with, rng=loop_rng(rng_seed, "sync"))
+        self._observe = chain_observers(self.connect_pulls.observed, self.anti_entropy.observed)
         self._last_merge = -math.inf  # when merge_loop last committed (see MERGE_LINGER_S)
 
     # ---------------------------------------------------------------- membership
@@ -189,7 +195,7 @@ class Replicator:
     # ---------------------------------------------------------------- sync
 
     async def serve_sync(self, stream: Stream) -> None:
-        await serve_sync(stream, self.ledger, self._sync_limits, observe=self.connect_pulls.observed)
+        await serve_sync(stream, self.ledger, self._sync_limits, observe=self._observe)
 
     def on_connected(self, peer_id: str, start_soon: Callable) -> None:
         """Start the pull of a new connection to `peer_id` (`atdnode.sync_connect`): the
@@ -201,6 +207,11 @@ class Replicator:
             start_soon(self._pull_unless_in_step, peer_id, self.connect_pulls.expect(peer_id))
         elif self._may_pull_now(peer_id):
             start_soon(self.sync_with, peer_id)
+
+    def _pullable_peers(self) -> list[str]:
+        """Connected members a periodic pull may go to now: not those whose refusal back-off
+        runs (a pull slot spent on one was skipped, so a round pulled from nobody)."""
+        return [p for p in self.transport.peers() if self.gate.may_pull_from(p) and self.dialer.may_contact(p)]
 
     def _may_pull_now(self, peer_id: str) -> bool:
         """Not in a refusal back-off with `peer_id`, and no pull from it running already."""
@@ -330,15 +341,10 @@ class Replicator:
         `sync_fanout` connected members of a shuffled round (`peerset.plan_sync`), so each
         peer is pulled from once per round of ceil(peers / fanout) intervals and the idle cost
         does not grow with the peer set (issue 15; a pull from every peer each interval was
-        most of an idle daemon's CPU). Connections still pull at once (`NodeDaemon._on_peer`)."""
-        rng = loop_rng(self.rng_seed, "sync")
-        due: list[str] = []
-        while True:
-            await trio.sleep(self.sync_interval)
-            members = [p for p in self.transport.peers() if self.gate.may_pull_from(p)]
-            picks = plan_sync(due, members, self.sync_fanout, rng)
-            for peer in picks:
-                await self.sync_with(peer)
+        most of an idle daemon's CPU). Quiet pulls space out, up to SYNC_IDLE_FACTOR
+        intervals, and a member seen ahead of us is pulled from next (`atdnode.antientropy`,
+        issue 29). Connections still pull at once (`NodeDaemon._on_peer`)."""
+        await self.anti_entropy.run()
 
     async def expire_loop(self) -> None:
         while True:

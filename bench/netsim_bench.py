@@ -18,7 +18,17 @@
     median of a core a daemon (load 13); the 1,000 entries were in every node ~95 s after
     publishing began (from the daemons' logs: the run's JSON was lost to its timeout in the
     merge baseline, now printed before it); 0 garbled RPCs, 0 GRAFT floods, 16-24
-    empty-mesh episodes (flood-relayed, refilled after 2-26 heartbeats).
+    empty-mesh episodes (flood-relayed, refilled after 2-26 heartbeats). Run 3 (09:31-09:43,
+    completed, before the idle work below; loads 3-28, 100 when a training run and a 20-daemon
+    profile shared the machine): 100/100 started in 305 s (1.77 CPU s median a daemon); idle
+    0.379% mean / 0.367% median / 0.70% max at load 13; the 1,000 entries in every node 154 s
+    after publishing began (ratio 5.5 to the merge baseline of 28.2 s); 0 garbled RPCs, 6
+    GRAFT floods, 20 empty-mesh episodes / 33 refills, 6 tracebacks (add_conn deadline
+    cancellations under overload). Run 4 (10:37-10:46, this branch's idle work, loads 1.4-19):
+    100/100 started in 285 s (1.40 CPU s median a daemon); idle 0.282% mean / 0.267% median /
+    0.70% max at load 9.8; all 1,000 entries in every node 105 s after publishing began
+    (ratio 3.85 to the 27.4 s merge baseline; 1.31 CPU ms per entry received, run 3: 1.86);
+    0 garbled RPCs, 0 GRAFT floods, 20 empty-mesh episodes / 29 refills, 4 tracebacks.
 (b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
     gossip, signed entries verified on arrival, the real sync protocol) under a gossip
     workload (20 publishers, 1 entry/s each for 10 simulated seconds); measured:
@@ -31,6 +41,16 @@
     Issue 29 (goal <= 0.3% of a core per daemon at 100): N=100, 0.300% mean and median
     (load 12 during the window; 0.401% at loads 20-25 before rotation pacing, the fixed
     heartbeat cadence and slower yamux RTT pings); N=20 same-run pair 0.420% -> 0.271%.
+    Then periodic sync paced by what happens (`atdnode.antientropy`) and rotations not driven
+    by start-up pulls or hellos (`atdnode.dialer.RotationPace`), main vs this, back to back
+    under heavy.lock: N=30 (loads 1.2-2.9) 0.394 / 0.455% mean -> 0.174 / 0.212% (median
+    0.400 / 0.466 -> 0.167 / 0.200, max 0.67 / 0.90 -> 0.30 / 0.37); N=100 0.378% mean /
+    0.366 median / 0.77 max (load 5.4) -> 0.274 / 0.266 / 0.60 (load 7.9); two more runs of
+    this at N=100: 0.242 / 0.233 / 0.53 (load 5.8), 0.282 / 0.267 / 0.70 (load 9.8, procs
+    run 4). Left in the window: ~0.4 rotation dials a daemon a minute (a rotation prunes a
+    peer, which re-dials when under target, `rotations_lost`) and the announce loop's 1 s
+    tick. `counters_in_window`
+    (sync pulls, dials, rotations by reason) says what the daemons did in the window.
 
     python bench/netsim_bench.py [procs] [memory] [idle] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
 """
@@ -187,7 +207,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
                 st = await cluster._status(n)
                 if st is not None:
                     final.append(len(st["peers"]))
-                    for k, v in [*st["stats"].items(), *((f"peer_set_{k}", st["peer_set"][k]) for k in ("dialled", "pruned"))]:
+                    for k, v in status_counters(st):
                         stats[k] = stats.get(k, 0) + v
         d = rep.to_dict()
         d["final_conns"] = final
@@ -316,6 +336,7 @@ async def measure_idle(cluster, cpu_now, idle_s: float, settle_s: float = 15.0, 
     `bench/wakeprof` (per-task CPU and wakeups); their counts over the window are summed."""
     await trio.sleep(settle_s)
     pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None and n.proc.returncode is None]
+    s0 = await daemon_counters(cluster)  # outside the window: a status call costs the daemon a ledger read
     if trace is not None:
         for pid in pids:
             os.kill(pid, signal.SIGUSR1)
@@ -327,12 +348,33 @@ async def measure_idle(cluster, cpu_now, idle_s: float, settle_s: float = 15.0, 
            "cpu_pct_mean": round(sum(pct) / max(1, len(pct)), 3),
            "cpu_pct_median": round(pct[len(pct) // 2], 3) if pct else None,
            "cpu_pct_max": round(max(pct, default=0.0), 3)}
+    s1 = await daemon_counters(cluster)
+    res["counters_in_window"] = {k: s1[k] - s0.get(k, 0) for k in sorted(s1)}  # all daemons, summed
     if trace is not None:
         for pid in pids:
             os.kill(pid, signal.SIGUSR2)
         await trio.sleep(3)
         res["per_task"] = wakeup_table(trace, len(pids), w1 - w0)
     return res
+
+
+async def daemon_counters(cluster) -> dict[str, int]:
+    """The daemons' counters summed (`atd node status`: sync pulls, entries they added, connect
+    pulls skipped, peer-set dials and prunes): what the daemons did in an idle window."""
+    out: dict[str, int] = {}
+    for n in cluster.names:
+        st = await cluster._status(n)
+        if st is None:
+            continue
+        for k, v in status_counters(st):
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def status_counters(st: dict) -> list[tuple[str, int]]:
+    """A daemon's counters from its `atd node status`: its stats and its peer-set dials and prunes."""
+    items = [*st["stats"].items(), *((f"peer_set_{k}", st["peer_set"][k]) for k in ("dialled", "pruned"))]
+    return [(k, v) for k, v in items if isinstance(v, int)]
 
 
 def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> dict:

@@ -84,3 +84,39 @@ def test_a_member_whose_port_changes_is_reached_at_its_new_address() -> None:
                 assert b.peer_id in a.peers()
 
     trio.run(main)
+
+
+def _pace_dialer(members: frozenset[str]):
+    """The parts of a PeerDialer that RotationPace reads: stats, member set, config, failing dials."""
+    from types import SimpleNamespace
+
+    from atdnode.peerset import PeerSetConfig
+
+    d = SimpleNamespace(stats={"sync_added": 0}, gate=SimpleNamespace(members=members),
+                        peerset=SimpleNamespace(cfg=PeerSetConfig(rotate_s=60.0, rotate_idle_s=600.0)))
+    return SimpleNamespace(d=d, hellos_seen=0, policy=SimpleNamespace(failing=lambda: []))
+
+
+def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pulls_or_members() -> None:
+    """Issue 29: entries a new connection's pull brought (start-up, a node back from away) and
+    new hellos (members starting) kept every node of a starting consortium rotating every
+    rotate_s; entries only periodic sync found, or a changed member set, still do."""
+    from atdnode.dialer import RotationPace
+
+    dialer = _pace_dialer(frozenset({"a", "b"}))
+    pace = RotationPace(dialer, 0.0)
+    assert pace.due() == 120.0  # quiet since the start: the interval after rotate_s
+    dialer.d.stats["sync_added"] += 40  # connect pulls at start-up
+    dialer.hellos_seen += 5  # members said hello
+    dialer.d.gate.members = frozenset({"a", "b"})  # re-read, unchanged
+    assert pace.due() == 120.0
+    pace.rotated(120.0)
+    assert pace.due() == 120.0 + 240.0  # still quiet: spaced out further
+    dialer.d.stats["anti_entropy_added"] = 1  # a periodic pull found what gossip had not
+    assert pace.due() == 120.0 + 60.0
+    pace.rotated(180.0)
+    assert pace.due() == 180.0 + 120.0
+    dialer.d.gate.members = frozenset({"a", "b", "c"})  # admitted a member
+    assert pace.due() == 180.0 + 60.0
+    # what made each rotation due, in the daemon's stats (`atd node status`)
+    assert dialer.d.stats.get("rotations_quiet") == 1 and dialer.d.stats.get("rotations_learned") == 1

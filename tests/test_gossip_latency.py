@@ -101,12 +101,17 @@ def test_daemon_checks_each_gossiped_signature_once(tmp_path: Path, monkeypatch)
 
     async def main() -> None:
         a, b = (daemon_on(net, h) for h in homes)
-        a.sync_interval = b.sync_interval = 3600.0  # only gossip carries the new entries
         async with trio.open_nursery() as nursery:
             addrs = await nursery.start(a.run, [], [])
             await nursery.start(b.run, [], [addrs[0]])
+            # periodic sync on: b's hello may go out before b has topic peers (then only a
+            # pull carries it; with an hour-long interval from the start this waited in vain)
             await wait_for(lambda: ids(homes[0]) == ids(homes[1]) and b.transport.peers(), "initial sync")
             await wait_for(lambda: b.transport.topic_peers(b.topic) and a.transport.topic_peers(a.topic), "topic")
+            pulls = [d.stats["sync_pulls"] for d in (a, b)]
+            a.sync_interval = b.sync_interval = 3600.0  # only gossip carries the new entries ...
+            await wait_for(lambda: all(d.stats["sync_pulls"] > n for d, n in zip((a, b), pulls)),
+                           "the last pull on the short interval")  # ... once the pending pulls are done
             monkeypatch.setattr(ledger.entry, "verify_signature", counting)
             entries = [await a.append("metrics", {"k": k}) for k in range(20)]
             await wait_for(lambda: {e.id for e in entries} <= ids(homes[1]), "gossip delivery", 60)
