@@ -65,11 +65,14 @@ class ReferenceEnsemble:
 
 
 def fit_reference(kind: str, parts: Sequence[LabeledImages], cfg: ModelConfig, *, own: int = 0,
-                  **ensemble) -> ReferenceEnsemble:
+                  model: torch.nn.Module | None = None, **ensemble) -> ReferenceEnsemble:
     """Fit reference `kind` on the image sets `parts` (their label spaces merged by name;
     `parts[own]` is the fitting node's own data, for the "node" prior); `ensemble`:
-    the `EnsembleClassifier` keyword arguments (`EnsembleOptions.kwargs()`)."""
-    model = untrained_extractor(cfg) if kind == "ensemble-untrained" else None
+    the `EnsembleClassifier` keyword arguments (`EnsembleOptions.kwargs()`). `model`: for
+    ensemble-untrained, another fixed extractor in place of the random one (netsim's
+    ensemble-public: a pretrained base, not fine-tuned)."""
+    if kind == "ensemble-untrained" and model is None:
+        model = untrained_extractor(cfg)
     feats = [(reference_features(kind, p.images, model=model), p.labels.numpy(), list(p.classes)) for p in parts]
     ens, classes = fit_vertical_ensemble(feats, own=own, **ensemble)
     return ReferenceEnsemble(kind, ens, list(classes), model)

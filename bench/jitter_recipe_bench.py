@@ -25,7 +25,17 @@ b-paper-chain-end (the paper's group-B model from S alone). `--skip-vertical` dr
 paper's group-B training; `--ckpt DIR` keeps each trained model, so a stopped run resumes.
 
 S is the consortium init (the founder's seeded init, `netsim.vgs.consortium_init`; rate
-[train] lr) or the MSD base (rate `--lr`). Each phase's ensemble is fitted on every present
+[train] lr), the MSD base (rate `--lr`), or W_p (`--start public`, VGS-ATD §3.2: a
+designated client's supervised ViT on a public labelled pool, `netsim.publicbase`: `--public
+F` of the source digits reserved, rendered `--public-variants` times, trained `--public-epochs`
+at `--public-lr`; the nodes keep the other digits; fine-tuning at `--lr` for `--epochs`).
+`--baselines` adds centralized (`netsim.baselines.run_centralized` from S, at the nodes' rate
+and epochs), centralized-ensemble (the ensemble on centralized's extractor) and local (each
+node alone from S) rows; `--choose-lr LR..` only fine-tunes each
+phase-1 founder from S on 80 % of its training data at each rate and prints the accuracy on
+the other 20 % (no test data: how the fine-tuning rate is chosen).
+
+Each phase's ensemble is fitted on every present
 node's training features (the features round) and scored on the phase's pooled test set,
 next to the same ensemble on raw pixels, on an untrained extractor, and on S itself, all
 in this run. No daemons, no ledger: a cheap probe for choosing a recipe before a full
@@ -33,6 +43,8 @@ in this run. No daemons, no ledger: a cheap probe for choosing a recipe before a
 
     nice -n 15 python bench/jitter_recipe_bench.py --start scratch
     nice -n 15 python bench/jitter_recipe_bench.py --start msd --lr 3e-4
+    nice -n 19 python bench/jitter_recipe_bench.py --start public --choose-lr 3e-4 1e-3 2e-3 --epochs 10 --ckpt /tmp/ck
+    nice -n 19 python bench/jitter_recipe_bench.py --start public --lr 1e-3 --epochs 10 --baselines --ckpt /tmp/ck
     nice -n 19 python bench/jitter_recipe_bench.py --no-refs --no-paper-phase3 --ckpt /tmp/ck \\
         --rows vgs-atd chain-end b-from-a b-chain-end
 """
@@ -80,14 +92,18 @@ def msd_start(scn, data, seed: int, steps: int) -> dict:
 def run(scn, args, log) -> dict:
     from atdnode.features import extract_features
     from atdnode.model import build_model, extractor_state
-    from netsim.learn import model_config, to_global, train_model
+    from netsim.learn import model_config, predict, to_global, train_model
     from netsim.msdbase import base_scenario
     from netsim.nodedata import load_scenario_data
     from netsim.references import ensemble_options
+    from netsim.baselines import run_centralized
+    from netsim.publicbase import private_spec
     from protocols.vgs import fit_vertical_ensemble
 
     seed = args.seed
     scn = scn.replace(seed=seed)
+    if args.start == "public":  # the nodes keep the digits outside the public pool
+        scn = scn.replace(datasets=tuple(replace(d, spec=private_spec(d.spec, args.public)) for d in scn.datasets))
     data = load_scenario_data(scn)
     space = data.label_space
     out: dict = {"start": args.start, "seed": seed, "epochs": args.epochs or scn.train.epochs, "timings": {}}
@@ -100,6 +116,9 @@ def run(scn, args, log) -> dict:
     if args.start == "msd":
         start = msd_start(scn, data, seed, args.msd_steps)
         lr = args.lr
+    elif args.start == "public":
+        start, out["public_base"] = public_start(scn, args, log)
+        lr = args.lr
     else:  # netsim.vgs.consortium_init
         torch.manual_seed(seed + sum(map(ord, founder)))
         start = extractor_state(build_model(cfg(len(data.nodes[founder].classes))))
@@ -108,22 +127,51 @@ def run(scn, args, log) -> dict:
     spec = replace(scn.train, lr=lr)
     kw = {**replace(ensemble_options(scn), seed=seed).kwargs(), "prior": "none"}
 
-    def train(node: str, init: dict, part: str = "extractor", tag: str = ""):
+    trained: dict[str, torch.nn.Module] = {}
+    run_tag = f"{args.start}-s{seed}" + (f"-{_public_tag(args)}-lr{lr or 0:g}-e{args.epochs or scn.train.epochs}"
+                                         if args.start == "public" else "")
+
+    def train(node: str, init: dict, part: str = "extractor", tag: str = "", train_data=None):
         nd = data.nodes[node]
-        ck = Path(args.ckpt) / f"{args.start}-s{seed}-{node}{tag}.pt" if args.ckpt else None
+        key = f"{run_tag}-{node}{tag}"
+        if key in trained:  # the same step already ran in this process (local = a VGS-ATD step)
+            return trained[key]
+        ck = Path(args.ckpt) / f"{key}.pt" if args.ckpt else None
         if ck is not None and ck.exists():  # a checkpoint of this very step (same start, seed, node)
             m = build_model(cfg(len(nd.classes)))
             m.load_state_dict(torch.load(ck))
             log(f"loaded {ck}")
-            return m.eval()
-        t = train_model(cfg(len(nd.classes)), nd.train, spec, seed=seed + sum(map(ord, node)), epochs=args.epochs,
+            trained[key] = m.eval()
+            return trained[key]
+        td = nd.train if train_data is None else train_data
+        t = train_model(cfg(len(nd.classes)), td, spec, seed=seed + sum(map(ord, node)), epochs=args.epochs,
                         init=init, init_part=part)
-        out["timings"][f"train_{node}_s"] = round(t.seconds, 1)
-        log(f"trained {node} ({len(nd.train)} images) in {t.seconds:.0f} s")
+        out["timings"][f"train_{node}{tag}_s"] = round(t.seconds, 1)
+        log(f"trained {node}{tag} ({len(td)} images) in {t.seconds:.0f} s")
         if ck is not None:
             ck.parent.mkdir(parents=True, exist_ok=True)
             torch.save(t.model.state_dict(), ck)
+        trained[key] = t.model
         return t.model
+
+    def train_with(node: str, lr_: float, tr):
+        nonlocal spec
+        keep, spec = spec, replace(spec, lr=lr_)
+        try:
+            return train(node, start, tag=f"-holdout-lr{lr_:g}", train_data=tr)
+        finally:
+            spec = keep
+
+    def holdout_ensemble(model, fit, hold) -> float:
+        """The ensemble on `model`'s features of `fit`, scored on `hold` (one node's own data)."""
+        X = [extract_features(model, _Images(d.images))[0] for d in (fit, hold)]
+        ens, _ = fit_vertical_ensemble([(X[0], fit.labels.numpy(), list(fit.classes))], own=0, **kw)
+        return round(float((ens.predict(X[1]) == hold.labels.numpy()).mean()), 4)
+
+    if args.choose_lr:  # the fine-tuning rate from the founders' own holdouts: no test data
+        return {**out, "choose_lr": choose_lr(data, [n for n, d in data.nodes.items() if d.phase == 1], args, train_with,
+                                             holdout_ensemble),
+                "wall_s": round(time.perf_counter() - t_all, 1)}
 
     def ext(model_or_state) -> torch.nn.Module:
         if isinstance(model_or_state, dict):
@@ -147,6 +195,15 @@ def run(scn, args, log) -> dict:
         y = to_global(te.labels.numpy(), te.classes, space)
         pred = to_global(ens.predict(feats(te.images)), list(classes), space)
         return round(float((pred == y).mean()), 4)
+
+    def e2e(phase: int, models: dict) -> float:
+        """Mean over the present nodes of their own model's accuracy on the phase's pooled test
+        set (`netsim.baselines.evaluate_phase`'s overall)."""
+        te = data.pooled_test(phase)
+        y = to_global(te.labels.numpy(), te.classes, space)
+        accs = [(to_global(predict(m, te.images), list(data.nodes[n].classes), space) == y).mean()
+                for n, m in models.items()]
+        return round(float(np.mean(accs)), 4)
 
     nodes_at = {p: [n for n, d in data.nodes.items() if d.phase == p] for p in (1, 2, 3)}
     rows: dict[str, list[float]] = {k: [] for k in ("vgs-atd", "raw", "untrained")}
@@ -197,13 +254,86 @@ def run(scn, args, log) -> dict:
     if {"vgs-atd", "vgs-atd-keep"} & set(args.rows) and args.paper_phase3:
         g_b = _mean([extractor_state(train(n, start)) for n in nodes_at[3]], [1.0] * len(nodes_at[3]))
         phase_rows(3, {"vgs-atd": _mean([e2, g_b], [wa, wb]), "vgs-atd-keep": _mean([e2_keep, g_b], [wa, wb]),
-                       "b-paper-chain-end": g_b})
+                       "b-paper-chain-end": g_b, "start": start})
+    if args.baselines:  # local (each node alone from S) and centralized (pooled, from S)
+        for p in (1, 2, 3):
+            rows.setdefault("local", []).append(
+                e2e(p, {n: train(n, start, tag="" if n in (h[0], *nodes_at[3]) else "-local") for n in data.present(p)}))
+            log(json.dumps({"phase": p, "local": rows["local"][-1]}))
+        cs = scn.replace(train=replace(spec, epochs=args.epochs or spec.epochs))
+        cen_models: list = []
+        cen = run_centralized(cs, data, log, base=start if args.start != "scratch" else None, models=cen_models)
+        rows["centralized"] = [round(r.overall["accuracy"], 4) for r in cen]
+        # the VGS-ATD ensemble on centralized's own extractor: how much of the gap is the
+        # classifier (PCA -> MLP + RF + SVM vs an end-to-end head), not the extractor
+        rows["centralized-ensemble"] = [score(p, extractor_state(m)) for p, m in zip((1, 2, 3), cen_models)]
+        out["timings"]["centralized_s"] = round(sum(r.compute_s for r in cen), 1)
+        log(json.dumps({"centralized": rows["centralized"]}))
     out["timings"]["ensembles_s"] = round(t_ens, 1)
     out["accuracy"] = {k: v for k, v in rows.items() if v}
     if args.refs and len(rows["vgs-atd"]) == 3:
         out["minus_raw_points"] = [round(100 * (a - r), 1) for a, r in zip(rows["vgs-atd"], rows["raw"])]
+    if args.baselines and len(rows["vgs-atd"]) == 3:
+        out["minus_centralized_points"] = [round(100 * (a - c), 1) for a, c in zip(rows["vgs-atd"], rows["centralized"])]
     out["wall_s"] = round(time.perf_counter() - t_all, 1)
     return out
+
+
+def _public_tag(args) -> str:
+    return f"pub{args.public:g}x{args.public_variants}-e{args.public_epochs}-lr{args.public_lr:g}"
+
+
+def public_start(scn, args, log) -> tuple[dict, dict]:
+    """W_p: the designated client's supervised ViT on the public pool (`netsim.publicbase`),
+    reused from `--ckpt` when the same pool, seed and recipe built it before."""
+    from netsim.publicbase import PUBLIC_SEED_SALT, load_pool, train_public_base
+
+    # the pool's split is fixed (data seed 0, as `atd train` loads a spec), like a published data set's
+    pool = load_pool(scn.datasets[0].spec, args.public, args.public_variants, scn.model, 0)
+    ck = Path(args.ckpt) / f"wp-s{scn.seed}-{_public_tag(args)}.pt" if args.ckpt else None
+    if ck is not None and ck.exists():
+        saved = torch.load(ck)
+        log(f"loaded W_p {ck}")
+        return saved["extractor"], saved["summary"]
+    log(f"training W_p on the public pool ({len(pool[0])} images, {args.public_epochs} epochs at {args.public_lr:g})")
+    wp = train_public_base(scn.model, scn.train, pool, seed=scn.seed + PUBLIC_SEED_SALT, epochs=args.public_epochs,
+                           lr=args.public_lr)
+    summary = {**wp.summary(), "fraction": args.public, "variants": args.public_variants,
+               "epochs": args.public_epochs, "lr": args.public_lr}
+    log(json.dumps({"public_base": summary}))
+    if ck is not None:
+        ck.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"extractor": wp.extractor, "summary": summary}, ck)
+    return wp.extractor, summary
+
+
+def choose_lr(data, founders: list[str], args, train_at, ens_at) -> dict:
+    """Fine-tune each phase-1 founder from S on a seeded 80 % of its training data at each
+    rate of `--choose-lr`; its own accuracy on the other 20 % (end-to-end, its label space,
+    and `ens_at`: the VGS-ATD ensemble on the fine-tuned model's features, fitted on the 80 %),
+    and the founders' pooled holdout accuracy (no test data is read)."""
+    from netsim.learn import predict
+    from netsim.nodedata import subset
+
+    res: dict = {}
+    for node in founders:
+        nd = data.nodes[node]
+        perm = np.random.default_rng([args.seed, 0xC0DE]).permutation(len(nd.train))
+        cut = int(0.8 * len(perm))
+        fit, hold = (subset(nd.train, np.sort(perm[a:b]), nd.classes) for a, b in ((0, cut), (cut, len(perm))))
+        for lr in args.choose_lr:
+            m = train_at(node, lr, fit)
+            acc = round(float((predict(m, hold.images) == hold.labels.numpy()).mean()), 4)
+            ens = ens_at(m, fit, hold)
+            res.setdefault(f"{lr:g}", {})[node] = {"fit": len(fit), "holdout": len(hold), "accuracy": acc,
+                                                   "ensemble": ens}
+            print(json.dumps({"node": node, "lr": lr, "holdout_accuracy": acc, "holdout_ensemble": ens}),
+                  file=sys.stderr, flush=True)
+    for r in res.values():  # weighted by holdout size: the founders' pooled holdout accuracies
+        n = sum(v["holdout"] for v in r.values())
+        for k in ("accuracy", "ensemble"):
+            r[f"pooled_{k}"] = round(sum(v[k] * v["holdout"] for v in list(r.values()) if isinstance(v, dict)) / n, 4)
+    return res
 
 
 class _Images:
@@ -219,7 +349,13 @@ class _Images:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="netsim/scenarios/jitter.toml")
-    ap.add_argument("--start", choices=("scratch", "msd"), default="scratch")
+    ap.add_argument("--start", choices=("scratch", "msd", "public"), default="scratch")
+    ap.add_argument("--public", type=float, default=0.3, help="fraction of source digits in the public pool")
+    ap.add_argument("--public-variants", type=int, default=8, help="renderings per public digit")
+    ap.add_argument("--public-epochs", type=int, default=30)
+    ap.add_argument("--public-lr", type=float, default=2e-3)
+    ap.add_argument("--baselines", action="store_true", help="add local and centralized rows (from S)")
+    ap.add_argument("--choose-lr", type=float, nargs="+", help="only: the first founder's holdout accuracy per rate")
     ap.add_argument("--lr", type=float, help="training rate (default: [train] lr; --start msd needs it)")
     ap.add_argument("--epochs", type=int, help="override [train] epochs")
     ap.add_argument("--msd-steps", type=int, help="MSD distillation steps (default: [msd] steps)")
@@ -239,6 +375,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     scn = load_scenario(Path(args.scenario))
+    if args.start == "public" and args.lr is None and not args.choose_lr:
+        ap.error("--start public needs --lr (or --choose-lr)")
     if args.start == "msd" and args.lr is None:
         args.lr = scn.msd.finetune_lr or scn.train.lr
     args.msd_steps = args.msd_steps or scn.msd.steps

@@ -143,9 +143,11 @@ class _Global:
 
 
 def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
-                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized") -> list[PhaseResult]:
+                    base: dict[str, torch.Tensor] | None = None, name: str = "centralized",
+                    models: list[nn.Module] | None = None) -> list[PhaseResult]:
     """Pooled training, phase by phase (each phase continues the last one's model). `base`:
-    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`)."""
+    extractor tensors the first phase starts from (an MSD base, `netsim.msdbase`, or W_p,
+    `netsim.publicbase`); `models`, when given, receives each phase's trained model."""
     g = _Global(scn, data)
     out = []
     for phase in data_phases(data):
@@ -163,6 +165,8 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
         t = train_model(g.cfg(), data.pooled_train(names, classes), scn.train, seed=scn.seed + phase,
                         init=base if first else g.state, init_part="extractor" if first else "full")
         g.state = full_state(t.model)
+        if models is not None:
+            models.append(t.model)
         m = state_bytes(g.state)
         for n in names:
             res.add_bytes(n, received=m)
@@ -279,7 +283,10 @@ def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[
     return out
 
 
-def run_local(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_local(scn: Scenario, data: ScenarioData, log: Progress = print, *,
+              base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
+    """Every node trains alone on its own data (from `base`'s extractor when given: W_p,
+    `netsim.publicbase`), nothing is sent."""
     models: dict[str, nn.Module] = {}
     out = []
     for phase in data_phases(data):
@@ -290,7 +297,7 @@ def run_local(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[
             if n not in models:
                 log(f"local phase {phase}: {n} trains alone")
                 t = train_model(model_config(scn.model, len(nd.classes)), nd.train, scn.train,
-                                seed=scn.seed + sum(map(ord, n)))
+                                seed=scn.seed + sum(map(ord, n)), init=base)
                 models[n] = t.model
                 res.compute_s += t.seconds
                 slowest = max(slowest, t.seconds)
@@ -311,10 +318,19 @@ RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_sw
            "fat-fedavg": run_fat("fat-fedavg"), "fat-fedwavg": run_fat("fat-fedwavg")}
 
 
-def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
-    """Run one baseline over every phase of the scenario; one result per phase."""
+FROM_BASE = ("centralized", "local")  # the baselines that can start from a shared base's extractor
+
+
+def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print, *,
+                 base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
+    """Run one baseline over every phase of the scenario; one result per phase. `base`:
+    extractor tensors the FROM_BASE methods start from (W_p of base = "public")."""
     try:
         runner = RUNNERS[method]
     except KeyError:
         raise ValueError(f"unknown baseline {method!r} (one of {', '.join(BASELINES)})") from None
+    if base is not None:
+        if method not in FROM_BASE:
+            raise ValueError(f"baseline {method!r} cannot start from a base (only {', '.join(FROM_BASE)})")
+        return runner(scn, data, log, base=base)
     return runner(scn, data, log)

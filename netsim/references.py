@@ -37,19 +37,23 @@ def ensemble_options(scn: Scenario) -> EnsembleOptions:
     return replace(scn.ensemble, seed=scn.seed)
 
 
-def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[str], None] = print
-                  ) -> list[PhaseResult]:
-    """One `PhaseResult` per phase for reference `kind` (one of `REFERENCES`)."""
+def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[str], None] = print, *,
+                  name: str | None = None, model: Callable | None = None) -> list[PhaseResult]:
+    """One `PhaseResult` per phase for reference `kind` (one of `REFERENCES`). `model(cfg)`:
+    the extractor of an extractor reference instead of the untrained one (`ensemble-public`:
+    W_p, not fine-tuned, `netsim.publicbase`), reported as `name`."""
     opts = ensemble_options(scn)
     out = []
     for phase in data_phases(data):
-        res = PhaseResult(kind, phase)
+        res = PhaseResult(name or kind, phase)
         names, classes = data.present(phase), data.classes_at(phase)
-        log(f"{kind} phase {phase}: the VGS-ATD ensemble on {len(names)} nodes' pooled "
-            f"{'pixels' if kind == 'ensemble-raw' else 'untrained-extractor features'}")
+        what = "pixels" if kind == "ensemble-raw" else "untrained-extractor features" if model is None else "features"
+        log(f"{name or kind} phase {phase}: the VGS-ATD ensemble on {len(names)} nodes' pooled {what}")
         t0 = time.perf_counter()
         pooled = data.pooled_train(names, classes)
-        ref = fit_reference(kind, [pooled], model_config(scn.model, len(classes)), **{**opts.kwargs(), "prior": "none"})
+        cfg = model_config(scn.model, len(classes))
+        ref = fit_reference(kind, [pooled], cfg, model=None if model is None else model(cfg),
+                            **{**opts.kwargs(), "prior": "none"})
         by_name = dict(zip(classes, np.bincount(pooled.labels.numpy(), minlength=len(classes)).tolist()))
         fitted = np.array([by_name[c] for c in ref.classes])
         index = {c: i for i, c in enumerate(ref.classes)}
@@ -60,7 +64,7 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
             ens = ref.ensemble.with_prior(opts.prior, fitted,
                                           {index[c]: int(k) for c, k in zip(nd.classes, own) if k > 0})
             preds[n] = _predictor(ref, ens, data.label_space)
-            res.outcomes[n] = f"{kind} (pooled data of {len(names)} nodes, prior {opts.prior})"
+            res.outcomes[n] = f"{name or kind} (pooled data of {len(names)} nodes, prior {opts.prior})"
         res.compute_s = time.perf_counter() - t0
         res.ready_s = res.compute_s
         res.notes.append("reference: nothing sent (it shows what the ensemble gets without learned features)")
@@ -88,9 +92,12 @@ def verdicts(methods: dict[str, list[dict]]) -> list[str]:
         raw, unt = (acc.get(k, {}).get(p) for k in REFERENCES)
         if v is None or raw is None or unt is None:
             continue
-        lost = [name for name, r in (("raw inputs", raw), ("the untrained extractor", unt)) if v <= r]
-        verdict = ("beat raw inputs and the untrained extractor" if not lost
+        pub = acc.get("ensemble-public", {}).get(p)
+        refs = [("raw inputs", raw), ("the untrained extractor", unt)] + ([("the public base W_p", pub)] if pub else [])
+        lost = [name for name, r in refs if v <= r]
+        verdict = (f"beat {', '.join(n for n, _ in refs[:-1])} and {refs[-1][0]}" if not lost
                    else "do not beat " + " or ".join(lost))
         out.append(f"Phase {p}: the learned features {verdict} (VGS-ATD {v:.3f}, the same ensemble on raw "
-                   f"inputs {raw:.3f}, on an untrained extractor {unt:.3f})")
+                   f"inputs {raw:.3f}, on an untrained extractor {unt:.3f}"
+                   + (f", on W_p's features {pub:.3f}" if pub else "") + ")")
     return out

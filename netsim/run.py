@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from netsim.baselines import BASELINES, run_baseline
+from netsim.baselines import BASELINES, FROM_BASE, run_baseline
 from netsim.report import forgetting, write_report
 from netsim.scenario import TRAIN_KEYS, Scenario
 
@@ -145,6 +145,16 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         report["notes"].append(f"base msd: every method runs {scn.model.name} (the MSD base's timm ViT, same "
                                "sizes); vgs-atd and centralized-msd start from the base, the others from scratch")
     files = base.files if base is not None else None
+    wp = None
+    if scn.base == "public":  # a designated client pretrains W_p on the public pool (VGS-ATD §3.2)
+        from netsim.publicbase import finetune_scenario, run_public_base
+
+        wp = run_public_base(scn, data, work / "public", progress=progress)
+        report["public_base"] = wp.summary()
+        files, scn = wp.files, finetune_scenario(scn)
+        report["notes"].append(f"base public: vgs-atd, centralized and local start from W_p (trained on "
+                               f"{scn.public.spec} by {wp.info['designated']}) and train {scn.train.epochs} epochs "
+                               f"at {scn.train.lr:g}; ensemble-public is the ensemble on W_p's features, not fine-tuned")
     if "vgs-atd" in scn.methods:
         if scn.backend == "memory":
             phases, faults = run_vgs_memory(scn, data, work / "vgs", progress=progress, base_files=files)
@@ -164,13 +174,24 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
     for m in methods:
         if m in BASELINES:
             progress(f"baseline {m}")
-            report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress)]
+            start = wp.extractor if wp is not None and m in FROM_BASE else None
+            if wp is not None and m not in FROM_BASE:
+                report["notes"].append(f"base public: {m} starts from scratch (only {', '.join(FROM_BASE)} "
+                                       "take W_p)")
+            report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
         from netsim.references import REFERENCES, run_reference, verdicts
 
         for kind in REFERENCES:
             progress(f"reference {kind}")
             report["methods"][kind] = [r.to_dict() for r in run_reference(kind, scn, data, log=progress)]
+        if wp is not None:  # what the public base alone gives the ensemble (does the consortium add anything?)
+            from netsim.publicbase import base_model
+
+            progress("reference ensemble-public")
+            report["methods"]["ensemble-public"] = [r.to_dict() for r in run_reference(
+                "ensemble-untrained", scn, data, log=progress, name="ensemble-public",
+                model=lambda cfg: base_model(cfg, wp.extractor))]
         report["feature_verdicts"] = verdicts(report["methods"])
         report["notes"] += report["feature_verdicts"]
     if base is not None and "centralized" in scn.methods:  # the gap to centralized from the same base

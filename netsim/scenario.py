@@ -6,10 +6,13 @@ the network conditions, the faults, and optionally a gossip workload:
 
     [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s,
                  step_deadline_s, base ("scratch" | "msd": VGS-ATD starts from a base the nodes
-                 build first by masked sampling distillation, `netsim.msdbase`)
+                 build first by masked sampling distillation, `netsim.msdbase` | "public": every
+                 method starts from W_p, a designated client's ViT on a public pool, `netsim.publicbase`)
     [msd]        the MSD campaign of base = "msd": steps, batch_size, lr, teacher_keep,
                  student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`);
                  finetune_lr: VGS-ATD's learning rate when its models descend from the base
+    [public]     the pool of base = "public": spec, epochs, lr (W_p's training), finetune_lr,
+                 finetune_epochs (every method's training from W_p)
     [model]      timm ViT overrides (protocols.vit_config.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, warmup_epochs, freeze_blocks, augment
                  (atdnode.train_options.TrainOptions fields)
@@ -66,6 +69,7 @@ from netsim.scenario_spec import (  # noqa: F401
     MSDSpec,
     NetworkSpec,
     PhaseSpec,
+    PublicSpec,
     Scenario,
     ScenarioError,
     TopologySpec,
@@ -102,7 +106,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     """Validate a parsed scenario (the TOML's dict form); see the module doc for the keys."""
     c = KeyReader(source)
     top = {"scenario", "model", "train", "baselines", "ensemble", "network", "datasets", "cohorts", "phases",
-           "faults", "workload", "topology", "msd"}
+           "faults", "workload", "topology", "msd", "public"}
     unknown = sorted(set(raw) - top)
     if unknown:
         raise c.fail("top level", f"unknown section(s) {', '.join(unknown)} (allowed: {', '.join(sorted(top))})")
@@ -135,9 +139,10 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         workload = c.build(WorkloadSpec, c.table(raw, "workload", "workload"), "workload", {"publishers": c.strs})
     topo = c.build(TopologySpec, c.table(raw, "topology", "topology"), "topology")
     msd = c.build(MSDSpec, c.table(raw, "msd", "msd"), "msd")
+    public = c.build(PublicSpec, c.table(raw, "public", "public"), "public")
     scn = Scenario(**{k: getattr(hdr, k) for k in HEADER_KEYS}, model=model, train=train, baselines=base,
                    ensemble=ens, network=net, datasets=datasets, cohorts=cohorts, phases=phases, faults=faults,
-                   workload=workload, topology=topo, msd=msd, source=source)
+                   workload=workload, topology=topo, msd=msd, public=public, source=source)
     validate(scn)
     return scn
 

@@ -244,3 +244,39 @@ def _check_base(c, s: Scenario) -> None:
         raise c.fail("msd.lr", f"must be > 0, got {m.lr}")
     if m.finetune_lr is not None and not m.finetune_lr > 0:
         raise c.fail("msd.finetune_lr", f"must be > 0, got {m.finetune_lr}")
+    if s.base == "public":
+        _check_public(c, s)
+
+
+def _check_public(c, s: Scenario) -> None:
+    """`[public]` of base = "public": a pool spec disjoint from every node's data (a
+    digits-jitter pool reserves `public=F` of the source digits; every digits-jitter data set
+    of the scenario must leave out that very fraction), positive epochs and rates."""
+    from atdnode.data.spec import DataSpec
+    from atdnode.errors import DataError
+
+    p = s.public
+    if not p.spec:
+        raise c.fail("public.spec", "base = \"public\" needs the public pool's data spec")
+    try:
+        pool = DataSpec.parse(p.spec)
+        specs = {d.name: DataSpec.parse(d.spec) for d in s.datasets}
+    except DataError as exc:
+        raise c.fail("public.spec", str(exc)) from None
+    for k in ("epochs", "finetune_epochs"):
+        if getattr(p, k) is not None:
+            _positive(c, f"public.{k}", getattr(p, k))
+    for k in ("lr", "finetune_lr"):
+        if getattr(p, k) is not None and not getattr(p, k) > 0:
+            raise c.fail(f"public.{k}", f"must be > 0, got {getattr(p, k)}")
+    for d in s.datasets:
+        if d.spec == p.spec:
+            raise c.fail("public.spec", f"is data set {d.name!r}'s own spec: the pool must be disjoint from the nodes' data")
+    if pool.source != "digits-jitter":
+        return
+    if pool.public is None or pool.part != "public":
+        raise c.fail("public.spec", f"{p.spec}: a digits-jitter pool needs public=F&part=public")
+    for name, ds in specs.items():
+        if ds.source == "digits-jitter" and (ds.public != pool.public or ds.part != "private"):
+            raise c.fail("public.spec", f"data set {name!r} ({s.dataset(name).spec}) overlaps the public pool: "
+                                        f"give it public={pool.public:g} (the pool's digits left out)")

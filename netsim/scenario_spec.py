@@ -18,7 +18,7 @@ from protocols.vit_config import ModelConfig, ModelConfigError
 BACKENDS = ("memory", "process")
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
 METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
-BASES = ("scratch", "msd")
+BASES = ("scratch", "msd", "public")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non_iid4")  # non_iid*: FedWAvg paper
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
@@ -72,6 +72,22 @@ class MSDSpec:
     # VGS-ATD's training from the base (`base = "msd"`): every model then descends from the
     # pretrained base, and this learning rate replaces [train] lr (None: [train] lr)
     finetune_lr: float | None = None
+
+
+@dataclass(frozen=True)
+class PublicSpec:
+    """The public pool and the designated client's pretraining of `base = "public"` (W_p,
+    VGS-ATD §3.2; `netsim.publicbase`). `spec` is the pool's data spec (a digits-jitter pool,
+    `part=public`, must reserve the same `public=` fraction the nodes' data sets leave out:
+    `netsim.scenario_check`); W_p trains `epochs` at `lr` with the scenario's [train] recipe;
+    every method that trains a model then starts from W_p at `finetune_lr` for
+    `finetune_epochs` (None: [train]'s)."""
+
+    spec: str = ""
+    epochs: int = 30
+    lr: float = 2e-3
+    finetune_lr: float | None = None
+    finetune_epochs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +211,7 @@ class Scenario:
     topology: TopologySpec = TopologySpec()
     base: str = "scratch"
     msd: MSDSpec = MSDSpec()
+    public: PublicSpec = PublicSpec()
     source: str = "<dict>"
 
     # -- derived views ------------------------------------------------------------------

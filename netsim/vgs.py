@@ -226,7 +226,8 @@ class VgsRunner:
 
     def _train_opts(self, init: Pub | None, freeze: int, node: str) -> TrainOptions:
         t, ft = self.scn.train, self.scn.msd.finetune_lr
-        lr = ft if self.msd and ft is not None else t.lr  # from the MSD base: its fine-tuning rate
+        # from the MSD base: its fine-tuning rate (base = "public": [train] is already W_p's, `publicbase.finetune_scenario`)
+        lr = ft if self.msd and self.scn.base == "msd" and ft is not None else t.lr
         return replace(t, lr=lr, freeze_blocks=freeze, init_from=init.blob if init else _opt_str(self.base_files.get(node)),
                        seed=self.scn.seed + sum(map(ord, node)))
 

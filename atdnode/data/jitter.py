@@ -17,6 +17,15 @@ picks the 80/20 split and the partition, as for every source. Pixels are uint8 (
 the same 1797 digits. The K variants of one digit form a split group (`Catalog.groups`):
 all of them land on the same side of the train/test split, so no test image is a
 re-rendering of a training digit.
+
+`digits-jitter?public=F` reserves a fixed fraction F of the source digits (per class, chosen
+by `PUBLIC_SEED`, not by a run's seed: like a published data set, the pool is the same in
+every run) as a PUBLIC labelled pool, the analog of VGS-ATD §3.2's "large-scale, publicly
+available" data set a designated client pretrains W_p on. The source then holds only the
+other, private digits (what the hospitals partition and test on); `part=public` gives the
+pool instead. No source digit is on both sides, so no rendering of a private or test digit
+is ever in the pool, whatever `variants` each side uses. The pool's own 80/20 split is by
+source digit as well.
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ CONTRAST = (0.5, 1.0)  # ink intensity over the background
 BACKGROUND = (0.0, 0.25)
 NOISE = 0.06  # std of the gaussian pixel noise, in [0, 1] intensity units
 RENDER_SEED = 20231  # fixed: the data set, not a run, decides the rendering
+PUBLIC_SEED = 20232  # fixed: the data set, not a run, decides which digits are public
 
 
 def render(digits: np.ndarray, seed: int = RENDER_SEED) -> np.ndarray:
@@ -75,17 +85,37 @@ def _images(variants: int) -> np.ndarray:
     return out
 
 
-def digits_jitter_catalog(variants: int = 1) -> Catalog:
+def public_digits(targets: np.ndarray, fraction: float) -> np.ndarray:
+    """Boolean mask over the source digits: the public pool, round(fraction * n_c) digits of
+    each class c, drawn with the fixed `PUBLIC_SEED` (nested: a larger fraction keeps every
+    digit a smaller one chose)."""
+    rng = np.random.default_rng(PUBLIC_SEED)
+    mask = np.zeros(len(targets), dtype=bool)
+    for c in np.unique(targets):
+        idx = np.flatnonzero(targets == c)
+        mask[idx[rng.permutation(len(idx))[: int(round(fraction * len(idx)))]]] = True
+    return mask
+
+
+def digits_jitter_catalog(variants: int = 1, public: float | None = None, part: str = "private") -> Catalog:
     """The catalog of `digits-jitter` with `variants` renderings per source digit: sample
-    `j * 1797 + i` is variant j of digit i; group i holds digit i's variants (one split side)."""
+    `j * 1797 + i` is variant j of digit i; group i holds digit i's variants (one split side).
+    With `public`, only the source digits of `part` ("private": not in `public_digits`,
+    "public": in it), each still its own group."""
     from sklearn.datasets import load_digits
 
     from atdnode.data.arrays import _array_reader
 
     d = load_digits()
-    images = _images(variants)
-    keys = np.tile(d.target.astype(np.int64).astype(str), variants)
-    groups = np.tile(np.arange(len(d.target)), variants) if variants > 1 else None
+    n = len(d.target)
+    src = np.tile(np.arange(n), variants)  # source digit of each rendering
+    rows = np.arange(n * variants)
+    if public is not None:
+        mask = public_digits(d.target, public)
+        rows = rows[mask[src] == (part == "public")]
+    images = _images(variants)[rows] if public is not None else _images(variants)
+    keys = d.target[src[rows]].astype(np.int64).astype(str)
+    groups = src[rows] if variants > 1 or public is not None else None
     how = f"digits-jitter, {CANVAS} px canvas, fixed 0..255"
     return Catalog(keys=keys, sides=np.full(len(keys), "all"), ids=True, uniform=True, groups=groups,
                    read=_array_reader(images, Scaling(window=(0.0, 255.0), how=how)),

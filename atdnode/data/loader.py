@@ -29,7 +29,7 @@ def open_catalog(ds: DataSpec) -> tuple[Catalog, str]:
         return digits_catalog(), "digits"
     if ds.source == "digits-jitter":
         from atdnode.data.jitter import digits_jitter_catalog
-        return digits_jitter_catalog(ds.variants), "digits-jitter"
+        return digits_jitter_catalog(ds.variants, public=ds.public, part=ds.part), "digits-jitter"
     path = Path(ds.path).expanduser()
     if ds.source == "npz":
         return npz_catalog(path), ds.path

@@ -16,6 +16,11 @@ checked against the source it applies to, so a typo is an error, not a silent no
                         semantics; floats in [0, 1]: fractions of the depth)
     variants=K          digits-jitter: K seeded renderings of every source digit (default 1);
                         the K variants of a digit share a split side (no train/test leakage)
+    public=F            digits-jitter: a fixed fraction F (0 < F < 1) of the source digits, per
+                        class, is reserved as a public labelled pool (`jitter.public_digits`);
+                        the source then holds only the other (private) digits
+    part=private|public digits-jitter with public=F: the private digits (default) or the
+                        public pool's (whose own 80/20 split is by source digit too)
 """
 from __future__ import annotations
 
@@ -31,13 +36,14 @@ _FILE_SOURCES = ("folder", "dicom", "nifti")
 # option -> sources it applies to (None: every source)
 _APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window": None, "val": None,
             "labels": _FILE_SOURCES, "frame": ("folder", "dicom"), "axis": ("nifti",), "slices": ("nifti",),
-            "variants": ("digits-jitter",)}
+            "variants": ("digits-jitter",), "public": ("digits-jitter",), "part": ("digits-jitter",)}
 # option -> its accepted forms (named in every error about its value)
 FORMS = {"classes": "a,b,c or a .json/.csv class map", "shard": "i/n with 1 <= i <= n, e.g. 1/3",
          "limit": "a positive integer", "seed": "an integer >= 0", "window": "lo,hi (numbers, lo < hi), auto or minmax",
          "val": "val (a separate split) or train (merged into training)", "labels": "a CSV file of file,label[,split]",
          "frame": "a frame index >= 0", "axis": "0, 1 or 2", "slices": "all, mid, a:b[:step] or fractions f0:f1",
-         "variants": "an integer from 1 to 64"}
+         "variants": "an integer from 1 to 64", "public": "a fraction strictly between 0 and 1",
+         "part": "private or public (with public=F)"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class DataSpec:
     axis: int = 2
     slices: tuple | str = "all"  # "all" | "mid" | ("idx", a, b, s) | ("frac", f0, f1)
     variants: int = 1  # digits-jitter: renderings per source digit
+    public: float | None = None  # digits-jitter: fraction of source digits reserved as a public pool
+    part: str = "private"  # digits-jitter with public: "private" (the rest) | "public" (the pool)
 
     @classmethod
     def parse(cls, spec: str) -> "DataSpec":
@@ -86,6 +94,8 @@ class DataSpec:
                     opts[k] = _checked(k, v)
         except ValueError as exc:
             raise DataError(f"bad data spec {spec!r}: {exc}") from None
+        if "part" in opts and "public" not in opts:
+            raise DataError(f"bad data spec {spec!r}: part={opts['part']} needs public=F (expected {FORMS['part']})")
         return cls(source=kind, path=path, **opts)
 
 
@@ -126,6 +136,15 @@ def _value(k: str, v: str):
         if not 1 <= x <= 64:
             raise ValueError(f"variants={v} out of range")
         return x
+    if k == "public":
+        x = float(v)
+        if not 0.0 < x < 1.0:
+            raise ValueError(f"public={v} out of range")
+        return x
+    if k == "part":
+        if v not in ("private", "public"):
+            raise ValueError(f"part={v}: expected {FORMS['part']}")
+        return v
     if k in ("limit", "seed", "frame", "axis"):
         x = int(v)
         if x < 0 or (k == "limit" and x == 0) or (k == "axis" and x > 2):

@@ -47,7 +47,8 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),
     base: Optional[str] = typer.Option(None, "--base", help="Where VGS-ATD starts: scratch | msd (a base the nodes "
-                                       "build first by masked sampling distillation) | msd,scratch (both, side by side)."),
+                                       "build first by masked sampling distillation) | public (W_p, the scenario's [public] "
+                                       "pool) | msd,scratch (both, side by side)."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode.device import apply_device

@@ -1,0 +1,123 @@
+"""`base = "public"` (issue 23; VGS-ATD §3.2's W_p): the public pool is disjoint from every
+node's private and test data by source digit, W_p is trained on the pool only, and every
+method that trains a model (VGS-ATD, centralized, local) starts from it."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.netsim_tiny import TINY
+
+POOL = "digits-jitter?variants=2&public=0.3&part=public"
+
+
+def _pixels(data) -> set[bytes]:
+    return {x.numpy().tobytes() for x in data.images}
+
+
+def test_public_pool_is_disjoint_from_private_train_and_test_by_source_digit() -> None:
+    from atdnode.data import load_dataset
+    from atdnode.data.jitter import digits_jitter_catalog, public_digits
+    from sklearn.datasets import load_digits
+
+    targets = load_digits().target
+    mask = public_digits(targets, 0.3)
+    assert abs(mask.mean() - 0.3) < 0.01 and set(np.unique(targets[mask])) == set(range(10))  # every class
+    assert not (public_digits(targets, 0.2) & ~mask).any()  # nested: a smaller pool is inside a larger one
+    pub, priv = digits_jitter_catalog(3, public=0.3, part="public"), digits_jitter_catalog(3, public=0.3)
+    assert not set(pub.groups) & set(priv.groups)  # no source digit on both sides
+    assert len(set(pub.groups)) + len(set(priv.groups)) == len(targets)
+    # the loaded splits: one rendering (variant 0) per digit on each side, so a digit on both
+    # sides would give one identical image (the renderer is a pure function of digit and seed)
+    pool = _pixels(load_dataset("digits-jitter?public=0.3&part=public", 32, 1, "train")) | \
+        _pixels(load_dataset("digits-jitter?public=0.3&part=public", 32, 1, "test"))
+    private = _pixels(load_dataset("digits-jitter?public=0.3", 32, 1, "train")) | \
+        _pixels(load_dataset("digits-jitter?public=0.3", 32, 1, "test"))
+    everything = _pixels(load_dataset("digits-jitter", 32, 1, "train")) | _pixels(load_dataset("digits-jitter", 32, 1, "test"))
+    assert len(pool) + len(private) == len(everything) == len(targets) and not pool & private
+
+
+def _raw(**public) -> dict:
+    raw = json.loads(json.dumps(TINY))
+    raw["scenario"].update(base="public")
+    raw["datasets"] = [{"name": "digits", "spec": "digits-jitter?public=0.3"}]
+    raw["cohorts"] = raw["cohorts"][:1]  # phase 1 only: two nodes
+    raw["public"] = {"spec": POOL, "epochs": 1, "lr": 3e-3, "finetune_lr": 1e-3, "finetune_epochs": 1, **public}
+    return raw
+
+
+def test_public_base_scenario_refuses_an_overlapping_pool() -> None:
+    from netsim.scenario import ScenarioError, scenario_from_dict
+
+    scn = scenario_from_dict(_raw())
+    assert scn.base == "public" and scn.public.finetune_lr == 1e-3
+    bad = _raw()
+    bad["datasets"][0]["spec"] = "digits-jitter"  # the nodes would hold the pool's digits too
+    with pytest.raises(ScenarioError, match="overlaps the public pool"):
+        scenario_from_dict(bad)
+    for change, where in (({"spec": ""}, "public.spec"), ({"spec": "digits-jitter?public=0.3"}, "public.spec"),
+                          ({"spec": "digits-jitter?public=0.2&part=public"}, "public.spec"),
+                          ({"epochs": 0}, "public.epochs"), ({"finetune_lr": 0}, "public.finetune_lr")):
+        with pytest.raises(ScenarioError, match=where.replace(".", r"\.")):
+            scenario_from_dict(_raw(**change))
+
+
+@pytest.mark.slow
+def test_netsim_base_public_every_method_starts_from_w_p(monkeypatch) -> None:
+    short = Path(tempfile.mkdtemp(prefix="atdp"))  # daemons' control sockets: AF_UNIX paths are short
+    try:
+        _run_public(short, monkeypatch)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _run_public(tmp: Path, monkeypatch) -> None:
+    import netsim.baselines as baselines
+    from atdnode.blobstore import BlobStore
+    from atdnode.home import NodeHome
+    from atdnode.registry import ModelRegistry
+    from atdnode.weights import read_meta
+    from netsim.publicbase import DESIGNATED, load_extractor
+    from netsim.run import run_scenario
+    from netsim.scenario import scenario_from_dict
+
+    starts: list[dict | None] = []  # what every in-process baseline training started from
+    real = baselines.train_model
+
+    def spy(*a, **kw):
+        starts.append(kw.get("init"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(baselines, "train_model", spy)
+    rep = run_scenario(scenario_from_dict(_raw()), keep_homes=tmp)
+    (work,) = [p for p in tmp.iterdir() if p.is_dir()]
+    wp_file = work / "public" / "base" / "wp.safetensors"
+    wp = load_extractor(wp_file)
+    # W_p is the designated client's `atd train` on the pool, and nothing else
+    (rec,) = ModelRegistry(NodeHome.at(work / "public" / "h" / DESIGNATED)).list()
+    assert rec.provenance["data"] == POOL and rec.provenance["init_from"] is None
+    assert rep["public_base"]["pool"] == POOL and rep["public_base"]["pool_train_images"] == rec.samples
+    wp_base = read_meta(BlobStore(NodeHome.at(work / "public" / "h" / DESIGNATED).blobs_dir),
+                        rep["public_base"]["blob"])["base"]
+    # VGS-ATD: every trained model descends from W_p at the fine-tuning recipe; the founder
+    # (and a node trained from nothing) starts from W_p's very blob
+    inits = []
+    for n in ("a1", "a2"):
+        trained = [r for r in ModelRegistry(NodeHome.at(work / "vgs" / "homes" / n)).list() if r.provenance.get("run_key")]
+        assert trained and all(r.provenance["base"] == wp_base for r in trained)
+        assert all(r.provenance["options"]["lr"] == 1e-3 for r in trained)  # [public] finetune_lr
+        inits += [r.provenance["init_from"] for r in trained]
+    assert rep["public_base"]["blob"] in inits
+    # centralized and local: each of their trainings started from W_p's extractor
+    assert len(starts) == 3  # centralized phase 1, local a1 and a2
+    for s in starts:
+        assert s is not None and s.keys() == wp.keys() and all(torch.equal(s[k], wp[k]) for k in wp)
+    for m in ("vgs-atd", "centralized", "local", "ensemble-raw", "ensemble-untrained", "ensemble-public"):
+        assert rep["methods"][m][0]["overall"]["accuracy"] is not None, m
+    assert any("W_p's features" in v for v in rep["feature_verdicts"])
