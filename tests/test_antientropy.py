@@ -28,9 +28,13 @@ def test_quiet_pulls_space_out_and_any_sign_of_movement_resets_the_pace() -> Non
         seen.append(pace.interval(BASE))
         pace.pulled(0)
     assert seen == [10.0, 20.0, 40.0, 40.0, 40.0] and SYNC_IDLE_FACTOR == 4
-    pace.pulled(3)  # a pull brought entries gossip had not
+    pace.pulled(3, members=2)  # a pull brought entries gossip had not: a round of 2 more at BASE
     assert pace.interval(BASE) == BASE
-    pace.pulled(0)
+    pace.pulled(0, members=2)
+    pace.pulled(0, members=2)
+    assert pace.interval(BASE) == BASE  # the round after the entries: each member sees we are ahead
+    pace.pulled(0, members=2)
+    assert pace.interval(BASE) == 2 * BASE
     pace.pulled(0)
     stats["gossip_in"] = 1  # gossip arrived since the last pull: entries are moving
     pace.pulled(0)
