@@ -178,13 +178,7 @@ async def _campaign(cons, names: list[str], specs: dict[str, str], seed: int) ->
 
 
 def base_tensors(base: MSDBase) -> dict:
-    """The extractor tensors of the base (keys, shapes and finiteness are checked where they
-    enter a model, `atdnode.model.load_part`)."""
-    from atdnode.errors import WeightsError
-    from safetensors.torch import load_file
+    """The extractor tensors of the base (every node's file holds the same bytes)."""
+    from netsim.publicbase import load_extractor
 
-    first = next(iter(base.files.values()))
-    try:
-        return load_file(str(first))
-    except Exception as e:  # safetensors raises several types
-        raise WeightsError(f"MSD base file {first}: {e}") from None
+    return load_extractor(next(iter(base.files.values())), "MSD base")

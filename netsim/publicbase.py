@@ -147,9 +147,10 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
     return PublicBaseRun(files={n: f for n in data.nodes}, extractor=load_extractor(f), model=scn.model, info=info)
 
 
-def load_extractor(path: Path) -> dict[str, torch.Tensor]:
-    """W_p's extractor tensors from its weight-set file (checked where they enter a model,
-    `atdnode.model.load_part`)."""
+def load_extractor(path: Path, what: str = "public base") -> dict[str, torch.Tensor]:
+    """A shared base's extractor tensors from its weight-set file (W_p here; the MSD base,
+    `netsim.msdbase.base_tensors`): keys, shapes and finiteness are checked where they enter
+    a model (`atdnode.model.load_part`). WeightsError names the file when it is unreadable."""
     from safetensors.torch import load_file
 
     from atdnode.errors import WeightsError
@@ -157,7 +158,7 @@ def load_extractor(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors raises several types
-        raise WeightsError(f"public base file {path}: {e}") from None
+        raise WeightsError(f"{what} file {path}: {e}") from None
 
 
 def finetune_scenario(scn: Scenario) -> Scenario:

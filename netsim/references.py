@@ -93,11 +93,11 @@ def verdicts(methods: dict[str, list[dict]]) -> list[str]:
         if v is None or raw is None or unt is None:
             continue
         pub = acc.get("ensemble-public", {}).get(p)
-        refs = [("raw inputs", raw), ("the untrained extractor", unt)] + ([("the public base W_p", pub)] if pub else [])
+        refs = [("raw inputs", raw), ("the untrained extractor", unt)] + ([("the public base W_p", pub)] if pub is not None else [])
         lost = [name for name, r in refs if v <= r]
         verdict = (f"beat {', '.join(n for n, _ in refs[:-1])} and {refs[-1][0]}" if not lost
                    else "do not beat " + " or ".join(lost))
         out.append(f"Phase {p}: the learned features {verdict} (VGS-ATD {v:.3f}, the same ensemble on raw "
                    f"inputs {raw:.3f}, on an untrained extractor {unt:.3f}"
-                   + (f", on W_p's features {pub:.3f}" if pub else "") + ")")
+                   + (f", on W_p's features {pub:.3f}" if pub is not None else "") + ")")
     return out
