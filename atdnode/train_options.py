@@ -92,6 +92,10 @@ class TrainOptions:
     warmup_epochs: float = 0.2  # linear warmup, then cosine decay to 0 (per step)
     init_from: str | None = None  # blob hash in the node's store, a checkpoint file, or a model id
     freeze_blocks: int = 0
+    # LP-FT (atdnode.probe): epochs of the fresh head alone on the frozen start, before the
+    # fine-tuning epochs; only when the run starts from weights with a fresh head
+    probe_epochs: int = 0
+    probe_lr: float | None = None  # None: atdnode.probe.PROBE_LR_FACTOR x the fine-tuning rate
     seed: int = 0
     augment: bool = True
     augment_threshold: int = 1000
@@ -131,7 +135,8 @@ class TrainOptions:
                 "seed": self.seed, "augment": [self.augment, self.augment_threshold, self.augment_prob, self.augment_mode],
                 "pretrained": self.pretrained,
                 "transform": self.batch_transform.describe() if self.batch_transform else None,
-                **({"optimizer": [self.optimizer, self.lr_decay, self.epoch_offset]} if self.optimizer != "adamw" else {})}
+                **({"optimizer": [self.optimizer, self.lr_decay, self.epoch_offset]} if self.optimizer != "adamw" else {}),
+                **({"probe": [self.probe_epochs, self.probe_lr]} if self.probe_epochs else {})}
 
 
 def run_key(data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> str:

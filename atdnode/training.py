@@ -30,6 +30,7 @@ from atdnode.home import NodeHome
 from atdnode.metrics import save_confusion_png
 from atdnode.model import ModelConfig, export_part
 from atdnode.model_gc import register_model
+from atdnode.probe import fresh_head, probe_head
 from atdnode.registry import ModelRecord, ModelRegistry, RunCheckpoint
 from atdnode.train_options import (
     FINETUNE_LR,
@@ -81,6 +82,9 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
             return ModelRegistry(home).get(state["model_id"]) if ctx.is_main else None
         model, prov = build_start(home, store, cfg, data, opts)
         model.to(ctx.device)
+        if not state and fresh_head(prov, opts):  # LP-FT's probe (a resumed run has done it)
+            for s in probe_head(model, data, opts, ctx):
+                log(f"probe epoch {s['epoch']}/{opts.probe_epochs}: loss {s['loss']:.4f} acc {s['accuracy']:.3f}")
         trainer = Trainer(model, data, opts, ctx)
         start = ck.restore(model, trainer.optimizer) if state else 0
         history = list(state.get("history", []))

@@ -98,6 +98,7 @@ def run(scn, args, log) -> dict:
     from netsim.references import ensemble_options
     from netsim.baselines import run_centralized
     from netsim.publicbase import private_spec
+    from atdnode.probe import probe_lr
     from protocols.vgs import fit_vertical_ensemble
 
     seed = args.seed
@@ -125,11 +126,17 @@ def run(scn, args, log) -> dict:
         lr = args.lr or scn.train.lr
     out["lr"], out["timings"]["start_s"] = lr, round(time.perf_counter() - t0, 1)
     spec = replace(scn.train, lr=lr)
+    if args.probe_epochs is not None:  # LP-FT (atdnode.probe) for every training from S, centralized included
+        spec = replace(spec, probe_epochs=args.probe_epochs, probe_lr=args.probe_lr)
     kw = {**replace(ensemble_options(scn), seed=seed).kwargs(), "prior": "none"}
 
     trained: dict[str, torch.nn.Module] = {}
     run_tag = f"{args.start}-s{seed}" + (f"-{_public_tag(args)}-lr{lr or 0:g}-e{args.epochs or scn.train.epochs}"
                                          if args.start == "public" else "")
+    if spec.probe_epochs:
+        run_tag += f"-lp{spec.probe_epochs}x{probe_lr(spec, scn.model.embed_dim):g}"
+    if args.freeze:
+        run_tag += f"-fz{args.freeze}"
 
     def train(node: str, init: dict, part: str = "extractor", tag: str = "", train_data=None):
         nd = data.nodes[node]
@@ -145,7 +152,7 @@ def run(scn, args, log) -> dict:
             return trained[key]
         td = nd.train if train_data is None else train_data
         t = train_model(cfg(len(nd.classes)), td, spec, seed=seed + sum(map(ord, node)), epochs=args.epochs,
-                        init=init, init_part=part)
+                        init=init, init_part=part, freeze=args.freeze)
         out["timings"][f"train_{node}{tag}_s"] = round(t.seconds, 1)
         log(f"trained {node}{tag} ({len(td)} images) in {t.seconds:.0f} s")
         if ck is not None:
@@ -360,6 +367,10 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, help="override [train] epochs")
     ap.add_argument("--msd-steps", type=int, help="MSD distillation steps (default: [msd] steps)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--probe-epochs", type=int, help="LP-FT (atdnode.probe): epochs of the fresh head alone on the "
+                    "frozen start before fine-tuning (default: [train] probe_epochs)")
+    ap.add_argument("--probe-lr", type=float, help="LP-FT: the probe's rate (default: [train] probe_lr, else 10 x --lr)")
+    ap.add_argument("--freeze", type=int, default=0, help="freeze the embeddings and the first K blocks while fine-tuning")
     ap.add_argument("--no-refs", dest="refs", action="store_false", help="skip the raw / untrained ensembles")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-paper-phase3", dest="paper_phase3", action="store_false",

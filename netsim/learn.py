@@ -28,6 +28,7 @@ from atdnode.device import resolve_device
 from atdnode.features import predict_classes
 from atdnode.metrics import classification_metrics
 from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
+from atdnode.probe import probe_head
 from atdnode.training import Trainer, TrainOptions
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
@@ -60,18 +61,21 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainOptions, *, se
     model = build_model(cfg)
     if init is not None:
         load_part(model, init, init_part)
-    freeze_blocks(model, freeze)
     dev = resolve_device(None)
     model.to(dev)
+    opts = replace(spec, epochs=epochs or spec.epochs, seed=seed, freeze_blocks=freeze, init_from=None,
+                   warmup_epochs=spec.warmup_epochs if warmup_epochs is None else warmup_epochs)
+    ctx = ddp.DistContext(device=dev)
+    if init is not None and init_part == "extractor":  # a fresh head: LP-FT's probe first (atdnode.probe)
+        probe_head(model, data, opts, ctx)
+    freeze_blocks(model, freeze)
     hooks = []
     if prox_mu > 0:
         ref = {k: v.detach().clone() for k, v in model.named_parameters()}
         for name, p in model.named_parameters():
             if p.requires_grad:
                 hooks.append(p.register_hook(lambda g, p=p, r=ref[name]: g + prox_mu * (p.detach() - r)))
-    opts = replace(spec, epochs=epochs or spec.epochs, seed=seed, freeze_blocks=freeze, init_from=None,
-                   warmup_epochs=spec.warmup_epochs if warmup_epochs is None else warmup_epochs)
-    trainer = Trainer(model, data, opts, ddp.DistContext(device=dev))
+    trainer = Trainer(model, data, opts, ctx)
     for e in range(opts.epochs):
         trainer.train_epoch(e)
     model.cpu()

@@ -45,7 +45,8 @@ NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=
 # (the node's own option types, which `atd train` / `atd aggregate` fill from their flags); a
 # scenario sets the keys below over netsim's laptop-sized defaults. [train] freeze_blocks are
 # the blocks frozen when a model starts from published weights (VGS-ATD phases 2 and 3).
-TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "freeze_blocks", "augment")
+TRAIN_KEYS = ("epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "freeze_blocks", "probe_epochs", "probe_lr",
+              "augment")
 NETSIM_TRAIN = TrainOptions(epochs=3, batch_size=32, lr=1e-3, weight_decay=0.05, warmup_epochs=0.5, freeze_blocks=1,
                             augment=False, plots=False)  # no confusion/curves PNGs per training run
 ENSEMBLE_KEYS = ("pca_components", "mlp_max_iter", "rf_trees", "prior")
