@@ -369,7 +369,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--probe-epochs", type=int, help="LP-FT (atdnode.probe): epochs of the fresh head alone on the "
                     "frozen start before fine-tuning (default: [train] probe_epochs)")
-    ap.add_argument("--probe-lr", type=float, help="LP-FT: the probe's rate (default: [train] probe_lr, else 10 x --lr)")
+    ap.add_argument("--probe-lr", type=float, help="LP-FT: the probe's rate (default: [train] probe_lr, else 5 x --lr)")
     ap.add_argument("--freeze", type=int, default=0, help="freeze the embeddings and the first K blocks while fine-tuning")
     ap.add_argument("--no-refs", dest="refs", action="store_false", help="skip the raw / untrained ensembles")
     ap.add_argument("--threads", type=int, default=1)

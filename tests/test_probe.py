@@ -63,8 +63,8 @@ def test_no_probe_epochs_is_a_no_op():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_probe_rate_defaults_to_ten_times_the_fine_tuning_rate():
-    assert probe_lr(opts(lr=2e-3), 32) == pytest.approx(2e-2)
+def test_probe_rate_defaults_to_five_times_the_fine_tuning_rate():
+    assert probe_lr(opts(lr=2e-3), 32) == pytest.approx(1e-2)
     assert probe_lr(opts(lr=2e-3, probe_lr=5e-3), 32) == 5e-3
 
 

@@ -54,7 +54,7 @@ def train_cmd(
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, a checkpoint file (safetensors / timm), or a model id from `atd models` (e.g. an MSD base from `atd base build`: train it with --model vit_base_patch16_gap_224 and the base's sizes)."),
     freeze_blocks: int = typer.Option(0, "--freeze-blocks", min=0, help="Freeze embeddings + the first K blocks."),
     probe_epochs: int = typer.Option(0, "--probe-epochs", min=0, help="LP-FT: with --init-from an extractor (or --pretrained), first train the fresh head alone on the frozen start for N epochs, then fine-tune (atdnode.probe; keeps the start's features)."),
-    probe_lr: Optional[float] = typer.Option(None, "--probe-lr", help="The probe's rate (default: 10 x --lr)."),
+    probe_lr: Optional[float] = typer.Option(None, "--probe-lr", help="The probe's rate (default: 5 x --lr)."),
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
     augment_threshold: int = typer.Option(1000, "--augment-threshold", help="Classes with fewer samples are augmented."),
