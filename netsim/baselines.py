@@ -12,6 +12,18 @@
                  the last node then sends the final model to every other node
     local        every node trains on its own data only; nothing is sent
 
+A shared base (`base=`: extractor tensors; W_p of `scenario.base = "public"`,
+`netsim.publicbase`): every baseline's first phase starts from the base's extractor with a
+fresh seeded head (VGS-ATD §4.4: "the baselines start from the same pretrained weights").
+centralized, local and swarm's first training is `learn.train_model(init=base,
+init_part="extractor")`, LP-FT's probe included when [train] probe_epochs is set
+(`atdnode.probe`). The `atd rounds` methods (fedavg, fat-*) start their first campaign from
+one shared round-0 model, `extractor_start`: the base's extractor and the head a campaign of
+that seed draws from scratch; every node trains its round-0 local epochs from it as from any
+global model. Deviation: no probe in round 0 (`atd rounds` trains whole models; a probe
+would need one node's data for the shared head, or per-node heads that the round-0 average
+mixes), so with probe_epochs > 0 the rounds methods are the only ones without LP-FT.
+
 Phases: a baseline keeps its state from one phase to the next (the model is warm-started,
 its head widened for new classes — `learn.expand_head`) and trains with the data of every
 node present in the phase. Byte accounting is analytic and stated per node (except for the
@@ -31,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from atdnode.model import ModelConfig, build_model, load_part
 from netsim.learn import (
     expand_head,
     full_state,
@@ -113,6 +126,17 @@ def model_predictor(model: nn.Module, classes: list[str], space: list[str]) -> P
     return lambda images: to_global(predict(model, images), classes, space)
 
 
+def extractor_start(cfg: ModelConfig, base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """A full state of `cfg`: `base`'s extractor tensors and the head of a fresh model built
+    after `torch.manual_seed(seed)` — the head `atd rounds` draws for a campaign of that seed
+    (`atdnode.round_rules.init_blob`), so a campaign from a base differs from one from scratch
+    in its extractor only."""
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    load_part(model, base, "extractor")
+    return full_state(model)
+
+
 class _Global:
     """A single model over a growing label space, shared by centralized / fedavg / swarm."""
 
@@ -130,12 +154,17 @@ class _Global:
         self.classes = classes
         return self.data.present(phase), classes
 
+    def base_start(self, base: dict[str, torch.Tensor] | None, seed: int) -> None:
+        """Before the first phase's training: the carried model becomes `base`'s extractor with
+        a fresh head seeded by `seed` over the phase's label space (`extractor_start`).
+        No-op without a base or once a model is carried."""
+        if base is not None and self.state is None:
+            self.state = extractor_start(self.cfg(), base, seed)
+
     def cfg(self):
         return model_config(self.scn.model, len(self.classes))
 
     def model(self) -> nn.Module:
-        from atdnode.model import build_model
-
         m = build_model(self.cfg())
         m.load_state_dict(self.state)
         m.eval()
@@ -179,13 +208,14 @@ def run_centralized(scn: Scenario, data: ScenarioData, log: Progress = print, *,
     return out
 
 
-def run_fedavg(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_fedavg(scn: Scenario, data: ScenarioData, log: Progress = print, *,
+               base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
     """FedAvg through `atd rounds` on the in-memory back-end (`run_rounds_method`)."""
-    return run_rounds_method("fedavg", scn, data, log)
+    return run_rounds_method("fedavg", scn, data, log, base=base)
 
 
 def run_fat(method: str):
-    return lambda scn, data, log=print: run_rounds_method(method, scn, data, log)
+    return lambda scn, data, log=print, *, base=None: run_rounds_method(method, scn, data, log, base=base)
 
 
 ROUND_METHODS = {"fedavg": ("fedavg", False), "fat-fedavg": ("fedavg", True), "fat-fedwavg": ("fedwavg", True)}
@@ -199,11 +229,14 @@ def pgd_of(scn: Scenario):
     return pgd_config(eps=b.pgd_eps, steps=b.pgd_steps, ratio=b.adv_ratio, in_chans=scn.model.in_chans)
 
 
-def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progress = print, *,
+                      base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
     """`fedavg`, `fat-fedavg` or `fat-fedwavg` over every phase of the scenario: per phase one
     `atd rounds` campaign among the present nodes' daemons (netsim.fat.run_rounds_memnet),
     started from the previous phase's global model with its head widened to the new label
-    space; fat-* report clean and PGD accuracy on the phase's pooled test set."""
+    space; fat-* report clean and PGD accuracy on the phase's pooled test set. With `base`
+    (extractor tensors), the first campaign's round-0 model is the base's extractor and the
+    fresh head a campaign of this seed draws (`_Global.base_start`; no probe: module doc)."""
     from netsim.fat import run_rounds_memnet
     from protocols.adversarial import robust_accuracy
 
@@ -215,11 +248,13 @@ def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progr
     for phase in data_phases(data):
         res = PhaseResult(method, phase)
         names, classes = g.start_phase(phase)
+        seed = scn.seed + 1000 * (phase - 1)
+        g.base_start(base, seed)
         log(f"{method} phase {phase}: {b.rounds} rounds of atd rounds on {len(names)} daemons")
         rr = run_rounds_memnet({n: data.nodes[n].train for n in names}, classes=classes, model=scn.model,
                                rounds=b.rounds, weighting=weighting, q=b.q, adversarial=pgd,
                                local_epochs=b.local_epochs, batch_size=scn.train.batch_size, lr=scn.train.lr,
-                               seed=scn.seed + 1000 * (phase - 1), network=scn.network,
+                               seed=seed, network=scn.network,
                                test={n: data.nodes[n].test for n in names}, init_state=g.state,
                                deadline=scn.step_deadline_s, optimizer=b.optimizer, lr_decay=b.lr_decay, log=log)
         g.state = rr.state
@@ -245,7 +280,12 @@ def run_rounds_method(method: str, scn: Scenario, data: ScenarioData, log: Progr
     return out
 
 
-def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[PhaseResult]:
+def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print, *,
+              base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
+    """The model travels node to node for `rounds` rounds per phase (module doc). With `base`
+    (extractor tensors) the very first training is `train_model(init=base,
+    init_part="extractor")`, as local's and centralized's; every later one continues the
+    travelling model."""
     g = _Global(scn, data)
     b = scn.baselines
     out = []
@@ -263,9 +303,11 @@ def run_swarm(scn: Scenario, data: ScenarioData, log: Progress = print) -> list[
                         res.add_bytes(prev, sent=m)
                         res.add_bytes(n, received=m)
                         res.ready_s += transfer_s(scn.network, m)
+                first = g.state is None and base is not None
                 t = train_model(cfg, data.pooled_train([n], classes), scn.train,
-                                seed=scn.seed + 7919 * r + k + 101 * phase, epochs=b.local_epochs, init=g.state,
-                                init_part="full", warmup_epochs=0.0)
+                                seed=scn.seed + 7919 * r + k + 101 * phase, epochs=b.local_epochs,
+                                init=base if first else g.state, init_part="extractor" if first else "full",
+                                warmup_epochs=0.0)
                 g.state = full_state(t.model)
                 res.compute_s += t.seconds
                 res.ready_s += t.seconds
@@ -318,13 +360,13 @@ RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_sw
            "fat-fedavg": run_fat("fat-fedavg"), "fat-fedwavg": run_fat("fat-fedwavg")}
 
 
-FROM_BASE = ("centralized", "local")  # the baselines that can start from a shared base's extractor
+FROM_BASE = BASELINES  # the baselines that can start from a shared base's extractor: every one
 
 
 def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print, *,
                  base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
     """Run one baseline over every phase of the scenario; one result per phase. `base`:
-    extractor tensors the FROM_BASE methods start from (W_p of base = "public")."""
+    extractor tensors the FROM_BASE methods start from (W_p of base = "public", module doc)."""
     try:
         runner = RUNNERS[method]
     except KeyError:

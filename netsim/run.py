@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from netsim.baselines import BASELINES, FROM_BASE, run_baseline
+from netsim.baselines import BASELINES, ROUND_METHODS, run_baseline
 from netsim.report import forgetting, write_report
 from netsim.scenario import TRAIN_KEYS, Scenario
 
@@ -152,7 +152,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         wp = run_public_base(scn, data, work / "public", progress=progress)
         report["public_base"] = wp.summary()
         files, scn = wp.files, finetune_scenario(scn)
-        report["notes"].append(f"base public: vgs-atd, centralized and local start from W_p (trained on "
+        report["notes"].append(f"base public: vgs-atd and every baseline start from W_p (trained on "
                                f"{scn.public.spec} by {wp.info['designated']}) and train {scn.train.epochs} epochs "
                                f"at {scn.train.lr:g}; ensemble-public is the ensemble on W_p's features, not fine-tuned")
     if "vgs-atd" in scn.methods:
@@ -174,10 +174,10 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
     for m in methods:
         if m in BASELINES:
             progress(f"baseline {m}")
-            start = wp.extractor if wp is not None and m in FROM_BASE else None
-            if wp is not None and m not in FROM_BASE:
-                report["notes"].append(f"base public: {m} starts from scratch (only {', '.join(FROM_BASE)} "
-                                       "take W_p)")
+            start = wp.extractor if wp is not None else None  # every baseline takes W_p (FROM_BASE)
+            if start is not None and m in ROUND_METHODS and scn.train.probe_epochs:
+                report["notes"].append(f"base public: {m}'s round 0 starts from W_p's extractor and a seeded "
+                                       "head without the LP-FT probe the other methods run (netsim.baselines)")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
         from netsim.references import REFERENCES, run_reference, verdicts
