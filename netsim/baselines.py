@@ -13,8 +13,10 @@
     local        every node trains on its own data only; nothing is sent
 
 A shared base (`base=`: extractor tensors; W_p of `scenario.base = "public"`,
-`netsim.publicbase`): every baseline's first phase starts from the base's extractor with a
-fresh seeded head (VGS-ATD §4.4: "the baselines start from the same pretrained weights").
+`netsim.publicbase`; the MSD base of `base = "msd"`, `netsim.msdbase`, whose runs netsim
+reports as `<method>-msd` next to the scratch ones): every baseline's first phase starts
+from the base's extractor with a fresh seeded head (VGS-ATD §4.4: "the baselines start
+from the same pretrained weights").
 centralized, local and swarm's first training is `learn.train_model(init=base,
 init_part="extractor")`, LP-FT's probe included when [train] probe_epochs is set
 (`atdnode.probe`). The `atd rounds` methods (fedavg, fat-*) start their first campaign from

@@ -143,7 +143,8 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         report["msd_base"] = base.summary()
         scn = base_scenario(scn)
         report["notes"].append(f"base msd: every method runs {scn.model.name} (the MSD base's timm ViT, same "
-                               "sizes); vgs-atd and centralized-msd start from the base, the others from scratch")
+                               "sizes); vgs-atd and every listed baseline again as <method>-msd start from the "
+                               "base, the others from scratch")
     files = base.files if base is not None else None
     wp = None
     if scn.base == "public":  # a designated client pretrains W_p on the public pool (VGS-ATD §3.2)
@@ -175,9 +176,8 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         if m in BASELINES:
             progress(f"baseline {m}")
             start = wp.extractor if wp is not None else None  # every baseline takes W_p (FROM_BASE)
-            if start is not None and m in ROUND_METHODS and scn.train.probe_epochs:
-                report["notes"].append(f"base public: {m}'s round 0 starts from W_p's extractor and a seeded "
-                                       "head without the LP-FT probe the other methods run (netsim.baselines)")
+            if start is not None:
+                report["notes"] += _no_probe_note(m, scn, "public")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
         from netsim.references import REFERENCES, run_reference, verdicts
@@ -194,15 +194,26 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
                 model=lambda cfg: base_model(cfg, wp.extractor))]
         report["feature_verdicts"] = verdicts(report["methods"])
         report["notes"] += report["feature_verdicts"]
-    if base is not None and "centralized" in scn.methods:  # the gap to centralized from the same base
-        from netsim.baselines import run_centralized
+    if base is not None:  # every listed baseline again from the same base: the gap at equal starts
         from netsim.msdbase import base_tensors
 
-        progress("baseline centralized from the MSD base")
-        report["methods"]["centralized-msd"] = [r.to_dict() for r in run_centralized(
-            scn, data, log=progress, base=base_tensors(base), name="centralized-msd")]
+        extractor = base_tensors(base)
+        for m in (m for m in scn.methods if m in BASELINES):
+            progress(f"baseline {m} from the MSD base")
+            report["notes"] += _no_probe_note(m, scn, "msd")
+            report["methods"][f"{m}-msd"] = [dict(r.to_dict(), method=f"{m}-msd") for r in run_baseline(
+                m, scn, data, log=progress, base=extractor)]
     phase1 = [n for n, d in data.nodes.items() if d.phase == 1]
     report["forgetting"] = forgetting(report["methods"], phase1)
+
+
+def _no_probe_note(method: str, scn: Scenario, base: str) -> list[str]:
+    """The one start that differs from a shared base: an `atd rounds` method's round 0 has no
+    LP-FT probe (`netsim.baselines` module doc), said when [train] probe_epochs is on."""
+    if method not in ROUND_METHODS or not scn.train.probe_epochs:
+        return []
+    return [f"base {base}: {method}'s round 0 starts from the base's extractor and a seeded head, without "
+            "the LP-FT probe the other methods run (netsim.baselines)"]
 
 
 def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lambda _m: None,

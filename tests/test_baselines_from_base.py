@@ -1,8 +1,9 @@
 """FedAvg (`atd rounds`) and swarm start from a shared base's extractor, as centralized and
 local do (issue 23; VGS-ATD §4.4: "the baselines start from the same pretrained weights"):
 round 0's global model is the base's extractor and the head a campaign of that seed draws;
-swarm's first training is `train_model(init=base, init_part="extractor")`; and a
-`base = "public"` scenario listing them runs them from W_p without a "from scratch" note."""
+swarm's first training is `train_model(init=base, init_part="extractor")`; a
+`base = "public"` scenario listing them runs them from W_p without a "from scratch" note,
+and a `base = "msd"` one runs each listed baseline again from the MSD base (`<method>-msd`)."""
 from __future__ import annotations
 
 import json
@@ -105,9 +106,22 @@ def test_swarm_first_training_starts_from_the_base_extractor_later_ones_from_the
     assert _distance(calls[0][2], base) < 0.25 * _distance(_fresh(scn, scn.seed).state_dict(), base)
 
 
-def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, monkeypatch) -> None:
+def _starts(monkeypatch) -> list[tuple[str, dict | None]]:
+    """Records, in order, where every FedAvg campaign ("fedavg", its round-0 state) and every
+    in-process training ("swarm <init_part>", its init) of a run starts."""
     import netsim.baselines as baselines
     import netsim.fat as fat
+
+    starts: list[tuple[str, dict | None]] = []
+    real_rounds, real_train = fat.run_rounds_memnet, baselines.train_model
+    monkeypatch.setattr(fat, "run_rounds_memnet",
+                        lambda *a, **kw: starts.append(("fedavg", kw["init_state"])) or real_rounds(*a, **kw))
+    monkeypatch.setattr(baselines, "train_model",
+                        lambda *a, **kw: starts.append(("swarm " + kw["init_part"], kw["init"])) or real_train(*a, **kw))
+    return starts
+
+
+def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, monkeypatch) -> None:
     from netsim.publicbase import load_extractor
     from netsim.run import run_scenario
     from netsim.scenario import scenario_from_dict
@@ -117,12 +131,7 @@ def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, mon
     raw["public"] = {"spec": "digits-jitter?variants=2&public=0.3&part=public", "epochs": 1, "lr": 3e-3,
                      "finetune_lr": 1e-3, "finetune_epochs": 1}
     raw["train"]["probe_epochs"] = 1
-    starts: list[tuple[str, dict | None]] = []
-    real_rounds, real_train = fat.run_rounds_memnet, baselines.train_model
-    monkeypatch.setattr(fat, "run_rounds_memnet",
-                        lambda *a, **kw: starts.append(("fedavg", kw["init_state"])) or real_rounds(*a, **kw))
-    monkeypatch.setattr(baselines, "train_model",
-                        lambda *a, **kw: starts.append(("swarm " + kw["init_part"], kw["init"])) or real_train(*a, **kw))
+    starts = _starts(monkeypatch)
     rep = run_scenario(scenario_from_dict(raw), keep_homes=tmp_path)
     (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     wp = load_extractor(work / "public" / "base" / "wp.safetensors")
@@ -134,5 +143,26 @@ def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, mon
     assert not [n for n in rep["notes"] if "from scratch" in n]
     assert any("every baseline start from W_p" in n for n in rep["notes"])
     assert [n for n in rep["notes"] if "without the LP-FT probe" in n] == [
-        "base public: fedavg's round 0 starts from W_p's extractor and a seeded head without the LP-FT probe "
-        "the other methods run (netsim.baselines)"]
+        "base public: fedavg's round 0 starts from the base's extractor and a seeded head, without the LP-FT "
+        "probe the other methods run (netsim.baselines)"]
+
+
+def test_base_msd_scenario_runs_each_listed_baseline_again_from_the_base(tmp_path: Path, monkeypatch) -> None:
+    from netsim.publicbase import load_extractor
+    from netsim.run import run_scenario
+    from netsim.scenario import scenario_from_dict
+
+    raw = _tiny(methods=["fedavg", "swarm"], base="msd")
+    raw["msd"] = {"steps": 8, "batch_size": 64, "finetune_lr": 2e-3}
+    starts = _starts(monkeypatch)
+    rep = run_scenario(scenario_from_dict(raw), keep_homes=tmp_path)
+    (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    base = load_extractor(work / "msd" / "base" / "a1.safetensors")
+    # as listed, from scratch; then each again from the base
+    assert [m for m, _s in starts] == ["fedavg", "swarm full", "swarm full", "fedavg", "swarm extractor", "swarm full"]
+    assert starts[0][1] is None and starts[1][1] is None
+    for _m, s in starts[3:5]:
+        assert s is not None and all(torch.equal(s[k], v) for k, v in base.items())
+    assert set(rep["methods"]) == {"fedavg", "swarm", "fedavg-msd", "swarm-msd"}
+    assert [p["method"] for p in rep["methods"]["swarm-msd"]] == ["swarm-msd"]
+    assert all(rep["methods"][m][0]["overall"]["accuracy"] is not None for m in rep["methods"])
