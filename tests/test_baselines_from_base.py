@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.netsim_tiny import TINY
@@ -53,7 +54,8 @@ def _scenario(raw: dict):
     return scn, load_scenario_data(scn)
 
 
-def test_fedavg_round_zero_is_the_base_extractor_and_a_campaign_head(monkeypatch) -> None:
+@pytest.mark.parametrize("method", ["fedavg", "fat-fedwavg"])  # every `atd rounds` method shares the start
+def test_rounds_round_zero_is_the_base_extractor_and_a_campaign_head(method: str, monkeypatch) -> None:
     import netsim.baselines as baselines
     import netsim.fat as fat
 
@@ -68,7 +70,7 @@ def test_fedavg_round_zero_is_the_base_extractor_and_a_campaign_head(monkeypatch
         return rr
 
     monkeypatch.setattr(fat, "run_rounds_memnet", spy)
-    (res,) = baselines.run_baseline("fedavg", scn, data, log=lambda _m: None, base=base)
+    (res,) = baselines.run_baseline(method, scn, data, log=lambda _m: None, base=base)
     (c,) = campaigns
     init = c["init"]
     assert init is not None and all(torch.equal(init[k], v) for k, v in base.items())
