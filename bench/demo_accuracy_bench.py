@@ -11,6 +11,9 @@ points (mean); the phase-1 nodes' accuracy after each phase (forgetting); how ma
 
     python bench/demo_accuracy_bench.py --scenario three_phase --seeds 0 1 2
     python bench/demo_accuracy_bench.py --backend process   # real daemons, as `atd demo`
+    # seeds side by side (one process each), then one summary:
+    python bench/demo_accuracy_bench.py --scenario netsim/scenarios/jitter_public.toml --seeds 0 --save runs/
+    python bench/demo_accuracy_bench.py --scenario netsim/scenarios/jitter_public.toml --merge runs/seed-*.json
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ def main() -> None:
     ap.add_argument("--backend", choices=("memory", "process"), default="memory")
     ap.add_argument("--scenario", default="demo", help="a shipped scenario name or a TOML path")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--save", help="also write each seed's run (report and wall time) to DIR/seed-N.json")
+    ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
+                    help="run nothing: summarise runs saved by --save (seeds run in parallel processes)")
     args = ap.parse_args()
 
     import torch
@@ -47,10 +53,17 @@ def main() -> None:
     path = Path(args.scenario) if args.scenario.endswith(".toml") else shipped_scenario(args.scenario)
     base = load_scenario(path).replace(backend=args.backend)
     runs = []
-    for seed in args.seeds:
+    for seed in [] if args.merge else args.seeds:
         t0 = time.perf_counter()
         rep = run_scenario(base.replace(seed=seed))
         runs.append({"seed": seed, "wall_s": round(time.perf_counter() - t0, 1), "report": rep})
+        if args.save:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
+            (Path(args.save) / f"seed-{seed}.json").write_text(json.dumps(runs[-1]))
+    for f in args.merge or []:
+        runs.append(json.loads(Path(f).read_text()))
+    runs.sort(key=lambda r: r["seed"])
+    args.seeds = [r["seed"] for r in runs]
     methods = list(runs[0]["report"]["methods"])
     phases = sorted(ph["phase"] for ph in runs[0]["report"]["methods"]["vgs-atd"])
 

@@ -21,7 +21,9 @@ processes; all are stopped when the test ends), `vgs_template` (the trained trio
 per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a test to change).
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
-Mark a test `slow` when it starts OS processes or trains for more than a few seconds.
+Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
+`claims` tier (issue 23's 3-seed accuracy claims, ~12 minutes on 2 cores) runs only with
+`pytest --claims tests/test_vgs_claims_public.py`.
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
 files with a slow test, then the rest; in the fast tier (no slow test selected) the files in
@@ -94,10 +96,22 @@ FAST_LONGEST_FIRST = (
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--claims", action="store_true",
+                     help="also run the `claims` tier (issue 23's 3-seed accuracy claims; minutes per seed)")
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` deselected: the order depends on what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the longest files first (see `LONGEST_FIRST`, or `FAST_LONGEST_FIRST` when no slow
-    test was selected); a file's tests keep their order."""
+    """Without `--claims`, deselect the tests marked `claims` (their own tier: they run a
+    learning scenario three times, over the suite's budget). Then run the longest files
+    first (see `LONGEST_FIRST`, or `FAST_LONGEST_FIRST` when no slow test was selected); a
+    file's tests keep their order."""
+    if not config.getoption("--claims"):
+        out = [item for item in items if item.get_closest_marker("claims")]
+        if out:
+            config.hook.pytest_deselected(items=out)
+            items[:] = [item for item in items if not item.get_closest_marker("claims")]
     has_slow = {item.path.name for item in items if item.get_closest_marker("slow")}
     first = LONGEST_FIRST if has_slow else FAST_LONGEST_FIRST
 

@@ -1,0 +1,117 @@
+"""Issue 23's accuracy claims where learning matters: `netsim/scenarios/jitter_public.toml`
+(28 px jittered digits, 49 patches, every method from the public pretrained W_p of VGS-ATD
+§3.2), three seeds, every baseline measured in the same runs.
+
+Claims, on the mean over seeds 0-2 of each phase's overall accuracy (mean over the present
+nodes on the phase's pooled test set):
+
+* VGS-ATD beats the same ensemble on raw pixels and on an untrained extractor of the config;
+* VGS-ATD is at least centralized training on the pooled data minus 2 points;
+* VGS-ATD is at least FedAvg, swarm and local-only;
+* every `aggregate` entry of every run re-verifies (`atd aggregate --verify`), in every seed;
+* the report's verdict sentence per phase says what its own numbers say.
+
+The phase-1 nodes' own-test accuracy after phases 2-3 is printed (the scenario's closing
+numbers), not asserted: see the scenario header for what it is and why.
+
+Cost: the three runs (each trains W_p, VGS-ATD, centralized, FedAvg, swarm, local and three
+reference ensembles at 28 px) take about 12 minutes of wall time on two cores, side by side
+in a process pool: over the suite's budget, so this file is its own tier, `pytest --claims`
+(marker `claims`, deselected without the flag; see tests/conftest.py). The numbers it
+checks, measured, are in the scenario header and issue 23's closing notes.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from netsim.references import verdicts
+from netsim.scenario import shipped_scenario
+
+pytestmark = [pytest.mark.claims, pytest.mark.slow, pytest.mark.timeout(5400)]
+SEEDS = (0, 1, 2)
+PHASES = (1, 2, 3)
+E2E = ("fedavg", "swarm", "local")
+REFERENCES = ("ensemble-raw", "ensemble-untrained")
+BAR_POINTS = 0.02  # VGS-ATD may trail centralized by this much (a fraction: 2 points)
+
+
+def _run(seed: int) -> dict:
+    """One seed of the shipped scenario in a fresh process (one torch thread, as netsim runs)."""
+    import torch
+
+    from netsim.run import run_scenario
+    from netsim.scenario import load_scenario
+
+    torch.set_num_threads(1)
+    rep = run_scenario(load_scenario(shipped_scenario("jitter_public")).replace(seed=seed))
+    return json.loads(json.dumps(rep, default=str))  # plain data across the process boundary
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[int, dict]:
+    workers = min(len(SEEDS), max(1, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        return dict(zip(SEEDS, pool.map(_run, SEEDS)))
+
+
+def _overall(report: dict, method: str) -> dict[int, float]:
+    return {ph["phase"]: ph["overall"]["accuracy"] for ph in report["methods"][method]}
+
+
+def _mean(reports: dict[int, dict], method: str) -> dict[int, float]:
+    per = [_overall(r, method) for r in reports.values()]
+    return {p: sum(o[p] for o in per) / len(per) for p in PHASES}
+
+
+def test_every_method_is_measured_in_every_run(reports: dict[int, dict]) -> None:
+    want = {"vgs-atd", "centralized", *E2E, *REFERENCES, "ensemble-public"}
+    for seed, rep in reports.items():
+        assert set(rep["methods"]) == want, seed
+        for m in want:
+            assert sorted(_overall(rep, m)) == list(PHASES), (seed, m)
+
+
+def test_learned_features_beat_raw_pixels_and_the_untrained_extractor(reports: dict[int, dict]) -> None:
+    vgs = _mean(reports, "vgs-atd")
+    for kind in REFERENCES:
+        ref = _mean(reports, kind)
+        for p in PHASES:
+            assert vgs[p] > ref[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} <= {kind} {ref[p]:.3f} (mean of seeds {SEEDS})"
+
+
+def test_vgs_atd_within_2_points_of_centralized(reports: dict[int, dict]) -> None:
+    vgs, cen = _mean(reports, "vgs-atd"), _mean(reports, "centralized")
+    print(json.dumps({"vgs-atd": vgs, "centralized": cen}))
+    for p in PHASES:
+        assert vgs[p] >= cen[p] - BAR_POINTS, f"phase {p}: VGS-ATD {vgs[p]:.3f}, centralized {cen[p]:.3f}"
+
+
+def test_vgs_atd_at_least_fedavg_swarm_and_local(reports: dict[int, dict]) -> None:
+    vgs = _mean(reports, "vgs-atd")
+    for m in E2E:
+        other = _mean(reports, m)
+        for p in PHASES:
+            assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {m} {other[p]:.3f}"
+
+
+def test_every_aggregate_entry_verifies_in_every_run(reports: dict[int, dict]) -> None:
+    for seed, rep in reports.items():
+        for ph in rep["methods"]["vgs-atd"]:
+            v = ph["verified"]
+            assert v["aggregates"] > 0 and v["verified"] == v["aggregates"], (seed, ph["phase"], v)
+
+
+def test_each_report_says_what_its_numbers_say(reports: dict[int, dict]) -> None:
+    for seed, rep in reports.items():
+        lines = rep["feature_verdicts"]
+        assert lines == verdicts(rep["methods"]) and len(lines) == len(PHASES), seed
+        vgs, raw, unt = (_overall(rep, m) for m in ("vgs-atd", *REFERENCES))
+        for p, line in zip(PHASES, lines):
+            beats = vgs[p] > raw[p] and vgs[p] > unt[p]
+            assert line.startswith(f"Phase {p}: the learned features {'beat' if beats else 'do not beat'} "), line
+    print(json.dumps({s: r["forgetting"].get("vgs-atd") for s, r in reports.items()}))
