@@ -11,12 +11,16 @@ nodes on the phase's pooled test set):
 * every `aggregate` entry of every run re-verifies (`atd aggregate --verify`), in every seed;
 * the report's verdict sentence per phase says what its own numbers say.
 
-The phase-1 nodes' own-test accuracy after phases 2-3 is printed (the scenario's closing
-numbers), not asserted: see the scenario header for what it is and why.
+* the phase-1 nodes lose no more of their own-test accuracy after phases 2 and 3 than they
+  do under centralized training, plus 2 points. Issue 23 asks for "phase-1 nodes lose <= 2
+  points" outright; in this scenario no method that learns the new classes can: the phase-1
+  nodes' test sets hold their 6 classes only, every 10-class model now also predicts the 4
+  new ones, and centralized training loses 7-9 points there (seeds 0-1: 0.808 -> 0.720,
+  0.830 -> 0.740). So the bound is relative to centralized, measured in the same runs.
 
 Cost: the three runs (each trains W_p, VGS-ATD, centralized, FedAvg, swarm, local and three
-reference ensembles at 28 px) take about 12 minutes of wall time on two cores, side by side
-in a process pool: over the suite's budget, so this file is its own tier, `pytest --claims`
+reference ensembles at 28 px; about 680 s of wall time each when two share two cores) run
+side by side in a process pool, about 17 minutes on two cores: over the suite's budget, so this file is its own tier, `pytest --claims`
 (marker `claims`, deselected without the flag; see tests/conftest.py). The numbers it
 checks, measured, are in the scenario header and issue 23's closing notes.
 """
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -54,8 +57,8 @@ def _run(seed: int) -> dict:
 
 @pytest.fixture(scope="module")
 def reports() -> dict[int, dict]:
-    workers = min(len(SEEDS), max(1, os.cpu_count() or 1))
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+    # every seed at once: one torch thread each, and the daemons' waits overlap the training
+    with ProcessPoolExecutor(len(SEEDS), mp_context=mp.get_context("spawn")) as pool:
         return dict(zip(SEEDS, pool.map(_run, SEEDS)))
 
 
@@ -99,6 +102,18 @@ def test_vgs_atd_at_least_fedavg_swarm_and_local(reports: dict[int, dict]) -> No
             assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {m} {other[p]:.3f}"
 
 
+def test_phase1_nodes_lose_no_more_than_under_centralized_training(reports: dict[int, dict]) -> None:
+    def drops(method: str) -> dict[str, float]:
+        f = [r["forgetting"][method] for r in reports.values()]  # phase-1 nodes' own-test accuracy per phase
+        return {p: sum(x["1"] - x[p] for x in f) / len(f) for p in ("2", "3")}
+
+    vgs, cen = drops("vgs-atd"), drops("centralized")
+    print(json.dumps({"vgs-atd lost": vgs, "centralized lost": cen}))
+    for p in ("2", "3"):
+        assert vgs[p] <= cen[p] + BAR_POINTS, f"after phase {p}: VGS-ATD's phase-1 nodes lost {vgs[p]:.3f}, " \
+                                              f"centralized's {cen[p]:.3f}"
+
+
 def test_every_aggregate_entry_verifies_in_every_run(reports: dict[int, dict]) -> None:
     for seed, rep in reports.items():
         for ph in rep["methods"]["vgs-atd"]:
@@ -110,8 +125,10 @@ def test_each_report_says_what_its_numbers_say(reports: dict[int, dict]) -> None
     for seed, rep in reports.items():
         lines = rep["feature_verdicts"]
         assert lines == verdicts(rep["methods"]) and len(lines) == len(PHASES), seed
-        vgs, raw, unt = (_overall(rep, m) for m in ("vgs-atd", *REFERENCES))
+        vgs, raw, unt, pub = (_overall(rep, m) for m in ("vgs-atd", *REFERENCES, "ensemble-public"))
         for p, line in zip(PHASES, lines):
-            beats = vgs[p] > raw[p] and vgs[p] > unt[p]
-            assert line.startswith(f"Phase {p}: the learned features {'beat' if beats else 'do not beat'} "), line
-    print(json.dumps({s: r["forgetting"].get("vgs-atd") for s, r in reports.items()}))
+            refs = {"raw inputs": raw[p], "the untrained extractor": unt[p], "the public base W_p": pub[p]}
+            lost = [name for name, r in refs.items() if vgs[p] <= r]
+            said = f"do not beat {' or '.join(lost)} (" if lost else "beat raw inputs, the untrained extractor and "
+            assert line.startswith(f"Phase {p}: the learned features {said}"), line
+            assert f"VGS-ATD {vgs[p]:.3f}" in line and f"on W_p's features {pub[p]:.3f}" in line, line
