@@ -8,6 +8,11 @@ samples are dealt (seeded) among the cohorts that use that class, then each coho
 share is partitioned among its nodes (`netsim.partition`). Test data is not divided: a
 node's test set is the data set's test samples of its label space.
 
+With `[scenario] val_fraction = f` (issue 23) each node's share is then divided (seeded,
+stratified by class: `split_val`) into its training data (`train`, the only part any method
+trains on or uploads) and its held-out validation split (`val`, written as the node's .npz
+`val_*` arrays, so `atd aggregate` judges its candidates on it, `atdnode.candidates`).
+
 A node's label space is its cohort's classes (the hospitals agreed on them), except under
 the `disjoint` scheme, where it is the node's own class set.
 """
@@ -34,7 +39,10 @@ class NodeData:
     classes: list[str]  # the node's label space (global names); labels below index into it
     train: LabeledImages
     test: LabeledImages
-    class_counts: dict[str, int] = field(default_factory=dict)
+    class_counts: dict[str, int] = field(default_factory=dict)  # of `train`
+    val: LabeledImages | None = None  # the node's held-out val split (val_fraction > 0); never trained on
+    # rows of the data set's train split: {"train": ..., "val": ...} (the test rows: ScenarioData.test_index)
+    source_index: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def raw_bytes(self) -> int:
@@ -111,12 +119,28 @@ def _prepare(data: LabeledImages, prefix: str | None) -> LabeledImages:
 
 
 def write_node_npz(node: NodeData, path: Path) -> Path:
-    """Write the node's train and test data as a MedMNIST-layout .npz that `atdnode.data`
-    reads back (`npz:PATH`) to exactly `node.train` / `node.test`."""
+    """Write the node's train, val (when it has one) and test data as a MedMNIST-layout .npz
+    that `atdnode.data` reads back (`npz:PATH`) to exactly `node.train` / `.val` / `.test`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    val = None if node.val is None else (to_uint8(node.val.images), node.val.labels.numpy())
     write_npz(path, to_uint8(node.train.images), node.train.labels.numpy(), node.classes,
-              to_uint8(node.test.images), node.test.labels.numpy())
+              to_uint8(node.test.images), node.test.labels.numpy(), val=val)
     return path
+
+
+def split_val(idx: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, val rows) of `idx`: per class, round(fraction x its count) seeded rows go
+    to val, but every class keeps at least one training row (a class of one sample has none
+    in val); both sorted and disjoint."""
+    train, val = [], []
+    for c in np.unique(labels[idx]):
+        rows = idx[labels[idx] == c]
+        rows = rows[rng.permutation(len(rows))]
+        k = min(int(np.floor(fraction * len(rows) + 0.5)), len(rows) - 1)
+        val.append(rows[:k])
+        train.append(rows[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
 def load_scenario_data(scn: Scenario) -> ScenarioData:
@@ -149,7 +173,7 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         cohort_classes = [names[i] for i in np.unique(labels[pools[co.name]])]
         for sp in splits:
             space = list(sp.classes) if co.partition == "disjoint" else cohort_classes
-            nodes[sp.node] = _node_data(sp, co, tr, te, space)
+            nodes[sp.node] = _node_data(sp, co, tr, space, scn.val_fraction, scn.seed, scn.source)
             test_index[sp.node] = {co.dataset: _test_idx(te, space, co.test_samples, scn.seed, sp.node)}
             nodes[sp.node].test = subset(te, test_index[sp.node][co.dataset], space)
     order = list(dict.fromkeys(c for ds in trains for c in trains[ds].classes))  # by name, first seen
@@ -168,11 +192,20 @@ def _test_idx(te: LabeledImages, space: list[str], cap: int | None, seed: int, n
     return idx
 
 
-def _node_data(sp: NodeSplit, co, tr: LabeledImages, te: LabeledImages, space: list[str]) -> NodeData:
-    train = subset(tr, sp.train, space)
+def _node_data(sp: NodeSplit, co, tr: LabeledImages, space: list[str], val_fraction: float, seed: int,
+               source: str) -> NodeData:
+    rows, val_rows = sp.train, None
+    if val_fraction > 0:
+        rows, val_rows = split_val(sp.train, tr.labels.numpy(), val_fraction, _rng(seed, f"val:{sp.node}"))
+        if len(val_rows) == 0:
+            raise ScenarioError(f"{source}: scenario.val_fraction: node {sp.node}'s {len(sp.train)} training "
+                                f"samples leave no val sample at {val_fraction}; raise it or the node's samples")
+    train = subset(tr, rows, space)
     counts = {space[i]: int(n) for i, n in enumerate(torch.bincount(train.labels, minlength=len(space)).tolist())}
+    index = {"train": rows} if val_rows is None else {"train": rows, "val": val_rows}
     return NodeData(name=sp.node, cohort=co.name, phase=co.phase, group=co.group, dataset=co.dataset,
-                    classes=list(space), train=train, test=train, class_counts=counts)
+                    classes=list(space), train=train, test=train, class_counts=counts,
+                    val=None if val_rows is None else subset(tr, val_rows, space), source_index=index)
 
 
 def _cohort_pools(scn: Scenario, trains: dict[str, LabeledImages], spaced: set[str]) -> dict[str, np.ndarray]:

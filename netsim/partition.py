@@ -188,11 +188,15 @@ def partition_cohort(*, nodes: tuple[str, ...], train_labels: np.ndarray, test_l
 
 
 def write_npz(path, images_uint8: np.ndarray, labels: np.ndarray, classes: list[str],
-              test_images: np.ndarray | None = None, test_labels: np.ndarray | None = None) -> None:
-    """Write a MedMNIST-layout .npz (train_*, optional test_*, `classes`) readable by
-    `atdnode.data` as `npz:PATH` (no pickle: the class names are a fixed-width str array)."""
+              test_images: np.ndarray | None = None, test_labels: np.ndarray | None = None, *,
+              val: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Write a MedMNIST-layout .npz (train_*, optional val_* = `val` (images, labels) and
+    test_*, `classes`) readable by `atdnode.data` as `npz:PATH` (no pickle: the class names
+    are a fixed-width str array)."""
     arrays = {"train_images": images_uint8, "train_labels": labels.astype(np.int64),
               "classes": np.asarray([str(c) for c in classes], dtype=np.str_)}
+    if val is not None:
+        arrays["val_images"], arrays["val_labels"] = val[0], val[1].astype(np.int64)
     if test_images is not None:
         arrays["test_images"] = test_images
         arrays["test_labels"] = test_labels.astype(np.int64)

@@ -86,6 +86,21 @@ def verified_lines(report: dict) -> list[str]:
     return out
 
 
+def kept_lines(report: dict) -> list[str]:
+    """Per VGS-ATD phase whose nodes had a val split: which model the per-node numbers (and
+    forgetting) score — the one `atd classify` uses by default — and why (`netsim.vgs_keep`)."""
+    out = []
+    for ph in report.get("methods", {}).get("vgs-atd", []):
+        own = sorted(n for n, m in ph.get("per_node", {}).items() if isinstance(m, dict) and m.get("model") == "own")
+        if any(isinstance(m, dict) and "model" in m for m in ph.get("per_node", {}).values()):
+            rest = sorted(n for n, m in ph["per_node"].items() if isinstance(m, dict) and m.get("model") == "consortium")
+            out.append(f"VGS-ATD phase {ph['phase']}: per-node accuracy and forgetting score the model `atd classify` "
+                       f"uses by default — its own for {', '.join(own) or 'no node'}, the consortium's for "
+                       f"{', '.join(rest) or 'no node'}; overall scores every node's consortium model")
+            out += [f"VGS-ATD phase {ph['phase']}: {n}" for n in ph.get("notes", []) if " keeps its own model: " in n]
+    return out
+
+
 def robust_lines(report: dict) -> list[str]:
     """Per phase of each adversarially trained method (fat-*): clean and PGD accuracy on the pooled test set."""
     out = []
@@ -118,7 +133,7 @@ def markdown(report: dict) -> str:
     if report.get("methods"):
         parts.append("\n## Comparison (overall = mean over nodes, on the phase's pooled test set)\n\n")
         parts.append(_table(COMPARISON_HEADER, comparison_rows(report)))
-        parts += [f"\n{line}.\n" for line in verified_lines(report) + robust_lines(report)]
+        parts += [f"\n{line}.\n" for line in verified_lines(report) + kept_lines(report) + robust_lines(report)]
         if report.get("feature_verdicts"):
             parts.append("\n## Do the learned features earn their place?\n\n")
             parts += [f"- {line}.\n" for line in report["feature_verdicts"]]

@@ -134,6 +134,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
     for n, d in data.nodes.items():
         report["nodes"][n] = {"phase": d.phase, "group": d.group, "cohort": d.cohort, "dataset": d.dataset,
                               "classes": d.classes, "train": len(d.train), "test": len(d.test),
+                              **({"val": len(d.val)} if d.val is not None else {}),
                               "class_counts": d.class_counts}
     base = None
     if scn.base == "msd":  # the nodes build their base first (issue 16); everything runs on its model

@@ -149,7 +149,8 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
 
 # The [scenario] table: these fields of `Scenario` (their types and defaults), read as one
 # dataclass so `KeyReader.build` type-checks them and names unknown keys.
-HEADER_KEYS = ("name", "seed", "backend", "description", "methods", "deadline_s", "step_deadline_s", "base")
+HEADER_KEYS = ("name", "seed", "backend", "description", "methods", "deadline_s", "step_deadline_s", "base",
+               "val_fraction")
 _Header = make_dataclass("_Header", [(f.name, f.type) if f.default is MISSING else (f.name, f.type, f.default)
                                      for f in fields(Scenario) if f.name in HEADER_KEYS], frozen=True)
 

@@ -35,6 +35,8 @@ def check(s: Scenario) -> None:
         raise c.fail("scenario.methods", "must name at least one method")
     _check_base(c, s)
     _positive(c, "scenario.deadline_s", s.deadline_s)
+    if not 0 <= s.val_fraction < 1:
+        raise c.fail("scenario.val_fraction", f"{s.val_fraction} must be in [0, 1) (0: no val split)")
     # each [model] value and num_heads | embed_dim are the config's own invariants (vit_config)
     if s.model.img_size % s.model.patch_size:
         raise c.fail("model.patch_size", f"{s.model.patch_size} does not divide img_size {s.model.img_size}")

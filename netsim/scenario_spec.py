@@ -213,6 +213,10 @@ class Scenario:
     base: str = "scratch"
     msd: MSDSpec = MSDSpec()
     public: PublicSpec = PublicSpec()
+    # a share of each node's training split held out as its validation split (stratified,
+    # seeded; `netsim.nodedata.split_val`): never trained on by any method; `atd aggregate`
+    # judges its candidates on it (`atdnode.keep`). 0: no val split (the node judges on test)
+    val_fraction: float = 0.0
     source: str = "<dict>"
 
     # -- derived views ------------------------------------------------------------------

@@ -43,6 +43,10 @@ that runs out is recorded and the step goes on with what arrived. Times: network
 the simulated time a phase took (compute does not advance the simulated clock); compute
 is measured per step; "ready" is the phase's network time plus its critical path of
 compute (steps of different nodes in one stage run in parallel on real hardware).
+
+Scores: overall (the phase's pooled test set) is every node's consortium model; per node
+(own test data, the report's forgetting) too, except with a val split (`[scenario]
+val_fraction`), where it is the model `atd classify` uses by default (`netsim.vgs_keep`).
 """
 from __future__ import annotations
 
@@ -63,6 +67,7 @@ from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData, write_node_npz
 from netsim.references import ensemble_options
 from netsim.scenario import Scenario
+from netsim.vgs_keep import score_kept
 from netsim.vgs_ops import NodeOps, Pub, Step
 
 
@@ -166,8 +171,10 @@ class VgsRunner:
             res.notes.append(f"network time {elapsed:.2f} s (simulated)")
         for n in self.data.present(p):
             res.outcomes[n] = self.state[n].outcome
-        evaluate_phase(res, self.data, p, {n: self._predictor(n) for n in self.data.present(p)
-                                          if self.cluster.alive(n) and self.state[n].kind != "none"})
+        scored = [n for n in self.data.present(p) if self.cluster.alive(n) and self.state[n].kind != "none"]
+        evaluate_phase(res, self.data, p, {n: self._predictor(n) for n in scored})
+        if self.scn.val_fraction > 0:  # per node: the model `atd classify` uses (netsim.vgs_keep)
+            score_kept(res, self.data, self.ops, {n: self.state[n].model_id for n in scored})
         return res
 
     async def _start(self, names: list[str]) -> None:
@@ -335,7 +342,7 @@ class VgsRunner:
         for w in step.detail.get("warnings", []):  # e.g. inputs or groups from different bases
             if f"{mode}: {w}" not in self._res.notes:
                 self._res.notes.append(f"{mode}: {w}")
-        if step.detail.get("kept") == "own":  # `atd classify` would use its own; netsim reports the aggregate
+        if step.detail.get("kept") == "own" and not self.scn.val_fraction:  # with a val split: netsim.vgs_keep
             self._res.notes.append(f"{node} ({mode}): {step.detail.get('kept_why')} — netsim scores the "
                                    "consortium's model (the node had no val split: it judged on its test data)")
         if mode == "hierarchical" and sizes not in self._res.notes:

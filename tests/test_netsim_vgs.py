@@ -72,6 +72,8 @@ def test_three_phases_produce_predictors_and_metrics(first_run) -> None:
         assert p["overall"]["accuracy"] > 2 * chance
         assert p["compute_s"] > 0 and p["ready_s"] > 0
     assert not any("no " in n and "from" in n for p in ph for n in p["notes"])  # no wait ran out
+    # no val split (the default): every number scores the consortium's model, untagged (netsim.vgs_keep)
+    assert not any("model" in m for p in ph for m in p["per_node"].values())
     assert durable()  # the simulation's volatile disk (no fsync) ended with it
 
 

@@ -1,0 +1,65 @@
+"""Which model each VGS-ATD number scores when the nodes have a val split (issue 23).
+
+With `[scenario] val_fraction > 0` every node's .npz holds a held-out `val` split, so `atd
+aggregate` judges its candidates — its own model and the consortium's — on it and the
+node's `[aggregate] keep` policy (default best, `atdnode.keep`) decides which model `atd
+classify` uses by default (`atdnode.keep.default_model`). The report then scores:
+
+* per node (own test data; hence the report's forgetting): the model `atd classify` uses by
+  default — its own where the node kept its own, else the consortium's;
+* overall (the phase's pooled test set): the consortium's model of every node, as without
+  a val split (what the consortium learned, not what each node chose).
+
+`score_kept` rewrites the per-node entries of the nodes that kept their own model, tags
+every entry with the model it scored (`"model"`: "own" | "consortium") and adds one note
+per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
+Without a val split netsim does none of this (the node judged on its test data; netsim
+scores the consortium's model everywhere, `netsim.vgs.VgsRunner._aggregate` notes it).
+"""
+from __future__ import annotations
+
+from atdnode.keep import default_model
+from netsim.baselines import PhaseResult
+from netsim.learn import score, to_global
+from netsim.nodedata import ScenarioData
+from netsim.vgs_ops import NodeOps
+
+
+def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], consortium: dict[str, str]) -> None:
+    """For each node of `consortium` (node -> the consortium model netsim scored for it, in
+    `res.per_node` and `res.overall`): re-score its per-node entry on the model `atd
+    classify` uses by default when that is not the consortium's, tag each entry, note why."""
+    kept_own = []
+    for n, model_id in consortium.items():
+        entry = res.per_node.get(n)
+        if not isinstance(entry, dict) or "accuracy" not in entry:
+            continue
+        use = default_model(ops[n].home)
+        if use.id == model_id:
+            entry["model"] = "consortium"
+            continue
+        nd = data.nodes[n]
+        names, pred = ops[n].predict(use.id, nd.test.images)
+        y_true = to_global(nd.test.labels.numpy(), nd.classes, data.label_space)
+        res.per_node[n] = {**score(y_true, to_global(pred, names, data.label_space)), "model": "own"}
+        res.notes.append(f"{n} keeps its own model: {_why(ops[n], model_id)} — its per-node accuracy (and "
+                         "forgetting) scores its own model (what `atd classify` uses); overall scores the consortium's")
+        kept_own.append(n)
+    if consortium:
+        rest = [n for n in consortium if n not in kept_own]
+        res.notes.append("per-node accuracy: the model `atd classify` uses by default ([aggregate] keep, judged on "
+                         f"each node's val split): its own for {', '.join(kept_own) or 'no node'}, the consortium's "
+                         f"for {', '.join(rest) or 'no node'}; overall: every node's consortium model")
+
+
+def _why(ops: NodeOps, model_id: str) -> str:
+    """"own 0.800 > consortium 0.710 on its val split" from the aggregate's keep record."""
+    prov = ops.registry.get(model_id).provenance
+    cand = prov.get("candidates") or {}
+    try:
+        own, cons = cand["own"]["accuracy"], cand["consortium"]["accuracy"]
+    except (KeyError, TypeError):
+        return str(prov.get("kept_why") or "its aggregate kept its own model")
+    split = cand.get("scored_on", "?")
+    return f"own {own:.3f} > consortium {cons:.3f} on its {split} split" if split == "val" else \
+        f"own {own:.3f} > consortium {cons:.3f} on its {split} data"
