@@ -43,10 +43,8 @@ that runs out is recorded and the step goes on with what arrived. Times: network
 the simulated time a phase took (compute does not advance the simulated clock); compute
 is measured per step; "ready" is the phase's network time plus its critical path of
 compute (steps of different nodes in one stage run in parallel on real hardware).
-
-Scores: overall (the phase's pooled test set) is every node's consortium model; per node
-(own test data, the report's forgetting) too, except with a val split (`[scenario]
-val_fraction`), where it is the model `atd classify` uses by default (`netsim.vgs_keep`).
+Scores: the consortium's model of each node; per node, with `[scenario] val_fraction`, the
+model `atd classify` uses by default (`netsim.vgs_keep`).
 """
 from __future__ import annotations
 
