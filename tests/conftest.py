@@ -22,7 +22,7 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
-`claims` tier (issue 23's 3-seed accuracy claims, ~17 minutes on 2 cores) runs only with
+`claims` tier (issue 23's 3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
 `pytest --claims tests/test_vgs_claims_public.py`.
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other

@@ -20,9 +20,10 @@ nodes on the phase's pooled test set):
 
 Cost: the three runs (each trains W_p, VGS-ATD, centralized, FedAvg, swarm, local and three
 reference ensembles at 28 px; about 680 s of wall time each when two share two cores) run
-side by side in a process pool, about 17 minutes on two cores: over the suite's budget, so this file is its own tier, `pytest --claims`
-(marker `claims`, deselected without the flag; see tests/conftest.py). The numbers it
-checks, measured, are in the scenario header and issue 23's closing notes.
+side by side in a process pool: 19.4 minutes on two cores. That is over the suite's budget,
+so this file is its own tier, `pytest --claims` (marker `claims`, deselected without the
+flag; see tests/conftest.py). The numbers it checks, measured, are in the scenario header
+and issue 23's closing notes.
 """
 from __future__ import annotations
 
