@@ -9,21 +9,19 @@ nodes on the phase's pooled test set):
 * VGS-ATD is at least centralized training on the pooled data minus 2 points;
 * VGS-ATD is at least FedAvg, swarm and local-only;
 * every `aggregate` entry of every run re-verifies (`atd aggregate --verify`), in every seed;
-* the report's verdict sentence per phase says what its own numbers say.
-
-* the phase-1 nodes lose no more of their own-test accuracy after phases 2 and 3 than they
-  do under centralized training, plus 2 points. Issue 23 asks for "phase-1 nodes lose <= 2
-  points" outright; in this scenario no method that learns the new classes can: the phase-1
-  nodes' test sets hold their 6 classes only, every 10-class model now also predicts the 4
-  new ones, and centralized training loses 7-9 points there (seeds 0-1: 0.808 -> 0.720,
-  0.830 -> 0.740). So the bound is relative to centralized, measured in the same runs.
+* the report's verdict sentence per phase says what its own numbers say;
+* the phase-1 nodes lose at most 2 points of their own-test accuracy after phases 2 and 3,
+  scored on the model `atd classify` uses by default: the scenario gives every node a held-out
+  val split (`val_fraction`), so `[aggregate] keep = best` decides, on it, whether a node keeps
+  its own model or takes the consortium's (netsim.vgs_keep), and each per-node number says
+  which. Without that choice no 10-class model meets the bound here: the founders' test sets
+  hold their 6 classes, and centralized training loses 7-8 points on them (it is printed).
 
 Cost: the three runs (each trains W_p, VGS-ATD, centralized, FedAvg, swarm, local and three
-reference ensembles at 28 px; about 680 s of wall time each when two share two cores) run
-side by side in a process pool: 19.4 minutes on two cores. That is over the suite's budget,
-so this file is its own tier, `pytest --claims` (marker `claims`, deselected without the
-flag; see tests/conftest.py). The numbers it checks, measured, are in the scenario header
-and issue 23's closing notes.
+reference ensembles at 28 px) run side by side in a process pool: about 20 minutes on two
+cores. That is over the suite's budget, so this file is its own tier, `pytest --claims`
+(marker `claims`, deselected without the flag; see tests/conftest.py). The numbers it
+checks, measured, are in the scenario header and issue 23's closing notes.
 """
 from __future__ import annotations
 
@@ -103,16 +101,18 @@ def test_vgs_atd_at_least_fedavg_swarm_and_local(reports: dict[int, dict]) -> No
             assert vgs[p] >= other[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} < {m} {other[p]:.3f}"
 
 
-def test_phase1_nodes_lose_no_more_than_under_centralized_training(reports: dict[int, dict]) -> None:
-    def drops(method: str) -> dict[str, float]:
+def test_phase1_nodes_lose_at_most_2_points_on_the_model_they_use(reports: dict[int, dict]) -> None:
+    def after(method: str) -> dict[str, float]:
         f = [r["forgetting"][method] for r in reports.values()]  # phase-1 nodes' own-test accuracy per phase
-        return {p: sum(x["1"] - x[p] for x in f) / len(f) for p in ("2", "3")}
+        return {p: sum(x[p] for x in f) / len(f) for p in ("1", "2", "3")}
 
-    vgs, cen = drops("vgs-atd"), drops("centralized")
-    print(json.dumps({"vgs-atd lost": vgs, "centralized lost": cen}))
+    vgs = after("vgs-atd")
+    print(json.dumps({"vgs-atd": vgs, "centralized (the consortium's model)": after("centralized")}))
+    for rep in reports.values():  # each per-node number says which model it scored
+        for ph in rep["methods"]["vgs-atd"]:
+            assert all(e.get("model") in ("own", "consortium") for e in ph["per_node"].values()), ph["per_node"]
     for p in ("2", "3"):
-        assert vgs[p] <= cen[p] + BAR_POINTS, f"after phase {p}: VGS-ATD's phase-1 nodes lost {vgs[p]:.3f}, " \
-                                              f"centralized's {cen[p]:.3f}"
+        assert vgs["1"] - vgs[p] <= BAR_POINTS, f"after phase {p}: {vgs[p]:.3f}, after phase 1: {vgs['1']:.3f}"
 
 
 def test_every_aggregate_entry_verifies_in_every_run(reports: dict[int, dict]) -> None:
