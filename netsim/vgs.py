@@ -26,25 +26,20 @@ hierarchical each new group first does its own horizontal round; then every node
              across groups, as the paper's horizontal mode does inside one).
 
 Features round (every mode): after the first aggregation each node seals the pre-logits
-features (the CLS token; for the shipped GAP ViT the mean of the patch tokens) of its data
-under its new extractor to the other nodes of the step (`atd share-features`), waits for
-theirs, and aggregates again with the same inputs: the same fused extractor, and an
-ensemble fitted on every feature set it could open. At the end of each phase every
-`aggregate` entry the phase produced is re-verified on its author with `atd aggregate
---verify` (the input blobs it lacks are fetched first); the phase notes and the report say
-how many verified.
+features (CLS token; for the GAP ViT the mean of the patch tokens) of its data under its new
+extractor to the step's other nodes (`atd share-features`), waits for theirs and aggregates
+again with the same inputs: the same fused extractor, an ensemble on every feature set it
+could open. Each phase ends by re-verifying every `aggregate` entry it produced on its
+author (`atd aggregate --verify`, missing input blobs fetched first); the report says how
+many verified. Shared start: a node that trains from nothing starts from the consortium's
+base (its MSD base, `base = "msd"`, or one seeded `consortium_init` every node derives the
+same way), so the groups of a hierarchical run share one `base` fingerprint.
 
-Shared start: a node that trains from nothing starts from the consortium's base — its MSD
-base (`base = "msd"`), or one seeded consortium init (`consortium_init`) that every node
-derives the same way — so the groups of a hierarchical run share one `base` fingerprint.
-
-Every wait (for a peer's entry and blob) has the scenario's `step_deadline_s`; a wait
-that runs out is recorded and the step goes on with what arrived. Times: network time is
-the simulated time a phase took (compute does not advance the simulated clock); compute
-is measured per step; "ready" is the phase's network time plus its critical path of
-compute (steps of different nodes in one stage run in parallel on real hardware).
-Scores: the consortium's model of each node; per node, with `[scenario] val_fraction`, the
-model `atd classify` uses by default (`netsim.vgs_keep`).
+Every wait (for a peer's entry and blob) has the scenario's `step_deadline_s`; one that runs
+out is recorded and the step goes on with what arrived. Times: network time is the phase's
+simulated time (compute does not advance the clock); "ready" adds the critical path of the
+measured compute. Scores: each node's consortium model; per node, with `[scenario]
+val_fraction`, the model `atd classify` uses by default (`netsim.vgs_keep`).
 """
 from __future__ import annotations
 
@@ -167,8 +162,7 @@ class VgsRunner:
         else:
             res.ready_s = elapsed + max(self._crit.values(), default=0.0)
             res.notes.append(f"network time {elapsed:.2f} s (simulated)")
-        for n in self.data.present(p):
-            res.outcomes[n] = self.state[n].outcome
+        res.outcomes.update({n: self.state[n].outcome for n in self.data.present(p)})
         scored = [n for n in self.data.present(p) if self.cluster.alive(n) and self.state[n].kind != "none"]
         evaluate_phase(res, self.data, p, {n: self._predictor(n) for n in scored})
         if self.scn.val_fraction > 0:  # per node: the model `atd classify` uses (netsim.vgs_keep)

@@ -7,6 +7,9 @@ and a `base = "msd"` one runs each listed baseline again from the MSD base (`<me
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,7 +126,16 @@ def _starts(monkeypatch) -> list[tuple[str, dict | None]]:
     return starts
 
 
-def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temporary folder for `keep_homes`: the daemons' control sockets are AF_UNIX
+    paths (at most 107 bytes), too long under pytest's tmp_path with xdist's worker names."""
+    short = Path(tempfile.mkdtemp(prefix="atdq"))
+    yield short
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(short_tmp: Path, monkeypatch) -> None:
     from netsim.publicbase import load_extractor
     from netsim.run import run_scenario
     from netsim.scenario import scenario_from_dict
@@ -134,8 +146,8 @@ def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, mon
                      "finetune_lr": 1e-3, "finetune_epochs": 1}
     raw["train"]["probe_epochs"] = 1
     starts = _starts(monkeypatch)
-    rep = run_scenario(scenario_from_dict(raw), keep_homes=tmp_path)
-    (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rep = run_scenario(scenario_from_dict(raw), keep_homes=short_tmp)
+    (work,) = [p for p in short_tmp.iterdir() if p.is_dir()]
     wp = load_extractor(work / "public" / "base" / "wp.safetensors")
     assert [m for m, _s in starts] == ["fedavg", "swarm extractor", "swarm full"]
     for _m, s in starts[:2]:  # fedavg's round 0 and swarm's first training: W_p's extractor
@@ -149,7 +161,7 @@ def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(tmp_path: Path, mon
         "probe the other methods run (netsim.baselines)"]
 
 
-def test_base_msd_scenario_runs_each_listed_baseline_again_from_the_base(tmp_path: Path, monkeypatch) -> None:
+def test_base_msd_scenario_runs_each_listed_baseline_again_from_the_base(short_tmp: Path, monkeypatch) -> None:
     from netsim.publicbase import load_extractor
     from netsim.run import run_scenario
     from netsim.scenario import scenario_from_dict
@@ -157,8 +169,8 @@ def test_base_msd_scenario_runs_each_listed_baseline_again_from_the_base(tmp_pat
     raw = _tiny(methods=["fedavg", "swarm"], base="msd")
     raw["msd"] = {"steps": 8, "batch_size": 64, "finetune_lr": 2e-3}
     starts = _starts(monkeypatch)
-    rep = run_scenario(scenario_from_dict(raw), keep_homes=tmp_path)
-    (work,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    rep = run_scenario(scenario_from_dict(raw), keep_homes=short_tmp)
+    (work,) = [p for p in short_tmp.iterdir() if p.is_dir()]
     base = load_extractor(work / "msd" / "base" / "a1.safetensors")
     # as listed, from scratch; then each again from the base
     assert [m for m, _s in starts] == ["fedavg", "swarm full", "swarm full", "fedavg", "swarm extractor", "swarm full"]
