@@ -31,6 +31,7 @@ from torch import nn
 
 from atdnode import ddp
 from atdnode.data import LabeledImages
+from atdnode.errors import ConfigError
 from atdnode.model import freeze_blocks
 from atdnode.train_options import TrainOptions
 
@@ -56,6 +57,9 @@ def probe_head(model: nn.Module, data: LabeledImages, opts: TrainOptions, ctx: d
 
     if opts.probe_epochs <= 0:
         return []
+    if ctx.distributed:  # two DDP wrappers of one module in turn: not exercised, so refused
+        raise ConfigError("--probe-epochs is not supported with --nproc-per-node > 1 yet: "
+                          "probe on one process, or train without it")
     was = {name: p.requires_grad for name, p in model.named_parameters()}
     freeze_blocks(model, len(model.blocks))
     try:

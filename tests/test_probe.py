@@ -63,6 +63,14 @@ def test_no_probe_epochs_is_a_no_op():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_probe_refuses_several_processes():
+    from atdnode.errors import ConfigError
+
+    ctx = ddp.DistContext(world=2, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match="--nproc-per-node > 1"):
+        probe_head(build_model(cfg()), data(), opts(probe_epochs=1), ctx)
+
+
 def test_probe_rate_defaults_to_five_times_the_fine_tuning_rate():
     assert probe_lr(opts(lr=2e-3), 32) == pytest.approx(1e-2)
     assert probe_lr(opts(lr=2e-3, probe_lr=5e-3), 32) == 5e-3
