@@ -39,6 +39,9 @@ PROBE_LR_FACTOR = 5.0  # probe_lr default: this times the fine-tuning rate (see 
 
 
 def probe_lr(opts: TrainOptions, embed_dim: int) -> float:
+    """The probe's rate: `opts.probe_lr`, else PROBE_LR_FACTOR x the fine-tuning rate."""
+    if opts.probe_lr is not None and not opts.probe_lr > 0:  # NaN included
+        raise ConfigError(f"--probe-lr must be a positive rate, got {opts.probe_lr}")
     return opts.probe_lr if opts.probe_lr is not None else PROBE_LR_FACTOR * opts.effective_lr(embed_dim)
 
 

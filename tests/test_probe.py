@@ -74,6 +74,11 @@ def test_probe_refuses_several_processes():
 def test_probe_rate_defaults_to_five_times_the_fine_tuning_rate():
     assert probe_lr(opts(lr=2e-3), 32) == pytest.approx(1e-2)
     assert probe_lr(opts(lr=2e-3, probe_lr=5e-3), 32) == 5e-3
+    from atdnode.errors import ConfigError
+
+    for bad in (0.0, -1e-3, float("nan")):
+        with pytest.raises(ConfigError, match="--probe-lr must be a positive rate"):
+            probe_lr(opts(probe_lr=bad), 32)
 
 
 def test_fresh_head_rule():
