@@ -362,19 +362,12 @@ RUNNERS = {"centralized": run_centralized, "fedavg": run_fedavg, "swarm": run_sw
            "fat-fedavg": run_fat("fat-fedavg"), "fat-fedwavg": run_fat("fat-fedwavg")}
 
 
-FROM_BASE = BASELINES  # the baselines that can start from a shared base's extractor: every one
-
-
 def run_baseline(method: str, scn: Scenario, data: ScenarioData, log: Progress = print, *,
                  base: dict[str, torch.Tensor] | None = None) -> list[PhaseResult]:
     """Run one baseline over every phase of the scenario; one result per phase. `base`:
-    extractor tensors the FROM_BASE methods start from (W_p of base = "public", module doc)."""
+    extractor tensors every baseline starts from (W_p of base = "public", the MSD base; module doc)."""
     try:
         runner = RUNNERS[method]
     except KeyError:
         raise ValueError(f"unknown baseline {method!r} (one of {', '.join(BASELINES)})") from None
-    if base is not None:
-        if method not in FROM_BASE:
-            raise ValueError(f"baseline {method!r} cannot start from a base (only {', '.join(FROM_BASE)})")
-        return runner(scn, data, log, base=base)
-    return runner(scn, data, log)
+    return runner(scn, data, log, base=base)

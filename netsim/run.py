@@ -176,7 +176,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
     for m in methods:
         if m in BASELINES:
             progress(f"baseline {m}")
-            start = wp.extractor if wp is not None else None  # every baseline takes W_p (FROM_BASE)
+            start = wp.extractor if wp is not None else None  # every baseline takes W_p
             if start is not None:
                 report["notes"] += _no_probe_note(m, scn, "public")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]

@@ -16,7 +16,7 @@ Factories (plain functions, importable from their modules; never import another 
 - `tests/blobnet.py`, `tests/splitnet.py`, `tests/split_checks.py`, `tests/browser.py`,
   `tests/medimg.py`, `tests/mdblocks.py`, `tests/netsim_tiny.py`: narrower helpers.
 
-Fixtures here: `consortium` (N fresh homes under tmp_path), `procs` (start daemons as OS
+Fixtures here: `short_tmp` (a short folder: AF_UNIX socket paths under it fit), `consortium` (N fresh homes under tmp_path), `procs` (start daemons as OS
 processes; all are stopped when the test ends), `vgs_template` (the trained trios, built once
 per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a test to change).
 
@@ -34,7 +34,9 @@ fill the end, instead of a 3-minute file starting last and running alone.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 # One compute thread per process, for the test process and every daemon / CLI process it
 # starts (they inherit the environment): `-n 2` runs one worker per core, and a second torch /
@@ -120,6 +122,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (first.index(name) if name in first else len(first), 0 if name in has_slow else 1)
 
     items.sort(key=rank)  # stable
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temporary folder (`/tmp/atd...`), removed after the test: daemons' control
+    sockets are AF_UNIX paths (at most 107 bytes), too long under xdist's tmp_path."""
+    short = Path(tempfile.mkdtemp(prefix="atdt"))
+    yield short
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,9 +7,6 @@ and a `base = "msd"` one runs each listed baseline again from the MSD base (`<me
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -124,15 +121,6 @@ def _starts(monkeypatch) -> list[tuple[str, dict | None]]:
     monkeypatch.setattr(baselines, "train_model",
                         lambda *a, **kw: starts.append(("swarm " + kw["init_part"], kw["init"])) or real_train(*a, **kw))
     return starts
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A short temporary folder for `keep_homes`: the daemons' control sockets are AF_UNIX
-    paths (at most 107 bytes), too long under pytest's tmp_path with xdist's worker names."""
-    short = Path(tempfile.mkdtemp(prefix="atdq"))
-    yield short
-    shutil.rmtree(short, ignore_errors=True)
 
 
 def test_base_public_scenario_runs_fedavg_and_swarm_from_w_p(short_tmp: Path, monkeypatch) -> None:

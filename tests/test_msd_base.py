@@ -186,15 +186,8 @@ def test_base_comparison_rows() -> None:
                     {"phase": 2, "vgs-atd (scratch)": 0.6, "vgs-atd (msd)": None}]
 
 
-def test_netsim_base_msd_runs_campaign_then_vgs_from_the_base() -> None:
-    import shutil
-    import tempfile
-
-    short = Path(tempfile.mkdtemp(prefix="atdb"))  # daemons' control sockets: AF_UNIX paths are short
-    try:
-        _netsim_base_msd(short)
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+def test_netsim_base_msd_runs_campaign_then_vgs_from_the_base(short_tmp: Path) -> None:
+    _netsim_base_msd(short_tmp)
 
 
 def _netsim_base_msd(tmp_path: Path) -> None:

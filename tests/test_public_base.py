@@ -4,8 +4,6 @@ method that trains a model (VGS-ATD, centralized, local) starts from it."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -69,12 +67,8 @@ def test_public_base_scenario_refuses_an_overlapping_pool() -> None:
 
 
 @pytest.mark.slow
-def test_netsim_base_public_every_method_starts_from_w_p(monkeypatch) -> None:
-    short = Path(tempfile.mkdtemp(prefix="atdp"))  # daemons' control sockets: AF_UNIX paths are short
-    try:
-        _run_public(short, monkeypatch)
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+def test_netsim_base_public_every_method_starts_from_w_p(short_tmp: Path, monkeypatch) -> None:
+    _run_public(short_tmp, monkeypatch)
 
 
 def _run_public(tmp: Path, monkeypatch) -> None:
