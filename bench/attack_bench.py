@@ -42,8 +42,8 @@ def consortium(root: Path) -> tuple[Path, Path]:
 
 
 def start_attacker(evil: Path, targets: list[str], duration: float, sync_streams: int, blob_streams: int) -> subprocess.Popen:
-    from atdnode.home import NodeHome
-    from atdnode.identity import NodeIdentity
+    from atdnode.node.home import NodeHome
+    from atdnode.node.identity import NodeIdentity
 
     seed = NodeIdentity.load(NodeHome.at(evil)).signer.seed.hex()
     args = [sys.executable, "-m", "netsim.attacker", "--seed", seed, "--duration", str(duration),

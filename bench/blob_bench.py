@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as st_save
 
-from atdnode.blobstore import IO_BUF, BlobStore
-from atdnode.weights import load_weights, save_weights
+from atdnode.blobs.store import IO_BUF, BlobStore
+from atdnode.models.weights import load_weights, save_weights
 
 
 def make_tensors(size_mb: int) -> dict[str, torch.Tensor]:

@@ -45,9 +45,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atdnode.daemon import NodeDaemon  # noqa: E402
-from atdnode.home import NodeHome  # noqa: E402
-from atdnode.identity import NodeIdentity, init_home  # noqa: E402
+from atdnode.node.daemon import NodeDaemon  # noqa: E402
+from atdnode.node.home import NodeHome  # noqa: E402
+from atdnode.node.identity import NodeIdentity, init_home  # noqa: E402
 from ledger import Ledger  # noqa: E402
 
 
@@ -70,8 +70,8 @@ async def gossip_bench(n: int, entries: int, rate: float, gate: bool = True,
                        degrees: tuple[int, int, int] | None = None) -> dict:
     """`gate=False`: the daemons' membership filter is taken out of the transports (baseline).
     `degrees`: GossipSub (D, D_low, D_high) of every daemon for this run, without the
-    small-consortium mode (`atdnode.transport.gossip_mesh`); None: as deployed."""
-    from atdnode.transport.libp2p_pubsub import CoalescingPubsub
+    small-consortium mode (`atdnode.transport._libp2p.gossip_mesh`); None: as deployed."""
+    from atdnode.transport._libp2p.pubsub import CoalescingPubsub
 
     with tempfile.TemporaryDirectory() as tmp:
         homes = consortium(Path(tmp), n)
@@ -301,7 +301,7 @@ def rss_child(blob_mb: int) -> None:
                 chunk = os.urandom(1 << 20)
                 for _ in range(blob_mb):
                     f.write(chunk)
-            from atdnode.blobstore import BlobStore
+            from atdnode.blobs.store import BlobStore
 
             blob = BlobStore(homes[0].blobs_dir).put_file(src)
             src.unlink()

@@ -108,9 +108,9 @@ def train_rates(cfg, data, a, dev) -> dict:
     """images/s of atd (default, no augmentation[, compiled]) and of the plain loop."""
     import timm
 
-    from atdnode.ddp import DistContext
-    from atdnode.model import build_model
-    from atdnode.training import Trainer, TrainOptions
+    from atdnode.learning.ddp import DistContext
+    from atdnode.learning.model import build_model
+    from atdnode.learning.training import Trainer, TrainOptions
 
     def trainer(**kw) -> Trainer:
         torch.manual_seed(0)
@@ -140,8 +140,8 @@ def train_rates(cfg, data, a, dev) -> dict:
 def infer_rates(cfg, data, a, dev) -> dict:
     import timm
 
-    from atdnode.features import extract_features, predict_classes
-    from atdnode.model import build_model
+    from atdnode.learning.features import extract_features, predict_classes
+    from atdnode.learning.model import build_model
 
     torch.manual_seed(0)
     ours = build_model(cfg).to(dev)
@@ -201,7 +201,7 @@ def pfesta_rates(cfg, a, dev) -> dict:
 
 
 def bench_model(name: str, a, dev: torch.device) -> dict:
-    from atdnode.model import build_model, resolve_config
+    from atdnode.learning.model import build_model, resolve_config
 
     if a.dry_run:
         cfg = resolve_config("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)

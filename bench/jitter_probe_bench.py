@@ -8,7 +8,7 @@ VGS-ATD ensemble (`[ensemble]`: PCA -> MLP + RF + SVM, `protocols.vgs.fit_vertic
 fitted on
 
     learned     the trained model's pre-logits features;
-    raw         the raw pixels                (`atdnode.ensemble_refs`, ensemble-raw);
+    raw         the raw pixels                (`atdnode.aggregation.ensemble_refs`, ensemble-raw);
     untrained   an untrained extractor's features (ensemble-untrained);
 
 all three measured in the same run, on the same split (the K variants of a source digit
@@ -35,8 +35,8 @@ def probe(scn, k: int, seed: int, log) -> dict:
     import numpy as np
 
     from atdnode.data import load_dataset
-    from atdnode.ensemble_refs import fit_reference
-    from atdnode.features import extract_features
+    from atdnode.aggregation.ensemble_refs import fit_reference
+    from atdnode.learning.features import extract_features
     from netsim.learn import model_config, predict, train_model
     from netsim.nodedata import _prepare
     from netsim.references import ensemble_options

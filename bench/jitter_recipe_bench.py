@@ -71,7 +71,7 @@ def _mean(states: list[dict], weights: list[float]) -> dict:
 
 def msd_start(scn, data, seed: int, steps: int) -> dict:
     """The MSD base's extractor tensors, distilled on every node's training images."""
-    from atdnode.model import extractor_state
+    from atdnode.learning.model import extractor_state
     from atdnode.split.base import assemble
     from protocols.msd import MSDConfig, MSDTrainer
     from protocols.split_parts import build_plain_embedder, new_embedder_state, split_config, split_dict
@@ -90,15 +90,15 @@ def msd_start(scn, data, seed: int, steps: int) -> dict:
 
 
 def run(scn, args, log) -> dict:
-    from atdnode.features import extract_features
-    from atdnode.model import build_model, extractor_state
+    from atdnode.learning.features import extract_features
+    from atdnode.learning.model import build_model, extractor_state
     from netsim.learn import model_config, predict, to_global, train_model
     from netsim.msdbase import base_scenario
     from netsim.nodedata import load_scenario_data
     from netsim.references import ensemble_options
     from netsim.baselines import run_centralized
     from netsim.publicbase import private_spec
-    from atdnode.probe import probe_lr
+    from atdnode.learning.probe import probe_lr
     from protocols.vgs import fit_vertical_ensemble
 
     seed = args.seed
@@ -126,7 +126,7 @@ def run(scn, args, log) -> dict:
         lr = args.lr or scn.train.lr
     out["lr"], out["timings"]["start_s"] = lr, round(time.perf_counter() - t0, 1)
     spec = replace(scn.train, lr=lr)
-    if args.probe_epochs is not None:  # LP-FT (atdnode.probe) for every training from S, centralized included
+    if args.probe_epochs is not None:  # LP-FT (atdnode.learning.probe) for every training from S, centralized included
         spec = replace(spec, probe_epochs=args.probe_epochs, probe_lr=args.probe_lr)
     kw = {**replace(ensemble_options(scn), seed=seed).kwargs(), "prior": "none"}
 
@@ -367,7 +367,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, help="override [train] epochs")
     ap.add_argument("--msd-steps", type=int, help="MSD distillation steps (default: [msd] steps)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--probe-epochs", type=int, help="LP-FT (atdnode.probe): epochs of the fresh head alone on the "
+    ap.add_argument("--probe-epochs", type=int, help="LP-FT (atdnode.learning.probe): epochs of the fresh head alone on the "
                     "frozen start before fine-tuning (default: [train] probe_epochs)")
     ap.add_argument("--probe-lr", type=float, help="LP-FT: the probe's rate (default: [train] probe_lr, else 5 x --lr)")
     ap.add_argument("--freeze", type=int, default=0, help="freeze the embeddings and the first K blocks while fine-tuning")

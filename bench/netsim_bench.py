@@ -41,8 +41,8 @@
     Issue 29 (goal <= 0.3% of a core per daemon at 100): N=100, 0.300% mean and median
     (load 12 during the window; 0.401% at loads 20-25 before rotation pacing, the fixed
     heartbeat cadence and slower yamux RTT pings); N=20 same-run pair 0.420% -> 0.271%.
-    Then periodic sync paced by what happens (`atdnode.antientropy`) and rotations not driven
-    by start-up pulls or hellos (`atdnode.dialer.RotationPace`), main vs this, back to back
+    Then periodic sync paced by what happens (`atdnode.replication.antientropy`) and rotations not driven
+    by start-up pulls or hellos (`atdnode.peers.dialer.RotationPace`), main vs this, back to back
     under heavy.lock: N=30 (loads 1.2-2.9) 0.394 / 0.455% mean -> 0.174 / 0.212% (median
     0.400 / 0.466 -> 0.167 / 0.200, max 0.67 / 0.90 -> 0.30 / 0.37); N=100 0.378% mean /
     0.366 median / 0.77 max (load 5.4) -> 0.274 / 0.266 / 0.60 (load 7.9); two more runs of
@@ -105,7 +105,7 @@ async def start_concurrently(cluster, names: list[str], *, seed: int, degree: in
 
 def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, idle_s: float = 30.0,
                 keep_logs: Path | None = None, start_width: int = 4) -> dict:
-    from atdnode.config import NodeConfig
+    from atdnode.node.config import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import run_gossip, start_all
 
@@ -261,7 +261,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
 
 LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC (issue 29), reset instead of a crash
              "graft_flood": "GRAFT flood", "graft_in_backoff": "GRAFT: ignoring request", "traceback": "Traceback",
-             "empty_mesh": "heartbeats: flood-relaying",  # atdnode/transport/gossip_mesh.py, per episode
+             "empty_mesh": "heartbeats: flood-relaying",  # atdnode/transport/_libp2p/gossip_mesh.py, per episode
              "mesh_refilled": "refilled after"}
 
 
@@ -407,7 +407,7 @@ def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> d
 def bench_idle(nodes: int, idle_s: float, trace: bool = False, target: int = 8, max_peers: int = 16,
                rotate_s: float | None = None) -> dict:
     """Idle CPU only: `nodes` real daemons started and left alone (issue 29: <= 0.3% of a core each at 100)."""
-    from atdnode.config import NodeConfig
+    from atdnode.node.config import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import start_all
 

@@ -23,7 +23,7 @@ Without a correction the pooled ensemble is worse than A's own on A's validation
 (0.833 < 0.850): collaboration made the best-balanced node worse. "balanced" is the best on
 every node's balanced test split (0.902; the issue's setting has one official balanced test
 split, and netsim's node test sets hold every class of the node), and beats A's own model on
-A's validation data too, so it is the default (`atdnode.node_ensemble.DEFAULT_PRIOR`, netsim
+A's validation data too, so it is the default (`atdnode.aggregation.ensemble.DEFAULT_PRIOR`, netsim
 `[ensemble] prior`). "node" is best on each node's own (skewed) validation data, but on
 balanced test data it falls to 0.595 / 0.702 on B and C; on netsim's tiny scenario (two
 label-skewed nodes, tests/test_netsim_vgs.py) phase 1 scored none 0.862, balanced 0.862,
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from atdnode.data import LabeledImages, load_dataset
-from atdnode.ensemble_refs import fit_reference
-from atdnode.model import resolve_config
+from atdnode.aggregation.ensemble_refs import fit_reference
+from atdnode.learning.model import resolve_config
 from netsim.learn import score
 
 SHARES = {"A": (0.40, 200), "B": (0.04, 250), "C": (0.08, 250)}  # negative share, samples

@@ -1,6 +1,6 @@
 """Restart benchmark (issue 26): `atd local down && atd local up`, `--cycles` times (default 20),
 on a local consortium of `--nodes` daemons (default 3), through the library calls behind those
-commands (`atdnode.localnet.down` / `up`).
+commands (`atdnode.node.localnet.down` / `up`).
 
     python bench/restart_bench.py [--nodes 3] [--cycles 20] [--baseline-cycles 3]
 
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from atdnode import localnet
+from atdnode.node import localnet
 from atdnode.errors import AtdError
 
 

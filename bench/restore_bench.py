@@ -4,7 +4,7 @@ back into a fresh home (genesis only, the state after `atd key import`) from a m
     python bench/restore_bench.py [--mb 100] [--entry-kb 500]
 
 The member's ledger holds the founder's genesis and admission and the node's chain of
-entries of `entry-kb` KB. The restore is the daemon's own path: one `atdnode.sync.pull`
+entries of `entry-kb` KB. The restore is the daemon's own path: one `atdnode.replication.sync.pull`
 over the in-memory transport (`serve_sync` on the member, `LedgerAccess(own=node key)` on
 the fresh home, so no quota or waiting cap holds the own chain back), then
 `own_chain.confirms` on the end marker. Baseline, same run: `Ledger.merge` of the same
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import trio
 
-from atdnode.ledger_access import LedgerAccess
-from atdnode.own_chain import confirms
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication.own_chain import confirms
+from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 import trio
 
-from atdnode.config import NodeConfig
-from atdnode.daemon import NodeDaemon
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity, init_home
+from atdnode.node.config import NodeConfig
+from atdnode.node.daemon import NodeDaemon
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity, init_home
 from atdnode.split.client import JoinOptions, run_join
 from atdnode.split.settings import SplitSettings
 from atdnode.transport.libp2p_transport import Libp2pTransport

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from atdnode.data import load_dataset
-from atdnode.ddp import DistContext, pick_device
-from atdnode.features import extract_features
-from atdnode.model import build_model, resolve_config
-from atdnode.training import Trainer, TrainOptions
+from atdnode.learning.ddp import DistContext, pick_device
+from atdnode.learning.features import extract_features
+from atdnode.learning.model import build_model, resolve_config
+from atdnode.learning.training import Trainer, TrainOptions
 
 
 def plain_epoch(model, opt, images, labels, batch_size, seed, device) -> None:

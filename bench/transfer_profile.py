@@ -3,7 +3,7 @@
     python bench/transfer_profile.py [--frame-mb 4] [--reps 20]
 
 Prints one JSON object: milliseconds per frame (median of --reps, and min) for each stage the
-bulk channel (`atdnode/transport/bulk.py`) and the fetcher (`blobfetch.py`, `blobpartial.py`)
+bulk channel (`atdnode/blobs/bulk.py`) and the fetcher (`blobfetch.py`, `blobpartial.py`)
 run on one frame, using the same library calls:
 
   sender:   file_readinto (page cache) -> aes_gcm_encrypt_into -> socket (sealed frame)
@@ -41,7 +41,7 @@ import time
 import trio
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from atdnode.transport.bulk import TAG, SealedSocket
+from atdnode.blobs.bulk import TAG, SealedSocket
 
 
 def timed(fn, reps: int) -> dict:

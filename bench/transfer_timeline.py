@@ -77,9 +77,9 @@ def _timed(owner: object, attr: str, name: str) -> None:
 
 def install() -> None:
     """Wrap the bulk path's stages in timers (this process only)."""
-    import atdnode.blobpartial as bp
-    import atdnode.transport.bulk_server as bs
-    from atdnode.transport.bulk import SealedSocket
+    import atdnode.blobs.partial as bp
+    import atdnode.blobs.bulk_server as bs
+    from atdnode.blobs.bulk import SealedSocket
 
     for owner, attr, name in ((SealedSocket, "read_raw", "recv"), (SealedSocket, "read_frame", "read_frame"),
                               (SealedSocket, "_send", "send"), (SealedSocket, "write_frames", "write_frames"),
@@ -89,9 +89,9 @@ def install() -> None:
                               (bp.PartialBlob, "write_chunk", "write_chunk"),
                               (bp.PartialBlob, "_hash_loop", "hasher_thread")):
         _timed(owner, attr, name)
-    from atdnode.blobstore import BlobStore
-    from atdnode.transport.blobfetch import BlobFetcher
-    from atdnode.transport.bulk import BulkConn
+    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs.fetch import BlobFetcher
+    from atdnode.blobs.bulk import BulkConn
     from atdnode.transport.libp2p_transport import Libp2pTransport
 
     for owner, attr, name in ((Libp2pTransport, "open_stream", "open_stream"), (BlobFetcher, "_probe", "probe"),

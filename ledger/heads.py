@@ -13,7 +13,7 @@ again (`read`).
 Each new map is a new object -- the old one is never changed, so a reader holding it
 (`Ledger.heads(copy=False)`, the sync digest's cache) keeps what it read -- and gets a new
 version; the authors whose head changed in the last HEADS_LOG transitions are remembered
-(`since`), so a view built on the heads (atdnode.sync_digest) updates only those.
+(`since`), so a view built on the heads (atdnode.replication.sync_digest) updates only those.
 """
 from __future__ import annotations
 

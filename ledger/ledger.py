@@ -434,7 +434,7 @@ class Ledger:
         """(version, `heads(copy=False)`, the authors whose head differs from the map of that
         earlier `version` -- or None when that is not known: no version given, a rebuild
         since, or more than `ledger.heads.HEADS_LOG` maps ago). A cached view of the heads
-        (`atdnode.sync_digest`) then updates only those authors instead of comparing two maps
+        (`atdnode.replication.sync_digest`) then updates only those authors instead of comparing two maps
         of every author."""
         with self._lock:
             heads = self.heads(copy=False)
@@ -442,7 +442,7 @@ class Ledger:
 
     def change_token(self) -> tuple[int, int]:
         """A value that moves whenever any connection may have written the database: what a
-        cached view of the log (`heads`, atdnode.sync_digest's vector) is keyed on."""
+        cached view of the log (`heads`, atdnode.replication.sync_digest's vector) is keyed on."""
         with self._lock:
             return self._change_token()
 

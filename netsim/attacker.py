@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 import msgpack
 import trio
 
-from atdnode.sync import SYNC_PROTOCOL
+from atdnode.replication.sync import SYNC_PROTOCOL
 from atdnode.transport.base import Stream, Transport, TransportError
-from atdnode.transport.blobxfer import PROTOCOL as BLOB_PROTOCOL, pack
+from atdnode.blobs.xfer import PROTOCOL as BLOB_PROTOCOL, pack
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from the base's extractor with a fresh seeded head (VGS-ATD §4.4: "the baseline
 from the same pretrained weights").
 centralized, local and swarm's first training is `learn.train_model(init=base,
 init_part="extractor")`, LP-FT's probe included when [train] probe_epochs is set
-(`atdnode.probe`). The `atd rounds` methods (fedavg, fat-*) start their first campaign from
+(`atdnode.learning.probe`). The `atd rounds` methods (fedavg, fat-*) start their first campaign from
 one shared round-0 model, `extractor_start`: the base's extractor and the head a campaign of
 that seed draws from scratch; every node trains its round-0 local epochs from it as from any
 global model. Deviation: no probe in round 0 (`atd rounds` trains whole models; a probe
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from atdnode.model import ModelConfig, build_model, load_part
+from atdnode.learning.model import ModelConfig, build_model, load_part
 from netsim.learn import (
     expand_head,
     full_state,
@@ -131,7 +131,7 @@ def model_predictor(model: nn.Module, classes: list[str], space: list[str]) -> P
 def extractor_start(cfg: ModelConfig, base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
     """A full state of `cfg`: `base`'s extractor tensors and the head of a fresh model built
     after `torch.manual_seed(seed)` — the head `atd rounds` draws for a campaign of that seed
-    (`atdnode.round_rules.init_blob`), so a campaign from a base differs from one from scratch
+    (`atdnode.rounds.rules.init_blob`), so a campaign from a base differs from one from scratch
     in its extractor only."""
     torch.manual_seed(seed)
     model = build_model(cfg)

@@ -4,7 +4,7 @@ Federated Adversarial Training with Transformers (FedWAvg, Sec. 3 / Eq. 3): roun
 which every client starts from the global model, trains locally (PGD examples on part of
 each batch for the fat-* methods) and the global model is the FedAvg (1/K) or FedWAvg
 (softmax(q * cos) of the last layer against the previous global) average. Here each node
-is a real `NodeDaemon` on a `MemCluster` and runs `atdnode.rounds.RoundRunner` — the very
+is a real `NodeDaemon` on a `MemCluster` and runs `atdnode.rounds.runner.RoundRunner` — the very
 loop behind `atd rounds` — through `MemFabric` (its daemon object and the simulated
 clock instead of the control socket and the wall clock). Weights travel as signed
 `weights` entries + blobs over the simulated network; each round's global model is an
@@ -42,14 +42,14 @@ from pathlib import Path
 import torch
 import trio
 
-from atdnode.blobfs import volatile_disk
+from atdnode.blobs.fs import volatile_disk
 from atdnode.data import MEAN, STD, LabeledImages
-from atdnode.model import ModelConfig, build_model
-from atdnode.round_rules import RoundsError
-from atdnode.rounds import RoundReport, RoundRunner, RoundsConfig
-from atdnode.rounds_fabric import Fabric
-from atdnode.train_options import AdversarialTransform
-from atdnode.weights import load_weights
+from atdnode.learning.model import ModelConfig, build_model
+from atdnode.rounds.rules import RoundsError
+from atdnode.rounds.runner import RoundReport, RoundRunner, RoundsConfig
+from atdnode.rounds.fabric import Fabric
+from atdnode.learning.train_options import AdversarialTransform
+from atdnode.models.weights import load_weights
 from netsim.learn import model_config
 from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
@@ -198,13 +198,13 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                 return trio.current_time() - t0
 
         w0 = time.perf_counter()
-        with volatile_disk():  # simulated homes: no fsync (atdnode.blobfs)
+        with volatile_disk():  # simulated homes: no fsync (atdnode.blobs.fs)
             sim_s = simulate(main, seed=seed)
         wall = time.perf_counter() - w0
         last = {n: reps[-1].blob for n, reps in reports.items() if reps}
         if len(last) != len(names) or any(len(r) != rounds for r in reports.values()):
             raise RoundsError(f"campaign incomplete: rounds per node {[len(r) for r in reports.values()]}")
-        from atdnode.blobstore import BlobStore
+        from atdnode.blobs.store import BlobStore
 
         state = load_weights(BlobStore(cluster.c.homes[names[0]].blobs_dir), last[names[0]])[0]
         res = RoundsResult(weighting=weighting, adversarial=adversarial is not None, nodes=names, classes=list(classes),

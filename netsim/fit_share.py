@@ -2,7 +2,7 @@
 
 In a VGS-ATD features round every node of the step fits its ensemble on its own features
 plus the feature sets its peers sealed to it under the same fused extractor, concatenated
-in one canonical order (by sender peer id, `atdnode.node_ensemble.gather_parts`), with
+in one canonical order (by sender peer id, `atdnode.aggregation.ensemble.gather_parts`), with
 every random choice following the scenario seed: nodes holding the same features fit the
 same classifier, bit for bit. On real hardware each node spends that compute on its own
 machine; in one simulation process the same fit ran once per node (three_phase: 19

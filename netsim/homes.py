@@ -15,9 +15,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from atdnode.config import NodeConfig
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node.config import NodeConfig
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from ledger import Entry, Ledger, Signer
 
 
@@ -87,7 +87,7 @@ def _say_every_hello(homes: dict[str, NodeHome], names: list[str], seeds: dict[s
                      roles: dict[str, str]) -> None:
     """Append every node's hello to the founder's ledger, then copy that ledger to all."""
     from atdnode import bodies
-    from atdnode.announce import write_announced
+    from atdnode.replication.announce import write_announced
 
     founder = homes[names[0]].ledger_db
     said: dict[str, int] = {}

@@ -2,14 +2,14 @@
 the VGS-ATD runner shares (model config, label mapping, scores); VGS-ATD itself trains
 through `atd train`'s library function (`netsim.vgs_ops`).
 
-Everything goes through the node's own code: `atdnode.model` builds and splits the timm
-ViT, `atdnode.training.Trainer` runs the epochs (AdamW, warmup + cosine, seeded order),
-`atdnode.features.extract_features` gives CLS features. Nothing here touches a network.
-Training and prediction run on the node's device (`atdnode.device.resolve_device`: $ATD_DEVICE,
+Everything goes through the node's own code: `atdnode.learning.model` builds and splits the timm
+ViT, `atdnode.learning.training.Trainer` runs the epochs (AdamW, warmup + cosine, seeded order),
+`atdnode.learning.features.extract_features` gives CLS features. Nothing here touches a network.
+Training and prediction run on the node's device (`atdnode.learning.device.resolve_device`: $ATD_DEVICE,
 set by `atd netsim run --device`, else CUDA when present); the trained model comes back on
 the CPU, so every average and every byte counted is computed there, as on the wire.
 
-Metrics (`score`) are the node's (`atdnode.metrics.classification_metrics`): macro-averaged
+Metrics (`score`) are the node's (`atdnode.learning.metrics.classification_metrics`): macro-averaged
 over the classes present in the test set, so a node whose test data holds 3 classes is not
 penalised for the 7 it never sees; predictions of other classes count as errors.
 """
@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from atdnode import ddp
+from atdnode.learning import ddp
 from atdnode.data import LabeledImages
-from atdnode.device import resolve_device
-from atdnode.features import predict_classes
-from atdnode.metrics import classification_metrics
-from atdnode.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
-from atdnode.probe import probe_head
-from atdnode.training import Trainer, TrainOptions
+from atdnode.learning.device import resolve_device
+from atdnode.learning.features import predict_classes
+from atdnode.learning.metrics import classification_metrics
+from atdnode.learning.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
+from atdnode.learning.probe import probe_head
+from atdnode.learning.training import Trainer, TrainOptions
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 
@@ -66,7 +66,7 @@ def train_model(cfg: ModelConfig, data: LabeledImages, spec: TrainOptions, *, se
     opts = replace(spec, epochs=epochs or spec.epochs, seed=seed, freeze_blocks=freeze, init_from=None,
                    warmup_epochs=spec.warmup_epochs if warmup_epochs is None else warmup_epochs)
     ctx = ddp.DistContext(device=dev)
-    if init is not None and init_part == "extractor":  # a fresh head: LP-FT's probe first (atdnode.probe)
+    if init is not None and init_part == "extractor":  # a fresh head: LP-FT's probe first (atdnode.learning.probe)
         probe_head(model, data, opts, ctx)
     freeze_blocks(model, freeze)
     hooks = []
@@ -107,7 +107,7 @@ def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
 
 def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`:
-    `atdnode.metrics.classification_metrics` (the scorer of `atd train` and `atd classify`),
+    `atdnode.learning.metrics.classification_metrics` (the scorer of `atd train` and `atd classify`),
     rounded to 6 places, without the confusion matrix."""
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)

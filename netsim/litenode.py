@@ -4,7 +4,7 @@ A full `NodeDaemon` per node (SQLite ledger, control socket, hello + discovery l
 too much for thousands of nodes in one process. A `LitePeer` keeps the parts that decide
 how entries spread — the real `MemoryTransport` gossip (validator before relay), real
 signed `ledger.Entry` bytes verified on arrival, and the real ledger sync protocol
-(`atdnode.sync`, on connect and periodically) — over an in-memory log instead of SQLite.
+(`atdnode.replication.sync`, on connect and periodically) — over an in-memory log instead of SQLite.
 `LiteCluster` has the same calls as `memnet.MemCluster`, so `workload.run_gossip` and the
 faults drive either.
 """
@@ -16,8 +16,8 @@ from typing import Callable, Collection, TypeVar
 
 import trio
 
-from atdnode.peerset import PeerSetConfig, gossip_degrees
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.peers.peerset import PeerSetConfig, gossip_degrees
+from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, TransportError
 from ledger import Entry, LedgerError, Signer, peer_id_from_public_key
 from netsim.homes import node_seed
@@ -86,7 +86,7 @@ class MemLog:
 
 
 class _Access:
-    """The `LedgerAccess` calls `atdnode.sync` makes, answered inline from a `MemLog`."""
+    """The `LedgerAccess` calls `atdnode.replication.sync` makes, answered inline from a `MemLog`."""
 
     def __init__(self, log: MemLog) -> None:
         self.log = log

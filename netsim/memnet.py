@@ -25,7 +25,7 @@ the next deadline (`sim_clock`), and gossip arrives on a 1 ms grid (`GOSSIP_TICK
 nodes wake once per tick for all that is due. `MemCluster(established=True)` starts from
 a consortium whose ledgers already hold every node's hello (no N^2 hello flood). Gossip
 goes over a GossipSub-style mesh whose degrees follow each node's peer set
-(`MemoryTransport(mesh=...)`, `atdnode.peerset.gossip_degrees`), as on libp2p. Nodes
+(`MemoryTransport(mesh=...)`, `atdnode.peers.peerset.gossip_degrees`), as on libp2p. Nodes
 are full daemons; `netsim.litenode` has gossip-only peers for when a scenario asks for
 them (`topology.peers = "lite"`; reports say which). Measured in bench/memsim_bench.py.
 """
@@ -44,9 +44,9 @@ import trio
 import trio.testing
 
 from atdnode import bodies
-from atdnode.config import NodeConfig
-from atdnode.daemon import NodeDaemon
-from atdnode.peerset import PeerSetConfig, gossip_degrees
+from atdnode.node.config import NodeConfig
+from atdnode.node.daemon import NodeDaemon
+from atdnode.peers.peerset import PeerSetConfig, gossip_degrees
 from atdnode.transport.base import TransportError
 from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer, peer_id_from_public_key, public_key_from_peer_id

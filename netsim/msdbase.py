@@ -43,8 +43,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.blobstore import BlobStore
-from atdnode.model import ModelConfig
+from atdnode.blobs.store import BlobStore
+from atdnode.learning.model import ModelConfig
 from atdnode.split.base import BASE_MODEL, build_base
 from netsim.homes import make_consortium
 from netsim.nodedata import ScenarioData, write_node_npz
@@ -94,7 +94,7 @@ def campaign_settings(scn: Scenario, data: ScenarioData) -> dict:
 def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lambda _m: None) -> MSDBase:
     """Run the MSD campaign over the scenario's nodes and assemble each node's base (see the
     module doc); the base files are written under ``work/base``."""
-    from atdnode.config import NodeConfig
+    from atdnode.node.config import NodeConfig
     from atdnode.split.settings import SplitSettings
 
     names = list(data.nodes)
@@ -146,8 +146,8 @@ def _read_model(path: Path) -> dict:
 async def _campaign(cons, names: list[str], specs: dict[str, str], seed: int) -> dict[str, dict]:
     """The server daemon and every client session on one in-memory network; the clients'
     comm records."""
-    from atdnode.daemon import NodeDaemon
-    from atdnode.identity import NodeIdentity
+    from atdnode.node.daemon import NodeDaemon
+    from atdnode.node.identity import NodeIdentity
     from atdnode.split.client import JoinOptions, run_join, single_error
     from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 

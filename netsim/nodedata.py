@@ -11,7 +11,7 @@ node's test set is the data set's test samples of its label space.
 With `[scenario] val_fraction = f` (issue 23) each node's share is then divided (seeded,
 stratified by class: `split_val`) into its training data (`train`, the only part any method
 trains on or uploads) and its held-out validation split (`val`, written as the node's .npz
-`val_*` arrays, so `atd aggregate` judges its candidates on it, `atdnode.candidates`).
+`val_*` arrays, so `atd aggregate` judges its candidates on it, `atdnode.aggregation.candidates`).
 
 A node's label space is its cohort's classes (the hospitals agreed on them), except under
 the `disjoint` scheme, where it is the node's own class set.

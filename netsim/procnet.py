@@ -28,8 +28,9 @@ from typing import Awaitable, Callable, Collection, TypeVar
 
 import trio
 
-from atdnode import bodies, control
-from atdnode.blobstore import BlobStore
+from atdnode import bodies
+from atdnode.node import control
+from atdnode.blobs.store import BlobStore
 from atdnode.errors import DaemonError
 from ledger import Ledger, Signer, peer_id_from_public_key
 from netsim.faults import FaultUnsupported

@@ -27,8 +27,8 @@ import torch
 
 from atdnode.data import LabeledImages, load_dataset
 from atdnode.data.spec import DataSpec
-from atdnode.model import ModelConfig, extractor_state
-from atdnode.training import TrainOptions
+from atdnode.learning.model import ModelConfig, extractor_state
+from atdnode.learning.training import TrainOptions
 from netsim.learn import model_config, predict, score, train_model
 from netsim.nodedata import ScenarioData
 from netsim.scenario import Scenario, ScenarioError
@@ -115,14 +115,14 @@ class PublicBaseRun:
 
 def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lambda _m: None) -> PublicBaseRun:
     """The designated client (node `DESIGNATED`, a home of its own consortium) trains W_p on
-    the pool's training split with `atd train`'s library function (`atdnode.training.train`:
+    the pool's training split with `atd train`'s library function (`atdnode.learning.training.train`:
     the scenario's [model] and [train] recipe at [public] epochs / lr), publishes its extractor
     (`atd publish-weights --part extractor`: a signed weights entry) and hands the weight-set
     file to every node. Deviation, as for the MSD base: the file reaches the VGS-ATD nodes as
     a local file, not over the run's simulated network."""
-    from atdnode.blobstore import BlobStore
-    from atdnode.publish import publish_weights
-    from atdnode.training import train
+    from atdnode.blobs.store import BlobStore
+    from atdnode.models.publish import publish_weights
+    from atdnode.learning.training import train
     from netsim.homes import make_consortium
 
     if DESIGNATED in data.nodes:
@@ -150,7 +150,7 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
 def load_extractor(path: Path, what: str = "public base") -> dict[str, torch.Tensor]:
     """A shared base's extractor tensors from its weight-set file (W_p here; the MSD base,
     `netsim.msdbase.base_tensors`): keys, shapes and finiteness are checked where they enter
-    a model (`atdnode.model.load_part`). WeightsError names the file when it is unreadable."""
+    a model (`atdnode.learning.model.load_part`). WeightsError names the file when it is unreadable."""
     from safetensors.torch import load_file
 
     from atdnode.errors import WeightsError
@@ -172,7 +172,7 @@ def finetune_scenario(scn: Scenario) -> Scenario:
 
 def base_model(cfg: ModelConfig, extractor: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A model of `cfg` carrying W_p's extractor (its head is unused: features only)."""
-    from atdnode.model import build_model, load_part
+    from atdnode.learning.model import build_model, load_part
 
     m = build_model(cfg)
     load_part(m, extractor, "extractor")

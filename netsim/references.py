@@ -1,7 +1,7 @@
 """The reference ensembles beside VGS-ATD in every netsim report (issue 23).
 
 Per phase, the VGS-ATD ensemble options of the scenario (`[ensemble]`) fitted through
-`atdnode.ensemble_refs.fit_reference` — the library function `atd aggregate`'s ensemble
+`atdnode.aggregation.ensemble_refs.fit_reference` — the library function `atd aggregate`'s ensemble
 uses — on the pooled training data of every node present in the phase (what a VGS-ATD
 node's ensemble sees at most once every peer shared its features), on
 
@@ -24,8 +24,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from atdnode.ensemble_refs import REFERENCES, fit_reference
-from atdnode.node_ensemble import EnsembleOptions
+from atdnode.aggregation.ensemble_refs import REFERENCES, fit_reference
+from atdnode.aggregation.ensemble import EnsembleOptions
 from netsim.baselines import PhaseResult, data_phases, evaluate_phase
 from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData
@@ -75,7 +75,7 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
 
 def _predictor(ref, ens, space: list[str]):
     def pred(images: torch.Tensor) -> np.ndarray:
-        from atdnode.ensemble_refs import reference_features
+        from atdnode.aggregation.ensemble_refs import reference_features
 
         X = reference_features(ref.kind, images, model=ref.model)
         return to_global(ens.predict(X).astype(np.int64), ref.classes, space)

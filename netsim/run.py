@@ -221,7 +221,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
                    observer=None, base_files: dict | None = None) -> tuple[list, list[dict]]:
     """VGS-ATD on the in-memory back-end; returns (phase results, fault outcomes).
     `observer(src, dst, kind, nbytes, delivered)` sees every transmission (tests use it)."""
-    from atdnode.blobfs import volatile_disk
+    from atdnode.blobs.fs import volatile_disk
     from netsim.fit_share import shared_ensemble_fits
     from netsim.memnet import MemCluster, simulate
     from netsim.vgs import VgsRunner
@@ -234,7 +234,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
     if observer is not None:
         cluster.net.add_observer(observer)
     runner = VgsRunner(scn, data, cluster, work, log=progress, base_files=base_files)
-    # simulated homes: no fsync (atdnode.blobfs); nodes holding the same
+    # simulated homes: no fsync (atdnode.blobs.fs); nodes holding the same
     # features fit the same ensemble: once per process (netsim.fit_share)
     with volatile_disk(), shared_ensemble_fits():
         phases = simulate(runner.run, seed=scn.seed)

@@ -15,10 +15,10 @@ the network conditions, the faults, and optionally a gossip workload:
                  finetune_epochs (every method's training from W_p)
     [model]      timm ViT overrides (protocols.vit_config.ModelConfig fields)
     [train]      epochs, batch_size, lr, weight_decay, warmup_epochs, freeze_blocks, augment
-                 (atdnode.train_options.TrainOptions fields)
+                 (atdnode.learning.train_options.TrainOptions fields)
     [baselines]  rounds, local_epochs, fedprox_mu, q (FedWAvg), pgd_eps, pgd_steps, adv_ratio (fat-*)
     [ensemble]   pca_components, mlp_max_iter (older name: mlp_epochs), rf_trees, prior
-                 (atdnode.node_ensemble.EnsembleOptions fields)
+                 (atdnode.aggregation.ensemble.EnsembleOptions fields)
     [network]    latency_ms, bandwidth_mbps, loss, jitter, namespaces ("off" | "auto");
                  [[network.links]] a, b, latency_ms, bandwidth_mbps, loss
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from atdnode.errors import AtdError
-from atdnode.node_ensemble import EnsembleOptions
-from atdnode.train_options import TrainOptions
+from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.learning.train_options import TrainOptions
 from protocols.vit_config import ModelConfig, ModelConfigError
 
 BACKENDS = ("memory", "process")
@@ -41,7 +41,7 @@ NETSIM_MODEL = ModelConfig(name="vit_tiny_patch16_224", img_size=16, patch_size=
                            num_heads=2, in_chans=1, num_classes=2)
 
 
-# [train] is an `atdnode.train_options.TrainOptions` and [ensemble] an `atdnode.node_ensemble.EnsembleOptions`
+# [train] is an `atdnode.learning.train_options.TrainOptions` and [ensemble] an `atdnode.aggregation.ensemble.EnsembleOptions`
 # (the node's own option types, which `atd train` / `atd aggregate` fill from their flags); a
 # scenario sets the keys below over netsim's laptop-sized defaults. [train] freeze_blocks are
 # the blocks frozen when a model starts from published weights (VGS-ATD phases 2 and 3).
@@ -215,7 +215,7 @@ class Scenario:
     public: PublicSpec = PublicSpec()
     # a share of each node's training split held out as its validation split (stratified,
     # seeded; `netsim.nodedata.split_val`): never trained on by any method; `atd aggregate`
-    # judges its candidates on it (`atdnode.keep`). 0: no val split (the node judges on test)
+    # judges its candidates on it (`atdnode.aggregation.keep`). 0: no val split (the node judges on test)
     val_fraction: float = 0.0
     source: str = "<dict>"
 

@@ -2,8 +2,8 @@
 
 With `[scenario] val_fraction > 0` every node's .npz holds a held-out `val` split, so `atd
 aggregate` judges its candidates — its own model and the consortium's — on it and the
-node's `[aggregate] keep` policy (default best, `atdnode.keep`) decides which model `atd
-classify` uses by default (`atdnode.keep.default_model`). The report then scores:
+node's `[aggregate] keep` policy (default best, `atdnode.aggregation.keep`) decides which model `atd
+classify` uses by default (`atdnode.aggregation.keep.default_model`). The report then scores:
 
 * per node (own test data; hence the report's forgetting): the model `atd classify` uses by
   default — its own where the node kept its own, else the consortium's;
@@ -18,7 +18,7 @@ scores the consortium's model everywhere, `netsim.vgs.VgsRunner._aggregate` note
 """
 from __future__ import annotations
 
-from atdnode.keep import default_model
+from atdnode.aggregation.keep import default_model
 from netsim.baselines import PhaseResult
 from netsim.learn import score, to_global
 from netsim.nodedata import ScenarioData

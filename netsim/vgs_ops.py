@@ -1,12 +1,12 @@
 """The VGS-ATD protocol steps of one node, run in-process against its real home.
 
 Every step is exactly the library call the CLI makes for the same command, and nothing
-else: `atd train` (`atdnode.training.train`), `atd publish-weights`
-(`atdnode.publish.publish_weights`), `atd share-features`
-(`atdnode.features_share.share_features`), `atd aggregate --mode horizontal | vertical |
-hierarchical` (`atdnode.aggregate_modes.aggregate`, the CLI's own dispatch onto the modes),
-`atd aggregate --verify` (`atdnode.agg_verify.verify_aggregate`) and `atd classify`'s
-predictor (`atdnode.classify.predict_names`). netsim keeps no fusion, combining, ensemble
+else: `atd train` (`atdnode.learning.training.train`), `atd publish-weights`
+(`atdnode.models.publish.publish_weights`), `atd share-features`
+(`atdnode.aggregation.features_share.share_features`), `atd aggregate --mode horizontal | vertical |
+hierarchical` (`atdnode.aggregation.modes.aggregate`, the CLI's own dispatch onto the modes),
+`atd aggregate --verify` (`atdnode.aggregation.verify.verify_aggregate`) and `atd classify`'s
+predictor (`atdnode.learning.classify.predict_names`). netsim keeps no fusion, combining, ensemble
 or entry-writing code of its own. The bytes move between nodes only through the daemons
 (gossip of the signed entries, the blob protocol for weights, features and aggregates), so
 what the network counted is what the protocol cost.
@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from atdnode.blobstore import BlobStore
-from atdnode.home import NodeHome
-from atdnode.model import ModelConfig
-from atdnode.node_ensemble import EnsembleOptions
-from atdnode.registry import ModelRegistry
-from atdnode.training import TrainOptions, train
+from atdnode.blobs.store import BlobStore
+from atdnode.node.home import NodeHome
+from atdnode.learning.model import ModelConfig
+from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.models.registry import ModelRegistry
+from atdnode.learning.training import TrainOptions, train
 from ledger import Ledger
 from netsim.fit_share import replayed_s
 from netsim.homes import node_seed
@@ -77,7 +77,7 @@ class NodeOps:
         return Step(time.perf_counter() - t0, model_id=rec.id)
 
     def publish(self, model_id: str, part: str) -> Step:
-        from atdnode.publish import publish_weights
+        from atdnode.models.publish import publish_weights
 
         t0 = time.perf_counter()
         p = publish_weights(self.home, model=model_id, part=part)
@@ -88,7 +88,7 @@ class NodeOps:
 
     def share_features(self, model_id: str, to: list[str]) -> Step:
         """`atd share-features --model M --to PEER...`: seal CLS features to peers."""
-        from atdnode.features_share import share_features
+        from atdnode.aggregation.features_share import share_features
 
         t0 = time.perf_counter()
         s = share_features(self.home, to=to, model=model_id, data_spec=self.spec)
@@ -101,10 +101,10 @@ class NodeOps:
 
     def aggregate(self, mode: str, inputs: list[Pub], weighting: str, *, classifier: str = "ensemble") -> Step:
         """`atd aggregate --mode MODE --inputs ...` (hierarchical: `--group NAME=AGG_ENTRY` per
-        input, named by the pub's node group in `part`): `atdnode.aggregate_modes.aggregate`, the
+        input, named by the pub's node group in `part`): `atdnode.aggregation.modes.aggregate`, the
         CLI's dispatch."""
-        from atdnode.aggregate_modes import aggregate
-        from atdnode.hierarchical_node import GroupSpec
+        from atdnode.aggregation.modes import aggregate
+        from atdnode.aggregation.hierarchical import GroupSpec
 
         t0, r0 = time.perf_counter(), replayed_s()
         with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
@@ -124,7 +124,7 @@ class NodeOps:
 
     def verify(self, entry: str) -> str:
         """`atd aggregate --verify ENTRY`: the verified result hash, or AggregateError."""
-        from atdnode.agg_verify import verify_aggregate
+        from atdnode.aggregation.verify import verify_aggregate
 
         return verify_aggregate(self.home, entry)
 
@@ -136,7 +136,7 @@ class NodeOps:
 
     def knows_keys(self, peers: list[str]) -> bool:
         """Whether this node's ledger holds an X25519 key announced by each of `peers`."""
-        from atdnode.features_share import FeaturesError, recipient_keys
+        from atdnode.aggregation.features_share import FeaturesError, recipient_keys
 
         with Ledger.open(self.home.ledger_db) as led:
             try:
@@ -147,7 +147,7 @@ class NodeOps:
 
     def predict(self, model_id: str, images: torch.Tensor) -> tuple[list[str], np.ndarray]:
         """What `atd classify` predicts with the model (its ensemble when it has one)."""
-        from atdnode.classify import predict_names
+        from atdnode.learning.classify import predict_names
 
         names, pred, _ = predict_names(self.store, self.registry.get(model_id), images)
         return names, pred

@@ -103,7 +103,7 @@ def model_count_weights(models: Sequence[float]) -> np.ndarray:
 
 # The weighting table: each count-based weighting names the quantity it counts per input
 # ("samples", "classes", "models") and its rule; callers read the count off their inputs by
-# that name (`atdnode.aggregate.input_weights`, `protocols.hierarchical.group_weights`)
+# that name (`atdnode.aggregation.aggregate.input_weights`, `protocols.hierarchical.group_weights`)
 # instead of choosing by the weighting's string again. uniform needs only the number of
 # inputs, fedwavg the layers (`compute_weights`).
 COUNTED: dict[str, tuple[str, Callable[[Sequence[float]], np.ndarray]]] = {

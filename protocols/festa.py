@@ -129,7 +129,7 @@ class ConvHead(nn.Module):
 class FestaClient:
     """A FESTA client: head + tail for one task, its data, one AdamW over head and tail.
     ``head``: one of :data:`HEADS` (module doc). Head and tail run on ``device`` (the node's
-    device rule, `atdnode.device`); every tensor a method returns for the wire (features,
+    device rule, `atdnode.learning.device`); every tensor a method returns for the wire (features,
     gradients, shared parts) is a CPU tensor, the same on any device, and every tensor it is
     given may be a CPU one. Images and targets stay where they are given; batches move."""
 

@@ -1,6 +1,6 @@
 """When classifier heads may be averaged (VGS-ATD horizontal mode, `protocols.vgs`).
 
-Its own module so that averaging weight sets (`atdnode.aggregate`, every `atd rounds` and
+Its own module so that averaging weight sets (`atdnode.aggregation.aggregate`, every `atd rounds` and
 `atd aggregate` process) does not import scikit-learn through `protocols.vgs`'s ensemble.
 """
 from __future__ import annotations

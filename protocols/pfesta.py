@@ -250,7 +250,7 @@ class PFestaClient:
     this client trains its own copy (never sent). ``pos_embed=False``: the embedder adds
     no position table (a zeroed, frozen copy). See the module doc.
 
-    Embedder and tail run on ``device`` (the node's device rule, `atdnode.device`; an
+    Embedder and tail run on ``device`` (the node's device rule, `atdnode.learning.device`; an
     embedder elsewhere is copied there); permutation keys are drawn and kept on the CPU, and
     every tensor a method returns for the wire (embeddings, gradients, tails) is a CPU
     tensor, the same on any device."""

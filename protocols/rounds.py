@@ -82,7 +82,7 @@ def candidate_order(candidates: Sequence[tuple[Sequence[str], str]], members: in
     they are tried: final ones first, then the larger input set, then the smaller
     `inputs_digest`, then the smaller entry id (same inputs: same global, bit for bit). None
     of it depends on who signed (the old rule, smallest signer peer id, could be ground).
-    The adopter takes the first one that verifies (`atdnode.rounds`)."""
+    The adopter takes the first one that verifies (`atdnode.rounds.runner`)."""
     def key(i: int) -> tuple:
         ids, eid = candidates[i]
         return (not is_final(len(set(ids)), members), -len(set(ids)), inputs_digest(ids), eid)

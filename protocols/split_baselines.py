@@ -9,7 +9,7 @@ tail) so only the training scheme differs:
   (``global``) every ``unifying_rounds`` rounds. The weights and the average are the
   rule `atd rounds` applies (`protocols.rounds.round_weights` and
   `protocols.aggregation.weighted_average`, the functions behind
-  `atdnode.rounds.compute_round`), here over in-memory states instead of blobs;
+  `atdnode.rounds.runner.compute_round`), here over in-memory states instead of blobs;
 - :func:`run_sl`       -- sequential (vanilla, U-shaped) split learning: one FESTA server
   body for the task, clients take turns; each trains ``steps_per_round`` batches through
   the body (the body steps on each, as only that client is expected), then hands its

@@ -33,7 +33,7 @@ over a task's clients by default, as in the papers; ``part_weighting="samples"``
 by the clients' sample counts (FedAvg's rule) instead.
 
 **Device.** The body, its optimizer and the pending steps live on ``device`` (default the
-CPU; the node passes its device, atdnode.device). Tensors come in and go out on the CPU —
+CPU; the node passes its device, atdnode.learning.device). Tensors come in and go out on the CPU —
 what a driver encodes for the wire is the same on any device.
 
 A client that vanishes mid-round is dropped by :meth:`drop_client` (or :meth:`expire`

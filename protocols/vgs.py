@@ -2,7 +2,7 @@
 
 * Horizontal: heads are averaged only when :func:`heads_comparable` holds
   (same class names in the same order, so head rows mean the same classes),
-  else extractors only (the node side is ``atdnode.horizontal``).
+  else extractors only (the node side is ``atdnode.aggregation.horizontal``).
 * Vertical: each node's CLS features come with labels that index *its own*
   class list; :func:`merge_labeled_features` maps them onto the union of
   class names, and :func:`fit_vertical_ensemble` trains one

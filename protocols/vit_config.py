@@ -1,10 +1,10 @@
 """The ViT configuration: a timm ViT by name plus the architecture fields atd exposes.
 
-The one ViT configuration class of the project: nodes' models (`atdnode.model`), netsim's
+The one ViT configuration class of the project: nodes' models (`atdnode.learning.model`), netsim's
 ``[model]`` and the split-learning parts (`protocols.split_parts`, which build the same timm
 blocks) all use it. It is pure data and lives at the ground floor so that `protocols`
 imports nothing above it; asking timm what a named model's fields are
-(`atdnode.model.resolve_config`) and building the model stay in `atdnode.model`.
+(`atdnode.learning.model.resolve_config`) and building the model stay in `atdnode.learning.model`.
 
 Invariants, checked when a config is constructed (`ModelConfigError` otherwise): the name
 is a non-empty string; every size is a positive integer (``num_classes`` may be 0, a
@@ -24,7 +24,7 @@ DEFAULT_MLP_RATIO = 4.0
 
 # timm's ViT classifier module ("head": pretrained_cfg["classifier"]); its tensors are
 # `head.weight` / `head.bias`, everything else is the extractor. The one spelling of it:
-# `protocols.aggregation.HEAD_PREFIXES`, `protocols.fedwavg`, `atdnode.model.head_prefix`.
+# `protocols.aggregation.HEAD_PREFIXES`, `protocols.fedwavg`, `atdnode.learning.model.head_prefix`.
 CLASSIFIER = "head"
 
 # the integer fields and their least allowed value

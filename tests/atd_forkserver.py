@@ -53,8 +53,8 @@ sys.exit(int(data))
 '''
 
 # what the commands of the walkthroughs import on their way (lazily, where they need it)
-WARM = ("cli.app", "torch", "timm", "atdnode.model", "atdnode.training", "atdnode.classify",
-        "atdnode.aggregate_modes", "atdnode.agg_verify", "sklearn.datasets", "sklearn.metrics",
+WARM = ("cli.app", "torch", "timm", "atdnode.learning.model", "atdnode.learning.training", "atdnode.learning.classify",
+        "atdnode.aggregation.modes", "atdnode.aggregation.verify", "sklearn.datasets", "sklearn.metrics",
         "sklearn.calibration", "sklearn.decomposition", "sklearn.ensemble", "sklearn.frozen",
         "sklearn.model_selection", "sklearn.neural_network", "sklearn.preprocessing", "sklearn.svm")
 

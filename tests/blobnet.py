@@ -11,10 +11,10 @@ from typing import AsyncIterator
 
 import trio
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.transport.base import Transport
-from atdnode.transport.blobfetch import FetchConfig
-from atdnode.transport.blobxfer import BlobService
+from atdnode.blobs.fetch import FetchConfig
+from atdnode.blobs.xfer import BlobService
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 
 CHUNK = 64 << 10

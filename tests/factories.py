@@ -18,9 +18,9 @@ from typing import AsyncIterator, Callable
 import trio
 from typer.testing import CliRunner
 
-from atdnode.daemon import NodeDaemon
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node.daemon import NodeDaemon
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from atdnode.transport.base import Transport
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from cli.app import app

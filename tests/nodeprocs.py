@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from atdnode import control
-from atdnode.home import NodeHome
+from atdnode.node import control
+from atdnode.node.home import NodeHome
 from ledger import Ledger
 
 ATD = [sys.executable, "-m", "cli.app"]

@@ -72,7 +72,7 @@ def test_one_weighting_table_for_node_inputs_and_groups():
     hierarchical group weights read their counts by that name."""
     from types import SimpleNamespace
 
-    from atdnode.aggregate import ENTRY_COUNTS
+    from atdnode.aggregation.aggregate import ENTRY_COUNTS
     from protocols.hierarchical import group_weights
 
     assert {w: agg.counted_quantity(w) for w in agg.WEIGHTINGS} == {

@@ -1,4 +1,4 @@
-"""The small-class augmentation batched on the images' device (atdnode.augment.augment_batch):
+"""The small-class augmentation batched on the images' device (atdnode.learning.augment.augment_batch):
 a pure function of (seed, epoch, sample id), independent of batch composition, and the same
 operations as torchvision's per-image functions (the former implementation, kept here as
 the reference)."""
@@ -9,7 +9,7 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from atdnode.augment import OPS, SmallClassAugment, augment_batch
+from atdnode.learning.augment import OPS, SmallClassAugment, augment_batch
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from atdnode import ddp
-from atdnode.augment import SmallClassAugment
+from atdnode.learning import ddp
+from atdnode.learning.augment import SmallClassAugment
 from atdnode.data import LabeledImages
-from atdnode.model import build_model, resolve_config
-from atdnode.training import Trainer, TrainOptions
+from atdnode.learning.model import build_model, resolve_config
+from atdnode.learning.training import Trainer, TrainOptions
 
 
 def data(n_small: int = 3, n_big: int = 30) -> LabeledImages:

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from atdnode.blobpartial import BadChunks
-from atdnode.blobstore import BlobStore, Manifest
+from atdnode.blobs.partial import BadChunks
+from atdnode.blobs.store import BlobStore, Manifest
 
 CS = 1024
 

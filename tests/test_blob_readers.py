@@ -1,5 +1,5 @@
 """Reader lists that hold (issue 24, item 2): a later entry of another author never widens a
-blob's readers (atdnode.blob_readers), on the serving side of real daemons too.
+blob's readers (atdnode.blobs.readers), on the serving side of real daemons too.
 
 The attack of the issue: member M signs its own `weights` entry naming member A's
 reader-restricted blob with `readers: []` (so M, as that entry's author, would be a
@@ -15,9 +15,9 @@ from pathlib import Path
 import trio
 
 from atdnode.bodies import READERS
-from atdnode.blob_readers import reader_lists
-from atdnode.identity import NodeIdentity
-from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, unpack
+from atdnode.blobs.readers import reader_lists
+from atdnode.node.identity import NodeIdentity
+from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, unpack
 from atdnode.transport.memory import MemoryNetwork
 from ledger import Entry, Signer
 from tests.factories import append, daemon_on, make_consortium, wait_for

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.blobstore import BlobStore
-from atdnode.transport.blobfetch import BlobFetcher, FetchError
+from atdnode.blobs.store import BlobStore
+from atdnode.blobs.fetch import BlobFetcher, FetchError
 
 BLOB = "ab" * 32
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import atdnode.blobfs as blobfs
-import atdnode.blobstore as bs
-from atdnode.blobpartial import BadChunks, PartialBlob
-from atdnode.blobstore import BlobStore, Manifest
+import atdnode.blobs.fs as blobfs
+import atdnode.blobs.store as bs
+from atdnode.blobs.partial import BadChunks, PartialBlob
+from atdnode.blobs.store import BlobStore, Manifest
 from atdnode.errors import BlobError
 
 CS = 1024  # small chunks keep the tests fast
@@ -577,8 +577,8 @@ def _count_syncs(monkeypatch) -> list[str]:
 
 def _writes(store: BlobStore, root: Path, seed: int) -> None:
     """A blob put, a manifest cached, a chunked download completed, a registry record written."""
-    from atdnode.home import NodeHome
-    from atdnode.registry import ModelRecord, ModelRegistry
+    from atdnode.node.home import NodeHome
+    from atdnode.models.registry import ModelRecord, ModelRegistry
 
     data = _data(3 * CS + 7, seed=seed)
     store.manifest(store.put_bytes(data))

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.transport.base import TransportError
-from atdnode.transport.blobfetch import FetchConfig, FetchError
-from atdnode.transport.blobxfer import PROTOCOL, BulkConn, pack, read_header
-from atdnode.transport.bulk import derive_keys, new_ephemeral
+from atdnode.blobs.fetch import FetchConfig, FetchError
+from atdnode.blobs.xfer import PROTOCOL, BulkConn, pack, read_header
+from atdnode.blobs.bulk import derive_keys, new_ephemeral
 from tests.blobnet import CHUNK, NCHUNKS, blob_bytes, cluster
 from tests.factories import KINDS, run, wait_for
 

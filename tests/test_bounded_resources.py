@@ -17,14 +17,14 @@ import pytest
 import trio
 import trio.testing
 
-from atdnode import sync
-from atdnode.blobstore import BlobStore
-from atdnode.ledger_access import LedgerAccess
-from atdnode.sync import SYNC_PROTOCOL, SyncProtocolError, pull, serve_sync
-from atdnode.transport import blobxfer
+from atdnode.replication import sync
+from atdnode.blobs.store import BlobStore
+from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication.sync import SYNC_PROTOCOL, SyncProtocolError, pull, serve_sync
+from atdnode.blobs import xfer as blobxfer
 from atdnode.transport.base import FrameError
-from atdnode.transport.blobfetch import FetchConfig
-from atdnode.transport.blobxfer import PROTOCOL as BLOB_PROTOCOL, BlobService, pack
+from atdnode.blobs.fetch import FetchConfig
+from atdnode.blobs.xfer import PROTOCOL as BLOB_PROTOCOL, BlobService, pack
 from atdnode.transport.framing import FramedStream
 from atdnode.transport.limits import PeerLimits
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
@@ -222,7 +222,7 @@ def test_peer_limits_fair_share() -> None:
 def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
     """12 split streams from one member each announcing a 64 MiB first frame (1.61 GB before):
     at most SPLIT_STREAMS_PER_PEER are held, and what they hold is what was actually sent."""
-    from atdnode.home import NodeHome
+    from atdnode.node.home import NodeHome
     from atdnode.split import SPLIT_PROTOCOL
     from atdnode.split.service import SPLIT_STREAMS_PER_PEER, SplitService
 
@@ -257,8 +257,8 @@ def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("decode", ["blob-header", "manifest"])
 def test_blob_header_and_manifest_decoding_is_bounded(decode: str) -> None:
-    from atdnode.blobstore import BlobError, Manifest
-    from atdnode.transport.blobwire import HEADER_MAX, unpack
+    from atdnode.blobs.store import BlobError, Manifest
+    from atdnode.blobs.wire import HEADER_MAX, unpack
 
     if decode == "blob-header":
         payload, fn, err = msgpack.packb([{}] * (HEADER_MAX - 8)), unpack, FrameError

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import trio
 
-from atdnode.blobstore import BlobStore
-from atdnode.transport import blobfetch
+from atdnode.blobs.store import BlobStore
+from atdnode.blobs import fetch as blobfetch
 from atdnode.transport.base import TransportError
-from atdnode.transport.blobxfer import PROTOCOL, _bind_host, pack, read_header
-from atdnode.transport.bulk import BulkConn, PROVE_TIMEOUT, derive_keys, new_ephemeral
+from atdnode.blobs.xfer import PROTOCOL, _bind_host, pack, read_header
+from atdnode.blobs.bulk import BulkConn, PROVE_TIMEOUT, derive_keys, new_ephemeral
 from tests.blobnet import CHUNK, blob_bytes, cluster
 from tests.factories import run
 

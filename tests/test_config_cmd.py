@@ -9,11 +9,11 @@ import tomllib
 
 from typer.testing import CliRunner
 
-from atdnode.config import NodeConfig
-from atdnode.config_schema import KEYS
-from atdnode.home import NodeHome
-from atdnode.logs import log_limits
-from atdnode.peerset import PeerSetConfig
+from atdnode.node.config import NodeConfig
+from atdnode.node.config_schema import KEYS
+from atdnode.node.home import NodeHome
+from atdnode.node.logs import log_limits
+from atdnode.peers.peerset import PeerSetConfig
 from cli.app import app
 
 runner = CliRunner()
@@ -48,9 +48,9 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
 
 def test_schema_defaults_are_the_readers_defaults(tmp_path):
     """The commented defaults are what each reader uses when the key is absent."""
-    from atdnode.config_schema import BY_PATH
-    from atdnode.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
-    from atdnode.model_gc import size_limit
+    from atdnode.node.config_schema import BY_PATH
+    from atdnode.node.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+    from atdnode.models.gc import size_limit
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
@@ -62,7 +62,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
     assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value
-    assert cfg.compute_device() is None  # absent: cuda when present (atdnode.device)
+    assert cfg.compute_device() is None  # absent: cuda when present (atdnode.learning.device)
 
 
 def test_config_set_writes_validated_values(tmp_path):

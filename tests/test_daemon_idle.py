@@ -6,7 +6,7 @@ ledgers, simulated network and time), not timed:
   LEDGER_RECHECK_S, yet an entry a CLI command appends from another connection is still
   gossiped within an idle poll tick (IDLE_POLL_S) or so;
 * periodic sync pulls from `sync_fanout` peers per interval, in turn, not from every peer,
-  and quiet pulls space out (`atdnode.antientropy`, issue 29);
+  and quiet pulls space out (`atdnode.replication.antientropy`, issue 29);
 * its own loops wake rarely (issue 29): the announce loop every IDLE_POLL_S once quiet, the
   peer-set round every IDLE_TICK_S once settled, the fetch loop not at all with nothing wanted.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import trio
 
-from atdnode.announce import IDLE_POLL_S, LEDGER_RECHECK_S, ledger_stamp
-from atdnode.antientropy import SYNC_IDLE_FACTOR
-from atdnode.dialer import IDLE_TICK_S
-from atdnode.replication import SYNC_FANOUT
+from atdnode.replication.announce import IDLE_POLL_S, LEDGER_RECHECK_S, ledger_stamp
+from atdnode.replication.antientropy import SYNC_IDLE_FACTOR
+from atdnode.peers.dialer import IDLE_TICK_S
+from atdnode.replication.replicator import SYNC_FANOUT
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec

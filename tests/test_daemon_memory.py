@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode import control
-from atdnode.blobstore import BlobStore
-from atdnode.daemon import NodeDaemon
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node import control
+from atdnode.blobs.store import BlobStore
+from atdnode.node.daemon import NodeDaemon
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Entry, Ledger
 from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from tests.browser import browser, text_of
 from tests.nodeprocs import atd, start_daemon, wait_until
 from tests.vgs_homes import DISJOINT, copy_homes
@@ -41,7 +41,7 @@ def disjoint(vgs_template, tmp_path):
 
 
 def test_bind_rules() -> None:
-    from atdnode.dashboard import parse_bind
+    from atdnode.report.dashboard import parse_bind
     from atdnode.errors import ConfigError
 
     assert parse_bind("127.0.0.1:8470") == ("127.0.0.1", 8470)
@@ -78,8 +78,8 @@ def test_cli_refuses_a_public_bind_in_one_line(tmp_path) -> None:
 def test_dashboard_in_a_real_browser(disjoint) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from atdnode.classify import classify
-    from atdnode.vertical import EnsembleOptions, aggregate_vertical
+    from atdnode.learning.classify import classify
+    from atdnode.aggregation.vertical import EnsembleOptions, aggregate_vertical
 
     a, b, c = disjoint
     res = aggregate_vertical(a, options=EnsembleOptions(pca_components=32, mlp_hidden=(64,), mlp_max_iter=120,
@@ -184,7 +184,7 @@ def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:
     """A libp2p fetch moves its chunks over the bulk channel: /metrics' "bulk" rows see them."""
     import trio
 
-    from atdnode.transport.bulk import BULK_BYTES
+    from atdnode.blobs.bulk import BULK_BYTES
     from tests.blobnet import blob_bytes, cluster
 
     async def body() -> None:
@@ -205,7 +205,7 @@ def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:
 def test_metrics_text_parses_and_escapes() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from atdnode.dashboard import prom
+    from atdnode.report.dashboard import prom
 
     snap = {"peer_id": "12D3KooWx", "consortium": 'St. "Mary\'s"\nEast\\', "peers": ["p1"],
             "members": {"active": 2, "revoked": 1}, "ledger_states": {"log": 9, "held": 1, "evidence": 0},
@@ -222,7 +222,7 @@ def test_metrics_text_parses_and_escapes() -> None:
 
 def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
     """Entry bodies come from other nodes: nothing they say may become markup."""
-    from atdnode.dashboard.page import render_page
+    from atdnode.report.dashboard.page import render_page
 
     evil = '<script>alert(1)</script>'
     state = {
@@ -247,7 +247,7 @@ def test_page_escapes_peer_data_and_shows_fetch_progress() -> None:
 def test_host_guard_allows_loopback_names_only() -> None:
     import trio
 
-    from atdnode.dashboard.server import host_guard
+    from atdnode.report.dashboard.server import host_guard
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import trio
 
-from atdnode.daemon import NodeDaemon
-from atdnode.dashboard.server import TOKEN_FILE, Dashboard
-from atdnode.identity import NodeIdentity
+from atdnode.node.daemon import NodeDaemon
+from atdnode.report.dashboard.server import TOKEN_FILE, Dashboard
+from atdnode.node.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from tests.factories import make_consortium
 
@@ -98,11 +98,11 @@ def test_the_daemon_never_imports_the_dashboard() -> None:
                 out.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
         return {m for m in out if m.split(".")[0] in ("atdnode", "ledger", "protocols")}
 
-    seen, todo = set(), ["atdnode.daemon"]
+    seen, todo = set(), ["atdnode.node.daemon"]
     while todo:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
             todo.extend(imports(m))
-    assert "atdnode.daemon" in seen and "atdnode.replication" in seen  # the walk follows imports
-    assert not {m for m in seen if m.startswith("atdnode.dashboard")}
+    assert "atdnode.node.daemon" in seen and "atdnode.replication.replicator" in seen  # the walk follows imports
+    assert not {m for m in seen if m.startswith("atdnode.report.dashboard")}

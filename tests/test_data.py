@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-from atdnode.augment import OPS, SmallClassAugment, apply_ops, gaussian_blur
+from atdnode.learning.augment import OPS, SmallClassAugment, apply_ops, gaussian_blur
 from atdnode.data import DataSpec, _select, label_fingerprint, load_dataset, split_indices
 from atdnode.errors import DataError
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from atdnode.data.sanity import caution_for, metric_text
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
 from cli.app import run
 
 torch.set_num_threads(1)
@@ -76,8 +76,8 @@ def test_sklearn_warnings_go_to_the_log_not_stderr(tmp_path):
 import warnings
 import numpy as np
 from sklearn.neural_network import MLPClassifier
-from atdnode.home import NodeHome
-from atdnode.logs import sklearn_warnings_to_log
+from atdnode.node.home import NodeHome
+from atdnode.node.logs import sklearn_warnings_to_log
 sklearn_warnings_to_log(NodeHome.at({home!r}))
 X = np.random.default_rng(0).normal(size=(40, 4)); y = (X[:, 0] > 0).astype(int)
 MLPClassifier(max_iter=1, random_state=0).fit(X, y)

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import torch
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 import pytest
 
-from atdnode.ddp import DistContext, check_nproc
-from atdnode.device import DeviceError
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
-from atdnode.model import resolve_config
-from atdnode.registry import ModelRegistry
-from atdnode.training import TrainOptions, train
-from atdnode.weights import load_weights
+from atdnode.learning.ddp import DistContext, check_nproc
+from atdnode.learning.device import DeviceError
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
+from atdnode.learning.model import resolve_config
+from atdnode.models.registry import ModelRegistry
+from atdnode.learning.training import TrainOptions, train
+from atdnode.models.weights import load_weights
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

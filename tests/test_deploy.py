@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.config import NodeConfig
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node.config import NodeConfig
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from tests.mdblocks import fenced_blocks
 from tests.nodeprocs import ATD, Daemon, atd, start_daemon, wait_until
 

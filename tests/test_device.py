@@ -1,4 +1,4 @@
-"""The one device rule (atdnode.device): explicit choice > config.toml [compute] device > CUDA when present."""
+"""The one device rule (atdnode.learning.device): explicit choice > config.toml [compute] device > CUDA when present."""
 from __future__ import annotations
 
 import os
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode.config import NodeConfig
-from atdnode.device import DeviceError, parse_device, resolve_device
+from atdnode.node.config import NodeConfig
+from atdnode.learning.device import DeviceError, parse_device, resolve_device
 from atdnode.errors import ConfigError
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -95,7 +95,7 @@ def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd):
 
 
 def test_env_sits_between_the_argument_and_the_config(tmp_path, monkeypatch):
-    from atdnode.device import ENV, apply_device
+    from atdnode.learning.device import ENV, apply_device
 
     home = _home(tmp_path, "cuda:99")
     monkeypatch.setenv(ENV, "cpu")
@@ -111,7 +111,7 @@ def test_env_sits_between_the_argument_and_the_config(tmp_path, monkeypatch):
 
 def test_uint8_residency_only_when_lossless():
     from atdnode.data import MEAN, STD
-    from atdnode.devdata import DeviceImages, lossless_uint8
+    from atdnode.learning.devdata import DeviceImages, lossless_uint8
 
     q = torch.randint(0, 256, (10, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     x = (q.float() / 255.0 - MEAN) / STD  # the loader's normalisation of 8-bit data

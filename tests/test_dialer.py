@@ -1,4 +1,4 @@
-"""`atdnode.dialer` in running daemons (in-memory transport): a member that goes away is
+"""`atdnode.peers.dialer` in running daemons (in-memory transport): a member that goes away is
 reported once as unreachable (log line and status), and once back, reachable again."""
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _pace_dialer(members: frozenset[str]):
     """The parts of a PeerDialer that RotationPace reads: stats, member set, config, failing dials."""
     from types import SimpleNamespace
 
-    from atdnode.peerset import PeerSetConfig
+    from atdnode.peers.peerset import PeerSetConfig
 
     d = SimpleNamespace(stats={"sync_added": 0}, gate=SimpleNamespace(members=members),
                         peerset=SimpleNamespace(cfg=PeerSetConfig(rotate_s=60.0, rotate_idle_s=600.0)))
@@ -101,7 +101,7 @@ def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pul
     """Issue 29: entries a new connection's pull brought (start-up, a node back from away) and
     new hellos (members starting) kept every node of a starting consortium rotating every
     rotate_s; entries only periodic sync found, or a changed member set, still do."""
-    from atdnode.dialer import RotationPace
+    from atdnode.peers.dialer import RotationPace
 
     dialer = _pace_dialer(frozenset({"a", "b"}))
     pace = RotationPace(dialer, 0.0)

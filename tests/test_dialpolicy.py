@@ -1,11 +1,11 @@
-"""`atdnode.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members (issues 24, 26)."""
+"""`atdnode.peers.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members (issues 24, 26)."""
 from __future__ import annotations
 
 import pytest
 
-from atdnode.dialpolicy import MAX_ADDRS_PER_MEMBER, Backoff, DialPolicy, addresses_newest_first
+from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER, Backoff, DialPolicy, addresses_newest_first
 from atdnode.errors import ConfigError
-from atdnode.peerset import PeerSetConfig
+from atdnode.peers.peerset import PeerSetConfig
 
 
 def test_backoff_doubles_to_its_cap_and_clears() -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
-from atdnode.ledger_access import LedgerAccess
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
+from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Entry, Ledger, Signer, TamperedStore
 from ledger import merge as merge_mod
@@ -344,8 +344,8 @@ def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
 def _fresh_home_with_keys_of(home: NodeHome, dst: Path) -> NodeHome:
     """The state after `atd key import` into a fresh home and `atd init --join`: the node's
     keys and the consortium's genesis id, no entries of its own."""
-    from atdnode.identity import init_home
-    from atdnode.keybackup import export_keys, import_keys
+    from atdnode.node.identity import init_home
+    from atdnode.node.keybackup import export_keys, import_keys
 
     backup = dst.parent / f"{dst.name}.keys"
     export_keys(home, backup, b"a long passphrase", kdf_cost={"n": 1 << 14, "r": 8, "p": 1})
@@ -364,7 +364,7 @@ def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypat
     knows it is a member. Restored into a fresh home it takes back every own entry before
     signing, signs after them, and no node freezes it. (The issue's chain was 100 MB against
     the 64 MiB waiting quota; the quota and frames are scaled down so the chain stays small.)"""
-    from atdnode import sync
+    from atdnode.replication import sync
     from tests.factories import cli
 
     monkeypatch.setattr(merge_mod, "MAX_WAITING_BYTES_PER_AUTHOR", 32 << 10)
@@ -418,7 +418,7 @@ def test_fork_evidence_is_served_by_sync(tmp_path: Path) -> None:
     side into its log (and more after it). One pull from S hands C the evidence: C freezes
     A at seq 3 too, so no node keeps a diverged view; a pull between nodes that agree carries
     no evidence; the end marker tells the requester its own head on the server."""
-    from atdnode.own_chain import confirms, fork_evidence
+    from atdnode.replication.own_chain import confirms, fork_evidence
 
     lf = Ledger.open(tmp_path / "f.db")
     lf.create_genesis(F, "d", members=[(A.public_key, False)])
@@ -462,7 +462,7 @@ def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) ->
     writing the record of an entry that was signed but never stored) is removed when the node
     starts, and the records of stored entries stay."""
     from atdnode.errors import ConfigError
-    from atdnode.registry import ModelRecord, ModelRegistry
+    from atdnode.models.registry import ModelRecord, ModelRegistry
 
     (home,) = make_consortium(tmp_path, 1)
     signer = NodeIdentity.load(home).signer

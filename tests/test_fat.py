@@ -1,7 +1,7 @@
 """Issues 17 and 27: federated adversarial training through `atd rounds` on netsim's daemons.
 
 netsim.fat runs one campaign as real NodeDaemons on the in-memory network, each running the
-`atdnode.rounds.RoundRunner` the CLI runs (weights as signed entries + blobs, every round's
+`atdnode.rounds.runner.RoundRunner` the CLI runs (weights as signed entries + blobs, every round's
 global model an `aggregate` entry every node recomputes). The setting of "Federated
 Adversarial Training with Transformers" (Sec. 4) at laptop scale: K = 5 clients, the paper's
 Non-IID(2) class partition, its local optimiser (SGD, momentum 0.9, rate decayed 5 % per
@@ -29,13 +29,13 @@ import pytest
 import torch
 
 from atdnode.data import load_dataset
-from atdnode.model import ModelConfig
+from atdnode.learning.model import ModelConfig
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
 from netsim.run import run_scenario
-from atdnode.training import TrainOptions
+from atdnode.learning.training import TrainOptions
 from netsim.scenario import ScenarioError, scenario_from_dict
 from protocols.adversarial import robust_accuracy
 from protocols.fedwavg import ROUNDS_Q, softmax_weights

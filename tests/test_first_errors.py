@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
 from cli.app import run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.rpc_queue import RpcQueue
 
 import ledger.entry
-from atdnode.transport.libp2p_pubsub import CoalescingPubsub, coalesce_publish
+from atdnode.transport._libp2p.pubsub import CoalescingPubsub, coalesce_publish
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from atdnode.transport.memory import MemoryNetwork
 from tests.factories import daemon_on, ids, make_consortium, serve_subscribed, wait_for
@@ -149,7 +149,7 @@ class _Chunks:
 def test_buffered_reader_frames_varint_messages_across_chunk_boundaries() -> None:
     from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes_limited
 
-    from atdnode.transport.libp2p_pubsub import BufferedReader
+    from atdnode.transport._libp2p.pubsub import BufferedReader
 
     msgs = [bytes([i]) * size for i, size in enumerate((1, 200, 5000, 3, 70_000))]
     wire = b"".join(encode_varint_prefixed(m) for m in msgs)
@@ -190,7 +190,7 @@ def test_raw_connection_reads_keep_the_rest_for_the_next_read() -> None:
 
 
 def test_content_id_names_the_data_not_the_sender() -> None:
-    from atdnode.transport.libp2p_pubsub import content_id
+    from atdnode.transport._libp2p.pubsub import content_id
 
     a = rpc_pb2.Message(data=b"entry-1", from_id=b"peer-a", seqno=b"\x01")
     b = rpc_pb2.Message(data=b"entry-1", from_id=b"peer-b", seqno=b"\x09")

@@ -1,4 +1,4 @@
-"""An empty gossip mesh recovers (issue 29, `atdnode.transport.gossip_mesh`), on real libp2p hosts.
+"""An empty gossip mesh recovers (issue 29, `atdnode.transport._libp2p.gossip_mesh`), on real libp2p hosts.
 
 Node X is pruned by every topic peer (as happens when their meshes are over D_high), so
 every peer of X is in X's backoff and no heartbeat of X may graft. Then X
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.daemon import NodeDaemon
-from atdnode.transport.libp2p_pubsub import CoalescingPubsub
+from atdnode.node.daemon import NodeDaemon
+from atdnode.transport._libp2p.pubsub import CoalescingPubsub
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from tests.factories import ids, make_consortium, serve_subscribed, wait_for
 
@@ -87,7 +87,7 @@ def test_emptied_mesh_regrafts_within_an_idle_heartbeat_and_degrees_stay(caplog)
     heartbeat and grafts again at 1 s beats, with no "GRAFT flood" on any side. py-libp2p's
     adaptive gossip, which is off, would have set the heartbeat to 30-60 s and raised the
     mesh bounds at its first health update (forced here): the re-graft then took a minute."""
-    from atdnode.transport.gossip_mesh import IDLE_HEARTBEAT_S, fit_mesh
+    from atdnode.transport._libp2p.gossip_mesh import IDLE_HEARTBEAT_S, fit_mesh
 
     caplog.set_level(logging.WARNING)
     out: dict = {}
@@ -153,7 +153,7 @@ def test_concurrent_pubsub_writes_stay_whole_rpcs() -> None:
     per-stream write lock their frames interleave: the garbled RPCs of issue 29)."""
     from libp2p.pubsub.pb import rpc_pb2
 
-    from atdnode.transport.libp2p_pubsub import CoalescingPubsub
+    from atdnode.transport._libp2p.pubsub import CoalescingPubsub
 
     pubsub = CoalescingPubsub.__new__(CoalescingPubsub)  # write_msg needs no host for this
     stream = _FramedWrites()

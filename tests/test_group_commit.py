@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.ledger_access import LedgerAccess
+from atdnode.replication.ledger_access import LedgerAccess
 from ledger import Ledger, Signer
 from ledger.encoding import decode_payload
 from ledger.store import Store
@@ -132,7 +132,7 @@ def test_a_failed_group_gossips_nothing_and_its_seqs_are_reused_safely(monkeypat
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
     import trio
-    from atdnode.ledger_access import LedgerAccess
+    from atdnode.replication.ledger_access import LedgerAccess
     from ledger import Ledger, Signer
     from ledger.encoding import decode_payload
     from ledger.store import Store

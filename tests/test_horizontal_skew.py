@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdnode.classify import classify
-from atdnode.features_share import share_features
-from atdnode.horizontal import aggregate_horizontal
-from atdnode.node_ensemble import EnsembleOptions
-from atdnode.publish import publish_weights
+from atdnode.learning.classify import classify
+from atdnode.aggregation.features_share import share_features
+from atdnode.aggregation.horizontal import aggregate_horizontal
+from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.models.publish import publish_weights
 from tests.vgs_homes import consortium, peer_ids, sync, train_node
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")

@@ -6,10 +6,10 @@ import stat
 
 import pytest
 
-from atdnode.config import NodeConfig
+from atdnode.node.config import NodeConfig
 from atdnode.errors import ConfigError
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity, init_home
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity, init_home
 from ledger import Ledger, Signer, peer_id_from_public_key
 
 

@@ -1,4 +1,4 @@
-"""INTERFACES.md's public-API section is generated from the source (`atdnode.api_doc`) and current."""
+"""INTERFACES.md's public-API section is generated from the source (`atdnode.report.api_doc`) and current."""
 from __future__ import annotations
 
 import shutil
@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from atdnode import api_doc
-
+from atdnode.report import api_doc
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "INTERFACES.md"
 
 
 def test_interfaces_public_api_section_is_current():
     text = DOC.read_text()
-    assert api_doc.update_doc(text) == text, "run: python -m atdnode.api_doc INTERFACES.md"
+    assert api_doc.update_doc(text) == text, "run: python -m atdnode.report.api_doc INTERFACES.md"
 
 
 def _copy_tree(tmp_path: Path) -> Path:

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdnode.classify import classify
-from atdnode.features_share import share_features
-from atdnode.publish import publish_weights
-from atdnode.registry import ModelRegistry
-from atdnode.vertical import EnsembleOptions, aggregate_vertical
+from atdnode.learning.classify import classify
+from atdnode.aggregation.features_share import share_features
+from atdnode.models.publish import publish_weights
+from atdnode.models.registry import ModelRegistry
+from atdnode.aggregation.vertical import EnsembleOptions, aggregate_vertical
 from tests.vgs_homes import consortium, peer_ids, sync, train_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]

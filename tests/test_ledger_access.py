@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from atdnode.ledger_access import LedgerAccess, NodeStopping
+from atdnode.replication.ledger_access import LedgerAccess, NodeStopping
 from ledger import Ledger
 from ledger.keys import Signer
 from tests.factories import KINDS, run

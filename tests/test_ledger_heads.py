@@ -156,7 +156,7 @@ def test_heads_since_names_exactly_the_changed_authors_and_the_digest_follows(tm
     """`heads_since(v)` lists the authors whose head differs from version v's map (None when
     that is not known: a rebuild, or too many maps ago); the sync digest built on it equals
     the digest of the heads computed from scratch after every kind of write."""
-    from atdnode.sync_digest import digest_vector, vector_of
+    from atdnode.replication.sync_digest import digest_vector, vector_of
     from ledger.heads import HEADS_LOG
 
     led = Ledger.open(tmp_path / "l.db")

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from atdnode import localnet
+from atdnode.node import localnet
 from tests.nodeprocs import atd, atd_json, live_status, wait_until
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from atdnode import localnet
-from atdnode.localnet import LocalNetError
+from atdnode.node import localnet
+from atdnode.node.localnet import LocalNetError
 
 # A launcher that starts slowly and, while it does, shows no command line in /proc (it blanks
 # its arguments in place, as setproctitle does), then becomes `python -m cli.app ARGS`.

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.config import NodeConfig
+from atdnode.node.config import NodeConfig
 from atdnode.errors import ConfigError
-from atdnode.ledger_access import quota_from_config
+from atdnode.replication.ledger_access import quota_from_config
 from ledger import AuthorQuota, Ledger, QuotaExceeded, Signer
 from ledger.quota import KindLimit, QuotaTracker
 from tests.factories import daemon_on, make_consortium, wait_for

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.access import AccessRefused, is_refusal
-from atdnode.blobstore import BlobStore
-from atdnode.config import NodeConfig
+from atdnode.replication.access import AccessRefused, is_refusal
+from atdnode.blobs.store import BlobStore
+from atdnode.node.config import NodeConfig
 from atdnode.errors import ConfigError
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
-from atdnode.ledger_access import LedgerAccess
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
+from atdnode.replication.ledger_access import LedgerAccess
 from atdnode.split.service import SPLIT_PROTOCOL, SplitService
 from atdnode.split.session import ByteCounter, RemoteError, SplitChannel
-from atdnode.sync import SYNC_PROTOCOL, pull
-from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, read_header, unpack
+from atdnode.replication.sync import SYNC_PROTOCOL, pull
+from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, read_header, unpack
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
@@ -245,7 +245,7 @@ def test_members_only_merge_applies_admissions_of_the_same_batch(tmp_path: Path)
 
 def _count_traffic(monkeypatch, member) -> dict[str, int]:
     """Count sync pulls aimed at `member` and the refusals `member` serves (any protocol)."""
-    import atdnode.replication as daemon_mod
+    import atdnode.replication.replicator as daemon_mod
 
     seen = {"pulls": 0, "refusals": 0}
     real_pull, real_refuse = daemon_mod.pull, member.gate.refuse

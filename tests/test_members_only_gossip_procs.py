@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.blobstore import BlobStore
-from atdnode.daemon import ledger_topic
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.blobs.store import BlobStore
+from atdnode.node.daemon import ledger_topic
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from atdnode.transport.base import TransportError
-from atdnode.transport.blobwire import PROTOCOL as BLOB_PROTOCOL, pack, read_header
-from atdnode.transport.bulk import BulkConn, derive_keys, new_ephemeral
+from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, read_header
+from atdnode.blobs.bulk import BulkConn, derive_keys, new_ephemeral
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Entry, Ledger
 from tests.nodeprocs import start_daemon

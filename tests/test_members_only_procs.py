@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from atdnode import control
-from atdnode.blobstore import BlobStore
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node import control
+from atdnode.blobs.store import BlobStore
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import start_daemon, wait_until
 from tests.factories import cli

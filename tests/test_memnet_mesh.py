@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.sync import SyncProtocolError, _missing_raw
+from atdnode.replication.sync import SyncProtocolError, _missing_raw
 from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate

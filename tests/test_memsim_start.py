@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from atdnode.sync_digest import digest_vector, vector_of
+from atdnode.replication.sync_digest import digest_vector, vector_of
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.memsim import churn_scenario

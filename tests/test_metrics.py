@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from atdnode.data import LabeledImages
-from atdnode.metrics import classification_metrics
-from atdnode.training import evaluate
+from atdnode.learning.metrics import classification_metrics
+from atdnode.learning.training import evaluate
 from netsim.learn import score
 
 

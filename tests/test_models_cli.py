@@ -14,12 +14,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from atdnode.blobstore import BlobStore
-from atdnode.config import NodeConfig
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
-from atdnode.model_gc import ModelServed
-from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.blobs.store import BlobStore
+from atdnode.node.config import NodeConfig
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
+from atdnode.models.gc import ModelServed
+from atdnode.models.registry import ModelRecord, ModelRegistry
 from cli.app import app
 from cli.commands.models import COLUMNS
 

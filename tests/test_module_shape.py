@@ -19,10 +19,10 @@ PACKAGES = ("ledger", "atdnode", "protocols", "netsim", "cli")
 GROUND = ("ledger", "protocols")  # the ground floor: imports nothing of the packages above it
 # the math in protocols/, the node-level steps in atdnode/, the simulator's driver in netsim/
 VGS_MODULES = ("protocols.aggregation", "protocols.aggregation_error", "protocols.fedwavg", "protocols.vgs",
-               "protocols.hierarchical", "protocols.ensemble", "atdnode.aggregate", "atdnode.agg_check",
-               "atdnode.agg_verify", "atdnode.horizontal", "atdnode.vertical", "atdnode.hierarchical_node",
-               "atdnode.node_ensemble", "atdnode.features_share", "atdnode.publish", "atdnode.bodies",
-               "atdnode.augment", "netsim.vgs", "netsim.vgs_ops")
+               "protocols.hierarchical", "protocols.ensemble", "atdnode.aggregation.aggregate", "atdnode.aggregation.check",
+               "atdnode.aggregation.verify", "atdnode.aggregation.horizontal", "atdnode.aggregation.vertical", "atdnode.aggregation.hierarchical",
+               "atdnode.aggregation.ensemble", "atdnode.aggregation.features_share", "atdnode.models.publish", "atdnode.bodies",
+               "atdnode.learning.augment", "netsim.vgs", "netsim.vgs_ops")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,16 +123,16 @@ def test_the_vit_config_is_pure_data():
 
 
 def test_the_training_options_load_without_torch():
-    """`atd train`'s help is formatted from `atdnode.train_options` at CLI start-up, and netsim's
+    """`atd train`'s help is formatted from `atdnode.learning.train_options` at CLI start-up, and netsim's
     scenario keys read its fields: the options module stays free of torch and timm."""
-    probe = "import sys, atdnode.train_options; print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    probe = "import sys, atdnode.learning.train_options; print(sorted({'torch', 'timm'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_averaging_and_predicting_load_no_scikit_learn(tmp_path):
-    """Every `atd rounds` and `atd aggregate` process imports `atdnode.aggregate` (through
-    `atdnode.rounds`); scikit-learn (~1.5 s of CPU at each start-up, with scipy) is imported
+    """Every `atd rounds` and `atd aggregate` process imports `atdnode.aggregation.aggregate` (through
+    `atdnode.rounds.runner`); scikit-learn (~1.5 s of CPU at each start-up, with scipy) is imported
     where an ensemble is fitted only: a stored one predicts with numpy, so `atd aggregate
     --verify`, `atd classify` / `predict` of an ensemble and the modules behind them load none."""
     import warnings
@@ -149,8 +149,8 @@ def test_averaging_and_predicting_load_no_scikit_learn(tmp_path):
         ens = EnsembleClassifier(pca_components=4, mlp_hidden=(8,), mlp_max_iter=50, rf_trees=5).fit(X, y)
     ens.save(tmp_path / "ens.safetensors")
     np.save(tmp_path / "x.npy", X)
-    probe = ("import sys, numpy as np, atdnode.rounds, atdnode.daemon, cli.app, atdnode.aggregate_modes, "
-             "atdnode.agg_verify, atdnode.classify\n"
+    probe = ("import sys, numpy as np, atdnode.rounds.runner, atdnode.node.daemon, cli.app, atdnode.aggregation.modes, "
+             "atdnode.aggregation.verify, atdnode.learning.classify\n"
              "from protocols.ensemble import EnsembleClassifier\n"
              f"p = EnsembleClassifier.load({str(tmp_path / 'ens.safetensors')!r}).predict_proba("
              f"np.load({str(tmp_path / 'x.npy')!r}))\n"
@@ -181,9 +181,9 @@ def test_the_cycle_finder_finds_a_circle():
 
 
 def test_the_upward_arrow_finder_finds_one():
-    graph = {"protocols.a": {"atdnode.model", "ledger.x"}, "ledger.x": set(), "atdnode.model": {"protocols.a"},
+    graph = {"protocols.a": {"atdnode.learning.model", "ledger.x"}, "ledger.x": set(), "atdnode.learning.model": {"protocols.a"},
              "ledger.y": {"protocols.a"}}
-    assert upward_arrows(graph) == ["protocols.a -> atdnode.model"]
+    assert upward_arrows(graph) == ["protocols.a -> atdnode.learning.model"]
 
 
 def _name_of(node: ast.AST) -> str | None:

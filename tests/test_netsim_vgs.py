@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from atdnode.blobfs import durable
+from atdnode.blobs.fs import durable
 from netsim.nodedata import load_scenario_data
 from netsim.report import strip_timing
 from netsim.run import run_scenario, run_vgs_memory

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from atdnode.config import NodeConfig
-from atdnode.home import NodeHome
+from atdnode.node.config import NodeConfig
+from atdnode.node.home import NodeHome
 from ledger import Signer, peer_id_from_public_key
 from tests.nodeprocs import Daemon, atd, start_daemon, wait_until
 

@@ -1,4 +1,4 @@
-"""The peer-selection policy (atdnode.peerset) without a network: which members a daemon
+"""The peer-selection policy (atdnode.peers.peerset) without a network: which members a daemon
 dials, which peers it prunes, how config.toml's [peers] is read, how GossipSub's mesh
 degrees follow the bounds."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peerset import (SAMPLE_ALL, PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
+from atdnode.peers.peerset import (SAMPLE_ALL, PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
                              plan_sync, rotation_interval, sample_candidates)
 
 PEERS = [f"p{i:02d}" for i in range(20)]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.config import NodeConfig
-from atdnode.daemon import NodeDaemon
-from atdnode.identity import NodeIdentity
+from atdnode.node.config import NodeConfig
+from atdnode.node.daemon import NodeDaemon
+from atdnode.node.identity import NodeIdentity
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from netsim.homes import make_consortium

@@ -12,12 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from atdnode.classify import classify
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
-from atdnode.model import resolve_config
-from atdnode.predict import predict
-from atdnode.training import TrainOptions, train
+from atdnode.learning.classify import classify
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
+from atdnode.learning.model import resolve_config
+from atdnode.learning.predict import predict
+from atdnode.learning.training import TrainOptions, train
 from cli.app import run
 from tests.medimg import write_dicom
 

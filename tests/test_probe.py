@@ -1,4 +1,4 @@
-"""LP-FT's probe (`atdnode.probe`): the fresh head alone on the frozen start, then fine-tuning.
+"""LP-FT's probe (`atdnode.learning.probe`): the fresh head alone on the frozen start, then fine-tuning.
 
 What each test pins: the probe moves the head and nothing of the extractor; the caller's
 freeze setting survives it; it runs only where the head is fresh (an extractor start), both
@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode import ddp
+from atdnode.learning import ddp
 from atdnode.data import LabeledImages
-from atdnode.identity import init_home
-from atdnode.home import NodeHome
-from atdnode.model import build_model, extractor_state, freeze_blocks, resolve_config
-from atdnode.probe import fresh_head, probe_head, probe_lr
-from atdnode.train_options import TrainOptions, run_key
-from atdnode.training import train
+from atdnode.node.identity import init_home
+from atdnode.node.home import NodeHome
+from atdnode.learning.model import build_model, extractor_state, freeze_blocks, resolve_config
+from atdnode.learning.probe import fresh_head, probe_head, probe_lr
+from atdnode.learning.train_options import TrainOptions, run_key
+from atdnode.learning.training import train
 from netsim.learn import full_state, train_model
 
 torch.set_num_threads(1)
@@ -133,7 +133,7 @@ def test_atd_train_probes_from_an_extractor_and_logs_it(tmp_path: Path):
     init_home(b_home, consortium="demo")
     c = resolve_config("vit_tiny_patch16_224", **ARCH)
     a = train(a_home, "digits?classes=0,1,2&limit=90", c, opts(epochs=1))
-    from atdnode.blobstore import BlobStore
+    from atdnode.blobs.store import BlobStore
 
     b_store = BlobStore(b_home.blobs_dir)
     b_store.put_bytes(BlobStore(a_home.blobs_dir).get_bytes(a.blobs["extractor"]))

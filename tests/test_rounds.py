@@ -1,4 +1,4 @@
-"""Serverless rounds (atdnode.rounds): determinism, deadline with a missing peer, rejoin,
+"""Serverless rounds (atdnode.rounds.runner): determinism, deadline with a missing peer, rejoin,
 verification, FedWAvg ~ 1/K on IID data. In-process homes synced like daemons would
 (tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py. The runner, not
 only the CLI, keeps a node's models under `[models] max_bytes` (issue 28)."""
@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import trio as trio_lib
 
-from atdnode.aggregate import AggregateError
-from atdnode.agg_verify import verify_entry
-from atdnode.blobstore import BlobStore
-from atdnode.config import NodeConfig
-from atdnode.identity import NodeIdentity
-from atdnode.registry import ModelRecord, ModelRegistry
-from atdnode.round_rules import compute_round, current_round, round_aggregate, round_weights_entries
-from atdnode.rounds import RoundRunner, RoundsConfig
-from atdnode.weights import load_weights
+from atdnode.aggregation.aggregate import AggregateError
+from atdnode.aggregation.verify import verify_entry
+from atdnode.blobs.store import BlobStore
+from atdnode.node.config import NodeConfig
+from atdnode.node.identity import NodeIdentity
+from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.rounds.rules import compute_round, current_round, round_aggregate, round_weights_entries
+from atdnode.rounds.runner import RoundRunner, RoundsConfig
+from atdnode.models.weights import load_weights
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync
 

@@ -26,12 +26,12 @@ import torch
 import trio
 
 from atdnode import bodies
-from atdnode.blobstore import BlobStore
-from atdnode.identity import NodeIdentity
-from atdnode.round_rules import active_members, aggregate_round_body, current_round, round_weights_entries
-from atdnode.rounds import RoundRunner, RoundsConfig
-from atdnode.rounds_fabric import Fabric
-from atdnode.weights import load_weights, save_weights
+from atdnode.blobs.store import BlobStore
+from atdnode.node.identity import NodeIdentity
+from atdnode.rounds.rules import active_members, aggregate_round_body, current_round, round_weights_entries
+from atdnode.rounds.runner import RoundRunner, RoundsConfig
+from atdnode.rounds.fabric import Fabric
+from atdnode.models.weights import load_weights, save_weights
 from ledger import Entry, Ledger
 from tests.vgs_homes import cfg, consortium, copy_homes, sync
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import trio
 
-from atdnode.rounds import RoundRunner
-from atdnode.rounds_fabric import Fabric
+from atdnode.rounds.runner import RoundRunner
+from atdnode.rounds.fabric import Fabric
 
 MEMBERS = [f"m{i:02d}" for i in range(12)]
 ME = MEMBERS[0]

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.agg_verify import verify_entry
-from atdnode.blobstore import BlobStore
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.aggregation.verify import verify_entry
+from atdnode.blobs.store import BlobStore
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
 

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from atdnode.aggregate import base_warning
-from atdnode.model import build_model
-from atdnode.publish import publish_weights
-from atdnode.training import TrainOptions, train
+from atdnode.aggregation.aggregate import base_warning
+from atdnode.learning.model import build_model
+from atdnode.models.publish import publish_weights
+from atdnode.learning.training import TrainOptions, train
 from cli.app import app
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, sync

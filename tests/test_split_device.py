@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
 from atdnode.split.client import JoinOptions, _make_role
 from atdnode.split.settings import SplitSettings
 from protocols import festa, pfesta

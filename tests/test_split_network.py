@@ -12,9 +12,9 @@ import pytest
 import torch
 import trio
 
-from atdnode.config import NodeConfig
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
+from atdnode.node.config import NodeConfig
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.client import JoinOptions, SplitJoinError, run_join, single_error
 from atdnode.split.finetune import finetune_from_entry
@@ -482,7 +482,7 @@ def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) 
 
 async def _festa_over_libp2p(fs: NodeHome, jobs, bootstrap: str) -> list[dict]:
     """A FESTA server daemon and two clients on real libp2p transports, in this process."""
-    from atdnode.daemon import NodeDaemon
+    from atdnode.node.daemon import NodeDaemon
     from atdnode.transport.libp2p_transport import Libp2pTransport
 
     cfg = NodeConfig.load(fs)

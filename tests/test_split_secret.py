@@ -9,7 +9,7 @@ import pytest
 import torch
 import trio
 
-from atdnode.identity import NodeIdentity
+from atdnode.node.identity import NodeIdentity
 from atdnode.split.secret import (SplitSecretError, campaign_secret, check_adopted, check_secret_body,
                                   check_secret_entry, create_secret, ensure_hello, ensure_joined, open_secret)
 from ledger import Ledger

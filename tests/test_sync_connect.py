@@ -1,4 +1,4 @@
-"""Which end of a new connection pulls (atdnode.sync_connect, issue 29): the dialling end
+"""Which end of a new connection pulls (atdnode.replication.sync_connect, issue 29): the dialling end
 pulls at once; the dialled end pulls only when the dialler's request showed something it
 lacks, or when no request came in time. Simulated time, in-memory daemons
 (netsim.memnet); periodic sync off, so only connection pulls can carry an entry across a
@@ -11,8 +11,8 @@ from typing import Awaitable, Callable
 import pytest
 import trio
 
-from atdnode.identity import NodeIdentity
-from atdnode.sync_connect import ConnectPulls
+from atdnode.node.identity import NodeIdentity
+from atdnode.replication.sync_connect import ConnectPulls
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec
 

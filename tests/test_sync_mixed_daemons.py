@@ -8,7 +8,7 @@ run. The older daemon is the current code behind a transport that neither serves
 frames did not change). The entries that must cross are authored by two members that never
 run a daemon and are merged into one daemon's ledger before it starts, so no daemon gossips
 them: they reach the others only through sync pulls. From the older daemon to the current
-ones that takes the v2 -> v1 fallback (`atdnode.sync.SyncVersions`); from the current ones
+ones that takes the v2 -> v1 fallback (`atdnode.replication.sync.SyncVersions`); from the current ones
 to the older one it takes their v1 service. Break either and the test times out
 (checked by hand: a `SyncVersions.open` without the fallback, a daemon serving only v2).
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import trio
 
-from atdnode.daemon import NodeDaemon
-from atdnode.identity import NodeIdentity
-from atdnode.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2
+from atdnode.node.daemon import NodeDaemon
+from atdnode.node.identity import NodeIdentity
+from atdnode.replication.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2
 from atdnode.transport.base import Stream, TransportError
 from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Ledger, Signer

@@ -11,9 +11,9 @@ import msgpack
 import pytest
 import trio
 
-from atdnode.ledger_access import LedgerAccess
-from atdnode.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2, SyncProtocolError, SyncVersions, pull, serve_sync
-from atdnode.sync_digest import BUCKETS, VECTOR_BYTES, _Cache, bucket_of, differing, vector_of
+from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2, SyncProtocolError, SyncVersions, pull, serve_sync
+from atdnode.replication.sync_digest import BUCKETS, VECTOR_BYTES, _Cache, bucket_of, differing, vector_of
 from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 from netsim.memnet import simulate

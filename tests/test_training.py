@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.errors import ConfigError, WeightsError
-from atdnode.home import NodeHome
-from atdnode.identity import init_home
-from atdnode.model import ModelConfig, build_model, part_spec, resolve_config
-from atdnode.registry import ModelRegistry, flatten_optimizer, unflatten_optimizer
-from atdnode.training import TrainOptions, evaluate, lr_at, run_key, train
-from atdnode.weights import load_weights
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import init_home
+from atdnode.learning.model import ModelConfig, build_model, part_spec, resolve_config
+from atdnode.models.registry import ModelRegistry, flatten_optimizer, unflatten_optimizer
+from atdnode.learning.training import TrainOptions, evaluate, lr_at, run_key, train
+from atdnode.models.weights import load_weights
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_train_stores_weights_and_registers_the_model(tmp_path):
     assert m["accuracy"] == pytest.approx(np.trace(conf) / conf.sum()) and m["sensitivity"] == m["recall"]
     # the recorded metrics are the stored model's on the test split (recomputed from the blob:
     # a constant or stale metrics record fails); two epochs at lr 1e-3 score about chance
-    from atdnode.classify import load_full_model
+    from atdnode.learning.classify import load_full_model
     from atdnode.data import load_dataset
 
     model = load_full_model(BlobStore(home.blobs_dir), rec)
@@ -93,9 +93,9 @@ def test_tiny_vit_learns_digits(tmp_path):
 DRIVER = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(1)
-    from atdnode.home import NodeHome
-    from atdnode.model import resolve_config
-    from atdnode.training import TrainOptions, train
+    from atdnode.node.home import NodeHome
+    from atdnode.learning.model import resolve_config
+    from atdnode.learning.training import TrainOptions, train
     def log(msg):
         print(msg, flush=True)
         if msg.startswith("epoch 1/3 finished"):

@@ -61,7 +61,7 @@ def test_connect_and_peer_listener(kind: str) -> None:
             assert a.peers() == [b.peer_id] and b.peers() == [a.peer_id]
             await b.connect(a.addrs()[0])  # idempotent; listeners fire once per peer
             assert seen_b == [a.peer_id]
-            assert dialled == {"a": False, "b": True}  # b dialled a (atdnode.sync_connect: b pulls at once)
+            assert dialled == {"a": False, "b": True}  # b dialled a (atdnode.replication.sync_connect: b pulls at once)
             assert b.dialled(a.peer_id) is True and a.dialled(b.peer_id) is False
             assert a.dialled(peer_id_from_seed(seed(5))) is None  # not connected: unknown
 

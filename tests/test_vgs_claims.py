@@ -48,7 +48,7 @@ the same run took 2257 s under load 16-29: training 14x slower.
 
 Since issue 28's suite work the simulated nodes that hold the same features share one
 ensemble fit (netsim.fit_share: 38 fits computed 23 times, results identical), the
-simulation skips fsync (atdnode.blobfs.volatile_disk) and small blobs verify without
+simulation skips fsync (atdnode.blobs.fs.volatile_disk) and small blobs verify without
 16 MiB of buffers: this file took 76 s of CPU and 120 s of wall clock at load 4, against
 134 s and 206 s before, measured back to back (126 s of CPU, 130 s wall on an idle machine
 before). The baselines' own runs of tests/test_netsim_vgs.py were merged into this run

@@ -10,7 +10,7 @@ import pytest
 import trio
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE, TYPE_DATA, Yamux
 
-from atdnode.transport.yamux_tuning import FRAME_MAX, RECV_WINDOW, TunedYamux
+from atdnode.transport._libp2p.yamux import FRAME_MAX, RECV_WINDOW, TunedYamux
 from tests.blobnet import cluster
 from tests.factories import run, wait_for
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from atdnode.blobstore import BlobStore
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity, init_home
-from atdnode.model import ModelConfig, resolve_config
-from atdnode.publish import publish_weights
-from atdnode.registry import ModelRegistry
-from atdnode.training import TrainOptions, train
+from atdnode.blobs.store import BlobStore
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity, init_home
+from atdnode.learning.model import ModelConfig, resolve_config
+from atdnode.models.publish import publish_weights
+from atdnode.models.registry import ModelRegistry
+from atdnode.learning.training import TrainOptions, train
 from ledger import Ledger
 
 torch.set_num_threads(1)

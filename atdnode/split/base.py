@@ -27,7 +27,7 @@ attacker), so the server never holds the assembled extractor.
 Deviation: the papers fine-tune the body inside the split model (embedder -> body -> tail);
 atd turns it into a whole timm ViT so that every VGS-ATD step (`atd train`, aggregation,
 features) can start from it. timm builds :data:`BASE_MODEL` at the campaign's sizes,
-``mlp_ratio`` included (`atdnode.model.ModelConfig`); tensors that do not fit are a typed
+``mlp_ratio`` included (`atdnode.learning.model.ModelConfig`); tensors that do not fit are a typed
 shape error.
 """
 from __future__ import annotations
@@ -37,15 +37,15 @@ import torch
 from torch import nn
 
 from atdnode import bodies
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.errors import AtdError, ConfigError, WeightsError
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
-from atdnode.model import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
-from atdnode.model_gc import register_model
-from atdnode.registry import ModelRecord, ModelRegistry
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
+from atdnode.learning.model import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
+from atdnode.models.gc import register_model
+from atdnode.models.registry import ModelRecord, ModelRegistry
 from atdnode.split.secret import SplitSecretError, open_secret
-from atdnode.weights import load_weights
+from atdnode.models.weights import load_weights
 from protocols.seeding import seeded
 from ledger import Entry, Ledger
 
@@ -183,7 +183,7 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     """Sign a ``weights`` entry for the registered MSD base ``model`` (id, prefix, or "latest"
     MSD base): part "extractor", provenance the campaign's service and body entries, blob
     readers = the campaign's client members (its secret's recipients; never the server)."""
-    from atdnode.publish import part_blob, weights_body
+    from atdnode.models.publish import part_blob, weights_body
 
     reg = ModelRegistry(home)
     if model == "latest":

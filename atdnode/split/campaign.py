@@ -27,7 +27,7 @@ import logging
 
 import trio
 
-from atdnode.device import resolve_device
+from atdnode.learning.device import resolve_device
 
 from atdnode.split.host import CampaignHost, Session
 from atdnode.split.report import server_record, write_record
@@ -47,7 +47,7 @@ class Campaign:
     def __init__(self, svc: CampaignHost) -> None:
         assert svc.settings is not None and svc.board is not None
         self.svc, self.s, self.board = svc, svc.settings, svc.board
-        self.device = resolve_device(None, home=svc.home)  # the body's device (atdnode.device rule)
+        self.device = resolve_device(None, home=svc.home)  # the body's device (atdnode.learning.device rule)
         self.algo = svc.algorithm
         self.cfg, self.tasks = self.s.vit_config(), {t.name: t for t in self.s.task_specs()}
         self.server: Any = None

@@ -21,22 +21,22 @@ from typing import Any
 
 import trio
 
-from atdnode.blobstore import BlobStore
-from atdnode.config import NodeConfig
+from atdnode.blobs.store import BlobStore
+from atdnode.node.config import NodeConfig
 from atdnode.data import load_dataset
 from atdnode.data.sanity import require_classes
-from atdnode.device import resolve_device
+from atdnode.learning.device import resolve_device
 from atdnode.errors import AtdError
-from atdnode.home import NodeHome
-from atdnode.identity import NodeIdentity
-from atdnode.access import ledger_guard
-from atdnode.ledger_access import LedgerAccess
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
+from atdnode.replication.access import ledger_guard
+from atdnode.replication.ledger_access import LedgerAccess
 from atdnode.split.names import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret
 from atdnode.split.session import RemoteError, SplitChannel
-from atdnode.sync import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
 from atdnode.transport.base import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
@@ -195,7 +195,7 @@ async def run_join(home: NodeHome, transport: Transport, opts: JoinOptions) -> J
     link = _Link(transport, opts.server, addrs, opts.reconnect_timeout)
     ledger = LedgerAccess(Ledger.open(home.ledger_db))
     counter, started = ByteCounter(), time.time()
-    transport.set_stream_handler(  # daemons pull from peers; members only (atdnode.access)
+    transport.set_stream_handler(  # daemons pull from peers; members only (atdnode.replication.access)
         SYNC_PROTOCOL, ledger_guard(lambda s: serve_sync(s, ledger), ledger, "ledger sync"))
     try:
         if opts.sync:

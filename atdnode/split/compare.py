@@ -45,7 +45,7 @@ from protocols.comm_cost import VARIANT_FORMULAS, CostParams, InProcessChannel, 
 from protocols.festa import SplitRunResult
 from protocols.split_baselines import (CENTRAL_KINDS, FL_KINDS, SL_KINDS, ClientData, run_central, run_fl,
                                        run_sl)
-from atdnode.model import ModelConfig
+from atdnode.learning.model import ModelConfig
 from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 
 METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
@@ -359,7 +359,7 @@ def msd_cost(s: CompareSetting, part: Partition, fl_bytes: dict[str, Any] | None
 
 
 def references(s: CompareSetting, part: Partition) -> dict[str, dict[str, float]]:
-    """Per task, the VGS-ATD ensemble (`atdnode.ensemble_refs`, small options) on the pooled
+    """Per task, the VGS-ATD ensemble (`atdnode.aggregation.ensemble_refs`, small options) on the pooled
     clients' raw pixels and on an untrained extractor of the setting's ViT, scored on the
     test set: what the split methods' learned bodies must beat (issue 23)."""
     import warnings
@@ -367,7 +367,7 @@ def references(s: CompareSetting, part: Partition) -> dict[str, dict[str, float]
     from sklearn.exceptions import ConvergenceWarning
 
     from atdnode.data import LabeledImages
-    from atdnode.ensemble_refs import REFERENCES, fit_reference
+    from atdnode.aggregation.ensemble_refs import REFERENCES, fit_reference
 
     out: dict[str, dict[str, float]] = {k: {} for k in REFERENCES}
     for t in TASKS:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data.sanity import require_classes
-from atdnode.device import resolve_device
-from atdnode.home import NodeHome
+from atdnode.learning.device import resolve_device
+from atdnode.node.home import NodeHome
 from atdnode.split.client import SplitJoinError
-from atdnode.identity import NodeIdentity
+from atdnode.node.identity import NodeIdentity
 from atdnode.split.roles import prepare
 from atdnode.split.secret import open_secret
-from atdnode.weights import WeightsError, load_weights
+from atdnode.models.weights import WeightsError, load_weights
 from ledger import Ledger
 from protocols.msd import evaluate_local, fine_tune
 from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, split_config

@@ -19,12 +19,12 @@ import torch
 import trio
 
 from atdnode import progress
-from atdnode.blobstore import BlobStore
+from atdnode.blobs.store import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
-from atdnode.device import resolve_device
-from atdnode.model import ModelConfig
+from atdnode.learning.device import resolve_device
+from atdnode.learning.model import ModelConfig
 from atdnode.split.session import SplitChannel, meta_int, tensor
-from atdnode.weights import WeightsError, load_weights, save_weights
+from atdnode.models.weights import WeightsError, load_weights, save_weights
 from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune
@@ -54,7 +54,7 @@ class Task:
     finetune_lr: float = 2e-3
     compare_scratch: bool = False
     embedder_state: dict[str, torch.Tensor] | None = None  # p-FESTA / MSD: the campaign's secret
-    device: torch.device | None = None  # where this client's parts run (atdnode.device rule; None: its default)
+    device: torch.device | None = None  # where this client's parts run (atdnode.learning.device rule; None: its default)
 
     @property
     def cfg(self) -> ModelConfig:

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from atdnode.home import NodeHome
+from atdnode.node.home import NodeHome
 from atdnode.split.names import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
 from atdnode.split.host import Session

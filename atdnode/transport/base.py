@@ -127,7 +127,7 @@ class Transport(ABC):
         """Which end opened our connection to `peer_id`: True when we dialled it, False when
         it dialled us, None when unknown (not connected, connections both ways, or a
         transport that cannot tell). The daemon's connection pull uses it
-        (`atdnode.sync_connect`: the dialling end pulls at once, the other waits)."""
+        (`atdnode.replication.sync_connect`: the dialling end pulls at once, the other waits)."""
         return None
 
     @abstractmethod

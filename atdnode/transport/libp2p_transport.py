@@ -56,14 +56,14 @@ from atdnode.transport.base import (
     Validator,
 )
 from atdnode.transport.framing import Counter, FramedStream
-from atdnode.transport.libp2p_host import (
+from atdnode.transport._libp2p.host import (
     GossipConfig,
     SizedQueues,
     check_listening,
     forget_dial_state,
     no_auto_connector,
 )
-from atdnode.transport.libp2p_pubsub import (
+from atdnode.transport._libp2p.pubsub import (
     PUBSUB_OPTIONS,
     CoalescingPubsub,
     FloodPublishGossipSub,
@@ -71,8 +71,8 @@ from atdnode.transport.libp2p_pubsub import (
     content_id,
 )
 from atdnode.transport.libp2p_stream import Libp2pBytes
-from atdnode.transport.tcp_exclusive import install as _exclusive_tcp_listeners
-from atdnode.transport.yamux_tuning import TunedYamux
+from atdnode.transport._libp2p.tcp_exclusive import install as _exclusive_tcp_listeners
+from atdnode.transport._libp2p.yamux import TunedYamux
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ RNG seeded from (network seed, src, dst), so a run is reproducible with trio's M
 Gossip fan-out. By default a node relays to every connected subscriber (flooding: right
 for a handful of nodes and the contract tests). With `mesh=(D, D_low, D_high)` it keeps a
 GossipSub-style mesh per topic instead (GossipSub v1.0 spec, "mesh maintenance"; the
-degrees the daemon derives from its peer set, `atdnode.peerset.gossip_degrees`): it
+degrees the daemon derives from its peer set, `atdnode.peers.peerset.gossip_degrees`): it
 publishes and relays to its mesh peers only. A mesh below D_low is topped up to D from the
 connected subscribers (GRAFT; the other side refuses once its mesh holds D_high, like a
 PRUNE), a disconnected peer leaves both meshes, and a mesh peer whose link is found down

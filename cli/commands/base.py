@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.device import apply_device
-from atdnode.home import NodeHome
+from atdnode.learning.device import apply_device
+from atdnode.node.home import NodeHome
 from cli.options import DEVICE_OPT, HOME_OPT
 
 base_app = typer.Typer(help="A base ViT built inside the consortium by masked sampling distillation (MSD).",

@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.home import NodeHome
-from atdnode.logs import sklearn_warnings_to_log
+from atdnode.node.home import NodeHome
+from atdnode.node.logs import sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
@@ -34,9 +34,9 @@ def classify(
     model does not know count as errors. --robust adds accuracy under the PGD attack of
     `atd train --adversarial` (eps 8/255, step 2/255, 7 steps by default).
     """
-    from atdnode.classify import classify as run
+    from atdnode.learning.classify import classify as run
 
-    from atdnode.device import resolve_device
+    from atdnode.learning.device import resolve_device
 
     h = NodeHome.at(home).require()
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
@@ -64,7 +64,7 @@ def classify(
 def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
     """The attack `atd train --adversarial` uses, on this model's input normalisation."""
     from atdnode.data import MEAN, STD
-    from atdnode.registry import ModelRegistry
+    from atdnode.models.registry import ModelRegistry
     from cli.options import fraction
     from protocols.adversarial import AdversarialError, PGDConfig
 

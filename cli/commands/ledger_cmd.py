@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.home import NodeHome
+from atdnode.node.home import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -70,8 +70,8 @@ def wait(
     from contextlib import ExitStack
 
     from atdnode import progress
-    from atdnode.blobpartial import partial_bytes
-    from atdnode.blobstore import BlobStore
+    from atdnode.blobs.partial import partial_bytes
+    from atdnode.blobs.store import BlobStore
     from cli.progress import bars
 
     ids = []
@@ -130,7 +130,7 @@ def verify(
 
 
 def _verify_peers(h: NodeHome) -> None:
-    from atdnode import control
+    from atdnode.node import control
     from cli.errors import CliError
 
     rep = control.call(h.control_socket, "verify_peers", timeout=300.0)
@@ -167,7 +167,7 @@ def import_(
     """Merge a dump into this node's ledger (every entry is verified; reports what happened).
 
     Exits non-zero when any entry was rejected (the others are still imported)."""
-    from atdnode.config import NodeConfig
+    from atdnode.node.config import NodeConfig
     from ledger.dump import import_dump
 
     h = NodeHome.at(home).require()

@@ -36,8 +36,7 @@ def up_cmd(
     address and an `export ATD_HOME=...` line. Logs go to
     DIR/nodeK/logs/; `atd local down` stops them. Running `up` again restarts stopped daemons.
     """
-    from atdnode import localnet
-
+    from atdnode.node import localnet
     roles = {}
     for r in role:
         name, sep, value = r.partition("=")
@@ -53,8 +52,7 @@ def up_cmd(
 @local_app.command("status")
 def status_cmd(dir: Path = DIR_OPT, as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
     """Each node of the local consortium: running or not, pid, address, connected peers."""
-    from atdnode import localnet
-
+    from atdnode.node import localnet
     _print(localnet.status(dir), as_json)
 
 
@@ -63,8 +61,7 @@ def down_cmd(dir: Path = DIR_OPT,
              timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for each clean stop before SIGKILL.")
              ) -> None:
     """Stop every daemon of the local consortium (cleans up after crashed ones too); homes are kept."""
-    from atdnode import localnet
-
+    from atdnode.node import localnet
     for name, what in localnet.down(dir, timeout=timeout).items():
         typer.echo(f"{name}: {what}")
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.home import NodeHome
+from atdnode.node.home import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_ENV, HOME_HELP, HOME_OPT
 
@@ -64,7 +64,7 @@ def list_cmd(
 
 def _list(home: Path, as_json: bool) -> None:
     from atdnode.data.sanity import caution_of
-    from atdnode.registry import ModelRegistry, made_by
+    from atdnode.models.registry import ModelRegistry, made_by
 
     h = NodeHome.at(home).require()
     reg = ModelRegistry(h)
@@ -107,7 +107,7 @@ def rm_cmd(
 ) -> None:
     """Remove a model: its record, its weight blobs (unless another model uses them) and its
     training run folder. Refused when a ledger entry names one of its blobs (it is served)."""
-    from atdnode.model_gc import remove_model
+    from atdnode.models.gc import remove_model
 
     res = remove_model(NodeHome.at(home).require(), model)
     typer.echo(f"removed model {res.model_id}: {len(res.blobs)} blob(s), {res.bytes / 1e6:.1f} MB freed")
@@ -120,7 +120,7 @@ def prune_cmd(
                                             "max_bytes in config.toml)."),
 ) -> None:
     """Remove the oldest unserved models until model blobs fit the size limit (the newest model stays)."""
-    from atdnode.model_gc import enforce_limit, size_limit
+    from atdnode.models.gc import enforce_limit, size_limit
 
     h = NodeHome.at(home).require()
     limit = max_bytes or size_limit(h)
@@ -137,7 +137,7 @@ class _EchoHandler(logging.Handler):
 @contextmanager
 def reporting_removals() -> Iterator[None]:
     """Print, one line each on stderr, the models the library removes under the size limit
-    (`atdnode.model_gc` logs them on `atd.models` wherever a model is registered, whichever
+    (`atdnode.models.gc` logs them on `atd.models` wherever a model is registered, whichever
     command registers it: `atd train`, `atd aggregate`, `atd rounds`, `atd base build`);
     the app holds it around every command (`cli.app`)."""
     handler = _EchoHandler(logging.WARNING)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.home import NodeHome
+from atdnode.node.home import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -25,8 +25,8 @@ def report(
     pdf: Optional[Path] = typer.Option(None, "--pdf", help="Also print the card to this PDF file (needs Chromium or "
                                        "Google Chrome on PATH)."),
 ) -> None:
-    from atdnode.model_card import collect
-    from atdnode.model_card_html import write
+    from atdnode.report.card import collect
+    from atdnode.report.card_html import write
 
     if out.is_dir():
         raise CliError(f"--out {out}: is a folder; give a file name such as card.html")
@@ -36,7 +36,7 @@ def report(
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
                f"{agg.count('verified')}/{len(agg)} aggregates re-verified)")
     if pdf is not None:
-        from atdnode.model_card_pdf import print_pdf
+        from atdnode.report.card_pdf import print_pdf
 
         typer.echo(f"printed to {print_pdf(out, pdf)}")
 

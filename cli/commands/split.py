@@ -11,8 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.device import apply_device
-from atdnode.home import NodeHome
+from atdnode.learning.device import apply_device
+from atdnode.node.home import NodeHome
 from atdnode.split.settings import DEFAULT_BODY, SplitSettings
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
 

@@ -11,9 +11,9 @@ from typing import Optional
 
 import typer
 
-from atdnode.home import NodeHome
-from atdnode.logs import sklearn_warnings_to_log
-from atdnode.train_options import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
+from atdnode.node.home import NodeHome
+from atdnode.node.logs import sklearn_warnings_to_log
+from atdnode.learning.train_options import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
 from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
@@ -21,7 +21,7 @@ from cli.errors import CliError
 
 HELP = f"""Train a timm ViT on this node's private images and register it locally.
 
-Optimiser: AdamW with the VGS-ATD defaults (--lr {FINETUNE_LR:g}, --weight-decay {TrainOptions.weight_decay:g}), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is {SCRATCH_LR_192:g} x 192 / embed-dim (why: atdnode.train_options). Tiny models (embed 32, depth 2) tolerate higher rates; try --lr.
+Optimiser: AdamW with the VGS-ATD defaults (--lr {FINETUNE_LR:g}, --weight-decay {TrainOptions.weight_decay:g}), linear warmup (--warmup-epochs) then cosine decay per step, cross-entropy. Those rates suit fine-tuning (--init-from a peer's extractor, --pretrained). From random init a ViT needs a lower rate, lower the wider it is, so the default there is {SCRATCH_LR_192:g} x 192 / embed-dim (why: atdnode.learning.train_options). Tiny models (embed 32, depth 2) tolerate higher rates; try --lr.
 
 DATA is `digits`, `npz:PATH`, `folder:PATH`, `dicom:PATH` or `nifti:PATH` with options such as `digits?classes=0,1,2&shard=1/3&limit=300&seed=0` or `dicom:PATH?window=-1000,400` (README: data specs; `atd data inspect SPEC` shows what would be read).
 
@@ -53,7 +53,7 @@ def train_cmd(
     warmup_epochs: float = typer.Option(TrainOptions.warmup_epochs, "--warmup-epochs", help="Linear warmup length in epochs."),
     init_from: Optional[str] = typer.Option(None, "--init-from", help="Blob hash (or prefix) in this node's store, a checkpoint file (safetensors / timm), or a model id from `atd models` (e.g. an MSD base from `atd base build`: train it with --model vit_base_patch16_gap_224 and the base's sizes)."),
     freeze_blocks: int = typer.Option(0, "--freeze-blocks", min=0, help="Freeze embeddings + the first K blocks."),
-    probe_epochs: int = typer.Option(0, "--probe-epochs", min=0, help="LP-FT: with --init-from an extractor (or --pretrained), first train the fresh head alone on the frozen start for N epochs, then fine-tune (atdnode.probe; keeps the start's features)."),
+    probe_epochs: int = typer.Option(0, "--probe-epochs", min=0, help="LP-FT: with --init-from an extractor (or --pretrained), first train the fresh head alone on the frozen start for N epochs, then fine-tune (atdnode.learning.probe; keeps the start's features)."),
     probe_lr: Optional[float] = typer.Option(None, "--probe-lr", help="The probe's rate (default: 5 x --lr)."),
     seed: int = typer.Option(0, "--seed", help="Training seed (init, shuffle, augmentation)."),
     augment: bool = typer.Option(True, "--augment/--no-augment", help="VGS-ATD augmentation of small classes."),
@@ -73,13 +73,13 @@ def train_cmd(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
-    from atdnode.training import train
+    from atdnode.learning.training import train
 
     h = NodeHome.at(home).require()
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        from atdnode.ddp import check_nproc
-        from atdnode.device import ENV, configured_device
+        from atdnode.learning.ddp import check_nproc
+        from atdnode.learning.device import ENV, configured_device
 
         check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
@@ -128,10 +128,10 @@ def train_cmd(
 
 
 def _logger(home: NodeHome):
-    """Progress lines on stderr, also kept in HOME/logs/cli.log (rotated by size, atdnode.logs)."""
+    """Progress lines on stderr, also kept in HOME/logs/cli.log (rotated by size, atdnode.node.logs)."""
     import logging
 
-    from atdnode.logs import file_handler
+    from atdnode.node.logs import file_handler
 
     logger = logging.getLogger("atd.train")
     if not logger.handlers:
@@ -148,7 +148,7 @@ def _logger(home: NodeHome):
 
 def _relaunch(nproc: int) -> None:
     """Re-run this very command under torchrun with N processes."""
-    from atdnode.ddp import torchrun_argv
+    from atdnode.learning.ddp import torchrun_argv
     from atdnode.errors import ConfigError
 
     atd = shutil.which("atd") or sys.argv[0]

@@ -1,0 +1,1 @@
+"""One-time aggregation (VGS-ATD): modes, weightings, verification and the keep decision."""

@@ -1,0 +1,58 @@
+"""Scoring the candidates of an aggregation on the node's own data (issue 23; policy in
+`atdnode.aggregation.keep`): the node's own current model and the consortium's new one, each with `atd
+classify`'s predictor (`atdnode.learning.classify.score_record`), on the data spec's `val` split, else
+its `test` split (recorded as "test (no val split)"). `judge_candidates` is what the
+aggregation modes hand to `atdnode.aggregation.aggregate.register_global`.
+"""
+from __future__ import annotations
+
+from atdnode.blobs.store import BlobStore
+from atdnode.learning.classify import score_record
+from atdnode.data import load_dataset
+from atdnode.errors import AtdError, DataError
+from atdnode.node.home import NodeHome
+from atdnode.aggregation.keep import choose, default_model, keep_policy
+from atdnode.learning.model import ModelConfig
+from atdnode.models.registry import ModelRecord
+
+
+def validation_data(spec: str, img_size: int, in_chans: int):
+    """(labelled images, split name) the node scores candidates on: `val`, else `test`."""
+    try:
+        return load_dataset(spec, img_size, in_chans, "val"), "val"
+    except DataError:
+        return load_dataset(spec, img_size, in_chans, "test"), "test (no val split)"
+
+
+def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec: str) -> dict:
+    """{"scored_on": split, "data": spec, name: {"model", "accuracy", "f1", "n"}} for each candidate."""
+    cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
+    data, split = validation_data(spec, cfg.img_size, cfg.in_chans)
+    out: dict = {"scored_on": split, "data": spec}
+    for name, rec in candidates.items():
+        m, _, kind, _ = score_record(store, rec, data)
+        out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
+                     "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
+    return out
+
+
+def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consortium: ModelRecord, spec: str | None) -> dict:
+    """Score both candidates and apply the policy; the fields for the new record's provenance
+    (`candidates`, `kept`, `kept_why`), or {"kept_why": reason} when it cannot score."""
+    policy = keep_policy(home)
+    if not spec:
+        return {"kept": "consortium", "kept_why": "no data spec to score on; takes the consortium's model"}
+    try:
+        scores = score_candidates(store, {"own": own, "consortium": consortium}, spec)
+    except (AtdError, ValueError) as exc:
+        return {"kept": "consortium", "kept_why": f"could not score the candidates ({str(exc)[:200]}); "
+                                                  "takes the consortium's model"}
+    kept, why = choose(policy, scores)
+    return {"candidates": scores, "kept": kept, "kept_why": why, "keep_policy": policy}
+
+
+def judge_with(home: NodeHome, store: BlobStore, spec: str | None):
+    """`register_global`'s `judge`: the new record against the model the node uses now
+    (`atdnode.aggregation.keep.default_model`, read when the judge runs, before the new record is added:
+    an earlier aggregate the node did not keep is not its "own")."""
+    return lambda consortium: judge_candidates(home, store, default_model(home), consortium, spec)

@@ -1,0 +1,78 @@
+"""The baselines every ensemble claim carries (ARCHITECTURE, "Baselines travel with claims").
+
+VGS-ATD's classifier is PCA -> MLP + RF + SVM (soft vote) on the features of a learned
+extractor (`atdnode.aggregation.ensemble`). Whether the learning earned anything shows only next
+to the same ensemble, same options, same data, on
+
+    ensemble-raw        the raw inputs (pixels, flattened: (N, C*H*W));
+    ensemble-untrained  the pre-logits features of an *untrained* extractor of the same
+                        config (timm's random init under a fixed seed).
+
+`fit_reference` fits one of them through the library's own ensemble function
+(`protocols.vgs.fit_vertical_ensemble`, the one `atd aggregate` calls) on one or more
+labelled image sets (e.g. the pooled data of a phase's nodes); netsim, `atd split compare`
+and the claim tests all call it, so there is one implementation of each baseline.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from atdnode.data import LabeledImages
+from atdnode.learning.model import ModelConfig, build_model
+from protocols.ensemble import EnsembleClassifier
+from protocols.vgs import fit_vertical_ensemble
+
+REFERENCES = ("ensemble-raw", "ensemble-untrained")
+UNTRAINED_SEED = 0  # the untrained extractor's init seed (fixed: the baseline is the config, not a lucky draw)
+
+
+def untrained_extractor(cfg: ModelConfig, seed: int = UNTRAINED_SEED) -> torch.nn.Module:
+    """A model of `cfg` at timm's random init under `seed` (eval mode)."""
+    torch.manual_seed(seed)
+    return build_model(cfg).eval()
+
+
+def reference_features(kind: str, images: torch.Tensor, cfg: ModelConfig | None = None, *,
+                       model: torch.nn.Module | None = None) -> np.ndarray:
+    """(N, D) float32 inputs of the reference ensemble `kind` for `images` (N, C, H, W)."""
+    if kind == "ensemble-raw":
+        return images.reshape(len(images), -1).float().numpy().astype(np.float32)
+    if kind != "ensemble-untrained":
+        raise ValueError(f"unknown reference {kind!r} (one of {', '.join(REFERENCES)})")
+    from atdnode.learning.features import extract_features
+
+    m = model if model is not None else untrained_extractor(cfg)
+    dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])
+    X, _ = extract_features(m, dummy)
+    return X
+
+
+@dataclass
+class ReferenceEnsemble:
+    kind: str
+    ensemble: EnsembleClassifier
+    classes: list[str]  # names; `ensemble.classes_` index them
+    model: torch.nn.Module | None  # the untrained extractor (ensemble-untrained)
+
+    def predict(self, images: torch.Tensor) -> np.ndarray:
+        """Indices into `classes` for `images`."""
+        X = reference_features(self.kind, images, model=self.model)
+        return self.ensemble.predict(X).astype(np.int64)
+
+
+def fit_reference(kind: str, parts: Sequence[LabeledImages], cfg: ModelConfig, *, own: int = 0,
+                  model: torch.nn.Module | None = None, **ensemble) -> ReferenceEnsemble:
+    """Fit reference `kind` on the image sets `parts` (their label spaces merged by name;
+    `parts[own]` is the fitting node's own data, for the "node" prior); `ensemble`:
+    the `EnsembleClassifier` keyword arguments (`EnsembleOptions.kwargs()`). `model`: for
+    ensemble-untrained, another fixed extractor in place of the random one (netsim's
+    ensemble-public: a pretrained base, not fine-tuned)."""
+    if kind == "ensemble-untrained" and model is None:
+        model = untrained_extractor(cfg)
+    feats = [(reference_features(kind, p.images, model=model), p.labels.numpy(), list(p.classes)) for p in parts]
+    ens, classes = fit_vertical_ensemble(feats, own=own, **ensemble)
+    return ReferenceEnsemble(kind, ens, list(classes), model)

@@ -1,0 +1,1 @@
+"""Blobs: the content-addressed store, reader lists, and moving blobs between members."""

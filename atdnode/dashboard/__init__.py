@@ -1,4 +1,0 @@
-"""The daemon's read-only web dashboard, /metrics and /healthz (see server.py)."""
-from atdnode.dashboard.server import Dashboard, check_free, parse_bind
-
-__all__ = ["Dashboard", "check_free", "parse_bind"]

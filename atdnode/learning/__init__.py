@@ -1,0 +1,1 @@
+"""Learning on a node: the ViT, training, evaluation, features, classify and predict."""

@@ -1,0 +1,1 @@
+"""The node itself: its home, identity, configuration, daemon and local control."""

@@ -1,0 +1,90 @@
+"""`atd config set KEY VALUE`: one setting of config.toml, written only if its reader accepts it.
+
+The value is parsed with the key's type (`atdnode.node.config_schema`), written, and then the part
+of atd that reads that section validates the file with its own function (the one the daemon
+calls at start: `logs.log_limits`, `model_gc.size_limit`, `PeerSetConfig.from_table`,
+`NodeConfig.bulk_options`, `addrs.check_listen` / `check_bootstrap`); on a refusal the old
+file is put back, so a bad value changes nothing.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from atdnode.node.config import NodeConfig
+from atdnode.node.config_schema import lookup, parse_value
+from atdnode.errors import AtdError, ConfigError
+from atdnode.node.home import NodeHome
+
+
+def _check_logs(home: NodeHome) -> None:
+    from atdnode.node.logs import log_limits
+
+    log_limits(home)
+
+
+def _check_models(home: NodeHome) -> None:
+    from atdnode.models.gc import size_limit
+
+    size_limit(home)
+
+
+def _check_listen(home: NodeHome) -> None:
+    from atdnode.node.addrs import check_bootstrap, check_listen
+
+    cfg = NodeConfig.load(home)
+    for a in cfg.listen:
+        check_listen(a, "listen")
+    for a in cfg.bootstrap:
+        check_bootstrap(a, "bootstrap")
+
+
+def _check_peers(home: NodeHome) -> None:
+    from atdnode.peers.peerset import PeerSetConfig
+
+    PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
+
+
+def _check_bulk(home: NodeHome) -> None:
+    NodeConfig.load(home).bulk_options()
+
+
+def _check_compute(home: NodeHome) -> None:
+    from atdnode.learning.device import parse_device
+
+    dev = NodeConfig.load(home).compute_device()
+    if dev is not None:
+        parse_device(dev)  # the form, and that this machine has it
+
+
+# the reader's own validation per section ("" = top-level keys); each loads config.toml
+CHECKS: dict[str, Callable[[NodeHome], None]] = {
+    "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
+    "compute": _check_compute,
+}
+
+
+def set_key(home: NodeHome, path: str, text: str) -> Any:
+    """`atd config set PATH VALUE`: parse VALUE with the key's type, write config.toml, run the
+    reading part's own validation; on a refusal the old file is put back. Returns the value."""
+    key = lookup(path)
+    value = parse_value(key, text)
+    cfg = NodeConfig.load(home)
+    old = home.config_file.read_bytes()
+    table, _, name = key.path.rpartition(".")
+    if table:
+        t = cfg.extra.setdefault(table, {})
+        if not isinstance(t, dict):
+            raise ConfigError(f"config: [{table}] must be a table")
+        t[name] = value
+    else:
+        setattr(cfg, name, value)
+    try:
+        cfg.save(home)
+        CHECKS.get(table, lambda h: None)(home)
+    except AtdError:  # ConfigError, DeviceError, ...: the reader refused it
+        tmp = home.config_file.with_name(f".config.toml.old{os.getpid()}")
+        tmp.write_bytes(old)
+        os.replace(tmp, home.config_file)
+        raise
+    return value

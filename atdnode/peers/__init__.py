@@ -1,0 +1,1 @@
+"""Peers: whom a daemon stays connected to, at which addresses, and how it dials them."""

@@ -1,0 +1,399 @@
+"""Serverless training rounds on the fabric (`atd rounds`): FedAvg / FedWAvg, optionally adversarial.
+
+The runner. What fixes a campaign, the entries a round writes and the checks every member
+runs before it adopts a global model are in `atdnode.rounds.rules`; how the runner reaches
+its daemon and clock is a `atdnode.rounds.fabric.Fabric`.
+
+Round t on each member: if round t already has a *final* aggregate (inputs from a majority
+of the members) that verifies here, adopt it (a late member); else train from global t-1
+(`atdnode.learning.training.train`, the library behind `atd train`), publish, wait until the blobs
+of every live member (all members; with a daemon, not those disconnected from it for
+`absent_grace` s, nor, at the peer-set target, members outside the set that sat out the
+previous round: `RoundRunner._live`) or of --min-peers members are held, or the deadline
+passes, then the *coordinator* (smallest publishing peer id) records the aggregate over the
+inputs it holds; the others wait for an aggregate they may adopt (final, or over every
+input they hold: `_ready`; up to another deadline, then record their own).
+
+Adoption always recomputes (issue 24): every aggregate, ours aside, is verified here from
+its inputs before its global model is used (`verify_round`, also reached by `atd aggregate
+--verify`), even when its blob is already held; its input entries and blobs are awaited
+until the deadline (gossip brings entries of different authors in any order) and an
+aggregate whose inputs never arrive is not adopted. Among a round's aggregates the first
+that verifies in `protocols.rounds.candidate_order` counts (final first, larger input set,
+hash of the inputs: no key to grind); the global entering round t+1 is the one adopted for
+round t. A restarted node resumes one past the last round with a final aggregate.
+
+The loop is async, one implementation: `run`, `run_round`, `global_blob` and `adopt` are
+coroutines. The CLI runs them under `trio.run` with a `ControlFabric` (control socket, wall
+clock); netsim runs many in one trio run with its in-memory fabric (`netsim.fat.MemFabric`,
+simulated clock). Every rule (inputs, coordinator, weights, verification) is the same code
+on both.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from atdnode import bodies
+from atdnode.aggregation.aggregate import register_global
+from atdnode.blobs.store import BlobStore
+from atdnode.errors import AtdError
+from atdnode.node.home import NodeHome
+from atdnode.node.identity import NodeIdentity
+from atdnode.learning.model import ModelConfig
+from atdnode.models.registry import ModelRecord
+from atdnode.learning.training import TrainOptions, train
+from atdnode.rounds.rules import (
+    RoundsError,
+    absent_inputs,
+    active_members,
+    aggregate_round_body,
+    campaign_id,
+    compute_round,
+    current_round,
+    final,
+    init_blob,
+    round_aggregate,
+    round_candidates,
+    round_cosines,
+    round_inputs,
+    round_weights_entries,
+    signer as _signer,
+    verify_round,
+    weights_round_body,
+)
+from atdnode.rounds.fabric import ControlFabric, Fabric
+from ledger import Entry, Ledger
+from protocols.rounds import ROUND_WEIGHTINGS, choose_coordinator
+
+POLL_S = 0.5
+
+
+@dataclass
+class RoundsConfig:
+    """One member's view of a rounds campaign (`atd rounds`): its data, the shared model shape,
+    rounds and the aggregation rule. Members with the same round-0 blob, weighting, q and name
+    are one campaign (`round_rules.campaign_id`)."""
+
+    data: str
+    cfg: ModelConfig
+    rounds: int
+    weighting: str = "fedwavg"
+    q: float = 10.0  # FedWAvg's softmax scale: protocols.fedwavg.ROUNDS_Q, chosen by measurement
+    local_epochs: int = 1
+    batch_size: int = 16
+    lr: float | None = None
+    optimizer: str = "adamw"  # "sgd": the FedWAvg paper's local SGD, momentum 0.9 (atdnode.learning.trainer)
+    lr_decay: float = 0.0  # sgd: the rate drops by this fraction per local epoch, counted across rounds
+    seed: int = 0
+    deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
+    min_peers: int | None = None  # None: every live member
+    absent_grace: float = 20.0  # a member not connected to our daemon this long is not waited for
+    name: str = ""
+    batch_transform: object | None = None  # atdnode.learning.train_options.AdversarialTransform
+    init_state: dict | None = None  # shared initial weights (default: a fresh model from `seed`)
+    device: str | None = None  # local training's device (atdnode.learning.device rule); averaging stays on the CPU
+    log: Callable[[str], None] = field(default=lambda _m: None)
+
+
+@dataclass
+class RoundReport:
+    round: int
+    entry: str
+    blob: str
+    inputs: list[str]
+    weights: list[float]
+    missing: list[str]
+    coordinator: bool
+    adopted: bool
+    train_s: float = 0.0  # local training (compute, wall seconds)
+    exchange_s: float = 0.0  # publish until the global is held, less aggregation compute
+    aggregate_s: float = 0.0  # computing / recomputing the global model (compute, wall seconds)
+    exchange_clock: str = "wall"  # "simulated" under netsim (network time only)
+    bytes_out: int = 0
+    bytes_in: int = 0
+    metrics: dict = field(default_factory=dict)
+    cosines: list[float] | None = None  # fedwavg: the c_i behind `weights` (as recorded)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------- the loop
+
+class RoundRunner:
+    """Runs a campaign's rounds for one node (see the module docstring)."""
+
+    def __init__(self, home: NodeHome, config: RoundsConfig, *, fabric: Fabric | None = None) -> None:
+        if config.weighting not in ROUND_WEIGHTINGS:
+            raise RoundsError(f"--weighting {config.weighting!r}: choose from {', '.join(ROUND_WEIGHTINGS)}")
+        if config.rounds < 1:
+            raise RoundsError("--rounds must be at least 1")
+        self.home, self.c = home, config
+        self.fabric = fabric if fabric is not None else ControlFabric(home)
+        self._agg_s = 0.0  # aggregation compute of the current round
+        self.store = BlobStore(home.blobs_dir)
+        self.ident = NodeIdentity.load(home)
+        self.me = self.ident.peer_id
+        self.init, self.cfg, self.labels, self.label_fp = init_blob(self.store, config.cfg, config.data, config.seed,
+                                                                    state=config.init_state)
+        self.campaign = campaign_id(self.init, config.weighting, config.q, config.name)
+        self._globals: dict[int, str] = {}  # round -> the global model adopted for it
+        self._verified: dict[bytes, str] = {}  # aggregate entry id -> its recomputed global blob
+        self._rejected: dict[bytes, str] = {}  # aggregate entry id -> why it was not adopted
+
+    # -- ledger helpers
+    def _led(self) -> Ledger:
+        return Ledger.open(self.home.ledger_db)
+
+    # -- the global models
+    async def global_blob(self, rnd: int) -> str:
+        """The global model entering round `rnd` (round 0: the shared init): the first of round
+        rnd-1's candidate aggregates that verifies here (`protocols.rounds.candidate_order`);
+        once adopted it is kept (`run_round` re-reads it when round rnd starts, so
+        members that recorded competing aggregates converge on one)."""
+        if rnd == 0:
+            return self.init
+        if rnd - 1 not in self._globals and await self.pick(rnd - 1, lambda _led, _e: True) is None:
+            raise RoundsError(f"round {rnd - 1} has no aggregate that verifies here yet")
+        return self._globals[rnd - 1]
+
+    async def adopt(self, agg: Entry) -> str:
+        """Hold round aggregate `agg`'s global blob: always recomputed here from its inputs
+        (entries and blobs awaited until the deadline) against the global model this node
+        holds for the previous round, even when the named blob is already held. Raises
+        AggregateError / RoundsError when it does not verify or its inputs never arrive."""
+        await self._adopt(agg, self.fabric.now() + self.c.deadline)
+        return self._globals[agg.body["round"]]
+
+    async def pick(self, rnd: int, eligible: Callable[[Ledger, Entry], bool], until: float | None = None) -> Entry | None:
+        """Adopt round `rnd`'s first candidate aggregate that is `eligible` and verifies here;
+        None if none does. A candidate that fails is logged and not tried again this run.
+        `until`: one deadline for fetching the inputs of all candidates (default: the round's)."""
+        until = self.fabric.now() + self.c.deadline if until is None else until
+        with self._led() as led:
+            cands = [e for e in round_candidates(led, self.campaign, rnd)
+                     if e.id not in self._rejected and eligible(led, e)]
+        for agg in cands:
+            try:
+                await self._adopt(agg, until)
+                return agg
+            except AtdError as exc:  # AggregateError, RoundsError
+                self._rejected[agg.id] = str(exc)
+                self.c.log(f"round {rnd}: aggregate {agg.id.hex()[:12]} by {_signer(agg)[:12]} not adopted: {exc}")
+        return None
+
+    async def _adopt(self, agg: Entry, until: float) -> None:
+        rnd = agg.body.get("round")
+        if agg.body.get("campaign") != self.campaign or type(rnd) is not int or rnd < 0:
+            raise RoundsError(f"aggregate {agg.id.hex()[:12]} is not a round of this campaign")
+        reference = await self.global_blob(rnd)
+        if agg.id not in self._verified:
+            while True:  # its input entries may reach this ledger after it (gossip has no order across authors)
+                with self._led() as led:
+                    absent = absent_inputs(led, agg)
+                    inputs = [] if absent else round_inputs(led, agg, reference)  # the checks that need no blob
+                if not absent:
+                    break
+                if self.fabric.now() >= until:
+                    raise RoundsError(f"aggregate {agg.id.hex()[:12]}: input {absent[0][:16]} never reached this ledger")
+                await self.fabric.sleep(POLL_S)
+            for e in inputs:
+                if not await self._await_blob(str(e.body.get("blob")), until):
+                    raise RoundsError(f"aggregate {agg.id.hex()[:12]}: the blob of input {e.id.hex()[:16]} "
+                                      "could not be fetched")
+            t = time.perf_counter()
+            with self._led() as led:
+                self._verified[agg.id] = verify_round(led, self.store, agg, reference)
+            self._agg_s += time.perf_counter() - t
+        self._globals[rnd] = self._verified[agg.id]
+
+    async def _await_blob(self, blob: str, until: float) -> bool:
+        while not self.store.has(blob):
+            left = until - self.fabric.now()
+            if left <= 0:
+                return False
+            try:
+                await self.fabric.fetch(blob, left)
+                continue
+            except AtdError:
+                pass
+            await self.fabric.sleep(POLL_S)
+        return True
+
+    async def _live(self, expected: list[str], gone_since: dict[str, float], recent: set[str]) -> list[str]:
+        """Members worth waiting for: every member, except (with a daemon) one that has not been
+        connected to it for `absent_grace` seconds of this wait (a crashed member's connection
+        drops at once; a restarting one reconnects within the grace and is waited for).
+
+        With a bounded peer set (issue 15) a daemon at its peer target is not connected to
+        every member, so "not connected" says nothing about a member outside the set: such a
+        member is still waited for (until the deadline) when it took part in the previous
+        round (`recent`); one that did not is not waited for after the grace."""
+        peers = await self.fabric.peers()
+        if peers is None:
+            return expected
+        now = self.fabric.now()
+        for p in expected:
+            if p == self.me or p in peers:
+                gone_since.pop(p, None)
+            else:
+                gone_since.setdefault(p, now)
+        target = self.fabric.peer_target()
+        bounded = target is not None and len(set(peers) & set(expected)) >= target
+        return [p for p in expected
+                if now - gone_since.get(p, now) < self.c.absent_grace or (bounded and p in recent)]
+
+    # -- one round
+    def train_round(self, rnd: int, start: str) -> ModelRecord:
+        opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
+                            optimizer=self.c.optimizer, lr_decay=self.c.lr_decay, epoch_offset=rnd * self.c.local_epochs,
+                            warmup_epochs=0.0, init_from=start, seed=self.c.seed * 1000 + rnd, augment=False,
+                            device=self.c.device, epoch_eval=False, plots=False, batch_transform=self.c.batch_transform,
+                            extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
+        return train(self.home, self.c.data, self.cfg, opts)
+
+    def publish(self, rnd: int, rec: ModelRecord) -> Entry:
+        with self._led() as led:
+            mine = [e for e in round_weights_entries(led, self.campaign, rnd) if _signer(e) == self.me]
+            if mine:  # a restart after publishing: do not publish twice
+                return mine[0]
+            body = weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd,
+                                      start=str(rec.provenance["start"]))
+            return bodies.append(led, self.ident.signer, "weights", body)
+
+    def _ready(self, held: list[Entry]) -> Callable[[Ledger, Entry], bool]:
+        """Which aggregates this node may adopt while a round is open: a final one, or one over
+        every input it holds (a member's aggregate over its own input alone is neither)."""
+        ids = {e.id.hex() for e in held}
+        return lambda led, e: final(led, e) or ids <= set(e.body.get("inputs") or [])
+
+    async def wait_inputs(self, rnd: int, expected: list[str], start: str) -> list[Entry]:
+        """Until K publishers' blobs are held, an aggregate this node may adopt is ready to
+        verify (all its inputs held), or the deadline: the held inputs (trained from `start`)."""
+        until = self.fabric.now() + self.c.deadline
+        gone_since: dict[str, float] = {}
+        recent = set(expected)  # round 0: every member
+        if rnd > 0:
+            with self._led() as led:
+                prev = round_aggregate(led, self.campaign, rnd - 1)
+            if prev is not None:
+                recent = set(prev.body.get("participants") or [])
+        while True:
+            with self._led() as led:
+                entries = round_weights_entries(led, self.campaign, rnd, start)
+                held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
+                ready = self._ready(held)
+                agg = any(ready(led, a) and not absent_inputs(led, a) and a.id not in self._rejected
+                          and all(self.store.has(str(led.get(bytes.fromhex(h)).body.get("blob")))
+                                  for h in a.body.get("inputs") or [])
+                          for a in round_candidates(led, self.campaign, rnd))
+            if self.c.min_peers:
+                enough = len(held) >= self.c.min_peers
+            else:  # every live member: all members, or (daemon running) those connected to it
+                enough = set(await self._live(expected, gone_since, recent)) <= {_signer(e) for e in held}
+            if agg or enough or self.fabric.now() >= until:
+                return held
+            for e in entries:  # block on the daemon's fetch of what is announced but not yet here
+                if e not in held:
+                    await self._await_blob(str(e.body.get("blob")), min(until, self.fabric.now() + 5))
+                    break
+            else:
+                await self.fabric.sleep(POLL_S)
+
+    def record(self, rnd: int, inputs: list[Entry], expected: list[str], reference: str) -> Entry:
+        t = time.perf_counter()
+        weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
+                                                 reference=reference)
+        cosines = round_cosines(self.store, inputs, reference) if self.c.weighting == "fedwavg" else None
+        if cosines is not None:
+            self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
+                       f"-> weights {[round(w, 4) for w in weights]}")
+        from atdnode.models.weights import save_weights
+
+        blob = save_weights(self.store, tensors, meta)
+        self._agg_s += time.perf_counter() - t
+        publishers = sorted(_signer(e) for e in inputs)
+        body = aggregate_round_body(campaign=self.campaign, rnd=rnd, weighting=self.c.weighting, q=self.c.q,
+                                    reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
+                                    participants=publishers, missing=sorted(set(expected) - set(publishers)),
+                                    store=self.store, blob=blob, model=self.cfg.to_dict(),
+                                    cosines=cosines)
+        with self._led() as led:
+            entry = bodies.append(led, self.ident.signer, "aggregate", body)
+        self._verified[entry.id] = blob  # computed here
+        return entry
+
+    async def settle(self, rnd: int, held: list[Entry], expected: list[str], start: str) -> Entry:
+        """After the wait: adopt an aggregate this node may adopt (`_ready`), else the
+        coordinator records one over `held`; the others wait for it (one more deadline),
+        then stand in and record their own."""
+        ready = self._ready(held)
+        agg = await self.pick(rnd, ready)
+        if agg is None and choose_coordinator([_signer(e) for e in held]) != self.me:
+            until = self.fabric.now() + self.c.deadline
+            while agg is None and self.fabric.now() < until:
+                await self.fabric.sleep(POLL_S)
+                agg = await self.pick(rnd, ready, until)
+        if agg is None:
+            self.c.log(f"round {rnd}: recording the aggregate over {len(held)} inputs")
+            self.record(rnd, held, expected, start)
+            agg = await self.pick(rnd, ready)
+        if agg is None:
+            raise RoundsError(f"round {rnd}: no aggregate verifies here")
+        return agg
+
+    async def run_round(self, rnd: int) -> RoundReport:
+        with self._led() as led:
+            expected = active_members(led)
+        self._agg_s = 0.0
+        self._globals.pop(rnd - 1, None)  # re-read round rnd-1 before training on it (a larger one may be here now)
+        start = await self.global_blob(rnd)
+        rec, pub, train_s = None, None, 0.0
+        c0 = self.fabric.now()
+        agg = await self.pick(rnd, final)  # the round is over (we were late): adopt, do not train it
+        if agg is None:  # train, publish, gather
+            t = time.perf_counter()
+            rec = self.train_round(rnd, start)
+            train_s = time.perf_counter() - t
+            pub = self.publish(rnd, rec)
+            c0 = self.fabric.now()
+            held = await self.wait_inputs(rnd, expected, start)
+            agg = await self.settle(rnd, held, expected, start)
+        blob = self._globals[rnd]
+        exchange = self.fabric.now() - c0 - (self._agg_s if self.fabric.wall_clock else 0.0)
+        model_id = register_global(self.home, self.store, base=rec or self._base(), blob=blob, part="full", entry=agg,
+                                   kind="global-round", extra_provenance={"campaign": self.campaign, "round": rnd})
+        b = agg.body
+        mine = pub.body["blob"] if pub is not None else None
+        with self._led() as led:  # one ledger open for every input's body
+            bodies_in = [e.body for h in b["inputs"] if (e := led.get(bytes.fromhex(h))) is not None]
+        bytes_in = sum(int(body.get("size", 0)) for body in bodies_in if body.get("blob") != mine)
+        return RoundReport(round=rnd, entry=agg.id.hex(), blob=blob, inputs=list(b["inputs"]), weights=list(b["weights"]),
+                           missing=list(b.get("missing") or []), coordinator=_signer(agg) == self.me,
+                           adopted=_signer(agg) != self.me, train_s=round(train_s, 3),
+                           exchange_s=round(max(exchange, 0.0), 3), aggregate_s=round(self._agg_s, 3),
+                           exchange_clock="wall" if self.fabric.wall_clock else "simulated",
+                           bytes_out=int(pub.body["size"]) if pub is not None else 0,
+                           bytes_in=bytes_in, cosines=b.get("cosines"), metrics={"model": model_id, **({k: rec.metrics.get(k) for k in
+                                                       ("accuracy", "robust_accuracy")} if rec else {})})
+
+    def _base(self) -> ModelRecord:
+        """A registry record for a round this node did not train in (it adopted the global)."""
+        return ModelRecord(model=self.cfg.to_dict(), labels=self.labels, label_fp=self.label_fp, samples=0,
+                           metrics={}, blobs={"full": self.init}, provenance={"data": self.c.data})
+
+    async def run(self, on_round: Callable[[RoundReport], None] | None = None) -> list[RoundReport]:
+        """Rounds from the ledger's current round to the last; returns what this run did."""
+        with self._led() as led:
+            start = current_round(led, self.campaign)
+        out = []
+        for rnd in range(start, self.c.rounds):
+            rep = await self.run_round(rnd)
+            self.c.log(f"round {rnd}: global {rep.blob[:12]} over {len(rep.inputs)} inputs"
+                       + (f", missing {', '.join(p[:12] for p in rep.missing)}" if rep.missing else ""))
+            out.append(rep)
+            if on_round:
+                on_round(rep)
+        return out
