@@ -35,7 +35,7 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
     home = tmp_path / "n"
     ok("init", "--home", str(home))
     text = (home / "config.toml").read_text()
-    for section in ("logs", "peers", "bulk", "models", "compute", "split"):
+    for section in ("network", "logs", "peers", "bulk", "models", "compute", "split"):
         assert f"# [{section}]" in text, section
     for k in KEYS:  # table keys commented; top-level ones are written with their values
         assert f"# {k.path.rpartition('.')[2]} = " in text if "." in k.path else f"\n{k.path} = " in "\n" + text, k.path
@@ -57,7 +57,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     cfg, peers = NodeConfig.load(h), PeerSetConfig()
     got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
-           "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           "listen": NodeConfig().listen, "network.announce": cfg.announce(), "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)}}  # every [peers] key
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got

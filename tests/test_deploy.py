@@ -129,6 +129,7 @@ def test_port_plan_config_and_firewall_rules_agree() -> None:
     (toml_block,) = blocks(md, "toml")
     cfg = NodeConfig.from_dict(tomllib.loads(toml_block))  # the shown config is valid
     port = int(cfg.listen[0].rsplit("/", 1)[1])
+    assert [a.split("/")[4] for a in cfg.announce()] == [str(port)]  # others dial the port it listens on
     lo, hi = map(int, re.search(r'ip_local_port_range="(\d+) (\d+)"', md).groups())
     (nft,) = blocks(md, "nftables")
     (ufw,) = [b for b in blocks(md, "sh") if b.startswith("ufw")]

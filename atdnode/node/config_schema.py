@@ -30,6 +30,8 @@ KEYS: tuple[Key, ...] = (
     Key("role", str, "node", "role announced in hello (node, festa-server, ...)"),
     Key("listen", list, ["/ip4/127.0.0.1/tcp/0"], "libp2p multiaddrs to listen on (deploy/PORTS.md)"),
     Key("bootstrap", list, [], "full multiaddrs (.../p2p/<id>) of peers to dial at start"),
+    Key("network.announce", list, [], "multiaddrs other sites dial (NAT / port forward; empty: the listen "
+        "addresses, 0.0.0.0 as the host's interface addresses)"),
     Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size (>= 1024)"),
     Key("logs.backups", int, 5, "rotated log files kept (0-100)"),
     Key("peers.target", int, 8, "peers the daemon keeps connected"),
