@@ -106,15 +106,15 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
              out: str | Path | None = None, batch_size: int = 256, pgd=None,
              device: str | None = None) -> ClassifyResult:
     """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    `model="latest"` is the model the node keeps by default (`atdnode.aggregation.keep.default_model`:
+    `model="latest"` is the model the node uses (`atdnode.aggregation.keep.model_in_use`:
     the newest, or the node's own model where the `[aggregate] keep` policy kept it).
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import default_model
+    from atdnode.aggregation.keep import resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
-    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    record = resolve_model(home, model)
     cfg = ModelConfig.from_dict(record.model)
     data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
     store = BlobStore(home.blobs_dir)

@@ -16,7 +16,8 @@ from cli.errors import CliError
 def classify(
     home: Path = HOME_OPT,
     data: str = typer.Option(..., "--data", help="Data spec, e.g. `digits` or `npz:PATH?classes=a,b` (see `atd train --help`)."),
-    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
+    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest` "
+                              "(the model in use, marked * by `atd models`)."),
     split: str = typer.Option("test", "--split", help="test | train."),
     out: Optional[Path] = typer.Option(None, "--out", help="Confusion-matrix PNG path (default: HOME/classify/MODEL-SPEC.png)."),
     robust: bool = typer.Option(False, "--robust", help="Also report accuracy under a PGD attack (models with a head)."),
