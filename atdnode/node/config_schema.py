@@ -46,6 +46,8 @@ KEYS: tuple[Key, ...] = (
     Key("bulk.enabled", bool, True, "encrypted TCP bulk channel for blobs (false: libp2p streams only)"),
     Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)"),
     Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)"),
+    Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
+        "scores at least its own on its val data) or consortium"),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
 )
 BY_PATH = {k.path: k for k in KEYS}

@@ -53,6 +53,12 @@ def _check_network(home: NodeHome) -> None:
     NodeConfig.load(home).announce()
 
 
+def _check_aggregate(home: NodeHome) -> None:
+    from atdnode.aggregation.keep import keep_policy
+
+    keep_policy(home)
+
+
 def _check_compute(home: NodeHome) -> None:
     from atdnode.learning.device import parse_device
 
@@ -64,7 +70,7 @@ def _check_compute(home: NodeHome) -> None:
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute, "network": _check_network,
+    "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate,
 }
 
 
