@@ -65,7 +65,7 @@ def aggregate(
         from atdnode.aggregation.verify import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
-        with bars(quiet=as_json):
+        with bars(quiet=as_json, lines=True):
             blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
@@ -96,7 +96,7 @@ def aggregate(
         specs = [GroupSpec.parse(g) for g in group or []]
         specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
                                                            what=f"group {g.name}"))) for g in specs]
-    with bars(quiet=as_json):  # the library's steps (blob checks, averaging, features, fits) as bars
+    with bars(quiet=as_json, lines=True):  # the library's steps (blob checks, averaging, features, fits) as bars
         res = run_aggregate(h, mode, weighting=weighting, inputs=ids, groups=specs, group_weighting=group_weighting,
                             q=q, classifier=classifier, data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):

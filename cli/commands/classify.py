@@ -43,7 +43,10 @@ def classify(
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
-    res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
+    from cli.progress import bars
+
+    with bars(quiet=as_json, lines=True):  # reading, scoring: bars on a terminal, plain lines in a log
+        res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
