@@ -39,7 +39,7 @@ def aggregate(
     mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
-    group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
+    group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=WEIGHTS_ENTRY,... (averaged once into the group's model), or NAME=AGGREGATE_ENTRY (reused as it); repeatable."),
     group_weighting: str = typer.Option("uniform", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
