@@ -117,3 +117,14 @@ def test_three_sites_on_three_addresses_find_each_other_through_hello(tmp_path: 
     assert set(hellos) == set(peer)
     for p, addrs in hellos.items():
         assert addrs and all(a.startswith(want[p]) and "/0.0.0.0/" not in a for a in addrs), (p, addrs)
+
+
+def test_node_start_refuses_a_bad_announce_address_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    home = make_consortium(tmp_path, 1)[0]
+    r = CliRunner().invoke(app, ["node", "start", "--home", str(home.root), "--announce", "/ip4/0.0.0.0/tcp/4001"])
+    assert r.exit_code != 0 and "--announce '/ip4/0.0.0.0/tcp/4001': an unspecified address" in str(r.exception)
+    assert not (home.root / "daemon.json").exists()  # refused before anything started
