@@ -128,3 +128,16 @@ def test_node_start_refuses_a_bad_announce_address_in_one_line(tmp_path: Path) -
     r = CliRunner().invoke(app, ["node", "start", "--home", str(home.root), "--announce", "/ip4/0.0.0.0/tcp/4001"])
     assert r.exit_code != 0 and "--announce '/ip4/0.0.0.0/tcp/4001': an unspecified address" in str(r.exception)
     assert not (home.root / "daemon.json").exists()  # refused before anything started
+
+
+def test_container_bridges_link_local_and_loopback_are_not_advertised() -> None:
+    from collections import namedtuple
+
+    A = namedtuple("A", "family address")
+    nics = {"lo": [A(socket.AF_INET, "127.0.0.1"), A(socket.AF_INET6, "::1")],
+            "eth0": [A(socket.AF_INET, "10.20.30.40"), A(socket.AF_INET6, "fe80::1%eth0"),
+                     A(socket.AF_INET6, "2001:db8::5"), A(socket.AF_PACKET, "aa:bb:cc:dd:ee:ff")],
+            "docker0": [A(socket.AF_INET, "172.17.0.1")], "br-1a2b": [A(socket.AF_INET, "172.18.0.1")],
+            "wg0": [A(socket.AF_INET, "10.99.0.2")]}  # a VPN between sites is kept
+    assert interface_addresses(nics) == {"ip4": ["10.20.30.40", "10.99.0.2"], "ip6": ["2001:db8::5"]}
+    assert interface_addresses({"lo": nics["lo"], "docker0": nics["docker0"]}) == {"ip4": [], "ip6": []}

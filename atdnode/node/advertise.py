@@ -8,7 +8,9 @@ others reach differs from any local one. So:
   dial, as given (`atdnode.node.addrs.check_announce`; `/p2p/<own peer id>` appended);
 * without it, each listen address is advertised as bound, except an unspecified one
   (0.0.0.0 / ::), which becomes the host's interface addresses of that family on the bound
-  port: every non-loopback, non-link-local one, or loopback where that is all there is.
+  port: every non-loopback, non-link-local one outside container and VM bridges (docker0,
+  br-*, veth*, virbr*, ...: another host's bridge has the same address), or loopback where
+  that is all there is. A host on several networks should set `announce`.
 
 An unspecified address is never advertised. Addresses that are not IP (the in-memory
 transport's `/memory/...`) pass unchanged.
@@ -19,18 +21,24 @@ import ipaddress
 from typing import Callable, Iterable
 
 UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
+BRIDGES = ("docker", "br-", "veth", "virbr", "cni", "podman", "lxcbr", "lxdbr", "flannel", "cali", "vnet")
 LOOPBACK = {"ip4": "127.0.0.1", "ip6": "::1"}
 
 
-def interface_addresses() -> dict[str, list[str]]:
+def interface_addresses(nics: dict | None = None) -> dict[str, list[str]]:
     """{"ip4": [...], "ip6": [...]}: the host's interface addresses that another host may
-    dial (not loopback, not link-local), in interface order."""
+    dial (not loopback, not link-local, not on a container or VM bridge), in interface
+    order. `nics`: `psutil.net_if_addrs()` (read when not given)."""
     import socket
 
-    import psutil
+    if nics is None:
+        import psutil
 
+        nics = psutil.net_if_addrs()
     out: dict[str, list[str]] = {"ip4": [], "ip6": []}
-    for snics in psutil.net_if_addrs().values():
+    for name, snics in nics.items():
+        if name.startswith(BRIDGES):
+            continue
         for s in snics:
             fam = {socket.AF_INET: "ip4", socket.AF_INET6: "ip6"}.get(s.family)
             if fam is None:
