@@ -88,7 +88,7 @@ def test_a_kept_own_model_is_in_use_everywhere_and_the_rejected_aggregate_says_s
                      r"scores 0\.900 > the consortium's 0\.700 on its val data", seen), seen[:800]
     card = collect(home)  # `atd report` without a model: the one in use
     assert card.model_id == own and card.use["status"] == "in use"
-    assert f"In use on this node: kept over the consortium's model {agg}" in text_of(render(card))
+    assert f"In use on this node: kept over the consortium's model {agg}" in html.unescape(text_of(render(card)))
 
 
 @pytest.mark.parametrize("own_acc,cons_acc", [(0.7, 0.9), (0.8, 0.8)])
