@@ -42,6 +42,15 @@ def test_a_host_with_loopback_only_advertises_loopback_and_a_bound_address_passe
     assert got == [f"/ip4/127.0.0.1/tcp/9/p2p/{PEER}", f"/ip4/127.0.0.2/tcp/8/p2p/{PEER}", f"/ip6/::1/tcp/7/p2p/{PEER}"]
 
 
+def test_no_more_addresses_than_a_dialer_keeps() -> None:
+    from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER
+
+    many = [f"10.0.{i}.1" for i in range(MAX_ADDRS_PER_MEMBER + 5)]
+    got = advertised([f"/ip4/127.0.0.2/tcp/1/p2p/{PEER}", f"/ip4/0.0.0.0/tcp/2/p2p/{PEER}"], peer_id=PEER,
+                     interfaces=_ifaces(many))
+    assert len(got) == MAX_ADDRS_PER_MEMBER and got[0] == f"/ip4/127.0.0.2/tcp/1/p2p/{PEER}"
+
+
 def test_announce_replaces_the_listen_addresses() -> None:
     got = advertised([f"/ip4/0.0.0.0/tcp/4001/p2p/{PEER}"], peer_id=PEER,
                      announce=["/ip4/203.0.113.9/tcp/4001", "/dns4/node.example.org/tcp/4001"],

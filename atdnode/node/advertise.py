@@ -13,12 +13,15 @@ others reach differs from any local one. So:
   that is all there is. A host on several networks should set `announce`.
 
 An unspecified address is never advertised. Addresses that are not IP (the in-memory
-transport's `/memory/...`) pass unchanged.
+transport's `/memory/...`) pass unchanged. At most MAX_ADDRS_PER_MEMBER are advertised
+(the most a dialer keeps of a member), announced or bound ones first.
 """
 from __future__ import annotations
 
 import ipaddress
 from typing import Callable, Iterable
+
+from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER
 
 UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
 BRIDGES = ("docker", "br-", "veth", "virbr", "cni", "podman", "lxcbr", "lxdbr", "flannel", "cali", "vnet")
@@ -61,10 +64,11 @@ def _with_peer(addr: str, peer_id: str) -> str:
 def advertised(bound: Iterable[str], *, peer_id: str, announce: Iterable[str] = (),
                interfaces: Callable[[], dict[str, list[str]]] = interface_addresses) -> list[str]:
     """What others dial: `announce` when given, else `bound` (the listener's addresses) with
-    every unspecified host expanded (module doc). Each ends in `/p2p/<peer_id>`; no duplicates."""
+    every unspecified host expanded (module doc). Each ends in `/p2p/<peer_id>`; no duplicates;
+    at most MAX_ADDRS_PER_MEMBER."""
     announce = list(announce)
     if announce:
-        return list(dict.fromkeys(_with_peer(a, peer_id) for a in announce))
+        return list(dict.fromkeys(_with_peer(a, peer_id) for a in announce))[:MAX_ADDRS_PER_MEMBER]
     found: dict[str, list[str]] | None = None
     out: list[str] = []
     for addr in bound:
@@ -77,4 +81,4 @@ def advertised(bound: Iterable[str], *, peer_id: str, announce: Iterable[str] = 
             found = interfaces()  # read only when an unspecified address needs it
         for host in found.get(fam) or [LOOPBACK[fam]]:
             out.append(_with_peer("/".join(["", fam, host, *parts[3:]]), peer_id))
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out))[:MAX_ADDRS_PER_MEMBER]
