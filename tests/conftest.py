@@ -45,6 +45,10 @@ import tempfile
 # Set before anything imports numpy or torch; a test that wants more threads sets its own.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# Outside a terminal `atd aggregate` / `atd classify` print plain progress lines on stderr
+# (cli.progress); the tests read stderr as each command's own lines (one line per error), so
+# they run without them, and a test of the lines sets ATD_PROGRESS itself.
+os.environ.setdefault("ATD_PROGRESS", "0")
 # Cache bytecode even where PYTHONDONTWRITEBYTECODE is set (it is on the shared machine): with
 # it, every xdist worker re-ran pytest's assertion rewrite of every test module at each
 # collection (~260 rewrites, 3-5 s CPU per worker), and every daemon / CLI process the tests

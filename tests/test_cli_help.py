@@ -126,3 +126,11 @@ def test_models_help_promises_only_what_exists():
         assert word in subs, word
     r = runner.invoke(app, ["models", "list", "--help"])
     assert r.exit_code == 0, r.output
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith(f"atd {version('atd')} (Python 3."), r.output
+    assert r.stdout.count("\n") == 1

@@ -35,7 +35,7 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
     home = tmp_path / "n"
     ok("init", "--home", str(home))
     text = (home / "config.toml").read_text()
-    for section in ("logs", "peers", "bulk", "models", "compute", "split"):
+    for section in ("network", "aggregate", "logs", "peers", "bulk", "models", "compute", "split"):
         assert f"# [{section}]" in text, section
     for k in KEYS:  # table keys commented; top-level ones are written with their values
         assert f"# {k.path.rpartition('.')[2]} = " in text if "." in k.path else f"\n{k.path} = " in "\n" + text, k.path
@@ -50,6 +50,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     """The commented defaults are what each reader uses when the key is absent."""
     from atdnode.node.config_schema import BY_PATH
     from atdnode.node.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
+    from atdnode.aggregation.keep import keep_policy
     from atdnode.models.gc import size_limit
 
     ok("init", "--home", str(tmp_path / "n"))
@@ -57,7 +58,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     cfg, peers = NodeConfig.load(h), PeerSetConfig()
     got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
-           "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h), "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)}}  # every [peers] key
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
@@ -87,6 +88,21 @@ def test_config_set_writes_validated_values(tmp_path):
                       (["listen", "not-an-address"], "listen"),
                       (["compute.device", "gpu"], "expected"),
                       (["log.backups", "3"], "did you mean logs.backups"),
-                      (["split.rounds", "3"], "atd split configure")):
+                      (["split.rounds", "3"], "atd split configure"),
+                      (["peers.target", "-3"], "peers.target must be an integer >= 1"),  # a value, not a flag
+                      (["aggregate.keep", "worst"], "aggregate.keep must be one of best, consortium"),
+                      (["network.announce", "/ip4/0.0.0.0/tcp/4001"], "unspecified")):
         assert why in refused("config", "set", *args, "--home", str(home)), args
         assert (home / "config.toml").read_bytes() == before, args  # nothing changed
+
+
+def test_config_set_takes_negative_numbers_and_the_keep_policy(tmp_path):
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    assert ok("config", "set", "logs.max_bytes", "2048", "--home", str(home)).strip() == "logs.max_bytes = 2048"
+    assert ok("config", "set", "aggregate.keep", "consortium", "--home", str(home)).strip() == 'aggregate.keep = "consortium"'
+    from atdnode.aggregation.keep import keep_policy
+
+    assert keep_policy(NodeHome.at(home)) == "consortium"
+    r = runner.invoke(app, ["config", "set", "peers.grace_s", "-1", "--home", str(home)])
+    assert r.exit_code != 0 and "No such option" not in r.output and "peers.grace_s" in str(r.exception)

@@ -6,6 +6,7 @@ aggregation modes hand to `atdnode.aggregation.aggregate.register_global`.
 """
 from __future__ import annotations
 
+from atdnode import progress
 from atdnode.blobs.store import BlobStore
 from atdnode.learning.classify import score_record
 from atdnode.data import load_dataset
@@ -29,10 +30,13 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec:
     cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
     data, split = validation_data(spec, cfg.img_size, cfg.in_chans)
     out: dict = {"scored_on": split, "data": spec}
-    for name, rec in candidates.items():
-        m, _, kind, _ = score_record(store, rec, data)
-        out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
-                     "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
+    with progress.task(f"scoring {' and '.join(candidates)} on {len(data.labels)} {split.split()[0]} images",
+                       total=len(candidates)) as t:
+        for name, rec in candidates.items():
+            m, _, kind, _ = score_record(store, rec, data)
+            out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
+                         "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
+            t.advance()
     return out
 
 

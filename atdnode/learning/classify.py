@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from atdnode import progress
 from atdnode.blobs.store import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data.sanity import caution_for
@@ -106,27 +107,32 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
              out: str | Path | None = None, batch_size: int = 256, pgd=None,
              device: str | None = None) -> ClassifyResult:
     """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    `model="latest"` is the model the node keeps by default (`atdnode.aggregation.keep.default_model`:
+    `model="latest"` is the model the node uses (`atdnode.aggregation.keep.model_in_use`:
     the newest, or the node's own model where the `[aggregate] keep` policy kept it).
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import default_model
+    from atdnode.aggregation.keep import resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
-    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    record = resolve_model(home, model)
     cfg = ModelConfig.from_dict(record.model)
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    from atdnode.data.public_spec import public_spec  # progress and figure titles name no local path
+
+    with progress.task(f"reading {public_spec(data_spec)} [{split}]", total=None):
+        data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
     store = BlobStore(home.blobs_dir)
-    metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
+    with progress.task(f"classifying {len(data.labels)} images with model {record.id[:12]}", total=len(data.labels)) as t:
+        metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
+        t.update(len(data.labels))
     if pgd is not None:
-        metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
+        with progress.task(f"PGD attack on {len(data.labels)} images", total=None):
+            metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
-    from atdnode.data.public_spec import public_spec  # figure titles name no local path
 
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "

@@ -71,6 +71,19 @@ class NodeConfig:
             raise ConfigError("config: bulk.port must be an integer 0-65535")
         return {"bulk": enabled, "bulk_port": port}
 
+    def announce(self) -> list[str]:
+        """`[network] announce`: the multiaddrs other members dial (`atdnode.node.advertise`);
+        empty: the listen addresses, an unspecified one expanded to the host's interfaces."""
+        t = self.extra.get("network", {})
+        if not isinstance(t, dict):
+            raise ConfigError("config: [network] must be a table")
+        addrs = t.get("announce", [])
+        if not isinstance(addrs, list):
+            raise ConfigError("config: network.announce must be a list of multiaddr strings")
+        from atdnode.node.addrs import check_announce
+
+        return [check_announce(a, "config network.announce") for a in addrs]
+
     def compute_device(self) -> str | None:
         """The `[compute]` table's `device` (`cpu`, `cuda` or `cuda:N`; absent: None, meaning
         CUDA when present). Checked and turned into a torch.device by atdnode.learning.device."""

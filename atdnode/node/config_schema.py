@@ -30,6 +30,8 @@ KEYS: tuple[Key, ...] = (
     Key("role", str, "node", "role announced in hello (node, festa-server, ...)"),
     Key("listen", list, ["/ip4/127.0.0.1/tcp/0"], "libp2p multiaddrs to listen on (deploy/PORTS.md)"),
     Key("bootstrap", list, [], "full multiaddrs (.../p2p/<id>) of peers to dial at start"),
+    Key("network.announce", list, [], "multiaddrs other sites dial (NAT / port forward; empty: the listen "
+        "addresses, 0.0.0.0 as the host's interface addresses)"),
     Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size (>= 1024)"),
     Key("logs.backups", int, 5, "rotated log files kept (0-100)"),
     Key("peers.target", int, 8, "peers the daemon keeps connected"),
@@ -44,6 +46,8 @@ KEYS: tuple[Key, ...] = (
     Key("bulk.enabled", bool, True, "encrypted TCP bulk channel for blobs (false: libp2p streams only)"),
     Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)"),
     Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)"),
+    Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
+        "scores at least its own on its val data) or consortium"),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
 )
 BY_PATH = {k.path: k for k in KEYS}

@@ -3,7 +3,7 @@
 The value is parsed with the key's type (`atdnode.node.config_schema`), written, and then the part
 of atd that reads that section validates the file with its own function (the one the daemon
 calls at start: `logs.log_limits`, `model_gc.size_limit`, `PeerSetConfig.from_table`,
-`NodeConfig.bulk_options`, `addrs.check_listen` / `check_bootstrap`); on a refusal the old
+`NodeConfig.bulk_options`, `NodeConfig.announce`, `addrs.check_listen` / `check_bootstrap`); on a refusal the old
 file is put back, so a bad value changes nothing.
 """
 from __future__ import annotations
@@ -49,6 +49,16 @@ def _check_bulk(home: NodeHome) -> None:
     NodeConfig.load(home).bulk_options()
 
 
+def _check_network(home: NodeHome) -> None:
+    NodeConfig.load(home).announce()
+
+
+def _check_aggregate(home: NodeHome) -> None:
+    from atdnode.aggregation.keep import keep_policy
+
+    keep_policy(home)
+
+
 def _check_compute(home: NodeHome) -> None:
     from atdnode.learning.device import parse_device
 
@@ -60,7 +70,7 @@ def _check_compute(home: NodeHome) -> None:
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute,
+    "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate,
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from typing import Callable
 
 import trio
 
@@ -39,10 +40,11 @@ class Announcer:
 
     def __init__(self, *, home: NodeHome, identity: NodeIdentity, config: NodeConfig, ledger: LedgerAccess,
                  transport: Transport, topic: str, readers: BlobReaders, replica: Replicator,
-                 poll_interval: float) -> None:
+                 poll_interval: float, addrs: Callable[[], list[str]] | None = None) -> None:
         self.home, self.identity, self.config, self.ledger = home, identity, config, ledger
         self.transport, self.topic, self.readers, self.replica = transport, topic, readers, replica
         self.poll_interval = poll_interval
+        self.addrs = addrs or transport.addrs  # what the hello says others dial (NodeDaemon.addrs)
         self.announced_seq = 0
         self._hello_said: tuple | None = None  # (addrs, role) of our last signed hello
 
@@ -126,7 +128,7 @@ class Announcer:
         me = self.identity.public_key
         if me not in self.replica.members or not self.replica.head_confirmed.is_set():
             return
-        addrs = self.transport.addrs()
+        addrs = self.addrs()
         said = (tuple(addrs), self.config.role)
         if self._hello_said == said:  # checked on every poll tick: no query each time
             return

@@ -18,7 +18,9 @@ about one model, read from the signed ledger and the node's registry.
   fingerprint (sha256 of the loaded training tensors) and the source *kind* (never its path);
 - every evaluation: the training test split and each later `atd classify`, with metrics,
   confusion matrix and (training) curves;
-- the whole ledger's re-verification summary (`Ledger.verify`).
+- the whole ledger's re-verification summary (`Ledger.verify`);
+- whether this node uses the model (`atdnode.aggregation.keep.use_of`): in use, or not kept
+  by the keep decision after an aggregation, and why.
 
 Nothing that names a local file or a patient is put on the card: data specs are reduced to
 their source kind (`folder`, `dicom`, `npz`, ...), and evaluation PNG paths are dropped (the
@@ -79,15 +81,17 @@ class Card:
     steps: list[Step]
     evaluations: list[dict]
     ledger_check: str
+    use: dict = field(default_factory=dict)  # atdnode.aggregation.keep.use_of: in use / not kept, and why
 
 
 def collect(home: NodeHome, model: str = "latest") -> Card:
-    """The card's facts for `model` (id, prefix or `latest`) of this node."""
+    """The card's facts for `model` (id, prefix, or `latest`: the model in use) of this node."""
+    from atdnode.aggregation.keep import resolve_model, use_of
     from atdnode.blobs.store import BlobStore
     from atdnode.models.registry import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
-    rec = reg.get(model)
+    rec = resolve_model(home, model)
     store = BlobStore(home.blobs_dir)
     with Ledger.open(home.ledger_db) as led:
         ms = led.membership()
@@ -105,7 +109,7 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
                 label_fp=rec.label_fp, samples=rec.samples, blobs=dict(rec.blobs),
                 source_kind=source_kind(prov.get("data")), class_counts=prov.get("class_counts"),
                 data_fp=prov.get("data_fp"), consortium=ms.consortium, members=members, steps=steps,
-                evaluations=_evaluations(reg, rec), ledger_check=check)
+                evaluations=_evaluations(reg, rec), ledger_check=check, use=use_of(home, rec))
 
 
 def _roots(led: Ledger, rec) -> list[Entry]:

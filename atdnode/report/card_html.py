@@ -185,6 +185,15 @@ def _proof(card: Card) -> str:
     return _table(["entry id", "kind", "author", "seq", "lamport", "state", "signature", "names"], rows, attrs=attrs)
 
 
+def _use(card: Card) -> str:
+    """Whether this node uses the model, and why (the keep decision after an aggregation)."""
+    if not card.use:
+        return ""
+    cls = {"in use": "ok", "not kept": "bad"}.get(card.use["status"], "warn")
+    return (f'<p id="use" class="{cls}" data-status="{_e(card.use["status"])}"><b>{_e(card.use["status"].capitalize())}'
+            f'</b> on this node: {_e(card.use["why"])}.</p>')
+
+
 def render(card: Card) -> str:
     """The card as one HTML document (no external resources)."""
     fails = [s for s in card.steps if (s.verification or {}).get("status") == "failed"]
@@ -201,6 +210,7 @@ def render(card: Card) -> str:
 <p>Consortium <b>{_e(card.consortium or "(none)")}</b>. Generated {_e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))}
 from this node's signed ledger. <span id="verdict" class="{verdict[0]}">{_e(verdict[1])}</span>.
 Ledger re-verification: <span id="ledger-check">{_e(card.ledger_check)}</span>.</p>
+{_use(card)}
 <h2>The model</h2>{_model_section(card)}
 <h2>Who trained what</h2>{_training(card)}
 <h2>Aggregation</h2>{_aggregates(card)}

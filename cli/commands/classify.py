@@ -16,7 +16,8 @@ from cli.errors import CliError
 def classify(
     home: Path = HOME_OPT,
     data: str = typer.Option(..., "--data", help="Data spec, e.g. `digits` or `npz:PATH?classes=a,b` (see `atd train --help`)."),
-    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
+    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest` "
+                              "(the model in use, marked * by `atd models`)."),
     split: str = typer.Option("test", "--split", help="test | train."),
     out: Optional[Path] = typer.Option(None, "--out", help="Confusion-matrix PNG path (default: HOME/classify/MODEL-SPEC.png)."),
     robust: bool = typer.Option(False, "--robust", help="Also report accuracy under a PGD attack (models with a head)."),
@@ -42,7 +43,10 @@ def classify(
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
-    res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
+    from cli.progress import bars
+
+    with bars(quiet=as_json, lines=True):  # reading, scoring: bars on a terminal, plain lines in a log
+        res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return

@@ -35,7 +35,7 @@ def show(
         typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc}")
 
 
-@config_app.command("set")
+@config_app.command("set", context_settings={"ignore_unknown_options": True})  # VALUE may be -3
 def set_cmd(
     key: str = typer.Argument(..., help="Setting, e.g. listen, bootstrap, logs.max_bytes, peers.target, bulk.port "
                                         "(`atd config show` lists them)."),

@@ -59,7 +59,8 @@ def show(
 
 @ledger_app.command("wait")
 def wait(
-    entries: List[str] = typer.Argument(..., help="Entry ids (64 hex) to wait for, e.g. printed by `publish-weights --json` on another node."),
+    entries: List[str] = typer.Argument(..., help="Entry ids to wait for (64 hex, or a unique prefix of at least 4), "
+                                        "e.g. printed by `publish-weights --json` on another node."),
     home: Path = HOME_OPT,
     blobs: bool = typer.Option(False, "--blobs", help="Also wait until the blob each entry names is held here (the daemon fetches it)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Give up after this many seconds (exit 1)."),
@@ -74,15 +75,9 @@ def wait(
     from atdnode.blobs.store import BlobStore
     from cli.progress import bars
 
-    ids = []
-    for ref in entries:
-        try:
-            raw = bytes.fromhex(ref)
-        except ValueError:
-            raw = b""
-        if len(raw) != 32:
-            raise CliError(f"{ref!r} is not a 64-hex-digit entry id")
-        ids.append(raw)
+    from atdnode.ids import arrived_entry
+
+    ids = list(dict.fromkeys(r.strip().lower() for r in entries))
     store = BlobStore(NodeHome.at(home).require().blobs_dir)
     end = time.monotonic() + timeout
     with bars(), ExitStack() as stack:
@@ -90,8 +85,8 @@ def wait(
         fetched = stack.enter_context(progress.task("blobs", total=None, unit="bytes")) if blobs else None
         while True:
             with _open(home) as led:
-                got = {i: led.get(i) for i in ids}
-            missing = [i.hex()[:16] for i, e in got.items() if e is None]
+                got = {i: arrived_entry(led, i) for i in ids}  # a prefix: once one entry here matches it
+            missing = [i[:16] for i, e in got.items() if e is None]
             arrived.update(len(ids) - len(missing))
             named = [e.body for e in got.values() if blobs and e is not None and isinstance(e.body.get("blob"), str)]
             unfetched = [b["blob"][:16] for b in named if not store.has(b["blob"])]

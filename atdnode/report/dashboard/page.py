@@ -139,7 +139,10 @@ def _models(s: dict) -> str:
             if c.get("png"):
                 imgs.append(_thumb(f'/classify/{_e(c["png"])}'))
         rows.append(f'<tr class="model"><td><code>{_e(m["id"])}</code><br><span class="muted">{_t(m["created"])}</span>'
-                    + ('<br><span class="tag default-model">default for atd classify</span>' if m.get("default") else "")
+                    + (f'<br><span class="tag default-model" title="{_e(m.get("in_use_why", ""))}">in use: default for '
+                       'atd classify and atd predict</span>' if m.get("default") else "")
+                    + (f'<br><span class="tag not-kept" title="{_e(m["not_kept"])}">not kept: the node kept its own '
+                       'model</span>' if m.get("not_kept") else "")
                     + f'</td><td>{_e(m["kind"])}</td><td>{_e(m["model"])}<br><span class="muted">{_e(m["arch"])}</span></td>'
                     f'<td>{_e(m["classes"])}</td><td>{_e(m["samples"])}</td>'
                     f'<td>{"".join(lines) or "<span class=muted>no metrics yet</span>"}</td><td>{"".join(imgs)}</td></tr>')

@@ -155,9 +155,15 @@ def models_view(home: NodeHome) -> list[dict]:
             "classes": len(r.labels), "samples": r.samples, "metrics": _scalar_metrics(r.metrics),
             "confusion": bool(r.files.get("confusion_png")), "classified": evals,
             "latest_accuracy": reg.latest_metrics(r)[0].get("accuracy"), "default": False,
+            "not_kept": r.provenance.get("kept_why") if r.provenance.get("kept") == "own" else None,
         })
-    if out:
-        out[-1]["default"] = True  # `atd classify` without --model uses `latest`: the newest record
+    if out:  # the model `atd classify` / `atd predict` use without --model (the same function)
+        from atdnode.aggregation.keep import model_in_use
+
+        use = model_in_use(home)
+        for m in out:
+            if m["id"] == use.record.id:
+                m["default"], m["in_use_why"] = True, use.why
     return list(reversed(out))  # newest first
 
 
