@@ -283,5 +283,10 @@ def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path, mon
         with pytest.raises(KeyBackupError, match="beyond what atd writes") as err:
             import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
         assert made == [] and "\n" not in str(err.value)
+    header["kdf"].update({"n": 20000, "r": 8, "p": 1})  # in range, but scrypt needs a power of two
+    (tmp_path / "c.keys").write_text(json.dumps(header))
+    with pytest.raises(KeyBackupError, match="not a power of two"):
+        import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
+    assert made == []
     assert import_keys(NodeHome.at(tmp_path / "r"), out, b"correct horse")
     assert [kw["n"] for kw in made] == [1 << 14]  # the accepted backup is derived once (the spy sees it)
