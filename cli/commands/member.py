@@ -1,4 +1,4 @@
-"""`atd member add|revoke|list`: consortium membership, recorded as signed `member` entries."""
+"""`atd member add|revoke|restore|list`: consortium membership, recorded as signed `member` entries."""
 from __future__ import annotations
 
 import json
@@ -56,6 +56,28 @@ def revoke(
     with led:
         e = led.revoke(ident.signer, key)
     typer.echo(f"revoked {peer_id} after seq {e.body['upto']} (entry {e.id.hex()})")
+
+
+@member_app.command("restore")
+def restore(
+    old: str = typer.Argument(..., help="Peer id (or a unique prefix / suffix) of the member whose rotation is contested."),
+    new: str = typer.Argument(..., help="Peer id of the owner's new key (`atd id` on the owner's node)."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Give a frozen identity back to its owner: when a stolen old key signed a rotation
+    competing with the owner's, the identity is frozen and neither new key is a member.
+    An admin (the founder, for an admin's identity) names the owner's new key, which must be
+    one of the keys the old key rotated to; it then carries the identity (membership,
+    admin flag, name, reader access) and the thief's rotation is evidence."""
+    from atdnode.ids import resolve_peer
+    from ledger import parse_author
+
+    old_key = parse_author(resolve_peer(NodeHome.at(home).require(), old))
+    new_key = parse_author(new)
+    ident, led = _ident_and_ledger(home)
+    with led:
+        e = led.restore(ident.signer, old_key, new_key)
+    typer.echo(f"restored {old} -> {new} (entry {e.id.hex()})")
 
 
 @member_app.command("list")
