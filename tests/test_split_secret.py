@@ -302,7 +302,8 @@ def test_a_rogue_secret_cannot_displace_the_clients(tmp_path: Path) -> None:
 
 def test_a_manual_server_refuses_a_member_its_operator_did_not_accept(tmp_path: Path) -> None:
     """`[split] accept = "manual"`: a member that joins and asks is refused with the one-line
-    reason (naming `atd split accept`), and nothing is sealed to it."""
+    reason (naming `atd split accept`), and nothing is sealed to it; the operator's
+    `atd split accept PEER` then makes it a client."""
     from atdnode.split.client import SplitJoinError
     from atdnode.transport.memory import MemoryNetwork
 
@@ -327,3 +328,11 @@ def test_a_manual_server_refuses_a_member_its_operator_did_not_accept(tmp_path: 
     assert got["adopted"] is None
     with Ledger.open(homes[0].ledger_db) as led:
         assert led.query(kind="split_accept") == [] and led.query(kind=SPLIT_SECRET_KIND) == []
+    from atdnode.split.secret import accepted
+    from tests.factories import cli
+
+    peer = NodeIdentity.load(homes[1]).peer_id
+    assert "accepted into campaign" in cli("split", "accept", "--home", str(homes[0].root), peer)
+    with Ledger.open(homes[0].ledger_db) as led:
+        (service,) = led.query(kind="service")
+        assert accepted(led, service.id.hex()) == {NodeIdentity.load(homes[1]).public_key}
