@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import trio
 
 from atdnode.bodies import READERS
@@ -105,7 +106,10 @@ async def _ask(d, peer: str, request: dict) -> dict:
     return msg
 
 
-def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backdated", [False, True])
+def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tmp_path: Path, backdated: bool) -> None:
+    """Later (`readers: []`, signed after the owner's entry) or backdated (an entry open to
+    every member at lamport 1, below the owner's, in the thief's log before anyone starts)."""
     homes = make_consortium(tmp_path, 3)  # 0: owner, 1: its named reader, 2: the thief
     net = MemoryNetwork(seed=24)
     data = random.Random(24).randbytes(1 << 20)
@@ -114,17 +118,26 @@ def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tm
         d = [daemon_on(net, h) for h in homes]
         h = d[0].store.put_bytes(data)
         reader = NodeIdentity.load(homes[1]).peer_id
-        append(homes[0], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash, "size": len(data),
-                                     READERS: [reader]})
+        own = append(homes[0], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash, "size": len(data),
+                                           READERS: [reader]})
+        stolen = None
+        if backdated:
+            stolen = Entry.create(NodeIdentity.load(homes[2]).signer, seq=1, prev=b"\0" * 32, lamport=1,
+                                  kind="weights", body={"blob": h, "manifest": own.body["manifest"],
+                                                        "size": len(data)})
+            assert stolen.lamport < own.lamport
+            with Ledger.open(homes[2].ledger_db) as led:
+                assert not led.merge([stolen]).rejected
         async with trio.open_nursery() as nursery:
             a0 = await nursery.start(d[0].run, [], [])
             for x in d[1:]:
                 await nursery.start(x.run, [], [a0[0]])
             await wait_for(lambda: d[1].store.has(h), "the named reader fetches it", 60)
-            # the thief names the blob in its own entry, with an empty reader list
-            stolen = append(homes[2], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash,
-                                                  "size": len(data), READERS: []})
-            await wait_for(lambda: any(e.id == stolen.id for e, _ in d[0].readers._lists.notes),
+            if stolen is None:  # the thief names the blob in its own entry, with an empty reader list
+                stolen = append(homes[2], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash,
+                                                      "size": len(data), READERS: []})
+            both = {stolen.id, own.id}  # a note names whichever of the two sorts second
+            await wait_for(lambda: any(e.id in both for e, _ in d[0].readers._lists.notes),
                            "the owner merges the thief's entry and re-reads its reader lists", 60)
             owner = d[0].transport.peer_id
             assert await _ask(d[2], owner, {"op": "manifest", "blob": h}) == {"ok": False, "error": "not a reader"}
@@ -136,8 +149,12 @@ def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tm
                 except Exception:  # noqa: BLE001 (a refusal, a timeout: anything but the bytes)
                     pass
             assert not d[2].store.has(h)
-            # the owner's reader is still served (the thief's entry narrowed nothing it named)
+            # the owner's reader is still served (the thief's entry narrowed nothing it named),
+            # and passes the blob on to nobody outside the owner's list
             assert d[0].readers.may_read(reader, h)
+            await wait_for(lambda: any(e.id in both for e, _ in d[1].readers._lists.notes),
+                           "the reader merges the thief's entry", 60)
+            assert not d[1].readers.may_read(d[2].transport.peer_id, h)
             for x in d:
                 x.stop()
 
