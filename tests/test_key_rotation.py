@@ -343,10 +343,13 @@ def test_atd_member_restore_is_one_command(tmp_path: Path) -> None:
     with Ledger.open(founder.ledger_db) as lf:
         lf.merge(rows)
         assert not lf.membership().is_member(public_key_from_peer_id(new_peer))
+    before = {r["peer_id"]: r for r in json.loads(cli("member", "list", "--home", str(founder.root), "--json"))["members"]}
+    assert before[old.peer_id]["contested"] == sorted([new_peer, z.peer_id])  # what the admin chooses from
     out = cli("member", "restore", "--home", str(founder.root), old.peer_id, new_peer)
     assert "restored" in out
     listed = {r["peer_id"]: r for r in json.loads(cli("member", "list", "--home", str(founder.root), "--json"))["members"]}
     assert listed[old.peer_id]["rotated_to"] == new_peer and not listed[new_peer]["revoked"]
+    assert listed[old.peer_id]["contested"] == []
     assert z.peer_id not in listed
 
 

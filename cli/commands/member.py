@@ -91,9 +91,11 @@ def list_members(
     _, led = _ident_and_ledger(home)
     with led:
         m = led.membership()
+        contested = {k: sorted(peer_id_from_public_key(n) for n in led.rival_rotations(k)) for k in m.members}
     rows = [{"peer_id": peer_id_from_public_key(k), "admin": s.admin, "revoked": s.revoked, "upto": s.upto,
              "name": s.name, "founder": k == m.founder,
-             "rotated_to": peer_id_from_public_key(m.rotations[k]) if k in m.rotations else None}
+             "rotated_to": peer_id_from_public_key(m.rotations[k]) if k in m.rotations else None,
+             "contested": contested[k]}
             for k, s in sorted(m.members.items())]
     if as_json:
         typer.echo(json.dumps({"consortium": m.consortium, "members": rows}))
@@ -104,6 +106,8 @@ def list_members(
                                  ("revoked", r["revoked"] and not r["rotated_to"])) if on]
         if r["rotated_to"]:
             flags.append(f"rotated->{r['rotated_to'][:16]}")
+        if r["contested"]:  # frozen by competing rotations: `atd member restore` settles it
+            flags.append("frozen, rotations contested->" + "|".join(p[:16] for p in r["contested"]))
         typer.echo(f"{r['peer_id']}  {','.join(flags) or 'member'}  {r['name'] or ''}".rstrip())
 
 
