@@ -45,6 +45,11 @@ split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`
 split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
            ({"service": hex id of the `service` entry}); the campaign's secret is sealed
            to these members only (issue 24), so the server cannot name anyone else.
+split_accept  the campaign server's signed word (`atdnode.split.secret`): it accepts
+           `clients` (peer ids) into the campaign ({"service": hex id, "clients": [...]});
+           a join takes effect only once accepted. With "secret" (hex id of a `split_secret`
+           entry) it adopts that secret and closes the client list: the campaign's secret
+           is the one its server's chain names first, never one picked by lamport.
 """
 from __future__ import annotations
 
@@ -102,9 +107,11 @@ SPECS: dict[str, BodySpec] = {
     "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
                           items={"recipients": (str,)}),
     "split_join": _spec({"service": (str,)}),
+    "split_accept": _spec({"service": (str,), "clients": (list,)}, {"secret": (str,)}, {"clients": (str,)}),
 }
 SPLIT_SECRET_KIND = "split_secret"
 SPLIT_JOIN_KIND = "split_join"
+SPLIT_ACCEPT_KIND = "split_accept"
 MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 

@@ -218,7 +218,15 @@ class Ledger:
             raise RevokedAuthor(f"that key was rotated to {peer_id_from_public_key(m.current(target))}; "
                                 "revoke the current key", author=target)
         if not m.is_admin(me):
-            raise NotAdmin("only an admin can admit or revoke members", author=me)
+            raise NotAdmin("only an admin can admit, revoke or restore members", author=me)
+        if body.get("action") == "restore":
+            if status is None:
+                raise UnknownAuthor("cannot restore a key that is not a member", author=target)
+            if target in m.keys_of(me) or me in m.keys_of(m.current(target)):
+                raise NotAdmin("an identity cannot restore itself: another admin settles its rotation", author=me)
+            if status.admin and not m.is_founder(target) and not m.is_founder(me):
+                raise NotAdmin("only the founder can restore an admin", author=me)
+            return
         status = m.members.get(target) if isinstance(target, bytes) else None
         if body.get("action") == "admit":
             if status is not None and status.revoked:
@@ -262,6 +270,42 @@ class Ledger:
 
         proof = new.sign(rotation_message(old.public_key, new.public_key))
         return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
+
+    def rival_rotations(self, key: bytes) -> dict[bytes, Entry]:
+        """new key -> rotate entry, for `key` frozen by two or more valid rotations at one seq
+        (the owner's and a thief's, see membership.py); {} when `key` is not so contested."""
+        from ledger.entry import rotation_proof_ok
+
+        with self._lock:
+            f = self._store.frozen_seq(key)
+        if f is None:
+            return {}
+        before = self.get(next((r.id for r, st in self._store.rows_at(key, f - 1, f - 1) if st == LOG), ZERO))
+        out: dict[bytes, Entry] = {}
+        for row, _ in self._store.rows_at(key, f, f):
+            e = self.get(row.id, include_held=True)
+            if e is None or e.kind != "member" or not rotation_proof_ok(key, e.body):
+                continue
+            if f > 1 and (before is None or e.prev != before.id or e.lamport <= before.lamport):
+                continue
+            out[e.body["member"]] = e
+        return out if len(out) > 1 else {}
+
+    def restore(self, signer: Signer, old: bytes, new: bytes) -> Entry:
+        """Settle `old`'s contested rotation in favour of `new` (an admin's `member` restore
+        entry; membership.py gives the rule): `new` must be the target of one of the valid
+        rotations competing at the seq where `old` froze. The founder signs it when `old`
+        is an admin. Raises MalformedEntry when `old` is not so contested or `new` is not
+        one of its rotations' keys, NotAdmin when `signer` may not settle it."""
+        rivals = self.rival_rotations(old)
+        if not rivals:
+            raise MalformedEntry(f"{peer_id_from_public_key(old)} has no contested rotation to restore "
+                                 "(two valid rotations at one seq)", author=old)
+        if new not in rivals:
+            raise MalformedEntry(f"{peer_id_from_public_key(new)} is not a key {peer_id_from_public_key(old)} "
+                                 f"rotated to (its rotations name {', '.join(sorted(peer_id_from_public_key(k) for k in rivals))})",
+                                 author=new)
+        return self.append(signer, "member", {"action": "restore", "member": old, "key": new})
 
     def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False,
               quota: AuthorQuota | None = None, exempt: Iterable[bytes] = ()) -> MergeResult:

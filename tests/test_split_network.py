@@ -381,7 +381,8 @@ def test_settings_validate_and_round_trip(tmp_path: Path) -> None:
                                                    "loss_weight": 0.5}
     for bad, match in (({"rounds": -1}, "rounds"), ({"tasks": []}, "at least one task"),
                        ({"body": {"img_size": 15}}, "multiple"), ({"bogus": 1}, "unknown split setting"),
-                       ({"msd": {"student_keep": 2.0}}, "msd"), ({"round_timeout": 0.0}, "round_timeout")):
+                       ({"msd": {"student_keep": 2.0}}, "msd"), ({"round_timeout": 0.0}, "round_timeout"),
+                       ({"accept": "anyone"}, "split.accept")):
         with pytest.raises(SplitConfigError, match=match):
             SplitSettings.from_dict({**BASE, **bad})
     for bad in ("ink", "x:blob", "a:classification:ten"):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
@@ -315,6 +316,7 @@ class BlobService:
     def install(self) -> None:
         self.server.install()
 
-    async def fetch(self, blob: str, peers: list[str], *, manifest_hash: str | None = None) -> str:
+    async def fetch(self, blob: str, peers: list[str], *,
+                    manifest_hash: str | Collection[str] | None = None) -> str:
         """Fetch `blob` from whichever of `peers` hold it; see `BlobFetcher.fetch`."""
         return await self.fetcher.fetch(blob, peers, manifest_hash=manifest_hash)
