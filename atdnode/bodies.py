@@ -44,7 +44,7 @@ split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`
            The envelope is ciphertext: the server replicates the entry, cannot open it.
 split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
            ({"service": hex id of the `service` entry}); the campaign's secret is sealed
-           to these members only (issue 24), so the server cannot name anyone else.
+           to these members only, so the server cannot name anyone else.
 split_accept  the campaign server's signed word (`atdnode.split.secret`): it accepts
            `clients` (peer ids) into the campaign ({"service": hex id, "clients": [...]});
            a join takes effect only once accepted. With "secret" (hex id of a `split_secret`

@@ -1,4 +1,4 @@
-"""Daemon memory under a slow-loris / oversized-frame / blob-slot-hog attack by a member (issue 11).
+"""Daemon memory under a slow-loris / oversized-frame / blob-slot-hog attack by a member.
 
     python bench/attack_bench.py [--duration 20] [--sync-streams 255]
 

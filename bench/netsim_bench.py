@@ -6,7 +6,7 @@
     every node holds all 1,000, the peak total RSS of the daemon processes and the peak
     RSS of the largest one (sampled every 0.25 s; PSS once at convergence, which counts
     shared libraries once), the connections each daemon holds (its bounded peer set,
-    config.toml `[peers] target / max`, issue 15; sampled every 2 s, every N/20 s for N
+    config.toml `[peers] target / max`; sampled every 2 s, every N/20 s for N
     daemons, and at the end), and the daemons' CPU seconds from the first publication to
     convergence (per entry received). Goal: < 60 s for 30 daemons. Baseline in the same
     run: the same 1,000 entries verified and merged into 30 ledgers by one process, no network
@@ -225,7 +225,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
         shutil.rmtree(root, ignore_errors=True)
     conv = rep["time_to_converge_s"]
     # before the baseline: at 100 daemons it merged 1,000 entries into 100 ledgers for over a
-    # minute at load 30, and a run cut there by its 10-minute timeout lost its result (issue 29)
+    # minute at load 30, and a run cut there by its 10-minute timeout lost its result
     print(json.dumps({"gossip": {k: rep[k] for k in ("converged", "time_to_converge_s", "publish_s", "entries")}}),
           file=sys.stderr, flush=True)
     base = merge_baseline(nodes, entries)
@@ -259,7 +259,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
     }
 
 
-LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC (issue 29), reset instead of a crash
+LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC, reset instead of a crash
              "graft_flood": "GRAFT flood", "graft_in_backoff": "GRAFT: ignoring request", "traceback": "Traceback",
              "empty_mesh": "heartbeats: flood-relaying",  # atdnode/transport/_libp2p/gossip_mesh.py, per episode
              "mesh_refilled": "refilled after"}
@@ -406,7 +406,7 @@ def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> d
 
 def bench_idle(nodes: int, idle_s: float, trace: bool = False, target: int = 8, max_peers: int = 16,
                rotate_s: float | None = None) -> dict:
-    """Idle CPU only: `nodes` real daemons started and left alone (issue 29: <= 0.3% of a core each at 100)."""
+    """Idle CPU only: `nodes` real daemons started and left alone (<= 0.3% of a core each at 100)."""
     from atdnode.node.config import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import start_all

@@ -1,4 +1,4 @@
-"""Which class-prior correction should the node ensemble use by default? (issue 23)
+"""Which class-prior correction should the node ensemble use by default?
 
 Setting (the issue's chest X-ray shape, on the embedded digits): two classes (digits 0-4
 "negative" vs 5-9 "positive"), three nodes with skewed class shares 40/60, 4/96 and 8/92

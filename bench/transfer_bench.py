@@ -307,7 +307,7 @@ def main() -> None:
                                                     "growth_mb": round(peak - info["rss_idle_mb"], 1), "fetch_s": r["seconds"]}
                 c.p.wait(30)
         streams = [k for k in ("single", "parallel") if k in out]
-        if streams:  # the libp2p-stream fallback (issue 29: >= 0.25 of raw TCP + SHA-256)
+        if streams:  # the libp2p-stream fallback (>= 0.25 of raw TCP + SHA-256)
             best = max(streams, key=lambda k: out[k]["ratio"])
             out["stream_fallback"] = {"mode": best, "ratio": out[best]["ratio"], "target": 0.25,
                                       "meets_target": out[best]["ratio"] >= 0.25}

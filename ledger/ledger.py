@@ -122,7 +122,7 @@ class Ledger:
             return self._append_one(signer, kind, body)
 
     def append_many(self, signer: Signer, items: list[tuple[str, dict]]) -> list[Entry | LedgerError]:
-        """Group commit (issue 29): sign and store several of the signer's next entries in one
+        """Group commit: sign and store several of the signer's next entries in one
         durable transaction -- one WAL fsync for all of them. Item i's result is its Entry, or
         the LedgerError `append` would have raised for it (then nothing of it was stored and
         the next item takes its seq). Every stored entry is durable when this returns; an
@@ -319,7 +319,7 @@ class Ledger:
         store grow. The genesis entry is always eligible. Without it, entries of
         not-yet-admitted keys are stored held and wait for their admission.
 
-        `quota` (entries from the network, issue 24): an entry over its author's size or
+        `quota` (entries from the network): an entry over its author's size or
         rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
         `exempt`: authors none of the quotas or waiting caps apply to (the node's own key); with
         members_only their entries are stored (held) even before their admission is known, so
@@ -349,7 +349,7 @@ class Ledger:
 
     def expire_held(self, ttl: float, *, now: float | None = None, keep: Iterable[bytes] = ()) -> int:
         """Delete held entries of unknown authors first held more than `ttl` seconds ago
-        (issue 11: what non-members can park here expires); returns how many. Genesis
+        (what non-members can park here expires); returns how many. Genesis
         entries, entries of (even revoked) members and of the `keep` authors (the node's own
         key: its signed entries waiting for its admission must never be lost, or it would
         sign those seqs again) are kept. Sync fetches an expired entry again if it ever
@@ -403,7 +403,7 @@ class Ledger:
 
     def _batch_membership(self, entries: list[Entry]) -> Membership:
         """The membership rows of just these entries' authors (what `accepts` needs): a
-        gossip batch looks up a few authors, not the whole member table (issue 15: a
+        gossip batch looks up a few authors, not the whole member table (a
         consortium of thousands pays per merge for the authors it merges, not for everyone)."""
         statuses = {a: self._store.member_status(a) for a in {e.author for e in entries}}
         return Membership(None, None, None, {a: st for a, st in statuses.items() if st is not None}, {})
@@ -441,7 +441,7 @@ class Ledger:
         With an author, its chain index (author, seq) finds its rows; with a kind only, the
         kind index: SQLite left to itself (no statistics) walks the whole log in log order
         instead, to skip a sort -- one author's hello, or a kind with no entries, then cost a
-        read of every log row (issue 29: a daemon looking up a peer's hello in a log of
+        read of every log row (a daemon looking up a peer's hello in a log of
         1,000 members read 1,000 rows per peer)."""
         if author is not None:
             q, args = _SELECT + " INDEXED BY entries_chain WHERE author=? AND state=0", [author]
@@ -506,7 +506,7 @@ class Ledger:
     def heads_of(self, authors: Iterable[bytes]) -> dict[bytes, int]:
         """`heads()` of just these authors (those with no log entry left out): from the cache
         while the database is unchanged, else one chain-index lookup per author -- not a scan of
-        every head (a harness polling a few authors' heads of many ledgers, issue 29)."""
+        every head (a harness polling a few authors' heads of many ledgers)."""
         keys = list(dict.fromkeys(authors))
         with self._lock:
             if self._heads.current(self._change_token()):

@@ -29,7 +29,7 @@ Rules (per author X; "chain" = X's stored rows at seq 1, 2, ... while contiguous
   was revoked before it (a cut below the rotate seq); then Y inherits X's membership,
   admin flag and name, and the founder's powers when X is the founder (or its successor).
   A revocation names one key: to revoke a node after its rotation, revoke its new key.
-  The rotation retires the old key for good (issue 24): whatever else X's key signs at or
+  The rotation retires the old key for good: whatever else X's key signs at or
   after the rotate seq (a thief's entry at that very seq included) is evidence against X's
   old key only -- it is never in the log, it does not freeze X, and Y stays the member.
   Only a fork below the rotate seq, or two valid rotations at the same seq, freeze X.
@@ -147,7 +147,7 @@ def _freeze_seq(seqs: dict[int, list[Row]]) -> int | None:
 
 def _rotation_row(author: bytes, seqs: dict[int, list[Row]], bodies: dict[bytes, dict]) -> Row | None:
     """The row that retires `author`'s key: the first seq r of its unforked, well-linked
-    chain holding exactly one valid rotate entry that links to seq r-1 (issue 24: a thief
+    chain holding exactly one valid rotate entry that links to seq r-1 (a thief
     with the old key who signs anything else at or after r makes evidence against the old
     key only; it neither freezes the identity nor stops the rotation). None without one,
     or when the chain forks below it, or when two valid rotations compete at r (then the

@@ -1,5 +1,5 @@
 """`base = "msd"`: before the VGS-ATD phases, the scenario's nodes build their base model by
-masked sampling distillation (issue 16), through the code the CLI runs:
+masked sampling distillation, through the code the CLI runs:
 
 1. a consortium of the scenario's nodes plus one ``msd-server`` node (its own homes and
    ledger under ``work``; the VGS-ATD run that follows has its own consortium, see below);

@@ -111,7 +111,7 @@ class TimmStem(nn.Module):
 # std of the secret random position table. Measured on digits (tests/test_msd.py, two
 # embedder seeds): at 0.1 MSD beats scratch fine-tuning by 0.04-0.07; at the sin-cos
 # table's RMS (0.71) or 0.3 the margin shrinks to 0.01-0.03 (position swamps content).
-# Privacy (bench/inversion_bench.py, issue 27; 16 px digits, width 32, content norm 2.8):
+# Privacy (bench/inversion_bench.py; 16 px digits, width 32, content norm 2.8):
 # at 0.1 (table norm 0.54) the strongest attacker on permuted uploads (MSD Eq. 7's
 # transformer jigsaw) reaches MSE 1.74x the mean-image baseline's, at 0.5 (norm 2.7, equal
 # to content) 1.33x -- a larger table helps the attacker re-order, it does not hide more.

@@ -22,7 +22,7 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
-`claims` tier (issue 23's 3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
+`claims` tier (3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
 `pytest --claims tests/test_vgs_claims_public.py`.
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
@@ -79,7 +79,7 @@ LONGEST_FIRST = (
 )
 
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
-# summed from a run's junit XML, issue 28; seconds at load ~3 in the comments). The files in
+# summed from a run's junit XML; seconds at load ~3 in the comments). The files in
 # LONGEST_FIRST lose their slow tests there, so this order replaces it when no slow test was
 # selected: longest first, short files fill the end.
 FAST_LONGEST_FIRST = (
@@ -104,7 +104,7 @@ FAST_LONGEST_FIRST = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--claims", action="store_true",
-                     help="also run the `claims` tier (issue 23's 3-seed accuracy claims; minutes per seed)")
+                     help="also run the `claims` tier (3-seed accuracy claims; minutes per seed)")
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` deselected: the order depends on what runs

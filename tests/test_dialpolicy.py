@@ -1,4 +1,4 @@
-"""`atdnode.peers.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members (issues 24, 26)."""
+"""`atdnode.peers.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members."""
 from __future__ import annotations
 
 import pytest

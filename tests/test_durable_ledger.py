@@ -311,7 +311,7 @@ def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
     assert isinstance(r.exception, DaemonError) and "no running daemon" in str(r.exception)
     assert r.output.startswith("ok: ")  # the local verification ran (and passed) first
     alone = CliRunner().invoke(app, ["ledger", "verify", "--home", str(homes[0].root)])
-    assert alone.exit_code == 0 and "only detectable against peers" in alone.output  # issue 24: says what it misses
+    assert alone.exit_code == 0 and "only detectable against peers" in alone.output  # says what it misses
     assert "only detectable" not in r.output
 
 

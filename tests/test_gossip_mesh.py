@@ -1,4 +1,4 @@
-"""An empty gossip mesh recovers (issue 29, `atdnode.transport._libp2p.gossip_mesh`), on real libp2p hosts.
+"""An empty gossip mesh recovers (`atdnode.transport._libp2p.gossip_mesh`), on real libp2p hosts.
 
 Node X is pruned by every topic peer (as happens when their meshes are over D_high), so
 every peer of X is in X's backoff and no heartbeat of X may graft. Then X

@@ -60,7 +60,7 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     ms = listed(h.root)
     assert {ms[a["id"]]["made_by"], ms[b["id"]]["made_by"], ms[g]["made_by"]} == {"trained", "horizontal"}
     assert ms[g]["made_by"] == "horizontal"
-    # aggregation scored both candidates on the node's own data (issue 23): `atd models` shows it
+    # aggregation scored both candidates on the node's own data: `atd models` shows it
     c = agg["candidates"]
     assert ms[g]["latest_metrics"]["accuracy"] == c["consortium"]["accuracy"]
     assert ms[g]["latest_source"] == f"{c['data']} [{c['scored_on']}]" and agg["kept"] in ("own", "consortium")

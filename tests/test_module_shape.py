@@ -1,4 +1,4 @@
-"""Shape of the code (issue 28; VGS-ATD modules since issue 12): no import circle anywhere
+"""Shape of the code (VGS-ATD modules since issue 12): no import circle anywhere
 but the known ones (a list that may only shrink), and no arrow up from the ground floor
 (ledger, protocols) to the layers above it (atdnode, netsim, cli).
 
@@ -204,7 +204,7 @@ def test_a_campaign_uses_only_what_its_host_interface_offers():
         assert used and used <= offered, f"{mod} uses {sorted(used - offered)} of the service beyond CampaignHost"
 
 
-# One concern per file (issue 28): a source file of the node, the protocols or the simulator
+# One concern per file: a source file of the node, the protocols or the simulator
 # over MAX_LINES says why in its opening docstring, in a sentence with "over 500 lines".
 MAX_LINES = 500
 LONG_BY_REASON = "over 500 lines"

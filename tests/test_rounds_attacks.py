@@ -1,4 +1,4 @@
-"""Rounds no single member can steer (issue 24, item 3) and the rounds bug of issue 23.
+"""Rounds no single member can steer (item 3) and the rounds bug of issue 23.
 
 In-process homes (tests.vgs_homes: real ledgers, keys, blob stores, training), three
 members: a and b run `atd rounds`' loop honestly, m is hostile and never trains. Round 0 is

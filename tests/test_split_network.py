@@ -1,4 +1,4 @@
-"""Split learning over the network (issue 7): real daemons, ledgers and protocol servers;
+"""Split learning over the network: real daemons, ledgers and protocol servers;
 the in-memory transport for the sessions and faults, real OS processes on 127.0.0.1 for
 the acceptance run. Tiny settings: 16 px digits, 4 px patches, 32 wide, 2 blocks.
 """
@@ -236,7 +236,7 @@ def test_restarted_server_resumes_from_saved_state(tmp_path: Path) -> None:
             async def go():
                 results["a"] = await client(net, homes[1], first, "ink", data(1, limit=80), reconnect_timeout=30.0)
 
-            # the server signs its service entry only once a member confirmed its chain head (issue 11):
+            # the server signs its service entry only once a member confirmed its chain head:
             # the client's connection does that
             outer.start_soon(go)
             await wait_for(lambda: first.services[0].ready.is_set(), "first server ready")
@@ -404,7 +404,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     For the comparison the same two clients also join a FESTA server with the same setting,
     over real libp2p too, inside this test's process (three more interpreters would only add
     start-up time). Then `atd split report` shows measured vs formula bytes for both, and
-    (issue 10) the p-FESTA embedder was a secret the server never held (`_check_embedder_secret`)."""
+    the p-FESTA embedder was a secret the server never held (`_check_embedder_secret`)."""
     from tests.nodeprocs import ATD, _env, atd, start_daemon
 
     homes = make_consortium(tmp_path, 4)

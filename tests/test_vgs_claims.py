@@ -170,7 +170,7 @@ def test_every_aggregate_entry_verifies(report: dict) -> None:
 
 
 @pytest.mark.parametrize("kind", REFERENCES)
-@pytest.mark.xfail(strict=True, reason="issue 23: at 8 px the learned features lose to raw pixels in every phase "
+@pytest.mark.xfail(strict=True, reason="at 8 px the learned features lose to raw pixels in every phase "
                                        "and to the untrained extractor in phases 1-2 (module docstring)")
 def test_learned_features_beat_the_reference_in_every_phase(report: dict, kind: str) -> None:
     vgs, ref = _overall(report, "vgs-atd"), _overall(report, kind)

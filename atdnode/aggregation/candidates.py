@@ -1,4 +1,4 @@
-"""Scoring the candidates of an aggregation on the node's own data (issue 23; policy in
+"""Scoring the candidates of an aggregation on the node's own data (policy in
 `atdnode.aggregation.keep`): the node's own current model and the consortium's new one, each with `atd
 classify`'s predictor (`atdnode.learning.classify.score_record`), on the data spec's `val` split, else
 its `test` split (recorded as "test (no val split)"). `judge_candidates` is what the

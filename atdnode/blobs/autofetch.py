@@ -90,7 +90,7 @@ class AutoFetcher:
     async def fetch_loop(self) -> None:
         """Fetch wanted blobs (module doc). With nothing to fetch it sleeps until
         `queue_wanted_blobs` finds a new blob, auto-fetch is turned on, or the earliest
-        back-off ends: an idle daemon's fetch loop does not wake every second (issue 29)."""
+        back-off ends: an idle daemon's fetch loop does not wake every second."""
         while True:
             self._wake = trio.Event()
             # with --no-auto-fetch only explicit `fetch` calls download (they learn manifests, not wants)

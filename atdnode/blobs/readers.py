@@ -145,7 +145,7 @@ class BlobReaders:
         if entries is None:
             entries = [e for kind in BLOB_KINDS for e in led.query(kind=kind)]
         if not any(isinstance(e.body.get("blob"), str) for e in entries):  # no reader list to compute: no
-            self._lists = reader_lists(())  # membership read either (O(members), at every daemon start; issue 29)
+            self._lists = reader_lists(())  # membership read either (O(members), at every daemon start)
             return
         m = led.membership()
         lists = reader_lists(entries, m.keys_of(self.me), m)

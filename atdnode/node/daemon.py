@@ -19,7 +19,7 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
 * answers the local control socket (`atdnode.node.control`) for `atd node status`, `peers`,
   `fetch`, `connect`, `verify_peers`, `stop`.
 
-Safe restart (issue 11). The daemon signs nothing (hello, `append`) and gossips none of
+Safe restart. The daemon signs nothing (hello, `append`) and gossips none of
 its own entries until it has pulled from at least one member -- which hands back any of
 its own entries its ledger lost (home restored from a backup, WAL cut) -- so it never
 signs a second entry at a seq it already used and never freezes itself. A founder whose

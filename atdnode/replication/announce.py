@@ -3,7 +3,7 @@
 `Announcer` gossips every entry this node authors, whether the daemon appended it
 (`append`, at once) or a CLI command in another process did (`announce_loop` watches the
 ledger files' stamp, `ledger_stamp`). Nothing is signed or gossiped before the replicator's
-`head_confirmed` is set (safe restart, issue 11). The home's `announced` file keeps the seq
+`head_confirmed` is set (safe restart). The home's `announced` file keeps the seq
 gossiped so far (`read_announced` / `write_announced`): a restart does not re-gossip older
 entries. `maybe_say_hello()` appends a signed `hello` (addresses, X25519 key, role, name)
 once we are a member and our addresses or role changed. Reader lists of blob entries are
@@ -32,7 +32,7 @@ log = logging.getLogger("atd.daemon")
 
 LEDGER_RECHECK_S = 30.0  # the announce loop reads the ledger at least this often, changed or not
 QUIET_TICKS = 8  # poll ticks without a ledger change before the announce loop polls slower ...
-IDLE_POLL_S = 1.0  # ... at most this often (issue 29: 4 wakeups a second of 100 idle daemons add up)
+IDLE_POLL_S = 1.0  # ... at most this often (4 wakeups a second of 100 idle daemons add up)
 
 
 class Announcer:
@@ -72,7 +72,7 @@ class Announcer:
         stamp, recheck_at, quiet = None, 0.0, 0
         db = os.fspath(self.home.ledger_db)
         while True:
-            # Idle cost (issues 15, 29): the ledger is read only when its files changed (a CLI
+            # Idle cost: the ledger is read only when its files changed (a CLI
             # command appended, or a merge), when no hello went out yet, and every
             # LEDGER_RECHECK_S; otherwise a poll tick is two stat calls, no thread hop. After
             # QUIET_TICKS unchanged ticks the loop polls every IDLE_POLL_S instead of every

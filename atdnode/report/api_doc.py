@@ -1,4 +1,4 @@
-"""INTERFACES.md's list of public APIs, generated from the source (issue 28: docs that cannot drift).
+"""INTERFACES.md's list of public APIs, generated from the source (docs that cannot drift).
 
 `API` names, per part of the project, the functions, classes and constants other parts
 (and users of the library) call. For each one the generated section shows its signature as

@@ -1,4 +1,4 @@
-"""Split learning over the network (issue 7): FESTA, p-FESTA and masked sampling
+"""Split learning over the network: FESTA, p-FESTA and masked sampling
 distillation servers as node roles, reached by clients over a libp2p stream protocol.
 
 The learning itself lives in `protocols` (festa, pfesta, msd: pure message-in /

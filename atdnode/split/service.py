@@ -47,7 +47,7 @@ log = logging.getLogger("atd.split")
 ROLE_OF = {"festa": "festa-server", "pfesta": "pfesta-server", "msd": "msd-server"}
 
 
-SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold (issue 11) ...
+SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold ...
 SPLIT_STREAMS_TOTAL = 512  # ... and all peers together
 
 
@@ -157,7 +157,7 @@ class SplitService:
 
     async def _handle_limited(self, stream: Stream) -> None:
         """At most SPLIT_STREAMS_PER_PEER live split streams per peer (a reconnect may overlap
-        the session it replaces); more are reset before a byte is read (issue 11)."""
+        the session it replaces); more are reset before a byte is read."""
         lease = await lease_or_reset(self._stream_limits, stream, "split")
         if lease is None:
             return

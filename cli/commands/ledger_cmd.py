@@ -119,7 +119,7 @@ def verify(
     typer.echo(report.summary())
     if peers:
         _verify_peers(NodeHome.at(home))
-    else:  # issue 24: say what a local check cannot see
+    else:  # say what a local check cannot see
         typer.echo("note: checked this ledger alone; a cut tail, a rollback (e.g. a removed revocation) or a cut WAL "
                    "are only detectable against peers: atd ledger verify --peers")
 
