@@ -15,7 +15,7 @@ gossip --procs: the same, with each daemon in its own OS process, as deployed (`
     machine). CPU per entry sums the children's CPU over the measured window.
 gossip --degree-compare D,DLO,DHI: the gossip benchmark twice in one run, with the deployed
     GossipSub mesh and with the given degrees and py-libp2p's own mesh upkeep (no
-    small-consortium mode; 3,2,6 is the mesh before issue 29); duplicate copies per entry,
+    small-consortium mode; e.g. 3,2,6 for py-libp2p's usual mesh shape); duplicate copies per entry,
     delivery and latency of both.
 gossip --gate-compare: the gossip benchmark twice in one run, the daemons' membership
     filter on (as deployed: `Transport.set_peer_gate`, checked on every connection and

@@ -10,7 +10,7 @@ measured right before and right after each mode (their mean), since load drifts.
 
 Modes: `single` (one py-libp2p stream: Noise + yamux_tuning's TunedYamux), `parallel`
 (--streams libp2p streams), `stock` (`single` between two nodes on py-libp2p's own Yamux:
-the stream path before issue 29, for a before/after in one run), `bulk` (the encrypted
+the stream path without the yamux tuning, for a before/after in one run), `bulk` (the encrypted
 bulk channel: X25519 over libp2p, AES-256-GCM frames on TCP, 1 and --streams connections).
 `rss`: both processes serve and fetch a blob of --size-mb at the same time (bulk); their
 peak RSS is reported next to the blob size.

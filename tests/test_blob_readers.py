@@ -1,7 +1,7 @@
 """Reader lists that hold: a later entry of another author never widens a blob's readers,
 nor closes an open blob (atdnode.blobs.readers), on the serving side of real daemons too.
 
-The attack of the issue: member M signs its own `weights` entry naming member A's
+The attack: member M signs its own `weights` entry naming member A's
 reader-restricted blob with `readers: []` (so M, as that entry's author, would be a
 reader) and asks A for the blob. Before the fix A served all of it (readers were the
 union over every entry naming the blob); now M gets 0 bytes and A's named reader still

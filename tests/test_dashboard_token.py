@@ -136,7 +136,7 @@ def test_the_login_cookie_is_secure_over_tls() -> None:
 
 
 def test_the_daemon_never_imports_the_dashboard() -> None:
-    """Issue 28: the dashboard runs beside the daemon (`atd node start` wires them) and reads
+    """The dashboard runs beside the daemon (`atd node start` wires them) and reads
     `NodeDaemon.snapshot()`; no module the daemon imports, at load time or deferred, is it."""
     root = Path(__file__).resolve().parent.parent
 

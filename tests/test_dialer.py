@@ -98,7 +98,7 @@ def _pace_dialer(members: frozenset[str]):
 
 
 def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pulls_or_members() -> None:
-    """Issue 29: entries a new connection's pull brought (start-up, a node back from away) and
+    """Entries a new connection's pull brought (start-up, a node back from away) and
     new hellos (members starting) kept every node of a starting consortium rotating every
     rotate_s; entries only periodic sync found, or a changed member set, still do."""
     from atdnode.peers.dialer import RotationPace

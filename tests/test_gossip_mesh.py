@@ -150,7 +150,7 @@ class _FramedWrites:
 def test_concurrent_pubsub_writes_stay_whole_rpcs() -> None:
     """Three tasks write RPCs to one stream at once (the sending loop, flush_pending_messages,
     send_recent_messages in py-libp2p 0.8.1): the reader parses every RPC intact (without the
-    per-stream write lock their frames interleave: the garbled RPCs of issue 29)."""
+    per-stream write lock their frames interleave into garbled RPCs)."""
     from libp2p.pubsub.pb import rpc_pb2
 
     from atdnode.transport._libp2p.pubsub import CoalescingPubsub

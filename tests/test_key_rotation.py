@@ -218,7 +218,7 @@ def test_features_sealed_to_the_old_id_stay_readable(vgs_template, tmp_path: Pat
 
 
 def test_a_stolen_old_key_cannot_fork_a_rotated_identity(tmp_path: Path) -> None:
-    """Issue 24 item 7: after M -> Y, M's old key signing another entry at (or after) the rotate
+    """After M -> Y, M's old key signing another entry at (or after) the rotate
     seq is evidence against the old key only: Y stays the member, nothing is frozen, and a
     peer merging in any order agrees; a thief's competing rotation cannot take the identity."""
     f, m, lf, lm = _two(tmp_path)
@@ -354,7 +354,7 @@ def test_atd_member_restore_is_one_command(tmp_path: Path) -> None:
 
 
 def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path, monkeypatch) -> None:
-    """Issue 24 item 9: n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
+    """A backup header asking n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
     a one-line error naming the cap; the real parameters still import. "Before any derivation"
     is checked directly (no scrypt object is made), not by the wall time, which a loaded
     machine stretches."""

@@ -1,4 +1,4 @@
-"""Shape of the code (VGS-ATD modules since issue 12): no import circle anywhere
+"""Shape of the code: no import circle anywhere
 but the known ones (a list that may only shrink), and no arrow up from the ground floor
 (ledger, protocols) to the layers above it (atdnode, netsim, cli).
 

@@ -110,8 +110,7 @@ def test_a_killed_node_is_waited_for_with_a_deadline(tmp_path: Path) -> None:
 def test_same_seed_same_report_and_run_scenario_writes_it(first_run, tmp_path: Path) -> None:
     """`run_scenario` (the API of `atd netsim run`) on the same scenario runs VGS-ATD again:
     the same seed gives the same report, byte counts included; it adds the honest baselines
-    and writes the report files. (Before issue 28 the rerun and the report were two tests,
-    the report on a 2-node, 1-phase run of its own.)"""
+    and writes the report files."""
     rep, _ = first_run
     raw = json.loads(json.dumps(TINY))
     raw["scenario"]["methods"] = ["vgs-atd", "local"]

@@ -460,7 +460,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
 
 
 def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) -> None:
-    """Issue 10: the p-FESTA embedder was the clients' secret. Both clients used the one the
+    """The p-FESTA embedder is the clients' secret. Both clients used the one the
     server adopted; no file of the server's home (ledger, WAL, state, records, its log)
     holds its bytes or any seed field; the paper's attacker, trained on public digits
     disjoint from client 1's, reconstructs clearly worse from what the server stored

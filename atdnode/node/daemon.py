@@ -116,7 +116,7 @@ class NodeDaemon:
         if not self.config.genesis_id:
             raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
         me = self.identity.public_key
-        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=me,  # [quota]: issue 24
+        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=me,  # [quota]: per-author quotas on merge
                                    quota=quota_from_config(self.config.extra.get("quota")))
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
         self.dialer = PeerDialer(self)  # connections: the membership gate, dialling, back-offs (atdnode.peers.dialer)

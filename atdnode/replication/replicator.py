@@ -344,8 +344,8 @@ class Replicator:
         peer is pulled from once per round of ceil(peers / fanout) intervals and the idle cost
         does not grow with the peer set (a pull from every peer each interval was
         most of an idle daemon's CPU). Quiet pulls space out, up to SYNC_IDLE_FACTOR
-        intervals, and a member seen ahead of us is pulled from next (`atdnode.replication.antientropy`,
-        issue 29). Connections still pull at once (`NodeDaemon._on_peer`)."""
+        intervals, and a member seen ahead of us is pulled from next
+        (`atdnode.replication.antientropy`). Connections still pull at once (`NodeDaemon._on_peer`)."""
         await self.anti_entropy.run()
 
     async def expire_loop(self) -> None:

@@ -2,7 +2,7 @@
 accuracy and measured bytes per method in one report, the cost formulas beside the bytes,
 and which of the papers' orderings hold here.
 
-Setting (defaults: the issue's): two tasks on sklearn digits at 28 px, a 2-class
+Setting (defaults: a chest X-ray-like shape): two tasks on sklearn digits at 28 px, a 2-class
 "pneumonia"-like task (label <= 2, minority ~30 %) and the 10 digits, ``clients_per_task``
 clients per task holding disjoint images, one held-out test set; the small ViT of
 `SplitSettings` (patch 4, width 32, depth 2); ``rounds`` x ``steps_per_round`` batches
