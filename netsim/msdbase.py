@@ -21,8 +21,7 @@ embedder secret is drawn from the scenario seed (a run is reproducible), not fro
 
 MSD settings the paper leaves blank (``[msd]`` of the scenario, `netsim.scenario.MSDSpec`)
 were chosen by measurement, and the numbers live where they cannot drift from this code
-unnoticed: the output of ``bench/msd_base_bench.py`` and the README's benchmark section
-("MSD base"). The choices, with what decided them:
+unnoticed: the output of ``bench/msd_base_bench.py`` and RESULTS.md ("MSD base"). The choices, with what decided them:
 
 - teacher views keep 0.75 of the patches, student views 0.5, two of each
   (``--choose``: the best sum of accuracy after 20 and 40 fine-tuning steps; with 4 patches a

@@ -1,6 +1,6 @@
 """Code speaks of the project, not of its history: no tracked source, test or doc file
-(.py, .md, .toml) refers to a tracker issue by number ("issue 24", "issues 15, 29",
-"#29"). Such numbers mean nothing to a reader outside the team; a comment says what the
+(.py, .md, .toml) refers to a tracker issue by number ("issue N", "issues N and M",
+"#N"). Such numbers mean nothing to a reader outside the team; a comment says what the
 code does and why instead."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUFFIXES = (".py", ".md", ".toml")
-# "issue 24", "Issues 17 and 27", "issue #24"; "#24" standing alone (after a space or an
+# "issue N", "Issues N and M", "issue #N"; "#N" standing alone (after a space or an
 # opening bracket, so CSS colours such as `color:#222` do not count)
 ISSUE_REF = re.compile(r"\bissues? #?\d+|(?:^|[\s(\[])#\d+\b", re.IGNORECASE | re.MULTILINE)
 

@@ -33,7 +33,7 @@ beat the ensemble on raw pixels in any phase, nor the untrained extractor in pha
 the images are too small for learned features to matter. Each is a strict xfail (it fails
 the day it starts to hold, so it gets promoted), and the verdict test fails if the report
 stops saying so. The settings tried for learned features to win (28 px digits; the jittered
-digits of `netsim/scenarios/jitter.toml`) and their numbers are in three_phase.toml [model];
+digits of `netsim/scenarios/jitter.toml`) and their numbers are in RESULTS.md ("Scenario logs");
 the setting where they do win, with every claim checked over three seeds, is
 `netsim/scenarios/jitter_public.toml` (tests/test_vgs_claims_public.py, `pytest --claims`).
 
