@@ -71,12 +71,17 @@ from atdnode.transport._libp2p.pubsub import (
     content_id,
 )
 from atdnode.transport.libp2p_stream import Libp2pBytes
+from atdnode.transport._libp2p.swarm import inbound_slots_held
+from atdnode.transport._libp2p.swarm import install as _inbound_slot_per_connection
 from atdnode.transport._libp2p.tcp_exclusive import install as _exclusive_tcp_listeners
+from atdnode.transport._libp2p.window import install as _enforce_receive_windows
 from atdnode.transport._libp2p.yamux import TunedYamux
 
 log = logging.getLogger(__name__)
 
 _exclusive_tcp_listeners()  # no SO_REUSEPORT: nobody can bind the daemon's port beside it
+_inbound_slot_per_connection()  # a closed inbound connection gives its slot back
+_enforce_receive_windows()  # a peer sending past a stream's window is disconnected
 
 DIAL_TIMEOUT = 15.0
 
@@ -268,6 +273,12 @@ class Libp2pTransport(Transport):
             await host.disconnect(pid)
         except Exception as e:  # already gone, or a malformed id: nothing to close
             log.debug("disconnect %s: %s", peer_id, e)
+
+    def inbound_slots(self) -> int:
+        """Inbound connection slots taken now: py-libp2p admits a bounded number of inbound
+        connections at a time (250 by default); each open one holds a slot until it closes."""
+        host, _, _ = self._require()
+        return inbound_slots_held(host)
 
     def peers(self) -> list[str]:
         host, _, _ = self._require()

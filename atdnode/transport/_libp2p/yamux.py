@@ -58,6 +58,8 @@ from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux import yamux as _y
 
+from atdnode.transport._libp2p.window import StreamBuffers
+
 log = logging.getLogger(__name__)
 
 FRAME_MAX = 1 << 20  # largest DATA frame payload we send (bounded by the peer's window too)
@@ -89,9 +91,8 @@ class TunedYamux(_y.Yamux):
             return await super()._read_data_body(length)
         with trio.fail_after(_y._yamux_data_read_timeout()):
             body = await rx.read_plain(length)
-        if type(self.stream_buffers) is dict:
-            self.stream_buffers = _AdoptingBuffers(self.stream_buffers)
-        self.stream_buffers.adopt = body  # handle_incoming's `extend(body)` next: adopt, not copy
+        if isinstance(self.stream_buffers, StreamBuffers):
+            self.stream_buffers.adopt = body  # handle_incoming's `extend(body)` next: adopt, not copy
         return body
 
     async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
@@ -137,34 +138,6 @@ class TunedYamux(_y.Yamux):
         async with self._write_lock:  # every write of this connection takes it: nonces stay in wire order
             await tx.write(header, body)
         await trio.lowlevel.checkpoint()
-
-
-class _AdoptingBuffers(dict):
-    """A TunedYamux's `stream_buffers`: when a large DATA body (`adopt`, just opened by
-    NoiseRx into a fresh bytearray) lands on a stream whose buffer is empty, that body
-    becomes the buffer, instead of being copied into it by handle_incoming's
-    `stream_buffers[sid].extend(body)` (its only `[]` reads; everything else uses `get`).
-    Any other extend (small frames, a body for a stream that is gone) behaves as before."""
-
-    adopt: bytearray | None = None
-
-    def __getitem__(self, sid: int) -> Any:
-        buf = dict.__getitem__(self, sid)
-        body, self.adopt = self.adopt, None
-        return buf if body is None else _Adopt(self, sid, buf, body)
-
-
-class _Adopt:
-    __slots__ = ("d", "sid", "buf", "body")
-
-    def __init__(self, d: dict, sid: int, buf: bytearray, body: bytearray) -> None:
-        self.d, self.sid, self.buf, self.body = d, sid, buf, body
-
-    def extend(self, data: Any) -> None:
-        if data is self.body and not self.buf:
-            dict.__setitem__(self.d, self.sid, data)
-        else:
-            self.buf.extend(data)
 
 
 class _Pool:
