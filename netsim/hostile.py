@@ -56,7 +56,9 @@ async def dial_cycles(addr: str, seed: bytes, n: int, *, concurrency: int = 4, l
     """Dial the node at `addr` (a multiaddr ending in /p2p/<id>) `n` times, `concurrency`
     at a time, with the Ed25519 key of `seed`; each dial upgrades to Noise + yamux, then waits
     up to `wait` s for the node to close it, or (`leave`) for the node's first stream, and
-    then closes it. Returns what happened to the dials."""
+    then closes it (a member's connections come one at a time: the node opens its streams to a
+    peer once, on its first connection, so use `concurrency=1` with `leave`). Returns what
+    happened to the dials."""
     info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
     target = info.addrs[0]
     _, sec = _security(seed)
@@ -94,6 +96,7 @@ async def _upgraded(raw: object, upgrader: TransportUpgrader, peer: ID, stats: D
         stats.failed += 1
         return
     stats.upgraded += 1
+    got_stream = False
     async with trio.open_nursery() as nursery:
         nursery.start_soon(muxed.start)
         with trio.move_on_after(wait):
@@ -102,17 +105,16 @@ async def _upgraded(raw: object, upgrader: TransportUpgrader, peer: ID, stats: D
             else:
                 try:
                     await muxed.accept_stream()
+                    got_stream = True
                 except Exception:  # the connection closed before any stream
                     pass
-        if muxed.event_closed.is_set():
-            stats.closed_by_node += 1
-        elif leave:
-            stats.left += 1
-        else:
-            stats.held += 1
-        with trio.move_on_after(2):
-            await muxed.close()
-        nursery.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()  # the caller closes the socket: we leave, or it is gone
+    if muxed.event_closed.is_set() and not got_stream:
+        stats.closed_by_node += 1
+    elif got_stream:
+        stats.left += 1
+    else:
+        stats.held += 1
 
 
 @dataclass
@@ -164,6 +166,8 @@ async def flood_stream(addr: str, seed: bytes, *, total: int, frame: int = MiB, 
                 stats.rss_growth = max(peak[0], rss_bytes()) - before
         finally:
             done.set()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await host.get_network().close()  # the host's own shutdown leaves sockets open
     return stats
 
 
@@ -191,6 +195,19 @@ async def _write_frames(ys: object, payload: bytes, total: int, within_window: b
         stats.sent += n
         stats.frames += 1
     return conn.event_closed.is_set()
+
+
+def members_only(seed: bytes, members: list[bytes], *, muxer: type | None = None) -> object:
+    """A (not yet running) `Libp2pTransport` with the key of `seed` whose peer gate admits the
+    keys of `members` only, as a daemon's membership gate does; `muxer`: its yamux class."""
+    from atdnode.transport.libp2p_transport import Libp2pTransport
+
+    node = Libp2pTransport(seed)
+    if muxer is not None:
+        node.muxer = muxer
+    allowed = {Libp2pTransport(m).peer_id for m in members}
+    node.set_peer_gate(lambda peer: peer in allowed)
+    return node
 
 
 def rss_bytes() -> int:
