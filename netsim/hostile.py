@@ -100,19 +100,19 @@ async def _upgraded(raw: object, upgrader: TransportUpgrader, peer: ID, stats: D
     async with trio.open_nursery() as nursery:
         nursery.start_soon(muxed.start)
         with trio.move_on_after(wait):
-            if not leave:
-                await muxed.event_closed.wait()
-            else:
+            if leave:
                 try:
                     await muxed.accept_stream()
                     got_stream = True
-                except Exception:  # the connection closed before any stream
+                except Exception:  # the node closed the connection before any stream
                     pass
+            if not got_stream:
+                await muxed.event_closed.wait()
         nursery.cancel_scope.cancel()  # the caller closes the socket: we leave, or it is gone
-    if muxed.event_closed.is_set() and not got_stream:
-        stats.closed_by_node += 1
-    elif got_stream:
+    if got_stream:
         stats.left += 1
+    elif muxed.event_closed.is_set():
+        stats.closed_by_node += 1
     else:
         stats.held += 1
 

@@ -52,14 +52,16 @@ def test_a_member_connects_after_a_thousand_refused_dials() -> None:
 
 @pytest.mark.slow
 def test_two_hundred_member_connections_that_come_and_go_give_their_slots_back() -> None:
-    """A member connects and leaves 200 times (the node opens its pubsub stream to it each
-    time, then the member closes): no slot stays taken, and the member connects within 2 s."""
+    """A member connects and leaves 200 times, one connection at a time (it waits for the
+    node's pubsub stream, then closes): no slot stays taken, and the member connects within 2 s."""
 
     async def body() -> None:
         node = members_only(NODE, [MEMBER])
         async with node.run(LISTEN):
             churn = await dial_cycles(node.addrs()[0], MEMBER, 200, concurrency=1, leave=True)
-            assert churn.upgraded == churn.left == 200, churn  # the node took each one (its stream came)
+            # the node took each one, then we left (after its first stream) or it closed it (a
+            # new connection while the member's last one is still being torn down)
+            assert churn.upgraded == churn.left + churn.closed_by_node == 200 and churn.left > 0, churn
             await wait_for(lambda: node.inbound_slots() == 0 and not node.peers(), "every slot back", timeout=10)
             await _member_connects(node)
 

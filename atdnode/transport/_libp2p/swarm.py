@@ -30,9 +30,9 @@ import trio
 
 log = logging.getLogger(__name__)
 
-# The nursery of the accepting task whose upgrade is under way (set per task: trio tasks
-# each run in their own copy of the context).
-_accepting: ContextVar[trio.Nursery | None] = ContextVar("atd_accepting", default=None)
+# (accepting task, its nursery) while that task upgrades a connection. Tasks it spawns
+# inherit the variable, so the task is checked too.
+_accepting: ContextVar[tuple[Any, trio.Nursery] | None] = ContextVar("atd_accepting", default=None)
 
 
 async def _end_with(muxed: Any, nursery: trio.Nursery) -> None:
@@ -60,16 +60,17 @@ def install() -> None:
 
     async def upgrade_inbound_raw_conn(self: Any, raw_conn: Any, maddr: Any) -> Any:
         muxed = await upgrade(self, raw_conn, maddr)
-        nursery = _accepting.get()
-        if nursery is not None and isinstance(getattr(muxed, "event_closed", None), trio.Event):
-            nursery.start_soon(_end_with, muxed, nursery)
+        accepting = _accepting.get()
+        if (accepting is not None and accepting[0] is trio.lowlevel.current_task()
+                and isinstance(getattr(muxed, "event_closed", None), trio.Event)):
+            accepting[1].start_soon(_end_with, muxed, accepting[1])
         return muxed
 
     async def do_handle_inbound_connection(self: Any, read_write_closer: Any, maddr: Any,
                                            failure_event: Any) -> None:
         """Swarm._do_handle_inbound_connection that returns when its connection closes."""
         async with trio.open_nursery() as nursery:
-            token = _accepting.set(nursery)
+            token = _accepting.set((trio.lowlevel.current_task(), nursery))
             try:
                 await handle(self, read_write_closer, maddr, failure_event)
             finally:
