@@ -69,7 +69,7 @@ def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
             "--adversarial", "--adv-ratio", "0.5", "--pgd-steps", "3"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, (r.output, r.exception)
-    assert "robust accuracy (PGD)" in r.stdout and "test accuracy" in r.stdout
+    assert "robust accuracy (PGD)" in r.stdout and "test split" in r.stdout
     m = latest(home).metrics
     print(f"adversarial training: clean {m['accuracy']:.3f} robust {m['robust_accuracy']:.3f}")
     assert 0.0 <= m["robust_accuracy"] <= m["accuracy"] <= 1.0

@@ -113,6 +113,27 @@ def declared_splits(spec: str) -> list[str]:
     return [s for s in SPLITS if (cat.sides == s).any()]
 
 
+def peek(spec: str, seed: int = 0, *, files: int = 8) -> tuple[int, int]:
+    """(training images, median native side in pixels) of a spec, reading the pixels of at
+    most `files` samples spread over the train side (what `atdnode.learning.autosize`
+    chooses a model size from); DataError when none of them can be read."""
+    ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
+    base = np.flatnonzero(sides == "train")
+    sel = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])[0]
+    train = base[sel]
+    pick = np.unique(np.linspace(0, len(train) - 1, min(len(train), files)).round().astype(int)) if len(train) else []
+    sides_px = []
+    for i in pick:
+        try:
+            arr = np.asarray(cat.read(int(train[i]))[0])
+        except Skip:
+            continue
+        sides_px.append(min(arr.shape[:2]))
+    if not sides_px:
+        raise DataError(f"{where}: none of {len(pick)} training files could be read to size the model")
+    return len(train), int(np.median(sides_px))
+
+
 def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
                  progress: Callable[[int, int], None] | None = None) -> LabeledImages:
     """Load one split (train / val / test, or `all`: every sample of every side) of a data
