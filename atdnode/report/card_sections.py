@@ -64,7 +64,7 @@ def summary(card: Card) -> str:
     """The plain-language summary (what it is, how well, how sure, whether in use)."""
     ev = _best_eval(card)
     sites = sorted({s.author for s in card.steps if s.kind == "weights"})
-    what = (f"This model sorts {card.source_kind or 'medical'} images into {len(card.labels)} classes "
+    what = (f"This model sorts images into {len(card.labels)} classes "
             f"({', '.join(card.labels[:8])}{' ...' if len(card.labels) > 8 else ''}).")
     made = (f" It was trained on {card.samples} images" + (f" and combined from the work of {len(sites)} site(s)"
             if len(sites) > 1 else "") + "; the images never left the sites that hold them.")
@@ -72,7 +72,7 @@ def summary(card: Card) -> str:
         m, d = ev["metrics"], ev.get("details") or {}
         acc = m.get("accuracy")
         lo_hi = _accuracy_ci(m, d)
-        perf = (f" On {m.get('n')} images ({ev['what']}, {ev.get('split') or 'test'} split) it was right "
+        perf = (f" On {m.get('n')} held-out images ({ev['what']}) it was right "
                 f"{acc:.0%} of the time" + (f"; with 95 % confidence the true rate lies between {lo_hi[0]:.0%} "
                                             f"and {lo_hi[1]:.0%}" if lo_hi else "") + ".") if isinstance(acc, float) else ""
         b = d.get("binary") or {}
@@ -119,6 +119,13 @@ def factors(card: Card) -> str:
         site = (who.name if who and who.name else s.author[-12:])
         rows.append([_e(site), _e(s.body.get("samples", "-")), _e(m.get("n", "-")),
                      _e(ci(m.get("accuracy"), _accuracy_ci(m))), _e(ci(m.get("f1"), None))])
+    if not rows:  # trained here and not published: this node's own test split is the one site known
+        own = next((ev for ev in card.evaluations if ev["what"] == "training test split"), None)
+        if own is not None:
+            m = own["metrics"]
+            rows.append([_e("this node (" + card.made_by + ")"), _e(card.samples), _e(m.get("n", "-")),
+                         _e(ci(m.get("accuracy"), _accuracy_ci(m, own.get("details")))),
+                         _e(ci(m.get("f1"), ((own.get("details") or {}).get("ci") or {}).get("f1")))])
     site_table = (_table(["site", "training images", "test images (n)", "accuracy", "macro F1"], rows,
                          section="per-site") if rows else
                   '<p data-table="per-site">No site published test figures for this model\'s inputs: '
