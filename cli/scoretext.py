@@ -4,15 +4,7 @@ number a small split makes unreliable."""
 from __future__ import annotations
 
 from atdnode.data.sanity import caution_of
-
-
-def ci_text(value, ci) -> str:
-    """"0.865 [0.810, 0.906]", or "-" for a missing value."""
-    if not isinstance(value, (int, float)):
-        return "-"
-    if isinstance(ci, (list, tuple)) and len(ci) == 2:
-        return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
-    return f"{value:.3f}"
+from atdnode.learning.metrics import interval_text as ci_text
 
 
 def score_lines(m: dict, *, indent: str = "  ") -> list[str]:

@@ -129,3 +129,18 @@ def test_demo_table_fits_80_columns(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "0.954" in out and "0.950" in out and "12345.6" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_run_eta_from_the_rate_so_far():
+    from atdnode.progress import RunEta
+
+    t = [0.0]
+    eta = RunEta(epochs=3, per_epoch=100, clock=lambda: t[0])
+    assert eta.text() == "run ETA ..."  # nothing done yet: no guess
+    t[0] = 10.0
+    assert eta.advance(50) == "run ETA 50s"  # 50 units in 10 s, 250 left
+    t[0] = 20.0
+    eta.epoch_done()  # an epoch finished (also without per-batch callbacks): 100 done in 20 s
+    assert eta.remaining_s() == pytest.approx(40.0) and eta.text() == "run ETA 40s"
+    t[0] = 400.0
+    assert eta.text() == "run ETA 13m 20s"

@@ -177,6 +177,17 @@ def classification_metrics(y_true, y_pred, *, labels: Iterable[int], probs=None,
     return out
 
 
+def interval_text(value, interval, *, words: bool = False) -> str:
+    """A figure with its 95 % interval as people read it: "0.865 [0.810, 0.906]", or with
+    `words` "0.865 (95 % CI 0.810-0.906)"; the bare value without an interval; "-" without a value."""
+    if not isinstance(value, (int, float)):
+        return "-"
+    if not (isinstance(interval, (list, tuple)) and len(interval) == 2):
+        return f"{value:.3f}"
+    lo, hi = interval
+    return f"{value:.3f} (95 % CI {lo:.3f}-{hi:.3f})" if words else f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def per_class(metrics: dict, classes: list[str]) -> dict[str, dict]:
     """{class name: {n, recall, recall_ci}} for the classes with true samples (`classes`
     names the labels of `metrics`, in order)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from atdnode.learning.metrics import wilson
+from atdnode.learning.metrics import interval_text, wilson
 from atdnode.report.card import Card
 
 TEMPLATE = 'Mitchell et al. 2019, "Model Cards for Model Reporting" (FAT* \'19), section 4'
@@ -30,12 +30,8 @@ def _e(x: object) -> str:
 
 
 def ci(value, interval) -> str:
-    """"0.865 (95 % CI 0.810-0.906)", or "-"."""
-    if not isinstance(value, (int, float)):
-        return "-"
-    if isinstance(interval, (list, tuple)) and len(interval) == 2:
-        return f"{value:.3f} (95 % CI {interval[0]:.3f}-{interval[1]:.3f})"
-    return f"{value:.3f}"
+    """"0.865 (95 % CI 0.810-0.906)", or "-" (`atdnode.learning.metrics.interval_text`)."""
+    return interval_text(value, interval, words=True)
 
 
 def _accuracy_ci(m: dict, details: dict | None = None) -> list[float] | None:
