@@ -144,3 +144,32 @@ def test_run_eta_from_the_rate_so_far():
     assert eta.remaining_s() == pytest.approx(40.0) and eta.text() == "run ETA 40s"
     t[0] = 400.0
     assert eta.text() == "run ETA 13m 20s"
+
+
+@pytest.mark.slow
+def test_train_without_size_flags_sizes_the_model_from_the_data(tmp_path):
+    from typer.testing import CliRunner
+
+    from atdnode.node.home import NodeHome
+    from atdnode.node.identity import init_home
+    from cli.app import app
+    from tests.vgs_homes import latest
+
+    import torch
+
+    home = NodeHome.at(tmp_path / "n")
+    init_home(home, consortium="demo")
+    threads = torch.get_num_threads()
+    try:  # the small CPU model sets one thread for the process: not for the tests after this one
+        r = CliRunner().invoke(app, ["train", "--home", str(home.root), "--data", "digits?classes=0,1&limit=40",
+                                     "--epochs", "1", "--device", "cpu", "--no-augment"])
+    finally:
+        torch.set_num_threads(threads)
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "model size from the data: 8-px images, 40 for training, CPU: img 8, patch 4" in r.output
+    m = latest(home).model
+    assert (m["img_size"], m["patch_size"], m["embed_dim"], m["depth"]) == (8, 4, 64, 4)  # not 224 px, 12 blocks
+    assert "ViT 8px/patch 4, embed 64, depth 4" in r.output  # named as built
+    r = CliRunner().invoke(app, ["train", "--home", str(home.root), "--data", "digits", "--img-size", "30",
+                                 "--patch-size", "4"])
+    assert r.exit_code != 0 and "not a multiple of patch_size 4" in str(r.exception)
