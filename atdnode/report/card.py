@@ -130,6 +130,8 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
 
 def ledger_words(report) -> str:
     """A ledger `VerifyReport` in plain words."""
+    if not report.entries:
+        return "This node's copy of the shared log is empty: nothing about this model was published."
     held = (f"; {report.held} wait for a missing earlier entry" if report.held else "")
     evidence = (f"; {report.evidence} are kept only as evidence against their author" if report.evidence else "")
     eq = (f"; {report.equivocators} member(s) signed conflicting entries" if report.equivocators else "")
