@@ -217,9 +217,11 @@ def render(card: Card) -> str:
          else "no aggregate to re-verify"))
     verdict_words = {"ok": "The steps that combined members' models were recomputed here and match: ",
                      "warn": "Some combining steps could not be recomputed here: ",
-                     "bad": "WARNING: a combining step does not match its recomputation: "}[verdict[0]] + verdict[1] + "."
+                     "bad": "WARNING: a combining step does not match its recomputation: "}[verdict[0]] \
+        + verdict[1] + "."
     if not any(s.kind == "aggregate" for s in card.steps):
-        verdict_words = "No step combined members' models into this one: nothing to recompute (no aggregate to re-verify)."
+        verdict_words = ("No step combined members' models into this one: nothing to recompute "
+                         "(no aggregate to re-verify).")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Model card {_e(card.model_id)}</title>
 <style>{CSS}</style></head>

@@ -68,9 +68,12 @@ def summary(card: Card) -> str:
         m, d = ev["metrics"], ev.get("details") or {}
         acc = m.get("accuracy")
         lo_hi = _accuracy_ci(m, d)
-        perf = (f" On {m.get('n')} held-out images ({ev['what']}) it was right "
-                f"{acc:.0%} of the time" + (f"; with 95 % confidence the true rate lies between {lo_hi[0]:.0%} "
-                                            f"and {lo_hi[1]:.0%}" if lo_hi else "") + ".") if isinstance(acc, float) else ""
+        perf = ""
+        if isinstance(acc, float):
+            perf = f" On {m.get('n')} held-out images ({ev['what']}) it was right {acc:.0%} of the time"
+            if lo_hi:
+                perf += f"; with 95 % confidence the true rate lies between {lo_hi[0]:.0%} and {lo_hi[1]:.0%}"
+            perf += "."
         b = d.get("binary") or {}
         if isinstance(b.get("sensitivity"), float) and isinstance(b.get("specificity"), float):
             perf += (f" It finds {b['sensitivity']:.0%} of {b.get('positive_class', 'positive')} cases "
@@ -129,8 +132,10 @@ def factors(card: Card) -> str:
     ev = _best_eval(card)
     pc = ((ev or {}).get("details") or {}).get("per_class") or {}
     class_rows = [[_e(c), _e(r.get("n")), _e(ci(r.get("recall"), r.get("recall_ci")))] for c, r in pc.items()]
-    class_table = (f"<p>Per class, on the evaluation quoted in the summary ({_e(ev['what'])}):</p>"
-                   + _table(["class", "n", "recall (sensitivity)"], class_rows, section="per-class")) if class_rows else ""
+    class_table = ""
+    if class_rows:
+        class_table = (f"<p>Per class, on the evaluation quoted in the summary ({_e(ev['what'])}):</p>"
+                       + _table(["class", "n", "recall (sensitivity)"], class_rows, section="per-class"))
     return ("<p>Sites (members that trained on their own data) are the groups atd can report; patient groups "
             "(age, sex, scanner) are for the data owner to describe below.</p><h3>Performance by site</h3>"
             + site_table + class_table)
