@@ -99,7 +99,7 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
 
     from netsim.run import run_scenario
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)  # no source-file column: a step fits one 80-column line
     t0 = time.perf_counter()
     if quiet:
         return run_scenario(scn, out, keep_homes=keep_homes, bases=bases)
