@@ -27,7 +27,7 @@ from tests.browser import browser, text_of
 from tests.factories import cli, make_consortium
 
 CFG = {"name": "vit_tiny_patch16_224", "img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
-       "num_heads": 2, "in_chans": 1}
+       "num_heads": 2, "in_chans": 1, "num_classes": 2}
 
 
 def _record(created: float, provenance: dict) -> ModelRecord:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from collections.abc import Iterable
 
 from atdnode.bodies import blob_readers
+from atdnode.repeats import warn_once
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key, public_key_from_peer_id
 
@@ -141,7 +142,8 @@ class BlobReaders:
 
     def refresh(self, led: Ledger, entries: list[Entry] | None = None) -> None:
         """Recompute from the ledger (call in the ledger thread; `entries`: its entries of
-        BLOB_KINDS, when the caller already read them); logs each non-owner entry once."""
+        BLOB_KINDS, when the caller already read them); the first non-owner entry is one
+        WARNING, later ones are counted (`atdnode.repeats.warn_once`)."""
         if entries is None:
             entries = [e for kind in BLOB_KINDS for e in led.query(kind=kind)]
         if not any(isinstance(e.body.get("blob"), str) for e in entries):  # no reader list to compute: no
@@ -153,7 +155,7 @@ class BlobReaders:
         for e, why in lists.notes:
             if e.id not in self._reported:
                 self._reported.add(e.id)
-                log.warning("%s", why)
+                warn_once(log, "entries naming another member's blob (they cannot widen who may read it)", why)
 
     def may_read(self, peer: str, blob: str) -> bool:
         """May member `peer` fetch `blob` from us? Yes unless the blob is restricted without `peer`."""

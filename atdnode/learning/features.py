@@ -15,9 +15,11 @@ from atdnode.learning.model import cls_features
 
 def progress_bar(enabled: bool, *fields: str):
     """A rich Progress (transient=False) with extra text fields; a no-op when disabled."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn()]
     columns += [TextColumn("{task.fields[%s]}" % f) for f in fields]
     return Progress(*columns, disable=not enabled)
 

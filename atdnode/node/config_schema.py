@@ -49,6 +49,11 @@ KEYS: tuple[Key, ...] = (
     Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
         "scores at least its own on its val data) or consortium"),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
+    Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)"),
+    Key("card.out_of_scope_use", str, "", "model card: uses it was not made or checked for (free text)"),
+    Key("card.data_description", str, "", "model card: the training data in words: modality, sites, period, "
+        "inclusion criteria (free text, never paths)"),
+    Key("card.limitations", str, "", "model card: known limitations and failure modes the data owner adds"),
 )
 BY_PATH = {k.path: k for k in KEYS}
 # tables config.toml may hold that another command owns (not set with `atd config set`)

@@ -67,10 +67,16 @@ def _check_compute(home: NodeHome) -> None:
         parse_device(dev)  # the form, and that this machine has it
 
 
+def _check_card(home: NodeHome) -> None:
+    from atdnode.report.statement import card_statement
+
+    card_statement(home)
+
+
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate,
+    "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate, "card": _check_card,
 }
 
 

@@ -56,8 +56,13 @@ def _table(headers: Iterable[str], rows: list[str], empty: str, cls: str = "") -
 
 
 def _metrics(m: dict, keys=("accuracy", "f1", "precision", "recall", "robust_accuracy", "n")) -> str:
-    parts = [f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {m[k]:.3f}</span>' if isinstance(m[k], float)
-             else f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {_e(m[k])}</span>' for k in keys if k in m]
+    """The metrics as spans; accuracy with its 95 % interval where the view has one."""
+    ci = m.get("accuracy_ci")
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if isinstance(ci, list) and len(ci) == 2 else ""
+    parts = [f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {m[k]:.3f}{interval if k == "accuracy" else ""}</span>'
+             if isinstance(m[k], float)
+             else f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {_e(m[k])}</span>' for k in keys if k in m
+             if k != "accuracy_ci"]
     return " · ".join(parts) or '<span class="muted">no metrics yet</span>'
 
 

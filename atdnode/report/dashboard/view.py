@@ -22,7 +22,18 @@ def short(text: str, n: int = 12) -> str:
 
 
 def _scalar_metrics(m: dict) -> dict:
-    return {k: v for k, v in (m or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The numbers of a metrics dict, plus `accuracy_ci`: the recorded 95 % interval, else
+    Wilson's from n (`atdnode.learning.metrics.wilson`) where n is known."""
+    from atdnode.learning.metrics import wilson
+
+    out = {k: v for k, v in (m or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ci = ((m or {}).get("ci") or {}).get("accuracy") if isinstance((m or {}).get("ci"), dict) else None
+    n, acc = out.get("n"), out.get("accuracy")
+    if isinstance(ci, list) and len(ci) == 2:
+        out["accuracy_ci"] = [float(ci[0]), float(ci[1])]
+    elif isinstance(n, int) and n > 0 and isinstance(acc, float):
+        out["accuracy_ci"] = wilson(int(round(acc * n)), n)
+    return out
 
 
 def summarize(e: Entry) -> str:
