@@ -24,6 +24,9 @@ from atdnode.plans.spec import STEP_KINDS
 
 @dataclass(frozen=True)
 class PlanPolicy:
+    """A member's `[plans]` table: whose plans it accepts by itself, which step kinds it runs,
+    and its data for each data name a plan may use (module doc)."""
+
     auto_accept_from: tuple[str, ...] = ()
     kinds: tuple[str, ...] = tuple(STEP_KINDS)
     data: dict[str, str] = field(default_factory=dict)
