@@ -51,7 +51,8 @@ plan       a signed plan the consortium carries out (`atd plan propose`, atdnode
 plan_decision  a member's accept | decline of a plan (plan: hex id; reason); the first one counts
 plan_step  a member's result of one step of a plan: plan, step (its id), status (done | failed),
            results (entry ids it made: weights, aggregate, features), reason (one line, failed),
-           missing (peer ids left out after a deadline), model (local model id), metrics
+           missing (peer ids left out after a deadline), model (local model id), metrics,
+           started (unix time the step began here), seconds (how long it ran)
 split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
            ({"service": hex id of the `service` entry}); the campaign's secret is sealed
            to these members only (issue 24), so the server cannot name anyone else.
@@ -116,7 +117,8 @@ SPECS: dict[str, BodySpec] = {
                   {"model": (dict,)}, {"members": (str,), "steps": (dict,)}),
     "plan_decision": _spec({"plan": (str,), "decision": (str,)}, {"reason": (str,)}),
     "plan_step": _spec({"plan": (str,), "step": (str,), "status": (str,), "results": (list,)},
-                       {"reason": (str,), "missing": (list,), "model": (str,), "metrics": (dict,)},
+                       {"reason": (str,), "missing": (list,), "model": (str,), "metrics": (dict,), "started": _NUM,
+                        "seconds": _NUM},
                        {"results": (str,), "missing": (str,)}),
 }
 PLAN_KIND, PLAN_DECISION_KIND, PLAN_STEP_KIND = "plan", "plan_decision", "plan_step"

@@ -234,7 +234,7 @@ def advance(home: NodeHome, plan: str, *, policy: PlanPolicy | None = None, now:
 
 def _run_and_record(home: NodeHome, ident: NodeIdentity, view: PlanView, step: dict, inputs: Inputs,
                     policy: PlanPolicy) -> None:
-    body = {"plan": view.id, "step": step["id"], "results": [], "missing": inputs.missing}
+    body = {"plan": view.id, "step": step["id"], "results": [], "missing": inputs.missing, "started": time.time()}
     try:
         own_failed = [sid for sid, b in inputs.own.items() if b["status"] == FAILED]
         if own_failed:
@@ -246,6 +246,7 @@ def _run_and_record(home: NodeHome, ident: NodeIdentity, view: PlanView, step: d
         log.warning("plan %s step %s failed: %s", view.id[:16], step["id"], exc)
         line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         body.update(status=FAILED, reason=line[:200])
+    body["seconds"] = round(time.time() - body["started"], 3)
     with Ledger.open(home.ledger_db) as led:
         if (step["id"], ident.peer_id) not in load_view(led, view.id, check=False).results:
             bodies.append(led, ident.signer, bodies.PLAN_STEP_KIND, body)
