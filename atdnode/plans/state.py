@@ -85,5 +85,6 @@ def progress(view: PlanView) -> list[dict]:
             state = res["status"] if res else "declined" if dec == DECLINE else "waiting"
             rows.append({"step": step["id"], "kind": step["kind"], "member": m, "decision": dec or "undecided",
                          "state": state, "results": res["results"] if res else [],
-                         "reason": (res or {}).get("reason", ""), "missing": (res or {}).get("missing", [])})
+                         "reason": (res or {}).get("reason", ""), "missing": (res or {}).get("missing", []),
+                         "metrics": (res or {}).get("metrics", {}), "seconds": (res or {}).get("seconds")})
     return rows

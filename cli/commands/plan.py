@@ -58,8 +58,10 @@ def decline_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix)
 
 
 def _follow(home: Path, plan: str, timeout: Optional[float], as_json: bool) -> None:
+    from atdnode.node.logs import sklearn_warnings_to_log
     from atdnode.plans import follow
 
+    sklearn_warnings_to_log(NodeHome.at(home).require())  # scikit-learn's warnings go to HOME/logs/cli.log
     def said(adv) -> None:
         if not as_json:
             for sid in adv.ran:
@@ -130,8 +132,9 @@ def status_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
     typer.echo(f"plan {view.id[:16]} {view.body['name']!r} by {names.get(view.author, view.author[-8:])}")
     for r in rows:
         who = names.get(r["member"], r["member"][-8:])
-        extra = r["reason"] or (f"without {', '.join(names.get(m, m[-8:]) for m in r['missing'])}"
-                                if r["missing"] else "")
+        acc = r["metrics"].get("accuracy")
+        extra = (f"accuracy {acc:.3f} " if isinstance(acc, (int, float)) else "") + (r["reason"] or (f"without {', '.join(names.get(m, m[-8:]) for m in r['missing'])}"
+                                if r["missing"] else ""))
         typer.echo(f"  {r['step']:<14} {r['kind']:<15} {who:<12} {r['decision']:<10} {r['state']:<9} {extra}".rstrip())
 
 
