@@ -130,8 +130,36 @@ def test_member_that_declines_runs_nothing_and_others_go_on(vgs):
     assert after == before  # and signed nothing else
     h = res[("horizontal", ids[0])]
     assert h["status"] == "done" and h["missing"] == [ids[2]]
+    # node1's base was published by the first plan: the same entry, not a second signature
+    first = _results(homes[0], vgs[1])
+    assert res[("base_pub", ids[0])]["results"] == first[("base_pub", ids[0])]["results"]
     with Ledger.open(homes[0].ledger_db) as led:
         assert len(led.get(bytes.fromhex(h["results"][0])).body["inputs"]) == 2
+
+
+@pytest.mark.slow
+def test_late_member_is_left_out_after_the_deadline(vgs):
+    """node3 neither accepts nor declines: node1 waits for its extractor until the deadline, then
+    aggregates without it and records it as missing."""
+    homes, _ = vgs
+    ids = peer_ids(homes)
+    _policy(homes[2], "node3", auto_accept_from=[])
+    doc = tomllib.loads(VGS.read_text())
+    doc.update(name="late", deadline=300, steps=doc["steps"][:6])
+    doc["steps"][5].update(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)
+    plan = propose(homes[0], doc)
+    decide(homes[0], plan, "accept")
+    sync(homes)
+    for _ in range(6):  # everything node1 and node2 can do before the deadline
+        advs = [advance(h, plan) for h in homes]
+        sync(homes)
+    assert advs[0].waiting == ["horizontal"] and not advs[0].ran and advs[2].decision is None
+    with Ledger.open(homes[0].ledger_db) as led:
+        created = load_view(led, plan).body["created"]
+    adv = advance(homes[0], plan, now=created + 301)
+    assert adv.ran == ["horizontal"] and adv.finished
+    h = _results(homes[0], plan)[("horizontal", ids[0])]
+    assert h["status"] == "done" and h["missing"] == [ids[2]]
 
 
 def NodeIdentity_pk(home: NodeHome) -> bytes:
@@ -207,3 +235,23 @@ def test_nothing_runs_before_accept_and_policy_refusal(tmp_path):
     with pytest.raises(PlanError, match="does not run train steps"):  # accepting by hand checks the policy too
         decide(homes[1], plan, "accept")
     assert advance(homes[1], plan).decision is None
+
+
+@pytest.mark.slow
+def test_dashboard_shows_each_members_progress_per_step(vgs):
+    from atdnode.node.identity import NodeIdentity
+    from atdnode.report.dashboard.page import _plans
+    from atdnode.report.dashboard.view import ledger_view
+
+    homes, plan = vgs
+    with Ledger.open(homes[1].ledger_db) as led:
+        state = ledger_view(led, NodeIdentity.load(homes[1]).public_key)
+    shown = next(p for p in state["plans"] if p["id"] == plan)
+    assert shown["author"] == "node1" and shown["done"] == shown["total"] == 16
+    assert ("share", "node3", "accept", "done") in {(r["step"], r["member"], r["decision"], r["state"])
+                                                    for r in shown["steps"]}
+    html = _plans({"plans": [shown]})
+    assert html.count('<tr class="plan-step done">') == 16 and "vgs-three-modes" in html
+    evil = dict(shown, name="<script>x</script>", steps=[dict(shown["steps"][0], reason="<img src=x>", state="failed")])
+    html = _plans({"plans": [evil]})
+    assert "<script" not in html and "<img" not in html and '<tr class="plan-step failed">' in html
