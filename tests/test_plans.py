@@ -255,3 +255,37 @@ def test_dashboard_shows_each_members_progress_per_step(vgs):
     evil = dict(shown, name="<script>x</script>", steps=[dict(shown["steps"][0], reason="<img src=x>", state="failed")])
     html = _plans({"plans": [evil]})
     assert "<script" not in html and "<img" not in html and '<tr class="plan-step failed">' in html
+
+
+MEMBERS = {"12D3KooWaaaa", "12D3KooWbbbb"}
+
+
+def _body(*steps: dict) -> dict:
+    return {"name": "p", "created": 0, "late": "proceed", "members": sorted(MEMBERS), "steps": list(steps)}
+
+
+TRAIN = {"id": "t", "kind": "train", "members": ["12D3KooWaaaa"], "data": "own"}
+
+
+@pytest.mark.parametrize("steps,says", [
+    ([dict(TRAIN, command="rm -rf /")], "train steps have no option 'command'"),
+    ([dict(TRAIN, epochs="3")], "epochs must be int"),
+    ([TRAIN, {"id": "p", "kind": "publish", "members": ["12D3KooWbbbb"], "model": "t"}],
+     "publishes only a model it trained"),
+    ([{"id": "a", "kind": "aggregate", "members": ["12D3KooWaaaa"], "mode": "horizontal", "inputs": ["p"]}],
+     "names 'p', not an earlier step"),
+    ([TRAIN, {"id": "a", "kind": "aggregate", "members": ["12D3KooWaaaa"], "mode": "horizontal", "inputs": ["t"]}],
+     "names 't', a train step"),
+    ([{"id": "a", "kind": "aggregate", "members": ["12D3KooWaaaa"], "mode": "hierarchical", "groups": {"g": "t"}}],
+     "groups must map"),
+    ([{"id": "s", "kind": "share_features", "members": ["12D3KooWaaaa"], "to": ["12D3KooWzzzz"]}],
+     "12D3KooWzzzz is not in the consortium"),
+    ([TRAIN, dict(TRAIN)], "unique id"),
+    ([], "at least one step"),
+])
+def test_check_plan_refuses_what_no_member_can_carry_out(steps, says):
+    from atdnode.plans import check_plan
+
+    with pytest.raises(PlanError, match=says):
+        check_plan(_body(*steps), MEMBERS)
+    check_plan(_body(TRAIN), MEMBERS)  # the same checks pass a good plan

@@ -153,7 +153,7 @@ def _gather(led: Ledger, store: BlobStore, view: PlanView, me: str, sid: str, no
         for rid in res["results"]:
             e = led.get(bytes.fromhex(rid)) if len(rid) == 64 else None
             want = EXPECTED_KIND.get(dep["kind"])
-            if e is not None and (peer_id_from_public_key(e.author) != m or (want and e.kind != want)):
+            if e is not None and want and (peer_id_from_public_key(e.author) != m or e.kind != want):
                 ok, waiting = False, False  # a result that is not what the step makes: never used
                 break
             if e is None or (isinstance(e.body.get("blob"), str) and not store.has(e.body["blob"]) and
@@ -267,14 +267,26 @@ def follower_lock(home: NodeHome, plan: str) -> Iterator[None]:
         os.close(fd)
 
 
+PLAN_ARRIVAL_S = 120.0  # how long `follow` waits for a plan proposed elsewhere to arrive (no timeout given)
+
+
 def follow(home: NodeHome, plan: str, *, poll: float = 0.25, timeout: float | None = None,
            on_step: Callable[[Advance], None] | None = None) -> Advance:
     """`advance` until every own step has a result, the node declined, or `timeout` s passed
-    (then the last Advance, with steps still waiting). Bounded: a step's inputs are waited for
+    (then the last Advance, with steps still waiting). A plan not yet on this node's ledger is
+    waited for (`timeout`, else PLAN_ARRIVAL_S; then PlanError). Bounded: a step's inputs are waited for
     only until their deadline."""
-    with Ledger.open(home.ledger_db) as led:
-        plan = load_view(led, plan, check=False).id
     end = None if timeout is None else time.monotonic() + timeout
+    arrive = time.monotonic() + (timeout if timeout is not None else PLAN_ARRIVAL_S)
+    while True:  # a plan proposed elsewhere may not have reached this node yet
+        try:
+            with Ledger.open(home.ledger_db) as led:
+                plan = load_view(led, plan, check=False).id
+            break
+        except PlanError:
+            if time.monotonic() > arrive:
+                raise
+            time.sleep(poll)
     with follower_lock(home, plan):
         while True:
             adv = advance(home, plan)

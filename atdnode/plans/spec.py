@@ -136,6 +136,9 @@ def check_plan(body: Mapping, members: set[str]) -> None:
         for m in step.get("to") or []:
             if m not in members:
                 raise PlanError(f"{where}: member {m} is not in the consortium")
+        groups = step.get("groups") or {}
+        if not all(isinstance(v, list) and v and all(isinstance(x, str) for x in v) for v in groups.values()):
+            raise PlanError(f"{where}: groups must map each group name to a list of step ids")
         for opt, ref in _refs(step):
             if ref not in seen:
                 raise PlanError(f"{where}: {opt} names {ref!r}, not an earlier step")
