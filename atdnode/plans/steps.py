@@ -115,7 +115,13 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
 
 def _share(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
     from atdnode.aggregation.features_share import share_features
+    from atdnode.models.registry import ModelRegistry
 
+    model = ModelRegistry(home).get("latest").id
+    if "data" not in step:  # shared before a kill: the same entry, not a second one
+        for e in _own_entries(home, "features"):
+            if e.body.get("model_id") == model and sorted(e.body.get("recipients") or []) == sorted(step["to"]):
+                return StepOutcome(results=[e.id.hex()], model=model)
     res = share_features(home, to=list(step["to"]),
                          data_spec=policy.data_spec(step["data"]) if "data" in step else None)
     return StepOutcome(results=[res.entry.id.hex()])
