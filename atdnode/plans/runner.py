@@ -281,7 +281,8 @@ def follow(home: NodeHome, plan: str, *, poll: float = 0.25, timeout: float | No
     while True:  # a plan proposed elsewhere may not have reached this node yet
         try:
             with Ledger.open(home.ledger_db) as led:
-                plan = load_view(led, plan, check=False).id
+                view = load_view(led, plan, check=False)
+            plan, last = view.id, max(view.deadline(s) for s in view.steps)
             break
         except PlanError:
             if time.monotonic() > arrive:
@@ -293,6 +294,9 @@ def follow(home: NodeHome, plan: str, *, poll: float = 0.25, timeout: float | No
             if adv.ran and on_step:
                 on_step(adv)
             if adv.finished or (end is not None and time.monotonic() > end):
+                return adv
+            if adv.decision is None and time.time() > last:  # never decided: the plan is over without it
+                adv.refused = "not accepted before the plan's last deadline"
                 return adv
             if not adv.ran:
                 time.sleep(poll)
