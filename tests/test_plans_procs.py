@@ -92,7 +92,7 @@ def test_plan_on_local_daemons_survives_kill_and_restart(tmp_path: Path) -> None
         assert len(weights) == 1
         # the horizontal aggregate names all three extractors and verifies on node3
         h = next(r for r in status["steps"] if r["step"] == "horizontal")["results"][0]
-        atd("ledger", "wait", h, "--blobs", "--home", str(d / "node3"))
+        atd("ledger", "wait", h, "--home", str(d / "node3"))  # as the walkthrough: the inputs are what verify needs
         assert "verifies" in atd("aggregate", "--verify", h, "--home", str(d / "node3")).stdout
         agg = next(r for r in ledger_rows(d / "node3", "aggregate") if r["id"] == h)
         assert len(agg["body"]["inputs"]) == 3 and weights[0]["id"] in agg["body"]["inputs"]
