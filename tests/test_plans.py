@@ -289,3 +289,34 @@ def test_check_plan_refuses_what_no_member_can_carry_out(steps, says):
     with pytest.raises(PlanError, match=says):
         check_plan(_body(*steps), MEMBERS)
     check_plan(_body(TRAIN), MEMBERS)  # the same checks pass a good plan
+
+
+@pytest.mark.slow
+def test_a_result_naming_anothers_entry_is_left_out(vgs):
+    """node3 signs its plan_step results naming node2's weights entry: node1 aggregates without it."""
+    from atdnode.node.identity import NodeIdentity
+
+    homes, _ = vgs
+    ids = peer_ids(homes)
+    doc = tomllib.loads(VGS.read_text())
+    doc.update(name="hostile", steps=doc["steps"][:6])
+    doc["steps"][5].update(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)
+    plan = propose(homes[0], doc)
+    decide(homes[0], plan, "accept")
+    sync(homes)
+    for _ in range(4):
+        advs = [advance(h, plan) for h in homes[:2]]
+        sync(homes)
+    pub2 = _results(homes[0], plan)[("pub2", ids[1])]["results"]
+    with Ledger.open(homes[2].ledger_db) as led:
+        signer = NodeIdentity.load(homes[2]).signer
+        bodies.append(led, signer, "plan_decision", {"plan": plan, "decision": "accept"})
+        for step in ("finetune", "pub3"):
+            bodies.append(led, signer, "plan_step", {"plan": plan, "step": step, "status": "done", "results": pub2})
+    sync(homes)
+    adv = advance(homes[0], plan)
+    assert adv.ran == ["horizontal"] and advs[1].finished
+    h = _results(homes[0], plan)[("horizontal", ids[0])]
+    assert h["missing"] == [ids[2]]
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert led.get(bytes.fromhex(h["results"][0])).body["inputs"].count(pub2[0]) == 1

@@ -151,10 +151,14 @@ def _gather(led: Ledger, store: BlobStore, view: PlanView, me: str, sid: str, no
             continue
         mine, ok = [], True
         for rid in res["results"]:
-            e = led.get(bytes.fromhex(rid)) if len(rid) == 64 else None
+            try:
+                e = led.get(bytes.fromhex(rid)) if len(rid) == 64 else None
+            except ValueError:  # not hex: nothing that could ever arrive
+                ok = False
+                break
             want = EXPECTED_KIND.get(dep["kind"])
             if e is not None and want and (peer_id_from_public_key(e.author) != m or e.kind != want):
-                ok, waiting = False, False  # a result that is not what the step makes: never used
+                ok = False  # a result that is not what the step makes (another's entry): never used
                 break
             if e is None or (isinstance(e.body.get("blob"), str) and not store.has(e.body["blob"]) and
                              (e.kind != "features" or me in (e.body.get("recipients") or []))):
