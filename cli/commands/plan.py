@@ -49,7 +49,7 @@ def accept_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
 
 @plan_app.command("decline")
 def decline_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix)."), home: Path = HOME_OPT,
-                reason: str = typer.Option("", "--reason", help="One line recorded with the decision.")) -> None:
+                reason: str = typer.Option("", "--reason", help="One line recorded with the decision (default: none).")) -> None:
     """Record this member's signed refusal: it runs none of the plan's steps; the others go on without it."""
     from atdnode.plans import decide
 
