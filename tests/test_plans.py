@@ -320,3 +320,26 @@ def test_a_result_naming_anothers_entry_is_left_out(vgs):
     assert h["missing"] == [ids[2]]
     with Ledger.open(homes[0].ledger_db) as led:
         assert led.get(bytes.fromhex(h["results"][0])).body["inputs"].count(pub2[0]) == 1
+
+
+@pytest.mark.slow
+def test_plan_run_proposes_accepts_and_follows(tmp_path, capsys):
+    """`atd plan run FILE` on a plan of node1's alone: every step done, `atd plan status` says so."""
+    import json
+
+    from cli.app import run
+
+    homes = _small_consortium(tmp_path)
+    doc = VGS.read_text().split("[[steps]]")
+    path = tmp_path / "solo.toml"
+    path.write_text("[[steps]]".join(doc[:3]).replace("epochs = 3", "epochs = 1"))  # base + base_pub
+    capsys.readouterr()
+    assert run(["plan", "run", str(path), "--home", str(homes[0].root), "--timeout", "120"]) == 0
+    out = capsys.readouterr().out
+    plan = out.splitlines()[0].split()[1]
+    assert "step base: recorded" in out and "step base_pub: recorded" in out
+    assert run(["plan", "status", plan, "--home", str(homes[0].root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["steps"]
+    assert [(r["step"], r["state"]) for r in rows] == [("base", "done"), ("base_pub", "done")]
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert [e.id.hex() for e in led.query(kind="weights")] == rows[1]["results"]
