@@ -75,6 +75,7 @@ LONGEST_FIRST = (
     "test_chaos.py",
     "test_daemon_procs.py",
     "test_rounds_procs.py",
+    "test_plans_procs.py",  # ~145 s: three daemons, three followers, a kill and a restart
     "test_readme.py",  # ~175 s before its `atd` commands were forked from a warm interpreter, ~60 s after
 )
 

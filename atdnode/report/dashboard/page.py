@@ -197,6 +197,20 @@ def _split(s: dict) -> str:
                         "this node took part in no split-learning session")
 
 
+def _plans(s: dict) -> str:
+    out = []
+    for p in s.get("plans", []):
+        rows = [f'<tr class="plan-step {_e(r["state"])}"><td>{_e(r["step"])}</td><td>{_e(r["kind"])}</td>'
+                f'<td>{_e(r["member"])}</td><td>{_e(r["decision"])}</td><td>{_e(r["state"])}</td>'
+                f'<td>{_metrics(r.get("metrics") or {})}</td>'
+                f'<td>{_e(r["reason"] or (("without " + ", ".join(r["missing"])) if r["missing"] else ""))}</td></tr>'
+                for r in p["steps"]]
+        out.append(f'<h3>{_e(p["name"])} <span class="sub">by {_e(p["author"])} · <code>{_e(p["id"][:12])}</code> · '
+                   f'{_e(p["done"])} of {_e(p["total"])} done</span></h3>'
+                   + _table(("step", "kind", "member", "decision", "state", "metrics", ""), rows, ""))
+    return "".join(out) or '<p class="muted">no plans (`atd plan propose FILE`)</p>'
+
+
 def render_page(s: dict) -> str:
     node = s["node"]
     n_members = sum(1 for m in s["members"] if not m["revoked"])
@@ -220,6 +234,7 @@ def render_page(s: dict) -> str:
  · up since {_t(node["started"])} · page built {_t(node["now"])}</div></header>
 <main><div class="cards">{card_html}</div>
 <section id="peers"><h2>Peers</h2>{_peers(s)}</section>
+<section id="plans"><h2>Plans</h2>{_plans(s)}</section>
 <section id="aggregates"><h2>Aggregates</h2>{_aggregates(s)}</section>
 <section id="models"><h2>Models</h2>{_models(s)}</section>
 <section id="charts"><h2>Charts</h2>{_charts(s)}</section>

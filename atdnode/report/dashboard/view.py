@@ -117,6 +117,7 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     services = [{"id": e.id.hex(), "server": who(e.author), "algorithm": e.body.get("algorithm", e.body.get("role")),
                  "tasks": [t.get("name") for t in e.body.get("tasks") or [] if isinstance(t, dict)]}
                 for e in entries if e.kind == "service"]
+    plans = plans_view(led, entries, {peer_id_from_public_key(k): who(k) for k in m.members})
     recent = entries[-TIMELINE_LIMIT:]
     stored = led.stored_at([e.id for e in recent])
     timeline = [{
@@ -124,8 +125,27 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
         "summary": summarize(e), "stored": stored.get(e.id),
     } for e in reversed(recent)]
     return {"consortium": m.consortium, "members": members, "published": published, "aggregates": aggregates,
-            "services": services, "timeline": timeline, "entries": len(entries), "states": led.stats(),
+            "services": services, "plans": plans, "timeline": timeline, "entries": len(entries), "states": led.stats(),
             "kinds": _count_kinds(entries)}
+
+
+def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str]) -> list[dict]:
+    """Every plan on the ledger, newest first, with each member's decision and state per step
+    (`atdnode.plans.progress`); member names where known."""
+    from atdnode.errors import AtdError
+    from atdnode.plans.state import load_view, progress
+
+    out = []
+    for e in reversed([e for e in entries if e.kind == "plan"]):
+        try:
+            view = load_view(led, e.id.hex(), check=False)
+        except AtdError:
+            continue
+        rows = [dict(r, member=names.get(r["member"], r["member"][:16]),
+                     missing=[names.get(x, x[:16]) for x in r["missing"]]) for r in progress(view)]
+        out.append({"id": view.id, "name": view.body["name"], "author": names.get(view.author, view.author[:16]),
+                    "steps": rows, "done": sum(r["state"] == "done" for r in rows), "total": len(rows)})
+    return out
 
 
 def _count_kinds(entries: list[Entry]) -> dict[str, int]:
