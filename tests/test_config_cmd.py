@@ -51,6 +51,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     from atdnode.node.config_schema import BY_PATH
     from atdnode.node.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
     from atdnode.models.gc import size_limit
+    from ledger import AuthorQuota
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
@@ -58,7 +59,8 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
            "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
-           **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)}}  # every [peers] key
+           **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
+           "quota.author_entries": AuthorQuota().author_entries, "quota.author_bytes": AuthorQuota().author_bytes}
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
     assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value

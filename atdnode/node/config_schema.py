@@ -44,6 +44,10 @@ KEYS: tuple[Key, ...] = (
     Key("bulk.enabled", bool, True, "encrypted TCP bulk channel for blobs (false: libp2p streams only)"),
     Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)"),
     Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)"),
+    Key("quota.author_entries", int, 12_000, "entries one member may add to this node's ledger per quota window "
+        "(all kinds together; ledger.quota)"),
+    Key("quota.author_bytes", int, 48 << 20, "bytes one member may add to this node's ledger per quota window "
+        "(all kinds together)"),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
 )
 BY_PATH = {k.path: k for k in KEYS}

@@ -57,10 +57,16 @@ def _check_compute(home: NodeHome) -> None:
         parse_device(dev)  # the form, and that this machine has it
 
 
+def _check_quota(home: NodeHome) -> None:
+    from atdnode.replication.ledger_access import quota_from_config
+
+    quota_from_config(NodeConfig.load(home).extra.get("quota"))
+
+
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute,
+    "compute": _check_compute, "quota": _check_quota,
 }
 
 
