@@ -20,7 +20,7 @@ from atdnode.node.identity import NodeIdentity
 from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, unpack
 from atdnode.transport.memory import MemoryNetwork
 from ledger import Entry, Signer
-from tests.factories import append, daemon_on, make_consortium, wait_for
+from tests.factories import append, daemon_on, make_consortium, wait_for, weights_body
 
 BLOB = "ab" * 32
 OWNER, READER, THIEF = (Signer.from_seed(bytes([i]) * 32) for i in (1, 2, 3))
@@ -96,16 +96,15 @@ def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tm
         d = [daemon_on(net, h) for h in homes]
         h = d[0].store.put_bytes(data)
         reader = NodeIdentity.load(homes[1]).peer_id
-        append(homes[0], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash, "size": len(data),
-                                     READERS: [reader]})
+        append(homes[0], "weights", weights_body(h, d[0].store.manifest(h).hash, len(data), **{READERS: [reader]}))
         async with trio.open_nursery() as nursery:
             a0 = await nursery.start(d[0].run, [], [])
             for x in d[1:]:
                 await nursery.start(x.run, [], [a0[0]])
             await wait_for(lambda: d[1].store.has(h), "the named reader fetches it", 60)
             # the thief names the blob in its own entry, with an empty reader list
-            stolen = append(homes[2], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash,
-                                                  "size": len(data), READERS: []})
+            stolen = append(homes[2], "weights", weights_body(h, d[0].store.manifest(h).hash, len(data),
+                                                              **{READERS: []}))
             await wait_for(lambda: any(e.id == stolen.id for e, _ in d[0].readers._lists.notes),
                            "the owner merges the thief's entry and re-reads its reader lists", 60)
             owner = d[0].transport.peer_id
