@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atdnode.bodies import fits
 from atdnode.data.public_spec import public_spec, source_kind
 from atdnode.errors import AtdError
 from atdnode.node.home import NodeHome
@@ -112,11 +113,11 @@ def _roots(led: Ledger, rec) -> list[Entry]:
     """The entries that name this model: its aggregate, or weights entries of its blobs."""
     blobs = set(rec.blobs.values())
     roots = [e for e in led.query(kind="aggregate") + led.query(kind="weights")
-             if e.body.get("blob") in blobs or e.body.get("model_id") == rec.id]
+             if fits(e) and e.body.get("blob") in blobs or e.body.get("model_id") == rec.id]
     agg = (rec.provenance or {}).get("aggregate")
     if isinstance(agg, str):
         e = _get(led, agg)
-        if e is not None and e not in roots:
+        if e is not None and e not in roots and fits(e):
             roots.insert(0, e)
     return roots
 
@@ -158,7 +159,7 @@ def _steps(led: Ledger, rec) -> list[Step]:
         seen[eid] = Step(id=eid, kind=e.kind, author=peer_id_from_public_key(e.author), seq=e.seq,
                          lamport=e.lamport, state=led.state(e.id) or "?", signature=_signature(e),
                          body=_summary(e), links=links)
-        todo += [x for x in (_get(led, i) for i in links) if x is not None]
+        todo += [x for x in (_get(led, i) for i in links) if x is not None and fits(x)]  # (a misfit: not read)
     return sorted(seen.values(), key=lambda s: (s.lamport, s.author, s.seq))
 
 
