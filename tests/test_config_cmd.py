@@ -53,6 +53,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     from atdnode.aggregation.keep import keep_policy
     from atdnode.models.gc import size_limit
     from atdnode.report.statement import card_statement
+    from ledger import AuthorQuota
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
@@ -61,7 +62,8 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
            "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h), "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
-           **{f"card.{k}": v for k, v in card_statement(h).items()}}  # every [card] key
+           **{f"card.{k}": v for k, v in card_statement(h).items()},  # every [card] key
+           "quota.author_entries": AuthorQuota().author_entries, "quota.author_bytes": AuthorQuota().author_bytes}
     assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
     assert {p: BY_PATH[p].default for p in got} == got
     assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value

@@ -48,6 +48,10 @@ KEYS: tuple[Key, ...] = (
     Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)"),
     Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
         "scores at least its own on its val data) or consortium"),
+    Key("quota.author_entries", int, 12_000, "entries one member may add to this node's ledger per quota window "
+        "(all kinds together; ledger.quota)"),
+    Key("quota.author_bytes", int, 48 << 20, "bytes one member may add to this node's ledger per quota window "
+        "(all kinds together)"),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
     Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)"),
     Key("card.out_of_scope_use", str, "", "model card: uses it was not made or checked for (free text)"),

@@ -73,10 +73,17 @@ def _check_card(home: NodeHome) -> None:
     card_statement(home)
 
 
+def _check_quota(home: NodeHome) -> None:
+    from atdnode.replication.ledger_access import quota_from_config
+
+    quota_from_config(NodeConfig.load(home).extra.get("quota"))
+
+
 # the reader's own validation per section ("" = top-level keys); each loads config.toml
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
     "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate, "card": _check_card,
+    "quota": _check_quota,
 }
 
 
