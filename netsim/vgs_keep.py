@@ -1,4 +1,4 @@
-"""Which model each VGS-ATD number scores when the nodes have a val split (issue 23).
+"""Which model each VGS-ATD number scores when the nodes have a val split.
 
 With `[scenario] val_fraction > 0` every node's .npz holds a held-out `val` split, so `atd
 aggregate` judges its candidates — its own model and the consortium's — on it and the
@@ -13,8 +13,9 @@ classify` uses by default (`atdnode.aggregation.keep.default_model`). The report
 `score_kept` rewrites the per-node entries of the nodes that kept their own model, tags
 every entry with the model it scored (`"model"`: "own" | "consortium") and adds one note
 per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
-Without a val split netsim does none of this (the node judged on its test data; netsim
-scores the consortium's model everywhere, `netsim.vgs.VgsRunner._aggregate` notes it).
+Without a val split (val_fraction 0) netsim does none of this: the nodes' data specs say
+`val=train` (`netsim.nodedata.node_spec`), so no node makes a choice — none on its test data —
+and every node takes the consortium's model.
 """
 from __future__ import annotations
 

@@ -44,8 +44,9 @@ class ClassifyResult:
         m = self.metrics
         return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
                 "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
+                "balanced_accuracy": m.get("balanced_accuracy"),
                 "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
-                "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution") if k in m}}
+                "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution", "warning") if k in m}}
 
 
 def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
@@ -111,7 +112,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import default_model
+    from atdnode.aggregation.keep import chosen_on_test, default_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
@@ -124,6 +125,9 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
+    chosen = chosen_on_test(record)
+    if chosen and split == "test":  # the model was picked on this very split (val=test)
+        metrics["warning"] = chosen
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
     from atdnode.data.public_spec import public_spec  # figure titles name no local path
@@ -134,7 +138,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     ModelRegistry(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png),
         "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
-        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy",
-                                   "caution") if k in metrics}})
+        **{k: metrics[k] for k in ("n", "accuracy", "balanced_accuracy", "precision", "recall", "sensitivity", "f1",
+                                   "robust_accuracy", "caution", "warning") if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
                           unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)

@@ -54,6 +54,8 @@ def classify(
                                      ("sensitivity", "sensitivity"), ("f1", "f1")]))
     if "robust_accuracy" in m:
         typer.echo("  " + metric_text(m, [("robust accuracy (PGD)", "robust_accuracy")]))
+    if m.get("warning"):
+        typer.echo(f"  WARNING: {m['warning']}")
     if caution_of(m):
         typer.echo("  " + caution_of(m).line())
     if res.unknown_classes:
