@@ -178,7 +178,8 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         labels = tr.labels.numpy()
         splits = partition_cohort(nodes=co.nodes, train_labels=labels, pool=pools[co.name],
                                   test_labels=te.labels.numpy(), names=names, scheme=co.partition, seed=scn.seed,
-                                  salt=co.name, classes=cls, alpha=co.alpha, fractions=co.fractions, class_sets=sets, train_samples=co.train_samples,
+                                  salt=co.name, classes=cls, alpha=co.alpha, fractions=co.fractions, class_sets=sets, shares=co.class_shares,
+                                  train_samples=co.train_samples,
                                   test_samples=co.test_samples)
         cohort_classes = [names[i] for i in np.unique(labels[pools[co.name]])]
         for sp in splits:
