@@ -11,7 +11,9 @@ the CPU, so every average and every byte counted is computed there, as on the wi
 
 Metrics (`score`) are the node's (`atdnode.learning.metrics.classification_metrics`): macro-averaged
 over the classes present in the test set, so a node whose test data holds 3 classes is not
-penalised for the 7 it never sees; predictions of other classes count as errors.
+penalised for the 7 it never sees; predictions of other classes count as errors. Accuracy and
+balanced accuracy come with a 95 % percentile-bootstrap interval over the test samples
+(`CI_RESAMPLES` seeded resamples: `accuracy_ci95`, `balanced_accuracy_ci95`).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from atdnode.learning.training import Trainer, TrainOptions
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 
-METRICS = ("accuracy", "precision", "sensitivity", "f1")
+METRICS = ("accuracy", "balanced_accuracy", "precision", "sensitivity", "f1")
+CI_RESAMPLES = 1000
 
 
 def model_config(spec: ModelConfig, num_classes: int) -> ModelConfig:
@@ -112,7 +115,27 @@ def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
     m = classification_metrics(y_true, y_pred, labels=np.union1d(y_true, y_pred))
-    return {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]}
+    return {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]} | bootstrap_ci95(y_true, y_pred)
+
+
+def bootstrap_ci95(y_true: np.ndarray, y_pred: np.ndarray, *, resamples: int = CI_RESAMPLES,
+                   seed: int = 0) -> dict[str, list[float]]:
+    """95 % percentile-bootstrap intervals of accuracy and balanced accuracy (the mean recall
+    over the classes present in each resample), over `resamples` seeded resamples of the samples."""
+    n = len(y_true)
+    if n == 0:
+        return {}
+    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    t, hit = y_true[idx], (y_true == y_pred)[idx]
+    acc = hit.mean(axis=1)
+    recalls = []
+    for c in np.unique(y_true):
+        in_c = t == c
+        cnt = in_c.sum(axis=1)
+        recalls.append(np.where(cnt > 0, (hit & in_c).sum(axis=1) / np.maximum(cnt, 1), np.nan))
+    bal = np.nanmean(np.stack(recalls), axis=0)
+    q = lambda a: [round(float(x), 6) for x in np.percentile(a, [2.5, 97.5])]  # noqa: E731
+    return {"accuracy_ci95": q(acc), "balanced_accuracy_ci95": q(bal)}
 
 
 def state_bytes(tensors: dict[str, torch.Tensor]) -> int:

@@ -54,3 +54,26 @@ def test_a_missing_data_set_is_one_line_naming_the_file(tmp_path: Path) -> None:
         scenario_from_dict({"scenario": {"name": "m"}, "datasets": [{"name": "b", "spec": "digits"}],
                             "cohorts": [{"name": "s", "dataset": "b", "class_shares": [[1, 1]], "nodes": ["s1"]}],
                             "phases": [{"phase": 1, "mode": "vertical"}]})
+
+
+def test_each_sites_own_raw_ensemble_is_scored_with_intervals() -> None:
+    import json
+
+    from netsim.references import OWN_RAW, run_reference
+    from tests.netsim_tiny import TINY
+
+    raw = json.loads(json.dumps(TINY))
+    raw["cohorts"] = raw["cohorts"][:1]  # one phase, two sites
+    scn = scenario_from_dict(raw)
+    data = load_scenario_data(scn)
+    own, pooled = (run_reference(k, scn, data, log=lambda _m: None) for k in (OWN_RAW, "ensemble-raw"))
+    for res_own, res_pooled in zip(own, pooled):
+        for n, m in res_own.per_node.items():
+            chance = 1 / len(data.nodes[n].classes)
+            assert m["balanced_accuracy"] > chance + 0.2, (n, m)  # real pixels of its own data carry signal
+            lo, hi = m["accuracy_ci95"]
+            assert 0 <= lo <= m["accuracy"] <= hi <= 1
+            assert m["balanced_accuracy_ci95"][0] <= m["balanced_accuracy"] <= m["balanced_accuracy_ci95"][1]
+            assert "own" in res_own.outcomes[n] and "pooled" in res_pooled.outcomes[n]
+    # fitted on less data than the pooled reference: not the same numbers
+    assert [r.overall["accuracy"] for r in own] != [r.overall["accuracy"] for r in pooled]
