@@ -56,6 +56,8 @@ def test_a_missing_data_set_is_one_line_naming_the_file(tmp_path: Path) -> None:
                             "phases": [{"phase": 1, "mode": "vertical"}]})
 
 
+@pytest.mark.slow  # fits an ensemble per site
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_each_sites_own_raw_ensemble_is_scored_with_intervals() -> None:
     import json
 

@@ -52,6 +52,7 @@ def two_models(tmp_path_factory):
     return h, spec, right, wrong
 
 
+@pytest.mark.slow  # trains two small models (module fixture)
 def test_a_source_without_val_split_gets_one_carved_from_train(two_models) -> None:
     _, spec, right, _ = two_models
     tr, va, te = (load_dataset(spec, 8, 1, s) for s in ("train", "val", "test"))
@@ -68,6 +69,7 @@ def test_a_source_without_val_split_gets_one_carved_from_train(two_models) -> No
     assert len(load_dataset(spec + "?val=train", 8, 1, "train")) == 270  # val=train: nothing carved
 
 
+@pytest.mark.slow
 def test_keep_best_judges_on_the_carved_val_split_never_on_test(two_models) -> None:
     h, spec, right, wrong = two_models
     store = BlobStore(h.blobs_dir)
