@@ -54,13 +54,16 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
 
 
 def _why(ops: NodeOps, model_id: str) -> str:
-    """"own 0.800 > consortium 0.710 on its val split" from the aggregate's keep record."""
+    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record."""
+    from atdnode.aggregation.keep import SELECT_BY
+
     prov = ops.registry.get(model_id).provenance
     cand = prov.get("candidates") or {}
+    by = SELECT_BY if SELECT_BY in (cand.get("own") or {}) else "accuracy"
     try:
-        own, cons = cand["own"]["accuracy"], cand["consortium"]["accuracy"]
+        own, cons = cand["own"][by], cand["consortium"][by]
     except (KeyError, TypeError):
         return str(prov.get("kept_why") or "its aggregate kept its own model")
     split = cand.get("scored_on", "?")
-    return f"own {own:.3f} > consortium {cons:.3f} on its {split} split" if split == "val" else \
-        f"own {own:.3f} > consortium {cons:.3f} on its {split} data"
+    return f"own {own:.3f} > consortium {cons:.3f} ({by.replace('_', ' ')}) on its {split} " + \
+        ("split" if split == "val" else "data")

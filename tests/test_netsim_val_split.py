@@ -146,10 +146,11 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
         if prov["kept"] == "own":
-            own, con = prov["candidates"]["own"]["accuracy"], prov["candidates"]["consortium"]["accuracy"]
+            by = "balanced_accuracy"  # the judge (atdnode.aggregation.keep.SELECT_BY)
+            own, con = prov["candidates"]["own"][by], prov["candidates"]["consortium"][by]
             assert m["model"] == "own" and kept.id != cons.id and own > con
-            assert any(note.startswith(f"{n} keeps its own model: own {own:.3f} > consortium {con:.3f} on its val "
-                                       "split") for note in last["notes"]), last["notes"]
+            assert any(note.startswith(f"{n} keeps its own model: own {own:.3f} > consortium {con:.3f} (balanced "
+                                       "accuracy) on its val split") for note in last["notes"]), last["notes"]
             own_nodes.append(n)
             differs |= acc(cons) != m["accuracy"]
         else:
