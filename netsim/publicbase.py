@@ -133,7 +133,7 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
                    freeze_blocks=0)
     progress(f"public base: {DESIGNATED} trains W_p on the public pool {p.spec} ({p.epochs} epochs at {p.lr:g})")
     t0 = time.perf_counter()
-    rec = train(home, p.spec, model_config(scn.model, 2), opts)
+    rec = train(home, without_val(p.spec), model_config(scn.model, 2), opts)  # W_p chooses nothing: all the pool
     wall = time.perf_counter() - t0
     pub = publish_weights(home, model="latest", part="extractor")
     out = work / "base"
