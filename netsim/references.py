@@ -96,8 +96,9 @@ def _run_own_raw(scn: Scenario, data: ScenarioData, log: Callable[[str], None]) 
             cfg = model_config(scn.model, len(nd.classes))
             ref = fit_reference("ensemble-raw", [nd.train], cfg, **{**opts.kwargs(), "prior": "none"})
             counts = dict(zip(nd.classes, np.bincount(nd.train.labels.numpy(), minlength=len(nd.classes)).tolist()))
-            fitted = np.array([counts[c] for c in ref.classes])
-            ens = ref.ensemble.with_prior(opts.prior, fitted, {i: int(k) for i, k in enumerate(fitted) if k > 0})
+            fitted = np.array([counts[ref.classes[int(i)]] for i in ref.ensemble.classes_])  # the classes it saw
+            ens = ref.ensemble.with_prior(opts.prior, fitted,
+                                          {int(i): int(k) for i, k in zip(ref.ensemble.classes_, fitted)})
             preds[n] = _predictor(ref, ens, data.label_space)
             res.outcomes[n] = f"{OWN_RAW} (its own {len(nd.train)} images, prior {opts.prior})"
         res.compute_s = res.ready_s = time.perf_counter() - t0

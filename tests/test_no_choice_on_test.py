@@ -83,6 +83,16 @@ def test_keep_best_judges_on_the_carved_val_split_never_on_test(two_models) -> N
     forced = judge_candidates(h, store, wrong, right, spec + "?val=test")
     assert forced["candidates"]["scored_on"].startswith("test") and forced["kept"] == "own", forced
     assert forced["warning"] == TEST_WARNING and "WARNING" in forced["kept_why"]
+    # a node that kept a model chosen on test: `atd classify` on test says so, kept model or not
+    from dataclasses import replace
+
+    from atdnode.learning.classify import classify
+    from atdnode.models.gc import register_model
+
+    register_model(h, replace(right, id="", created=right.created + 1, provenance={**right.provenance, **forced}))
+    shown = classify(h, spec, split="test")  # the default: the own (flipped) model it kept
+    assert shown.model_id == wrong.id and shown.to_json()["warning"] == TEST_WARNING
+    assert "warning" not in classify(h, spec, split="val").to_json()  # on val: not the split it chose on
     # no val split at all (val=train): no choice is made
     none = judge_candidates(h, store, wrong, right, spec + "?val=train")
     assert none["kept"] == "consortium" and "no val split" in none["kept_why"] and "candidates" not in none

@@ -125,8 +125,8 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
-    chosen = chosen_on_test(record)
-    if chosen and split == "test":  # the model was picked on this very split (val=test)
+    chosen = chosen_on_test(record) or (chosen_on_test(ModelRegistry(home).get("latest")) if model == "latest" else None)
+    if chosen and split == "test":  # the model was picked on this very split (val=test), kept or not
         metrics["warning"] = chosen
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
