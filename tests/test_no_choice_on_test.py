@@ -89,7 +89,10 @@ def test_keep_best_judges_on_the_carved_val_split_never_on_test(two_models) -> N
     from atdnode.learning.classify import classify
     from atdnode.models.gc import register_model
 
-    register_model(h, replace(right, id="", created=right.created + 1, provenance={**right.provenance, **forced}))
+    import time
+
+    agg = replace(right, id="", created=time.time() + 1, provenance={**right.provenance, **forced})
+    register_model(h, agg)  # the newest record: an aggregate whose keep was judged on test, and kept own
     shown = classify(h, spec, split="test")  # the default: the own (flipped) model it kept
     assert shown.model_id == wrong.id and shown.to_json()["warning"] == TEST_WARNING
     assert "warning" not in classify(h, spec, split="val").to_json()  # on val: not the split it chose on
