@@ -47,6 +47,7 @@ from torch import nn
 
 from atdnode.learning.model import ModelConfig, build_model, load_part
 from netsim.learn import (
+    METRICS,
     expand_head,
     full_state,
     model_config,
@@ -118,8 +119,7 @@ def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors:
         res.per_node[name] = score(y_true, pred(nd.test.images))
         overall.append(score(pooled_true, pred(pooled.images)))
     if overall:
-        res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in ("accuracy", "precision",
-                                                                                   "sensitivity", "f1")}
+        res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in METRICS}
         res.overall["n"] = int(len(pooled))
         res.overall["nodes"] = len(overall)
 

@@ -51,6 +51,7 @@ from atdnode.rounds.fabric import Fabric
 from atdnode.learning.train_options import AdversarialTransform
 from atdnode.models.weights import load_weights
 from netsim.learn import model_config
+from atdnode.data.spec import without_val
 from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
 from netsim.scenario import NetworkSpec
@@ -146,7 +147,7 @@ def _write_node_data(path: Path, train: LabeledImages, test: LabeledImages | Non
     k = min(LOCAL_TEST, len(te))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_npz(path, to_uint8(tr.images), tr.labels.numpy(), classes, to_uint8(te.images[:k]), te.labels[:k].numpy())
-    return f"npz:{path}"
+    return without_val(f"npz:{path}")  # trains on all it holds, like the in-process runs it is compared with
 
 
 def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], model: ModelConfig, rounds: int,

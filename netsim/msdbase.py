@@ -46,7 +46,7 @@ from atdnode.blobs.store import BlobStore
 from atdnode.learning.model import ModelConfig
 from atdnode.split.base import BASE_MODEL, build_base
 from netsim.homes import make_consortium
-from netsim.nodedata import ScenarioData, write_node_npz
+from netsim.nodedata import ScenarioData, node_spec
 from netsim.scenario import Scenario, ScenarioError
 
 SERVER = "msd"  # short: a daemon's control socket path must fit AF_UNIX's limit
@@ -107,7 +107,7 @@ def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lamb
     cfg.save(server_home)
     settings = campaign_settings(scn, data)
     SplitSettings.from_dict(settings).save(server_home)
-    specs = {n: f"npz:{write_node_npz(data.nodes[n], work / 'data' / f'{n}.npz')}" for n in names}
+    specs = {n: node_spec(data.nodes[n], work / 'data' / f'{n}.npz') for n in names}
     progress(f"MSD base: campaign over {len(names)} nodes' unlabelled images ({scn.msd.steps} steps)")
     t0 = time.perf_counter()
     records = trio.run(_campaign, cons, names, specs, scn.seed)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from atdnode.data import MEAN, STD, LabeledImages, load_dataset
+from atdnode.data.spec import without_val
 from netsim.partition import NodeSplit, _rng, class_subset, partition_cohort, write_npz
 from netsim.scenario import Scenario, ScenarioError
 
@@ -128,6 +129,14 @@ def write_node_npz(node: NodeData, path: Path) -> Path:
     return path
 
 
+def node_spec(node: NodeData, path: Path) -> str:
+    """`npz:PATH` of the node's data written to `path` (`write_node_npz`); with no val split
+    (val_fraction 0) `val=train`: the node trains on all of its share, as every method netsim
+    compares does, and its keep decision makes no choice (never one on its test data)."""
+    spec = f"npz:{write_node_npz(node, path)}"
+    return spec if node.val is not None else without_val(spec)
+
+
 def split_val(idx: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
               ) -> tuple[np.ndarray, np.ndarray]:
     """(train rows, val rows) of `idx`: per class, round(fraction x its count) seeded rows go
@@ -154,8 +163,9 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         if d.name not in used:
             continue
         prefix = d.name if d.namespace else None
-        trains[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
-        tests[d.name] = _prepare(load_dataset(d.spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
+        spec = without_val(d.spec)  # the whole training split is dealt; each node's val comes from its share
+        trains[d.name] = _prepare(load_dataset(spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
+        tests[d.name] = _prepare(load_dataset(spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
     pools = _cohort_pools(scn, trains, spaced)
     nodes: dict[str, NodeData] = {}
     test_index: dict[str, dict[str, np.ndarray]] = {}
@@ -168,7 +178,8 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         labels = tr.labels.numpy()
         splits = partition_cohort(nodes=co.nodes, train_labels=labels, pool=pools[co.name],
                                   test_labels=te.labels.numpy(), names=names, scheme=co.partition, seed=scn.seed,
-                                  salt=co.name, classes=cls, alpha=co.alpha, fractions=co.fractions, class_sets=sets, train_samples=co.train_samples,
+                                  salt=co.name, classes=cls, alpha=co.alpha, fractions=co.fractions, class_sets=sets, shares=co.class_shares,
+                                  train_samples=co.train_samples,
                                   test_samples=co.test_samples)
         cohort_classes = [names[i] for i in np.unique(labels[pools[co.name]])]
         for sp in splits:

@@ -13,6 +13,9 @@ Schemes (over the samples of the cohort's classes):
     quantity_skew  IID labels, node sizes ~ Dirichlet(alpha) or the given `fractions`
     disjoint       each node gets whole classes: the given `class_sets`, or the classes
                    dealt round-robin in seeded order
+    class_shares   each node holds the cohort's classes in its given proportions
+                   (`class_shares`, one list per node, over the classes in source order):
+                   hospitals with skewed class ratios, e.g. 40/60, 10/90, 90/10
 """
 from __future__ import annotations
 
@@ -103,6 +106,29 @@ def label_skew(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Gener
     raise ScenarioError(f"label_skew with alpha={alpha} cannot give {n} nodes {floor} samples each; raise alpha")
 
 
+def class_shares(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator, *,
+                 shares: tuple[tuple[float, ...], ...]) -> list[np.ndarray]:
+    """Node k holds the present classes in the proportions `shares[k]` (normalised); every node
+    gets the same number of samples, the most the class counts allow (for each class c,
+    sum_k share[k][c] x size <= its samples); each class's samples are dealt seeded."""
+    present = np.unique(labels[idx])
+    if len(shares) != n or any(len(s) != len(present) for s in shares):
+        raise ScenarioError(f"class_shares needs {n} lists of {len(present)} shares (one per class present)")
+    p = np.asarray(shares, dtype=np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    counts = np.asarray([(labels[idx] == c).sum() for c in present], dtype=np.float64)
+    need = p.sum(axis=0)
+    size = int(np.floor(min(counts[j] / need[j] for j in range(len(present)) if need[j] > 0)))
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for j, c in enumerate(present):
+        ci = idx[labels[idx] == c]
+        ci = ci[rng.permutation(len(ci))]
+        take = np.floor(p[:, j] * size).astype(np.int64)
+        for k, part in enumerate(np.split(ci[:take.sum()], np.cumsum(take)[:-1])):
+            parts[k].append(part)
+    return [np.sort(np.concatenate(q)) for q in parts]
+
+
 def disjoint(idx: np.ndarray, labels: np.ndarray, names: list[str], n: int, rng: np.random.Generator, *,
              class_sets: tuple[tuple[str, ...], ...] | None = None) -> list[np.ndarray]:
     present = [names[c] for c in np.unique(labels[idx])]
@@ -147,7 +173,8 @@ def non_iid(idx: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generato
 def partition_cohort(*, nodes: tuple[str, ...], train_labels: np.ndarray, test_labels: np.ndarray,
                      names: list[str], scheme: str, seed: int, salt: str = "", classes: tuple[str, ...] | None = None,
                      alpha: float = 0.5, fractions: tuple[float, ...] | None = None,
-                     class_sets: tuple[tuple[str, ...], ...] | None = None, train_samples: int | None = None,
+                     class_sets: tuple[tuple[str, ...], ...] | None = None,
+                     shares: tuple[tuple[float, ...], ...] | None = None, train_samples: int | None = None,
                      test_samples: int | None = None, pool: np.ndarray | None = None) -> list[NodeSplit]:
     """Partition one cohort's data among `nodes` (deterministic in `seed` + `salt`).
 
@@ -170,6 +197,8 @@ def partition_cohort(*, nodes: tuple[str, ...], train_labels: np.ndarray, test_l
         parts = quantity_skew(idx, n, rng, alpha=alpha, fractions=fractions)
     elif scheme in ("non_iid2", "non_iid4"):
         parts = non_iid(idx, train_labels, n, rng, classes_per_node=int(scheme[-1]))
+    elif scheme == "class_shares":
+        parts = class_shares(idx, train_labels, n, rng, shares=shares or ())
     elif scheme == "disjoint":
         parts = disjoint(idx, train_labels, names, n, rng, class_sets=class_sets)
     else:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from atdnode.data import LabeledImages, load_dataset
-from atdnode.data.spec import DataSpec
+from atdnode.data.spec import DataSpec, without_val
 from atdnode.learning.model import ModelConfig, extractor_state
 from atdnode.learning.training import TrainOptions
 from netsim.learn import model_config, predict, score, train_model
@@ -78,7 +78,7 @@ class PublicBase:
 def load_pool(spec: str, fraction: float, variants: int, model: ModelConfig, seed: int
               ) -> tuple[LabeledImages, LabeledImages]:
     """The public pool's train and test splits at the model's size (data seed `seed`)."""
-    ps = pool_spec(spec, fraction, variants)
+    ps = without_val(pool_spec(spec, fraction, variants))  # W_p trains on the whole pool; it chooses nothing
     return (load_dataset(ps, model.img_size, model.in_chans, "train", seed=seed),
             load_dataset(ps, model.img_size, model.in_chans, "test", seed=seed))
 
@@ -133,7 +133,7 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
                    freeze_blocks=0)
     progress(f"public base: {DESIGNATED} trains W_p on the public pool {p.spec} ({p.epochs} epochs at {p.lr:g})")
     t0 = time.perf_counter()
-    rec = train(home, p.spec, model_config(scn.model, 2), opts)
+    rec = train(home, without_val(p.spec), model_config(scn.model, 2), opts)  # W_p chooses nothing: all the pool
     wall = time.perf_counter() - t0
     pub = publish_weights(home, model="latest", part="extractor")
     out = work / "base"

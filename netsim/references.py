@@ -7,7 +7,9 @@ node's ensemble sees at most once every peer shared its features), on
 
     ensemble-raw        raw pixels;
     ensemble-untrained  the pre-logits features of an untrained extractor of the scenario's
-                        model config.
+                        model config;
+    ensemble-raw-own    raw pixels of each node's own training data alone (what a hospital
+                        gets with no learning and no consortium), fitted per node.
 
 The members are fitted once per phase; each node then applies the scenario's class-prior
 correction for its own class counts (`EnsembleClassifier.with_prior`, the same ratio a
@@ -43,6 +45,8 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
     the extractor of an extractor reference instead of the untrained one (`ensemble-public`:
     W_p, not fine-tuned, `netsim.publicbase`), reported as `name`."""
     opts = ensemble_options(scn)
+    if kind == OWN_RAW:
+        return _run_own_raw(scn, data, log)
     out = []
     for phase in data_phases(data):
         res = PhaseResult(name or kind, phase)
@@ -68,6 +72,37 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
         res.compute_s = time.perf_counter() - t0
         res.ready_s = res.compute_s
         res.notes.append("reference: nothing sent (it shows what the ensemble gets without learned features)")
+        evaluate_phase(res, data, phase, preds)
+        out.append(res)
+    return out
+
+
+OWN_RAW = "ensemble-raw-own"
+
+
+def _run_own_raw(scn: Scenario, data: ScenarioData, log: Callable[[str], None]) -> list[PhaseResult]:
+    """ensemble-raw-own: per node, the ensemble on raw pixels of its own training data only,
+    with the scenario's class-prior correction for its own class counts (as VGS-ATD's)."""
+    opts = ensemble_options(scn)
+    out = []
+    for phase in data_phases(data):
+        res = PhaseResult(OWN_RAW, phase)
+        names = data.present(phase)
+        log(f"{OWN_RAW} phase {phase}: the VGS-ATD ensemble on each node's own pixels ({len(names)} nodes)")
+        t0 = time.perf_counter()
+        preds = {}
+        for n in names:
+            nd = data.nodes[n]
+            cfg = model_config(scn.model, len(nd.classes))
+            ref = fit_reference("ensemble-raw", [nd.train], cfg, **{**opts.kwargs(), "prior": "none"})
+            counts = dict(zip(nd.classes, np.bincount(nd.train.labels.numpy(), minlength=len(nd.classes)).tolist()))
+            fitted = np.array([counts[ref.classes[int(i)]] for i in ref.ensemble.classes_])  # the classes it saw
+            ens = ref.ensemble.with_prior(opts.prior, fitted,
+                                          {int(i): int(k) for i, k in zip(ref.ensemble.classes_, fitted)})
+            preds[n] = _predictor(ref, ens, data.label_space)
+            res.outcomes[n] = f"{OWN_RAW} (its own {len(nd.train)} images, prior {opts.prior})"
+        res.compute_s = res.ready_s = time.perf_counter() - t0
+        res.notes.append("reference: nothing sent (each hospital alone, no learning)")
         evaluate_phase(res, data, phase, preds)
         out.append(res)
     return out

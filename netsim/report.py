@@ -13,7 +13,7 @@ from typing import Any
 
 TIMING_KEYS = {"ready_s", "compute_s", "wall_s", "took_s", "seconds", "started", "finished", "publish_s",
                "time_to_converge_s", "complete_at_s", "at_s", "sim_s", "out_dir", "network_s"}
-METRIC_KEYS = ("accuracy", "precision", "sensitivity", "f1")
+METRIC_KEYS = ("accuracy", "balanced_accuracy", "precision", "sensitivity", "f1")
 
 
 def strip_timing(obj: Any) -> Any:
@@ -54,6 +54,12 @@ def _fmt(v: Any, digits: int = 3) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def _ci(m: dict, key: str) -> str:
+    """"0.812 [0.750, 0.870]": a metric with its 95 % bootstrap interval, where the score has one."""
+    ci = m.get(f"{key}_ci95")
+    return _fmt(m.get(key)) + (f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if isinstance(ci, list) and len(ci) == 2 else "")
 
 
 def human_bytes(n: float) -> str:
@@ -113,7 +119,7 @@ def robust_lines(report: dict) -> list[str]:
     return out
 
 
-COMPARISON_HEADER = ["method", "phase", "accuracy", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
+COMPARISON_HEADER = ["method", "phase", "accuracy", "balanced acc.", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
                      "compute (s)"]
 
 
@@ -153,10 +159,12 @@ def markdown(report: dict) -> str:
             for ph in phs:
                 for node, m in sorted(ph.get("per_node", {}).items()):
                     b = ph.get("bytes", {}).get(node, {})
-                    rows.append([method, str(ph["phase"]), node, _fmt(m.get("accuracy")), _fmt(m.get("f1")),
+                    rows.append([method, str(ph["phase"]), node, _ci(m, "accuracy"), _ci(m, "balanced_accuracy"),
+                                 _fmt(m.get("f1")),
                                  human_bytes(b.get("sent", 0)), human_bytes(b.get("received", 0)),
                                  ph.get("outcomes", {}).get(node, m.get("status", ""))])
-        parts.append(_table(["method", "phase", "node", "accuracy", "F1", "sent", "received", "ended with"], rows))
+        parts.append(_table(["method", "phase", "node", "accuracy [95 % CI]", "balanced acc. [95 % CI]", "F1", "sent",
+                             "received", "ended with"], rows))
     if report.get("gossip"):
         parts.append(gossip_markdown(report["gossip"]))
     if report.get("vgs_faults"):

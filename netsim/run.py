@@ -181,9 +181,9 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
                 report["notes"] += _no_probe_note(m, scn, "public")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
-        from netsim.references import REFERENCES, run_reference, verdicts
+        from netsim.references import OWN_RAW, REFERENCES, run_reference, verdicts
 
-        for kind in REFERENCES:
+        for kind in (*REFERENCES, OWN_RAW):
             progress(f"reference {kind}")
             report["methods"][kind] = [r.to_dict() for r in run_reference(kind, scn, data, log=progress)]
         if wp is not None:  # what the public base alone gives the ensemble (does the consortium add anything?)

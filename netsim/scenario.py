@@ -24,7 +24,7 @@ the network conditions, the faults, and optionally a gossip workload:
     [[datasets]] name, spec (an atdnode.data spec: "digits", "npz:PATH", "folder:PATH"),
                  namespace (bool, default false: classes are matched by name across data sets)
     [[cohorts]]  name, phase, group, role, dataset, classes, partition, alpha, fractions,
-                 class_sets, train_samples, test_samples, nodes
+                 class_sets, class_shares, train_samples, test_samples, nodes
     [[phases]]   phase, mode ("horizontal" | "vertical" | "hierarchical"), weighting, group_start
                  (hierarchical: "base", the paper's, | "consortium", netsim.vgs._hierarchical)
     [[faults]]   kind, at_s | at_phase, node, nodes, groups, a, b, latency_ms, ...
@@ -129,7 +129,8 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
     net = NetworkSpec(**{**{f.name: getattr(net, f.name) for f in fields(net)}, "links": links})
     datasets = tuple(c.build(DatasetSpec, d, f"datasets[{i}]") for i, d in enumerate(c.tables(raw, "datasets")))
     datasets = tuple(_resolve_dataset(d, base_dir) for d in datasets)
-    conv = {"nodes": c.strs, "classes": c.strs, "fractions": c.floats, "class_sets": c.str_lists}
+    conv = {"nodes": c.strs, "classes": c.strs, "fractions": c.floats, "class_sets": c.str_lists,
+            "class_shares": c.float_lists}
     cohorts = tuple(c.build(CohortSpec, x, f"cohorts[{i}]", conv) for i, x in enumerate(c.tables(raw, "cohorts")))
     phases = tuple(c.build(PhaseSpec, x, f"phases[{i}]") for i, x in enumerate(c.tables(raw, "phases")))
     fconv = {"groups": c.str_lists, "bandwidth_mbps": _opt_float(c)}

@@ -161,6 +161,12 @@ def _check_cohort(c: KeyReader, w: str, co: CohortSpec, datasets: list[str]) -> 
             raise c.fail(f"{w}.fractions", "only applies to partition = \"quantity_skew\"")
         if len(co.fractions) != len(co.nodes) or any(f <= 0 for f in co.fractions):
             raise c.fail(f"{w}.fractions", f"needs one positive number per node ({len(co.nodes)})")
+    if (co.class_shares is not None) != (co.partition == "class_shares"):
+        raise c.fail(f"{w}.class_shares", "partition = \"class_shares\" needs class_shares, and only it takes them")
+    if co.class_shares is not None and (len(co.class_shares) != len(co.nodes)
+                                        or any(f < 0 for s in co.class_shares for f in s)
+                                        or any(sum(s) <= 0 for s in co.class_shares)):
+        raise c.fail(f"{w}.class_shares", f"needs one list of non-negative shares per node ({len(co.nodes)})")
     if co.class_sets is not None:
         if co.partition != "disjoint":
             raise c.fail(f"{w}.class_sets", "only applies to partition = \"disjoint\"")

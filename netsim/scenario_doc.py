@@ -30,8 +30,8 @@ def options_markdown() -> str:
             typ = str(types[k]).replace(" | ", " or ")  # a table cell: no bare "|"
             lines.append(f"| `[{section}]` | `{k}` | {typ} | {getattr(netsim, k)!r} | {getattr(node, k)!r} |")
     vf = {f.name: f.default for f in fields(Scenario)}["val_fraction"]
-    lines.append(f"| `[scenario]` | `val_fraction` | float | {vf!r} (no val split) | — (netsim only: each node's "
-                 "held-out val split, which `atd aggregate`'s keep decision judges on) |")
+    lines.append(f"| `[scenario]` | `val_fraction` | float | {vf!r} (no val split: no keep choice) | — (netsim only: "
+                 "each node's held-out val split, which `atd aggregate`'s keep decision judges on) |")
     old = ", ".join(f"`{a}` -> `{b}`" for a, b in ENSEMBLE_RENAMED.items())
     lines += ["", f"Older `[ensemble]` keys still read: {old}. Any other key is a `ScenarioError` naming it.", "",
               DOC_END]

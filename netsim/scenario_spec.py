@@ -19,7 +19,7 @@ BACKENDS = ("memory", "process")
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
 METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
 BASES = ("scratch", "msd", "public")
-PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non_iid4")  # non_iid*: FedWAvg paper
+PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non_iid4", "class_shares")  # non_iid*: FedWAvg paper
 MODES = ("horizontal", "vertical", "hierarchical")
 FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "leave")
 WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count")
@@ -142,6 +142,7 @@ class CohortSpec:
     alpha: float = 0.5
     fractions: tuple[float, ...] | None = None
     class_sets: tuple[tuple[str, ...], ...] | None = None
+    class_shares: tuple[tuple[float, ...], ...] | None = None  # partition = "class_shares": per node, per class
     train_samples: int | None = None  # cap on the cohort's training samples (seeded subset)
     test_samples: int | None = None  # cap on each node's test samples
     role: str = "hospital"  # announced in the nodes' signed hello entries
@@ -215,7 +216,8 @@ class Scenario:
     public: PublicSpec = PublicSpec()
     # a share of each node's training split held out as its validation split (stratified,
     # seeded; `netsim.nodedata.split_val`): never trained on by any method; `atd aggregate`
-    # judges its candidates on it (`atdnode.aggregation.keep`). 0: no val split (the node judges on test)
+    # judges its candidates on it (`atdnode.aggregation.keep`). 0: no val split (every node trains on all
+    # of its share and makes no keep choice: `netsim.nodedata.node_spec`)
     val_fraction: float = 0.0
     source: str = "<dict>"
 
@@ -346,6 +348,11 @@ class KeyReader:
         if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             raise self.fail(where, f"must be a list of numbers, got {v!r}")
         return tuple(float(x) for x in v)
+
+    def float_lists(self, v: Any, where: str) -> tuple[tuple[float, ...], ...]:
+        if not isinstance(v, list) or not v:
+            raise self.fail(where, f"must be a non-empty list of lists, got {v!r}")
+        return tuple(self.floats(x, f"{where}[{i}]") for i, x in enumerate(v))
 
     def str_lists(self, v: Any, where: str) -> tuple[tuple[str, ...], ...]:
         if not isinstance(v, list) or not v:

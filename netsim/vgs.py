@@ -57,7 +57,7 @@ from atdnode.learning.training import TrainOptions
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import FaultOutcome, apply_fault, pick_bootstrap
 from netsim.learn import model_config, to_global
-from netsim.nodedata import ScenarioData, write_node_npz
+from netsim.nodedata import ScenarioData, node_spec
 from netsim.references import ensemble_options
 from netsim.scenario import Scenario
 from netsim.vgs_keep import score_kept
@@ -102,7 +102,7 @@ class VgsRunner:
                                    self.data_dir / "consortium-init.safetensors")
             self.base_files = {n: init for n in data.nodes}
         for name, nd in data.nodes.items():
-            spec = f"npz:{write_node_npz(nd, self.data_dir / f'{name}.npz')}"
+            spec = node_spec(nd, self.data_dir / f'{name}.npz')
             self.ops[name] = NodeOps(name, cluster.c.homes[name], seed=scn.seed, spec=spec,
                                      cfg=model_config(scn.model, len(nd.classes)), ensemble=ens)
         self.state = {n: NodeState() for n in data.nodes}
@@ -334,9 +334,6 @@ class VgsRunner:
         for w in step.detail.get("warnings", []):  # e.g. inputs or groups from different bases
             if f"{mode}: {w}" not in self._res.notes:
                 self._res.notes.append(f"{mode}: {w}")
-        if step.detail.get("kept") == "own" and not self.scn.val_fraction:  # with a val split: netsim.vgs_keep
-            self._res.notes.append(f"{node} ({mode}): {step.detail.get('kept_why')} — netsim scores the "
-                                   "consortium's model (the node had no val split: it judged on its test data)")
         if mode == "hierarchical" and sizes not in self._res.notes:
             self._res.notes.append(sizes)
         self._produced.append(step.pub)

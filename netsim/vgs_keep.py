@@ -13,8 +13,9 @@ classify` uses by default (`atdnode.aggregation.keep.default_model`). The report
 `score_kept` rewrites the per-node entries of the nodes that kept their own model, tags
 every entry with the model it scored (`"model"`: "own" | "consortium") and adds one note
 per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
-Without a val split netsim does none of this (the node judged on its test data; netsim
-scores the consortium's model everywhere, `netsim.vgs.VgsRunner._aggregate` notes it).
+Without a val split (val_fraction 0) netsim does none of this: the nodes' data specs say
+`val=train` (`netsim.nodedata.node_spec`), so no node makes a choice — none on its test data —
+and every node takes the consortium's model.
 """
 from __future__ import annotations
 
@@ -53,13 +54,16 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
 
 
 def _why(ops: NodeOps, model_id: str) -> str:
-    """"own 0.800 > consortium 0.710 on its val split" from the aggregate's keep record."""
+    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record."""
+    from atdnode.aggregation.keep import SELECT_BY
+
     prov = ops.registry.get(model_id).provenance
     cand = prov.get("candidates") or {}
+    by = SELECT_BY if SELECT_BY in (cand.get("own") or {}) else "accuracy"
     try:
-        own, cons = cand["own"]["accuracy"], cand["consortium"]["accuracy"]
+        own, cons = cand["own"][by], cand["consortium"][by]
     except (KeyError, TypeError):
         return str(prov.get("kept_why") or "its aggregate kept its own model")
     split = cand.get("scored_on", "?")
-    return f"own {own:.3f} > consortium {cons:.3f} on its {split} split" if split == "val" else \
-        f"own {own:.3f} > consortium {cons:.3f} on its {split} data"
+    return f"own {own:.3f} > consortium {cons:.3f} ({by.replace('_', ' ')}) on its {split} " + \
+        ("split" if split == "val" else "data")

@@ -31,7 +31,9 @@ def test_spec_parsing():
 def test_digits_split_is_seeded_stratified_and_disjoint():
     tr = load_dataset("digits", 16, 3, "train")
     te = load_dataset("digits", 16, 3, "test")
-    assert len(tr) + len(te) == 1797 and abs(len(te) - 0.2 * 1797) < 10
+    va = load_dataset("digits", 16, 3, "val")  # carved from the 80 %: the source has no val split
+    assert len(tr) + len(va) + len(te) == 1797 and abs(len(te) - 0.2 * 1797) < 10 and abs(len(va) - 0.16 * 1797) < 10
+    assert va.report.val_origin.startswith("carved from train")
     assert tr.images.shape == (len(tr), 3, 16, 16) and tr.images.dtype == torch.float32
     assert tr.images.min() >= -1 and tr.images.max() <= 1
     assert torch.equal(tr.images[:, 0], tr.images[:, 2])  # grayscale copied to 3 channels
@@ -96,8 +98,9 @@ def test_npz_medmnist_layout(tmp_path):
     # RGB images, named classes, no test split -> seeded 80/20
     spec2 = _npz(tmp_path / "rgb.npz", train_images=rng.integers(0, 255, (40, 12, 12, 3), dtype=np.uint8),
                  train_labels=np.repeat(np.arange(2), 20), classes=np.array(["benign", "malignant"]))
-    a, b = load_dataset(spec2, 8, 1, "train"), load_dataset(spec2, 8, 1, "test")
+    a, b = load_dataset(spec2 + "?val=train", 8, 1, "train"), load_dataset(spec2, 8, 1, "test")
     assert a.classes == ["benign", "malignant"] and len(a) == 32 and len(b) == 8 and a.images.shape[1] == 1
+    assert len(load_dataset(spec2, 8, 1, "train")) + len(load_dataset(spec2, 8, 1, "val")) == 32  # val carved
     # pixel values: a white image normalises to 1, black to -1
     spec3 = _npz(tmp_path / "bw.npz", train_images=np.stack([np.zeros((4, 4)), np.full((4, 4), 255)]).astype(np.uint8),
                  train_labels=np.array([0, 1]), test_images=np.zeros((1, 4, 4), np.uint8), test_labels=np.array([0]))
@@ -150,7 +153,7 @@ def test_folder_loader_mixed_sizes_and_formats(tmp_path):
         for i in range(n):
             _img(root / c / f"{i}.png" if i % 2 else root / c / f"{i}.jpg", size=(8 + i, 9), mode="RGB" if i % 3 else "L")
     (root / "dog" / "notes.txt").write_text("ignored")
-    tr, te = load_dataset(f"folder:{root}", 8, 3, "train"), load_dataset(f"folder:{root}", 8, 3, "test")
+    tr, te = load_dataset(f"folder:{root}?val=train", 8, 3, "train"), load_dataset(f"folder:{root}", 8, 3, "test")
     assert tr.classes == ["cat", "dog"] and len(tr) + len(te) == 10 and tr.images.shape[1:] == (3, 8, 8)
     # explicit train/test layout
     split = tmp_path / "split"

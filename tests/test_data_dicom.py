@@ -51,7 +51,7 @@ def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
     spec = f"dicom:{root}"
     # the same stored pixels as 16-bit PNG, windowed in stored units, give the same tensors
     raw_window = f"window={(LO - INTERCEPT) / SLOPE:.6f},{(HI - INTERCEPT) / SLOPE:.6f}"
-    for split in ("train", "test"):
+    for split in ("train", "val", "test"):  # val: carved from training (the tree has no val split)
         d = load_dataset(spec, 16, 1, split)
         p = load_dataset(f"folder:{png}?{raw_window}", 16, 1, split)
         assert d.classes == p.classes == ["lesion", "normal"] and torch.equal(d.labels, p.labels)
@@ -59,7 +59,7 @@ def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
         # per-image min-max ignores the header window: equal to the PNG's default
         assert torch.allclose(load_dataset(spec + "?window=minmax", 16, 1, split).images,
                               load_dataset(f"folder:{png}", 16, 1, split).images, atol=1e-5)
-    reports = [load_dataset(spec, 16, 1, s).report for s in ("train", "test")]
+    reports = [load_dataset(spec, 16, 1, s).report for s in ("train", "val", "test")]
     skipped = [f for r in reports for f, _ in r.skipped]
     assert skipped == ["normal/99.dcm"], skipped
     assert sum(r.scaling.get("DICOM window (header), MONOCHROME1 inverted", 0) for r in reports) == 1

@@ -50,8 +50,8 @@ def test_window_auto_uses_training_percentiles(tmp_path):
     imgs[0][0, 0] = 65000  # an outlier: auto ignores it, min-max would not
     for i, im in enumerate(imgs):
         write_png16(tmp_path / "a" / f"{i}.png", im)
-    tr = load_dataset(f"folder:{tmp_path}?window=auto", 16, 1, "train")
-    te = load_dataset(f"folder:{tmp_path}?window=auto", 16, 1, "test")
+    tr = load_dataset(f"folder:{tmp_path}?window=auto&val=train", 16, 1, "train")  # no val carved: all 8
+    te = load_dataset(f"folder:{tmp_path}?window=auto&val=train", 16, 1, "test")
     train_files = split_indices(np.zeros(10, np.int64), seed=0)["train"]  # the seeded 80/20 split
     lo, hi = tr.report.auto_window
     assert te.report.auto_window == (lo, hi)  # the same window on both sides: from training data only

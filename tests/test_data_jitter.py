@@ -29,13 +29,13 @@ def test_rendering_is_fixed_and_moves_the_digits() -> None:
 
 
 def test_loads_like_digits_with_the_same_labels_and_split() -> None:
-    tr = load_dataset("digits-jitter", 28, 1, "train", seed=0)
+    tr = load_dataset("digits-jitter?val=train", 28, 1, "train", seed=0)
     te = load_dataset("digits-jitter", 28, 1, "test", seed=0)
-    ref = load_dataset("digits", 8, 1, "train", seed=0)
+    ref = load_dataset("digits?val=train", 8, 1, "train", seed=0)
     assert tr.images.shape[1:] == (1, 28, 28) and tr.classes == [str(i) for i in range(10)]
     assert len(tr) + len(te) == 1797 and np.array_equal(tr.labels.numpy(), ref.labels.numpy())
     assert "digits-jitter" in next(iter(tr.report.scaling))
-    sub = load_dataset("digits-jitter?classes=6,7", 28, 1, "train", seed=0)
+    sub = load_dataset("digits-jitter?classes=6,7&val=train", 28, 1, "train", seed=0)
     assert sub.classes == ["6", "7"] and len(sub) < len(tr) // 4
 
 
@@ -59,8 +59,8 @@ def test_variants_multiply_the_data_without_train_test_leakage() -> None:
     # no test image is a re-rendering of a training digit; the test digits are those of K = 1
     from atdnode.data.loader import _labelled_catalog
 
-    sides3 = _labelled_catalog("digits-jitter?variants=3", 0)[-1]
-    sides1 = _labelled_catalog("digits-jitter", 0)[-1]
+    sides3 = _labelled_catalog("digits-jitter?variants=3", 0)[6]
+    sides1 = _labelled_catalog("digits-jitter", 0)[6]
     src = np.arange(3 * 1797) % 1797
     test_src, train_src = set(src[sides3 == "test"]), set(src[sides3 == "train"])
     assert test_src and not test_src & train_src

@@ -183,7 +183,7 @@ def test_spec_options_parse_and_are_checked_per_source(tmp_path):
     assert DataSpec.parse("nifti:/v?slices=2:10:3").slices == ("idx", 2, 10, 3)
     for bad, why in [("digits?axis=1", "does not apply to digits"), ("folder:/x?slices=mid", "does not apply"),
                      ("npz:/x?labels=a.csv", "does not apply"), ("digits?window=5,1", "lo < hi"),
-                     ("digits?window=1", ""), ("digits?val=test", "val must be"), ("nifti:/v?axis=3", "out of range"),
+                     ("digits?window=1", ""), ("digits?val=none", "val=none: expected"), ("nifti:/v?axis=3", "out of range"),
                      ("nifti:/v?slices=1:2:0", "step"), ("nifti:/v?slices=0.5:0.2", "fractions"),
                      ("digits?classes=a.json&classes=b.json", "twice"), ("digits?limit=3&limit=4", "twice")]:
         with pytest.raises(DataError, match="bad data spec.*" + why):
@@ -204,14 +204,15 @@ def test_data_inspect_prints_counts_scaling_skips_and_writes_a_contact_sheet(tmp
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[1] == "  classes (2): normal, pneumonia"
-    assert lines[3].split() == ["train", "4", "3", "7"] and lines[4].split() == ["test", "1", "1", "2"]
+    assert lines[3].split() == ["train", "3", "2", "5"] and lines[4].split() == ["val", "1", "1", "2"]  # val: carved
+    assert lines[5].split() == ["test", "1", "1", "2"]
     assert "native shapes: 8x8 x9; dtypes: uint16 x9" in r.stdout and "uint16, min-max per image x9" in r.stdout
     assert "skipped (1):" in r.stdout and "normal/scan.dcm: not an image (DICOM: use dicom:PATH)" in r.stdout
     with Image.open(out) as im:
         assert im.size == (140 + 3 * 68, 2 * 68)
     r = CliRunner().invoke(app, ["data", "inspect", f"folder:{root}", "--out", str(out), "--json"])
     d = json.loads(r.stdout)
-    assert d["counts"]["train"] == {"normal": 4, "pneumonia": 3} and d["skipped"] == [["normal/scan.dcm", "not an image (DICOM: use dicom:PATH)"]]
+    assert d["counts"]["train"] == {"normal": 3, "pneumonia": 2} and d["skipped"] == [["normal/scan.dcm", "not an image (DICOM: use dicom:PATH)"]]
 
 
 def test_training_evaluates_the_val_split_each_epoch(tmp_path):
@@ -259,7 +260,7 @@ def test_folder_labels_csv_with_splits_directories_and_errors(tmp_path):
     write_png16(root / "series" / "s1" / "b.png", np.eye(4) * 9)
     (root / "labels.csv").write_text("path,class\n" + "flat/0.png,ok\nflat/1.png,ok\nflat/2.png,bad\n"
                                      "flat/3.png,bad\nseries/s1,bad\n")  # a row may name a folder
-    tr = load_dataset(f"folder:{root}?labels=labels.csv", 4, 1, "train")  # no split column: seeded 80/20
+    tr = load_dataset(f"folder:{root}?labels=labels.csv&val=train", 4, 1, "train")  # no split column: seeded 80/20
     te = load_dataset(f"folder:{root}?labels=labels.csv", 4, 1, "test")
     assert tr.classes == ["bad", "ok"] and tr.class_counts() == [3, 2] and te.class_counts() == [1, 0]
     (root / "split.csv").write_text("flat/0.png,ok,train\nflat/1.png,ok,test\nflat/2.png,bad,train\nflat/3.png,bad,val\n")

@@ -63,7 +63,7 @@ def test_horizontal_on_skewed_class_ratios_beats_majority_and_worst_node(tmp_pat
     sync(homes)
     res = aggregate_horizontal(homes[1], inputs=inputs, data_spec=specs["b"], options=opts)  # the 4/96 node
     assert res.weights == [1 / 3] * 3 and len(res.details["features"]) == 2
-    glob = classify(homes[1], specs["b"]).metrics
+    glob = classify(homes[1], specs["b"], model=res.model_id).metrics  # the global model (keep may not use it)
     majority_f1 = (0.0 + 2 * 0.5 / 1.5) / 2  # all "pneumonia" on a balanced test set: F1 0 and 2/3
     print(f"single nodes' macro-F1 {single}, horizontal + ensemble {glob['f1']:.3f} (acc {glob['accuracy']:.3f})")
     assert glob["f1"] > majority_f1 + 0.1

@@ -71,8 +71,8 @@ def test_vertical_with_every_nodes_features_never_silently_makes_a_node_worse(tm
         assert len(d["features"]) == 2, d  # every node's features
         c = d["candidates"]
         assert c["scored_on"] == "val" and c["data"] == specs[n], c
-        own, cons = c["own"]["accuracy"], c["consortium"]["accuracy"]
-        print(f"{n}: own {own:.3f}, consortium {cons:.3f} on its val split -> kept {d['kept']}")
+        own, cons = c["own"]["balanced_accuracy"], c["consortium"]["balanced_accuracy"]  # the judge (keep.SELECT_BY)
+        print(f"{n}: balanced accuracy own {own:.3f}, consortium {cons:.3f} on its val split -> kept {d['kept']}")
         if d["kept"] == "consortium":
             assert cons >= own, d
         else:  # it keeps its own and says why

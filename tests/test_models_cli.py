@@ -64,7 +64,8 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     c = agg["candidates"]
     assert ms[g]["latest_metrics"]["accuracy"] == c["consortium"]["accuracy"]
     assert ms[g]["latest_source"] == f"{c['data']} [{c['scored_on']}]" and agg["kept"] in ("own", "consortium")
-    assert f"candidates on its {c['scored_on']} data: own {c['own']['accuracy']:.3f}" in cli("models", "--home", home)
+    assert (f"candidates on its {c['scored_on']} data (balanced accuracy): own {c['own']['balanced_accuracy']:.3f}"
+            in cli("models", "--home", home))
     # `atd classify` scores the aggregated model; `atd models` shows that score, not 0.000
     res = json.loads(cli("classify", "--home", home, "--data", DATA, "--model", g, "--json"))
     ms = listed(h.root)

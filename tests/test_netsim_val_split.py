@@ -12,7 +12,7 @@ import torch
 
 from atdnode.data import load_dataset
 from atdnode.errors import DataError
-from netsim.nodedata import load_scenario_data, write_node_npz
+from netsim.nodedata import load_scenario_data, node_spec, write_node_npz
 from netsim.scenario import ScenarioError, scenario_from_dict
 from tests.netsim_tiny import TINY
 
@@ -48,8 +48,10 @@ def test_val_split_is_held_out_stratified_and_reaches_the_npz(tmp_path: Path) ->
             got_ = load_dataset(spec, 8, 1, split)
             assert torch.equal(got_.labels, part.labels) and torch.allclose(got_.images, part.images, atol=1e-5), split
     assert plain.nodes["a1"].val is None and "val" not in plain.nodes["a1"].source_index
-    with pytest.raises(DataError):  # no val split without the option: the node judges on test
-        load_dataset(f"npz:{write_node_npz(plain.nodes['a1'], tmp_path / 'plain.npz')}", 8, 1, "val")
+    plain_spec = node_spec(plain.nodes["a1"], tmp_path / "plain.npz")
+    with pytest.raises(DataError):  # no val split without the option: the node makes no choice (val=train)
+        load_dataset(plain_spec, 8, 1, "val")
+    assert len(load_dataset(plain_spec, 8, 1, "train")) == len(plain.nodes["a1"].train)  # trains on all its share
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ScenarioError, match="scenario.val_fraction"):
             tiny(bad)
@@ -144,10 +146,11 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
         if prov["kept"] == "own":
-            own, con = prov["candidates"]["own"]["accuracy"], prov["candidates"]["consortium"]["accuracy"]
+            by = "balanced_accuracy"  # the judge (atdnode.aggregation.keep.SELECT_BY)
+            own, con = prov["candidates"]["own"][by], prov["candidates"]["consortium"][by]
             assert m["model"] == "own" and kept.id != cons.id and own > con
-            assert any(note.startswith(f"{n} keeps its own model: own {own:.3f} > consortium {con:.3f} on its val "
-                                       "split") for note in last["notes"]), last["notes"]
+            assert any(note.startswith(f"{n} keeps its own model: own {own:.3f} > consortium {con:.3f} (balanced "
+                                       "accuracy) on its val split") for note in last["notes"]), last["notes"]
             own_nodes.append(n)
             differs |= acc(cons) != m["accuracy"]
         else:

@@ -84,7 +84,7 @@ def _overall(report: dict, method: str) -> dict[int, float]:
 
 
 def test_every_baseline_is_measured_in_the_same_run(report: dict) -> None:
-    assert set(report["methods"]) == {"vgs-atd", "centralized", *E2E, *REFERENCES}
+    assert set(report["methods"]) == {"vgs-atd", "centralized", *E2E, *REFERENCES, "ensemble-raw-own"}
     for m in report["methods"]:
         assert sorted(_overall(report, m)) == [1, 2, 3], m
         for ph in report["methods"][m]:  # every present node is scored

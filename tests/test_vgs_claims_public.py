@@ -71,7 +71,7 @@ def _mean(reports: dict[int, dict], method: str) -> dict[int, float]:
 
 
 def test_every_method_is_measured_in_every_run(reports: dict[int, dict]) -> None:
-    want = {"vgs-atd", "centralized", *E2E, *REFERENCES, "ensemble-public"}
+    want = {"vgs-atd", "centralized", *E2E, *REFERENCES, "ensemble-raw-own", "ensemble-public"}
     for seed, rep in reports.items():
         assert set(rep["methods"]) == want, seed
         for m in want:

@@ -363,5 +363,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
         if isinstance(c, dict) and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
             reg.add_evaluation(c.get("model") or model_id, {  # each candidate's score, as `atd classify` would record it
                 "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
-                "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name})
+                "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name,
+                **{k: v for k, v in (("balanced_accuracy", c.get("balanced_accuracy")),
+                                     ("warning", rec.provenance["candidates"].get("warning"))) if v is not None}})
     return model_id

@@ -2,17 +2,26 @@
 
 After every aggregation the node scores each candidate — its own current model (what it
 predicted with before: `own`) and the consortium's aggregate (`consortium`) — on its own
-validation data, with `atd classify`'s predictor (`atdnode.learning.classify.judge_candidates`,
+validation data, with `atd classify`'s predictor (`atdnode.aggregation.candidates.judge_candidates`,
 which applies `choose` below):
 
-* the data spec's `val` split when it has one; else its `test` split, and the record says
-  so ("test (no val split)") — with no held-out data of its own the node has nothing else;
+* the data spec's `val` split: the source's, or one carved from its training split when the
+  source has none (`atdnode.data.loader`) — never its test split unless the spec forces it
+  (`val=test`, flagged with a warning wherever the numbers show);
 * the scores go into the new model's record (`provenance["candidates"]`, shown by
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
   default (`default_model`): `best` (default) keeps the consortium's model only where it
-  scores at least the node's own (accuracy, ties to the consortium), `consortium` always
-  takes it. `provenance["kept"]` / `["kept_why"]` say what was kept and why.
+  scores at least the node's own, `consortium` always takes it. `provenance["kept"]` /
+  `["kept_why"]` say what was kept and why.
+
+The judge is `SELECT_BY`, balanced accuracy (the mean of the per-class recalls): hospitals'
+val splits are skewed, and on a split that is 96 % one class a model that always answers
+that class scores 0.96 accuracy but 0.5 balanced accuracy. Balanced accuracy rather than
+AUROC because it judges the decisions `atd classify` makes (argmax, with the class-prior
+correction applied), is defined the same way for two classes and for many, and needs only
+the predictions every candidate kind (head or ensemble) yields; AUROC ranks scores and can
+rate a model whose every answer is the majority class highly.
 
 `model_in_use` is the one answer to "which model does this node use": `atd classify` and
 `atd predict` without `--model`, the dashboard's badge, `atd models`' mark and the model
@@ -28,6 +37,7 @@ from atdnode.models.registry import ModelRecord, ModelRegistry
 
 KEEP_POLICIES = ("best", "consortium")
 DEFAULT_KEEP = "best"
+SELECT_BY = "balanced_accuracy"
 
 
 def keep_policy(home: NodeHome) -> str:
@@ -45,9 +55,12 @@ def keep_policy(home: NodeHome) -> str:
 
 
 def choose(policy: str, scores: dict) -> tuple[str, str]:
-    """(kept candidate, why) under `policy`."""
-    own, cons = scores["own"]["accuracy"], scores["consortium"]["accuracy"]
-    where = f"on its {scores['scored_on']} data"
+    """(kept candidate, why) under `policy`, judged by `SELECT_BY` (records without it: accuracy)."""
+    by = SELECT_BY if SELECT_BY in scores["own"] and SELECT_BY in scores["consortium"] else "accuracy"
+    own, cons = scores["own"][by], scores["consortium"][by]
+    where = f"({by.replace('_', ' ')}) on its {scores['scored_on']} data"
+    if "warning" in scores:
+        where += f" — WARNING: {scores['warning']}"
     if policy == "consortium":
         return "consortium", f"policy consortium (consortium {cons:.3f}, own {own:.3f} {where})"
     if cons >= own:
@@ -116,4 +129,9 @@ def kept_details(home: NodeHome, model_id: str | None) -> dict:
     if not model_id:
         return {}
     prov = ModelRegistry(home).get(model_id).provenance
-    return {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy") if k in prov}
+    return {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy", "warning") if k in prov}
+
+
+def chosen_on_test(record: ModelRecord) -> str | None:
+    """The warning a record carries when a keep decision behind it was judged on test data."""
+    return (record.provenance.get("candidates") or {}).get("warning") or record.provenance.get("warning")

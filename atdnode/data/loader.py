@@ -4,6 +4,13 @@ Only the requested split's pixels are decoded. Sides come from the source (train
 test folders, npz keys, a `split` column of `labels=`), else from a seeded, per-class
 80/20 split of the *whole source* (whole volumes for NIfTI), so a sample is on the same
 side whatever classes / shard a node keeps, and whichever of its files turn out unreadable.
+
+Every selection judges on the val split, never on test: a source with no val split gets
+one carved from its training split (`select.carve_val`: seeded, stratified, whole groups;
+`val=val`, the default). `val=train` merges the source's val into training and carves
+nothing (no selection can then be made); `val=test` forces selection on the test split
+(every number it chose is then flagged, `atdnode.aggregation.candidates`). The report's
+`val_origin` says which, and the training run and the model's record carry it.
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ from atdnode.data.labeled import LabeledImages
 from atdnode.data.labels import label_space, read_class_map
 from atdnode.data.layout import SPLITS, Catalog, Skip
 from atdnode.data.report import DataReport
-from atdnode.data.select import ReadStats, _select, split_indices, to_tensor
+from atdnode.data.select import ReadStats, _select, carve_val, carved_note, split_indices, to_tensor
 from atdnode.data.spec import DataSpec
 from atdnode.errors import DataError
 
@@ -53,7 +60,8 @@ def _require(module: str, source: str) -> None:
         raise DataError(f"{source}: sources need the {module} package (pip install {module})")
 
 
-def _sides(cat: Catalog, labels: np.ndarray, ds: DataSpec, seed: int) -> np.ndarray:
+def _sides(cat: Catalog, labels: np.ndarray, ds: DataSpec, seed: int) -> tuple[np.ndarray, str]:
+    """(split side per sample, where the val split comes from: `val_origin`)."""
     sides = cat.sides.astype("<U5").copy()
     if ds.val == "train":
         sides[sides == "val"] = "train"
@@ -62,7 +70,17 @@ def _sides(cat: Catalog, labels: np.ndarray, ds: DataSpec, seed: int) -> np.ndar
         sp = split_indices(labels[sub], seed, groups=None if cat.groups is None else cat.groups[sub])
         sides[sub[sp["train"]]] = "train"
         sides[sub[sp["test"]]] = "test"
-    return sides
+    if (sides == "val").any():
+        return sides, "the source's val split"
+    if ds.val != "val":
+        return sides, {"train": "none (val=train: the source's val joins training; nothing carved)",
+                       "test": "none: selection forced on the test split (val=test)"}[ds.val]
+    tr = np.flatnonzero(sides == "train")
+    cut = carve_val(labels[tr], seed, groups=None if cat.groups is None else cat.groups[tr])
+    if not len(cut["val"]):
+        return sides, "none (too few training samples to carve one)"
+    sides[tr[cut["val"]]] = "val"
+    return sides, carved_note(seed)
 
 
 def _auto(cat: Catalog, train_idx: np.ndarray, where: str) -> tuple[float, float]:
@@ -80,7 +98,8 @@ def _auto(cat: Catalog, train_idx: np.ndarray, where: str) -> tuple[float, float
 
 
 def _labelled_catalog(spec: str, seed: int):
-    """(spec, data seed, catalog, where, class names, label per sample, split side per sample)."""
+    """(spec, data seed, catalog, where, class names, label per sample, split side per sample,
+    val origin)."""
     ds = DataSpec.parse(spec)
     dseed = ds.seed if ds.seed is not None else seed
     cat, where = open_catalog(ds)
@@ -90,7 +109,7 @@ def _labelled_catalog(spec: str, seed: int):
     mapping = read_class_map(ds.class_map) if ds.class_map else cat.names
     names, labels = label_space(cat.keys, mapping, ids=cat.ids, where=where,
                                 map_name="classes file" if ds.class_map else "source's class list")
-    return ds, dseed, cat, where, names, labels, _sides(cat, labels, ds, dseed)
+    return (ds, dseed, cat, where, names, labels, *_sides(cat, labels, ds, dseed))
 
 
 def training_window(spec: str, seed: int = 0) -> tuple[float, float] | str | None:
@@ -100,7 +119,7 @@ def training_window(spec: str, seed: int = 0) -> tuple[float, float] | str | Non
     window = DataSpec.parse(spec).window
     if window != "auto":
         return window
-    _, _, cat, where, _, _, sides = _labelled_catalog(spec, seed)
+    _, _, cat, where, _, _, sides, _ = _labelled_catalog(spec, seed)
     return _auto(cat, np.flatnonzero(sides == "train"), where)
 
 
@@ -146,7 +165,7 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
     """
     if split not in SPLITS + (ALL,):
         raise DataError(f"unknown split {split!r} (train, val, test or all)")
-    ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
+    ds, dseed, cat, where, names, labels, sides, val_origin = _labelled_catalog(spec, seed)
     if split == ALL:
         sides = np.full(len(sides), ALL)
     present = [s for s in SPLITS + (ALL,) if (sides == s).any()]
@@ -180,5 +199,5 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
     report = DataReport(spec=spec, split=split, classes=list(keep), counts=listed, scaling=dict(stats.how),
                         shapes=dict(stats.shapes), dtypes=dict(stats.dtypes),
                         value_range=(stats.lo, stats.hi) if stats.lo <= stats.hi else None,
-                        skipped=list(cat.skipped) + stats.skipped, auto_window=auto)
+                        skipped=list(cat.skipped) + stats.skipped, auto_window=auto, val_origin=val_origin)
     return LabeledImages(images=images, labels=labels_t, classes=keep, spec=spec, report=report)

@@ -19,6 +19,7 @@ class DataReport:
     value_range: tuple[float, float] | None = None  # raw values (DICOM: after rescale) of what was read
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
     auto_window: tuple[float, float] | None = None
+    val_origin: str = ""  # where the val split comes from: the source's, carved from train, or none (loader)
 
     @property
     def splits(self) -> list[str]:

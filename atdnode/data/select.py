@@ -22,13 +22,14 @@ def _rng(seed: int, *salt: int) -> np.random.Generator:
 
 
 def split_indices(labels: np.ndarray, seed: int, test_frac: float = 0.2,
-                  groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                  groups: np.ndarray | None = None, *, salt: int = 0x5EED) -> dict[str, np.ndarray]:
     """Seeded per-class split: about `test_frac` of each class goes to test.
 
     With `groups` (one id per sample, e.g. the volume a slice came from) whole groups are
-    dealt, so no group straddles the split.
+    dealt, so no group straddles the split. `salt` separates independent splits of one seed
+    (the 80/20 train/test split and the val split carved from train, `carve_val`).
     """
-    rng = _rng(seed, 0x5EED)
+    rng = _rng(seed, salt)
     train, test = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
@@ -45,6 +46,23 @@ def split_indices(labels: np.ndarray, seed: int, test_frac: float = 0.2,
         test.append(idx[in_test])
         train.append(idx[~in_test])
     return {"train": np.sort(np.concatenate(train)), "test": np.sort(np.concatenate(test))}
+
+
+CARVED_VAL = 0.2  # fraction of each class of the training split carved as val when the source has none
+_VAL_SALT = 0x7A1
+
+
+def carve_val(labels: np.ndarray, seed: int, groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """{"train", "val"} positions of a training split with no val split of its own: per class
+    (whole groups with `groups`), a seeded `CARVED_VAL` share goes to val — the split every
+    selection (keep = best, recipe choices) judges on, so none is made on test data."""
+    sp = split_indices(labels, seed, CARVED_VAL, groups, salt=_VAL_SALT)
+    return {"train": sp["train"], "val": sp["test"]}
+
+
+def carved_note(seed: int) -> str:
+    """How a carved val split was made (recorded in the data report, the run and the model's record)."""
+    return f"carved from train: {CARVED_VAL:.0%} of each class, stratified, data seed {seed}"
 
 
 def _select(labels: np.ndarray, names: list[str], spec, seed: int, where: str,

@@ -8,7 +8,9 @@ checked against the source it applies to, so a typo is an error, not a silent no
                         together with a `classes=a,b` selection (`classes=map.json&classes=a,b`)
     shard=i/n limit=N seed=S
     window=lo,hi|auto|minmax   intensity scaling (see `intensity.py`)
-    val=val|train       a source's validation split stays separate (default) or joins train
+    val=val|train|test  a source's validation split stays separate (default; a source with none
+                        gets one carved from train, `loader`), joins train (nothing carved),
+                        or selection is forced on test (flagged wherever its numbers show)
     labels=FILE.csv     folder/dicom/nifti: file -> class (and optional split) table
     frame=K             dicom/folder: frame K (0-based) of multi-frame DICOM / multi-page TIFF
     axis=0|1|2          nifti: slice along this array axis (default 2)
@@ -40,7 +42,7 @@ _APPLIES = {"classes": None, "shard": None, "limit": None, "seed": None, "window
 # option -> its accepted forms (named in every error about its value)
 FORMS = {"classes": "a,b,c or a .json/.csv class map", "shard": "i/n with 1 <= i <= n, e.g. 1/3",
          "limit": "a positive integer", "seed": "an integer >= 0", "window": "lo,hi (numbers, lo < hi), auto or minmax",
-         "val": "val (a separate split) or train (merged into training)", "labels": "a CSV file of file,label[,split]",
+         "val": "val (the source's val split, else one carved from train), train (merged into training) or test (selection on test, flagged)", "labels": "a CSV file of file,label[,split]",
          "frame": "a frame index >= 0", "axis": "0, 1 or 2", "slices": "all, mid, a:b[:step] or fractions f0:f1",
          "variants": "an integer from 1 to 64", "public": "a fraction strictly between 0 and 1",
          "part": "private or public (with public=F)"}
@@ -56,7 +58,7 @@ class DataSpec:
     seed: int | None = None
     class_map: str | None = None  # path of a .json/.csv id -> name map
     window: tuple[float, float] | str | None = None  # (lo, hi) | "auto" | "minmax"
-    val: str = "val"  # "val" | "train"
+    val: str = "val"  # "val" | "train" | "test"
     labels: str | None = None
     frame: int | None = None
     axis: int = 2
@@ -97,6 +99,15 @@ class DataSpec:
         if "part" in opts and "public" not in opts:
             raise DataError(f"bad data spec {spec!r}: part={opts['part']} needs public=F (expected {FORMS['part']})")
         return cls(source=kind, path=path, **opts)
+
+
+def without_val(spec: str) -> str:
+    """`spec` with `val=train` (no val split: the source's joins training, nothing is carved)
+    unless it already says what its val split is — for callers that partition a source's
+    training split themselves and carve each part's val from its share (netsim)."""
+    if DataSpec.parse(spec).val != "val" or "val=val" in spec.partition("?")[2].split("&"):
+        return spec
+    return spec + ("&" if "?" in spec else "?") + "val=train"
 
 
 def _is_map_file(v: str) -> bool:
@@ -158,8 +169,8 @@ def _value(k: str, v: str):
             raise ValueError(f"window={v} needs lo < hi")
         return (lo, hi)
     if k == "val":
-        if v not in ("val", "train"):
-            raise ValueError("val must be val (a separate split) or train (merged into training)")
+        if v not in ("val", "train", "test"):
+            raise ValueError(f"val={v}: expected {FORMS['val']}")
         return v
     if k == "labels":
         if not v:

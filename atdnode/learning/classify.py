@@ -158,7 +158,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import resolve_model
+    from atdnode.aggregation.keep import chosen_on_test, resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = resolve_model(home, model)
@@ -178,6 +178,9 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
+    chosen = chosen_on_test(record) or (chosen_on_test(ModelRegistry(home).get("latest")) if model == "latest" else None)
+    if chosen and split == "test":  # the model was picked on this very split (val=test), kept or not
+        metrics["warning"] = chosen
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
 

@@ -19,9 +19,10 @@ from atdnode.learning.train_options import BatchTransform
 
 
 @torch.no_grad()
-def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: int = 256) -> dict:
-    """Mean cross-entropy and accuracy of `model` on `data` (eval mode, restored afterwards);
-    the sums stay on the model's device until the end."""
+def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, split: str = "val") -> dict:
+    """Mean cross-entropy and accuracy of `model` on `data` (eval mode, restored afterwards),
+    named for the split they were measured on (`{split}_loss`, `{split}_accuracy`); the sums
+    stay on the model's device until the end."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
@@ -38,7 +39,7 @@ def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: 
         model.train(was)
     n = max(1, len(data))
     loss, correct = sums.tolist()
-    return {"val_loss": loss / n, "val_accuracy": correct / n}
+    return {f"{split}_loss": loss / n, f"{split}_accuracy": correct / n}
 
 
 @torch.no_grad()

@@ -4,6 +4,8 @@
 `classification_metrics(y_true, y_pred, labels=...)` returns a JSON-ready dict:
 
 - ``accuracy``: over all samples;
+- ``balanced_accuracy``: the mean of the per-class recalls over the classes present in
+  y_true (= macro ``recall``; what selection judges by, `atdnode.aggregation.keep`);
 - ``precision``, ``recall`` (= ``sensitivity``, also under that name), ``f1``: macro
   averages over the classes **present in y_true** (a test set holding 3 of 10 classes is
   not scored on the 7 it never shows); a prediction of any other class counts as an error;
@@ -145,7 +147,7 @@ def classification_metrics(y_true, y_pred, *, labels: Iterable[int], probs=None,
     if unknown:
         raise ValueError(f"classes {unknown[:8]} are outside the label space of {len(labels)} classes")
     if len(y_true) == 0:
-        return {"n": 0, "accuracy": 0.0, **{k: 0.0 for k in MACRO}, "confusion": [[0] * len(labels) for _ in labels]}
+        return {"n": 0, "accuracy": 0.0, "balanced_accuracy": 0.0, **{k: 0.0 for k in MACRO}, "confusion": [[0] * len(labels) for _ in labels]}
     present = np.unique(y_true).tolist()
     p, r, f, _ = precision_recall_fscore_support(y_true, y_pred, labels=present, average="macro", zero_division=0)
     cm = confusion_matrix(y_true, y_pred, labels=labels).astype(np.int64)
@@ -208,7 +210,7 @@ def named_metrics(y_true, y_pred, *, classes: list[str], probs=None, seed: int =
 
 
 STORED = ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "balanced_accuracy", "ci", "binary",
-          "calibration", "per_class", "robust_accuracy", "caution")  # what a scoring keeps
+          "calibration", "per_class", "robust_accuracy", "caution", "warning")  # what a scoring keeps
 
 
 def _bootstrap_macro(y_true: np.ndarray, y_pred: np.ndarray, k: int, labels: list[int], seed: int) -> dict:

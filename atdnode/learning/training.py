@@ -74,6 +74,9 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
             if part is not None:
                 log(part.report.summary())
+        val_origin = data.report.val_origin
+        log(f"val split: {val_origin}")
+        held, held_name = (val, "val") if val is not None else (test, "test")  # per-epoch figure, reported only
         cfg = cfg.with_classes(len(data.classes))
         key = run_key(data_spec, cfg, opts)
         ck = RunCheckpoint(home.runs_dir / key)
@@ -98,7 +101,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
             from atdnode.learning.trainlog import TrainLog
 
             tlog = TrainLog(ck.dir, key, tensorboard=opts.tensorboard, mlflow_uri=opts.mlflow,
-                            params={"data": data_spec, **cfg.to_dict(), **opts.key_fields(cfg.embed_dim)})
+                            params={"data": data_spec, "val_split": val_origin, **cfg.to_dict(),
+                                    **opts.key_fields(cfg.embed_dim)})
         t0 = time.perf_counter()
         eta = RunEta(epochs=opts.epochs - start, per_epoch=trainer.samples_per_epoch)
         with progress_bar(opts.progress and ctx.is_main, "loss", "acc", "eta") as bar:
@@ -109,9 +113,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                 def cb(n, l, a, task=task):
                     bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}", eta=eta.advance(n))
                 stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
-                held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
-                if ctx.is_main and opts.epoch_eval and len(held):
-                    stats.update(heldout_loss_accuracy(model, held))
+                if ctx.is_main and opts.epoch_eval and len(held):  # named for the split it is: val, else test
+                    stats.update(heldout_loss_accuracy(model, held, split=held_name))
                 history.append(stats)
                 if ctx.is_main:
                     ck.save(epoch + 1, model, trainer.optimizer, history)
@@ -119,7 +122,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                 ctx.barrier()
                 eta.epoch_done()
                 log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}"
-                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else "") + f" {eta.text()}")
+                    + (f" {held_name}_acc={stats[held_name + '_accuracy']:.4f}" if held_name + "_accuracy" in stats else "")
+                    + f" {eta.text()}")
         train_s = time.perf_counter() - t0
         if not ctx.is_main:
             return None
@@ -141,7 +145,8 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
             if opts.plots else {}
         logged = tlog.finish(history, metrics, list(pngs.values()), title=f"{cfg.arch()} on {public_spec(data_spec)}",
                              curves=opts.plots)
-        prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
+        prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim),
+                    val_split={"origin": val_origin, "counts": data.report.counts.get("val", {})}, **opts.extra_provenance)
         # for the model card (atdnode.report.card): what was trained on, without naming a file
         prov.update(class_counts=dict(zip(data.classes, data.class_counts())), data_fp=data.content_fp())
         common = dict(labels=data.classes, label_fp=data.label_fp, samples=len(data),

@@ -3,9 +3,11 @@
 Per run (HOME/runs/<run key>/, next to confusion.png):
 
     history.csv   one row per finished epoch: epoch, train_loss, train_accuracy,
-                  val_loss, val_accuracy (after that epoch, on the source's val split
-                  when it has one, e.g. MedMNIST's, else on the held-out test split)
-    curves.png    loss and accuracy per epoch, train and held-out
+                  val_loss, val_accuracy (after that epoch, on the val split: the
+                  source's, e.g. MedMNIST's, or the one carved from training),
+                  test_loss, test_accuracy (only where there is no val split, `val=train`
+                  or `val=test`: reported under their true name, chosen on by nothing)
+    curves.png    loss and accuracy per epoch, train and held-out (val, else test)
 
 The CSV is rewritten from the run's history after every epoch, so a resumed run (the
 history lives in the checkpoint) has one row per epoch, never duplicates.
@@ -29,8 +31,9 @@ from pathlib import Path
 
 from atdnode.errors import ConfigError
 
-COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
-_SCALARS = {"loss": "train/loss", "accuracy": "train/accuracy", "val_loss": "val/loss", "val_accuracy": "val/accuracy"}
+COLUMNS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "test_loss", "test_accuracy")
+_SCALARS = {"loss": "train/loss", "accuracy": "train/accuracy", "val_loss": "val/loss", "val_accuracy": "val/accuracy",
+            "test_loss": "test/epoch_loss", "test_accuracy": "test/epoch_accuracy"}
 
 
 def write_history_csv(history: list[dict], path: Path) -> Path:
@@ -40,7 +43,8 @@ def write_history_csv(history: list[dict], path: Path) -> Path:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for h in history:
-            w.writerow([h.get("epoch"), h.get("loss"), h.get("accuracy"), h.get("val_loss"), h.get("val_accuracy")])
+            w.writerow([h.get("epoch"), h.get("loss"), h.get("accuracy"), h.get("val_loss"), h.get("val_accuracy"),
+                        h.get("test_loss"), h.get("test_accuracy")])
     tmp.replace(path)
     return path
 
@@ -53,8 +57,10 @@ def save_curves_png(history: list[dict], path: Path, *, title: str = "") -> Path
     with png_figure(path, ncols=2, figsize=(9, 3.6), dpi=100) as (fig, (ax_l, ax_a)):
         for ax, key, label in ((ax_l, "loss", "loss"), (ax_a, "accuracy", "accuracy")):
             ax.plot(epochs, [h.get(key) for h in history], marker="o", label="train")
-            if any(h.get(f"val_{key}") is not None for h in history):
-                ax.plot(epochs, [h.get(f"val_{key}") for h in history], marker="s", label="held-out")
+            for held in ("val", "test"):
+                if any(h.get(f"{held}_{key}") is not None for h in history):
+                    ax.plot(epochs, [h.get(f"{held}_{key}") for h in history], marker="s", label=held)
+                    break
             ax.set_xlabel("epoch")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)

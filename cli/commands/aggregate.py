@@ -120,8 +120,11 @@ def aggregate(
         typer.echo(f"  skipped weights {s['entry'][:16]}: {s['why']}")
     cands = d.get("candidates")
     if cands:
-        typer.echo(f"  candidates on this node's {cands['scored_on']} data: own model {cands['own']['accuracy']:.3f}, "
-                   f"consortium {cands['consortium']['accuracy']:.3f}")
+        by = "balanced_accuracy" if "balanced_accuracy" in cands["own"] else "accuracy"
+        typer.echo(f"  candidates on this node's {cands['scored_on']} data ({cands.get('val_from') or '?'}), "
+                   f"{by.replace('_', ' ')}: own model {cands['own'][by]:.3f}, consortium {cands['consortium'][by]:.3f}")
+        if cands.get("warning"):
+            typer.echo(f"  WARNING: {cands['warning']}")
     if d.get("kept_why"):
         typer.echo(f"  kept: {d.get('kept')} — {d['kept_why']}")
     typer.echo(f"entry {res.entry.id.hex()}; global model {res.model_id}")

@@ -61,6 +61,8 @@ def classify(
     typer.echo(f"  scored: {res.split} split, n={m['n']} ({res.why})")
     for line in score_lines(m):
         typer.echo(line)
+    if m.get("warning"):
+        typer.echo(f"  WARNING: {m['warning']}")
     if res.unknown_classes:
         typer.echo(f"  classes the model does not know: {', '.join(res.unknown_classes)}")
     typer.echo(f"  confusion matrix {res.png}")

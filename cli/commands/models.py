@@ -98,9 +98,11 @@ def _list(home: Path, as_json: bool) -> None:
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
         cands = r.provenance.get("candidates")
         if isinstance(cands, dict) and r.provenance.get("kept"):  # what the node kept, and why
-            typer.echo(f"{'':19}  candidates on its {cands.get('scored_on')} data: own "
-                       f"{cands.get('own', {}).get('accuracy', float('nan')):.3f}, consortium "
-                       f"{cands.get('consortium', {}).get('accuracy', float('nan')):.3f}; kept {r.provenance['kept']}")
+            by = "balanced_accuracy" if "balanced_accuracy" in cands.get("own", {}) else "accuracy"
+            typer.echo(f"{'':19}  candidates on its {cands.get('scored_on')} data ({by.replace('_', ' ')}): own "
+                       f"{cands.get('own', {}).get(by, float('nan')):.3f}, consortium "
+                       f"{cands.get('consortium', {}).get(by, float('nan')):.3f}; kept {r.provenance['kept']}"
+                       + (f" — WARNING: {cands['warning']}" if cands.get("warning") else ""))
         marked = marked or caution is not None
     typer.echo(f"* in use: {use.record.id}, {use.why} (keep policy: [aggregate] keep = {keep_policy(h)})")
     if marked:

@@ -124,7 +124,7 @@ def print_summary(report: dict, out: Path | None) -> None:
                       pad_edge=False, collapse_padding=True,
                       caption="overall = mean over nodes on the phase's pooled test set; sent = all nodes, "
                               "this phase; ready / cpu = seconds")
-        short = ["method", "ph", "acc", "prec", "sens", "F1", "sent", "ready", "cpu"]
+        short = ["method", "ph", "acc", "bal", "prec", "sens", "F1", "sent", "ready", "cpu"]
         assert len(short) == len(COMPARISON_HEADER)
         for h in short:
             table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
