@@ -415,6 +415,7 @@ class RoundRunner:
             t = time.perf_counter()
             rec = self.train_round(rnd, start)
             train_s = time.perf_counter() - t
+            await self.fabric.trained(train_s)
             pub = self.publish(rnd, rec)
         c0 = self.fabric.now()
         held = await self.wait_inputs(rnd, expected, start)
