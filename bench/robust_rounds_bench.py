@@ -1,0 +1,119 @@
+"""Robust round aggregators against FedAvg, printing JSON.
+
+Campaigns of `atd rounds` among N real daemons on netsim's in-memory network
+(`netsim.fat.run_rounds_memnet`, the RoundRunner loop of the CLI, each aggregator from
+`protocols.rounds.AGGREGATORS` as `--aggregator` selects it), on IID shards of digits, per
+seed and aggregator, with 0 and with 1 hostile member (`netsim.hostile_rounds.ScaledRunner`:
+its input is the round's reference x -1000, every round). Per campaign: the honest nodes'
+final global model's test accuracy (chance 1/10) and the seconds per round the honest
+nodes spent computing / recomputing the global (aggregate_s) and in all (train + exchange
++ aggregate). Baseline in the same run: FedAvg on the same shards and seed; ratios are
+aggregator / FedAvg (accuracy difference in points, cost ratio per round).
+
+    python bench/robust_rounds_bench.py [--nodes 5] [--rounds 3] [--seeds 0,1,2]
+        [--aggregators fedavg,median,trimmed-mean,krum,multi-krum]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def campaign(a, train: dict, classes: list[str], te, rule: str, seed: int, hostile: bool) -> dict:
+    import numpy as np
+
+    from atdnode.errors import AtdError
+    from atdnode.learning.model import ModelConfig
+    from netsim.fat import run_rounds_memnet
+    from netsim.hostile_rounds import ScaledRunner
+    from netsim.learn import predict
+
+    model = ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=a.patch_size,
+                        embed_dim=a.embed_dim, depth=a.depth, num_heads=2, in_chans=1, num_classes=len(classes))
+    bad = {sorted(train)[-1]: ScaledRunner} if hostile else None
+    try:
+        res = run_rounds_memnet(train, classes=classes, model=model, rounds=a.rounds, weighting=rule, seed=seed,
+                                lr=a.lr, local_epochs=a.local_epochs, batch_size=16, hostile=bad)
+    except AtdError as exc:  # e.g. training from a global the attack made non-finite
+        return {"error": str(exc)[:200]}
+    pred = predict(res.model(), te.images)
+    per = res.per_round()
+    return {"accuracy": round(float((pred == te.labels.numpy()).mean()), 4), "identical": res.identical,
+            "aggregate_s": statistics.mean(r["aggregate_s"] for r in per),
+            "round_s": statistics.mean(r["train_s"] + r["exchange_s"] + r["aggregate_s"] for r in per),
+            "missing": sorted({m for r in per for m in r["missing"]})}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--aggregators", default="fedavg,median,trimmed-mean,krum,multi-krum")
+    p.add_argument("--samples", type=int, default=150, help="training samples per node")
+    p.add_argument("--img-size", type=int, default=16)
+    p.add_argument("--patch-size", type=int, default=4)
+    p.add_argument("--embed-dim", type=int, default=32)
+    p.add_argument("--depth", type=int, default=1)
+    p.add_argument("--local-epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    a = p.parse_args()
+
+    import numpy as np
+    import torch
+
+    from atdnode.data import load_dataset
+    from netsim.nodedata import subset
+    from netsim.partition import _rng, iid
+
+    torch.set_num_threads(1)
+    rules = a.aggregators.split(",")
+    if rules[0] != "fedavg":
+        rules = ["fedavg", *[r for r in rules if r != "fedavg"]]
+    tr = load_dataset("digits", a.img_size, 1, "train")
+    te = load_dataset("digits", a.img_size, 1, "test")
+    runs: dict[str, dict[str, list[dict]]] = {r: {"0": [], "1": []} for r in rules}
+    for seed in (int(s) for s in a.seeds.split(",")):
+        idx = _rng(seed, "robust-bench").permutation(len(tr))[:a.nodes * a.samples]
+        parts = iid(np.sort(idx), a.nodes, _rng(seed, "robust-iid"))
+        train = {f"n{k}": subset(tr, np.sort(pt), tr.classes) for k, pt in enumerate(parts)}
+        for rule in rules:
+            for hostile in (False, True):
+                out = campaign(a, train, list(tr.classes), te, rule, seed, hostile)
+                runs[rule][str(int(hostile))].append({"seed": seed, **out})
+                print(json.dumps({"progress": rule, "seed": seed, "hostile": int(hostile), **out}), file=sys.stderr)
+
+    def mean(rows: list[dict], key: str) -> float | None:
+        vals = [r[key] for r in rows if key in r]
+        return round(statistics.mean(vals), 4) if len(vals) == len(rows) and vals else None
+
+    base = {h: runs["fedavg"][h] for h in ("0", "1")}
+    summary = {}
+    for rule in rules:
+        s = {}
+        for h in ("0", "1"):
+            acc, b_acc = mean(runs[rule][h], "accuracy"), mean(base[h], "accuracy")
+            s[f"hostile_{h}"] = {"accuracy_mean": acc,
+                                 "accuracy_per_seed": [r.get("accuracy") for r in runs[rule][h]],
+                                 "minus_fedavg_points": None if acc is None or b_acc is None else round(100 * (acc - b_acc), 2)}
+        agg, b_agg = mean(runs[rule]["0"], "aggregate_s"), mean(base["0"], "aggregate_s")
+        rnd, b_rnd = mean(runs[rule]["0"], "round_s"), mean(base["0"], "round_s")
+        s["aggregate_s_per_round"] = agg
+        s["aggregate_cost_vs_fedavg"] = round(agg / b_agg, 3) if agg and b_agg else None
+        s["round_s"] = rnd
+        s["round_cost_vs_fedavg"] = round(rnd / b_rnd, 3) if rnd and b_rnd else None
+        summary[rule] = s
+    print(json.dumps({"bench": "robust-rounds", "nodes": a.nodes, "rounds": a.rounds, "seeds": a.seeds,
+                      "samples_per_node": a.samples, "model": {"img": a.img_size, "patch": a.patch_size,
+                                                               "embed_dim": a.embed_dim, "depth": a.depth},
+                      "local_epochs": a.local_epochs, "chance": 0.1, "attack": "1 of nodes sends reference x -1000",
+                      "summary": summary, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
