@@ -3,7 +3,9 @@
 Campaigns of `atd rounds` among N real daemons on netsim's in-memory network
 (`netsim.fat.run_rounds_memnet`, the RoundRunner loop of the CLI, each aggregator from
 `protocols.rounds.AGGREGATORS` as `--aggregator` selects it), on IID shards of digits, per
-seed and aggregator, with 0 and with 1 hostile member (`netsim.hostile_rounds.ScaledRunner`:
+seed and aggregator, from one shared initial model pretrained (clean, AdamW) on a public
+IID share disjoint from the nodes' shards (as tests/test_fat.py: the rounds fine-tune), with
+0 and with 1 hostile member (`netsim.hostile_rounds.ScaledRunner`:
 its input is the round's reference x -1000, every round). Per campaign: the honest nodes'
 final global model's test accuracy (chance 1/10) and the seconds per round the honest
 nodes spent computing / recomputing the global (aggregate_s) and in all (train + exchange
@@ -24,21 +26,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def campaign(a, train: dict, classes: list[str], te, rule: str, seed: int, hostile: bool) -> dict:
-    import numpy as np
-
-    from atdnode.errors import AtdError
+def model_cfg(a, classes: list[str]):
     from atdnode.learning.model import ModelConfig
+
+    return ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=a.patch_size,
+                       embed_dim=a.embed_dim, depth=a.depth, num_heads=2, in_chans=1, num_classes=len(classes))
+
+
+def campaign(a, train: dict, classes: list[str], te, rule: str, seed: int, hostile: bool, init: dict) -> dict:
+    from atdnode.errors import AtdError
     from netsim.fat import run_rounds_memnet
     from netsim.hostile_rounds import ScaledRunner
     from netsim.learn import predict
 
-    model = ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=a.patch_size,
-                        embed_dim=a.embed_dim, depth=a.depth, num_heads=2, in_chans=1, num_classes=len(classes))
     bad = {sorted(train)[-1]: ScaledRunner} if hostile else None
     try:
-        res = run_rounds_memnet(train, classes=classes, model=model, rounds=a.rounds, weighting=rule, seed=seed,
-                                lr=a.lr, local_epochs=a.local_epochs, batch_size=16, hostile=bad)
+        res = run_rounds_memnet(train, classes=classes, model=model_cfg(a, classes), rounds=a.rounds, weighting=rule,
+                                seed=seed, lr=a.lr, local_epochs=a.local_epochs, batch_size=16, hostile=bad,
+                                init_state=init)
     except AtdError as exc:  # e.g. training from a global the attack made non-finite
         return {"error": str(exc)[:200]}
     pred = predict(res.model(), te.images)
@@ -55,19 +60,23 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--aggregators", default="fedavg,median,trimmed-mean,krum,multi-krum")
-    p.add_argument("--samples", type=int, default=150, help="training samples per node")
+    p.add_argument("--samples", type=int, default=100, help="training samples per node")
+    p.add_argument("--public", type=int, default=600, help="samples the shared initial model is pretrained on")
+    p.add_argument("--pretrain-epochs", type=int, default=6)
     p.add_argument("--img-size", type=int, default=16)
     p.add_argument("--patch-size", type=int, default=4)
     p.add_argument("--embed-dim", type=int, default=32)
-    p.add_argument("--depth", type=int, default=1)
+    p.add_argument("--depth", type=int, default=2)
     p.add_argument("--local-epochs", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     a = p.parse_args()
 
     import numpy as np
     import torch
 
     from atdnode.data import load_dataset
+    from atdnode.learning.training import TrainOptions
+    from netsim.learn import full_state, predict, train_model
     from netsim.nodedata import subset
     from netsim.partition import _rng, iid
 
@@ -78,13 +87,22 @@ def main() -> None:
     tr = load_dataset("digits", a.img_size, 1, "train")
     te = load_dataset("digits", a.img_size, 1, "test")
     runs: dict[str, dict[str, list[dict]]] = {r: {"0": [], "1": []} for r in rules}
+    initial: list[float] = []
     for seed in (int(s) for s in a.seeds.split(",")):
-        idx = _rng(seed, "robust-bench").permutation(len(tr))[:a.nodes * a.samples]
-        parts = iid(np.sort(idx), a.nodes, _rng(seed, "robust-iid"))
+        perm = _rng(seed, "robust-bench").permutation(len(tr))
+        public, private = np.sort(perm[:a.public]), np.sort(perm[a.public:a.public + a.nodes * a.samples])
+        pre = train_model(model_cfg(a, list(tr.classes)), subset(tr, public, tr.classes),
+                          TrainOptions(epochs=a.pretrain_epochs, batch_size=16, lr=3e-3, augment=False), seed=seed,
+                          warmup_epochs=0.0)
+        init = full_state(pre.model)
+        init_acc = float((predict(pre.model.eval(), te.images) == te.labels.numpy()).mean())
+        print(json.dumps({"progress": "initial model", "seed": seed, "accuracy": round(init_acc, 4)}), file=sys.stderr)
+        initial.append(init_acc)
+        parts = iid(private, a.nodes, _rng(seed, "robust-iid"))
         train = {f"n{k}": subset(tr, np.sort(pt), tr.classes) for k, pt in enumerate(parts)}
         for rule in rules:
             for hostile in (False, True):
-                out = campaign(a, train, list(tr.classes), te, rule, seed, hostile)
+                out = campaign(a, train, list(tr.classes), te, rule, seed, hostile, init)
                 runs[rule][str(int(hostile))].append({"seed": seed, **out})
                 print(json.dumps({"progress": rule, "seed": seed, "hostile": int(hostile), **out}), file=sys.stderr)
 
@@ -111,7 +129,8 @@ def main() -> None:
     print(json.dumps({"bench": "robust-rounds", "nodes": a.nodes, "rounds": a.rounds, "seeds": a.seeds,
                       "samples_per_node": a.samples, "model": {"img": a.img_size, "patch": a.patch_size,
                                                                "embed_dim": a.embed_dim, "depth": a.depth},
-                      "local_epochs": a.local_epochs, "chance": 0.1, "attack": "1 of nodes sends reference x -1000",
+                      "local_epochs": a.local_epochs, "chance": 0.1,
+                      "initial_model_accuracy": [round(x, 4) for x in initial], "attack": "1 of nodes sends reference x -1000",
                       "summary": summary, "runs": runs}, indent=1))
 
 
