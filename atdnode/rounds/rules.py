@@ -62,7 +62,10 @@ second switches to the larger one when it re-reads round t at the start of round
 already moved on, both end on whichever aggregate closes (rule 3). Limit: with no
 aggregate of the round ever closing (members split evenly and none reaching a majority
 of some aggregate's participants) the split persists; a longer deadline makes the
-boundary case rarer.
+boundary case rarer. Another: a member that (re)starts `atd rounds` resumes one past the
+last round with a final aggregate (`current_round`), so a final aggregate recorded before
+it started counts for it even if it narrows it out; members running the campaign are
+covered by rules 1-3.
 """
 from __future__ import annotations
 
