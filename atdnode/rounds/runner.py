@@ -1,4 +1,5 @@
-"""Serverless training rounds on the fabric (`atd rounds`): FedAvg / FedWAvg, optionally adversarial.
+"""Serverless training rounds on the fabric (`atd rounds`): FedAvg, FedWAvg or a robust
+aggregator, optionally adversarial.
 
 The runner. What fixes a campaign, the entries a round writes and the checks every member
 runs before it adopts a global model are in `atdnode.rounds.rules`; how the runner reaches

@@ -1,4 +1,4 @@
-"""`atd rounds`: serverless round-based training (FedAvg / FedWAvg, optionally adversarial) on the fabric."""
+"""`atd rounds`: serverless round-based training (FedAvg, FedWAvg or a robust aggregator; optionally adversarial) on the fabric."""
 from __future__ import annotations
 
 import json
