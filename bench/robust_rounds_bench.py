@@ -12,6 +12,11 @@ nodes spent computing / recomputing the global (aggregate_s) and in all (train +
 + aggregate). Baseline in the same run: FedAvg on the same shards and seed; ratios are
 aggregator / FedAvg (accuracy difference in points, cost ratio per round).
 
+Cost per round, measured apart (`cost`): campaign seconds move with the machine's load, so
+the aggregation every member runs once per round (`atdnode.rounds.rules.compute_round`:
+recording or verifying the global) is also timed on one set of five inputs per model size,
+the rules interleaved and repeated, median seconds and the ratio to FedAvg's.
+
     python bench/robust_rounds_bench.py [--nodes 5] [--rounds 3] [--seeds 0,1,2]
         [--aggregators fedavg,median,trimmed-mean,krum,multi-krum]
 """
@@ -54,6 +59,50 @@ def campaign(a, train: dict, classes: list[str], te, rule: str, seed: int, hosti
             "missing": sorted({m for r in per for m in r["missing"]})}
 
 
+COST_SIZES = {"bench": None, "vit_tiny_28px": dict(img_size=28, patch_size=7, num_classes=10)}
+
+
+def cost(a, repeat: int) -> dict:
+    """Median seconds of compute_round per rule on five trained inputs, and the ratio to FedAvg's."""
+    import tempfile
+    import time
+
+    from atdnode.learning.model import resolve_config
+    from atdnode.rounds.rules import compute_round, round_weights_entries
+    from atdnode.rounds.runner import RoundRunner, RoundsConfig
+    from ledger import Ledger
+    from protocols.rounds import AGGREGATORS
+    from tests.vgs_homes import consortium, sync
+
+    out = {}
+    for name, size in COST_SIZES.items():
+        cfg = model_cfg(a, [str(c) for c in range(10)]) if size is None else resolve_config("vit_tiny_patch16_224", **size)
+        with tempfile.TemporaryDirectory(prefix="atd-robust-bench-") as tmp:
+            homes = consortium(Path(tmp), [f"n{k}" for k in range(a.nodes)])
+            runners = [RoundRunner(h, RoundsConfig(data=f"digits?shard={k + 1}/{a.nodes}&limit={8 * a.nodes}", cfg=cfg,
+                                                   rounds=1, weighting="fedavg", lr=3e-3))
+                       for k, h in enumerate(homes)]
+            for r in runners:
+                r.publish(0, r.train_round(0, r.init))
+            sync(homes)
+            first = runners[0]
+            with Ledger.open(homes[0].ledger_db) as led:
+                inputs = round_weights_entries(led, first.campaign, 0, first.init)
+            secs: dict[str, list[float]] = {rule: [] for rule in AGGREGATORS}
+            for _ in range(repeat):
+                for rule in AGGREGATORS:
+                    t = time.perf_counter()
+                    compute_round(first.store, inputs, weighting=rule, q=10.0, reference=first.init, byzantine=1)
+                    secs[rule].append(time.perf_counter() - t)
+            params = sum(p.numel() for p in __import__("atdnode.learning.model", fromlist=["build_model"])
+                         .build_model(first.cfg).parameters())
+        base = statistics.median(secs["fedavg"])
+        out[name] = {"params": int(params), "inputs": len(inputs),
+                     **{rule: {"s": round(statistics.median(v), 4),
+                               "vs_fedavg": round(statistics.median(v) / base, 3)} for rule, v in secs.items()}}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=5)
@@ -69,7 +118,12 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--repeat", type=int, default=5, help="timings per rule in the cost section")
+    p.add_argument("--cost-only", action="store_true", help="only the cost section")
     a = p.parse_args()
+    if a.cost_only:
+        print(json.dumps({"bench": "robust-rounds-cost", "cost": cost(a, a.repeat)}, indent=1))
+        return
 
     import numpy as np
     import torch
@@ -131,7 +185,7 @@ def main() -> None:
                                                                "embed_dim": a.embed_dim, "depth": a.depth},
                       "local_epochs": a.local_epochs, "chance": 0.1,
                       "initial_model_accuracy": [round(x, 4) for x in initial], "attack": "1 of nodes sends reference x -1000",
-                      "summary": summary, "runs": runs}, indent=1))
+                      "summary": summary, "cost": cost(a, a.repeat), "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ Determinism (every member recomputes a round bit for bit): values are combined i
 by elementwise IEEE operations in a fixed order -- sorting is exact, the kept values are
 summed left to right (`acc = acc + x`) and divided once -- and cast back to the input
 dtype. Krum's squared distances are accumulated per tensor in float64 in the inputs'
-(canonical) order; ties in score go to the earlier input.
+(canonical) order by numpy's own loops (not a threaded BLAS, whose summation order and
+speed depend on the machine); ties in score go to the earlier input.
 """
 from __future__ import annotations
 
@@ -47,10 +48,21 @@ def _stack(values: Sequence[torch.Tensor]) -> tuple[np.ndarray, torch.dtype, tup
         if v.shape != first.shape or v.dtype != first.dtype:
             raise AggregationError(f"input {i} has shape {tuple(v.shape)} / {v.dtype}, input 0 has "
                                    f"{tuple(first.shape)} / {first.dtype}")
-    arr = np.stack([v.detach().cpu().to(torch.float64).numpy().reshape(-1) for v in values])
+    arr = np.stack([_f64(v) for v in values])
     if not np.all(np.isfinite(arr)):
         raise AggregationError(f"input {int(np.argwhere(~np.isfinite(arr))[0][0])} has non-finite values")
     return arr, first.dtype, tuple(first.shape)
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def _f64(v: torch.Tensor) -> np.ndarray:
+    """Flat float64 copy; numpy casts where it can (torch's cast is threaded, slow under load)."""
+    v = v.detach().cpu()
+    if v.dtype in _NUMPY:
+        return v.numpy().reshape(-1).astype(np.float64)
+    return v.to(torch.float64).numpy().reshape(-1)
 
 
 def _mean_rows(rows: np.ndarray) -> np.ndarray:
@@ -64,6 +76,8 @@ def _mean_rows(rows: np.ndarray) -> np.ndarray:
 def _back(arr: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if not dtype.is_floating_point:  # integer buffers: keep the median's value, rounded
         return torch.from_numpy(np.rint(arr)).to(dtype).reshape(shape)
+    if dtype in _NUMPY:
+        return torch.from_numpy(arr.astype(_NUMPY[dtype])).reshape(shape)
     return torch.from_numpy(arr).to(dtype).reshape(shape)
 
 
@@ -103,7 +117,7 @@ def pairwise_sq_distances(tensor_sets: Sequence[Sequence[torch.Tensor]]) -> np.n
         for a in range(n):
             for b in range(a + 1, n):
                 diff = arr[a] - arr[b]
-                d[a, b] = d[b, a] = d[a, b] + float(np.dot(diff, diff))
+                d[a, b] = d[b, a] = d[a, b] + float(np.einsum("i,i->", diff, diff))  # numpy's own loop, not BLAS
     return d
 
 
