@@ -34,7 +34,10 @@ aggregate  an aggregation (`atd aggregate`): mode (horizontal | vertical | group
            head); with an ensemble: ensemble {blob, size, manifest, classes, features, samples,
            own_samples}; fedwavg: reference (blob the inputs were compared with); base (the
            inputs' common start); skipped [{entry, why}] (inputs left out); mode "round": one
-           round of `atd rounds` (campaign, round, reference, participants, missing)
+           round of `atd rounds` (campaign, round, reference, participants, missing;
+           aggregator: the rule's name, `protocols.rounds.AGGREGATORS` -- absent in older
+           entries, which are the weighted mean named by weighting; byzantine: a robust
+           aggregator's f)
 hello      a node's addresses, X25519 key, role, name (the daemon)
 metrics    free-form measurements (netsim workloads)
 service    a split-learning server's offer (`atd split serve`); nothing about the p-FESTA embedder
@@ -156,7 +159,7 @@ SPECS: dict[str, BodySpec] = {
                         "classifier": (str,), "reference": (str,), "name": (str,), "n_classes": (int,),
                         "n_models": (int,), "skipped": (list,), "base": (str,),
                         "campaign": (str,), "round": (int,), "participants": (list,), "missing": (list,),
-                        "cosines": (list,)},
+                        "cosines": (list,), "aggregator": (str,), "byzantine": (int,)},
                        {"weights": _NUM, "inputs": (str,), "groups": (dict,), "skipped": (dict,),
                         "participants": (str,), "missing": (str,), "cosines": _NUM},
                        {**_BLOB_FORMS, **_PEERS, "mode": one_of(*MODES), "part": one_of(*PARTS), "weighting": NAME,

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,12 +64,17 @@ Progress = Callable[[str], None]
 
 
 class MemFabric(Fabric):
-    """A round runner's fabric on a `MemCluster` node: its daemon object, simulated time."""
+    """A round runner's fabric on a `MemCluster` node: its daemon object, simulated time.
+    `train_s`: simulated seconds each local training takes on this node (a slow member;
+    default 0: compute takes no simulated time)."""
 
     wall_clock = False
 
-    def __init__(self, cluster, name: str) -> None:
-        self.cluster, self.name = cluster, name
+    def __init__(self, cluster, name: str, *, train_s: float = 0.0) -> None:
+        self.cluster, self.name, self.train_s = cluster, name, train_s
+
+    async def trained(self, seconds: float) -> None:
+        await trio.sleep(self.train_s)
 
     def now(self) -> float:
         return trio.current_time()
@@ -113,15 +118,16 @@ class RoundsResult:
     bytes: dict[str, dict[str, int]]  # node -> link bytes sent / received over the campaign
     sim_s: float  # simulated seconds the campaign took
     wall_s: float
-    identical: bool  # every node ended with the same global blob
+    identical: bool  # every honest node ended with the same global blob
     cfg: ModelConfig
+    hostile: list[str] = field(default_factory=list)  # nodes run by a hostile RoundRunner (no report checks)
 
     def per_round(self) -> list[dict]:
-        """Per round: mean of the nodes' train / exchange / aggregate seconds, weights, missing."""
+        """Per round: mean of the honest nodes' train / exchange / aggregate seconds, weights, missing."""
         out = []
         rounds = sorted({r.round for reps in self.reports.values() for r in reps})
         for rnd in rounds:
-            reps = [r for reps in self.reports.values() for r in reps if r.round == rnd]
+            reps = [r for n, reps in self.reports.items() if n not in self.hostile for r in reps if r.round == rnd]
             mean = lambda k: round(sum(getattr(r, k) for r in reps) / len(reps), 4)  # noqa: E731
             out.append({"round": rnd, "train_s": mean("train_s"), "exchange_s": mean("exchange_s"),
                         "aggregate_s": mean("aggregate_s"), "max_train_s": max(r.train_s for r in reps),
@@ -155,14 +161,19 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                       local_epochs: int = 1, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
                       network: NetworkSpec = NetworkSpec(), test: dict[str, LabeledImages] | None = None,
                       init_state: dict[str, torch.Tensor] | None = None, deadline: float = 300.0,
-                      optimizer: str = "adamw", lr_decay: float = 0.0,
+                      optimizer: str = "adamw", lr_decay: float = 0.0, byzantine: int = 1,
+                      hostile: dict[str, type[RoundRunner]] | None = None, slow: dict[str, float] | None = None,
                       work: Path | None = None, log: Progress = lambda _m: None) -> RoundsResult:
     """Run one `atd rounds` campaign among the nodes of `train` (name -> its training data)
     as real daemons on the in-memory network; returns the final global model and the
     per-node round reports and link bytes. `classes` is the shared label space (each node's
     labels are re-indexed into it); `model` a ModelConfig (num_classes is set from
     `classes`); `init_state` optional shared initial weights; `optimizer="sgd"` with `lr_decay`
-    the FedWAvg paper's local SGD (momentum 0.9, rate x (1 - lr_decay) per epoch). `work` (default: a temporary
+    the FedWAvg paper's local SGD (momentum 0.9, rate x (1 - lr_decay) per epoch). `weighting`: the
+    aggregator (`protocols.rounds.AGGREGATORS`), `byzantine` its f. `hostile`: node -> the
+    RoundRunner subclass it runs instead (`netsim.hostile_rounds`); the result's model, checks
+    and `identical` are the honest nodes'. `slow`: node -> simulated seconds each of its local
+    trainings takes (`MemFabric.train_s`). `work` (default: a temporary
     directory, removed) holds the node homes."""
     from netsim.memnet import MemCluster, simulate
 
@@ -188,10 +199,11 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
                     while len(names) > 1 and any(not cluster.peers(n) for n in names):
                         await trio.sleep(0.05)
                 t0 = trio.current_time()
-                runners = [RoundRunner(cluster.c.homes[n], RoundsConfig(
-                    data=specs[n], cfg=cfg, rounds=rounds, weighting=weighting, q=q, local_epochs=local_epochs,
+                runners = [(hostile or {}).get(n, RoundRunner)(cluster.c.homes[n], RoundsConfig(
+                    data=specs[n], cfg=cfg, rounds=rounds, weighting=weighting, byzantine=byzantine, q=q,
+                    local_epochs=local_epochs,
                     batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, batch_transform=transform,
-                    init_state=init_state, optimizer=optimizer, lr_decay=lr_decay, log=lambda m, n=n: log(f"{n}: {m}")), fabric=MemFabric(cluster, n))
+                    init_state=init_state, optimizer=optimizer, lr_decay=lr_decay, log=lambda m, n=n: log(f"{n}: {m}")), fabric=MemFabric(cluster, n, train_s=(slow or {}).get(n, 0.0)))
                     for n in names]
                 async with trio.open_nursery() as nursery:
                     for n, r in zip(names, runners):
@@ -202,15 +214,17 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
         with volatile_disk():  # simulated homes: no fsync (atdnode.blobs.fs)
             sim_s = simulate(main, seed=seed)
         wall = time.perf_counter() - w0
-        last = {n: reps[-1].blob for n, reps in reports.items() if reps}
-        if len(last) != len(names) or any(len(r) != rounds for r in reports.values()):
+        honest = [n for n in names if n not in (hostile or {})]
+        last = {n: reports[n][-1].blob for n in honest if reports[n]}
+        if not honest or len(last) != len(honest) or any(len(reports[n]) != rounds for n in honest):
             raise RoundsError(f"campaign incomplete: rounds per node {[len(r) for r in reports.values()]}")
         from atdnode.blobs.store import BlobStore
 
-        state = load_weights(BlobStore(cluster.c.homes[names[0]].blobs_dir), last[names[0]])[0]
+        state = load_weights(BlobStore(cluster.c.homes[honest[0]].blobs_dir), last[honest[0]])[0]
         res = RoundsResult(weighting=weighting, adversarial=adversarial is not None, nodes=names, classes=list(classes),
                            reports=reports, state=state, bytes={n: dict(cluster.link_bytes(n)) for n in names},
-                           sim_s=round(sim_s, 3), wall_s=round(wall, 3), identical=len(set(last.values())) == 1, cfg=cfg)
+                           sim_s=round(sim_s, 3), wall_s=round(wall, 3), identical=len(set(last.values())) == 1, cfg=cfg,
+                           hostile=sorted(hostile or {}))
         return res
     finally:
         if tmp:

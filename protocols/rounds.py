@@ -12,6 +12,12 @@ Serverless determinism: the inputs of a round are sorted canonically (by entry i
 any arithmetic, so every member computing over the same set gets the same weights and,
 with protocols.aggregation's fixed arithmetic order, the bit-identical global model.
 
+Aggregators (`AGGREGATORS`, what `atd rounds --aggregator` offers): the weighted means
+FedAvg / FedWAvg, and the Byzantine-robust rules of `protocols.robust` (coordinate-wise
+median and trimmed mean, Krum and Multi-Krum). Each is deterministic over the canonically
+ordered inputs, so every member recomputes and verifies it. A robust rule takes f, the
+number of hostile members it is sized for (trimmed from each end; Krum's f).
+
 Which aggregate of a round counts: every member recomputes it before adopting
 it; among those that verify, a final one (inputs from a majority of members) before the
 others, the larger input set, then the hash of the inputs (`candidate_order`). A member
@@ -20,15 +26,17 @@ cannot win by grinding keys, nor make a round final alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from protocols.aggregation import HEAD_PREFIXES, AggregationError, uniform_weights
 from protocols.fedwavg import fedwavg_weights
+from protocols.robust import coordinate_median, krum_select, trimmed_mean
 
-ROUND_WEIGHTINGS = ("fedavg", "fedwavg")
+ROUND_WEIGHTINGS = ("fedavg", "fedwavg")  # the weighted means (round_weights)
 LAST_LAYER = tuple(f"{HEAD_PREFIXES[0]}{name}" for name in ("weight", "bias"))  # the classifier: head.weight, head.bias
 
 
@@ -87,3 +95,70 @@ def candidate_order(candidates: Sequence[tuple[Sequence[str], str]], members: in
         ids, eid = candidates[i]
         return (not is_final(len(set(ids)), members), -len(set(ids)), inputs_digest(ids), eid)
     return sorted(range(len(candidates)), key=key)
+
+
+# ---------------------------------------------------------------- aggregators
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What an aggregator may look at, loaded on demand: the count, FedWAvg's last layers
+    against the reference's, and Krum's n x n squared distances between whole models."""
+
+    n: int
+    q: float = 1.0
+    f: int = 1
+    reference: Callable[[], np.ndarray] | None = None
+    layers: Callable[[], Sequence[np.ndarray]] | None = None
+    distances: Callable[[], np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class RoundAggregator:
+    """A round's aggregation rule. `weights` gives one weight per input (for the weighted
+    mean, or, with `combine`, each input's nominal share, recorded and checked like any);
+    `combine` (element values of every input, f) -> the global's values, when the rule is
+    coordinate-wise instead of a weighted mean. `robust`: sized for f hostile inputs."""
+
+    name: str
+    description: str
+    weights: Callable[[RoundInputs], np.ndarray]
+    combine: Callable[[Sequence[torch.Tensor], int], torch.Tensor] | None = None
+    robust: bool = False
+
+
+def _fedwavg(x: RoundInputs) -> np.ndarray:
+    return round_weights("fedwavg", reference=x.reference() if x.reference else None,
+                         layers=x.layers() if x.layers else (), q=x.q)
+
+
+def _krum(m: Callable[[int, int], int]) -> Callable[[RoundInputs], np.ndarray]:
+    def weights(x: RoundInputs) -> np.ndarray:
+        if x.distances is None:
+            raise AggregationError("Krum needs the inputs' distances")
+        keep = krum_select(x.distances(), x.f, m(x.n, x.f))
+        w = np.zeros(x.n)
+        w[keep] = 1.0 / len(keep)
+        return w
+    return weights
+
+
+AGGREGATORS: dict[str, RoundAggregator] = {a.name: a for a in (
+    RoundAggregator("fedavg", "FedAvg: the plain mean (every member weighs 1/K)", lambda x: uniform_weights(x.n)),
+    RoundAggregator("fedwavg", "FedWAvg: mean weighted by softmax(q * cosine) of the last layers (Eq. 3)", _fedwavg),
+    RoundAggregator("median", "coordinate-wise median (Yin et al. 2018)", lambda x: uniform_weights(x.n),
+                    combine=lambda v, _f: coordinate_median(v), robust=True),
+    RoundAggregator("trimmed-mean", "coordinate-wise mean without the f largest and f smallest values "
+                    "(Yin et al. 2018)", lambda x: uniform_weights(x.n), combine=trimmed_mean, robust=True),
+    RoundAggregator("krum", "Krum: the input closest to its n-f-2 nearest others (Blanchard et al. 2017)",
+                    _krum(lambda n, f: 1), robust=True),
+    RoundAggregator("multi-krum", "Multi-Krum: the mean of the n-f inputs Krum scores best (Blanchard et al. 2017)",
+                    _krum(lambda n, f: max(1, n - f)), robust=True),
+)}
+
+
+def aggregator(name: str) -> RoundAggregator:
+    """The registered aggregator `name`; AggregationError naming the choices otherwise."""
+    try:
+        return AGGREGATORS[name]
+    except KeyError:
+        raise AggregationError(f"unknown round aggregator {name!r}; expected one of {', '.join(AGGREGATORS)}") from None

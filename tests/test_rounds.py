@@ -124,13 +124,17 @@ def test_fedwavg_weights_near_uniform_on_iid_data(tmp_path):
     assert max(abs(x - 0.25) for x in w_sharp) > max(abs(x - 0.25) for x in w)
 
 
-@pytest.mark.slow  # an atd process
-def test_bad_weighting_is_a_one_line_error(tmp_path):
+@pytest.mark.slow  # atd processes
+def test_bad_weighting_or_aggregator_is_a_one_line_error(tmp_path):
     import subprocess
     import sys
 
     (a,) = consortium(tmp_path, ["a"])
-    proc = subprocess.run([sys.executable, "-m", "cli.app", "rounds", "--home", str(a.root), "--rounds", "1",
-                           "--weighting", "median"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == ["error: --weighting 'median': choose from fedavg, fedwavg"]
+    cases = {("--weighting", "median"): "error: --weighting 'median': choose from fedavg, fedwavg",
+             ("--aggregator", "mode"): "error: --aggregator 'mode': choose from fedavg, fedwavg, median, trimmed-mean, "
+                                       "krum, multi-krum"}
+    for args, line in cases.items():
+        proc = subprocess.run([sys.executable, "-m", "cli.app", "rounds", "--home", str(a.root), "--rounds", "1", *args],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [line]

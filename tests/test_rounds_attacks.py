@@ -11,8 +11,10 @@ m silent) is the reference the attacked runs must match tensor for tensor.
 - lone aggregate: m records round 1 over its own (poisoned) input alone. Not final (one
   member of three) and not over the inputs the honest nodes hold: never adopted.
 - result is the initial model: m records round 1 as "the global is the campaign's initial
-  model" over b's input and an input nobody can fetch. The initial model is held
-  everywhere, and before the fix an honest node adopted it without recomputing anything.
+  model" over b's input and an input nobody can fetch, naming a as missing. The initial
+  model is held everywhere, and before the fix an honest node adopted it without
+  recomputing anything; now it is refused for leaving out a's input (which reached the
+  honest nodes in time), and recomputing it fails on its unfetchable input.
 - an aggregate before its inputs (once `input ... is not a weights entry of its round`): an
   aggregate reaches a node before one of its input entries (gossip has no order across
   authors). The node now waits for the entry (until the deadline) instead of failing.
@@ -28,7 +30,9 @@ import trio
 from atdnode import bodies
 from atdnode.blobs.store import BlobStore
 from atdnode.node.identity import NodeIdentity
-from atdnode.rounds.rules import active_members, aggregate_round_body, current_round, round_weights_entries
+from atdnode.aggregation.aggregate import AggregateError
+from atdnode.rounds.rules import (active_members, aggregate_round_body, current_round, round_weights_entries,
+                                  verify_round)
 from atdnode.rounds.runner import RoundRunner, RoundsConfig
 from atdnode.rounds.fabric import Fabric
 from atdnode.models.weights import load_weights, save_weights
@@ -149,7 +153,11 @@ def test_result_is_the_initial_model_with_an_unfetchable_input_is_not_adopted(te
     sync(homes)
     assert trio.run(rb.run_round, 1).blob == rep.blob != rm.init
     assert same(load_weights(ra.store, rep.blob)[0], reference[0])
-    assert fake.id in ra._rejected and "could not be fetched" in ra._rejected[fake.id]
+    # it leaves out a's input, which reached a in time: refused as narrowing the round; and
+    # whoever tries it (`atd aggregate --verify` too) must recompute it, which its unfetchable input forbids
+    assert fake.id in ra._narrowing and fake.id not in ra._verified and fake.id not in rb._verified
+    with Ledger.open(homes[0].ledger_db) as led, pytest.raises(AggregateError, match="not held here"):
+        verify_round(led, ra.store, fake, g0)
 
 
 class LateGossip(Fabric):

@@ -38,6 +38,10 @@ class Fabric:
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
 
+    async def trained(self, seconds: float) -> None:
+        """Called after local training took `seconds` of compute (wall clock: already
+        passed; a simulated fabric may let simulated time pass, e.g. a slow member)."""
+
     async def fetch(self, blob: str, timeout: float) -> None:
         raise RoundsError("no daemon to fetch from")
 

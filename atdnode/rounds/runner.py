@@ -1,27 +1,29 @@
-"""Serverless training rounds on the fabric (`atd rounds`): FedAvg / FedWAvg, optionally adversarial.
+"""Serverless training rounds on the fabric (`atd rounds`): FedAvg, FedWAvg or a robust
+aggregator, optionally adversarial.
 
 The runner. What fixes a campaign, the entries a round writes and the checks every member
 runs before it adopts a global model are in `atdnode.rounds.rules`; how the runner reaches
 its daemon and clock is a `atdnode.rounds.fabric.Fabric`.
 
-Round t on each member: if round t already has a *final* aggregate (inputs from a majority
-of the members) that verifies here, adopt it (a late member); else train from global t-1
-(`atdnode.learning.training.train`, the library behind `atd train`), publish, wait until the blobs
-of every live member (all members; with a daemon, not those disconnected from it for
-`absent_grace` s, nor, at the peer-set target, members outside the set that sat out the
-previous round: `RoundRunner._live`) or of --min-peers members are held, or the deadline
-passes, then the *coordinator* (smallest publishing peer id) records the aggregate over the
-inputs it holds; the others wait for an aggregate they may adopt (final, or over every
-input they hold: `_ready`; up to another deadline, then record their own).
+Round t on each member: if round t is already over (a *closed* aggregate: final and a
+majority of its participants trained round t+1 from it), adopt it (a late member); else
+train from global t-1 (`atdnode.learning.training.train`, the library behind `atd train`),
+publish, wait until the inputs of every live member (all members; with a daemon, not those
+disconnected from it for `absent_grace` s, nor, at the peer-set target, members outside the
+set that sat out the previous round: `RoundRunner._live`) or of --min-peers members are
+held, or the deadline passes, then adopt an aggregate that narrows nothing this node held
+in time, or record the aggregate over every input it holds (the coordinator, smallest
+publishing peer id, at once; the others after one more deadline, or at once when some
+aggregate left out an input they held). The rules and how two members' views converge are
+in the module doc of `atdnode.rounds.rules`.
 
-Adoption always recomputes: every aggregate, ours aside, is verified here from
-its inputs before its global model is used (`verify_round`, also reached by `atd aggregate
---verify`), even when its blob is already held; its input entries and blobs are awaited
-until the deadline (gossip brings entries of different authors in any order) and an
-aggregate whose inputs never arrive is not adopted. Among a round's aggregates the first
-that verifies in `protocols.rounds.candidate_order` counts (final first, larger input set,
-hash of the inputs: no key to grind); the global entering round t+1 is the one adopted for
-round t. A restarted node resumes one past the last round with a final aggregate.
+Adoption always recomputes: every aggregate, ours aside, is verified here from its
+inputs (with the campaign's aggregator, `protocols.rounds.AGGREGATORS`) before its global
+model is used (`verify_round`, also reached by `atd aggregate --verify`), even when its
+blob is already held; its input entries and blobs are awaited until the deadline (gossip
+brings entries of different authors in any order) and an aggregate whose inputs never
+arrive is not adopted. A restarted node resumes one past the last round with a final
+aggregate.
 
 The loop is async, one implementation: `run`, `run_round`, `global_blob` and `adopt` are
 coroutines. The CLI runs them under `trio.run` with a `ControlFabric` (control socket, wall
@@ -50,14 +52,16 @@ from atdnode.rounds.rules import (
     active_members,
     aggregate_round_body,
     campaign_id,
+    closed,
     compute_round,
     current_round,
-    final,
     init_blob,
+    narrows,
     round_aggregate,
     round_candidates,
     round_cosines,
     round_inputs,
+    round_rule,
     round_weights_entries,
     signer as _signer,
     verify_round,
@@ -65,9 +69,14 @@ from atdnode.rounds.rules import (
 )
 from atdnode.rounds.fabric import ControlFabric, Fabric
 from ledger import Entry, Ledger, LedgerError
-from protocols.rounds import ROUND_WEIGHTINGS, choose_coordinator
+from protocols.rounds import AGGREGATORS, choose_coordinator
 
 POLL_S = 0.5
+MAX_SWITCHES = 3  # times one round is redone because round t-1 closed on another global
+
+
+class _Superseded(Exception):
+    """Round t-1 closed on a global other than the one this node trained round t from."""
 
 
 @dataclass
@@ -79,7 +88,8 @@ class RoundsConfig:
     data: str
     cfg: ModelConfig
     rounds: int
-    weighting: str = "fedwavg"
+    weighting: str = "fedwavg"  # the aggregator (protocols.rounds.AGGREGATORS; `atd rounds --aggregator`)
+    byzantine: int = 1  # f, the hostile members a robust aggregator is sized for
     q: float = 10.0  # FedWAvg's softmax scale: protocols.fedwavg.ROUNDS_Q, chosen by measurement
     local_epochs: int = 1
     batch_size: int = 16
@@ -126,8 +136,10 @@ class RoundRunner:
     """Runs a campaign's rounds for one node (see the module docstring)."""
 
     def __init__(self, home: NodeHome, config: RoundsConfig, *, fabric: Fabric | None = None) -> None:
-        if config.weighting not in ROUND_WEIGHTINGS:
-            raise RoundsError(f"--weighting {config.weighting!r}: choose from {', '.join(ROUND_WEIGHTINGS)}")
+        if config.weighting not in AGGREGATORS:
+            raise RoundsError(f"--aggregator {config.weighting!r}: choose from {', '.join(AGGREGATORS)}")
+        if isinstance(config.byzantine, bool) or not isinstance(config.byzantine, int) or config.byzantine < 0:
+            raise RoundsError(f"--byzantine must be a count >= 0, got {config.byzantine!r}")
         if config.rounds < 1:
             raise RoundsError("--rounds must be at least 1")
         self.home, self.c = home, config
@@ -138,8 +150,12 @@ class RoundRunner:
         self.me = self.ident.peer_id
         self.init, self.cfg, self.labels, self.label_fp = init_blob(self.store, config.cfg, config.data, config.seed,
                                                                     state=config.init_state)
-        self.campaign = campaign_id(self.init, config.weighting, config.q, config.name)
+        self.robust = AGGREGATORS[config.weighting].robust
+        self.campaign = campaign_id(self.init, config.weighting, config.q, config.name,
+                                    config.byzantine if self.robust else None)
         self._globals: dict[int, str] = {}  # round -> the global model adopted for it
+        self._held: dict[int, set[str]] = {}  # round -> authors of the valid inputs held when its wait ended
+        self._narrowing: set[bytes] = set()  # aggregates not adopted because they narrow the round (logged once)
         self._verified: dict[bytes, str] = {}  # aggregate entry id -> its recomputed global blob
         self._rejected: dict[bytes, str] = {}  # aggregate entry id -> why it was not adopted
 
@@ -155,7 +171,7 @@ class RoundRunner:
         members that recorded competing aggregates converge on one)."""
         if rnd == 0:
             return self.init
-        if rnd - 1 not in self._globals and await self.pick(rnd - 1, lambda _led, _e: True) is None:
+        if rnd - 1 not in self._globals and await self._pick_global(rnd - 1) is None:
             raise RoundsError(f"round {rnd - 1} has no aggregate that verifies here yet")
         return self._globals[rnd - 1]
 
@@ -188,6 +204,10 @@ class RoundRunner:
         rnd = agg.body.get("round")
         if agg.body.get("campaign") != self.campaign or type(rnd) is not int or rnd < 0:
             raise RoundsError(f"aggregate {agg.id.hex()[:12]} is not a round of this campaign")
+        name, q, f = round_rule(agg.body)
+        if name != self.c.weighting or q != float(self.c.q) or (self.robust and f != self.c.byzantine):
+            raise RoundsError(f"aggregate {agg.id.hex()[:12]} is computed with {name} (q={q:g}, f={f}), not the "
+                              f"campaign's {self.c.weighting}")
         reference = await self.global_blob(rnd)
         if agg.id not in self._verified:
             while True:  # its input entries may reach this ledger after it (gossip has no order across authors)
@@ -254,24 +274,59 @@ class RoundRunner:
                             extra_provenance={"campaign": self.campaign, "round": rnd, "start": start})
         return train(self.home, self.c.data, self.cfg, opts)
 
-    def publish(self, rnd: int, rec: ModelRecord) -> Entry:
+    def _mine(self, rnd: int, start: str) -> Entry | None:
+        """This node's input of round `rnd` trained from `start`, if published (a restart)."""
         with self._led() as led:
-            mine = [e for e in round_weights_entries(led, self.campaign, rnd) if _signer(e) == self.me]
-            if mine:  # a restart after publishing: do not publish twice
-                return mine[0]
-            body = weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd,
-                                      start=str(rec.provenance["start"]))
+            return next((e for e in round_weights_entries(led, self.campaign, rnd, start) if _signer(e) == self.me),
+                        None)
+
+    def publish(self, rnd: int, rec: ModelRecord) -> Entry:
+        start = str(rec.provenance["start"])
+        mine = self._mine(rnd, start)
+        if mine is not None:  # a restart after publishing: do not publish twice
+            return mine
+        body = weights_round_body(self.store, rec.blobs["full"], rec, campaign=self.campaign, rnd=rnd, start=start)
+        with self._led() as led:
             return bodies.append(led, self.ident.signer, "weights", body)
 
-    def _ready(self, held: list[Entry]) -> Callable[[Ledger, Entry], bool]:
-        """Which aggregates this node may adopt while a round is open: a final one, or one over
-        every input it holds (a member's aggregate over its own input alone is neither)."""
-        ids = {e.id.hex() for e in held}
-        return lambda led, e: final(led, e) or ids <= set(e.body.get("inputs") or [])
+    def _admissible(self, rnd: int) -> Callable[[Ledger, Entry], bool]:
+        """Aggregates of round `rnd` this node may adopt: none that names as missing an author
+        whose input it held when its wait ended (`rules.narrows`; no constraint for a round it
+        did not wait in). Those refused are logged once."""
+        held = self._held.get(rnd, set())
+
+        def ok(_led: Ledger, e: Entry) -> bool:
+            left_out = narrows(e, held)
+            if left_out and e.id not in self._narrowing:
+                self._narrowing.add(e.id)
+                self.c.log(f"round {rnd}: aggregate {e.id.hex()[:12]} by {_signer(e)[:12]} not adopted: it names as "
+                           f"missing {', '.join(p[:12] for p in left_out)}, whose input reached this node in time")
+            return not left_out
+        return ok
+
+    async def _pick_global(self, rnd: int, until: float | None = None) -> Entry | None:
+        """Round `rnd`'s global: a closed aggregate if one verifies, else the first admissible
+        one that does (module doc of `atdnode.rounds.rules`)."""
+        return await self.pick(rnd, closed, until) or await self.pick(rnd, self._admissible(rnd), until)
+
+    def _narrowed(self, rnd: int) -> bool:
+        """Whether some aggregate of round `rnd` narrows it here (then the full one is recorded at once)."""
+        ok = self._admissible(rnd)
+        with self._led() as led:
+            return any(not ok(led, e) for e in round_candidates(led, self.campaign, rnd) if e.id not in self._rejected)
+
+    def _superseded(self, rnd: int) -> bool:
+        """Whether round rnd-1 closed on a global other than the one this node trains round `rnd` from."""
+        if rnd == 0 or rnd - 1 not in self._globals:
+            return False
+        with self._led() as led:
+            return any(closed(led, e) and e.body.get("blob") != self._globals[rnd - 1]
+                       for e in round_candidates(led, self.campaign, rnd - 1) if e.id not in self._rejected)
 
     async def wait_inputs(self, rnd: int, expected: list[str], start: str) -> list[Entry]:
-        """Until K publishers' blobs are held, an aggregate this node may adopt is ready to
-        verify (all its inputs held), or the deadline: the held inputs (trained from `start`)."""
+        """Until every live member's input (trained from `start`) is held (or --min-peers
+        members'), the round closed, or the deadline: the held inputs. An aggregate recorded
+        meanwhile does not end the wait (module doc of `atdnode.rounds.rules`, rule 1)."""
         until = self.fabric.now() + self.c.deadline
         gone_since: dict[str, float] = {}
         recent = set(expected)  # round 0: every member
@@ -281,19 +336,18 @@ class RoundRunner:
             if prev is not None:
                 recent = set(prev.body.get("participants") or [])
         while True:
+            if self._superseded(rnd):
+                raise _Superseded()
             with self._led() as led:
                 entries = round_weights_entries(led, self.campaign, rnd, start)
                 held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
-                ready = self._ready(held)
-                agg = any(ready(led, a) and not absent_inputs(led, a) and a.id not in self._rejected
-                          and all(self.store.has(str(led.get(bytes.fromhex(h)).body.get("blob")))
-                                  for h in a.body.get("inputs") or [])
-                          for a in round_candidates(led, self.campaign, rnd))
+                over = any(closed(led, a) for a in round_candidates(led, self.campaign, rnd) if a.id not in self._rejected)
             if self.c.min_peers:
                 enough = len(held) >= self.c.min_peers
             else:  # every live member: all members, or (daemon running) those connected to it
                 enough = set(await self._live(expected, gone_since, recent)) <= {_signer(e) for e in held}
-            if agg or enough or self.fabric.now() >= until:
+            if over or enough or self.fabric.now() >= until:
+                self._held[rnd] = {_signer(e) for e in held}
                 return held
             for e in entries:  # block on the daemon's fetch of what is announced but not yet here
                 if e not in held:
@@ -305,7 +359,7 @@ class RoundRunner:
     def record(self, rnd: int, inputs: list[Entry], expected: list[str], reference: str) -> Entry:
         t = time.perf_counter()
         weights, (tensors, meta) = compute_round(self.store, inputs, weighting=self.c.weighting, q=self.c.q,
-                                                 reference=reference)
+                                                 reference=reference, byzantine=self.c.byzantine)
         cosines = round_cosines(self.store, inputs, reference) if self.c.weighting == "fedwavg" else None
         if cosines is not None:
             self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
@@ -319,48 +373,69 @@ class RoundRunner:
                                     reference=reference, inputs=[e.id.hex() for e in inputs], weights=weights,
                                     participants=publishers, missing=sorted(set(expected) - set(publishers)),
                                     store=self.store, blob=blob, model=self.cfg.to_dict(),
-                                    cosines=cosines)
+                                    cosines=cosines, byzantine=self.c.byzantine)
         with self._led() as led:
             entry = bodies.append(led, self.ident.signer, "aggregate", body)
         self._verified[entry.id] = blob  # computed here
         return entry
 
     async def settle(self, rnd: int, held: list[Entry], expected: list[str], start: str) -> Entry:
-        """After the wait: adopt an aggregate this node may adopt (`_ready`), else the
-        coordinator records one over `held`; the others wait for it (one more deadline),
-        then stand in and record their own."""
-        ready = self._ready(held)
-        agg = await self.pick(rnd, ready)
-        if agg is None and choose_coordinator([_signer(e) for e in held]) != self.me:
+        """After the wait: adopt a closed or admissible aggregate (`_pick_global`), else record
+        the aggregate over every valid input held -- at once as the coordinator or when some
+        aggregate narrowed the round, else after one more deadline for the coordinator's."""
+        agg = await self._pick_global(rnd)
+        if agg is None and not self._narrowed(rnd) and choose_coordinator([_signer(e) for e in held]) != self.me:
             until = self.fabric.now() + self.c.deadline
-            while agg is None and self.fabric.now() < until:
+            while agg is None and self.fabric.now() < until and not self._narrowed(rnd):
+                if self._superseded(rnd):
+                    raise _Superseded()
                 await self.fabric.sleep(POLL_S)
-                agg = await self.pick(rnd, ready, until)
+                agg = await self._pick_global(rnd, until)
         if agg is None:
-            self.c.log(f"round {rnd}: recording the aggregate over {len(held)} inputs")
-            self.record(rnd, held, expected, start)
-            agg = await self.pick(rnd, ready)
+            with self._led() as led:
+                inputs = [e for e in round_weights_entries(led, self.campaign, rnd, start)
+                          if self.store.has(str(e.body.get("blob")))]
+            self.c.log(f"round {rnd}: recording the aggregate over {len(inputs)} inputs")
+            self.record(rnd, inputs, expected, start)
+            agg = await self._pick_global(rnd)
         if agg is None:
             raise RoundsError(f"round {rnd}: no aggregate verifies here")
         return agg
+
+    async def _play(self, rnd: int, expected: list[str]) -> tuple[Entry, ModelRecord | None, Entry | None, float, float]:
+        """Round `rnd` from the global entering it: (aggregate, own record, own input, train
+        seconds, when the exchange began). Raises _Superseded (module doc, rule 3)."""
+        start = await self.global_blob(rnd)
+        rec, train_s = None, 0.0
+        c0 = self.fabric.now()
+        agg = await self.pick(rnd, closed)  # the round is over (we were late): adopt, do not train it
+        if agg is not None:
+            return agg, None, None, 0.0, c0
+        pub = self._mine(rnd, start)  # a restart after publishing: not trained again
+        if pub is None:
+            t = time.perf_counter()
+            rec = self.train_round(rnd, start)
+            train_s = time.perf_counter() - t
+            await self.fabric.trained(train_s)
+            pub = self.publish(rnd, rec)
+        c0 = self.fabric.now()
+        held = await self.wait_inputs(rnd, expected, start)
+        return await self.settle(rnd, held, expected, start), rec, pub, train_s, c0
 
     async def run_round(self, rnd: int) -> RoundReport:
         with self._led() as led:
             expected = active_members(led)
         self._agg_s = 0.0
         self._globals.pop(rnd - 1, None)  # re-read round rnd-1 before training on it (a larger one may be here now)
-        start = await self.global_blob(rnd)
-        rec, pub, train_s = None, None, 0.0
-        c0 = self.fabric.now()
-        agg = await self.pick(rnd, final)  # the round is over (we were late): adopt, do not train it
-        if agg is None:  # train, publish, gather
-            t = time.perf_counter()
-            rec = self.train_round(rnd, start)
-            train_s = time.perf_counter() - t
-            pub = self.publish(rnd, rec)
-            c0 = self.fabric.now()
-            held = await self.wait_inputs(rnd, expected, start)
-            agg = await self.settle(rnd, held, expected, start)
+        for switch in range(MAX_SWITCHES + 1):
+            try:
+                agg, rec, pub, train_s, c0 = await self._play(rnd, expected)
+                break
+            except _Superseded:
+                if switch == MAX_SWITCHES:
+                    raise RoundsError(f"round {rnd}: round {rnd - 1} closed on another global {switch + 1} times")
+                self.c.log(f"round {rnd}: round {rnd - 1} closed on another global model; redoing round {rnd} from it")
+                self._globals.pop(rnd - 1, None)
         blob = self._globals[rnd]
         exchange = self.fabric.now() - c0 - (self._agg_s if self.fabric.wall_clock else 0.0)
         model_id = register_global(self.home, self.store, base=rec or self._base(), blob=blob, part="full", entry=agg,

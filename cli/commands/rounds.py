@@ -1,4 +1,4 @@
-"""`atd rounds`: serverless round-based training (FedAvg / FedWAvg, optionally adversarial) on the fabric."""
+"""`atd rounds`: serverless round-based training (FedAvg, FedWAvg or a robust aggregator; optionally adversarial) on the fabric."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import typer
 from atdnode.learning.device import apply_device
 from atdnode.node.home import NodeHome
 from atdnode.node.logs import sklearn_warnings_to_log
+from protocols.rounds import AGGREGATORS, ROUND_WEIGHTINGS
 from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
@@ -19,9 +20,10 @@ HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
     "Each round every member starts from the previous round's global model, trains locally, publishes its "
     "weights (a signed `weights` entry with the round number), waits until --min-peers members' weights are "
-    "here or --deadline passes, and the global model is the FedAvg or FedWAvg average over the round's inputs "
+    "here or --deadline passes, and the global model is the --aggregator's combination of the round's inputs "
     "in canonical order, recorded as an `aggregate` entry (mode round) that names late members; every member "
-    "recomputes it bit for bit. All members must give the same data label space, model and --seed (they "
+    "recomputes it bit for bit. A member is waited for until --deadline, and an aggregate that leaves out an "
+    "input that reached this node in time is not adopted. All members must give the same data label space, model and --seed (they "
     "define the shared initial model and the campaign). The daemon must be running for gossip and fetch. "
     "Run it again after a crash: it resumes at the current round.",
 ])
@@ -30,7 +32,14 @@ HELP = "\n\n".join([
 def rounds(
     home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
-    weighting: str = typer.Option("fedwavg", "--weighting", help="fedavg | fedwavg."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{' | '.join(ROUND_WEIGHTINGS)} (the weighted "
+                                            "means; same as --aggregator)."),
+    aggregator: Optional[str] = typer.Option(None, "--aggregator", help="How a round's inputs become the global "
+                                             "model (default fedwavg): " + "; ".join(
+                                                 f"{a.name}: {a.description}" for a in AGGREGATORS.values()) + "."),
+    byzantine: int = typer.Option(1, "--byzantine", min=0, help="f, the hostile members a robust aggregator "
+                                  "(median, trimmed-mean, krum, multi-krum) is sized for: trimmed from each end, "
+                                  "Krum's f."),
     q: float = typer.Option(10.0, "--q", help="FedWAvg softmax scale q (default: protocols.fedwavg.ROUNDS_Q, chosen "
                                               "by measurement: weights move measurably off 1/K on skewed shards, not on IID ones)."),
     data: str = typer.Option("digits", "--data", help="This node's data spec."),
@@ -61,11 +70,18 @@ def rounds(
     import trio
 
     from atdnode import progress
-    from atdnode.rounds.rules import current_round
+    from atdnode.rounds.rules import RoundsError, current_round
     from atdnode.rounds.runner import RoundRunner, RoundsConfig
     from cli.progress import bars
     from ledger import Ledger
 
+    if weighting is not None and weighting not in ROUND_WEIGHTINGS:
+        raise RoundsError(f"--weighting {weighting!r}: choose from {', '.join(ROUND_WEIGHTINGS)}")
+    if weighting is not None and aggregator is not None and weighting != aggregator:
+        raise RoundsError(f"--weighting {weighting} and --aggregator {aggregator}: give one")
+    rule = aggregator or weighting or "fedwavg"
+    if rule not in AGGREGATORS:
+        raise RoundsError(f"--aggregator {rule!r}: choose from {', '.join(AGGREGATORS)}")
     h = NodeHome.at(home).require()
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
@@ -76,7 +92,7 @@ def rounds(
         transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,
                                   in_chans=cfg.in_chans)
     log = (lambda m: print(m, file=sys.stderr, flush=True))
-    conf = RoundsConfig(data=data, cfg=cfg, rounds=n_rounds, weighting=weighting, q=q, local_epochs=local_epochs,
+    conf = RoundsConfig(data=data, cfg=cfg, rounds=n_rounds, weighting=rule, byzantine=byzantine, q=q, local_epochs=local_epochs,
                         batch_size=batch_size, lr=lr, seed=seed, deadline=deadline, min_peers=min_peers, absent_grace=absent_grace, name=name,
                         batch_transform=transform, log=log)
     runner = RoundRunner(h, conf)
