@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation_error import AggregationError
+from protocols.safetensors_stream import AggregationError
 from protocols.fedwavg import fedwavg_weights, last_layer_key, last_layer_keys
 from protocols.safetensors_stream import (WINDOW_BYTES, SafetensorsLoader, SafetensorsStream,  # noqa: F401
                                           safetensors_loader)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ledger", "atdnode", "protocols", "netsim", "cli")
 GROUND = ("ledger", "protocols")  # the ground floor: imports nothing of the packages above it
 # the math in protocols/, the node-level steps in atdnode/, the simulator's driver in netsim/
-VGS_MODULES = ("protocols.aggregation", "protocols.aggregation_error", "protocols.fedwavg", "protocols.vgs",
+VGS_MODULES = ("protocols.aggregation", "protocols.fedwavg", "protocols.vgs",
                "protocols.hierarchical", "protocols.ensemble", "atdnode.aggregation.aggregate", "atdnode.aggregation.check",
                "atdnode.aggregation.verify", "atdnode.aggregation.horizontal", "atdnode.aggregation.vertical", "atdnode.aggregation.hierarchical",
                "atdnode.aggregation.ensemble", "atdnode.aggregation.features_share", "atdnode.models.publish", "atdnode.bodies",

@@ -55,7 +55,7 @@ from protocols.aggregation import (
     weighted_average,
 )
 from protocols.rounds import LAST_LAYER
-from protocols.heads import heads_comparable
+from protocols.vgs import heads_comparable
 
 AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
 # what a weights entry's body says of each quantity a weighting counts (protocols.aggregation.COUNTED)

@@ -55,7 +55,7 @@ from atdnode.models.weights import save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import AggregationError, part_filter, safetensors_loader
 from protocols.hierarchical import GROUP_WEIGHTINGS, Combination, GroupModel, combine_groups
-from protocols.heads import heads_comparable
+from protocols.vgs import heads_comparable
 
 _MAX_DEPTH = 8  # nested hierarchical groups
 

@@ -38,7 +38,7 @@ API: list[tuple[str, str, tuple[str, ...]]] = [
     ("protocols", "protocols.safetensors_stream", ("SafetensorsStream", "safetensors_loader")),
     ("protocols", "protocols.fedwavg", ("fedwavg_weights", "last_layer_keys")),
     ("protocols", "protocols.hierarchical", ("combine_groups", "group_weights")),
-    ("protocols", "protocols.heads", ("heads_comparable",)),
+    ("protocols", "protocols.vgs", ("heads_comparable",)),
     ("protocols", "protocols.vgs", ("merge_labeled_features", "fit_vertical_ensemble")),
     ("protocols", "protocols.ensemble", ("EnsembleClassifier",)),
     ("protocols", "protocols.feature_crypto", ("seal", "open_sealed", "envelope_info")),

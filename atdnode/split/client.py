@@ -31,7 +31,7 @@ from atdnode.node.home import NodeHome
 from atdnode.node.identity import NodeIdentity
 from atdnode.replication.access import ledger_guard
 from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.split.names import SPLIT_PROTOCOL
+from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret

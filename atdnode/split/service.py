@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from atdnode.node.home import NodeHome
-from atdnode.split.names import SPLIT_PROTOCOL
+from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
 from atdnode.split.host import Session
 from atdnode.split.msd_campaign import MSDCampaign
