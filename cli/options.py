@@ -43,7 +43,7 @@ MLP_RATIO_OPT = typer.Option(None, "--mlp-ratio", help="MLP width / embedding wi
 def model_config(model: str, *, img_size: int | None, patch_size: int | None, embed_dim: int | None,
                  depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None):
     """The `ModelConfig` the model options above describe (None: timm's default for `model`)."""
-    from atdnode.learning.model import resolve_config
+    from atdnode.learning import resolve_config
 
     return resolve_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                            num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
@@ -72,7 +72,7 @@ def fraction(text: str) -> float:
 def pgd_transform(*, adv_ratio: float, pgd_eps: str, pgd_step: str, pgd_steps: int, in_chans: int):
     """The `AdversarialTransform` the PGD options describe (the data's normalisation per channel)."""
     from atdnode.data import MEAN, STD
-    from atdnode.learning.train_options import AdversarialTransform
+    from atdnode.learning import AdversarialTransform
     from cli.errors import CliError
     from protocols.adversarial import AdversarialError, PGDConfig
 

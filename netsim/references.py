@@ -24,8 +24,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from atdnode.aggregation.ensemble_refs import REFERENCES, fit_reference
-from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.aggregation import REFERENCES, EnsembleOptions, fit_reference
 from netsim.baselines import PhaseResult, data_phases, evaluate_phase
 from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData
@@ -75,7 +74,7 @@ def run_reference(kind: str, scn: Scenario, data: ScenarioData, log: Callable[[s
 
 def _predictor(ref, ens, space: list[str]):
     def pred(images: torch.Tensor) -> np.ndarray:
-        from atdnode.aggregation.ensemble_refs import reference_features
+        from atdnode.aggregation import reference_features
 
         X = reference_features(ref.kind, images, model=ref.model)
         return to_global(ens.predict(X).astype(np.int64), ref.classes, space)

@@ -18,7 +18,7 @@ scores the consortium's model everywhere, `netsim.vgs.VgsRunner._aggregate` note
 """
 from __future__ import annotations
 
-from atdnode.aggregation.keep import default_model
+from atdnode.aggregation import default_model
 from netsim.baselines import PhaseResult
 from netsim.learn import score, to_global
 from netsim.nodedata import ScenarioData

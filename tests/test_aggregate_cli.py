@@ -7,10 +7,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.aggregation.aggregate import AggregateError, average_blobs, result_meta
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.weights import save_weights
+from atdnode.aggregation import AggregateError, average_blobs, result_meta
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import save_weights
 from cli.app import app, main
 from ledger import Ledger
 from tests.factories import cli_json as cli
@@ -138,8 +138,7 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
         err = fails("aggregate", "--home", str(a.root), *args)
         assert why in str(err), (args, err)
     # a node without any trained model
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
+    from atdnode.node import NodeHome, init_home
 
     lone = NodeHome.at(tmp_path / "lone")
     init_home(lone, consortium="x")
@@ -154,7 +153,7 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
 def test_default_inputs_skip_what_does_not_fit(disjoint):
     a = disjoint[0]
     # horizontal by default takes every held extractor; a head-only publication is not a candidate
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
 
     head = publish_weights(a, part="head")
     out = cli("aggregate", "--home", str(a.root))
@@ -169,7 +168,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
     reorders the weights and leaves the result unchanged (up to float32 summation order)."""
     import torch
 
-    from atdnode.models.weights import load_weights
+    from atdnode.models import load_weights
 
     template = vgs_template("skewed")
     one, two = copy_homes(template, tmp_path / "one")[0], copy_homes(template, tmp_path / "two")[0]
@@ -192,7 +191,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
 def test_averaging_models_from_different_random_starts_warns(tmp_path):
     """Every weights entry records the start it descends from (`base`); `atd aggregate`
     warns when its inputs have different ones (same seed and config = same start)."""
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
     from tests.vgs_homes import consortium, train_node
 
     homes = consortium(tmp_path / "homes", ["x", "y", "z"])

@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.weights import load_weights, save_weights
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import load_weights, save_weights
 from cli.app import app
 from ledger import Ledger
 from tests.vgs_homes import copy_homes

@@ -9,11 +9,9 @@ import tomllib
 
 from typer.testing import CliRunner
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.config_schema import KEYS
-from atdnode.node.home import NodeHome
+from atdnode.node import KEYS, NodeConfig, NodeHome
 from atdnode.node.logs import log_limits
-from atdnode.peers.peerset import PeerSetConfig
+from atdnode.peers import PeerSetConfig
 from cli.app import app
 
 runner = CliRunner()
@@ -50,7 +48,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     """The commented defaults are what each reader uses when the key is absent."""
     from atdnode.node.config_schema import BY_PATH
     from atdnode.node.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
-    from atdnode.models.gc import size_limit
+    from atdnode.models import size_limit
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome
 from tests.factories import append, cli, cli_json
 from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import trio
 
-from atdnode.node.daemon import NodeDaemon
-from atdnode.report.dashboard.server import TOKEN_FILE, Dashboard
-from atdnode.node.identity import NodeIdentity
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.node import NodeDaemon, NodeIdentity
+from atdnode.report import Dashboard
+from atdnode.report.dashboard.server import TOKEN_FILE
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from tests.factories import make_consortium
 
 

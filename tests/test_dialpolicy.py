@@ -5,7 +5,7 @@ import pytest
 
 from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER, Backoff, DialPolicy, addresses_newest_first
 from atdnode.errors import ConfigError
-from atdnode.peers.peerset import PeerSetConfig
+from atdnode.peers import PeerSetConfig
 
 
 def test_backoff_doubles_to_its_cap_and_clears() -> None:

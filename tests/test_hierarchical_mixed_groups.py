@@ -7,7 +7,7 @@ import math
 import pytest
 
 from atdnode.aggregation.hierarchical import group_stats
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from ledger import Ledger
 from tests.factories import cli_json as cli
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, sync

@@ -7,10 +7,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.aggregation.aggregate import AggregateError
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.registry import ModelRegistry
+from atdnode.aggregation import AggregateError
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import ModelRegistry
 from cli.app import app
 from ledger import Ledger
 from tests.factories import cli_json as cli
@@ -118,7 +118,7 @@ def test_group_option_errors(trio):
 def test_groups_from_different_bases_warn_and_strict_refuses(trio):
     """Issue 23: combining groups trained from unrelated random starts gives a random body;
     `atd aggregate --mode hierarchical` warns, and `--strict` refuses before recording."""
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
     from tests.vgs_homes import DISJOINT, train_node
 
     a, b, c = trio

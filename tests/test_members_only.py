@@ -13,17 +13,15 @@ import pytest
 import trio
 
 from atdnode.replication.access import AccessRefused, is_refusal
-from atdnode.blobs.store import BlobStore
-from atdnode.node.config import NodeConfig
+from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, BlobStore, pack
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, pull
 from atdnode.split.service import SPLIT_PROTOCOL, SplitService
-from atdnode.split.session import ByteCounter, RemoteError, SplitChannel
-from atdnode.replication.sync import SYNC_PROTOCOL, pull
-from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, read_header, unpack
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.split import RemoteError
+from atdnode.split.session import ByteCounter, SplitChannel
+from atdnode.blobs.wire import read_header, unpack
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
 

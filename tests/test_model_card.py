@@ -17,10 +17,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.classify import classify
+from atdnode.blobs import BlobStore
+from atdnode.learning import run_classify as classify
 from atdnode.aggregation.horizontal import aggregate_horizontal
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from cli.app import app
 from ledger import Ledger, peer_id_from_public_key
 from tests.browser import browser, text_of

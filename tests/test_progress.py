@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from atdnode import progress
-from atdnode.aggregation.aggregate import average_blobs
-from atdnode.blobs.partial import partial_bytes
-from atdnode.blobs.store import BlobStore, Manifest
+from atdnode.aggregation import average_blobs
+from atdnode.blobs import BlobStore, partial_bytes
+from atdnode.blobs.store import Manifest
 from atdnode.data import LabeledImages
-from atdnode.learning.features import extract_features
-from atdnode.learning.model import build_model, resolve_config
-from atdnode.models.weights import save_weights
+from atdnode.learning import build_model, extract_features, resolve_config
+from atdnode.models import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +96,7 @@ def test_partial_bytes_follows_a_download_in_another_process(tmp_path):
 @pytest.mark.parametrize("force", ["1", "0"])
 @pytest.mark.slow  # an atd process
 def test_ledger_wait_draws_its_bars_when_asked(tmp_path, force):
-    from atdnode.node.identity import init_home
-    from atdnode.node.home import NodeHome
+    from atdnode.node import NodeHome, init_home
     from ledger import Ledger
 
     h = NodeHome.at(tmp_path / "n")

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.aggregation.verify import verify_entry
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.aggregation import verify_entry
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
 

@@ -11,9 +11,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from atdnode.aggregation.aggregate import base_warning
-from atdnode.learning.model import build_model
-from atdnode.models.publish import publish_weights
-from atdnode.learning.training import TrainOptions, train
+from atdnode.learning import TrainOptions, build_model, train
+from atdnode.models import publish_weights
 from cli.app import app
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, sync

@@ -9,9 +9,10 @@ import pytest
 import torch
 import trio
 
-from atdnode.node.identity import NodeIdentity
-from atdnode.split.secret import (SplitSecretError, campaign_secret, check_adopted, check_secret_body,
-                                  check_secret_entry, create_secret, ensure_hello, ensure_joined, open_secret)
+from atdnode.node import NodeIdentity
+from atdnode.split import SplitSecretError
+from atdnode.split.secret import (campaign_secret, check_adopted, check_secret_body, check_secret_entry,
+                                  create_secret, ensure_hello, ensure_joined, open_secret)
 from ledger import Ledger
 from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
@@ -86,7 +87,7 @@ def test_bodies_validate() -> None:
 def test_pfesta_campaign_secret_never_reaches_the_server(tmp_path: Path) -> None:
     """Two clients ask at once; the server waits for both, both may make a secret, the server
     adopts one and both use it. Nothing on the server (ledger, state, records) holds it."""
-    from atdnode.transport.memory import MemoryNetwork
+    from atdnode.transport import MemoryNetwork
 
     homes = make_consortium(tmp_path, 3)
     configure(homes[0], "pfesta-server", rounds=1, steps_per_round=2)

@@ -12,8 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.node import NodeHome, init_home
 from cli.app import app
 
 torch.set_num_threads(1)
@@ -100,8 +99,7 @@ def test_bad_mlflow_uri_is_one_line(tmp_path):
 
 
 def test_cli_log_rotates_by_size(tmp_path):
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.logs import file_handler
+    from atdnode.node import NodeConfig, file_handler
 
     h = _home(tmp_path)
     cfg = NodeConfig.load(h)

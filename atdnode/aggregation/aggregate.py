@@ -34,14 +34,11 @@ from dataclasses import dataclass, field
 import torch
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError, BlobError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig, ModelConfigError
-from atdnode.models.gc import register_model
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.models.weights import load_weights, read_meta, save_weights
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig, ModelConfigError
+from atdnode.models import ModelRecord, ModelRegistry, load_weights, read_meta, register_model, save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import (
     HEAD_PREFIXES,

@@ -6,14 +6,13 @@ aggregation modes hand to `atdnode.aggregation.aggregate.register_global`.
 """
 from __future__ import annotations
 
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.classify import score_record
+from atdnode.blobs import BlobStore
+from atdnode.learning import ModelConfig, score_record
 from atdnode.data import load_dataset
 from atdnode.errors import AtdError, DataError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, default_model, keep_policy
-from atdnode.learning.model import ModelConfig
-from atdnode.models.registry import ModelRecord
+from atdnode.models import ModelRecord
 
 
 def validation_data(spec: str, img_size: int, in_chans: int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from atdnode.aggregation.aggregate import MODES, AggregateError, AggregateResult
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.aggregation.ensemble import CLASSIFIERS, EnsembleOptions
 
 DEFAULT_WEIGHTING = {"horizontal": "uniform", "vertical": "uniform", "hierarchical": "sqrt-classes"}

@@ -16,12 +16,11 @@ from typing import Awaitable, Callable
 
 import trio
 
-from atdnode.replication.access import MembershipGate
+from atdnode.replication import LedgerAccess, MembershipGate
 from atdnode.blobs.readers import BlobReaders
 from atdnode.blobs.store import BlobStore
 from atdnode.errors import DaemonError
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.transport.base import Transport, TransportError
+from atdnode.transport import Transport, TransportError
 from atdnode.blobs.xfer import BlobService
 from ledger import Ledger
 

@@ -100,7 +100,7 @@ def _fmt(counts: dict[str, int]) -> str:
 
 def inspect_data(spec: str, img_size: int = 64, in_chans: int = 3, seed: int = 0, *, progress: bool = False) -> Inspection:
     """Load every split of `spec` as a node would (raises DataError as training would)."""
-    from atdnode.learning.features import progress_bar
+    from atdnode.learning import progress_bar
 
     with progress_bar(progress) as bar:
         def load(split: str) -> LabeledImages:

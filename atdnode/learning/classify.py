@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
-from atdnode.data.sanity import caution_for
-from atdnode.node.home import NodeHome
+from atdnode.data import caution_for
+from atdnode.node import NodeHome
 from atdnode.learning.metrics import classification_metrics, save_confusion_png
 from atdnode.learning.model import ModelConfig
 from atdnode.learning.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.models import ModelRecord, ModelRegistry
 
 
 @dataclass
@@ -111,7 +111,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import default_model
+    from atdnode.aggregation import default_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
@@ -126,7 +126,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
         metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
-    from atdnode.data.public_spec import public_spec  # figure titles name no local path
+    from atdnode.data import public_data_spec as public_spec  # figure titles name no local path
 
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "

@@ -23,15 +23,14 @@ import torch
 
 from atdnode.learning import ddp
 from atdnode.data import load_dataset
-from atdnode.data.sanity import caution_for, require_classes
+from atdnode.data import caution_for, require_classes
 from atdnode.learning.evaluation import evaluate, heldout_loss_accuracy
 from atdnode.learning.features import extract_features, predict_classes, progress_bar
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.learning.metrics import save_confusion_png
 from atdnode.learning.model import ModelConfig, export_part
-from atdnode.models.gc import register_model
+from atdnode.models import ModelRecord, ModelRegistry, RunCheckpoint, register_model
 from atdnode.learning.probe import fresh_head, probe_head
-from atdnode.models.registry import ModelRecord, ModelRegistry, RunCheckpoint
 from atdnode.learning.train_options import (
     FINETUNE_LR,
     OPTIMIZERS,
@@ -55,7 +54,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
     `cfg.num_classes` is set from the data's label space. Returns the registry record on
     the main process (None on other DDP ranks).
     """
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
 
     log = opts.log or (lambda _msg: None)
     ctx = ddp.init_from_env(opts.device, home=home)
@@ -128,7 +127,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)
-        from atdnode.data.public_spec import public_spec  # figure titles name no local path
+        from atdnode.data import public_data_spec as public_spec  # figure titles name no local path
 
         pngs = {"confusion_png": save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
                 title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")} if opts.plots else {}

@@ -24,7 +24,7 @@ def _check_logs(home: NodeHome) -> None:
 
 
 def _check_models(home: NodeHome) -> None:
-    from atdnode.models.gc import size_limit
+    from atdnode.models import size_limit
 
     size_limit(home)
 
@@ -40,7 +40,7 @@ def _check_listen(home: NodeHome) -> None:
 
 
 def _check_peers(home: NodeHome) -> None:
-    from atdnode.peers.peerset import PeerSetConfig
+    from atdnode.peers import PeerSetConfig
 
     PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
 
@@ -50,7 +50,7 @@ def _check_bulk(home: NodeHome) -> None:
 
 
 def _check_compute(home: NodeHome) -> None:
-    from atdnode.learning.device import parse_device
+    from atdnode.learning import parse_device
 
     dev = NodeConfig.load(home).compute_device()
     if dev is not None:

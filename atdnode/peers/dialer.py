@@ -29,9 +29,8 @@ from atdnode.peers.dial_addrs import HelloAddresses
 from atdnode.peers.dialpolicy import DialPolicy
 from atdnode.peers.peerset import (gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval,
                              SAMPLE_ALL, sample_candidates, small_consortium)
-from atdnode.node.rngs import loop_rng
-from atdnode.transport.base import TransportError
-from atdnode.transport._libp2p.gossip_mesh import fit_mesh
+from atdnode.node import loop_rng
+from atdnode.transport import TransportError, fit_mesh
 
 log = logging.getLogger("atd.daemon")
 

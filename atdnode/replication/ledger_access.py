@@ -34,7 +34,7 @@ from typing import Callable, Iterable, TypeVar
 
 import trio
 
-from atdnode.transport.base import StreamClosed
+from atdnode.transport import StreamClosed
 from atdnode.errors import ConfigError
 from ledger import AuthorQuota, Entry, Ledger, Signer
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atdnode.data.public_spec import public_spec, source_kind
+from atdnode.data import public_data_spec as public_spec, source_kind
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key
 
 MAX_STEPS = 500  # a card follows at most this many entries back (hierarchies are shallow)
@@ -83,8 +83,8 @@ class Card:
 
 def collect(home: NodeHome, model: str = "latest") -> Card:
     """The card's facts for `model` (id, prefix or `latest`) of this node."""
-    from atdnode.blobs.store import BlobStore
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.blobs import BlobStore
+    from atdnode.models import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
     rec = reg.get(model)
@@ -195,7 +195,7 @@ def _summary(e: Entry) -> dict:
 
 def _verify(led: Ledger, store, entry: Entry | None) -> dict:
     """Re-run the one aggregate verification (`agg_verify.verify_entry`) on this entry."""
-    from atdnode.aggregation.verify import verify_entry
+    from atdnode.aggregation import verify_entry
 
     if entry is None:
         return {"status": "failed", "detail": "entry not in the ledger"}

@@ -138,8 +138,7 @@ def _training(card: Card) -> str:
 def _evaluations(card: Card) -> str:
     if not card.evaluations:
         return "<p>No evaluation recorded yet (run <code>atd classify</code>).</p>"
-    from atdnode.learning.metrics import save_confusion_png
-    from atdnode.learning.trainlog import save_curves_png
+    from atdnode.learning import save_confusion_png, save_curves_png
 
     parts = []
     for i, ev in enumerate(card.evaluations):

@@ -38,16 +38,14 @@ import json
 
 import torch
 
-from atdnode.aggregation.check import check_recorded_cosines, check_recorded_weights, check_result
-from atdnode.aggregation.aggregate import AggregateError, average_blobs, result_meta
-from atdnode.blobs.store import BlobStore
+from atdnode.aggregation import (AggregateError, average_blobs, check_recorded_cosines, check_recorded_weights,
+                                 check_result, result_meta)
+from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
+from atdnode.data import require_classes
 from atdnode.errors import AtdError
-from atdnode.learning.model import ModelConfig, build_model, export_part
-from atdnode.models.publish import weights_body
-from atdnode.models.registry import ModelRecord
-from atdnode.models.weights import load_weights
+from atdnode.learning import ModelConfig, build_model, export_part
+from atdnode.models import ModelRecord, load_weights, weights_body
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError

@@ -36,14 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from atdnode import bodies
-from atdnode.aggregation.aggregate import register_global
-from atdnode.blobs.store import BlobStore
+from atdnode.aggregation import register_global
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
-from atdnode.models.registry import ModelRecord
-from atdnode.learning.training import TrainOptions, train
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig, TrainOptions, train
+from atdnode.models import ModelRecord
 from atdnode.rounds.rules import (
     RoundsError,
     absent_inputs,
@@ -310,7 +308,7 @@ class RoundRunner:
         if cosines is not None:
             self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
                        f"-> weights {[round(w, 4) for w in weights]}")
-        from atdnode.models.weights import save_weights
+        from atdnode.models import save_weights
 
         blob = save_weights(self.store, tensors, meta)
         self._agg_s += time.perf_counter() - t

@@ -21,23 +21,19 @@ from typing import Any
 
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.config import NodeConfig
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
-from atdnode.learning.device import resolve_device
+from atdnode.data import require_classes
+from atdnode.learning import resolve_device
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.replication.access import ledger_guard
-from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, ledger_guard, pull, serve_sync
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret
 from atdnode.split.session import RemoteError, SplitChannel
-from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
-from atdnode.transport.base import Stream, Transport, TransportError
+from atdnode.transport import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
@@ -323,7 +319,7 @@ def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOption
 
 def join(home: NodeHome, opts: JoinOptions, *, listen: str = "/ip4/127.0.0.1/tcp/0") -> JoinResult:
     """`atd split join`: run a session over a transient libp2p transport (blocking)."""
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport
 
     ident = NodeIdentity.load(home)
 

@@ -36,9 +36,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from atdnode.errors import AtdError
-from atdnode.aggregation.features_share import announced_key
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
+from atdnode.aggregation import announced_key
+from atdnode.node import NodeIdentity
+from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger, peer_id_from_public_key
 from atdnode import bodies
 from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_JOIN_KIND, SPLIT_SECRET_KIND, BodyError

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
 from atdnode.split.host import Session
@@ -35,8 +35,7 @@ from atdnode.split.msd_campaign import MSDCampaign
 from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
-from atdnode.transport.base import FrameError, Stream, TransportError
-from atdnode.transport.limits import PeerLimits, lease_or_reset
+from atdnode.transport import FrameError, PeerLimits, Stream, TransportError, lease_or_reset
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError

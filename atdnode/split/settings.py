@@ -27,9 +27,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from atdnode.node.config import NodeConfig
+from atdnode.node import NodeConfig, NodeHome
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
 
 CONFIG_KEY = "split"
 MAX_FRAME_DEFAULT = 64 << 20  # largest split frame accepted (a batch of ViT-B features is ~20 MB)

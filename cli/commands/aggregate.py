@@ -7,9 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
+from atdnode.learning import apply_device
+from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 from cli.progress import bars
@@ -62,14 +61,14 @@ def aggregate(
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:
-        from atdnode.aggregation.verify import verify_aggregate
+        from atdnode.aggregation import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
         with bars(quiet=as_json):
             blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
-    from atdnode.aggregation.modes import aggregate as run_aggregate, check_arguments, default_weighting
+    from atdnode.aggregation import check_arguments, default_weighting, run_aggregate
     from protocols.ensemble import PRIORS
 
     ids, feats = _split(inputs), _split(features)
@@ -79,7 +78,7 @@ def aggregate(
         raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
     feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
-    from atdnode.aggregation.ensemble import EnsembleOptions
+    from atdnode.aggregation import EnsembleOptions
 
     try:
         hidden = tuple(int(x) for x in mlp_hidden.split(",") if x.strip())
@@ -91,7 +90,7 @@ def aggregate(
                            seed=seed, prior=prior)
     specs = []
     if mode == "hierarchical":
-        from atdnode.aggregation.hierarchical import GroupSpec
+        from atdnode.aggregation import GroupSpec
 
         specs = [GroupSpec.parse(g) for g in group or []]
         specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),

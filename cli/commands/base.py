@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
+from atdnode.learning import apply_device
+from atdnode.node import NodeHome
 from cli.options import DEVICE_OPT, HOME_OPT
 
 base_app = typer.Typer(help="A base ViT built inside the consortium by masked sampling distillation (MSD).",
@@ -25,7 +25,7 @@ def build(
 ) -> None:
     """Assemble a timm ViT extractor from the campaign's secret embedder (sealed to this client)
     and its distilled body, and register it as a model. Only a client of the campaign can."""
-    from atdnode.split.base import build_base
+    from atdnode.split import build_base
 
     h = NodeHome.at(home).require()
     apply_device(device, h)  # checked before anything loads
@@ -50,7 +50,7 @@ def publish(
 ) -> None:
     """Share the MSD base with the campaign's client members only (a signed weights entry whose
     blob readers are the clients; the server never gets it)."""
-    from atdnode.split.base import publish_base
+    from atdnode.split import publish_base
 
     pub = publish_base(NodeHome.at(home).require(), model)
     if as_json:

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
+from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 from cli.errors import CliError
 
@@ -34,9 +33,9 @@ def classify(
     model does not know count as errors. --robust adds accuracy under the PGD attack of
     `atd train --adversarial` (eps 8/255, step 2/255, 7 steps by default).
     """
-    from atdnode.learning.classify import classify as run
+    from atdnode.learning import run_classify as run
 
-    from atdnode.learning.device import resolve_device
+    from atdnode.learning import resolve_device
 
     h = NodeHome.at(home).require()
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
@@ -46,7 +45,7 @@ def classify(
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
-    from atdnode.data.sanity import caution_of, metric_text
+    from atdnode.data import caution_of, metric_text
 
     m = res.metrics
     typer.echo(f"model {res.model_id} ({res.kind}) on {data} [{split}], n={m['n']}")
@@ -64,7 +63,7 @@ def classify(
 def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
     """The attack `atd train --adversarial` uses, on this model's input normalisation."""
     from atdnode.data import MEAN, STD
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.models import ModelRegistry
     from cli.options import fraction
     from protocols.adversarial import AdversarialError, PGDConfig
 

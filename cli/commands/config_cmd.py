@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.options import HOME_OPT
 
 config_app = typer.Typer(help="Show and set the node's settings (config.toml), validated.", no_args_is_help=True)
@@ -18,8 +18,7 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print {key: value} as JSON."),
 ) -> None:
     """Every setting `atd config set` knows, with its value here (or its default, marked)."""
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.config_schema import KEYS
+    from atdnode.node import KEYS, NodeConfig
 
     data = NodeConfig.load(NodeHome.at(home).require()).to_dict()
     out = {}
@@ -44,7 +43,7 @@ def set_cmd(
 ) -> None:
     """Set one setting in config.toml, checked by the part of atd that reads it (a bad value
     changes nothing). A running daemon reads it at its next start."""
-    from atdnode.node.config_set import set_key
+    from atdnode.node import set_key
 
     v = set_key(NodeHome.at(home).require(), key, value)
     typer.echo(f"{key} = {json.dumps(v)}")

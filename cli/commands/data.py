@@ -29,7 +29,7 @@ def inspect_cmd(
     seed: int = typer.Option(0, "--seed", help="Data seed (80/20 split, shard, subset), as for training."),
     as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
 ) -> None:
-    from atdnode.data.inspect import contact_sheet, inspect_data
+    from atdnode.data import contact_sheet, inspect_data
 
     ins = inspect_data(spec, img_size, in_chans, seed=seed, progress=not as_json and sys.stderr.isatty())
     png = contact_sheet(ins.splits["train"], out, per_class=per_class, seed=seed)

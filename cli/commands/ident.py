@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.options import HOME_OPT
 
 
@@ -15,7 +15,7 @@ def ident(
     as_json: bool = typer.Option(False, "--json", help="Print peer id, Ed25519 and X25519 public keys as JSON."),
 ) -> None:
     """Print the node's libp2p peer id (derived from its Ed25519 ledger key)."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     i = NodeIdentity.load(NodeHome.at(home).require())
     if as_json:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -37,7 +37,7 @@ def export(
     passphrase_file: Optional[Path] = PASS_OPT,
 ) -> None:
     """Write an encrypted backup of the node's Ed25519 and X25519 keys."""
-    from atdnode.node.keybackup import export_keys
+    from atdnode.node import export_keys
 
     if not encrypted:
         raise CliError("atd exports keys only encrypted: add --encrypted")
@@ -55,7 +55,7 @@ def import_(
 
     Into an empty HOME, run `atd init --home HOME --join GENESIS` next: it keeps the keys.
     """
-    from atdnode.node.keybackup import import_keys
+    from atdnode.node import import_keys
 
     peer = import_keys(NodeHome.at(home), backup, _passphrase(passphrase_file, confirm=False))
     typer.echo(peer)
@@ -73,7 +73,7 @@ def rotate(home: Path = HOME_OPT) -> None:
     the new key (`atd key export --encrypted`): old backups are now useless.
     """
     from atdnode.node import control
-    from atdnode.node.keybackup import rotate_key
+    from atdnode.node import rotate_key
 
     h = NodeHome.at(home).require()
     r = rotate_key(h)

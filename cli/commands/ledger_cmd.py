@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -70,8 +70,7 @@ def wait(
     from contextlib import ExitStack
 
     from atdnode import progress
-    from atdnode.blobs.partial import partial_bytes
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore, partial_bytes
     from cli.progress import bars
 
     ids = []
@@ -167,7 +166,7 @@ def import_(
     """Merge a dump into this node's ledger (every entry is verified; reports what happened).
 
     Exits non-zero when any entry was rejected (the others are still imported)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
     from ledger.dump import import_dump
 
     h = NodeHome.at(home).require()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.options import HOME_OPT
 
 member_app = typer.Typer(help="Admit, revoke and list consortium members (admins only for changes).",
@@ -14,7 +14,7 @@ member_app = typer.Typer(help="Admit, revoke and list consortium members (admins
 
 
 def _ident_and_ledger(home: Path):
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
     from ledger import Ledger
 
     from atdnode.errors import ConfigError

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_ENV, HOME_HELP, HOME_OPT
 
@@ -63,8 +63,8 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
-    from atdnode.data.sanity import caution_of
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.data import caution_of
+    from atdnode.models import ModelRegistry, made_by
 
     h = NodeHome.at(home).require()
     reg = ModelRegistry(h)
@@ -107,7 +107,7 @@ def rm_cmd(
 ) -> None:
     """Remove a model: its record, its weight blobs (unless another model uses them) and its
     training run folder. Refused when a ledger entry names one of its blobs (it is served)."""
-    from atdnode.models.gc import remove_model
+    from atdnode.models import remove_model
 
     res = remove_model(NodeHome.at(home).require(), model)
     typer.echo(f"removed model {res.model_id}: {len(res.blobs)} blob(s), {res.bytes / 1e6:.1f} MB freed")
@@ -120,7 +120,7 @@ def prune_cmd(
                                             "max_bytes in config.toml)."),
 ) -> None:
     """Remove the oldest unserved models until model blobs fit the size limit (the newest model stays)."""
-    from atdnode.models.gc import enforce_limit, size_limit
+    from atdnode.models import enforce_limit, size_limit
 
     h = NodeHome.at(home).require()
     limit = max_bytes or size_limit(h)

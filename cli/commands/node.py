@@ -13,7 +13,7 @@ import typer
 
 from atdnode.node import control
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.options import HOME_OPT
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
@@ -46,15 +46,13 @@ def start(
     """
     import trio
 
-    from atdnode.node.addrs import check_bootstrap, check_listen
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.daemon import NodeDaemon
-    from atdnode.node.logs import setup_logging, sklearn_warnings_to_log
+    from atdnode.node import NodeConfig, check_bootstrap, check_listen
+    from atdnode.node import NodeDaemon, setup_logging, sklearn_warnings_to_log
 
     h = NodeHome.at(home).require()
     bind = None
     if dashboard is not None:
-        from atdnode.report.dashboard import check_free, parse_bind
+        from atdnode.report import check_free, parse_bind
 
         bind = parse_bind(dashboard, public=dashboard_public)
         check_free(*bind)
@@ -76,7 +74,7 @@ def start(
     daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
     web = None
     if bind is not None:  # read-only web page + /metrics + /healthz beside the daemon (atdnode.report.dashboard)
-        from atdnode.report.dashboard import Dashboard
+        from atdnode.report import Dashboard
 
         web = Dashboard(h, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
 
@@ -142,8 +140,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
 
 
 def _offline_status(h: NodeHome) -> dict:
-    from atdnode.blobs.store import BlobStore
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.blobs import BlobStore
+    from atdnode.node import NodeIdentity
     from ledger import Ledger
     from ledger.keys import peer_id_from_public_key
 
@@ -185,8 +183,7 @@ def fetch(
     """Fetch a blob from the peers that hold it (needs a running daemon). On a terminal a bar
     shows the bytes the daemon has recorded so far against the size the ledger announces."""
     from atdnode import progress
-    from atdnode.blobs.partial import partial_bytes
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore, partial_bytes
     from atdnode.ids import resolve_blob
     from cli.progress import bars, while_polling
 

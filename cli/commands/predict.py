@@ -8,8 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
+from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
 
 HELP = """Predict a class for every image of unlabelled folders or files; write one CSV row per image.
@@ -34,8 +33,7 @@ def predict_cmd(
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per forward pass."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
-    from atdnode.learning.features import progress_bar
-    from atdnode.learning.predict import predict
+    from atdnode.learning import progress_bar, run_predict as predict
 
     h = NodeHome.at(home).require()
     sklearn_warnings_to_log(h)

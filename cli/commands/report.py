@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
 from cli.options import HOME_OPT
 
@@ -25,8 +25,7 @@ def report(
     pdf: Optional[Path] = typer.Option(None, "--pdf", help="Also print the card to this PDF file (needs Chromium or "
                                        "Google Chrome on PATH)."),
 ) -> None:
-    from atdnode.report.card import collect
-    from atdnode.report.card_html import write
+    from atdnode.report import collect_card as collect, write_card_html as write
 
     if out.is_dir():
         raise CliError(f"--out {out}: is a folder; give a file name such as card.html")
@@ -36,7 +35,7 @@ def report(
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
                f"{agg.count('verified')}/{len(agg)} aggregates re-verified)")
     if pdf is not None:
-        from atdnode.report.card_pdf import print_pdf
+        from atdnode.report import print_pdf
 
         typer.echo(f"printed to {print_pdf(out, pdf)}")
 

@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
+from atdnode.learning import apply_device
+from atdnode.node import NodeHome
 from cli.options import DEVICE_OPT, HOME_OPT
 
 
@@ -27,7 +27,7 @@ def share_features(
     that made the features; the daemon serves the envelope and only recipients fetch it.
     Peers use them in `atd aggregate --mode vertical` when they fused the same extractor.
     """
-    from atdnode.aggregation.features_share import share_features as do_share
+    from atdnode.aggregation import share_features as do_share
 
     from atdnode.ids import resolve_peer
 

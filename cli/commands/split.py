@@ -11,9 +11,9 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from atdnode.split.settings import DEFAULT_BODY, SplitSettings
+from atdnode.learning import apply_device
+from atdnode.node import NodeHome
+from atdnode.split import DEFAULT_BODY, SplitSettings
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
 
 
@@ -59,7 +59,7 @@ def configure(
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
 ) -> None:
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
-    from atdnode.split.settings import DEFAULT_BODY, SplitSettings, parse_task
+    from atdnode.split import DEFAULT_BODY, SplitSettings, parse_task
 
     h = NodeHome.at(home).require()
     cur = SplitSettings.load(h)
@@ -115,8 +115,7 @@ def join(
 
     Runs without a daemon: a transient libp2p endpoint with this node's identity. With an
     MSD server the client uploads once, receives the distilled body and fine-tunes it here."""
-    from atdnode.split.client import JoinOptions
-    from atdnode.split.client import join as run
+    from atdnode.split import JoinOptions, join as run
 
     import logging
 
@@ -155,7 +154,7 @@ def report(
 ) -> None:
     """Measured bytes per client next to the p-FESTA paper's formulas (T_FL, T_SL, T_FESTA,
     T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
-    from atdnode.split.report import load_records, render, report_row
+    from atdnode.split import load_records, render_report as render, report_row
 
     rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h).require())]
     if as_json:
@@ -185,8 +184,8 @@ def compare(
     bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
     from rich.progress import Progress
 
-    from atdnode.split.compare import METHODS, CompareSetting, run_compare
-    from atdnode.split.compare_view import render, write_png
+    from atdnode.split import (METHODS, CompareSetting, render_compare as render, run_compare,
+                               write_compare_png as write_png)
     from cli.errors import CliError
 
     try:
@@ -221,7 +220,7 @@ def finetune(
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Fine-tune body + task tail from a published MSD body and report the task metric."""
-    from atdnode.split.finetune import finetune_from_entry
+    from atdnode.split import finetune_from_entry
 
     h = NodeHome.at(home).require()
     apply_device(device, h)  # checked before anything loads

@@ -11,9 +11,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
-from atdnode.learning.train_options import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
+from atdnode.node import NodeHome, sklearn_warnings_to_log
+from atdnode.learning import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
 from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
@@ -73,13 +72,12 @@ def train_cmd(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
-    from atdnode.learning.training import train
+    from atdnode.learning import train
 
     h = NodeHome.at(home).require()
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        from atdnode.learning.ddp import check_nproc
-        from atdnode.learning.device import ENV, configured_device
+        from atdnode.learning import ENV, check_nproc, configured_device
 
         check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
@@ -110,7 +108,7 @@ def train_cmd(
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return
-    from atdnode.data.sanity import caution_of, metric_text
+    from atdnode.data import caution_of, metric_text
 
     m = rec.metrics
     typer.echo(f"model {rec.id}  {rec.model['name']} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
@@ -131,7 +129,7 @@ def _logger(home: NodeHome):
     """Progress lines on stderr, also kept in HOME/logs/cli.log (rotated by size, atdnode.node.logs)."""
     import logging
 
-    from atdnode.node.logs import file_handler
+    from atdnode.node import file_handler
 
     logger = logging.getLogger("atd.train")
     if not logger.handlers:
@@ -148,7 +146,7 @@ def _logger(home: NodeHome):
 
 def _relaunch(nproc: int) -> None:
     """Re-run this very command under torchrun with N processes."""
-    from atdnode.learning.ddp import torchrun_argv
+    from atdnode.learning import torchrun_argv
     from atdnode.errors import ConfigError
 
     atd = shutil.which("atd") or sys.argv[0]

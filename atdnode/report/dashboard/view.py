@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Entry, Ledger, peer_id_from_public_key
 
 TIMELINE_LIMIT = 300  # newest log entries shown; the ledger itself is unbounded
@@ -136,8 +136,8 @@ def models_view(home: NodeHome) -> list[dict]:
     """The registry's models: how each was made, its training test metrics and every later
     evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home.
     Data specs are shown without their path (`atdnode.data.public_spec`)."""
-    from atdnode.data.public_spec import public_spec
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.data import public_data_spec as public_spec
+    from atdnode.models import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
     out = []
@@ -163,7 +163,7 @@ def models_view(home: NodeHome) -> list[dict]:
 
 def confusion_path(home: NodeHome, model_id: str) -> Path | None:
     """The training confusion PNG a model record names, if it lies inside the home."""
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.models import ModelRegistry
 
     if not model_id.isalnum():
         return None
@@ -186,7 +186,7 @@ def _inside(home: NodeHome, path: Path) -> Path | None:
 
 def split_view(home: NodeHome) -> list[dict]:
     """Split-learning sessions this node took part in (its `atd split report` records)."""
-    from atdnode.split.report import records_dir
+    from atdnode.split import records_dir
 
     d = records_dir(home)
     out = []
