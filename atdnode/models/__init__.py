@@ -7,7 +7,7 @@ from atdnode.face import lazy_face
 _FACE = {"enforce_limit": "gc", "register_model": "gc", "remove_model": "gc", "size_limit": "gc",
          "part_blob": "publish", "publish_weights": "publish", "weights_body": "publish", "ModelRecord": "registry",
          "ModelRegistry": "registry", "RunCheckpoint": "registry", "made_by": "registry", "PARTS": "weights",
-         "WeightsBlobError": "weights", "WeightsError": "weights", "load_weights": "weights", "read_meta": "weights",
+         "WeightsBlobError": "weights", "load_weights": "weights", "read_meta": "weights",
          "save_weights": "weights"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

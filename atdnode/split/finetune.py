@@ -21,7 +21,7 @@ from atdnode.split.client import SplitJoinError
 from atdnode.split.roles import prepare
 from atdnode.split.secret import open_secret
 from atdnode.models import load_weights
-from atdnode.models.weights import WeightsError
+from atdnode.errors import WeightsError
 from ledger import Ledger
 from protocols.msd import evaluate_local, fine_tune
 from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, split_config

@@ -24,7 +24,7 @@ from atdnode.data import MEAN, STD, LabeledImages
 from atdnode.learning import ModelConfig, resolve_device
 from atdnode.split.session import SplitChannel, meta_int, tensor
 from atdnode.models import load_weights, save_weights
-from atdnode.models.weights import WeightsError
+from atdnode.errors import WeightsError
 from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune
