@@ -35,7 +35,7 @@ class RichReporter:
         self.bar.update(handle, completed=completed, total=total)
 
     def finish(self, handle: Any) -> None:
-        t = self.bar._tasks.get(handle)
+        t = next((task for task in self.bar.tasks if task.id == handle), None)
         if t is not None and t.total is not None and t.completed >= t.total:
             self.bar.stop_task(handle)
 

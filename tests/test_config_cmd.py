@@ -85,6 +85,8 @@ def test_config_set_writes_validated_values(tmp_path):
                       (["listen", "not-an-address"], "listen"),
                       (["compute.device", "gpu"], "expected"),
                       (["log.backups", "3"], "did you mean logs.backups"),
+                      (["peers.target", "-3"], "peers.target"),  # a negative number is a value, not a flag
+                      (["logs.backups", "-1"], "logs.backups"),
                       (["split.rounds", "3"], "atd split configure")):
         assert why in refused("config", "set", *args, "--home", str(home)), args
         assert (home / "config.toml").read_bytes() == before, args  # nothing changed

@@ -64,7 +64,7 @@ def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
 def is_vit_name(name: str) -> bool:
     """True for timm's ViTs: the `vit_*` models and the other models of its VisionTransformer
     module family (e.g. `deit_*`), whose split seams atd uses."""
-    from timm.models._registry import model_entrypoint
+    from timm.models import model_entrypoint
 
     if name not in _timm_names():
         return False
@@ -260,7 +260,7 @@ class _Front(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, T, D)
         vit = self.vit[0]
         x = self.patch_embed(x)
-        x = vit._pos_embed(x)
+        x = vit._pos_embed(x)  # timm has no public name for this step of forward_features
         x = self.patch_drop(x)
         x = self.norm_pre(x)
         return self.blocks(x)

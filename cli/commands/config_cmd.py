@@ -34,7 +34,8 @@ def show(
         typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc}")
 
 
-@config_app.command("set")
+# a VALUE such as -3 is a value, not an option: the setting's own check refuses it with its name
+@config_app.command("set", context_settings={"ignore_unknown_options": True})
 def set_cmd(
     key: str = typer.Argument(..., help="Setting, e.g. listen, bootstrap, logs.max_bytes, peers.target, bulk.port "
                                         "(`atd config show` lists them)."),
