@@ -29,7 +29,10 @@ class RichReporter:
         self.bar = bar
 
     def start(self, description: str, total: float | None, unit: str) -> Any:
-        return self.bar.add_task(description, total=total, unit=unit)
+        return self.bar.add_task(description, total=total, unit=unit, note="")
+
+    def note(self, handle: Any, text: str) -> None:
+        self.bar.update(handle, note=text)
 
     def update(self, handle: Any, completed: float, total: float | None) -> None:
         self.bar.update(handle, completed=completed, total=total)
@@ -61,7 +64,7 @@ def bars(quiet: bool = False) -> Iterator[None]:
             return (self.sizes if task.fields.get("unit") == "bytes" else self.count).render(task)
 
     bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Amount(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=False)
+                   TextColumn("{task.fields[note]}", markup=False), console=Console(stderr=True), transient=False)
     with bar, progress.use(RichReporter(bar)):
         yield
 

@@ -236,7 +236,6 @@ KNOWN_AGAINST_THE_LAYERS = [
     "atdnode.blobs.autofetch -> atdnode.replication.ledger_access",
     "atdnode.blobs.xfer -> atdnode.replication.access",
     "atdnode.bodies -> atdnode.report.docsections",
-    "atdnode.data.inspect -> atdnode.learning.features",
     "atdnode.ids -> atdnode.blobs.store",
     "atdnode.ids -> atdnode.node.home",
     "atdnode.learning.classify -> atdnode.aggregation.keep",

@@ -8,7 +8,7 @@ _FACE = {"predict_names": "classify", "score_record": "classify", "run_classify"
          "check_nproc": "ddp", "torchrun_argv": "ddp", "ddp": "ddp:", "DeviceError": "device", "ENV": "device",
          "apply_device": "device", "configured_device": "device", "parse_device": "device",
          "resolve_device": "device", "extract_features": "features", "predict_classes": "features",
-         "progress_bar": "features", "classification_metrics": "metrics", "save_confusion_png": "metrics",
+         "classification_metrics": "metrics", "save_confusion_png": "metrics",
          "ModelConfig": "model", "ModelConfigError": "model", "build_model": "model", "export_part": "model",
          "extractor_state": "model", "freeze_blocks": "model", "load_part": "model", "part_spec": "model",
          "resolve_config": "model", "ClassifyError": "predict", "run_predict": "predict:predict",

@@ -21,11 +21,12 @@ import time
 
 import torch
 
+from atdnode import progress
 from atdnode.learning import ddp
 from atdnode.data import load_dataset
 from atdnode.data import caution_for, require_classes
 from atdnode.learning.evaluation import evaluate, heldout_loss_accuracy
-from atdnode.learning.features import extract_features, predict_classes, progress_bar
+from atdnode.learning.features import extract_features, predict_classes
 from atdnode.node import NodeHome
 from atdnode.learning.metrics import save_confusion_png
 from atdnode.learning.model import ModelConfig, export_part
@@ -98,11 +99,14 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
             tlog = TrainLog(ck.dir, key, tensorboard=opts.tensorboard, mlflow_uri=opts.mlflow,
                             params={"data": data_spec, **cfg.to_dict(), **opts.key_fields(cfg.embed_dim)})
         t0 = time.perf_counter()
-        with progress_bar(opts.progress and ctx.is_main, "loss", "acc") as bar:
-            for epoch in range(start, opts.epochs):
-                task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch, loss="", acc="")
-                cb = lambda n, l, a: bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}")  # noqa: E731
-                stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
+        shown = ctx.is_main and progress.active()  # the per-batch numbers are read only for a bar
+        for epoch in range(start, opts.epochs):
+            with progress.task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch) as step:
+                def cb(n: int, loss: float, acc: float, step=step) -> None:
+                    step.advance(n)
+                    step.note(f"loss {loss:.4f} acc {acc:.3f}")
+
+                stats = trainer.train_epoch(epoch, cb if shown else None)
                 held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
                 if ctx.is_main and opts.epoch_eval and len(held):
                     stats.update(heldout_loss_accuracy(model, held))

@@ -17,6 +17,7 @@ from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
+from cli.progress import bars
 
 HELP = f"""Train a timm ViT on this node's private images and register it locally.
 
@@ -95,11 +96,12 @@ def train_cmd(
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
                         augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
                         compile=compile_model,
-                        progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
+                        log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)
     try:
-        rec = train(h, data, cfg, opts)
+        with bars(quiet=as_json or not main):
+            rec = train(h, data, cfg, opts)
     except KeyboardInterrupt:  # the finished epochs are on disk; say so and exit 130
         raise CliError("interrupted; run the same command again to continue from the last finished epoch",
                        exit_code=130) from None
