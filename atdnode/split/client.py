@@ -27,6 +27,7 @@ from atdnode.data import load_dataset
 from atdnode.data import require_classes
 from atdnode.learning import resolve_device
 from atdnode.errors import AtdError
+from atdnode.retry import retry
 from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, ledger_guard, pull, serve_sync
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
@@ -127,17 +128,15 @@ class _Link:
         raise TransportError("; ".join(errors) or "no address")
 
     async def open(self, protocol: str = SPLIT_PROTOCOL) -> Stream:
-        end, delay, last = trio.current_time() + self.timeout, 0.2, None
-        while True:
-            try:
-                await self._connect()
-                return await self.transport.open_stream(self.server, protocol)
-            except TransportError as e:
-                last = e
-            if trio.current_time() + delay > end:
-                raise SplitJoinError(f"cannot reach split server {self.server}: {last}")
-            await trio.sleep(delay)  # back off before dialling again
-            delay = min(2 * delay, 2.0)
+        async def attempt() -> Stream:
+            await self._connect()
+            return await self.transport.open_stream(self.server, protocol)
+
+        try:  # back off between dials: 0.2 s doubling to 2 s, until the timeout
+            return await retry(attempt, base=0.2, cap=2.0, deadline=trio.current_time() + self.timeout,
+                               retry_on=(TransportError,))
+        except TransportError as e:
+            raise SplitJoinError(f"cannot reach split server {self.server}: {e}") from None
 
 
 async def _sync(link: _Link, ledger: LedgerAccess) -> None:
