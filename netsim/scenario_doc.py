@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from atdnode.report import replace_section, rewrite_main
+from atdnode.docsections import replace_section, rewrite_main
 from atdnode.aggregation import EnsembleOptions
 from atdnode.learning import TrainOptions
 from netsim.scenario import ENSEMBLE_KEYS, ENSEMBLE_RENAMED, NETSIM_ENSEMBLE, NETSIM_TRAIN, TRAIN_KEYS, Scenario

@@ -26,7 +26,7 @@ import shutil
 from dataclasses import dataclass
 
 from atdnode.blobs import BlobStore
-from atdnode.errors import AtdError, ConfigError
+from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.models.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
@@ -114,11 +114,7 @@ def size_limit(home: NodeHome) -> int:
 
     if not home.config_file.is_file():
         return 0
-    table = NodeConfig.load(home).extra.get("models", {})
-    limit = table.get("max_bytes", 0) if isinstance(table, dict) else None
-    if type(limit) is not int or limit < 0:
-        raise ConfigError("config: models.max_bytes must be a non-negative integer (bytes)")
-    return limit
+    return NodeConfig.load(home).setting("models.max_bytes")  # checked as it loads
 
 
 def enforce_limit(home: NodeHome, limit: int | None = None) -> list[Removed]:

@@ -1,10 +1,11 @@
 """`atd config set KEY VALUE`: one setting of config.toml, written only if its reader accepts it.
 
-The value is parsed with the key's type (`atdnode.node.config_schema`), written, and then the part
-of atd that reads that section validates the file with its own function (the one the daemon
-calls at start: `logs.log_limits`, `model_gc.size_limit`, `PeerSetConfig.from_table`,
-`NodeConfig.bulk_options`, `addrs.check_listen` / `check_bootstrap`); on a refusal the old
-file is put back, so a bad value changes nothing.
+The value is parsed and checked against the key's declaration (`atdnode.node.config_schema`:
+type, range, choices), written, and the file is loaded again (which checks every declared
+key); then the part of atd that reads the section checks what one key cannot say alone (the
+function the daemon calls at start: `PeerSetConfig.from_table` for peers.max >= target,
+`addrs.check_listen` / `check_bootstrap`, `parse_device`). On a refusal the old file is put
+back, so a bad value changes nothing.
 """
 from __future__ import annotations
 
@@ -15,18 +16,6 @@ from atdnode.node.config import NodeConfig
 from atdnode.node.config_schema import lookup, parse_value
 from atdnode.errors import AtdError, ConfigError
 from atdnode.node.home import NodeHome
-
-
-def _check_logs(home: NodeHome) -> None:
-    from atdnode.node.logs import log_limits
-
-    log_limits(home)
-
-
-def _check_models(home: NodeHome) -> None:
-    from atdnode.models import size_limit
-
-    size_limit(home)
 
 
 def _check_listen(home: NodeHome) -> None:
@@ -45,10 +34,6 @@ def _check_peers(home: NodeHome) -> None:
     PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
 
 
-def _check_bulk(home: NodeHome) -> None:
-    NodeConfig.load(home).bulk_options()
-
-
 def _check_compute(home: NodeHome) -> None:
     from atdnode.learning import parse_device
 
@@ -57,11 +42,9 @@ def _check_compute(home: NodeHome) -> None:
         parse_device(dev)  # the form, and that this machine has it
 
 
-# the reader's own validation per section ("" = top-level keys); each loads config.toml
-CHECKS: dict[str, Callable[[NodeHome], None]] = {
-    "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute,
-}
+# what one key's declaration cannot say, checked by the part that reads the section ("" = top-level
+# keys); each loads config.toml, which checks every declared key (atdnode.node.config_schema)
+CHECKS: dict[str, Callable[[NodeHome], None]] = {"": _check_listen, "peers": _check_peers, "compute": _check_compute}
 
 
 def set_key(home: NodeHome, path: str, text: str) -> Any:
@@ -81,6 +64,7 @@ def set_key(home: NodeHome, path: str, text: str) -> Any:
         setattr(cfg, name, value)
     try:
         cfg.save(home)
+        NodeConfig.load(home)
         CHECKS.get(table, lambda h: None)(home)
     except AtdError:  # ConfigError, DeviceError, ...: the reader refused it
         tmp = home.config_file.with_name(f".config.toml.old{os.getpid()}")

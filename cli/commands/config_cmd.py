@@ -31,7 +31,7 @@ def show(
         return
     for k in KEYS:
         v, default = out[k.path]
-        typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc}")
+        typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc} ({k.rule()})")
 
 
 # a VALUE such as -3 is a value, not an option: the setting's own check refuses it with its name
