@@ -143,12 +143,16 @@ def check_tables(data: dict) -> None:
 
 
 def value_in(data: dict, path: str) -> Any:
-    """The value of declared key `path` in `data` (config.toml as a dict), or its default."""
+    """The value of declared key `path` in `data` (config.toml as a dict), checked, or its
+    default (None for a default that is a description)."""
     key = BY_PATH[path]
     table, _, name = path.rpartition(".")
     have = data.get(table, {}) if table else data
-    default = None if key.placeholder else key.default
-    return have.get(name, default) if isinstance(have, dict) else default
+    if not isinstance(have, dict):
+        raise ConfigError(f"config: [{table}] must be a table")
+    if name in have:
+        return check_value(key, have[name])
+    return None if key.placeholder else key.default
 
 
 # INTERFACES.md's settings section is this table (tests/test_config_cmd.py checks it is current):
