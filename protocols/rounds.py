@@ -27,8 +27,9 @@ import torch
 
 from protocols.aggregation import HEAD_PREFIXES, AggregationError, uniform_weights
 from protocols.fedwavg import fedwavg_weights
+from protocols.weightings import weightings
 
-ROUND_WEIGHTINGS = ("fedavg", "fedwavg")
+ROUND_WEIGHTINGS = weightings("round")
 LAST_LAYER = tuple(f"{HEAD_PREFIXES[0]}{name}" for name in ("weight", "bias"))  # the classifier: head.weight, head.bias
 
 

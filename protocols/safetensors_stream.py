@@ -13,8 +13,8 @@ https://github.com/huggingface/safetensors, little-endian hosts):
   each starts where the previous ended (no overlap, no gap) and the last ends at the end
   of the file (no trailing bytes) -- the same rule as the reference implementation.
 
-Anything else raises :class:`AggregationError` (defined here, the floor of the aggregation
-modules; every rule raises it for bad input) naming the file and the reason; no other
+Anything else raises :class:`AggregationError` (`protocols.weightings`: every aggregation rule
+raises it for bad input) naming the file and the reason; no other
 exception type escapes the constructor (a fuzz test holds it to that).
 """
 from __future__ import annotations
@@ -29,20 +29,7 @@ from typing import Any
 
 import torch
 
-
-class AggregationError(ValueError):
-    """Bad aggregation input. ``index``/``name``/``key`` locate it when known."""
-
-    def __init__(self, message: str, *, index: int | None = None,
-                 name: str | None = None, key: str | None = None) -> None:
-        where = []
-        if index is not None:
-            where.append(f"input {index}" + (f" ({name})" if name else ""))
-        if key is not None:
-            where.append(f"key {key!r}")
-        super().__init__(": ".join([", ".join(where), message]) if where else message)
-        self.index, self.name, self.key = index, name, key
-
+from protocols.weightings import AggregationError
 
 WINDOW_BYTES = 16 * 1024 * 1024  # SafetensorsStream maps files in windows this large
 

@@ -53,14 +53,14 @@ from protocols.aggregation import (
 )
 from protocols.rounds import LAST_LAYER
 from protocols.vgs import heads_comparable
+from protocols.weightings import weightings
 
-AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
+AVERAGE_WEIGHTINGS = weightings("average")
 # what a weights entry's body says of each quantity a weighting counts (protocols.aggregation.COUNTED)
 ENTRY_COUNTS: dict[str, Callable[[Entry], int]] = {
     "samples": lambda e: int(e.body.get("samples", 0)),
     "classes": lambda e: len(e.body.get("labels") or []),
 }
-MODES = ("horizontal", "vertical", "hierarchical")
 
 
 class AggregateError(AtdError):

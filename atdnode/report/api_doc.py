@@ -35,6 +35,7 @@ API: list[tuple[str, str, tuple[str, ...]]] = [
     ("protocols", "protocols.vit_config", ("ModelConfig",)),
     ("protocols", "protocols.aggregation", ("WEIGHTINGS", "HEAD_PREFIXES", "compute_weights", "counted_quantity",
                                             "check_weights", "part_filter", "weighted_average", "load_tensor")),
+    ("protocols", "protocols.weightings", ("Weighting", "REGISTRY", "weightings", "Mode", "MODES")),
     ("protocols", "protocols.safetensors_stream", ("SafetensorsStream", "safetensors_loader")),
     ("protocols", "protocols.fedwavg", ("fedwavg_weights", "last_layer_keys")),
     ("protocols", "protocols.hierarchical", ("combine_groups", "group_weights")),

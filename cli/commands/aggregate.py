@@ -10,6 +10,7 @@ import typer
 from atdnode.learning import apply_device
 from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import DEVICE_OPT, HOME_OPT
+from protocols.weightings import mode_help, weighting_help_by_mode, weightings
 from cli.errors import CliError
 from cli.progress import bars
 
@@ -35,11 +36,11 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
 
 def aggregate(
     home: Path = HOME_OPT,
-    mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
-    weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
+    mode: str = typer.Option("horizontal", "--mode", help=f"{mode_help()}."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{weighting_help_by_mode()}."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
-    group_weighting: str = typer.Option("uniform", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
+    group_weighting: str = typer.Option("uniform", "--group-weighting", help=f"Hierarchical: how a new group averages its members ({' | '.join(weightings('average'))})."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
     classifier: str = typer.Option("ensemble", "--classifier", help="Horizontal: ensemble (paper default: fused extractor -> CLS -> PCA -> MLP + RF + SVM) | head (the averaged-head model predicts directly)."),
