@@ -194,6 +194,10 @@ def test_reader_list_restricts_who_may_fetch_a_blob(tmp_path: Path) -> None:
                 await nursery.start(x.run, [], [a0[0]])
             await wait_for(lambda: d[1].store.has(h), "the named reader fetches it")
             await wait_for(lambda: d[2].gate.allows(d[0].transport.peer_id), "membership known")
+            pk0 = d[0].identity.public_key  # d2 holds the entry naming the blob: it could want it
+            await wait_for(lambda: d[2].ledger.ledger.head_of(pk0) == d[0].ledger.ledger.head_of(pk0),
+                           "the blob's entry merged at d2")
+            await d[2].fetcher.queue_wanted_blobs()  # what d2 wants now that it holds the entry
             assert h not in d[2].snapshot().wanted  # not for us: not even tried
             msg = await _refused_on(d[2].transport, d[0].transport.peer_id, BLOB_PROTOCOL,
                                     pack({"op": "manifest", "blob": h}))
