@@ -2,19 +2,34 @@
 
 `HOME_OPT` is the one `--home` option: when it is absent the home comes from the
 ATD_HOME environment variable, so `export ATD_HOME=/srv/atd/node1` once is enough.
-Every command taking a node home uses it (`test_cli_errors` checks that), e.g.
+Every command taking a node home uses it (`test_cli_errors` checks that), and opens the home
+with `node_home` (one prologue: the home must have been made by `atd init`), e.g.
 
-    def cmd(home: Path = HOME_OPT) -> None: ...
+    def cmd(home: Path = HOME_OPT) -> None:
+        h = node_home(home)
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from atdnode.node import NodeHome
 
 HOME_ENV = "ATD_HOME"
 
 HOME_HELP = "Node home directory (made by `atd init`)."
 
 HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP)
+
+
+def node_home(home: Path) -> "NodeHome":
+    """The node home at `home`, which `atd init` made (ConfigError, one line, otherwise)."""
+    from atdnode.node import NodeHome
+
+    return NodeHome.at(home).require()
 
 
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:

@@ -8,8 +8,8 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.node import NodeHome, sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.node import sklearn_warnings_to_log
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 from protocols.weightings import mode_help, weighting_help_by_mode, weightings
 from cli.errors import CliError
 from cli.progress import bars
@@ -58,7 +58,7 @@ def aggregate(
 ) -> None:
     from atdnode.ids import resolve_entry_ids
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:

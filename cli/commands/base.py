@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.node import NodeHome
-from cli.options import DEVICE_OPT, HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 base_app = typer.Typer(help="A base ViT built inside the consortium by masked sampling distillation (MSD).",
                        no_args_is_help=True)
@@ -27,7 +26,7 @@ def build(
     and its distilled body, and register it as a model. Only a client of the campaign can."""
     from atdnode.split import build_base
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads
     rec = build_base(h, campaign)
     if as_json:
@@ -52,7 +51,7 @@ def publish(
     blob readers are the clients; the server never gets it)."""
     from atdnode.split import publish_base
 
-    pub = publish_base(NodeHome.at(home).require(), model)
+    pub = publish_base(node_home(home), model)
     if as_json:
         typer.echo(json.dumps({"entry": pub.entry.id.hex(), "blob": pub.blob, "readers": pub.readers}))
     else:

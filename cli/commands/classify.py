@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from atdnode.node import NodeHome, sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 from cli.errors import CliError
 
 
@@ -37,7 +37,7 @@ def classify(
 
     from atdnode.learning import resolve_device
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None

@@ -9,7 +9,7 @@ import typer
 
 from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 key_app = typer.Typer(help="Back up, restore and rotate the node's keys.", no_args_is_help=True)
 PASS_OPT = typer.Option(None, "--passphrase-file", help="Read the passphrase from this file's first line "
@@ -41,7 +41,7 @@ def export(
 
     if not encrypted:
         raise CliError("atd exports keys only encrypted: add --encrypted")
-    peer = export_keys(NodeHome.at(home).require(), out, _passphrase(passphrase_file, confirm=True))
+    peer = export_keys(node_home(home), out, _passphrase(passphrase_file, confirm=True))
     typer.echo(f"exported the keys of {peer} to {out} (encrypted); keep it and its passphrase apart")
 
 
@@ -75,7 +75,7 @@ def rotate(home: Path = HOME_OPT) -> None:
     from atdnode.node import control
     from atdnode.node import rotate_key
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     r = rotate_key(h)
     typer.echo(f"rotated {r.old} -> {r.new} (entry {r.entry.id.hex()})", err=True)
     if control.daemon_running(h.control_socket):

@@ -9,7 +9,7 @@ import typer
 
 from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
 
@@ -18,7 +18,7 @@ def _open(home: Path):
     from atdnode.errors import ConfigError
     from ledger import Ledger
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     if not h.ledger_db.exists():
         raise ConfigError(f"{h.ledger_db} is missing; this node's ledger is gone")
     return Ledger.open(h.ledger_db)
@@ -40,7 +40,7 @@ def show(
     from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    key = parse_author(resolve_peer(NodeHome.at(home).require(), author)) if author else None
+    key = parse_author(resolve_peer(node_home(home), author)) if author else None
     with _open(home) as led:
         entries = led.query(kind=kind, author=key)
         stored = led.stored_at([e.id for e in entries])
@@ -82,7 +82,7 @@ def wait(
         if len(raw) != 32:
             raise CliError(f"{ref!r} is not a 64-hex-digit entry id")
         ids.append(raw)
-    store = BlobStore(NodeHome.at(home).require().blobs_dir)
+    store = BlobStore(node_home(home).blobs_dir)
     end = time.monotonic() + timeout
     with bars(), ExitStack() as stack:
         arrived = stack.enter_context(progress.task("entries", total=len(ids)))
@@ -169,7 +169,7 @@ def import_(
     from atdnode.node import NodeConfig
     from ledger.dump import import_dump
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     with _open(home) as led:
         res = import_dump(led, file)
         m = led.membership()

@@ -11,9 +11,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_ENV, HOME_HELP, HOME_OPT
+from cli.options import HOME_ENV, HOME_HELP, HOME_OPT, node_home
 
 models_app = typer.Typer(help="The node's models: list (default), remove, prune to the size limit.",
                          invoke_without_command=True)
@@ -66,7 +65,7 @@ def _list(home: Path, as_json: bool) -> None:
     from atdnode.data import caution_of
     from atdnode.models import ModelRegistry, made_by
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     reg = ModelRegistry(h)
     recs = reg.list()
     if as_json:
@@ -109,7 +108,7 @@ def rm_cmd(
     training run folder. Refused when a ledger entry names one of its blobs (it is served)."""
     from atdnode.models import remove_model
 
-    res = remove_model(NodeHome.at(home).require(), model)
+    res = remove_model(node_home(home), model)
     typer.echo(f"removed model {res.model_id}: {len(res.blobs)} blob(s), {res.bytes / 1e6:.1f} MB freed")
 
 
@@ -122,7 +121,7 @@ def prune_cmd(
     """Remove the oldest unserved models until model blobs fit the size limit (the newest model stays)."""
     from atdnode.models import enforce_limit, size_limit
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     limit = max_bytes or size_limit(h)
     if not limit:
         raise CliError("no size limit: set [models] max_bytes in config.toml or pass --max-bytes")

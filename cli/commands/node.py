@@ -14,7 +14,7 @@ import typer
 from atdnode.node import control
 from atdnode.errors import ConfigError
 from atdnode.node import NodeHome
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
 
@@ -49,7 +49,7 @@ def start(
     from atdnode.node import NodeConfig, check_bootstrap, check_listen
     from atdnode.node import NodeDaemon, setup_logging, sklearn_warnings_to_log
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     bind = None
     if dashboard is not None:
         from atdnode.report import check_free, parse_bind
@@ -115,7 +115,7 @@ def _log_to_file_only(exc: BaseException) -> None:
 @node_app.command("status")
 def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Addresses, peers, ledger heads and blobs of the running daemon (or the offline state)."""
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     if control.daemon_running(h.control_socket):
         st = control.call(h.control_socket, "status")
         st.pop("ok", None)
@@ -163,13 +163,13 @@ def _offline_status(h: NodeHome) -> dict:
 @node_app.command("stop")
 def stop(home: Path = HOME_OPT) -> None:
     """Ask the running daemon to shut down cleanly."""
-    control.call(NodeHome.at(home).require().control_socket, "stop")
+    control.call(node_home(home).control_socket, "stop")
     typer.echo("stopping")
 
 
 def peers(home: Path = HOME_OPT) -> None:
     """List the peers the running daemon is connected to."""
-    reply = control.call(NodeHome.at(home).require().control_socket, "peers")
+    reply = control.call(node_home(home).control_socket, "peers")
     for p in reply["peers"]:
         typer.echo(p)
 
@@ -187,7 +187,7 @@ def fetch(
     from atdnode.ids import resolve_blob
     from cli.progress import bars, while_polling
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     blob = resolve_blob(h, blob)
     store = BlobStore(h.blobs_dir)
     call = lambda: control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)  # noqa: E731

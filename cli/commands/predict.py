@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.node import NodeHome, sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.node import sklearn_warnings_to_log
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 HELP = """Predict a class for every image of unlabelled folders or files; write one CSV row per image.
 
@@ -38,7 +38,7 @@ def predict_cmd(
     from atdnode.learning import run_predict as predict
     from cli.progress import bars
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     sklearn_warnings_to_log(h)
     with bars(quiet=as_json), ExitStack() as stack:
         tasks: dict[str, progress.Task] = {}

@@ -6,9 +6,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 HELP = """Write a model card: one self-contained HTML file with everything the signed ledger says about one model.
 
@@ -29,7 +28,7 @@ def report(
 
     if out.is_dir():
         raise CliError(f"--out {out}: is a folder; give a file name such as card.html")
-    card = collect(NodeHome.at(home).require(), model)
+    card = collect(node_home(home), model)
     write(card, out)
     agg = [s.verification["status"] for s in card.steps if s.verification]
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "

@@ -8,8 +8,7 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.node import NodeHome
-from cli.options import DEVICE_OPT, HOME_OPT
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 
 def share_features(
@@ -31,7 +30,7 @@ def share_features(
 
     from atdnode.ids import resolve_peer
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     peers = [resolve_peer(h, p.strip()) for item in to for p in item.split(",") if p.strip()]
     res = do_share(h, to=peers, data_spec=data, model=model)

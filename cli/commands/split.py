@@ -12,9 +12,8 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.node import NodeHome
 from atdnode.split import DEFAULT_BODY, SplitSettings
-from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
+from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT, node_home
 
 
 def _kept(first) -> str:
@@ -61,7 +60,7 @@ def configure(
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
     from atdnode.split import DEFAULT_BODY, SplitSettings, parse_task
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     cur = SplitSettings.load(h)
     body = dict(DEFAULT_BODY)
     body.update(cur.body)
@@ -126,7 +125,7 @@ def join(
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
     from atdnode.ids import resolve_peer
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     server = resolve_peer(h, server)
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
@@ -156,7 +155,7 @@ def report(
     T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
     from atdnode.split import load_records, render_report as render, report_row
 
-    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h).require())]
+    rows = [report_row(rec) for h in home for rec in load_records(node_home(h))]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     elif not rows:
@@ -222,7 +221,7 @@ def finetune(
     """Fine-tune body + task tail from a published MSD body and report the task metric."""
     from atdnode.split import finetune_from_entry
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads
     out = finetune_from_entry(h, task=task, data=data, ref=weights, steps=steps, lr=lr,
                               seed=seed, compare_scratch=compare_scratch)

@@ -13,7 +13,7 @@ import typer
 
 from atdnode.node import NodeHome, sklearn_warnings_to_log
 from atdnode.learning import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
-from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
@@ -75,7 +75,7 @@ def train_cmd(
 ) -> None:
     from atdnode.learning import train
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         from atdnode.learning import ENV, check_nproc, configured_device
