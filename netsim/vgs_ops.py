@@ -130,7 +130,7 @@ class NodeOps:
 
     def has_entry(self, pub: Pub) -> bool:
         with Ledger.open(self.home.ledger_db) as led:
-            return led.get(bytes.fromhex(pub.entry)) is not None
+            return led.get(pub.entry) is not None
 
     def knows_keys(self, peers: list[str]) -> bool:
         """Whether this node's ledger holds an X25519 key announced by each of `peers`."""

@@ -66,7 +66,7 @@ def test_horizontal_on_skewed_nodes_beats_every_single_node(skewed):
     assert glob_ens["accuracy"] >= max(single.values()), (single, glob_ens["accuracy"])
     # samples weighting: proportional to the recorded sample counts
     with Ledger.open(skewed[0].ledger_db) as led:
-        counts = [led.get(bytes.fromhex(i)).body["samples"] for i in inputs]
+        counts = [led.get(i).body["samples"] for i in inputs]
     by_samples = cli("aggregate", "--home", str(skewed[0].root), "--weighting", "samples", "--classifier", "head",
                      "--inputs", *inputs[:1],
                      "--inputs", ",".join(inputs[1:]))
@@ -80,7 +80,7 @@ def _forge(home, entry_id: str, **changes) -> str:
     """Node `home` signs a copy of aggregate `entry_id` with `changes` in its body."""
     ident = NodeIdentity.load(home)
     with Ledger.open(home.ledger_db) as led:
-        body = {**led.get(bytes.fromhex(entry_id)).body, **changes}
+        body = {**led.get(entry_id).body, **changes}
         return led.append(ident.signer, "aggregate", body).id.hex()
 
 
@@ -92,7 +92,7 @@ def test_verify_catches_results_that_do_not_match_their_inputs(disjoint, mode):
     assert len(out["inputs"]) == 3 and out["head"] is False  # three extractors
     store = BlobStore(a.blobs_dir)
     with Ledger.open(a.ledger_db) as led:
-        blobs = [led.get(bytes.fromhex(i)).body["blob"] for i in out["inputs"]]
+        blobs = [led.get(i).body["blob"] for i in out["inputs"]]
     # 1) weights that are not the weighting's: the result matches them, the rule does not
     skew = [0.5, 0.25, 0.25]
     tensors = average_blobs(store, blobs, skew, names=["x", "y", "z"], head=False)
@@ -181,7 +181,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
     assert rev["weights"] == pytest.approx(list(reversed(fwd["weights"])), abs=1e-12)
     assert max(fwd["weights"]) - min(fwd["weights"]) > 1e-3, fwd["weights"]  # not uniform here
     with Ledger.open(one.ledger_db) as led:
-        assert led.get(bytes.fromhex(fwd["entry"])).body["reference"] == own
+        assert led.get(fwd["entry"]).body["reference"] == own
     a, _ = load_weights(BlobStore(one.blobs_dir), fwd["blob"])
     b, _ = load_weights(BlobStore(two.blobs_dir), rev["blob"])
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -201,7 +201,7 @@ def test_averaging_models_from_different_random_starts_warns(tmp_path):
         ids.append(publish_weights(h, part="full").entry.id.hex())
     sync(homes)
     with Ledger.open(homes[0].ledger_db) as led:
-        bases = [led.get(bytes.fromhex(i)).body["base"] for i in ids]
+        bases = [led.get(i).body["base"] for i in ids]
     assert bases[0] == bases[1] != bases[2] and bases[0].startswith("init:")
     same = runner.invoke(app, ["aggregate", "--home", str(homes[0].root), "--classifier", "head",
                                "--inputs", ",".join(ids[:2])])

@@ -28,7 +28,7 @@ def trio(vgs_template, tmp_path):
 def _open(home, entry_id: str):
     ident, store = NodeIdentity.load(home), BlobStore(home.blobs_dir)
     with Ledger.open(home.ledger_db) as led:
-        return open_features(ident, store, led, led.get(bytes.fromhex(entry_id)))
+        return open_features(ident, store, led, led.get(entry_id))
 
 
 def test_recipient_opens_exactly_what_was_sealed_and_the_ledger_says_who(trio):

@@ -87,7 +87,7 @@ def test_verify_catches_forged_group_sizes_and_weights(trio):
     res = hier(a, f"g1={wa},{wb}", f"g2={wc}", weighting="model-count")
     ident = NodeIdentity.load(a)
     with Ledger.open(a.ledger_db) as led:
-        body = dict(led.get(bytes.fromhex(res["entry"])).body)
+        body = dict(led.get(res["entry"]).body)
         bigger = [dict(g) for g in body["groups"]]
         bigger[1]["n_models"] = 2  # claims g2 had two members, which would make the weights 1/2, 1/2
         forged_sizes = led.append(ident.signer, "aggregate", {**body, "groups": bigger, "weights": [0.5, 0.5]})

@@ -68,7 +68,7 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
         shown = {r["entry"]: r for r in rows(dom, "data-entry")}
         assert set(shown) == set(expected), (set(shown) ^ set(expected))
         for eid, r in shown.items():
-            e = led.get(bytes.fromhex(eid))
+            e = led.get(eid)
             assert r["kind"] == e.kind and r["author"] == peer_id_from_public_key(e.author)
     assert rows(dom, "data-aggregate") == [{"aggregate": res.entry.id.hex(), "verification": "verified"}]
     assert "every aggregate re-verifies here" in text and agg.body["blob"] in text

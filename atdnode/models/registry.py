@@ -167,7 +167,7 @@ class ModelRegistry:
             if not str(rec.provenance.get("kind", "")).startswith("global") or not isinstance(agg, str):
                 continue
             try:
-                held = led.state(bytes.fromhex(agg)) is not None
+                held = led.state(agg) is not None
             except ValueError:
                 held = False
             if not held:

@@ -94,7 +94,7 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
         steps = _steps(led, rec)
         for s in steps:
             if s.kind == "aggregate":
-                s.verification = _verify(led, store, led.get(bytes.fromhex(s.id)))
+                s.verification = _verify(led, store, led.get(s.id))
         members = _members(led, ms, {s.author for s in steps})
         try:
             check = led.verify().summary()
@@ -123,7 +123,7 @@ def _roots(led: Ledger, rec) -> list[Entry]:
 
 def _get(led: Ledger, hex_id: str) -> Entry | None:
     try:
-        return led.get(bytes.fromhex(hex_id), include_held=True)
+        return led.get(hex_id, include_held=True)
     except ValueError:
         return None
 

@@ -187,7 +187,7 @@ def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: f
 
 def absent_inputs(led: Ledger, entry: Entry) -> list[str]:
     """The input ids of a round aggregate that are not (yet) in this ledger."""
-    return [h for h in entry.body.get("inputs") or [] if led.get(bytes.fromhex(h)) is None]
+    return [h for h in entry.body.get("inputs") or [] if led.get(h) is None]
 
 
 def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> list[Entry]:
@@ -202,7 +202,7 @@ def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> lis
                              f"not the previous round's global model {reference[:12]}")
     inputs = []
     for h in ids:
-        e = led.get(bytes.fromhex(h))
+        e = led.get(h)
         if e is None:
             raise AggregateError(f"aggregate {eid}: input {h[:16]} is not in this ledger (yet)")
         if e.kind != "weights" or e.body.get("campaign") != b.get("campaign") or e.body.get("round") != b.get("round"):

@@ -284,7 +284,7 @@ class RoundRunner:
                 held = [e for e in entries if self.store.has(str(e.body.get("blob")))]
                 ready = self._ready(held)
                 agg = any(ready(led, a) and not absent_inputs(led, a) and a.id not in self._rejected
-                          and all(self.store.has(str(led.get(bytes.fromhex(h)).body.get("blob")))
+                          and all(self.store.has(str(led.get(h).body.get("blob")))
                                   for h in a.body.get("inputs") or [])
                           for a in round_candidates(led, self.campaign, rnd))
             if self.c.min_peers:
@@ -366,7 +366,7 @@ class RoundRunner:
         b = agg.body
         mine = pub.body["blob"] if pub is not None else None
         with self._led() as led:  # one ledger open for every input's body
-            bodies_in = [e.body for h in b["inputs"] if (e := led.get(bytes.fromhex(h))) is not None]
+            bodies_in = [e.body for h in b["inputs"] if (e := led.get(h)) is not None]
         bytes_in = sum(int(body.get("size", 0)) for body in bodies_in if body.get("blob") != mine)
         return RoundReport(round=rnd, entry=agg.id.hex(), blob=blob, inputs=list(b["inputs"]), weights=list(b["weights"]),
                            missing=list(b.get("missing") or []), coordinator=_signer(agg) == self.me,

@@ -197,7 +197,7 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     store = BlobStore(home.blobs_dir)
     blob = part_blob(store, record, "extractor")
     with Ledger.open(home.ledger_db) as led:
-        secret = led.get(bytes.fromhex(record.provenance["secret_entry"]))
+        secret = led.get(record.provenance["secret_entry"])
         if secret is None:
             raise BaseBuildError(f"the campaign's secret entry {record.provenance['secret_entry'][:12]} is not in "
                                  "the local ledger")

@@ -159,7 +159,7 @@ async def _verified_entry(link: _Link, ledger: LedgerAccess, server: str, offer:
 
     def has(led: Ledger) -> bool:
         try:
-            return led.get(bytes.fromhex(named)) is not None
+            return led.get(named) is not None
         except ValueError:
             raise SplitJoinError(f"the server named a malformed service entry id {named!r:.80}") from None
 
@@ -170,7 +170,7 @@ async def _verified_entry(link: _Link, ledger: LedgerAccess, server: str, offer:
 
 def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str) -> str:
     """SplitJoinError unless entry ``named`` is the server's service entry and says what the offer says."""
-    entry = ledger.get(bytes.fromhex(named))
+    entry = ledger.get(named)
     if entry is None or entry.kind != "service" or entry.author != public_key_from_peer_id(server):
         raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
     body = entry.body
@@ -281,7 +281,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
 
     def has(led: Ledger) -> bool:
         try:
-            return led.get(bytes.fromhex(adopted)) is not None
+            return led.get(adopted) is not None
         except ValueError:
             raise SplitJoinError(f"malformed embedder secret id {adopted!r:.80}") from None
 

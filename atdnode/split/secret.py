@@ -92,7 +92,7 @@ def client_recipients(led: Ledger, service: Entry, me: bytes) -> dict[str, bytes
 
 def service_entry(led: Ledger, service_id: str) -> Entry:
     try:
-        entry = led.get(bytes.fromhex(service_id))
+        entry = led.get(service_id)
     except ValueError:
         raise SplitSecretError(f"malformed service entry id {service_id!r:.80}") from None
     if entry is None or entry.kind != "service":
@@ -242,7 +242,7 @@ def _secret_entry(led: Ledger, entry_id: Any, missing: str) -> Entry:
     if not isinstance(entry_id, str):
         raise SplitSecretError("the secret entry id must be a hex string")
     try:
-        entry = led.get(bytes.fromhex(entry_id))
+        entry = led.get(entry_id)
     except ValueError:
         raise SplitSecretError(f"malformed split secret id {entry_id!r:.80}") from None
     if entry is None:

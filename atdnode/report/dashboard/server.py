@@ -296,7 +296,7 @@ class Dashboard:
                 blobs = []
                 for h in e.body.get("inputs") or []:
                     try:
-                        src = led.get(bytes.fromhex(h))
+                        src = led.get(h)
                     except (TypeError, ValueError):
                         src = None
                     blobs.append(str(src.body.get("blob")) if src is not None else "")
