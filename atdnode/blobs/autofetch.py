@@ -140,5 +140,6 @@ class AutoFetcher:
         if rep is None:
             return {}
         return {"bytes": rep.bytes, "resumed_chunks": rep.resumed_chunks, "holders": list(rep.holders),
-                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers), "seconds": rep.seconds,
+                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers),
+                "failed_peers": dict(rep.failed_peers), "seconds": rep.seconds,
                 "modes": dict(rep.modes), "bulk_failed": dict(rep.bulk_failed)}
