@@ -114,3 +114,28 @@ def test_ledger_wait_draws_its_bars_when_asked(tmp_path, force):
         assert "entries" in p.stderr and "1/1" in p.stderr and "blobs" in p.stderr and "50.0" in p.stderr, p.stderr
     else:
         assert p.stderr == ""
+
+
+def test_waiting_for_entries_is_a_library_call(tmp_path):
+    """`atd ledger wait` is `atdnode.replication.wait_for_entries`: it returns once the entries
+    (and their blobs) are here, names what is missing when it gives up, refuses a non-id."""
+    from atdnode.errors import ConfigError, DaemonError
+    from atdnode.node import NodeHome, init_home
+    from atdnode.replication import wait_for_entries
+    from ledger import Ledger
+
+    h = NodeHome.at(tmp_path / "n")
+    ident = init_home(h, name="n", consortium="demo")
+    with Ledger.open(h.ledger_db) as led:
+        e = led.append(ident.signer, "metrics", {"blob": "cd" * 32, "size": 3})
+    wait_for_entries(h, [e.id.hex()], timeout=1)  # here: returns at once
+    with pytest.raises(DaemonError, match=f"blobs {'cd' * 8}"):  # the entry is here, its blob is not
+        wait_for_entries(h, [e.id.hex()], blobs=True, timeout=0.2, poll=0.05)
+    with pytest.raises(DaemonError, match=f"entries {'ab' * 8}"):
+        wait_for_entries(h, [e.id.hex(), "ab" * 32], timeout=0.2, poll=0.05)
+    with pytest.raises(ConfigError, match="64-hex-digit"):
+        wait_for_entries(h, ["xyz"])
+    blob = BlobStore(h.blobs_dir).put_bytes(b"abc")
+    with Ledger.open(h.ledger_db) as led:
+        e2 = led.append(ident.signer, "metrics", {"blob": blob, "size": 3})
+    wait_for_entries(h, [e2.id.hex()], blobs=True, timeout=1)

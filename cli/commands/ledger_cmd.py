@@ -66,45 +66,12 @@ def wait(
 ) -> None:
     """Wait until entries published elsewhere have reached this node's log (and, with --blobs,
     their blobs its store): the step between a peer's publish and this node's aggregate."""
-    import time
-    from contextlib import ExitStack
-
-    from atdnode import progress
-    from atdnode.blobs import BlobStore, partial_bytes
+    from atdnode.replication import wait_for_entries
     from cli.progress import bars
 
-    ids = []
-    for ref in entries:
-        try:
-            raw = bytes.fromhex(ref)
-        except ValueError:
-            raw = b""
-        if len(raw) != 32:
-            raise CliError(f"{ref!r} is not a 64-hex-digit entry id")
-        ids.append(raw)
-    store = BlobStore(node_home(home).blobs_dir)
-    end = time.monotonic() + timeout
-    with bars(), ExitStack() as stack:
-        arrived = stack.enter_context(progress.task("entries", total=len(ids)))
-        fetched = stack.enter_context(progress.task("blobs", total=None, unit="bytes")) if blobs else None
-        while True:
-            with _open(home) as led:
-                got = {i: led.get(i) for i in ids}
-            missing = [i.hex()[:16] for i, e in got.items() if e is None]
-            arrived.update(len(ids) - len(missing))
-            named = [e.body for e in got.values() if blobs and e is not None and isinstance(e.body.get("blob"), str)]
-            unfetched = [b["blob"][:16] for b in named if not store.has(b["blob"])]
-            if fetched is not None and not missing:  # every entry here: the total bytes are known
-                sizes = {b["blob"]: int(b.get("size") or 0) for b in named}
-                fetched.update(sum(min(partial_bytes(store, k), n) for k, n in sizes.items()), total=sum(sizes.values()))
-            if not missing and not unfetched:
-                break
-            if time.monotonic() > end:
-                what = ([f"entries {', '.join(missing)}"] if missing else []) + ([f"blobs {', '.join(unfetched)}"] if unfetched else [])
-                raise CliError(f"timed out after {timeout:g} s waiting for {' and '.join(what)} (is the daemon running "
-                               f"and connected? `atd node status --home {home}`)")
-            time.sleep(0.25)
-    typer.echo(f"{len(ids)} entr{'y' if len(ids) == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
+    with bars():
+        wait_for_entries(node_home(home), entries, blobs=blobs, timeout=timeout)
+    typer.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
 
 
 @ledger_app.command("verify")
