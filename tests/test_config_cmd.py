@@ -130,7 +130,7 @@ def test_a_hand_edited_value_is_refused_when_the_config_loads_naming_the_key(tmp
 def test_every_declared_setting_can_be_set(tmp_path):
     """`atd config set` writes each key of the declaration (and reads it back through
     `NodeConfig.setting`): no documented setting is left to an editor."""
-    from atdnode.node.config_schema import KEYS
+    from atdnode.node import KEYS
 
     home = tmp_path / "n"
     ok("init", "--home", str(home))
