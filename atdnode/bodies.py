@@ -42,9 +42,25 @@ split_secret  a p-FESTA / MSD campaign's embedder secret (`atdnode.split.secret`
                 "alg": protocols.feature_crypto.ALG}
 
            The envelope is ciphertext: the server replicates the entry, cannot open it.
+plan       a signed plan the consortium carries out (`atd plan propose`, atdnode.plans): name,
+           created (unix seconds; step deadlines count from it), late (proceed: after a step's
+           deadline its dependants go on without the members that are late, recorded),
+           members (peer ids taking part), steps [{id, kind, members, deadline, ...the kind's
+           options}] from a fixed set of step kinds (atdnode.plans.spec.STEP_KINDS; never
+           code), data names that each member maps to its own data in config.toml
+plan_decision  a member's accept | decline of a plan (plan: hex id; reason); the first one counts
+plan_step  a member's result of one step of a plan: plan, step (its id), status (done | failed),
+           results (entry ids it made: weights, aggregate, features), reason (one line, failed),
+           missing (peer ids left out after a deadline), model (local model id), metrics,
+           started (unix time the step began here), seconds (how long it ran)
 split_join a member's own, signed word that it joins a p-FESTA / MSD campaign
            ({"service": hex id of the `service` entry}); the campaign's secret is sealed
-           to these members only (issue 24), so the server cannot name anyone else.
+           to these members only, so the server cannot name anyone else.
+split_accept  the campaign server's signed word (`atdnode.split.secret`): it accepts
+           `clients` (peer ids) into the campaign ({"service": hex id, "clients": [...]});
+           a join takes effect only once accepted. With "secret" (hex id of a `split_secret`
+           entry) it adopts that secret and closes the client list: the campaign's secret
+           is the one its server's chain names first, never one picked by lamport.
 """
 from __future__ import annotations
 
@@ -102,9 +118,19 @@ SPECS: dict[str, BodySpec] = {
     "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
                           items={"recipients": (str,)}),
     "split_join": _spec({"service": (str,)}),
+    "split_accept": _spec({"service": (str,), "clients": (list,)}, {"secret": (str,)}, {"clients": (str,)}),
+    "plan": _spec({"name": (str,), "created": (int,), "late": (str,), "members": (list,), "steps": (list,)},
+                  {"model": (dict,)}, {"members": (str,), "steps": (dict,)}),
+    "plan_decision": _spec({"plan": (str,), "decision": (str,)}, {"reason": (str,)}),
+    "plan_step": _spec({"plan": (str,), "step": (str,), "status": (str,), "results": (list,)},
+                       {"reason": (str,), "missing": (list,), "model": (str,), "metrics": (dict,), "started": _NUM,
+                        "seconds": _NUM},
+                       {"results": (str,), "missing": (str,)}),
 }
+PLAN_KIND, PLAN_DECISION_KIND, PLAN_STEP_KIND = "plan", "plan_decision", "plan_step"
 SPLIT_SECRET_KIND = "split_secret"
 SPLIT_JOIN_KIND = "split_join"
+SPLIT_ACCEPT_KIND = "split_accept"
 MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 

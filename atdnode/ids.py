@@ -70,6 +70,19 @@ def resolve_entry(led, ref: str, kinds: tuple[str, ...] | None = None, *, what: 
     raise IdError(f"{what} entry {ref[:16]} is not in this node's ledger{found if other else ''}")
 
 
+def arrived_entry(led, ref: str):
+    """For a wait on an entry published elsewhere: the log entry `ref` (a full id or a prefix
+    of at least MIN_PREFIX hex digits) names, or None while no entry here matches; IdError
+    when `ref` is malformed or the prefix matches more than one entry."""
+    ref = _check_hex(ref, "entry", "entry id")
+    if len(ref) == 64:
+        return led.get(ref)
+    hits = led.find_prefix(ref, limit=_SHOW + 1)
+    if len(hits) > 1:
+        raise _ambiguous("entry", ref, [e.id.hex() for e in hits])
+    return hits[0] if hits else None
+
+
 def resolve_entry_ids(home: NodeHome, refs: Iterable[str], kinds: tuple[str, ...] | None = None, *,
                       what: str = "entry") -> list[str]:
     """Full hex ids of `refs` (ids or unique prefixes) in the node's ledger. Full ids pass

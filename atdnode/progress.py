@@ -89,3 +89,41 @@ def use(reporter: Reporter | None) -> Iterator[None]:
     finally:
         with _lock:
             _reporter = prev
+
+
+class RunEta:
+    """The remaining time of a run of `epochs` epochs of `per_epoch` units each, from the
+    rate so far (monotonic clock): `advance(n)` counts units done and returns the text shown
+    beside a progress bar ("run ETA 2m 10s"); `epoch_done()` marks an epoch finished."""
+
+    def __init__(self, *, epochs: int, per_epoch: int, clock=None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+        self.total = max(0, epochs) * max(0, per_epoch)
+        self.per_epoch = max(0, per_epoch)
+        self.done = 0
+        self.epochs = 0
+        self.t0 = self._clock()
+
+    def advance(self, n: int) -> str:
+        self.done = min(self.total, self.done + n)
+        return self.text()
+
+    def epoch_done(self) -> None:
+        self.epochs += 1
+        self.done = min(self.total, self.epochs * self.per_epoch)
+
+    def remaining_s(self) -> float | None:
+        """Seconds left at the rate so far; None before any unit is done."""
+        if self.done <= 0:
+            return None
+        return (self._clock() - self.t0) / self.done * (self.total - self.done)
+
+    def text(self) -> str:
+        left = self.remaining_s()
+        if left is None:
+            return "run ETA ..."
+        m, s = divmod(int(round(left)), 60)
+        h, m = divmod(m, 60)
+        return "run ETA " + (f"{h}h {m:02d}m" if h else f"{m}m {s:02d}s" if m else f"{s}s")

@@ -1,4 +1,4 @@
-"""Daemon memory under a slow-loris / oversized-frame / blob-slot-hog attack by a member (issue 11).
+"""Daemon memory under a slow-loris / oversized-frame / blob-slot-hog attack by a member.
 
     python bench/attack_bench.py [--duration 20] [--sync-streams 255]
 
@@ -6,8 +6,8 @@ Starts one `atd node start` daemon (a real OS process, libp2p on 127.0.0.1) and 
 member running `netsim.attacker` against it (255 sync streams announcing 2 MiB then silent,
 oversized headers, a 2 MiB frame of empty maps, 32 idle blob streams). Samples the daemon's
 RSS every 0.25 s. Prints JSON: RSS before the attack (baseline, same run), peak RSS during
-it (and the kernel's high-water mark), their ratio, and the attacker's counters. Before
-issue 11 the same attack took a daemon from 134 MB to 3.27 GB.
+it (and the kernel's high-water mark), their ratio, and the attacker's counters: the
+daemon's memory must stay bounded by its buffers, not grow with the attack.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Daemon benchmarks (issue 4), printing JSON.
+"""Daemon benchmarks, printing JSON.
 
 gossip: N daemons (real libp2p: Noise + yamux + GossipSub, one process, loopback), a
     connected mesh; E entries of ~1 KB are appended round-robin and gossiped at once.
     Reports the delivery ratio (entries merged by the N-1 other ledgers / expected) and the
-    p50 / p99 latency from append to merge in each other ledger (goal, issue 15: p99 <
+    p50 / p99 latency from append to merge in each other ledger (goal: p99 <
     100 ms for 5 daemons at 100 entries/s on a quiet 2-core machine), the append's own
     share (sign + durable store), the CPU seconds the process spent per entry (all 5
     daemons: they share one interpreter here) and the garbage collector's pauses meanwhile.
@@ -15,12 +15,12 @@ gossip --procs: the same, with each daemon in its own OS process, as deployed (`
     machine). CPU per entry sums the children's CPU over the measured window.
 gossip --degree-compare D,DLO,DHI: the gossip benchmark twice in one run, with the deployed
     GossipSub mesh and with the given degrees and py-libp2p's own mesh upkeep (no
-    small-consortium mode; 3,2,6 is the mesh before issue 29); duplicate copies per entry,
+    small-consortium mode; e.g. 3,2,6 for py-libp2p's usual mesh shape); duplicate copies per entry,
     delivery and latency of both.
 gossip --gate-compare: the gossip benchmark twice in one run, the daemons' membership
     filter on (as deployed: `Transport.set_peer_gate`, checked on every connection and
     every pubsub RPC in and out) and then off (the baseline), with the ratio of the p99s
-    (issue 24: with the filter p99 must stay < 100 ms on 5 daemons).
+    (with the filter p99 must stay < 100 ms on 5 daemons).
 rss: a subprocess with two daemons (one holds a blob, the other fetches it); reports its
     peak RSS next to the blob size: memory must be bounded by buffers, not by blob size.
 
@@ -354,7 +354,7 @@ def main() -> None:
         out = {"gossip_filtered": on, "gossip_unfiltered": off,
                "p99_ratio_filtered_over_unfiltered": round(on["latency_p99_ms"] / off["latency_p99_ms"], 3)
                if on["latency_p99_ms"] and off["latency_p99_ms"] else None}
-    elif args.degree_compare:  # issue 29: duplicates with the deployed mesh degrees, then the given ones (same run)
+    elif args.degree_compare:  # duplicates with the deployed mesh degrees, then the given ones (same run)
         base = trio.run(gossip_bench, args.nodes, args.entries, args.rate, True, None)
         other = trio.run(gossip_bench, args.nodes, args.entries, args.rate, True,
                          tuple(int(x) for x in args.degree_compare.split(",")))

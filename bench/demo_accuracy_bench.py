@@ -1,4 +1,4 @@
-"""Benchmark: VGS-ATD against every baseline of the report, over seeds (issues 12, 23).
+"""Benchmark: VGS-ATD against every baseline of the report, over seeds.
 
 Runs a shipped scenario (`demo`, what `atd demo` runs, or `three_phase`) once per seed with
 every method of the scenario — VGS-ATD, centralized, FedAvg, swarm, local — plus the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-GOAL_POINTS = -2.0  # VGS-ATD may trail centralized by at most this much (issue 23)
+GOAL_POINTS = -2.0  # VGS-ATD may trail centralized by at most this much
 
 
 def spread(xs: list[float]) -> dict:

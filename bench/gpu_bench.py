@@ -1,4 +1,4 @@
-"""atd on one GPU against the card's own limit and against plain torch/timm loops (issue 25).
+"""atd on one GPU against the card's own limit and against plain torch/timm loops.
 
 In one run, on one CUDA device:
 

@@ -1,5 +1,5 @@
 """Benchmark: do learned ViT features beat raw pixels on `digits-jitter`, and does the margin
-grow with the data (issue 23, "a setting and recipe in which learning matters")?
+grow with the data ("a setting and recipe in which learning matters")?
 
 The centralized probe behind `netsim/scenarios/jitter.toml`: one model of the scenario's
 config (`[model]`, `[train]`) trained end to end (`netsim.learn.train_model`, the baselines'

@@ -1,5 +1,5 @@
 """Benchmark: which start (random consortium init or the MSD base) and which fusion keep
-VGS-ATD's extractor close to centralized training on `digits-jitter` (issue 23, "a setting
+VGS-ATD's extractor close to centralized training on `digits-jitter` ("a setting
 and recipe in which learning matters")?
 
 A pooled, in-process replay of the scenario's VGS-ATD phases (`netsim/vgs.py`) at the level

@@ -4,11 +4,11 @@
 
 Prints one JSON object:
   append_sign: Ledger.append of n entries (one durable SQLite transaction each: the WAL is
-               fsynced before append returns, issue 11) vs a bare Ed25519 sign loop over the
-               same signed bytes -> ratio (0.14 before appends were durable). Also the same
+               fsynced before append returns) vs a bare Ed25519 sign loop over the
+               same signed bytes -> ratio. Also the same
                run's bare write+fsync rate in the same directory (`fsync_per_s`): a durable
                append cannot beat one fsync, so `ratio_to_fsync` shows what is left to gain.
-  append_sign_grouped: the daemon's path (`LedgerAccess.append`, group commit, issue 29):
+  append_sign_grouped: the daemon's path (`LedgerAccess.append`, group commit):
                n entries appended by `--appenders` concurrent trio tasks (default 32), each
                entry durable (its group's transaction fsynced, synchronous=FULL) before its
                append returns, vs a bare sign loop over n messages timed half right before
@@ -19,10 +19,9 @@ Prints one JSON object:
                cost nothing but its signatures and one bare write+fsync in the same directory
                (fdatasync rate measured in the same run); `group_ms`: a group's mean time in the
                ledger thread (signing, inserting, COMMIT: WAL writes of ~2.6 pages an entry,
-               the fdatasync, WAL checkpoints; the COMMIT alone took 0.7-8 ms a group of 31 on
-               this shared disk, with the other sessions' I/O), `in_ledger_thread` the share
+               the fdatasync, WAL checkpoints), `in_ledger_thread` the share
                of the run spent there (the rest: trio scheduling, thread hops, waiting for a CPU). `by_appenders` repeats the run with the `--sweep` appender counts
-               (default 8 and 128) to show the scaling (128: 0.36-0.50).
+               (default 8 and 128) to show the scaling.
   verify:      Ledger.verify() of those n entries (read back from SQLite) vs a bare
                Ed25519 verify loop over the same (bytes, sig) pairs -> ratio (target >= 0.5)
   verify_big:  Ledger.verify() of a `big`-entry, 8-author ledger read from SQLite, entries/s
@@ -138,7 +137,7 @@ def _fsync_rate(directory: str, n: int) -> float:
     """Bare 4 KiB overwrite + fdatasync loop on one file in `directory`: what SQLite's WAL
     commit does (it fdatasyncs a WAL that, once it reached its size, is overwritten in
     place). The file is written and synced once first: fsyncs that allocate blocks cost
-    several times more on ext4 and made this 3-4 ms instead of ~0.05-1 ms (issue 29)."""
+    several times more on ext4 and made this 3-4 ms instead of ~0.05-1 ms."""
     fd = os.open(os.path.join(directory, "fsync.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         os.pwrite(fd, b"x" * 4096 * 64, 0)

@@ -1,4 +1,4 @@
-"""In-memory back-end at scale (issue 15); prints one JSON object.
+"""In-memory back-end at scale; prints one JSON object.
 
 A gossip scenario with churn and a partition, on simulated time (`netsim.memnet.simulate`;
 the scenario is `netsim.memsim.churn_scenario`): N nodes (seeded bootstrap, degree 3, at

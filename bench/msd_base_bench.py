@@ -1,4 +1,4 @@
-"""The MSD base (issue 16): settings measurement, campaign cost, and accuracy per phase.
+"""The MSD base: settings measurement, campaign cost, and accuracy per phase.
 
     python bench/msd_base_bench.py --choose [--steps 300] [--seeds 2]
         MSD's view settings the paper leaves blank (teacher / student keep fractions and

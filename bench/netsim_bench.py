@@ -6,29 +6,15 @@
     every node holds all 1,000, the peak total RSS of the daemon processes and the peak
     RSS of the largest one (sampled every 0.25 s; PSS once at convergence, which counts
     shared libraries once), the connections each daemon holds (its bounded peer set,
-    config.toml `[peers] target / max`, issue 15; sampled every 2 s, every N/20 s for N
+    config.toml `[peers] target / max`; sampled every 2 s, every N/20 s for N
     daemons, and at the end), and the daemons' CPU seconds from the first publication to
     convergence (per entry received). Goal: < 60 s for 30 daemons. Baseline in the same
     run: the same 1,000 entries verified and merged into 30 ledgers by one process, no network
     (`merge_baseline_s`); the ratio says what the network layer costs on top of the
-    ledger work. `--nodes 100` is the issue's acceptance run. Issue 29, shared 2-core
-    machine, other sessions busy: all 100 started in 409-478 s at width 4 (158.5 CPU s to
-    readiness in all, 1.53 s median a daemon, mostly imports: libp2p pulls in aioquic, dns,
-    pydantic, httpx, zeroconf...; 15.8 s wall a start at loads 4-19); idle 0.33% mean / 0.30%
-    median of a core a daemon (load 13); the 1,000 entries were in every node ~95 s after
-    publishing began (from the daemons' logs: the run's JSON was lost to its timeout in the
-    merge baseline, now printed before it); 0 garbled RPCs, 0 GRAFT floods, 16-24
-    empty-mesh episodes (flood-relayed, refilled after 2-26 heartbeats). Run 3 (09:31-09:43,
-    completed, before the idle work below; loads 3-28, 100 when a training run and a 20-daemon
-    profile shared the machine): 100/100 started in 305 s (1.77 CPU s median a daemon); idle
-    0.379% mean / 0.367% median / 0.70% max at load 13; the 1,000 entries in every node 154 s
-    after publishing began (ratio 5.5 to the merge baseline of 28.2 s); 0 garbled RPCs, 6
-    GRAFT floods, 20 empty-mesh episodes / 33 refills, 6 tracebacks (add_conn deadline
-    cancellations under overload). Run 4 (10:37-10:46, this branch's idle work, loads 1.4-19):
-    100/100 started in 285 s (1.40 CPU s median a daemon); idle 0.282% mean / 0.267% median /
-    0.70% max at load 9.8; all 1,000 entries in every node 105 s after publishing began
-    (ratio 3.85 to the 27.4 s merge baseline; 1.31 CPU ms per entry received, run 3: 1.86);
-    0 garbled RPCs, 0 GRAFT floods, 20 empty-mesh episodes / 29 refills, 4 tracebacks.
+    ledger work. `--nodes 100` is the acceptance-size run (a daemon's start is mostly
+    imports: libp2p pulls in aioquic, dns, pydantic, httpx, zeroconf...). The merge baseline
+    is printed before it runs, so a run cut by its timeout there keeps its result. Numbers
+    measured at 100: RESULTS.md.
 (b) `memory`: the in-memory back-end with 1,000 gossip-only peers (real MemoryTransport
     gossip, signed entries verified on arrival, the real sync protocol) under a gossip
     workload (20 publishers, 1 entry/s each for 10 simulated seconds); measured:
@@ -38,18 +24,9 @@
 
 (c) `idle`: only the idle part of (a): `--nodes` daemons started and left alone; CPU per
     daemon over `--idle-s` s (`--trace`: per-task CPU and wakeups, `bench/wakeprof`).
-    Issue 29 (goal <= 0.3% of a core per daemon at 100): N=100, 0.300% mean and median
-    (load 12 during the window; 0.401% at loads 20-25 before rotation pacing, the fixed
-    heartbeat cadence and slower yamux RTT pings); N=20 same-run pair 0.420% -> 0.271%.
-    Then periodic sync paced by what happens (`atdnode.replication.antientropy`) and rotations not driven
-    by start-up pulls or hellos (`atdnode.peers.dialer.RotationPace`), main vs this, back to back
-    under heavy.lock: N=30 (loads 1.2-2.9) 0.394 / 0.455% mean -> 0.174 / 0.212% (median
-    0.400 / 0.466 -> 0.167 / 0.200, max 0.67 / 0.90 -> 0.30 / 0.37); N=100 0.378% mean /
-    0.366 median / 0.77 max (load 5.4) -> 0.274 / 0.266 / 0.60 (load 7.9); two more runs of
-    this at N=100: 0.242 / 0.233 / 0.53 (load 5.8), 0.282 / 0.267 / 0.70 (load 9.8, procs
-    run 4). Left in the window: ~0.4 rotation dials a daemon a minute (a rotation prunes a
-    peer, which re-dials when under target, `rotations_lost`) and the announce loop's 1 s
-    tick. `counters_in_window`
+    Goal: <= 0.3% of a core per daemon at 100 (numbers measured: RESULTS.md). What an idle
+    daemon still does: rotation dials (a rotation prunes a peer, which re-dials when under
+    target, `rotations_lost`) and the announce loop's 1 s tick. `counters_in_window`
     (sync pulls, dials, rotations by reason) says what the daemons did in the window.
 
     python bench/netsim_bench.py [procs] [memory] [idle] [--nodes 30] [--entries 1000] [--idle-s 30] [--peers 1000] [--daemons 100]
@@ -225,7 +202,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
         shutil.rmtree(root, ignore_errors=True)
     conv = rep["time_to_converge_s"]
     # before the baseline: at 100 daemons it merged 1,000 entries into 100 ledgers for over a
-    # minute at load 30, and a run cut there by its 10-minute timeout lost its result (issue 29)
+    # minute at load 30, and a run cut there by its 10-minute timeout lost its result
     print(json.dumps({"gossip": {k: rep[k] for k in ("converged", "time_to_converge_s", "publish_s", "entries")}}),
           file=sys.stderr, flush=True)
     base = merge_baseline(nodes, entries)
@@ -259,7 +236,7 @@ def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, 
     }
 
 
-LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC (issue 29), reset instead of a crash
+LOG_SIGNS = {"bad_pubsub_rpc": "bad inbound pubsub RPC",  # a garbled RPC, reset instead of a crash
              "graft_flood": "GRAFT flood", "graft_in_backoff": "GRAFT: ignoring request", "traceback": "Traceback",
              "empty_mesh": "heartbeats: flood-relaying",  # atdnode/transport/_libp2p/gossip_mesh.py, per episode
              "mesh_refilled": "refilled after"}
@@ -406,7 +383,7 @@ def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> d
 
 def bench_idle(nodes: int, idle_s: float, trace: bool = False, target: int = 8, max_peers: int = 16,
                rotate_s: float | None = None) -> dict:
-    """Idle CPU only: `nodes` real daemons started and left alone (issue 29: <= 0.3% of a core each at 100)."""
+    """Idle CPU only: `nodes` real daemons started and left alone (<= 0.3% of a core each at 100)."""
     from atdnode.node import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import start_all

@@ -1,6 +1,6 @@
-"""Which class-prior correction should the node ensemble use by default? (issue 23)
+"""Which class-prior correction should the node ensemble use by default?
 
-Setting (the issue's chest X-ray shape, on the embedded digits): two classes (digits 0-4
+Setting (a chest X-ray shape, on the embedded digits): two classes (digits 0-4
 "negative" vs 5-9 "positive"), three nodes with skewed class shares 40/60, 4/96 and 8/92
 (200 / 250 / 250 samples), so the pooled training set is 84 % positive while node A's is
 60 %; a balanced test split (100 per class); each node holds out a stratified 20 % of its
@@ -10,24 +10,14 @@ on raw pixels (`ensemble-raw`, the cheap stand-in for features) with each prior,
 each node's own data alone ("local"); scored on the node's validation split and on the
 balanced test split. Prints JSON.
 
-Measured (seeds 0-2, mean; `python bench/prior_bench.py --seeds 0 1 2`, 91 s), accuracy
-on the node's validation split / the balanced test split:
-
-    prior      node A (40/60)   node B (4/96)    node C (8/92)
-    none       0.833 / 0.845    0.960 / 0.845    0.960 / 0.845
-    balanced   0.875 / 0.902    0.927 / 0.902    0.900 / 0.902
-    node       0.900 / 0.928    0.960 / 0.595    0.960 / 0.702
-    local      0.850 / 0.902    0.960 / 0.518    0.947 / 0.615   (own data only, no prior)
-
-Without a correction the pooled ensemble is worse than A's own on A's validation data
-(0.833 < 0.850): collaboration made the best-balanced node worse. "balanced" is the best on
-every node's balanced test split (0.902; the issue's setting has one official balanced test
-split, and netsim's node test sets hold every class of the node), and beats A's own model on
-A's validation data too, so it is the default (`atdnode.aggregation.ensemble.DEFAULT_PRIOR`, netsim
-`[ensemble] prior`). "node" is best on each node's own (skewed) validation data, but on
-balanced test data it falls to 0.595 / 0.702 on B and C; on netsim's tiny scenario (two
-label-skewed nodes, tests/test_netsim_vgs.py) phase 1 scored none 0.862, balanced 0.862,
-node 0.554. Choose "node" only where the node will see its own training mix.
+Why "balanced" is the default (`atdnode.aggregation.ensemble.DEFAULT_PRIOR`, netsim
+`[ensemble] prior`; numbers in RESULTS.md): without a correction the pooled ensemble is
+worse than the best-balanced node's own model on that node's validation data (collaboration
+made it worse); "balanced" is the best on every node's balanced test split (a chest X-ray
+setting has one official balanced test split, and netsim's node test sets hold every class
+of the node) and beats that node's own model on its validation data too. "node" is best on
+each node's own (skewed) validation data but falls far on balanced test data: choose it
+only where the node will see its own training mix.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Restart benchmark (issue 26): `atd local down && atd local up`, `--cycles` times (default 20),
+"""Restart benchmark: `atd local down && atd local up`, `--cycles` times (default 20),
 on a local consortium of `--nodes` daemons (default 3), through the library calls behind those
 commands (`atdnode.node.localnet.down` / `up`).
 

@@ -1,4 +1,4 @@
-"""Restore benchmark (issue 24 item 4): a node's own chain of `--mb` MB (default 100) pulled
+"""Restore benchmark: a node's own chain of `--mb` MB (default 100) pulled
 back into a fresh home (genesis only, the state after `atd key import`) from a member.
 
     python bench/restore_bench.py [--mb 100] [--entry-kb 500]

@@ -1,4 +1,4 @@
-"""`atd rounds` benchmark (issue 17), printing JSON.
+"""`atd rounds` benchmark, printing JSON.
 
 Per round on N daemons: seconds split into local training, publish+fetch (from publishing
 until the round's inputs and global are here) and aggregation (computing or recomputing
@@ -21,7 +21,7 @@ protocols.aggregation.weighted_average by sample count, and the transfer is anal
 
     python bench/rounds_bench.py [--nodes 5] [--rounds 3] [--backend memory] [--adversarial]
 
---verify-cost: the cost of always verifying a round on adopt (issue 24) instead: on the
+--verify-cost: the cost of always verifying a round on adopt instead: on the
     tests' ViT sizes, N in-process homes train and publish one round; per round the
     coordinator computes and records the global (`RoundRunner.record`) and every other
     member recomputes it from the inputs (`verify_round`, what adoption now always runs,

@@ -10,7 +10,7 @@ measured right before and right after each mode (their mean), since load drifts.
 
 Modes: `single` (one py-libp2p stream: Noise + yamux_tuning's TunedYamux), `parallel`
 (--streams libp2p streams), `stock` (`single` between two nodes on py-libp2p's own Yamux:
-the stream path before issue 29, for a before/after in one run), `bulk` (the encrypted
+the stream path without the yamux tuning, for a before/after in one run), `bulk` (the encrypted
 bulk channel: X25519 over libp2p, AES-256-GCM frames on TCP, 1 and --streams connections).
 `rss`: both processes serve and fetch a blob of --size-mb at the same time (bulk); their
 peak RSS is reported next to the blob size.
@@ -307,7 +307,7 @@ def main() -> None:
                                                     "growth_mb": round(peak - info["rss_idle_mb"], 1), "fetch_s": r["seconds"]}
                 c.p.wait(30)
         streams = [k for k in ("single", "parallel") if k in out]
-        if streams:  # the libp2p-stream fallback (issue 29: >= 0.25 of raw TCP + SHA-256)
+        if streams:  # the libp2p-stream fallback (>= 0.25 of raw TCP + SHA-256)
             best = max(streams, key=lambda k: out[k]["ratio"])
             out["stream_fallback"] = {"mode": best, "ratio": out[best]["ratio"], "target": 0.25,
                                       "meets_target": out[best]["ratio"] >= 0.25}

@@ -21,7 +21,7 @@ transfer_bench's baseline does per frame. `receiver_path_ms` is the receiver's s
 slower of its receiving thread (socket + AES-GCM + pwrite + a share of the batch's thread hop)
 and its hasher thread (SHA-256 from the page cache), which run on two cores at once (the
 sender's stages run in the other process); `receiver_one_thread_ms` both in one thread (before
-the hasher thread); `receiver_path_before_ms` the path before issue 29 (two SHA-256 per byte,
+the hasher thread); `receiver_path_before_ms` the unoptimised path, as a baseline (two SHA-256 per byte,
 pwrite and two thread hops per frame, fsync inline).
 `ratio_if_serial` = baseline / receiver path: what a fetch would reach if the receiver's path alone
 limited it (the sender has a core of its own; on 2 cores it does not).

@@ -1,5 +1,5 @@
 """Where the time of one chunk goes on the libp2p-stream fallback, stage by stage, before
-and after yamux_tuning (issue 29).
+and after yamux_tuning.
 
     python bench/transfer_stream_profile.py [--size-mb 64]
 

@@ -33,8 +33,30 @@ app = typer.Typer(
 )
 
 
+def version_line() -> str:
+    """`atd VERSION (Python X.Y.Z)`: the installed distribution's version."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        v = version("atd")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        v = "(not installed)"
+    return f"atd {v} (Python {platform.python_version()})"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
 @app.callback()
-def _around_every_command(ctx: typer.Context) -> None:
+def _around_every_command(
+    ctx: typer.Context,
+    _show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print atd's version and exit."),
+) -> None:
     # the library enforces the model size limit wherever a model is registered; the CLI
     # prints the models it removed (cli.commands.models.reporting_removals)
     ctx.with_resource(reporting_removals())

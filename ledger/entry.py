@@ -55,6 +55,8 @@ def check_body(kind: str, body: dict, author: bytes) -> None:
              {"action": "revoke", "member": pubkey32, "upto": int >= 0}
              {"action": "rotate", "member": new_pubkey32, "proof": sig64}  (signed by the old key;
               `proof` is the new key's signature over ROTATE_DOMAIN || old || new, see membership.py)
+             {"action": "restore", "member": old_pubkey32, "key": new_pubkey32}  (an admin settles a
+              contested rotation of `member` in favour of `key`, see membership.py)
     """
     if kind == "genesis":
         if set(body) != {"consortium", "founder", "members"}:
@@ -77,12 +79,16 @@ def check_body(kind: str, body: dict, author: bytes) -> None:
             allowed = required = {"action", "member", "upto"}
         elif action == "rotate":
             allowed = required = {"action", "member", "proof"}
+        elif action == "restore":
+            allowed = required = {"action", "member", "key"}
         else:
-            raise MalformedEntry("member action must be 'admit', 'revoke' or 'rotate'")
+            raise MalformedEntry("member action must be 'admit', 'revoke', 'rotate' or 'restore'")
         if not required <= set(body) <= allowed:
             raise MalformedEntry(f"member {action} body needs keys {sorted(required)}")
         if not _is_key(body["member"]):
             raise MalformedEntry("member key must be 32 bytes")
+        if action == "restore" and (not _is_key(body["key"]) or body["key"] == body["member"]):
+            raise MalformedEntry("restore needs the contested key and one of the keys it rotated to")
         if action == "admit" and not isinstance(body["admin"], bool):
             raise MalformedEntry("member admin flag must be a bool")
         if "name" in body and (not isinstance(body["name"], str) or len(body["name"]) > 128):

@@ -1,5 +1,5 @@
 """The heads map of a `Ledger` -- author -> highest seq in its log -- cached, and kept current
-by the ledger's own writes (issue 29).
+by the ledger's own writes.
 
 A daemon reads the heads on every sync pull and every pull it serves; with thousands of
 authors a read scans the whole log. `Heads` keeps the map keyed by the ledger's change

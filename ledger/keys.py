@@ -28,7 +28,7 @@ _interned: dict[bytes, bytes] = {}
 def intern_key(key: bytes) -> bytes:
     """One shared bytes object per distinct public key in this process (like `sys.intern`
     for str): tables keyed by member keys (heads, member sets) point at one copy instead
-    of each holding the bytes its SQLite row produced (issue 29: ~65 B per member per
+    of each holding the bytes its SQLite row produced (~65 B per member per
     table; all nodes of a simulation share one process). Bounded: past MAX_INTERNED_KEYS
     distinct keys, new ones are returned as they are."""
     k = _interned.get(key)

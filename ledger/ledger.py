@@ -136,7 +136,7 @@ class Ledger:
             return self._append_one(signer, kind, body)
 
     def append_many(self, signer: Signer, items: list[tuple[str, dict]]) -> list[Entry | LedgerError]:
-        """Group commit (issue 29): sign and store several of the signer's next entries in one
+        """Group commit: sign and store several of the signer's next entries in one
         durable transaction -- one WAL fsync for all of them. Item i's result is its Entry, or
         the LedgerError `append` would have raised for it (then nothing of it was stored and
         the next item takes its seq). Every stored entry is durable when this returns; an
@@ -232,7 +232,15 @@ class Ledger:
             raise RevokedAuthor(f"that key was rotated to {peer_id_from_public_key(m.current(target))}; "
                                 "revoke the current key", author=target)
         if not m.is_admin(me):
-            raise NotAdmin("only an admin can admit or revoke members", author=me)
+            raise NotAdmin("only an admin can admit, revoke or restore members", author=me)
+        if body.get("action") == "restore":
+            if status is None:
+                raise UnknownAuthor("cannot restore a key that is not a member", author=target)
+            if target in m.keys_of(me) or me in m.keys_of(m.current(target)):
+                raise NotAdmin("an identity cannot restore itself: another admin settles its rotation", author=me)
+            if status.admin and not m.is_founder(target) and not m.is_founder(me):
+                raise NotAdmin("only the founder can restore an admin", author=me)
+            return
         status = m.members.get(target) if isinstance(target, bytes) else None
         if body.get("action") == "admit":
             if status is not None and status.revoked:
@@ -277,6 +285,42 @@ class Ledger:
         proof = new.sign(rotation_message(old.public_key, new.public_key))
         return self.append(old, "member", {"action": "rotate", "member": new.public_key, "proof": proof})
 
+    def rival_rotations(self, key: bytes) -> dict[bytes, Entry]:
+        """new key -> rotate entry, for `key` frozen by two or more valid rotations at one seq
+        (the owner's and a thief's, see membership.py); {} when `key` is not so contested."""
+        from ledger.entry import rotation_proof_ok
+
+        with self._lock:
+            f = self._store.frozen_seq(key)
+        if f is None:
+            return {}
+        before = self.get(next((r.id for r, st in self._store.rows_at(key, f - 1, f - 1) if st == LOG), ZERO))
+        out: dict[bytes, Entry] = {}
+        for row, _ in self._store.rows_at(key, f, f):
+            e = self.get(row.id, include_held=True)
+            if e is None or e.kind != "member" or not rotation_proof_ok(key, e.body):
+                continue
+            if f > 1 and (before is None or e.prev != before.id or e.lamport <= before.lamport):
+                continue
+            out[e.body["member"]] = e
+        return out if len(out) > 1 else {}
+
+    def restore(self, signer: Signer, old: bytes, new: bytes) -> Entry:
+        """Settle `old`'s contested rotation in favour of `new` (an admin's `member` restore
+        entry; membership.py gives the rule): `new` must be the target of one of the valid
+        rotations competing at the seq where `old` froze. The founder signs it when `old`
+        is an admin. Raises MalformedEntry when `old` is not so contested or `new` is not
+        one of its rotations' keys, NotAdmin when `signer` may not settle it."""
+        rivals = self.rival_rotations(old)
+        if not rivals:
+            raise MalformedEntry(f"{peer_id_from_public_key(old)} has no contested rotation to restore "
+                                 "(two valid rotations at one seq)", author=old)
+        if new not in rivals:
+            raise MalformedEntry(f"{peer_id_from_public_key(new)} is not a key {peer_id_from_public_key(old)} "
+                                 f"rotated to (its rotations name {', '.join(sorted(peer_id_from_public_key(k) for k in rivals))})",
+                                 author=new)
+        return self.append(signer, "member", {"action": "restore", "member": old, "key": new})
+
     def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False,
               quota: AuthorQuota | None = None, exempt: Iterable[bytes] = ()) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
@@ -289,7 +333,7 @@ class Ledger:
         store grow. The genesis entry is always eligible. Without it, entries of
         not-yet-admitted keys are stored held and wait for their admission.
 
-        `quota` (entries from the network, issue 24): an entry over its author's size or
+        `quota` (entries from the network): an entry over its author's size or
         rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
         `exempt`: authors none of the quotas or waiting caps apply to (the node's own key); with
         members_only their entries are stored (held) even before their admission is known, so
@@ -319,7 +363,7 @@ class Ledger:
 
     def expire_held(self, ttl: float, *, now: float | None = None, keep: Iterable[bytes] = ()) -> int:
         """Delete held entries of unknown authors first held more than `ttl` seconds ago
-        (issue 11: what non-members can park here expires); returns how many. Genesis
+        (what non-members can park here expires); returns how many. Genesis
         entries, entries of (even revoked) members and of the `keep` authors (the node's own
         key: its signed entries waiting for its admission must never be lost, or it would
         sign those seqs again) are kept. Sync fetches an expired entry again if it ever
@@ -373,7 +417,7 @@ class Ledger:
 
     def _batch_membership(self, entries: list[Entry]) -> Membership:
         """The membership rows of just these entries' authors (what `accepts` needs): a
-        gossip batch looks up a few authors, not the whole member table (issue 15: a
+        gossip batch looks up a few authors, not the whole member table (a
         consortium of thousands pays per merge for the authors it merges, not for everyone)."""
         statuses = {a: self._store.member_status(a) for a in {e.author for e in entries}}
         return Membership(None, None, None, {a: st for a, st in statuses.items() if st is not None}, {})
@@ -414,7 +458,7 @@ class Ledger:
         With an author, its chain index (author, seq) finds its rows; with a kind only, the
         kind index: SQLite left to itself (no statistics) walks the whole log in log order
         instead, to skip a sort -- one author's hello, or a kind with no entries, then cost a
-        read of every log row (issue 29: a daemon looking up a peer's hello in a log of
+        read of every log row (a daemon looking up a peer's hello in a log of
         1,000 members read 1,000 rows per peer)."""
         if author is not None:
             q, args = _SELECT + " INDEXED BY entries_chain WHERE author=? AND state=0", [author]
@@ -479,7 +523,7 @@ class Ledger:
     def heads_of(self, authors: Iterable[bytes]) -> dict[bytes, int]:
         """`heads()` of just these authors (those with no log entry left out): from the cache
         while the database is unchanged, else one chain-index lookup per author -- not a scan of
-        every head (a harness polling a few authors' heads of many ledgers, issue 29)."""
+        every head (a harness polling a few authors' heads of many ledgers)."""
         keys = list(dict.fromkeys(authors))
         with self._lock:
             if self._heads.current(self._change_token()):

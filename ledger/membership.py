@@ -29,10 +29,26 @@ Rules (per author X; "chain" = X's stored rows at seq 1, 2, ... while contiguous
   was revoked before it (a cut below the rotate seq); then Y inherits X's membership,
   admin flag and name, and the founder's powers when X is the founder (or its successor).
   A revocation names one key: to revoke a node after its rotation, revoke its new key.
-  The rotation retires the old key for good (issue 24): whatever else X's key signs at or
+  The rotation retires the old key for good: whatever else X's key signs at or
   after the rotate seq (a thief's entry at that very seq included) is evidence against X's
   old key only -- it is never in the log, it does not freeze X, and Y stays the member.
   Only a fork below the rotate seq, or two valid rotations at the same seq, freeze X.
+* Restore (the way back from a contested rotation). When X's chain holds two or more valid
+  rotate entries at one seq r (the owner's X -> Y and a thief's X -> Z, both linked to
+  X's entry at r-1), X is frozen at r and neither Y nor Z is a member. An admin settles
+  it with ``{"action": "restore", "member": X, "key": Y}``: the rotation X -> Y takes
+  effect as if it were X's only entry at r (Y inherits X's membership, admin flag, name,
+  lineage and reader access; the thief's rotation and anything else X's key signed at or
+  after r is evidence; X is no longer frozen, its key retired). It counts only if Y is
+  the target of one of those competing rotations (so it names a key whose holder X's own
+  key vouched for, never a fresh one), and only if signed by an admin other than X: by
+  the founder when X is an admin, by any admin when X is the founder or a plain member.
+  Several restores of one X: the first by (lamport, author, seq) among the effective ones.
+  Admins are trusted with membership anyway (they can admit any key); the restore only
+  lets them pick which of X's two claimed successors carries X's identity. Derivation
+  runs twice when some X is contested and restored: once to find the admins, once with
+  the settled rotations; both runs are functions of the stored set, so order still does
+  not matter.
 * Log = for each member, its chain up to the revocation cut. Entries of keys not (yet)
   admitted, beyond a gap, or beyond a cut are *held*: stored, waiting, and they enter the
   log if a later admission / predecessor / un-cut makes them eligible.
@@ -131,7 +147,7 @@ def _freeze_seq(seqs: dict[int, list[Row]]) -> int | None:
 
 def _rotation_row(author: bytes, seqs: dict[int, list[Row]], bodies: dict[bytes, dict]) -> Row | None:
     """The row that retires `author`'s key: the first seq r of its unforked, well-linked
-    chain holding exactly one valid rotate entry that links to seq r-1 (issue 24: a thief
+    chain holding exactly one valid rotate entry that links to seq r-1 (a thief
     with the old key who signs anything else at or after r makes evidence against the old
     key only; it neither freezes the identity nor stops the rotation). None without one,
     or when the chain forks below it, or when two valid rotations compete at r (then the
@@ -152,11 +168,49 @@ def _rotation_row(author: bytes, seqs: dict[int, list[Row]], bodies: dict[bytes,
     return None
 
 
+def _contested(seqs: dict[int, list[Row]], freeze: int, author: bytes, bodies: dict[bytes, dict]) -> dict[bytes, Row]:
+    """new key -> rotate row, when `author`'s chain (frozen at `freeze`) holds two or more
+    valid rotations at that seq, each linked to its entry at freeze - 1; else {}."""
+    before = seqs.get(freeze - 1, [None])[0] if freeze > 1 else None
+    out = {}
+    for r in seqs.get(freeze, ()):
+        b = bodies.get(r.id) if r.kind == "member" else None
+        linked = before is None or (r.prev == before.id and r.lamport > before.lamport)
+        if linked and b is not None and b.get("action") == "rotate" and rotation_proof_ok(author, b):
+            out[b["member"]] = r
+    return out if len(out) > 1 else {}
+
+
 def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | None) -> Derived:
     """States of all rows, membership and fork points; `bodies` holds genesis/member bodies by id.
 
     Raises TamperedStore if the set could not have been produced by merge (a foreign genesis).
     """
+    rows = list(rows)
+    first, contested, restores = _derive(rows, bodies, genesis_id, {})
+    if not contested or not restores:
+        return first
+    m = first.membership
+    settled: dict[bytes, bytes] = {}
+    for r, b in sorted(restores, key=lambda rb: (rb[0].lamport, rb[0].author, rb[0].seq)):
+        old, new = b["member"], b["key"]
+        if old in settled or new not in contested.get(old, {}) or old not in m.members:
+            continue
+        if r.author in m.keys_of(m.current(old)) or old in m.keys_of(r.author):
+            continue  # nobody restores its own identity
+        if m.members[old].admin and not m.is_founder(old) and not m.is_founder(r.author):
+            continue  # an admin's successor is the founder's call (as its revocation is)
+        settled[old] = contested[old][new].id
+    if not settled:
+        return first
+    return _derive(rows, bodies, genesis_id, settled)[0]
+
+
+def _derive(rows: list[Row], bodies: dict[bytes, dict], genesis_id: bytes | None,
+            settled: dict[bytes, bytes]) -> tuple[Derived, dict[bytes, dict[bytes, Row]], list[tuple[Row, dict]]]:
+    """One derivation, with `settled` (old key -> id of the rotate row a restore chose)
+    standing for the contested rotations already resolved. Returns the result, the
+    contested rotations left (old key -> {new key: row}) and the effective restore entries."""
     by_author: dict[bytes, dict[int, list[Row]]] = {}
     all_rows: list[Row] = []
     for r in rows:
@@ -169,8 +223,11 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
     freeze: dict[bytes, int] = {}
     chain: dict[bytes, list[Row]] = {}
     retired: dict[bytes, Row] = {}  # old key -> its rotate row (the key signs nothing valid after it)
+    contested: dict[bytes, dict[bytes, Row]] = {}
     for author, seqs in by_author.items():
         rotate = _rotation_row(author, seqs, bodies)
+        if author in settled:
+            rotate = next((r for rs in seqs.values() for r in rs if r.id == settled[author]), None)
         if rotate is not None:  # rows at or after the rotate seq are evidence against the old key only
             retired[author] = rotate
             chain[author] = [seqs[s][0] for s in range(1, rotate.seq)] + [rotate]
@@ -178,6 +235,9 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
         f = _freeze_seq(seqs)
         if f is not None:
             freeze[author] = f
+            rivals = _contested(seqs, f, author, bodies)
+            if rivals:
+                contested[author] = rivals
         c: list[Row] = []
         s = 1
         while s in seqs and (f is None or s < f):
@@ -193,7 +253,7 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
     states = {r.id: (EVIDENCE if evidence(r) else HELD) for r in all_rows}
     g = next((r for r in all_rows if r.id == genesis_id), None) if genesis_id else None
     if g is None or not chain.get(g.author) or chain[g.author][0].id != genesis_id:
-        return Derived(states, Membership(None, genesis_id, g.author if g else None, {}), freeze)
+        return Derived(states, Membership(None, genesis_id, g.author if g else None, {}), freeze), {}, []
 
     founder = g.author
     gbody = bodies[g.id]
@@ -251,6 +311,8 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
     members = {founder} | initial | admins
     for r, b in effective:
         t = b["member"]
+        if b["action"] == "restore":
+            continue  # applied by `derive` (a second run)
         if b["action"] == "admit":
             members.add(t)
             if "name" in b:
@@ -274,7 +336,9 @@ def derive(rows: Iterable[Row], bodies: dict[bytes, dict], genesis_id: bytes | N
             if limit is not None and r.seq > limit:
                 break
             states[r.id] = LOG
-    return Derived(states, Membership(gbody["consortium"], genesis_id, founder, statuses, rotations), freeze)
+    restores = [(r, b) for r, b in effective if b["action"] == "restore"]
+    return (Derived(states, Membership(gbody["consortium"], genesis_id, founder, statuses, rotations), freeze),
+            contested, restores)
 
 
 def why_not_logged(row: Row, freeze: int | None, m: Membership) -> LedgerError:

@@ -10,8 +10,8 @@ Caps: at most MAX_WAITING_PER_AUTHOR non-log entries (and MAX_WAITING_BYTES_PER_
 per author, and MAX_WAITING_TOTAL held entries (MAX_WAITING_BYTES_TOTAL bytes) overall from
 non-members; beyond them entries are rejected (they can be re-sent by sync later). These
 bound what a flood of unadmitted keys -- or a member sending far-ahead entries -- can make a
-node store (issue 11). They never apply to the `exempt` authors (the node's own key: a
-restored home takes its whole chain back, issue 24), and neither does the per-author
+node store. They never apply to the `exempt` authors (the node's own key: a
+restored home takes its whole chain back), and neither does the per-author
 rate / size quota (`ledger.quota`) that a node applies to entries from the network.
 """
 from __future__ import annotations

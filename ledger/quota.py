@@ -1,4 +1,4 @@
-"""Per-author quotas on entries merged from the network (issue 24 item 8).
+"""Per-author quotas on entries merged from the network.
 
 A member is trusted to write, not to write without bound: 200 entries of 500 KB gossiped
 in 1.3 s grew every node's ledger by 100 MB. `AuthorQuota` bounds, per author and per

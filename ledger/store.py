@@ -112,7 +112,7 @@ class Store:
 
         durable=True (the node's own appends): the commit returns only once the WAL is
         fsynced (synchronous=FULL), so an entry that may be gossiped is never lost to a
-        crash or power cut -- losing it would make the node re-sign that seq (issue 11).
+        crash or power cut -- losing it would make the node re-sign that seq.
         """
         if durable:
             self.conn.execute("PRAGMA synchronous=FULL")

@@ -1,4 +1,4 @@
-"""A malicious insider for fault tests and benchmarks (issue 11): resource attacks on daemons.
+"""A malicious insider for fault tests and benchmarks: resource attacks on daemons.
 
 The attacker is an admitted member (its key is in the consortium), so admission checks
 before the first frame do not stop it; only per-stream bounds do. Against each target it

@@ -13,7 +13,7 @@ daemon's SQLite, hashing and disk calls then take zero simulated time and run in
 order), and trio's scheduler shuffle is seeded — together with the seeded keys and link
 RNGs this makes a run a pure function of the scenario seed.
 
-Scale (issue 15: 1,000 full daemons in one process). A simulated second costs only the
+Scale (1,000 full daemons in one process). A simulated second costs only the
 CPU work the nodes do, so the simulation shares what one process can share without
 changing any node's outcome: a signature one node verified is not recomputed for the
 next (`shared_signature_checks`: same bytes, same result; failures always recomputed),
@@ -193,7 +193,7 @@ def bound_page_cache(daemon: NodeDaemon, kib: int) -> None:
     A real daemon keeps SQLite's default (up to 2 MiB) for a database on disk. A simulated
     node's database lives on /dev/shm, i.e. already in RAM, so a page-cache miss is a memory
     copy, not a disk read; with the default, 1,000 nodes' caches filled with the pages of
-    1,000-entry ledgers and made memory per node grow with N (issue 29)."""
+    1,000-entry ledgers and made memory per node grow with N."""
     store = getattr(daemon.ledger.ledger, "_store", None)
     if store is not None:
         store.conn.execute(f"PRAGMA cache_size=-{int(kib)}")

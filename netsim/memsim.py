@@ -1,4 +1,4 @@
-"""The churn-and-partition scenario of the in-memory benchmark (bench/memsim_bench.py, issue 29).
+"""The churn-and-partition scenario of the in-memory benchmark (bench/memsim_bench.py).
 
 `churn_scenario(n, kind, entries, seed=...)`: N nodes (seeded bootstrap, degree 3, at most
 `max_peers` dialled connections), 20 publishers appending 256-byte `metrics` entries 1 s

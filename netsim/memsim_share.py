@@ -1,4 +1,4 @@
-"""What the simulated nodes of one process share (netsim.memnet, simulation only; issues 15, 29).
+"""What the simulated nodes of one process share (netsim.memnet, simulation only).
 
 All nodes of a simulation live in one process. Results that depend only on the bytes at
 hand -- a signature check that succeeded, the parsed form of a stored entry -- are
@@ -51,7 +51,7 @@ def shared_entry_reads(keep: int = 1 << 17) -> Iterator[None]:
     there; only the step from a stored row to an `Entry` (decoding the payload) is looked up:
     an `Entry` is immutable and the same stored (id, signature) is the same entry in every
     node, so one node's parse serves the next (with 1,000 nodes, every node reading the
-    1,000 hello entries at start-up decoded the same million rows; issue 29). Bounded LRU;
+    1,000 hello entries at start-up decoded the same million rows). Bounded LRU;
     restored afterwards."""
     import ledger.ledger as ledger_mod
 

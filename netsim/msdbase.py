@@ -1,5 +1,5 @@
 """`base = "msd"`: before the VGS-ATD phases, the scenario's nodes build their base model by
-masked sampling distillation (issue 16), through the code the CLI runs:
+masked sampling distillation, through the code the CLI runs:
 
 1. a consortium of the scenario's nodes plus one ``msd-server`` node (its own homes and
    ledger under ``work``; the VGS-ATD run that follows has its own consortium, see below);
@@ -21,8 +21,7 @@ embedder secret is drawn from the scenario seed (a run is reproducible), not fro
 
 MSD settings the paper leaves blank (``[msd]`` of the scenario, `netsim.scenario.MSDSpec`)
 were chosen by measurement, and the numbers live where they cannot drift from this code
-unnoticed: the output of ``bench/msd_base_bench.py`` and the README's benchmark section
-("MSD base"). The choices, with what decided them:
+unnoticed: the output of ``bench/msd_base_bench.py`` and RESULTS.md ("MSD base"). The choices, with what decided them:
 
 - teacher views keep 0.75 of the patches, student views 0.5, two of each
   (``--choose``: the best sum of accuracy after 20 and 40 fine-tuning steps; with 4 patches a

@@ -8,7 +8,7 @@ samples are dealt (seeded) among the cohorts that use that class, then each coho
 share is partitioned among its nodes (`netsim.partition`). Test data is not divided: a
 node's test set is the data set's test samples of its label space.
 
-With `[scenario] val_fraction = f` (issue 23) each node's share is then divided (seeded,
+With `[scenario] val_fraction = f` each node's share is then divided (seeded,
 stratified by class: `split_val`) into its training data (`train`, the only part any method
 trains on or uploads) and its held-out validation split (`val`, written as the node's .npz
 `val_*` arrays, so `atd aggregate` judges its candidates on it, `atdnode.aggregation.candidates`).

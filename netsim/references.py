@@ -1,4 +1,4 @@
-"""The reference ensembles beside VGS-ATD in every netsim report (issue 23).
+"""The reference ensembles beside VGS-ATD in every netsim report.
 
 Per phase, the VGS-ATD ensemble options of the scenario (`[ensemble]`) fitted through
 `atdnode.aggregation.ensemble_refs.fit_reference` — the library function `atd aggregate`'s ensemble

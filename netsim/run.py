@@ -137,7 +137,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
                               **({"val": len(d.val)} if d.val is not None else {}),
                               "class_counts": d.class_counts}
     base = None
-    if scn.base == "msd":  # the nodes build their base first (issue 16); everything runs on its model
+    if scn.base == "msd":  # the nodes build their base first; everything runs on its model
         from netsim.msdbase import base_scenario, run_msd_base
 
         base = run_msd_base(scn, data, work / "msd", progress=progress)
@@ -168,7 +168,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
         report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
         report["vgs_faults"] = faults
     methods = list(scn.methods)
-    if "vgs-atd" in methods:  # a claim about VGS-ATD travels with centralized and local-only (issue 23)
+    if "vgs-atd" in methods:  # a claim about VGS-ATD travels with centralized and local-only
         added = [m for m in ("centralized", "local") if m not in methods]
         methods += added
         if added:

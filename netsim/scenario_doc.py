@@ -1,4 +1,4 @@
-"""The scenario-options section of INTERFACES.md, generated (issue 28: docs that cannot drift).
+"""The scenario-options section of INTERFACES.md, generated (docs that cannot drift).
 
 A scenario's ``[train]`` and ``[ensemble]`` fill the node's own option types
 (`atdnode.learning.train_options.TrainOptions`, `atdnode.aggregation.ensemble.EnsembleOptions`); this renders

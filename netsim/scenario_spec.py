@@ -25,7 +25,7 @@ FAULTS = ("kill", "restart", "partition", "heal", "slow_link", "late_join", "lea
 WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count")
 # where a new group of a hierarchical phase starts (netsim.vgs._hierarchical): "base", the
 # consortium's shared base (the paper, §3.3); "consortium", the latest fused extractor of the
-# consortium's existing group (a deviation, issue 23)
+# consortium's existing group (a deviation)
 GROUP_STARTS = ("base", "consortium")
 
 

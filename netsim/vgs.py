@@ -21,7 +21,7 @@ hierarchical each new group first does its own horizontal round; then every node
              never retrained; C_i and n_i are read from the signed entries. The new group's
              first node starts from the consortium's shared base (the paper's §3.3: each
              group from its pretrained W_p), or, with the phase's `group_start =
-             "consortium"` (a deviation, issue 23), from the latest fused extractor of the
+             "consortium"` (a deviation), from the latest fused extractor of the
              first existing group, published by one of its members (node-to-node transfer
              across groups, as the paper's horizontal mode does inside one).
 
@@ -472,7 +472,7 @@ def consortium_init(scn: Scenario, founder: str, num_classes: int, path: Path) -
     `_train_opts` sets it, and its class count, which decides the init order), as a
     safetensors checkpoint (`atd train --init-from FILE`). Every node derives it the same way;
     every node that trains from nothing starts here, so every group of a hierarchical run
-    shares one `base` fingerprint (issue 23: group B trained from its own random start, and
+    shares one `base` fingerprint (group B trained from its own random start, and
     the combined extractor scored like a random body), and the founder trains exactly as
     it did before."""
     from safetensors.torch import save_file

@@ -1,4 +1,4 @@
-"""Which model each VGS-ATD number scores when the nodes have a val split (issue 23).
+"""Which model each VGS-ATD number scores when the nodes have a val split.
 
 With `[scenario] val_fraction > 0` every node's .npz holds a held-out `val` split, so `atd
 aggregate` judges its candidates — its own model and the consortium's — on it and the

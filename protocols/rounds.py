@@ -12,7 +12,7 @@ Serverless determinism: the inputs of a round are sorted canonically (by entry i
 any arithmetic, so every member computing over the same set gets the same weights and,
 with protocols.aggregation's fixed arithmetic order, the bit-identical global model.
 
-Which aggregate of a round counts (issue 24): every member recomputes it before adopting
+Which aggregate of a round counts: every member recomputes it before adopting
 it; among those that verify, a final one (inputs from a majority of members) before the
 others, the larger input set, then the hash of the inputs (`candidate_order`). A member
 cannot win by grinding keys, nor make a round final alone.

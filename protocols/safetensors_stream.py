@@ -7,8 +7,10 @@ https://github.com/huggingface/safetensors, little-endian hosts):
 - it starts with an 8-byte little-endian header length ``n`` with ``8 + n <= size`` and
   ``n <= 100 MiB``, followed by a UTF-8 JSON object without duplicate keys;
 - ``__metadata__``, if present, maps strings to strings;
-- every tensor has a known dtype, a shape of non-negative ints and ``data_offsets``
-  ``[start, end]`` of ints with ``end - start == numel * itemsize``;
+- every tensor has a known dtype, a shape of at most ``MAX_DIMS`` non-negative ints whose
+  product over the non-zero ones stays below 2^63 (a tensor's strides fit torch's int64:
+  a zero-size tensor with a dimension of 2^63 is refused here, not by torch later) and
+  ``data_offsets`` ``[start, end]`` of ints with ``end - start == numel * itemsize``;
 - the tensors' byte ranges, sorted, tile the data section exactly: the first starts at 0,
   each starts where the previous ended (no overlap, no gap) and the last ends at the end
   of the file (no trailing bytes) -- the same rule as the reference implementation.
@@ -32,6 +34,8 @@ import torch
 from protocols.weightings import AggregationError
 
 WINDOW_BYTES = 16 * 1024 * 1024  # SafetensorsStream maps files in windows this large
+MAX_DIMS = 64  # a tensor's largest number of dimensions
+MAX_EXTENT = (1 << 63) - 1  # largest product of a shape's non-zero dimensions (torch's int64 strides)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -99,6 +103,8 @@ class SafetensorsStream(Mapping[str, torch.Tensor]):
                     raise TypeError
             except (KeyError, TypeError, ValueError):
                 raise bad(f"tensor {key!r}: bad dtype/shape/data_offsets {e!r:.200}") from None
+            if len(shape) > MAX_DIMS or math.prod(d for d in shape if d) > MAX_EXTENT:
+                raise bad(f"tensor {key!r}: shape {shape!s:.200} exceeds {MAX_DIMS} dimensions or an extent of 2^63")
             if min(shape, default=0) < 0 or not 0 <= start <= end or base + end > size \
                     or end - start != math.prod(shape) * dtype.itemsize:
                 raise bad(f"tensor {key!r}: offsets {start}..{end} do not fit shape {shape} {e['dtype']}")

@@ -9,7 +9,8 @@ imports nothing above it; asking timm what a named model's fields are
 Invariants, checked when a config is constructed (`ModelConfigError` otherwise): the name
 is a non-empty string; every size is a positive integer (``num_classes`` may be 0, a
 classifier-less extractor, as timm's ``reset_classifier(0)``); ``mlp_ratio`` is a positive
-finite number; ``num_heads`` divides ``embed_dim`` (timm's attention needs it).
+finite number; ``num_heads`` divides ``embed_dim`` (timm's attention needs it); ``patch_size``
+divides ``img_size`` (otherwise timm's patch embedding silently crops the border).
 """
 from __future__ import annotations
 
@@ -83,7 +84,19 @@ class ModelConfig:
         if self.embed_dim % self.num_heads:
             raise ModelConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}",
                                    field="num_heads")
+        if self.img_size % self.patch_size:
+            lo = max(self.patch_size, self.img_size - self.img_size % self.patch_size)
+            raise ModelConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size} "
+                                   f"(the border would be cropped): use img_size {lo} or "
+                                   f"{lo + self.patch_size}, or another patch size", field="patch_size")
         object.__setattr__(self, "mlp_ratio", float(self.mlp_ratio))
+
+    def arch(self) -> str:
+        """The architecture as built, e.g. "ViT 28px/patch 4, embed 64, depth 4, 4 heads
+        (timm vit_tiny_patch16_224 family)": a timm name alone says the sizes it was
+        registered with, not the ones overridden here."""
+        return (f"ViT {self.img_size}px/patch {self.patch_size}, embed {self.embed_dim}, depth {self.depth}, "
+                f"{self.num_heads} heads (timm {self.name} family)")
 
     @property
     def num_patches(self) -> int:

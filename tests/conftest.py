@@ -22,7 +22,7 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
-`claims` tier (issue 23's 3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
+`claims` tier (3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
 `pytest --claims tests/test_vgs_claims_public.py`.
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
@@ -45,6 +45,10 @@ import tempfile
 # Set before anything imports numpy or torch; a test that wants more threads sets its own.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# Outside a terminal `atd aggregate` / `atd classify` print plain progress lines on stderr
+# (cli.progress); the tests read stderr as each command's own lines (one line per error), so
+# they run without them, and a test of the lines sets ATD_PROGRESS itself.
+os.environ.setdefault("ATD_PROGRESS", "0")
 # Cache bytecode even where PYTHONDONTWRITEBYTECODE is set (it is on the shared machine): with
 # it, every xdist worker re-ran pytest's assertion rewrite of every test module at each
 # collection (~260 rewrites, 3-5 s CPU per worker), and every daemon / CLI process the tests
@@ -71,11 +75,12 @@ LONGEST_FIRST = (
     "test_chaos.py",
     "test_daemon_procs.py",
     "test_rounds_procs.py",
+    "test_plans_procs.py",  # ~145 s: three daemons, three followers, a kill and a restart
     "test_readme.py",  # ~175 s before its `atd` commands were forked from a warm interpreter, ~60 s after
 )
 
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
-# summed from a run's junit XML, issue 28; seconds at load ~3 in the comments). The files in
+# summed from a run's junit XML; seconds at load ~3 in the comments). The files in
 # LONGEST_FIRST lose their slow tests there, so this order replaces it when no slow test was
 # selected: longest first, short files fill the end.
 FAST_LONGEST_FIRST = (
@@ -100,7 +105,7 @@ FAST_LONGEST_FIRST = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--claims", action="store_true",
-                     help="also run the `claims` tier (issue 23's 3-seed accuracy claims; minutes per seed)")
+                     help="also run the `claims` tier (3-seed accuracy claims; minutes per seed)")
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` deselected: the order depends on what runs

@@ -1,4 +1,4 @@
-"""Checks shared by the split-secret tests (issue 10): is the clients' embedder anywhere on
+"""Checks shared by the split-secret tests: is the clients' embedder anywhere on
 the server, and how well does the paper's attacker do with and without permutation."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11: default `atd aggregate` (no --inputs) skips weight sets it cannot use and says why.
+"""Default `atd aggregate` (no --inputs) skips weight sets it cannot use and says why.
 
 One member publishing a bad weight set (NaN tensors, here) used to make every default
 aggregation abort; now the aggregate entry names the skipped input and the reason.

@@ -1,4 +1,4 @@
-"""Periodic sync paced by what happens (issue 29, `atdnode.replication.antientropy`): quiet pulls space
+"""Periodic sync paced by what happens (`atdnode.replication.antientropy`): quiet pulls space
 out up to SYNC_IDLE_FACTOR intervals; entries a pull brought, gossip arriving, or a member
 whose request shows it is ahead of us bring the cadence back to `sync_interval`, and the
 member seen ahead is pulled from next. Pull times on trio's mock clock; the daemon case on

@@ -1,5 +1,5 @@
 """FedAvg (`atd rounds`) and swarm start from a shared base's extractor, as centralized and
-local do (issue 23; VGS-ATD §4.4: "the baselines start from the same pretrained weights"):
+local do (VGS-ATD §4.4: "the baselines start from the same pretrained weights"):
 round 0's global model is the base's extractor and the head a campaign of that seed draws;
 swarm's first training is `train_model(init=base, init_part="extractor")`; a
 `base = "public"` scenario listing them runs them from W_p without a "from scratch" note,

@@ -1,4 +1,4 @@
-"""PartialBlob.start_hasher: the whole-blob hash in a thread of its own (issue 29).
+"""PartialBlob.start_hasher: the whole-blob hash in a thread of its own.
 
 Writers run out of order in several threads with the smallest lag (one chunk), so the
 backpressure wait is exercised; the hash the hasher builds is the one complete() checks.

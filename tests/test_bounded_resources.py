@@ -1,4 +1,4 @@
-"""Issue 11, bounded resources: the attacks of the issue, replayed by an admitted peer.
+"""Bounded resources: slow-loris, oversized-frame and slot-hog attacks, replayed by an admitted peer.
 
 The attacker here is a peer the server talks to (an insider: membership gates do not
 help), so these bounds hold whatever admission checks run before the first frame.

@@ -1,4 +1,4 @@
-"""Issue 11 acceptance: five daemons (OS processes, libp2p on 127.0.0.1) under attack and faults.
+"""Five daemons (OS processes, libp2p on 127.0.0.1) under attack and faults.
 
 An admitted member runs `netsim.attacker` against all five (slow-loris sync streams,
 oversized headers, a 2 MiB frame of empty maps, a blob-slot hog). Meanwhile one node is
@@ -8,7 +8,7 @@ kernel high-water mark), members kept syncing and fetching during the attack, no
 frozen (no equivocation anywhere), no committed entry is lost, and every node's
 `atd ledger verify --peers` is clean.
 
-Issue 24: a hostile member in `atd rounds` (test_hostile_member_cannot_steer_atd_rounds).
+Also a hostile member in `atd rounds` (test_hostile_member_cannot_steer_atd_rounds).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tests.nodeprocs import _env, atd, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
-RSS_BOUND_MB = 300  # measured peaks 116-136 MB; before issue 11 one such attack reached 555 MB in 15 s
+RSS_BOUND_MB = 300  # measured peaks 116-136 MB; unbounded buffers reached 555 MB in 15 s
 N = 5
 
 
@@ -163,7 +163,7 @@ def _round_entries(home: NodeHome, kind: str) -> list:
 
 
 def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
-    """Issue 24: two members run `atd rounds` on their daemons; the third member's daemon runs
+    """Two members run `atd rounds` on their daemons; the third member's daemon runs
     too, and it attacks from its own ledger. As soon as the honest round-0 inputs reach it,
     it records (1) round 0 as "the global is the campaign's initial model", over both honest
     inputs and one of its own that nobody can fetch (the largest, majority input set: the

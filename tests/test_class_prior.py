@@ -1,4 +1,4 @@
-"""The ensemble's class-prior correction on a skewed node (issue 23).
+"""The ensemble's class-prior correction on a skewed node.
 
 Two classes of the embedded digits (0-4 vs 5-9). The ensemble is fitted on pooled data that
 is 84 % positive (what vertical mode with every node's features fits when two of three

@@ -2,6 +2,8 @@
 `atd train --adversarial` reporting clean and robust accuracy."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from typer.testing import CliRunner
 
@@ -68,7 +70,7 @@ def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
             "--adversarial", "--adv-ratio", "0.5", "--pgd-steps", "3"]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, (r.output, r.exception)
-    assert "robust accuracy (PGD)" in r.stdout and "test accuracy" in r.stdout
+    assert "robust accuracy (PGD)" in r.stdout and "test split" in r.stdout
     m = latest(home).metrics
     print(f"adversarial training: clean {m['accuracy']:.3f} robust {m['robust_accuracy']:.3f}")
     assert 0.0 <= m["robust_accuracy"] <= m["accuracy"] <= 1.0
@@ -81,3 +83,38 @@ def test_train_adversarial_reports_clean_and_robust_accuracy(tmp_path):
     assert isinstance(r.exception, CliError) and "eps" in str(r.exception)
     r = runner.invoke(app, [*args[:-4], "--adversarial", "--adv-ratio", "2"])
     assert isinstance(r.exception, CliError) and "ratio" in str(r.exception)
+
+
+def _digit_pngs(root, classes, per_class: int) -> None:
+    """`per_class` real digit images of each class as 8-bit PNGs, one folder per class."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i, img in enumerate(d.images[d.target == int(c)][:per_class]):
+            Image.fromarray((img * 255 / 16).astype(np.uint8)).save(root / c / f"{i}.png")
+
+
+def test_classify_scores_every_image_of_a_folder_and_says_so(trio, tmp_path):
+    a = trio[0]
+    tree = tmp_path / "labelled"
+    _digit_pngs(tree, ["0", "1", "2"], 67)  # 201 images, no split of their own
+    r = runner.invoke(app, ["classify", "--home", str(a.root), "--data", f"folder:{tree}"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "scored: all split, n=201" in r.stdout and "declares no splits" in r.stdout
+    for c in ("0", "1", "2"):  # n per class, each recall with its interval
+        assert re.search(rf"^  {c}\s+67  \d\.\d{{3}} \[\d\.\d{{3}}, \d\.\d{{3}}\]$", r.stdout, re.M), r.stdout
+    assert re.search(r"accuracy +\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]  n=201", r.stdout)
+    assert "calibration error (ECE" in r.stdout and "reliability plot" in r.stdout
+    out = cli("classify", "--home", str(a.root), "--data", f"folder:{tree}", "--split", "test")
+    assert out["split"] == "test" and out["n"] < 60  # the seeded 20 % only when asked
+    # a folder holding only test/ is a test split, not a class named "test"
+    only = tmp_path / "only-test"
+    _digit_pngs(only / "test", ["0", "1"], 20)
+    out = cli("classify", "--home", str(a.root), "--data", f"folder:{only}")
+    assert out["split"] == "test" and out["n"] == 40 and out["classes"][:2] == ["0", "1"]
+    assert "binary" not in out and out["calibration"]["n"] == 40  # the model also knows "2": three labels
+    assert set(out["per_class"]) == {"0", "1"}

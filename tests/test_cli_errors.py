@@ -5,7 +5,7 @@ command added later is covered without touching this file. Each one is run with:
 option; no arguments (when it requires some); a home that is not a node (a regular file),
 given as --home and as ATD_HOME; and a junk file for the required arguments of commands
 without a home. Most runs are in-process (`cli.app.run`, the console script's body); the
-issue's usage errors also run as real `python -m cli.app` processes, as users run them.
+usage errors also run as real `python -m cli.app` processes, as users run them.
 """
 from __future__ import annotations
 

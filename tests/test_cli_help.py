@@ -68,7 +68,7 @@ def test_every_help_text_survives_as_written():
 
 
 def test_brackets_from_the_source_are_printed():
-    # the examples, checked by name: markup used to eat all three
+    # bracketed names from the source, checked by name: markup used to eat all three
     shown = _norm(_help(["train"])) + _norm(_help(["node", "start"])) + _norm(_help(["models", "prune"]))
     for token in ("'atd[tensorboard]'", "'atd[mlflow]'", "[logs] max_bytes", "[models] max_bytes"):
         assert token in shown, token
@@ -126,3 +126,11 @@ def test_models_help_promises_only_what_exists():
         assert word in subs, word
     r = runner.invoke(app, ["models", "list", "--help"])
     assert r.exit_code == 0, r.output
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith(f"atd {version('atd')} (Python 3."), r.output
+    assert r.stdout.count("\n") == 1

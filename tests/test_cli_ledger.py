@@ -1,4 +1,4 @@
-"""`atd init / id / member / ledger ...`: the issue's acceptance commands and one-line errors."""
+"""`atd init / id / member / ledger ...`: the consortium commands end to end and one-line errors."""
 from __future__ import annotations
 
 import json

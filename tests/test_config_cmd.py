@@ -33,7 +33,7 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
     home = tmp_path / "n"
     ok("init", "--home", str(home))
     text = (home / "config.toml").read_text()
-    for section in ("logs", "peers", "bulk", "models", "compute", "split"):
+    for section in ("network", "aggregate", "logs", "peers", "bulk", "models", "compute", "split"):
         assert f"# [{section}]" in text, section
     for k in KEYS:  # table keys commented; top-level ones are written with their values
         assert f"# {k.path.rpartition('.')[2]} = " in text if "." in k.path else f"\n{k.path} = " in "\n" + text, k.path
@@ -47,18 +47,24 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
 def test_schema_defaults_are_the_readers_defaults(tmp_path):
     """The commented defaults are what each reader uses when the key is absent."""
     from atdnode.node.config_schema import BY_PATH
+    from atdnode.aggregation import keep_policy
     from atdnode.models import size_limit
+    from atdnode.plans import PlanPolicy
+    from atdnode.report import card_statement
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
     cfg, peers = NodeConfig.load(h), PeerSetConfig()
     got = {"logs.max_bytes": log_limits(h)[0], "logs.backups": log_limits(h)[1], "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
-           "listen": NodeConfig().listen, "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
-           **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)}}  # every [peers] key
+           "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h),
+           "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           "plans.auto_accept_from": list(PlanPolicy.load(h).auto_accept_from),
+           **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
+           **{f"card.{k}": v for k, v in card_statement(h).items()}}  # every [card] key
     assert log_limits(h) == (10 << 20, 5)  # the documented defaults (README: operations)
     assert {p: BY_PATH[p].default for p in got} == got
-    assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value
+    assert set(BY_PATH) - set(got) == {"name", "compute.device", "plans.kinds"}  # none has a fixed value
     assert cfg.compute_device() is None  # absent: cuda when present (atdnode.learning.device)
 
 
@@ -84,9 +90,13 @@ def test_config_set_writes_validated_values(tmp_path):
                       (["listen", "not-an-address"], "listen"),
                       (["compute.device", "gpu"], "expected"),
                       (["log.backups", "3"], "did you mean logs.backups"),
-                      (["peers.target", "-3"], "peers.target"),  # a negative number is a value, not a flag
+                      (["peers.target", "-3"], "peers.target must be an integer >= 1"),  # a value, not a flag
                       (["logs.backups", "-1"], "logs.backups"),
-                      (["split.rounds", "3"], "atd split configure")):
+                      (["split.rounds", "3"], "atd split configure"),
+                      (["aggregate.keep", "worst"], "aggregate.keep must be one of best, consortium"),
+                      (["network.announce", "/ip4/0.0.0.0/tcp/4001"], "unspecified"),
+                      (["plans.kinds", "train,dance"], "plans.kinds"),
+                      (["card.limitations", "see /data/site/xrays/"], "card.limitations names a file path")):
         assert why in refused("config", "set", *args, "--home", str(home)), args
         assert (home / "config.toml").read_bytes() == before, args  # nothing changed
 
@@ -117,7 +127,10 @@ def test_a_hand_edited_value_is_refused_when_the_config_loads_naming_the_key(tmp
                              ("bulk", 'enabled = "yes"', "bulk.enabled must be true or false"),
                              ("peers", "low_latency_share = 2.5", "peers.low_latency_share must be a number from 0 to 1"),
                              ("models", "max_bytes = -5", "models.max_bytes must be an integer >= 0"),
-                             ("compute", "device = 3", "compute.device must be a non-empty string")):
+                             ("compute", "device = 3", "compute.device must be a non-empty string"),
+                             ("aggregate", 'keep = "worst"', "aggregate.keep must be one of best, consortium"),
+                             ("card", "limitations = 3", "card.limitations must be text"),
+                             ("plans", 'kinds = "train"', "plans.kinds must be a list of strings")):
         (home / "config.toml").write_text(f"{base}\n[{table}]\n{line}\n")
         with pytest.raises(ConfigError) as e:
             NodeConfig.load(h)
@@ -137,8 +150,25 @@ def test_every_declared_setting_can_be_set(tmp_path):
     values = {"name": ("n2", "n2"), "role": ("node", "node"), "compute.device": ("cpu", "cpu"),
               "bulk.enabled": ("false", False),
               "listen": ("/ip4/127.0.0.1/tcp/4002", ["/ip4/127.0.0.1/tcp/4002"]), "bootstrap": ("[]", []),
-              "peers.max": ("20", 20), "peers.target": ("3", 3), "peers.low_latency_share": ("0.25", 0.25)}
+              "peers.max": ("20", 20), "peers.target": ("3", 3), "peers.low_latency_share": ("0.25", 0.25),
+              "network.announce": ("/ip4/127.0.0.1/tcp/4003", ["/ip4/127.0.0.1/tcp/4003"]),
+              "aggregate.keep": ("consortium", "consortium"), "plans.auto_accept_from": ("node1", ["node1"]),
+              "plans.kinds": ("train,publish", ["train", "publish"]),
+              **{f"card.{f}": ("chest X-rays, adults", "chest X-rays, adults") for f in
+                 ("intended_use", "out_of_scope_use", "data_description", "limitations")}}
     for k in KEYS:  # any other key: one more than its default (every other key is a number)
         text, want = values.get(k.path) or (str(k.default + 1), k.default + 1)
         ok("config", "set", k.path, text, "--home", str(home))
         assert NodeConfig.load(NodeHome.at(home)).setting(k.path) == want, k.path
+
+
+def test_config_set_takes_negative_numbers_and_the_keep_policy(tmp_path):
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    assert ok("config", "set", "logs.max_bytes", "2048", "--home", str(home)).strip() == "logs.max_bytes = 2048"
+    assert ok("config", "set", "aggregate.keep", "consortium", "--home", str(home)).strip() == 'aggregate.keep = "consortium"'
+    from atdnode.aggregation import keep_policy
+
+    assert keep_policy(NodeHome.at(home)) == "consortium"
+    r = runner.invoke(app, ["config", "set", "peers.grace_s", "-1", "--home", str(home)])
+    assert r.exit_code != 0 and "No such option" not in r.output and "peers.grace_s" in str(r.exception)

@@ -1,4 +1,4 @@
-"""The node's learning steps on a CUDA device (issue 25): train, classify, features, data
+"""The node's learning steps on a CUDA device: train, classify, features, data
 resident on the GPU, one split (p-FESTA) server step, one FESTA and one p-FESTA client step,
 one rounds step. Each result is checked against the same step on the CPU in the same test.
 Run with `pytest -m cuda` on a GPU machine; skipped where there is no CUDA."""
@@ -108,7 +108,7 @@ def test_one_pfesta_server_step_on_cuda_matches_cpu():
 
 
 def test_one_split_client_step_on_cuda_matches_cpu():
-    """`atd split join`'s FESTA and p-FESTA client parts on CUDA (issue 25): one step each
+    """`atd split join`'s FESTA and p-FESTA client parts on CUDA: one step each
     against a CPU server; what crosses the wire is CPU float32 either way, the loss is alike."""
     from protocols import festa, pfesta
     from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config

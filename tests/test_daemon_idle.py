@@ -1,4 +1,4 @@
-"""What an idle daemon does (issue 15: a hundred daemons on one machine must not spend
+"""What an idle daemon does (a hundred daemons on one machine must not spend
 the CPU idling). Counted on the simulated clock (netsim.memnet: real daemons, SQLite
 ledgers, simulated network and time), not timed:
 
@@ -6,8 +6,8 @@ ledgers, simulated network and time), not timed:
   LEDGER_RECHECK_S, yet an entry a CLI command appends from another connection is still
   gossiped within an idle poll tick (IDLE_POLL_S) or so;
 * periodic sync pulls from `sync_fanout` peers per interval, in turn, not from every peer,
-  and quiet pulls space out (`atdnode.replication.antientropy`, issue 29);
-* its own loops wake rarely (issue 29): the announce loop every IDLE_POLL_S once quiet, the
+  and quiet pulls space out (`atdnode.replication.antientropy`);
+* its own loops wake rarely: the announce loop every IDLE_POLL_S once quiet, the
   peer-set round every IDLE_TICK_S once settled, the fetch loop not at all with nothing wanted.
 """
 from __future__ import annotations
@@ -89,12 +89,12 @@ def test_idle_daemon_reads_its_ledger_only_on_change_and_pulls_a_few_peers(tmp_p
     # one read per recheck (plus a tick's slack), where reading on every poll tick made 240
     assert out["reads"] <= IDLE_S / LEDGER_RECHECK_S + 2, out
     # at most SYNC_FANOUT pulls per interval, where pulling from every peer made 5 per
-    # interval; and quiet pulls space out to SYNC_IDLE_FACTOR intervals (issue 29: at a
+    # interval; and quiet pulls space out to SYNC_IDLE_FACTOR intervals (at a
     # pull per interval, 12 here), yet never stop
     assert SYNC_FANOUT < 5 and 1 <= out["pulls"] <= intervals * SYNC_FANOUT / SYNC_IDLE_FACTOR + 2, out
-    # an idle announce loop polls every IDLE_POLL_S (issue 29), not every POLL_S
+    # an idle announce loop polls every IDLE_POLL_S, not every POLL_S
     assert out["spread_s"] < IDLE_POLL_S + 4 * POLL_S, out
-    # wakeups (task steps) per second of each daemon's own loops (issue 29); polling made
+    # wakeups (task steps) per second of each daemon's own loops; polling made
     # over 4, about 2 and 1
     w = out["wakeups"]
     assert w["announce_loop"] <= 1.5 / IDLE_POLL_S, w  # a tick a second, a few more at ledger re-reads

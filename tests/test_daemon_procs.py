@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: three `atd` daemons as separate OS processes on 127.0.0.1.
+"""Three `atd` daemons as separate OS processes on 127.0.0.1.
 
 Each node trains a tiny ViT on its third of digits, publishes its extractor, node 1
 aggregates all three horizontally, and all three ledgers verify and hold the same entries.

@@ -1,5 +1,7 @@
-"""Issue 24 item 9: `--dashboard-public` serves nothing but /healthz without its read-only token
-(a real daemon on the in-memory network, its dashboard on loopback marked public)."""
+"""`--dashboard-public` serves nothing but /healthz and /login without its read-only token (a
+real daemon on the in-memory network, its dashboard on loopback marked public); the token
+is never taken from the URL, `Bearer` is matched in any case, and the login cookie is
+Secure when the request came over TLS."""
 from __future__ import annotations
 
 import ast
@@ -23,6 +25,22 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:
     req = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _post(url: str, form: dict, headers: dict | None = None) -> tuple[int, str, dict]:
+    from urllib.parse import urlencode
+
+    req = urllib.request.Request(url, data=urlencode(form).encode(), headers=headers or {}, method="POST")
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(req, timeout=30) as r:
             return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), dict(e.headers)
@@ -60,8 +78,14 @@ def test_a_public_dashboard_needs_its_read_only_token(tmp_path: Path) -> None:
                     _get, url + path, {"Authorization": "Bearer " + "x" * len(token)})
             out["health"] = await trio.to_thread.run_sync(_get, url + "healthz")
             out["bearer"] = await trio.to_thread.run_sync(_get, url + "api/state", {"Authorization": f"Bearer {token}"})
-            out["link"] = await trio.to_thread.run_sync(_get, url + f"?token={token}")
-            cookie = out["link"][2].get("set-cookie", "").split(";")[0]
+            out["lower"] = await trio.to_thread.run_sync(_get, url + "api/state", {"Authorization": f"bearer {token}"})
+            out["link"] = await trio.to_thread.run_sync(_get, url + f"api/state?token={token}")
+            out["form"] = await trio.to_thread.run_sync(_get, url + "login")
+            out["bad login"] = await trio.to_thread.run_sync(_post, url + "login", {"token": "x" * len(token)})
+            out["login"] = await trio.to_thread.run_sync(_post, url + "login", {"token": token})
+            out["tls login"] = await trio.to_thread.run_sync(_post, url + "login", {"token": token},
+                                                             {"X-Forwarded-Proto": "https"})
+            cookie = out["login"][2].get("set-cookie", "").split(";")[0]
             out["cookie"] = await trio.to_thread.run_sync(_get, url + "api/state", {"Cookie": cookie})
             d.stop()
 
@@ -75,12 +99,44 @@ def test_a_public_dashboard_needs_its_read_only_token(tmp_path: Path) -> None:
             assert code == 401 and me not in body and "token" in body, (who, path)
     assert out["health"][0] == 200
     assert out["bearer"][0] == 200 and me in out["bearer"][1]  # the token holder sees the node
-    assert out["link"][0] == 200 and "HttpOnly" in out["link"][2].get("set-cookie", "")
+    assert out["lower"][0] == 200 and me in out["lower"][1]  # RFC 7235: the scheme is case-insensitive
+    assert out["link"][0] == 401 and me not in out["link"][1]  # never from the URL (it lands in logs)
+    assert out["form"][0] == 200 and "<form" in out["form"][1]
+    assert out["bad login"][0] == 401 and "set-cookie" not in out["bad login"][2]
+    code, _, headers = out["login"]
+    assert code == 303 and "HttpOnly" in headers["set-cookie"] and "Secure" not in headers["set-cookie"]
+    assert out["tls login"][0] == 303 and "; Secure" in out["tls login"][2]["set-cookie"]
     assert out["cookie"][0] == 200 and me in out["cookie"][1]
 
 
+def test_the_login_cookie_is_secure_over_tls() -> None:
+    """Served over TLS (the ASGI scope's scheme is https), the cookie carries Secure."""
+    from atdnode.report.dashboard.server import token_guard
+
+    async def app(scope, receive, send):  # the dashboard behind the guard: never reached here
+        raise AssertionError("the guard answered a login itself")
+
+    sent: list[dict] = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request", "body": b"token=" + b"t" * 40, "more_body": False}
+
+    async def main() -> None:
+        guard = token_guard(app, "t" * 40)
+        for scheme in ("https", "http"):
+            await guard({"type": "http", "path": "/login", "method": "POST", "scheme": scheme, "headers": []},
+                        receive, send)
+
+    trio.run(main)
+    cookies = [dict(m["headers"])[b"set-cookie"] for m in sent if m["type"] == "http.response.start"]
+    assert len(cookies) == 2 and cookies[0].endswith(b"; Secure") and b"Secure" not in cookies[1]
+
+
 def test_the_daemon_never_imports_the_dashboard() -> None:
-    """Issue 28: the dashboard runs beside the daemon (`atd node start` wires them) and reads
+    """The dashboard runs beside the daemon (`atd node start` wires them) and reads
     `NodeDaemon.snapshot()`; no module the daemon imports, at load time or deferred, is it."""
     root = Path(__file__).resolve().parent.parent
 

@@ -4,6 +4,7 @@ log, not stderr."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,9 @@ def test_small_test_split_warns_beside_every_metric(tmp_path, capsys):
     spec = "digits?classes=0,1&shard=1/8"  # about 9 test images
     assert run(["train", "--home", home, "--data", spec, *TINY]) == 0
     out = capsys.readouterr().out
-    line = next(ln for ln in out.splitlines() if "test accuracy" in ln)
-    for metric in ("accuracy", "precision", "sensitivity", "f1"):
-        assert f" {metric} " in f" {line} " and line.split(f"{metric} ")[1].split("  ")[0].endswith("(!)"), line
+    for metric in ("accuracy", "balanced accuracy", "macro precision", "macro F1"):  # each with its interval
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith(metric + " "))
+        assert re.search(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \(!\)", line), line
     assert "(!) unreliable: the test split has" in out and "(under 20)" in out
     assert run(["classify", "--home", home, "--data", spec]) == 0
     out = capsys.readouterr().out

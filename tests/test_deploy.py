@@ -3,12 +3,14 @@ valid for systemd; the container file runs the same command; PORTS.md's config p
 its firewall rules open exactly the ports it plans."""
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,8 @@ def test_unit_is_hardened_and_valid() -> None:
     u = unit()
     argv = shlex.split(u["ExecStart"][0])
     # `atd` is looked up on the unit's PATH (a venv or a system pip), not at one fixed place
-    assert argv[:2] == ["/usr/bin/env", "atd"] and argv[2:5] == ["node", "start", "--home"] and len(argv) == 6
+    assert argv[:2] == ["/usr/bin/env", "atd"] and argv[2:5] == ["node", "start", "--home"] and len(argv) == 8
+    assert argv[6] == "--dashboard" and argv[7].startswith("127.0.0.1:")  # /healthz, loopback only
     path = dict(e.split("=", 1) for e in u["Environment"])["PATH"].split(":")
     assert path[0] == "/opt/atd/bin" and {"/usr/local/bin", "/usr/bin"} <= set(path)
     for key, want in (("User", "atd"), ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
@@ -84,7 +87,8 @@ def test_unit_finds_atd_on_its_path(tmp_path: Path) -> None:
 @pytest.mark.slow  # atd and daemons as OS processes
 def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     """The ExecStart line (no --listen, no --bootstrap) with this test's home: the daemon
-    listens and dials where config.toml says (loopback here)."""
+    listens and dials where config.toml says (loopback here) and answers /healthz on the
+    unit's loopback dashboard (port 0 here: a free one)."""
     a, b = tmp_path / "a", tmp_path / "b"
     atd("init", "--home", str(a), "--genesis", "--consortium", "deploy")
     genesis = atd("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").stdout
@@ -95,14 +99,20 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     cfg = NodeConfig.load(NodeHome.at(b))
     cfg.listen, cfg.bootstrap = ["/ip4/127.0.0.1/tcp/0"], [first.addrs[0]]
     cfg.save(NodeHome.at(b))
-    assert shlex.split(unit()["ExecStart"][0])[2:5] == ["node", "start", "--home"]
-    second = Daemon(b, [])  # `atd node start --home b` exactly, as the unit runs it
-    assert second.proc.args[:len(ATD)] == ATD and second.proc.args[len(ATD):] == ["node", "start", "--home", str(b)]
+    argv = shlex.split(unit()["ExecStart"][0])
+    assert argv[2:5] == ["node", "start", "--home"]
+    rest = [re.sub(r":\d+$", ":0", a) for a in argv[6:]]  # --dashboard 127.0.0.1:0
+    second = Daemon(b, rest)  # `atd node start --home b ...` exactly as the unit runs it
+    assert second.proc.args[:len(ATD)] == ATD and second.proc.args[len(ATD):] == ["node", "start", "--home", str(b), *rest]
     try:
         addr = second.wait_ready(120)[0]
         assert addr.startswith("/ip4/127.0.0.1/tcp/")
         peer_a = NodeIdentity.load(NodeHome.at(a)).peer_id
         wait_until(lambda: peer_a in atd("peers", "--home", str(b)).stdout, 60, "b to dial a from config.toml")
+        url = json.loads(atd("node", "status", "--home", str(b), "--json").stdout)["dashboard"]
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=30) as r:
+            assert r.status == 200
     finally:
         second.terminate()
         first.terminate()
@@ -116,7 +126,8 @@ def test_containerfile_runs_the_same_command() -> None:
     import json
 
     argv = json.loads(cmd)
-    assert argv == ["node", "start", "--home", shlex.split(unit()["ExecStart"][0])[5]]
+    assert argv == shlex.split(unit()["ExecStart"][0])[2:]  # the unit's command, /healthz included
+    assert "/healthz" in text.split("HEALTHCHECK", 1)[1]
     assert re.search(r"^USER atd$", text, re.M) and "VOLUME" in text
     for pkg in ("atdnode", "ledger", "protocols", "cli", "netsim"):  # every package pyproject installs
         assert f"COPY {pkg} ./{pkg}" in text
@@ -127,6 +138,7 @@ def test_port_plan_config_and_firewall_rules_agree() -> None:
     (toml_block,) = blocks(md, "toml")
     cfg = NodeConfig.from_dict(tomllib.loads(toml_block))  # the shown config is valid
     port = int(cfg.listen[0].rsplit("/", 1)[1])
+    assert [a.split("/")[4] for a in cfg.announce()] == [str(port)]  # others dial the port it listens on
     lo, hi = map(int, re.search(r'ip_local_port_range="(\d+) (\d+)"', md).groups())
     (nft,) = blocks(md, "nftables")
     (ufw,) = [b for b in blocks(md, "sh") if b.startswith("ufw")]

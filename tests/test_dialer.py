@@ -53,7 +53,7 @@ def test_unreachable_member_is_one_warning_and_in_status(tmp_path: Path, caplog)
 
 
 def test_a_member_whose_port_changes_is_reached_at_its_new_address() -> None:
-    """Real py-libp2p hosts on 127.0.0.1 (issue 26): B restarts with the same key on a new port.
+    """Real py-libp2p hosts on 127.0.0.1: B restarts with the same key on a new port.
     A's dial of B's old address fails (py-libp2p then caches the failure for 60 s for B's peer
     id: "recently failed all addresses (negative cache)"); A's next dial, to B's new address,
     must reach B at once. Fails without `libp2p_host.forget_dial_state` (libp2p_transport.connect)."""
@@ -97,7 +97,7 @@ def _pace_dialer(members: frozenset[str]):
 
 
 def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pulls_or_members() -> None:
-    """Issue 29: entries a new connection's pull brought (start-up, a node back from away) and
+    """Entries a new connection's pull brought (start-up, a node back from away) and
     new hellos (members starting) kept every node of a starting consortium rotating every
     rotate_s; entries only periodic sync found, or a changed member set, still do."""
     from atdnode.peers.dialer import RotationPace

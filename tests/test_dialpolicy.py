@@ -1,9 +1,10 @@
-"""`atdnode.peers.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members (issues 24, 26)."""
+"""`atdnode.peers.dialpolicy`: back-offs, newest-hello-first addresses, unreachable members."""
 from __future__ import annotations
 
 import pytest
 
-from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER, DialPolicy, addresses_newest_first
+from atdnode.peers import MAX_ADDRS_PER_MEMBER
+from atdnode.peers.dialpolicy import DialPolicy, addresses_newest_first
 from atdnode.retry import Backoff
 from atdnode.errors import ConfigError
 from atdnode.peers import PeerSetConfig

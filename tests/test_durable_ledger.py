@@ -1,4 +1,4 @@
-"""Issue 11: a durable, verifiable ledger and a node that cannot freeze itself on restart.
+"""A durable, verifiable ledger and a node that cannot freeze itself on restart.
 
 Ledger level: own appends are fsynced (synchronous=FULL around their commit), verify runs
 SQLite's integrity check, held entries have byte quotas, and a revocation deleted from one
@@ -309,7 +309,7 @@ def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
     assert isinstance(r.exception, DaemonError) and "no running daemon" in str(r.exception)
     assert r.output.startswith("ok: ")  # the local verification ran (and passed) first
     alone = CliRunner().invoke(app, ["ledger", "verify", "--home", str(homes[0].root)])
-    assert alone.exit_code == 0 and "only detectable against peers" in alone.output  # issue 24: says what it misses
+    assert alone.exit_code == 0 and "only detectable against peers" in alone.output  # says what it misses
     assert "only detectable" not in r.output
 
 
@@ -355,11 +355,11 @@ def _fresh_home_with_keys_of(home: NodeHome, dst: Path) -> NodeHome:
 
 
 def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypatch, tmp_path: Path) -> None:
-    """Issue 24 item 4: node 1 signed its chain (40 entries, ~160 KB) before its admission
+    """Node 1 signed its chain (40 entries, ~160 KB) before its admission
     reached it, so in log order its entries come before the admission, and a pull into a
     fresh home delivers them in frames (16 KiB here, 512 KiB in a deployment) before it
     knows it is a member. Restored into a fresh home it takes back every own entry before
-    signing, signs after them, and no node freezes it. (The issue's chain was 100 MB against
+    signing, signs after them, and no node freezes it. (A deployed chain can be 100 MB against
     the 64 MiB waiting quota; the quota and frames are scaled down so the chain stays small.)"""
     from atdnode.replication import sync
     from tests.factories import cli
@@ -411,7 +411,7 @@ def test_a_large_own_chain_restored_into_a_fresh_home_recovers_in_full(monkeypat
 
 
 def test_fork_evidence_is_served_by_sync(tmp_path: Path) -> None:
-    """Issue 24 item 4: node S saw A sign two entries at seq 3 and froze A; node C took one
+    """Node S saw A sign two entries at seq 3 and froze A; node C took one
     side into its log (and more after it). One pull from S hands C the evidence: C freezes
     A at seq 3 too, so no node keeps a diverged view; a pull between nodes that agree carries
     no evidence; the end marker tells the requester its own head on the server."""
@@ -454,7 +454,7 @@ def test_fork_evidence_is_served_by_sync(tmp_path: Path) -> None:
 
 
 def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) -> None:
-    """Issue 24 item 9: a global model is registered only once its aggregate entry is in the
+    """A global model is registered only once its aggregate entry is in the
     ledger; a record whose entry never made it (a `kill -9` between the two, simulated by
     writing the record of an entry that was signed but never stored) is removed when the node
     starts, and the records of stored entries stay."""

@@ -1,4 +1,4 @@
-"""Issues 17 and 27: federated adversarial training through `atd rounds` on netsim's daemons.
+"""Federated adversarial training through `atd rounds` on netsim's daemons.
 
 netsim.fat runs one campaign as real NodeDaemons on the in-memory network, each running the
 `atdnode.rounds.runner.RoundRunner` the CLI runs (weights as signed entries + blobs, every round's

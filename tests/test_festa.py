@@ -226,7 +226,7 @@ def test_conv_head_is_selectable_trains_and_unifies(digits):
 
 def test_one_round_plan_for_the_drivers_the_campaign_and_its_clients():
     """protocols.split_rounds.RoundPlan: what the [split] settings plan, the offer announces and
-    the in-process drivers follow (issue 28, "Once")."""
+    the in-process drivers follow, written once."""
     import pytest
 
     from atdnode.split import SplitSettings

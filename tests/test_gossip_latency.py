@@ -123,7 +123,7 @@ def test_daemon_checks_each_gossiped_signature_once(tmp_path: Path, monkeypatch)
     trio.run(main)
 
 
-# ---- issue 15: the receive path (buffered reads, duplicates dropped first, no pubsub
+# ---- the receive path (buffered reads, duplicates dropped first, no pubsub
 # signatures, content ids, batched yamux credit)
 
 

@@ -1,4 +1,4 @@
-"""An empty gossip mesh recovers (issue 29, `atdnode.transport._libp2p.gossip_mesh`), on real libp2p hosts.
+"""An empty gossip mesh recovers (`atdnode.transport._libp2p.gossip_mesh`), on real libp2p hosts.
 
 Node X is pruned by every topic peer (as happens when their meshes are over D_high), so
 every peer of X is in X's backoff and no heartbeat of X may graft. Then X
@@ -151,7 +151,7 @@ class _FramedWrites:
 def test_concurrent_pubsub_writes_stay_whole_rpcs() -> None:
     """Three tasks write RPCs to one stream at once (the sending loop, flush_pending_messages,
     send_recent_messages in py-libp2p 0.8.1): the reader parses every RPC intact (without the
-    per-stream write lock their frames interleave: the garbled RPCs of issue 29)."""
+    per-stream write lock their frames interleave into garbled RPCs)."""
     from libp2p.pubsub.pb import rpc_pb2
 
     from atdnode.transport._libp2p.pubsub import CoalescingPubsub

@@ -1,4 +1,4 @@
-"""Issue 29: group commit of own appends (`LedgerAccess.append` -> `Ledger.append_many`).
+"""Group commit of own appends (`LedgerAccess.append` -> `Ledger.append_many`).
 
 Concurrent appends share one durable (synchronous=FULL) commit, and an appender gets its
 entry -- which is what the daemon gossips -- only after that commit: a process killed between

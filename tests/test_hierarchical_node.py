@@ -116,7 +116,7 @@ def test_group_option_errors(trio):
 
 
 def test_groups_from_different_bases_warn_and_strict_refuses(trio):
-    """Issue 23: combining groups trained from unrelated random starts gives a random body;
+    """Combining groups trained from unrelated random starts gives a random body;
     `atd aggregate --mode hierarchical` warns, and `--strict` refuses before recording."""
     from atdnode.models import publish_weights
     from tests.vgs_homes import DISJOINT, train_node

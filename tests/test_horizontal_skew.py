@@ -1,4 +1,4 @@
-"""Horizontal VGS-ATD on strongly skewed nodes (the issue's acceptance): three nodes over a
+"""Horizontal VGS-ATD on strongly skewed nodes: three nodes over a
 two-class task with class ratios 40/60, 4/96 and 8/92 — node-to-node transfer, one-time
 averaging, then the paper's ensemble on the fused extractor with the features the nodes
 sealed to each other — must not collapse to the majority class: its macro-F1 beats the

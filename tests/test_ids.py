@@ -109,3 +109,19 @@ def test_cli_takes_prefixes_and_says_why_not(node, capsys, monkeypatch):
         assert run(argv) != 0
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and want in err, (argv, err)
+
+
+def test_ledger_wait_takes_a_unique_prefix(node, capsys, monkeypatch):
+    """`atd ledger wait PREFIX`: once one entry here matches it; ambiguous or too short: one line."""
+    home, shared, pair = node
+    monkeypatch.delenv("ATD_HOME", raising=False)
+    h = str(home.root)
+    n = next(k for k in range(MIN_PREFIX, 64) if pair[0][:k] != pair[1][:k])
+    assert run(["ledger", "wait", "--home", h, pair[0][:n + 1], pair[1]]) == 0
+    assert capsys.readouterr().out.strip().endswith("2 entries here")
+    with Ledger.open(home.ledger_db) as led:
+        absent = next(f"{i:04x}" for i in range(1 << 16) if not led.find_prefix(f"{i:04x}"))
+    for ref, want in ((shared, "ambiguous"), ("abc", "at least 4"), (absent, f"timed out after 0.2 s waiting for entries {absent}")):
+        assert run(["ledger", "wait", "--home", h, "--timeout", "0.2", ref]) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and want in err, (ref, err)

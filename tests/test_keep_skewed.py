@@ -1,7 +1,7 @@
-"""Issue 23 acceptance: collaboration never silently makes a hospital worse.
+"""Collaboration never silently makes a hospital worse.
 
 Two classes (digits 0-4 vs 5-9), three nodes with skewed class shares 40/60, 4/96, 8/92,
-each with its own validation split and the same balanced test split (the issue's chest
+each with its own validation split and the same balanced test split (a chest
 X-ray shape). a trains a base; b and c fine-tune it; all publish extractors; every node
 aggregates vertically, shares its features, and aggregates again with every node's
 features. Each node must then have scored its own model and the consortium's on its own

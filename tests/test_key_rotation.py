@@ -218,7 +218,7 @@ def test_features_sealed_to_the_old_id_stay_readable(vgs_template, tmp_path: Pat
 
 
 def test_a_stolen_old_key_cannot_fork_a_rotated_identity(tmp_path: Path) -> None:
-    """Issue 24 item 7: after M -> Y, M's old key signing another entry at (or after) the rotate
+    """After M -> Y, M's old key signing another entry at (or after) the rotate
     seq is evidence against the old key only: Y stays the member, nothing is frozen, and a
     peer merging in any order agrees; a thief's competing rotation cannot take the identity."""
     f, m, lf, lm = _two(tmp_path)
@@ -260,8 +260,101 @@ def test_a_stolen_old_key_cannot_fork_a_rotated_identity(tmp_path: Path) -> None
     lf.verify()
 
 
+def _contested(tmp_path: Path):
+    """F founds, M is a member that rotated M -> Y (and Y said hello); a thief with M's old
+    key signed a rival rotation M -> Z at the same seq. Returns the signers, F's ledger
+    (holding everything: M frozen, Y and Z non-members) and every row."""
+    f, m, lf, lm = _two(tmp_path)
+    lm.append(m, "weights", {"blob": "00" * 32, "part": "extractor"})
+    y, z = Signer.generate(), Signer.generate()
+    rot = lm.rotate(m, y)
+    hello = lm.append(y, "hello", {"addrs": [], "role": "node"})
+    prev = lm.get(rot.prev)
+    rival = Entry.create(m, seq=rot.seq, prev=rot.prev, lamport=prev.lamport + 1, kind="member",
+                         body={"action": "rotate", "member": z.public_key,
+                               "proof": z.sign(rotation_message(m.public_key, z.public_key))})
+    lf.merge(lm.raw_rows() + [rival.to_bytes()])
+    return f, m, y, z, lf, hello
+
+
+def test_an_admin_restores_an_identity_frozen_by_a_competing_rotation(tmp_path: Path) -> None:
+    """After M -> Y and a thief's M -> Z at the same seq, M is frozen and neither Y nor Z is a
+    member; the founder's restore M -> Y gives the identity back to Y (name, membership,
+    Y's held entries enter the log), Z stays out, and a peer merging every row in any order
+    agrees. The restore names only a key M's own key rotated to, and nobody restores its own
+    identity."""
+    from ledger import NotAdmin
+
+    f, m, y, z, lf, hello = _contested(tmp_path)
+    mem = lf.membership()
+    assert not mem.is_member(y.public_key) and not mem.is_member(z.public_key)
+    assert lf._store.frozen_seq(m.public_key) is not None
+    assert set(lf.rival_rotations(m.public_key)) == {y.public_key, z.public_key}
+    with pytest.raises(MalformedEntry, match="not a key"):  # a fresh key is an admission, not a restore
+        lf.restore(f, m.public_key, Signer.generate().public_key)
+    lf.restore(f, m.public_key, y.public_key)
+    mem = lf.membership()
+    assert mem.is_member(y.public_key) and not mem.is_member(z.public_key)
+    assert mem.rotations == {m.public_key: y.public_key} and mem.members[y.public_key].name == "m"
+    assert lf._store.all_frozen() == {} and lf.state(hello.id) == "log"
+    assert lf.rival_rotations(m.public_key) == {}
+    lf.verify()
+    rows = lf.raw_rows()
+    for order in range(3):
+        db = Ledger.open(tmp_path / f"q{order}.db", genesis_id=lf.genesis_id)
+        shuffled = list(rows)
+        random.Random(order).shuffle(shuffled)
+        db.merge(shuffled)
+        assert db.membership().rotations == {m.public_key: y.public_key} and db.membership().is_member(y.public_key)
+        assert db.state(hello.id) == "log" and db._store.all_frozen() == {}
+        db.verify()
+        db.close()
+    # a member that is not an admin cannot restore (its own node refuses; merged, it counts for nothing)
+    (tmp_path / "b").mkdir()
+    f2, m2, y2, z2, lf2, _ = _contested(tmp_path / "b")
+    other = Signer.generate()
+    lf2.admit(f2, other.public_key)
+    with pytest.raises(NotAdmin):
+        lf2.restore(other, m2.public_key, y2.public_key)
+    forged = Entry.create(other, seq=1, prev=b"\0" * 32, lamport=50, kind="member",
+                          body={"action": "restore", "member": m2.public_key, "key": z2.public_key})
+    lf2.merge([forged.to_bytes()])
+    assert not lf2.membership().is_member(z2.public_key) and lf2._store.frozen_seq(m2.public_key) is not None
+
+
+def test_atd_member_restore_is_one_command(tmp_path: Path) -> None:
+    """The operations path: the owner rotated (`atd key rotate`), a thief's rival rotation
+    froze the identity; the founder runs `atd member restore OLD NEW` and `atd member list`
+    shows the owner's new key carrying the identity."""
+    from tests.factories import make_consortium
+
+    founder, owner = make_consortium(tmp_path, 2)
+    old = NodeIdentity.load(owner).signer
+    with Ledger.open(founder.ledger_db) as lf, Ledger.open(owner.ledger_db) as lo:
+        lo.merge(lf.raw_rows())  # the owner's node has synced its admission
+    new_peer = cli("key", "rotate", "--home", str(owner.root)).strip().splitlines()[-1]
+    z = Signer.generate()
+    with Ledger.open(owner.ledger_db) as lo:
+        rot = next(e for e in lo.query(kind="member", author=old.public_key) if e.body.get("action") == "rotate")
+        rival = Entry.create(old, seq=rot.seq, prev=rot.prev, lamport=rot.lamport, kind="member",
+                             body={"action": "rotate", "member": z.public_key,
+                                   "proof": z.sign(rotation_message(old.public_key, z.public_key))})
+        rows = lo.raw_rows() + [rival.to_bytes()]
+    with Ledger.open(founder.ledger_db) as lf:
+        lf.merge(rows)
+        assert not lf.membership().is_member(public_key_from_peer_id(new_peer))
+    before = {r["peer_id"]: r for r in json.loads(cli("member", "list", "--home", str(founder.root), "--json"))["members"]}
+    assert before[old.peer_id]["contested"] == sorted([new_peer, z.peer_id])  # what the admin chooses from
+    out = cli("member", "restore", "--home", str(founder.root), old.peer_id, new_peer)
+    assert "restored" in out
+    listed = {r["peer_id"]: r for r in json.loads(cli("member", "list", "--home", str(founder.root), "--json"))["members"]}
+    assert listed[old.peer_id]["rotated_to"] == new_peer and not listed[new_peer]["revoked"]
+    assert listed[old.peer_id]["contested"] == []
+    assert z.peer_id not in listed
+
+
 def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path, monkeypatch) -> None:
-    """Issue 24 item 9: n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
+    """A backup header asking n=2^20, r=16, p=4 (2 GB, 20+ s) is refused before any derivation, with
     a one-line error naming the cap; the real parameters still import. "Before any derivation"
     is checked directly (no scrypt object is made), not by the wall time, which a loaded
     machine stretches."""
@@ -284,5 +377,10 @@ def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path, mon
         with pytest.raises(KeyBackupError, match="beyond what atd writes") as err:
             import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
         assert made == [] and "\n" not in str(err.value)
+    header["kdf"].update({"n": 20000, "r": 8, "p": 1})  # in range, but scrypt needs a power of two
+    (tmp_path / "c.keys").write_text(json.dumps(header))
+    with pytest.raises(KeyBackupError, match="not a power of two"):
+        import_keys(NodeHome.at(tmp_path / "r"), tmp_path / "c.keys", b"correct horse")
+    assert made == []
     assert import_keys(NodeHome.at(tmp_path / "r"), out, b"correct horse")
     assert [kw["n"] for kw in made] == [1 << 14]  # the accepted backup is derived once (the spy sees it)

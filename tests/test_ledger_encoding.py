@@ -66,7 +66,7 @@ def test_key_order_and_tuples_do_not_change_the_encoding(signer):
 
 def test_a_new_entry_body_is_exactly_what_its_payload_decodes_to(signer):
     """Entry keeps its canonical body instead of decoding the payload it just packed
-    (issue 29, group commit's per-entry cost): same value and same plain types."""
+    (group commit's per-entry cost): same value and same plain types."""
     import enum
 
     class Tag(str, enum.Enum):

@@ -1,4 +1,4 @@
-"""`Ledger.heads_of` (issue 29: a few authors' heads without reading every head) agrees with
+"""`Ledger.heads_of` (a few authors' heads without reading every head) agrees with
 `heads()` whether the heads cache is current or the database moved under it."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_heads_of_agrees_with_heads_cached_and_after_other_writers(tmp_path: Pat
     led.close()
 
 
-# --- the heads cache kept current by this ledger's own writes (issue 29) -------------------
+# --- the heads cache kept current by this ledger's own writes -------------------
 
 import random  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`Ledger.member_keys` (issue 29: the daemon's membership re-read, cached) sees every
+"""`Ledger.member_keys` (the daemon's membership re-read, cached) sees every
 admission and revocation at once -- its own writes, a merge, another connection's write --
 and hands out the same set object while membership is unchanged."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`Ledger.query` by author or kind reads only the matching rows through an index, never the
-whole log (issue 29), and returns what a filter of the whole log returns, in log order."""
+whole log, and returns what a filter of the whole log returns, in log order."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""The daemon alone decides which peers a libp2p host dials (issue 15, bounded peer sets).
+"""The daemon alone decides which peers a libp2p host dials (bounded peer sets).
 
 py-libp2p's AutoConnector dials every peer its peerstore knows, up to 200 connections, every
 10 s and after each disconnect; left on, it re-dialled the peers a bounded peer set had just

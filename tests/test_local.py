@@ -96,9 +96,9 @@ def test_ledger_wait(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_local_down_up_reconnects_every_time(tmp_path: Path) -> None:
-    """Issue 26: `atd local down && atd local up` failed 4 of 4 times: every daemon listens on
-    a fresh port, and a node that first dialled a member's address from its old `hello` was
-    refused the new one by py-libp2p's negative dial cache for good. `up` returns only once
+    """`atd local down && atd local up` reconnects every time, though every daemon listens on
+    a fresh port (py-libp2p's negative dial cache must not keep refusing a member whose old
+    `hello` address failed). `up` returns only once
     every daemon is connected to every other one and the ledgers agree. Each `up` starts the
     three daemons side by side and connects node2 and node3 to node1 only: they meet each
     other at the addresses of their new `hello`s, as members of a real consortium do. The

@@ -1,4 +1,4 @@
-"""Issue 24 item 8: per-author quotas on members' own entries, enforced on merge from the network.
+"""Per-author quotas on members' own entries, enforced on merge from the network.
 
 Ledger level: an entry over its kind's size limit, or over its author's entries / bytes per
 window, is refused (QuotaExceeded, not stored, logged once per window); the node's own key

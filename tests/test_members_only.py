@@ -270,8 +270,8 @@ def _count_traffic(monkeypatch, member) -> dict[str, int]:
 @pytest.mark.parametrize("learns", [True, False], ids=["revoked-mid-session", "revoked-while-away"])
 def test_a_revoked_member_pulls_a_handful_of_times_not_thousands(tmp_path: Path, monkeypatch, caplog,
                                                                  learns: bool) -> None:
-    """Issue 24 item 10: a revoked daemon pulled 126,775 times in two minutes, each refusal a
-    ledger-thread job on both sides. Now a node that learns it was revoked stops (and says so
+    """A revoked daemon must not pull in a loop, each refusal a ledger-thread job on both
+    sides: a node that learns it was revoked stops (and says so
     once); one that cannot learn it backs off exponentially; a refusal costs the member no
     ledger job (the genesis bytes are cached)."""
     homes = make_consortium(tmp_path, 2)

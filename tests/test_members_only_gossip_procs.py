@@ -1,4 +1,4 @@
-"""Members only at every moment, against real daemons (issue 24, items 1 and 5).
+"""Members only at every moment, against real daemons.
 
 A founder and a member run as `atd node start` processes; the member keeps gossiping
 entries. Two attackers run bare py-libp2p hosts (`Libp2pTransport`, no atd logic, an

@@ -1,4 +1,4 @@
-"""The in-memory back-end at scale (issue 15): the gossip mesh bounds fan-out and still
+"""The in-memory back-end at scale: the gossip mesh bounds fan-out and still
 delivers; a restarted daemon gossips only what it never announced; a sync between peers
 in step sends nothing, a malformed heads map is still refused."""
 from __future__ import annotations

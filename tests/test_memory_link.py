@@ -1,4 +1,4 @@
-"""Simulated links stay small (issue 29: a 1,000-daemon simulation holds tens of thousands):
+"""Simulated links stay small (a 1,000-daemon simulation holds tens of thousands):
 no RNG or parking lot until a link needs one, and the RNG made late draws what an early one
 would have (runs stay reproducible)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 1,000-daemon simulation's start-up and reproducibility (issue 29): a run is a
+"""The 1,000-daemon simulation's start-up and reproducibility: a run is a
 function of its seed; a connection pulls what the peer holds even right after another
 pull (the pull a "recently synced" shortcut would skip); a no-op pull between ledgers in
 step reads no heads map; member keys and heads maps are not duplicated per node."""
@@ -108,7 +108,7 @@ def test_digest_vector_is_cached_until_any_connection_writes(tmp_path: Path) -> 
 
 
 def test_ledgers_share_member_key_objects_and_the_digest_keeps_the_ledgers_heads(tmp_path: Path) -> None:
-    """Memory per node flat in N (issue 29): two ledgers (two simulated nodes of one
+    """Memory per node flat in N: two ledgers (two simulated nodes of one
     process) hold one bytes object per member key in their heads maps, not one each; the
     digest cache keeps the ledger's own heads map, not a second copy."""
     signer, other = Signer.from_seed(b"\x03" * 32), Signer.from_seed(b"\x04" * 32)

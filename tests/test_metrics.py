@@ -1,5 +1,5 @@
 """One scorer: `atd train`'s evaluation, `atd classify` and netsim report the same numbers for
-the same predictions (issue 28, "Once"): macro over the classes present, explicit labels."""
+the same predictions: macro over the classes present, explicit labels."""
 import numpy as np
 import pytest
 import torch

@@ -6,7 +6,11 @@ a, b and c on npz files) are combined by a horizontal aggregate on a, scored onc
 `atd classify`, and the card of the global model is rendered. The browser's DOM must name
 exactly the entries that made the model (the aggregate and its three inputs), each with the author the ledger records; mark the aggregate re-verified;
 list every member; carry the evaluations' confusion matrices as inline PNGs; and name no
-file path. A forged aggregate of the same result (wrong weights, signed by a) must show as
+file path. Before that annex, a reader sees Mitchell et al.'s sections in order: a plain
+summary, the data owner's intended use and data description (set with `atd config set
+card.*`), performance per site (one row per member that trained), metrics with n and 95 %
+intervals, the reliability plot, limitations and the keep decision; the ledger check is
+said in words. A forged aggregate of the same result (wrong weights, signed by a) must show as
 failing, and an aggregate whose inputs are not held here as not checked.
 """
 from __future__ import annotations
@@ -58,8 +62,30 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
     tuned = weights[1:]  # a's base, then the three fine-tuned full sets
     res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
     classify(a, "digits?limit=200", model=res.model_id)
+    said = {"intended_use": "Second reader for handwritten digit triage in the demo ward",
+            "data_description": "Scanned forms from three sites, 2019-2021, all writers adults"}
+    for key, value in said.items():
+        r = runner.invoke(app, ["config", "set", f"card.{key}", value, "--home", str(a.root)])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["config", "set", "card.data_description", "see /srv/pacs/export", "--home", str(a.root)])
+    assert r.exit_code != 0 and "file path" in str(r.exception or r.output)  # described, never located
     dom = render(a, res.model_id, tmp_path / "card.html", "--pdf", str(tmp_path / "card.pdf"))
     text = text_of(dom)
+    # the reader's part, in the template's order, before the audit annex
+    order = ["summary", "model-details", "intended-use", "factors", "metrics", "evaluation-data", "training-data",
+             "quantitative-analyses", "ethical-considerations", "caveats", "keep-decision", "audit-annex"]
+    at = [dom.find(f'id="{h}"') for h in order]
+    assert all(i >= 0 for i in at) and at == sorted(at), dict(zip(order, at))
+    assert "Mitchell et al. 2019" in text and all(v in text for v in said.values())
+    summary = text_of(re.search(r'id="plain-summary">(.*?)</p>', dom, re.S).group(1))
+    assert "right" in summary and "95 % confidence" in summary and "10 classes" in summary
+    site_rows = re.findall(r"<tr>", re.search(r'data-table="per-site">(.*?)</table>', dom, re.S).group(1))
+    assert len(site_rows) == 1 + 3  # a header and one row per member that trained
+    quant = text_of(re.search(r'data-table="quantitative">(.*?)</table>', dom, re.S).group(1))
+    assert quant.count("95 % CI") >= 4 and "atd classify" in quant
+    assert 'id="reliability"' in dom and "ECE" in quant or "calibration" in quant
+    assert re.search(r'data-field="limitations">.*<li>', dom, re.S)
+    assert "ok:" not in text and "in log" not in text and "re-checked on this node" in text
     assert (tmp_path / "card.pdf").read_bytes()[:5] == b"%PDF-"  # printed by the same browser
 
     with Ledger.open(a.ledger_db) as led:

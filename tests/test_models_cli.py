@@ -58,7 +58,7 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     ms = listed(h.root)
     assert {ms[a["id"]]["made_by"], ms[b["id"]]["made_by"], ms[g]["made_by"]} == {"trained", "horizontal"}
     assert ms[g]["made_by"] == "horizontal"
-    # aggregation scored both candidates on the node's own data (issue 23): `atd models` shows it
+    # aggregation scored both candidates on the node's own data: `atd models` shows it
     c = agg["candidates"]
     assert ms[g]["latest_metrics"]["accuracy"] == c["consortium"]["accuracy"]
     assert ms[g]["latest_source"] == f"{c['data']} [{c['scored_on']}]" and agg["kept"] in ("own", "consortium")
@@ -116,8 +116,9 @@ def test_table_columns_do_not_shift_with_long_names(tmp_path: Path) -> None:
                                         ("vit_" + "x" * 60, [f"a_very_long_class_name_{k}" for k in range(40)])]):
         reg.add(ModelRecord(model={**cfg, "name": name}, labels=labels, label_fp="f", samples=10 ** (i * 6),
                             metrics={"accuracy": 0.5, "f1": 0.25}, blobs={}, created=time.time() + i))
-    lines = cli("models", "--home", str(h.root)).splitlines()
-    assert len(lines) == 3
+    out = cli("models", "--home", str(h.root)).splitlines()
+    lines, footer = out[:3], out[3:]  # the header, two models, then the line on the model in use
+    assert footer[0].startswith("* in use: ") and footer[0].split()[3].rstrip(",") == reg.get("latest").id
     width = sum(w for _, w in COLUMNS) + 2 * (len(COLUMNS) - 1)
     cells = []
     for ln in lines:  # every line splits at the same fixed offsets, separators included
@@ -131,8 +132,9 @@ def test_table_columns_do_not_shift_with_long_names(tmp_path: Path) -> None:
         cells.append(row)
     assert cells[0] == [c for c, _ in COLUMNS]
     for row in cells[1:]:
-        assert row[2] == "trained" and row[7] == "0.500" and row[8] == "0.250"
-    assert cells[2][3].endswith("…") and cells[2][5].startswith("40: a_very_long") and cells[2][6] == "1000000"
+        assert row[3] == "trained" and row[8] == "0.500" and row[9] == "0.250"
+    assert cells[2][4].endswith("…") and cells[2][6].startswith("40: a_very_long") and cells[2][7] == "1000000"
+    assert [row[0] for row in cells[1:]] == ["", "*"]  # the newest, trained: in use
 
 
 def test_ledger_show_has_timestamps(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The consortium's own base (issue 16): an MSD campaign on the in-memory network, then
+"""The consortium's own base: an MSD campaign on the in-memory network, then
 `atd base build` on its clients assembles a timm ViT extractor equal to the campaign's
 embedder + distilled body; a member that is no client cannot; `atd base publish` shares it
 with the clients only; `atd train --init-from <model id>` starts from it."""

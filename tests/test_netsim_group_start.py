@@ -1,5 +1,5 @@
 """Where a new group of a hierarchical phase starts (`[[phases]] group_start`, netsim.vgs):
-the paper's shared base by default, or the consortium's latest fused extractor (issue 23)."""
+the paper's shared base by default, or the consortium's latest fused extractor."""
 from __future__ import annotations
 
 import json

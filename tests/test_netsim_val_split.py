@@ -1,4 +1,4 @@
-"""`[scenario] val_fraction` (issue 23): each netsim node holds out a stratified val split that
+"""`[scenario] val_fraction`: each netsim node holds out a stratified val split that
 no method trains on; `atd aggregate` judges its candidates on it, and the VGS-ATD per-node
 numbers (hence forgetting) score the model `atd classify` uses by default (`netsim.vgs_keep`)."""
 from __future__ import annotations

@@ -17,7 +17,7 @@ from netsim.scenario import scenario_from_dict
 from tests.netsim_tiny import TINY
 
 # every test here runs netsim's learning (several trained ViTs per scenario): 28 s of CPU in all
-# (issue 28; 41 s before: the per-baseline runs are checked on tests/test_vgs_claims.py's run)
+# (the per-baseline runs are checked on tests/test_vgs_claims.py's run)
 pytestmark = pytest.mark.slow
 
 torch.set_num_threads(1)
@@ -110,8 +110,7 @@ def test_a_killed_node_is_waited_for_with_a_deadline(tmp_path: Path) -> None:
 def test_same_seed_same_report_and_run_scenario_writes_it(first_run, tmp_path: Path) -> None:
     """`run_scenario` (the API of `atd netsim run`) on the same scenario runs VGS-ATD again:
     the same seed gives the same report, byte counts included; it adds the honest baselines
-    and writes the report files. (Before issue 28 the rerun and the report were two tests,
-    the report on a 2-node, 1-phase run of its own.)"""
+    and writes the report files."""
     rep, _ = first_run
     raw = json.loads(json.dumps(TINY))
     raw["scenario"]["methods"] = ["vgs-atd", "local"]
@@ -125,7 +124,7 @@ def test_same_seed_same_report_and_run_scenario_writes_it(first_run, tmp_path: P
     md = (out / "report.md").read_text()
     assert "| vgs-atd | 1 |" in md and "| local | 1 |" in md
     assert "VGS-ATD phase 1: 4/4 aggregate entries verified" in md  # 2 nodes x 2 passes
-    # the honest baselines travel with the claim (issue 23): centralized, local, the same
+    # the honest baselines travel with the claim: centralized, local, the same
     # ensemble on raw inputs and on an untrained extractor, and one verdict sentence per phase
     assert {"centralized", "local", "ensemble-raw", "ensemble-untrained"} <= set(again["methods"])
     for m in ("ensemble-raw", "ensemble-untrained"):

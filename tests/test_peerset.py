@@ -125,7 +125,7 @@ def test_gossip_degrees_follow_the_bounds() -> None:
     assert gossip_degrees(PeerSetConfig()) == (3, 2, 6)  # defaults 8/16: a thin mesh (CPU per message)
     assert gossip_degrees(PeerSetConfig(target=3, max=5)) == (3, 2, 5)
     assert gossip_degrees(PeerSetConfig(target=1, max=1)) == (1, 1, 1)
-    # a small consortium (every other member fits in the peer set): a thin mesh (issue 29)
+    # a small consortium (every other member fits in the peer set): a thin mesh
     assert gossip_degrees(PeerSetConfig(), members=5) == (2, 1, 2)
     assert gossip_degrees(PeerSetConfig(), members=9) == (2, 1, 2)
     assert gossip_degrees(PeerSetConfig(), members=10) == (3, 2, 6)
@@ -168,7 +168,7 @@ def test_candidates_of_a_large_consortium_come_from_a_uniform_sample() -> None:
     """Up to SAMPLE_ALL members: every acceptable one (as before). Above: a sample, whose
     draws still cover every acceptable member about uniformly, that always holds the
     acceptable `extra` peers, and that falls back to the full pass when acceptable members
-    are rare (issue 29: no pass over 1,000 members per dial round)."""
+    are rare (no pass over 1,000 members per dial round)."""
     small = [f"p{i:02d}" for i in range(SAMPLE_ALL)]
     assert sample_candidates(small, lambda p: p != "p03", 3, random.Random(1)) == [p for p in small if p != "p03"]
     members = [f"p{i:04d}" for i in range(1000)]

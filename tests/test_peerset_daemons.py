@@ -1,4 +1,4 @@
-"""Bounded peer sets with real daemons (issue 15): connection counts stay within
+"""Bounded peer sets with real daemons: connection counts stay within
 `[peers] target..max` while members leave and join, and every entry still reaches every
 node; after a partition heals, bounded peer sets converge every ledger.
 

@@ -139,3 +139,46 @@ def test_waiting_for_entries_is_a_library_call(tmp_path):
     with Ledger.open(h.ledger_db) as led:
         e2 = led.append(ident.signer, "metrics", {"blob": blob, "size": 3})
     wait_for_entries(h, [e2.id.hex()], blobs=True, timeout=1)
+
+
+def test_line_reporter_says_each_step_when_it_starts_runs_and_ends(capsys):
+    from cli.progress import LineReporter
+
+    now = [100.0]
+    rep = LineReporter(every=10.0, clock=lambda: now[0])
+    with progress.use(rep):
+        with progress.task("averaging 3 weight set(s)", total=3) as t:
+            t.advance()  # at once: no line yet
+            now[0] += 12
+            t.advance()  # 12 s on: one line
+            now[0] += 3
+            t.advance()
+        with progress.task("fetching", total=None, unit="bytes") as t:
+            t.update(2_500_000)
+    assert capsys.readouterr().err.splitlines() == [
+        "averaging 3 weight set(s) ...", "averaging 3 weight set(s): 2/3 (12 s)",
+        "averaging 3 weight set(s): done, 3/3 in 15.0 s", "fetching ...", "fetching: done, 2.5 MB in 0.0 s"]
+
+
+@pytest.mark.slow  # trains a tiny model (a few seconds)
+def test_classify_prints_plain_progress_lines_outside_a_terminal(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from atdnode.node import NodeHome, init_home
+    from cli.app import app
+
+    monkeypatch.delenv("ATD_PROGRESS", raising=False)  # the default: stderr here is no terminal
+    h = NodeHome.at(tmp_path / "n")
+    init_home(h, name="n")
+    runner = CliRunner()
+    tiny = ["--img-size", "16", "--patch-size", "4", "--embed-dim", "32", "--depth", "1", "--heads", "2",
+            "--epochs", "1", "--batch-size", "32", "--seed", "0"]
+    spec = "digits?classes=0,1&limit=80"
+    assert runner.invoke(app, ["train", "--home", str(h.root), "--data", spec, *tiny]).exit_code == 0
+    r = runner.invoke(app, ["classify", "--home", str(h.root), "--data", spec])
+    assert r.exit_code == 0, r.output
+    err = r.stderr.splitlines()
+    assert f"reading {spec} [test] ..." in err and any(x.startswith("classifying ") and ": done, " in x for x in err), err
+    assert "accuracy" in r.stdout and "classifying" not in r.stdout  # the result stays on stdout
+    r = runner.invoke(app, ["classify", "--home", str(h.root), "--data", spec, "--json"])
+    assert r.exit_code == 0 and r.stderr == ""  # --json: no lines

@@ -1,4 +1,4 @@
-"""`base = "public"` (issue 23; VGS-ATD §3.2's W_p): the public pool is disjoint from every
+"""`base = "public"` (VGS-ATD §3.2's W_p): the public pool is disjoint from every
 node's private and test data by source digit, W_p is trained on the pool only, and every
 method that trains a model (VGS-ATD, centralized, local) starts from it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A round aggregate's recorded FedWAvg cosines are checked on verification (issue 27): a
+"""A round aggregate's recorded FedWAvg cosines are checked on verification: a
 member that records the right weights beside made-up cosines is caught; the honest record,
 and a record without cosines (FedAvg, older entries), pass."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Serverless rounds (atdnode.rounds.runner): determinism, deadline with a missing peer, rejoin,
 verification, FedWAvg ~ 1/K on IID data. In-process homes synced like daemons would
 (tests.vgs_homes.sync); the OS-process run is tests/test_rounds_procs.py. The runner, not
-only the CLI, keeps a node's models under `[models] max_bytes` (issue 28)."""
+only the CLI, keeps a node's models under `[models] max_bytes`."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Rounds no single member can steer (issue 24, item 3) and the rounds bug of issue 23.
+"""Rounds no single member can steer, and an aggregate that arrives before its inputs.
 
 In-process homes (tests.vgs_homes: real ledgers, keys, blob stores, training), three
 members: a and b run `atd rounds`' loop honestly, m is hostile and never trains. Round 0 is
@@ -13,7 +13,7 @@ m silent) is the reference the attacked runs must match tensor for tensor.
 - result is the initial model: m records round 1 as "the global is the campaign's initial
   model" over b's input and an input nobody can fetch. The initial model is held
   everywhere, and before the fix an honest node adopted it without recomputing anything.
-- the rounds bug of issue 23 (`input ... is not a weights entry of its round`): an
+- an aggregate before its inputs (once `input ... is not a weights entry of its round`): an
   aggregate reaches a node before one of its input entries (gossip has no order across
   authors). The node now waits for the entry (until the deadline) instead of failing.
 """
@@ -169,7 +169,8 @@ class LateGossip(Fabric):
 
 
 def test_an_aggregate_that_arrives_before_one_of_its_inputs_is_awaited(tmp_path):
-    """Issue 23's `input ... is not a weights entry of its round`: c holds a's aggregate and
+    """An aggregate before one of its inputs (once `input ... is not a weights entry of its
+    round`): c holds a's aggregate and
     a's input, b's input entry comes later. Before the fix adoption failed at once."""
     homes = consortium(tmp_path, ["a", "b", "c"])
     ra, rb = runner(homes[0], 1), runner(homes[1], 2)

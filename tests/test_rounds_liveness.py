@@ -1,4 +1,4 @@
-"""Who a round waits for when the daemon keeps a bounded peer set (issues 15 + 17).
+"""Who a round waits for when the daemon keeps a bounded peer set.
 
 `RoundRunner._live` is exercised on a scripted fabric (connected peers, peer target, a
 clock the test moves): with every member reachable (below the target) a member that is

@@ -1,4 +1,4 @@
-"""Issue 23's rounds bug, as netsim met it: the FedAvg baseline's phases back to back in one
+"""An aggregate that arrives before its inputs, as netsim met it: the FedAvg baseline's phases back to back in one
 process (netsim.baselines.run_rounds_method: one `atd rounds` campaign per phase among real
 daemons on the in-memory network, each phase starting from the last one's global model).
 

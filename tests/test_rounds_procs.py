@@ -1,10 +1,10 @@
-"""Issue 17 acceptance: `atd rounds --weighting fedwavg --adversarial` on N daemons as OS processes.
+"""`atd rounds --weighting fedwavg --adversarial` on N daemons as OS processes.
 
 Every node runs the same campaign; one node (its `atd rounds` and its daemon) is killed
 with -9 right after it reported round 0, so round 1 goes on without it and names it;
 restarted, it resumes from the ledger and takes part in round 2. Every node ends with the
 bit-identical global model of every round it saw. 3 nodes x 3 rounds by default (the
-issue's 5 x 5 with ATD_ROUNDS_NODES=5 ATD_ROUNDS_ROUNDS=5 ATD_ROUNDS_GRACE=60; slower).
+acceptance-size 5 x 5 with ATD_ROUNDS_NODES=5 ATD_ROUNDS_ROUNDS=5 ATD_ROUNDS_GRACE=60; slower).
 """
 from __future__ import annotations
 

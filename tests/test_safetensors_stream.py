@@ -51,10 +51,25 @@ def test_a_reference_file_reads_back_exactly(tmp_path):
     ({"x": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}}, bytes(1), "bad dtype"),
     ({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}, b"", "do not fit"),
     ({"__metadata__": {"k": 1}}, b"", "__metadata__"),
+    ({"x": {"dtype": "F32", "shape": [0, 1 << 63], "data_offsets": [0, 0]}}, b"", "extent of 2"),
+    ({"x": {"dtype": "F32", "shape": [0, 1 << 40, 1 << 30], "data_offsets": [0, 0]}}, b"", "extent of 2"),
+    ({"x": {"dtype": "F32", "shape": [1] * 65, "data_offsets": [0, 4]}}, bytes(4), "65|dimensions"),
 ])
 def test_a_lying_header_is_refused(tmp_path, header, data, why):
     with pytest.raises(AggregationError, match=why):
         SafetensorsStream(_craft(tmp_path / "bad", header, data))
+
+
+def test_a_zero_size_tensor_with_a_huge_dimension_never_reaches_aggregation(tmp_path):
+    """The file is refused at header parse, so `weighted_average` over it raises the typed
+    error too (not torch's TypeError / ValueError from an extent beyond int64)."""
+    from protocols.aggregation import weighted_average
+    from protocols.safetensors_stream import safetensors_loader
+
+    bad = _craft(tmp_path / "huge", {"x": {"dtype": "F32", "shape": [1 << 63, 0], "data_offsets": [0, 0]}}, b"")
+    good = _craft(tmp_path / "ok", {"x": {"dtype": "F32", "shape": [0, 1], "data_offsets": [0, 0]}}, b"")
+    with pytest.raises(AggregationError, match="extent"):
+        weighted_average([safetensors_loader(good), safetensors_loader(bad)], [0.5, 0.5])
 
 
 def test_two_tensors_sharing_bytes_are_refused_even_when_sizes_add_up(tmp_path):

@@ -50,7 +50,7 @@ def test_report_has_every_method_task_and_formula(report):
 
 
 def test_report_carries_the_reference_ensembles(report):
-    """Issue 23: beside the split methods, the same data through the VGS-ATD ensemble on raw
+    """Beside the split methods, the same data through the VGS-ATD ensemble on raw
     pixels and on an untrained extractor; on ten digit classes both are far above chance."""
     refs = report["references"]
     assert set(refs) == {"ensemble-raw", "ensemble-untrained"}

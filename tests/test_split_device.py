@@ -1,4 +1,4 @@
-"""The split clients follow the one device rule (issue 25): `atd split join` resolves the node's
+"""The split clients follow the one device rule: `atd split join` resolves the node's
 device (`--device`, $ATD_DEVICE, `[compute] device`, else CUDA when present) and the FESTA /
 p-FESTA client parts run there, while what they send is CPU float32 tensors. On this CPU
 machine the `meta` device stands in for an accelerator: the parts really move there. The

@@ -1,4 +1,4 @@
-"""Split learning over the network (issue 7): real daemons, ledgers and protocol servers;
+"""Split learning over the network: real daemons, ledgers and protocol servers;
 the in-memory transport for the sessions and faults, real OS processes on 127.0.0.1 for
 the acceptance run. Tiny settings: 16 px digits, 4 px patches, 32 wide, 2 blocks.
 """
@@ -231,7 +231,7 @@ def test_restarted_server_resumes_from_saved_state(tmp_path: Path) -> None:
             async def go():
                 results["a"] = await client(net, homes[1], first, "ink", data(1, limit=80), reconnect_timeout=30.0)
 
-            # the server signs its service entry only once a member confirmed its chain head (issue 11):
+            # the server signs its service entry only once a member confirmed its chain head:
             # the client's connection does that
             outer.start_soon(go)
             await wait_for(lambda: first.services[0].ready.is_set(), "first server ready")
@@ -377,7 +377,8 @@ def test_settings_validate_and_round_trip(tmp_path: Path) -> None:
                                                    "loss_weight": 0.5}
     for bad, match in (({"rounds": -1}, "rounds"), ({"tasks": []}, "at least one task"),
                        ({"body": {"img_size": 15}}, "multiple"), ({"bogus": 1}, "unknown split setting"),
-                       ({"msd": {"student_keep": 2.0}}, "msd"), ({"round_timeout": 0.0}, "round_timeout")):
+                       ({"msd": {"student_keep": 2.0}}, "msd"), ({"round_timeout": 0.0}, "round_timeout"),
+                       ({"accept": "anyone"}, "split.accept")):
         with pytest.raises(SplitConfigError, match=match):
             SplitSettings.from_dict({**BASE, **bad})
     for bad in ("ink", "x:blob", "a:classification:ten"):
@@ -399,7 +400,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
     For the comparison the same two clients also join a FESTA server with the same setting,
     over real libp2p too, inside this test's process (three more interpreters would only add
     start-up time). Then `atd split report` shows measured vs formula bytes for both, and
-    (issue 10) the p-FESTA embedder was a secret the server never held (`_check_embedder_secret`)."""
+    the p-FESTA embedder was a secret the server never held (`_check_embedder_secret`)."""
     from tests.nodeprocs import ATD, _env, atd, start_daemon
 
     homes = make_consortium(tmp_path, 4)
@@ -455,7 +456,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
 
 
 def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) -> None:
-    """Issue 10: the p-FESTA embedder was the clients' secret. Both clients used the one the
+    """The p-FESTA embedder is the clients' secret. Both clients used the one the
     server adopted; no file of the server's home (ledger, WAL, state, records, its log)
     holds its bytes or any seed field; the paper's attacker, trained on public digits
     disjoint from client 1's, reconstructs clearly worse from what the server stored

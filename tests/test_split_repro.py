@@ -121,7 +121,7 @@ def test_festa_same_result_with_clients_in_opposite_order(digits):
 
 
 def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
-    """The issue's setting (an imbalanced 2-class task + digits, 28 px, default body and lr,
+    """The compare setting (an imbalanced 2-class task + digits, 28 px, default body and lr,
     6 rounds x 20 steps): before the tail's BatchNorm was calibrated at the final body, this
     seed predicted the minority class for every test image (accuracy 0.267)."""
     from atdnode.split import SplitSettings

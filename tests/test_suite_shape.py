@@ -1,4 +1,4 @@
-"""The test suite's own shape (issue 28): no test module imports another test module; shared
+"""The test suite's own shape: no test module imports another test module; shared
 helpers live in the helper modules `tests/conftest.py` lists."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which end of a new connection pulls (atdnode.replication.sync_connect, issue 29): the dialling end
+"""Which end of a new connection pulls (atdnode.replication.sync_connect): the dialling end
 pulls at once; the dialled end pulls only when the dialler's request showed something it
 lacks, or when no request came in time. Simulated time, in-memory daemons
 (netsim.memnet); periodic sync off, so only connection pulls can carry an entry across a

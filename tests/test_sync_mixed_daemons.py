@@ -1,4 +1,4 @@
-"""Mixed sync versions between real daemons (issue 29): one daemon speaks only the previous
+"""Mixed sync versions between real daemons: one daemon speaks only the previous
 version's wire (`/atd/sync/1.0.0`, the whole heads map), two speak the digest-first v2 and
 v1; every ledger converges, in both directions, through sync alone.
 

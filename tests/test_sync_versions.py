@@ -1,4 +1,4 @@
-"""Digest-first sync (protocol v2, issue 29) next to the v1 wire it replaces: mixed versions
+"""Digest-first sync (protocol v2) next to the v1 wire it replaces: mixed versions
 converge, peers in step exchange no heads, and peers that differ exchange only the heads of
 the buckets that differ."""
 from __future__ import annotations

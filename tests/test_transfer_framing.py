@@ -1,4 +1,4 @@
-"""FramedStream hands a large, already-buffered payload over without copying it (issue 29):
+"""FramedStream hands a large, already-buffered payload over without copying it:
 the frames after it must stay intact and independent of the handed-over buffer."""
 from __future__ import annotations
 

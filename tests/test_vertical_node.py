@@ -1,4 +1,4 @@
-"""Issue 5 acceptance, vertical mode: three nodes with disjoint digit classes end up, each,
+"""Vertical mode: three nodes with disjoint digit classes end up, each,
 with one classifier over all ten classes built from features the others sealed to them."""
 from __future__ import annotations
 

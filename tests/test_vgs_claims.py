@@ -5,8 +5,8 @@ simulated network).
 One run of the scenario as shipped (`atd netsim run three_phase`, seed 0) gives, per phase,
 the overall accuracy of VGS-ATD, centralized training on the pooled data, FedAvg, swarm,
 local-only, and the VGS-ATD ensemble on raw pixels and on an untrained extractor of the
-same config (`netsim.references`). Measured (seed 0, after issue 23; one torch thread, as
-`netsim.run` computes since issue 28 — two threads gave swarm 0.869 in phase 3, the rest equal):
+same config (`netsim.references`). Measured (seed 0; one torch thread, as `netsim.run`
+computes — two threads gave swarm 0.869 in phase 3, the rest equal):
 
     phase          1      2      3
     vgs-atd        0.954  0.883  0.936
@@ -28,30 +28,28 @@ Claims asserted (they hold here):
 * every `aggregate` entry of every phase re-verifies (`atd aggregate --verify`);
 * the report's verdict sentence per phase says what its own numbers say.
 
-Claims of issue 23 that do NOT hold at this size (8 px digits, 4 patches): VGS-ATD does not
+Claims that do NOT hold at this size (8 px digits, 4 patches): VGS-ATD does not
 beat the ensemble on raw pixels in any phase, nor the untrained extractor in phases 1-2;
 the images are too small for learned features to matter. Each is a strict xfail (it fails
 the day it starts to hold, so it gets promoted), and the verdict test fails if the report
 stops saying so. The settings tried for learned features to win (28 px digits; the jittered
-digits of `netsim/scenarios/jitter.toml`) and their numbers are in three_phase.toml [model];
+digits of `netsim/scenarios/jitter.toml`) and their numbers are in RESULTS.md ("Scenario logs");
 the setting where they do win, with every claim checked over three seeds, is
 `netsim/scenarios/jitter_public.toml` (tests/test_vgs_claims_public.py, `pytest --claims`).
 
-Cost: one seed, not the issue's three: the scenario's setup is the whole cost (205 s on an
+Cost: one seed, not three: the scenario's setup is the whole cost (205 s on an
 idle core; three seeds would take the suite's budget). A 4-node variant of the same recipe
 (one seed, 465 s under load) did not hold the claims asserted here (phase 3 -3.3 points to
 centralized, phase-1 nodes -4.6 points), so the test keeps the shipped 8-node scenario. On the
 shared 2-core machine under load (load average 10-16, under cProfile) the run took 394 s: VGS-ATD
 210 s (its 38 ensemble fits 148 s, the MLP most of it), the baselines 141 s (FedAvg's rounds on
-8 daemons 111 s), the references 36 s. With two torch threads (a single-file run before issue 28)
-the same run took 2257 s under load 16-29: training 14x slower.
+8 daemons 111 s), the references 36 s. With two torch threads the same run took 2257 s
+under load 16-29: training 14x slower.
 
-Since issue 28's suite work the simulated nodes that hold the same features share one
-ensemble fit (netsim.fit_share: 38 fits computed 23 times, results identical), the
-simulation skips fsync (atdnode.blobs.fs.volatile_disk) and small blobs verify without
-16 MiB of buffers: this file took 76 s of CPU and 120 s of wall clock at load 4, against
-134 s and 206 s before, measured back to back (126 s of CPU, 130 s wall on an idle machine
-before). The baselines' own runs of tests/test_netsim_vgs.py were merged into this run
+To keep it cheap, the simulated nodes that hold the same features share one ensemble fit
+(netsim.fit_share, results identical), the simulation skips fsync
+(atdnode.blobs.fs.volatile_disk) and small blobs verify without 16 MiB of buffers. The
+baselines' per-method checks run on this run too
 (`test_every_baseline_learns_and_counts_its_bytes`).
 """
 from __future__ import annotations
@@ -94,8 +92,7 @@ def test_every_baseline_is_measured_in_the_same_run(report: dict) -> None:
 
 
 def test_every_baseline_learns_and_counts_its_bytes(report: dict) -> None:
-    """Each baseline on its own terms (before issue 28, separate runs of each on a 3-node
-    scenario in tests/test_netsim_vgs.py; the same checks hold here, on this run's 8 nodes):
+    """Each baseline on its own terms (on this run's 8 nodes):
     every present node is scored; in phase 1 the mean over nodes on the pooled test set beats
     the majority share there (a constant predictor's score) by 5 points; local-only sends
     nothing; FedAvg is `atd rounds` among the daemons (no server, every node publishes); in
@@ -170,7 +167,7 @@ def test_every_aggregate_entry_verifies(report: dict) -> None:
 
 
 @pytest.mark.parametrize("kind", REFERENCES)
-@pytest.mark.xfail(strict=True, reason="issue 23: at 8 px the learned features lose to raw pixels in every phase "
+@pytest.mark.xfail(strict=True, reason="at 8 px the learned features lose to raw pixels in every phase "
                                        "and to the untrained extractor in phases 1-2 (module docstring)")
 def test_learned_features_beat_the_reference_in_every_phase(report: dict, kind: str) -> None:
     vgs, ref = _overall(report, "vgs-atd"), _overall(report, kind)

@@ -1,4 +1,4 @@
-"""Issue 23's accuracy claims where learning matters: `netsim/scenarios/jitter_public.toml`
+"""The accuracy claims where learning matters: `netsim/scenarios/jitter_public.toml`
 (28 px jittered digits, 49 patches, every method from the public pretrained W_p of VGS-ATD
 §3.2), three seeds, every baseline measured in the same runs.
 
@@ -21,7 +21,7 @@ Cost: the three runs (each trains W_p, VGS-ATD, centralized, FedAvg, swarm, loca
 reference ensembles at 28 px) run side by side in a process pool: about 20 minutes on two
 cores. That is over the suite's budget, so this file is its own tier, `pytest --claims`
 (marker `claims`, deselected without the flag; see tests/conftest.py). The numbers it
-checks, measured, are in the scenario header and issue 23's closing notes.
+checks, measured, are in RESULTS.md.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""yamux_tuning (issue 29): large DATA frames and a larger window between TunedYamux peers,
+"""yamux_tuning: large DATA frames and a larger window between TunedYamux peers,
 and wire compatibility with py-libp2p's stock Yamux either way (real hosts, one process)."""
 from __future__ import annotations
 

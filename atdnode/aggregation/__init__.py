@@ -11,6 +11,7 @@ _FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_
          "FeaturesError": "features_share", "announced_key": "features_share", "recipient_keys": "features_share",
          "share_features": "features_share", "GroupSpec": "hierarchical", "default_model": "keep",
          "check_arguments": "modes", "default_weighting": "modes", "run_aggregate": "modes:aggregate",
-         "verify_aggregate": "verify", "verify_entry": "verify"}
+         "verify_aggregate": "verify", "verify_entry": "verify",
+         "resolve_model": "keep", "model_in_use": "keep", "use_of": "keep", "keep_policy": "keep", "InUse": "keep"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -165,7 +165,7 @@ def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[st
 
 
 def screen_inputs(store: BlobStore, chosen: list[Entry], skipped: list[dict]) -> list[Entry]:
-    """Default aggregation (issue 11): drop weight sets that cannot be averaged with the rest --
+    """Default aggregation: drop weight sets that cannot be averaged with the rest --
     a blob that fails its hash, is not safetensors, holds NaN/inf, or whose extractor tensors
     differ in name, shape or dtype from the most common layout -- and say why in `skipped`,
     so one bad set published by any member no longer aborts everyone's `atd aggregate`."""

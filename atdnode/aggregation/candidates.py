@@ -1,4 +1,4 @@
-"""Scoring the candidates of an aggregation on the node's own data (issue 23; policy in
+"""Scoring the candidates of an aggregation on the node's own data (policy in
 `atdnode.aggregation.keep`): the node's own current model and the consortium's new one, each with `atd
 classify`'s predictor (`atdnode.learning.classify.score_record`), on the data spec's `val` split, else
 its `test` split (recorded as "test (no val split)"). `judge_candidates` is what the
@@ -6,6 +6,7 @@ aggregation modes hand to `atdnode.aggregation.aggregate.register_global`.
 """
 from __future__ import annotations
 
+from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, score_record
 from atdnode.data import load_dataset
@@ -28,10 +29,13 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec:
     cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
     data, split = validation_data(spec, cfg.img_size, cfg.in_chans)
     out: dict = {"scored_on": split, "data": spec}
-    for name, rec in candidates.items():
-        m, _, kind, _ = score_record(store, rec, data)
-        out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
-                     "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
+    with progress.task(f"scoring {' and '.join(candidates)} on {len(data.labels)} {split.split()[0]} images",
+                       total=len(candidates)) as t:
+        for name, rec in candidates.items():
+            m, _, kind, _ = score_record(store, rec, data)
+            out[name] = {"model": rec.id, "kind": kind, "accuracy": round(float(m["accuracy"]), 6),
+                         "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
+            t.advance()
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atdnode import progress
 from atdnode.aggregation.aggregate import AggregateError, blob_fields, entry_of
 from atdnode.blobs import BlobStore
 from atdnode.errors import BlobError
@@ -130,9 +131,9 @@ def fit_node_ensemble(home: NodeHome, ident: NodeIdentity, store: BlobStore, led
                       extractor: str, data_spec: str, features: list[str] | None = None,
                       options: EnsembleOptions = EnsembleOptions()) -> EnsembleFit:
     """Fit the node's ensemble on its own and the shared features under `extractor`; store it."""
-    parts, used, skipped, own_n, own = gather_parts(home, ident, store, led, cfg=cfg, extractor=extractor,
-                                                    data_spec=data_spec, features=features)
-    from atdnode import progress
+    with progress.task("features of the node's own data, and the shared feature sets", total=None):
+        parts, used, skipped, own_n, own = gather_parts(home, ident, store, led, cfg=cfg, extractor=extractor,
+                                                        data_spec=data_spec, features=features)
 
     n = int(sum(len(p[1]) for p in parts))
     with progress.task(f"fitting PCA + MLP + RF + SVM on {n} samples", total=1) as step:

@@ -62,7 +62,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
         base = own_model(home)
         spec = data_spec_of(base, data_spec) if classifier == "ensemble" else None
         judge_on = (spec or _spec_or_none(base, data_spec)) if judge else None
-        skipped: list[dict] = []  # default inputs it cannot use, and why (issue 11)
+        skipped: list[dict] = []  # default inputs it cannot use, and why
         chosen = select_inputs(home, led, store, ids=inputs, skipped=skipped)
         if inputs is None:
             chosen = screen_inputs(store, chosen, skipped)

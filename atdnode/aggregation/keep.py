@@ -1,4 +1,4 @@
-"""Collaboration never silently makes a hospital worse (issue 23).
+"""Collaboration never silently makes a hospital worse; which model the node uses.
 
 After every aggregation the node scores each candidate — its own current model (what it
 predicted with before: `own`) and the consortium's aggregate (`consortium`) — on its own
@@ -13,8 +13,14 @@ which applies `choose` below):
   default (`default_model`): `best` (default) keeps the consortium's model only where it
   scores at least the node's own (accuracy, ties to the consortium), `consortium` always
   takes it. `provenance["kept"]` / `["kept_why"]` say what was kept and why.
+
+`model_in_use` is the one answer to "which model does this node use": `atd classify` and
+`atd predict` without `--model`, the dashboard's badge, `atd models`' mark and the model
+card (`use_of`) all read it.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from atdnode.errors import AtdError, ConfigError
 from atdnode.node import NodeHome
@@ -49,19 +55,60 @@ def choose(policy: str, scores: dict) -> tuple[str, str]:
     return "own", f"its own model scores {own:.3f} > the consortium's {cons:.3f} {where}; keeps its own"
 
 
-def default_model(home: NodeHome) -> ModelRecord:
-    """The model `atd classify` uses by default: the newest record, or — when the newest is
-    an aggregate whose node kept its own model — that own model."""
+@dataclass(frozen=True)
+class InUse:
+    """The model the node uses (`record`), why (one line), and the newest record when the
+    keep decision rejected it (`not_kept`, else None)."""
+
+    record: ModelRecord
+    why: str
+    not_kept: ModelRecord | None = None
+
+
+def model_in_use(home: NodeHome) -> InUse:
+    """The model `atd classify` / `atd predict` use without `--model`: the newest record, or,
+    when the newest is an aggregate whose keep decision kept the node's own model, that own
+    model (AtdError when the registry is empty)."""
     reg = ModelRegistry(home)
     rec = reg.get("latest")
-    if rec.provenance.get("kept") == "own":
-        own = (rec.provenance.get("candidates") or {}).get("own", {}).get("model")
+    prov = rec.provenance
+    if prov.get("kept") == "own":
+        own = (prov.get("candidates") or {}).get("own", {}).get("model")
         if isinstance(own, str):
             try:
-                return reg.get(own)
+                return InUse(reg.get(own), f"kept over the consortium's model {rec.id}: {prov.get('kept_why')}", rec)
             except AtdError:
-                return rec
-    return rec
+                return InUse(rec, f"the newest model (the own model {own} it kept is no longer registered)")
+    if prov.get("kept") == "consortium":
+        return InUse(rec, f"the newest model, kept: {prov.get('kept_why')}")
+    return InUse(rec, "the newest model")
+
+
+def default_model(home: NodeHome) -> ModelRecord:
+    """`model_in_use(home).record`."""
+    return model_in_use(home).record
+
+
+def resolve_model(home: NodeHome, ref: str | None) -> ModelRecord:
+    """A model named on a command line: an id or unique prefix, or `latest` / None for the
+    model in use (`model_in_use`)."""
+    return default_model(home) if ref in (None, "latest") else ModelRegistry(home).get(ref)
+
+
+def use_of(home: NodeHome, record: ModelRecord) -> dict:
+    """What the model card says of `record`'s use: {"status": "in use" | "not kept" |
+    "not in use", "why": one line, "in_use": the id of the model in use}."""
+    use = model_in_use(home)
+    if record.id == use.record.id:
+        return {"status": "in use", "why": use.why, "in_use": use.record.id}
+    prov = record.provenance
+    if prov.get("kept") == "own":
+        own = (prov.get("candidates") or {}).get("own", {}).get("model")
+        return {"status": "not kept", "in_use": use.record.id,
+                "why": f"the node kept its own model {own} (policy {prov.get('keep_policy', DEFAULT_KEEP)}): "
+                       f"{prov.get('kept_why')}"}
+    return {"status": "not in use", "in_use": use.record.id,
+            "why": f"the node uses {use.record.id} ({use.why})"}
 
 
 def kept_details(home: NodeHome, model_id: str | None) -> dict:

@@ -5,7 +5,9 @@
 features and MSD's authorised lists name their readers; a blob not for us is never even
 tried). `queue_wanted_blobs()` re-reads the ledger (after a merge that added blob entries,
 and at start-up) and also refreshes the reader lists the blob server checks and the
-manifest hash each blob's first signed entry names. `fetch_loop()` fetches wanted blobs
+manifest hashes the signed entries naming each blob name (any of them will do: the
+whole-blob hash is checked anyway, and a member naming a blob with a wrong manifest must
+not stop others from fetching it). `fetch_loop()` fetches wanted blobs
 while `auto_fetch` is on, with a per-blob back-off (1 s doubling to 60 s; 30 s doubling to
 600 s after a disk error). `fetch(blob)` fetches one blob at once (`atd fetch`).
 """
@@ -44,7 +46,7 @@ class AutoFetcher:
         self._auto_fetch = auto_fetch
         self._wake = trio.Event()  # set when there may be something to fetch (fetch_loop waits on it)
         self.wanted: set[str] = set()
-        self.manifests: dict[str, str] = {}  # blob -> manifest hash named by a signed entry
+        self.manifests: dict[str, set[str]] = {}  # blob -> manifest hashes named by signed entries
         self.failures: dict[str, str] = {}
         self.waits = Backoff(1.0, 60.0)  # per blob; a disk error waits at least 30 s, at most 600 s
 
@@ -67,7 +69,7 @@ class AutoFetcher:
             named = led.query(kind="aggregate") + led.query(kind="weights") + led.query(kind="features")
             for e in named:
                 if isinstance(e.body.get("blob"), str) and isinstance(e.body.get("manifest"), str):
-                    self.manifests.setdefault(e.body["blob"], e.body["manifest"])
+                    self.manifests.setdefault(e.body["blob"], set()).add(e.body["manifest"])
             self.readers.refresh(led, named)
             for kind in ("weights", "features"):
                 for e in led.query(kind=kind):
@@ -88,7 +90,7 @@ class AutoFetcher:
     async def fetch_loop(self) -> None:
         """Fetch wanted blobs (module doc). With nothing to fetch it sleeps until
         `queue_wanted_blobs` finds a new blob, auto-fetch is turned on, or the earliest
-        back-off ends: an idle daemon's fetch loop does not wake every second (issue 29)."""
+        back-off ends: an idle daemon's fetch loop does not wake every second."""
         while True:
             self._wake = trio.Event()
             # with --no-auto-fetch only explicit `fetch` calls download (they learn manifests, not wants)

@@ -23,7 +23,7 @@ sealed. A frame that does not decrypt under the next counter -- tampered, replay
 reordered, truncated -- raises BulkIntegrityError and ends the connection; the fetcher
 then marks the peer's bulk channel bad and falls back to libp2p streams.
 
-Members only at every request (issue 24): the server re-checks the membership gate and the
+Members only at every request: the server re-checks the membership gate and the
 blob's reader list (`ChunkReader.allowed`, from `BlobServer.may_serve`) before each `get`,
 and `BlobServer.drop_peer` closes every bulk connection of a peer at once (`BulkConns.drop`;
 the daemon calls it on revocation). The server side lives in bulk_server.py and knows

@@ -5,8 +5,9 @@
 
 1. Every candidate peer is asked for the manifest (in parallel); those that hold the blob
    are its holders. The manifest used is the one named by `manifest_hash` (pass it: it
-   comes from the signed ledger entry), else the one most holders offer -- then it is only
-   checked at the end, by the whole-blob hash.
+   comes from the signed ledger entry; several entries may name the blob, so a set of
+   hashes is accepted too -- then the one most holders offer among them), else the one
+   most holders offer -- then it is only checked at the end, by the whole-blob hash.
 2. `store.partial(manifest).missing()` gives the chunks still needed (so an interrupted
    fetch resumes with only those). They sit in one shared queue; each holder gets up to
    `per_peer` workers (bulk TCP connections or libp2p streams, `max_streams` in total),
@@ -37,6 +38,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -178,10 +180,12 @@ class BlobFetcher:
         self._active: dict[str, trio.Event] = {}
         self.no_bulk: dict[str, str] = {}  # peers whose bulk frames failed authentication: streams only
 
-    async def fetch(self, blob: str, peers: list[str], *, manifest_hash: str | None = None) -> str:
+    async def fetch(self, blob: str, peers: list[str], *,
+                    manifest_hash: str | Collection[str] | None = None) -> str:
         """Fetch `blob` into the store from whichever of `peers` hold it; return its hash.
 
-        FetchError when no peer holds it (with `manifest_hash`: offers that manifest) or
+        FetchError when no peer holds it (with `manifest_hash`: offers that manifest, or one
+        of those manifests) or
         every holder failed before all chunks arrived; chunks already written are kept, so
         calling again resumes. Concurrent calls for one blob share a single download.
         """
@@ -202,7 +206,7 @@ class BlobFetcher:
             del self._active[blob]
             done.set()
 
-    async def _fetch(self, blob: str, peers: list[str], manifest_hash: str | None) -> str:
+    async def _fetch(self, blob: str, peers: list[str], manifest_hash: str | Collection[str] | None) -> str:
         t0 = time.monotonic()
         report = self.reports[blob] = FetchReport(blob)
         probes: dict[str, tuple[Stream, Manifest]] = {}
@@ -288,15 +292,16 @@ class BlobFetcher:
             if stream is not None:
                 await stream.reset()
 
-    def _choose_manifest(self, blob: str, probes: dict, manifest_hash: str | None) -> Manifest:
+    def _choose_manifest(self, blob: str, probes: dict, manifest_hash: str | Collection[str] | None) -> Manifest:
         offered = [m for _, m in probes.values()]
         if not offered:
             raise FetchError(f"no peer holds blob {blob[:12]}")
         if manifest_hash is not None:
-            for m in offered:
-                if m.hash == manifest_hash:
-                    return m
-            raise FetchError(f"no holder of blob {blob[:12]} offers manifest {manifest_hash[:12]}")
+            named = {manifest_hash} if isinstance(manifest_hash, str) else set(manifest_hash)
+            offered = [m for m in offered if m.hash in named]
+            if not offered:
+                raise FetchError(f"no holder of blob {blob[:12]} offers manifest "
+                                 f"{' or '.join(sorted(h[:12] for h in named))}")
         votes = Counter(m.hash for m in offered)
         best = min(votes, key=lambda h: (-votes[h], h))
         return next(m for m in offered if m.hash == best)

@@ -250,7 +250,7 @@ class PartialBlob:
         """Extend the whole-blob hash in a background thread from now on (until `complete`,
         `close` or `discard`), re-reading written chunks from the page cache, so that the
         threads writing chunks (receive, decrypt, write) and the hash run on two cores at
-        once (issue 29). A writer waits while more than `lag` bytes of written chunks, in
+        once. A writer waits while more than `lag` bytes of written chunks, in
         order from the hashed prefix, await the hash (the hasher can always take those, so
         this cannot deadlock): the receivers never run far ahead of the page cache."""
         with self._lock:

@@ -1,29 +1,35 @@
-"""Who may fetch a blob: reader lists that hold (issue 24).
+"""Who may fetch a blob: reader lists that hold, and availability nobody can squat.
 
 A `weights` / `features` / `aggregate` entry names a blob and may restrict it to a reader
 list (`atdnode.bodies.blob_readers`): the peers on the list and the entry's author. Several
-entries, by several authors, can name the same blob. Before, a blob's readers were the
-union over all of them, so any member could read any restricted blob by naming it in an
-entry of its own with `readers: []`. The rule now:
+entries, by several authors, can name the same blob. The union over all of them would let
+any member read any restricted blob by naming it in an entry of its own with
+`readers: []`; a "first publisher by (lamport, author, seq)" rule would let a member close
+anyone's open blob by naming it first with `readers: [itself]` (a lamport clock only has to
+increase along its author's own chain, so a member with a short chain signs an entry that
+sorts before anyone's). So no order between entries of different authors decides anything.
+A reader list is a claim that binds its own author only:
 
 1. A blob is restricted when any entry naming it carries a reader list. An author's
    *claim* is the union, over its own entries naming the blob, of (author + readers).
 2. A node serves a restricted blob only per the claims that gave it the blob:
    - the blob's owner, i.e. a node that authored an entry naming it, serves it per its own
-     claim alone (an entry of another author never widens, nor narrows, its list);
+     claim alone (an entry of another author never widens, nor narrows, its list; its
+     own entries left open: it serves every member);
    - any other holder serves it per the intersection of the claims that admit it (it
      fetched the blob as their reader); if none admits it, it holds the blob through an
      entry open to every member and serves it to every member (nothing more leaks than it
      already got), or else (copied by other means) per the intersection of every claim.
    So an entry of another author never widens a blob's reader list, whatever the order
-   of the entries: a lamport clock only has to increase along its author's own chain, so
-   a member with a short chain can sign an entry that sorts before the owner's, and a
-   plain "first publisher by (lamport, id)" rule would hand it the blob. For the logs,
-   the first publisher is the author of the first entry naming the blob in log order
-   (lamport, author, seq); every entry of another author is reported once, naming both.
-3. A node fetches a restricted blob only when some claim admits it, or when the first
-   publisher's entry is open to every member (so a member's list cannot stop others from
-   fetching a public blob; a wrong guess costs a refused fetch, never a read).
+   of the entries.
+3. A node fetches a restricted blob when some claim admits it, or when some entry naming
+   it is open to every member: a member's own list never stops the others from fetching a
+   blob another member published openly (they fetch it from that member, who serves every
+   member), and an open entry naming someone else's restricted blob costs a refused
+   fetch, never a read (its holders serve per rule 2).
+
+For the logs, every entry of another author than the first (in log order) naming a blob is
+reported once, naming both authors; that order decides nothing.
 
 Costs: a reader on both the owner's list and an intruder's narrows what it passes on to
 the intersection (the owner and the other readers still serve the owner's list); a blob
@@ -40,6 +46,7 @@ from dataclasses import dataclass
 from collections.abc import Iterable
 
 from atdnode.bodies import blob_readers
+from atdnode.repeats import warn_once
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key, public_key_from_peer_id
 
@@ -65,7 +72,7 @@ class ReaderLists:
     """The rule applied for one node: `serve` (restricted blob -> peers it serves it to),
     `admitted` (restricted blobs some claim lets it fetch), `restricted` (blobs some entry
     restricts), `notes` ([(entry, why)]: entries
-    of another author than the blob's first publisher)."""
+    of another author than the first one naming the blob, in log order)."""
 
     serve: dict[str, frozenset[str]]
     admitted: frozenset[str]
@@ -99,8 +106,8 @@ def reader_lists(entries: Iterable[Entry], me: Iterable[bytes] = (), membership=
         for e in es:
             if e.author != first:
                 notes.append((e, f"entry {e.id.hex()[:16]} by {peer_id_from_public_key(e.author)} names blob "
-                                 f"{blob[:12]} first published by {peer_id_from_public_key(first)}: it cannot "
-                                 "widen who may read it"))
+                                 f"{blob[:12]} also named by {peer_id_from_public_key(first)}: its reader list "
+                                 "binds its own author only"))
         if not claims:
             continue
         if membership is not None:
@@ -120,7 +127,7 @@ def reader_lists(entries: Iterable[Entry], me: Iterable[bytes] = (), membership=
         elif not open_entry:  # copied by other means: the narrowest reading
             serve[blob] = frozenset.intersection(*claims.values())
         # else: we hold it through an entry open to every member (serving it on leaks nothing more)
-        if admitting or blob_readers(es[0].body) is None:  # a list admits us, or its first publisher left it open
+        if admitting or open_entry:  # a list admits us, or some author left it open (rule 3)
             admitted.add(blob)
     return ReaderLists(serve, frozenset(admitted), frozenset(restricted), notes)
 
@@ -135,11 +142,12 @@ class BlobReaders:
 
     def refresh(self, led: Ledger, entries: list[Entry] | None = None) -> None:
         """Recompute from the ledger (call in the ledger thread; `entries`: its entries of
-        BLOB_KINDS, when the caller already read them); logs each non-owner entry once."""
+        BLOB_KINDS, when the caller already read them); the first non-owner entry is one
+        WARNING, later ones are counted (`atdnode.repeats.warn_once`)."""
         if entries is None:
             entries = [e for kind in BLOB_KINDS for e in led.query(kind=kind)]
         if not any(isinstance(e.body.get("blob"), str) for e in entries):  # no reader list to compute: no
-            self._lists = reader_lists(())  # membership read either (O(members), at every daemon start; issue 29)
+            self._lists = reader_lists(())  # membership read either (O(members), at every daemon start)
             return
         m = led.membership()
         lists = reader_lists(entries, m.keys_of(self.me), m)
@@ -147,7 +155,7 @@ class BlobReaders:
         for e, why in lists.notes:
             if e.id not in self._reported:
                 self._reported.add(e.id)
-                log.warning("%s", why)
+                warn_once(log, "entries naming another member's blob (they cannot widen who may read it)", why)
 
     def may_read(self, peer: str, blob: str) -> bool:
         """May member `peer` fetch `blob` from us? Yes unless the blob is restricted without `peer`."""

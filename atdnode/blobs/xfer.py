@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
@@ -78,13 +79,13 @@ class BlobServer:
                  bulk_port: int = 0, per_peer: int = PER_PEER_STREAMS) -> None:
         """`gate`: members-only access (None: serve anyone -- only for tools without a ledger);
         `may_read(peer, blob)`: per-blob reader lists; `bulk_port`: 0 = a fresh port per offer;
-        `per_peer`: streams one peer may hold at once (fairness, issue 11)."""
+        `per_peer`: streams one peer may hold at once (fairness)."""
         self.transport, self.store, self.bulk = transport, store, bulk
         self.gate, self.may_read, self.bulk_port = gate, may_read, bulk_port
         self._bulk_port_lock = trio.Lock()  # a fixed port serves one offer at a time
         self._slots = trio.Semaphore(max_streams)
         # Fairness: one peer holds at most `per_peer` streams (served or waiting for a slot);
-        # more are reset at once, so a slot hog cannot starve the others (issue 11).
+        # more are reset at once, so a slot hog cannot starve the others.
         self.limits = PeerLimits(per_peer=min(per_peer, max_streams), total=4 * max_streams)
         self.served_chunks = 0  # chunks / bytes sent so far (tests and stats)
         self.served_bytes = 0
@@ -314,6 +315,7 @@ class BlobService:
     def install(self) -> None:
         self.server.install()
 
-    async def fetch(self, blob: str, peers: list[str], *, manifest_hash: str | None = None) -> str:
+    async def fetch(self, blob: str, peers: list[str], *,
+                    manifest_hash: str | Collection[str] | None = None) -> str:
         """Fetch `blob` from whichever of `peers` hold it; see `BlobFetcher.fetch`."""
         return await self.fetcher.fetch(blob, peers, manifest_hash=manifest_hash)

@@ -34,6 +34,7 @@ _FACE = {"IMAGE_EXTS": "images", "contact_sheet": "inspect", "inspect_data": "in
          "source_kind": "public_spec", "public_data_spec": "public_spec:public_spec", "DataReport": "report",
          "caution_for": "sanity", "caution_of": "sanity", "metric_text": "sanity", "require_classes": "sanity",
          "MEAN": "select", "STD": "select", "split_indices": "select", "DataSpec": "spec", "did_you_mean": "spec",
-         "UnlabelledReader": "unlabelled"}
+         "UnlabelledReader": "unlabelled",
+         "declared_splits": "loader", "peek": "loader"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -1,5 +1,5 @@
 """`digits-jitter`: scikit-learn's real 8x8 digits, each placed in a larger canvas the way
-acquisition varies between scans (issue 23: a setting in which learned features can matter).
+acquisition varies between scans (a setting in which learned features can matter).
 
 Every digit is rendered (bilinear) at a random size (`SIZE` px, about 12-22 of the 32 px
 canvas), rotated by a small random angle (+-`ROTATE` deg), put at a random offset that keeps

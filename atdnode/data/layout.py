@@ -4,7 +4,9 @@ split sides and split groups, plus the files skipped on the way and why.
 File sources (folder / dicom / nifti) share one layout:
   * `labels=FILE.csv` (file -> class[, split]; a row may name a directory: every file below
     it), paths relative to the CSV's own directory, else to PATH; or
-  * PATH/train, PATH/test (optionally PATH/val), each with one sub-folder per class; or
+  * PATH/train, PATH/test (optionally PATH/val), each with one sub-folder per class -- also
+    when PATH holds only some of them (a folder with just `test/` is a test split, not a
+    class named "test"); or
   * PATH with one sub-folder per class.
 Class folders are searched recursively (DICOM exports nest patient/study/series); hidden
 files and folders are ignored; every other file the source cannot use is listed as skipped.
@@ -99,7 +101,8 @@ def list_files(root: Path, accept: Callable[[Path], str | None], labels: str | N
             raise DataError(f"{csv_path}: give a split for every row or for none")
         return out
     sides = [s for s in SPLITS if (root / s).is_dir()]
-    if "train" in sides and "test" in sides:
+    others = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in SPLITS]
+    if sides and (("train" in sides and "test" in sides) or not others):
         for s in sides:
             _class_folders(root / s, root, s, add, out, what)
     else:

@@ -23,6 +23,8 @@ from atdnode.data.select import ReadStats, _select, split_indices, to_tensor
 from atdnode.data.spec import DataSpec
 from atdnode.errors import DataError
 
+ALL = "all"  # load_dataset's split for every sample, whatever its side
+
 
 def open_catalog(ds: DataSpec) -> tuple[Catalog, str]:
     if ds.source == "digits":
@@ -102,19 +104,52 @@ def training_window(spec: str, seed: int = 0) -> tuple[float, float] | str | Non
     return _auto(cat, np.flatnonzero(sides == "train"), where)
 
 
+def declared_splits(spec: str) -> list[str]:
+    """The splits a source declares itself (train / val / test folders, npz keys, a `split`
+    column of `labels=`), in SPLITS order; [] when its sides come from the seeded 80/20 split.
+    Reads no pixels."""
+    ds = DataSpec.parse(spec)
+    cat, _ = open_catalog(ds)
+    return [s for s in SPLITS if (cat.sides == s).any()]
+
+
+def peek(spec: str, seed: int = 0, *, files: int = 8) -> tuple[int, int]:
+    """(training images, median native side in pixels) of a spec, reading the pixels of at
+    most `files` samples spread over the train side (what `atdnode.learning.autosize`
+    chooses a model size from); DataError when none of them can be read."""
+    ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
+    base = np.flatnonzero(sides == "train")
+    sel = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])[0]
+    train = base[sel]
+    pick = np.unique(np.linspace(0, len(train) - 1, min(len(train), files)).round().astype(int)) if len(train) else []
+    sides_px = []
+    for i in pick:
+        try:
+            arr = np.asarray(cat.read(int(train[i]))[0])
+        except Skip:
+            continue
+        sides_px.append(min(arr.shape[:2]))
+    if not sides_px:
+        raise DataError(f"{where}: none of {len(pick)} training files could be read to size the model")
+    return len(train), int(np.median(sides_px))
+
+
 def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
                  progress: Callable[[int, int], None] | None = None) -> LabeledImages:
-    """Load one split (train / val / test) of a data spec, ready for a model of `img_size` x `in_chans`.
+    """Load one split (train / val / test, or `all`: every sample of every side) of a data
+    spec, ready for a model of `img_size` x `in_chans`.
 
     `seed` is the default for the spec's `seed=` (80/20 split, shard, subset); it is a data
     seed, deliberately separate from the training seed. The result's `report` says what
     was read, how it was scaled, and which files were skipped and why. `progress(done, total)`
     is called as samples are read.
     """
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r} (train, val or test)")
+    if split not in SPLITS + (ALL,):
+        raise DataError(f"unknown split {split!r} (train, val, test or all)")
     ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
-    present = [s for s in SPLITS if (sides == s).any()]
+    if split == ALL:
+        sides = np.full(len(sides), ALL)
+    present = [s for s in SPLITS + (ALL,) if (sides == s).any()]
     if split not in present:
         raise DataError(f"{where}: no {split} split (has {', '.join(present)})")
     listed, chosen = {}, None

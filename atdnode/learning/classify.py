@@ -5,12 +5,20 @@ aggregation) predicts with CLS features of its extractor -> the ensemble, over t
 ensemble's classes (`provenance["ensemble_classes"]`); any other record predicts with its
 own head over its `labels`.
 
+Which images are scored (`split`, default `auto`): every image of a source that declares
+no splits (a plain class-folder tree), the test split of one that does (train / val / test
+folders, npz, a `split` column) -- and the test split of the very source the model was
+trained on, whose other images it has seen. `all`, `train`, `val`, `test` choose explicitly.
+
 The classifier's classes and the data's are matched by name. Test samples of a class the
-classifier does not know count as errors (and are listed as `unknown_classes`). Accuracy is
-over all samples; precision, sensitivity (recall) and F1 are macro averages over the
-classes present in the data; the confusion matrix (rows true, columns predicted) spans
-the data's classes followed by any other class the classifier predicted, and is written
-as a PNG. Optionally, accuracy under a PGD attack (protocols.adversarial; head models only).
+classifier does not know count as errors (and are listed as `unknown_classes`). The metrics
+are `atdnode.learning.metrics.classification_metrics` over the probabilities: accuracy,
+macro precision / sensitivity (recall) / F1 over the classes present, n per class, 95 %
+intervals, sensitivity / specificity / AUROC for two classes, and calibration; the
+confusion matrix (rows true, columns predicted) spans the data's classes followed by any
+other class the classifier predicted. Both the confusion matrix and the reliability plot
+are written as PNGs. Optionally, accuracy under a PGD attack (protocols.adversarial; head
+models only).
 """
 from __future__ import annotations
 
@@ -21,11 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
 from atdnode.data import caution_for
 from atdnode.node import NodeHome
-from atdnode.learning.metrics import classification_metrics, save_confusion_png
+from atdnode.learning.metrics import STORED, named_metrics, save_confusion_png, save_reliability_png
 from atdnode.learning.model import ModelConfig
 from atdnode.learning.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
 from atdnode.models import ModelRecord, ModelRegistry
@@ -39,13 +48,16 @@ class ClassifyResult:
     unknown_classes: list[str]  # data classes the classifier cannot predict
     metrics: dict
     png: Path
+    split: str = "test"  # the split scored: train | val | test | all
+    why: str = ""  # why that split, in words
+    reliability_png: Path | None = None
 
     def to_json(self) -> dict:
         m = self.metrics
-        return {"model": self.model_id, "kind": self.kind, "n": m["n"], "accuracy": m["accuracy"],
-                "precision": m["precision"], "sensitivity": m["sensitivity"], "recall": m["recall"], "f1": m["f1"],
+        return {"model": self.model_id, "kind": self.kind, "split": self.split, "split_reason": self.why,
+                **{k: m[k] for k in STORED if k in m},
                 "classes": self.classes, "unknown_classes": self.unknown_classes, "confusion": m["confusion"],
-                "png": str(self.png), **{k: m[k] for k in ("robust_accuracy", "caution") if k in m}}
+                "png": str(self.png), "reliability_png": str(self.reliability_png) if self.reliability_png else None}
 
 
 def predict_names(store: BlobStore, record: ModelRecord, images: torch.Tensor, *, batch_size: int = 256,
@@ -91,50 +103,93 @@ def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int
                  device: torch.device | str | None = None) -> tuple[dict, list[str], str, list[str]]:
     """(metrics, confusion-matrix classes, kind, the classifier's classes) of `record` on
     labelled images `data` (the model runs on `device`, atdnode.learning.device rule)."""
-    names, pred, kind = predict_names(store, record, data.images, batch_size=batch_size, device=device)
+    from atdnode.learning.device import resolve_device
+
+    names, probs, kind = class_probabilities(store, record, data.images, device=resolve_device(device),
+                                             batch_size=batch_size)
     if not set(names) & set(data.classes):
         raise ClassifyError(f"model {record.id} knows classes {names[:12]}, none of the data's {data.classes[:12]}")
     space = list(data.classes) + [c for c in names if c not in data.classes]
     index = {c: i for i, c in enumerate(space)}
     y_true = np.asarray([index[data.classes[int(t)]] for t in data.labels], dtype=np.int64)
-    y_pred = np.asarray([index[names[int(p)]] for p in pred], dtype=np.int64)
-    metrics = classification_metrics(y_true, y_pred, labels=range(len(space)))
-    return metrics, space, kind, names
+    y_pred = np.asarray([index[names[int(p)]] for p in probs.argmax(1)], dtype=np.int64)
+    p_space = np.zeros((len(y_true), len(space)), dtype=np.float64)  # a class it does not know: probability 0
+    p_space[:, [index[c] for c in names]] = probs
+    return named_metrics(y_true, y_pred, classes=space, probs=p_space), space, kind, names
 
 
-def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "test",
+def choose_split(record: ModelRecord, data_spec: str, split: str) -> tuple[str, str]:
+    """(split to score, why, in words) for `split` = auto | all | train | val | test (see the
+    module docstring)."""
+    from atdnode.data import declared_splits
+    from atdnode.data import DataSpec
+
+    if split != "auto":
+        return split, "as asked"
+    declared = declared_splits(data_spec)
+    if declared:
+        pick = "test" if "test" in declared else declared[-1]
+        return pick, f"the data declares its splits ({', '.join(declared)})"
+    trained = (record.provenance or {}).get("data")
+    if isinstance(trained, str) and _same_source(trained, data_spec, DataSpec):
+        return "test", "the model was trained on this data's seeded 80 % train split; its 20 % test split is unseen"
+    return "all", "the data declares no splits: every image is scored"
+
+
+def _same_source(a: str, b: str, spec_type) -> bool:
+    try:
+        x, y = spec_type.parse(a), spec_type.parse(b)
+    except Exception:  # noqa: BLE001 - an old record's spec that no longer parses is not this data
+        return False
+    if x.source != y.source:
+        return False
+    if x.path is None or y.path is None:
+        return x.path == y.path
+    return Path(x.path).expanduser().resolve() == Path(y.path).expanduser().resolve()
+
+
+def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: str = "auto",
              out: str | Path | None = None, batch_size: int = 256, pgd=None,
              device: str | None = None) -> ClassifyResult:
-    """Classify `split` of `data_spec` with model `model`; metrics + confusion-matrix PNG.
-    `model="latest"` is the model the node keeps by default (`atdnode.aggregation.keep.default_model`:
+    """Classify `split` of `data_spec` (`auto`: see `choose_split`) with model `model`;
+    metrics + confusion-matrix and reliability PNGs, stored as one evaluation of the model.
+    `model="latest"` is the model the node uses (`atdnode.aggregation.keep.model_in_use`:
     the newest, or the node's own model where the `[aggregate] keep` policy kept it).
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation import default_model
+    from atdnode.aggregation import resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
-    record = default_model(home) if model == "latest" else ModelRegistry(home).get(model)
+    record = resolve_model(home, model)
     cfg = ModelConfig.from_dict(record.model)
-    data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
+    from atdnode.data import public_data_spec as public_spec  # progress and figure titles name no local path
+
+    split, why = choose_split(record, data_spec, split)
+    with progress.task(f"reading {public_spec(data_spec)} [{split}]", total=None):
+        data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
     store = BlobStore(home.blobs_dir)
-    metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
+    with progress.task(f"classifying {len(data.labels)} images with model {record.id[:12]}", total=len(data.labels)) as t:
+        metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
+        t.update(len(data.labels))
     if pgd is not None:
-        metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
+        with progress.task(f"PGD attack on {len(data.labels)} images", total=None):
+            metrics["robust_accuracy"] = robust_accuracy_on(store, record, data, pgd=pgd, device=dev)
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
     png = Path(out) if out else home.root / "classify" / f"{record.id}-{tag}.png"
-    from atdnode.data import public_data_spec as public_spec  # figure titles name no local path
 
     save_confusion_png(metrics["confusion"], space, png,
                        title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split} "
-                             f"(acc {metrics['accuracy']:.3f})")
+                             f"(acc {metrics['accuracy']:.3f}, n={metrics['n']})")
+    rel = save_reliability_png(metrics["calibration"], png.with_name(png.stem + "-reliability.png"),
+                               title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split}: reliability")
     ModelRegistry(home).add_evaluation(record.id, {
-        "data": data_spec, "split": split, "kind": kind, "png": str(png),
+        "data": data_spec, "split": split, "kind": kind, "png": str(png), "reliability_png": str(rel),
         "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
-        **{k: metrics[k] for k in ("n", "accuracy", "precision", "recall", "sensitivity", "f1", "robust_accuracy",
-                                   "caution") if k in metrics}})
+        **{k: metrics[k] for k in STORED if k in metrics}})
     return ClassifyResult(model_id=record.id, kind=kind, classes=space,
-                          unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png)
+                          unknown_classes=[c for c in data.classes if c not in names], metrics=metrics, png=png,
+                          split=split, why=why, reliability_png=rel)

@@ -13,8 +13,8 @@ from torch import nn
 
 from atdnode.data import LabeledImages
 from atdnode.learning.device import to_device, use_amp
-from atdnode.learning.features import device_batches, predict_classes
-from atdnode.learning.metrics import classification_metrics
+from atdnode.learning.features import device_batches
+from atdnode.learning.metrics import classification_metrics, named_metrics
 from atdnode.learning.train_options import BatchTransform
 
 
@@ -41,14 +41,36 @@ def heldout_loss_accuracy(model: nn.Module, data: LabeledImages, *, batch_size: 
     return {"val_loss": loss / n, "val_accuracy": correct / n}
 
 
+@torch.no_grad()
+def softmax_probabilities(model: nn.Module, images: torch.Tensor, batch_size: int = 256, *,
+                          device: torch.device) -> "np.ndarray":
+    """(N, K) float64 softmax of the model's logits (eval mode for the pass, restored)."""
+    import numpy as np
+
+    was = model.training
+    model.eval()
+    model.to(device)
+    parts = []
+    try:
+        for _, x in device_batches(images, batch_size, device):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp(device)):
+                parts.append(torch.softmax(model(x).float(), 1))
+    finally:
+        model.train(was)
+    if not parts:
+        return np.zeros((0, 0))
+    return torch.cat(parts).double().cpu().numpy()
+
+
 def evaluate(model: nn.Module, data: LabeledImages, *, batch_size: int = 256, device: torch.device | str | None = None,
              transform: BatchTransform | None = None) -> dict:
-    """Macro metrics + confusion matrix of `model` on `data` (optionally on transformed inputs,
-    e.g. adversarial examples). The model's train/eval mode is restored afterwards."""
+    """`atdnode.learning.metrics.named_metrics` of `model` on `data` over the softmax of its
+    logits (intervals, calibration); on transformed inputs (e.g. adversarial examples) the
+    plain `classification_metrics` of the argmax. The model's train/eval mode is restored."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if transform is None:
-        pred = predict_classes(model, data.images, batch_size, device=device)
-        return classification_metrics(data.labels.numpy(), pred.numpy(), labels=range(len(data.classes)))
+        probs = softmax_probabilities(model, data.images, batch_size, device=device)
+        return named_metrics(data.labels.numpy(), probs.argmax(1), classes=list(data.classes), probs=probs)
     was = model.training
     model.eval()
     preds = []

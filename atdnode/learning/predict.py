@@ -85,8 +85,11 @@ def resolve_device(pref: str | None, home: NodeHome | None = None) -> torch.devi
 
 
 def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
-    """The registry record `model` names; None: the model `atd classify` uses by default."""
-    return ModelRegistry(home).get(model or DEFAULT_MODEL)
+    """The registry record `model` names; None or "latest": the model in use
+    (`atdnode.aggregation.keep.model_in_use`, the one `atd classify` uses by default)."""
+    from atdnode.aggregation import resolve_model
+
+    return resolve_model(home, model or DEFAULT_MODEL)
 
 
 def model_window(record: ModelRecord) -> tuple[float, float] | str | None:

@@ -8,20 +8,18 @@ Distort Pretrained Features and Underperform Out-of-Distribution*, ICLR 2022, §
 remedy is this two-stage LP-FT). VGS-ATD (§3.1: new head, then fine-tune with a subset of
 blocks frozen; §3.2: initialise from W_p and train) fine-tunes in one stage; atd's
 `[train] probe_epochs` (`atd train --probe-epochs`) adds the linear-probe stage in front of
-it and says so in the run key. Measured on issue 23's digits-jitter consortium from W_p
-(netsim/scenarios/jitter_public.toml header): VGS-ATD's fused extractor 0.755 / 0.639 /
-0.657 -> 0.790 / 0.685 / 0.684 per phase (seed 0).
+it and says so in the run key. On the digits-jitter consortium from W_p
+(netsim/scenarios/jitter_public.toml) it lifts VGS-ATD's fused extractor in every phase
+(numbers in RESULTS.md).
 
 The probe trains only what follows the blocks (timm's final norm, `fc_norm`, the head): the
 embeddings and every block are frozen for `probe_epochs` at `probe_lr` (default: five times
 the fine-tuning rate), then the caller's freeze setting is restored and the usual
 fine-tuning runs from the probed head.
 
-How the settings were chosen, on the phase-1 founders' own 80/20 holdout of
-jitter_public.toml (no test data; `bench/jitter_recipe_bench.py --start public --choose-lr
-2e-3 --probe-epochs E --probe-lr R`, seed 0), pooled holdout accuracy end-to-end / of the
-node's ensemble on the fine-tuned features: no probe 0.743 / 0.743; 3 epochs at 1e-2
-0.798 / 0.776; 3 at 2e-2 0.765 / 0.754; 3 at 1e-2 then fine-tuning at 1e-3 0.792 / 0.771.
+The settings are chosen on the phase-1 founders' own 80/20 holdout of jitter_public.toml,
+never on test data (`bench/jitter_recipe_bench.py --start public --choose-lr 2e-3
+--probe-epochs E --probe-lr R`); the holdout accuracies are in RESULTS.md.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ theirs. `run_key(data_spec, cfg, opts)` hashes what decides a run's result
 (`TrainOptions.key_fields`): two calls with the same key give the same weights, so a
 finished run is returned instead of trained again and a killed one resumes.
 
-Hook for adversarial training (issue 5): `TrainOptions.batch_transform` is called on every
+Hook for adversarial training: `TrainOptions.batch_transform` is called on every
 training batch as `transform(model, images, labels, generator) -> images` after augmentation
 (with the bare model, not the DDP wrapper); its `describe()` dict enters the run key and the
 provenance. `AdversarialTransform` is the PGD one (FedWAvg's federated adversarial training).

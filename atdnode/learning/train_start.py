@@ -56,7 +56,7 @@ def resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | No
                 h = hits[0]
         if len(h) == 64 and store.has(h):
             return h, None
-    from atdnode.split import base_extractor_blob  # a registered model, e.g. an MSD base (issue 16)
+    from atdnode.split import base_extractor_blob  # a registered model, e.g. an MSD base
 
     h = base_extractor_blob(home, init_from)
     if h is not None and store.has(h):

@@ -28,6 +28,7 @@ from atdnode.data import caution_for, require_classes
 from atdnode.learning.evaluation import evaluate, heldout_loss_accuracy
 from atdnode.learning.features import extract_features, predict_classes
 from atdnode.node import NodeHome
+from atdnode.progress import RunEta
 from atdnode.learning.metrics import save_confusion_png
 from atdnode.learning.model import ModelConfig, export_part
 from atdnode.models import ModelRecord, ModelRegistry, RunCheckpoint, register_model
@@ -92,7 +93,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
             log(f"resuming run {key} at epoch {start + 1}/{opts.epochs}")
         else:
             log(f"run {key}: {len(data)} train / {len(test)} test images, {len(data.classes)} classes, "
-                f"{cfg.name} d={cfg.embed_dim} depth={cfg.depth} on {ctx.device} x{ctx.world}")
+                f"{cfg.arch()} on {ctx.device} x{ctx.world}")
         if ctx.is_main:
             from atdnode.learning.trainlog import TrainLog
 
@@ -100,11 +101,12 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                             params={"data": data_spec, **cfg.to_dict(), **opts.key_fields(cfg.embed_dim)})
         t0 = time.perf_counter()
         shown = ctx.is_main and progress.active()  # the per-batch numbers are read only for a bar
+        eta = RunEta(epochs=opts.epochs - start, per_epoch=trainer.samples_per_epoch)
         for epoch in range(start, opts.epochs):
             with progress.task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch) as step:
                 def cb(n: int, loss: float, acc: float, step=step) -> None:
                     step.advance(n)
-                    step.note(f"loss {loss:.4f} acc {acc:.3f}")
+                    step.note(f"loss {loss:.4f} acc {acc:.3f} {eta.advance(n)}")
 
                 stats = trainer.train_epoch(epoch, cb if shown else None)
                 held = val if val is not None else test  # the source's val split (e.g. MedMNIST val) if it has one
@@ -115,8 +117,9 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                     ck.save(epoch + 1, model, trainer.optimizer, history)
                     tlog.epoch(history)
                 ctx.barrier()
+                eta.epoch_done()
                 log(f"epoch {epoch + 1}/{opts.epochs} finished loss={stats['loss']:.4f} acc={stats['accuracy']:.4f}"
-                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else ""))
+                    + (f" val_acc={stats['val_accuracy']:.4f}" if "val_accuracy" in stats else "") + f" {eta.text()}")
         train_s = time.perf_counter() - t0
         if not ctx.is_main:
             return None
@@ -134,8 +137,9 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         from atdnode.data import public_data_spec as public_spec  # figure titles name no local path
 
         pngs = {"confusion_png": save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
-                title=f"{cfg.name} on {public_spec(data_spec)} (acc {metrics['accuracy']:.3f})")} if opts.plots else {}
-        logged = tlog.finish(history, metrics, list(pngs.values()), title=f"{cfg.name} on {public_spec(data_spec)}",
+                title=f"{cfg.arch()}\non {public_spec(data_spec)} (acc {metrics['accuracy']:.3f}, n={metrics['n']})")} \
+            if opts.plots else {}
+        logged = tlog.finish(history, metrics, list(pngs.values()), title=f"{cfg.arch()} on {public_spec(data_spec)}",
                              curves=opts.plots)
         prov.update(data=data_spec, run_key=key, seed=opts.seed, options=opts.key_fields(cfg.embed_dim), **opts.extra_provenance)
         # for the model card (atdnode.report.card): what was trained on, without naming a file

@@ -148,7 +148,7 @@ class ModelRegistry:
     def add_recorded(self, record: ModelRecord, entry_id: bytes, ledger_db: Path) -> str:
         """`add(record)` for a model an aggregate entry describes, only once the ledger holds
         that entry (own appends are durable when `append` returns), so a crash can never
-        leave a record without its entry (issue 24). ConfigError when it does not."""
+        leave a record without its entry. ConfigError when it does not."""
         from ledger import Ledger
 
         with Ledger.open(ledger_db) as led:

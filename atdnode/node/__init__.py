@@ -10,6 +10,7 @@ _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "con
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
          "sklearn_warnings_to_log": "logs", "loop_rng": "rngs", "FetchProgress": "snapshot",
-         "NodeSnapshot": "snapshot"}
+         "NodeSnapshot": "snapshot",
+         "check_announce": "addrs", "advertised": "advertise"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -70,6 +70,13 @@ class NodeConfig:
         transfer; fixed: one transfer at a time on it). Keyword arguments of BlobService."""
         return {"bulk": self.setting("bulk.enabled"), "bulk_port": self.setting("bulk.port")}
 
+    def announce(self) -> list[str]:
+        """`[network] announce`: the multiaddrs other members dial (`atdnode.node.advertise`);
+        empty: the listen addresses, an unspecified one expanded to the host's interfaces."""
+        from atdnode.node.addrs import check_announce
+
+        return [check_announce(a, "config network.announce") for a in self.setting("network.announce")]
+
     def compute_device(self) -> str | None:
         """The `[compute]` table's `device` (`cpu`, `cuda` or `cuda:N`; absent: None, meaning
         CUDA when present). Checked and turned into a torch.device by atdnode.learning.device."""

@@ -30,6 +30,7 @@ class Key:
     low: float | None = None  # int / float: the smallest value allowed
     high: float | None = None  # ... and the largest
     choices: tuple[str, ...] = ()  # str: the values allowed (empty: any non-empty string)
+    blank: bool = False  # str: free text, "" allowed (unset)
 
     @property
     def placeholder(self) -> bool:
@@ -41,7 +42,7 @@ class Key:
         if self.choices:
             return "one of " + ", ".join(self.choices)
         kind = {bool: "true or false", int: "an integer", float: "a number", list: "a list of strings",
-                str: "a non-empty string"}[self.type]
+                str: "text" if self.blank else "a non-empty string"}[self.type]
         if self.low is not None and self.high is not None:
             return f"{kind} from {self.low:g} to {self.high:g}"
         if self.low is not None:
@@ -56,6 +57,8 @@ KEYS: tuple[Key, ...] = (
     Key("role", str, "node", "role announced in hello (node, festa-server, pfesta-server, msd-server)"),
     Key("listen", list, ["/ip4/127.0.0.1/tcp/0"], "libp2p multiaddrs to listen on (deploy/PORTS.md)"),
     Key("bootstrap", list, [], "full multiaddrs (.../p2p/<id>) of peers to dial at start"),
+    Key("network.announce", list, [], "multiaddrs other sites dial (NAT / port forward; empty: the listen "
+        "addresses, 0.0.0.0 as the host's interface addresses)"),
     Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size", low=1024),
     Key("logs.backups", int, 5, "rotated log files kept", low=0, high=100),
     Key("peers.target", int, 8, "peers the daemon keeps connected", low=1),
@@ -72,7 +75,20 @@ KEYS: tuple[Key, ...] = (
     Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)", low=0, high=65535),
     Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)",
         low=0),
+    Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
+        "scores at least its own on its val data) or consortium", choices=("best", "consortium")),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
+    Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)",
+        blank=True),
+    Key("card.out_of_scope_use", str, "", "model card: uses it was not made or checked for (free text)", blank=True),
+    Key("card.data_description", str, "", "model card: the training data in words: modality, sites, period, "
+        "inclusion criteria (free text, never paths)", blank=True),
+    Key("card.limitations", str, "", "model card: known limitations and failure modes the data owner adds",
+        blank=True),
+    Key("plans.auto_accept_from", list, [], "proposers (member names or peer ids) whose plans this node accepts by "
+        "itself; others wait for `atd plan accept`"),
+    Key("plans.kinds", list, "(every step kind)", "plan step kinds this node carries out; a plan giving it another "
+        "kind is declined ([plans.data] maps a plan's data names to this node's data specs)"),
 )
 BY_PATH = {k.path: k for k in KEYS}
 # tables config.toml may hold that another command owns (not set with `atd config set`)
@@ -118,7 +134,7 @@ def check_value(key: Key, value: Any) -> Any:
           else type(value) is int if t is int
           else isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) if t is float
           else isinstance(value, list) and all(isinstance(x, str) for x in value) if t is list
-          else isinstance(value, str) and bool(value))
+          else isinstance(value, str) and (key.blank or bool(value)))
     if ok and key.low is not None and value < key.low:
         ok = False
     if ok and key.high is not None and value > key.high:

@@ -4,7 +4,8 @@ The value is parsed and checked against the key's declaration (`atdnode.node.con
 type, range, choices), written, and the file is loaded again (which checks every declared
 key); then the part of atd that reads the section checks what one key cannot say alone (the
 function the daemon calls at start: `PeerSetConfig.from_table` for peers.max >= target,
-`addrs.check_listen` / `check_bootstrap`, `parse_device`). On a refusal the old file is put
+`addrs.check_listen` / `check_bootstrap`, `parse_device`, `NodeConfig.announce`, the model
+card's `card_statement`, the plans' `PlanPolicy.load`). On a refusal the old file is put
 back, so a bad value changes nothing.
 """
 from __future__ import annotations
@@ -34,6 +35,10 @@ def _check_peers(home: NodeHome) -> None:
     PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
 
 
+def _check_network(home: NodeHome) -> None:
+    NodeConfig.load(home).announce()
+
+
 def _check_compute(home: NodeHome) -> None:
     from atdnode.learning import parse_device
 
@@ -42,9 +47,24 @@ def _check_compute(home: NodeHome) -> None:
         parse_device(dev)  # the form, and that this machine has it
 
 
+def _check_card(home: NodeHome) -> None:
+    from atdnode.report import card_statement
+
+    card_statement(home)
+
+
+def _check_plans(home: NodeHome) -> None:
+    from atdnode.plans import PlanPolicy
+
+    PlanPolicy.load(home)
+
+
 # what one key's declaration cannot say, checked by the part that reads the section ("" = top-level
 # keys); each loads config.toml, which checks every declared key (atdnode.node.config_schema)
-CHECKS: dict[str, Callable[[NodeHome], None]] = {"": _check_listen, "peers": _check_peers, "compute": _check_compute}
+CHECKS: dict[str, Callable[[NodeHome], None]] = {
+    "": _check_listen, "peers": _check_peers, "compute": _check_compute, "network": _check_network,
+    "card": _check_card, "plans": _check_plans,
+}
 
 
 def set_key(home: NodeHome, path: str, text: str) -> Any:

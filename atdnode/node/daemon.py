@@ -19,7 +19,7 @@ One `NodeDaemon` per node home. `run()` starts the transport, then:
 * answers the local control socket (`atdnode.node.control`) for `atd node status`, `peers`,
   `fetch`, `connect`, `verify_peers`, `stop`.
 
-Safe restart (issue 11). The daemon signs nothing (hello, `append`) and gossips none of
+Safe restart. The daemon signs nothing (hello, `append`) and gossips none of
 its own entries until it has pulled from at least one member -- which hands back any of
 its own entries its ledger lost (home restored from a backup, WAL cut) -- so it never
 signs a second entry at a seq it already used and never freezes itself. A founder whose
@@ -58,11 +58,12 @@ from atdnode.node import control
 from atdnode.replication import (SYNC_FANOUT, SYNC_PROTOCOLS, Announcer, CachedGenesis, LedgerAccess, MembershipGate,
                                  Replicator, quota_from_config)
 from atdnode.blobs import AutoFetcher, BlobReaders, BlobService, BlobStore
+from atdnode.node.advertise import advertised
 from atdnode.node.config import NodeConfig
 from atdnode.node.daemon_control import DaemonControl
 from atdnode.peers import PeerDialer, PeerSet, PeerSetConfig, gossip_degrees
 from atdnode.node.disk_trouble import DiskTrouble
-from atdnode.errors import DaemonError
+from atdnode.errors import ConfigError, DaemonError
 from atdnode.node.gctune import tune_gc
 from atdnode.node.home import NodeHome, home_lock
 from atdnode.node.identity import NodeIdentity
@@ -104,10 +105,11 @@ class NodeDaemon:
         self.rng_seed = rng_seed  # seeds the dialer's and periodic sync's choices (simulations; atdnode.node.rngs)
         self.identity = NodeIdentity.load(home)
         self.config = NodeConfig.load(home)
+        self.announce = self.config.announce()  # [network] announce: what others dial (atdnode.node.advertise)
         if not self.config.genesis_id:
             raise DaemonError("this node belongs to no consortium yet (init with --genesis or --join)")
         me = self.identity.public_key
-        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=me,  # [quota]: issue 24
+        self.ledger = LedgerAccess(Ledger.open(home.ledger_db), own=me,  # [quota]: per-author quotas on merge
                                    quota=quota_from_config(self.config.extra.get("quota")))
         self.peerset = PeerSet(PeerSetConfig.from_table(self.config.extra.get("peers")))  # config.toml [peers]
         self.dialer = PeerDialer(self)  # connections: the membership gate, dialling, back-offs (atdnode.peers.dialer)
@@ -132,7 +134,7 @@ class NodeDaemon:
                                   sync_fanout=sync_fanout, rng_seed=rng_seed)
         self.announcer = Announcer(home=self.home, identity=self.identity, config=self.config, ledger=self.ledger,
                                    transport=self.transport, topic=self.topic, readers=self.readers,
-                                   replica=self.replica, poll_interval=poll_interval)
+                                   replica=self.replica, poll_interval=poll_interval, addrs=self.addrs)
         self.controller = DaemonControl(self)
         self.web_url: str | None = None  # the URL of the web front run beside the daemon, if any
         self._stop = trio.Event()
@@ -179,10 +181,21 @@ class NodeDaemon:
 
     # ---------------------------------------------------------------- lifecycle
 
+    def addrs(self) -> list[str]:
+        """The addresses others dial (hello, status, daemon.json): `announce`, else the listen
+        addresses with 0.0.0.0 / :: expanded to the host's (`atdnode.node.advertise`)."""
+        return advertised(self.transport.addrs(), peer_id=self.transport.peer_id, announce=self.announce)
+
     async def run(self, listen: list[str], bootstrap: list[str] = (), *, web: WebFront | None = None,
-                  task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until `stop()`; reports the listen addresses through `task_status` once ready.
-        `web`: a view served beside the daemon (started before `daemon.json` is written)."""
+                  announce: list[str] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until `stop()`; reports the addresses others dial (`addrs()`) through
+        `task_status` once ready. `web`: a view served beside the daemon (started before
+        `daemon.json` is written). `announce`: replaces `[network] announce` of config.toml."""
+        if announce is not None:
+            self.announce = list(announce)
+        for a in self.announce:
+            if "/p2p/" in a and a.rsplit("/p2p/", 1)[1] != self.transport.peer_id:
+                raise ConfigError(f"announce {a!r}: the /p2p/ part is not this node's peer id {self.transport.peer_id}")
         # bootstrap peers are peer-set candidates too (a newcomer may know no hello yet)
         self.dialer.bootstrap = {a.rsplit("/p2p/", 1)[-1]: [a] for a in bootstrap if "/p2p/" in a}
         with home_lock(self.home):  # one daemon per home, even when two start at once
@@ -226,9 +239,10 @@ class NodeDaemon:
                     nursery.start_soon(service.run, self)
                 for addr in bootstrap:
                     nursery.start_soon(self.dialer.dial_bootstrap, addr)
-                log.info("node %s listening on %s", self.transport.peer_id, " ".join(self.transport.addrs()))
+                log.info("node %s listening on %s; others dial %s", self.transport.peer_id,
+                         " ".join(self.transport.addrs()), " ".join(self.addrs()))
                 tune_gc()  # start-up objects out of the collector's scans: no GC pauses in the gossip path
-                task_status.started(self.transport.addrs())
+                task_status.started(self.addrs())
                 await self._stop.wait()
                 log.info("shutting down")
                 nursery.cancel_scope.cancel()
@@ -245,7 +259,7 @@ class NodeDaemon:
         await self._stop.wait()
 
     def _write_state(self) -> None:
-        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.transport.addrs(),
+        state = {"pid": os.getpid(), "peer_id": self.transport.peer_id, "addrs": self.addrs(),
                  "started": time.time(), "dashboard": self.web_url}
         tmp = self.home.root / "daemon.json.tmp"
         tmp.write_text(json.dumps(state))
@@ -295,7 +309,7 @@ class NodeDaemon:
         """A read-only picture of the running daemon for views beside it (atdnode.node.snapshot)."""
         t = self.transport
         return NodeSnapshot(peer_id=t.peer_id, public_key=self.identity.public_key, name=self.config.name,
-                            role=self.config.role, addrs=tuple(t.addrs()), peers=tuple(t.peers()),
+                            role=self.config.role, addrs=tuple(self.addrs()), peers=tuple(t.peers()),
                             wanted=frozenset(self.fetcher.wanted), stats=dict(self.stats),
                             fetches=fetch_progress(self.blobs.fetcher.reports), bytes_by_peer=dict(t.bytes_by_peer()),
                             bytes_by_protocol=dict(t.bytes_by_protocol()), campaigns=campaign_states(self.services))

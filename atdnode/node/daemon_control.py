@@ -60,7 +60,7 @@ class DaemonControl:
         state = await d.ledger.run(ledger_state)
         return {
             "peer_id": d.transport.peer_id,
-            "addrs": d.transport.addrs(),
+            "addrs": d.addrs(),  # what others dial (never 0.0.0.0)
             "peers": d.transport.peers(),
             "refused": sorted(d.gate.refused),  # non-members refused so far
             "members": len(d.replica.member_peer_ids()),  # other members (the dashboard's "connected N of M")

@@ -1,4 +1,4 @@
-"""Keep Python's cyclic garbage collector off the gossip path of a daemon process (issue 15).
+"""Keep Python's cyclic garbage collector off the gossip path of a daemon process.
 
 A daemon allocates many short-lived container objects per gossiped message (py-libp2p
 creates a task, protobuf messages and trio outcomes per RPC), so with CPython's default

@@ -74,8 +74,10 @@ def _derive(passphrase: bytes, kdf: dict) -> bytes:
         raise KeyBackupError("key backup: malformed kdf parameters") from None
     if kdf.get("name") != "scrypt":
         raise KeyBackupError("key backup: unsupported kdf (atd writes scrypt)")
+    if n & (n - 1):
+        raise KeyBackupError(f"key backup: scrypt parameter n={n} is not a power of two (atd writes {SCRYPT['n']})")
     if not (MIN_SCRYPT_N <= n <= SCRYPT["n"] and 1 <= r <= SCRYPT["r"] and p == SCRYPT["p"]):
-        # issue 24: a crafted header must not cost gigabytes and seconds before "wrong passphrase"
+        # a crafted header must not cost gigabytes and seconds before "wrong passphrase"
         raise KeyBackupError(f"key backup: scrypt parameters n={n}, r={r}, p={p} are beyond what atd writes "
                              f"(n {MIN_SCRYPT_N}..{SCRYPT['n']}, r <= {SCRYPT['r']}, p = {SCRYPT['p']}); refused "
                              f"unread (they would need {128 * n * r * p >> 20} MiB)")

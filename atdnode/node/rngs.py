@@ -2,7 +2,7 @@
 
 A real daemon draws its choices (which peers to dial, the order of periodic sync pulls)
 from OS randomness. A simulation (`netsim.memnet`) passes `NodeDaemon(rng_seed=...)` so
-that every choice of every node is a function of the scenario seed (issue 29: with an
+that every choice of every node is a function of the scenario seed (with an
 unseeded dialer and sync order the time to converge varied 30-150 simulated s between
 runs of one scenario).
 """

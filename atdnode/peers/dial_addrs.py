@@ -1,4 +1,4 @@
-"""Members' dial addresses, read from their `hello` entries one member at a time (issue 29).
+"""Members' dial addresses, read from their `hello` entries one member at a time.
 
 The dialer used to read every `hello` of the consortium whenever one changed (and at every
 start) and keep every member's address list: with 1,000 members, an O(N) read at each of

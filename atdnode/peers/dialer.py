@@ -1,6 +1,6 @@
 """Connections of a daemon: the membership gate on every connection, dialling members, back-offs.
 
-`PeerDialer` holds what `NodeDaemon` delegates about connections (issues 15, 24, 26):
+`PeerDialer` holds what `NodeDaemon` delegates about connections:
 
 * `admit(peer)` is the transport's peer gate (`Transport.set_peer_gate`): every connection,
   re-connections included, and every gossip RPC in or out is checked against the
@@ -93,7 +93,7 @@ class PeerDialer:
 
     def fit_mesh(self) -> None:
         """The gossip mesh follows the consortium's size (`peerset.gossip_degrees`; a small
-        consortium: fewer duplicate copies, `gossip_mesh.SmallConsortiumMixin`, issue 29)."""
+        consortium: fewer duplicate copies, `gossip_mesh.SmallConsortiumMixin`)."""
         cfg, members = self.d.peerset.cfg, len(self.d.members)
         fit_mesh(self.d.transport, gossip_degrees(cfg, members), small_consortium(cfg, members))
 
@@ -277,7 +277,7 @@ class PeerDialer:
     def _tick(self, order: list[str], addrs: dict[str, tuple[str, ...]], next_rotation: float) -> float:
         """Seconds until the next peer-set round unless a connection wakes it first: one
         second while it has members to dial (or knows of none yet); IDLE_TICK_S (or until the
-        next rotation) once it holds `target` peers or every member it knows of (issue 29: an idle daemon's
+        next rotation) once it holds `target` peers or every member it knows of (an idle daemon's
         peer set is not re-planned every second). A lost peer is replaced within that."""
         d = self.d
         tick = max(d.poll_interval * 4, 1.0)
@@ -310,7 +310,7 @@ class RotationPace:
     `atdnode.replication.antientropy`), not a new connection's pull: at start-up, and on every new
     connection of a node that was away, that pull brings what the node missed while it was
     not connected, which says nothing about the graph. "A membership change" is the member
-    set itself, not a new `hello` (issue 29: while a consortium of 100 started, every hello
+    set itself, not a new `hello` (while a consortium of 100 started, every hello
     of a starting member kept every other member rotating every `rotate_s`, a connection set-up
     on both sides each time, and the idle daemons were still doing so minutes later)."""
 

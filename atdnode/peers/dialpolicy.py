@@ -1,4 +1,4 @@
-"""The daemon's dial policy: whom to contact, at which addresses, how often (issues 24, 26).
+"""The daemon's dial policy: whom to contact, at which addresses, how often.
 
 Pure bookkeeping (no network, no clock of its own: callers pass `now`), used by
 `atdnode.peers.dialer`:
@@ -38,7 +38,7 @@ _interned: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 def _intern(addrs: tuple[str, ...]) -> tuple[str, ...]:
     """One shared tuple per distinct address list in this process (the dialer's table and
-    the policy's point at it; all nodes of a simulation share one process, issue 29)."""
+    the policy's point at it; all nodes of a simulation share one process)."""
     t = _interned.get(addrs)
     if t is None:
         if len(_interned) >= MAX_INTERNED_ADDRS:
@@ -82,7 +82,7 @@ class DialPolicy:
         self.refusals = Backoff(self.refusal_base, self.refusal_cap)
         self.dials = Backoff(self.dial_base, self.dial_cap)
 
-    # -- refusals (issue 24) -------------------------------------------------------------
+    # -- refusals -------------------------------------------------------------
 
     def refused_by(self, peer: str, now: float, *, joining: bool = False) -> float:
         """`peer` refused us; returns how long it is left alone."""
@@ -109,7 +109,7 @@ class DialPolicy:
         peer that connected to us (a member that dials us holds our re-admission)."""
         return (connected or not self.revoked) and not self.refusals.blocked(peer, now)
 
-    # -- dials (issue 26) ----------------------------------------------------------------
+    # -- dials ----------------------------------------------------------------
 
     def set_addresses(self, peer: str, addrs: Iterable[str]) -> None:
         """The addresses known for `peer`; a change (a newer hello) lifts its dial back-off."""
@@ -133,7 +133,7 @@ class DialPolicy:
     def dial_ok(self, peer: str) -> None:
         self.dials.clear(peer)
 
-    # -- reachability (issue 26) ---------------------------------------------------------
+    # -- reachability ---------------------------------------------------------
 
     def observe(self, connected: Iterable[str], now: float) -> tuple[list[tuple[str, float]], list[str]]:
         """Feed the connected peers; returns (members now unreachable longer than

@@ -1,4 +1,4 @@
-"""The bounded peer set: which members a daemon stays connected to (issue 15).
+"""The bounded peer set: which members a daemon stays connected to.
 
 A daemon no longer dials every member. It keeps between `target` and `max` connections
 (config.toml `[peers] target = 8, max = 16`), chosen from the members' signed `hello`
@@ -20,7 +20,7 @@ entries (their addresses):
   sides of a healed partition, each at `target` within itself, would never meet again.
   A rotation costs a connection set-up on both sides (Noise handshake, identify, pubsub
   hello, a sync pull each way): in an idle consortium of 100 daemons about a third of
-  their CPU (issue 29). So a node rotates every `rotate_s` only while a rotation may buy
+  their CPU. So a node rotates every `rotate_s` only while a rotation may buy
   something (`rotation_interval`): some member's dials failed and it was not reached
   since (a partition or a member away: the rotation then re-probes such a member every
   other time, so a healed cut is crossed at the next rotation), a peer it did not prune
@@ -71,7 +71,7 @@ class PeerSetConfig:
     redial_after_s: float = 30.0  # a peer we dialled, pruned or lost is not dialled again this soon
     rotate_s: float = 60.0  # one peer is swapped for a random member this often (re-mixing) ...
     rotate_idle_s: float = 600.0  # ... or this often while nothing suggests a rotation helps (rotation_interval)
-    unreachable_after_s: float = 60.0  # a member whose dials fail this long is one WARNING line (issue 26)
+    unreachable_after_s: float = 60.0  # a member whose dials fail this long is one WARNING line
 
     def __post_init__(self) -> None:
         if type(self.target) is not int or self.target < 1:
@@ -114,7 +114,7 @@ def gossip_degrees(cfg: PeerSetConfig, members: int | None = None) -> tuple[int,
     (at least 1), D_high = min(max, 2 D) but at least D.
 
     A small consortium (`small_consortium`) gets D = D_high = min(target, 2), D_low = 1: its
-    relays only cover a member whose link to an entry's author is down (issue 29; the rest
+    relays only cover a member whose link to an entry's author is down (the rest
     of that mode, no opportunistic grafting and no IHAVE gossip, is in
     `atdnode.transport._libp2p.gossip_mesh.SmallConsortiumMixin`)."""
     if members is not None and small_consortium(cfg, members):
@@ -151,7 +151,7 @@ class PeerSet:
 def sample_candidates(members: Sequence[str], ok: Callable[[str], bool], need: int, rng: random.Random,
                       extra: Iterable[str] = ()) -> list[str]:
     """The members a dial round chooses from (`plan_dials`, `plan_rotation`), without a pass
-    over every member of a large consortium (issue 29: with 1,000 members that pass, every
+    over every member of a large consortium (with 1,000 members that pass, every
     round of every daemon, was a large part of start-up): with at most SAMPLE_ALL members,
     every one `ok` accepts, as before; else those `ok` accepts among a uniform random sample
     of max(8 * need, SAMPLE_ALL) members, and among `extra` (the peers with a known RTT that

@@ -3,7 +3,7 @@
 `Announcer` gossips every entry this node authors, whether the daemon appended it
 (`append`, at once) or a CLI command in another process did (`announce_loop` watches the
 ledger files' stamp, `ledger_stamp`). Nothing is signed or gossiped before the replicator's
-`head_confirmed` is set (safe restart, issue 11). The home's `announced` file keeps the seq
+`head_confirmed` is set (safe restart). The home's `announced` file keeps the seq
 gossiped so far (`read_announced` / `write_announced`): a restart does not re-gossip older
 entries. `maybe_say_hello()` appends a signed `hello` (addresses, X25519 key, role, name)
 once we are a member and our addresses or role changed. Reader lists of blob entries are
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from typing import Callable
 
 import trio
 
@@ -29,7 +30,7 @@ log = logging.getLogger("atd.daemon")
 
 LEDGER_RECHECK_S = 30.0  # the announce loop reads the ledger at least this often, changed or not
 QUIET_TICKS = 8  # poll ticks without a ledger change before the announce loop polls slower ...
-IDLE_POLL_S = 1.0  # ... at most this often (issue 29: 4 wakeups a second of 100 idle daemons add up)
+IDLE_POLL_S = 1.0  # ... at most this often (4 wakeups a second of 100 idle daemons add up)
 
 
 class Announcer:
@@ -37,10 +38,11 @@ class Announcer:
 
     def __init__(self, *, home: NodeHome, identity: NodeIdentity, config: NodeConfig, ledger: LedgerAccess,
                  transport: Transport, topic: str, readers: BlobReaders, replica: Replicator,
-                 poll_interval: float) -> None:
+                 poll_interval: float, addrs: Callable[[], list[str]] | None = None) -> None:
         self.home, self.identity, self.config, self.ledger = home, identity, config, ledger
         self.transport, self.topic, self.readers, self.replica = transport, topic, readers, replica
         self.poll_interval = poll_interval
+        self.addrs = addrs or transport.addrs  # what the hello says others dial (NodeDaemon.addrs)
         self.announced_seq = 0
         self._hello_said: tuple | None = None  # (addrs, role) of our last signed hello
 
@@ -68,7 +70,7 @@ class Announcer:
         stamp, recheck_at, quiet = None, 0.0, 0
         db = os.fspath(self.home.ledger_db)
         while True:
-            # Idle cost (issues 15, 29): the ledger is read only when its files changed (a CLI
+            # Idle cost: the ledger is read only when its files changed (a CLI
             # command appended, or a merge), when no hello went out yet, and every
             # LEDGER_RECHECK_S; otherwise a poll tick is two stat calls, no thread hop. After
             # QUIET_TICKS unchanged ticks the loop polls every IDLE_POLL_S instead of every
@@ -124,7 +126,7 @@ class Announcer:
         me = self.identity.public_key
         if me not in self.replica.members or not self.replica.head_confirmed.is_set():
             return
-        addrs = self.transport.addrs()
+        addrs = self.addrs()
         said = (tuple(addrs), self.config.role)
         if self._hello_said == said:  # checked on every poll tick: no query each time
             return

@@ -1,4 +1,4 @@
-"""Periodic sync (anti-entropy) of a daemon, paced by what happens (issue 29).
+"""Periodic sync (anti-entropy) of a daemon, paced by what happens.
 
 Every `sync_interval` s a daemon pulls from the next `sync_fanout` connected members of a
 shuffled round (`peerset.plan_sync`): that covers gossip lost on the way. In an idle

@@ -18,26 +18,16 @@ from ledger import Ledger
 POLL_S = 0.25  # how often the log and the store are read again
 
 
-def entry_ids(refs: Sequence[str]) -> list[bytes]:
-    """Full hex entry ids as bytes; ConfigError (one line) for anything else."""
-    out = []
-    for ref in refs:
-        try:
-            raw = bytes.fromhex(ref)
-        except ValueError:
-            raw = b""
-        if len(raw) != 32:
-            raise ConfigError(f"{ref!r} is not a 64-hex-digit entry id")
-        out.append(raw)
-    return out
-
-
 def wait_for_entries(home: NodeHome, refs: Sequence[str], *, blobs: bool = False, timeout: float = 120.0,
                      poll: float = POLL_S) -> None:
-    """Return once every entry of `refs` (full hex ids) is in `home`'s log and, with `blobs`,
-    every blob they name is in its store; DaemonError naming what is missing after `timeout`
-    seconds (the ledger and the store are read, nothing is written: a daemon does the rest)."""
-    ids = entry_ids(refs)
+    """Return once every entry of `refs` (full hex ids, or unique prefixes of at least
+    `atdnode.ids.MIN_PREFIX` hex digits: `atdnode.ids.arrived_entry`) is in `home`'s log and,
+    with `blobs`, every blob they name is in its store; DaemonError naming what is missing
+    after `timeout` seconds; IdError (a ConfigError) for a malformed or ambiguous ref (the
+    ledger and the store are read, nothing is written: a daemon does the rest)."""
+    from atdnode.ids import arrived_entry
+
+    ids = list(dict.fromkeys(r.strip().lower() for r in refs))
     if not home.ledger_db.exists():
         raise ConfigError(f"{home.ledger_db} is missing; this node's ledger is gone")
     store = BlobStore(home.blobs_dir)
@@ -47,8 +37,8 @@ def wait_for_entries(home: NodeHome, refs: Sequence[str], *, blobs: bool = False
         fetched = stack.enter_context(progress.task("blobs", total=None, unit="bytes")) if blobs else None
         while True:
             with Ledger.open(home.ledger_db) as led:
-                got = {i: led.get(i) for i in ids}
-            missing = [i.hex()[:16] for i, e in got.items() if e is None]
+                got = {i: arrived_entry(led, i) for i in ids}  # a prefix: once one entry here matches it
+            missing = [i[:16] for i, e in got.items() if e is None]
             arrived.update(len(ids) - len(missing))
             named = [e.body for e in got.values() if blobs and e is not None and isinstance(e.body.get("blob"), str)]
             unfetched = [b["blob"][:16] for b in named if not store.has(b["blob"])]

@@ -4,7 +4,7 @@ SQLite work (and the signature checks inside `merge`) can take longer than yamux
 reader-stall limit on a big batch, so every call runs in a worker thread. A capacity
 limiter of one serialises them: the ledger object holds one connection.
 
-Group commit (issue 29). `append` queues the node's own entry; one task at a time (the
+Group commit. `append` queues the node's own entry; one task at a time (the
 first appender that finds no commit running) takes everything queued and writes it with
 `Ledger.append_many`: one durable transaction, one WAL fsync, for every append that
 arrived while the previous group was being written. Each appender gets its entry back only
@@ -13,7 +13,7 @@ after that commit returned, so whatever the caller gossips is already durable: a
 shown, and the node never signs twice at a seq anyone saw. Readers of this process go
 through the same limiter, so they never see an uncommitted own entry either.
 
-Where a group's time goes (issue 29; `bench/ledger_bench.py` prints the numbers: `fsync_ms`,
+Where a group's time goes (`bench/ledger_bench.py` prints the numbers: `fsync_ms`,
 `group_ms`, `fsync_ceiling`): per entry an Ed25519 signature, the canonical encoding and
 hash, and an SQLite insert; per group one COMMIT, i.e. one fsync of the WAL (plus, now and
 then, a WAL checkpoint). A closed loop of k appenders never forms groups larger than k, so
@@ -63,7 +63,7 @@ class LedgerAccess:
         """`quota`: per-author size / rate limits on entries merged from the network
         (`ledger.quota`; HOME/config.toml ``[quota]``, see `quota_from_config`); `own`: this
         node's key, whose entries no quota or waiting cap holds back (a restored home takes
-        its whole chain back from a member at once, issue 24)."""
+        its whole chain back from a member at once)."""
         self.ledger = ledger
         self.quota = quota
         self.own = () if own is None else (own,)
@@ -144,7 +144,7 @@ class LedgerAccess:
     async def merge_genesis(self, raw: bytes) -> int:
         """Merge the genesis entry a refusal carried; returns how many entries it added. The
         same bytes a second time cost no ledger-thread job (a refused node must not spend
-        its ledger thread on every refusal, issue 24)."""
+        its ledger thread on every refusal)."""
         if raw in self._genesis_seen:
             await trio.lowlevel.checkpoint()
             return 0

@@ -1,7 +1,7 @@
-"""Restores never fork (issue 24 item 4): when a node may trust its own chain head, and how
+"""Restores never fork: when a node may trust its own chain head, and how
 a fork that one node saw reaches the others.
 
-A daemon signs nothing until a member confirmed its own chain head (daemon.py, issue 11).
+A daemon signs nothing until a member confirmed its own chain head (daemon.py).
 "Confirmed" used to mean "one pull from a member finished"; a restored home whose own
 entries did not all arrive in that pull (a per-author quota dropped them while the node
 did not yet know it was a member) then signed at a seq it had already used, and every

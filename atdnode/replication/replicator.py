@@ -10,9 +10,9 @@
   `on_connected(peer, start_soon)` starts the pull of a new connection: the dialling end
   pulls at once, the dialled end only when the dialler's request showed that it lacks
   something, or when none came (`atdnode.replication.sync_connect`);
-  `periodic_sync()` pulls from `sync_fanout` members per `sync_interval` in turn (issue 15);
+  `periodic_sync()` pulls from `sync_fanout` members per `sync_interval` in turn;
   `verify_peers()` pulls from every connected peer and lists what they held that we lacked;
-* safe restart (issue 11): `head_confirmed` is set once a member's copy shows that our own
+* safe restart: `head_confirmed` is set once a member's copy shows that our own
   chain head is complete (`atdnode.replication.own_chain`); `confirm_head_loop()` keeps pulling from
   connected members until then;
 * `refresh_members()` keeps `members`, the membership gate and the dialer current;
@@ -51,7 +51,7 @@ MERGE_BATCH = 512
 MERGE_LINGER_S = 0.05  # under load, gossip merges at most this often (see merge_loop)
 INBOX_SIZE = 20_000
 VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to on_gossip
-HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long (issue 11) ...
+HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long ...
 EXPIRE_EVERY = 600.0  # ... checked this often
 SYNC_FANOUT = 1  # peers pulled from per periodic sync interval (in turn, see periodic_sync)
 
@@ -157,7 +157,7 @@ class Replicator:
 
         Under load, merges are at least MERGE_LINGER_S apart: an entry arriving sooner after
         the last merge waits for the rest of that interval and goes in with whatever arrives
-        meanwhile (issue 29: one SQLite transaction per delivered entry was most of a
+        meanwhile (one SQLite transaction per delivered entry was most of a
         gossiping node's CPU). An entry arriving after a quiet spell merges at once, so the
         idle latency is unchanged; relaying never waits (it happens at validation)."""
         while True:
@@ -285,7 +285,7 @@ class Replicator:
             await self.after_merge(kinds)  # membership first: the pull may have taught us who is a member
         if not self.head_confirmed.is_set() and self.is_other_member(peer_id):
             own_head = await self.ledger.run(lambda led: led.head_of(me))
-            if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back (issue 24)
+            if own_chain.confirms(own_head, result.yours):  # every own entry the peer holds is back
                 log.info("own chain head confirmed with member %s (seq %d)", peer_id, own_head)
                 self.head_confirmed.set()
             else:
@@ -340,10 +340,10 @@ class Replicator:
         """Anti-entropy for what gossip missed: every `sync_interval` s, pull from the next
         `sync_fanout` connected members of a shuffled round (`peerset.plan_sync`), so each
         peer is pulled from once per round of ceil(peers / fanout) intervals and the idle cost
-        does not grow with the peer set (issue 15; a pull from every peer each interval was
+        does not grow with the peer set (a pull from every peer each interval was
         most of an idle daemon's CPU). Quiet pulls space out, up to SYNC_IDLE_FACTOR
-        intervals, and a member seen ahead of us is pulled from next (`atdnode.replication.antientropy`,
-        issue 29). Connections still pull at once (`NodeDaemon._on_peer`)."""
+        intervals, and a member seen ahead of us is pulled from next
+        (`atdnode.replication.antientropy`). Connections still pull at once (`NodeDaemon._on_peer`)."""
         await self.anti_entropy.run()
 
     async def expire_loop(self) -> None:

@@ -2,7 +2,7 @@
 
 Two versions, one request per stream, msgpack frames. A node serves both; it pulls with
 v2 and falls back to v1 for a peer that does not speak v2 (`SyncVersions`), so a
-consortium upgrades one daemon at a time (issue 29).
+consortium upgrades one daemon at a time.
 
 Version 2, `/atd/sync/2.0.0`, digest first (`atdnode.replication.sync_digest`):
 
@@ -249,7 +249,7 @@ async def genesis_extra(ledger: LedgerAccess) -> dict:
 
 class CachedGenesis:
     """`genesis_extra` read from the ledger once: the genesis entry never changes, so serving a
-    refusal costs no ledger-thread job (issue 24: a refused peer retrying in a loop had queued
+    refusal costs no ledger-thread job (a refused peer retrying in a loop had queued
     95 s of ledger work on a member). Awaitable like `genesis_extra(ledger)`."""
 
     def __init__(self, ledger: LedgerAccess) -> None:

@@ -1,4 +1,4 @@
-"""Which end of a new connection pulls (issue 29): one pull per connection when the two
+"""Which end of a new connection pulls: one pull per connection when the two
 ledgers are in step, both when the dialled end holds something the dialler lacks.
 
 Before this, both ends of every new connection pulled at once; with a peer set of 8

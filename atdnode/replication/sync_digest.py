@@ -1,4 +1,4 @@
-"""Digests of a ledger's heads for the digest-first sync (`atdnode.replication.sync`, protocol v2, issue 29).
+"""Digests of a ledger's heads for the digest-first sync (`atdnode.replication.sync`, protocol v2).
 
 A heads map (author key -> highest contiguous seq in the log) is cut into BUCKETS buckets
 by the first byte of the author key. Each bucket's digest is
@@ -108,7 +108,7 @@ def digest_vector(led) -> tuple[bytes, dict[bytes, int]]:
     returned is the cache's own: read it, never change it.
 
     While the database is unchanged (`Ledger.change_token`) this is O(1): no heads map is
-    copied or compared (issue 29: with 1,000 authors, copying and comparing the heads on
+    copied or compared (with 1,000 authors, copying and comparing the heads on
     both sides of every no-op pull made start-up pulls O(N) each, O(N^2) in all)."""
     cache = _caches.get(led)
     if cache is None:

@@ -1,4 +1,4 @@
-"""INTERFACES.md's list of public APIs, generated from the source (issue 28: docs that cannot drift).
+"""INTERFACES.md's list of public APIs, generated from the source (docs that cannot drift).
 
 `API` names, per part of the project, the functions, classes and constants other parts
 (and users of the library) call. For each one the generated section shows its signature as
@@ -85,6 +85,10 @@ API: list[tuple[str, str, tuple[str, ...]]] = [
     ("atdnode", "atdnode.split.base", ("build_base", "publish_base")),
     ("atdnode", "atdnode.split.compare", ("CompareSetting", "run_compare")),
     ("atdnode", "atdnode.node.localnet", ("up", "down")),
+    ("atdnode", "atdnode.plans.runner", ("propose", "decide", "advance", "follow")),
+    ("atdnode", "atdnode.plans.spec", ("check_plan", "build_plan")),
+    ("atdnode", "atdnode.plans.state", ("load_view", "progress")),
+    ("atdnode", "atdnode.plans.policy", ("PlanPolicy",)),
     ("netsim", "netsim.scenario", ("load_scenario", "scenario_from_dict")),
     ("netsim", "netsim.run", ("run_scenario",)),
     ("netsim", "netsim.fat", ("run_rounds_memnet",)),

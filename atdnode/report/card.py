@@ -18,7 +18,13 @@ about one model, read from the signed ledger and the node's registry.
   fingerprint (sha256 of the loaded training tensors) and the source *kind* (never its path);
 - every evaluation: the training test split and each later `atd classify`, with metrics,
   confusion matrix and (training) curves;
-- the whole ledger's re-verification summary (`Ledger.verify`).
+- the whole ledger's re-verification, in plain words (`ledger_words`);
+- what the data owner says in `[card]` of config.toml (`atdnode.report.statement`): intended
+  and out-of-scope use, a description of the data, limitations;
+- whether this node uses the model (`atdnode.aggregation.keep.use_of`): in use, or not kept
+  by the keep decision after an aggregation, and why;
+- the keep decision of the node (`atdnode.aggregation.keep`): the candidates' scores, what
+  was kept and why, and whether this model is the one `atd classify` uses.
 
 Nothing that names a local file or a patient is put on the card: data specs are reduced to
 their source kind (`folder`, `dicom`, `npz`, ...), and evaluation PNG paths are dropped (the
@@ -79,15 +85,22 @@ class Card:
     steps: list[Step]
     evaluations: list[dict]
     ledger_check: str
+    use: dict = field(default_factory=dict)  # atdnode.aggregation.keep.use_of: in use / not kept, and why
+    ledger_ok: bool = True
+    statement: dict[str, str] = field(default_factory=dict)
+    keep: dict = field(default_factory=dict)
+    in_use: bool = False  # this model is the one `atd classify` / `atd predict` use by default
+    arch: str = ""
 
 
 def collect(home: NodeHome, model: str = "latest") -> Card:
-    """The card's facts for `model` (id, prefix or `latest`) of this node."""
+    """The card's facts for `model` (id, prefix, or `latest`: the model in use) of this node."""
+    from atdnode.aggregation import resolve_model, use_of
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
-    rec = reg.get(model)
+    rec = resolve_model(home, model)
     store = BlobStore(home.blobs_dir)
     with Ledger.open(home.ledger_db) as led:
         ms = led.membership()
@@ -97,15 +110,34 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
                 s.verification = _verify(led, store, led.get(s.id))
         members = _members(led, ms, {s.author for s in steps})
         try:
-            check = led.verify().summary()
+            check, ledger_ok = ledger_words(led.verify()), True
         except LedgerError as exc:
-            check = f"failed: {exc}"
+            check, ledger_ok = f"The ledger does NOT re-verify on this node: {exc}", False
+    from atdnode.learning import ModelConfig
+    from atdnode.report.statement import card_statement
+
     prov = rec.provenance or {}
+    use = use_of(home, rec)
+    keep = {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy") if k in prov}
     return Card(model_id=rec.id, made_by=made_by(rec), model=dict(rec.model), labels=list(rec.labels),
                 label_fp=rec.label_fp, samples=rec.samples, blobs=dict(rec.blobs),
                 source_kind=source_kind(prov.get("data")), class_counts=prov.get("class_counts"),
                 data_fp=prov.get("data_fp"), consortium=ms.consortium, members=members, steps=steps,
-                evaluations=_evaluations(reg, rec), ledger_check=check)
+                evaluations=_evaluations(reg, rec), ledger_check=check, ledger_ok=ledger_ok, use=use,
+                statement=card_statement(home), keep=keep, in_use=use["status"] == "in use",
+                arch=ModelConfig.from_dict(rec.model).arch())
+
+
+def ledger_words(report) -> str:
+    """A ledger `VerifyReport` in plain words."""
+    if not report.entries:
+        return "This node's copy of the shared log is empty: nothing about this model was published."
+    held = (f"; {report.held} wait for a missing earlier entry" if report.held else "")
+    evidence = (f"; {report.evidence} are kept only as evidence against their author" if report.evidence else "")
+    eq = (f"; {report.equivocators} member(s) signed conflicting entries" if report.equivocators else "")
+    return (f"All {report.entries} records of the consortium's shared log were re-checked on this node: every "
+            f"signature and every hash link holds ({report.log} accepted{held}{evidence}{eq}; "
+            f"{report.authors} author(s)).")
 
 
 def _roots(led: Ledger, rec) -> list[Entry]:
@@ -177,7 +209,8 @@ _KEEP = {
     "aggregate": ("blob", "mode", "weighting", "weights", "inputs", "head", "part", "q", "reference", "classifier",
                   "n_classes", "n_models", "skipped", "base", "campaign", "round", "participants", "missing"),
 }
-_METRICS = ("n", "accuracy", "precision", "recall", "f1", "robust_accuracy")
+_METRICS = ("n", "accuracy", "precision", "recall", "f1", "balanced_accuracy", "robust_accuracy")
+_DETAILS = ("ci", "binary", "calibration", "per_class", "caution")  # structured figures a card shows
 
 
 def _summary(e: Entry) -> dict:
@@ -233,12 +266,16 @@ def _evaluations(reg, rec) -> list[dict]:
     m = rec.metrics or {}
     if m:
         out.append({"what": "training test split", "source": public_spec((rec.provenance or {}).get("data")),
+                    "split": "test", "kind": "model",
                     "metrics": {k: m[k] for k in _METRICS if isinstance(m.get(k), (int, float))},
+                    "details": {k: m[k] for k in _DETAILS if isinstance(m.get(k), dict)},
                     "confusion": m.get("confusion"), "classes": list(rec.labels),
                     "history": [h for h in m.get("history") or [] if isinstance(h, dict)]})
     for ev in reg.evaluations(rec.id):
         out.append({"what": f"atd classify ({ev.get('kind', 'model')}, {ev.get('split', '?')} split)",
-                    "source": public_spec(ev.get("data")), "time": ev.get("time"),
+                    "source": public_spec(ev.get("data")), "time": ev.get("time"), "split": ev.get("split"),
+                    "kind": ev.get("kind"),
                     "metrics": {k: ev[k] for k in _METRICS if isinstance(ev.get(k), (int, float))},
+                    "details": {k: ev[k] for k in _DETAILS if isinstance(ev.get(k), dict)},
                     "confusion": ev.get("confusion"), "classes": ev.get("classes"), "history": []})
     return out

@@ -1,5 +1,9 @@
 """A model card as one self-contained HTML file (`atd report MODEL --out card.html`).
 
+The reader-facing sections (plain-language summary, then Mitchell et al. 2019's sections:
+`atdnode.report.card_sections`) come first; the audit annex read from the ledger (who
+trained what, aggregation, evaluations in full, members, the entries that prove it) follows.
+
 Figures are drawn from the recorded numbers with the node's own plotting code
 (`atdnode.learning.metrics.save_confusion_png`, `atdnode.learning.trainlog.save_curves_png`) and inlined as
 base64 PNGs, so the file opens anywhere without the node's home. Every value is HTML-escaped.
@@ -16,6 +20,8 @@ import time
 from pathlib import Path
 
 from atdnode.report.card import Card, Step
+from atdnode.report.card_sections import TEMPLATE
+from atdnode.report.card_sections import render as sections
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;line-height:1.4}
@@ -57,9 +63,7 @@ def _fmt(v: object) -> str:
 def _model_section(card: Card) -> str:
     m = card.model
     rows = [("model id", f"<code>{_e(card.model_id)}</code>"), ("made by", _e(card.made_by)),
-            ("architecture", _e(f"{m.get('name')} img {m.get('img_size')} patch {m.get('patch_size')} "
-                                f"embed {m.get('embed_dim')} depth {m.get('depth')} heads {m.get('num_heads')} "
-                                f"channels {m.get('in_chans')}")),
+            ("architecture", _e(f"{card.arch}, {m.get('in_chans')} channel(s)")),
             ("classes", _e(", ".join(card.labels))), ("label-space fingerprint", f"<code>{_e(card.label_fp)}</code>"),
             ("training samples", _e(card.samples)), ("data source kind", _e(card.source_kind))]
     if card.data_fp:
@@ -138,7 +142,7 @@ def _training(card: Card) -> str:
 def _evaluations(card: Card) -> str:
     if not card.evaluations:
         return "<p>No evaluation recorded yet (run <code>atd classify</code>).</p>"
-    from atdnode.learning import save_confusion_png, save_curves_png
+    from atdnode.learning import save_confusion_png, save_curves_png, save_reliability_png
 
     parts = []
     for i, ev in enumerate(card.evaluations):
@@ -149,6 +153,10 @@ def _evaluations(card: Card) -> str:
             uri = _png_data(lambda p: save_confusion_png(ev["confusion"], ev["classes"], p,
                                                          title=f"{ev['what']} (acc {m.get('accuracy', 0):.3f})"))
             figs.append(f'<a href="{uri}" target="_blank"><img alt="confusion matrix {i}" src="{uri}"></a>')
+        cal = (ev.get("details") or {}).get("calibration")
+        if cal and cal.get("table"):
+            uri = _png_data(lambda p: save_reliability_png(cal, p, title=f"{ev['what']}: reliability"))
+            figs.append(f'<a href="{uri}" target="_blank"><img alt="reliability plot {i}" src="{uri}"></a>')
         if ev.get("history"):
             uri = _png_data(lambda p: save_curves_png(ev["history"], p, title="training curves"))
             figs.append(f'<a href="{uri}" target="_blank"><img alt="training curves" src="{uri}"></a>')
@@ -158,6 +166,20 @@ def _evaluations(card: Card) -> str:
                      + (f'<div class="figs">{"".join(figs)}</div>' if figs else
                         '<p class="muted">no confusion matrix recorded for this evaluation</p>') + "</div>")
     return "\n".join(parts)
+
+
+def _reliability(card: Card) -> str:
+    """The reliability plot of the evaluation the summary quotes (the newest), if it recorded one."""
+    from atdnode.learning import save_reliability_png
+
+    ev = card.evaluations[-1] if card.evaluations else None
+    cal = ((ev or {}).get("details") or {}).get("calibration")
+    if not cal or not cal.get("table"):
+        return ""
+    uri = _png_data(lambda p: save_reliability_png(cal, p, title=f"{ev['what']}: reliability"))
+    return (f'<div class="figs"><img id="reliability" alt="reliability plot" src="{uri}"></div>'
+            '<p class="muted">Reliability: each dot is a bin of predictions with similar confidence; on the '
+            'dashed line the model is right exactly as often as it claims.</p>')
 
 
 def _members(card: Card) -> str:
@@ -184,6 +206,15 @@ def _proof(card: Card) -> str:
     return _table(["entry id", "kind", "author", "seq", "lamport", "state", "signature", "names"], rows, attrs=attrs)
 
 
+def _use(card: Card) -> str:
+    """Whether this node uses the model, and why (the keep decision after an aggregation)."""
+    if not card.use:
+        return ""
+    cls = {"in use": "ok", "not kept": "bad"}.get(card.use["status"], "warn")
+    return (f'<p id="use" class="{cls}" data-status="{_e(card.use["status"])}"><b>{_e(card.use["status"].capitalize())}'
+            f'</b> on this node: {_e(card.use["why"])}.</p>')
+
+
 def render(card: Card) -> str:
     """The card as one HTML document (no external resources)."""
     fails = [s for s in card.steps if (s.verification or {}).get("status") == "failed"]
@@ -192,15 +223,27 @@ def render(card: Card) -> str:
         ("warn", f"{len(unchecked)} aggregate(s) not checked here (inputs not held)") if unchecked else
         ("ok", "every aggregate re-verifies here" if any(s.kind == "aggregate" for s in card.steps)
          else "no aggregate to re-verify"))
+    verdict_words = {"ok": "The steps that combined members' models were recomputed here and match: ",
+                     "warn": "Some combining steps could not be recomputed here: ",
+                     "bad": "WARNING: a combining step does not match its recomputation: "}[verdict[0]] \
+        + verdict[1] + "."
+    if not any(s.kind == "aggregate" for s in card.steps):
+        verdict_words = ("No step combined members' models into this one: nothing to recompute "
+                         "(no aggregate to re-verify).")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Model card {_e(card.model_id)}</title>
 <style>{CSS}</style></head>
 <body data-model="{_e(card.model_id)}">
 <h1>Model card: <code>{_e(card.model_id)}</code></h1>
-<p>Consortium <b>{_e(card.consortium or "(none)")}</b>. Generated {_e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))}
-from this node's signed ledger. <span id="verdict" class="{verdict[0]}">{_e(verdict[1])}</span>.
-Ledger re-verification: <span id="ledger-check">{_e(card.ledger_check)}</span>.</p>
-<h2>The model</h2>{_model_section(card)}
+<p class="muted">Consortium <b>{_e(card.consortium or "(none)")}</b>. Generated
+{_e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))} from this node's signed ledger, following
+{_e(TEMPLATE)}; the audit annex after the caveats shows the records it was read from.</p>
+{_use(card)}
+{sections(card, _reliability(card))}
+<h2 id="audit-annex">Audit annex</h2>
+<p>Checks on this node: <span id="verdict" class="{verdict[0]}">{_e(verdict_words)}</span>
+<span id="ledger-check" class="{"ok" if card.ledger_ok else "bad"}">{_e(card.ledger_check)}</span></p>
+<h2>The model (annex)</h2>{_model_section(card)}
 <h2>Who trained what</h2>{_training(card)}
 <h2>Aggregation</h2>{_aggregates(card)}
 <h2>Evaluations</h2>{_evaluations(card)}

@@ -18,7 +18,7 @@ aggregate  mode "round": campaign, round, weighting, q, reference (previous glob
            round 0: the init blob), inputs (canonically sorted weights entry ids),
            weights, participants / missing (peer ids), blob (the global model)
 
-Issue 24 ("rounds no single member can steer"). A round aggregate verifies only if
+Rounds no single member can steer: a round aggregate verifies only if
 - its inputs are `weights` entries of its campaign and round, one per author, each trained
   from the aggregate's `reference` (the body's `start`: an input made from another model,
   e.g. pre-recorded before the previous round closed, is not an input of this round);

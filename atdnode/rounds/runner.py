@@ -14,7 +14,7 @@ passes, then the *coordinator* (smallest publishing peer id) records the aggrega
 inputs it holds; the others wait for an aggregate they may adopt (final, or over every
 input they hold: `_ready`; up to another deadline, then record their own).
 
-Adoption always recomputes (issue 24): every aggregate, ours aside, is verified here from
+Adoption always recomputes: every aggregate, ours aside, is verified here from
 its inputs before its global model is used (`verify_round`, also reached by `atd aggregate
 --verify`), even when its blob is already held; its input entries and blobs are awaited
 until the deadline (gossip brings entries of different authors in any order) and an
@@ -225,7 +225,7 @@ class RoundRunner:
         connected to it for `absent_grace` seconds of this wait (a crashed member's connection
         drops at once; a restarting one reconnects within the grace and is waited for).
 
-        With a bounded peer set (issue 15) a daemon at its peer target is not connected to
+        With a bounded peer set a daemon at its peer target is not connected to
         every member, so "not connected" says nothing about a member outside the set: such a
         member is still waited for (until the deadline) when it took part in the previous
         round (`recent`); one that did not is not waited for after the grace."""

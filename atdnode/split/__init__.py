@@ -1,4 +1,4 @@
-"""Split learning over the network (issue 7): FESTA, p-FESTA and masked sampling
+"""Split learning over the network: FESTA, p-FESTA and masked sampling
 distillation servers as node roles, reached by clients over a libp2p stream protocol.
 
 The learning itself lives in `protocols` (festa, pfesta, msd: pure message-in /
@@ -45,6 +45,7 @@ _FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": 
          "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",
          "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session",
          "DEFAULT_BODY": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
-         "parse_task": "settings"}
+         "parse_task": "settings",
+         "accept_clients": "secret", "adopt_secret": "secret"}
 __all__ = [*_FACE] + ["SERVER_ROLES", "SPLIT_PROTOCOL", "role_services"]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

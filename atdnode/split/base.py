@@ -1,5 +1,5 @@
 """`atd base build` / `atd base publish`: a base ViT built inside the consortium by masked
-sampling distillation (issue 16), the start VGS-ATD and `atd train --init-from` use when no
+sampling distillation, the start VGS-ATD and `atd train --init-from` use when no
 hub weights may be downloaded.
 
 An MSD campaign (`msd_campaign.py`) leaves two things on the ledger: the clients' secret

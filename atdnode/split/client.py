@@ -32,7 +32,8 @@ from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, ledger_guard, pull,
 from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
-from atdnode.split.secret import check_adopted, create_secret, ensure_hello, ensure_joined, open_secret
+from atdnode.split.secret import (acceptance, check_adopted, create_secret, ensure_hello, ensure_joined, open_secret,
+                                  service_entry)
 from atdnode.split.session import RemoteError, SplitChannel
 from atdnode.transport import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
@@ -255,9 +256,10 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
                          service: str | None, offer: dict[str, Any], seed: int | None = None) -> tuple[str, dict]:
     """The campaign's embedder secret (p-FESTA / MSD), before joining (see `secret.py`):
     announce this node's X25519 key and sign its join of the campaign, ask the server which
-    ``split_secret`` entry it adopted; if none and this node is the named maker (or the
-    maker's secret did not come), make one (sealed to the clients that joined by then),
-    offer it. The adopted one must be the campaign's first valid secret here
+    ``split_secret`` entry it adopted (asking makes the server accept this node, or refuse
+    it, per its policy); if none and this node is the named maker (or the maker's secret did
+    not come), make one (sealed to every client the server accepted), offer it. The adopted
+    one must be what the server's signed adoption names here, and valid
     (`secret.check_adopted`); opened from the local ledger with this node's key;
     SplitSecretError if this node is not a recipient."""
     if service is None:
@@ -279,17 +281,18 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
     if not isinstance(adopted, str):
         raise SplitJoinError(f"the server adopted no usable embedder secret: {adopted!r:.80}")
 
-    def has(led: Ledger) -> bool:
+    def has(led: Ledger) -> bool:  # the secret entry and the server's signed adoption of it
         try:
-            return led.get(adopted) is not None
+            here = led.get(adopted) is not None
         except ValueError:
             raise SplitJoinError(f"malformed embedder secret id {adopted!r:.80}") from None
+        return here and acceptance(led, service_entry(led, service))[1] == adopted
 
     if not await ledger.run(has):
         await _sync(link, ledger)
 
     def check_and_open(led: Ledger) -> dict:
-        check_adopted(led, adopted, service)  # the first valid one, not whichever the server liked
+        check_adopted(led, adopted, service)  # what the server's signed adoption names, and valid
         return open_secret(ident, led, adopted, service, cfg)
 
     return adopted, await ledger.run(check_and_open)

@@ -1,8 +1,8 @@
 """`atd split compare`: FESTA and p-FESTA against their baselines on one multi-task setting,
 accuracy and measured bytes per method in one report, the cost formulas beside the bytes,
-and which of the papers' orderings hold here (issue 17).
+and which of the papers' orderings hold here.
 
-Setting (defaults: the issue's): two tasks on sklearn digits at 28 px, a 2-class
+Setting (defaults: a chest X-ray-like shape): two tasks on sklearn digits at 28 px, a 2-class
 "pneumonia"-like task (label <= 2, minority ~30 %) and the 10 digits, ``clients_per_task``
 clients per task holding disjoint images, one held-out test set; the small ViT of
 `SplitSettings` (patch 4, width 32, depth 2); ``rounds`` x ``steps_per_round`` batches
@@ -361,7 +361,7 @@ def msd_cost(s: CompareSetting, part: Partition, fl_bytes: dict[str, Any] | None
 def references(s: CompareSetting, part: Partition) -> dict[str, dict[str, float]]:
     """Per task, the VGS-ATD ensemble (`atdnode.aggregation.ensemble_refs`, small options) on the pooled
     clients' raw pixels and on an untrained extractor of the setting's ViT, scored on the
-    test set: what the split methods' learned bodies must beat (issue 23)."""
+    test set: what the split methods' learned bodies must beat."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning

@@ -4,30 +4,40 @@ the patch embedder"; MSD §III: the permuted patch features are safe only while 
 and position embedding stay with the clients).
 
 One campaign = one server ``service`` entry. A client joins it by signing a ``split_join``
-entry naming that service (`ensure_joined`); its secret is one ``split_secret`` entry
-(`atdnode.bodies`) whose envelope holds the embedder state as safetensors bytes
-(`protocols.split_parts.EMBEDDER_KEYS`), sealed with `protocols.feature_crypto.seal_bytes`
-to the members that joined **that campaign** and announced an X25519 key, except the server
-and other split servers (their latest ``hello`` role), plus its author (so it can read the
-secret back after a restart). Nothing else is stored: the author keeps no seed and no file.
+entry naming that service (`ensure_joined`); the join takes effect only when the campaign's
+server accepts the client in a ``split_accept`` entry of its own (`accept_clients`: the
+server daemon does it for a member that asks, per its ``[split] accept`` policy, or its
+operator with `atd split accept`). The campaign's *accepted clients* are the members with
+both words: their own join and the server's acceptance (never the server itself). A
+secret is one ``split_secret`` entry (`atdnode.bodies`) whose envelope holds the embedder
+state as safetensors bytes (`protocols.split_parts.EMBEDDER_KEYS`), sealed with
+`protocols.feature_crypto.seal_bytes` to every accepted client, its author among them (so
+it can read the secret back after a restart). Nothing else is stored: the author keeps no
+seed and no file.
 
-Who may hold it (issue 24): only the campaign's joined clients. The join is each member's
-own signed entry, so neither the server nor the secret's maker can add a member that never
-joined; `check_secret_entry` refuses a secret whose author did not join or whose recipients
-include anyone who did not (every node checks this before using one), and `open_secret`
-refuses to open a campaign's secret on a node that never joined the campaign.
+Who may hold it: exactly the accepted clients. `check_secret_entry` refuses a secret whose
+author is not an accepted client or whose recipients are not exactly the accepted clients
+(every node checks this before using one; a secret sealed to its author alone, or to an
+outsider, is no secret of the campaign), and `open_secret` refuses to open a campaign's
+secret on a node that is not an accepted client. Neither the server nor the secret's maker
+can add a member that never joined; a member that joined is no client until accepted.
 
-Which secret counts is a rule the server cannot bend (`campaign_secret`): the first valid
-secret entry of the campaign by (lamport, id). The server adopts that one after syncing
-with the offerer (and names one maker, so concurrent secrets are rare); each client checks,
-after syncing, that what the server named is the first valid one it knows of.
+Which secret counts is decided by the server's own chain, never by a lamport clock an
+author chooses: the server adopts a valid secret in a ``split_accept`` entry naming it
+(`adopt_secret`), and the campaign's secret is the one its first adopting entry names
+(`campaign_secret`). That entry also closes the client list: acceptances after it do not
+count, so the secret stays sealed to every accepted client. The server cannot open what
+it adopts; each client checks, after syncing, that what the server named is what its
+signed adoption says and that it is valid (`check_adopted`). A rogue client's secret,
+whatever its lamport, displaces nothing.
 
-A member admitted after the secret was made is not a recipient: it gets a clear
+A member accepted after the secret was adopted is not a client: it gets a clear
 `SplitSecretError` (its author can make the campaign anew; resealing is not implemented).
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -39,30 +49,47 @@ from atdnode.errors import AtdError
 from atdnode.aggregation import announced_key
 from atdnode.node import NodeIdentity
 from atdnode.learning import ModelConfig
-from ledger import Entry, Ledger, peer_id_from_public_key
+from ledger import Entry, Ledger, peer_id_from_public_key, public_key_from_peer_id
 from atdnode import bodies
-from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_JOIN_KIND, SPLIT_SECRET_KIND, BodyError
+from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_ACCEPT_KIND, SPLIT_JOIN_KIND, SPLIT_SECRET_KIND, BodyError
 from protocols.feature_crypto import ALG, FeatureCryptoError, open_sealed_bytes, seal_bytes, sealed_bytes_info
 from protocols.split_parts import build_plain_embedder, new_embedder_state
 
 PURPOSE = "atd-split-embedder-v1"
 _HEX_ID = re.compile(r"[0-9a-f]{64}\Z")
-SERVER_ROLES = ("festa-server", "pfesta-server", "msd-server")
 
 
 class SplitSecretError(AtdError):
     """The campaign's embedder secret cannot be made, found, checked or opened."""
 
 
-def _role(led: Ledger, author: bytes) -> str | None:
-    hellos = led.query(kind="hello", author=author)
-    return hellos[-1].body.get("role") if hellos else None
-
-
 def joined(led: Ledger, service_id: str) -> set[bytes]:
     """Keys that signed a ``split_join`` for campaign `service_id` (entries in the log, so by
     members; a later revocation does not un-join: the secret they were sealed stays valid)."""
     return {e.author for e in led.query(kind=SPLIT_JOIN_KIND) if e.body.get("service") == service_id}
+
+
+def acceptance(led: Ledger, service: Entry) -> tuple[set[str], str | None]:
+    """(peer ids the campaign's server accepted, the secret it adopted or None): read from
+    the server's own ``split_accept`` entries for the campaign, in its chain's order, up to
+    and including the first that names a secret (later acceptances do not count)."""
+    sid = service.id.hex()
+    clients: set[str] = set()
+    for e in led.query(kind=SPLIT_ACCEPT_KIND, author=service.author):  # one author: chain (seq) order
+        if e.body.get("service") != sid or not bodies.fits(e):
+            continue
+        clients.update(e.body["clients"])
+        if "secret" in e.body:
+            return clients, e.body["secret"]
+    return clients, None
+
+
+def accepted(led: Ledger, service_id: str) -> set[bytes]:
+    """Keys of the campaign's accepted clients: members that joined it themselves and that
+    its server accepted (module doc); never the server."""
+    service = service_entry(led, service_id)
+    names, _ = acceptance(led, service)
+    return {k for k in joined(led, service_id) if k != service.author and peer_id_from_public_key(k) in names}
 
 
 def ensure_joined(ident: NodeIdentity, led: Ledger, service_id: str) -> Entry | None:
@@ -73,20 +100,51 @@ def ensure_joined(ident: NodeIdentity, led: Ledger, service_id: str) -> Entry | 
     return bodies.append(led, ident.signer, SPLIT_JOIN_KIND, {"service": service_id})
 
 
-def client_recipients(led: Ledger, service: Entry, me: bytes) -> dict[str, bytes]:
-    """peer id -> X25519 key of every member who may hold the secret: members that joined the
-    campaign (`joined`) with an announced key, except the campaign's server and any node
-    announcing a server role."""
-    members = led.membership()
-    clients = joined(led, service.id.hex())
+def accept_body(led: Ledger, service_id: str, server: bytes, peers: Iterable[str]) -> dict | None:
+    """The ``split_accept`` body by which the campaign's server (key ``server``) accepts
+    ``peers`` not accepted yet (None when there is none). SplitSecretError when ``server``
+    is not the campaign's server, a peer is not a member's peer id or is the server, or
+    the client list closed (a secret was adopted)."""
+    service = service_entry(led, service_id)
+    if service.author != server:
+        raise SplitSecretError(f"only the campaign's server accepts its clients ({service_id[:12]} is "
+                               f"{peer_id_from_public_key(service.author)[-8:]}'s)")
+    names, secret = acceptance(led, service)
+    if secret is not None:
+        raise SplitSecretError(f"campaign {service_id[:12]} closed its client list when it adopted its embedder "
+                               f"secret {secret[:12]}; make the campaign anew to take more clients")
+    m = led.membership()
+    new = sorted(set(peers) - names)
+    for p in new:
+        try:
+            key = public_key_from_peer_id(p)
+        except ValueError:
+            raise SplitSecretError(f"{p!r:.60} is not a peer id") from None
+        if key == service.author or not m.is_member(key):
+            raise SplitSecretError(f"{p} is {'the server itself' if key == service.author else 'not a member'}: "
+                                   "it cannot be a client")
+    return {"service": service_id, "clients": new} if new else None
+
+
+def accept_clients(ident: NodeIdentity, led: Ledger, service_id: str, peers: Iterable[str]) -> Entry | None:
+    """The campaign server (``ident``) accepts ``peers`` into its campaign: one signed
+    ``split_accept`` entry (`accept_body`; None when every peer was accepted already).
+    `atd split accept` calls it; the server daemon appends the same body through its own
+    gossiping writer."""
+    body = accept_body(led, service_id, ident.public_key, peers)
+    return None if body is None else bodies.append(led, ident.signer, SPLIT_ACCEPT_KIND, body)
+
+
+def client_recipients(led: Ledger, service: Entry) -> dict[str, bytes]:
+    """peer id -> X25519 key of every accepted client of the campaign (`accepted`): who a
+    secret must be sealed to. SplitSecretError when one of them announced no key yet."""
     out: dict[str, bytes] = {}
-    for key, status in members.members.items():
-        if key not in clients or status.revoked or key == service.author or (
-                key != me and _role(led, key) in SERVER_ROLES):
-            continue
+    for key in accepted(led, service.id.hex()):
         x = announced_key(led, key)
-        if x is not None:
-            out[peer_id_from_public_key(key)] = x
+        if x is None:
+            raise SplitSecretError(f"accepted client {peer_id_from_public_key(key)[-8:]} announced no X25519 key "
+                                   "yet: the secret cannot be sealed to it")
+        out[peer_id_from_public_key(key)] = x
     return out
 
 
@@ -109,10 +167,10 @@ def create_secret(ident: NodeIdentity, led: Ledger, service_id: str, cfg: ModelC
     service = service_entry(led, service_id)
     if service.author == ident.public_key:
         raise SplitSecretError("a split server cannot make its own campaign's embedder secret")
-    if ident.public_key not in joined(led, service_id):
-        raise SplitSecretError("this node has not joined the campaign (no split_join entry of it)")
-    recipients = client_recipients(led, service, ident.public_key)
-    recipients[ident.peer_id] = ident.x25519_public
+    if ident.public_key not in accepted(led, service_id):
+        raise SplitSecretError("this node is not an accepted client of the campaign: it has not joined "
+                               "(no split_join of it) or its server has not accepted it")
+    recipients = client_recipients(led, service)
     payload = st_save(new_embedder_state(cfg, seed=seed))
     env = seal_bytes(payload, recipients, ident.x25519_private, purpose=PURPOSE, sender_id=ident.peer_id)
     body = {"service": service_id, "recipients": sorted(recipients), "envelope": env, "alg": ALG}
@@ -134,9 +192,10 @@ def check_secret_body(body: dict) -> dict:
 
 def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> dict:
     """The typed body of ``entry`` if it is a valid secret of campaign ``service_id``:
-    right kind and campaign, authored by a member that is not the server, and an envelope
-    whose public header agrees with the signed entry. SplitSecretError otherwise. This is
-    what the server checks before adopting one (it cannot open it)."""
+    right kind and campaign, authored by an accepted client, sealed to exactly the accepted
+    clients, and an envelope whose public header agrees with the signed entry.
+    SplitSecretError otherwise. This is what the server checks before adopting one (it
+    cannot open it)."""
     where = f"split secret {entry.id.hex()[:12]}"
     if entry.kind != SPLIT_SECRET_KIND:
         raise SplitSecretError(f"{where} is a {entry.kind!r} entry")
@@ -151,13 +210,18 @@ def check_secret_entry(led: Ledger, entry: Entry, service_id: str) -> dict:
         raise SplitSecretError(f"{where} was made by the server itself")
     if not led.membership().is_member(entry.author):
         raise SplitSecretError(f"{where} was made by a non-member")
-    clients = {peer_id_from_public_key(k) for k in joined(led, service_id)}
+    clients = {peer_id_from_public_key(k) for k in accepted(led, service_id)}
     if peer_id_from_public_key(entry.author) not in clients:
-        raise SplitSecretError(f"{where} was made by a member that did not join the campaign")
+        raise SplitSecretError(f"{where} was made by a member that did not join the campaign or that its "
+                               "server did not accept")
     outside = sorted(set(body["recipients"]) - clients)
     if outside:
         raise SplitSecretError(f"{where} is sealed to {len(outside)} member(s) outside the campaign "
                                f"({', '.join(p[-8:] for p in outside[:3])})")
+    left_out = sorted(clients - set(body["recipients"]))
+    if left_out:
+        raise SplitSecretError(f"{where} is not sealed to every accepted client ({len(left_out)} left out: "
+                               f"{', '.join(p[-8:] for p in left_out[:3])})")
     try:
         info = sealed_bytes_info(body["envelope"])
     except FeatureCryptoError as e:
@@ -177,9 +241,9 @@ def open_secret(ident: NodeIdentity, led: Ledger, entry_id: str, service_id: str
     checked against the entry (`check_secret_entry`), decrypted, loaded from safetensors
     (never pickle) and checked against ``cfg`` (keys, shapes, float32, finite)."""
     entry = _secret_entry(led, entry_id, "is not in the local ledger")
-    if ident.public_key not in joined(led, service_id):
-        raise SplitSecretError(f"this node is not a recipient: it did not join campaign {service_id[:12]}, "
-                               "so it does not open its secret")
+    if ident.public_key not in accepted(led, service_id):
+        raise SplitSecretError(f"this node is not a recipient: it did not join campaign {service_id[:12]} or its "
+                               "server did not accept it, so it does not open its secret")
     body = check_secret_entry(led, entry, service_id)
     if ident.peer_id not in body["recipients"]:
         raise SplitSecretError(f"this node is not a recipient of the campaign's embedder secret "
@@ -207,35 +271,52 @@ def ensure_hello(ident: NodeIdentity, led: Ledger, role: str = "client") -> Entr
 
 
 def campaign_secret(led: Ledger, service_id: str) -> Entry | None:
-    """The campaign's secret by a rule the server cannot bend: the first valid ``split_secret``
-    entry of the campaign in ``led`` by (lamport, id); None when there is none yet."""
-    for e in sorted(led.query(kind=SPLIT_SECRET_KIND), key=lambda e: (e.lamport, e.id)):
-        if e.body.get("service") != service_id:
-            continue
-        try:
-            check_secret_entry(led, e, service_id)
-        except SplitSecretError:
-            continue
-        return e
-    return None
+    """The campaign's secret: the one its server's first adopting ``split_accept`` entry names
+    (`acceptance`), checked (`check_secret_entry`: SplitSecretError if the server adopted an
+    invalid one); None when none is adopted, or the adopted entry has not arrived here yet."""
+    _, adopted = acceptance(led, service_entry(led, service_id))
+    if adopted is None:
+        return None
+    try:
+        entry = led.get(adopted)
+    except ValueError:
+        raise SplitSecretError(f"the server adopted a malformed secret id {adopted!r:.80}") from None
+    if entry is None:
+        return None
+    check_secret_entry(led, entry, service_id)
+    return entry
 
 
-def adoptable(led: Ledger, entry_id: Any, service_id: str) -> str:
-    """The id to adopt when a client offers ``entry_id`` (server side): the offered entry must
-    be a valid secret of the campaign in ``led``; the one adopted is `campaign_secret`."""
+def adopt_body(led: Ledger, entry_id: Any, service_id: str, server: bytes) -> tuple[str, dict | None]:
+    """Server side, when a client offers ``entry_id``: (the id the campaign uses, the
+    ``split_accept`` body the server signs to adopt it, or None when it adopted one
+    already -- then that one is the id). The offered entry must be a valid secret of the
+    campaign (`check_secret_entry`); the adopting entry closes the client list."""
+    service = service_entry(led, service_id)
+    _, adopted = acceptance(led, service)
+    if adopted is not None:
+        return adopted, None
     check_secret_entry(led, _secret_entry(led, entry_id, "has not reached the server's ledger"), service_id)
-    first = campaign_secret(led, service_id)
-    assert first is not None  # the offered one is valid
-    return first.id.hex()
+    if service.author != server:
+        raise SplitSecretError("only the campaign's server adopts its secret")
+    return entry_id, {"service": service_id, "clients": [], "secret": entry_id}
+
+
+def adopt_secret(ident: NodeIdentity, led: Ledger, entry_id: Any, service_id: str) -> str:
+    """`adopt_body`, signed and appended by the server ``ident``; returns the adopted id."""
+    eid, body = adopt_body(led, entry_id, service_id, ident.public_key)
+    if body is not None:
+        bodies.append(led, ident.signer, SPLIT_ACCEPT_KIND, body)
+    return eid
 
 
 def check_adopted(led: Ledger, entry_id: str, service_id: str) -> None:
-    """Client side: SplitSecretError unless the server's ``entry_id`` is `campaign_secret` in
-    this node's ledger (a server that picks another one is caught here)."""
+    """Client side: SplitSecretError unless the server's ``entry_id`` is the secret its signed
+    adoption names in this node's ledger, and a valid one (`campaign_secret`)."""
     first = campaign_secret(led, service_id)
     if first is None or first.id.hex() != entry_id:
-        raise SplitSecretError(f"the server named embedder secret {str(entry_id)[:12]}, but the campaign's first "
-                               f"valid secret here is {first.id.hex()[:12] if first else 'none'}")
+        raise SplitSecretError(f"the server named embedder secret {str(entry_id)[:12]}, but the secret its signed "
+                               f"adoption names here is {first.id.hex()[:12] if first else 'none'}")
 
 
 def _secret_entry(led: Ledger, entry_id: Any, missing: str) -> Entry:

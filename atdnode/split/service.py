@@ -46,7 +46,7 @@ log = logging.getLogger("atd.split")
 ROLE_OF = {"festa": "festa-server", "pfesta": "pfesta-server", "msd": "msd-server"}
 
 
-SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold (issue 11) ...
+SPLIT_STREAMS_PER_PEER = 2  # live split streams one peer may hold ...
 SPLIT_STREAMS_TOTAL = 512  # ... and all peers together
 
 
@@ -73,6 +73,10 @@ class SplitService:
         # and the clients that asked for it before one was made (see `_secret`)
         self.secret_entry: str | None = None
         self.secret_askers: set[str] = set()
+        # once a maker is named, the client list is closed: the maker seals the secret to the
+        # clients accepted so far, and a later acceptance would make that secret invalid
+        self.clients_closed = False
+        self._adopting = trio.Lock()
         # awaited with the round number after each completed (and saved) round; tests and
         # monitors hook in here (a slow observer holds the next round back)
         self.round_observers: list = []
@@ -101,9 +105,7 @@ class SplitService:
             self.ready.set()
             await trio.sleep_forever()
         await self._announce()  # before admitting anyone: every offer names the signed entry
-        saved = self.read_json("secret.json")
-        if isinstance(saved, dict) and saved.get("service") == self.service_entry:
-            self.secret_entry = saved.get("entry")
+        self.secret_entry = await self.daemon.ledger.run(self._adopted)  # the server's signed adoption
         self.ready.set()
         try:
             await self.campaign.run()
@@ -114,6 +116,13 @@ class SplitService:
                 sess.dropped = self.failed
                 sess.scope.cancel()
         await trio.sleep_forever()
+
+    def _adopted(self, led) -> str | None:
+        from atdnode.split.secret import acceptance, service_entry
+
+        if self.algorithm == "festa" or self.service_entry is None:
+            return None
+        return acceptance(led, service_entry(led, self.service_entry))[1]
 
     @property
     def offer(self) -> dict[str, Any]:
@@ -147,7 +156,7 @@ class SplitService:
 
     async def _handle_limited(self, stream: Stream) -> None:
         """At most SPLIT_STREAMS_PER_PEER live split streams per peer (a reconnect may overlap
-        the session it replaces); more are reset before a byte is read (issue 11)."""
+        the session it replaces); more are reset before a byte is read."""
         lease = await lease_or_reset(self._stream_limits, stream, "split")
         if lease is None:
             return
@@ -212,17 +221,19 @@ class SplitService:
     async def _secret(self, sess: Session, frame) -> dict[str, Any]:
         """``secret {entry}`` -> ``secret_ok {entry, clients}`` (p-FESTA / MSD only).
 
-        The server arbitrates which client-made embedder secret a campaign uses, seeing
-        only entry ids and ciphertext. It first pulls the asker's ledger (its ``hello``
-        with its X25519 key, and its secret entry if it offers one). Without an offered
-        entry: if none is adopted yet, the reply waits until ``clients`` members asked (or
+        The server admits the campaign's clients and arbitrates which client-made embedder
+        secret the campaign uses, seeing only entry ids and ciphertext. It first pulls the
+        asker's ledger (its ``hello`` with its X25519 key, its ``split_join``, and its
+        secret entry if it offers one). Without an offered entry: the asker must be an
+        accepted client (`_accept`: the daemon signs its acceptance per ``[split] accept``);
+        if no secret is adopted yet, the reply waits until ``clients`` members asked (or
         ``start_timeout``), so that whoever then makes the secret can seal it to all of
         them, naming one of them the maker (``maker``: the others ask again with ``wait``
-        and get the maker's secret). With one: once the offered entry is valid
-        (`secret.check_secret_entry`), the campaign's first valid secret
-        (`secret.campaign_secret`, a rule every client re-checks) is adopted and persisted;
-        every later asker is told that one."""
-        from atdnode.split.secret import SplitSecretError, adoptable
+        and get the maker's secret) and closing the client list. With one: a valid offered
+        entry (`secret.check_secret_entry`) is adopted in a signed ``split_accept`` entry
+        unless one was adopted already; every later asker is told the adopted one."""
+        from atdnode.split.secret import SplitSecretError, adopt_body
+        from atdnode.bodies import SPLIT_ACCEPT_KIND
 
         assert self.settings is not None and self.board is not None
         if self.algorithm == "festa":
@@ -232,6 +243,7 @@ class SplitService:
         offered = frame.meta.get("entry")
         b = self.board
         if offered is None:
+            await self._accept(sess.client)
             self.secret_askers.add(sess.client)
             b.notify()
             deadline = trio.current_time() + self.settings.start_timeout
@@ -241,18 +253,62 @@ class SplitService:
                 await b.wait(lambda: self.secret_entry is not None or len(self.secret_askers) >= self.settings.clients,
                              deadline)
         elif self.secret_entry is None:
-            sid = self.service_entry or ""
-            try:
-                eid = await self.daemon.ledger.run(lambda led: adoptable(led, offered, sid))
-            except SplitSecretError as e:
-                raise SplitProtocolError(str(e)) from None
-            if self.secret_entry is None:  # first valid one wins
-                self.secret_entry = eid
-                await trio.to_thread.run_sync(self.write_json, "secret.json", {"service": sid, "entry": eid})
-                log.info("campaign embedder secret: entry %s by %s", eid[:12], sess.client[-8:])
-                b.notify()
+            sid, me = self.service_entry or "", self.daemon.identity.public_key
+            async with self._adopting:  # one adopting entry: concurrent offers wait for it
+                try:
+                    eid, body = await self.daemon.ledger.run(lambda led: adopt_body(led, offered, sid, me))
+                except SplitSecretError as e:
+                    raise SplitProtocolError(str(e)) from None
+                if body is not None:
+                    await self.daemon.append(SPLIT_ACCEPT_KIND, body)
+                if self.secret_entry is None:
+                    self.secret_entry = eid
+                    await trio.to_thread.run_sync(self.write_json, "secret.json", {"service": sid, "entry": eid})
+                    log.info("campaign embedder secret: entry %s by %s", eid[:12], sess.client[-8:])
+                    b.notify()
         maker = min(self.secret_askers) if self.secret_entry is None and self.secret_askers else None
+        if maker is not None:
+            self.clients_closed = True
         return {"entry": self.secret_entry, "clients": sorted(self.secret_askers), "maker": maker}
+
+    async def _accept(self, client: str) -> None:
+        """Make ``client`` an accepted client of the campaign, or refuse it (SplitProtocolError):
+        it must have signed its ``split_join`` and announced its X25519 key; with
+        ``[split] accept = "members"`` the daemon signs its acceptance, with "manual" only the
+        operator's (`atd split accept`) counts. Once a maker is named, or a secret adopted,
+        nobody more is accepted."""
+        from atdnode.split.secret import SplitSecretError, accept_body, accepted, joined
+        from atdnode.aggregation import announced_key
+        from atdnode.bodies import SPLIT_ACCEPT_KIND
+        from ledger import public_key_from_peer_id
+
+        assert self.settings is not None
+        sid, me, policy = self.service_entry or "", self.daemon.identity.public_key, self.settings.accept
+        key = public_key_from_peer_id(client)
+        closed = self.clients_closed
+
+        def decide(led) -> dict | None:
+            if key in accepted(led, sid):
+                return None
+            if key not in joined(led, sid):
+                raise SplitSecretError(f"{client[-8:]} has not signed its split_join of this campaign")
+            if announced_key(led, key) is None:
+                raise SplitSecretError(f"{client[-8:]} has announced no X25519 key: no secret can be sealed to it")
+            if closed:
+                raise SplitSecretError("this campaign's client list is closed: its embedder secret is made for the "
+                                       "clients accepted before; the server's operator can start a new campaign")
+            if policy == "manual":
+                raise SplitSecretError(f"the server's operator has not accepted {client} into this campaign "
+                                       f"(on the server: atd split accept {client})")
+            return accept_body(led, sid, me, [client])
+
+        try:
+            body = await self.daemon.ledger.run(decide)
+        except SplitSecretError as e:
+            raise SplitProtocolError(str(e)) from None
+        if body is not None:
+            await self.daemon.append(SPLIT_ACCEPT_KIND, body)
+            log.info("accepted split client %s into campaign %s", client[-8:], sid[:12])
 
     @property
     def idle_timeout(self) -> float:

@@ -16,6 +16,10 @@
     round_timeout = 120   # a client that has not finished a round by then is dropped
     max_samples = 50000   # largest dataset a client may announce (the server stores its uploads)
     msd = {steps = 200, batch_size = 128}   # MSDConfig overrides
+    accept = "members"    # p-FESTA / MSD: which members that join the server accepts as clients:
+                          # "members" (the daemon signs the acceptance of every consortium member
+                          # that joins and asks) or "manual" (only those its operator accepted
+                          # with `atd split accept PEER...`)
 
 Every key is optional (defaults below: a tiny digits setting). `SplitSettings.offer()` is
 the public part a server announces in its signed `service` entry and tells each client.
@@ -31,6 +35,7 @@ from atdnode.node import NodeConfig, NodeHome
 from atdnode.errors import ConfigError
 
 CONFIG_KEY = "split"
+ACCEPT_POLICIES = ("members", "manual")  # who a p-FESTA / MSD server accepts as clients (module doc)
 MAX_FRAME_DEFAULT = 64 << 20  # largest split frame accepted (a batch of ViT-B features is ~20 MB)
 
 
@@ -71,6 +76,7 @@ class SplitSettings:
     max_samples: int = 50_000  # per client: p-FESTA / MSD servers store every uploaded sample
     max_frame: int = MAX_FRAME_DEFAULT
     msd: dict = field(default_factory=dict)
+    accept: str = "members"
 
     def __post_init__(self) -> None:
         from protocols.msd import MSDConfig
@@ -99,6 +105,8 @@ class SplitSettings:
             raise SplitConfigError(f"split.head must be 'fixed' or 'learnable', got {self.head!r}")
         if not isinstance(self.pos_embed, bool):
             raise SplitConfigError("split.pos_embed must be true or false")
+        if self.accept not in ACCEPT_POLICIES:
+            raise SplitConfigError(f"split.accept must be one of {', '.join(ACCEPT_POLICIES)}, got {self.accept!r}")
         try:
             specs = [TaskSpec.from_dict(t) for t in self.tasks]
         except (KeyError, TypeError, ValueError) as e:

@@ -32,6 +32,10 @@ class TransportError(Exception):
     """A peer is unreachable, a stream broke, or the transport is not running."""
 
 
+class Libp2pVersionError(TransportError):
+    """The installed py-libp2p is not the version atd's py-libp2p patches were written for."""
+
+
 class FrameError(TransportError):
     """A frame was oversized, truncated or malformed; the stream it came on is closed."""
 

@@ -111,7 +111,7 @@ class FramedStream(Stream):
 
     async def read_frame_buffer(self, max_size: int = MAX_FRAME) -> bytes | bytearray:
         """`read_frame`, but a large payload may come back as the bytearray the byte stream
-        handed over (one copy less: the blob fetcher's chunks, issue 29)."""
+        handed over (one copy less: the blob fetcher's chunks)."""
         if not await self._fill(HEADER.size):
             if self._buf:
                 raise FrameError(f"stream from {self.remote_peer} ended inside a frame header")
@@ -137,7 +137,7 @@ class FramedStream(Stream):
         """Assemble an n-byte payload, holding only what has arrived.
 
         Memory follows what the peer actually sent, never what it announced: a peer that
-        announces `max_size` and goes silent costs one header, not `max_size` (issue 11).
+        announces `max_size` and goes silent costs one header, not `max_size`.
         Pieces are kept as received and joined once (one copy of the payload; none when one
         read brought it all, as a large yamux DATA frame does).
         """

@@ -1,5 +1,5 @@
 """`Libp2pBytes`: a py-libp2p stream as the `framing.ByteStream` that `FramedStream` reads
-and writes (split out of `libp2p_transport`, issue 28). py-libp2p's errors become
+and writes. py-libp2p's errors become
 `TransportError`; its end of stream becomes an empty read."""
 from __future__ import annotations
 

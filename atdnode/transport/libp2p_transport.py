@@ -3,19 +3,24 @@
 Host: Ed25519 identity from a 32-byte seed (the ledger key), TCP, Noise security and the
 yamux muxer ONLY (no mplex, secio, TLS or plaintext offered), GossipSub for the ledger
 topics and stream protocols with `framing.FramedStream` frames. The muxer is
-`yamux_tuning.TunedYamux` (same /yamux/1.0.0 wire: 1 MiB DATA frames within the peer's
+`_libp2p.yamux.TunedYamux` (same /yamux/1.0.0 wire: 1 MiB DATA frames within the peer's
 window, a 4 MiB window per stream, one copy per byte through Noise; stock py-libp2p peers
 interoperate), so a blob over plain streams (the fallback when the bulk channel is not
-offered) moves several times faster than on py-libp2p's own yamux (issue 29).
+offered) moves several times faster than on py-libp2p's own yamux (`bench/transfer_bench.py`).
 
 py-libp2p's pubsub silently drops messages in three places; each is configured so bursts
-are not lost (`libp2p_host.GossipConfig`): the per-topic spam limit (10 msg/s by default:
+are not lost (`_libp2p.host.GossipConfig`): the per-topic spam limit (10 msg/s by default:
 disabled), the per-peer outbound RPC queue (32: raised) and the subscription channel (32:
-raised). `libp2p_host` holds the host's configuration and its workarounds of py-libp2p's
-defaults, `libp2p_stream` the byte-stream adapter under `FramedStream`. The daemon's validator is registered as a pubsub topic validator, so libp2p
-runs it before delivering or relaying; a rejected message is never forwarded.
+raised). `_libp2p` holds every adjustment of py-libp2p (its `__init__` lists them),
+`libp2p_stream` the byte-stream adapter under `FramedStream`. The daemon's validator is
+registered as a pubsub topic validator, so libp2p runs it before delivering or relaying; a
+rejected message is never forwarded.
 
-Gossip latency here is bounded by CPU, not by the protocol: `libp2p_pubsub` cuts
+Hostile peers cost the node nothing lasting: a refused or closed inbound connection gives
+its py-libp2p slot back (`_libp2p.swarm`), and a peer sending past a stream's receive window
+is disconnected with its bytes dropped (`_libp2p.window`).
+
+Gossip latency here is bounded by CPU, not by the protocol: `_libp2p.pubsub` cuts
 py-libp2p's cost per message (coalesced sends, cached addresses, batched yamux credit,
 buffered reads, duplicates dropped first, content-addressed ids, no pubsub signature
 checks) and publishes the node's own messages to every topic peer (flood publish).
@@ -71,12 +76,17 @@ from atdnode.transport._libp2p.pubsub import (
     content_id,
 )
 from atdnode.transport.libp2p_stream import Libp2pBytes
+from atdnode.transport._libp2p.swarm import inbound_slots_held
+from atdnode.transport._libp2p.swarm import install as _inbound_slot_per_connection
 from atdnode.transport._libp2p.tcp_exclusive import install as _exclusive_tcp_listeners
+from atdnode.transport._libp2p.window import install as _enforce_receive_windows
 from atdnode.transport._libp2p.yamux import TunedYamux
 
 log = logging.getLogger(__name__)
 
 _exclusive_tcp_listeners()  # no SO_REUSEPORT: nobody can bind the daemon's port beside it
+_inbound_slot_per_connection()  # a closed inbound connection gives its slot back
+_enforce_receive_windows()  # a peer sending past a stream's window is disconnected
 
 DIAL_TIMEOUT = 15.0
 
@@ -268,6 +278,12 @@ class Libp2pTransport(Transport):
             await host.disconnect(pid)
         except Exception as e:  # already gone, or a malformed id: nothing to close
             log.debug("disconnect %s: %s", peer_id, e)
+
+    def inbound_slots(self) -> int:
+        """Inbound connection slots taken now: py-libp2p admits a bounded number of inbound
+        connections at a time (250 by default); each open one holds a slot until it closes."""
+        host, _, _ = self._require()
+        return inbound_slots_held(host)
 
     def peers(self) -> list[str]:
         host, _, _ = self._require()

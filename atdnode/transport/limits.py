@@ -1,4 +1,4 @@
-"""Bounds on what one peer can make a server hold (issue 11): fair stream admission, and
+"""Bounds on what one peer can make a server hold: fair stream admission, and
 a container budget for decoding msgpack frames.
 
 Fair admission of inbound streams: a cap per peer and a cap in total.

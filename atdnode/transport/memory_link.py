@@ -36,7 +36,7 @@ Observer = Callable[[str, str, str, int, bool], None]
 class Link:
     """One direction src -> dst: conditions, a serialization clock, counters, an RNG.
 
-    Small (issue 29: a simulation of 1,000 daemons holds tens of thousands): slots, and
+    Small (a simulation of a thousand daemons holds tens of thousands of links): slots, and
     the RNG (a `random.Random` is ~2.5 KB) and the parking lot for stalled streams are made
     on first use -- only lossy links draw, only cut links stall. The RNG's seed is the same
     whenever it is made, so runs stay reproducible."""

@@ -39,7 +39,7 @@ def aggregate(
     mode: str = typer.Option("horizontal", "--mode", help=f"{mode_help()}."),
     weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{weighting_help_by_mode()}."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
-    group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=ENTRY_ID,... (weights entries, or one aggregate entry); repeatable."),
+    group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=WEIGHTS_ENTRY,... (averaged once into the group's model), or NAME=AGGREGATE_ENTRY (reused as it); repeatable."),
     group_weighting: str = typer.Option("uniform", "--group-weighting", help=f"Hierarchical: how a new group averages its members ({' | '.join(weightings('average'))})."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
@@ -65,7 +65,7 @@ def aggregate(
         from atdnode.aggregation import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
-        with bars(quiet=as_json):
+        with bars(quiet=as_json, lines=True):
             blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
@@ -96,7 +96,7 @@ def aggregate(
         specs = [GroupSpec.parse(g) for g in group or []]
         specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),
                                                            what=f"group {g.name}"))) for g in specs]
-    with bars(quiet=as_json):  # the library's steps (blob checks, averaging, features, fits) as bars
+    with bars(quiet=as_json, lines=True):  # the library's steps (blob checks, averaging, features, fits) as bars
         res = run_aggregate(h, mode, weighting=weighting, inputs=ids, groups=specs, group_weighting=group_weighting,
                             q=q, classifier=classifier, data_spec=data, features=feats, options=opts, strict=strict)
     for w in res.details.get("warnings", []):

@@ -15,8 +15,11 @@ from cli.errors import CliError
 def classify(
     home: Path = HOME_OPT,
     data: str = typer.Option(..., "--data", help="Data spec, e.g. `digits` or `npz:PATH?classes=a,b` (see `atd train --help`)."),
-    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
-    split: str = typer.Option("test", "--split", help="test | train."),
+    model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest` "
+                              "(the model in use, marked * by `atd models`)."),
+    split: str = typer.Option("auto", "--split", help="auto | all | test | val | train. auto: every image of a "
+                              "data source without splits; the test split of one with train/val/test folders "
+                              "(or of the data the model was trained on)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Confusion-matrix PNG path (default: HOME/classify/MODEL-SPEC.png)."),
     robust: bool = typer.Option(False, "--robust", help="Also report accuracy under a PGD attack (models with a head)."),
     pgd_eps: str = typer.Option("8/255", "--pgd-eps", help="PGD L-inf radius in pixel units (a number or a fraction)."),
@@ -25,8 +28,10 @@ def classify(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
-    """Predict with the node's global model or ensemble and report accuracy, precision,
-    sensitivity and F1 (macro over the data's classes); writes a confusion-matrix PNG.
+    """Predict with the node's global model or ensemble and report n per class, accuracy,
+    balanced accuracy, precision and F1 (macro over the data's classes), for two classes
+    sensitivity, specificity and AUROC, and the calibration error -- each with a 95 %
+    interval; writes a confusion-matrix and a reliability PNG. It says which split it scored.
 
     A model from vertical or hierarchical aggregation predicts with its ensemble over the
     union of the shared label spaces; others with their own head. Samples of classes the
@@ -41,23 +46,24 @@ def classify(
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
-    res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
+    from cli.progress import bars
+
+    with bars(quiet=as_json, lines=True):  # reading, scoring: bars on a terminal, plain lines in a log
+        res = run(h, data, model=model, split=split, out=out, pgd=pgd, device=device)
     if as_json:
         typer.echo(json.dumps(res.to_json()))
         return
-    from atdnode.data import caution_of, metric_text
+    from cli.scoretext import score_lines
 
     m = res.metrics
-    typer.echo(f"model {res.model_id} ({res.kind}) on {data} [{split}], n={m['n']}")
-    typer.echo("  " + metric_text(m, [("accuracy", "accuracy"), ("precision", "precision"),
-                                     ("sensitivity", "sensitivity"), ("f1", "f1")]))
-    if "robust_accuracy" in m:
-        typer.echo("  " + metric_text(m, [("robust accuracy (PGD)", "robust_accuracy")]))
-    if caution_of(m):
-        typer.echo("  " + caution_of(m).line())
+    typer.echo(f"model {res.model_id} ({res.kind}) on {data}")
+    typer.echo(f"  scored: {res.split} split, n={m['n']} ({res.why})")
+    for line in score_lines(m):
+        typer.echo(line)
     if res.unknown_classes:
         typer.echo(f"  classes the model does not know: {', '.join(res.unknown_classes)}")
     typer.echo(f"  confusion matrix {res.png}")
+    typer.echo(f"  reliability plot {res.reliability_png}")
 
 
 def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):

@@ -33,5 +33,16 @@ def demo_cmd(
         scn = scn.replace(**changes)
         validate(scn)
     _threads(threads)
+    typer.echo(daemons_line(scn), err=True)
     report = run_with_progress(scn, out)
     print_summary(report, out)
+
+
+def daemons_line(scn) -> str:
+    """What the demo starts, in one line (how many daemons, as processes or in one process)."""
+    n = len(scn.node_names())
+    if scn.backend == "memory":
+        return (f"atd demo: {n} hospital nodes as daemons in this one process on a simulated network "
+                f"(--backend process: {n} real `atd node start` processes)")
+    return (f"atd demo: starting {n} hospital nodes, each a real `atd node start` daemon ({n} OS processes on "
+            f"127.0.0.1, stopped at the end); --backend memory runs them in this one process instead")

@@ -59,7 +59,8 @@ def show(
 
 @ledger_app.command("wait")
 def wait(
-    entries: List[str] = typer.Argument(..., help="Entry ids (64 hex) to wait for, e.g. printed by `publish-weights --json` on another node."),
+    entries: List[str] = typer.Argument(..., help="Entry ids to wait for (64 hex, or a unique prefix of at least 4), "
+                                        "e.g. printed by `publish-weights --json` on another node."),
     home: Path = HOME_OPT,
     blobs: bool = typer.Option(False, "--blobs", help="Also wait until the blob each entry names is held here (the daemon fetches it)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Give up after this many seconds (exit 1)."),
@@ -71,7 +72,8 @@ def wait(
 
     with bars():
         wait_for_entries(node_home(home), entries, blobs=blobs, timeout=timeout)
-    typer.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
+    n = len(dict.fromkeys(r.strip().lower() for r in entries))
+    typer.echo(f"{n} entr{'y' if n == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
 
 
 @ledger_app.command("verify")
@@ -90,7 +92,7 @@ def verify(
     typer.echo(report.summary())
     if peers:
         _verify_peers(NodeHome.at(home))
-    else:  # issue 24: say what a local check cannot see
+    else:  # say what a local check cannot see
         typer.echo("note: checked this ledger alone; a cut tail, a rollback (e.g. a removed revocation) or a cut WAL "
                    "are only detectable against peers: atd ledger verify --peers")
 

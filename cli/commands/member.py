@@ -1,4 +1,4 @@
-"""`atd member add|revoke|list`: consortium membership, recorded as signed `member` entries."""
+"""`atd member add|revoke|restore|list`: consortium membership, recorded as signed `member` entries."""
 from __future__ import annotations
 
 import json
@@ -57,6 +57,28 @@ def revoke(
     typer.echo(f"revoked {peer_id} after seq {e.body['upto']} (entry {e.id.hex()})")
 
 
+@member_app.command("restore")
+def restore(
+    old: str = typer.Argument(..., help="Peer id (or a unique prefix / suffix) of the member whose rotation is contested."),
+    new: str = typer.Argument(..., help="Peer id of the owner's new key (`atd id` on the owner's node)."),
+    home: Path = HOME_OPT,
+) -> None:
+    """Give a frozen identity back to its owner: when a stolen old key signed a rotation
+    competing with the owner's, the identity is frozen and neither new key is a member.
+    An admin (the founder, for an admin's identity) names the owner's new key, which must be
+    one of the keys the old key rotated to; it then carries the identity (membership,
+    admin flag, name, reader access) and the thief's rotation is evidence."""
+    from atdnode.ids import resolve_peer
+    from ledger import parse_author
+
+    old_key = parse_author(resolve_peer(node_home(home), old))
+    new_key = parse_author(new)
+    ident, led = _ident_and_ledger(home)
+    with led:
+        e = led.restore(ident.signer, old_key, new_key)
+    typer.echo(f"restored {old} -> {new} (entry {e.id.hex()})")
+
+
 @member_app.command("list")
 def list_members(
     home: Path = HOME_OPT,
@@ -68,9 +90,11 @@ def list_members(
     _, led = _ident_and_ledger(home)
     with led:
         m = led.membership()
+        contested = {k: sorted(peer_id_from_public_key(n) for n in led.rival_rotations(k)) for k in m.members}
     rows = [{"peer_id": peer_id_from_public_key(k), "admin": s.admin, "revoked": s.revoked, "upto": s.upto,
              "name": s.name, "founder": k == m.founder,
-             "rotated_to": peer_id_from_public_key(m.rotations[k]) if k in m.rotations else None}
+             "rotated_to": peer_id_from_public_key(m.rotations[k]) if k in m.rotations else None,
+             "contested": contested[k]}
             for k, s in sorted(m.members.items())]
     if as_json:
         typer.echo(json.dumps({"consortium": m.consortium, "members": rows}))
@@ -81,6 +105,8 @@ def list_members(
                                  ("revoked", r["revoked"] and not r["rotated_to"])) if on]
         if r["rotated_to"]:
             flags.append(f"rotated->{r['rotated_to'][:16]}")
+        if r["contested"]:  # frozen by competing rotations: `atd member restore` settles it
+            flags.append("frozen, rotations contested->" + "|".join(p[:16] for p in r["contested"]))
         typer.echo(f"{r['peer_id']}  {','.join(flags) or 'member'}  {r['name'] or ''}".rstrip())
 
 

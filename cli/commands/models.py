@@ -18,7 +18,7 @@ models_app = typer.Typer(help="The node's models: list (default), remove, prune 
                          invoke_without_command=True)
 
 # (header, width); every cell is cut to its width, so long names never shift the columns
-COLUMNS = (("id", 16), ("created", 16), ("made", 12), ("model", 22), ("img/patch/dim/depth", 19),
+COLUMNS = (("", 1), ("id", 16), ("created", 16), ("made", 12), ("model", 22), ("img/patch/dim/depth", 19),
            ("classes", 20), ("samples", 7), ("acc", 6), ("f1", 6), ("scored on", 28))
 RIGHT = {"samples", "acc", "f1"}
 
@@ -44,7 +44,9 @@ def models_cmd(
 ) -> None:
     """List the models in this node's registry: how each was made (trained / horizontal /
     vertical / hierarchical / split), its latest metrics (the newest `atd classify`, else
-    its training test split), config, label space and samples."""
+    its training test split), config, label space and samples. `*` marks the model in use
+    (what `atd classify`, `atd predict`, the dashboard and `atd report` take without a model
+    id), with the `[aggregate] keep` policy in force and why it is in use."""
     if ctx.invoked_subcommand is not None:
         return
     if home is None:
@@ -62,17 +64,20 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
+    from atdnode.aggregation import keep_policy, model_in_use
     from atdnode.data import caution_of
     from atdnode.models import ModelRegistry, made_by
 
     h = node_home(home)
     reg = ModelRegistry(h)
     recs = reg.list()
+    use = model_in_use(h) if recs else None
     if as_json:
         out = []
         for r in recs:
             latest, source = reg.latest_metrics(r)
-            out.append({**r.to_dict(), "made_by": made_by(r), "latest_metrics": latest, "latest_source": source})
+            out.append({**r.to_dict(), "made_by": made_by(r), "latest_metrics": latest, "latest_source": source,
+                        "in_use": r.id == use.record.id})
         typer.echo(json.dumps(out, indent=2, sort_keys=True))
         return
     if not recs:
@@ -86,15 +91,17 @@ def _list(home: Path, as_json: bool) -> None:
         caution = caution_of(m)  # a small test split: "!" beside the metrics it makes unreliable
         acc, f1 = (f"{m[k]:.3f}" + ("!" if caution and caution.affects(k) else "") if isinstance(m.get(k), (int, float))
                    else "-" for k in ("accuracy", "f1"))
-        typer.echo(row([r.id, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), made_by(r), c["name"],
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created))
+        typer.echo(row(["*" if r.id == use.record.id else "", r.id, created, made_by(r), c["name"],
                         f"{c['img_size']}/{c['patch_size']}/{c['embed_dim']}/{c['depth']}",
                         f"{len(r.labels)}: {','.join(r.labels)}", str(r.samples), acc, f1, source or "-"]))
         cands = r.provenance.get("candidates")
-        if isinstance(cands, dict) and r.provenance.get("kept"):  # issue 23: what the node kept, and why
-            typer.echo(f"{'':16}  candidates on its {cands.get('scored_on')} data: own "
+        if isinstance(cands, dict) and r.provenance.get("kept"):  # what the node kept, and why
+            typer.echo(f"{'':19}  candidates on its {cands.get('scored_on')} data: own "
                        f"{cands.get('own', {}).get('accuracy', float('nan')):.3f}, consortium "
                        f"{cands.get('consortium', {}).get('accuracy', float('nan')):.3f}; kept {r.provenance['kept']}")
         marked = marked or caution is not None
+    typer.echo(f"* in use: {use.record.id}, {use.why} (keep policy: [aggregate] keep = {keep_policy(h)})")
     if marked:
         typer.echo("! unreliable: scored on a small test split (under 20 images, or a class under 5); see --json caution")
 

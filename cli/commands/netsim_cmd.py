@@ -99,7 +99,7 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
 
     from netsim.run import run_scenario
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)  # no source-file column: a step fits one 80-column line
     t0 = time.perf_counter()
     if quiet:
         return run_scenario(scn, out, keep_homes=keep_homes, bases=bases)
@@ -112,14 +112,16 @@ def run_with_progress(scn, out: Path | None, *, keep_homes: Path | None = None, 
 
 
 def print_summary(report: dict, out: Path | None) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from netsim.report import COMPARISON_HEADER, comparison_rows, verified_lines
 
-    console = Console()
+    console = Console()  # 80 columns in a log or pipe: the tables below fit without cutting a number
     if report.get("methods"):
-        table = Table(title=f"{report['scenario']['name']} ({report['backend']} back-end)",
+        table = Table(title=f"{report['scenario']['name']} ({report['backend']} back-end)", box=box.SIMPLE,
+                      pad_edge=False, collapse_padding=True,
                       caption="overall = mean over nodes on the phase's pooled test set; sent = all nodes, "
                               "this phase; ready / cpu = seconds")
         short = ["method", "ph", "acc", "prec", "sens", "F1", "sent", "ready", "cpu"]
@@ -133,7 +135,8 @@ def print_summary(report: dict, out: Path | None) -> None:
             console.print(line)
         forget = report.get("forgetting", {})
         if forget:
-            ft = Table(title="Forgetting: phase-1 nodes' accuracy after each phase")
+            ft = Table(title="Forgetting: phase-1 nodes' accuracy after each phase", box=box.SIMPLE,
+                       pad_edge=False, collapse_padding=True)
             phases = sorted({p for v in forget.values() for p in v}, key=int)
             ft.add_column("method")
             for p in phases:

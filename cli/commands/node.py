@@ -26,6 +26,9 @@ def start(
                                      "config.toml, which defaults to /ip4/127.0.0.1/tcp/0)."),
     bootstrap: List[str] = typer.Option([], "--bootstrap", help="Full multiaddr (…/p2p/<id>) of a peer to dial "
                                         "(repeatable; added to `bootstrap` in config.toml)."),
+    announce: List[str] = typer.Option([], "--announce", help="Multiaddr other sites dial, e.g. /ip4/PUBLIC_IP/tcp/4001 "
+                                       "behind NAT (repeatable; replaces `network.announce` in config.toml; default: "
+                                       "the listen addresses, 0.0.0.0 as this host's interface addresses)."),
     role: Optional[str] = typer.Option(None, "--role", help="Announce a role in the hello entry (e.g. festa-server)."),
     sync_interval: float = typer.Option(10.0, help="Seconds between periodic ledger syncs with every peer."),
     no_auto_fetch: bool = typer.Option(False, "--no-auto-fetch", help="Do not fetch announced blobs automatically."),
@@ -38,15 +41,15 @@ def start(
     """Run the daemon in the foreground until Ctrl-C / SIGTERM.
 
     Settings not given as options come from HOME/config.toml (listen, bootstrap, role), so a
-    service manager can run just `atd node start --home DIR`. Prints each listen address
-    (with /p2p/<peer id>) on stdout once the node is ready; the dashboard's URL goes to the
+    service manager can run just `atd node start --home DIR`. Prints each address others
+    dial (with /p2p/<peer id>; never 0.0.0.0) on stdout once the node is ready; the dashboard's URL goes to the
     log, to HOME/daemon.json and to `atd node status`. Malformed addresses (options or
     config.toml) are refused before anything starts; a bootstrap peer that cannot be reached
     is logged at its first failed dial (or after 5 s of a dial that hangs).
     """
     import trio
 
-    from atdnode.node import NodeConfig, check_bootstrap, check_listen
+    from atdnode.node import NodeConfig, check_announce, check_bootstrap, check_listen
     from atdnode.node import NodeDaemon, setup_logging, sklearn_warnings_to_log
 
     h = node_home(home)
@@ -64,6 +67,7 @@ def start(
         raise ConfigError(f"{src} listen: no address to listen on")
     bootstrap = list(dict.fromkeys([*(check_bootstrap(a, "--bootstrap") for a in bootstrap),
                                     *(check_bootstrap(a, f"{src} bootstrap") for a in cfg.bootstrap)]))
+    announce = [check_announce(a, "--announce") for a in announce] or cfg.announce()
     setup_logging(h, "daemon", verbose=verbose, stderr=not quiet)
     sklearn_warnings_to_log()  # scikit-learn's warnings join the daemon's log
     # its listen failures end the start as one `error:` line (Libp2pTransport re-raises them)
@@ -88,7 +92,7 @@ def start(
                         return
 
             nursery.start_soon(on_signals)
-            addrs = await nursery.start(functools.partial(daemon.run, web=web), list(listen), list(bootstrap))
+            addrs = await nursery.start(functools.partial(daemon.run, web=web, announce=announce), list(listen), list(bootstrap))
             for a in addrs:
                 typer.echo(a)
             sys.stdout.flush()

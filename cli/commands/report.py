@@ -18,7 +18,8 @@ Who trained it on what (label spaces, fingerprints, sample and class counts; nev
 
 
 def report(
-    model: str = typer.Argument("latest", help="Model id (or unique prefix) from `atd models`, or `latest`."),
+    model: str = typer.Argument("latest", help="Model id (or unique prefix) from `atd models`, or `latest` (the model "
+                                "in use, marked * by `atd models`)."),
     home: Path = HOME_OPT,
     out: Path = typer.Option(Path("card.html"), "--out", help="Where to write the HTML card."),
     pdf: Optional[Path] = typer.Option(None, "--pdf", help="Also print the card to this PDF file (needs Chromium or "
@@ -32,7 +33,7 @@ def report(
     write(card, out)
     agg = [s.verification["status"] for s in card.steps if s.verification]
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
-               f"{agg.count('verified')}/{len(agg)} aggregates re-verified)")
+               f"{agg.count('verified')}/{len(agg)} aggregates re-verified; {card.use['status']} on this node)")
     if pdf is not None:
         from atdnode.report import print_pdf
 

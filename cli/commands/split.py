@@ -1,7 +1,8 @@
-"""`atd split configure|join|report|finetune`: split learning (FESTA, p-FESTA, MSD).
+"""`atd split configure|join|accept|report|finetune`: split learning (FESTA, p-FESTA, MSD).
 
 A server is a node started with `atd node start --role festa-server|pfesta-server|msd-server`;
-`atd split configure` writes what it offers (the `[split]` table of its config.toml).
+`atd split configure` writes what it offers (the `[split]` table of its config.toml);
+`atd split accept` accepts members into its p-FESTA / MSD campaign (`[split] accept = "manual"`).
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def configure(
     head: Optional[str] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
     pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
                                              help="p-FESTA ablation: whether the embedder adds a position table."),
+    accept: Optional[str] = typer.Option(None, show_default=_kept(_S.accept),
+                                         help="p-FESTA / MSD: 'members' (the daemon accepts every member that joins "
+                                              "and asks) or 'manual' (only members accepted with `atd split accept`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
 ) -> None:
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
@@ -76,7 +80,8 @@ def configure(
     new = cur.updated(tasks=tuple(parse_task(t) for t in task) or None, body=body, msd=msd, rounds=rounds,
                       phase2_rounds=phase2_rounds, steps_per_round=steps, unifying_rounds=unify_every,
                       batch_size=batch_size, lr=lr, clients=clients, start_timeout=start_timeout,
-                      round_timeout=round_timeout, seed=seed, head=head, pos_embed=pos_embed)
+                      round_timeout=round_timeout, seed=seed, head=head, pos_embed=pos_embed,
+                      accept=accept)
     new.save(h)
     if as_json:
         typer.echo(json.dumps(new.to_dict(), indent=2))
@@ -143,6 +148,44 @@ def join(
     metric = " ".join(f"{k}={v:.4f}" for k, v in rec["metrics"].items())
     typer.echo(f"{rec['algorithm']} task {rec['task']['name']}: {len(rec['rounds'])} round(s), {metric or 'no metric'}")
     typer.echo(f"comm record: {res.path}")
+
+
+@split_app.command("accept")
+def accept(
+    peers: List[str] = typer.Argument(..., help="Peer ids (or unique prefixes / suffixes) of the members to accept."),
+    home: Path = HOME_OPT,
+    service: Optional[str] = typer.Option(None, "--service", help="The campaign's service entry id (default: this "
+                                          "node's latest service entry)."),
+) -> None:
+    """Accept members as clients of this server's p-FESTA / MSD campaign: a signed
+    `split_accept` entry (a member's join takes effect only once its server accepts it; the
+    embedder secret is sealed to exactly the accepted clients). Run it on the server's home;
+    works while the daemon runs. With `[split] accept = "members"` the daemon accepts every
+    member that joins and asks; with "manual" only the members accepted here."""
+    from atdnode.errors import ConfigError
+    from atdnode.ids import resolve_peer
+    from atdnode.node import NodeIdentity
+    from atdnode.split import SplitSecretError
+    from atdnode.split import accept_clients
+    from ledger import Ledger
+
+    h = node_home(home)
+    ident = NodeIdentity.load(h)
+    full = [resolve_peer(h, p) for p in peers]
+    with Ledger.open(h.ledger_db) as led:
+        if service is None:
+            own = led.query(kind="service", author=ident.public_key)
+            if not own:
+                raise ConfigError("this node has announced no split service (start it with a split-server --role)")
+            service = own[-1].id.hex()
+        try:
+            e = accept_clients(ident, led, service, full)
+        except SplitSecretError as err:
+            raise ConfigError(f"split accept: {err}") from None
+    if e is None:
+        typer.echo(f"already accepted into campaign {service[:12]}: {', '.join(full)}")
+    else:
+        typer.echo(f"accepted into campaign {service[:12]}: {', '.join(e.body['clients'])} (entry {e.id.hex()})")
 
 
 @split_app.command("report")

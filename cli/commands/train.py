@@ -83,9 +83,11 @@ def train_cmd(
         check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
         return
-    cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                       heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
     main = int(os.environ.get("RANK", "0")) == 0
+    sizes = dict(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth, heads=heads)
+    if all(v is None for v in sizes.values()) and init_from is None and not pretrained:
+        sizes = _auto_sizes(h, data, device, say=main and not as_json)
+    cfg = model_config(model, **sizes, in_chans=in_chans, mlp_ratio=mlp_ratio)
     transform = None
     if adversarial:
         transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,
@@ -110,21 +112,41 @@ def train_cmd(
     if as_json:
         typer.echo(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
         return
-    from atdnode.data import caution_of, metric_text
 
     m = rec.metrics
-    typer.echo(f"model {rec.id}  {rec.model['name']} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
-    typer.echo("  test " + metric_text(m, [("accuracy", "accuracy"), ("precision", "precision"),
-                                          ("sensitivity", "recall"), ("f1", "f1")]) + f"  (n={m['n']})")
-    if "robust_accuracy" in m:
-        typer.echo("  " + metric_text(m, [("robust accuracy (PGD)", "robust_accuracy")]))
-    if caution_of(m):
-        typer.echo("  " + caution_of(m).line())
+    from atdnode.learning import ModelConfig
+    from cli.scoretext import score_lines
+
+    typer.echo(f"model {rec.id} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
+    typer.echo(f"  {ModelConfig.from_dict(rec.model).arch()}")
+    typer.echo(f"  test split, n={m['n']}  (training {m.get('train_seconds', 0):.0f} s)")
+    for line in score_lines(m, indent="  "):
+        typer.echo(line)
     typer.echo(f"  full weights {rec.blobs['full']}")
     typer.echo(f"  extractor    {rec.blobs['extractor']}")
     typer.echo(f"  confusion    {h.root / rec.files.get('confusion_png', '')}")
     if "curves_png" in rec.files:
         typer.echo(f"  curves       {h.root / rec.files['curves_png']}  (per epoch: {h.root / rec.files['history_csv']})")
+
+
+def _auto_sizes(home: NodeHome, data: str, device: str | None, *, say: bool) -> dict:
+    """Model sizes chosen from the data (`atdnode.learning.autosize`), said in one line on stderr."""
+    from atdnode.data import peek
+    from atdnode.learning import choose_size
+    from atdnode.learning import resolve_device
+
+    images, side = peek(data)
+    choice = choose_size(side, images, resolve_device(device, home=home).type)
+    if say:
+        typer.echo(f"model size from the data: {choice.why} (--img-size/--patch-size/--embed-dim/--depth/--heads "
+                   f"to choose)", err=True)
+    if choice.threads and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(choice.threads)
+    o = choice.overrides()
+    return dict(img_size=o["img_size"], patch_size=o["patch_size"], embed_dim=o["embed_dim"], depth=o["depth"],
+                heads=o["num_heads"])
 
 
 def _logger(home: NodeHome):

@@ -56,8 +56,13 @@ def _table(headers: Iterable[str], rows: list[str], empty: str, cls: str = "") -
 
 
 def _metrics(m: dict, keys=("accuracy", "f1", "precision", "recall", "robust_accuracy", "n")) -> str:
-    parts = [f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {m[k]:.3f}</span>' if isinstance(m[k], float)
-             else f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {_e(m[k])}</span>' for k in keys if k in m]
+    """The metrics as spans; accuracy with its 95 % interval where the view has one."""
+    ci = m.get("accuracy_ci")
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if isinstance(ci, list) and len(ci) == 2 else ""
+    parts = [f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {m[k]:.3f}{interval if k == "accuracy" else ""}</span>'
+             if isinstance(m[k], float)
+             else f'<span class="metric" data-metric="{_e(k)}">{_e(k)} {_e(m[k])}</span>' for k in keys if k in m
+             if k != "accuracy_ci"]
     return " · ".join(parts) or '<span class="muted">no metrics yet</span>'
 
 
@@ -139,7 +144,10 @@ def _models(s: dict) -> str:
             if c.get("png"):
                 imgs.append(_thumb(f'/classify/{_e(c["png"])}'))
         rows.append(f'<tr class="model"><td><code>{_e(m["id"])}</code><br><span class="muted">{_t(m["created"])}</span>'
-                    + ('<br><span class="tag default-model">default for atd classify</span>' if m.get("default") else "")
+                    + (f'<br><span class="tag default-model" title="{_e(m.get("in_use_why", ""))}">in use: default for '
+                       'atd classify and atd predict</span>' if m.get("default") else "")
+                    + (f'<br><span class="tag not-kept" title="{_e(m["not_kept"])}">not kept: the node kept its own '
+                       'model</span>' if m.get("not_kept") else "")
                     + f'</td><td>{_e(m["kind"])}</td><td>{_e(m["model"])}<br><span class="muted">{_e(m["arch"])}</span></td>'
                     f'<td>{_e(m["classes"])}</td><td>{_e(m["samples"])}</td>'
                     f'<td>{"".join(lines) or "<span class=muted>no metrics yet</span>"}</td><td>{"".join(imgs)}</td></tr>')
@@ -189,6 +197,20 @@ def _split(s: dict) -> str:
                         "this node took part in no split-learning session")
 
 
+def _plans(s: dict) -> str:
+    out = []
+    for p in s.get("plans", []):
+        rows = [f'<tr class="plan-step {_e(r["state"])}"><td>{_e(r["step"])}</td><td>{_e(r["kind"])}</td>'
+                f'<td>{_e(r["member"])}</td><td>{_e(r["decision"])}</td><td>{_e(r["state"])}</td>'
+                f'<td>{_metrics(r.get("metrics") or {})}</td>'
+                f'<td>{_e(r["reason"] or (("without " + ", ".join(r["missing"])) if r["missing"] else ""))}</td></tr>'
+                for r in p["steps"]]
+        out.append(f'<h3>{_e(p["name"])} <span class="sub">by {_e(p["author"])} · <code>{_e(p["id"][:12])}</code> · '
+                   f'{_e(p["done"])} of {_e(p["total"])} done</span></h3>'
+                   + _table(("step", "kind", "member", "decision", "state", "metrics", ""), rows, ""))
+    return "".join(out) or '<p class="muted">no plans (`atd plan propose FILE`)</p>'
+
+
 def render_page(s: dict) -> str:
     node = s["node"]
     n_members = sum(1 for m in s["members"] if not m["revoked"])
@@ -212,6 +234,7 @@ def render_page(s: dict) -> str:
  · up since {_t(node["started"])} · page built {_t(node["now"])}</div></header>
 <main><div class="cards">{card_html}</div>
 <section id="peers"><h2>Peers</h2>{_peers(s)}</section>
+<section id="plans"><h2>Plans</h2>{_plans(s)}</section>
 <section id="aggregates"><h2>Aggregates</h2>{_aggregates(s)}</section>
 <section id="models"><h2>Models</h2>{_models(s)}</section>
 <section id="charts"><h2>Charts</h2>{_charts(s)}</section>

@@ -6,7 +6,7 @@ Starlette app. It never touches the daemon object: what only the running daemon 
 from its read-only `snapshot()` (`atdnode.node.snapshot.NodeSnapshot`); the ledger, the blob
 store and the home's files it reads itself, in worker threads, so the loop never blocks.
 
-Routes (GET only; anything else is 405):
+Routes (GET only; anything else is 405; a public dashboard adds GET / POST /login):
 
     /                      the page (server-rendered HTML + CSS, no scripts, no CDN)
     /api/state             the same data as JSON
@@ -116,44 +116,80 @@ def public_token(root) -> str:
     return token
 
 
+LOGIN_PATH = "/login"
+MAX_LOGIN_BODY = 4096  # bytes of a login form accepted
+
+
+def _login_form(failed: bool) -> bytes:
+    note = "<p>wrong token</p>" if failed else ""
+    return ("<!doctype html><title>atd dashboard</title><form method=post action=/login>"
+            f"{note}<label>read-only token (HOME/dashboard.token) <input name=token type=password "
+            "autocomplete=off autofocus></label> <button>open</button></form>").encode()
+
+
+def _secure(scope, headers: dict) -> bool:
+    """Whether the request came over TLS (here, or at a proxy that says so): the cookie is
+    then marked Secure. Trusting the proxy's header only ever adds the flag."""
+    return scope.get("scheme") in ("https", "wss") or \
+        headers.get(b"x-forwarded-proto", b"").split(b",")[0].strip().lower() == b"https"
+
+
 def token_guard(app, token: str):
-    """ASGI wrapper for a public dashboard (issue 24): every route but /healthz answers 401
-    unless the request carries the read-only token -- `Authorization: Bearer <token>`, the
-    cookie a first visit with `?token=<token>` sets (HttpOnly, SameSite=Strict), or that
-    query parameter. Without it a stranger learns nothing of the members, addresses,
-    entries or blobs."""
+    """ASGI wrapper for a public dashboard: every route but /healthz and /login answers 401
+    unless the request carries the read-only token -- `Authorization: Bearer <token>` (the
+    scheme matched case-insensitively, RFC 7235) or the cookie that `POST /login` (a form
+    field `token`; `GET /login` shows the form) sets: HttpOnly, SameSite=Strict, and Secure
+    when the request came over TLS. The token is never taken from the URL (a query string
+    lands in access logs, proxies' logs and browser history). Without it a stranger learns
+    nothing of the members, addresses, entries or blobs."""
     import hmac
     from urllib.parse import parse_qs
 
     want = token.encode()
 
+    async def respond(send, status: int, body: bytes, extra: list | None = None, kind=b"text/plain") -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode()),
+                                *(extra or [])]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def login(scope, receive, send, headers: dict) -> None:
+        if scope.get("method") == "GET":
+            return await respond(send, 200, _login_form(False), kind=b"text/html; charset=utf-8")
+        if scope.get("method") != "POST":
+            return await respond(send, 405, b"method not allowed", [(b"allow", b"GET, POST")])
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if len(body) > MAX_LOGIN_BODY:
+                return await respond(send, 413, b"login form too large")
+            if not msg.get("more_body"):
+                break
+        given = parse_qs(body.decode("latin-1")).get("token", [""])[0].strip().encode("latin-1", "replace")
+        if not hmac.compare_digest(given, want):
+            return await respond(send, 401, _login_form(True), kind=b"text/html; charset=utf-8")
+        flags = "; Secure" if _secure(scope, headers) else ""
+        cookie = f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/{flags}".encode()
+        await respond(send, 303, b"", [(b"location", b"/"), (b"set-cookie", cookie)])
+
     async def guarded(scope, receive, send):
         if scope["type"] != "http" or scope.get("path") == "/healthz":
             return await app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
+        if scope.get("path") == LOGIN_PATH:
+            return await login(scope, receive, send, headers)
         auth = headers.get(b"authorization", b"")
         cookies = dict(c.strip().split("=", 1) for c in headers.get(b"cookie", b"").decode("latin-1").split(";")
                        if "=" in c)
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-        given = [auth[7:] if auth.startswith(b"Bearer ") else b"", cookies.get(TOKEN_COOKIE, "").encode(),
-                 query.encode()]
+        scheme, _, credentials = auth.partition(b" ")
+        given = [credentials.strip() if scheme.lower() == b"bearer" else b"", cookies.get(TOKEN_COOKIE, "").encode()]
         if not any(hmac.compare_digest(g, want) for g in given):
-            body = b"this dashboard needs its read-only token (see HOME/dashboard.token on the node)"
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode()),
-                                    (b"www-authenticate", b"Bearer")]})
-            await send({"type": "http.response.body", "body": body})
+            await respond(send, 401, b"this dashboard needs its read-only token (see HOME/dashboard.token on the "
+                                     b"node): open /login, or send Authorization: Bearer TOKEN",
+                          [(b"www-authenticate", b"Bearer")])
             return
-        if not hmac.compare_digest(given[2], want):
-            return await app(scope, receive, send)
-
-        async def with_cookie(msg):  # a link with ?token= once: the page's images and links work after
-            if msg["type"] == "http.response.start":
-                cookie = f"{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/".encode()
-                msg = {**msg, "headers": [*msg.get("headers", []), (b"set-cookie", cookie)]}
-            await send(msg)
-
-        await app(scope, receive, with_cookie)
+        return await app(scope, receive, send)
 
     return guarded
 

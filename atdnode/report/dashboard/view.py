@@ -22,7 +22,18 @@ def short(text: str, n: int = 12) -> str:
 
 
 def _scalar_metrics(m: dict) -> dict:
-    return {k: v for k, v in (m or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The numbers of a metrics dict, plus `accuracy_ci`: the recorded 95 % interval, else
+    Wilson's from n (`atdnode.learning.metrics.wilson`) where n is known."""
+    from atdnode.learning import wilson
+
+    out = {k: v for k, v in (m or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    ci = ((m or {}).get("ci") or {}).get("accuracy") if isinstance((m or {}).get("ci"), dict) else None
+    n, acc = out.get("n"), out.get("accuracy")
+    if isinstance(ci, list) and len(ci) == 2:
+        out["accuracy_ci"] = [float(ci[0]), float(ci[1])]
+    elif isinstance(n, int) and n > 0 and isinstance(acc, float):
+        out["accuracy_ci"] = wilson(int(round(acc * n)), n)
+    return out
 
 
 def summarize(e: Entry) -> str:
@@ -106,6 +117,7 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     services = [{"id": e.id.hex(), "server": who(e.author), "algorithm": e.body.get("algorithm", e.body.get("role")),
                  "tasks": [t.get("name") for t in e.body.get("tasks") or [] if isinstance(t, dict)]}
                 for e in entries if e.kind == "service"]
+    plans = plans_view(led, entries, {peer_id_from_public_key(k): who(k) for k in m.members})
     recent = entries[-TIMELINE_LIMIT:]
     stored = led.stored_at([e.id for e in recent])
     timeline = [{
@@ -113,8 +125,27 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
         "summary": summarize(e), "stored": stored.get(e.id),
     } for e in reversed(recent)]
     return {"consortium": m.consortium, "members": members, "published": published, "aggregates": aggregates,
-            "services": services, "timeline": timeline, "entries": len(entries), "states": led.stats(),
+            "services": services, "plans": plans, "timeline": timeline, "entries": len(entries), "states": led.stats(),
             "kinds": _count_kinds(entries)}
+
+
+def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str]) -> list[dict]:
+    """Every plan on the ledger, newest first, with each member's decision and state per step
+    (`atdnode.plans.progress`); member names where known."""
+    from atdnode.errors import AtdError
+    from atdnode.plans import load_view, progress
+
+    out = []
+    for e in reversed([e for e in entries if e.kind == "plan"]):
+        try:
+            view = load_view(led, e.id.hex(), check=False)
+        except AtdError:
+            continue
+        rows = [dict(r, member=names.get(r["member"], r["member"][:16]),
+                     missing=[names.get(x, x[:16]) for x in r["missing"]]) for r in progress(view)]
+        out.append({"id": view.id, "name": view.body["name"], "author": names.get(view.author, view.author[:16]),
+                    "steps": rows, "done": sum(r["state"] == "done" for r in rows), "total": len(rows)})
+    return out
 
 
 def _count_kinds(entries: list[Entry]) -> dict[str, int]:
@@ -155,9 +186,15 @@ def models_view(home: NodeHome) -> list[dict]:
             "classes": len(r.labels), "samples": r.samples, "metrics": _scalar_metrics(r.metrics),
             "confusion": bool(r.files.get("confusion_png")), "classified": evals,
             "latest_accuracy": reg.latest_metrics(r)[0].get("accuracy"), "default": False,
+            "not_kept": r.provenance.get("kept_why") if r.provenance.get("kept") == "own" else None,
         })
-    if out:
-        out[-1]["default"] = True  # `atd classify` without --model uses `latest`: the newest record
+    if out:  # the model `atd classify` / `atd predict` use without --model (the same function)
+        from atdnode.aggregation import model_in_use
+
+        use = model_in_use(home)
+        for m in out:
+            if m["id"] == use.record.id:
+                m["default"], m["in_use_why"] = True, use.why
     return list(reversed(out))  # newest first
 
 

@@ -1,4 +1,4 @@
-"""Gossip mesh health for py-libp2p 0.8.1 GossipSub (issue 29): an empty mesh cannot persist.
+"""Gossip mesh health for py-libp2p 0.8.1 GossipSub: an empty mesh cannot persist.
 
 How a node's mesh stayed empty (read from libp2p/pubsub/gossipsub.py, 0.8.1):
 
@@ -30,33 +30,30 @@ What `MeshHealthMixin` changes (a mixin in front of `GossipSub`):
 
 `starved_topics()` names the topics in flood-relay mode (tests, status).
 
-Heartbeat cadence (`MeshHealthMixin.heartbeat_interval`, issue 29). py-libp2p 0.8.1's
-"adaptive gossip" (on by default) re-scores network health every 30 s and, below 0.7 --
-an idle consortium scores ~0.4-0.6, mostly from "delivery health" with nothing delivered
--- sets the heartbeat to `max(30, min(60, base // 2))` or `max(60, ...)` s: with our 1 s
-base, a heartbeat every 30-60 s, so an emptied mesh was re-grafted a minute later and
-flood relay began two minutes later; it also raised D_low / D_high by up to 2 / 4 over
-what `peerset.gossip_degrees` chose (measured: 12 idle hosts, D=3/2/6, after 30 s every
-heartbeat 60 s, D_high 7-8, meshes of 5-7). Adaptive gossip is off here (`NO_ADAPTIVE`);
+Heartbeat cadence (`MeshHealthMixin.heartbeat_interval`). py-libp2p 0.8.1's "adaptive
+gossip" (on by default) re-scores network health every 30 s and, below 0.7 -- where an idle
+consortium sits, mostly from "delivery health" with nothing delivered -- sets the heartbeat
+to `max(30, min(60, base // 2))` or `max(60, ...)` s: with our 1 s base, a heartbeat every
+30-60 s, so an emptied mesh was re-grafted a minute later and flood relay began two minutes
+later; it also raises D_low / D_high by up to 2 / 4 over what `peerset.gossip_degrees`
+chose. Adaptive gossip is off here (`NO_ADAPTIVE`);
 instead the heartbeat runs every `heartbeat_interval` (1 s) while there is work for it --
 a topic's mesh under D_low (empty included) or over D_high, or messages in the message
 cache (IHAVE gossip windows) -- and every IDLE_HEARTBEAT_S (5 s) otherwise. A mesh that
 empties is therefore seen within IDLE_HEARTBEAT_S and repaired (or flood relay begins)
 at 1 s beats from then on; an idle daemon wakes for the heartbeat 0.2 times a second.
 
-Small consortia (`SmallConsortiumMixin`, `fit_mesh`; issue 29). With 5 nodes 12 of the 16
-copies of each entry were duplicates, whatever D said: py-libp2p 0.8.1's opportunistic
-grafting ("GossipSub 2.0") grafts up to two more peers at every heartbeat whenever
-candidates score at least the mesh median -- with no score parameters every peer scores 0
--- so every mesh filled up to all topic peers and each node relayed each entry to all of
-them. When every other member fits in the peer set (`peerset.small_consortium`) each
+Small consortia (`SmallConsortiumMixin`, `fit_mesh`). In a small consortium most copies of
+each entry were duplicates, whatever D said: py-libp2p 0.8.1's opportunistic grafting
+("GossipSub 2.0") grafts up to two more peers at every heartbeat whenever candidates score
+at least the mesh median -- with no score parameters every peer scores 0 -- so every mesh
+filled up to all topic peers and each node relayed each entry to all of them. When every other member fits in the peer set (`peerset.small_consortium`) each
 node's own messages already reach every member in one hop (flood publish), so the mesh
 only has to cover a member whose link to the author is down. Then: D = D_high = 2,
-D_low = 1, no opportunistic grafting, no IHAVE gossip (each IHAVE
-to a peer whose copy is still queued came back as an IWANT: a mesh of 2 without opportunistic
-grafting but with IHAVE gave 14 duplicates per entry under load). Measured on 5 daemons
-(tests/test_gossip_mesh.py, same load): 12.0 -> 4.8 duplicates per entry; an entry whose
-author's link to X is down still reaches X through the mesh; sync covers the rest.
+D_low = 1, no opportunistic grafting, no IHAVE gossip (each IHAVE to a peer whose copy is
+still queued came back as an IWANT, a duplicate more). An entry whose author's link to X is
+down still reaches X through the mesh; sync covers the rest. Duplicates per entry:
+`tests/test_gossip_mesh.py`, `bench/daemon_bench.py`.
 """
 from __future__ import annotations
 

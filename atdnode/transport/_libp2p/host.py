@@ -1,5 +1,5 @@
 """How `Libp2pTransport` configures its py-libp2p 0.8.1 host, and where it works around
-py-libp2p's defaults (split out of `libp2p_transport`, issue 28).
+py-libp2p's defaults.
 
 py-libp2p's pubsub silently drops messages in three places; each is configured so bursts
 are not lost (see `GossipConfig`, `SizedQueues`): the per-topic spam limit (10 msg/s by
@@ -59,8 +59,8 @@ def forget_dial_state(host: Any, peer: ID) -> None:
     the peerstore holds for it and lift py-libp2p's negative dial cache, so the dial goes to
     `addr` and nothing else. py-libp2p dials at most one TCP address per peer, the first the
     peerstore lists, and after a failure refuses every dial to that peer for 60 s ("recently
-    failed all addresses (negative cache)"): a member that restarted on a new port (issue 26)
-    was never reached once its stale address had been tried. Which addresses to try, in
+    failed all addresses (negative cache)"): a member that restarted on a new port was
+    never reached once its stale address had been tried. Which addresses to try, in
     which order and how often is the daemon's decision (`atdnode.peers.dialpolicy`)."""
     try:
         host.get_peerstore().clear_addrs(peer)
@@ -88,10 +88,10 @@ def check_listening(host: Any, maddrs: list[Any]) -> None:
 def no_auto_connector(host: Any) -> None:
     """Turn off py-libp2p's AutoConnector. It aims at 200 connections (between its 100 and
     300 watermarks) and, every 10 s and on each disconnect, dials peers the peerstore
-    knows, so it undid the daemon's bounded peer set (atdnode.peers.peerset, issue 15): a peer
-    that pruned us was dialled again, pruned again, and so on. With 80 daemons that churn
-    (dials, Noise handshakes, GossipSub hellos, an on-connect sync each) kept every idle
-    daemon at ~1.2 % of a core. Which peers to dial is the daemon's decision alone."""
+    knows, so it undid the daemon's bounded peer set (atdnode.peers.peerset): a peer that
+    pruned us was dialled again, pruned again, and so on, and that churn (dials, Noise
+    handshakes, GossipSub hellos, an on-connect sync each) kept idle daemons busy. Which
+    peers to dial is the daemon's decision alone."""
     connector = getattr(host.get_network(), "auto_connector", None)
     if connector is None or not hasattr(connector, "maybe_connect"):
         log.warning("cannot turn off libp2p's auto-connector (libp2p internals changed); peer sets may churn")

@@ -1,43 +1,36 @@
 """CPU-saving adjustments to py-libp2p 0.8.1 pubsub for `Libp2pTransport`.
 
-Why: every gossip message crosses a 5-node full mesh as 16 RPCs (4 from the origin, 12
-relays that GossipSub sends by design), and py-libp2p spends ~2 ms of CPU on each RPC
-(trio lock checkpoints in yamux/noise, a yamux WINDOW_UPDATE frame per read, a signed
-peer record attached to, and verified on, every RPC, `host.get_addrs()` rebuilt per
-publish). A node therefore saturates a CPU core at a few dozen messages a second, and
-once saturated every queue grows and delivery latency climbs into seconds (measured:
-p50 1-4 s at 10-50 entries/s with 5 daemons in one process on a loaded 2-core machine,
-with no IWANT traffic, full meshes and an idle-looking event loop).
+Why: every gossip message crosses a full mesh as one RPC per mesh link (the origin's and
+the relays' that GossipSub sends by design), and py-libp2p spends milliseconds of CPU on
+each RPC (trio lock checkpoints in yamux/noise, a yamux WINDOW_UPDATE frame per read, a
+signed peer record attached to, and verified on, every RPC, `host.get_addrs()` rebuilt per
+publish). A node therefore saturates a CPU core at a few dozen messages a second, and once
+saturated every queue grows and delivery latency climbs into seconds. Costs per gossiped
+entry: `bench/daemon_bench.py`; latency: `tests/test_gossip_latency.py`.
 
-What is changed (none alters what is delivered). Measured on a loaded 2-core box, 5 nodes in
-one process, CPU per gossiped 1 KB entry: bare transports ~33 -> ~20 ms, daemons (with
-the daemon's verify-once) 42-50 -> 24-34 ms; the yamux switch is the largest share:
+What is changed (none alters what is delivered):
 
 * `CoalescingPubsub`: the per-peer sending loop writes every publish-only RPC that is
   already queued for that peer as ONE RPC (up to the 1 MiB RPC limit). At low rates the
   queue holds one RPC and nothing changes; under load the per-RPC costs (frames,
   encryption, syscalls, the receiver's read path) are paid once per batch, so the cost
-  per message falls as the load rises (measured batches: 1.2-3 RPCs). RPCs with control
-  or subscription parts are never merged (their order matters: PRUNE then GRAFT).
-  Coalesced publish RPCs do not carry the sender's signed peer record: peers receive it
-  in the hello and subscription RPCs, and verifying it on every message costs an
-  Ed25519 check plus multiaddr parsing per RPC.
+  per message falls as the load rises. RPCs with control or subscription parts are never
+  merged (their order matters: PRUNE then GRAFT). Coalesced publish RPCs do not carry the
+  sender's signed peer record: peers receive it in the hello and subscription RPCs, and
+  verifying it on every message costs an Ed25519 check plus multiaddr parsing per RPC.
 * `cache_addrs`: `host.get_addrs()` (called by GossipSub for every publish and relay to
   attach that record) is cached for a second, and so is the marshalled record itself
   (`cache_sender_record`: GossipSub rebuilt it, comparing address sets, per message).
 * yamux credit: receive-window credit goes back in batches, as go-yamux does (once half
   the window was consumed), instead of one WINDOW_UPDATE frame per read. py-libp2p's own
   switch (`PY_YAMUX_RELEASE_ON_READ=0`, still set) leaves a "partial slack" branch that
-  sent one anyway: 14.6 WINDOW_UPDATE frames per gossiped entry next to 15.8 DATA frames
-  on 5 daemons (each one encrypted, written, read and decrypted). `batch_yamux_credit`.
-
-Issue 15 (publish and receive path per message; measured counts per gossiped entry on 5
-daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh peers):
-
+  sent one anyway, nearly one WINDOW_UPDATE per DATA frame, each one encrypted, written,
+  read and decrypted. `batch_yamux_credit`.
 * the read loop (`CoalescingPubsub.continuously_read_stream`) reads the stream through a
   buffer (py-libp2p reads each RPC's varint length one byte at a time: three muxer reads
-  per RPC), drops an already-seen message before any other work (py-libp2p spawned a
-  managed task per message, duplicates included), and handles new messages in line;
+  per RPC), drops an already-seen message before any other work (most messages a mesh
+  member receives are copies from other mesh peers; py-libp2p spawned a managed task per
+  message, duplicates included), and handles new messages in line;
 * no pubsub-level signature checks (`strict_signing=False`, see `PUBSUB_OPTIONS`): every gossiped atd
   entry is itself signed and the daemon's validator checks that signature and the
   author's membership before delivery or relay, and the forwarder is authenticated by
@@ -54,8 +47,8 @@ daemons: 15.9 publish messages received, 11.8 of them duplicates from other mesh
   to every peer subscribed to the topic, not only to its mesh; relays still follow the
   mesh. A publisher whose mesh is empty or not formed yet (just started, pruned under a
   bounded peer set) lost its messages until the next sync; now its direct peers get them
-  in one hop. In a 5-node consortium every peer is in the mesh anyway (no extra sends);
-* members only (issue 24): `CoalescingPubsub.peer_gate` (the daemon's membership gate,
+  in one hop. In a small consortium every peer is in the mesh anyway (no extra sends);
+* members only: `CoalescingPubsub.peer_gate` (the daemon's membership gate,
   installed by `Libp2pTransport.set_peer_gate`) sits in front of the router on both sides.
   A refused peer is never added as a pubsub peer (so never in a mesh, the fanout or
   `peer_topics`), every RPC it sends is dropped unread (no subscription, GRAFT, IHAVE or
@@ -182,7 +175,7 @@ class CoalescingPubsub(Pubsub):
 
     async def write_msg(self, stream: Any, rpc_msg: Any) -> bool:
         """Pubsub.write_msg, dropping (True: the sending loop goes on) RPCs to refused peers,
-        one whole RPC at a time per stream (`_write_lock`): the garbled-RPC fix (issue 29).
+        one whole RPC at a time per stream (`_write_lock`), so no RPC is ever garbled.
 
         py-libp2p 0.8.1 writes to a peer's pubsub stream from three tasks -- the per-peer
         sending loop, `GossipSub.flush_pending_messages` and `send_recent_messages` -- and
@@ -373,9 +366,9 @@ batch_yamux_credit()
 def slow_yamux_rtt_pings(interval: float = RTT_PING_S) -> None:
     """py-libp2p's yamux pings every connection every 30 s from both ends, only to measure
     an RTT that sizes stream windows (`_effective_rtt`); the ping neither keeps a connection
-    alive nor closes a dead one. Idle, those pings were a third of the yamux frames a daemon
-    sent (issue 29: 0.86 of 2.96 frames a second with ~12 connections). Measured every
-    `interval` s instead (the first sample, 0.5 s after connecting, is kept)."""
+    alive nor closes a dead one, and on an idle daemon those pings were a large share of the
+    yamux frames it sent. The RTT is taken every `interval` s instead (the first sample, 0.5 s after
+    connecting, is kept)."""
     if getattr(_yamux_mod, "RTT_MEASURE_INTERVAL", None) is None:
         log.warning("yamux internals changed; RTT pings keep their own period")
         return

@@ -1,11 +1,11 @@
 """Faster yamux streams for bulk data on py-libp2p 0.8.1, wire-compatible with stock peers.
 
-Why (issue 29): one libp2p stream moved a blob at ~0.10 of raw TCP + SHA-256. Profiled
-(`bench/transfer_stream_profile.py`), a 1 MiB chunk crossed as 16 yamux DATA frames of
-64 KiB, each paying the muxer's per-frame Python work on both sides (two locks, a header
-and a payload copy, debug f-strings formatted even with logging off, a scheduler pass in
-the receiver's `handle_incoming` and in the reader) on top of its Noise message; a sender
-whose window ran out polled it every 10 ms (`trio.sleep(0.01)`), and the window is 256 KiB.
+Why: on stock py-libp2p a 1 MiB chunk crosses as 16 yamux DATA frames of 64 KiB, each
+paying the muxer's per-frame Python work on both sides (two locks, a header and a payload
+copy, debug f-strings formatted even with logging off, a scheduler pass in the receiver's
+`handle_incoming` and in the reader) on top of its Noise message; a sender whose window ran
+out polls it every 10 ms (`trio.sleep(0.01)`), and the window is 256 KiB. Throughput against
+raw TCP: `bench/transfer_bench.py`, the per-frame costs: `bench/transfer_stream_profile.py`.
 
 What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own connections only:
 
@@ -20,14 +20,15 @@ What `TunedYamux` (the muxer `Libp2pTransport` offers) changes, on its own conne
 * one copy per byte through Noise: a large DATA frame is sealed message by message from
   the writer's buffer into one output buffer (`NoiseTx`, `encrypt_into`) and opened from
   one receive buffer straight into the frame's buffer (`NoiseRx`, `recv_into` +
-  `decrypt_into`; both buffers come from a small pool shared by all connections), with the session's own keys and nonce counters; the Noise messages on
-  the wire are exactly py-libp2p's. (py-libp2p copied each byte ~4 times sending, ~8
-  times receiving.) Small frames keep py-libp2p's path.
+  `decrypt_into`; both buffers come from a small pool shared by all connections), with
+  the session's own keys and nonce counters; the Noise messages on the wire are exactly
+  py-libp2p's (which copies each byte several times on each side). Small frames keep
+  py-libp2p's path.
 * a larger receive window on the streams we open: right after its SYN, each grants
   RECV_WINDOW bytes with one WINDOW_UPDATE frame. The spec makes window updates
   per-stream deltas a receiver may send at any time, and go-yamux grants a larger initial
-  window the same way. Credit then returns in batches (libp2p_pubsub's
-  `batch_yamux_credit`) once half of it is consumed. Streams a peer opens to us keep the
+  window the same way. Credit then returns in batches (`_libp2p.pubsub.batch_yamux_credit`)
+  once half of it is consumed. Streams a peer opens to us keep the
   default 256 KiB (auto-tuning may grow it as we read): the bulk receiver is the opener
   (the blob fetcher), and a peer cannot make us hold RECV_WINDOW per stream it opens.
 
@@ -35,8 +36,8 @@ Applied to every Noise connection (wire-identical, so stock peers see the same b
 write longer than one Noise message is sealed message by message as before, then sent with
 ONE socket write instead of one per 64 KiB (`_coalesced_write_msg`; NoiseTx's fallback).
 
-Cost: a stream we opened may hold up to RECV_WINDOW unread bytes (py-libp2p's auto-tuning
-already let any window grow to 16 MiB); the blob fetcher reads its streams continuously.
+Cost: a stream we opened may hold up to RECV_WINDOW unread bytes, and no more (the window
+is enforced: `_libp2p.window`); the blob fetcher reads its streams continuously.
 
 Stock peers: a stock py-libp2p peer that talks to a `TunedYamux` gets 256 KiB frames at most
 (its window) and grants the window it always did; it receives our larger window grant as an
@@ -57,6 +58,8 @@ from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH, NoiseTransportReadWri
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.stream_muxer.muxer_multistream import MuxerMultistream
 from libp2p.stream_muxer.yamux import yamux as _y
+
+from atdnode.transport._libp2p.window import StreamBuffers
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +92,8 @@ class TunedYamux(_y.Yamux):
             return await super()._read_data_body(length)
         with trio.fail_after(_y._yamux_data_read_timeout()):
             body = await rx.read_plain(length)
-        if type(self.stream_buffers) is dict:
-            self.stream_buffers = _AdoptingBuffers(self.stream_buffers)
-        self.stream_buffers.adopt = body  # handle_incoming's `extend(body)` next: adopt, not copy
+        if isinstance(self.stream_buffers, StreamBuffers):
+            self.stream_buffers.adopt = body  # handle_incoming's `extend(body)` next: adopt, not copy
         return body
 
     async def read_stream(self, stream_id: int, n: int = -1) -> bytes | bytearray:
@@ -137,34 +139,6 @@ class TunedYamux(_y.Yamux):
         async with self._write_lock:  # every write of this connection takes it: nonces stay in wire order
             await tx.write(header, body)
         await trio.lowlevel.checkpoint()
-
-
-class _AdoptingBuffers(dict):
-    """A TunedYamux's `stream_buffers`: when a large DATA body (`adopt`, just opened by
-    NoiseRx into a fresh bytearray) lands on a stream whose buffer is empty, that body
-    becomes the buffer, instead of being copied into it by handle_incoming's
-    `stream_buffers[sid].extend(body)` (its only `[]` reads; everything else uses `get`).
-    Any other extend (small frames, a body for a stream that is gone) behaves as before."""
-
-    adopt: bytearray | None = None
-
-    def __getitem__(self, sid: int) -> Any:
-        buf = dict.__getitem__(self, sid)
-        body, self.adopt = self.adopt, None
-        return buf if body is None else _Adopt(self, sid, buf, body)
-
-
-class _Adopt:
-    __slots__ = ("d", "sid", "buf", "body")
-
-    def __init__(self, d: dict, sid: int, buf: bytearray, body: bytearray) -> None:
-        self.d, self.sid, self.buf, self.body = d, sid, buf, body
-
-    def extend(self, data: Any) -> None:
-        if data is self.body and not self.buf:
-            dict.__setitem__(self.d, self.sid, data)
-        else:
-            self.buf.extend(data)
 
 
 class _Pool:

@@ -1,0 +1,61 @@
+"""A member's own rules for plans, from the `[plans]` table of its config.toml.
+
+    [plans]
+    auto_accept_from = ["node1"]     # proposers (names or peer ids) whose plans this node accepts
+                                     # by itself when following them; others wait for `atd plan accept`
+    kinds = ["train", "publish", "wait", "aggregate", "share_features", "classify"]
+                                     # step kinds this node carries out (default: all); a plan giving
+                                     # it another kind is declined, never run
+    [plans.data]                     # data spec names a plan may use -> this node's own data
+    base = "digits?shard=1/3&limit=300"
+
+A plan never carries a path: a step names data by `data = "base"`, and each member reads it
+through this table. A name missing here makes the node decline (or fail) that step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from atdnode.errors import ConfigError
+from atdnode.node import NodeConfig, NodeHome
+from atdnode.plans.spec import STEP_KINDS
+
+
+@dataclass(frozen=True)
+class PlanPolicy:
+    """A member's `[plans]` table: whose plans it accepts by itself, which step kinds it runs,
+    and its data for each data name a plan may use (module doc)."""
+
+    auto_accept_from: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = tuple(STEP_KINDS)
+    data: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, home: NodeHome) -> "PlanPolicy":
+        """The policy in HOME/config.toml (ConfigError naming a malformed key)."""
+        t = NodeConfig.load(home).extra.get("plans", {})
+        if not isinstance(t, dict):
+            raise ConfigError("config: [plans] must be a table")
+        auto, kinds, data = t.get("auto_accept_from", []), t.get("kinds", list(STEP_KINDS)), t.get("data", {})
+        if not isinstance(auto, list) or not all(isinstance(x, str) for x in auto):
+            raise ConfigError("config: plans.auto_accept_from must be a list of member names or peer ids")
+        if not isinstance(kinds, list) or not all(k in STEP_KINDS for k in kinds):
+            raise ConfigError(f"config: plans.kinds must list step kinds from {', '.join(STEP_KINDS)}")
+        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+            raise ConfigError("config: [plans.data] must map data names to data specs")
+        return cls(auto_accept_from=tuple(auto), kinds=tuple(kinds), data=dict(data))
+
+    def refusal(self, steps: list[dict]) -> str | None:
+        """Why this node will not carry out `steps` (its own steps of a plan), or None."""
+        for s in steps:
+            if s["kind"] not in self.kinds:
+                return f"step {s['id']}: this node does not run {s['kind']} steps (config plans.kinds)"
+            for key in ("data",):
+                if key in s and s[key] not in self.data:
+                    return f"step {s['id']}: data name {s[key]!r} is not mapped in config [plans.data]"
+        return None
+
+    def data_spec(self, name: str) -> str:
+        if name not in self.data:
+            raise ConfigError(f"data name {name!r} is not mapped in config [plans.data]")
+        return self.data[name]
