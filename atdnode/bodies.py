@@ -1,11 +1,18 @@
 """The bodies of ledger entries, typed in one place: every writer and reader goes through here.
 
 Each kind has a `BodySpec`: the fields it must have and may have, each with its JSON/msgpack
-type. `check_body` validates a body (writers call it through `append` before signing;
-readers through `body_of` before using an entry), so a field name cannot drift between the
-code that writes an entry and the code that reads it. Unknown extra fields are allowed
-(a newer peer may add some); missing required fields and wrong types are a `BodyError`
-naming the kind and the field. To add a kind, add its spec to `SPECS`.
+type, the element type of list fields, a `Format` where the value has one (entry and blob
+ids as 64 lowercase hex digits, peer ids, enumerations, non-negative counts), and the spec
+of nested maps (`groups`, `skipped`, `ensemble`). Every string is at most MAX_STR
+characters, every list at most MAX_ITEMS long, every number finite. `check_body` validates
+a body: writers call it through `append` before signing, every node calls it through
+`refusal` on every entry merged from the network (`Ledger.merge(check=...)`, so nothing
+reads a body that does not fit: the entry is refused, its author's chain waits behind it,
+see `Ledger.merge`), and readers of older ledgers through `body_of` / `fits`. A field name
+cannot drift between the code that writes an entry and the code that reads it. Unknown
+extra fields are allowed (a newer peer may add some) and unchecked; missing required
+fields, wrong types and malformed values are a `BodyError` naming the kind and the field.
+To add a kind, add its spec to `SPECS`; a kind without one must still have a map body.
 
 Kinds (INTERFACES.md has the generated table of fields and types), and what the fields mean:
 
@@ -64,8 +71,10 @@ split_accept  the campaign server's signed word (`atdnode.split.secret`): it acc
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from atdnode.errors import AtdError
@@ -73,10 +82,41 @@ from ledger import Entry, Ledger, Signer
 
 
 class BodyError(AtdError):
-    """An entry body lacks a required field or has one of the wrong type."""
+    """An entry body lacks a required field or has one of the wrong type or form."""
 
 
 _NUM = (int, float)
+MAX_STR = 4096  # characters of any string field or list element the spec names
+MAX_ITEMS = 10_000  # elements of any list field
+
+
+@dataclass(frozen=True)
+class Format:
+    """What a value must look like beyond its type (checked on the value, or on each
+    element of a list)."""
+
+    what: str
+    ok: Callable[[Any], bool]
+    short: str  # for the generated table in INTERFACES.md
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_PEER = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,128}\Z")  # base58 (libp2p peer ids: 12D3KooW...)
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,63}\Z")
+HEX64 = Format("64 lowercase hex digits (an entry or blob id)", lambda v: isinstance(v, str) and bool(_HEX64.match(v)),
+               "hex64")
+PEER_ID = Format("a peer id", lambda v: isinstance(v, str) and bool(_PEER.match(v)), "peer id")
+NAME = Format("a short lowercase name", lambda v: isinstance(v, str) and bool(_NAME.match(v)), "name")
+COUNT = Format("a non-negative integer", lambda v: v >= 0, ">= 0")
+
+
+def one_of(*values: str) -> Format:
+    return Format(f"one of {', '.join(values)}", lambda v: v in values, " / ".join(values))
+
+
+PARTS = ("full", "extractor", "head", "body")
+MODES = ("horizontal", "vertical", "group", "hierarchical", "round")
+CLASSIFIERS = ("ensemble", "head")
 
 
 @dataclass(frozen=True)
@@ -84,24 +124,32 @@ class BodySpec:
     required: Mapping[str, tuple[type, ...]]
     optional: Mapping[str, tuple[type, ...]]
     items: Mapping[str, tuple[type, ...]]  # element types of list fields (when checked)
+    formats: Mapping[str, Format] = field(default_factory=dict)  # form of a value (each element of a list)
+    nested: Mapping[str, "BodySpec"] = field(default_factory=dict)  # spec of a map field (each map of a list)
 
 
-def _spec(required: dict, optional: dict | None = None, items: dict | None = None) -> BodySpec:
-    return BodySpec(required, optional or {}, items or {})
+def _spec(required: dict, optional: dict | None = None, items: dict | None = None, formats: dict | None = None,
+          nested: dict | None = None) -> BodySpec:
+    return BodySpec(required, optional or {}, items or {}, formats or {}, nested or {})
 
 
 _BLOB = {"blob": (str,), "size": (int,), "manifest": (str,)}
+_BLOB_FORMS = {"blob": HEX64, "size": COUNT, "manifest": HEX64}
+_PEERS = {k: PEER_ID for k in ("readers", "authorized", "recipients", "participants", "missing")}
 SPECS: dict[str, BodySpec] = {
     "weights": _spec({**_BLOB, "part": (str,), "model": (dict,), "labels": (list,), "label_fp": (str,),
                       "samples": (int,), "metrics": (dict,), "provenance": (list,)},
                      {"model_id": (str,), "base": (str,), "algorithm": (str,), "tasks": (list,),
                       "authorized": (list,), "readers": (list,), "campaign": (str,), "round": (int,),
                       "start": (str,), "class_counts": (dict,), "data_fp": (str,)},
-                     {"labels": (str,), "provenance": (str,)}),
+                     {"labels": (str,), "provenance": (str,), "authorized": (str,), "readers": (str,)},
+                     {**_BLOB_FORMS, **_PEERS, "part": one_of(*PARTS), "samples": COUNT, "round": COUNT,
+                      "start": HEX64}),
     "features": _spec({**_BLOB, "recipients": (list,), "shape": (list,), "classes": (list,), "label_fp": (str,),
                        "samples": (int,), "model": (dict,), "extractor": (str,), "alg": (str,)},
                       {"model_id": (str,), "provenance": (list,)},
-                      {"recipients": (str,), "shape": (int,), "classes": (str,)}),
+                      {"recipients": (str,), "shape": (int,), "classes": (str,), "provenance": (str,)},
+                      {**_BLOB_FORMS, **_PEERS, "shape": COUNT, "samples": COUNT, "extractor": HEX64}),
     "aggregate": _spec({**_BLOB, "mode": (str,), "weighting": (str,), "weights": (list,), "inputs": (list,),
                         "head": (bool,), "part": (str,)},
                        {"model": (dict, type(None)), "q": _NUM, "groups": (list,), "ensemble": (dict,),
@@ -110,22 +158,33 @@ SPECS: dict[str, BodySpec] = {
                         "campaign": (str,), "round": (int,), "participants": (list,), "missing": (list,),
                         "cosines": (list,)},
                        {"weights": _NUM, "inputs": (str,), "groups": (dict,), "skipped": (dict,),
-                        "participants": (str,), "missing": (str,), "cosines": _NUM}),
+                        "participants": (str,), "missing": (str,), "cosines": _NUM},
+                       {**_BLOB_FORMS, **_PEERS, "mode": one_of(*MODES), "part": one_of(*PARTS), "weighting": NAME,
+                        "inputs": HEX64, "reference": HEX64, "classifier": one_of(*CLASSIFIERS), "round": COUNT,
+                        "n_classes": COUNT, "n_models": COUNT},
+                       {"groups": _spec({"name": (str,), "entry": (str,), "n_classes": (int,), "n_models": (int,)},
+                                        formats={"entry": HEX64, "n_classes": COUNT, "n_models": COUNT}),
+                        "skipped": _spec({"entry": (str,), "why": (str,)}, formats={"entry": HEX64}),
+                        "ensemble": _spec({**_BLOB, "classes": (list,), "samples": (int,)},
+                                          {"features": (list,), "own_samples": (int,)},
+                                          {"classes": (str,), "features": (str,)},
+                                          {**_BLOB_FORMS, "samples": COUNT, "own_samples": COUNT})}),
     "hello": _spec({"addrs": (list,), "x25519": (bytes,)}, {"role": (str,), "name": (str, type(None))},
                    {"addrs": (str,)}),
     "metrics": _spec({}),
     "service": _spec({"role": (str,), "protocol": (str,)}),
     "split_secret": _spec({"service": (str,), "recipients": (list,), "envelope": (bytes,), "alg": (str,)},
-                          items={"recipients": (str,)}),
-    "split_join": _spec({"service": (str,)}),
-    "split_accept": _spec({"service": (str,), "clients": (list,)}, {"secret": (str,)}, {"clients": (str,)}),
+                          items={"recipients": (str,)}, formats={"service": HEX64, "recipients": PEER_ID}),
+    "split_join": _spec({"service": (str,)}, formats={"service": HEX64}),
+    "split_accept": _spec({"service": (str,), "clients": (list,)}, {"secret": (str,)}, {"clients": (str,)},
+                          formats={"service": HEX64, "clients": PEER_ID, "secret": HEX64}),
     "plan": _spec({"name": (str,), "created": (int,), "late": (str,), "members": (list,), "steps": (list,)},
                   {"model": (dict,)}, {"members": (str,), "steps": (dict,)}),
-    "plan_decision": _spec({"plan": (str,), "decision": (str,)}, {"reason": (str,)}),
+    "plan_decision": _spec({"plan": (str,), "decision": (str,)}, {"reason": (str,)}, formats={"plan": HEX64}),
     "plan_step": _spec({"plan": (str,), "step": (str,), "status": (str,), "results": (list,)},
                        {"reason": (str,), "missing": (list,), "model": (str,), "metrics": (dict,), "started": _NUM,
                         "seconds": _NUM},
-                       {"results": (str,), "missing": (str,)}),
+                       {"results": (str,), "missing": (str,)}, formats={"plan": HEX64}),
 }
 PLAN_KIND, PLAN_DECISION_KIND, PLAN_STEP_KIND = "plan", "plan_decision", "plan_step"
 SPLIT_SECRET_KIND = "split_secret"
@@ -134,28 +193,74 @@ SPLIT_ACCEPT_KIND = "split_accept"
 MAX_SPLIT_ENVELOPE = 512 << 10  # fits an entry (the ledger caps entries below 1 MiB for gossip)
 
 
+def _names(types: tuple[type, ...]) -> str:
+    return "/".join(t.__name__ for t in types)
+
+
+def _typed(v: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+
+
+def _value_problem(v: Any, form: Format | None) -> str | None:
+    """Why the scalar `v` is malformed (beyond its type), or None."""
+    if isinstance(v, str) and len(v) > MAX_STR:
+        return f"is {len(v)} characters long (at most {MAX_STR})"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "is not a finite number"
+    if form is not None and not form.ok(v):
+        return f"must be {form.what}"
+    return None
+
+
+def _check_map(kind: str, body: dict, spec: BodySpec, where: str = "") -> None:
+    for name in spec.required:
+        if name not in body:
+            raise BodyError(f"{kind} entry body lacks field {where}{name!r}")
+    for name, types in (*spec.required.items(), *spec.optional.items()):
+        if name not in body:
+            continue
+        v, label = body[name], f"{where}{name!r}"
+        if not _typed(v, types):
+            raise BodyError(f"{kind} entry field {label} must be {_names(types)}, got {type(v).__name__}")
+        form, sub = spec.formats.get(name), spec.nested.get(name)
+        if isinstance(v, list):
+            if len(v) > MAX_ITEMS:
+                raise BodyError(f"{kind} entry field {label} has {len(v)} elements (at most {MAX_ITEMS})")
+            elem = spec.items.get(name)
+            for x in v:
+                if elem is not None and not _typed(x, elem):
+                    raise BodyError(f"{kind} entry field {label} must list {_names(elem)} values")
+                why = _value_problem(x, form) if elem is not None else None
+                if why is not None:
+                    raise BodyError(f"{kind} entry field {label}: an element {why}")
+                if sub is not None:
+                    _check_map(kind, x, sub, f"{name}[].")
+        else:
+            why = _value_problem(v, form)
+            if why is not None:
+                raise BodyError(f"{kind} entry field {label} {why}")
+            if sub is not None and isinstance(v, dict):
+                _check_map(kind, v, sub, f"{name}.")
+
+
 def check_body(kind: str, body: Any) -> dict:
-    """`body` if it fits `kind`'s spec (kinds without one pass); else BodyError naming the field."""
+    """`body` if it fits `kind`'s spec (kinds without one: any map); else BodyError naming the field."""
     if not isinstance(body, dict):
         raise BodyError(f"{kind} entry body must be a map, got {type(body).__name__}")
     spec = SPECS.get(kind)
-    if spec is None:
-        return body
-    for name, types in spec.required.items():
-        if name not in body:
-            raise BodyError(f"{kind} entry body lacks field {name!r}")
-    for name, types in {**spec.required, **spec.optional}.items():
-        if name not in body:
-            continue
-        v = body[name]
-        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
-            raise BodyError(f"{kind} entry field {name!r} must be {'/'.join(t.__name__ for t in types)}, "
-                            f"got {type(v).__name__}")
-        elem = spec.items.get(name)
-        if elem is not None and not all(isinstance(x, elem) and not (isinstance(x, bool) and bool not in elem)
-                                         for x in v):
-            raise BodyError(f"{kind} entry field {name!r} must list {'/'.join(t.__name__ for t in elem)} values")
+    if spec is not None:
+        _check_map(kind, body, spec)
     return body
+
+
+def refusal(entry: Entry) -> str | None:
+    """Why a merged entry's body does not fit its kind's spec, or None: the check every
+    node hands `Ledger.merge` for entries from the network (`check=refusal`)."""
+    try:
+        check_body(entry.kind, entry.body)
+    except BodyError as exc:
+        return str(exc)
+    return None
 
 
 def append(led: Ledger, signer: Signer, kind: str, body: dict) -> Entry:
@@ -219,7 +324,9 @@ def _fields(spec: BodySpec, names: Mapping[str, tuple[type, ...]]) -> str:
     out = []
     for name, types in names.items():
         elem = spec.items.get(name)
-        out.append(f"`{name}`: {_types(types)}" + (f"[{_types(elem)}]" if elem else ""))
+        form = spec.formats.get(name)
+        out.append(f"`{name}`: {_types(types)}" + (f"[{_types(elem)}]" if elem else "")
+                   + (f" ({form.short})" if form else ""))
     return ", ".join(out) or "(none)"
 
 
@@ -228,8 +335,11 @@ def spec_markdown() -> str:
     lines = [DOC_BEGIN, "", "| kind | required fields | optional fields |", "|---|---|---|"]
     for kind, spec in SPECS.items():
         lines.append(f"| `{kind}` | {_fields(spec, spec.required)} | {_fields(spec, spec.optional)} |")
-    lines += ["", "Unknown extra fields are allowed (a newer peer may add some); a missing required field or a "
-              "wrong type is a `BodyError` on write and on read.", "", DOC_END]
+    lines += ["", "Unknown extra fields are allowed (a newer peer may add some); a missing required field, a "
+              "wrong type or a malformed value (parenthesised: hex64 = 64 lowercase hex digits, an entry or blob "
+              f"id; strings at most {MAX_STR} characters, lists at most {MAX_ITEMS} elements, numbers finite) is a "
+              "`BodyError` on write, a refused entry on merge from the network, and a skipped entry on read.",
+              "", DOC_END]
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ peer ids), membership.py (placement rules), merge.py / ledger.py (SQLite log), v
 from ledger.entry import KINDS, ZERO_HASH, Entry
 from ledger.errors import (
     BadPeerId, BadSignature, BrokenLink, Equivocation, LedgerError, MalformedEntry, MalformedId, NotAdmin,
-    QuotaExceeded, RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor, WrongConsortium,
+    QuotaExceeded, RefusedBody, RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor, WrongConsortium,
 )
 from ledger.keys import Signer, parse_author, peer_id_from_public_key, public_key_from_peer_id, verify_signature
 from ledger.ledger import Ledger
@@ -20,5 +20,5 @@ __all__ = [
     "VerifyReport", "parse_author", "peer_id_from_public_key", "public_key_from_peer_id", "verify_signature",
     "LedgerError", "MalformedEntry", "MalformedId", "BadSignature", "BrokenLink", "SeqGap", "Equivocation",
     "UnknownAuthor", "RevokedAuthor", "NotAdmin", "WrongConsortium", "TamperedStore", "BadPeerId",
-    "QuotaExceeded", "AuthorQuota",
+    "QuotaExceeded", "RefusedBody", "AuthorQuota",
 ]

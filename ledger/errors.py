@@ -78,6 +78,11 @@ class QuotaExceeded(LedgerError):
     """An entry from the network over its author's size or rate quota (ledger/quota.py); not stored."""
 
 
+class RefusedBody(LedgerError):
+    """An entry from the network whose body does not fit the spec of its kind (the merge's
+    `check` callback, e.g. atdnode.bodies); not stored."""
+
+
 class NotAdmin(LedgerError):
     """A membership change by a key that lacks the rights for it."""
 

@@ -13,16 +13,18 @@ processes may open the same file (SQLite locking, one transaction per append / m
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ledger.encoding import decode_payload
 from ledger.entry import Entry
 from ledger.errors import (
-    Equivocation, LedgerError, MalformedEntry, MalformedId, NotAdmin, RevokedAuthor, UnknownAuthor, WrongConsortium,
+    Equivocation, LedgerError, MalformedEntry, MalformedId, NotAdmin, RefusedBody, RevokedAuthor, UnknownAuthor,
+    WrongConsortium,
 )
 from ledger.heads import Heads
 from ledger.keys import Signer
@@ -33,6 +35,10 @@ from ledger.quota import AuthorQuota, QuotaTracker
 from ledger.store import ZERO, Store, commits_to
 from ledger.verify import VerifyReport, verify_store
 
+log = logging.getLogger(__name__)
+
+BodyCheck = Callable[[Entry], "str | None"]  # why an entry's body does not fit its kind, or None
+REFUSAL_LOG_EVERY_S = 60.0
 _SELECT = "SELECT payload, sig, id FROM entries"
 _ORDER = " ORDER BY lamport, author, seq"
 _MEMBER_KINDS = ("member", "genesis")  # change membership: always appended through Batch
@@ -64,6 +70,7 @@ class Ledger:
         self._heads = Heads()  # see heads()
         self._members: tuple[tuple[int, int], frozenset[bytes]] | None = None  # see member_keys()
         self.quota_tracker = QuotaTracker()  # what merges with a quota stored lately, per author
+        self._refusal_logged: dict[bytes, float] = {}  # author -> when a refused body of it was last logged
 
     @classmethod
     def open(cls, path: str | Path, *, genesis_id: bytes | None = None) -> "Ledger":
@@ -322,7 +329,8 @@ class Ledger:
         return self.append(signer, "member", {"action": "restore", "member": old, "key": new})
 
     def merge(self, items: Iterable[Entry | bytes], *, members_only: bool = False,
-              quota: AuthorQuota | None = None, exempt: Iterable[bytes] = ()) -> MergeResult:
+              quota: AuthorQuota | None = None, exempt: Iterable[bytes] = (),
+              check: BodyCheck | None = None) -> MergeResult:
         """Verify and store foreign entries in one transaction; never raises for bad entries
         (they are listed in `.rejected`).
 
@@ -337,17 +345,33 @@ class Ledger:
         rate quota (ledger/quota.py) is rejected with QuotaExceeded and not stored.
         `exempt`: authors none of the quotas or waiting caps apply to (the node's own key); with
         members_only their entries are stored (held) even before their admission is known, so
-        a restored home takes its chain back in one pull whatever order it arrives in."""
+        a restored home takes its chain back in one pull whatever order it arrives in.
+
+        `check` (entries from the network): the body spec, a callable returning why an
+        entry's body does not fit its kind (None when it does; the ledger knows no kinds
+        but genesis / member). An entry it refuses is rejected with RefusedBody, logged
+        (once per author per minute) and not stored. Its author's chain then does not link
+        past that seq on this node: the later entries wait as a chain gap (bounded per
+        author and in total, and they expire, `expire_held`), so an author that signs a
+        malformed body is in effect frozen there on every node that runs the same spec,
+        without any record of the refusal to keep consistent; a node whose spec accepts
+        the body later (an upgrade) takes it and the rest of the chain from sync. The
+        `exempt` authors' entries are not checked (the node's own, checked when written:
+        refusing one would make the node sign that seq again)."""
         parsed: list[Entry] = []
         early: list[tuple[bytes | None, LedgerError]] = []
+        own = frozenset(exempt)
         for item in items:
             try:
                 e = item if isinstance(item, Entry) else Entry.from_bytes(item)
                 e.verify()
+                why = None if check is None or e.author in own or e.kind in _MEMBER_KINDS else check(e)
+                if why is not None:
+                    raise self._refused(e, why)
                 parsed.append(e)
             except LedgerError as exc:
                 early.append((exc.entry_id if isinstance(item, (bytes, bytearray)) else getattr(item, "id", None), exc))
-        opts = dict(quota=quota, tracker=self.quota_tracker, exempt=frozenset(exempt))
+        opts = dict(quota=quota, tracker=self.quota_tracker, exempt=own)
         with self._writing():
             if members_only:
                 return self._merge_members_only(parsed, early, opts)
@@ -361,13 +385,26 @@ class Ledger:
             res.rejected = rejected + res.rejected
             return res
 
+    def _refused(self, e: Entry, why: str) -> RefusedBody:
+        err = RefusedBody(f"{e.kind} entry body refused: {why}", author=e.author, seq=e.seq, entry_id=e.id)
+        now = time.monotonic()
+        if now - self._refusal_logged.get(e.author, -1e18) >= REFUSAL_LOG_EVERY_S:
+            if len(self._refusal_logged) >= 4096:
+                self._refusal_logged.clear()
+            self._refusal_logged[e.author] = now
+            log.warning("merge: %s", err)
+        return err
+
     def expire_held(self, ttl: float, *, now: float | None = None, keep: Iterable[bytes] = ()) -> int:
-        """Delete held entries of unknown authors first held more than `ttl` seconds ago
-        (what non-members can park here expires); returns how many. Genesis
-        entries, entries of (even revoked) members and of the `keep` authors (the node's own
-        key: its signed entries waiting for its admission must never be lost, or it would
-        sign those seqs again) are kept. Sync fetches an expired entry again if it ever
-        becomes admissible."""
+        """Delete held entries first held more than `ttl` seconds ago; returns how many.
+
+        Held entries wait for a predecessor (a chain gap), an admission, or the genesis;
+        what non-members -- or a member whose chain has a gap that never closes, e.g.
+        behind a refused entry -- can park here expires. Genesis entries and those of the
+        `keep` authors (the node's own key: its signed entries waiting for its admission
+        must never be lost, or it would sign those seqs again) are kept. Sync fetches an
+        expired entry again if it ever becomes admissible (a gap that closes later, an
+        admission that arrives after the ttl)."""
         now = time.time() if now is None else now
         keep = set(keep)
         with self._writing():
@@ -375,7 +412,7 @@ class Ledger:
             c.execute("INSERT OR IGNORE INTO seen(id, at) SELECT id, ? FROM entries WHERE state=?", (now, HELD))
             ids = {r[0] for r in c.execute(
                 "SELECT e.id, e.author FROM entries e JOIN seen h ON h.id = e.id WHERE e.state=? AND h.at<?"
-                " AND e.kind!='genesis' AND e.author NOT IN (SELECT key FROM members)", (HELD, now - ttl))
+                " AND e.kind!='genesis'", (HELD, now - ttl))
                 if r[1] not in keep}
             self._store.remove_rows(ids)
             return len(ids)

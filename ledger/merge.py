@@ -7,12 +7,13 @@ an entry of a revoked member) marks the batch for a full re-derivation at the en
 (`membership.derive` over every stored row), so the outcome never depends on arrival order.
 
 Caps: at most MAX_WAITING_PER_AUTHOR non-log entries (and MAX_WAITING_BYTES_PER_AUTHOR bytes)
-per author, and MAX_WAITING_TOTAL held entries (MAX_WAITING_BYTES_TOTAL bytes) overall from
-non-members; beyond them entries are rejected (they can be re-sent by sync later). These
-bound what a flood of unadmitted keys -- or a member sending far-ahead entries -- can make a
-node store. They never apply to the `exempt` authors (the node's own key: a
-restored home takes its whole chain back), and neither does the per-author
-rate / size quota (`ledger.quota`) that a node applies to entries from the network.
+per author, and MAX_WAITING_TOTAL held entries (MAX_WAITING_BYTES_TOTAL bytes) overall, from
+members and non-members alike; beyond them entries are rejected (they can be re-sent by sync
+later), and held entries expire (`Ledger.expire_held`). These bound what a flood of
+unadmitted keys -- or members whose chains have gaps that never close -- can make a node
+store. They never apply to the `exempt` authors (the node's own key: a restored home takes
+its whole chain back), and neither does the per-author rate / size quota (`ledger.quota`)
+that a node applies to entries from the network.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from ledger.membership import EVIDENCE, HELD, LOG, MemberStatus, Membership, Row
 from ledger.quota import AuthorQuota, QuotaTracker
 from ledger.store import Store
 
-MAX_WAITING_PER_AUTHOR = 4096
-MAX_WAITING_TOTAL = 100_000
-MAX_WAITING_BYTES_PER_AUTHOR = 64 << 20
-MAX_WAITING_BYTES_TOTAL = 256 << 20
+MAX_WAITING_PER_AUTHOR = 1024
+MAX_WAITING_TOTAL = 50_000
+MAX_WAITING_BYTES_PER_AUTHOR = 16 << 20
+MAX_WAITING_BYTES_TOTAL = 128 << 20
 
 
 @dataclass
@@ -106,7 +107,7 @@ class Batch:
     def _insert(self, e: Entry, state: int) -> None:
         self.s.insert(Row(e.id, e.author, e.seq, e.prev, e.lamport, e.kind), e.payload, e.sig, state)
         if self.quota is not None:
-            self.tracker.record(e, window_s=self.quota.window_s)
+            self.tracker.record(e, window_s=self.quota.window_s, quota=self.quota)
         self._before.setdefault(e.id, None)
         self._now[e.id] = (state, e.lamport, e.author, e.seq)
         self._stored.append(e)
@@ -178,10 +179,7 @@ class Batch:
         size = len(e.payload) + len(e.sig)
         if not own and (s.count_waiting(e.author) >= MAX_WAITING_PER_AUTHOR or (
             s.waiting_bytes(e.author) + size > MAX_WAITING_BYTES_PER_AUTHOR
-        ) or (
-            status is None and (s.count_waiting() >= MAX_WAITING_TOTAL
-                                or s.waiting_bytes() + size > MAX_WAITING_BYTES_TOTAL)
-        )):
+        ) or s.count_waiting() >= MAX_WAITING_TOTAL or s.waiting_bytes() + size > MAX_WAITING_BYTES_TOTAL):
             cls = UnknownAuthor if status is None else SeqGap
             return cls("too many entries of this author are already waiting", **where)
         self._insert(e, HELD)

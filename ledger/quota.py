@@ -1,14 +1,17 @@
 """Per-author quotas on entries merged from the network.
 
 A member is trusted to write, not to write without bound: 200 entries of 500 KB gossiped
-in 1.3 s grew every node's ledger by 100 MB. `AuthorQuota` bounds, per author and per
-entry kind,
+in 1.3 s grew every node's ledger by 100 MB. `AuthorQuota` bounds, per author,
 
-* the size of one entry (payload + signature), and
+* the size of one entry (payload + signature), by kind;
 * how many entries and bytes of that author and kind this node stores within any
-  `window_s` seconds (local arrival time, a sliding window),
-
-generous for `weights` announcements, tight for bulk `metrics`. `Ledger.merge(quota=...)`
+  `window_s` seconds (local arrival time, a sliding window): generous for `weights`
+  announcements, tight for bulk `metrics`. Kinds the table does not name share one
+  window per author (`"*"`), so inventing kinds buys no room;
+* how many entries and bytes of that author, all kinds together, this node stores per
+  window (`author_entries` / `author_bytes`): the budget that bounds what one member can
+  make every disk store, whatever kinds it writes.
+ `Ledger.merge(quota=...)`
 refuses an entry over either bound with `QuotaExceeded` before storing it; it is not
 lost -- the author's later entries wait behind it and sync offers it again once the
 window has room, so a backlog is accepted at the quota's rate and a flood is cut to it.
@@ -56,15 +59,33 @@ DEFAULT_LIMITS = {  # per author and kind; counts generous (100 / s), bytes what
 }
 
 
+AUTHOR_ENTRIES = 12_000  # per author and window, all kinds together
+AUTHOR_BYTES = 48 << 20  # (above any one kind's window: a member publishing weights is not held back)
+_BUDGET = ""  # the tracker's key for an author's all-kinds window
+_AUTHOR_KEYS = ("author_entries", "author_bytes")
+
+
 @dataclass(frozen=True)
 class AuthorQuota:
-    """Limits per kind (`"*"`: every kind not named); `window_s` the sliding window."""
+    """Limits per kind (`"*"`: every kind not named, one shared window), the budget per
+    author over all kinds (`author_entries` / `author_bytes`); `window_s` the sliding window."""
 
     limits: dict[str, KindLimit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     window_s: float = 60.0
+    author_entries: int = AUTHOR_ENTRIES
+    author_bytes: int = AUTHOR_BYTES
+
+    def __post_init__(self) -> None:
+        if min(self.author_entries, self.author_bytes) < 1:
+            raise ValueError("quota.author_entries and quota.author_bytes must be positive integers")
 
     def limit(self, kind: str) -> KindLimit:
         return self.limits.get(kind) or self.limits.get("*") or DEFAULT_LIMITS["*"]
+
+    def window_key(self, kind: str) -> str:
+        """The window an entry of `kind` counts in besides its author's budget: its own for a
+        kind the table names, else the one every unnamed kind of that author shares."""
+        return kind if kind in self.limits else "*"
 
     def too_big(self, e: Entry) -> bool:
         """Is `e` over its kind's size limit (a check that needs no window, e.g. before relaying)?"""
@@ -75,6 +96,8 @@ class AuthorQuota:
         """From a config table, e.g. HOME/config.toml ``[quota]``::
 
             window_s = 60
+            author_entries = 12000      # per author, all kinds together
+            author_bytes = 50331648
             [quota.metrics]
             max_entry_bytes = 16384
             window_entries = 120
@@ -90,8 +113,14 @@ class AuthorQuota:
         window = table.get("window_s", 60.0)
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not window > 0:
             raise ValueError("quota.window_s must be a positive number")
+        budget = {}
+        for key in _AUTHOR_KEYS:
+            v = table.get(key, getattr(cls, key))
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"quota.{key} must be a positive integer")
+            budget[key] = v
         for kind, spec in table.items():
-            if kind == "window_s":
+            if kind == "window_s" or kind in _AUTHOR_KEYS:
                 continue
             if not isinstance(spec, dict) or set(spec) - {"max_entry_bytes", "window_entries", "window_bytes"}:
                 raise ValueError(f"quota.{kind} must be a table of max_entry_bytes / window_entries / window_bytes")
@@ -101,17 +130,19 @@ class AuthorQuota:
             limits[kind] = KindLimit(spec.get("max_entry_bytes", base.max_entry_bytes),
                                      spec.get("window_entries", base.window_entries),
                                      spec.get("window_bytes", base.window_bytes))
-        return cls(limits, float(window))
+        return cls(limits, float(window), **budget)
 
 
 class QuotaTracker:
-    """The sliding windows of what each (author, kind) stored lately; `check` then `record`."""
+    """The sliding windows of what each author stored lately, per (author, kind window) and
+    per author over all kinds; `check` then `record`."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[bytes, str], deque[tuple[float, int]]] = {}
         self._sums: dict[tuple[bytes, str], int] = {}
         self._logged: dict[bytes, float] = {}
         self._records = 0
+        self._quota: AuthorQuota | None = None
         self.refused = 0
 
     def _window(self, key: tuple[bytes, str], now: float, window_s: float) -> deque[tuple[float, int]]:
@@ -127,6 +158,7 @@ class QuotaTracker:
         """The refusal for `e` if storing it would break its author's quota, else None."""
         if e.kind in NEVER_LIMITED:
             return None
+        self._quota = quota
         now = time.monotonic() if now is None else now
         lim = quota.limit(e.kind)
         size = len(e.payload) + len(e.sig)
@@ -136,11 +168,18 @@ class QuotaTracker:
             err = QuotaExceeded(f"{e.kind} entry of {size} bytes is over this node's limit of "
                                 f"{lim.max_entry_bytes} bytes for that kind", **where)
         else:
-            key = (e.author, e.kind)
+            key = (e.author, quota.window_key(e.kind))
             q = self._window(key, now, quota.window_s)
+            total = (e.author, _BUDGET)
+            t = self._window(total, now, quota.window_s)
             if len(q) + 1 > lim.window_entries or self._sums.get(key, 0) + size > lim.window_bytes:
-                err = QuotaExceeded(f"author is over this node's quota for {e.kind} entries ({lim.window_entries} "
+                what = e.kind if key[1] != "*" else "its kinds without a quota of their own"
+                err = QuotaExceeded(f"author is over this node's quota for {what} ({lim.window_entries} "
                                     f"entries / {lim.window_bytes} bytes per {quota.window_s:g} s); "
+                                    "refused for now", **where)
+            elif len(t) + 1 > quota.author_entries or self._sums.get(total, 0) + size > quota.author_bytes:
+                err = QuotaExceeded(f"author is over this node's budget per member ({quota.author_entries} entries / "
+                                    f"{quota.author_bytes} bytes per {quota.window_s:g} s, all kinds); "
                                     "refused for now", **where)
         if err is not None:
             self.refused += 1
@@ -149,7 +188,10 @@ class QuotaTracker:
                 log.warning("quota: refusing entries from the network: %s", err)
         return err
 
-    def record(self, e: Entry, *, now: float | None = None, window_s: float = 60.0) -> None:
+    def record(self, e: Entry, *, now: float | None = None, window_s: float = 60.0,
+               quota: AuthorQuota | None = None) -> None:
+        """Count a stored `e` in its windows (`quota`'s -- default: the last one `check` used --
+        for which kinds share one)."""
         if e.kind in NEVER_LIMITED:
             return
         now = time.monotonic() if now is None else now
@@ -157,6 +199,9 @@ class QuotaTracker:
         if self._records % SWEEP_EVERY == 0:  # authors that went quiet: their windows are dropped
             for k in list(self._seen):
                 self._window(k, now, window_s)
-        key = (e.author, e.kind)
-        self._seen.setdefault(key, deque()).append((now, len(e.payload) + len(e.sig)))
-        self._sums[key] = self._sums.get(key, 0) + len(e.payload) + len(e.sig)
+        size = len(e.payload) + len(e.sig)
+        quota = quota or self._quota
+        kind = e.kind if quota is None else quota.window_key(e.kind)
+        for key in ((e.author, kind), (e.author, _BUDGET)):
+            self._seen.setdefault(key, deque()).append((now, size))
+            self._sums[key] = self._sums.get(key, 0) + size

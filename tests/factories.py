@@ -84,6 +84,12 @@ def ids(home: NodeHome) -> set[bytes]:
         return {e.id for e in led.all_entries()}
 
 
+def weights_body(blob: str, manifest: str, size: int, **extra) -> dict:
+    """A `weights` body naming `blob` that fits the entry spec (`atdnode.bodies`), with `extra` fields."""
+    return {"blob": blob, "manifest": manifest, "size": size, "part": "full", "model": {}, "labels": [],
+            "label_fp": "", "samples": 0, "metrics": {}, "provenance": [], **extra}
+
+
 def append(home: NodeHome, kind: str, body: dict) -> Entry:
     """What a CLI command does while the daemon runs: sign and append to the ledger file."""
     ident = NodeIdentity.load(home)

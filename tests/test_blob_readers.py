@@ -22,7 +22,7 @@ from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, pack
 from atdnode.blobs.wire import unpack
 from atdnode.transport import MemoryNetwork
 from ledger import Entry, Ledger, Signer
-from tests.factories import append, daemon_on, make_consortium, wait_for
+from tests.factories import append, daemon_on, make_consortium, wait_for, weights_body
 
 BLOB = "ab" * 32
 OWNER, READER, THIEF = (Signer.from_seed(bytes([i]) * 32) for i in (1, 2, 3))
@@ -119,13 +119,11 @@ def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tm
         d = [daemon_on(net, h) for h in homes]
         h = d[0].store.put_bytes(data)
         reader = NodeIdentity.load(homes[1]).peer_id
-        own = append(homes[0], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash, "size": len(data),
-                                           READERS: [reader]})
+        own = append(homes[0], "weights", weights_body(h, d[0].store.manifest(h).hash, len(data), **{READERS: [reader]}))
         stolen = None
         if backdated:
             stolen = Entry.create(NodeIdentity.load(homes[2]).signer, seq=1, prev=b"\0" * 32, lamport=1,
-                                  kind="weights", body={"blob": h, "manifest": own.body["manifest"],
-                                                        "size": len(data)})
+                                  kind="weights", body=weights_body(h, own.body["manifest"], len(data)))
             assert stolen.lamport < own.lamport
             with Ledger.open(homes[2].ledger_db) as led:
                 assert not led.merge([stolen]).rejected
@@ -135,8 +133,8 @@ def test_member_naming_anothers_restricted_blob_in_its_own_entry_gets_nothing(tm
                 await nursery.start(x.run, [], [a0[0]])
             await wait_for(lambda: d[1].store.has(h), "the named reader fetches it", 60)
             if stolen is None:  # the thief names the blob in its own entry, with an empty reader list
-                stolen = append(homes[2], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash,
-                                                      "size": len(data), READERS: []})
+                stolen = append(homes[2], "weights", weights_body(h, d[0].store.manifest(h).hash, len(data),
+                                                                  **{READERS: []}))
             both = {stolen.id, own.id}  # a note names whichever of the two sorts second
             await wait_for(lambda: any(e.id in both for e, _ in d[0].readers._lists.notes),
                            "the owner merges the thief's entry and re-reads its reader lists", 60)
@@ -174,12 +172,10 @@ def test_a_member_cannot_squat_anothers_open_blob_with_a_backdated_entry(tmp_pat
     async def main() -> None:
         d = [daemon_on(net, h) for h in homes]
         h = d[0].store.put_bytes(data)
-        published = append(homes[0], "weights", {"blob": h, "manifest": d[0].store.manifest(h).hash,
-                                                 "size": len(data)})
+        published = append(homes[0], "weights", weights_body(h, d[0].store.manifest(h).hash, len(data)))
         squatter = NodeIdentity.load(homes[1]).signer
         squat = Entry.create(squatter, seq=1, prev=b"\0" * 32, lamport=1, kind="weights",
-                             body={"blob": h, "manifest": "00" * 32, "size": len(data),
-                                   READERS: [squatter.peer_id]})
+                             body=weights_body(h, "00" * 32, len(data), **{READERS: [squatter.peer_id]}))
         assert squat.lamport < published.lamport
         for home in homes[1:]:  # the squatter's own log, and the other member's before it starts
             with Ledger.open(home.ledger_db) as led:

@@ -25,7 +25,7 @@ import pytest
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
-from tests.factories import append, ids, make_consortium
+from tests.factories import append, ids, make_consortium, weights_body
 from tests.nodeprocs import _env, atd, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
@@ -44,8 +44,7 @@ def hwm_mb(pid: int) -> float:
 def publish_blob(home: NodeHome, seed: int) -> str:
     store = BlobStore(home.blobs_dir)
     blob = store.put_bytes(os.urandom(384 << 10) + seed.to_bytes(4, "big"))
-    append(home, "weights", {"blob": blob, "size": store.size(blob), "manifest": store.manifest(blob).hash,
-                             "part": "extractor", "samples": 1, "model": {}})
+    append(home, "weights", weights_body(blob, store.manifest(blob).hash, store.size(blob), part="extractor", samples=1))
     return blob
 
 

@@ -51,6 +51,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
     from atdnode.models import size_limit
     from atdnode.plans import PlanPolicy
     from atdnode.report import card_statement
+    from ledger import AuthorQuota
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
@@ -61,7 +62,8 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
            "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
            "plans.auto_accept_from": list(PlanPolicy.load(h).auto_accept_from),
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
-           **{f"card.{k}": v for k, v in card_statement(h).items()}}  # every [card] key
+           **{f"card.{k}": v for k, v in card_statement(h).items()},  # every [card] key
+           "quota.author_entries": AuthorQuota().author_entries, "quota.author_bytes": AuthorQuota().author_bytes}
     assert log_limits(h) == (10 << 20, 5)  # the documented defaults (README: operations)
     assert {p: BY_PATH[p].default for p in got} == got
     assert set(BY_PATH) - set(got) == {"name", "compute.device", "plans.kinds"}  # none has a fixed value

@@ -15,7 +15,7 @@ from atdnode.blobs import BlobStore
 from atdnode.node import NodeDaemon, NodeHome, NodeIdentity
 from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Entry, Ledger
-from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
+from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for, weights_body
 
 
 def test_entries_replicate_and_late_node_catches_up(tmp_path: Path) -> None:
@@ -99,8 +99,7 @@ def test_blob_announced_by_weights_entry_is_fetched(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             a0 = await nursery.start(d0.run, [], [])
             await nursery.start(d1.run, [], [a0[0]])
-            append(homes[0], "weights", {"blob": blob, "size": len(payload), "manifest": manifest.hash,
-                                         "part": "extractor", "model": {}, "labels": [], "samples": 0})
+            append(homes[0], "weights", weights_body(blob, manifest.hash, len(payload), part="extractor"))
             store1 = BlobStore(homes[1].blobs_dir)
             await wait_for(lambda: store1.has(blob), "node 1 to auto-fetch the announced blob", timeout=60)
             assert store1.get_bytes(blob) == payload
@@ -132,8 +131,7 @@ def test_restart_mid_fetch_resumes_instead_of_starting_over(tmp_path: Path) -> N
     payload = bytes(range(256)) * (4 * 4096 * 8)  # 8 MiB = 8 chunks
     blob = store0.put_bytes(payload)
     total_chunks = store0.manifest(blob).num_chunks
-    append(homes[0], "weights", {"blob": blob, "size": len(payload), "manifest": store0.manifest(blob).hash,
-                                 "part": "full"})
+    append(homes[0], "weights", weights_body(blob, store0.manifest(blob).hash, len(payload)))
     net = MemoryNetwork(seed=6)
     from atdnode.transport import LinkConditions
 

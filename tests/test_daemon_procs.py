@@ -14,7 +14,7 @@ import pytest
 
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, control
-from tests.factories import append, cli, cli_json
+from tests.factories import append, cli, cli_json, weights_body
 from tests.nodeprocs import (atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)
 
@@ -78,8 +78,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         blob_file.write_bytes(bytes(range(256)) * (600 * 1024))
         store = BlobStore(homes[0] / "blobs")
         blob = store.put_file(blob_file)
-        append(NodeHome.at(homes[0]), "weights", {"blob": blob, "size": store.size(blob),
-                                                 "manifest": store.manifest(blob).hash, "part": "full"})
+        append(NodeHome.at(homes[0]), "weights", weights_body(blob, store.manifest(blob).hash, store.size(blob)))
         # node 2 fetches it explicitly and becomes a second holder
         atd("fetch", "--home", str(homes[1]), blob)
         # node 3 comes back late: it catches up by sync and fetches even though node 1 dies

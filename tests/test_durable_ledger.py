@@ -313,7 +313,7 @@ def test_verify_peers_without_a_daemon_is_one_line(tmp_path: Path) -> None:
     assert "only detectable" not in r.output
 
 
-def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
+def test_held_entries_expire(tmp_path: Path) -> None:
     import time
 
     led = Ledger.open(tmp_path / "l.db")
@@ -328,9 +328,11 @@ def test_held_entries_of_unknown_authors_expire(tmp_path: Path) -> None:
     mine = led.append(F, "metrics", {"after": True})
     assert led.stats()["held"] == 4
     assert led.expire_held(3600) == 0  # too young
-    assert led.expire_held(3600, now=time.time() + 7200, keep=[X.public_key]) == 0  # X's own node keeps them
-    assert led.expire_held(3600, now=time.time() + 7200) == 3  # X's three; the member's stays
+    assert led.expire_held(3600, now=time.time() + 7200, keep=[X.public_key, A.public_key]) == 0  # own: kept
+    assert led.expire_held(3600, now=time.time() + 7200, keep=[A.public_key]) == 3  # X's three
     assert led.stats()["held"] == 1 and led.state(gap.id) == "held"
+    assert led.expire_held(3600, now=time.time() + 7200) == 1  # a member's chain gap expires too
+    assert led.stats()["held"] == 0 and led.state(gap.id) is None
     led.verify()  # the store chain was re-linked consistently
     assert led.get(mine.id) == mine
     res = led.merge(xs)  # sent again later: held again

@@ -84,7 +84,7 @@ def test_the_window_slides(monkeypatch) -> None:
     assert t.check(q, es[2], now=10.5) is None  # the first left the window
     monkeypatch.setattr("ledger.quota.SWEEP_EVERY", 1)  # an author gone quiet leaves nothing behind
     t.record(Entry.create(F, seq=1, prev=b"\0" * 32, lamport=1, kind="hello", body={}), now=100.0, window_s=10.0)
-    assert set(t._seen) == {(F.public_key, "hello")}
+    assert set(t._seen) == {(F.public_key, "*"), (F.public_key, "")}  # its unnamed kinds' window, its budget
 
 
 def test_quota_config_table() -> None:

@@ -24,7 +24,7 @@ from atdnode.split.session import ByteCounter, SplitChannel
 from atdnode.blobs.wire import read_header, unpack
 from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Ledger
-from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for
+from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for, weights_body
 
 
 class AcceptOnly(SplitService):
@@ -51,7 +51,7 @@ def _revoke(founder: NodeHome, member: NodeHome) -> None:
 
 def _publish_blob(d, home: NodeHome, data: bytes, **extra) -> str:
     h = d.store.put_bytes(data)
-    append(home, "weights", {"blob": h, "manifest": d.store.manifest(h).hash, "size": len(data), **extra})
+    append(home, "weights", weights_body(h, d.store.manifest(h).hash, len(data), **extra))
     return h
 
 

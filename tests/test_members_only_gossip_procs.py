@@ -28,7 +28,7 @@ from atdnode.blobs.wire import read_header
 from atdnode.blobs.bulk import BulkConn, derive_keys, new_ephemeral
 from ledger import Entry, Ledger
 from tests.nodeprocs import start_daemon
-from tests.factories import append, cli
+from tests.factories import append, cli, weights_body
 
 pytestmark = pytest.mark.slow
 
@@ -101,8 +101,7 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
         cli("member", "add", "--home", str(f), NodeIdentity.load(NodeHome.at(h)).peer_id)
     store = BlobStore(NodeHome.at(f).blobs_dir)
     blob = store.put_bytes(random.Random(5).randbytes(3 * CHUNK))
-    append(NodeHome.at(f), "weights", {"blob": blob, "manifest": store.manifest(blob).hash, "size": 3 * CHUNK,
-                                       "part": "extractor"})
+    append(NodeHome.at(f), "weights", weights_body(blob, store.manifest(blob).hash, 3 * CHUNK, part="extractor"))
     founder_id = NodeIdentity.load(NodeHome.at(f)).peer_id
     founder_key = NodeIdentity.load(NodeHome.at(f)).signer.public_key.hex()
     r_id = NodeIdentity.load(NodeHome.at(r)).peer_id

@@ -19,7 +19,7 @@ from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import start_daemon, wait_until
-from tests.factories import cli
+from tests.factories import cli, weights_body
 
 
 def _kinds(home: Path) -> list[str]:
@@ -53,7 +53,7 @@ def test_never_admitted_and_revoked_nodes_get_nothing(tmp_path: Path) -> None:
     blob = store.put_bytes(random.Random(9).randbytes(3 << 20))
     with Ledger.open(f / "ledger.db") as led:
         led.append(NodeIdentity.load(NodeHome.at(f)).signer, "weights",
-                   {"blob": blob, "manifest": store.manifest(blob).hash, "size": store.size(blob), "part": "extractor"})
+                   weights_body(blob, store.manifest(blob).hash, store.size(blob), part="extractor"))
     outsiders = {NodeIdentity.load(NodeHome.at(h)).public_key for h in (o, r)}
 
     umask = os.umask(0o022)  # the daemons inherit a permissive umask: they must make their files private

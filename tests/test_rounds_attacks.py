@@ -32,7 +32,7 @@ from atdnode.rounds import current_round
 from atdnode.rounds.rules import active_members, aggregate_round_body, round_weights_entries
 from atdnode.rounds import Fabric, RoundRunner, RoundsConfig
 from atdnode.models import load_weights, save_weights
-from ledger import Entry, Ledger
+from ledger import Entry, Ledger, RefusedBody
 from tests.vgs_homes import cfg, consortium, copy_homes, sync
 
 pytestmark = pytest.mark.slow  # trains a tiny ViT 14 times in all (about a minute on 2 cores)
@@ -197,3 +197,35 @@ def test_an_aggregate_that_arrives_before_one_of_its_inputs_is_awaited(tmp_path)
     rc = RoundRunner(homes[2], RoundsConfig(data=SPEC.format(i=1), cfg=cfg(), rounds=1, lr=3e-3, weighting="fedavg",
                                             deadline=5.0), fabric=LateGossip(deliver))
     assert trio.run(rc.adopt, agg) == agg.body["blob"]
+
+
+MALFORMED_INPUTS = ([["x"]], [{"a": 1}], ["g" * 64], [5, 6])
+
+
+def test_malformed_aggregates_of_the_next_round_stop_no_campaign(template, reference, tmp_path):
+    """m signs round-1 aggregates whose inputs are no entry ids ([["x"]], [{"a": 1}], 64
+    non-hex characters, [5, 6]) straight into its ledger, past the writers' check. A node's
+    merge from the network refuses them (the body spec); a ledger that stored them anyway
+    (merged without the check) has every reader skip them: rounds 1 and 2 complete, tensor
+    for tensor the attacker-free run, and a rerun of the campaign finds it finished."""
+    homes = copy_homes(template, tmp_path / "homes")
+    ra, rb = runner(homes[0], 1), runner(homes[1], 2)
+    g0 = trio.run(ra.global_blob, 1)
+    m = NodeIdentity.load(homes[2]).signer
+    with Ledger.open(homes[2].ledger_db) as led:
+        honest = next(e for e in led.query(kind="aggregate") if e.body.get("mode") == "round")
+        bad = [led.append(m, "aggregate", {**honest.body, "round": 1, "reference": g0, "inputs": inputs})
+               for inputs in MALFORMED_INPUTS]
+    with Ledger.open(homes[0].ledger_db) as led:  # as the daemon merges gossip and sync
+        res = led.merge([e.to_bytes() for e in bad], members_only=True, check=bodies.refusal)
+        assert {i for i, err in res.rejected if isinstance(err, RefusedBody)} == {e.id for e in bad}
+        assert not res.added
+    sync(homes)  # (no check: as a ledger that stored them before the spec applied on merge)
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert {e.id for e in bad} <= {e.id for e in led.query(kind="aggregate")}
+    globals_ = [honest_round(ra, rb, homes, r) for r in (1, 2)]
+    for r, g in zip((1, 2), globals_):
+        assert same(load_weights(ra.store, g)[0], reference[r - 1]), f"round {r} differs from the attacker-free run"
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert current_round(led, ra.campaign) == 3
+    assert trio.run(runner(homes[1], 2).run) == []  # a rerun: the campaign is complete

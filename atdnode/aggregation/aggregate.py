@@ -97,7 +97,7 @@ def opened(home: NodeHome) -> Iterator[tuple[NodeIdentity, BlobStore, Ledger]]:
 def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input") -> Entry:
     """The entry with hex id `ref` (must be one of `kinds`), or AggregateError."""
     try:
-        raw = bytes.fromhex(ref)
+        raw = bytes.fromhex(ref) if isinstance(ref, str) else b""
     except ValueError:
         raw = b""
     if len(raw) != 32:
@@ -107,11 +107,16 @@ def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input")
         raise AggregateError(f"{what} entry {ref[:16]} is not in this node's ledger")
     if e.kind not in kinds:
         raise AggregateError(f"{what} entry {ref[:16]} is a {e.kind} entry, not {' or '.join(kinds)}")
+    typed_body(e, what)
+    return e
+
+
+def typed_body(e: Entry, what: str = "input") -> dict:
+    """`e`'s body if it fits its kind's spec (`atdnode.bodies`), else AggregateError."""
     try:
-        bodies.body_of(e)
+        return bodies.body_of(e)
     except bodies.BodyError as exc:
         raise AggregateError(f"{what} {exc}") from None
-    return e
 
 
 def own_model(home: NodeHome, ref: str = "latest") -> ModelRecord:

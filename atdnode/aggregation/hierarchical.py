@@ -33,6 +33,7 @@ from atdnode.aggregation.aggregate import (
     blob_fields,
     common_base,
     entry_of,
+    typed_body,
     extractor_of,
     fedwavg_reference,
     heads_averaged,
@@ -96,7 +97,7 @@ def group_stats(led: Ledger, entry: Entry, depth: int = 0) -> tuple[int, int, li
     (its `provenance`), recursively, each base model once (Eq. 11/12)."""
     if depth > _MAX_DEPTH:
         raise AggregateError(f"aggregate {entry.id.hex()[:16]}: groups nested deeper than {_MAX_DEPTH}")
-    if entry.body.get("mode") == "hierarchical":
+    if typed_body(entry, "group").get("mode") == "hierarchical":
         leaves, labels = set(), set()
         for h in entry.body.get("inputs") or []:
             _, _, ls = group_stats(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)

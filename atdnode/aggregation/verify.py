@@ -15,6 +15,7 @@ from atdnode.aggregation.aggregate import (
     AggregateError,
     average_blobs,
     entry_of,
+    typed_body,
     heads_averaged,
     input_weights,
     result_meta,
@@ -51,8 +52,9 @@ def recompute_average(led: Ledger, store: BlobStore, entry: Entry) -> str:
 
 
 def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
-    """Recompute any aggregate entry (dispatch by mode); returns the verified result hash."""
-    mode = entry.body.get("mode")
+    """Recompute any aggregate entry (dispatch by mode); returns the verified result hash
+    (AggregateError for one whose body does not fit the spec, too)."""
+    mode = typed_body(entry, "aggregate").get("mode")
     if mode in ("horizontal", "vertical", "group"):
         return recompute_average(led, store, entry)
     if mode == "hierarchical":

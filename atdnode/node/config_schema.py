@@ -77,6 +77,10 @@ KEYS: tuple[Key, ...] = (
         low=0),
     Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
         "scores at least its own on its val data) or consortium", choices=("best", "consortium")),
+    Key("quota.author_entries", int, 12_000, "entries one member may add to this node's ledger per quota window "
+        "(all kinds together; ledger.quota)", low=1),
+    Key("quota.author_bytes", int, 48 << 20, "bytes one member may add to this node's ledger per quota window "
+        "(all kinds together)", low=1),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
     Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)",
         blank=True),

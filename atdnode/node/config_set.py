@@ -59,11 +59,20 @@ def _check_plans(home: NodeHome) -> None:
     PlanPolicy.load(home)
 
 
+def _check_quota(home: NodeHome) -> None:  # the window and the per-kind tables ([quota.KIND])
+    from ledger import AuthorQuota
+
+    try:
+        AuthorQuota.from_table(NodeConfig.load(home).extra.get("quota"))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+
+
 # what one key's declaration cannot say, checked by the part that reads the section ("" = top-level
 # keys); each loads config.toml, which checks every declared key (atdnode.node.config_schema)
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
     "": _check_listen, "peers": _check_peers, "compute": _check_compute, "network": _check_network,
-    "card": _check_card, "plans": _check_plans,
+    "card": _check_card, "plans": _check_plans, "quota": _check_quota,
 }
 
 

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, TypeVar
 
 import trio
 
+from atdnode.bodies import refusal
 from atdnode.transport import StreamClosed
 from atdnode.errors import ConfigError
 from ledger import AuthorQuota, Entry, Ledger, Signer
@@ -137,9 +138,12 @@ class LedgerAccess:
             p.done.set()
 
     async def merge(self, items: Iterable[bytes]):
+        """Merge entries from the network (gossip, sync): members' only, within their quota,
+        and only bodies that fit the spec (`atdnode.bodies.refusal`; a refused one is logged
+        and not stored, its author's chain waits behind it: `Ledger.merge`)."""
         items = list(items)
         return await self.run(lambda led: led.merge(items, members_only=True, quota=self.quota,  # outsiders' entries
-                                                    exempt=self.own))                            # never stored
+                                                    exempt=self.own, check=refusal))             # never stored
 
     async def merge_genesis(self, raw: bytes) -> int:
         """Merge the genesis entry a refusal carried; returns how many entries it added. The

@@ -3,7 +3,7 @@
 `Replicator` holds what `NodeDaemon` delegates about getting other members' entries:
 
 * `validate(data, from_peer)` is the transport's synchronous gossip gate (before delivery
-  and relay): size, sender a member, signature, author a member, size quota. The parsed
+  and relay): size, sender a member, signature, author a member, size quota, body spec. The parsed
   entry is kept for `on_gossip`, which queues it; `merge_loop()` merges queued entries in
   batches (one transaction each) and calls `merge_observers` with the ids added;
 * `pull_from(peer)` / `sync_with(peer)` pull what a peer has and we lack (`atdnode.replication.sync`);
@@ -17,7 +17,7 @@
   connected members until then;
 * `refresh_members()` keeps `members`, the membership gate and the dialer current;
   `after_merge(kinds)` refreshes what depends on the kinds of entries just added;
-* `expire_loop()` drops held entries of unknown authors after `HELD_TTL`.
+* `expire_loop()` drops held entries (unknown authors, chain gaps) after `HELD_TTL`.
 
 Disk errors (SQLite, OSError) are reported through `disk_trouble` and never stop a loop.
 """
@@ -31,6 +31,7 @@ from typing import Awaitable, Callable
 
 import trio
 
+from atdnode.bodies import refusal
 from atdnode.replication import own_chain
 from atdnode.replication.access import AccessRefused, MembershipGate
 from atdnode.replication.antientropy import AntiEntropy, chain_observers
@@ -51,7 +52,7 @@ MERGE_BATCH = 512
 MERGE_LINGER_S = 0.05  # under load, gossip merges at most this often (see merge_loop)
 INBOX_SIZE = 20_000
 VALIDATED_KEEP = 4096  # validated entries awaiting their delivery to on_gossip
-HELD_TTL = 24 * 3600.0  # held entries of unknown authors expire after this long ...
+HELD_TTL = 24 * 3600.0  # held entries (unknown authors, chain gaps) expire after this long ...
 EXPIRE_EVERY = 600.0  # ... checked this often
 SYNC_FANOUT = 1  # peers pulled from per periodic sync interval (in turn, see periodic_sync)
 
@@ -135,6 +136,9 @@ class Replicator:
             self.stats["gossip_rejected"] += 1
             return False
         if self.ledger.quota is not None and self.ledger.quota.too_big(entry):  # over its size quota: not relayed
+            self.stats["gossip_rejected"] += 1
+            return False
+        if entry.kind not in ("genesis", "member") and refusal(entry) is not None:  # merge would refuse it: not relayed
             self.stats["gossip_rejected"] += 1
             return False
         # Handed to on_gossip, which receives these same bytes right after: the entry is
@@ -351,7 +355,7 @@ class Replicator:
             try:
                 n = await self.ledger.run(lambda led: led.expire_held(HELD_TTL, keep=self.ledger.own))
                 if n:
-                    log.info("expired %d held entries of unknown authors", n)
+                    log.info("expired %d held entries (unknown authors, chain gaps)", n)
             except (sqlite3.OperationalError, OSError) as exc:
                 await self.disk_trouble("expiring held entries", exc)
             await trio.sleep(EXPIRE_EVERY)

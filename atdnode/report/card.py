@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from atdnode.bodies import fits
 from atdnode.data import public_data_spec as public_spec, source_kind
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
@@ -113,7 +114,6 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
             check, ledger_ok = ledger_words(led.verify()), True
         except LedgerError as exc:
             check, ledger_ok = f"The ledger does NOT re-verify on this node: {exc}", False
-    from atdnode.learning import ModelConfig
     from atdnode.report.statement import card_statement
 
     prov = rec.provenance or {}
@@ -125,7 +125,19 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
                 data_fp=prov.get("data_fp"), consortium=ms.consortium, members=members, steps=steps,
                 evaluations=_evaluations(reg, rec), ledger_check=check, ledger_ok=ledger_ok, use=use,
                 statement=card_statement(home), keep=keep, in_use=use["status"] == "in use",
-                arch=ModelConfig.from_dict(rec.model).arch())
+                arch=_arch(rec.model))
+
+
+def _arch(model: dict) -> str:
+    """The architecture as built (`ModelConfig.arch`), or the recorded name where the record's
+    config does not parse (a card still renders for a damaged record)."""
+    from atdnode.learning import ModelConfig
+    from protocols.vit_config import ModelConfigError
+
+    try:
+        return ModelConfig.from_dict(model).arch()
+    except ModelConfigError:
+        return str(model.get("name", "unknown")) if isinstance(model, dict) else "unknown"
 
 
 def ledger_words(report) -> str:
@@ -144,11 +156,11 @@ def _roots(led: Ledger, rec) -> list[Entry]:
     """The entries that name this model: its aggregate, or weights entries of its blobs."""
     blobs = set(rec.blobs.values())
     roots = [e for e in led.query(kind="aggregate") + led.query(kind="weights")
-             if e.body.get("blob") in blobs or e.body.get("model_id") == rec.id]
+             if fits(e) and e.body.get("blob") in blobs or e.body.get("model_id") == rec.id]
     agg = (rec.provenance or {}).get("aggregate")
     if isinstance(agg, str):
         e = _get(led, agg)
-        if e is not None and e not in roots:
+        if e is not None and e not in roots and fits(e):
             roots.insert(0, e)
     return roots
 
@@ -190,7 +202,7 @@ def _steps(led: Ledger, rec) -> list[Step]:
         seen[eid] = Step(id=eid, kind=e.kind, author=peer_id_from_public_key(e.author), seq=e.seq,
                          lamport=e.lamport, state=led.state(e.id) or "?", signature=_signature(e),
                          body=_summary(e), links=links)
-        todo += [x for x in (_get(led, i) for i in links) if x is not None]
+        todo += [x for x in (_get(led, i) for i in links) if x is not None and fits(x)]  # (a misfit: not read)
     return sorted(seen.values(), key=lambda s: (s.lamport, s.author, s.seq))
 
 

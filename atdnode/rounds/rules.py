@@ -41,6 +41,7 @@ import torch
 from atdnode.aggregation import (AggregateError, average_blobs, check_recorded_cosines, check_recorded_weights,
                                  check_result, result_meta)
 from atdnode.blobs import BlobStore
+from atdnode.bodies import BodyError, body_of, fits
 from atdnode.data import load_dataset
 from atdnode.data import require_classes
 from atdnode.errors import AtdError
@@ -124,7 +125,7 @@ def round_weights_entries(led: Ledger, campaign: str, rnd: int, start: str | Non
     by_author: dict[str, Entry] = {}
     for e in led.query(kind="weights"):
         b = e.body
-        if b.get("campaign") == campaign and b.get("round") == rnd and (start is None or b.get("start") == start):
+        if fits(e) and b.get("campaign") == campaign and b.get("round") == rnd and (start is None or b.get("start") == start):
             a = signer(e)
             if a not in by_author or e.id.hex() < by_author[a].id.hex():
                 by_author[a] = e
@@ -132,9 +133,10 @@ def round_weights_entries(led: Ledger, campaign: str, rnd: int, start: str | Non
 
 
 def round_candidates(led: Ledger, campaign: str, rnd: int) -> list[Entry]:
-    """Round `rnd`'s aggregate entries in the order they are tried (`candidate_order`)."""
+    """Round `rnd`'s aggregate entries in the order they are tried (`candidate_order`);
+    an entry whose body does not fit the spec (`atdnode.bodies`) is none."""
     cands = [e for e in led.query(kind="aggregate")
-             if e.body.get("mode") == "round" and e.body.get("campaign") == campaign and e.body.get("round") == rnd]
+             if fits(e) and e.body.get("mode") == "round" and e.body.get("campaign") == campaign and e.body.get("round") == rnd]
     members = len(active_members(led))
     order = candidate_order([([str(h) for h in e.body.get("inputs") or []], e.id.hex()) for e in cands], members)
     return [cands[i] for i in order]
@@ -147,15 +149,16 @@ def round_aggregate(led: Ledger, campaign: str, rnd: int) -> Entry | None:
 
 
 def final(led: Ledger, entry: Entry) -> bool:
-    """Inputs from a majority of the active members (protocols.rounds.is_final)."""
-    return is_final(len(set(entry.body.get("inputs") or [])), len(active_members(led)))
+    """Inputs from a majority of the active members (protocols.rounds.is_final); False for
+    an entry whose body does not fit the spec."""
+    return fits(entry) and is_final(len(set(entry.body.get("inputs") or [])), len(active_members(led)))
 
 
 def current_round(led: Ledger, campaign: str) -> int:
     """One past the last round with a final aggregate (a restarted node resumes here; a
     round one member recorded alone does not move it on)."""
     rounds = {e.body.get("round") for e in led.query(kind="aggregate")
-              if e.body.get("mode") == "round" and e.body.get("campaign") == campaign and final(led, e)}
+              if fits(e) and e.body.get("mode") == "round" and e.body.get("campaign") == campaign and final(led, e)}
     r = 0
     while r in rounds:
         r += 1
@@ -186,14 +189,15 @@ def compute_round(store: BlobStore, inputs: list[Entry], *, weighting: str, q: f
 
 
 def absent_inputs(led: Ledger, entry: Entry) -> list[str]:
-    """The input ids of a round aggregate that are not (yet) in this ledger."""
-    return [h for h in entry.body.get("inputs") or [] if led.get(h) is None]
+    """The input ids of a round aggregate that are not (yet) in this ledger (AggregateError
+    for an entry whose body does not fit the spec)."""
+    return [h for h in _body(entry).get("inputs") or [] if led.get(h) is None]
 
 
 def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> list[Entry]:
     """A round aggregate's input entries, after every check that needs no blob (module doc);
     AggregateError names the first that fails."""
-    b, eid = entry.body, entry.id.hex()[:16]
+    b, eid = _body(entry), entry.id.hex()[:16]
     ids = b.get("inputs") or []
     if not ids or not all(isinstance(h, str) and len(h) == 64 for h in ids) or ids != canonical(ids):
         raise AggregateError(f"aggregate {eid} does not verify: inputs are not canonically ordered")
@@ -223,6 +227,14 @@ def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> lis
         raise AggregateError(f"aggregate {eid} does not verify: it neither includes nor names as missing "
                              f"{', '.join(sorted(p[:12] for p in unaccounted)) or 'its own participants'}")
     return inputs
+
+
+def _body(entry: Entry) -> dict:
+    """The body of an aggregate, checked against the spec (AggregateError if it does not fit)."""
+    try:
+        return body_of(entry)
+    except BodyError as exc:
+        raise AggregateError(f"aggregate does not verify: {exc}") from None
 
 
 def verify_round(led: Ledger, store: BlobStore, entry: Entry, reference: str | None = None) -> str:

@@ -62,7 +62,7 @@ from atdnode.rounds.rules import (
     weights_round_body,
 )
 from atdnode.rounds.fabric import ControlFabric, Fabric
-from ledger import Entry, Ledger
+from ledger import Entry, Ledger, LedgerError
 from protocols.rounds import ROUND_WEIGHTINGS, choose_coordinator
 
 POLL_S = 0.5
@@ -177,7 +177,7 @@ class RoundRunner:
             try:
                 await self._adopt(agg, until)
                 return agg
-            except AtdError as exc:  # AggregateError, RoundsError
+            except (AtdError, LedgerError) as exc:  # AggregateError, RoundsError, BodyError, ...: skip it
                 self._rejected[agg.id] = str(exc)
                 self.c.log(f"round {rnd}: aggregate {agg.id.hex()[:12]} by {_signer(agg)[:12]} not adopted: {exc}")
         return None

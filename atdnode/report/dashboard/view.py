@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from atdnode.bodies import fits
 from atdnode.node import NodeHome
 from ledger import Entry, Ledger, peer_id_from_public_key
 
@@ -73,8 +74,9 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
     """Membership, peers' hellos, the timeline and the weights / features / aggregate entries."""
     m = led.membership()
     entries = led.query()
+    typed = [e for e in entries if fits(e)]  # (an entry whose body does not fit its kind is only counted)
     hello: dict[bytes, dict] = {}
-    for e in entries:
+    for e in typed:
         if e.kind == "hello":
             hello[e.author] = e.body
     names = {k: (s.name or (hello.get(k) or {}).get("name")) for k, s in m.members.items()}
@@ -99,9 +101,9 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
         "samples": e.body.get("samples"), "size": e.body.get("size"), "blob": str(e.body.get("blob", "")),
         "metrics": _scalar_metrics(e.body.get("metrics") or {}),
         "recipients": len(e.body["recipients"]) if isinstance(e.body.get("recipients"), list) else None,
-    } for e in entries if e.kind in ("weights", "features")]
+    } for e in typed if e.kind in ("weights", "features")]
     aggregates = []
-    for e in entries:
+    for e in typed:
         if e.kind != "aggregate":
             continue
         inputs = []
@@ -115,14 +117,15 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
             "inputs": inputs, "blob": str(e.body.get("blob", "")),
         })
     services = [{"id": e.id.hex(), "server": who(e.author), "algorithm": e.body.get("algorithm", e.body.get("role")),
-                 "tasks": [t.get("name") for t in e.body.get("tasks") or [] if isinstance(t, dict)]}
-                for e in entries if e.kind == "service"]
-    plans = plans_view(led, entries, {peer_id_from_public_key(k): who(k) for k in m.members})
+                 "tasks": [t.get("name") for t in _list(e.body.get("tasks")) if isinstance(t, dict)]}
+                for e in typed if e.kind == "service"]
+    plans = plans_view(led, typed, {peer_id_from_public_key(k): who(k) for k in m.members})
     recent = entries[-TIMELINE_LIMIT:]
     stored = led.stored_at([e.id for e in recent])
     timeline = [{
         "id": e.id.hex(), "kind": e.kind, "author": who(e.author), "seq": e.seq, "lamport": e.lamport,
-        "summary": summarize(e), "stored": stored.get(e.id),
+        "summary": summarize(e) if fits(e) else "(its body does not fit its kind: not read)",
+        "stored": stored.get(e.id),
     } for e in reversed(recent)]
     return {"consortium": m.consortium, "members": members, "published": published, "aggregates": aggregates,
             "services": services, "plans": plans, "timeline": timeline, "entries": len(entries), "states": led.stats(),
@@ -146,6 +149,10 @@ def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str]) -> list
         out.append({"id": view.id, "name": view.body["name"], "author": names.get(view.author, view.author[:16]),
                     "steps": rows, "done": sum(r["state"] == "done" for r in rows), "total": len(rows)})
     return out
+
+
+def _list(v: Any) -> list:
+    return v if isinstance(v, list) else []
 
 
 def _count_kinds(entries: list[Entry]) -> dict[str, int]:
