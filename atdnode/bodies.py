@@ -348,12 +348,12 @@ def spec_markdown() -> str:
 
 def update_doc(text: str) -> str:
     """`text` with the part between DOC_BEGIN and DOC_END replaced by :func:`spec_markdown`."""
-    from atdnode.report.docsections import replace_section
+    from atdnode.docsections import replace_section
 
     return replace_section(text, DOC_BEGIN, DOC_END, spec_markdown(), "entry-body")
 
 
 if __name__ == "__main__":
-    from atdnode.report.docsections import rewrite_main
+    from atdnode.docsections import rewrite_main
 
     rewrite_main(update_doc, "atdnode.bodies")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 
 MIN_PREFIX = 4
 _SHOW = 3  # candidates named in an "ambiguous" error
@@ -76,7 +76,7 @@ def arrived_entry(led, ref: str):
     when `ref` is malformed or the prefix matches more than one entry."""
     ref = _check_hex(ref, "entry", "entry id")
     if len(ref) == 64:
-        return led.get(bytes.fromhex(ref))
+        return led.get(ref)
     hits = led.find_prefix(ref, limit=_SHOW + 1)
     if len(hits) > 1:
         raise _ambiguous("entry", ref, [e.id.hex() for e in hits])
@@ -104,7 +104,7 @@ def resolve_entry_ids(home: NodeHome, refs: Iterable[str], kinds: tuple[str, ...
 
 def known_blobs(home: NodeHome) -> set[str]:
     """Blobs held in the store plus those named by signed entries (fetchable from peers)."""
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
     from ledger import Ledger
 
     out = set(BlobStore(home.blobs_dir).list())

@@ -11,7 +11,8 @@ Nothing is drawn unless a front end installed a reporter (`progress.use(reporter
 CLI installs a rich bar on stderr when stderr is a terminal (`cli.progress`); the daemon,
 netsim and tests install nothing, so the calls cost a function call each. A reporter is
 any object with `start(description, total, unit) -> handle`, `update(handle, completed,
-total)` and `finish(handle)`. The total is part of the contract: a task that advances past its
+total)` and `finish(handle)`, and optionally `note(handle, text)` (a short status such as a
+running loss, shown beside the task's bar). The total is part of the contract: a task that advances past its
 total is a bug (`tests/test_progress.py` runs the library's tasks under a reporter that
 checks it).
 """
@@ -42,6 +43,11 @@ class Task:
     def __init__(self, rep: Reporter | None, handle: Any, total: float | None) -> None:
         self._rep, self._handle, self.completed, self.total = rep, handle, 0.0, total
 
+    def note(self, text: str) -> None:
+        """A short status for the task (e.g. `loss 0.41`), where the reporter shows one."""
+        if self._rep is not None and hasattr(self._rep, "note"):
+            self._rep.note(self._handle, text)
+
     def advance(self, n: float = 1) -> None:
         self.update(self.completed + n)
 
@@ -65,6 +71,11 @@ def task(description: str, total: float | None, *, unit: str = "") -> Iterator[T
     finally:
         if rep is not None:
             rep.finish(handle)
+
+
+def active() -> bool:
+    """True while a reporter is installed (a step may skip work that only feeds a bar)."""
+    return _reporter is not None
 
 
 @contextmanager

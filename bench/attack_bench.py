@@ -42,8 +42,7 @@ def consortium(root: Path) -> tuple[Path, Path]:
 
 
 def start_attacker(evil: Path, targets: list[str], duration: float, sync_streams: int, blob_streams: int) -> subprocess.Popen:
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeHome, NodeIdentity
 
     seed = NodeIdentity.load(NodeHome.at(evil)).signer.seed.hex()
     args = [sys.executable, "-m", "netsim.attacker", "--seed", seed, "--duration", str(duration),

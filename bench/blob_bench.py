@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as st_save
 
-from atdnode.blobs.store import IO_BUF, BlobStore
-from atdnode.models.weights import load_weights, save_weights
+from atdnode.blobs import BlobStore
+from atdnode.blobs.store import IO_BUF
+from atdnode.models import load_weights, save_weights
 
 
 def make_tensors(size_mb: int) -> dict[str, torch.Tensor]:

@@ -45,9 +45,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atdnode.node.daemon import NodeDaemon  # noqa: E402
-from atdnode.node.home import NodeHome  # noqa: E402
-from atdnode.node.identity import NodeIdentity, init_home  # noqa: E402
+from atdnode.node import NodeDaemon, NodeHome, NodeIdentity, init_home  # noqa: E402
 from ledger import Ledger  # noqa: E402
 
 
@@ -301,7 +299,7 @@ def rss_child(blob_mb: int) -> None:
                 chunk = os.urandom(1 << 20)
                 for _ in range(blob_mb):
                     f.write(chunk)
-            from atdnode.blobs.store import BlobStore
+            from atdnode.blobs import BlobStore
 
             blob = BlobStore(homes[0].blobs_dir).put_file(src)
             src.unlink()

@@ -23,12 +23,11 @@ import numpy as np
 import torch
 
 from atdnode.data import load_dataset
-from atdnode.learning.model import ModelConfig
+from atdnode.learning import ModelConfig, TrainOptions
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
-from atdnode.learning.training import TrainOptions
 from protocols.adversarial import robust_accuracy
 from protocols.fedwavg import ROUNDS_Q, softmax_weights
 

@@ -109,8 +109,7 @@ def train_rates(cfg, data, a, dev) -> dict:
     import timm
 
     from atdnode.learning.ddp import DistContext
-    from atdnode.learning.model import build_model
-    from atdnode.learning.training import Trainer, TrainOptions
+    from atdnode.learning import TrainOptions, Trainer, build_model
 
     def trainer(**kw) -> Trainer:
         torch.manual_seed(0)
@@ -140,8 +139,7 @@ def train_rates(cfg, data, a, dev) -> dict:
 def infer_rates(cfg, data, a, dev) -> dict:
     import timm
 
-    from atdnode.learning.features import extract_features, predict_classes
-    from atdnode.learning.model import build_model
+    from atdnode.learning import build_model, extract_features, predict_classes
 
     torch.manual_seed(0)
     ours = build_model(cfg).to(dev)
@@ -201,7 +199,7 @@ def pfesta_rates(cfg, a, dev) -> dict:
 
 
 def bench_model(name: str, a, dev: torch.device) -> dict:
-    from atdnode.learning.model import build_model, resolve_config
+    from atdnode.learning import build_model, resolve_config
 
     if a.dry_run:
         cfg = resolve_config("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)

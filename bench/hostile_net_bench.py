@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from libp2p.stream_muxer.yamux.yamux import Yamux  # noqa: E402
 
 from atdnode.transport._libp2p.yamux import TunedYamux  # noqa: E402
-from atdnode.transport.base import TransportError  # noqa: E402
-from atdnode.transport.libp2p_transport import Libp2pTransport  # noqa: E402
+from atdnode.transport import Libp2pTransport, TransportError  # noqa: E402
 from netsim.hostile import MiB, dial_cycles, flood_stream, members_only  # noqa: E402
 
 LISTEN = ["/ip4/127.0.0.1/tcp/0"]

@@ -35,8 +35,8 @@ def probe(scn, k: int, seed: int, log) -> dict:
     import numpy as np
 
     from atdnode.data import load_dataset
-    from atdnode.aggregation.ensemble_refs import fit_reference
-    from atdnode.learning.features import extract_features
+    from atdnode.aggregation import fit_reference
+    from atdnode.learning import extract_features
     from netsim.learn import model_config, predict, train_model
     from netsim.nodedata import _prepare
     from netsim.references import ensemble_options

@@ -71,7 +71,7 @@ def _mean(states: list[dict], weights: list[float]) -> dict:
 
 def msd_start(scn, data, seed: int, steps: int) -> dict:
     """The MSD base's extractor tensors, distilled on every node's training images."""
-    from atdnode.learning.model import extractor_state
+    from atdnode.learning import extractor_state
     from atdnode.split.base import assemble
     from protocols.msd import MSDConfig, MSDTrainer
     from protocols.split_parts import build_plain_embedder, new_embedder_state, split_config, split_dict
@@ -90,8 +90,7 @@ def msd_start(scn, data, seed: int, steps: int) -> dict:
 
 
 def run(scn, args, log) -> dict:
-    from atdnode.learning.features import extract_features
-    from atdnode.learning.model import build_model, extractor_state
+    from atdnode.learning import build_model, extract_features, extractor_state
     from netsim.learn import model_config, predict, to_global, train_model
     from netsim.msdbase import base_scenario
     from netsim.nodedata import load_scenario_data

@@ -85,7 +85,7 @@ def bench_grouped(path: str, n: int, appenders: int) -> dict:
     """n own appends through LedgerAccess (group commit) from `appenders` concurrent tasks."""
     import trio
 
-    from atdnode.replication.ledger_access import LedgerAccess
+    from atdnode.replication import LedgerAccess
 
     seed = os.urandom(32)
     signer = Signer.from_seed(seed)

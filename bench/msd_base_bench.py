@@ -108,7 +108,7 @@ def probe(name: str, steps_list: list[int], seeds: list[int]) -> dict:
 
     import numpy as np
 
-    from atdnode.learning.features import extract_features
+    from atdnode.learning import extract_features
     from atdnode.split.base import assemble
     from netsim.nodedata import load_scenario_data
     from netsim.scenario import load_scenario, shipped_scenario

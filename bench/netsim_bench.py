@@ -82,7 +82,7 @@ async def start_concurrently(cluster, names: list[str], *, seed: int, degree: in
 
 def bench_procs(nodes: int, entries: int, target: int = 8, max_peers: int = 16, idle_s: float = 30.0,
                 keep_logs: Path | None = None, start_width: int = 4) -> dict:
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import run_gossip, start_all
 
@@ -384,7 +384,7 @@ def wakeup_table(trace: Path, daemons: int, window_s: float, top: int = 20) -> d
 def bench_idle(nodes: int, idle_s: float, trace: bool = False, target: int = 8, max_peers: int = 16,
                rotate_s: float | None = None) -> dict:
     """Idle CPU only: `nodes` real daemons started and left alone (<= 0.3% of a core each at 100)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
     from netsim.procnet import ProcCluster
     from netsim.workload import start_all
 

@@ -26,8 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from atdnode.node.config import NodeConfig  # noqa: E402
-from atdnode.node.home import NodeHome  # noqa: E402
+from atdnode.node import NodeConfig, NodeHome  # noqa: E402
 from atdnode.plans import load_view  # noqa: E402
 from atdnode.plans.spec import step_inputs  # noqa: E402
 from ledger import Ledger  # noqa: E402
@@ -99,7 +98,7 @@ def as_plan(work: Path) -> tuple[float, str, str]:
 
 def overheads(d: Path, plan: str) -> list[float]:
     """Per member and step: seconds from its inputs' arrival in the member's ledger to the step's start."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     out = []
     for name in SHARDS:

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from atdnode.data import LabeledImages, load_dataset
-from atdnode.aggregation.ensemble_refs import fit_reference
-from atdnode.learning.model import resolve_config
+from atdnode.aggregation import fit_reference
+from atdnode.learning import resolve_config
 from netsim.learn import score
 
 SHARES = {"A": (0.40, 200), "B": (0.04, 250), "C": (0.08, 250)}  # negative share, samples

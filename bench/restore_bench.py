@@ -25,10 +25,9 @@ from pathlib import Path
 
 import trio
 
-from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, pull, serve_sync
 from atdnode.replication.own_chain import confirms
-from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def model_cfg(a):
-    from atdnode.learning.model import ModelConfig
+    from atdnode.learning import ModelConfig
 
     return ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=7, embed_dim=a.embed_dim,
                        depth=a.depth, num_heads=2, in_chans=1, num_classes=10)
@@ -66,10 +66,10 @@ def old_inprocess_fedavg(a, train: dict, classes: list[str]) -> dict:
     """netsim's former `fedavg` baseline loop, instrumented per round (the comparison only)."""
     import torch
 
-    from atdnode.learning.model import build_model
+    from atdnode.learning import build_model
     from netsim.baselines import transfer_s
     from netsim.learn import full_state, model_config, state_bytes, train_model
-    from atdnode.learning.training import TrainOptions
+    from atdnode.learning import TrainOptions
     from netsim.scenario import NetworkSpec
     from protocols.aggregation import compute_weights, weighted_average
 
@@ -166,10 +166,11 @@ VERIFY_SIZES = {  # the tests' round models: tests/vgs_homes.py (test_rounds*), 
 def verify_cost(a) -> dict:
     """Seconds per round of `verify_round` (every adopter) vs `record` (the coordinator) and
     one local training; see the module doc."""
-    from atdnode.learning.model import resolve_config
-    from atdnode.rounds.rules import active_members, round_weights_entries, verify_round
-    from atdnode.rounds.runner import RoundRunner, RoundsConfig
-    from atdnode.models.weights import load_weights
+    from atdnode.learning import resolve_config
+    from atdnode.rounds import verify_round
+    from atdnode.rounds.rules import active_members, round_weights_entries
+    from atdnode.rounds import RoundRunner, RoundsConfig
+    from atdnode.models import load_weights
     from ledger import Ledger
     from tests.vgs_homes import consortium, sync
 

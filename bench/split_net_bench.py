@@ -27,13 +27,9 @@ from pathlib import Path
 import torch
 import trio
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.daemon import NodeDaemon
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity, init_home
-from atdnode.split.client import JoinOptions, run_join
-from atdnode.split.settings import SplitSettings
-from atdnode.transport.libp2p_transport import Libp2pTransport
+from atdnode.node import NodeConfig, NodeDaemon, NodeHome, NodeIdentity, init_home
+from atdnode.split import JoinOptions, SplitSettings, run_join
+from atdnode.transport import Libp2pTransport
 from ledger import Ledger
 from protocols import festa, pfesta
 from protocols.comm_cost import ByteCounter

@@ -24,9 +24,7 @@ import torch.nn.functional as F
 
 from atdnode.data import load_dataset
 from atdnode.learning.ddp import DistContext, pick_device
-from atdnode.learning.features import extract_features
-from atdnode.learning.model import build_model, resolve_config
-from atdnode.learning.training import Trainer, TrainOptions
+from atdnode.learning import TrainOptions, Trainer, build_model, extract_features, resolve_config
 
 
 def plain_epoch(model, opt, images, labels, batch_size, seed, device) -> None:

@@ -112,10 +112,10 @@ def baseline(path: Path, size: int) -> dict:
 
 async def node_main(seed: bytes, home: Path, files: list[str], chunk: int, control) -> None:
     """Run one node: hold `files` as blobs, then obey commands (JSON lines) from `control`."""
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
     from atdnode.blobs.fetch import FetchConfig
-    from atdnode.blobs.xfer import BlobService
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.blobs import BlobService
+    from atdnode.transport import Libp2pTransport
 
     store = BlobStore(home / "blobs", chunk_size=chunk)
     held = []

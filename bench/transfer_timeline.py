@@ -89,10 +89,10 @@ def install() -> None:
                               (bp.PartialBlob, "write_chunk", "write_chunk"),
                               (bp.PartialBlob, "_hash_loop", "hasher_thread")):
         _timed(owner, attr, name)
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
     from atdnode.blobs.fetch import BlobFetcher
     from atdnode.blobs.bulk import BulkConn
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport
 
     for owner, attr, name in ((Libp2pTransport, "open_stream", "open_stream"), (BlobFetcher, "_probe", "probe"),
                               (BlobFetcher, "_bulk", "bulk_channel"), (BulkConn, "open", "bulk_connect")):

@@ -76,7 +76,7 @@ def report(exc: BaseException) -> int:
     import sqlite3
 
     from atdnode.errors import AtdError
-    from atdnode.transport.base import TransportError
+    from atdnode.transport import TransportError
     from ledger.errors import LedgerError
     from protocols.vit_config import ModelConfigError
 

@@ -2,19 +2,34 @@
 
 `HOME_OPT` is the one `--home` option: when it is absent the home comes from the
 ATD_HOME environment variable, so `export ATD_HOME=/srv/atd/node1` once is enough.
-Every command taking a node home uses it (`test_cli_errors` checks that), e.g.
+Every command taking a node home uses it (`test_cli_errors` checks that), and opens the home
+with `node_home` (one prologue: the home must have been made by `atd init`), e.g.
 
-    def cmd(home: Path = HOME_OPT) -> None: ...
+    def cmd(home: Path = HOME_OPT) -> None:
+        h = node_home(home)
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from atdnode.node import NodeHome
 
 HOME_ENV = "ATD_HOME"
 
 HOME_HELP = "Node home directory (made by `atd init`)."
 
 HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP)
+
+
+def node_home(home: Path) -> "NodeHome":
+    """The node home at `home`, which `atd init` made (ConfigError, one line, otherwise)."""
+    from atdnode.node import NodeHome
+
+    return NodeHome.at(home).require()
 
 
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:
@@ -43,7 +58,7 @@ MLP_RATIO_OPT = typer.Option(None, "--mlp-ratio", help="MLP width / embedding wi
 def model_config(model: str, *, img_size: int | None, patch_size: int | None, embed_dim: int | None,
                  depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None):
     """The `ModelConfig` the model options above describe (None: timm's default for `model`)."""
-    from atdnode.learning.model import resolve_config
+    from atdnode.learning import resolve_config
 
     return resolve_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                            num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
@@ -72,7 +87,7 @@ def fraction(text: str) -> float:
 def pgd_transform(*, adv_ratio: float, pgd_eps: str, pgd_step: str, pgd_steps: int, in_chans: int):
     """The `AdversarialTransform` the PGD options describe (the data's normalisation per channel)."""
     from atdnode.data import MEAN, STD
-    from atdnode.learning.train_options import AdversarialTransform
+    from atdnode.learning import AdversarialTransform
     from cli.errors import CliError
     from protocols.adversarial import AdversarialError, PGDConfig
 

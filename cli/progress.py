@@ -86,13 +86,16 @@ class RichReporter:
         self.bar = bar
 
     def start(self, description: str, total: float | None, unit: str) -> Any:
-        return self.bar.add_task(description, total=total, unit=unit)
+        return self.bar.add_task(description, total=total, unit=unit, note="")
+
+    def note(self, handle: Any, text: str) -> None:
+        self.bar.update(handle, note=text)
 
     def update(self, handle: Any, completed: float, total: float | None) -> None:
         self.bar.update(handle, completed=completed, total=total)
 
     def finish(self, handle: Any) -> None:
-        t = self.bar._tasks.get(handle)
+        t = next((task for task in self.bar.tasks if task.id == handle), None)
         if t is not None and t.total is not None and t.completed >= t.total:
             self.bar.stop_task(handle)
 
@@ -123,7 +126,7 @@ def bars(quiet: bool = False, *, lines: bool = False) -> Iterator[None]:
             return (self.sizes if task.fields.get("unit") == "bytes" else self.count).render(task)
 
     bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Amount(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=False)
+                   TextColumn("{task.fields[note]}", markup=False), console=Console(stderr=True), transient=False)
     with bar, progress.use(RichReporter(bar)):
         yield
 

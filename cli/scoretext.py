@@ -3,8 +3,8 @@ interval and n, lines under 80 columns; the (!) of `atdnode.data.sanity` beside 
 number a small split makes unreliable."""
 from __future__ import annotations
 
-from atdnode.data.sanity import caution_of
-from atdnode.learning.metrics import interval_text as ci_text
+from atdnode.data import caution_of
+from atdnode.learning import interval_text as ci_text
 
 
 def score_lines(m: dict, *, indent: str = "  ") -> list[str]:

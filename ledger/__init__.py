@@ -5,7 +5,7 @@ peer ids), membership.py (placement rules), merge.py / ledger.py (SQLite log), v
 """
 from ledger.entry import KINDS, ZERO_HASH, Entry
 from ledger.errors import (
-    BadPeerId, BadSignature, BrokenLink, Equivocation, LedgerError, MalformedEntry, NotAdmin,
+    BadPeerId, BadSignature, BrokenLink, Equivocation, LedgerError, MalformedEntry, MalformedId, NotAdmin,
     QuotaExceeded, RefusedBody, RevokedAuthor, SeqGap, TamperedStore, UnknownAuthor, WrongConsortium,
 )
 from ledger.keys import Signer, parse_author, peer_id_from_public_key, public_key_from_peer_id, verify_signature
@@ -18,7 +18,7 @@ from ledger.verify import VerifyReport
 __all__ = [
     "Entry", "KINDS", "ZERO_HASH", "Ledger", "MergeResult", "Membership", "MemberStatus", "Signer",
     "VerifyReport", "parse_author", "peer_id_from_public_key", "public_key_from_peer_id", "verify_signature",
-    "LedgerError", "MalformedEntry", "BadSignature", "BrokenLink", "SeqGap", "Equivocation", "UnknownAuthor",
-    "RevokedAuthor", "NotAdmin", "WrongConsortium", "TamperedStore", "BadPeerId",
+    "LedgerError", "MalformedEntry", "MalformedId", "BadSignature", "BrokenLink", "SeqGap", "Equivocation",
+    "UnknownAuthor", "RevokedAuthor", "NotAdmin", "WrongConsortium", "TamperedStore", "BadPeerId",
     "QuotaExceeded", "RefusedBody", "AuthorQuota",
 ]

@@ -46,6 +46,10 @@ class MalformedEntry(LedgerError):
     """Bytes that do not decode to a well-formed, canonically encoded entry."""
 
 
+class MalformedId(LedgerError, ValueError):
+    """A str given as an entry id that is not hex (a ValueError, as `bytes.fromhex`'s)."""
+
+
 class BadSignature(LedgerError):
     """The Ed25519 signature does not verify for the entry's author and signed bytes."""
 

@@ -23,7 +23,8 @@ from typing import Callable, Iterable, Iterator
 from ledger.encoding import decode_payload
 from ledger.entry import Entry
 from ledger.errors import (
-    Equivocation, LedgerError, MalformedEntry, NotAdmin, RefusedBody, RevokedAuthor, UnknownAuthor, WrongConsortium,
+    Equivocation, LedgerError, MalformedEntry, MalformedId, NotAdmin, RefusedBody, RevokedAuthor, UnknownAuthor,
+    WrongConsortium,
 )
 from ledger.heads import Heads
 from ledger.keys import Signer
@@ -46,6 +47,20 @@ _MEMBER_KINDS = ("member", "genesis")  # change membership: always appended thro
 def _entry(row: tuple) -> Entry:
     payload, sig, entry_id = row
     return Entry._trusted(payload, sig, decode_payload(payload, check_canonical=False), entry_id)
+
+
+def raw_id(entry_id: bytes | str) -> bytes:
+    """An entry id as bytes: bytes as they are, a str as the hex digits it spells (how bodies,
+    the CLI and JSON carry ids; one of another length names no entry); MalformedId for a str
+    that is not hex, or anything else (a list a hostile body put where an id belongs)."""
+    if isinstance(entry_id, str):
+        try:
+            return bytes.fromhex(entry_id)
+        except ValueError:
+            pass
+    elif isinstance(entry_id, (bytes, bytearray, memoryview)):
+        return bytes(entry_id)
+    raise MalformedId(f"not a hex entry id: {entry_id!r:.80}")
 
 
 class Ledger:
@@ -445,8 +460,10 @@ class Ledger:
         return Membership(None, None, None, {a: st for a, st in statuses.items() if st is not None}, {})
 
     # --- reading -----------------------------------------------------------------------
-    def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:
-        """The entry with this id in the log (or held, with include_held); None if not stored."""
+    def get(self, entry_id: bytes | str, *, include_held: bool = False) -> Entry | None:
+        """The entry with this id (32 bytes, or its 64 hex digits) in the log (or held, with
+        include_held); None if not stored; a str that is not hex raises MalformedId (a ValueError)."""
+        entry_id = raw_id(entry_id)
         with self._lock:
             q = _SELECT + " WHERE id=?" + ("" if include_held else " AND state=0")
             row = self._store.conn.execute(q, (entry_id,)).fetchone()
@@ -465,8 +482,9 @@ class Ledger:
         with self._lock:
             return [_entry(r) for r in self._store.conn.execute(q + " LIMIT ?", args + [limit])]
 
-    def state(self, entry_id: bytes) -> str | None:
-        """'log', 'held', 'evidence', or None when not stored."""
+    def state(self, entry_id: bytes | str) -> str | None:
+        """'log', 'held', 'evidence', or None when not stored (the id as bytes or hex, as `get`)."""
+        entry_id = raw_id(entry_id)
         with self._lock:
             st = self._store.state_of(entry_id)
             return None if st is None else STATE_NAMES[st]

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 import msgpack
 import trio
 
-from atdnode.replication.sync import SYNC_PROTOCOL
-from atdnode.transport.base import Stream, Transport, TransportError
-from atdnode.blobs.xfer import PROTOCOL as BLOB_PROTOCOL, pack
+from atdnode.replication import SYNC_PROTOCOL
+from atdnode.transport import Stream, Transport, TransportError
+from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, pack
 
 MiB = 1 << 20
 
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--blob", default="00" * 32, help="blob hash to ask manifests for")
     args = ap.parse_args()
 
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport
 
     async def run() -> AttackStats:
         t = Libp2pTransport(bytes.fromhex(args.seed))

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from atdnode.learning.model import ModelConfig, build_model, load_part
+from atdnode.learning import ModelConfig, build_model, load_part
 from netsim.learn import (
     METRICS,
     expand_head,

@@ -42,14 +42,11 @@ from pathlib import Path
 import torch
 import trio
 
-from atdnode.blobs.fs import volatile_disk
+from atdnode.blobs import volatile_disk
 from atdnode.data import MEAN, STD, LabeledImages
-from atdnode.learning.model import ModelConfig, build_model
-from atdnode.rounds.rules import RoundsError
-from atdnode.rounds.runner import RoundReport, RoundRunner, RoundsConfig
-from atdnode.rounds.fabric import Fabric
-from atdnode.learning.train_options import AdversarialTransform
-from atdnode.models.weights import load_weights
+from atdnode.learning import AdversarialTransform, ModelConfig, build_model
+from atdnode.rounds import Fabric, RoundReport, RoundRunner, RoundsConfig, RoundsError
+from atdnode.models import load_weights
 from netsim.learn import model_config
 from atdnode.data.spec import without_val
 from netsim.nodedata import concat, to_uint8
@@ -218,7 +215,7 @@ def run_rounds_memnet(train: dict[str, LabeledImages], *, classes: list[str], mo
         last = {n: reports[n][-1].blob for n in honest if reports[n]}
         if not honest or len(last) != len(honest) or any(len(reports[n]) != rounds for n in honest):
             raise RoundsError(f"campaign incomplete: rounds per node {[len(r) for r in reports.values()]}")
-        from atdnode.blobs.store import BlobStore
+        from atdnode.blobs import BlobStore
 
         state = load_weights(BlobStore(cluster.c.homes[honest[0]].blobs_dir), last[honest[0]])[0]
         res = RoundsResult(weighting=weighting, adversarial=adversarial is not None, nodes=names, classes=list(classes),

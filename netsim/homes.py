@@ -15,9 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from ledger import Entry, Ledger, Signer
 
 
@@ -87,7 +85,7 @@ def _say_every_hello(homes: dict[str, NodeHome], names: list[str], seeds: dict[s
                      roles: dict[str, str]) -> None:
     """Append every node's hello to the founder's ledger, then copy that ledger to all."""
     from atdnode import bodies
-    from atdnode.replication.announce import write_announced
+    from atdnode.replication import write_announced
 
     founder = homes[names[0]].ledger_db
     said: dict[str, int] = {}

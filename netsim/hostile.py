@@ -200,7 +200,7 @@ async def _write_frames(ys: object, payload: bytes, total: int, within_window: b
 def members_only(seed: bytes, members: list[bytes], *, muxer: type | None = None) -> object:
     """A (not yet running) `Libp2pTransport` with the key of `seed` whose peer gate admits the
     keys of `members` only, as a daemon's membership gate does; `muxer`: its yamux class."""
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport
 
     node = Libp2pTransport(seed)
     if muxer is not None:

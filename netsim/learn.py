@@ -26,12 +26,8 @@ from torch import nn
 
 from atdnode.learning import ddp
 from atdnode.data import LabeledImages
-from atdnode.learning.device import resolve_device
-from atdnode.learning.features import predict_classes
-from atdnode.learning.metrics import classification_metrics
-from atdnode.learning.model import ModelConfig, build_model, freeze_blocks, load_part, resolve_config
-from atdnode.learning.probe import probe_head
-from atdnode.learning.training import Trainer, TrainOptions
+from atdnode.learning import (ModelConfig, TrainOptions, Trainer, build_model, classification_metrics, freeze_blocks,
+                              load_part, predict_classes, probe_head, resolve_config, resolve_device)
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 

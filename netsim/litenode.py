@@ -16,9 +16,9 @@ from typing import Callable, Collection, TypeVar
 
 import trio
 
-from atdnode.peers.peerset import PeerSetConfig, gossip_degrees
-from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
-from atdnode.transport.base import Stream, TransportError
+from atdnode.peers import PeerSetConfig, gossip_degrees
+from atdnode.replication import SYNC_PROTOCOL, pull, serve_sync
+from atdnode.transport import Stream, TransportError
 from ledger import Entry, LedgerError, Signer, peer_id_from_public_key
 from netsim.homes import node_seed
 from netsim.memnet import CappedTransport, SimNetwork

@@ -44,11 +44,9 @@ import trio
 import trio.testing
 
 from atdnode import bodies
-from atdnode.node.config import NodeConfig
-from atdnode.node.daemon import NodeDaemon
-from atdnode.peers.peerset import PeerSetConfig, gossip_degrees
-from atdnode.transport.base import TransportError
-from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
+from atdnode.node import NodeConfig, NodeDaemon
+from atdnode.peers import PeerSetConfig, gossip_degrees
+from atdnode.transport import LinkConditions, MemoryNetwork, MemoryTransport, TransportError
 from ledger import Ledger, Signer, peer_id_from_public_key, public_key_from_peer_id
 from netsim.homes import Consortium, make_consortium
 from netsim.memsim_share import shared_entry_reads, shared_signature_checks

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.model import ModelConfig
-from atdnode.split.base import BASE_MODEL, build_base
+from atdnode.blobs import BlobStore
+from atdnode.learning import ModelConfig
+from atdnode.split import BASE_MODEL, build_base
 from netsim.homes import make_consortium
 from netsim.nodedata import ScenarioData, node_spec
 from netsim.scenario import Scenario, ScenarioError
@@ -93,8 +93,8 @@ def campaign_settings(scn: Scenario, data: ScenarioData) -> dict:
 def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lambda _m: None) -> MSDBase:
     """Run the MSD campaign over the scenario's nodes and assemble each node's base (see the
     module doc); the base files are written under ``work/base``."""
-    from atdnode.node.config import NodeConfig
-    from atdnode.split.settings import SplitSettings
+    from atdnode.node import NodeConfig
+    from atdnode.split import SplitSettings
 
     names = list(data.nodes)
     if SERVER in names:
@@ -112,7 +112,7 @@ def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lamb
     t0 = time.perf_counter()
     records = trio.run(_campaign, cons, names, specs, scn.seed)
     wall = time.perf_counter() - t0
-    from atdnode.split.report import report_row
+    from atdnode.split import report_row
 
     out = work / "base"
     out.mkdir(parents=True, exist_ok=True)
@@ -145,10 +145,9 @@ def _read_model(path: Path) -> dict:
 async def _campaign(cons, names: list[str], specs: dict[str, str], seed: int) -> dict[str, dict]:
     """The server daemon and every client session on one in-memory network; the clients'
     comm records."""
-    from atdnode.node.daemon import NodeDaemon
-    from atdnode.node.identity import NodeIdentity
-    from atdnode.split.client import JoinOptions, run_join, single_error
-    from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+    from atdnode.node import NodeDaemon, NodeIdentity
+    from atdnode.split import JoinOptions, run_join, single_error
+    from atdnode.transport import MemoryNetwork, MemoryTransport
 
     net = MemoryNetwork(seed=seed)
     homes = cons.homes

@@ -30,7 +30,7 @@ import trio
 
 from atdnode import bodies
 from atdnode.node import control
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import DaemonError
 from ledger import Ledger, Signer, peer_id_from_public_key
 from netsim.faults import FaultUnsupported

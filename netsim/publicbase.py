@@ -120,9 +120,9 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
     (`atd publish-weights --part extractor`: a signed weights entry) and hands the weight-set
     file to every node. Deviation, as for the MSD base: the file reaches the VGS-ATD nodes as
     a local file, not over the run's simulated network."""
-    from atdnode.blobs.store import BlobStore
-    from atdnode.models.publish import publish_weights
-    from atdnode.learning.training import train
+    from atdnode.blobs import BlobStore
+    from atdnode.models import publish_weights
+    from atdnode.learning import train
     from netsim.homes import make_consortium
 
     if DESIGNATED in data.nodes:
@@ -172,7 +172,7 @@ def finetune_scenario(scn: Scenario) -> Scenario:
 
 def base_model(cfg: ModelConfig, extractor: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A model of `cfg` carrying W_p's extractor (its head is unused: features only)."""
-    from atdnode.learning.model import build_model, load_part
+    from atdnode.learning import build_model, load_part
 
     m = build_model(cfg)
     load_part(m, extractor, "extractor")

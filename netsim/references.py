@@ -26,8 +26,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from atdnode.aggregation.ensemble_refs import REFERENCES, fit_reference
-from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.aggregation import REFERENCES, EnsembleOptions, fit_reference
 from netsim.baselines import PhaseResult, data_phases, evaluate_phase
 from netsim.learn import model_config, to_global
 from netsim.nodedata import ScenarioData
@@ -110,7 +109,7 @@ def _run_own_raw(scn: Scenario, data: ScenarioData, log: Callable[[str], None]) 
 
 def _predictor(ref, ens, space: list[str]):
     def pred(images: torch.Tensor) -> np.ndarray:
-        from atdnode.aggregation.ensemble_refs import reference_features
+        from atdnode.aggregation import reference_features
 
         X = reference_features(ref.kind, images, model=ref.model)
         return to_global(ens.predict(X).astype(np.int64), ref.classes, space)

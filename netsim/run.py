@@ -221,7 +221,7 @@ def run_vgs_memory(scn: Scenario, data, work: Path, *, progress: Progress = lamb
                    observer=None, base_files: dict | None = None) -> tuple[list, list[dict]]:
     """VGS-ATD on the in-memory back-end; returns (phase results, fault outcomes).
     `observer(src, dst, kind, nbytes, delivered)` sees every transmission (tests use it)."""
-    from atdnode.blobs.fs import volatile_disk
+    from atdnode.blobs import volatile_disk
     from netsim.fit_share import shared_ensemble_fits
     from netsim.memnet import MemCluster, simulate
     from netsim.vgs import VgsRunner

@@ -260,7 +260,7 @@ def _check_public(c, s: Scenario) -> None:
     """`[public]` of base = "public": a pool spec disjoint from every node's data (a
     digits-jitter pool reserves `public=F` of the source digits; every digits-jitter data set
     of the scenario must leave out that very fraction), positive epochs and rates."""
-    from atdnode.data.spec import DataSpec
+    from atdnode.data import DataSpec
     from atdnode.errors import DataError
 
     p = s.public

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from atdnode.errors import AtdError
-from atdnode.aggregation.ensemble import EnsembleOptions
-from atdnode.learning.train_options import TrainOptions
+from atdnode.aggregation import EnsembleOptions
+from atdnode.learning import TrainOptions
 from protocols.vit_config import ModelConfig, ModelConfigError
 
 BACKENDS = ("memory", "process")

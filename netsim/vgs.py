@@ -53,7 +53,7 @@ import torch
 import trio
 
 from atdnode.errors import AtdError
-from atdnode.learning.training import TrainOptions
+from atdnode.learning import TrainOptions
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import FaultOutcome, apply_fault, pick_bootstrap
 from netsim.learn import model_config, to_global
@@ -474,7 +474,7 @@ def consortium_init(scn: Scenario, founder: str, num_classes: int, path: Path) -
     it did before."""
     from safetensors.torch import save_file
 
-    from atdnode.learning.model import build_model, extractor_state
+    from atdnode.learning import build_model, extractor_state
 
     torch.manual_seed(scn.seed + sum(map(ord, founder)))  # the founder's seed in `_train_opts`
     model = build_model(model_config(scn.model, num_classes))

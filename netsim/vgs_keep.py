@@ -19,7 +19,7 @@ and every node takes the consortium's model.
 """
 from __future__ import annotations
 
-from atdnode.aggregation.keep import default_model
+from atdnode.aggregation import default_model
 from netsim.baselines import PhaseResult
 from netsim.learn import score, to_global
 from netsim.nodedata import ScenarioData

@@ -21,12 +21,11 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.learning.model import ModelConfig
-from atdnode.aggregation.ensemble import EnsembleOptions
-from atdnode.models.registry import ModelRegistry
-from atdnode.learning.training import TrainOptions, train
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome
+from atdnode.learning import ModelConfig, TrainOptions, train
+from atdnode.aggregation import EnsembleOptions
+from atdnode.models import ModelRegistry
 from ledger import Ledger
 from netsim.fit_share import replayed_s
 from netsim.homes import node_seed
@@ -77,7 +76,7 @@ class NodeOps:
         return Step(time.perf_counter() - t0, model_id=rec.id)
 
     def publish(self, model_id: str, part: str) -> Step:
-        from atdnode.models.publish import publish_weights
+        from atdnode.models import publish_weights
 
         t0 = time.perf_counter()
         p = publish_weights(self.home, model=model_id, part=part)
@@ -88,7 +87,7 @@ class NodeOps:
 
     def share_features(self, model_id: str, to: list[str]) -> Step:
         """`atd share-features --model M --to PEER...`: seal CLS features to peers."""
-        from atdnode.aggregation.features_share import share_features
+        from atdnode.aggregation import share_features
 
         t0 = time.perf_counter()
         s = share_features(self.home, to=to, model=model_id, data_spec=self.spec)
@@ -103,8 +102,7 @@ class NodeOps:
         """`atd aggregate --mode MODE --inputs ...` (hierarchical: `--group NAME=AGG_ENTRY` per
         input, named by the pub's node group in `part`): `atdnode.aggregation.modes.aggregate`, the
         CLI's dispatch."""
-        from atdnode.aggregation.modes import aggregate
-        from atdnode.aggregation.hierarchical import GroupSpec
+        from atdnode.aggregation import GroupSpec, run_aggregate as aggregate
 
         t0, r0 = time.perf_counter(), replayed_s()
         with warnings.catch_warnings():  # a capped MLP epoch count is a setting, not news
@@ -124,7 +122,7 @@ class NodeOps:
 
     def verify(self, entry: str) -> str:
         """`atd aggregate --verify ENTRY`: the verified result hash, or AggregateError."""
-        from atdnode.aggregation.verify import verify_aggregate
+        from atdnode.aggregation import verify_aggregate
 
         return verify_aggregate(self.home, entry)
 
@@ -132,11 +130,11 @@ class NodeOps:
 
     def has_entry(self, pub: Pub) -> bool:
         with Ledger.open(self.home.ledger_db) as led:
-            return led.get(bytes.fromhex(pub.entry)) is not None
+            return led.get(pub.entry) is not None
 
     def knows_keys(self, peers: list[str]) -> bool:
         """Whether this node's ledger holds an X25519 key announced by each of `peers`."""
-        from atdnode.aggregation.features_share import FeaturesError, recipient_keys
+        from atdnode.aggregation import FeaturesError, recipient_keys
 
         with Ledger.open(self.home.ledger_db) as led:
             try:
@@ -147,7 +145,7 @@ class NodeOps:
 
     def predict(self, model_id: str, images: torch.Tensor) -> tuple[list[str], np.ndarray]:
         """What `atd classify` predicts with the model (its ensemble when it has one)."""
-        from atdnode.learning.classify import predict_names
+        from atdnode.learning import predict_names
 
         names, pred, _ = predict_names(self.store, self.registry.get(model_id), images)
         return names, pred

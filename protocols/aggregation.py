@@ -1,14 +1,7 @@
 """Aggregation rules: weightings and a streaming weighted average of tensor dicts.
 
-Weightings (each returns a float64 probability vector, one weight per input):
-
-=================  ==========================================================
-``uniform``        w_i = 1 / N
-``samples``        w_i = n_i / sum_j n_j              (n_i = training samples)
-``sqrt-classes``   alpha_i = sqrt(C_i) / sum_j sqrt(C_j)   VGS-ATD Eq. 11
-``model-count``    beta_i = n_i / sum_j n_j  (n_i = base models in group i) Eq. 12
-``fedwavg``        w_i = softmax_i(q * cos(L_ref, L_i))    FedWAvg Eq. 3 (:mod:`protocols.fedwavg`)
-=================  ==========================================================
+Weightings are registered in :mod:`protocols.weightings` (name, rule, help, where each
+applies); :func:`compute_weights` dispatches on that registry.
 
 The average (:func:`weighted_average`) takes *loaders* -- zero-argument
 callables returning a mapping ``name -> torch.Tensor`` -- so only one input is
@@ -36,11 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation_error import AggregationError
+from protocols.weightings import AggregationError
 from protocols.fedwavg import fedwavg_weights, last_layer_key, last_layer_keys
 from protocols.safetensors_stream import (WINDOW_BYTES, SafetensorsLoader, SafetensorsStream,  # noqa: F401
                                           safetensors_loader)
 from protocols.vit_config import CLASSIFIER
+from protocols.weightings import (REGISTRY, model_count_weights, sample_weights, sqrt_class_weights,
+                                  uniform_weights, weightings)
 
 __all__ = [
     "AggregationError", "WEIGHTINGS", "HEAD_PREFIXES", "Loader",
@@ -51,7 +46,8 @@ __all__ = [
 ]
 
 Loader = Callable[[], Mapping[str, torch.Tensor]]
-WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "model-count", "fedwavg")  # every weighting compute_weights knows
+# every weighting compute_weights knows (registered in protocols.weightings)
+WEIGHTINGS = weightings("average") + tuple(n for n in weightings("group") if n not in weightings("average"))
 HEAD_PREFIXES = (f"{CLASSIFIER}.",)  # timm ViT classifier; everything else is the extractor
 CHUNK_BYTES = 512 * 1024  # arithmetic chunk: its product stays in L2 until it is added
 _WEIGHT_SUM_TOL = 1e-6
@@ -60,57 +56,11 @@ _NP_FLOAT = {torch.float32: np.float32, torch.float64: np.float64}
 
 # ---------------------------------------------------------------- weightings
 
-def _counts(values: Sequence[float], what: str) -> np.ndarray:
-    try:
-        arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise AggregationError(f"{what} must be numbers: {e}") from None
-    if arr.ndim != 1 or arr.size == 0:
-        raise AggregationError(f"{what} must be a non-empty 1-D sequence")
-    if not np.all(np.isfinite(arr)):
-        raise AggregationError(f"{what} must be finite, got {arr.tolist()}")
-    if np.any(arr < 0):
-        raise AggregationError(f"{what} must be >= 0, got {arr.tolist()}")
-    if arr.sum() <= 0:
-        raise AggregationError(f"{what} must not all be zero")
-    return arr
-
-
-def uniform_weights(n: int) -> np.ndarray:
-    """``1/n`` each."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise AggregationError(f"uniform weighting needs n >= 1 inputs, got {n!r}")
-    return np.full(int(n), 1.0 / n, dtype=np.float64)
-
-
-def sample_weights(samples: Sequence[float]) -> np.ndarray:
-    """``n_i / sum_j n_j`` for the inputs' sample counts."""
-    arr = _counts(samples, "sample counts")
-    return arr / arr.sum()
-
-
-def sqrt_class_weights(classes: Sequence[float]) -> np.ndarray:
-    """VGS-ATD Eq. 11: ``sqrt(C_i) / sum_j sqrt(C_j)`` for class counts C_i."""
-    arr = np.sqrt(_counts(classes, "class counts"))
-    return arr / arr.sum()
-
-
-def model_count_weights(models: Sequence[float]) -> np.ndarray:
-    """VGS-ATD Eq. 12: ``n_i / sum_j n_j`` for the number of base models per group."""
-    arr = _counts(models, "model counts")
-    return arr / arr.sum()
-
-
-# The weighting table: each count-based weighting names the quantity it counts per input
-# ("samples", "classes", "models") and its rule; callers read the count off their inputs by
-# that name (`atdnode.aggregation.aggregate.input_weights`, `protocols.hierarchical.group_weights`)
-# instead of choosing by the weighting's string again. uniform needs only the number of
-# inputs, fedwavg the layers (`compute_weights`).
+# Each count-based weighting names the quantity it counts per input ("samples", "classes",
+# "models") and its rule; callers read the count off their inputs by that name
+# (`atdnode.aggregation.aggregate.input_weights`, `protocols.hierarchical.group_weights`).
 COUNTED: dict[str, tuple[str, Callable[[Sequence[float]], np.ndarray]]] = {
-    "samples": ("samples", sample_weights),
-    "sqrt-classes": ("classes", sqrt_class_weights),
-    "model-count": ("models", model_count_weights),
-}
+    n: (w.counts, w.rule) for n, w in REGISTRY.items() if w.counts is not None and w.rule is not None}
 
 
 def counted_quantity(weighting: str) -> str | None:

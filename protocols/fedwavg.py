@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation_error import AggregationError
+from protocols.weightings import AggregationError
 from protocols.vit_config import CLASSIFIER
 
 __all__ = ["ROUNDS_Q", "fedwavg_cosines", "fedwavg_weights", "softmax_weights", "last_layer_key", "last_layer_keys",

@@ -25,11 +25,12 @@ from safetensors.torch import save_file
 
 from protocols.aggregation import (AggregationError, Loader, check_weights, compute_weights, counted_quantity,
                                    safetensors_loader, weighted_average)
+from protocols.weightings import weightings
 
 __all__ = ["GroupModel", "Combination", "GROUP_WEIGHTINGS", "group_weights", "build_group",
            "combine_groups", "add_group", "persist_safetensors"]
 
-GROUP_WEIGHTINGS = ("sqrt-classes", "model-count")
+GROUP_WEIGHTINGS = weightings("group")
 Persist = Callable[[dict[str, torch.Tensor]], Loader]
 
 

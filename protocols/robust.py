@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from protocols.aggregation_error import AggregationError
+from protocols.weightings import AggregationError
 
 __all__ = ["coordinate_median", "trimmed_mean", "trim_count", "krum_scores", "krum_select", "krum_neighbours",
            "pairwise_sq_distances"]

@@ -35,8 +35,9 @@ import torch
 from protocols.aggregation import HEAD_PREFIXES, AggregationError, uniform_weights
 from protocols.fedwavg import fedwavg_weights
 from protocols.robust import coordinate_median, krum_select, trimmed_mean
+from protocols.weightings import weightings
 
-ROUND_WEIGHTINGS = ("fedavg", "fedwavg")  # the weighted means (round_weights)
+ROUND_WEIGHTINGS = weightings("round")  # the weighted means (round_weights)
 LAST_LAYER = tuple(f"{HEAD_PREFIXES[0]}{name}" for name in ("weight", "bias"))  # the classifier: head.weight, head.bias
 
 

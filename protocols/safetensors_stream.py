@@ -15,7 +15,8 @@ https://github.com/huggingface/safetensors, little-endian hosts):
   each starts where the previous ended (no overlap, no gap) and the last ends at the end
   of the file (no trailing bytes) -- the same rule as the reference implementation.
 
-Anything else raises :class:`AggregationError` naming the file and the reason; no other
+Anything else raises :class:`AggregationError` (`protocols.weightings`: every aggregation rule
+raises it for bad input) naming the file and the reason; no other
 exception type escapes the constructor (a fuzz test holds it to that).
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from protocols.aggregation_error import AggregationError
+from protocols.weightings import AggregationError
 
 WINDOW_BYTES = 16 * 1024 * 1024  # SafetensorsStream maps files in windows this large
 MAX_DIMS = 64  # a tensor's largest number of dimensions

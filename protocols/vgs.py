@@ -19,10 +19,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from protocols.ensemble import EnsembleClassifier, EnsembleError
-from protocols.heads import heads_comparable  # re-exported: the horizontal rule lives there
 
 __all__ = ["heads_comparable", "LabeledFeatures", "merge_labeled_features",
            "fit_vertical_ensemble"]
+
+
+def heads_comparable(label_spaces: Sequence[Sequence[str]]) -> bool:
+    """True when all inputs list the same class names in the same order."""
+    first = list(label_spaces[0]) if label_spaces else None
+    return first is not None and all(list(ls) == first for ls in label_spaces)
 
 
 class LabeledFeatures(NamedTuple):

@@ -11,11 +11,9 @@ from typing import AsyncIterator
 
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.transport.base import Transport
+from atdnode.blobs import BlobService, BlobStore
+from atdnode.transport import MemoryNetwork, MemoryTransport, Transport
 from atdnode.blobs.fetch import FetchConfig
-from atdnode.blobs.xfer import BlobService
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 
 CHUNK = 64 << 10
 NCHUNKS = 24
@@ -47,7 +45,7 @@ async def cluster(kind: str, n: int, tmp: Path, *, bulk: bool = True, cfg: Fetch
         if kind == "memory":
             t: Transport = MemoryTransport(net, seed(i))
         else:
-            from atdnode.transport.libp2p_transport import Libp2pTransport
+            from atdnode.transport import Libp2pTransport
 
             t = Libp2pTransport(seed(i))
             if muxers:

@@ -60,7 +60,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from tests.factories import make_consortium
 from tests.nodeprocs import Daemon, start_daemon
 

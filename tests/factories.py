@@ -18,11 +18,8 @@ from typing import AsyncIterator, Callable
 import trio
 from typer.testing import CliRunner
 
-from atdnode.node.daemon import NodeDaemon
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.transport.base import Transport
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.node import NodeDaemon, NodeHome, NodeIdentity
+from atdnode.transport import MemoryNetwork, MemoryTransport, Transport
 from cli.app import app
 from ledger import Entry, Ledger
 
@@ -123,7 +120,7 @@ async def transports(kind: str, n: int, *, net: MemoryNetwork | None = None,
         net = net or MemoryNetwork(seed=7)
         ts: list[Transport] = [MemoryTransport(net, seed(i)) for i in range(first, first + n)]
     else:
-        from atdnode.transport.libp2p_transport import Libp2pTransport
+        from atdnode.transport import Libp2pTransport
 
         ts = [Libp2pTransport(seed(i)) for i in range(first, first + n)]
     async with AsyncExitStack() as stack:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from atdnode.node import control
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Ledger
 
 ATD = [sys.executable, "-m", "cli.app"]

@@ -7,13 +7,12 @@ from pathlib import Path
 import torch
 
 from atdnode.data import load_dataset
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.split.report import load_records
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.split import load_records
 from atdnode.split.roles import prepare
 from atdnode.split.secret import open_secret
 from ledger import Ledger
-from atdnode.learning.model import ModelConfig
+from atdnode.learning import ModelConfig
 from protocols.inversion_attack import AttackConfig, paper_attack
 from protocols.split_parts import TaskSpec, build_plain_embedder
 from protocols.split_state import load_state

@@ -3,13 +3,9 @@ wide, 2 blocks), a node configured as a split server, a client joining it, and t
 of a client's comm record. Used by the split network, secret, ablation and MSD tests."""
 from __future__ import annotations
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.split.client import JoinOptions, run_join, single_error
-from atdnode.split.report import report_row
-from atdnode.split.settings import SplitSettings
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
+from atdnode.split import JoinOptions, SplitSettings, report_row, run_join, single_error
+from atdnode.transport import MemoryNetwork, MemoryTransport
 
 TASKS = [{"name": "digit", "kind": "classification", "num_outputs": 10},
          {"name": "ink", "kind": "segmentation", "loss_weight": 0.5},

@@ -15,10 +15,9 @@ import pytest
 import trio
 
 from atdnode.errors import ConfigError
-from atdnode.node.advertise import advertised, interface_addresses
-from atdnode.node.config import NodeConfig
-from atdnode.node.config_set import set_key
-from atdnode.node.daemon import NodeDaemon
+from atdnode.node import advertised
+from atdnode.node.advertise import interface_addresses
+from atdnode.node import NodeConfig, NodeDaemon, set_key
 from ledger import Ledger
 from tests.factories import make_consortium, run, wait_for
 
@@ -43,7 +42,7 @@ def test_a_host_with_loopback_only_advertises_loopback_and_a_bound_address_passe
 
 
 def test_no_more_addresses_than_a_dialer_keeps() -> None:
-    from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER
+    from atdnode.peers import MAX_ADDRS_PER_MEMBER
 
     many = [f"10.0.{i}.1" for i in range(MAX_ADDRS_PER_MEMBER + 5)]
     got = advertised([f"/ip4/127.0.0.2/tcp/1/p2p/{PEER}", f"/ip4/0.0.0.0/tcp/2/p2p/{PEER}"], peer_id=PEER,

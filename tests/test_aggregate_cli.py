@@ -7,10 +7,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.aggregation.aggregate import AggregateError, average_blobs, result_meta
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.weights import save_weights
+from atdnode.aggregation import AggregateError, average_blobs, result_meta
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import save_weights
 from cli.app import app, main
 from ledger import Ledger
 from tests.factories import cli_json as cli
@@ -66,7 +66,7 @@ def test_horizontal_on_skewed_nodes_beats_every_single_node(skewed):
     assert glob_ens["accuracy"] >= max(single.values()), (single, glob_ens["accuracy"])
     # samples weighting: proportional to the recorded sample counts
     with Ledger.open(skewed[0].ledger_db) as led:
-        counts = [led.get(bytes.fromhex(i)).body["samples"] for i in inputs]
+        counts = [led.get(i).body["samples"] for i in inputs]
     by_samples = cli("aggregate", "--home", str(skewed[0].root), "--weighting", "samples", "--classifier", "head",
                      "--inputs", *inputs[:1],
                      "--inputs", ",".join(inputs[1:]))
@@ -80,7 +80,7 @@ def _forge(home, entry_id: str, **changes) -> str:
     """Node `home` signs a copy of aggregate `entry_id` with `changes` in its body."""
     ident = NodeIdentity.load(home)
     with Ledger.open(home.ledger_db) as led:
-        body = {**led.get(bytes.fromhex(entry_id)).body, **changes}
+        body = {**led.get(entry_id).body, **changes}
         return led.append(ident.signer, "aggregate", body).id.hex()
 
 
@@ -92,7 +92,7 @@ def test_verify_catches_results_that_do_not_match_their_inputs(disjoint, mode):
     assert len(out["inputs"]) == 3 and out["head"] is False  # three extractors
     store = BlobStore(a.blobs_dir)
     with Ledger.open(a.ledger_db) as led:
-        blobs = [led.get(bytes.fromhex(i)).body["blob"] for i in out["inputs"]]
+        blobs = [led.get(i).body["blob"] for i in out["inputs"]]
     # 1) weights that are not the weighting's: the result matches them, the rule does not
     skew = [0.5, 0.25, 0.25]
     tensors = average_blobs(store, blobs, skew, names=["x", "y", "z"], head=False)
@@ -138,8 +138,7 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
         err = fails("aggregate", "--home", str(a.root), *args)
         assert why in str(err), (args, err)
     # a node without any trained model
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
+    from atdnode.node import NodeHome, init_home
 
     lone = NodeHome.at(tmp_path / "lone")
     init_home(lone, consortium="x")
@@ -154,7 +153,7 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
 def test_default_inputs_skip_what_does_not_fit(disjoint):
     a = disjoint[0]
     # horizontal by default takes every held extractor; a head-only publication is not a candidate
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
 
     head = publish_weights(a, part="head")
     out = cli("aggregate", "--home", str(a.root))
@@ -169,7 +168,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
     reorders the weights and leaves the result unchanged (up to float32 summation order)."""
     import torch
 
-    from atdnode.models.weights import load_weights
+    from atdnode.models import load_weights
 
     template = vgs_template("skewed")
     one, two = copy_homes(template, tmp_path / "one")[0], copy_homes(template, tmp_path / "two")[0]
@@ -182,7 +181,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
     assert rev["weights"] == pytest.approx(list(reversed(fwd["weights"])), abs=1e-12)
     assert max(fwd["weights"]) - min(fwd["weights"]) > 1e-3, fwd["weights"]  # not uniform here
     with Ledger.open(one.ledger_db) as led:
-        assert led.get(bytes.fromhex(fwd["entry"])).body["reference"] == own
+        assert led.get(fwd["entry"]).body["reference"] == own
     a, _ = load_weights(BlobStore(one.blobs_dir), fwd["blob"])
     b, _ = load_weights(BlobStore(two.blobs_dir), rev["blob"])
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -192,7 +191,7 @@ def test_fedwavg_does_not_depend_on_input_order(vgs_template, tmp_path):
 def test_averaging_models_from_different_random_starts_warns(tmp_path):
     """Every weights entry records the start it descends from (`base`); `atd aggregate`
     warns when its inputs have different ones (same seed and config = same start)."""
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
     from tests.vgs_homes import consortium, train_node
 
     homes = consortium(tmp_path / "homes", ["x", "y", "z"])
@@ -202,7 +201,7 @@ def test_averaging_models_from_different_random_starts_warns(tmp_path):
         ids.append(publish_weights(h, part="full").entry.id.hex())
     sync(homes)
     with Ledger.open(homes[0].ledger_db) as led:
-        bases = [led.get(bytes.fromhex(i)).body["base"] for i in ids]
+        bases = [led.get(i).body["base"] for i in ids]
     assert bases[0] == bases[1] != bases[2] and bases[0].startswith("init:")
     same = runner.invoke(app, ["aggregate", "--home", str(homes[0].root), "--classifier", "head",
                                "--inputs", ",".join(ids[:2])])

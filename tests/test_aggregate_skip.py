@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.weights import load_weights, save_weights
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import load_weights, save_weights
 from cli.app import app
 from ledger import Ledger
 from tests.vgs_homes import copy_homes
@@ -41,7 +41,7 @@ def test_default_aggregation_skips_a_nan_weight_set(vgs_template, tmp_path):
     why = {s["entry"]: s["why"] for s in out["skipped_inputs"]}
     assert "non-finite" in why[bad.id.hex()]
     with Ledger.open(a.ledger_db) as led:
-        entry = led.get(bytes.fromhex(out["entry"]))
+        entry = led.get(out["entry"])
     assert {s["entry"] for s in entry.body["skipped"]} >= {bad.id.hex()}  # the signed entry says so too
     r = runner.invoke(app, ["aggregate", "--home", str(a.root), "--mode", "horizontal", "--inputs", bad.id.hex()])
     assert r.exit_code != 0  # named explicitly, it is still an error

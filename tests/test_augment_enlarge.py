@@ -7,8 +7,7 @@ import torch
 from atdnode.learning import ddp
 from atdnode.learning.augment import SmallClassAugment
 from atdnode.data import LabeledImages
-from atdnode.learning.model import build_model, resolve_config
-from atdnode.learning.training import Trainer, TrainOptions
+from atdnode.learning import TrainOptions, Trainer, build_model, resolve_config
 
 
 def data(n_small: int = 3, n_big: int = 30) -> LabeledImages:

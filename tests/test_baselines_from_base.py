@@ -25,7 +25,7 @@ def _tiny(phases: int = 1, **scenario) -> dict:
 
 def _fresh(scn, seed: int, classes: int = 3) -> torch.nn.Module:
     """A fresh model of the scenario's config built after torch.manual_seed(seed)."""
-    from atdnode.learning.model import build_model
+    from atdnode.learning import build_model
     from netsim.learn import model_config
 
     torch.manual_seed(seed)
@@ -35,7 +35,7 @@ def _fresh(scn, seed: int, classes: int = 3) -> torch.nn.Module:
 def _base(scn) -> dict[str, torch.Tensor]:
     """A stand-in for W_p: the extractor of a model of the scenario's config built from a seed
     no run of the scenario uses (not trained: only where training starts matters here)."""
-    from atdnode.learning.model import extractor_state
+    from atdnode.learning import extractor_state
 
     return extractor_state(_fresh(scn, 987_654))
 

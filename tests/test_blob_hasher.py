@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from atdnode.blobs.partial import BadChunks
-from atdnode.blobs.store import BlobStore, Manifest
+from atdnode.blobs import BlobStore
+from atdnode.blobs.store import Manifest
 
 CS = 1024
 

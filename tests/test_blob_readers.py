@@ -17,9 +17,10 @@ import trio
 
 from atdnode.bodies import READERS
 from atdnode.blobs.readers import reader_lists
-from atdnode.node.identity import NodeIdentity
-from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, unpack
-from atdnode.transport.memory import MemoryNetwork
+from atdnode.node import NodeIdentity
+from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, pack
+from atdnode.blobs.wire import unpack
+from atdnode.transport import MemoryNetwork
 from ledger import Entry, Ledger, Signer
 from tests.factories import append, daemon_on, make_consortium, wait_for, weights_body
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.blobs.fetch import BlobFetcher, FetchError
+from atdnode.blobs import BlobStore, FetchError
+from atdnode.blobs.fetch import BlobFetcher
 
 BLOB = "ab" * 32
 

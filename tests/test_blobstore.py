@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 import atdnode.blobs.fs as blobfs
 import atdnode.blobs.store as bs
 from atdnode.blobs.partial import BadChunks, PartialBlob
-from atdnode.blobs.store import BlobStore, Manifest
+from atdnode.blobs import BlobStore
+from atdnode.blobs.store import Manifest
 from atdnode.errors import BlobError
 
 CS = 1024  # small chunks keep the tests fast
@@ -577,8 +578,8 @@ def _count_syncs(monkeypatch) -> list[str]:
 
 def _writes(store: BlobStore, root: Path, seed: int) -> None:
     """A blob put, a manifest cached, a chunked download completed, a registry record written."""
-    from atdnode.node.home import NodeHome
-    from atdnode.models.registry import ModelRecord, ModelRegistry
+    from atdnode.node import NodeHome
+    from atdnode.models import ModelRecord, ModelRegistry
 
     data = _data(3 * CS + 7, seed=seed)
     store.manifest(store.put_bytes(data))

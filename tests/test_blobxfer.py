@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.transport.base import TransportError
-from atdnode.blobs.fetch import FetchConfig, FetchError
-from atdnode.blobs.xfer import PROTOCOL, BulkConn, pack, read_header
+from atdnode.blobs import PROTOCOL, BlobStore, FetchError, pack
+from atdnode.transport import TransportError
+from atdnode.blobs.fetch import FetchConfig
+from atdnode.blobs.xfer import BulkConn, read_header
 from atdnode.blobs.bulk import derive_keys, new_ephemeral
 from tests.blobnet import CHUNK, NCHUNKS, blob_bytes, cluster
 from tests.factories import KINDS, run, wait_for

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from atdnode import bodies
 from atdnode.blobs.readers import reader_lists
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from ledger import Ledger, LedgerError, RefusedBody, Signer
 from tests.factories import make_consortium
 
@@ -79,10 +79,11 @@ def consumers(home, led: Ledger) -> int:
     """Run every reader of bodies over `led`'s log; returns how many calls raised a typed error
     (an untyped one fails the test)."""
     from atdnode.aggregation import hierarchical
-    from atdnode.aggregation.features_share import addressed_to, announced_key
-    from atdnode.aggregation.verify import verify_entry
-    from atdnode.models.registry import ModelRecord, ModelRegistry
-    from atdnode.report.card import collect
+    from atdnode.aggregation import announced_key
+    from atdnode.aggregation.features_share import addressed_to
+    from atdnode.aggregation import verify_entry
+    from atdnode.models import ModelRecord, ModelRegistry
+    from atdnode.report import collect_card as collect
     from atdnode.report.dashboard.view import ledger_view
     from atdnode.rounds import rules
     from atdnode.split import secret

@@ -18,16 +18,12 @@ import trio
 import trio.testing
 
 from atdnode.replication import sync
-from atdnode.blobs.store import BlobStore
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.replication.sync import SYNC_PROTOCOL, SyncProtocolError, pull, serve_sync
+from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, BlobService, BlobStore, pack
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, SyncProtocolError, pull, serve_sync
 from atdnode.blobs import xfer as blobxfer
-from atdnode.transport.base import FrameError
+from atdnode.transport import FrameError, MemoryNetwork, MemoryTransport, PeerLimits
 from atdnode.blobs.fetch import FetchConfig
-from atdnode.blobs.xfer import PROTOCOL as BLOB_PROTOCOL, BlobService, pack
 from atdnode.transport.framing import FramedStream
-from atdnode.transport.limits import PeerLimits
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 from tests.factories import wait_for
 
@@ -222,7 +218,7 @@ def test_peer_limits_fair_share() -> None:
 def test_split_server_caps_streams_per_peer(tmp_path: Path) -> None:
     """12 split streams from one member each announcing a 64 MiB first frame (1.61 GB before):
     at most SPLIT_STREAMS_PER_PEER are held, and what they hold is what was actually sent."""
-    from atdnode.node.home import NodeHome
+    from atdnode.node import NodeHome
     from atdnode.split import SPLIT_PROTOCOL
     from atdnode.split.service import SPLIT_STREAMS_PER_PEER, SplitService
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import trio
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import PROTOCOL, BlobStore, pack
 from atdnode.blobs import fetch as blobfetch
-from atdnode.transport.base import TransportError
-from atdnode.blobs.xfer import PROTOCOL, _bind_host, pack, read_header
+from atdnode.transport import TransportError
+from atdnode.blobs.xfer import _bind_host, read_header
 from atdnode.blobs.bulk import BulkConn, PROVE_TIMEOUT, derive_keys, new_ephemeral
 from tests.blobnet import CHUNK, blob_bytes, cluster
 from tests.factories import run

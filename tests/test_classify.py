@@ -7,10 +7,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.learning.classify import ClassifyError
+from atdnode.learning import ClassifyError
 from atdnode.errors import ConfigError, DataError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.node import NodeHome, init_home
 from cli.app import app
 from cli.errors import CliError
 from tests.factories import cli_json as cli

@@ -173,7 +173,7 @@ def test_unexpected_errors_are_one_line_too(capsys, monkeypatch):
     def broken(*_a, **_k):
         raise TypeError("an unforeseen bug")
 
-    monkeypatch.setattr(ident_mod.NodeHome, "at", broken)
+    monkeypatch.setattr(ident_mod, "node_home", broken)
     err = one_line_failure(capsys, ["id", "--home", "/nowhere"])
     assert "TypeError: an unforeseen bug" in err and "ATD_DEBUG" in err
     monkeypatch.setenv("ATD_DEBUG", "1")

@@ -12,8 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from atdnode.errors import ConfigError, DataError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.node import NodeHome, init_home
 from cli.app import app
 
 torch.set_num_threads(1)
@@ -88,7 +87,7 @@ def test_a_bad_model_config_is_one_typed_line(tmp_path, capsys):
 def test_help_documents_the_learning_rate():
     r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0
-    from atdnode.learning.train_options import FINETUNE_LR, SCRATCH_LR_192
+    from atdnode.learning import FINETUNE_LR, SCRATCH_LR_192
 
     # the rates the help quotes are the code's (read from its constants, so they cannot drift)
     assert f"--lr {FINETUNE_LR}" in r.stdout and f"{SCRATCH_LR_192} x 192 / embed-dim" in r.stdout, r.stdout

@@ -118,7 +118,8 @@ def test_pfesta_is_cheaper_than_festa(runs):
 def test_split_report_puts_msd_next_to_eq8_and_eq9():
     """`atd split report`: an MSD record's measured bytes next to T_MSD (Eq. 9) and T_FL-SSL
     (Eq. 8) at the MSD paper's Table VII schedule (R = 50, r = 1), with both ratios."""
-    from atdnode.split.report import make_record, render, report_row
+    from atdnode.split import render_report as render, report_row
+    from atdnode.split.report import make_record
 
     p = CostParams(D=100, B=0, R=1, n=1, F=10, G=10, Ph=300, Pb=5000, Pt=0)
     counter = ByteCounter()

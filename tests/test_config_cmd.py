@@ -9,11 +9,9 @@ import tomllib
 
 from typer.testing import CliRunner
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.config_schema import KEYS
-from atdnode.node.home import NodeHome
+from atdnode.node import KEYS, NodeConfig, NodeHome
 from atdnode.node.logs import log_limits
-from atdnode.peers.peerset import PeerSetConfig
+from atdnode.peers import PeerSetConfig
 from cli.app import app
 
 runner = CliRunner()
@@ -49,24 +47,26 @@ def test_init_lists_every_section_with_defaults_commented(tmp_path):
 def test_schema_defaults_are_the_readers_defaults(tmp_path):
     """The commented defaults are what each reader uses when the key is absent."""
     from atdnode.node.config_schema import BY_PATH
-    from atdnode.node.logs import DEFAULT_BACKUPS, DEFAULT_MAX_BYTES
-    from atdnode.aggregation.keep import keep_policy
-    from atdnode.models.gc import size_limit
-    from atdnode.report.statement import card_statement
+    from atdnode.aggregation import keep_policy
+    from atdnode.models import size_limit
+    from atdnode.plans import PlanPolicy
+    from atdnode.report import card_statement
     from ledger import AuthorQuota
 
     ok("init", "--home", str(tmp_path / "n"))
     h = NodeHome.at(tmp_path / "n")
     cfg, peers = NodeConfig.load(h), PeerSetConfig()
-    got = {"logs.max_bytes": DEFAULT_MAX_BYTES, "logs.backups": DEFAULT_BACKUPS, "models.max_bytes": size_limit(h),
+    got = {"logs.max_bytes": log_limits(h)[0], "logs.backups": log_limits(h)[1], "models.max_bytes": size_limit(h),
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
-           "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h), "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h),
+           "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
+           "plans.auto_accept_from": list(PlanPolicy.load(h).auto_accept_from),
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
            **{f"card.{k}": v for k, v in card_statement(h).items()},  # every [card] key
            "quota.author_entries": AuthorQuota().author_entries, "quota.author_bytes": AuthorQuota().author_bytes}
-    assert log_limits(h) == (DEFAULT_MAX_BYTES, DEFAULT_BACKUPS)
+    assert log_limits(h) == (10 << 20, 5)  # the documented defaults (README: operations)
     assert {p: BY_PATH[p].default for p in got} == got
-    assert set(BY_PATH) - set(got) == {"name", "compute.device"}  # both have no fixed value
+    assert set(BY_PATH) - set(got) == {"name", "compute.device", "plans.kinds"}  # none has a fixed value
     assert cfg.compute_device() is None  # absent: cuda when present (atdnode.learning.device)
 
 
@@ -84,7 +84,7 @@ def test_config_set_writes_validated_values(tmp_path):
     text = (home / "config.toml").read_text()
     assert "# [peers]" in text and "# backups = " not in text  # set keys leave the reference block
     shown = ok("config", "show", "--home", str(home))
-    assert "logs.backups = 3\n" in shown.replace("    # rotated log files kept (0-100)", "")
+    assert "logs.backups = 3    # rotated log files kept (an integer from 0 to 100)\n" in shown
     before = (home / "config.toml").read_bytes()
     for args, why in ((["logs.backups", "abc"], "not an integer"),
                       (["logs.backups", "500"], "logs.backups"),
@@ -92,12 +92,76 @@ def test_config_set_writes_validated_values(tmp_path):
                       (["listen", "not-an-address"], "listen"),
                       (["compute.device", "gpu"], "expected"),
                       (["log.backups", "3"], "did you mean logs.backups"),
-                      (["split.rounds", "3"], "atd split configure"),
                       (["peers.target", "-3"], "peers.target must be an integer >= 1"),  # a value, not a flag
+                      (["logs.backups", "-1"], "logs.backups"),
+                      (["split.rounds", "3"], "atd split configure"),
                       (["aggregate.keep", "worst"], "aggregate.keep must be one of best, consortium"),
-                      (["network.announce", "/ip4/0.0.0.0/tcp/4001"], "unspecified")):
+                      (["network.announce", "/ip4/0.0.0.0/tcp/4001"], "unspecified"),
+                      (["plans.kinds", "train,dance"], "plans.kinds"),
+                      (["card.limitations", "see /data/site/xrays/"], "card.limitations names a file path")):
         assert why in refused("config", "set", *args, "--home", str(home)), args
         assert (home / "config.toml").read_bytes() == before, args  # nothing changed
+
+
+def test_the_settings_section_of_interfaces_md_is_current():
+    from pathlib import Path
+
+    from atdnode.node.config_schema import update_doc
+
+    doc = Path(__file__).resolve().parent.parent / "INTERFACES.md"
+    assert update_doc(doc.read_text()) == doc.read_text(), "run: python -m atdnode.node.config_schema INTERFACES.md"
+
+
+def test_a_hand_edited_value_is_refused_when_the_config_loads_naming_the_key(tmp_path):
+    """The declaration is checked as config.toml loads (the daemon, every command), not only by
+    `atd config set`: one line naming the key and what it must be; the file stays as it was."""
+    import pytest
+
+    from atdnode.errors import ConfigError
+
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    h = NodeHome.at(home)
+    base = (home / "config.toml").read_text()
+    for table, line, why in (("logs", "backups = 500", "logs.backups must be an integer from 0 to 100"),
+                             ("logs", "max_bytes = 10", "logs.max_bytes must be an integer >= 1024"),
+                             ("bulk", "port = -1", "bulk.port must be an integer from 0 to 65535"),
+                             ("bulk", 'enabled = "yes"', "bulk.enabled must be true or false"),
+                             ("peers", "low_latency_share = 2.5", "peers.low_latency_share must be a number from 0 to 1"),
+                             ("models", "max_bytes = -5", "models.max_bytes must be an integer >= 0"),
+                             ("compute", "device = 3", "compute.device must be a non-empty string"),
+                             ("aggregate", 'keep = "worst"', "aggregate.keep must be one of best, consortium"),
+                             ("card", "limitations = 3", "card.limitations must be text"),
+                             ("plans", 'kinds = "train"', "plans.kinds must be a list of strings")):
+        (home / "config.toml").write_text(f"{base}\n[{table}]\n{line}\n")
+        with pytest.raises(ConfigError) as e:
+            NodeConfig.load(h)
+        assert why in str(e.value) and "\n" not in str(e.value), (line, str(e.value))
+        assert (home / "config.toml").read_text() == f"{base}\n[{table}]\n{line}\n"  # nothing rewritten
+    (home / "config.toml").write_text(f"{base}\n[logs]\nbackups = 0\n[peers]\ngrace_s = 0\n")  # the bounds themselves
+    assert NodeConfig.load(h).setting("logs.backups") == 0 and NodeConfig.load(h).setting("peers.grace_s") == 0
+
+
+def test_every_declared_setting_can_be_set(tmp_path):
+    """`atd config set` writes each key of the declaration (and reads it back through
+    `NodeConfig.setting`): no documented setting is left to an editor."""
+    from atdnode.node import KEYS
+
+    home = tmp_path / "n"
+    ok("init", "--home", str(home))
+    values = {"name": ("n2", "n2"), "role": ("node", "node"), "compute.device": ("cpu", "cpu"),
+              "bulk.enabled": ("false", False),
+              "listen": ("/ip4/127.0.0.1/tcp/4002", ["/ip4/127.0.0.1/tcp/4002"]), "bootstrap": ("[]", []),
+              "peers.max": ("20", 20), "peers.target": ("3", 3), "peers.low_latency_share": ("0.25", 0.25),
+              "network.announce": ("/ip4/127.0.0.1/tcp/4003", ["/ip4/127.0.0.1/tcp/4003"]),
+              "aggregate.keep": ("consortium", "consortium"), "plans.auto_accept_from": ("node1", ["node1"]),
+              "plans.kinds": ("train,publish", ["train", "publish"]),
+              **{f"card.{f}": ("chest X-rays, adults", "chest X-rays, adults") for f in
+                 ("intended_use", "out_of_scope_use", "data_description", "limitations")}}
+    for k in KEYS:  # any other key: one more than its default (every other key is a number)
+        text, want = values.get(k.path) or (str(k.default + 1), k.default + 1)
+        ok("config", "set", k.path, text, "--home", str(home))
+        assert NodeConfig.load(NodeHome.at(home)).setting(k.path) == want, k.path
 
 
 def test_config_set_takes_negative_numbers_and_the_keep_policy(tmp_path):
@@ -105,7 +169,7 @@ def test_config_set_takes_negative_numbers_and_the_keep_policy(tmp_path):
     ok("init", "--home", str(home))
     assert ok("config", "set", "logs.max_bytes", "2048", "--home", str(home)).strip() == "logs.max_bytes = 2048"
     assert ok("config", "set", "aggregate.keep", "consortium", "--home", str(home)).strip() == 'aggregate.keep = "consortium"'
-    from atdnode.aggregation.keep import keep_policy
+    from atdnode.aggregation import keep_policy
 
     assert keep_policy(NodeHome.at(home)) == "consortium"
     r = runner.invoke(app, ["config", "set", "peers.grace_s", "-1", "--home", str(home)])

@@ -8,13 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages, load_dataset
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
-from atdnode.learning.model import build_model, resolve_config
-from atdnode.learning.training import TrainOptions, train
-from atdnode.models.weights import load_weights
+from atdnode.node import NodeHome, init_home
+from atdnode.learning import TrainOptions, build_model, resolve_config, train
+from atdnode.models import load_weights
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -53,7 +51,7 @@ def test_train_on_cuda_learns_and_exports_cpu_safetensors(trained):
 
 
 def test_classify_on_cuda_agrees_with_cpu(trained):
-    from atdnode.learning.classify import classify
+    from atdnode.learning import run_classify as classify
 
     (_, gh), _ = trained
     a = classify(gh, DATA, device="cuda").metrics
@@ -62,7 +60,7 @@ def test_classify_on_cuda_agrees_with_cpu(trained):
 
 
 def test_features_on_cuda_match_cpu():
-    from atdnode.learning.features import extract_features
+    from atdnode.learning import extract_features
 
     data = load_dataset(DATA, CFG.img_size, CFG.in_chans, "train")
     torch.manual_seed(0)
@@ -145,7 +143,7 @@ def test_one_split_client_step_on_cuda_matches_cpu():
 def test_one_rounds_step_trains_on_cuda(tmp_path):
     import trio
 
-    from atdnode.rounds.runner import RoundRunner, RoundsConfig
+    from atdnode.rounds import RoundRunner, RoundsConfig
     from tests.vgs_homes import cfg, consortium
 
     (home,) = consortium(tmp_path, ["a"])

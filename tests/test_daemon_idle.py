@@ -19,7 +19,7 @@ import trio
 from atdnode.replication.announce import IDLE_POLL_S, LEDGER_RECHECK_S, ledger_stamp
 from atdnode.replication.antientropy import SYNC_IDLE_FACTOR
 from atdnode.peers.dialer import IDLE_TICK_S
-from atdnode.replication.replicator import SYNC_FANOUT
+from atdnode.replication import SYNC_FANOUT
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec

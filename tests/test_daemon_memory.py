@@ -11,11 +11,9 @@ import pytest
 import trio
 
 from atdnode.node import control
-from atdnode.blobs.store import BlobStore
-from atdnode.node.daemon import NodeDaemon
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeDaemon, NodeHome, NodeIdentity
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Entry, Ledger
 from tests.factories import append, cli, daemon_on, ids, make_consortium, wait_for, weights_body
 
@@ -135,7 +133,7 @@ def test_restart_mid_fetch_resumes_instead_of_starting_over(tmp_path: Path) -> N
     total_chunks = store0.manifest(blob).num_chunks
     append(homes[0], "weights", weights_body(blob, store0.manifest(blob).hash, len(payload)))
     net = MemoryNetwork(seed=6)
-    from atdnode.transport.memory import LinkConditions
+    from atdnode.transport import LinkConditions
 
     async def first_run() -> None:
         d0, d1 = daemon_on(net, homes[0]), daemon_on(net, homes[1])

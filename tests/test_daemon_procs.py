@@ -7,15 +7,15 @@ offline while entries were published catches up when it returns.
 """
 from __future__ import annotations
 
-import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, control
 from tests.factories import append, cli, cli_json, weights_body
-from tests.nodeprocs import (ATD, _env, atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
+from tests.nodeprocs import (atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
                              status, wait_until)
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
@@ -84,18 +84,33 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         # node 3 comes back late: it catches up by sync and fetches even though node 1 dies
         daemons[2] = start_daemon(homes[2], "--bootstrap", addr, "--no-auto-fetch")
         wait_until(lambda: entry_ids(homes[2]) >= entry_ids(homes[0]), 60, "node 3 to catch up by sync")
-        node2 = atd("id", "--home", str(homes[1])).stdout.strip()
+        node1, node2 = (atd("id", "--home", str(h)).stdout.strip() for h in homes[:2])
         wait_until(lambda: node2 in live_status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
-        # node 3 fetches from both holders; node 1 is killed -9 as soon as the download is under way
-        fetcher = subprocess.Popen([*ATD, "fetch", "--home", str(homes[2]), blob, "--timeout", "120"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        # node 3 fetches from both holders (what `atd fetch` asks its daemon, here with the daemon's
+        # report); node 1 is killed -9 as soon as the download is under way
+        box: dict = {}
+
+        def fetch() -> None:
+            try:
+                box["reply"] = control.call(NodeHome.at(homes[2]).control_socket, "fetch", blob=blob,
+                                            timeout_s=120, timeout=150)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                box["error"] = exc
+
+        fetcher = threading.Thread(target=fetch)
+        fetcher.start()
         partial = homes[2] / "blobs" / "partial"
-        wait_until(lambda: fetcher.poll() is not None or (partial.is_dir() and any(partial.iterdir())), 60,
+        wait_until(lambda: not fetcher.is_alive() or (partial.is_dir() and any(partial.iterdir())), 60,
                    "node 3's download to start")
+        assert fetcher.is_alive(), box  # killed mid-download, or nothing shows failover
         daemons[0].kill9()
-        out, err = fetcher.communicate(timeout=180)
-        assert fetcher.returncode == 0, err
+        fetcher.join(180)
+        assert "reply" in box, box.get("error")
         assert BlobStore(homes[2] / "blobs").get_bytes(blob) == blob_file.read_bytes()
+        # failover shown: node 1 broke off mid-fetch, and node 2 served what it left
+        report = box["reply"]["report"]
+        assert node1 in report["failed_peers"], report
+        assert report["chunks_from"].get(node2, 0) > 0, report
     finally:
         for d in daemons.values():
             if d.proc.poll() is None:

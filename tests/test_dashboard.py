@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from tests.browser import browser, text_of
 from tests.nodeprocs import atd, start_daemon, wait_until
 from tests.vgs_homes import DISJOINT, copy_homes
@@ -41,7 +41,7 @@ def disjoint(vgs_template, tmp_path):
 
 
 def test_bind_rules() -> None:
-    from atdnode.report.dashboard import parse_bind
+    from atdnode.report import parse_bind
     from atdnode.errors import ConfigError
 
     assert parse_bind("127.0.0.1:8470") == ("127.0.0.1", 8470)
@@ -78,8 +78,9 @@ def test_cli_refuses_a_public_bind_in_one_line(tmp_path) -> None:
 def test_dashboard_in_a_real_browser(disjoint) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from atdnode.learning.classify import classify
-    from atdnode.aggregation.vertical import EnsembleOptions, aggregate_vertical
+    from atdnode.learning import run_classify as classify
+    from atdnode.aggregation import EnsembleOptions
+    from atdnode.aggregation.vertical import aggregate_vertical
 
     a, b, c = disjoint
     res = aggregate_vertical(a, options=EnsembleOptions(pca_components=32, mlp_hidden=(64,), mlp_max_iter=120,
@@ -184,7 +185,7 @@ def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:
     """A libp2p fetch moves its chunks over the bulk channel: /metrics' "bulk" rows see them."""
     import trio
 
-    from atdnode.blobs.bulk import BULK_BYTES
+    from atdnode.blobs import BULK_BYTES
     from tests.blobnet import blob_bytes, cluster
 
     async def body() -> None:

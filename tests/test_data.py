@@ -10,7 +10,8 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
 from atdnode.learning.augment import OPS, SmallClassAugment, apply_ops, gaussian_blur
-from atdnode.data import DataSpec, _select, label_fingerprint, load_dataset, split_indices
+from atdnode.data import DataSpec, label_fingerprint, load_dataset, split_indices
+from atdnode.data.select import _select
 from atdnode.errors import DataError
 
 torch.set_num_threads(1)

@@ -42,10 +42,8 @@ def _ct_tree(tmp_path, size=24, per_class=8):
 
 
 def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
-    from atdnode.learning.model import resolve_config
-    from atdnode.learning.training import TrainOptions, train
+    from atdnode.node import NodeHome, init_home
+    from atdnode.learning import TrainOptions, resolve_config, train
 
     root, png = _ct_tree(tmp_path)
     spec = f"dicom:{root}"

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode.data.sanity import caution_for, metric_text
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.data import caution_for, metric_text
+from atdnode.node import NodeHome, init_home
 from cli.app import run
 
 torch.set_num_threads(1)

@@ -218,10 +218,8 @@ def test_data_inspect_prints_counts_scaling_skips_and_writes_a_contact_sheet(tmp
 def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     from sklearn.datasets import load_digits
 
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
-    from atdnode.learning.model import ModelConfig, resolve_config
-    from atdnode.learning.training import TrainOptions, train
+    from atdnode.node import NodeHome, init_home
+    from atdnode.learning import ModelConfig, TrainOptions, resolve_config, train
 
     d = load_digits()
     x, y = (d.images * 15).astype(np.uint8)[:300], d.target[:300]
@@ -237,10 +235,10 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     hist = rec.metrics["history"]
     assert len(hist) == 2
     # the last epoch's held-out numbers are the final model's on the val split (not on test)
-    from atdnode.blobs.store import BlobStore
-    from atdnode.learning.model import build_model, load_part, part_spec
+    from atdnode.blobs import BlobStore
+    from atdnode.learning import build_model, load_part, part_spec
     from atdnode.learning.training import heldout_loss_accuracy
-    from atdnode.models.weights import load_weights
+    from atdnode.models import load_weights
 
     model = build_model(ModelConfig.from_dict(rec.model))
     load_part(model, load_weights(BlobStore(home.blobs_dir), rec.blobs["full"], expect=part_spec(model, "full"))[0], "full")

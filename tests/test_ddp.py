@@ -8,17 +8,14 @@ from pathlib import Path
 
 import torch
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 import pytest
 
-from atdnode.learning.ddp import DistContext, check_nproc
-from atdnode.learning.device import DeviceError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
-from atdnode.learning.model import resolve_config
-from atdnode.models.registry import ModelRegistry
-from atdnode.learning.training import TrainOptions, train
-from atdnode.models.weights import load_weights
+from atdnode.learning import check_nproc
+from atdnode.learning.ddp import DistContext
+from atdnode.learning import DeviceError, TrainOptions, resolve_config, train
+from atdnode.node import NodeHome, init_home
+from atdnode.models import ModelRegistry, load_weights
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from tests.mdblocks import fenced_blocks
 from tests.nodeprocs import ATD, Daemon, atd, start_daemon, wait_until
 

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode.node.config import NodeConfig
-from atdnode.learning.device import DeviceError, parse_device, resolve_device
+from atdnode.node import NodeConfig, NodeHome, init_home
+from atdnode.learning import DeviceError, parse_device, resolve_device
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_CUDA = torch.cuda.is_available()
@@ -95,7 +93,7 @@ def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd):
 
 
 def test_env_sits_between_the_argument_and_the_config(tmp_path, monkeypatch):
-    from atdnode.learning.device import ENV, apply_device
+    from atdnode.learning import ENV, apply_device
 
     home = _home(tmp_path, "cuda:99")
     monkeypatch.setenv(ENV, "cpu")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from atdnode.transport.memory import MemoryNetwork
+from atdnode.transport import MemoryNetwork
 from ledger import Ledger
 from tests.factories import daemon_on, make_consortium, wait_for
 
@@ -59,8 +59,7 @@ def test_a_member_whose_port_changes_is_reached_at_its_new_address() -> None:
     must reach B at once. Fails without `libp2p_host.forget_dial_state` (libp2p_transport.connect)."""
     import pytest
 
-    from atdnode.transport.base import TransportError
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport, TransportError
 
     listen = ["/ip4/127.0.0.1/tcp/0"]
     key_b = bytes([62]) * 32
@@ -90,7 +89,7 @@ def _pace_dialer(members: frozenset[str]):
     """The parts of a PeerDialer that RotationPace reads: stats, member set, config, failing dials."""
     from types import SimpleNamespace
 
-    from atdnode.peers.peerset import PeerSetConfig
+    from atdnode.peers import PeerSetConfig
 
     d = SimpleNamespace(stats={"sync_added": 0}, gate=SimpleNamespace(members=members),
                         peerset=SimpleNamespace(cfg=PeerSetConfig(rotate_s=60.0, rotate_idle_s=600.0)))

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER, Backoff, DialPolicy, addresses_newest_first
+from atdnode.peers import MAX_ADDRS_PER_MEMBER
+from atdnode.peers.dialpolicy import DialPolicy, addresses_newest_first
+from atdnode.retry import Backoff
 from atdnode.errors import ConfigError
-from atdnode.peers.peerset import PeerSetConfig
+from atdnode.peers import PeerSetConfig
 
 
 def test_backoff_doubles_to_its_cap_and_clears() -> None:
@@ -77,3 +79,42 @@ def test_unreachable_after_is_configurable() -> None:
     assert PeerSetConfig.from_table({"unreachable_after_s": 5}).unreachable_after_s == 5
     with pytest.raises(ConfigError):
         PeerSetConfig.from_table({"unreachable_after_s": -1})
+
+
+def test_backoff_floor_and_when_a_wait_ends() -> None:
+    b = Backoff(1.0, 60.0)
+    assert b.until("blob", 5.0) == 5.0  # no failures: due now
+    assert b.fail("blob", 0.0, 600.0, at_least=30.0) == 30.0  # a disk error: a long first wait
+    assert b.until("blob", 5.0) == 30.0 and b.fail("blob", 30.0) == 60.0
+
+
+def test_retry_waits_doubling_and_gives_up_at_the_deadline() -> None:
+    import trio
+    import trio.testing
+
+    from atdnode.retry import retry
+
+    tries: list[float] = []
+
+    async def flaky() -> str:
+        tries.append(trio.current_time())
+        if len(tries) < 4:
+            raise OSError("not yet")
+        return "up"
+
+    async def never() -> str:
+        raise OSError("down")
+
+    async def main() -> None:
+        t0 = trio.current_time()
+        assert await retry(flaky, base=0.2, cap=0.5, deadline=t0 + 10, retry_on=(OSError,)) == "up"
+        assert [round(t - t0, 3) for t in tries] == [0.0, 0.2, 0.6, 1.1]  # 0.2, 0.4, then the 0.5 cap
+        t1 = trio.current_time()
+        try:
+            await retry(never, base=1.0, cap=8.0, deadline=t1 + 5, retry_on=(OSError,))
+        except OSError:
+            assert round(trio.current_time() - t1, 6) == 3.0  # waited 1 + 2; the next wait (4) would pass the deadline
+        else:
+            raise AssertionError("retry returned without a success")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -16,11 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, pull, serve_sync
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Entry, Ledger, Signer, TamperedStore
 from ledger import merge as merge_mod
 from ledger.merge import Batch
@@ -346,8 +344,7 @@ def test_held_entries_expire(tmp_path: Path) -> None:
 def _fresh_home_with_keys_of(home: NodeHome, dst: Path) -> NodeHome:
     """The state after `atd key import` into a fresh home and `atd init --join`: the node's
     keys and the consortium's genesis id, no entries of its own."""
-    from atdnode.node.identity import init_home
-    from atdnode.node.keybackup import export_keys, import_keys
+    from atdnode.node import export_keys, import_keys, init_home
 
     backup = dst.parent / f"{dst.name}.keys"
     export_keys(home, backup, b"a long passphrase", kdf_cost={"n": 1 << 14, "r": 8, "p": 1})
@@ -464,7 +461,7 @@ def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) ->
     writing the record of an entry that was signed but never stored) is removed when the node
     starts, and the records of stored entries stay."""
     from atdnode.errors import ConfigError
-    from atdnode.models.registry import ModelRecord, ModelRegistry
+    from atdnode.models import ModelRecord, ModelRegistry
 
     (home,) = make_consortium(tmp_path, 1)
     signer = NodeIdentity.load(home).signer

@@ -10,7 +10,9 @@ import logging
 import numpy as np
 import pytest
 
-from atdnode.learning.metrics import auroc, calibration, classification_metrics, named_metrics, wilson
+from atdnode.learning import classification_metrics
+from atdnode.learning import named_metrics, wilson
+from atdnode.learning.metrics import auroc, calibration
 
 
 def test_wilson_matches_newcombe_1998():
@@ -70,7 +72,7 @@ def test_expected_calibration_error_known_answers():
 
 
 def test_reliability_png(tmp_path):
-    from atdnode.learning.metrics import save_reliability_png
+    from atdnode.learning import save_reliability_png
 
     rng = np.random.default_rng(0)
     p = rng.dirichlet([1, 1, 1], 200)
@@ -79,7 +81,7 @@ def test_reliability_png(tmp_path):
 
 
 def test_model_size_follows_the_data():
-    from atdnode.learning.autosize import choose_size
+    from atdnode.learning import choose_size
 
     small = choose_size(28, 600, "cpu")
     assert (small.img_size, small.patch_size) == (28, 4) and small.img_size % small.patch_size == 0
@@ -150,8 +152,7 @@ def test_run_eta_from_the_rate_so_far():
 def test_train_without_size_flags_sizes_the_model_from_the_data(tmp_path):
     from typer.testing import CliRunner
 
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
+    from atdnode.node import NodeHome, init_home
     from cli.app import app
     from tests.vgs_homes import latest
 

@@ -33,12 +33,12 @@ import torch
 
 from atdnode.data import load_dataset
 from atdnode.learning.model import ModelConfig, build_model
+from atdnode.learning import TrainOptions
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
 from netsim.nodedata import subset
 from netsim.partition import _rng, iid, non_iid
 from netsim.run import run_scenario
-from atdnode.learning.training import TrainOptions
 from netsim.scenario import ScenarioError, scenario_from_dict
 from protocols.adversarial import robust_accuracy
 from protocols.fedwavg import ROUNDS_Q, softmax_weights

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.aggregation.features_share import (FeaturesError, extractor_blob, node_features, open_features,
-                                    recipient_keys, share_features)
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
+from atdnode.blobs import BlobStore
+from atdnode.aggregation import FeaturesError, recipient_keys, share_features
+from atdnode.aggregation.features_share import extractor_blob, node_features, open_features
+from atdnode.node import NodeIdentity
+from atdnode.learning import ModelConfig
 from cli.app import app, main
 from ledger import Ledger, Signer
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, latest, peer_ids, sync
@@ -28,7 +28,7 @@ def trio(vgs_template, tmp_path):
 def _open(home, entry_id: str):
     ident, store = NodeIdentity.load(home), BlobStore(home.blobs_dir)
     with Ledger.open(home.ledger_db) as led:
-        return open_features(ident, store, led, led.get(bytes.fromhex(entry_id)))
+        return open_features(ident, store, led, led.get(entry_id))
 
 
 def test_recipient_opens_exactly_what_was_sealed_and_the_ledger_says_who(trio):

@@ -229,7 +229,7 @@ def test_one_round_plan_for_the_drivers_the_campaign_and_its_clients():
     the in-process drivers follow, written once."""
     import pytest
 
-    from atdnode.split.settings import SplitSettings
+    from atdnode.split import SplitSettings
     from protocols.split_rounds import RoundPlan
     from protocols.split_state import SplitProtocolError
 

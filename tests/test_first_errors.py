@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.node import NodeHome, init_home
 from cli.app import run
 
 REPO = Path(__file__).resolve().parents[1]

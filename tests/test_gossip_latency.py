@@ -15,8 +15,7 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 
 import ledger.entry
 from atdnode.transport._libp2p.pubsub import CoalescingPubsub, coalesce_publish
-from atdnode.transport.libp2p_transport import Libp2pTransport
-from atdnode.transport.memory import MemoryNetwork
+from atdnode.transport import Libp2pTransport, MemoryNetwork
 from tests.factories import daemon_on, ids, make_consortium, serve_subscribed, wait_for
 
 TOPIC = "/atd/test/latency"

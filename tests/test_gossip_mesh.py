@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.node.daemon import NodeDaemon
+from atdnode.node import NodeDaemon
 from atdnode.transport._libp2p.pubsub import CoalescingPubsub
-from atdnode.transport.libp2p_transport import Libp2pTransport
+from atdnode.transport import Libp2pTransport
 from tests.factories import ids, make_consortium, serve_subscribed, wait_for
 
 TOPIC = "/atd/test/mesh"
@@ -87,7 +87,8 @@ def test_emptied_mesh_regrafts_within_an_idle_heartbeat_and_degrees_stay(caplog)
     heartbeat and grafts again at 1 s beats, with no "GRAFT flood" on any side. py-libp2p's
     adaptive gossip, which is off, would have set the heartbeat to 30-60 s and raised the
     mesh bounds at its first health update (forced here): the re-graft then took a minute."""
-    from atdnode.transport._libp2p.gossip_mesh import IDLE_HEARTBEAT_S, fit_mesh
+    from atdnode.transport import fit_mesh
+    from atdnode.transport._libp2p.gossip_mesh import IDLE_HEARTBEAT_S
 
     caplog.set_level(logging.WARNING)
     out: dict = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication import LedgerAccess
 from ledger import Ledger, Signer
 from ledger.encoding import decode_payload
 from ledger.store import Store

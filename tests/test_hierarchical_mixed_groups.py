@@ -7,7 +7,7 @@ import math
 import pytest
 
 from atdnode.aggregation.hierarchical import group_stats
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from ledger import Ledger
 from tests.factories import cli_json as cli
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, sync
@@ -29,20 +29,20 @@ def test_hierarchical_groups_one_horizontal_one_vertical(vgs_template, tmp_path)
     res = cli("aggregate", "--home", str(b.root), "--mode", "hierarchical", *ENSEMBLE_ARGS,
               "--group", f"h={hor['entry']}", "--group", f"v={ver['entry']}")
     with Ledger.open(b.ledger_db) as led:
-        entry = led.get(bytes.fromhex(res["entry"]))
+        entry = led.get(res["entry"])
         groups = entry.body["groups"]
         assert [g["entry"] for g in groups] == entry.body["inputs"] == [hor["entry"], ver["entry"]]
-        made = [led.get(bytes.fromhex(g["entry"])).body for g in groups]
+        made = [led.get(g["entry"]).body for g in groups]
         assert [m["mode"] for m in made] == ["horizontal", "vertical"]
         assert [m["weighting"] for m in made] == ["uniform", "uniform"]  # the paper's default (Eq. 2)
         # C_i: the union of the label spaces of the weight sets behind the group; n_i: how many
         # base models it averaged -- both read from the signed weights entries, not passed in
         expected = []
         for g in groups:
-            inputs = [led.get(bytes.fromhex(h)) for h in led.get(bytes.fromhex(g["entry"])).body["inputs"]]
+            inputs = [led.get(h) for h in led.get(g["entry"]).body["inputs"]]
             labels = {str(x) for e in inputs for x in e.body["labels"]}
             expected.append((len(labels), len(inputs)))
-            assert group_stats(led, led.get(bytes.fromhex(g["entry"])))[:2] == (len(labels), len(inputs))
+            assert group_stats(led, led.get(g["entry"]))[:2] == (len(labels), len(inputs))
     assert expected == [(6, 2), (10, 3)]  # h: digits 0-5 from a and b; v: 0-9 from a, b and c
     assert [(g["n_classes"], g["n_models"]) for g in groups] == expected
     # the paper's default for groups: sqrt of the class count (Eq. 11)

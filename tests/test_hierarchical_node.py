@@ -7,10 +7,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.aggregation.aggregate import AggregateError
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.registry import ModelRegistry
+from atdnode.aggregation import AggregateError
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.models import ModelRegistry
 from cli.app import app
 from ledger import Ledger
 from tests.factories import cli_json as cli
@@ -87,7 +87,7 @@ def test_verify_catches_forged_group_sizes_and_weights(trio):
     res = hier(a, f"g1={wa},{wb}", f"g2={wc}", weighting="model-count")
     ident = NodeIdentity.load(a)
     with Ledger.open(a.ledger_db) as led:
-        body = dict(led.get(bytes.fromhex(res["entry"])).body)
+        body = dict(led.get(res["entry"]).body)
         bigger = [dict(g) for g in body["groups"]]
         bigger[1]["n_models"] = 2  # claims g2 had two members, which would make the weights 1/2, 1/2
         forged_sizes = led.append(ident.signer, "aggregate", {**body, "groups": bigger, "weights": [0.5, 0.5]})
@@ -118,7 +118,7 @@ def test_group_option_errors(trio):
 def test_groups_from_different_bases_warn_and_strict_refuses(trio):
     """Combining groups trained from unrelated random starts gives a random body;
     `atd aggregate --mode hierarchical` warns, and `--strict` refuses before recording."""
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
     from tests.vgs_homes import DISJOINT, train_node
 
     a, b, c = trio

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdnode.learning.classify import classify
-from atdnode.aggregation.features_share import share_features
+from atdnode.learning import run_classify as classify
+from atdnode.aggregation import EnsembleOptions, share_features
 from atdnode.aggregation.horizontal import aggregate_horizontal
-from atdnode.aggregation.ensemble import EnsembleOptions
-from atdnode.models.publish import publish_weights
+from atdnode.models import publish_weights
 from tests.vgs_homes import consortium, peer_ids, sync, train_node
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")

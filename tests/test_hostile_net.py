@@ -13,7 +13,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from atdnode.transport._libp2p.yamux import TunedYamux
 from atdnode.transport.base import Libp2pVersionError
-from atdnode.transport.libp2p_transport import Libp2pTransport
+from atdnode.transport import Libp2pTransport
 from netsim.hostile import MiB, dial_cycles, flood_stream, members_only
 from tests.factories import run, wait_for
 

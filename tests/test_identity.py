@@ -6,10 +6,8 @@ import stat
 
 import pytest
 
-from atdnode.node.config import NodeConfig
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity, init_home
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity, init_home
 from ledger import Ledger, Signer, peer_id_from_public_key
 
 

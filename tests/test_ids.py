@@ -7,9 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity, init_home
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity, init_home
 from atdnode.ids import IdError, MIN_PREFIX, resolve_blob, resolve_entry, resolve_entry_ids, resolve_peer, unique
 from cli.app import run
 from ledger import Ledger, Signer, peer_id_from_public_key

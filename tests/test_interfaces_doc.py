@@ -27,15 +27,15 @@ def test_a_changed_signature_or_contract_makes_the_document_stale(tmp_path):
     text = DOC.read_text()
     f = root / "ledger" / "ledger.py"
     src = f.read_text()
-    old = "def get(self, entry_id: bytes, *, include_held: bool = False) -> Entry | None:"
+    old = "def get(self, entry_id: bytes | str, *, include_held: bool = False) -> Entry | None:"
     assert old in src
-    f.write_text(src.replace(old, "def get(self, entry_id: bytes, *, include_held: bool = False, "
+    f.write_text(src.replace(old, "def get(self, entry_id: bytes | str, *, include_held: bool = False, "
                                   "timeout: float = 1.0) -> Entry | None:"))
     changed = api_doc.update_doc(text, root)
     assert changed != text
-    assert "Ledger.get(entry_id: bytes, *, include_held: bool=False, timeout: float=1.0)" in changed
+    assert "Ledger.get(entry_id: bytes | str, *, include_held: bool=False, timeout: float=1.0)" in changed
 
-    f.write_text(src.replace('"""The entry with this id in the log', '"""The entry with this id (promised anew) in the log'))
+    f.write_text(src.replace('"""The entry with this id (32 bytes', '"""The entry with this id (promised anew) (32 bytes'))
     assert "(promised anew)" in api_doc.update_doc(text, root)
 
 

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdnode.learning.classify import classify
-from atdnode.aggregation.features_share import share_features
-from atdnode.models.publish import publish_weights
-from atdnode.models.registry import ModelRegistry
-from atdnode.aggregation.vertical import EnsembleOptions, aggregate_vertical
+from atdnode.learning import run_classify as classify
+from atdnode.aggregation import EnsembleOptions, share_features
+from atdnode.models import ModelRegistry, publish_weights
+from atdnode.aggregation.vertical import aggregate_vertical
 from tests.vgs_homes import consortium, peer_ids, sync, train_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]

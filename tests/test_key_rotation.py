@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity, init_home
+from atdnode.node import NodeHome, NodeIdentity, init_home
 from ledger import Entry, Ledger, MalformedEntry, RevokedAuthor, Signer, peer_id_from_public_key, public_key_from_peer_id
 from ledger.entry import rotation_message
 from tests.factories import cli
@@ -108,7 +107,7 @@ def test_the_founder_rotates_and_keeps_its_powers(tmp_path: Path) -> None:
 
 
 def test_key_backup_round_trip_and_wrong_passphrase(tmp_path: Path) -> None:
-    from atdnode.node.keybackup import KeyBackupError, export_keys, import_keys
+    from atdnode.node import KeyBackupError, export_keys, import_keys
 
     cheap = {"n": 1 << 14, "r": 8, "p": 1}
     home = NodeHome.at(tmp_path / "a")
@@ -194,9 +193,10 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
 
 def test_features_sealed_to_the_old_id_stay_readable(vgs_template, tmp_path: Path) -> None:
     """The X25519 key survives a rotation, so features sealed before it still open."""
-    from atdnode.blobs.store import BlobStore
-    from atdnode.aggregation.features_share import addressed_to, open_features, share_features
-    from atdnode.node.keybackup import rotate_key
+    from atdnode.blobs import BlobStore
+    from atdnode.aggregation import share_features
+    from atdnode.aggregation.features_share import addressed_to, open_features
+    from atdnode.node import rotate_key
     from tests.vgs_homes import copy_homes, sync
 
     a, b, c = copy_homes(vgs_template("disjoint"), tmp_path / "h")
@@ -359,7 +359,8 @@ def test_a_crafted_backup_with_costly_scrypt_is_refused_fast(tmp_path: Path, mon
     is checked directly (no scrypt object is made), not by the wall time, which a loaded
     machine stretches."""
     import atdnode.node.keybackup as kb
-    from atdnode.node.keybackup import SCRYPT, KeyBackupError, export_keys, import_keys
+    from atdnode.node import KeyBackupError, export_keys, import_keys
+    from atdnode.node.keybackup import SCRYPT
 
     home = NodeHome.at(tmp_path / "a")
     init_home(home, name="a", consortium="demo")

@@ -11,7 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from atdnode.replication.ledger_access import LedgerAccess, NodeStopping
+from atdnode.replication import LedgerAccess
+from atdnode.replication.ledger_access import NodeStopping
 from ledger import Ledger
 from ledger.keys import Signer
 from tests.factories import KINDS, run

@@ -28,3 +28,20 @@ def test_query_by_author_or_kind_uses_an_index_and_agrees_with_a_filter(tmp_path
             plan = " ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
             assert "entries_chain" in plan or "entries_kind" in plan, plan
     led.close()
+
+
+def test_an_entry_id_is_taken_as_bytes_or_as_hex(tmp_path: Path) -> None:
+    import pytest
+
+    from ledger import LedgerError, MalformedId
+
+    led = Ledger.open(tmp_path / "l.db")
+    led.create_genesis(F, "c", members=[(A.public_key, False)])
+    e = led.append(A, "metrics", {"i": 1})
+    assert led.get(e.id.hex()) == led.get(e.id) == e and led.state(e.id.hex()) == "log"
+    assert led.get("00" * 32) is None and led.get(e.id.hex()[:8]) is None  # hex that names nothing
+    for bad in ("zz" * 32, ["x"], 5):
+        with pytest.raises(MalformedId) as err:
+            led.get(bad)
+        assert isinstance(err.value, LedgerError) and isinstance(err.value, ValueError)
+    led.close()

@@ -15,7 +15,7 @@ import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from atdnode.transport.libp2p_transport import Libp2pTransport
+from atdnode.transport import Libp2pTransport
 from tests.factories import run
 from tests.factories import transports as nodes
 

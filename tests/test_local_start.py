@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from atdnode.node import localnet
-from atdnode.node.localnet import LocalNetError
+from atdnode.node import LocalNetError
 
 # A launcher that starts slowly and, while it does, shows no command line in /proc (it blanks
 # its arguments in place, as setproctitle does), then becomes `python -m cli.app ARGS`.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ledger.merge as merge_mod
 from atdnode.bodies import refusal
-from atdnode.replication.ledger_access import quota_from_config
+from atdnode.replication import quota_from_config
 from ledger import Entry, Ledger, QuotaExceeded, SeqGap, Signer
 
 F = Signer.from_seed(b"F" * 32)

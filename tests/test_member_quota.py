@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.node.config import NodeConfig
+from atdnode.node import NodeConfig
 from atdnode.errors import ConfigError
-from atdnode.replication.ledger_access import quota_from_config
+from atdnode.replication import quota_from_config
 from ledger import AuthorQuota, Ledger, QuotaExceeded, Signer
 from ledger.quota import KindLimit, QuotaTracker
 from tests.factories import daemon_on, make_consortium, wait_for
@@ -100,7 +100,7 @@ def test_quota_config_table() -> None:
 def test_a_daemon_keeps_a_flooding_member_to_its_quota(tmp_path: Path) -> None:
     """Node 1 signs 30 metrics entries at once; node 0, configured for 6 per window, stores 6
     of them -- by gossip and by its periodic sync pulls alike -- and counts the refusals."""
-    from atdnode.transport.memory import MemoryNetwork
+    from atdnode.transport import MemoryNetwork
 
     homes = make_consortium(tmp_path, 2)
     cfg = NodeConfig.load(homes[0])

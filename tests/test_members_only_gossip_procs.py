@@ -20,14 +20,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import PROTOCOL as BLOB_PROTOCOL, BlobStore, pack
 from atdnode.node.daemon import ledger_topic
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.transport.base import TransportError
-from atdnode.blobs.wire import PROTOCOL as BLOB_PROTOCOL, pack, read_header
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.transport import Libp2pTransport, TransportError
+from atdnode.blobs.wire import read_header
 from atdnode.blobs.bulk import BulkConn, derive_keys, new_ephemeral
-from atdnode.transport.libp2p_transport import Libp2pTransport
 from ledger import Entry, Ledger
 from tests.nodeprocs import start_daemon
 from tests.factories import append, cli, weights_body

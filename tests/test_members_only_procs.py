@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from atdnode.node import control
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import start_daemon, wait_until
 from tests.factories import cli, weights_body

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.replication.sync import SyncProtocolError, _missing_raw
-from atdnode.transport.memory import LinkConditions, MemoryNetwork, MemoryTransport
+from atdnode.replication import SyncProtocolError
+from atdnode.replication.sync import _missing_raw
+from atdnode.transport import LinkConditions, MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec

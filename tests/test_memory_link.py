@@ -9,7 +9,7 @@ import random
 import trio
 import trio.testing
 
-from atdnode.transport.memory_link import LinkConditions, MemoryNetwork
+from atdnode.transport import LinkConditions, MemoryNetwork
 
 
 def test_links_make_their_rng_and_lot_only_when_used_and_draw_as_seeded() -> None:

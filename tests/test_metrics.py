@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from atdnode.data import LabeledImages
-from atdnode.learning.metrics import classification_metrics
+from atdnode.learning import classification_metrics
 from atdnode.learning.training import evaluate
 from netsim.learn import score
 

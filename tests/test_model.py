@@ -6,11 +6,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import label_fingerprint
 from atdnode.errors import ConfigError, WeightsError
-from atdnode.learning.model import (ModelConfig, build_model, cls_features, export_part, extractor_state, freeze_blocks,
-                           head_state, import_part, load_part, part_state, resolve_config, split_at)
+from atdnode.learning import (ModelConfig, build_model, export_part, extractor_state, freeze_blocks, load_part,
+                              resolve_config)
+from atdnode.learning.model import cls_features, head_state, import_part, part_state, split_at
 from protocols.vit_config import ModelConfigError
 
 torch.set_num_threads(1)
@@ -223,7 +224,7 @@ def test_freeze_blocks():
 
 def test_extract_features_matches_cls_features_and_restores_mode():
     from atdnode.data import LabeledImages
-    from atdnode.learning.features import extract_features
+    from atdnode.learning import extract_features
 
     torch.manual_seed(3)
     m = build_model(tiny())

@@ -21,10 +21,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.classify import classify
+from atdnode.blobs import BlobStore
+from atdnode.learning import run_classify as classify
 from atdnode.aggregation.horizontal import aggregate_horizontal
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from cli.app import app
 from ledger import Ledger, peer_id_from_public_key
 from tests.browser import browser, text_of
@@ -94,7 +94,7 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
         shown = {r["entry"]: r for r in rows(dom, "data-entry")}
         assert set(shown) == set(expected), (set(shown) ^ set(expected))
         for eid, r in shown.items():
-            e = led.get(bytes.fromhex(eid))
+            e = led.get(eid)
             assert r["kind"] == e.kind and r["author"] == peer_id_from_public_key(e.author)
     assert rows(dom, "data-aggregate") == [{"aggregate": res.entry.id.hex(), "verification": "verified"}]
     assert "every aggregate re-verifies here" in text and agg.body["blob"] in text

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from atdnode.report import card_pdf as model_card_pdf
-from atdnode.report.card_pdf import PdfError, print_pdf
+from atdnode.report import PdfError, print_pdf
 
 
 def test_the_card_prints_to_a_pdf(tmp_path: Path) -> None:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.aggregation.keep import choose, model_in_use, resolve_model
+from atdnode.aggregation import model_in_use, resolve_model
+from atdnode.aggregation.keep import choose
 from atdnode.learning.predict import model_record
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.node.home import NodeHome
-from atdnode.report.card import collect
-from atdnode.report.card_html import render, write
+from atdnode.models import ModelRecord, ModelRegistry
+from atdnode.node import NodeHome
+from atdnode.report import collect_card as collect, write_card_html as write
+from atdnode.report.card_html import render
 from atdnode.report.dashboard.page import render_page
 from atdnode.report.dashboard.view import models_view
 from tests.browser import browser, text_of

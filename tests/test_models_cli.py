@@ -14,12 +14,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeConfig, NodeHome, init_home
 from atdnode.models.gc import ModelServed
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.models import ModelRecord, ModelRegistry
 from cli.app import app
 from cli.commands.models import COLUMNS
 

@@ -12,14 +12,16 @@ import torch
 import torch.nn.functional as Fn
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig, build_model, cls_features, import_part, resolve_config
-from atdnode.split.base import BaseBuildError, assemble, base_config, build_base, publish_base
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.learning import ModelConfig, build_model, resolve_config
+from atdnode.learning.model import cls_features, import_part
+from atdnode.split import BaseBuildError, build_base, publish_base
+from atdnode.split.base import assemble, base_config
 from atdnode.split.secret import open_secret
-from atdnode.learning.training import TrainOptions, train
-from atdnode.transport.memory import MemoryNetwork
-from atdnode.models.weights import load_weights
+from atdnode.learning import TrainOptions, train
+from atdnode.transport import MemoryNetwork
+from atdnode.models import load_weights
 from cli.app import run
 from ledger import Ledger
 from protocols.split_parts import SplitBody, build_plain_embedder, digits_images, split_config
@@ -82,7 +84,7 @@ def test_assembled_extractor_is_embedder_plus_body(campaign) -> None:
         assert not torch.allclose(SplitBody(cfg, seed=5).eval()(embedder(x)), tokens, atol=1e-3)
     # the other client assembles the same weight set (here through the CLI)
     assert run(["base", "build", "--home", str(homes[2].root), "--campaign", service[:16]]) == 0
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.models import ModelRegistry
 
     assert ModelRegistry(homes[2]).get("latest").blobs["extractor"] == rec.blobs["extractor"]
 
@@ -191,8 +193,8 @@ def test_netsim_base_msd_runs_campaign_then_vgs_from_the_base(short_tmp: Path) -
 
 
 def _netsim_base_msd(tmp_path: Path) -> None:
-    from atdnode.node.home import NodeHome
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.node import NodeHome
+    from atdnode.models import ModelRegistry
     from netsim.run import run_scenario
     from netsim.scenario import scenario_from_dict
 
@@ -241,8 +243,8 @@ def test_embedder_secret_seed_is_for_simulation_only() -> None:
 
 
 def _body_entry(work: Path) -> str:
-    from atdnode.node.home import NodeHome
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.node import NodeHome
+    from atdnode.models import ModelRegistry
 
     (rec,) = [r for r in ModelRegistry(NodeHome.at(work / "msd" / "h" / "a1")).list()]
     return rec.provenance["body_entry"]

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.registry import ModelRegistry
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.models import ModelRegistry
 from ledger import Ledger
 from netsim.nodedata import load_scenario_data
 from netsim.run import run_vgs_memory

@@ -66,8 +66,8 @@ def test_bad_scenarios_name_the_key(raw: dict, where: str) -> None:
 def test_train_and_ensemble_are_the_node_option_types() -> None:
     """[train] / [ensemble] fill the node's own TrainOptions / EnsembleOptions (one type, one
     name per knob): netsim's defaults below the scenario's keys; the older key mlp_epochs is read."""
-    from atdnode.aggregation.ensemble import EnsembleOptions
-    from atdnode.learning.training import TrainOptions
+    from atdnode.aggregation import EnsembleOptions
+    from atdnode.learning import TrainOptions
     from netsim.scenario import NETSIM_ENSEMBLE, NETSIM_TRAIN
 
     s = scenario_from_dict(with_(train={"epochs": 2, "warmup_epochs": 0.0}, ensemble={"mlp_epochs": 30}))

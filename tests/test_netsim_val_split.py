@@ -120,11 +120,11 @@ def val_run(tmp_path_factory) -> tuple[list[dict], object, Path]:
 def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
     """A node whose own model beats the consortium's on its val split keeps it (`[aggregate] keep
     = best`); its per-node accuracy and the forgetting score that model, overall the consortium's."""
-    from atdnode.learning.classify import predict_names
-    from atdnode.node.home import NodeHome
-    from atdnode.aggregation.keep import default_model
-    from atdnode.blobs.store import BlobStore
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.learning import predict_names
+    from atdnode.node import NodeHome
+    from atdnode.aggregation import default_model
+    from atdnode.blobs import BlobStore
+    from atdnode.models import ModelRegistry
     from netsim.learn import score, to_global
     from netsim.report import forgetting, kept_lines
 

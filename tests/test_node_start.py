@@ -8,8 +8,7 @@ import socket
 
 import pytest
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeConfig, NodeHome
 from ledger import Signer, peer_id_from_public_key
 from tests.nodeprocs import Daemon, atd, start_daemon, wait_until
 

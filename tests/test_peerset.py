@@ -9,8 +9,9 @@ from collections import Counter
 import pytest
 
 from atdnode.errors import ConfigError
-from atdnode.peers.peerset import (SAMPLE_ALL, PeerSet, PeerSetConfig, gossip_degrees, plan_dials, plan_prunes, plan_rotation,
-                             plan_sync, rotation_interval, sample_candidates)
+from atdnode.peers import PeerSet, PeerSetConfig, gossip_degrees, plan_sync
+from atdnode.peers.peerset import (SAMPLE_ALL, plan_dials, plan_prunes, plan_rotation, rotation_interval,
+                                   sample_candidates)
 
 PEERS = [f"p{i:02d}" for i in range(20)]
 

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.daemon import NodeDaemon
-from atdnode.node.identity import NodeIdentity
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.node import NodeConfig, NodeDaemon, NodeIdentity
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Ledger
 from netsim.homes import make_consortium
 from tests.factories import wait_for

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import trio
 
-from atdnode.split.report import load_records, render, report_row
-from atdnode.split.settings import SplitConfigError, SplitSettings
-from atdnode.transport.memory import MemoryNetwork
+from atdnode.split import SplitConfigError, SplitSettings, load_records, render_report as render, report_row
+from atdnode.transport import MemoryNetwork
 from ledger import Ledger
 import pytest
 

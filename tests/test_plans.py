@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from atdnode import bodies
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeConfig, NodeHome
 from atdnode.plans import PlanError, advance, decide, load_view, progress, propose
 from ledger import Ledger
 from tests.factories import cli
@@ -82,10 +81,10 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
     pubs = [res[(s, m)]["results"][0] for s, m in (("base_pub", ids[0]), ("pub2", ids[1]), ("pub3", ids[2]))]
     h_entry = res[("horizontal", ids[0])]["results"][0]
     with Ledger.open(homes[1].ledger_db) as led:
-        h_body = led.get(bytes.fromhex(h_entry)).body
+        h_body = led.get(h_entry).body
     assert h_body["inputs"] == pubs and h_body["mode"] == "horizontal"
     # any member recomputes it: node2 verifies node1's aggregate from its inputs
-    from atdnode.aggregation.verify import verify_aggregate
+    from atdnode.aggregation import verify_aggregate
 
     assert verify_aggregate(homes[1], h_entry) == h_body["blob"]
     # by hand: the same aggregate command on node1 gives the same result blob
@@ -93,7 +92,7 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
     assert h_body["blob"] in out
     # by hand: node2's fine-tune command is the very run the plan made (same run key -> same model)
     with Ledger.open(homes[1].ledger_db) as led:
-        base_blob = led.get(bytes.fromhex(pubs[0])).body["blob"]
+        base_blob = led.get(pubs[0]).body["blob"]
     by_hand = cli("train", "--home", str(homes[1].root), "--data", SHARDS["node2"], *VIT, "--epochs", "2",
                   "--lr", "1e-3", "--init-from", base_blob)
     assert f"model {res[('finetune', ids[1])]['model']}" in by_hand
@@ -101,7 +100,7 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
     v_entry = res[("vertical", ids[0])]["results"][0]
     shared = [res[("share", m)]["results"][0] for m in ids[1:]]
     with Ledger.open(homes[0].ledger_db) as led:
-        v_body = led.get(bytes.fromhex(v_entry)).body
+        v_body = led.get(v_entry).body
     assert sorted(v_body["ensemble"]["features"]) == sorted(shared)
     # the global models classify digits well above chance (10 classes)
     for step in ("classify_h", "classify_v", "classify_hier"):
@@ -134,7 +133,7 @@ def test_member_that_declines_runs_nothing_and_others_go_on(vgs):
     first = _results(homes[0], vgs[1])
     assert res[("base_pub", ids[0])]["results"] == first[("base_pub", ids[0])]["results"]
     with Ledger.open(homes[0].ledger_db) as led:
-        assert len(led.get(bytes.fromhex(h["results"][0])).body["inputs"]) == 2
+        assert len(led.get(h["results"][0]).body["inputs"]) == 2
 
 
 @pytest.mark.slow
@@ -163,7 +162,7 @@ def test_late_member_is_left_out_after_the_deadline(vgs):
 
 
 def NodeIdentity_pk(home: NodeHome) -> bytes:
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     return NodeIdentity.load(home).public_key
 
@@ -200,7 +199,7 @@ def test_unknown_step_kind_and_outsider_refused_at_proposal(tmp_path, capsys):
 
 def test_member_checks_a_plan_signed_around_the_checks(tmp_path):
     """A hostile proposer signs a plan with an unknown step kind directly: members decline it, run nothing."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     homes = _small_consortium(tmp_path)
     ids = peer_ids(homes)
@@ -239,7 +238,7 @@ def test_nothing_runs_before_accept_and_policy_refusal(tmp_path):
 
 @pytest.mark.slow
 def test_dashboard_shows_each_members_progress_per_step(vgs):
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
     from atdnode.report.dashboard.page import _plans
     from atdnode.report.dashboard.view import ledger_view
 
@@ -294,7 +293,7 @@ def test_check_plan_refuses_what_no_member_can_carry_out(steps, says):
 @pytest.mark.slow
 def test_a_result_naming_anothers_entry_is_left_out(vgs):
     """node3 signs its plan_step results naming node2's weights entry: node1 aggregates without it."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     homes, _ = vgs
     ids = peer_ids(homes)
@@ -319,7 +318,7 @@ def test_a_result_naming_anothers_entry_is_left_out(vgs):
     h = _results(homes[0], plan)[("horizontal", ids[0])]
     assert h["missing"] == [ids[2]]
     with Ledger.open(homes[0].ledger_db) as led:
-        assert led.get(bytes.fromhex(h["results"][0])).body["inputs"].count(pub2[0]) == 1
+        assert led.get(h["results"][0]).body["inputs"].count(pub2[0]) == 1
 
 
 @pytest.mark.slow

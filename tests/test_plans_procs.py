@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeConfig, NodeHome
 from tests.nodeprocs import ATD, _env, atd, atd_json, ledger_rows, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

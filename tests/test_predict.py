@@ -12,12 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from atdnode.learning.classify import classify
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
-from atdnode.learning.model import resolve_config
-from atdnode.learning.predict import predict
-from atdnode.learning.training import TrainOptions, train
+from atdnode.learning import TrainOptions, resolve_config, run_classify as classify, run_predict as predict, train
+from atdnode.node import NodeHome, init_home
 from cli.app import run
 from tests.medimg import write_dicom
 
@@ -172,7 +168,7 @@ def test_the_training_window_applies_to_new_images(trained, tmp_path):
 
 def test_training_window_auto_is_the_training_splits(trained, tmp_path):
     from atdnode.data import load_dataset
-    from atdnode.data.loader import training_window
+    from atdnode.data import training_window
 
     _, root, _ = trained
     spec = f"folder:{root}?window=auto"

@@ -14,12 +14,11 @@ import torch
 
 from atdnode.learning import ddp
 from atdnode.data import LabeledImages
-from atdnode.node.identity import init_home
-from atdnode.node.home import NodeHome
-from atdnode.learning.model import build_model, extractor_state, freeze_blocks, resolve_config
-from atdnode.learning.probe import fresh_head, probe_head, probe_lr
-from atdnode.learning.train_options import TrainOptions, run_key
-from atdnode.learning.training import train
+from atdnode.node import NodeHome, init_home
+from atdnode.learning import (TrainOptions, build_model, extractor_state, freeze_blocks, probe_head, resolve_config,
+                              train)
+from atdnode.learning.probe import fresh_head, probe_lr
+from atdnode.learning.train_options import run_key
 from netsim.learn import full_state, train_model
 
 torch.set_num_threads(1)
@@ -133,7 +132,7 @@ def test_atd_train_probes_from_an_extractor_and_logs_it(tmp_path: Path):
     init_home(b_home, consortium="demo")
     c = resolve_config("vit_tiny_patch16_224", **ARCH)
     a = train(a_home, "digits?classes=0,1,2&limit=90", c, opts(epochs=1))
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
 
     b_store = BlobStore(b_home.blobs_dir)
     b_store.put_bytes(BlobStore(a_home.blobs_dir).get_bytes(a.blobs["extractor"]))

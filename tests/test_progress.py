@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from atdnode import progress
-from atdnode.aggregation.aggregate import average_blobs
-from atdnode.blobs.partial import partial_bytes
-from atdnode.blobs.store import BlobStore, Manifest
+from atdnode.aggregation import average_blobs
+from atdnode.blobs import BlobStore, partial_bytes
+from atdnode.blobs.store import Manifest
 from atdnode.data import LabeledImages
-from atdnode.learning.features import extract_features
-from atdnode.learning.model import build_model, resolve_config
-from atdnode.models.weights import save_weights
+from atdnode.learning import build_model, extract_features, resolve_config
+from atdnode.models import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +96,7 @@ def test_partial_bytes_follows_a_download_in_another_process(tmp_path):
 @pytest.mark.parametrize("force", ["1", "0"])
 @pytest.mark.slow  # an atd process
 def test_ledger_wait_draws_its_bars_when_asked(tmp_path, force):
-    from atdnode.node.identity import init_home
-    from atdnode.node.home import NodeHome
+    from atdnode.node import NodeHome, init_home
     from ledger import Ledger
 
     h = NodeHome.at(tmp_path / "n")
@@ -116,6 +114,31 @@ def test_ledger_wait_draws_its_bars_when_asked(tmp_path, force):
         assert "entries" in p.stderr and "1/1" in p.stderr and "blobs" in p.stderr and "50.0" in p.stderr, p.stderr
     else:
         assert p.stderr == ""
+
+
+def test_waiting_for_entries_is_a_library_call(tmp_path):
+    """`atd ledger wait` is `atdnode.replication.wait_for_entries`: it returns once the entries
+    (and their blobs) are here, names what is missing when it gives up, refuses a non-id."""
+    from atdnode.errors import ConfigError, DaemonError
+    from atdnode.node import NodeHome, init_home
+    from atdnode.replication import wait_for_entries
+    from ledger import Ledger
+
+    h = NodeHome.at(tmp_path / "n")
+    ident = init_home(h, name="n", consortium="demo")
+    with Ledger.open(h.ledger_db) as led:
+        e = led.append(ident.signer, "metrics", {"blob": "cd" * 32, "size": 3})
+    wait_for_entries(h, [e.id.hex()], timeout=1)  # here: returns at once
+    with pytest.raises(DaemonError, match=f"blobs {'cd' * 8}"):  # the entry is here, its blob is not
+        wait_for_entries(h, [e.id.hex()], blobs=True, timeout=0.2, poll=0.05)
+    with pytest.raises(DaemonError, match=f"entries {'ab' * 8}"):
+        wait_for_entries(h, [e.id.hex(), "ab" * 32], timeout=0.2, poll=0.05)
+    with pytest.raises(ConfigError, match="64-hex-digit"):
+        wait_for_entries(h, ["xyz"])
+    blob = BlobStore(h.blobs_dir).put_bytes(b"abc")
+    with Ledger.open(h.ledger_db) as led:
+        e2 = led.append(ident.signer, "metrics", {"blob": blob, "size": 3})
+    wait_for_entries(h, [e2.id.hex()], blobs=True, timeout=1)
 
 
 def test_line_reporter_says_each_step_when_it_starts_runs_and_ends(capsys):
@@ -141,8 +164,7 @@ def test_line_reporter_says_each_step_when_it_starts_runs_and_ends(capsys):
 def test_classify_prints_plain_progress_lines_outside_a_terminal(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from atdnode.node.home import NodeHome
-    from atdnode.node.identity import init_home
+    from atdnode.node import NodeHome, init_home
     from cli.app import app
 
     monkeypatch.delenv("ATD_PROGRESS", raising=False)  # the default: stderr here is no terminal

@@ -73,10 +73,9 @@ def test_netsim_base_public_every_method_starts_from_w_p(short_tmp: Path, monkey
 
 def _run_public(tmp: Path, monkeypatch) -> None:
     import netsim.baselines as baselines
-    from atdnode.blobs.store import BlobStore
-    from atdnode.node.home import NodeHome
-    from atdnode.models.registry import ModelRegistry
-    from atdnode.models.weights import read_meta
+    from atdnode.blobs import BlobStore
+    from atdnode.node import NodeHome
+    from atdnode.models import ModelRegistry, read_meta
     from netsim.publicbase import DESIGNATED, load_extractor
     from netsim.run import run_scenario
     from netsim.scenario import scenario_from_dict

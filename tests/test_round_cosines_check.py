@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from atdnode.aggregation.check import check_recorded_cosines
+from atdnode.aggregation import check_recorded_cosines
 from atdnode.errors import AtdError
 from ledger import Entry
 from ledger.keys import Signer

@@ -7,15 +7,13 @@ from __future__ import annotations
 import pytest
 import trio as trio_lib
 
-from atdnode.aggregation.aggregate import AggregateError
-from atdnode.aggregation.verify import verify_entry
-from atdnode.blobs.store import BlobStore
-from atdnode.node.config import NodeConfig
-from atdnode.node.identity import NodeIdentity
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.rounds.rules import compute_round, current_round, round_aggregate, round_weights_entries
-from atdnode.rounds.runner import RoundRunner, RoundsConfig
-from atdnode.models.weights import load_weights
+from atdnode.aggregation import AggregateError, verify_entry
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeConfig, NodeIdentity
+from atdnode.models import ModelRecord, ModelRegistry, load_weights
+from atdnode.rounds import current_round
+from atdnode.rounds.rules import compute_round, round_aggregate, round_weights_entries
+from atdnode.rounds import RoundRunner, RoundsConfig
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync
 

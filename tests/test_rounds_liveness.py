@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import trio
 
-from atdnode.rounds.runner import RoundRunner
-from atdnode.rounds.fabric import Fabric
+from atdnode.rounds import Fabric, RoundRunner
 
 MEMBERS = [f"m{i:02d}" for i in range(12)]
 ME = MEMBERS[0]

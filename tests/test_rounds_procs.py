@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.aggregation.verify import verify_entry
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.aggregation import verify_entry
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
 from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
 
@@ -116,7 +115,7 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
         store = BlobStore(homes[KILLED] / "blobs")
         with Ledger.open(homes[KILLED] / "ledger.db") as led:
             for r, e in final.items():
-                assert verify_entry(led, store, led.get(bytes.fromhex(e["id"]))) == e["body"]["blob"]
+                assert verify_entry(led, store, led.get(e["id"])) == e["body"]["blob"]
     finally:
         for r in runs.values():
             if r.proc.poll() is None:

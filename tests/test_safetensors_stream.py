@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from protocols.aggregation_error import AggregationError
+from protocols.weightings import AggregationError
 from protocols.safetensors_stream import SafetensorsStream
 
 TENSORS = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4, dtype=torch.float16),

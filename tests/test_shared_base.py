@@ -11,9 +11,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from atdnode.aggregation.aggregate import base_warning
-from atdnode.learning.model import build_model
-from atdnode.models.publish import publish_weights
-from atdnode.learning.training import TrainOptions, train
+from atdnode.learning import TrainOptions, build_model, train
+from atdnode.models import publish_weights
 from cli.app import app
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, sync
@@ -40,7 +39,7 @@ def test_nodes_starting_from_one_checkpoint_file_share_their_base(tmp_path):
     assert [r.provenance["init_part"] for r in recs] == ["checkpoint", "checkpoint", None]
     sync(homes)
     with Ledger.open(homes[0].ledger_db) as led:
-        entries = [led.get(bytes.fromhex(i)) for i in ids]
+        entries = [led.get(i) for i in ids]
     assert entries[0].body["base"] == entries[1].body["base"] != entries[2].body["base"]  # seeds, formats: one start
     assert base_warning(entries[:2]) is None  # what `atd aggregate` prints (tests/test_aggregate_cli.py)
     assert "2 different starts" in base_warning(entries)

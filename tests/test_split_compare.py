@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from atdnode.split.compare import METHODS, OWN_FORMULA, CompareSetting, orderings, partition, run_compare
-from atdnode.split.compare_view import render
+from atdnode.split import METHODS, CompareSetting, run_compare
+from atdnode.split.compare import OWN_FORMULA, orderings, partition
+from atdnode.split import render_compare as render
 from cli.app import run
 from protocols.comm_cost import InProcessChannel
 from protocols.festa import FestaClient

@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from atdnode.learning.model import ModelConfig, build_model, resolve_config
-from atdnode.split.settings import DEFAULT_BODY, SplitSettings
+from atdnode.learning import ModelConfig, build_model, resolve_config
+from atdnode.split import DEFAULT_BODY, SplitSettings
 from protocols.split_parts import SPLIT_MODEL, SplitBody, split_config, split_dict
 from protocols.vit_config import ModelConfigError
 

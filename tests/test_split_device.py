@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
-from atdnode.split.client import JoinOptions, _make_role
-from atdnode.split.settings import SplitSettings
+from atdnode.node import NodeHome, init_home
+from atdnode.split import JoinOptions
+from atdnode.split.client import _make_role
+from atdnode.split import SplitSettings
 from protocols import festa, pfesta
 from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 

@@ -12,17 +12,12 @@ import pytest
 import torch
 import trio
 
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from atdnode.split import SPLIT_PROTOCOL
-from atdnode.split.client import JoinOptions, SplitJoinError, run_join, single_error
-from atdnode.split.finetune import finetune_from_entry
-from atdnode.split.report import load_records, report_row
-from atdnode.split.session import RemoteError, SplitChannel
-from atdnode.split.settings import SplitConfigError, SplitSettings, parse_task
-from atdnode.transport.base import StreamClosed, TransportError
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.split import (JoinOptions, RemoteError, SplitConfigError, SplitJoinError, SplitSettings,
+                           finetune_from_entry, load_records, parse_task, report_row, run_join, single_error)
+from atdnode.split.session import SplitChannel
+from atdnode.transport import MemoryNetwork, MemoryTransport, StreamClosed, TransportError
 from ledger import Ledger
 from protocols.comm_cost import ByteCounter
 from tests.factories import daemon_on, make_consortium, wait_for
@@ -347,7 +342,8 @@ async def client_no_addr(net, home, server_id):
 
 
 def test_report_rows_render_and_bad_records(tmp_path: Path) -> None:
-    from atdnode.split.report import SplitReportError, make_record, render, write_record
+    from atdnode.split import SplitReportError, render_report as render
+    from atdnode.split.report import make_record, write_record
     from protocols.comm_cost import CostParams, t_pfesta
 
     home = NodeHome.at(tmp_path)
@@ -483,8 +479,8 @@ def _check_embedder_secret(ps: NodeHome, c1: NodeHome, c2: NodeHome, spec: str) 
 
 async def _festa_over_libp2p(fs: NodeHome, jobs, bootstrap: str) -> list[dict]:
     """A FESTA server daemon and two clients on real libp2p transports, in this process."""
-    from atdnode.node.daemon import NodeDaemon
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.node import NodeDaemon
+    from atdnode.transport import Libp2pTransport
 
     cfg = NodeConfig.load(fs)
     cfg.role = "festa-server"  # what `atd node start --role festa-server` stores

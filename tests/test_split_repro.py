@@ -124,7 +124,7 @@ def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
     """The compare setting (an imbalanced 2-class task + digits, 28 px, default body and lr,
     6 rounds x 20 steps): before the tail's BatchNorm was calibrated at the final body, this
     seed predicted the minority class for every test image (accuracy 0.267)."""
-    from atdnode.split.settings import SplitSettings
+    from atdnode.split import SplitSettings
     from protocols.pfesta import run_pfesta_inprocess
 
     torch.set_num_threads(1)

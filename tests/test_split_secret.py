@@ -10,10 +10,11 @@ import pytest
 import torch
 import trio
 
-from atdnode.node.identity import NodeIdentity
-from atdnode.split.secret import (SplitSecretError, accept_clients, adopt_secret, campaign_secret, check_adopted,
-                                  check_secret_body, check_secret_entry, create_secret, ensure_hello, ensure_joined,
-                                  open_secret)
+from atdnode.node import NodeIdentity
+from atdnode.split import SplitSecretError
+from atdnode.split import accept_clients, adopt_secret
+from atdnode.split.secret import (campaign_secret, check_adopted, check_secret_body, check_secret_entry,
+                                  create_secret, ensure_hello, ensure_joined, open_secret)
 from ledger import Ledger
 from atdnode.bodies import READERS, SPLIT_SECRET_KIND, BodyError, blob_readers
 from protocols.feature_crypto import DecryptionError, open_sealed_bytes
@@ -91,7 +92,7 @@ def test_bodies_validate() -> None:
 def test_pfesta_campaign_secret_never_reaches_the_server(tmp_path: Path) -> None:
     """Two clients ask at once; the server waits for both, both may make a secret, the server
     adopts one and both use it. Nothing on the server (ledger, state, records) holds it."""
-    from atdnode.transport.memory import MemoryNetwork
+    from atdnode.transport import MemoryNetwork
 
     homes = make_consortium(tmp_path, 3)
     configure(homes[0], "pfesta-server", rounds=1, steps_per_round=2)
@@ -304,8 +305,8 @@ def test_a_manual_server_refuses_a_member_its_operator_did_not_accept(tmp_path: 
     """`[split] accept = "manual"`: a member that joins and asks is refused with the one-line
     reason (naming `atd split accept`), and nothing is sealed to it; the operator's
     `atd split accept PEER` then makes it a client."""
-    from atdnode.split.client import SplitJoinError
-    from atdnode.transport.memory import MemoryNetwork
+    from atdnode.split import SplitJoinError
+    from atdnode.transport import MemoryNetwork
 
     homes = make_consortium(tmp_path, 2)
     configure(homes[0], "pfesta-server", rounds=1, steps_per_round=1, clients=1, accept="manual")

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import pytest
 import trio
 
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeIdentity
 from atdnode.replication.sync_connect import ConnectPulls
 from netsim.memnet import MemCluster, simulate
 from netsim.scenario import NetworkSpec

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import trio
 
-from atdnode.node.daemon import NodeDaemon
-from atdnode.node.identity import NodeIdentity
-from atdnode.replication.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2
-from atdnode.transport.base import Stream, TransportError
-from atdnode.transport.libp2p_transport import Libp2pTransport
+from atdnode.node import NodeDaemon, NodeIdentity
+from atdnode.replication import SYNC_PROTOCOL
+from atdnode.replication.sync import SYNC_PROTOCOL_V2
+from atdnode.transport import Libp2pTransport, Stream, TransportError
 from ledger import Ledger, Signer
 from netsim.homes import make_consortium
 from tests.factories import wait_for

@@ -11,10 +11,10 @@ import msgpack
 import pytest
 import trio
 
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.replication.sync import SYNC_PROTOCOL, SYNC_PROTOCOL_V2, SyncProtocolError, SyncVersions, pull, serve_sync
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, SyncProtocolError, pull, serve_sync
+from atdnode.replication.sync import SYNC_PROTOCOL_V2, SyncVersions
 from atdnode.replication.sync_digest import BUCKETS, VECTOR_BYTES, _Cache, bucket_of, differing, vector_of
-from atdnode.transport.memory import MemoryNetwork, MemoryTransport
+from atdnode.transport import MemoryNetwork, MemoryTransport
 from ledger import Ledger, Signer
 from netsim.memnet import simulate
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import ConfigError, WeightsError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
-from atdnode.learning.model import ModelConfig, build_model, part_spec, resolve_config
-from atdnode.models.registry import ModelRegistry, flatten_optimizer, unflatten_optimizer
-from atdnode.learning.training import TrainOptions, evaluate, lr_at, run_key, train
-from atdnode.models.weights import load_weights
+from atdnode.node import NodeHome, init_home
+from atdnode.learning import ModelConfig, TrainOptions, build_model, part_spec, resolve_config, train
+from atdnode.models import ModelRegistry
+from atdnode.models.registry import flatten_optimizer, unflatten_optimizer
+from atdnode.learning.training import evaluate, lr_at, run_key
+from atdnode.models import load_weights
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]

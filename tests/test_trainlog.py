@@ -12,8 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.node import NodeHome, init_home
 from cli.app import app
 
 torch.set_num_threads(1)
@@ -100,8 +99,7 @@ def test_bad_mlflow_uri_is_one_line(tmp_path):
 
 
 def test_cli_log_rotates_by_size(tmp_path):
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.logs import file_handler
+    from atdnode.node import NodeConfig, file_handler
 
     h = _home(tmp_path)
     cfg = NodeConfig.load(h)
@@ -122,6 +120,8 @@ def test_cli_log_rotates_by_size(tmp_path):
     assert all((h.logs_dir / f).stat().st_size <= 2048 for f in files)
     assert "line 0399" in (h.logs_dir / "cli.log").read_text()
     cfg.extra["logs"] = {"max_bytes": 10}
-    cfg.save(h)
-    with pytest.raises(ConfigError, match="max_bytes"):
+    with pytest.raises(ConfigError, match="logs.max_bytes"):  # not written
+        cfg.save(h)
+    h.config_file.write_text(h.config_file.read_text().replace("max_bytes = 2048", "max_bytes = 10"))
+    with pytest.raises(ConfigError, match="logs.max_bytes"):  # nor read, when edited by hand
         file_handler(h, "cli")

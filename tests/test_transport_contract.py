@@ -8,9 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from atdnode.transport.base import MAX_FRAME, MAX_GOSSIP, FrameError, StreamClosed, Transport, TransportError
+from atdnode.transport import (MAX_FRAME, MAX_GOSSIP, FrameError, LinkConditions, MemoryNetwork, StreamClosed,
+                               Transport, TransportError)
 from atdnode.transport.framing import HEADER
-from atdnode.transport.memory import LinkConditions, MemoryNetwork, peer_id_from_seed
+from atdnode.transport.memory import peer_id_from_seed
 from tests.factories import KINDS, run, seed, wait_for
 from tests.factories import transports as nodes
 

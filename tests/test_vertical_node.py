@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from atdnode.aggregation.aggregate import AggregateError
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.classify import ClassifyError
-from atdnode.aggregation.features_share import FeaturesError
-from atdnode.models.publish import publish_weights
-from atdnode.models.weights import load_weights
+from atdnode.aggregation import AggregateError, FeaturesError
+from atdnode.blobs import BlobStore
+from atdnode.learning import ClassifyError
+from atdnode.models import load_weights, publish_weights
 from cli.app import app
 from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, latest, peer_ids, sync
 

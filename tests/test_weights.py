@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import BlobError, WeightsError
-from atdnode.models.weights import WeightsBlobError, load_weights, read_meta, save_weights
+from atdnode.models import WeightsBlobError, load_weights, read_meta, save_weights
 
 
 @pytest.fixture

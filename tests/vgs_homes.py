@@ -15,13 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity, init_home
-from atdnode.learning.model import ModelConfig, resolve_config
-from atdnode.models.publish import publish_weights
-from atdnode.models.registry import ModelRegistry
-from atdnode.learning.training import TrainOptions, train
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity, init_home
+from atdnode.learning import ModelConfig, TrainOptions, resolve_config, train
+from atdnode.models import ModelRegistry, publish_weights
 from ledger import Ledger
 
 torch.set_num_threads(1)

@@ -34,14 +34,11 @@ from dataclasses import dataclass, field
 import torch
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError, BlobError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig, ModelConfigError
-from atdnode.models.gc import register_model
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.models.weights import load_weights, read_meta, save_weights
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig, ModelConfigError
+from atdnode.models import ModelRecord, ModelRegistry, load_weights, read_meta, register_model, save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import (
     HEAD_PREFIXES,
@@ -55,15 +52,15 @@ from protocols.aggregation import (
     weighted_average,
 )
 from protocols.rounds import LAST_LAYER
-from protocols.heads import heads_comparable
+from protocols.vgs import heads_comparable
+from protocols.weightings import weightings
 
-AVERAGE_WEIGHTINGS = ("uniform", "samples", "sqrt-classes", "fedwavg")
+AVERAGE_WEIGHTINGS = weightings("average")
 # what a weights entry's body says of each quantity a weighting counts (protocols.aggregation.COUNTED)
 ENTRY_COUNTS: dict[str, Callable[[Entry], int]] = {
     "samples": lambda e: int(e.body.get("samples", 0)),
     "classes": lambda e: len(e.body.get("labels") or []),
 }
-MODES = ("horizontal", "vertical", "hierarchical")
 
 
 class AggregateError(AtdError):

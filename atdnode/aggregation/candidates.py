@@ -11,14 +11,13 @@ split at all (`val=train`) the node makes no choice and takes the consortium's m
 from __future__ import annotations
 
 from atdnode import progress
-from atdnode.blobs.store import BlobStore
-from atdnode.learning.classify import score_record
+from atdnode.blobs import BlobStore
+from atdnode.learning import ModelConfig, score_record
 from atdnode.data import DataSpec, load_dataset
-from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.errors import AtdError, DataError
+from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, default_model, keep_policy
-from atdnode.learning.model import ModelConfig
-from atdnode.models.registry import ModelRecord
+from atdnode.models import ModelRecord
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "

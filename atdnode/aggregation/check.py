@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from atdnode.aggregation.aggregate import AggregateError
-from atdnode.blobs.store import BlobStore
-from atdnode.models.weights import save_weights
+from atdnode.blobs import BlobStore
+from atdnode.models import save_weights
 from ledger import Entry
 
 _WEIGHT_TOL = 1e-12  # recorded vs recomputed weights (both float64 from the same formula)

@@ -18,12 +18,11 @@ import numpy as np
 
 from atdnode import progress
 from atdnode.aggregation.aggregate import AggregateError, blob_fields, entry_of
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import BlobError
 from atdnode.aggregation.features_share import FeaturesError, addressed_to, node_features, open_features
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger
 from protocols.ensemble import EnsembleClassifier, EnsembleError
 from protocols.vgs import fit_vertical_ensemble

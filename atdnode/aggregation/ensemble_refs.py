@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from atdnode.data import LabeledImages
-from atdnode.learning.model import ModelConfig, build_model
+from atdnode.learning import ModelConfig, build_model
 from protocols.ensemble import EnsembleClassifier
 from protocols.vgs import fit_vertical_ensemble
 
@@ -43,7 +43,7 @@ def reference_features(kind: str, images: torch.Tensor, cfg: ModelConfig | None 
         return images.reshape(len(images), -1).float().numpy().astype(np.float32)
     if kind != "ensemble-untrained":
         raise ValueError(f"unknown reference {kind!r} (one of {', '.join(REFERENCES)})")
-    from atdnode.learning.features import extract_features
+    from atdnode.learning import extract_features
 
     m = model if model is not None else untrained_extractor(cfg)
     dummy = LabeledImages(images=images, labels=torch.zeros(len(images), dtype=torch.int64), classes=["_"])

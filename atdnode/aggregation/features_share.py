@@ -30,15 +30,12 @@ import torch
 from torch import nn
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import DataSpec, label_fingerprint, load_dataset
 from atdnode.errors import AtdError, BlobError
-from atdnode.learning.features import extract_features
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig, build_model, load_part, part_spec
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.models.weights import load_weights
+from atdnode.learning import ModelConfig, build_model, extract_features, load_part, part_spec
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.models import ModelRecord, ModelRegistry, load_weights
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key, public_key_from_peer_id
 from protocols.feature_crypto import ALG, FeatureCryptoError, envelope_info, open_sealed, seal
 
@@ -70,7 +67,7 @@ class OpenedFeatures:
 
 def extractor_blob(store: BlobStore, record: ModelRecord) -> str:
     """The blob of `record`'s extractor weights (made from its full set if not stored yet)."""
-    from atdnode.models.publish import part_blob
+    from atdnode.models import part_blob
 
     return part_blob(store, record, "extractor")
 
@@ -103,7 +100,7 @@ def node_features(home: NodeHome, store: BlobStore, cfg: ModelConfig, extractor:
     """CLS features of this node's data under `extractor`: (X float32 (N, D), y int64, classes),
     extracted on `device` (atdnode.learning.device rule: else $ATD_DEVICE, HOME's [compute] device, CUDA
     when present; bf16 autocast on CUDA) and cached under HOME/features."""
-    from atdnode.learning.device import resolve_device
+    from atdnode.learning import resolve_device
 
     from safetensors import SafetensorError, safe_open
     from safetensors.numpy import save_file

@@ -44,19 +44,18 @@ from atdnode.aggregation.aggregate import (
     result_meta,
     select_inputs,
 )
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import BlobError
 from atdnode.aggregation.candidates import judge_with
 from atdnode.aggregation.features_share import data_spec_of
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig
 from atdnode.aggregation.ensemble import EnsembleOptions, fit_node_ensemble
-from atdnode.models.weights import save_weights
+from atdnode.models import save_weights
 from ledger import Entry, Ledger
 from protocols.aggregation import AggregationError, part_filter, safetensors_loader
 from protocols.hierarchical import GROUP_WEIGHTINGS, Combination, GroupModel, combine_groups
-from protocols.heads import heads_comparable
+from protocols.vgs import heads_comparable
 
 _MAX_DEPTH = 8  # nested hierarchical groups
 

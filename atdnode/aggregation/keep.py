@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atdnode.errors import AtdError, ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.node import NodeHome
+from atdnode.models import ModelRecord, ModelRegistry
 
 KEEP_POLICIES = ("best", "consortium")
 DEFAULT_KEEP = "best"
@@ -42,7 +42,7 @@ SELECT_BY = "balanced_accuracy"
 
 def keep_policy(home: NodeHome) -> str:
     """`[aggregate] keep` of the node's config.toml (default best)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
 
     try:
         table = NodeConfig.load(home).extra.get("aggregate", {})

@@ -4,23 +4,23 @@
 `aggregate(home, mode, ...)` checks that the arguments fit the mode (AggregateError, one
 line) and calls `atdnode.aggregation.horizontal.aggregate_horizontal`, `atdnode.aggregation.vertical.aggregate_vertical`
 or `atdnode.aggregation.hierarchical.aggregate_hierarchical`. A weighting left as None is the
-mode's default (`DEFAULT_WEIGHTING`: the paper's uniform average, Eq. 2; hierarchical
-groups combine with sqrt-classes, Eq. 11).
+mode's default (`protocols.vgs.MODES`: the paper's uniform average, Eq. 2; hierarchical
+groups combine with sqrt-classes, Eq. 11). `mode_help` and `weighting_help` are the CLI's help
+texts, read from the registries (`protocols.vgs.MODES`, `protocols.weightings`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from atdnode.aggregation.aggregate import MODES, AggregateError, AggregateResult
-from atdnode.node.home import NodeHome
+from atdnode.aggregation.aggregate import AggregateError, AggregateResult
+from atdnode.node import NodeHome
 from atdnode.aggregation.ensemble import CLASSIFIERS, EnsembleOptions
-
-DEFAULT_WEIGHTING = {"horizontal": "uniform", "vertical": "uniform", "hierarchical": "sqrt-classes"}
+from protocols.weightings import MODES
 
 
 def default_weighting(mode: str, weighting: str | None = None) -> str:
     """`weighting`, or the mode's default."""
-    return weighting or DEFAULT_WEIGHTING[mode]
+    return weighting or MODES[mode].default_weighting
 
 
 def check_arguments(mode: str, *, inputs: Sequence[str] | None = None, groups: Sequence = (),

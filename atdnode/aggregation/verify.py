@@ -20,9 +20,9 @@ from atdnode.aggregation.aggregate import (
     input_weights,
     result_meta,
 )
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.aggregation.hierarchical import _MAX_DEPTH, combine_stored_groups, group_stats
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Entry, Ledger
 
 
@@ -60,7 +60,7 @@ def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
     if mode == "hierarchical":
         return recompute_hierarchical(led, store, entry)
     if mode == "round":
-        from atdnode.rounds.rules import verify_round
+        from atdnode.rounds import verify_round
 
         return verify_round(led, store, entry)
     raise AggregateError(f"aggregate {entry.id.hex()[:16]} has unknown mode {mode!r}")

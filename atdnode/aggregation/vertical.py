@@ -36,8 +36,8 @@ from atdnode.aggregation.aggregate import (
 )
 from atdnode.aggregation.candidates import judge_with
 from atdnode.aggregation.features_share import data_spec_of
-from atdnode.node.home import NodeHome
-from atdnode.learning.model import ModelConfig
+from atdnode.node import NodeHome
+from atdnode.learning import ModelConfig
 from atdnode.aggregation.ensemble import EnsembleOptions, fit_node_ensemble, load_ensemble  # noqa: F401 (re-export)
 
 

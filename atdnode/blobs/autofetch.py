@@ -18,12 +18,12 @@ from typing import Awaitable, Callable
 
 import trio
 
-from atdnode.replication.access import MembershipGate
+from atdnode.replication import LedgerAccess, MembershipGate
 from atdnode.blobs.readers import BlobReaders
 from atdnode.blobs.store import BlobStore
 from atdnode.errors import DaemonError
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.transport.base import Transport, TransportError
+from atdnode.retry import Backoff
+from atdnode.transport import Transport, TransportError
 from atdnode.blobs.xfer import BlobService
 from ledger import Ledger
 
@@ -48,7 +48,7 @@ class AutoFetcher:
         self.wanted: set[str] = set()
         self.manifests: dict[str, set[str]] = {}  # blob -> manifest hashes named by signed entries
         self.failures: dict[str, str] = {}
-        self.retry_at: dict[str, tuple[float, float]] = {}  # blob -> (next try, back-off delay)
+        self.waits = Backoff(1.0, 60.0)  # per blob; a disk error waits at least 30 s, at most 600 s
 
     @property
     def auto_fetch(self) -> bool:
@@ -99,22 +99,21 @@ class AutoFetcher:
                     self.wanted.discard(blob)
                     continue
                 now = trio.current_time()
-                at, delay = self.retry_at.get(blob, (0.0, 1.0))
-                if now < at:
+                if self.waits.blocked(blob, now):
                     continue
                 try:
                     await self.fetch(blob)
-                    self.retry_at.pop(blob, None)
+                    self.waits.clear(blob)
                 except (DaemonError, TransportError) as exc:
-                    self.retry_at[blob] = (now + delay, min(delay * 2, 60.0))
+                    delay = self.waits.fail(blob, now)
                     log.info("fetch of %s postponed %.0f s: %s", blob[:12], delay, exc)
                 except OSError as exc:  # disk full or unwritable store: one line, long back-off
-                    self.retry_at[blob] = (now + max(delay, 30.0), min(max(delay, 30.0) * 2, 600.0))
+                    self.waits.fail(blob, now, 600.0, at_least=30.0)
                     await self.disk_trouble(f"fetching blob {blob[:12]}", exc)
             wait = IDLE_WAKE_S
             if self.auto_fetch and self.wanted:  # back-offs running: wake when the first one ends
                 now = trio.current_time()
-                due = min(self.retry_at.get(b, (now, 0.0))[0] for b in self.wanted)
+                due = min(self.waits.until(b, now) for b in self.wanted)
                 wait = max(max(self.poll_interval, 1.0), due - now)
             with trio.move_on_after(wait):
                 await self._wake.wait()
@@ -143,5 +142,6 @@ class AutoFetcher:
         if rep is None:
             return {}
         return {"bytes": rep.bytes, "resumed_chunks": rep.resumed_chunks, "holders": list(rep.holders),
-                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers), "seconds": rep.seconds,
+                "chunks_from": dict(rep.chunks_from), "bad_peers": dict(rep.bad_peers),
+                "failed_peers": dict(rep.failed_peers), "seconds": rep.seconds,
                 "modes": dict(rep.modes), "bulk_failed": dict(rep.bulk_failed)}

@@ -61,9 +61,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from atdnode.transport.base import FrameError, StreamClosed, TransportError
+from atdnode.transport import Counter, FrameError, StreamClosed, TransportError
 from atdnode.blobs.wire import HEADER_MAX, check_chunk_header, unpack
-from atdnode.transport.framing import Counter
 
 log = logging.getLogger(__name__)
 

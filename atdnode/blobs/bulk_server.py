@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 import trio
 from cryptography.exceptions import InvalidTag
 
-from atdnode.transport.base import FrameError, Stream, StreamClosed, TransportError
+from atdnode.transport import FrameError, Stream, StreamClosed, TransportError
 from atdnode.blobs.wire import HEADER_MAX, chunk_request, pack, unpack
 from atdnode.blobs.bulk import (
     ACCEPT_TIMEOUT,

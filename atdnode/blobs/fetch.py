@@ -47,7 +47,7 @@ import trio
 from atdnode.blobs.partial import BadChunks, PartialBlob
 from atdnode.blobs.store import BlobStore, Manifest, check_hash
 from atdnode.errors import BlobError
-from atdnode.transport.base import FrameError, Stream, Transport, TransportError
+from atdnode.transport import FrameError, Stream, Transport, TransportError
 from atdnode.blobs.wire import GATHER, MAX_BATCH, MAX_CHUNK, PROTOCOL, StreamChunks, gather, pack, read_header
 from atdnode.blobs.bulk import BulkConn, BulkIntegrityError, derive_keys, new_ephemeral
 

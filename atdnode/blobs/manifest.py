@@ -12,7 +12,7 @@ from functools import cached_property
 import msgpack
 
 from atdnode.errors import BlobError
-from atdnode.transport.limits import DecodeBudget
+from atdnode.transport import DecodeBudget
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 MAX_CHUNK_SIZE = 64 << 20

@@ -7,8 +7,7 @@ from typing import Any
 import msgpack
 import trio
 
-from atdnode.transport.base import MAX_FRAME, FrameError, Stream, TransportError
-from atdnode.transport.limits import DecodeBudget
+from atdnode.transport import MAX_FRAME, DecodeBudget, FrameError, Stream, TransportError
 
 PROTOCOL = "/atd/blob/1.0.0"
 HEADER_MAX = 64 << 10

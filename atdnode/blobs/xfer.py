@@ -46,7 +46,7 @@ import trio
 
 from atdnode.blobs.store import BlobStore, check_hash
 from atdnode.errors import BlobError
-from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport
+from atdnode.transport import FrameError, PeerLimits, Stream, StreamClosed, Transport, lease_or_reset
 from atdnode.blobs.wire import (  # noqa: F401  (re-exported: the protocol's public names)
     HEADER_MAX,
     MAX_BATCH,
@@ -60,10 +60,9 @@ from atdnode.blobs.wire import (  # noqa: F401  (re-exported: the protocol's pub
 from atdnode.blobs.fetch import BlobFetcher, FetchConfig
 from atdnode.blobs.bulk import MAX_CONNS, BulkConn  # noqa: F401  (BulkConn re-exported)
 from atdnode.blobs.bulk_server import BulkConns, ChunkReader, serve_bulk
-from atdnode.transport.limits import PeerLimits, lease_or_reset
 
 if TYPE_CHECKING:
-    from atdnode.replication.access import MembershipGate
+    from atdnode.replication import MembershipGate
 
 log = logging.getLogger(__name__)
 

@@ -26,30 +26,15 @@ report, inspect (`atd data inspect`).
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from atdnode.face import lazy_face
 
-if TYPE_CHECKING:
-    from atdnode.data.images import IMAGE_EXTS
-    from atdnode.data.labeled import LabeledImages, label_fingerprint
-    from atdnode.data.layout import SPLITS
-    from atdnode.data.loader import load_dataset
-    from atdnode.data.report import DataReport
-    from atdnode.data.select import MEAN, STD, _select, split_indices
-    from atdnode.data.spec import DataSpec
-
-# Imported on first use (PEP 562), so torch-free submodules (`sanity`, `spec`) load without torch.
-_LAZY = {"IMAGE_EXTS": "images", "LabeledImages": "labeled", "label_fingerprint": "labeled", "SPLITS": "layout",
-         "load_dataset": "loader", "DataReport": "report", "MEAN": "select", "STD": "select", "_select": "select",
-         "split_indices": "select", "DataSpec": "spec"}
-
-__all__ = ["DataReport", "DataSpec", "IMAGE_EXTS", "LabeledImages", "MEAN", "SPLITS", "STD", "_select",
-           "label_fingerprint", "load_dataset", "split_indices"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    globals()[name] = value
-    return value
+# The names other rooms, the CLI and netsim import from here (atdnode/face.py).
+_FACE = {"IMAGE_EXTS": "images", "contact_sheet": "inspect", "inspect_data": "inspect", "LabeledImages": "labeled",
+         "label_fingerprint": "labeled", "SPLITS": "layout", "load_dataset": "loader", "training_window": "loader",
+         "source_kind": "public_spec", "public_data_spec": "public_spec:public_spec", "DataReport": "report",
+         "caution_for": "sanity", "caution_of": "sanity", "metric_text": "sanity", "require_classes": "sanity",
+         "MEAN": "select", "STD": "select", "split_indices": "select", "DataSpec": "spec", "did_you_mean": "spec",
+         "UnlabelledReader": "unlabelled",
+         "declared_splits": "loader", "peek": "loader"}
+__all__ = [*_FACE]
+__getattr__, __dir__ = lazy_face(__name__, _FACE)

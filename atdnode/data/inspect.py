@@ -16,6 +16,7 @@ from atdnode.data.labeled import LabeledImages
 from atdnode.data.loader import load_dataset
 from atdnode.data.sanity import caution_for, require_classes
 from atdnode.data.select import MEAN, STD
+from atdnode import progress
 from atdnode.errors import DataError
 
 TILE = 64
@@ -98,20 +99,17 @@ def _fmt(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "-"
 
 
-def inspect_data(spec: str, img_size: int = 64, in_chans: int = 3, seed: int = 0, *, progress: bool = False) -> Inspection:
-    """Load every split of `spec` as a node would (raises DataError as training would)."""
-    from atdnode.learning.features import progress_bar
+def inspect_data(spec: str, img_size: int = 64, in_chans: int = 3, seed: int = 0) -> Inspection:
+    """Load every split of `spec` as a node would (raises DataError as training would); the
+    files read are reported through `atdnode.progress`."""
+    def load(split: str) -> LabeledImages:
+        with progress.task(f"reading {split}", total=None) as step:
+            return load_dataset(spec, img_size, in_chans, split, seed=seed, progress=step.update)
 
-    with progress_bar(progress) as bar:
-        def load(split: str) -> LabeledImages:
-            task = bar.add_task(f"reading {split}", total=None)
-            return load_dataset(spec, img_size, in_chans, split, seed=seed,
-                                progress=lambda done, total: bar.update(task, completed=done, total=total))
-
-        splits = {"train": load("train")}
-        for s in splits["train"].report.splits:
-            if s != "train":
-                splits[s] = load(s)
+    splits = {"train": load("train")}
+    for s in splits["train"].report.splits:
+        if s != "train":
+            splits[s] = load(s)
     return Inspection(spec=spec, img_size=img_size, in_chans=in_chans, splits=splits)
 
 

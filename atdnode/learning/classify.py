@@ -30,14 +30,14 @@ import numpy as np
 import torch
 
 from atdnode import progress
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
-from atdnode.data.sanity import caution_for
-from atdnode.node.home import NodeHome
+from atdnode.data import caution_for
+from atdnode.node import NodeHome
 from atdnode.learning.metrics import STORED, named_metrics, save_confusion_png, save_reliability_png
 from atdnode.learning.model import ModelConfig
 from atdnode.learning.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.models import ModelRecord, ModelRegistry
 
 
 @dataclass
@@ -121,8 +121,8 @@ def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int
 def choose_split(record: ModelRecord, data_spec: str, split: str) -> tuple[str, str]:
     """(split to score, why, in words) for `split` = auto | all | train | val | test (see the
     module docstring)."""
-    from atdnode.data.loader import declared_splits
-    from atdnode.data.spec import DataSpec
+    from atdnode.data import declared_splits
+    from atdnode.data import DataSpec
 
     if split != "auto":
         return split, "as asked"
@@ -158,12 +158,12 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation.keep import chosen_on_test, resolve_model
+    from atdnode.aggregation import chosen_on_test, resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = resolve_model(home, model)
     cfg = ModelConfig.from_dict(record.model)
-    from atdnode.data.public_spec import public_spec  # progress and figure titles name no local path
+    from atdnode.data import public_data_spec as public_spec  # progress and figure titles name no local path
 
     split, why = choose_split(record, data_spec, split)
     with progress.task(f"reading {public_spec(data_spec)} [{split}]", total=None):

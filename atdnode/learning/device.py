@@ -30,7 +30,7 @@ from atdnode.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from atdnode.node.home import NodeHome
+    from atdnode.node import NodeHome
 
 ENV = "ATD_DEVICE"
 _SPEC = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -64,7 +64,7 @@ def configured_device(home: "NodeHome | None") -> str | None:
     """The `[compute] device` of HOME/config.toml, or None (no home, no file, no key)."""
     if home is None or not home.config_file.exists():
         return None
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
 
     return NodeConfig.load(home).compute_device()
 

@@ -1,4 +1,4 @@
-"""CLS feature extraction for a whole dataset (batched, no grad, optional progress bar)."""
+"""CLS feature extraction for a whole dataset (batched, no grad; progress reported through `atdnode.progress`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -11,17 +11,6 @@ from atdnode import progress as report
 from atdnode.data import LabeledImages
 from atdnode.learning.device import use_amp
 from atdnode.learning.model import cls_features
-
-
-def progress_bar(enabled: bool, *fields: str):
-    """A rich Progress (transient=False) with extra text fields; a no-op when disabled."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn()]
-    columns += [TextColumn("{task.fields[%s]}" % f) for f in fields]
-    return Progress(*columns, disable=not enabled)
 
 
 def device_batches(images: torch.Tensor, batch_size: int, device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
@@ -66,8 +55,7 @@ def predict_classes(model: nn.Module, images: torch.Tensor, batch_size: int = 25
 
 @torch.no_grad()
 def extract_features(model: nn.Module, data: LabeledImages, batch_size: int = 256, *,
-                     device: torch.device | str | None = None, progress: bool = False,
-                     amp: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     device: torch.device | str | None = None, amp: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
     """CLS (pre-logits) features of every image: (float32 (N, D), int64 labels (N,)).
 
     `device` (default: where the model is) runs the pass; the model is moved there. The model
@@ -83,13 +71,10 @@ def extract_features(model: nn.Module, data: LabeledImages, batch_size: int = 25
     dim = int(getattr(model, "num_features", 0) or 0)
     parts: list[torch.Tensor] = []
     try:
-        with progress_bar(progress) as bar, report.task("CLS features", total=n) as step:
-            task = bar.add_task("features", total=n)
+        with report.task("CLS features", total=n) as step:
             for _, x in device_batches(data.images, batch_size, device):
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp_on):
                     parts.append(cls_features(model, x).float())  # (B, D)
-                if progress:
-                    bar.advance(task, len(x))
                 step.advance(len(x))
     finally:
         model.train(was_training)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from atdnode.errors import ConfigError, WeightsError
-from atdnode.models.weights import PARTS
+from atdnode.models import PARTS
 # the configuration dataclass lives at the ground floor (protocols import it too); it is
 # re-exported here for the node's callers
 from protocols.vit_config import CLASSIFIER, DEFAULT_MLP_RATIO, ModelConfig, ModelConfigError, check_field  # noqa: F401
@@ -45,7 +45,7 @@ def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
     import timm
 
     if not is_vit_name(name):
-        from atdnode.data.spec import did_you_mean
+        from atdnode.data import did_you_mean
 
         what = f"model {name!r} is not a ViT" if name in timm.list_models() else f"unknown timm model {name!r}"
         hint = did_you_mean(name.replace("-", "_").lower(), timm.list_models("vit_*"))
@@ -64,7 +64,7 @@ def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
 def is_vit_name(name: str) -> bool:
     """True for timm's ViTs: the `vit_*` models and the other models of its VisionTransformer
     module family (e.g. `deit_*`), whose split seams atd uses."""
-    from timm.models._registry import model_entrypoint
+    from timm.models import model_entrypoint
 
     if name not in _timm_names():
         return False
@@ -260,7 +260,7 @@ class _Front(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W) -> (B, T, D)
         vit = self.vit[0]
         x = self.patch_embed(x)
-        x = vit._pos_embed(x)
+        x = vit._pos_embed(x)  # timm has no public name for this step of forward_features
         x = self.patch_drop(x)
         x = self.norm_pre(x)
         return self.blocks(x)
@@ -297,7 +297,7 @@ def export_part(store, model: nn.Module, cfg: ModelConfig, part: str, *, labels:
                 label_fp: str, samples: int = 0, extra: dict | None = None) -> str:
     """Store one part of `model` as a safetensors blob whose meta carries the model config,
     label space and fingerprint; returns the blob hash."""
-    from atdnode.models.weights import save_weights
+    from atdnode.models import save_weights
 
     meta = {"format": WEIGHTS_FORMAT, "part": part, "model": cfg.to_dict(), "labels": list(labels),
             "label_fp": label_fp, "samples": int(samples)}
@@ -335,7 +335,7 @@ def import_part(store, h: str, model: nn.Module, cfg: ModelConfig, *, label_fp: 
     """Load blob `h` into `model` after checking config, label space, keys, shapes, dtypes
     and finiteness; returns the blob's meta. `part="extractor"` takes only the extractor
     tensors out of a full set (e.g. a peer's model over another label space)."""
-    from atdnode.models.weights import load_weights, read_meta
+    from atdnode.models import load_weights, read_meta
 
     meta = read_meta(store, h)
     stored = meta.get("part")

@@ -25,14 +25,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from atdnode.blobs.store import BlobStore
-from atdnode.data.unlabelled import UnlabelledReader
+from atdnode.blobs import BlobStore
+from atdnode.data import UnlabelledReader
 from atdnode.learning.device import use_amp
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.learning.model import ModelConfig, build_model, cls_features, load_part, part_spec
-from atdnode.models.registry import ModelRecord, ModelRegistry
-from atdnode.models.weights import load_weights
+from atdnode.models import ModelRecord, ModelRegistry, load_weights
 
 DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
 Progress = Callable[[str, int, int], None]  # (stage, done, total): files read and predicted
@@ -88,7 +87,7 @@ def resolve_device(pref: str | None, home: NodeHome | None = None) -> torch.devi
 def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
     """The registry record `model` names; None or "latest": the model in use
     (`atdnode.aggregation.keep.model_in_use`, the one `atd classify` uses by default)."""
-    from atdnode.aggregation.keep import resolve_model
+    from atdnode.aggregation import resolve_model
 
     return resolve_model(home, model or DEFAULT_MODEL)
 
@@ -98,8 +97,7 @@ def model_window(record: ModelRecord) -> tuple[float, float] | str | None:
     of its training data spec), for inputs that name none: a model trained on CT with
     `window=-1000,400` sees new CT through the same window. A `window=auto` whose training
     images are not readable here falls back to percentiles over the new images."""
-    from atdnode.data.loader import training_window
-    from atdnode.data.spec import DataSpec
+    from atdnode.data import DataSpec, training_window
     from atdnode.errors import DataError
 
     spec = (record.provenance or {}).get("data")
@@ -122,7 +120,7 @@ class Predictor:
         self.ensemble = None
         ens_blob = record.blobs.get("ensemble")
         if ens_blob:
-            from atdnode.aggregation.ensemble import load_ensemble
+            from atdnode.aggregation import load_ensemble
 
             self.classes = list(record.provenance.get("ensemble_classes") or [])
             self.ensemble = load_ensemble(store, ens_blob)

@@ -104,7 +104,6 @@ class TrainOptions:
     pretrained: bool = False  # timm pretrained-by-name (needs a reachable hub)
     device: str | None = None  # atdnode.learning.device rule: cpu / cuda / cuda:N, else [compute] device, else CUDA if present
     compile: bool = False  # torch.compile the model (not in the run key: same math, other kernels)
-    progress: bool = False
     log: Callable[[str], None] | None = None
     batch_transform: BatchTransform | None = None
     extra_provenance: dict = field(default_factory=dict)

@@ -16,7 +16,7 @@ from torch import nn
 
 from atdnode.data import LabeledImages
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.learning.model import ModelConfig, build_model, extractor_state, freeze_blocks
 from atdnode.learning.train_options import TrainOptions
 
@@ -25,7 +25,7 @@ def resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | No
     """`--init-from` -> (blob hash, None) or (None, checkpoint file). An atd weight-set file
     is imported into the store first, so provenance can name it by hash; a model id (or
     unique prefix) of the registry gives that model's extractor blob (`atd base build`)."""
-    from atdnode.models.weights import read_meta
+    from atdnode.models import read_meta
 
     if init_from is None:
         return None, None
@@ -56,7 +56,7 @@ def resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | No
                 h = hits[0]
         if len(h) == 64 and store.has(h):
             return h, None
-    from atdnode.split.base import base_extractor_blob  # a registered model, e.g. an MSD base
+    from atdnode.split import base_extractor_blob  # a registered model, e.g. an MSD base
 
     h = base_extractor_blob(home, init_from)
     if h is not None and store.has(h):
@@ -74,7 +74,7 @@ def build_start(home: NodeHome, store, cfg: ModelConfig, data: LabeledImages, op
     head as in the paper. Give the extractor part to get the paper's behaviour always.
     """
     from atdnode.learning.model import import_part
-    from atdnode.models.weights import read_meta
+    from atdnode.models import read_meta
 
     blob, ckpt = resolve_init(home, store, opts.init_from)
     torch.manual_seed(opts.seed)
@@ -100,7 +100,7 @@ def base_fingerprint(store, init_blob: str | None, model: nn.Module) -> str:
     every follower of one base gets the same fingerprint), else a hash of the initial
     extractor weights (same seed + config, or the same checkpoint file, give the same one).
     Averaging models with different bases is meaningless (see README); `atd aggregate` warns."""
-    from atdnode.models.weights import read_meta
+    from atdnode.models import read_meta
 
     if init_blob is not None:
         base = read_meta(store, init_blob).get("base")

@@ -21,18 +21,18 @@ import time
 
 import torch
 
+from atdnode import progress
 from atdnode.learning import ddp
 from atdnode.data import load_dataset
-from atdnode.data.sanity import caution_for, require_classes
+from atdnode.data import caution_for, require_classes
 from atdnode.learning.evaluation import evaluate, heldout_loss_accuracy
-from atdnode.learning.features import extract_features, predict_classes, progress_bar
-from atdnode.node.home import NodeHome
+from atdnode.learning.features import extract_features, predict_classes
+from atdnode.node import NodeHome
 from atdnode.progress import RunEta
 from atdnode.learning.metrics import save_confusion_png
 from atdnode.learning.model import ModelConfig, export_part
-from atdnode.models.gc import register_model
+from atdnode.models import ModelRecord, ModelRegistry, RunCheckpoint, register_model
 from atdnode.learning.probe import fresh_head, probe_head
-from atdnode.models.registry import ModelRecord, ModelRegistry, RunCheckpoint
 from atdnode.learning.train_options import (
     FINETUNE_LR,
     OPTIMIZERS,
@@ -56,7 +56,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
     `cfg.num_classes` is set from the data's label space. Returns the registry record on
     the main process (None on other DDP ranks).
     """
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore
 
     log = opts.log or (lambda _msg: None)
     ctx = ddp.init_from_env(opts.device, home=home)
@@ -104,15 +104,15 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
                             params={"data": data_spec, "val_split": val_origin, **cfg.to_dict(),
                                     **opts.key_fields(cfg.embed_dim)})
         t0 = time.perf_counter()
+        shown = ctx.is_main and progress.active()  # the per-batch numbers are read only for a bar
         eta = RunEta(epochs=opts.epochs - start, per_epoch=trainer.samples_per_epoch)
-        with progress_bar(opts.progress and ctx.is_main, "loss", "acc", "eta") as bar:
-            for epoch in range(start, opts.epochs):
-                task = bar.add_task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch, loss="",
-                                    acc="", eta="")
+        for epoch in range(start, opts.epochs):
+            with progress.task(f"epoch {epoch + 1}/{opts.epochs}", total=trainer.samples_per_epoch) as step:
+                def cb(n: int, loss: float, acc: float, step=step) -> None:
+                    step.advance(n)
+                    step.note(f"loss {loss:.4f} acc {acc:.3f} {eta.advance(n)}")
 
-                def cb(n, l, a, task=task):
-                    bar.update(task, advance=n, loss=f"loss {l:.4f}", acc=f"acc {a:.3f}", eta=eta.advance(n))
-                stats = trainer.train_epoch(epoch, cb if opts.progress and ctx.is_main else None)
+                stats = trainer.train_epoch(epoch, cb if shown else None)
                 if ctx.is_main and opts.epoch_eval and len(held):  # named for the split it is: val, else test
                     stats.update(heldout_loss_accuracy(model, held, split=held_name))
                 history.append(stats)
@@ -138,7 +138,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         metrics.update(train_loss=history[-1]["loss"] if history else None,
                        train_accuracy=history[-1]["accuracy"] if history else None,
                        train_seconds=round(train_s, 3), history=history)
-        from atdnode.data.public_spec import public_spec  # figure titles name no local path
+        from atdnode.data import public_data_spec as public_spec  # figure titles name no local path
 
         pngs = {"confusion_png": save_confusion_png(metrics["confusion"], test.classes, ck.dir / "confusion.png",
                 title=f"{cfg.arch()}\non {public_spec(data_spec)} (acc {metrics['accuracy']:.3f}, n={metrics['n']})")} \

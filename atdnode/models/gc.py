@@ -25,9 +25,9 @@ import logging
 import shutil
 from dataclasses import dataclass
 
-from atdnode.blobs.store import BlobStore
-from atdnode.errors import AtdError, ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.blobs import BlobStore
+from atdnode.errors import AtdError
+from atdnode.node import NodeHome
 from atdnode.models.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
 
@@ -110,15 +110,11 @@ def remove_model(home: NodeHome, ref: str, *, served: dict[str, str] | None = No
 
 def size_limit(home: NodeHome) -> int:
     """`[models] max_bytes` from config.toml (0: no limit; also for a home without config.toml)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
 
     if not home.config_file.is_file():
         return 0
-    table = NodeConfig.load(home).extra.get("models", {})
-    limit = table.get("max_bytes", 0) if isinstance(table, dict) else None
-    if type(limit) is not int or limit < 0:
-        raise ConfigError("config: models.max_bytes must be a non-negative integer (bytes)")
-    return limit
+    return NodeConfig.load(home).setting("models.max_bytes")  # checked as it loads
 
 
 def enforce_limit(home: NodeHome, limit: int | None = None) -> list[Removed]:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.node import NodeHome, NodeIdentity
 from atdnode.models.registry import ModelRecord, ModelRegistry
 from atdnode.models.weights import PARTS, load_weights, read_meta, save_weights
 from ledger import Entry, Ledger

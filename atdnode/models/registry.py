@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from atdnode.blobs.fs import fsync
+from atdnode.blobs import fsync
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 
 if TYPE_CHECKING:  # torch is imported lazily: `atd models` should not pay for it
     import torch
@@ -167,7 +167,7 @@ class ModelRegistry:
             if not str(rec.provenance.get("kind", "")).startswith("global") or not isinstance(agg, str):
                 continue
             try:
-                held = led.state(bytes.fromhex(agg)) is not None
+                held = led.state(agg) is not None
             except ValueError:
                 held = False
             if not held:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError, safe_open
 
-from atdnode.blobs.store import BlobStore, check_hash
+from atdnode.blobs import BlobStore, check_hash
 from atdnode.errors import BlobError, WeightsError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: `atd publish-weights` and the

@@ -1,1 +1,16 @@
 """The node itself: its home, identity, configuration, daemon and local control."""
+from __future__ import annotations
+
+from atdnode.face import lazy_face
+
+# The names other rooms, the CLI and netsim import from here (atdnode/face.py).
+_FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "config", "KEYS": "config_schema",
+         "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
+         "NodeIdentity": "identity", "init_home": "identity", "KeyBackupError": "keybackup",
+         "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
+         "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
+         "sklearn_warnings_to_log": "logs", "loop_rng": "rngs", "FetchProgress": "snapshot",
+         "NodeSnapshot": "snapshot",
+         "check_announce": "addrs", "advertised": "advertise"}
+__all__ = [*_FACE]
+__getattr__, __dir__ = lazy_face(__name__, _FACE)

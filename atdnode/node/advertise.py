@@ -21,7 +21,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Callable, Iterable
 
-from atdnode.peers.dialpolicy import MAX_ADDRS_PER_MEMBER
+from atdnode.peers import MAX_ADDRS_PER_MEMBER
 
 UNSPECIFIED = {"ip4": "0.0.0.0", "ip6": "::"}
 BRIDGES = ("docker", "br-", "veth", "virbr", "cni", "podman", "lxcbr", "lxdbr", "flannel", "cali", "vnet")

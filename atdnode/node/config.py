@@ -15,6 +15,7 @@ from typing import Any
 import tomli_w
 
 from atdnode.errors import ConfigError
+from atdnode.node.config_schema import check_tables, commented_defaults, value_in
 from atdnode.node.home import NodeHome
 
 DEFAULT_LISTEN = ["/ip4/127.0.0.1/tcp/0"]
@@ -56,44 +57,30 @@ class NodeConfig:
                 raise ConfigError(f"config: {key} must be a list of multiaddr strings")
         if not isinstance(self.extra, dict):
             raise ConfigError("config: extra must be a table")
+        check_tables(self.to_dict())  # every declared setting: its type and range (config_schema)
+
+    def setting(self, path: str) -> Any:
+        """The value of the declared setting `path` ("logs.max_bytes"), or its default; checked
+        when this config was made (`atdnode.node.config_schema.KEYS`)."""
+        return value_in(self.to_dict(), path)
 
     def bulk_options(self) -> dict[str, Any]:
         """The `[bulk]` table: `enabled` (default true: encrypted TCP bulk channel for blobs;
         false: blobs move over libp2p streams only) and `port` (default 0: a fresh port per
         transfer; fixed: one transfer at a time on it). Keyword arguments of BlobService."""
-        t = self.extra.get("bulk", {})
-        if not isinstance(t, dict):
-            raise ConfigError("config: [bulk] must be a table")
-        enabled, port = t.get("enabled", True), t.get("port", 0)
-        if not isinstance(enabled, bool):
-            raise ConfigError("config: bulk.enabled must be true or false")
-        if type(port) is not int or not 0 <= port <= 65535:
-            raise ConfigError("config: bulk.port must be an integer 0-65535")
-        return {"bulk": enabled, "bulk_port": port}
+        return {"bulk": self.setting("bulk.enabled"), "bulk_port": self.setting("bulk.port")}
 
     def announce(self) -> list[str]:
         """`[network] announce`: the multiaddrs other members dial (`atdnode.node.advertise`);
         empty: the listen addresses, an unspecified one expanded to the host's interfaces."""
-        t = self.extra.get("network", {})
-        if not isinstance(t, dict):
-            raise ConfigError("config: [network] must be a table")
-        addrs = t.get("announce", [])
-        if not isinstance(addrs, list):
-            raise ConfigError("config: network.announce must be a list of multiaddr strings")
         from atdnode.node.addrs import check_announce
 
-        return [check_announce(a, "config network.announce") for a in addrs]
+        return [check_announce(a, "config network.announce") for a in self.setting("network.announce")]
 
     def compute_device(self) -> str | None:
         """The `[compute]` table's `device` (`cpu`, `cuda` or `cuda:N`; absent: None, meaning
         CUDA when present). Checked and turned into a torch.device by atdnode.learning.device."""
-        t = self.extra.get("compute", {})
-        if not isinstance(t, dict):
-            raise ConfigError("config: [compute] must be a table")
-        dev = t.get("device")
-        if dev is not None and (not isinstance(dev, str) or not dev):
-            raise ConfigError("config: compute.device must be a string: cpu, cuda or cuda:N")
-        return dev
+        return self.setting("compute.device")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
@@ -125,7 +112,6 @@ class NodeConfig:
         self.validate()
         home.root.mkdir(parents=True, exist_ok=True)
         tmp = home.config_file.with_name(f".config.toml.tmp{os.getpid()}")
-        from atdnode.node.config_schema import commented_defaults
 
         data = self.to_dict()
         with open(tmp, "wb") as f:

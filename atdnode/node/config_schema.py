@@ -1,16 +1,20 @@
-"""Every setting of config.toml, with its default and how a value is read: one table.
+"""Every setting of config.toml, declared once: its type, default, range or choices, and help.
 
-`KEYS` lists each key once (`section.name`, or a top-level name) with the default its reader
-uses when the key is absent (`tests/test_config_cmd.py` checks they agree with the readers);
-`commented_defaults(present)` is the reference block every save of config.toml appends: every
-section with the keys not set, their defaults commented out. `atdnode.node.config_set.set_key`
-(`atd config set KEY VALUE`) parses a value with `parse_value` and has the reader validate it.
-This module imports nothing of the readers, so `atdnode.node.config` can use it without a circle.
-To add a setting: one `Key(...)` line here (and its reader's check in `atdnode.node.config_set.CHECKS`).
+`KEYS` lists each key once (`section.name`, or a top-level name). From that one declaration:
+`NodeConfig.load` checks every declared key a config.toml holds (`check_tables`: a one-line
+ConfigError naming the key and what it must be), `NodeConfig.setting(path)` reads a value or
+its default, `atd config set KEY VALUE` parses and checks a value (`parse_value`,
+`check_value`), `commented_defaults` writes the reference block every save appends, and
+`doc_lines` is the table in INTERFACES.md. What one key cannot say alone (peers.max >= target,
+a listen address that parses, a CUDA device this machine has) stays with the part that reads
+it, run by `atdnode.node.config_set.CHECKS`. This module imports nothing of the readers.
+
+To add a setting: one `Key(...)` line here, then read it with `NodeConfig.setting("table.key")`.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,41 +27,72 @@ class Key:
     type: type  # str | int | float | bool | list (of str)
     default: Any
     doc: str
+    low: float | None = None  # int / float: the smallest value allowed
+    high: float | None = None  # ... and the largest
+    choices: tuple[str, ...] = ()  # str: the values allowed (empty: any non-empty string)
+    blank: bool = False  # str: free text, "" allowed (unset)
+
+    @property
+    def placeholder(self) -> bool:
+        """The default is a description, not a value ("(cuda when present, else cpu)")."""
+        return isinstance(self.default, str) and self.default.startswith("(")
+
+    def rule(self) -> str:
+        """What a value must be, as a phrase: "an integer from 0 to 100"."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        kind = {bool: "true or false", int: "an integer", float: "a number", list: "a list of strings",
+                str: "text" if self.blank else "a non-empty string"}[self.type]
+        if self.low is not None and self.high is not None:
+            return f"{kind} from {self.low:g} to {self.high:g}"
+        if self.low is not None:
+            return f"{kind} >= {self.low:g}"
+        if self.high is not None:
+            return f"{kind} <= {self.high:g}"
+        return kind
 
 
 KEYS: tuple[Key, ...] = (
     Key("name", str, "(the home folder's name)", "human-readable node name"),
-    Key("role", str, "node", "role announced in hello (node, festa-server, ...)"),
+    Key("role", str, "node", "role announced in hello (node, festa-server, pfesta-server, msd-server)"),
     Key("listen", list, ["/ip4/127.0.0.1/tcp/0"], "libp2p multiaddrs to listen on (deploy/PORTS.md)"),
     Key("bootstrap", list, [], "full multiaddrs (.../p2p/<id>) of peers to dial at start"),
     Key("network.announce", list, [], "multiaddrs other sites dial (NAT / port forward; empty: the listen "
         "addresses, 0.0.0.0 as the host's interface addresses)"),
-    Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size (>= 1024)"),
-    Key("logs.backups", int, 5, "rotated log files kept (0-100)"),
-    Key("peers.target", int, 8, "peers the daemon keeps connected"),
-    Key("peers.max", int, 16, "hard cap on connected peers (>= target)"),
-    Key("peers.low_latency_share", float, 0.5, "share of dials that go to the fastest peers"),
-    Key("peers.grace_s", float, 5.0, "a new connection is not pruned this long"),
-    Key("peers.redial_after_s", float, 30.0, "a lost peer is not dialled again this soon"),
-    Key("peers.rotate_s", float, 60.0, "one peer is swapped for a random member this often"),
-    Key("peers.rotate_idle_s", float, 600.0, "... or this often while no dial fails and sync finds nothing new"),
+    Key("logs.max_bytes", int, 10 << 20, "rotate HOME/logs/*.log at this size", low=1024),
+    Key("logs.backups", int, 5, "rotated log files kept", low=0, high=100),
+    Key("peers.target", int, 8, "peers the daemon keeps connected", low=1),
+    Key("peers.max", int, 16, "hard cap on connected peers (>= target)", low=1),
+    Key("peers.low_latency_share", float, 0.5, "share of dials that go to the fastest peers", low=0, high=1),
+    Key("peers.grace_s", float, 5.0, "a new connection is not pruned this long", low=0),
+    Key("peers.redial_after_s", float, 30.0, "a lost peer is not dialled again this soon", low=0),
+    Key("peers.rotate_s", float, 60.0, "one peer is swapped for a random member this often", low=0),
+    Key("peers.rotate_idle_s", float, 600.0, "... or this often while no dial fails and sync finds nothing new",
+        low=0),
     Key("peers.unreachable_after_s", float, 60.0, "a member whose dials fail this long is one WARNING line "
-        "and a dashboard warning"),
+        "and a dashboard warning", low=0),
     Key("bulk.enabled", bool, True, "encrypted TCP bulk channel for blobs (false: libp2p streams only)"),
-    Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)"),
-    Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)"),
+    Key("bulk.port", int, 0, "bulk channel port (0: a fresh one per transfer)", low=0, high=65535),
+    Key("models.max_bytes", int, 0, "remove the oldest unserved models above this many bytes (0: no limit)",
+        low=0),
     Key("aggregate.keep", str, "best", "after an aggregation the node uses: best (the consortium's model where it "
-        "scores at least its own on its val data) or consortium"),
+        "scores at least its own on its val data) or consortium", choices=("best", "consortium")),
     Key("quota.author_entries", int, 12_000, "entries one member may add to this node's ledger per quota window "
-        "(all kinds together; ledger.quota)"),
+        "(all kinds together; ledger.quota)", low=1),
     Key("quota.author_bytes", int, 48 << 20, "bytes one member may add to this node's ledger per quota window "
-        "(all kinds together)"),
+        "(all kinds together)", low=1),
     Key("compute.device", str, "(cuda when present, else cpu)", "device that runs models: cpu, cuda or cuda:N"),
-    Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)"),
-    Key("card.out_of_scope_use", str, "", "model card: uses it was not made or checked for (free text)"),
+    Key("card.intended_use", str, "", "model card: what the model is for, who uses it, on which patients (free text)",
+        blank=True),
+    Key("card.out_of_scope_use", str, "", "model card: uses it was not made or checked for (free text)", blank=True),
     Key("card.data_description", str, "", "model card: the training data in words: modality, sites, period, "
-        "inclusion criteria (free text, never paths)"),
-    Key("card.limitations", str, "", "model card: known limitations and failure modes the data owner adds"),
+        "inclusion criteria (free text, never paths)", blank=True),
+    Key("card.limitations", str, "", "model card: known limitations and failure modes the data owner adds",
+        blank=True),
+    Key("plans.auto_accept_from", list, [], "proposers (member names or peer ids) whose plans this node accepts by "
+        "itself; others wait for `atd plan accept`"),
+    Key("plans.kinds", list, "(every step kind)", "plan step kinds this node carries out; a plan giving it another "
+        "kind is declined ([plans.data] maps a plan's data names to this node's data specs)"),
 )
 BY_PATH = {k.path: k for k in KEYS}
 # tables config.toml may hold that another command owns (not set with `atd config set`)
@@ -65,7 +100,12 @@ OWNED_ELSEWHERE = {"split": "atd split configure"}
 
 
 def parse_value(key: Key, text: str) -> Any:
-    """VALUE as typed on a command line -> the TOML value of `key` (ConfigError if it is not one)."""
+    """VALUE as typed on a command line -> the TOML value of `key` (ConfigError if it is not one,
+    or not in the key's range or choices)."""
+    return check_value(key, _parse(key, text))
+
+
+def _parse(key: Key, text: str) -> Any:
     try:
         if key.type is bool:
             low = text.strip().lower()
@@ -89,6 +129,72 @@ def parse_value(key: Key, text: str) -> Any:
         kind = {bool: "true or false", int: "an integer", float: "a number",
                 list: "a comma-separated list or a JSON list of strings"}.get(key.type, "a string")
         raise ConfigError(f"config {key.path}: {text!r} is not {kind}") from None
+
+
+def check_value(key: Key, value: Any) -> Any:
+    """`value` if it is what `key` declares, else a one-line ConfigError naming the key."""
+    t = key.type
+    ok = (isinstance(value, bool) if t is bool
+          else type(value) is int if t is int
+          else isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) if t is float
+          else isinstance(value, list) and all(isinstance(x, str) for x in value) if t is list
+          else isinstance(value, str) and (key.blank or bool(value)))
+    if ok and key.low is not None and value < key.low:
+        ok = False
+    if ok and key.high is not None and value > key.high:
+        ok = False
+    if ok and key.choices and value not in key.choices:
+        ok = False
+    if not ok:
+        raise ConfigError(f"config: {key.path} must be {key.rule()} (got {value!r:.60})")
+    return value
+
+
+def check_tables(data: dict) -> None:
+    """Check every declared key `data` (config.toml as a dict) holds; its tables must be tables.
+    Keys nobody declared are left to their readers."""
+    for key in KEYS:
+        table, _, name = key.path.rpartition(".")
+        have = data.get(table, {}) if table else data
+        if not isinstance(have, dict):
+            raise ConfigError(f"config: [{table}] must be a table")
+        if name in have:
+            check_value(key, have[name])
+
+
+def value_in(data: dict, path: str) -> Any:
+    """The value of declared key `path` in `data` (config.toml as a dict), checked, or its
+    default (None for a default that is a description)."""
+    key = BY_PATH[path]
+    table, _, name = path.rpartition(".")
+    have = data.get(table, {}) if table else data
+    if not isinstance(have, dict):
+        raise ConfigError(f"config: [{table}] must be a table")
+    if name in have:
+        return check_value(key, have[name])
+    return None if key.placeholder else key.default
+
+
+# INTERFACES.md's settings section is this table (tests/test_config_cmd.py checks it is current):
+# `python -m atdnode.node.config_schema INTERFACES.md` rewrites it in place.
+DOC_BEGIN = "<!-- config.toml settings: generated by `python -m atdnode.node.config_schema INTERFACES.md`; do not edit -->"
+DOC_END = "<!-- end of config.toml settings -->"
+
+
+def doc_markdown() -> str:
+    """The settings as a Markdown table, between DOC_BEGIN and DOC_END."""
+    out = [DOC_BEGIN, "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for k in KEYS:
+        default = k.default[1:-1] if k.placeholder else f"`{_toml(k.default)}`"
+        out.append(f"| `{k.path}` | {k.type.__name__} | {default} | {k.rule()} | {k.doc} |")
+    return "\n".join(out + ["", DOC_END])
+
+
+def update_doc(text: str) -> str:
+    """`text` with its settings section (DOC_BEGIN ... DOC_END) rewritten from `KEYS`."""
+    from atdnode.docsections import replace_section
+
+    return replace_section(text, DOC_BEGIN, DOC_END, doc_markdown(), "config.toml settings")
 
 
 def lookup(path: str) -> Key:
@@ -125,8 +231,14 @@ def commented_defaults(present: dict) -> str:
             section = table
             if table:
                 lines += ["", f"# [{table}]"]
-        default = k.default if not (isinstance(k.default, str) and k.default.startswith("(")) else None
+        default = None if k.placeholder else k.default
         val = _toml(default) if default is not None else f'"..."  {k.default}'
-        lines.append(f"# {name} = {val}    # {k.doc}")
+        lines.append(f"# {name} = {val}    # {k.doc} ({k.rule()})")
     lines += ["", "# [split]    (split-learning server settings: `atd split configure`)", ""]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from atdnode.docsections import rewrite_main
+
+    rewrite_main(update_doc, "atdnode.node.config_schema")

@@ -1,10 +1,12 @@
 """`atd config set KEY VALUE`: one setting of config.toml, written only if its reader accepts it.
 
-The value is parsed with the key's type (`atdnode.node.config_schema`), written, and then the part
-of atd that reads that section validates the file with its own function (the one the daemon
-calls at start: `logs.log_limits`, `model_gc.size_limit`, `PeerSetConfig.from_table`,
-`NodeConfig.bulk_options`, `NodeConfig.announce`, `addrs.check_listen` / `check_bootstrap`); on a refusal the old
-file is put back, so a bad value changes nothing.
+The value is parsed and checked against the key's declaration (`atdnode.node.config_schema`:
+type, range, choices), written, and the file is loaded again (which checks every declared
+key); then the part of atd that reads the section checks what one key cannot say alone (the
+function the daemon calls at start: `PeerSetConfig.from_table` for peers.max >= target,
+`addrs.check_listen` / `check_bootstrap`, `parse_device`, `NodeConfig.announce`, the model
+card's `card_statement`, the plans' `PlanPolicy.load`). On a refusal the old file is put
+back, so a bad value changes nothing.
 """
 from __future__ import annotations
 
@@ -15,18 +17,6 @@ from atdnode.node.config import NodeConfig
 from atdnode.node.config_schema import lookup, parse_value
 from atdnode.errors import AtdError, ConfigError
 from atdnode.node.home import NodeHome
-
-
-def _check_logs(home: NodeHome) -> None:
-    from atdnode.node.logs import log_limits
-
-    log_limits(home)
-
-
-def _check_models(home: NodeHome) -> None:
-    from atdnode.models.gc import size_limit
-
-    size_limit(home)
 
 
 def _check_listen(home: NodeHome) -> None:
@@ -40,27 +30,17 @@ def _check_listen(home: NodeHome) -> None:
 
 
 def _check_peers(home: NodeHome) -> None:
-    from atdnode.peers.peerset import PeerSetConfig
+    from atdnode.peers import PeerSetConfig
 
     PeerSetConfig.from_table(NodeConfig.load(home).extra.get("peers"))
-
-
-def _check_bulk(home: NodeHome) -> None:
-    NodeConfig.load(home).bulk_options()
 
 
 def _check_network(home: NodeHome) -> None:
     NodeConfig.load(home).announce()
 
 
-def _check_aggregate(home: NodeHome) -> None:
-    from atdnode.aggregation.keep import keep_policy
-
-    keep_policy(home)
-
-
 def _check_compute(home: NodeHome) -> None:
-    from atdnode.learning.device import parse_device
+    from atdnode.learning import parse_device
 
     dev = NodeConfig.load(home).compute_device()
     if dev is not None:
@@ -68,22 +48,31 @@ def _check_compute(home: NodeHome) -> None:
 
 
 def _check_card(home: NodeHome) -> None:
-    from atdnode.report.statement import card_statement
+    from atdnode.report import card_statement
 
     card_statement(home)
 
 
-def _check_quota(home: NodeHome) -> None:
-    from atdnode.replication.ledger_access import quota_from_config
+def _check_plans(home: NodeHome) -> None:
+    from atdnode.plans import PlanPolicy
 
-    quota_from_config(NodeConfig.load(home).extra.get("quota"))
+    PlanPolicy.load(home)
 
 
-# the reader's own validation per section ("" = top-level keys); each loads config.toml
+def _check_quota(home: NodeHome) -> None:  # the window and the per-kind tables ([quota.KIND])
+    from ledger import AuthorQuota
+
+    try:
+        AuthorQuota.from_table(NodeConfig.load(home).extra.get("quota"))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+
+
+# what one key's declaration cannot say, checked by the part that reads the section ("" = top-level
+# keys); each loads config.toml, which checks every declared key (atdnode.node.config_schema)
 CHECKS: dict[str, Callable[[NodeHome], None]] = {
-    "": _check_listen, "logs": _check_logs, "models": _check_models, "peers": _check_peers, "bulk": _check_bulk,
-    "compute": _check_compute, "network": _check_network, "aggregate": _check_aggregate, "card": _check_card,
-    "quota": _check_quota,
+    "": _check_listen, "peers": _check_peers, "compute": _check_compute, "network": _check_network,
+    "card": _check_card, "plans": _check_plans, "quota": _check_quota,
 }
 
 
@@ -104,6 +93,7 @@ def set_key(home: NodeHome, path: str, text: str) -> Any:
         setattr(cfg, name, value)
     try:
         cfg.save(home)
+        NodeConfig.load(home)
         CHECKS.get(table, lambda h: None)(home)
     except AtdError:  # ConfigError, DeviceError, ...: the reader refused it
         tmp = home.config_file.with_name(f".config.toml.old{os.getpid()}")

@@ -55,29 +55,22 @@ from typing import Any, Protocol
 import trio
 
 from atdnode.node import control
-from atdnode.replication.access import MembershipGate
-from atdnode.replication.announce import Announcer
-from atdnode.blobs.autofetch import AutoFetcher
-from atdnode.blobs.readers import BlobReaders
-from atdnode.blobs.store import BlobStore
+from atdnode.replication import (SYNC_FANOUT, SYNC_PROTOCOLS, Announcer, CachedGenesis, LedgerAccess, MembershipGate,
+                                 Replicator, quota_from_config)
+from atdnode.blobs import AutoFetcher, BlobReaders, BlobService, BlobStore
 from atdnode.node.advertise import advertised
 from atdnode.node.config import NodeConfig
 from atdnode.node.daemon_control import DaemonControl
-from atdnode.peers.dialer import PeerDialer
+from atdnode.peers import PeerDialer, PeerSet, PeerSetConfig, gossip_degrees
 from atdnode.node.disk_trouble import DiskTrouble
 from atdnode.errors import ConfigError, DaemonError
 from atdnode.node.gctune import tune_gc
 from atdnode.node.home import NodeHome, home_lock
 from atdnode.node.identity import NodeIdentity
-from atdnode.replication.ledger_access import LedgerAccess, quota_from_config
 from atdnode.node.snapshot import NodeSnapshot, campaign_states, fetch_progress
-from atdnode.peers.peerset import PeerSet, PeerSetConfig, gossip_degrees
-from atdnode.models.registry import ModelRegistry
-from atdnode.replication.replicator import SYNC_FANOUT, Replicator
+from atdnode.models import ModelRegistry
 from atdnode.split import role_services
-from atdnode.replication.sync import SYNC_PROTOCOLS, CachedGenesis
-from atdnode.transport.base import Transport
-from atdnode.blobs.xfer import BlobService
+from atdnode.transport import Transport
 from ledger import Entry, Ledger
 
 log = logging.getLogger("atd.daemon")
@@ -152,7 +145,7 @@ class NodeDaemon:
         self.services: list = role_services(home, self.config)
 
     def _libp2p_transport(self) -> Transport:
-        from atdnode.transport.libp2p_transport import GossipConfig, Libp2pTransport
+        from atdnode.transport import GossipConfig, Libp2pTransport
 
         d, d_low, d_high = gossip_degrees(self.peerset.cfg)  # the mesh follows the bounded peer set
         return Libp2pTransport(self.identity.libp2p_keypair(),

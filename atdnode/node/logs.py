@@ -17,11 +17,8 @@ import logging.handlers
 import os
 import sys
 
-from atdnode.errors import ConfigError
 from atdnode.node.home import NodeHome
 
-DEFAULT_MAX_BYTES = 10 << 20
-DEFAULT_BACKUPS = 5
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -29,16 +26,8 @@ def log_limits(home: NodeHome) -> tuple[int, int]:
     """(max_bytes, backups) from config.toml's [logs] table (defaults when absent)."""
     from atdnode.node.config import NodeConfig
 
-    table = NodeConfig.load(home).extra.get("logs", {})
-    if not isinstance(table, dict):
-        raise ConfigError("config: [logs] must be a table")
-    max_bytes = table.get("max_bytes", DEFAULT_MAX_BYTES)
-    backups = table.get("backups", DEFAULT_BACKUPS)
-    if type(max_bytes) is not int or max_bytes < 1024:
-        raise ConfigError("config: logs.max_bytes must be an integer >= 1024")
-    if type(backups) is not int or not 0 <= backups <= 100:
-        raise ConfigError("config: logs.backups must be an integer from 0 to 100")
-    return max_bytes, backups
+    cfg = NodeConfig.load(home)  # checks both (atdnode.node.config_schema)
+    return cfg.setting("logs.max_bytes"), cfg.setting("logs.backups")
 
 
 def file_handler(home: NodeHome, name: str) -> logging.Handler:

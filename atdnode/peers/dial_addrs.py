@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from atdnode.peers.dialpolicy import addresses_newest_first
-from atdnode.replication.ledger_access import LedgerAccess
+from atdnode.replication import LedgerAccess
 from ledger import Ledger
 from ledger.errors import BadPeerId
 from ledger.keys import public_key_from_peer_id

@@ -29,9 +29,9 @@ from atdnode.peers.dial_addrs import HelloAddresses
 from atdnode.peers.dialpolicy import DialPolicy
 from atdnode.peers.peerset import (gossip_degrees, plan_dials, plan_prunes, plan_rotation, rotation_interval,
                              SAMPLE_ALL, sample_candidates, small_consortium)
-from atdnode.node.rngs import loop_rng
-from atdnode.transport.base import TransportError
-from atdnode.transport._libp2p.gossip_mesh import fit_mesh
+from atdnode.node import loop_rng
+from atdnode.retry import Backoff
+from atdnode.transport import TransportError, fit_mesh
 
 log = logging.getLogger("atd.daemon")
 
@@ -142,7 +142,7 @@ class PeerDialer:
         An unreachable peer is logged at the first failed dial, or after `notice_after` s of
         a dial that hangs, not after the last retry."""
         d = self.d
-        delay = 0.2
+        waits = Backoff(0.2, 5.0)  # between failed dials of this bootstrap peer
         end = trio.current_time() + deadline
         peer = addr.rsplit("/p2p/", 1)[-1]
         warned = False
@@ -163,6 +163,7 @@ class PeerDialer:
                             await d.transport.connect(addr)
                             log.info("connected to bootstrap peer %s", peer)
                         except TransportError as exc:
+                            delay = waits.fail(peer, trio.current_time())
                             late = trio.current_time() + delay > end
                             if not warned:
                                 log.warning("could not reach bootstrap %s: %s; retrying", addr, exc)
@@ -171,7 +172,6 @@ class PeerDialer:
                                 log.warning("could not reach bootstrap %s: %s; giving up", addr, exc)
                                 return
                             await trio.sleep(delay)
-                            delay = min(delay * 2, 5.0)
                             continue
                     if d.gate.self_is_member:
                         return

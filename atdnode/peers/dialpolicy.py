@@ -27,38 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from atdnode.retry import Backoff
+
 MAX_ADDRS_PER_MEMBER = 8  # addresses kept per member (its newest hellos'); bounds a dial round
-
-
-class Backoff:
-    """Per-key exponential back-off: the n-th failure in a row blocks the key for
-    `base * 2**(n-1)` seconds, at most `cap` (a cap may be given per failure)."""
-
-    def __init__(self, base: float, cap: float) -> None:
-        self.base, self.cap = base, cap
-        self._state: dict[str, tuple[float, float]] = {}  # key -> (blocked until, last delay)
-
-    def fail(self, key: str, now: float, cap: float | None = None) -> float:
-        """Record a failure of `key` at `now`; returns the delay it is now blocked for."""
-        limit = self.cap if cap is None else cap
-        prev = self._state.get(key, (0.0, 0.0))[1]
-        delay = min(limit, self.base if prev <= 0 else prev * 2)
-        self._state[key] = (now + delay, delay)
-        return delay
-
-    def blocked(self, key: str, now: float) -> bool:
-        state = self._state.get(key)
-        return state is not None and now < state[0]
-
-    def clear(self, key: str | None = None) -> None:
-        """Forget `key`'s failures (every key's with None)."""
-        if key is None:
-            self._state.clear()
-        else:
-            self._state.pop(key, None)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._state
 
 
 MAX_INTERNED_ADDRS = 1 << 16

@@ -9,10 +9,14 @@ carries out the member's own steps when their inputs arrived, with the same libr
 functions the CLI commands use, and records each result as a `plan_step` entry; `progress`
 shows each member's state per step.
 """
-from atdnode.plans.policy import PlanPolicy
-from atdnode.plans.runner import Advance, advance, decide, follow, member_names, propose
-from atdnode.plans.spec import STEP_KINDS, PlanError, build_plan, check_plan
-from atdnode.plans.state import PlanView, find_plan, load_view, progress
+from __future__ import annotations
 
-__all__ = ["Advance", "PlanError", "PlanPolicy", "PlanView", "STEP_KINDS", "advance", "build_plan", "check_plan",
-           "decide", "find_plan", "follow", "load_view", "member_names", "progress", "propose"]
+from atdnode.face import lazy_face
+
+# The names other rooms, the CLI and netsim import from here (atdnode/face.py).
+_FACE = {"PlanPolicy": "policy", "Advance": "runner", "advance": "runner", "decide": "runner", "follow": "runner",
+         "member_names": "runner", "propose": "runner", "STEP_KINDS": "spec", "PlanError": "spec",
+         "build_plan": "spec", "check_plan": "spec", "PlanView": "state", "find_plan": "state",
+         "load_view": "state", "progress": "state"}
+__all__ = [*_FACE]
+__getattr__, __dir__ = lazy_face(__name__, _FACE)

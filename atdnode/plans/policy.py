@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from atdnode.errors import ConfigError
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeConfig, NodeHome
 from atdnode.plans.spec import STEP_KINDS
 
 

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeHome, NodeIdentity
 from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.spec import PlanError, build_plan, check_plan, step_inputs
 from atdnode.plans.state import ACCEPT, DECLINE, DONE, FAILED, PlanView, load_view, members_of
@@ -152,7 +151,7 @@ def _gather(led: Ledger, store: BlobStore, view: PlanView, me: str, sid: str, no
         mine, ok = [], True
         for rid in res["results"]:
             try:
-                e = led.get(bytes.fromhex(rid)) if len(rid) == 64 else None
+                e = led.get(rid) if len(rid) == 64 else None
             except ValueError:  # not hex: nothing that could ever arrive
                 ok = False
                 break

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.spec import PlanError
 from ledger import Ledger
@@ -43,7 +43,7 @@ def _ids(inputs: Inputs, refs) -> list[str]:
 
 
 def _own_entries(home: NodeHome, kind: str):
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
     me = NodeIdentity.load(home).public_key
     with Ledger.open(home.ledger_db) as led:
@@ -51,10 +51,9 @@ def _own_entries(home: NodeHome, kind: str):
 
 
 def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.learning.model import resolve_config
-    from atdnode.learning.train_options import TrainOptions
-    from atdnode.learning.training import train
-    from atdnode.blobs.store import BlobStore
+    from atdnode.learning import TrainOptions, resolve_config
+    from atdnode.learning import train
+    from atdnode.blobs import BlobStore
 
     m = dict(plan.get("model") or {})
     cfg = resolve_config(m.pop("name", DEFAULT_MODEL), num_heads=m.pop("heads", None), **m)
@@ -64,7 +63,7 @@ def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanP
         if not starts:
             raise PlanError(f"no weights of step {step['init_from']!r} to start from")
         with Ledger.open(home.ledger_db) as led:
-            start = led.get(bytes.fromhex(starts[0])).body["blob"]
+            start = led.get(starts[0]).body["blob"]
         if not BlobStore(home.blobs_dir).has(start):
             raise PlanError(f"the start {start[:16]} is not in this node's store")
     keys = ("epochs", "lr", "batch_size", "seed", "augment", "weight_decay", "warmup_epochs")
@@ -75,7 +74,7 @@ def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanP
 
 
 def _publish(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.models.publish import publish_weights
+    from atdnode.models import publish_weights
 
     model = inputs.own.get(step["model"], {}).get("model")
     if not model:
@@ -88,9 +87,8 @@ def _publish(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: Pla
 
 
 def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.aggregation.ensemble import EnsembleOptions
-    from atdnode.aggregation.hierarchical import GroupSpec
-    from atdnode.aggregation.modes import aggregate
+    from atdnode.aggregation import EnsembleOptions, GroupSpec
+    from atdnode.aggregation import run_aggregate as aggregate
 
     mode = step["mode"]
     ids = _ids(inputs, step.get("inputs"))
@@ -114,8 +112,8 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
 
 
 def _share(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.aggregation.features_share import share_features
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.aggregation import share_features
+    from atdnode.models import ModelRegistry
 
     model = ModelRegistry(home).get("latest").id
     if "data" not in step:  # shared before a kill: the same entry, not a second one
@@ -128,7 +126,7 @@ def _share(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanP
 
 
 def _classify(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.learning.classify import classify
+    from atdnode.learning import run_classify as classify
 
     res = classify(home, policy.data_spec(step["data"]), split=step.get("split", "test"))
     return StepOutcome(results=[], model=res.model_id,

@@ -30,7 +30,7 @@ from typing import Awaitable, Callable, Iterable
 
 import msgpack
 
-from atdnode.transport.base import Stream, StreamHandler, TransportError
+from atdnode.transport import Stream, StreamHandler, TransportError
 
 log = logging.getLogger("atd.access")
 

@@ -19,13 +19,11 @@ from typing import Callable
 import trio
 
 from atdnode import bodies
-from atdnode.blobs.readers import BlobReaders
-from atdnode.node.config import NodeConfig
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
+from atdnode.blobs import BlobReaders
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from atdnode.replication.ledger_access import LedgerAccess
 from atdnode.replication.replicator import BLOB_KINDS_SET, Replicator
-from atdnode.transport.base import Transport, TransportError
+from atdnode.transport import Transport, TransportError
 from ledger import Entry, Ledger
 
 log = logging.getLogger("atd.daemon")

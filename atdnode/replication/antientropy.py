@@ -39,7 +39,7 @@ from typing import Any
 
 import trio
 
-from atdnode.peers.peerset import plan_sync
+from atdnode.peers import plan_sync
 
 SYNC_IDLE_FACTOR = 4  # quiet pulls space out up to this many sync intervals (module doc)
 ACTIVITY_STATS = ("gossip_in", "gossip_overflow", "gossip_rejected")  # gossip moving: pull at sync_interval

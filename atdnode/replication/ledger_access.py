@@ -35,7 +35,7 @@ from typing import Callable, Iterable, TypeVar
 import trio
 
 from atdnode.bodies import refusal
-from atdnode.transport.base import StreamClosed
+from atdnode.transport import StreamClosed
 from atdnode.errors import ConfigError
 from ledger import AuthorQuota, Entry, Ledger, Signer
 

@@ -35,14 +35,12 @@ from atdnode.bodies import refusal
 from atdnode.replication import own_chain
 from atdnode.replication.access import AccessRefused, MembershipGate
 from atdnode.replication.antientropy import AntiEntropy, chain_observers
-from atdnode.peers.dialer import PeerDialer
+from atdnode.peers import PeerDialer, PeerSet
 from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.peers.peerset import PeerSet
-from atdnode.node.rngs import loop_rng
+from atdnode.node import loop_rng
 from atdnode.replication.sync_connect import ConnectPulls, Waiter
 from atdnode.replication.sync import PER_PEER_STREAMS, TOTAL_STREAMS, SyncResult, SyncVersions, pull, serve_sync
-from atdnode.transport.base import MAX_GOSSIP, Stream, Transport, TransportError
-from atdnode.transport.limits import PeerLimits
+from atdnode.transport import MAX_GOSSIP, PeerLimits, Stream, Transport, TransportError
 from ledger import Entry, Ledger
 from ledger.errors import LedgerError
 from ledger.keys import peer_id_from_public_key

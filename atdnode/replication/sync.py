@@ -53,8 +53,8 @@ from atdnode.replication.ledger_access import LedgerAccess
 from atdnode.replication.own_chain import fork_evidence, held_by, held_for
 from atdnode.replication.sync_connect import ahead_of
 from atdnode.replication.sync_digest import VECTOR_BYTES, differing, digest_vector, in_buckets
-from atdnode.transport.base import FrameError, Stream, StreamClosed, Transport, TransportError
-from atdnode.transport.limits import DecodeBudget, PeerLimits, lease_or_reset
+from atdnode.transport import (DecodeBudget, FrameError, PeerLimits, Stream, StreamClosed, Transport, TransportError,
+                               lease_or_reset)
 
 SYNC_PROTOCOL = "/atd/sync/1.0.0"
 SYNC_PROTOCOL_V2 = "/atd/sync/2.0.0"

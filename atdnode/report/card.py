@@ -35,9 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from atdnode.bodies import fits
-from atdnode.data.public_spec import public_spec, source_kind
+from atdnode.data import public_data_spec as public_spec, source_kind
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key
 
 MAX_STEPS = 500  # a card follows at most this many entries back (hierarchies are shallow)
@@ -96,9 +96,9 @@ class Card:
 
 def collect(home: NodeHome, model: str = "latest") -> Card:
     """The card's facts for `model` (id, prefix, or `latest`: the model in use) of this node."""
-    from atdnode.aggregation.keep import resolve_model, use_of
-    from atdnode.blobs.store import BlobStore
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.aggregation import resolve_model, use_of
+    from atdnode.blobs import BlobStore
+    from atdnode.models import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
     rec = resolve_model(home, model)
@@ -108,7 +108,7 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
         steps = _steps(led, rec)
         for s in steps:
             if s.kind == "aggregate":
-                s.verification = _verify(led, store, led.get(bytes.fromhex(s.id)))
+                s.verification = _verify(led, store, led.get(s.id))
         members = _members(led, ms, {s.author for s in steps})
         try:
             check, ledger_ok = ledger_words(led.verify()), True
@@ -131,7 +131,7 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
 def _arch(model: dict) -> str:
     """The architecture as built (`ModelConfig.arch`), or the recorded name where the record's
     config does not parse (a card still renders for a damaged record)."""
-    from atdnode.learning.model import ModelConfig
+    from atdnode.learning import ModelConfig
     from protocols.vit_config import ModelConfigError
 
     try:
@@ -167,7 +167,7 @@ def _roots(led: Ledger, rec) -> list[Entry]:
 
 def _get(led: Ledger, hex_id: str) -> Entry | None:
     try:
-        return led.get(bytes.fromhex(hex_id), include_held=True)
+        return led.get(hex_id, include_held=True)
     except ValueError:
         return None
 
@@ -240,7 +240,7 @@ def _summary(e: Entry) -> dict:
 
 def _verify(led: Ledger, store, entry: Entry | None) -> dict:
     """Re-run the one aggregate verification (`agg_verify.verify_entry`) on this entry."""
-    from atdnode.aggregation.verify import verify_entry
+    from atdnode.aggregation import verify_entry
 
     if entry is None:
         return {"status": "failed", "detail": "entry not in the ledger"}

@@ -142,8 +142,7 @@ def _training(card: Card) -> str:
 def _evaluations(card: Card) -> str:
     if not card.evaluations:
         return "<p>No evaluation recorded yet (run <code>atd classify</code>).</p>"
-    from atdnode.learning.metrics import save_confusion_png, save_reliability_png
-    from atdnode.learning.trainlog import save_curves_png
+    from atdnode.learning import save_confusion_png, save_curves_png, save_reliability_png
 
     parts = []
     for i, ev in enumerate(card.evaluations):
@@ -171,7 +170,7 @@ def _evaluations(card: Card) -> str:
 
 def _reliability(card: Card) -> str:
     """The reliability plot of the evaluation the summary quotes (the newest), if it recorded one."""
-    from atdnode.learning.metrics import save_reliability_png
+    from atdnode.learning import save_reliability_png
 
     ev = card.evaluations[-1] if card.evaluations else None
     cal = ((ev or {}).get("details") or {}).get("calibration")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from atdnode.learning.metrics import interval_text, wilson
+from atdnode.learning import interval_text, wilson
 from atdnode.report.card import Card
 
 TEMPLATE = 'Mitchell et al. 2019, "Model Cards for Model Reporting" (FAT* \'19), section 4'

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 
 FIELDS = ("intended_use", "out_of_scope_use", "data_description", "limitations")
 MAX_CHARS = 4000
@@ -42,6 +42,6 @@ def check_statement(table: object) -> dict[str, str]:
 
 def card_statement(home: NodeHome) -> dict[str, str]:
     """`check_statement` of this node's `[card]` table."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
 
     return check_statement(NodeConfig.load(home).extra.get("card"))

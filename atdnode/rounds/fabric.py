@@ -18,7 +18,7 @@ import trio
 
 from atdnode.node import control
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.rounds.rules import RoundsError
 
 
@@ -57,8 +57,8 @@ class ControlFabric(Fabric):
     """The CLI's fabric: the node's daemon through its control socket."""
 
     def __init__(self, home: NodeHome) -> None:
-        from atdnode.node.config import NodeConfig
-        from atdnode.peers.peerset import PeerSetConfig
+        from atdnode.node import NodeConfig
+        from atdnode.peers import PeerSetConfig
 
         self.sock = home.control_socket
         try:  # read once, as the daemon does at start (not on every liveness poll)

@@ -75,17 +75,15 @@ import json
 import numpy as np
 import torch
 
-from atdnode.aggregation.check import check_recorded_cosines, check_recorded_weights, check_result
-from atdnode.aggregation.aggregate import AggregateError, average_blobs, result_meta
-from atdnode.blobs.store import BlobStore
+from atdnode.aggregation import (AggregateError, average_blobs, check_recorded_cosines, check_recorded_weights,
+                                 check_result, result_meta)
+from atdnode.blobs import BlobStore
 from atdnode.bodies import BodyError, body_of, fits
 from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
+from atdnode.data import require_classes
 from atdnode.errors import AtdError
-from atdnode.learning.model import ModelConfig, build_model, export_part
-from atdnode.models.publish import weights_body
-from atdnode.models.registry import ModelRecord
-from atdnode.models.weights import load_weights
+from atdnode.learning import ModelConfig, build_model, export_part
+from atdnode.models import ModelRecord, load_weights, weights_body
 from ledger import Entry, Ledger
 from ledger.keys import peer_id_from_public_key
 from protocols.aggregation import AggregationError
@@ -314,7 +312,7 @@ def combine_blobs(store: BlobStore, blobs: list[str], combine, *, names: list[st
 def absent_inputs(led: Ledger, entry: Entry) -> list[str]:
     """The input ids of a round aggregate that are not (yet) in this ledger (AggregateError
     for an entry whose body does not fit the spec)."""
-    return [h for h in _body(entry).get("inputs") or [] if led.get(bytes.fromhex(h)) is None]
+    return [h for h in _body(entry).get("inputs") or [] if led.get(h) is None]
 
 
 def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> list[Entry]:
@@ -329,7 +327,7 @@ def round_inputs(led: Ledger, entry: Entry, reference: str | None = None) -> lis
                              f"not the previous round's global model {reference[:12]}")
     inputs = []
     for h in ids:
-        e = led.get(bytes.fromhex(h))
+        e = led.get(h)
         if e is None:
             raise AggregateError(f"aggregate {eid}: input {h[:16]} is not in this ledger (yet)")
         if e.kind != "weights" or e.body.get("campaign") != b.get("campaign") or e.body.get("round") != b.get("round"):

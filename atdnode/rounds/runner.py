@@ -38,14 +38,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from atdnode import bodies
-from atdnode.aggregation.aggregate import register_global
-from atdnode.blobs.store import BlobStore
+from atdnode.aggregation import register_global
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
-from atdnode.models.registry import ModelRecord
-from atdnode.learning.training import TrainOptions, train
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig, TrainOptions, train
+from atdnode.models import ModelRecord
 from atdnode.rounds.rules import (
     RoundsError,
     absent_inputs,
@@ -364,7 +362,7 @@ class RoundRunner:
         if cosines is not None:
             self.c.log(f"round {rnd}: fedwavg q={self.c.q:g} cosines {[round(c, 5) for c in cosines]} "
                        f"-> weights {[round(w, 4) for w in weights]}")
-        from atdnode.models.weights import save_weights
+        from atdnode.models import save_weights
 
         blob = save_weights(self.store, tensors, meta)
         self._agg_s += time.perf_counter() - t
@@ -443,7 +441,7 @@ class RoundRunner:
         b = agg.body
         mine = pub.body["blob"] if pub is not None else None
         with self._led() as led:  # one ledger open for every input's body
-            bodies_in = [e.body for h in b["inputs"] if (e := led.get(bytes.fromhex(h))) is not None]
+            bodies_in = [e.body for h in b["inputs"] if (e := led.get(h)) is not None]
         bytes_in = sum(int(body.get("size", 0)) for body in bodies_in if body.get("blob") != mine)
         return RoundReport(round=rnd, entry=agg.id.hex(), blob=blob, inputs=list(b["inputs"]), weights=list(b["weights"]),
                            missing=list(b.get("missing") or []), coordinator=_signer(agg) == self.me,

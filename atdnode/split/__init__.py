@@ -9,7 +9,6 @@ counts every byte, and ties the roles to the node (config, ledger, blob store).
 * `client`   -- `atd split join`: a transient transport, one session, a comm record;
 * `session`  -- message framing and byte accounting shared by both ends;
 * `settings` -- the `[split]` table of config.toml (tasks, body, schedule);
-* `names`    -- the stream protocol id and the server roles (a leaf: no torch);
 * `report`   -- comm records and `atd split report`.
 
 This module stays import-light (no torch): the daemon calls `role_services` for every
@@ -19,7 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from atdnode.split.names import SERVER_ROLES, SPLIT_PROTOCOL  # noqa: F401 - the package's names
+from atdnode.face import lazy_face
+
+SPLIT_PROTOCOL = "/atd/split/1.0.0"
+# node role -> algorithm served
+SERVER_ROLES = {"festa-server": "festa", "pfesta-server": "pfesta", "msd-server": "msd"}
 
 
 def role_services(home: Any, config: Any) -> list:
@@ -31,3 +34,18 @@ def role_services(home: Any, config: Any) -> list:
     from atdnode.split.service import SplitService
 
     return [SplitService(home, algorithm)]
+
+
+# The names other rooms, the CLI and netsim import from here (atdnode/face.py).
+_FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": "base", "build_base": "base",
+         "publish_base": "base", "JoinOptions": "client", "SplitJoinError": "client", "join": "client",
+         "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare",
+         "run_compare": "compare", "render_compare": "compare_view:render",
+         "write_compare_png": "compare_view:write_png", "finetune_from_entry": "finetune",
+         "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",
+         "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session",
+         "DEFAULT_BODY": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
+         "parse_task": "settings",
+         "accept_clients": "secret", "adopt_secret": "secret"}
+__all__ = [*_FACE] + ["SERVER_ROLES", "SPLIT_PROTOCOL", "role_services"]
+__getattr__, __dir__ = lazy_face(__name__, _FACE)

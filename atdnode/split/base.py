@@ -37,15 +37,12 @@ import torch
 from torch import nn
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError, ConfigError, WeightsError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
-from atdnode.models.gc import register_model
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.node import NodeHome, NodeIdentity
+from atdnode.learning import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
+from atdnode.models import ModelRecord, ModelRegistry, load_weights, register_model
 from atdnode.split.secret import SplitSecretError, open_secret
-from atdnode.models.weights import load_weights
 from protocols.seeding import seeded
 from ledger import Entry, Ledger
 
@@ -183,7 +180,7 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     """Sign a ``weights`` entry for the registered MSD base ``model`` (id, prefix, or "latest"
     MSD base): part "extractor", provenance the campaign's service and body entries, blob
     readers = the campaign's client members (its secret's recipients; never the server)."""
-    from atdnode.models.publish import part_blob, weights_body
+    from atdnode.models import part_blob, weights_body
 
     reg = ModelRegistry(home)
     if model == "latest":
@@ -200,7 +197,7 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     store = BlobStore(home.blobs_dir)
     blob = part_blob(store, record, "extractor")
     with Ledger.open(home.ledger_db) as led:
-        secret = led.get(bytes.fromhex(record.provenance["secret_entry"]))
+        secret = led.get(record.provenance["secret_entry"])
         if secret is None:
             raise BaseBuildError(f"the campaign's secret entry {record.provenance['secret_entry'][:12]} is not in "
                                  "the local ledger")

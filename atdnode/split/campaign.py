@@ -27,7 +27,7 @@ import logging
 
 import trio
 
-from atdnode.learning.device import resolve_device
+from atdnode.learning import resolve_device
 
 from atdnode.split.host import CampaignHost, Session
 from atdnode.split.report import server_record, write_record

@@ -21,24 +21,21 @@ from typing import Any
 
 import trio
 
-from atdnode.blobs.store import BlobStore
-from atdnode.node.config import NodeConfig
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
-from atdnode.learning.device import resolve_device
+from atdnode.data import require_classes
+from atdnode.learning import resolve_device
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import NodeIdentity
-from atdnode.replication.access import ledger_guard
-from atdnode.replication.ledger_access import LedgerAccess
-from atdnode.split.names import SPLIT_PROTOCOL
+from atdnode.retry import retry
+from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, ledger_guard, pull, serve_sync
+from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import (acceptance, check_adopted, create_secret, ensure_hello, ensure_joined, open_secret,
                                   service_entry)
 from atdnode.split.session import RemoteError, SplitChannel
-from atdnode.replication.sync import SYNC_PROTOCOL, pull, serve_sync
-from atdnode.transport.base import Stream, Transport, TransportError
+from atdnode.transport import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
@@ -132,17 +129,15 @@ class _Link:
         raise TransportError("; ".join(errors) or "no address")
 
     async def open(self, protocol: str = SPLIT_PROTOCOL) -> Stream:
-        end, delay, last = trio.current_time() + self.timeout, 0.2, None
-        while True:
-            try:
-                await self._connect()
-                return await self.transport.open_stream(self.server, protocol)
-            except TransportError as e:
-                last = e
-            if trio.current_time() + delay > end:
-                raise SplitJoinError(f"cannot reach split server {self.server}: {last}")
-            await trio.sleep(delay)  # back off before dialling again
-            delay = min(2 * delay, 2.0)
+        async def attempt() -> Stream:
+            await self._connect()
+            return await self.transport.open_stream(self.server, protocol)
+
+        try:  # back off between dials: 0.2 s doubling to 2 s, until the timeout
+            return await retry(attempt, base=0.2, cap=2.0, deadline=trio.current_time() + self.timeout,
+                               retry_on=(TransportError,))
+        except TransportError as e:
+            raise SplitJoinError(f"cannot reach split server {self.server}: {e}") from None
 
 
 async def _sync(link: _Link, ledger: LedgerAccess) -> None:
@@ -165,7 +160,7 @@ async def _verified_entry(link: _Link, ledger: LedgerAccess, server: str, offer:
 
     def has(led: Ledger) -> bool:
         try:
-            return led.get(bytes.fromhex(named)) is not None
+            return led.get(named) is not None
         except ValueError:
             raise SplitJoinError(f"the server named a malformed service entry id {named!r:.80}") from None
 
@@ -176,7 +171,7 @@ async def _verified_entry(link: _Link, ledger: LedgerAccess, server: str, offer:
 
 def _check_offer(ledger: Ledger, server: str, offer: dict[str, Any], named: str) -> str:
     """SplitJoinError unless entry ``named`` is the server's service entry and says what the offer says."""
-    entry = ledger.get(bytes.fromhex(named))
+    entry = ledger.get(named)
     if entry is None or entry.kind != "service" or entry.author != public_key_from_peer_id(server):
         raise SplitJoinError(f"could not verify the server's signed service entry {named[:12]}")
     body = entry.body
@@ -288,7 +283,7 @@ async def _obtain_secret(ch: SplitChannel, link: _Link, ledger: LedgerAccess, id
 
     def has(led: Ledger) -> bool:  # the secret entry and the server's signed adoption of it
         try:
-            here = led.get(bytes.fromhex(adopted)) is not None
+            here = led.get(adopted) is not None
         except ValueError:
             raise SplitJoinError(f"malformed embedder secret id {adopted!r:.80}") from None
         return here and acceptance(led, service_entry(led, service))[1] == adopted
@@ -326,7 +321,7 @@ def _make_role(home: NodeHome, cid: str, offer: dict[str, Any], opts: JoinOption
 
 def join(home: NodeHome, opts: JoinOptions, *, listen: str = "/ip4/127.0.0.1/tcp/0") -> JoinResult:
     """`atd split join`: run a session over a transient libp2p transport (blocking)."""
-    from atdnode.transport.libp2p_transport import Libp2pTransport
+    from atdnode.transport import Libp2pTransport
 
     ident = NodeIdentity.load(home)
 

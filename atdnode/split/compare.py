@@ -45,7 +45,7 @@ from protocols.comm_cost import VARIANT_FORMULAS, CostParams, InProcessChannel, 
 from protocols.festa import SplitRunResult
 from protocols.split_baselines import (CENTRAL_KINDS, FL_KINDS, SL_KINDS, ClientData, run_central, run_fl,
                                        run_sl)
-from atdnode.learning.model import ModelConfig
+from atdnode.learning import ModelConfig
 from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 
 METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
@@ -367,7 +367,7 @@ def references(s: CompareSetting, part: Partition) -> dict[str, dict[str, float]
     from sklearn.exceptions import ConvergenceWarning
 
     from atdnode.data import LabeledImages
-    from atdnode.aggregation.ensemble_refs import REFERENCES, fit_reference
+    from atdnode.aggregation import REFERENCES, fit_reference
 
     out: dict[str, dict[str, float]] = {k: {} for k in REFERENCES}
     for t in TASKS:

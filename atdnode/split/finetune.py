@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
-from atdnode.data.sanity import require_classes
-from atdnode.learning.device import resolve_device
-from atdnode.node.home import NodeHome
+from atdnode.data import require_classes
+from atdnode.learning import resolve_device
+from atdnode.node import NodeHome, NodeIdentity
 from atdnode.split.client import SplitJoinError
-from atdnode.node.identity import NodeIdentity
 from atdnode.split.roles import prepare
 from atdnode.split.secret import open_secret
-from atdnode.models.weights import WeightsError, load_weights
+from atdnode.models import load_weights
+from atdnode.errors import WeightsError
 from ledger import Ledger
 from protocols.msd import evaluate_local, fine_tune
 from protocols.split_parts import SplitBody, TaskSpec, build_plain_embedder, split_config

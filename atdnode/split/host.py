@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import trio
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from atdnode.split.rounds import Board, Member
 from atdnode.split.session import SplitChannel
 from atdnode.split.settings import SplitSettings

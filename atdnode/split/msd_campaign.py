@@ -20,14 +20,14 @@ from typing import Any
 import torch
 import trio
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.split.host import CampaignHost, Session
 from atdnode.split.report import server_record, write_record
 from atdnode.split.rounds import Member
 from atdnode.split.session import meta_int, tensor
-from atdnode.models.weights import load_weights, save_weights
+from atdnode.models import load_weights, save_weights
 from protocols.comm_cost import ByteCounter, CostParams, tensor_bytes
-from atdnode.learning.device import resolve_device
+from atdnode.learning import resolve_device
 from protocols.msd import MSDTrainer
 from protocols.pfesta import FeatureStore
 from atdnode.bodies import READERS

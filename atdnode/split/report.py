@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from atdnode.errors import AtdError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from protocols.comm_cost import MSD_TABLE7_FL_ROUNDS, VARIANT_FORMULAS, ByteCounter, CostParams, formulas, t_fl_ssl
 
 RECORD_VERSION = 1

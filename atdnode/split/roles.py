@@ -19,12 +19,12 @@ import torch
 import trio
 
 from atdnode import progress
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import MEAN, STD, LabeledImages
-from atdnode.learning.device import resolve_device
-from atdnode.learning.model import ModelConfig
+from atdnode.learning import ModelConfig, resolve_device
 from atdnode.split.session import SplitChannel, meta_int, tensor
-from atdnode.models.weights import WeightsError, load_weights, save_weights
+from atdnode.models import load_weights, save_weights
+from atdnode.errors import WeightsError
 from protocols import festa, pfesta
 from protocols.comm_cost import CostParams, tensor_bytes
 from protocols.msd import evaluate_local, fine_tune

@@ -46,9 +46,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from atdnode.errors import AtdError
-from atdnode.aggregation.features_share import announced_key
-from atdnode.node.identity import NodeIdentity
-from atdnode.learning.model import ModelConfig
+from atdnode.aggregation import announced_key
+from atdnode.node import NodeIdentity
+from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger, peer_id_from_public_key, public_key_from_peer_id
 from atdnode import bodies
 from atdnode.bodies import MAX_SPLIT_ENVELOPE, SPLIT_ACCEPT_KIND, SPLIT_JOIN_KIND, SPLIT_SECRET_KIND, BodyError
@@ -150,7 +150,7 @@ def client_recipients(led: Ledger, service: Entry) -> dict[str, bytes]:
 
 def service_entry(led: Ledger, service_id: str) -> Entry:
     try:
-        entry = led.get(bytes.fromhex(service_id))
+        entry = led.get(service_id)
     except ValueError:
         raise SplitSecretError(f"malformed service entry id {service_id!r:.80}") from None
     if entry is None or entry.kind != "service":
@@ -278,7 +278,7 @@ def campaign_secret(led: Ledger, service_id: str) -> Entry | None:
     if adopted is None:
         return None
     try:
-        entry = led.get(bytes.fromhex(adopted))
+        entry = led.get(adopted)
     except ValueError:
         raise SplitSecretError(f"the server adopted a malformed secret id {adopted!r:.80}") from None
     if entry is None:
@@ -323,7 +323,7 @@ def _secret_entry(led: Ledger, entry_id: Any, missing: str) -> Entry:
     if not isinstance(entry_id, str):
         raise SplitSecretError("the secret entry id must be a hex string")
     try:
-        entry = led.get(bytes.fromhex(entry_id))
+        entry = led.get(entry_id)
     except ValueError:
         raise SplitSecretError(f"malformed split secret id {entry_id!r:.80}") from None
     if entry is None:

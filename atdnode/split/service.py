@@ -27,16 +27,15 @@ from typing import Any
 
 import trio
 
-from atdnode.node.home import NodeHome
-from atdnode.split.names import SPLIT_PROTOCOL
+from atdnode.node import NodeHome
+from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
 from atdnode.split.host import Session
 from atdnode.split.msd_campaign import MSDCampaign
 from atdnode.split.rounds import Board, Member
 from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
-from atdnode.transport.base import FrameError, Stream, TransportError
-from atdnode.transport.limits import PeerLimits, lease_or_reset
+from atdnode.transport import FrameError, PeerLimits, Stream, TransportError, lease_or_reset
 from ledger.errors import LedgerError
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
@@ -279,7 +278,7 @@ class SplitService:
         operator's (`atd split accept`) counts. Once a maker is named, or a secret adopted,
         nobody more is accepted."""
         from atdnode.split.secret import SplitSecretError, accept_body, accepted, joined
-        from atdnode.aggregation.features_share import announced_key
+        from atdnode.aggregation import announced_key
         from atdnode.bodies import SPLIT_ACCEPT_KIND
         from ledger import public_key_from_peer_id
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import trio
 
-from atdnode.transport.base import Stream
+from atdnode.transport import Stream
 from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, Frame, FrameDecodeError, decode_frame, encode_frame

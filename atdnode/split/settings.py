@@ -31,9 +31,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from atdnode.node.config import NodeConfig
+from atdnode.node import NodeConfig, NodeHome
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
 
 CONFIG_KEY = "split"
 ACCEPT_POLICIES = ("members", "manual")  # who a p-FESTA / MSD server accepts as clients (module doc)

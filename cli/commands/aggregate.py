@@ -7,10 +7,10 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.learning import apply_device
+from atdnode.node import sklearn_warnings_to_log
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
+from protocols.weightings import mode_help, weighting_help_by_mode, weightings
 from cli.errors import CliError
 from cli.progress import bars
 
@@ -36,11 +36,11 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
 
 def aggregate(
     home: Path = HOME_OPT,
-    mode: str = typer.Option("horizontal", "--mode", help="horizontal | vertical | hierarchical."),
-    weighting: Optional[str] = typer.Option(None, "--weighting", help="uniform | samples | sqrt-classes | fedwavg (horizontal, vertical; default uniform); sqrt-classes | model-count (hierarchical; default sqrt-classes)."),
+    mode: str = typer.Option("horizontal", "--mode", help=f"{mode_help()}."),
+    weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{weighting_help_by_mode()}."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=WEIGHTS_ENTRY,... (averaged once into the group's model), or NAME=AGGREGATE_ENTRY (reused as it); repeatable."),
-    group_weighting: str = typer.Option("uniform", "--group-weighting", help="Hierarchical: how a new group averages its members (uniform | samples | sqrt-classes | fedwavg)."),
+    group_weighting: str = typer.Option("uniform", "--group-weighting", help=f"Hierarchical: how a new group averages its members ({' | '.join(weightings('average'))})."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
     classifier: str = typer.Option("ensemble", "--classifier", help="Horizontal: ensemble (paper default: fused extractor -> CLS -> PCA -> MLP + RF + SVM) | head (the averaged-head model predicts directly)."),
@@ -58,18 +58,18 @@ def aggregate(
 ) -> None:
     from atdnode.ids import resolve_entry_ids
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if verify:
-        from atdnode.aggregation.verify import verify_aggregate
+        from atdnode.aggregation import verify_aggregate
 
         verify = resolve_entry_ids(h, [verify], ("aggregate",), what="aggregate")[0]
         with bars(quiet=as_json, lines=True):
             blob = verify_aggregate(h, verify)
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
-    from atdnode.aggregation.modes import aggregate as run_aggregate, check_arguments, default_weighting
+    from atdnode.aggregation import check_arguments, default_weighting, run_aggregate
     from protocols.ensemble import PRIORS
 
     ids, feats = _split(inputs), _split(features)
@@ -79,7 +79,7 @@ def aggregate(
         raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
     feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
-    from atdnode.aggregation.ensemble import EnsembleOptions
+    from atdnode.aggregation import EnsembleOptions
 
     try:
         hidden = tuple(int(x) for x in mlp_hidden.split(",") if x.strip())
@@ -91,7 +91,7 @@ def aggregate(
                            seed=seed, prior=prior)
     specs = []
     if mode == "hierarchical":
-        from atdnode.aggregation.hierarchical import GroupSpec
+        from atdnode.aggregation import GroupSpec
 
         specs = [GroupSpec.parse(g) for g in group or []]
         specs = [GroupSpec(g.name, tuple(resolve_entry_ids(h, g.refs, ("weights", "aggregate"),

@@ -7,9 +7,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.learning import apply_device
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 base_app = typer.Typer(help="A base ViT built inside the consortium by masked sampling distillation (MSD).",
                        no_args_is_help=True)
@@ -25,9 +24,9 @@ def build(
 ) -> None:
     """Assemble a timm ViT extractor from the campaign's secret embedder (sealed to this client)
     and its distilled body, and register it as a model. Only a client of the campaign can."""
-    from atdnode.split.base import build_base
+    from atdnode.split import build_base
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads
     rec = build_base(h, campaign)
     if as_json:
@@ -50,9 +49,9 @@ def publish(
 ) -> None:
     """Share the MSD base with the campaign's client members only (a signed weights entry whose
     blob readers are the clients; the server never gets it)."""
-    from atdnode.split.base import publish_base
+    from atdnode.split import publish_base
 
-    pub = publish_base(NodeHome.at(home).require(), model)
+    pub = publish_base(node_home(home), model)
     if as_json:
         typer.echo(json.dumps({"entry": pub.entry.id.hex(), "blob": pub.blob, "readers": pub.readers}))
     else:

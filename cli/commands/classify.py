@@ -7,9 +7,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.node import NodeHome, sklearn_warnings_to_log
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 from cli.errors import CliError
 
 
@@ -39,11 +38,11 @@ def classify(
     model does not know count as errors. --robust adds accuracy under the PGD attack of
     `atd train --adversarial` (eps 8/255, step 2/255, 7 steps by default).
     """
-    from atdnode.learning.classify import classify as run
+    from atdnode.learning import run_classify as run
 
-    from atdnode.learning.device import resolve_device
+    from atdnode.learning import resolve_device
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     resolve_device(device, home=h)  # a device this machine lacks: one line, before anything loads
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     pgd = _pgd(h, model, pgd_eps, pgd_step, pgd_steps) if robust else None
@@ -72,7 +71,7 @@ def classify(
 def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
     """The attack `atd train --adversarial` uses, on this model's input normalisation."""
     from atdnode.data import MEAN, STD
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.models import ModelRegistry
     from cli.options import fraction
     from protocols.adversarial import AdversarialError, PGDConfig
 

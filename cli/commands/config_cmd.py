@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
+from typer.core import TyperCommand
 
-from atdnode.node.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 config_app = typer.Typer(help="Show and set the node's settings (config.toml), validated.", no_args_is_help=True)
 
@@ -18,10 +19,9 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print {key: value} as JSON."),
 ) -> None:
     """Every setting `atd config set` knows, with its value here (or its default, marked)."""
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.config_schema import KEYS
+    from atdnode.node import KEYS, NodeConfig
 
-    data = NodeConfig.load(NodeHome.at(home).require()).to_dict()
+    data = NodeConfig.load(node_home(home)).to_dict()
     out = {}
     for k in KEYS:
         table, _, name = k.path.rpartition(".")
@@ -32,10 +32,20 @@ def show(
         return
     for k in KEYS:
         v, default = out[k.path]
-        typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc}")
+        typer.echo(f"{k.path} = {json.dumps(v)}" + ("    (default)" if default else "") + f"    # {k.doc} ({k.rule()})")
 
 
-@config_app.command("set", context_settings={"ignore_unknown_options": True})  # VALUE may be -3
+class _NegativeNumbersAreValues(TyperCommand):
+    """`atd config set peers.target -3`: a token that reads as a negative number is a VALUE
+    (the key's declaration then refuses it, naming the key), not an unknown option."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        numbers = [a for a in args if re.fullmatch(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", a)]
+        rest = [a for a in args if a not in numbers]
+        return super().parse_args(ctx, [*rest, "--", *numbers] if numbers and "--" not in rest else args)
+
+
+@config_app.command("set", cls=_NegativeNumbersAreValues)
 def set_cmd(
     key: str = typer.Argument(..., help="Setting, e.g. listen, bootstrap, logs.max_bytes, peers.target, bulk.port "
                                         "(`atd config show` lists them)."),
@@ -44,9 +54,9 @@ def set_cmd(
 ) -> None:
     """Set one setting in config.toml, checked by the part of atd that reads it (a bad value
     changes nothing). A running daemon reads it at its next start."""
-    from atdnode.node.config_set import set_key
+    from atdnode.node import set_key
 
-    v = set_key(NodeHome.at(home).require(), key, value)
+    v = set_key(node_home(home), key, value)
     typer.echo(f"{key} = {json.dumps(v)}")
 
 

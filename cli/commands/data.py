@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import typer
@@ -29,9 +28,12 @@ def inspect_cmd(
     seed: int = typer.Option(0, "--seed", help="Data seed (80/20 split, shard, subset), as for training."),
     as_json: bool = typer.Option(False, "--json", help="Print the inspection as JSON."),
 ) -> None:
-    from atdnode.data.inspect import contact_sheet, inspect_data
+    from atdnode.data import contact_sheet, inspect_data
 
-    ins = inspect_data(spec, img_size, in_chans, seed=seed, progress=not as_json and sys.stderr.isatty())
+    from cli.progress import bars
+
+    with bars(quiet=as_json):
+        ins = inspect_data(spec, img_size, in_chans, seed=seed)
     png = contact_sheet(ins.splits["train"], out, per_class=per_class, seed=seed)
     if as_json:
         typer.echo(json.dumps({**ins.to_dict(), "contact_sheet": str(png)}, indent=2))

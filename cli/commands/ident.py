@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 
 def ident(
@@ -15,9 +14,9 @@ def ident(
     as_json: bool = typer.Option(False, "--json", help="Print peer id, Ed25519 and X25519 public keys as JSON."),
 ) -> None:
     """Print the node's libp2p peer id (derived from its Ed25519 ledger key)."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
 
-    i = NodeIdentity.load(NodeHome.at(home).require())
+    i = NodeIdentity.load(node_home(home))
     if as_json:
         typer.echo(json.dumps({"peer_id": i.peer_id, "ed25519": i.public_key.hex(), "x25519": i.x25519_public.hex()}))
     else:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.options import home_option
 
 
@@ -22,7 +22,7 @@ def init(
 
     Prints the node's peer id (the libp2p id of its Ed25519 key) on stdout.
     """
-    from atdnode.node.identity import init_home
+    from atdnode.node import init_home
 
     if genesis and not consortium:
         raise ConfigError("--genesis needs --consortium NAME")

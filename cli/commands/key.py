@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 key_app = typer.Typer(help="Back up, restore and rotate the node's keys.", no_args_is_help=True)
 PASS_OPT = typer.Option(None, "--passphrase-file", help="Read the passphrase from this file's first line "
@@ -37,11 +37,11 @@ def export(
     passphrase_file: Optional[Path] = PASS_OPT,
 ) -> None:
     """Write an encrypted backup of the node's Ed25519 and X25519 keys."""
-    from atdnode.node.keybackup import export_keys
+    from atdnode.node import export_keys
 
     if not encrypted:
         raise CliError("atd exports keys only encrypted: add --encrypted")
-    peer = export_keys(NodeHome.at(home).require(), out, _passphrase(passphrase_file, confirm=True))
+    peer = export_keys(node_home(home), out, _passphrase(passphrase_file, confirm=True))
     typer.echo(f"exported the keys of {peer} to {out} (encrypted); keep it and its passphrase apart")
 
 
@@ -55,7 +55,7 @@ def import_(
 
     Into an empty HOME, run `atd init --home HOME --join GENESIS` next: it keeps the keys.
     """
-    from atdnode.node.keybackup import import_keys
+    from atdnode.node import import_keys
 
     peer = import_keys(NodeHome.at(home), backup, _passphrase(passphrase_file, confirm=False))
     typer.echo(peer)
@@ -73,9 +73,9 @@ def rotate(home: Path = HOME_OPT) -> None:
     the new key (`atd key export --encrypted`): old backups are now useless.
     """
     from atdnode.node import control
-    from atdnode.node.keybackup import rotate_key
+    from atdnode.node import rotate_key
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     r = rotate_key(h)
     typer.echo(f"rotated {r.old} -> {r.new} (entry {r.entry.id.hex()})", err=True)
     if control.daemon_running(h.control_socket):

@@ -7,9 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 ledger_app = typer.Typer(help="Inspect, verify, export and import the node's signed ledger.", no_args_is_help=True)
 
@@ -18,7 +18,7 @@ def _open(home: Path):
     from atdnode.errors import ConfigError
     from ledger import Ledger
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     if not h.ledger_db.exists():
         raise ConfigError(f"{h.ledger_db} is missing; this node's ledger is gone")
     return Ledger.open(h.ledger_db)
@@ -40,7 +40,7 @@ def show(
     from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    key = parse_author(resolve_peer(NodeHome.at(home).require(), author)) if author else None
+    key = parse_author(resolve_peer(node_home(home), author)) if author else None
     with _open(home) as led:
         entries = led.query(kind=kind, author=key)
         stored = led.stored_at([e.id for e in entries])
@@ -67,40 +67,13 @@ def wait(
 ) -> None:
     """Wait until entries published elsewhere have reached this node's log (and, with --blobs,
     their blobs its store): the step between a peer's publish and this node's aggregate."""
-    import time
-    from contextlib import ExitStack
-
-    from atdnode import progress
-    from atdnode.blobs.partial import partial_bytes
-    from atdnode.blobs.store import BlobStore
+    from atdnode.replication import wait_for_entries
     from cli.progress import bars
 
-    from atdnode.ids import arrived_entry
-
-    ids = list(dict.fromkeys(r.strip().lower() for r in entries))
-    store = BlobStore(NodeHome.at(home).require().blobs_dir)
-    end = time.monotonic() + timeout
-    with bars(), ExitStack() as stack:
-        arrived = stack.enter_context(progress.task("entries", total=len(ids)))
-        fetched = stack.enter_context(progress.task("blobs", total=None, unit="bytes")) if blobs else None
-        while True:
-            with _open(home) as led:
-                got = {i: arrived_entry(led, i) for i in ids}  # a prefix: once one entry here matches it
-            missing = [i[:16] for i, e in got.items() if e is None]
-            arrived.update(len(ids) - len(missing))
-            named = [e.body for e in got.values() if blobs and e is not None and isinstance(e.body.get("blob"), str)]
-            unfetched = [b["blob"][:16] for b in named if not store.has(b["blob"])]
-            if fetched is not None and not missing:  # every entry here: the total bytes are known
-                sizes = {b["blob"]: int(b.get("size") or 0) for b in named}
-                fetched.update(sum(min(partial_bytes(store, k), n) for k, n in sizes.items()), total=sum(sizes.values()))
-            if not missing and not unfetched:
-                break
-            if time.monotonic() > end:
-                what = ([f"entries {', '.join(missing)}"] if missing else []) + ([f"blobs {', '.join(unfetched)}"] if unfetched else [])
-                raise CliError(f"timed out after {timeout:g} s waiting for {' and '.join(what)} (is the daemon running "
-                               f"and connected? `atd node status --home {home}`)")
-            time.sleep(0.25)
-    typer.echo(f"{len(ids)} entr{'y' if len(ids) == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
+    with bars():
+        wait_for_entries(node_home(home), entries, blobs=blobs, timeout=timeout)
+    n = len(dict.fromkeys(r.strip().lower() for r in entries))
+    typer.echo(f"{n} entr{'y' if n == 1 else 'ies'} here" + (" with their blobs" if blobs else ""))
 
 
 @ledger_app.command("verify")
@@ -162,10 +135,10 @@ def import_(
     """Merge a dump into this node's ledger (every entry is verified; reports what happened).
 
     Exits non-zero when any entry was rejected (the others are still imported)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node import NodeConfig
     from ledger.dump import import_dump
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     with _open(home) as led:
         res = import_dump(led, file)
         m = led.membership()

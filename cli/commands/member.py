@@ -6,20 +6,19 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 member_app = typer.Typer(help="Admit, revoke and list consortium members (admins only for changes).",
                          no_args_is_help=True)
 
 
 def _ident_and_ledger(home: Path):
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
     from ledger import Ledger
 
     from atdnode.errors import ConfigError
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     if not h.ledger_db.exists():
         raise ConfigError(f"{h.ledger_db} is missing; this node's ledger is gone")
     return NodeIdentity.load(h), Ledger.open(h.ledger_db)
@@ -51,7 +50,7 @@ def revoke(
     from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    key = parse_author(resolve_peer(NodeHome.at(home).require(), peer_id))
+    key = parse_author(resolve_peer(node_home(home), peer_id))
     ident, led = _ident_and_ledger(home)
     with led:
         e = led.revoke(ident.signer, key)
@@ -72,7 +71,7 @@ def restore(
     from atdnode.ids import resolve_peer
     from ledger import parse_author
 
-    old_key = parse_author(resolve_peer(NodeHome.at(home).require(), old))
+    old_key = parse_author(resolve_peer(node_home(home), old))
     new_key = parse_author(new)
     ident, led = _ident_and_ledger(home)
     with led:

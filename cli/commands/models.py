@@ -11,9 +11,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_ENV, HOME_HELP, HOME_OPT
+from cli.options import HOME_ENV, HOME_HELP, HOME_OPT, node_home
 
 models_app = typer.Typer(help="The node's models: list (default), remove, prune to the size limit.",
                          invoke_without_command=True)
@@ -65,11 +64,11 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
-    from atdnode.aggregation.keep import keep_policy, model_in_use
-    from atdnode.data.sanity import caution_of
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.aggregation import keep_policy, model_in_use
+    from atdnode.data import caution_of
+    from atdnode.models import ModelRegistry, made_by
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     reg = ModelRegistry(h)
     recs = reg.list()
     use = model_in_use(h) if recs else None
@@ -116,9 +115,9 @@ def rm_cmd(
 ) -> None:
     """Remove a model: its record, its weight blobs (unless another model uses them) and its
     training run folder. Refused when a ledger entry names one of its blobs (it is served)."""
-    from atdnode.models.gc import remove_model
+    from atdnode.models import remove_model
 
-    res = remove_model(NodeHome.at(home).require(), model)
+    res = remove_model(node_home(home), model)
     typer.echo(f"removed model {res.model_id}: {len(res.blobs)} blob(s), {res.bytes / 1e6:.1f} MB freed")
 
 
@@ -129,9 +128,9 @@ def prune_cmd(
                                             "max_bytes in config.toml)."),
 ) -> None:
     """Remove the oldest unserved models until model blobs fit the size limit (the newest model stays)."""
-    from atdnode.models.gc import enforce_limit, size_limit
+    from atdnode.models import enforce_limit, size_limit
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     limit = max_bytes or size_limit(h)
     if not limit:
         raise CliError("no size limit: set [models] max_bytes in config.toml or pass --max-bytes")

@@ -51,7 +51,7 @@ def run_cmd(
                                        "pool) | msd,scratch (both, side by side)."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
-    from atdnode.learning.device import apply_device
+    from atdnode.learning import apply_device
     from netsim.scenario import validate
 
     apply_device(device)  # checked first; the nodes it starts inherit it ($ATD_DEVICE)

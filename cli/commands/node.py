@@ -13,8 +13,8 @@ import typer
 
 from atdnode.node import control
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from cli.options import HOME_OPT
+from atdnode.node import NodeHome
+from cli.options import HOME_OPT, node_home
 
 node_app = typer.Typer(help="Run the node daemon and ask it how it is doing.", no_args_is_help=True)
 
@@ -49,15 +49,13 @@ def start(
     """
     import trio
 
-    from atdnode.node.addrs import check_announce, check_bootstrap, check_listen
-    from atdnode.node.config import NodeConfig
-    from atdnode.node.daemon import NodeDaemon
-    from atdnode.node.logs import setup_logging, sklearn_warnings_to_log
+    from atdnode.node import NodeConfig, check_announce, check_bootstrap, check_listen
+    from atdnode.node import NodeDaemon, setup_logging, sklearn_warnings_to_log
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     bind = None
     if dashboard is not None:
-        from atdnode.report.dashboard import check_free, parse_bind
+        from atdnode.report import check_free, parse_bind
 
         bind = parse_bind(dashboard, public=dashboard_public)
         check_free(*bind)
@@ -80,7 +78,7 @@ def start(
     daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
     web = None
     if bind is not None:  # read-only web page + /metrics + /healthz beside the daemon (atdnode.report.dashboard)
-        from atdnode.report.dashboard import Dashboard
+        from atdnode.report import Dashboard
 
         web = Dashboard(h, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
 
@@ -121,7 +119,7 @@ def _log_to_file_only(exc: BaseException) -> None:
 @node_app.command("status")
 def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Addresses, peers, ledger heads and blobs of the running daemon (or the offline state)."""
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     if control.daemon_running(h.control_socket):
         st = control.call(h.control_socket, "status")
         st.pop("ok", None)
@@ -146,8 +144,8 @@ def status(home: Path = HOME_OPT, as_json: bool = typer.Option(False, "--json", 
 
 
 def _offline_status(h: NodeHome) -> dict:
-    from atdnode.blobs.store import BlobStore
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.blobs import BlobStore
+    from atdnode.node import NodeIdentity
     from ledger import Ledger
     from ledger.keys import peer_id_from_public_key
 
@@ -169,13 +167,13 @@ def _offline_status(h: NodeHome) -> dict:
 @node_app.command("stop")
 def stop(home: Path = HOME_OPT) -> None:
     """Ask the running daemon to shut down cleanly."""
-    control.call(NodeHome.at(home).require().control_socket, "stop")
+    control.call(node_home(home).control_socket, "stop")
     typer.echo("stopping")
 
 
 def peers(home: Path = HOME_OPT) -> None:
     """List the peers the running daemon is connected to."""
-    reply = control.call(NodeHome.at(home).require().control_socket, "peers")
+    reply = control.call(node_home(home).control_socket, "peers")
     for p in reply["peers"]:
         typer.echo(p)
 
@@ -189,12 +187,11 @@ def fetch(
     """Fetch a blob from the peers that hold it (needs a running daemon). On a terminal a bar
     shows the bytes the daemon has recorded so far against the size the ledger announces."""
     from atdnode import progress
-    from atdnode.blobs.partial import partial_bytes
-    from atdnode.blobs.store import BlobStore
+    from atdnode.blobs import BlobStore, partial_bytes
     from atdnode.ids import resolve_blob
     from cli.progress import bars, while_polling
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     blob = resolve_blob(h, blob)
     store = BlobStore(h.blobs_dir)
     call = lambda: control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)  # noqa: E731

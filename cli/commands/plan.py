@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 plan_app = typer.Typer(help="Signed plans: the consortium's steps in one file, carried out by every member that "
                             "accepted (README: Plans).", no_args_is_help=True)
@@ -29,7 +28,7 @@ def _read(path: Path) -> dict:
 def _propose(home: Path, file: Path) -> str:
     from atdnode.plans import propose
 
-    return propose(NodeHome.at(home).require(), _read(file))
+    return propose(node_home(home), _read(file))
 
 
 @plan_app.command("propose")
@@ -43,7 +42,7 @@ def accept_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
     """Record this member's signed acceptance (refused for a plan this node cannot carry out)."""
     from atdnode.plans import decide
 
-    decide(NodeHome.at(home).require(), plan, "accept")
+    decide(node_home(home), plan, "accept")
     typer.echo(f"accepted plan {plan}")
 
 
@@ -53,21 +52,21 @@ def decline_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix)
     """Record this member's signed refusal: it runs none of the plan's steps; the others go on without it."""
     from atdnode.plans import decide
 
-    decide(NodeHome.at(home).require(), plan, "decline", reason)
+    decide(node_home(home), plan, "decline", reason)
     typer.echo(f"declined plan {plan}")
 
 
 def _follow(home: Path, plan: str, timeout: Optional[float], as_json: bool) -> None:
-    from atdnode.node.logs import sklearn_warnings_to_log
+    from atdnode.node import sklearn_warnings_to_log
     from atdnode.plans import follow
 
-    sklearn_warnings_to_log(NodeHome.at(home).require())  # scikit-learn's warnings go to HOME/logs/cli.log
+    sklearn_warnings_to_log(node_home(home))  # scikit-learn's warnings go to HOME/logs/cli.log
     def said(adv) -> None:
         if not as_json:
             for sid in adv.ran:
                 typer.echo(f"step {sid}: recorded")
 
-    adv = follow(NodeHome.at(home).require(), plan, timeout=timeout, on_step=said)
+    adv = follow(node_home(home), plan, timeout=timeout, on_step=said)
     if as_json:
         typer.echo(json.dumps({"plan": adv.plan, "decision": adv.decision, "waiting": adv.waiting,
                                "refused": adv.refused}))
@@ -99,14 +98,14 @@ def run_cmd(file: Path = typer.Argument(..., help="Plan file (TOML)."), home: Pa
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """Propose a plan, accept it here and follow it (`propose` + `accept` + `follow`); a proposer
     that takes no part in its own plan only proposes it."""
-    from atdnode.node.identity import NodeIdentity
+    from atdnode.node import NodeIdentity
     from atdnode.plans import decide, load_view
     from ledger import Ledger
 
     plan = _propose(home, file)
     if not as_json:
         typer.echo(f"plan {plan}")
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     with Ledger.open(h.ledger_db) as led:
         members = load_view(led, plan).body["members"]
     if NodeIdentity.load(h).peer_id not in members:
@@ -122,7 +121,7 @@ def status_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
     from atdnode.plans import load_view, member_names, progress
     from ledger import Ledger
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     with Ledger.open(h.ledger_db) as led:
         view, names = load_view(led, plan, check=False), member_names(led)
     rows = progress(view)

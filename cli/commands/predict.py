@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.node import sklearn_warnings_to_log
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 HELP = """Predict a class for every image of unlabelled folders or files; write one CSV row per image.
 
@@ -34,18 +32,21 @@ def predict_cmd(
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per forward pass."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
-    from atdnode.learning.features import progress_bar
-    from atdnode.learning.predict import predict
+    from contextlib import ExitStack
 
-    h = NodeHome.at(home).require()
+    from atdnode import progress
+    from atdnode.learning import run_predict as predict
+    from cli.progress import bars
+
+    h = node_home(home)
     sklearn_warnings_to_log(h)
-    with progress_bar(not as_json and sys.stderr.isatty()) as bar:
-        tasks: dict[str, object] = {}
+    with bars(quiet=as_json), ExitStack() as stack:
+        tasks: dict[str, progress.Task] = {}
 
         def show(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+                tasks[stage] = stack.enter_context(progress.task(stage, total=total))
+            tasks[stage].update(done, total)
 
         res = predict(h, list(data), model=model, out=out, device=device, batch_size=batch_size, progress=show)
     if as_json:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from atdnode.node.home import NodeHome
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 
 def publish_weights(
@@ -21,9 +20,9 @@ def publish_weights(
     Works without a running daemon: the entry waits in the local ledger and goes out
     when the daemon starts (or at once, if it runs).
     """
-    from atdnode.models.publish import publish_weights as do_publish
+    from atdnode.models import publish_weights as do_publish
 
-    pub = do_publish(NodeHome.at(home).require(), model=model, part=part)
+    pub = do_publish(node_home(home), model=model, part=part)
     if as_json:
         typer.echo(json.dumps({"entry": pub.entry.id.hex(), "blob": pub.blob, "size": pub.size, "part": part}))
     else:

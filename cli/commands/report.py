@@ -6,9 +6,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
 from cli.errors import CliError
-from cli.options import HOME_OPT
+from cli.options import HOME_OPT, node_home
 
 HELP = """Write a model card: one self-contained HTML file with everything the signed ledger says about one model.
 
@@ -26,18 +25,17 @@ def report(
     pdf: Optional[Path] = typer.Option(None, "--pdf", help="Also print the card to this PDF file (needs Chromium or "
                                        "Google Chrome on PATH)."),
 ) -> None:
-    from atdnode.report.card import collect
-    from atdnode.report.card_html import write
+    from atdnode.report import collect_card as collect, write_card_html as write
 
     if out.is_dir():
         raise CliError(f"--out {out}: is a folder; give a file name such as card.html")
-    card = collect(NodeHome.at(home).require(), model)
+    card = collect(node_home(home), model)
     write(card, out)
     agg = [s.verification["status"] for s in card.steps if s.verification]
     typer.echo(f"model card for {card.model_id}: {out} ({len(card.steps)} ledger entries, "
                f"{agg.count('verified')}/{len(agg)} aggregates re-verified; {card.use['status']} on this node)")
     if pdf is not None:
-        from atdnode.report.card_pdf import print_pdf
+        from atdnode.report import print_pdf
 
         typer.echo(f"printed to {print_pdf(out, pdf)}")
 

@@ -12,9 +12,10 @@ from atdnode.learning.device import apply_device
 from atdnode.node.home import NodeHome
 from atdnode.node.logs import sklearn_warnings_to_log
 from protocols.rounds import AGGREGATORS, ROUND_WEIGHTINGS
-from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
+from protocols.weightings import help_for
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -82,7 +83,7 @@ def rounds(
     rule = aggregator or weighting or "fedwavg"
     if rule not in AGGREGATORS:
         raise RoundsError(f"--aggregator {rule!r}: choose from {', '.join(AGGREGATORS)}")
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,

@@ -7,9 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from cli.options import DEVICE_OPT, HOME_OPT
+from atdnode.learning import apply_device
+from cli.options import DEVICE_OPT, HOME_OPT, node_home
 
 
 def share_features(
@@ -27,11 +26,11 @@ def share_features(
     that made the features; the daemon serves the envelope and only recipients fetch it.
     Peers use them in `atd aggregate --mode vertical` when they fused the same extractor.
     """
-    from atdnode.aggregation.features_share import share_features as do_share
+    from atdnode.aggregation import share_features as do_share
 
     from atdnode.ids import resolve_peer
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     peers = [resolve_peer(h, p.strip()) for item in to for p in item.split(",") if p.strip()]
     res = do_share(h, to=peers, data_spec=data, model=model)

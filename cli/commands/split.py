@@ -12,10 +12,9 @@ from typing import List, Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from atdnode.split.settings import DEFAULT_BODY, SplitSettings
-from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT
+from atdnode.learning import apply_device
+from atdnode.split import DEFAULT_BODY, SplitSettings
+from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT, node_home
 
 
 def _kept(first) -> str:
@@ -63,9 +62,9 @@ def configure(
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
 ) -> None:
     """Set what this node offers as a split-learning server (the split table of config.toml)."""
-    from atdnode.split.settings import DEFAULT_BODY, SplitSettings, parse_task
+    from atdnode.split import DEFAULT_BODY, SplitSettings, parse_task
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     cur = SplitSettings.load(h)
     body = dict(DEFAULT_BODY)
     body.update(cur.body)
@@ -120,8 +119,7 @@ def join(
 
     Runs without a daemon: a transient libp2p endpoint with this node's identity. With an
     MSD server the client uploads once, receives the distilled body and fine-tunes it here."""
-    from atdnode.split.client import JoinOptions
-    from atdnode.split.client import join as run
+    from atdnode.split import JoinOptions, join as run
 
     import logging
 
@@ -132,7 +130,7 @@ def join(
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
     from atdnode.ids import resolve_peer
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     server = resolve_peer(h, server)
     opts = JoinOptions(server=server, task=task, data=data, server_addrs=list(server_addr), rounds=rounds,
@@ -166,11 +164,12 @@ def accept(
     member that joins and asks; with "manual" only the members accepted here."""
     from atdnode.errors import ConfigError
     from atdnode.ids import resolve_peer
-    from atdnode.node.identity import NodeIdentity
-    from atdnode.split.secret import SplitSecretError, accept_clients
+    from atdnode.node import NodeIdentity
+    from atdnode.split import SplitSecretError
+    from atdnode.split import accept_clients
     from ledger import Ledger
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     ident = NodeIdentity.load(h)
     full = [resolve_peer(h, p) for p in peers]
     with Ledger.open(h.ledger_db) as led:
@@ -197,9 +196,9 @@ def report(
 ) -> None:
     """Measured bytes per client next to the p-FESTA paper's formulas (T_FL, T_SL, T_FESTA,
     T_p-FESTA) for the same D, B, R, n, F, G, P, and the error against its own algorithm's."""
-    from atdnode.split.report import load_records, render, report_row
+    from atdnode.split import load_records, render_report as render, report_row
 
-    rows = [report_row(rec) for h in home for rec in load_records(NodeHome.at(h).require())]
+    rows = [report_row(rec) for h in home for rec in load_records(node_home(h))]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     elif not rows:
@@ -227,8 +226,8 @@ def compare(
     bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
     from rich.progress import Progress
 
-    from atdnode.split.compare import METHODS, CompareSetting, run_compare
-    from atdnode.split.compare_view import render, write_png
+    from atdnode.split import (METHODS, CompareSetting, render_compare as render, run_compare,
+                               write_compare_png as write_png)
     from cli.errors import CliError
 
     try:
@@ -263,9 +262,9 @@ def finetune(
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
     """Fine-tune body + task tail from a published MSD body and report the task metric."""
-    from atdnode.split.finetune import finetune_from_entry
+    from atdnode.split import finetune_from_entry
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     apply_device(device, h)  # checked before anything loads
     out = finetune_from_entry(h, task=task, data=data, ref=weights, steps=steps, lr=lr,
                               seed=seed, compare_scratch=compare_scratch)

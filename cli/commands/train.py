@@ -11,13 +11,13 @@ from typing import Optional
 
 import typer
 
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
-from atdnode.learning.train_options import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
-from cli.options import (ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
+from atdnode.node import NodeHome, sklearn_warnings_to_log
+from atdnode.learning import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
+from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
+from cli.progress import bars
 
 HELP = f"""Train a timm ViT on this node's private images and register it locally.
 
@@ -73,13 +73,12 @@ def train_cmd(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
-    from atdnode.learning.training import train
+    from atdnode.learning import train
 
-    h = NodeHome.at(home).require()
+    h = node_home(home)
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     if nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        from atdnode.learning.ddp import check_nproc
-        from atdnode.learning.device import ENV, configured_device
+        from atdnode.learning import ENV, check_nproc, configured_device
 
         check_nproc(nproc_per_node, device or os.environ.get(ENV) or configured_device(h))  # one line, before torchrun starts
         _relaunch(nproc_per_node)
@@ -99,11 +98,12 @@ def train_cmd(
                         augment=augment, augment_threshold=augment_threshold, augment_prob=augment_prob,
                         augment_mode="inplace" if augment_inplace else "enlarge", pretrained=pretrained, device=device,
                         compile=compile_model,
-                        progress=not as_json and main and sys.stderr.isatty(), log=_logger(h) if main else None,
+                        log=_logger(h) if main else None,
                         batch_transform=transform, tensorboard=str(tensorboard) if tensorboard else None,
                         mlflow=mlflow)
     try:
-        rec = train(h, data, cfg, opts)
+        with bars(quiet=as_json or not main):
+            rec = train(h, data, cfg, opts)
     except KeyboardInterrupt:  # the finished epochs are on disk; say so and exit 130
         raise CliError("interrupted; run the same command again to continue from the last finished epoch",
                        exit_code=130) from None
@@ -114,7 +114,7 @@ def train_cmd(
         return
 
     m = rec.metrics
-    from atdnode.learning.model import ModelConfig
+    from atdnode.learning import ModelConfig
     from cli.scoretext import score_lines
 
     typer.echo(f"model {rec.id} on {data}: {rec.samples} samples, {len(rec.labels)} classes")
@@ -131,9 +131,9 @@ def train_cmd(
 
 def _auto_sizes(home: NodeHome, data: str, device: str | None, *, say: bool) -> dict:
     """Model sizes chosen from the data (`atdnode.learning.autosize`), said in one line on stderr."""
-    from atdnode.data.loader import peek
-    from atdnode.learning.autosize import choose_size
-    from atdnode.learning.device import resolve_device
+    from atdnode.data import peek
+    from atdnode.learning import choose_size
+    from atdnode.learning import resolve_device
 
     images, side = peek(data)
     choice = choose_size(side, images, resolve_device(device, home=home).type)
@@ -153,7 +153,7 @@ def _logger(home: NodeHome):
     """Progress lines on stderr, also kept in HOME/logs/cli.log (rotated by size, atdnode.node.logs)."""
     import logging
 
-    from atdnode.node.logs import file_handler
+    from atdnode.node import file_handler
 
     logger = logging.getLogger("atd.train")
     if not logger.handlers:
@@ -170,7 +170,7 @@ def _logger(home: NodeHome):
 
 def _relaunch(nproc: int) -> None:
     """Re-run this very command under torchrun with N processes."""
-    from atdnode.learning.ddp import torchrun_argv
+    from atdnode.learning import torchrun_argv
     from atdnode.errors import ConfigError
 
     atd = shutil.which("atd") or sys.argv[0]

@@ -35,11 +35,10 @@ from typing import Any, Callable
 
 import trio
 
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.report.dashboard import prom, view
 from atdnode.errors import ConfigError
-from atdnode.node.home import NodeHome
-from atdnode.node.snapshot import FetchProgress, NodeSnapshot
+from atdnode.node import FetchProgress, NodeHome, NodeSnapshot
 
 log = logging.getLogger("atd.dashboard")
 VERIFY_INTERVAL = 2.0
@@ -298,7 +297,7 @@ class Dashboard:
                     "consortium": m.consortium}
 
         c = await self.read(counts)
-        from atdnode.blobs.bulk import BULK_BYTES
+        from atdnode.blobs import BULK_BYTES
 
         snap = self.snapshot()
         by_proto = dict(snap.bytes_by_protocol)
@@ -319,8 +318,7 @@ class Dashboard:
     # ------------------------------------------------------------------ verify
 
     async def verify_loop(self) -> None:
-        from atdnode.aggregation.verify import verify_aggregate
-        from atdnode.aggregation.aggregate import AggregateError
+        from atdnode.aggregation import AggregateError, verify_aggregate
         from atdnode.errors import AtdError
         from ledger.errors import LedgerError
 
@@ -334,7 +332,7 @@ class Dashboard:
                 blobs = []
                 for h in e.body.get("inputs") or []:
                     try:
-                        src = led.get(bytes.fromhex(h))
+                        src = led.get(h)
                     except (TypeError, ValueError):
                         src = None
                     blobs.append(str(src.body.get("blob")) if src is not None else "")

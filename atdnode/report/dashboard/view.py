@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from atdnode.bodies import fits
-from atdnode.node.home import NodeHome
+from atdnode.node import NodeHome
 from ledger import Entry, Ledger, peer_id_from_public_key
 
 TIMELINE_LIMIT = 300  # newest log entries shown; the ledger itself is unbounded
@@ -25,7 +25,7 @@ def short(text: str, n: int = 12) -> str:
 def _scalar_metrics(m: dict) -> dict:
     """The numbers of a metrics dict, plus `accuracy_ci`: the recorded 95 % interval, else
     Wilson's from n (`atdnode.learning.metrics.wilson`) where n is known."""
-    from atdnode.learning.metrics import wilson
+    from atdnode.learning import wilson
 
     out = {k: v for k, v in (m or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ci = ((m or {}).get("ci") or {}).get("accuracy") if isinstance((m or {}).get("ci"), dict) else None
@@ -136,7 +136,7 @@ def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str]) -> list
     """Every plan on the ledger, newest first, with each member's decision and state per step
     (`atdnode.plans.progress`); member names where known."""
     from atdnode.errors import AtdError
-    from atdnode.plans.state import load_view, progress
+    from atdnode.plans import load_view, progress
 
     out = []
     for e in reversed([e for e in entries if e.kind == "plan"]):
@@ -174,8 +174,8 @@ def models_view(home: NodeHome) -> list[dict]:
     """The registry's models: how each was made, its training test metrics and every later
     evaluation (`atd classify`, newest last) with its confusion PNG when it lies in the home.
     Data specs are shown without their path (`atdnode.data.public_spec`)."""
-    from atdnode.data.public_spec import public_spec
-    from atdnode.models.registry import ModelRegistry, made_by
+    from atdnode.data import public_data_spec as public_spec
+    from atdnode.models import ModelRegistry, made_by
 
     reg = ModelRegistry(home)
     out = []
@@ -196,7 +196,7 @@ def models_view(home: NodeHome) -> list[dict]:
             "not_kept": r.provenance.get("kept_why") if r.provenance.get("kept") == "own" else None,
         })
     if out:  # the model `atd classify` / `atd predict` use without --model (the same function)
-        from atdnode.aggregation.keep import model_in_use
+        from atdnode.aggregation import model_in_use
 
         use = model_in_use(home)
         for m in out:
@@ -207,7 +207,7 @@ def models_view(home: NodeHome) -> list[dict]:
 
 def confusion_path(home: NodeHome, model_id: str) -> Path | None:
     """The training confusion PNG a model record names, if it lies inside the home."""
-    from atdnode.models.registry import ModelRegistry
+    from atdnode.models import ModelRegistry
 
     if not model_id.isalnum():
         return None
@@ -230,7 +230,7 @@ def _inside(home: NodeHome, path: Path) -> Path | None:
 
 def split_view(home: NodeHome) -> list[dict]:
     """Split-learning sessions this node took part in (its `atd split report` records)."""
-    from atdnode.split.report import records_dir
+    from atdnode.split import records_dir
 
     d = records_dir(home)
     out = []

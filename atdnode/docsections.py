@@ -1,7 +1,7 @@
 """Generated sections of a markdown document (INTERFACES.md): the text between a begin and an
 end marker is rewritten from code, and a test checks it is current (docs that
-cannot drift). Used by `atdnode.bodies` (entry bodies) and `netsim.scenario_doc` (scenario
-options)."""
+cannot drift). Used by `atdnode.bodies` (entry bodies), `atdnode.node.config_schema` (config.toml
+settings), `atdnode.report.api_doc` (public APIs) and `netsim.scenario_doc` (scenario options)."""
 from __future__ import annotations
 
 import sys
