@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def model_cfg(a, classes: list[str]):
-    from atdnode.learning.model import ModelConfig
+    from atdnode.learning import ModelConfig
 
     return ModelConfig(name="vit_tiny_patch16_224", img_size=a.img_size, patch_size=a.patch_size,
                        embed_dim=a.embed_dim, depth=a.depth, num_heads=2, in_chans=1, num_classes=len(classes))
@@ -67,9 +67,10 @@ def cost(a, repeat: int) -> dict:
     import tempfile
     import time
 
-    from atdnode.learning.model import resolve_config
-    from atdnode.rounds.rules import compute_round, round_weights_entries
-    from atdnode.rounds.runner import RoundRunner, RoundsConfig
+    from atdnode.learning import resolve_config
+    from atdnode.rounds import round_weights_entries
+    from atdnode.rounds.rules import compute_round
+    from atdnode.rounds import RoundRunner, RoundsConfig
     from ledger import Ledger
     from protocols.rounds import AGGREGATORS
     from tests.vgs_homes import consortium, sync
@@ -129,7 +130,7 @@ def main() -> None:
     import torch
 
     from atdnode.data import load_dataset
-    from atdnode.learning.training import TrainOptions
+    from atdnode.learning import TrainOptions
     from netsim.learn import full_state, predict, train_model
     from netsim.nodedata import subset
     from netsim.partition import _rng, iid

@@ -168,7 +168,7 @@ def verify_cost(a) -> dict:
     one local training; see the module doc."""
     from atdnode.learning import resolve_config
     from atdnode.rounds import verify_round
-    from atdnode.rounds.rules import active_members, round_weights_entries
+    from atdnode.rounds import active_members, round_weights_entries
     from atdnode.rounds import RoundRunner, RoundsConfig
     from atdnode.models import load_weights
     from ledger import Ledger

@@ -48,7 +48,7 @@ from atdnode.learning import AdversarialTransform, ModelConfig, build_model
 from atdnode.rounds import Fabric, RoundReport, RoundRunner, RoundsConfig, RoundsError
 from atdnode.models import load_weights
 from netsim.learn import model_config
-from atdnode.data.spec import without_val
+from atdnode.data import without_val
 from netsim.nodedata import concat, to_uint8
 from netsim.partition import write_npz
 from netsim.scenario import NetworkSpec

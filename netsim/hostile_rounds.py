@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from atdnode.models.registry import ModelRecord
-from atdnode.models.weights import load_weights, save_weights
-from atdnode.rounds.rules import active_members, round_weights_entries
-from atdnode.rounds.runner import POLL_S, RoundRunner
+from atdnode.models import ModelRecord, load_weights, save_weights
+from atdnode.rounds import POLL_S, active_members, round_weights_entries
+from atdnode.rounds import RoundRunner
 from ledger import Entry
 
 SCALE = -1000.0

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from atdnode.data import MEAN, STD, LabeledImages, load_dataset
-from atdnode.data.spec import without_val
+from atdnode.data import without_val
 from netsim.partition import NodeSplit, _rng, class_subset, partition_cohort, write_npz
 from netsim.scenario import Scenario, ScenarioError
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from atdnode.data import LabeledImages, load_dataset
-from atdnode.data.spec import DataSpec, without_val
-from atdnode.learning.model import ModelConfig, extractor_state
-from atdnode.learning.training import TrainOptions
+from atdnode.data import DataSpec
+from atdnode.data import without_val
+from atdnode.learning import ModelConfig, TrainOptions, extractor_state
 from netsim.learn import model_config, predict, score, train_model
 from netsim.nodedata import ScenarioData
 from netsim.scenario import Scenario, ScenarioError

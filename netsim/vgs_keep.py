@@ -55,7 +55,7 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
 
 def _why(ops: NodeOps, model_id: str) -> str:
     """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record."""
-    from atdnode.aggregation.keep import SELECT_BY
+    from atdnode.aggregation import SELECT_BY
 
     prov = ops.registry.get(model_id).provenance
     cand = prov.get("candidates") or {}

@@ -170,7 +170,8 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
     holding an honest input x -1000 alone, trained (it says) from the initial model. Neither is adopted: both honest nodes end with
     the same globals, computed over their own two inputs only, and none is the initial model."""
     from atdnode.bodies import append as append_body
-    from atdnode.rounds.rules import aggregate_round_body, active_members
+    from atdnode.rounds import active_members
+    from atdnode.rounds.rules import aggregate_round_body
     from atdnode.models import load_weights, save_weights
     from tests.nodeprocs import ATD
 

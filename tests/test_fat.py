@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from atdnode.data import load_dataset
-from atdnode.learning.model import ModelConfig, build_model
+from atdnode.learning import ModelConfig, build_model
 from atdnode.learning import TrainOptions
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atdnode.aggregation.candidates import TEST_WARNING, judge_candidates
+from atdnode.aggregation import TEST_WARNING
+from atdnode.aggregation.candidates import judge_candidates
 from atdnode.aggregation.keep import choose
-from atdnode.blobs.store import BlobStore
+from atdnode.blobs import BlobStore
 from atdnode.data import load_dataset
-from atdnode.learning.metrics import classification_metrics
-from atdnode.node.home import NodeHome
-from atdnode.node.identity import init_home
+from atdnode.learning import classification_metrics
+from atdnode.node import NodeHome, init_home
 from tests.vgs_homes import train_node
 
 
@@ -86,8 +86,8 @@ def test_keep_best_judges_on_the_carved_val_split_never_on_test(two_models) -> N
     # a node that kept a model chosen on test: `atd classify` on test says so, kept model or not
     from dataclasses import replace
 
-    from atdnode.learning.classify import classify
-    from atdnode.models.gc import register_model
+    from atdnode.learning import run_classify as classify
+    from atdnode.models import register_model
 
     import time
 

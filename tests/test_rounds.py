@@ -12,7 +12,8 @@ from atdnode.blobs import BlobStore
 from atdnode.node import NodeConfig, NodeIdentity
 from atdnode.models import ModelRecord, ModelRegistry, load_weights
 from atdnode.rounds import current_round
-from atdnode.rounds.rules import compute_round, round_aggregate, round_weights_entries
+from atdnode.rounds import round_weights_entries
+from atdnode.rounds.rules import compute_round, round_aggregate
 from atdnode.rounds import RoundRunner, RoundsConfig
 from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync

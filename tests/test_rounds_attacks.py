@@ -28,14 +28,14 @@ import torch
 import trio
 
 from atdnode import bodies
-from atdnode.blobs.store import BlobStore
-from atdnode.node.identity import NodeIdentity
-from atdnode.aggregation.aggregate import AggregateError
-from atdnode.rounds.rules import (active_members, aggregate_round_body, current_round, round_weights_entries,
-                                  verify_round)
-from atdnode.rounds.runner import RoundRunner, RoundsConfig
-from atdnode.rounds.fabric import Fabric
-from atdnode.models.weights import load_weights, save_weights
+from atdnode.blobs import BlobStore
+from atdnode.node import NodeIdentity
+from atdnode.aggregation import AggregateError
+from atdnode.rounds import current_round, verify_round
+from atdnode.rounds import active_members, round_weights_entries
+from atdnode.rounds.rules import aggregate_round_body
+from atdnode.rounds import Fabric, RoundRunner, RoundsConfig
+from atdnode.models import load_weights, save_weights
 from ledger import Entry, Ledger, RefusedBody
 from tests.vgs_homes import cfg, consortium, copy_homes, sync
 

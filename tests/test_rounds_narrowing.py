@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from atdnode.data import load_dataset
-from atdnode.learning.model import ModelConfig
+from atdnode.learning import ModelConfig
 from netsim.fat import run_rounds_memnet
 from netsim.hostile_rounds import HurryingRunner
 from netsim.nodedata import subset

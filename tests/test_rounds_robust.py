@@ -16,13 +16,15 @@ import torch
 import trio
 
 from atdnode import bodies
-from atdnode.aggregation.aggregate import AggregateError
+from atdnode.aggregation import AggregateError
 from atdnode.data import load_dataset
-from atdnode.learning.model import build_model
-from atdnode.models.weights import load_weights, save_weights
-from atdnode.node.identity import NodeIdentity
-from atdnode.rounds.rules import RoundsError, active_members, compute_round, round_weights_entries, verify_round
-from atdnode.rounds.runner import RoundRunner, RoundsConfig
+from atdnode.learning import build_model
+from atdnode.models import load_weights, save_weights
+from atdnode.node import NodeIdentity
+from atdnode.rounds import RoundsError, verify_round
+from atdnode.rounds import active_members, round_weights_entries
+from atdnode.rounds.rules import compute_round
+from atdnode.rounds import RoundRunner, RoundsConfig
 from ledger import Ledger
 from netsim.learn import predict
 from protocols.robust import coordinate_median, krum_select, pairwise_sq_distances, trimmed_mean

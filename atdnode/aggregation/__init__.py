@@ -13,6 +13,6 @@ _FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_
          "check_arguments": "modes", "default_weighting": "modes", "run_aggregate": "modes:aggregate",
          "verify_aggregate": "verify", "verify_entry": "verify",
          "resolve_model": "keep", "model_in_use": "keep", "use_of": "keep", "keep_policy": "keep", "InUse": "keep",
-         "chosen_on_test": "keep", "SELECT_BY": "keep", "TEST_WARNING": "keep"}
+         "chosen_on_test": "keep", "SELECT_BY": "keep", "TEST_WARNING": "candidates"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

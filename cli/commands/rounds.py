@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from atdnode.learning.device import apply_device
-from atdnode.node.home import NodeHome
-from atdnode.node.logs import sklearn_warnings_to_log
+from atdnode.learning import apply_device
+from atdnode.node import NodeHome, sklearn_warnings_to_log
 from protocols.rounds import AGGREGATORS, ROUND_WEIGHTINGS
 from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
@@ -71,8 +70,7 @@ def rounds(
     import trio
 
     from atdnode import progress
-    from atdnode.rounds.rules import RoundsError, current_round
-    from atdnode.rounds.runner import RoundRunner, RoundsConfig
+    from atdnode.rounds import RoundRunner, RoundsConfig, RoundsError, current_round
     from cli.progress import bars
     from ledger import Ledger
 
