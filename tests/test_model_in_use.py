@@ -86,7 +86,7 @@ def test_a_kept_own_model_is_in_use_everywhere_and_the_rejected_aggregate_says_s
     write(collect(home, agg), rejected)
     seen = html.unescape(text_of(browser("--dump-dom", rejected.as_uri())))
     assert re.search(rf"Not kept on this node: the node kept its own model {own} \(policy best\): its own model "
-                     r"scores 0\.900 > the consortium's 0\.700 on its val data", seen), seen[:800]
+                     r"scores 0\.900 > the consortium's 0\.700 \(accuracy\) on its val data", seen), seen[:800]
     card = collect(home)  # `atd report` without a model: the one in use
     assert card.model_id == own and card.use["status"] == "in use"
     assert f"In use on this node: kept over the consortium's model {agg}" in html.unescape(text_of(render(card)))

@@ -136,7 +136,7 @@ def peek(spec: str, seed: int = 0, *, files: int = 8) -> tuple[int, int]:
     """(training images, median native side in pixels) of a spec, reading the pixels of at
     most `files` samples spread over the train side (what `atdnode.learning.autosize`
     chooses a model size from); DataError when none of them can be read."""
-    ds, dseed, cat, where, names, labels, sides = _labelled_catalog(spec, seed)
+    ds, dseed, cat, where, names, labels, sides, _ = _labelled_catalog(spec, seed)
     base = np.flatnonzero(sides == "train")
     sel = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])[0]
     train = base[sel]
