@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -69,8 +70,10 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     ms = listed(h.root)
     assert ms[g]["latest_metrics"]["accuracy"] == res["accuracy"] and ms[g]["latest_source"] == f"{DATA} [test]"
     table = cli("models", "--home", home).splitlines()
-    grow = next(ln for ln in table if ln.startswith(g))
+    grow = next(ln for ln in table if re.match(rf"[* ]  {g}  ", ln))  # after the in-use column
     assert "horizontal" in grow and f"{res['accuracy']:.3f}" in grow
+    in_use = next(ln for ln in table if ln.startswith("* in use: ")).split()[3].rstrip(",")
+    assert (grow[0] == "*") == (in_use == g)  # the row's mark agrees with the line on the model in use
 
     # served models are refused with one line and lose nothing
     blobs = BlobStore(h.blobs_dir)

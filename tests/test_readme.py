@@ -82,12 +82,15 @@ def run(tmp_path: Path, name: str, local_dirs: list[str], atd: list[str] = COLD,
 @pytest.mark.slow
 def test_vgs_walkthrough(tmp_path: Path, warm_atd: list[str]) -> None:
     out = run(tmp_path, "vgs", ["consortium"], warm_atd)
-    accs = [float(a) for a in re.findall(r"^  accuracy (\d\.\d+)", out, re.M)]
-    assert len(accs) == 3  # horizontal, vertical, hierarchical global models, each scored
-    assert min(accs) > 2 * 0.1, accs  # ten digit classes: chance is 0.1
+    # `atd classify`'s blocks: "model ID (...) on digits", indented lines, "  accuracy  X [lo, hi]  n=N"
+    scored = re.findall(r"^model ([0-9a-f]{16}) \(\w+\) on digits\n(?:  .*\n)*?  accuracy\s+(\d\.\d+) \[", out, re.M)
+    accs = [float(a) for _, a in scored]
+    assert len(accs) == 3 and min(accs) > 2 * 0.1, scored  # ten digit classes: chance is 0.1
     assert re.search(r"^aggregate [0-9a-f]{16} verifies: [0-9a-f]{64}$", out, re.M)
-    made = re.findall(r"^[0-9a-f]{16}  \S+ \S+\s+(trained|horizontal|vertical|hierarchical)\s", out, re.M)
-    assert sorted(made) == ["hierarchical", "horizontal", "trained", "vertical"]
+    # `atd models`: the in-use mark (* or blank), id, created, how it was made
+    made = dict(re.findall(r"^[* ]  ([0-9a-f]{16})  \S+ \S+\s+(trained|horizontal|vertical|hierarchical)\s", out, re.M))
+    assert sorted(made.values()) == ["hierarchical", "horizontal", "trained", "vertical"]
+    assert sorted(made[m] for m, _ in scored) == ["hierarchical", "horizontal", "vertical"]  # each global model scored
     assert "ensemble over 10 classes from 900 samples (2 shared feature sets)" in out  # node2's and node3's features
     assert out.rstrip().endswith("node1: stopped\nnode2: stopped\nnode3: stopped")
 
