@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-from atdnode.data import load_dataset
+from atdnode.data import load_dataset, without_val
 from atdnode.learning import ModelConfig, build_model
 from atdnode.learning import TrainOptions
 from netsim.fat import pgd_config, run_rounds_memnet
@@ -69,7 +69,10 @@ MEASURED = {  # seed: (FedAvg clean, robust), (FedWAvg clean, robust), FedWAvg m
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_dataset("digits", 28, 1, "train"), load_dataset("digits", 28, 1, "test")
+    """digits' whole training split (no val carved: the campaigns select nothing, and the
+    public share, the shards and MEASURED are drawn from all of it) and its test split."""
+    spec = without_val("digits")
+    return load_dataset(spec, 28, 1, "train"), load_dataset(spec, 28, 1, "test")
 
 
 @pytest.fixture(scope="module")
