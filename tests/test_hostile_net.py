@@ -18,15 +18,30 @@ from netsim.hostile import MiB, dial_cycles, flood_stream, members_only
 from tests.factories import run, wait_for
 
 LISTEN = ["/ip4/127.0.0.1/tcp/0"]
-NODE, MEMBER, OUTSIDER = bytes([71]) * 32, bytes([72]) * 32, bytes([73]) * 32
+NODE, MEMBER, OUTSIDER, FRESH = bytes([71]) * 32, bytes([72]) * 32, bytes([73]) * 32, bytes([74]) * 32
 STOCK_SLOTS = 250  # py-libp2p's inbound slots (max_connections 300 - min_connections 50)
 
 
-async def _member_connects(node: Libp2pTransport, within: float = 2.0) -> None:
-    """A member connects within `within` s, and its connection holds the node's only slot."""
+ROUND, MAX_ROUNDS = 1000, 10  # refused dials per round; rounds before the test gives up
+
+
+async def _member_connect_s() -> float:
+    """Seconds a member takes to connect to a fresh node of its own (the baseline the later
+    bound is relative to: the same machine under the same load)."""
+    fresh = members_only(FRESH, [MEMBER])
+    member = Libp2pTransport(MEMBER)
+    async with fresh.run(LISTEN), member.run(LISTEN):
+        t0 = trio.current_time()
+        assert await member.connect(fresh.addrs()[0]) == fresh.peer_id
+        return trio.current_time() - t0
+
+
+async def _member_connects(node: Libp2pTransport, baseline: float) -> None:
+    """A member connects within 10x the `baseline` connect (at least 2 s): a member locked out
+    never connects at all. Its connection holds the node's only slot."""
     member = Libp2pTransport(MEMBER)
     async with member.run(LISTEN):
-        with trio.fail_after(within):
+        with trio.fail_after(max(2.0, 10 * baseline)):
             assert await member.connect(node.addrs()[0]) == node.peer_id
         await wait_for(lambda: member.peer_id in node.peers(), "the node to list the member")
         assert node.inbound_slots() == 1
@@ -34,19 +49,27 @@ async def _member_connects(node: Libp2pTransport, within: float = 2.0) -> None:
 
 @pytest.mark.slow
 def test_a_member_connects_after_a_thousand_refused_dials() -> None:
-    """An outsider dials 1,000 times (8 at a time), each dial a full Noise + yamux upgrade the
-    node then closes (its membership gate, or py-libp2p's limit of connections per peer);
-    the gate alone refused more connections than py-libp2p has inbound slots, and a member
-    still connects within 2 s, holding the only slot."""
+    """An outsider dials in rounds of 1,000 (8 at a time), each dial a full Noise + yamux upgrade
+    the node then closes, until the membership gate alone has refused more connections than
+    py-libp2p has inbound slots (most dials are refused before the gate, by py-libp2p's
+    resource manager or its per-peer limit, and how many depends on the machine's load: the
+    gate's count is the readiness signal, the rounds are bounded). A member then still
+    connects within 10x its connect time to a fresh node, holding the only slot."""
 
     async def body() -> None:
+        baseline = await _member_connect_s()
         node = members_only(NODE, [MEMBER])
         async with node.run(LISTEN):
-            dials = await dial_cycles(node.addrs()[0], OUTSIDER, 1000, concurrency=8)
-            assert dials.upgraded == dials.closed_by_node == 1000, dials  # every one admitted, then refused
-            assert node.gated_connections > STOCK_SLOTS  # more refusals than slots: no-op would lock out
-            await wait_for(lambda: node.inbound_slots() == 0, "the refused dials' slots back", timeout=10)
-            await _member_connects(node)
+            t0 = trio.current_time()
+            for _ in range(MAX_ROUNDS):
+                dials = await dial_cycles(node.addrs()[0], OUTSIDER, ROUND, concurrency=8)
+                assert dials.upgraded == dials.closed_by_node == ROUND, dials  # every one admitted, then refused
+                if node.gated_connections > STOCK_SLOTS:  # more refusals than slots: no-op would lock out
+                    break
+            assert node.gated_connections > STOCK_SLOTS, f"the gate refused {node.gated_connections} in {MAX_ROUNDS} rounds"
+            await wait_for(lambda: node.inbound_slots() == 0, "the refused dials' slots back",
+                           timeout=max(10.0, trio.current_time() - t0))
+            await _member_connects(node, baseline)
 
     run(body, timeout=600)
 
@@ -54,9 +77,11 @@ def test_a_member_connects_after_a_thousand_refused_dials() -> None:
 @pytest.mark.slow
 def test_two_hundred_member_connections_that_come_and_go_give_their_slots_back() -> None:
     """A member connects and leaves 200 times, one connection at a time (it waits for the
-    node's pubsub stream, then closes): no slot stays taken, and the member connects within 2 s."""
+    node's pubsub stream, then closes): no slot stays taken, and the member
+    connects within 10x its connect time to a fresh node."""
 
     async def body() -> None:
+        baseline = await _member_connect_s()
         node = members_only(NODE, [MEMBER])
         async with node.run(LISTEN):
             churn = await dial_cycles(node.addrs()[0], MEMBER, 200, concurrency=1, leave=True)
@@ -64,7 +89,7 @@ def test_two_hundred_member_connections_that_come_and_go_give_their_slots_back()
             # new connection while the member's last one is still being torn down)
             assert churn.upgraded == churn.left + churn.closed_by_node == 200 and churn.left > 0, churn
             await wait_for(lambda: node.inbound_slots() == 0 and not node.peers(), "every slot back", timeout=10)
-            await _member_connects(node)
+            await _member_connects(node, baseline)
 
     run(body, timeout=300)
 

@@ -20,7 +20,7 @@ def _pixels(data) -> set[bytes]:
 
 
 def test_public_pool_is_disjoint_from_private_train_and_test_by_source_digit() -> None:
-    from atdnode.data import load_dataset
+    from atdnode.data import load_dataset, without_val
     from atdnode.data.jitter import digits_jitter_catalog, public_digits
     from sklearn.datasets import load_digits
 
@@ -33,12 +33,17 @@ def test_public_pool_is_disjoint_from_private_train_and_test_by_source_digit() -
     assert len(set(pub.groups)) + len(set(priv.groups)) == len(targets)
     # the loaded splits: one rendering (variant 0) per digit on each side, so a digit on both
     # sides would give one identical image (the renderer is a pure function of digit and seed)
-    pool = _pixels(load_dataset("digits-jitter?public=0.3&part=public", 32, 1, "train")) | \
-        _pixels(load_dataset("digits-jitter?public=0.3&part=public", 32, 1, "test"))
-    private = _pixels(load_dataset("digits-jitter?public=0.3", 32, 1, "train")) | \
-        _pixels(load_dataset("digits-jitter?public=0.3", 32, 1, "test"))
-    everything = _pixels(load_dataset("digits-jitter", 32, 1, "train")) | _pixels(load_dataset("digits-jitter", 32, 1, "test"))
+    # (the source has no val split, so each side's val is carved from its train: all three splits count)
+    def every_split(spec: str) -> set[bytes]:
+        return set().union(*(_pixels(load_dataset(spec, 32, 1, s)) for s in ("train", "val", "test")))
+
+    pool = every_split("digits-jitter?public=0.3&part=public")
+    private = every_split("digits-jitter?public=0.3")
+    everything = every_split("digits-jitter")
     assert len(pool) + len(private) == len(everything) == len(targets) and not pool & private
+    # with `val=train` (how netsim reads the pool: nothing carved) train and test alone cover the pool
+    whole = without_val("digits-jitter?public=0.3&part=public")
+    assert _pixels(load_dataset(whole, 32, 1, "train")) | _pixels(load_dataset(whole, 32, 1, "test")) == pool
 
 
 def _raw(**public) -> dict:
@@ -74,6 +79,7 @@ def test_netsim_base_public_every_method_starts_from_w_p(short_tmp: Path, monkey
 def _run_public(tmp: Path, monkeypatch) -> None:
     import netsim.baselines as baselines
     from atdnode.blobs import BlobStore
+    from atdnode.data import without_val
     from atdnode.node import NodeHome
     from atdnode.models import ModelRegistry, read_meta
     from netsim.publicbase import DESIGNATED, load_extractor
@@ -94,7 +100,9 @@ def _run_public(tmp: Path, monkeypatch) -> None:
     wp = load_extractor(wp_file)
     # W_p is the designated client's `atd train` on the pool, and nothing else
     (rec,) = ModelRegistry(NodeHome.at(work / "public" / "h" / DESIGNATED)).list()
-    assert rec.provenance["data"] == POOL and rec.provenance["init_from"] is None
+    # read with `val=train`: W_p chooses nothing, so nothing of the pool is carved away as val
+    assert rec.provenance["data"] == without_val(POOL) == POOL + "&val=train"
+    assert rec.provenance["init_from"] is None
     assert rep["public_base"]["pool"] == POOL and rep["public_base"]["pool_train_images"] == rec.samples
     wp_base = read_meta(BlobStore(NodeHome.at(work / "public" / "h" / DESIGNATED).blobs_dir),
                         rep["public_base"]["blob"])["base"]
