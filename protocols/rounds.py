@@ -35,7 +35,7 @@ import torch
 from protocols.aggregation import HEAD_PREFIXES, AggregationError, uniform_weights
 from protocols.fedwavg import fedwavg_weights
 from protocols.robust import coordinate_median, krum_select, trimmed_mean
-from protocols.weightings import weightings
+from protocols.weightings import ROUND_AGGREGATORS, weightings
 
 ROUND_WEIGHTINGS = weightings("round")  # the weighted means (round_weights)
 LAST_LAYER = tuple(f"{HEAD_PREFIXES[0]}{name}" for name in ("weight", "bias"))  # the classifier: head.weight, head.bias
@@ -143,18 +143,17 @@ def _krum(m: Callable[[int, int], int]) -> Callable[[RoundInputs], np.ndarray]:
     return weights
 
 
-AGGREGATORS: dict[str, RoundAggregator] = {a.name: a for a in (
-    RoundAggregator("fedavg", "FedAvg: the plain mean (every member weighs 1/K)", lambda x: uniform_weights(x.n)),
-    RoundAggregator("fedwavg", "FedWAvg: mean weighted by softmax(q * cosine) of the last layers (Eq. 3)", _fedwavg),
-    RoundAggregator("median", "coordinate-wise median (Yin et al. 2018)", lambda x: uniform_weights(x.n),
-                    combine=lambda v, _f: coordinate_median(v), robust=True),
-    RoundAggregator("trimmed-mean", "coordinate-wise mean without the f largest and f smallest values "
-                    "(Yin et al. 2018)", lambda x: uniform_weights(x.n), combine=trimmed_mean, robust=True),
-    RoundAggregator("krum", "Krum: the input closest to its n-f-2 nearest others (Blanchard et al. 2017)",
-                    _krum(lambda n, f: 1), robust=True),
-    RoundAggregator("multi-krum", "Multi-Krum: the mean of the n-f inputs Krum scores best (Blanchard et al. 2017)",
-                    _krum(lambda n, f: max(1, n - f)), robust=True),
-)}
+_RULES: dict[str, dict] = {
+    "fedavg": dict(weights=lambda x: uniform_weights(x.n)),
+    "fedwavg": dict(weights=_fedwavg),
+    "median": dict(weights=lambda x: uniform_weights(x.n), combine=lambda v, _f: coordinate_median(v), robust=True),
+    "trimmed-mean": dict(weights=lambda x: uniform_weights(x.n), combine=trimmed_mean, robust=True),
+    "krum": dict(weights=_krum(lambda n, f: 1), robust=True),
+    "multi-krum": dict(weights=_krum(lambda n, f: max(1, n - f)), robust=True),
+}
+# names and help from protocols.weightings.ROUND_AGGREGATORS (what the CLI lists without torch)
+AGGREGATORS: dict[str, RoundAggregator] = {name: RoundAggregator(name, description, **_RULES[name])
+                                          for name, description in ROUND_AGGREGATORS.items()}
 
 
 def aggregator(name: str) -> RoundAggregator:

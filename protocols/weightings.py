@@ -17,7 +17,8 @@ Each rule returns a float64 probability vector, one weight per input:
 
 Where each applies (`uses`): ``average`` -- the weights of a horizontal or vertical
 aggregate and of a new hierarchical group; ``group`` -- combining hierarchical groups;
-``round`` -- `atd rounds`. The CLI reads this module at start-up for its choices and help, so
+``round`` -- `atd rounds`. The round aggregators' names and help (`ROUND_AGGREGATORS`) are
+listed here too; their rules live in `protocols.rounds`. The CLI reads this module at start-up for its choices and help, so
 it loads nothing beyond the standard library: numpy is imported when a rule runs; the fedwavg
 rule, which needs torch, is computed by `protocols.aggregation.compute_weights`.
 """
@@ -163,6 +164,16 @@ MODES: dict[str, Mode] = {m.name: m for m in (  # the VGS-ATD modes, by name
 def mode_help() -> str:
     """`name (help) | ...` over the modes."""
     return " | ".join(f"{m.name} ({m.help})" for m in MODES.values())
+
+
+ROUND_AGGREGATORS: dict[str, str] = {  # `atd rounds --aggregator`: name -> one line of help
+    "fedavg": "FedAvg: the plain mean (every member weighs 1/K)",
+    "fedwavg": "FedWAvg: mean weighted by softmax(q * cosine) of the last layers (Eq. 3)",
+    "median": "coordinate-wise median (Yin et al. 2018)",
+    "trimmed-mean": "coordinate-wise mean without the f largest and f smallest values (Yin et al. 2018)",
+    "krum": "Krum: the input closest to its n-f-2 nearest others (Blanchard et al. 2017)",
+    "multi-krum": "Multi-Krum: the mean of the n-f inputs Krum scores best (Blanchard et al. 2017)",
+}  # their rules: protocols.rounds.AGGREGATORS (torch), which takes its names and help from here
 
 
 def weighting_help_by_mode() -> str:

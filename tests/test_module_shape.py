@@ -146,6 +146,16 @@ def test_the_training_options_load_without_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_cli_and_the_daemon_load_no_torch():
+    """Every daemon is an `atd node start` process: the CLI registers all its commands (their help
+    is formatted at start-up) and the daemon's modules load, without torch, timm or scikit-learn
+    (torch alone triples a daemon's memory)."""
+    probe = ("import sys, cli.app, atdnode.node.daemon; "
+             "print(sorted({'torch', 'timm', 'sklearn'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_averaging_and_predicting_load_no_scikit_learn(tmp_path):
     """Every `atd rounds` and `atd aggregate` process imports `atdnode.aggregation.aggregate` (through
     `atdnode.rounds.runner`); scikit-learn (~1.5 s of CPU at each start-up, with scipy) is imported

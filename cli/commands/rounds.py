@@ -10,11 +10,12 @@ import typer
 
 from atdnode.learning import apply_device
 from atdnode.node import NodeHome, sklearn_warnings_to_log
-from protocols.rounds import AGGREGATORS, ROUND_WEIGHTINGS
 from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
-from protocols.weightings import help_for
+from protocols.weightings import ROUND_AGGREGATORS, help_for, weightings
+
+ROUND_WEIGHTINGS = weightings("round")  # the weighted means (as protocols.rounds; this module loads no torch)
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -36,7 +37,7 @@ def rounds(
                                             "means; same as --aggregator)."),
     aggregator: Optional[str] = typer.Option(None, "--aggregator", help="How a round's inputs become the global "
                                              "model (default fedwavg): " + "; ".join(
-                                                 f"{a.name}: {a.description}" for a in AGGREGATORS.values()) + "."),
+                                                 f"{name}: {text}" for name, text in ROUND_AGGREGATORS.items()) + "."),
     byzantine: int = typer.Option(1, "--byzantine", min=0, help="f, the hostile members a robust aggregator "
                                   "(median, trimmed-mean, krum, multi-krum) is sized for: trimmed from each end, "
                                   "Krum's f."),
@@ -79,8 +80,8 @@ def rounds(
     if weighting is not None and aggregator is not None and weighting != aggregator:
         raise RoundsError(f"--weighting {weighting} and --aggregator {aggregator}: give one")
     rule = aggregator or weighting or "fedwavg"
-    if rule not in AGGREGATORS:
-        raise RoundsError(f"--aggregator {rule!r}: choose from {', '.join(AGGREGATORS)}")
+    if rule not in ROUND_AGGREGATORS:
+        raise RoundsError(f"--aggregator {rule!r}: choose from {', '.join(ROUND_AGGREGATORS)}")
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
