@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from atdnode.data import load_dataset
+from atdnode.data import load_dataset, without_val
 from atdnode.learning import ModelConfig, TrainOptions
 from netsim.fat import pgd_config, run_rounds_memnet
 from netsim.learn import full_state, train_model
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--iid", action="store_true", help="also the IID control (FedWAvg weight deviation)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    tr, te = load_dataset("digits", 28, 1, "train"), load_dataset("digits", 28, 1, "test")
+    tr, te = load_dataset(without_val("digits"), 28, 1, "train"), load_dataset("digits", 28, 1, "test")
     t0 = time.perf_counter()
     init, private = pretrained(tr)
     attack = pgd_config(steps=7)

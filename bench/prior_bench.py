@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from atdnode.data import LabeledImages, load_dataset
+from atdnode.data import LabeledImages, load_dataset, without_val
 from atdnode.aggregation import fit_reference
 from atdnode.learning import resolve_config
 from netsim.learn import score
@@ -45,7 +45,7 @@ def _subset(d: LabeledImages, idx: np.ndarray) -> LabeledImages:
 def setting(seed: int) -> tuple[dict[str, tuple[LabeledImages, LabeledImages]], LabeledImages]:
     """Per node (train, val), and the balanced test split, two classes."""
     rng = np.random.default_rng(seed)
-    full = load_dataset("digits", 8, 1, "train", seed=seed)
+    full = load_dataset(without_val("digits"), 8, 1, "train", seed=seed)
     y = (full.labels.numpy() >= 5).astype(np.int64)
     data = LabeledImages(images=full.images, labels=torch.as_tensor(y), classes=["neg", "pos"])
     pools = {c: list(rng.permutation(np.flatnonzero(y == c))) for c in (0, 1)}

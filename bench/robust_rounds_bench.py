@@ -129,7 +129,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from atdnode.data import load_dataset
+    from atdnode.data import load_dataset, without_val
     from atdnode.learning import TrainOptions
     from netsim.learn import full_state, predict, train_model
     from netsim.nodedata import subset
@@ -139,7 +139,7 @@ def main() -> None:
     rules = a.aggregators.split(",")
     if rules[0] != "fedavg":
         rules = ["fedavg", *[r for r in rules if r != "fedavg"]]
-    tr = load_dataset("digits", a.img_size, 1, "train")
+    tr = load_dataset(without_val("digits"), a.img_size, 1, "train")
     te = load_dataset("digits", a.img_size, 1, "test")
     runs: dict[str, dict[str, list[dict]]] = {r: {"0": [], "1": []} for r in rules}
     initial: list[float] = []

@@ -54,10 +54,10 @@ def model_cfg(a):
 def node_data(a) -> tuple[dict, list[str]]:
     import numpy as np
 
-    from atdnode.data import load_dataset
+    from atdnode.data import load_dataset, without_val
     from netsim.nodedata import subset
 
-    tr = load_dataset("digits", a.img_size, 1, "train")
+    tr = load_dataset(without_val("digits"), a.img_size, 1, "train")
     idx = np.random.default_rng(a.seed).permutation(len(tr))[: a.limit]
     return {f"n{k}": subset(tr, np.sort(idx[k::a.nodes]), tr.classes) for k in range(a.nodes)}, list(tr.classes)
 
