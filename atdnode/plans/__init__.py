@@ -17,6 +17,7 @@ from atdnode.face import lazy_face
 _FACE = {"PlanPolicy": "policy", "Advance": "runner", "advance": "runner", "decide": "runner", "follow": "runner",
          "member_names": "runner", "propose": "runner", "STEP_KINDS": "spec", "PlanError": "spec",
          "build_plan": "spec", "check_plan": "spec", "PlanView": "state", "find_plan": "state",
-         "load_view": "state", "progress": "state"}
+         "load_view": "state", "progress": "state",
+         "running": "state", "step_inputs": "spec"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

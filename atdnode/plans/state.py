@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from atdnode import bodies
-from atdnode.plans.spec import PlanError, check_plan
+from atdnode.plans.spec import PlanError, check_plan, step_inputs
 from ledger import Entry, Ledger, peer_id_from_public_key
 
 ACCEPT, DECLINE = "accept", "decline"
@@ -88,3 +88,32 @@ def progress(view: PlanView) -> list[dict]:
                          "reason": (res or {}).get("reason", ""), "missing": (res or {}).get("missing", []),
                          "metrics": (res or {}).get("metrics", {}), "seconds": (res or {}).get("seconds")})
     return rows
+
+
+def running(view: PlanView, now: float | None = None) -> set[tuple[str, str]]:
+    """(step id, peer id) of the steps a member is carrying out now, as far as this ledger can
+    tell: the member accepted, the step is its first own step without a result (a member
+    carries out its own steps in plan order), and every input the runner waits for is here --
+    its own earlier result for its own model or `after` steps, else from each member of the
+    input step a result, a decline, or the input step's deadline passed (`now`, default the
+    clock). Whether the member already fetched the input blobs is not on the ledger: a step
+    it still fetches for counts as running."""
+    import time
+
+    t = time.time() if now is None else now
+    out = set()
+    for m, dec in view.decisions.items():
+        if dec["decision"] != ACCEPT:
+            continue
+        step = next((s for s in view.steps if m in s["members"] and (s["id"], m) not in view.results), None)
+        if step is not None and all(_input_here(view, step, m, sid, t) for sid in step_inputs(step)):
+            out.add((step["id"], m))
+    return out
+
+
+def _input_here(view: PlanView, step: dict, m: str, sid: str, now: float) -> bool:
+    dep = view.step(sid)
+    if sid == step.get("model") or (sid in step.get("after", ()) and m in dep["members"]):
+        return (sid, m) in view.results
+    return now >= view.deadline(dep) or all((sid, x) in view.results or view.decision(x) == DECLINE
+                                            for x in dep["members"])

@@ -30,7 +30,7 @@ th, td { text-align:left; padding:4px 8px; border-bottom:1px solid var(--line); 
 th { color:var(--muted); font-weight:600; font-size:12px; }
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size:12px; }
 .ok { color:var(--ok); font-weight:600; } .bad { color:var(--bad); font-weight:600; } .warn { color:var(--warn); font-weight:600; }
-.muted { color:var(--muted); }
+.muted { color:var(--muted); } .run { color:#2f6fb3; font-weight:600; }
 .tag { display:inline-block; padding:0 6px; border-radius:10px; background:#e8eef6; font-size:12px; margin-right:4px; }
 .bar { background:#e8eef6; border-radius:3px; height:10px; width:160px; display:inline-block; vertical-align:middle; }
 .bar > span { display:block; height:10px; background:#2f6fb3; border-radius:3px; }
@@ -197,17 +197,35 @@ def _split(s: dict) -> str:
                         "this node took part in no split-learning session")
 
 
+PLAN_STATE_CLASS = {"done": "ok", "failed": "bad", "running": "run", "declined": "muted", "waiting": "muted"}
+PLAN_STATE_TITLE = {"done": "its result is on the ledger", "failed": "it recorded a failure (the reason beside it)",
+                    "running": "its inputs are here: the member is carrying it out (no result yet)",
+                    "waiting": "waiting for its inputs, its own earlier steps or the member's decision",
+                    "declined": "the member declined the plan: it runs nothing of it"}
+
+
 def _plans(s: dict) -> str:
+    """Per plan, one row per step and member: its state (done, running, failed with the
+    reason, waiting, declined), its metrics and who it went on without."""
     out = []
     for p in s.get("plans", []):
-        rows = [f'<tr class="plan-step {_e(r["state"])}"><td>{_e(r["step"])}</td><td>{_e(r["kind"])}</td>'
-                f'<td>{_e(r["member"])}</td><td>{_e(r["decision"])}</td><td>{_e(r["state"])}</td>'
-                f'<td>{_metrics(r.get("metrics") or {})}</td>'
-                f'<td>{_e(r["reason"] or (("without " + ", ".join(r["missing"])) if r["missing"] else ""))}</td></tr>'
-                for r in p["steps"]]
-        out.append(f'<h3>{_e(p["name"])} <span class="sub">by {_e(p["author"])} · <code>{_e(p["id"][:12])}</code> · '
-                   f'{_e(p["done"])} of {_e(p["total"])} done</span></h3>'
-                   + _table(("step", "kind", "member", "decision", "state", "metrics", ""), rows, ""))
+        head = (f'<h3>{_e(p["name"])} <span class="sub">by {_e(p["author"])} · <code>{_e(p["id"][:12])}</code> · '
+                f'{_e(p["done"])} of {_e(p["total"])} done'
+                + "".join(f' · <span class="plan-count {k}">{_e(n)} {_e(k)}</span>'
+                          for k, n in (p.get("states") or {}).items() if n and k != "done") + "</span></h3>")
+        if p.get("invalid"):
+            out.append(head + f'<p class="bad plan-invalid">members decline it: {_e(p["invalid"])}</p>')
+            continue
+        rows = []
+        for r in p["steps"]:
+            state = r["state"]
+            why = r["reason"] or (("without " + ", ".join(r["missing"])) if r["missing"] else "")
+            rows.append(f'<tr class="plan-step {_e(state)}"><td>{_e(r["step"])}</td><td>{_e(r["kind"])}</td>'
+                        f'<td>{_e(r["member"])}</td><td>{_e(r["decision"])}</td>'
+                        f'<td class="{PLAN_STATE_CLASS.get(state, "")} plan-state" data-step="{_e(r["step"])}" '
+                        f'data-member="{_e(r["member"])}" title="{_e(PLAN_STATE_TITLE.get(state, ""))}">{_e(state)}</td>'
+                        f'<td>{_metrics(r.get("metrics") or {})}</td><td class="plan-why">{_e(why)}</td></tr>')
+        out.append(head + _table(("step", "kind", "member", "decision", "state", "metrics", ""), rows, ""))
     return "".join(out) or '<p class="muted">no plans (`atd plan propose FILE`)</p>'
 
 

@@ -132,23 +132,35 @@ def ledger_view(led: Ledger, me: bytes) -> dict[str, Any]:
             "kinds": _count_kinds(entries)}
 
 
-def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str]) -> list[dict]:
+def plans_view(led: Ledger, entries: list[Entry], names: dict[str, str], now: float | None = None) -> list[dict]:
     """Every plan on the ledger, newest first, with each member's decision and state per step
-    (`atdnode.plans.progress`); member names where known."""
+    (`atdnode.plans.progress`: done, failed with its reason, declined, waiting), a waiting
+    step whose inputs are all here shown as running (`atdnode.plans.running`); member names
+    where known. A plan no member can carry out (`atdnode.plans.check_plan`: members decline
+    it) is listed with the reason and no steps."""
     from atdnode.errors import AtdError
-    from atdnode.plans import load_view, progress
+    from atdnode.plans import load_view, progress, running
 
     out = []
     for e in reversed([e for e in entries if e.kind == "plan"]):
+        author = names.get(peer_id_from_public_key(e.author), peer_id_from_public_key(e.author)[:16])
         try:
-            view = load_view(led, e.id.hex(), check=False)
-        except AtdError:
+            view = load_view(led, e.id.hex())
+        except AtdError as exc:
+            out.append({"id": e.id.hex(), "name": str(e.body.get("name", "?"))[:80], "author": author, "steps": [],
+                        "done": 0, "total": 0, "states": {}, "invalid": str(exc).splitlines()[0][:200]})
             continue
+        busy = running(view, now)
         rows = [dict(r, member=names.get(r["member"], r["member"][:16]),
+                     state="running" if r["state"] == "waiting" and (r["step"], r["member"]) in busy else r["state"],
                      missing=[names.get(x, x[:16]) for x in r["missing"]]) for r in progress(view)]
-        out.append({"id": view.id, "name": view.body["name"], "author": names.get(view.author, view.author[:16]),
-                    "steps": rows, "done": sum(r["state"] == "done" for r in rows), "total": len(rows)})
+        out.append({"id": view.id, "name": view.body["name"], "author": author, "steps": rows,
+                    "done": sum(r["state"] == "done" for r in rows), "total": len(rows),
+                    "states": {k: sum(r["state"] == k for r in rows) for k in PLAN_STATES}})
     return out
+
+
+PLAN_STATES = ("done", "running", "waiting", "failed", "declined")
 
 
 def _list(v: Any) -> list:
