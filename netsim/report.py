@@ -165,6 +165,8 @@ def markdown(report: dict) -> str:
                                  ph.get("outcomes", {}).get(node, m.get("status", ""))])
         parts.append(_table(["method", "phase", "node", "accuracy [95 % CI]", "balanced acc. [95 % CI]", "F1", "sent",
                              "received", "ended with"], rows))
+    if report.get("plan"):
+        parts.append(plan_markdown(report["plan"]))
     if report.get("gossip"):
         parts.append(gossip_markdown(report["gossip"]))
     if report.get("vgs_faults"):
@@ -173,6 +175,21 @@ def markdown(report: dict) -> str:
                             [[str(f.get("phase")), f["kind"], f["target"], f["status"], f.get("detail", "")]
                              for f in report["vgs_faults"]]))
     return "".join(parts)
+
+
+def plan_lines(plan: dict) -> list[list[str]]:
+    """Per step and member of a plan run (`netsim.plan`): step, kind, member, state, accuracy,
+    seconds, and the reason or who it went on without."""
+    return [[r["step"], r["kind"], r["member"], r["state"], _fmt((r.get("metrics") or {}).get("accuracy")),
+             _fmt(r.get("seconds"), 2),
+             r.get("reason") or (f"without {', '.join(r['missing'])}" if r.get("missing") else "")]
+            for r in plan["steps"]]
+
+
+def plan_markdown(plan: dict) -> str:
+    head = (f"\n## Plan {plan['name']!r} ({plan['id'][:12]}, proposed by {plan['proposer']}): "
+            f"{'every member finished' if plan.get('complete') else 'not finished'}\n\n")
+    return head + _table(["step", "kind", "member", "state", "accuracy", "seconds", ""], plan_lines(plan))
 
 
 def gossip_markdown(g: dict) -> str:

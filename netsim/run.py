@@ -5,7 +5,8 @@ and the report. This is the Python API behind `atd netsim run` (and what the tes
 
 The report dict (also written as report.json) has: scenario, backend, nodes (data per
 node), methods ({method: [one dict per phase]}), forgetting, gossip (when the scenario has
-a workload), vgs_faults, notes, wall_s. With VGS-ATD among the methods, centralized and
+a workload), plan (with method "plan": each member's state per step, `netsim.plan`),
+vgs_faults, notes, wall_s. With VGS-ATD among the methods, centralized and
 local-only always run too, and so do the reference ensembles (`netsim.references`:
 ensemble-raw, ensemble-untrained); `feature_verdicts` (also in notes) says per phase
 whether the learned features beat them. `progress(msg)` gets one line per step.
@@ -122,7 +123,7 @@ def _scenario_info(scn: Scenario) -> dict:
             "methods": list(scn.methods), "model": asdict(scn.model), "train": {k: getattr(scn.train, k) for k in TRAIN_KEYS},
             "baselines": asdict(scn.baselines), "network": {k: v for k, v in asdict(scn.network).items()
                                                            if k != "links"},
-            "phases": {p: scn.phase(p).mode for p in scn.phase_numbers()}}
+            "phases": {p: scn.phase(p).mode for p in scn.phase_numbers()}, **({"plan": scn.plan} if scn.plan else {})}
 
 
 def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> None:
@@ -167,6 +168,12 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
             report["notes"] += notes
         report["methods"]["vgs-atd"] = [r.to_dict() for r in phases]
         report["vgs_faults"] = faults
+    if "plan" in scn.methods:  # the scenario's plan file, carried out by the nodes as `atd plan` does
+        from netsim.plan import run_plan
+
+        res, report["plan"], notes = run_plan(scn, data, work / "plan", progress=progress)
+        report["methods"]["plan"] = [res.to_dict()]
+        report["notes"] += notes
     methods = list(scn.methods)
     if "vgs-atd" in methods:  # a claim about VGS-ATD travels with centralized and local-only
         added = [m for m in ("centralized", "local") if m not in methods]

@@ -7,7 +7,9 @@ the network conditions, the faults, and optionally a gossip workload:
     [scenario]   name, description, seed, backend ("memory" | "process"), methods, deadline_s,
                  step_deadline_s, base ("scratch" | "msd": VGS-ATD starts from a base the nodes
                  build first by masked sampling distillation, `netsim.msdbase` | "public": every
-                 method starts from W_p, a designated client's ViT on a public pool, `netsim.publicbase`)
+                 method starts from W_p, a designated client's ViT on a public pool, `netsim.publicbase`),
+                 val_fraction, plan (a plan file, relative to the scenario file, that method
+                 "plan" carries out on the nodes: `netsim.plan`)
     [msd]        the MSD campaign of base = "msd": steps, batch_size, lr, teacher_keep,
                  student_keep, teacher_views, student_views (`protocols.msd.MSDConfig`);
                  finetune_lr: VGS-ATD's learning rate when its models descend from the base
@@ -38,7 +40,7 @@ Every problem raises `ScenarioError` naming the file and the key path, e.g.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import MISSING, asdict, fields, make_dataclass
+from dataclasses import MISSING, asdict, fields, make_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,8 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         raise c.fail("scenario", "missing required key name")
     head_conv = {"methods": lambda v, w: c.strs(v, w)}
     hdr = c.build(_Header, head, "scenario", head_conv)
+    if hdr.plan and base_dir is not None:  # a plan file is relative to the scenario file
+        hdr = replace(hdr, plan=str((base_dir / Path(hdr.plan).expanduser()).resolve()))
 
     model = c.build(ModelConfig, {**asdict(NETSIM_MODEL), **c.table(raw, "model", "model")}, "model")
     train = c.options(NETSIM_TRAIN, c.table(raw, "train", "train"), "train", TRAIN_KEYS)
@@ -151,7 +155,7 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
 # The [scenario] table: these fields of `Scenario` (their types and defaults), read as one
 # dataclass so `KeyReader.build` type-checks them and names unknown keys.
 HEADER_KEYS = ("name", "seed", "backend", "description", "methods", "deadline_s", "step_deadline_s", "base",
-               "val_fraction")
+               "val_fraction", "plan")
 _Header = make_dataclass("_Header", [(f.name, f.type) if f.default is MISSING else (f.name, f.type, f.default)
                                      for f in fields(Scenario) if f.name in HEADER_KEYS], frozen=True)
 

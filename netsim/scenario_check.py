@@ -107,6 +107,10 @@ def check(s: Scenario) -> None:
     _positive(c, "scenario.step_deadline_s", s.step_deadline_s)
     if not names:
         raise c.fail("cohorts", "the scenario has no nodes (add [[cohorts]] or [topology] nodes)")
+    if s.plan or "plan" in s.methods:
+        from netsim.plan import check_plan_scenario
+
+        check_plan_scenario(c, s)
     if "vgs-atd" not in s.methods and not s.learning and s.workload is None:
         raise c.fail("scenario", "nothing to run: no cohorts and no workload")
 

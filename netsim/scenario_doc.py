@@ -32,6 +32,8 @@ def options_markdown() -> str:
     vf = {f.name: f.default for f in fields(Scenario)}["val_fraction"]
     lines.append(f"| `[scenario]` | `val_fraction` | float | {vf!r} (no val split: no keep choice) | — (netsim only: "
                  "each node's held-out val split, which `atd aggregate`'s keep decision judges on) |")
+    lines.append("| `[scenario]` | `plan` | str | \"\" (none) | — (netsim only: a plan file, relative to the scenario "
+                 "file, that method `plan` carries out on the nodes with `atd plan`'s functions: `netsim.plan`) |")
     old = ", ".join(f"`{a}` -> `{b}`" for a, b in ENSEMBLE_RENAMED.items())
     lines += ["", f"Older `[ensemble]` keys still read: {old}. Any other key is a `ScenarioError` naming it.", "",
               DOC_END]

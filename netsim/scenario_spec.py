@@ -17,7 +17,7 @@ from protocols.vit_config import ModelConfig, ModelConfigError
 
 BACKENDS = ("memory", "process")
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
-METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in
+METHODS = DEFAULT_METHODS + ("fat-fedavg", "fat-fedwavg", "plan")  # fat-*: adversarial `atd rounds` (netsim.fat), opt-in; plan: [scenario] plan (netsim.plan)
 BASES = ("scratch", "msd", "public")
 PARTITIONS = ("iid", "label_skew", "quantity_skew", "disjoint", "non_iid2", "non_iid4", "class_shares")  # non_iid*: FedWAvg paper
 MODES = ("horizontal", "vertical", "hierarchical")
@@ -219,6 +219,9 @@ class Scenario:
     # judges its candidates on it (`atdnode.aggregation.keep`). 0: no val split (every node trains on all
     # of its share and makes no keep choice: `netsim.nodedata.node_spec`)
     val_fraction: float = 0.0
+    # a plan file (`atd plan`'s TOML, README: Plans) that method "plan" carries out on the
+    # scenario's nodes with the functions `atd plan` calls (`netsim.plan`); "": none
+    plan: str = ""
     source: str = "<dict>"
 
     # -- derived views ------------------------------------------------------------------

@@ -87,10 +87,11 @@ API: list[tuple[str, str, tuple[str, ...]]] = [
     ("atdnode", "atdnode.node.localnet", ("up", "down")),
     ("atdnode", "atdnode.plans.runner", ("propose", "decide", "advance", "follow")),
     ("atdnode", "atdnode.plans.spec", ("check_plan", "build_plan")),
-    ("atdnode", "atdnode.plans.state", ("load_view", "progress")),
+    ("atdnode", "atdnode.plans.state", ("load_view", "progress", "running")),
     ("atdnode", "atdnode.plans.policy", ("PlanPolicy",)),
     ("netsim", "netsim.scenario", ("load_scenario", "scenario_from_dict")),
     ("netsim", "netsim.run", ("run_scenario",)),
+    ("netsim", "netsim.plan", ("run_plan", "check_plan_scenario")),
     ("netsim", "netsim.fat", ("run_rounds_memnet",)),
 ]
 

@@ -18,6 +18,8 @@ RUN_HELP = """Run a scenario and write report.json, report.md and PNG plots into
 
 SCENARIO is a TOML file or the name of a shipped scenario (`atd netsim list`). The scenario names the nodes and their data partitions, the VGS-ATD phases, the methods to compare (vgs-atd, centralized, fedavg, swarm, local; fat-fedavg, fat-fedwavg: adversarial `atd rounds`), the network conditions, faults and an optional gossip workload.
 
+With a plan (`[scenario] plan = "FILE"` and method "plan", or --plan FILE) the nodes carry out that plan file with the functions `atd plan` calls, and the report shows each member's state per step and the evaluation of each node's resulting model.
+
 Back-ends: `memory` runs real node daemons in one process on a simulated network (latency, bandwidth, loss, partitions; seeded, reproducible); `process` runs `atd node start` daemons as OS processes on 127.0.0.1 (optionally in network namespaces with tc netem where the machine allows it).
 """
 
@@ -49,6 +51,9 @@ def run_cmd(
     base: Optional[str] = typer.Option(None, "--base", help="Where VGS-ATD starts: scratch | msd (a base the nodes "
                                        "build first by masked sampling distillation) | public (W_p, the scenario's [public] "
                                        "pool) | msd,scratch (both, side by side)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Carry out this plan file (`atd plan`'s TOML) on the "
+                                        "scenario's nodes as method \"plan\" (the plan names members by node "
+                                        "name); without --method, the only method run."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
     from atdnode.learning import apply_device
@@ -66,6 +71,9 @@ def run_cmd(
         changes["seed"] = seed
     if methods:
         changes["methods"] = tuple(methods)
+    if plan is not None:
+        changes["plan"] = str(plan.expanduser().resolve())
+        changes["methods"] = tuple(dict.fromkeys([*(methods or []), "plan"]))
     if changes:
         scn = scn.replace(**changes)
         validate(scn)
@@ -144,6 +152,17 @@ def print_summary(report: dict, out: Path | None) -> None:
             for m, v in forget.items():
                 ft.add_row(m, *("—" if v.get(p) is None else f"{v[p]:.3f}" for p in phases))
             console.print(ft)
+    if report.get("plan"):
+        from netsim.report import plan_lines
+
+        p = report["plan"]
+        pt = Table(title=f"plan {p['name']!r} ({'every member finished' if p.get('complete') else 'not finished'})",
+                   box=box.SIMPLE, pad_edge=False, collapse_padding=True)
+        for h in ("step", "kind", "member", "state", "acc", "s", ""):
+            pt.add_column(h, justify="right" if h in ("acc", "s") else "left")
+        for row in plan_lines(p):
+            pt.add_row(*row)
+        console.print(pt)
     g = report.get("gossip")
     if g:
         done = sum(1 for d in g["nodes"].values() if d["complete"])
