@@ -109,3 +109,20 @@ def test_plan_scenario_is_checked_at_load(tmp_path):
         _scenario(tmp_path, plan="elsewhere.toml")
     scn = _scenario(tmp_path)
     assert scn.plan == str(tmp_path / "plan.toml")  # relative to the scenario file
+
+
+def test_cli_plan_option_refuses_a_plan_the_nodes_cannot_carry_out(tmp_path, capsys):
+    """`atd netsim run SCENARIO --plan FILE`: a plan naming a node the scenario lacks is one line, exit 1."""
+    from cli.app import run
+
+    raw = json.loads(json.dumps(SCENARIO))
+    raw["scenario"].pop("plan")
+    raw["scenario"]["methods"] = ["local"]
+    (tmp_path / "scn.toml").write_text(tomli_w.dumps(raw))
+    (tmp_path / "bad.toml").write_text(tomli_w.dumps(dict(PLAN, steps=[dict(PLAN["steps"][0], members=["h9"])])))
+    capsys.readouterr()
+    assert run(["netsim", "run", str(tmp_path / "scn.toml"), "--plan", str(tmp_path / "bad.toml"),
+                "--out", str(tmp_path / "out")]) == 1
+    out, err = capsys.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1 and "member 'h9' is not a node of this scenario" in err
+    assert not (tmp_path / "out").exists()  # refused before anything ran
