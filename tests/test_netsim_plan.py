@@ -55,6 +55,7 @@ def _scenario(tmp: Path, doc: dict = PLAN, **scenario):
 
 
 @pytest.mark.slow  # three tiny trainings and three aggregations on three in-memory daemons
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # the MLP's capped iterations
 def test_plan_scenario_matches_the_steps_called_directly(tmp_path, short_tmp):
     from atdnode.aggregation import EnsembleOptions, run_aggregate
     from atdnode.node import NodeHome
@@ -109,6 +110,10 @@ def test_plan_scenario_is_checked_at_load(tmp_path):
         _scenario(tmp_path, plan="elsewhere.toml")
     scn = _scenario(tmp_path)
     assert scn.plan == str(tmp_path / "plan.toml")  # relative to the scenario file
+    from netsim.scenario import load_scenario
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "netsim_vgs_plan.toml"
+    assert load_scenario(example).plan == str(example.parent / "vgs.toml")  # the README's example loads
 
 
 def test_cli_plan_option_refuses_a_plan_the_nodes_cannot_carry_out(tmp_path, capsys):
