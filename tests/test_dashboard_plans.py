@@ -6,7 +6,8 @@ daemons' replication does between them. node3's daemon (an OS process) serves th
 node3's own step failed, so nothing is left for it to run, and the page shows what its
 ledger holds about everyone. The browser reads, per step and member: done, running (its
 inputs are here, its result is not), failed with the member's one-line reason, waiting; then
-node2's results arrive and a fresh load of the page shows them.
+node2's results arrive and a fresh load of the page shows them. A plan signed around the checks
+is listed with the reason members decline it, and never breaks the page.
 """
 from __future__ import annotations
 
@@ -88,3 +89,27 @@ def test_plans_view_shows_each_members_progress_and_updates(short_tmp, procs) ->
     assert seen[("t", "node2")] == ("done", "") and seen[("p2", "node2")] == ("done", "")
     assert seen[("w", "node1")] == ("running", "")  # its inputs are all here now
     assert seen[("t", "node3")] == ("failed", reason) and seen[("t", "node1")] == ("done", "")
+
+
+def test_a_plan_no_member_can_carry_out_is_listed_with_why(tmp_path) -> None:
+    """A member signs plans around the checks (a step with no kind or members, a shell step): the
+    Plans view lists each with the reason members decline it, and the page still renders."""
+    from atdnode import bodies
+    from atdnode.node import NodeIdentity
+    from atdnode.report.dashboard.page import _plans
+    from atdnode.report.dashboard.view import ledger_view
+
+    homes = consortium(tmp_path, NAMES)
+    ids = peer_ids(homes)
+    signer = NodeIdentity.load(homes[1]).signer
+    with Ledger.open(homes[1].ledger_db) as led:
+        for name, step in (("bare", {"id": "x"}), ("<b>shell</b>", {"id": "x", "kind": "shell", "members": ids})):
+            bodies.append(led, signer, "plan", {"name": name, "created": 0, "late": "proceed", "members": ids,
+                                                "steps": [step]})
+    sync(homes)
+    with Ledger.open(homes[0].ledger_db) as led:
+        plans = ledger_view(led, NodeIdentity.load(homes[0]).public_key)["plans"]
+    assert [(p["name"], p["author"], p["steps"]) for p in plans] == [("<b>shell</b>", "node2", []), ("bare", "node2", [])]
+    assert "unknown step kind 'shell'" in plans[0]["invalid"] and "unknown step kind None" in plans[1]["invalid"]
+    html = _plans({"plans": plans})
+    assert html.count('class="bad plan-invalid">members decline it: ') == 2 and "<b>" not in html

@@ -225,7 +225,7 @@ def _plans(s: dict) -> str:
                         f'<td class="{PLAN_STATE_CLASS.get(state, "")} plan-state" data-step="{_e(r["step"])}" '
                         f'data-member="{_e(r["member"])}" title="{_e(PLAN_STATE_TITLE.get(state, ""))}">{_e(state)}</td>'
                         f'<td>{_metrics(r.get("metrics") or {})}</td><td class="plan-why">{_e(why)}</td></tr>')
-        out.append(head + _table(("step", "kind", "member", "decision", "state", "metrics", ""), rows, ""))
+        out.append(head + _table(("step", "kind", "member", "decision", "state", "metrics", "why"), rows, ""))
     return "".join(out) or '<p class="muted">no plans (`atd plan propose FILE`)</p>'
 
 
