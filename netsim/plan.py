@@ -56,9 +56,13 @@ def read_plan(path: str | Path) -> dict:
         return tomllib.load(f)
 
 
+DATA_KEYS = ("data", "test_data")  # step options that name data (what a member's policy maps)
+
+
 def data_names(doc: dict) -> list[str]:
     """The data names the plan's steps use (each node maps them to its own data)."""
-    return sorted({s["data"] for s in doc.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("data"), str)})
+    return sorted({s[k] for s in doc.get("steps") or [] if isinstance(s, dict) for k in DATA_KEYS
+                   if isinstance(s.get(k), str)})
 
 
 def check_plan_scenario(c: KeyReader, s: Scenario) -> None:
@@ -124,7 +128,9 @@ class PlanRunner:
         for name, nd in data.nodes.items():  # the node's [plans] policy: `atd config set` would write the same
             spec = node_spec(nd, work / "data" / f"{name}.npz")
             cfg = NodeConfig.load(self.homes[name])
-            cfg.extra["plans"] = {"auto_accept_from": [self.founder], "data": {d: spec for d in used}}
+            # `run` is each node's one follower (`atd plan follow`, on the scenario's clock): a
+            # daemon that carries out accepted plans by itself leaves them to it (daemon = false)
+            cfg.extra["plans"] = {"auto_accept_from": [self.founder], "daemon": False, "data": {d: spec for d in used}}
             cfg.save(self.homes[name])
 
     async def run(self) -> tuple[PhaseResult, dict]:
