@@ -262,8 +262,8 @@ class PlanRunner:
         from atdnode.learning import predict_names
         from atdnode.models import ModelRegistry
 
-        store, record, space = BlobStore(self.homes[n].blobs_dir), ModelRegistry(self.homes[n]).get(model_id), \
-            self.data.label_space
+        store, record = BlobStore(self.homes[n].blobs_dir), ModelRegistry(self.homes[n]).get(model_id)
+        space = self.data.label_space
 
         def pred(images: torch.Tensor) -> np.ndarray:
             names, idx, _ = predict_names(store, record, images)
