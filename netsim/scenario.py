@@ -29,6 +29,7 @@ from netsim.scenario_spec import (  # noqa: F401
     NETSIM_MODEL,
     NETSIM_TRAIN,
     SECTIONS,
+    TRAIN_KEYS,
     BaselineSpec,
     CohortSpec,
     DatasetSpec,
@@ -43,6 +44,7 @@ from netsim.scenario_spec import (  # noqa: F401
     Source,
     TopologySpec,
     WorkloadSpec,
+    check_declared,
     default_mode,
     keys_of,
     read_section,
@@ -117,5 +119,7 @@ def _resolve_dataset(d: DatasetSpec, base_dir: Path | None) -> DatasetSpec:
 # ------------------------------------------------------------------ cross-checks
 
 def validate(s: Scenario) -> None:
-    """Cross-field checks (see `netsim.scenario_check`); raises ScenarioError naming the key."""
+    """Each key against its declaration, then the cross-field checks (`netsim.scenario_check`);
+    raises ScenarioError naming the key. Run on a scenario changed after loading."""
+    check_declared(s)
     check(s)

@@ -10,10 +10,13 @@ from netsim.scenario_spec import CohortSpec, FaultSpec, Scenario, Source
 
 
 def check(s: Scenario) -> None:
-    """Cross-field checks; raises ScenarioError naming the offending key."""
+    """What one key's declaration cannot say (each key's type, range and choices are checked
+    from `netsim.scenario_spec`); raises ScenarioError naming the offending key."""
     c = Source(s.source)
     if s.base == "public":
         _check_public(c, s)
+    if s.baselines.fedprox_mu != 0:
+        raise c.fail("baselines.fedprox_mu", "FedProx is not offered: fedavg runs through `atd rounds` (set 0)")
     m = s.msd
     if m.teacher_views + m.student_views < 2:
         raise c.fail("msd.student_views", "need at least two views in all (teacher_views + student_views)")

@@ -151,6 +151,8 @@ FOREIGN: dict[str, dict[str, dict]] = {
     },
 }
 
+TRAIN_KEYS = tuple(FOREIGN["train"])  # the [train] keys a report echoes (netsim.run)
+
 
 @dataclass(frozen=True)
 class MSDSpec:
@@ -190,7 +192,7 @@ class BaselineSpec:
     rounds: int = key(3, "FedAvg / swarm rounds", above=0)
     local_epochs: int = key(1, "local epochs per round", above=0)
     fedprox_mu: float = key(0.0, "must stay 0: fedavg runs through `atd rounds`, which has no FedProx term",
-                            low=0, high=0)
+                            low=0)
     q: float = key(10.0, "fat-fedwavg: softmax scale of Eq. 3 (protocols.fedwavg.ROUNDS_Q)")
     pgd_eps: float = key(8 / 255, "fat-*: PGD radius in pixel units (step eps / 4)", low=0)
     pgd_steps: int = key(3, "fat-*: PGD steps", low=0)
@@ -507,3 +509,23 @@ def read_section(sec: Section, raw: dict, where: str, src: Source, *, skip: tupl
         return replace(sec.base, **values) if sec.base is not None else sec.cls(**values)
     except ModelConfigError as exc:
         raise src.fail(f"{where}.{exc.field}" if exc.field else where, str(exc)) from None
+
+
+def check_declared(s: Scenario) -> None:
+    """Every declared key's value in a built scenario (also one changed after loading, by
+    `Scenario.replace`: a CLI override) against its rule; ScenarioError naming the key."""
+    src = Source(s.source)
+    for sec in SECTIONS:
+        owner = s.network if sec.name == "network.links" else s
+        value = s if sec.name == "scenario" else getattr(owner, sec.name.rpartition(".")[2])
+        objs = list(value) if sec.many else [] if value is None else [value]
+        for i, obj in enumerate(objs):
+            for k, optional in _declared(sec):
+                name = k.path.rpartition(".")[2]
+                v = getattr(obj, name)
+                if v is None and optional:
+                    continue
+                v = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+                why = setting_problem(k, v)
+                if why:
+                    raise src.fail(f"{sec.name}[{i}].{name}" if sec.many else k.path, why)

@@ -92,6 +92,18 @@ def test_every_declared_key_refuses_a_wrong_value_naming_itself() -> None:
     assert seen > 90  # every section's keys, not a few
 
 
+def test_a_scenario_changed_after_loading_is_checked_against_the_declaration() -> None:
+    """`validate` (run by the CLI after --backend / --base / --method overrides) checks each key again."""
+    from netsim.scenario import validate
+
+    s = scenario_from_dict(BASE, source="x.toml")
+    validate(s.replace(backend="process", methods=("local",)))
+    for change, where in (({"backend": "cloud"}, "scenario.backend"), ({"methods": ("local", "fedsgd")}, "scenario.methods"),
+                          ({"base": "imagenet"}, "scenario.base"), ({"deadline_s": 0.0}, "scenario.deadline_s")):
+        with pytest.raises(ScenarioError, match=rf"^x\.toml: {where}: must be "):
+            validate(s.replace(**change))
+
+
 def test_unset_and_float_keys_read_as_declared() -> None:
     s = scenario_from_dict(with_(network={"bandwidth_mbps": "none", "latency_ms": 3},
                                  cohorts=[{"name": "a", "nodes": ["h1", "h2"], "dataset": "digits",
