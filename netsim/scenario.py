@@ -46,7 +46,6 @@ from netsim.scenario_spec import (  # noqa: F401
     WorkloadSpec,
     check_declared,
     default_mode,
-    keys_of,
     read_section,
     read_values,
 )

@@ -17,7 +17,7 @@ from atdnode.data import DataSpec, load_dataset
 from atdnode.errors import AtdError, DataError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
-from atdnode.models import ModelRecord
+from atdnode.models import ModelRecord, default_model
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "

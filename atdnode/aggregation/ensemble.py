@@ -22,7 +22,7 @@ from atdnode.aggregation.features_share import FeaturesError, addressed_to, node
 from atdnode.node import NodeHome, NodeIdentity
 from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger
-from protocols.ensemble import EnsembleClassifier, EnsembleError
+from protocols.ensemble import EnsembleError
 from protocols.vgs import fit_vertical_ensemble
 
 CLASSIFIERS = ("ensemble", "head")  # horizontal: fused extractor + ensemble (paper), or averaged heads

@@ -11,7 +11,7 @@ which applies `choose` below):
 * the scores go into the new model's record (`provenance["candidates"]`, shown by
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
-  default (`default_model`): `best` (default) keeps the consortium's model only where it
+  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model only where it
   scores at least the node's own, `consortium` always takes it. `provenance["kept"]` /
   `["kept_why"]` say what was kept and why.
 
