@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from collections.abc import Iterable
 from typing import Any
@@ -211,6 +212,37 @@ def value_in(data: dict, path: str) -> Any:
     if name in have:
         return check_value(key, have[name])
     return None if key.placeholder else key.default
+
+
+# [card]: free text each, checked together by `check_card` (`atd config set`, the model card)
+CARD_FIELDS = tuple(k.path.removeprefix("card.") for k in KEYS if k.path.startswith("card."))
+CARD_MAX_CHARS = 4000
+_CARD_PATH = re.compile(r"(?:^|[\s(\"'])(?:~?/[\w.-]+/|[A-Za-z]:\\)")
+
+
+def check_card(table: object) -> dict[str, str]:
+    """The `[card]` table (the model card's free text, shown to outsiders) checked: {field: text},
+    "" when unset. A field is refused (ConfigError naming the key) when it is not a string, is
+    longer than `CARD_MAX_CHARS`, or holds what looks like a local file path (`/...`, `~/...`,
+    `C:\\...`): the data is described, never located."""
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError("config: [card] must be a table")
+    unknown = sorted(set(table) - set(CARD_FIELDS))
+    if unknown:
+        raise ConfigError(f"config: unknown key card.{unknown[0]} (known: {', '.join(CARD_FIELDS)})")
+    out = {}
+    for f in CARD_FIELDS:
+        v = table.get(f, "")
+        if not isinstance(v, str):
+            raise ConfigError(f"config: card.{f} must be text, got {type(v).__name__}")
+        if len(v) > CARD_MAX_CHARS:
+            raise ConfigError(f"config: card.{f} is {len(v)} characters (at most {CARD_MAX_CHARS})")
+        if _CARD_PATH.search(v):
+            raise ConfigError(f"config: card.{f} names a file path; the card describes the data, never where it is")
+        out[f] = v.strip()
+    return out
 
 
 # INTERFACES.md's settings section is this table (tests/test_config_cmd.py checks it is current):
