@@ -7,7 +7,9 @@ its default, `atd config set KEY VALUE` parses and checks a value (`parse_value`
 `check_value`), `commented_defaults` writes the reference block every save appends, and
 `doc_lines` is the table in INTERFACES.md. What one key cannot say alone (peers.max >= target,
 a listen address that parses, a CUDA device this machine has) stays with the part that reads
-it, run by `atdnode.node.config_set.CHECKS`. This module imports nothing of the readers.
+it, run by `atdnode.node.config_set.CHECKS`; `[card]`'s free text is checked here (`check_card`).
+This module imports nothing of the readers. netsim declares its scenario keys as `Key`s too
+(`netsim.scenario_spec`) and checks them with `problem`: one rule language for both files.
 
 To add a setting: one `Key(...)` line here, then read it with `NodeConfig.setting("table.key")`.
 """
