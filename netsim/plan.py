@@ -10,7 +10,7 @@ train and aggregate steps, test split for classify steps); then each live node a
 plan (`advance`, what `atd plan follow` repeats) while the daemons replicate the entries and
 fetch the blobs, until every live node is finished or `[scenario] deadline_s` has passed.
 The plan names members by the scenario's node names; its `[model]` is the ViT its train steps
-build, so the scenario's `[model]` must read images at the same size (`check_plan_scenario`).
+build, so the scenario's `[model]` must read images at the same size (`netsim.plan_check`).
 
 Report (`report["plan"]`): per step and member its state, results, metrics, who it went on
 without and its seconds (`atdnode.plans.progress`, each member's row as its own ledger holds
@@ -28,7 +28,6 @@ both are wall time. Faults (`[[faults]]`) apply to vgs-atd only.
 """
 from __future__ import annotations
 
-import tomllib
 import warnings
 from pathlib import Path
 
@@ -43,74 +42,11 @@ from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import pick_bootstrap
 from netsim.learn import to_global
 from netsim.nodedata import ScenarioData, node_spec
-from netsim.scenario_spec import KeyReader, Scenario
+from netsim.plan_check import METHOD, data_names, read_plan
+from netsim.scenario_spec import Scenario
 
-METHOD = "plan"
 POLL_S = 0.5  # between two rounds of `advance` while a step ran; doubled while none did, up to MAX_POLL_S
 MAX_POLL_S = {False: 30.0, True: 2.0}  # simulated clock | wall clock
-
-
-def read_plan(path: str | Path) -> dict:
-    """The parsed plan file; OSError / tomllib.TOMLDecodeError as they come."""
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
-DATA_KEYS = ("data", "test_data")  # step options that name data (what a member's policy maps)
-
-
-def data_names(doc: dict) -> list[str]:
-    """The data names the plan's steps use (each node maps them to its own data)."""
-    return sorted({s[k] for s in doc.get("steps") or [] if isinstance(s, dict) for k in DATA_KEYS
-                   if isinstance(s.get(k), str)})
-
-
-def check_plan_scenario(c: KeyReader, s: Scenario) -> None:
-    """ScenarioError naming the key unless `s`'s plan can run: method "plan" and key `plan` go
-    together, the file is a plan every node of the scenario can carry out (`build_plan`'s
-    checks with the node names as members), all nodes join in phase 1, no shared base, and the
-    scenario's [model] reads images as the plan's ViT does."""
-    from atdnode.learning import resolve_config
-    from atdnode.plans import PlanError, build_plan
-
-    if METHOD in s.methods and not s.plan:
-        raise c.fail("scenario.methods", f'"{METHOD}" carries out a plan file: set [scenario] plan = "FILE"')
-    if not s.plan:
-        return
-    if METHOD not in s.methods:
-        raise c.fail("scenario.plan", f'add "{METHOD}" to [scenario] methods to carry the plan out')
-    try:
-        doc = read_plan(s.plan)
-    except FileNotFoundError:
-        raise c.fail("scenario.plan", f"{s.plan}: no such plan file") from None
-    except OSError as exc:
-        raise c.fail("scenario.plan", f"{s.plan}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise c.fail("scenario.plan", f"{s.plan}: not valid TOML ({exc})") from None
-    names = set(s.node_names())
-
-    def resolve(ref: str) -> str:
-        if ref not in names:
-            raise PlanError(f"member {ref!r} is not a node of this scenario (nodes: {', '.join(s.node_names())})")
-        return ref
-
-    try:
-        build_plan(doc, resolve=resolve, members=names)
-    except PlanError as exc:
-        raise c.fail("scenario.plan", f"{Path(s.plan).name}: {exc}") from None
-    if s.phase_numbers() != [1]:
-        raise c.fail("cohorts", "with a plan every cohort joins in phase 1 (the plan orders its own steps)")
-    if s.base != "scratch":
-        raise c.fail("scenario.base", "a plan names its own start (train steps' init_from): use base = \"scratch\"")
-    m = dict(doc.get("model") or {})
-    try:
-        cfg = resolve_config(m.pop("name", "vit_tiny_patch16_224"), num_heads=m.pop("heads", None), **m)
-    except (AtdError, TypeError) as exc:
-        raise c.fail("scenario.plan", f"{Path(s.plan).name}: model: {exc}") from None
-    for key in ("img_size", "in_chans"):
-        if getattr(cfg, key) != getattr(s.model, key):
-            raise c.fail(f"model.{key}", f"{getattr(s.model, key)} differs from the plan's ViT ({getattr(cfg, key)}): "
-                                         "netsim writes and scores the nodes' data at the scenario's size")
 
 
 class PlanRunner:

@@ -3,7 +3,7 @@
 With `[scenario] val_fraction > 0` every node's .npz holds a held-out `val` split, so `atd
 aggregate` judges its candidates — its own model and the consortium's — on it and the
 node's `[aggregate] keep` policy (default best, `atdnode.aggregation.keep`) decides which model `atd
-classify` uses by default (`atdnode.aggregation.keep.default_model`). The report then scores:
+classify` uses by default (`atdnode.models.default_model`). The report then scores:
 
 * per node (own test data; hence the report's forgetting): the model `atd classify` uses by
   default — its own where the node kept its own, else the consortium's;
@@ -19,7 +19,7 @@ and every node takes the consortium's model.
 """
 from __future__ import annotations
 
-from atdnode.aggregation import default_model
+from atdnode.models import default_model
 from netsim.baselines import PhaseResult
 from netsim.learn import score, to_global
 from netsim.nodedata import ScenarioData

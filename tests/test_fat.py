@@ -239,5 +239,5 @@ def test_fedprox_and_unknown_optimisers_are_refused_with_the_key_named() -> None
         scenario_from_dict(raw)
     raw = json.loads(json.dumps(TINY))
     raw["baselines"]["optimizer"] = "rmsprop"
-    with pytest.raises(ScenarioError, match=r"baselines.optimizer: 'rmsprop' is not one of adamw, sgd"):
+    with pytest.raises(ScenarioError, match=r"baselines.optimizer: must be one of adamw, sgd \(got 'rmsprop'\)"):
         scenario_from_dict(raw)

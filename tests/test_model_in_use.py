@@ -1,6 +1,6 @@
 """One model in use, the same everywhere: `atd models`' mark, the dashboard's badge (read in
 a real Chromium), the model card, and what `atd classify` / `atd predict` take without
-`--model` (`atdnode.aggregation.keep.model_in_use`).
+`--model` (`atdnode.models.model_in_use`).
 
 The registry holds a trained model and, newer, an aggregate whose keep decision (`choose`,
 the policy `best`, on scores shaped as `judge_candidates` records them) kept the node's own
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.aggregation import model_in_use, resolve_model
+from atdnode.models import model_in_use, resolve_model
 from atdnode.aggregation.keep import choose
 from atdnode.learning.predict import model_record
 from atdnode.models import ModelRecord, ModelRegistry

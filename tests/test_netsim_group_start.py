@@ -27,7 +27,7 @@ def _raw(**phase2) -> dict:
 
 def test_group_start_is_validated() -> None:
     assert scenario_from_dict(_raw()).phase(2).group_start == "base"  # the paper's default
-    with pytest.raises(ScenarioError, match=r"phases\[1\]\.group_start: 'latest' is not one of base, consortium"):
+    with pytest.raises(ScenarioError, match=r"phases\[1\]\.group_start: must be one of base, consortium \(got 'latest'\)"):
         scenario_from_dict(_raw(group_start="latest"))
     raw = _raw()
     raw["phases"][0]["group_start"] = "consortium"

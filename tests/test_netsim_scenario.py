@@ -63,6 +63,55 @@ def test_bad_scenarios_name_the_key(raw: dict, where: str) -> None:
     assert where in str(err.value) and str(err.value).startswith("x.toml")
 
 
+# one valid table of each array section, for a key of it to be set beside
+VALID_ROW = {"datasets": BASE["datasets"][0], "cohorts": BASE["cohorts"][0], "phases": {"phase": 1, "mode": "horizontal"},
+             "faults": {"kind": "kill", "node": "h1", "at_s": 0}, "network.links": {"a": "h1", "b": "h2"}}
+
+
+def test_every_declared_key_refuses_a_wrong_value_naming_itself() -> None:
+    """Each key of each section (the one declaration, netsim.scenario_spec.SECTIONS) is checked
+    as it is read: a table where a value belongs is a one-line error naming file and key."""
+    from netsim.scenario_spec import SECTIONS, keys_of
+
+    seen = 0
+    for sec in SECTIONS:
+        for k in keys_of(sec):
+            name = k.path.rpartition(".")[2]
+            if sec.many:
+                row = {**VALID_ROW[sec.name], name: {"x": 1}}
+                raw = (with_(network={"links": [row]}) if sec.name == "network.links" else with_(**{sec.name: [row]}))
+                where = k.path.replace("[]", "[0]")
+            else:
+                raw = with_(**{sec.name: {**BASE.get(sec.name, {}), name: {"x": 1}}})
+                where = k.path
+            with pytest.raises(ScenarioError) as err:
+                scenario_from_dict(raw, source="x.toml")
+            assert str(err.value).startswith(f"x.toml: {where}: must be "), (k.path, str(err.value))
+            assert "\n" not in str(err.value)
+            seen += 1
+    assert seen > 90  # every section's keys, not a few
+
+
+def test_a_scenario_changed_after_loading_is_checked_against_the_declaration() -> None:
+    """`validate` (run by the CLI after --backend / --base / --method overrides) checks each key again."""
+    from netsim.scenario import validate
+
+    s = scenario_from_dict(BASE, source="x.toml")
+    validate(s.replace(backend="process", methods=("local",)))
+    for change, where in (({"backend": "cloud"}, "scenario.backend"), ({"methods": ("local", "fedsgd")}, "scenario.methods"),
+                          ({"base": "imagenet"}, "scenario.base"), ({"deadline_s": 0.0}, "scenario.deadline_s")):
+        with pytest.raises(ScenarioError, match=rf"^x\.toml: {where}: must be "):
+            validate(s.replace(**change))
+
+
+def test_unset_and_float_keys_read_as_declared() -> None:
+    s = scenario_from_dict(with_(network={"bandwidth_mbps": "none", "latency_ms": 3},
+                                 cohorts=[{"name": "a", "nodes": ["h1", "h2"], "dataset": "digits",
+                                           "partition": "quantity_skew", "fractions": [1, 3]}]))
+    assert s.network.bandwidth_mbps is None and s.network.latency_ms == 3.0 and type(s.network.latency_ms) is float
+    assert s.cohorts[0].fractions == (1.0, 3.0) and s.cohorts[0].nodes == ("h1", "h2")
+
+
 def test_train_and_ensemble_are_the_node_option_types() -> None:
     """[train] / [ensemble] fill the node's own TrainOptions / EnsembleOptions (one type, one
     name per knob): netsim's defaults below the scenario's keys; the older key mlp_epochs is read."""
@@ -200,11 +249,13 @@ def test_data_sets_sharing_class_names_share_the_classes(tmp_path: Path) -> None
 
 
 def test_interfaces_scenario_options_table_is_current():
-    """INTERFACES.md's scenario-options table is generated from the option types (netsim.scenario_doc)."""
+    """INTERFACES.md's scenario-keys table is generated from their declaration (netsim.scenario_doc)."""
     from netsim import scenario_doc
 
     doc = Path(__file__).resolve().parent.parent / "INTERFACES.md"
     assert scenario_doc.update_doc(doc.read_text()) == doc.read_text(), "run: python -m netsim.scenario_doc INTERFACES.md"
-    assert "| `[ensemble]` | `mlp_max_iter` |" in scenario_doc.options_markdown()
+    table = scenario_doc.options_markdown()
+    assert "| `ensemble.mlp_max_iter` | int | `200` | an integer > 0 |" in table
+    assert "| `cohorts[].partition` | str | `\"iid\"` | one of iid, label_skew," in table
     with pytest.raises(ValueError, match="no generated scenario-options section"):
         scenario_doc.update_doc("# no section\n")

@@ -122,7 +122,7 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
     = best`); its per-node accuracy and the forgetting score that model, overall the consortium's."""
     from atdnode.learning import predict_names
     from atdnode.node import NodeHome
-    from atdnode.aggregation import default_model
+    from atdnode.models import default_model
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry
     from netsim.learn import score, to_global

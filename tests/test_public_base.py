@@ -119,6 +119,11 @@ def _run_public(tmp: Path, monkeypatch) -> None:
     assert len(starts) == 3  # centralized phase 1, local a1 and a2
     for s in starts:
         assert s is not None and s.keys() == wp.keys() and all(torch.equal(s[k], wp[k]) for k in wp)
+    # every method scored each node on its whole test split (a method that ran nothing scores nothing)
+    tests = {n: rep["nodes"][n]["test"] for n in ("a1", "a2")}
     for m in ("vgs-atd", "centralized", "local", "ensemble-raw", "ensemble-untrained", "ensemble-public"):
-        assert rep["methods"][m][0]["overall"]["accuracy"] is not None, m
+        res = rep["methods"][m][0]
+        assert {n: r["n"] for n, r in res["per_node"].items()} == tests and res["overall"]["nodes"] == 2, m
+    # VGS-ATD from W_p learned the three classes: above the balanced accuracy of any constant answer (1/3)
+    assert rep["methods"]["vgs-atd"][0]["overall"]["balanced_accuracy"] > 1 / 3 + 0.05
     assert any("W_p's features" in v for v in rep["feature_verdicts"])

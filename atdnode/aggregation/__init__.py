@@ -6,13 +6,12 @@ from atdnode.face import lazy_face
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_global": "aggregate",
          "result_meta": "aggregate", "check_recorded_cosines": "check", "check_recorded_weights": "check",
-         "check_result": "check", "EnsembleOptions": "ensemble", "load_ensemble": "ensemble",
+         "check_result": "check", "EnsembleOptions": "ensemble",
          "REFERENCES": "ensemble_refs", "fit_reference": "ensemble_refs", "reference_features": "ensemble_refs",
          "FeaturesError": "features_share", "announced_key": "features_share", "recipient_keys": "features_share",
-         "share_features": "features_share", "GroupSpec": "hierarchical", "default_model": "keep",
+         "share_features": "features_share", "GroupSpec": "hierarchical",
          "check_arguments": "modes", "default_weighting": "modes", "run_aggregate": "modes:aggregate",
          "verify_aggregate": "verify", "verify_entry": "verify",
-         "resolve_model": "keep", "model_in_use": "keep", "use_of": "keep", "keep_policy": "keep", "InUse": "keep",
-         "chosen_on_test": "keep", "SELECT_BY": "keep", "TEST_WARNING": "candidates"}
+         "use_of": "keep", "keep_policy": "keep", "SELECT_BY": "keep", "TEST_WARNING": "candidates"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -16,8 +16,8 @@ from atdnode.learning import ModelConfig, score_record
 from atdnode.data import DataSpec, load_dataset
 from atdnode.errors import AtdError, DataError
 from atdnode.node import NodeHome
-from atdnode.aggregation.keep import choose, default_model, keep_policy
-from atdnode.models import ModelRecord
+from atdnode.aggregation.keep import choose, keep_policy
+from atdnode.models import ModelRecord, default_model
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "
@@ -80,6 +80,6 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
 
 def judge_with(home: NodeHome, store: BlobStore, spec: str | None):
     """`register_global`'s `judge`: the new record against the model the node uses now
-    (`atdnode.aggregation.keep.default_model`, read when the judge runs, before the new record is added:
+    (`atdnode.models.default_model`, read when the judge runs, before the new record is added:
     an earlier aggregate the node did not keep is not its "own")."""
     return lambda consortium: judge_candidates(home, store, default_model(home), consortium, spec)

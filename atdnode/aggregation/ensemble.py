@@ -6,25 +6,23 @@ the features peers sealed to it *with the same extractor* (`features` entries na
 RF + SVM soft vote) over the union of their label spaces, on the parts in a canonical
 order (by sender peer id) so nodes holding the same features fit the same classifier. It
 is saved pickle-free (safetensors) as a blob. Horizontal (the paper's default, §3.1),
-vertical and hierarchical aggregation all call it; `load_ensemble` reads one back.
+vertical and hierarchical aggregation all call it; `atdnode.models.load_ensemble` reads one back.
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from atdnode import progress
 from atdnode.aggregation.aggregate import AggregateError, blob_fields, entry_of
 from atdnode.blobs import BlobStore
-from atdnode.errors import BlobError
+from atdnode.models import save_ensemble
 from atdnode.aggregation.features_share import FeaturesError, addressed_to, node_features, open_features
 from atdnode.node import NodeHome, NodeIdentity
 from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger
-from protocols.ensemble import EnsembleClassifier, EnsembleError
+from protocols.ensemble import EnsembleError
 from protocols.vgs import fit_vertical_ensemble
 
 CLASSIFIERS = ("ensemble", "head")  # horizontal: fused extractor + ensemble (paper), or averaged heads
@@ -108,23 +106,6 @@ def gather_parts(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Led
     order = sorted(by_sender)
     used = [by_sender[s][1] for s in order if by_sender[s][1] is not None]
     return [by_sender[s][0] for s in order], used, skipped, int(len(y)), order.index(ident.peer_id)
-
-
-def save_ensemble(store: BlobStore, ens: EnsembleClassifier) -> str:
-    """Store the fitted ensemble as a safetensors blob (no pickle); returns its hash."""
-    with tempfile.TemporaryDirectory(prefix="atd-ensemble-") as tmp:
-        path = Path(tmp) / "ensemble.safetensors"
-        ens.save(path)
-        return store.put_file(path)
-
-
-def load_ensemble(store: BlobStore, blob: str) -> EnsembleClassifier:
-    """A stored ensemble, hash-checked and shape-validated (EnsembleClassifier.load)."""
-    try:
-        store.verify(blob)
-        return EnsembleClassifier.load(store.path(blob))
-    except (BlobError, EnsembleError) as exc:
-        raise AggregateError(f"ensemble {blob[:16]}: {exc}") from None
 
 
 def fit_node_ensemble(home: NodeHome, ident: NodeIdentity, store: BlobStore, led: Ledger, *, cfg: ModelConfig,

@@ -11,7 +11,7 @@ which applies `choose` below):
 * the scores go into the new model's record (`provenance["candidates"]`, shown by
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
-  default (`default_model`): `best` (default) keeps the consortium's model only where it
+  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model only where it
   scores at least the node's own, `consortium` always takes it. `provenance["kept"]` /
   `["kept_why"]` say what was kept and why.
 
@@ -23,17 +23,15 @@ correction applied), is defined the same way for two classes and for many, and n
 the predictions every candidate kind (head or ensemble) yields; AUROC ranks scores and can
 rate a model whose every answer is the majority class highly.
 
-`model_in_use` is the one answer to "which model does this node use": `atd classify` and
-`atd predict` without `--model`, the dashboard's badge, `atd models`' mark and the model
-card (`use_of`) all read it.
+Which model the node uses follows from those records alone (`atdnode.models.model_in_use`,
+in the registry's room, read by `atd classify`, `atd predict`, the dashboard, `atd models`
+and, through `use_of` here, the model card).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from atdnode.errors import AtdError, ConfigError
+from atdnode.errors import ConfigError
 from atdnode.node import NodeHome
-from atdnode.models import ModelRecord, ModelRegistry
+from atdnode.models import ModelRecord, ModelRegistry, model_in_use
 
 KEEP_POLICIES = ("best", "consortium")
 DEFAULT_KEEP = "best"
@@ -68,46 +66,6 @@ def choose(policy: str, scores: dict) -> tuple[str, str]:
     return "own", f"its own model scores {own:.3f} > the consortium's {cons:.3f} {where}; keeps its own"
 
 
-@dataclass(frozen=True)
-class InUse:
-    """The model the node uses (`record`), why (one line), and the newest record when the
-    keep decision rejected it (`not_kept`, else None)."""
-
-    record: ModelRecord
-    why: str
-    not_kept: ModelRecord | None = None
-
-
-def model_in_use(home: NodeHome) -> InUse:
-    """The model `atd classify` / `atd predict` use without `--model`: the newest record, or,
-    when the newest is an aggregate whose keep decision kept the node's own model, that own
-    model (AtdError when the registry is empty)."""
-    reg = ModelRegistry(home)
-    rec = reg.get("latest")
-    prov = rec.provenance
-    if prov.get("kept") == "own":
-        own = (prov.get("candidates") or {}).get("own", {}).get("model")
-        if isinstance(own, str):
-            try:
-                return InUse(reg.get(own), f"kept over the consortium's model {rec.id}: {prov.get('kept_why')}", rec)
-            except AtdError:
-                return InUse(rec, f"the newest model (the own model {own} it kept is no longer registered)")
-    if prov.get("kept") == "consortium":
-        return InUse(rec, f"the newest model, kept: {prov.get('kept_why')}")
-    return InUse(rec, "the newest model")
-
-
-def default_model(home: NodeHome) -> ModelRecord:
-    """`model_in_use(home).record`."""
-    return model_in_use(home).record
-
-
-def resolve_model(home: NodeHome, ref: str | None) -> ModelRecord:
-    """A model named on a command line: an id or unique prefix, or `latest` / None for the
-    model in use (`model_in_use`)."""
-    return default_model(home) if ref in (None, "latest") else ModelRegistry(home).get(ref)
-
-
 def use_of(home: NodeHome, record: ModelRecord) -> dict:
     """What the model card says of `record`'s use: {"status": "in use" | "not kept" |
     "not in use", "why": one line, "in_use": the id of the model in use}."""
@@ -130,8 +88,3 @@ def kept_details(home: NodeHome, model_id: str | None) -> dict:
         return {}
     prov = ModelRegistry(home).get(model_id).provenance
     return {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy", "warning") if k in prov}
-
-
-def chosen_on_test(record: ModelRecord) -> str | None:
-    """The warning a record carries when a keep decision behind it was judged on test data."""
-    return (record.provenance.get("candidates") or {}).get("warning") or record.provenance.get("warning")

@@ -38,7 +38,7 @@ from atdnode.aggregation.candidates import judge_with
 from atdnode.aggregation.features_share import data_spec_of
 from atdnode.node import NodeHome
 from atdnode.learning import ModelConfig
-from atdnode.aggregation.ensemble import EnsembleOptions, fit_node_ensemble, load_ensemble  # noqa: F401 (re-export)
+from atdnode.aggregation.ensemble import EnsembleOptions, fit_node_ensemble  # noqa: F401 (re-export)
 
 
 def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: list[str] | None = None,

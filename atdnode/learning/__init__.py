@@ -14,6 +14,7 @@ _FACE = {"predict_names": "classify", "score_record": "classify", "run_classify"
          "resolve_config": "model", "ClassifyError": "predict", "run_predict": "predict:predict",
          "probe_head": "probe", "AdversarialTransform": "train_options", "FINETUNE_LR": "train_options",
          "SCRATCH_LR_192": "train_options", "TrainOptions": "train_options", "Trainer": "trainer",
+         "OPTIMIZERS": "train_options",
          "train": "training", "save_curves_png": "trainlog",
          "save_reliability_png": "metrics", "interval_text": "metrics", "wilson": "metrics", "named_metrics": "metrics", "STORED": "metrics", "choose_size": "autosize"}
 __all__ = [*_FACE]

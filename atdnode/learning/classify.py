@@ -153,12 +153,12 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
              device: str | None = None) -> ClassifyResult:
     """Classify `split` of `data_spec` (`auto`: see `choose_split`) with model `model`;
     metrics + confusion-matrix and reliability PNGs, stored as one evaluation of the model.
-    `model="latest"` is the model the node uses (`atdnode.aggregation.keep.model_in_use`:
+    `model="latest"` is the model the node uses (`atdnode.models.model_in_use`:
     the newest, or the node's own model where the `[aggregate] keep` policy kept it).
     With `pgd` (a protocols.adversarial.PGDConfig), also `metrics["robust_accuracy"]`.
     The model runs on `device` (atdnode.learning.device: else HOME's [compute] device, else CUDA if present)."""
     from atdnode.learning.device import resolve_device
-    from atdnode.aggregation import chosen_on_test, resolve_model
+    from atdnode.models import chosen_on_test, resolve_model
 
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = resolve_model(home, model)

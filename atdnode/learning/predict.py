@@ -86,8 +86,8 @@ def resolve_device(pref: str | None, home: NodeHome | None = None) -> torch.devi
 
 def model_record(home: NodeHome, model: str | None = None) -> ModelRecord:
     """The registry record `model` names; None or "latest": the model in use
-    (`atdnode.aggregation.keep.model_in_use`, the one `atd classify` uses by default)."""
-    from atdnode.aggregation import resolve_model
+    (`atdnode.models.model_in_use`, the one `atd classify` uses by default)."""
+    from atdnode.models import resolve_model
 
     return resolve_model(home, model or DEFAULT_MODEL)
 
@@ -120,7 +120,7 @@ class Predictor:
         self.ensemble = None
         ens_blob = record.blobs.get("ensemble")
         if ens_blob:
-            from atdnode.aggregation import load_ensemble
+            from atdnode.models import load_ensemble
 
             self.classes = list(record.provenance.get("ensemble_classes") or [])
             self.ensemble = load_ensemble(store, ens_blob)

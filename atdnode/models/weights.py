@@ -9,6 +9,10 @@ the metadata is a JSON object, and (when `expect` is given) key names, shapes an
 every floating tensor must be finite. Any failure raises WeightsError naming what is
 wrong; a corrupt or absent blob raises WeightsBlobError, which is both a WeightsError and
 a BlobError (so a fetcher can re-fetch it, and a loader can simply reject it).
+
+A fitted ensemble (`protocols.ensemble.EnsembleClassifier`, the other part a model record may
+hold) is stored and read back here too (`save_ensemble`, `load_ensemble`), also as
+safetensors: no pickle.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from atdnode.errors import BlobError, WeightsError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: `atd publish-weights` and the
     import torch  # other header-only readers (`read_meta`) start without it
+
+    from protocols.ensemble import EnsembleClassifier
 
 META_KEY = "atd"
 PARTS = ("extractor", "head", "full")  # the weight sets a model is stored and published as
@@ -204,3 +210,28 @@ def _finiteness_problems(tensors: dict[str, torch.Tensor]) -> list[str]:
         return []
     more = f" and {len(bad) - _LIST_MAX} more" if len(bad) > _LIST_MAX else ""
     return ["non-finite tensors: " + ", ".join(bad[:_LIST_MAX]) + more]
+
+
+def save_ensemble(store: BlobStore, ens: EnsembleClassifier) -> str:
+    """Store the fitted ensemble as a safetensors blob (no pickle); returns its hash."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="atd-ensemble-") as tmp:
+        path = Path(tmp) / "ensemble.safetensors"
+        ens.save(path)
+        return store.put_file(path)
+
+
+def load_ensemble(store: BlobStore, blob: str) -> EnsembleClassifier:
+    """A stored ensemble, hash-checked and shape-validated (EnsembleClassifier.load);
+    WeightsBlobError for an absent or corrupt blob, WeightsError for one that is not an ensemble."""
+    from protocols.ensemble import EnsembleClassifier, EnsembleError
+
+    try:
+        store.verify(blob)
+        return EnsembleClassifier.load(store.path(blob))
+    except BlobError as exc:
+        raise WeightsBlobError(f"ensemble {blob[:16]}: {exc}") from None
+    except EnsembleError as exc:
+        raise WeightsError(f"ensemble {blob[:16]}: {exc}") from None

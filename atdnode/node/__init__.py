@@ -5,6 +5,8 @@ from atdnode.face import lazy_face
 
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "config", "KEYS": "config_schema",
+         "SettingKey": "config_schema:Key", "setting_problem": "config_schema:problem",
+         "setting_rows": "config_schema:doc_rows", "check_card": "config_schema",
          "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
          "NodeIdentity": "identity", "init_home": "identity", "KeyBackupError": "keybackup",
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",

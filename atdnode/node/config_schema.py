@@ -7,7 +7,9 @@ its default, `atd config set KEY VALUE` parses and checks a value (`parse_value`
 `check_value`), `commented_defaults` writes the reference block every save appends, and
 `doc_lines` is the table in INTERFACES.md. What one key cannot say alone (peers.max >= target,
 a listen address that parses, a CUDA device this machine has) stays with the part that reads
-it, run by `atdnode.node.config_set.CHECKS`. This module imports nothing of the readers.
+it, run by `atdnode.node.config_set.CHECKS`; `[card]`'s free text is checked here (`check_card`).
+This module imports nothing of the readers. netsim declares its scenario keys as `Key`s too
+(`netsim.scenario_spec`) and checks them with `problem`: one rule language for both files.
 
 To add a setting: one `Key(...)` line here, then read it with `NodeConfig.setting("table.key")`.
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from atdnode.errors import ConfigError
@@ -23,14 +27,21 @@ from atdnode.errors import ConfigError
 
 @dataclass(frozen=True)
 class Key:
+    """One declared setting. Also the declaration of a netsim scenario key (`netsim.scenario_spec`
+    builds its keys as these and checks them with `problem`): one rule language for both files."""
+
     path: str  # "listen" or "logs.max_bytes"
-    type: type  # str | int | float | bool | list (of str)
+    type: type  # str | int | float | bool | list
     default: Any
     doc: str
-    low: float | None = None  # int / float: the smallest value allowed
-    high: float | None = None  # ... and the largest
-    choices: tuple[str, ...] = ()  # str: the values allowed (empty: any non-empty string)
+    low: float | None = None  # int / float: the smallest value allowed; list: the fewest items
+    high: float | None = None  # ... and the largest; list: the most items
+    choices: tuple[str, ...] = ()  # str (or each item of a list): the values allowed (empty: any)
     blank: bool = False  # str: free text, "" allowed (unset)
+    above: float | None = None  # int / float: the value must be greater than this
+    below: float | None = None  # ... and less than this
+    item: type = str  # list: the type of its items (str, int or float)
+    nested: bool = False  # list: a list of non-empty lists of `item`
 
     @property
     def placeholder(self) -> bool:
@@ -39,17 +50,26 @@ class Key:
 
     def rule(self) -> str:
         """What a value must be, as a phrase: "an integer from 0 to 100"."""
+        if self.type is list:
+            what = ("names from " + ", ".join(self.choices) if self.choices
+                    else {str: "strings", int: "integers", float: "numbers"}[self.item])
+            kind = f"a list of lists of {what}" if self.nested else f"a list of {what}"
+            if self.low is not None and self.high is not None:
+                return f"{kind} ({self.low:g} to {self.high:g} of them)"
+            return f"{kind} (at least {self.low:g})" if self.low is not None else kind
         if self.choices:
             return "one of " + ", ".join(self.choices)
-        kind = {bool: "true or false", int: "an integer", float: "a number", list: "a list of strings",
+        kind = {bool: "true or false", int: "an integer", float: "a number",
                 str: "text" if self.blank else "a non-empty string"}[self.type]
         if self.low is not None and self.high is not None:
             return f"{kind} from {self.low:g} to {self.high:g}"
-        if self.low is not None:
-            return f"{kind} >= {self.low:g}"
-        if self.high is not None:
-            return f"{kind} <= {self.high:g}"
-        return kind
+        bounds = [f"{op} {v:g}" for op, v in ((">=", self.low), (">", self.above), ("<=", self.high),
+                                               ("<", self.below)) if v is not None]
+        return f"{kind} {' and '.join(bounds)}" if bounds else kind
+
+    def shown_default(self) -> str:
+        """The default as the settings tables show it: a TOML value, or the description."""
+        return self.default[1:-1] if self.placeholder else f"`{_toml(self.default)}`"
 
 
 KEYS: tuple[Key, ...] = (
@@ -133,21 +153,42 @@ def _parse(key: Key, text: str) -> Any:
 
 def check_value(key: Key, value: Any) -> Any:
     """`value` if it is what `key` declares, else a one-line ConfigError naming the key."""
-    t = key.type
-    ok = (isinstance(value, bool) if t is bool
-          else type(value) is int if t is int
-          else isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) if t is float
-          else isinstance(value, list) and all(isinstance(x, str) for x in value) if t is list
-          else isinstance(value, str) and (key.blank or bool(value)))
-    if ok and key.low is not None and value < key.low:
-        ok = False
-    if ok and key.high is not None and value > key.high:
-        ok = False
-    if ok and key.choices and value not in key.choices:
-        ok = False
-    if not ok:
-        raise ConfigError(f"config: {key.path} must be {key.rule()} (got {value!r:.60})")
+    why = problem(key, value)
+    if why:
+        raise ConfigError(f"config: {key.path} {why}")
     return value
+
+
+def problem(key: Key, value: Any) -> str | None:
+    """None when `value` is what `key` declares, else why not: "must be RULE (got VALUE)"."""
+    if key.type is list:
+        ok = isinstance(value, list)
+        items = value if ok else []
+        if ok and key.nested:
+            ok = all(isinstance(x, list) and x for x in value)
+            items = [y for x in value for y in x] if ok else []
+        ok = ok and all(_is(key.item, x, True) for x in items) and _within(key, len(value))
+        ok = ok and not (key.choices and any(x not in key.choices for x in items))
+    else:
+        ok = _is(key.type, value, key.blank) and _within(key, value) and not (key.choices and value not in key.choices)
+    return None if ok else f"must be {key.rule()} (got {value!r:.60})"
+
+
+def _is(t: type, value: Any, blank: bool) -> bool:
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return type(value) is int
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, str) and (blank or bool(value))
+
+
+def _within(key: Key, v: Any) -> bool:
+    if not isinstance(v, (int, float)):
+        return True
+    return ((key.low is None or v >= key.low) and (key.high is None or v <= key.high)
+            and (key.above is None or v > key.above) and (key.below is None or v < key.below))
 
 
 def check_tables(data: dict) -> None:
@@ -175,6 +216,37 @@ def value_in(data: dict, path: str) -> Any:
     return None if key.placeholder else key.default
 
 
+# [card]: free text each, checked together by `check_card` (`atd config set`, the model card)
+CARD_FIELDS = tuple(k.path.removeprefix("card.") for k in KEYS if k.path.startswith("card."))
+CARD_MAX_CHARS = 4000
+_CARD_PATH = re.compile(r"(?:^|[\s(\"'])(?:~?/[\w.-]+/|[A-Za-z]:\\)")
+
+
+def check_card(table: object) -> dict[str, str]:
+    """The `[card]` table (the model card's free text, shown to outsiders) checked: {field: text},
+    "" when unset. A field is refused (ConfigError naming the key) when it is not a string, is
+    longer than `CARD_MAX_CHARS`, or holds what looks like a local file path (`/...`, `~/...`,
+    `C:\\...`): the data is described, never located."""
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError("config: [card] must be a table")
+    unknown = sorted(set(table) - set(CARD_FIELDS))
+    if unknown:
+        raise ConfigError(f"config: unknown key card.{unknown[0]} (known: {', '.join(CARD_FIELDS)})")
+    out = {}
+    for f in CARD_FIELDS:
+        v = table.get(f, "")
+        if not isinstance(v, str):
+            raise ConfigError(f"config: card.{f} must be text, got {type(v).__name__}")
+        if len(v) > CARD_MAX_CHARS:
+            raise ConfigError(f"config: card.{f} is {len(v)} characters (at most {CARD_MAX_CHARS})")
+        if _CARD_PATH.search(v):
+            raise ConfigError(f"config: card.{f} names a file path; the card describes the data, never where it is")
+        out[f] = v.strip()
+    return out
+
+
 # INTERFACES.md's settings section is this table (tests/test_config_cmd.py checks it is current):
 # `python -m atdnode.node.config_schema INTERFACES.md` rewrites it in place.
 DOC_BEGIN = "<!-- config.toml settings: generated by `python -m atdnode.node.config_schema INTERFACES.md`; do not edit -->"
@@ -183,11 +255,14 @@ DOC_END = "<!-- end of config.toml settings -->"
 
 def doc_markdown() -> str:
     """The settings as a Markdown table, between DOC_BEGIN and DOC_END."""
-    out = [DOC_BEGIN, "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for k in KEYS:
-        default = k.default[1:-1] if k.placeholder else f"`{_toml(k.default)}`"
-        out.append(f"| `{k.path}` | {k.type.__name__} | {default} | {k.rule()} | {k.doc} |")
-    return "\n".join(out + ["", DOC_END])
+    return "\n".join([DOC_BEGIN, "", *doc_rows(KEYS), "", DOC_END])
+
+
+def doc_rows(keys: Iterable[Key]) -> list[str]:
+    """A Markdown table of `keys`: key, type, default, allowed values, meaning (also the
+    scenario keys' table, `netsim.scenario_doc`)."""
+    out = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    return out + [f"| `{k.path}` | {k.type.__name__} | {k.shown_default()} | {k.rule()} | {k.doc} |" for k in keys]
 
 
 def update_doc(text: str) -> str:

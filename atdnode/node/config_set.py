@@ -5,7 +5,7 @@ type, range, choices), written, and the file is loaded again (which checks every
 key); then the part of atd that reads the section checks what one key cannot say alone (the
 function the daemon calls at start: `PeerSetConfig.from_table` for peers.max >= target,
 `addrs.check_listen` / `check_bootstrap`, `parse_device`, `NodeConfig.announce`, the model
-card's `card_statement`, the plans' `PlanPolicy.load`). On a refusal the old file is put
+card's `check_card`, the plans' `PlanPolicy.load`). On a refusal the old file is put
 back, so a bad value changes nothing.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable
 
 from atdnode.node.config import NodeConfig
-from atdnode.node.config_schema import lookup, parse_value
+from atdnode.node.config_schema import check_card, lookup, parse_value
 from atdnode.errors import AtdError, ConfigError
 from atdnode.node.home import NodeHome
 
@@ -48,9 +48,7 @@ def _check_compute(home: NodeHome) -> None:
 
 
 def _check_card(home: NodeHome) -> None:
-    from atdnode.report import card_statement
-
-    card_statement(home)
+    check_card(NodeConfig.load(home).extra.get("card"))
 
 
 def _check_plans(home: NodeHome) -> None:

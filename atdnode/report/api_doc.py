@@ -91,7 +91,8 @@ API: list[tuple[str, str, tuple[str, ...]]] = [
     ("atdnode", "atdnode.plans.policy", ("PlanPolicy",)),
     ("netsim", "netsim.scenario", ("load_scenario", "scenario_from_dict")),
     ("netsim", "netsim.run", ("run_scenario",)),
-    ("netsim", "netsim.plan", ("run_plan", "check_plan_scenario")),
+    ("netsim", "netsim.plan", ("run_plan",)),
+    ("netsim", "netsim.plan_check", ("check_plan_scenario",)),
     ("netsim", "netsim.fat", ("run_rounds_memnet",)),
 ]
 

@@ -96,7 +96,8 @@ class Card:
 
 def collect(home: NodeHome, model: str = "latest") -> Card:
     """The card's facts for `model` (id, prefix, or `latest`: the model in use) of this node."""
-    from atdnode.aggregation import resolve_model, use_of
+    from atdnode.aggregation import use_of
+    from atdnode.models import resolve_model
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry, made_by
 

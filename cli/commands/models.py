@@ -64,7 +64,8 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
-    from atdnode.aggregation import keep_policy, model_in_use
+    from atdnode.aggregation import keep_policy
+    from atdnode.models import model_in_use
     from atdnode.data import caution_of
     from atdnode.models import ModelRegistry, made_by
 

@@ -208,7 +208,7 @@ def models_view(home: NodeHome) -> list[dict]:
             "not_kept": r.provenance.get("kept_why") if r.provenance.get("kept") == "own" else None,
         })
     if out:  # the model `atd classify` / `atd predict` use without --model (the same function)
-        from atdnode.aggregation import model_in_use
+        from atdnode.models import model_in_use
 
         use = model_in_use(home)
         for m in out:
