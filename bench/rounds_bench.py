@@ -140,7 +140,7 @@ def process_rounds(a) -> dict:
             traffic = [status(h)["bytes"] for h in homes]
         finally:
             for d in daemons:
-                d.terminate()
+                d.stop()
     per_round = []
     for r in range(a.rounds):
         reps = [rep for node in reports for rep in node if rep["round"] == r]

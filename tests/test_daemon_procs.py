@@ -63,7 +63,7 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert sorted(out["inputs"]) == sorted(e["id"] for e in weights) and len({e["author"] for e in weights}) == 3
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
 
 
 def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         wait_until(lambda: not fetcher.is_alive() or (partial.is_dir() and any(partial.iterdir())), 60,
                    "node 3's download to start")
         assert fetcher.is_alive(), box  # killed mid-download, or nothing shows failover
-        daemons[0].kill9()
+        daemons[0].kill()
         fetcher.join(180)
         assert "reply" in box, box.get("error")
         assert BlobStore(homes[2] / "blobs").get_bytes(blob) == blob_file.read_bytes()
@@ -113,5 +113,5 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         assert report["chunks_from"].get(node2, 0) > 0, report
     finally:
         for d in daemons.values():
-            if d.proc.poll() is None:
-                d.terminate()
+            if d.alive():
+                d.stop()

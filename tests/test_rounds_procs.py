@@ -90,7 +90,7 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
             runs[KILLED].next(600)
         runs[KILLED].proc.kill()  # it is training round KILL_ROUND now
         runs[KILLED].proc.wait()
-        daemons[KILLED].kill9()
+        daemons[KILLED].kill()
         # the others finish round KILL_ROUND without it; the restarted node rejoins after that
         wait_until(lambda: KILL_ROUND in _aggregates(homes[0]), 600, f"round {KILL_ROUND}'s aggregate")
         daemons[KILLED] = start_daemon(homes[KILLED], "--bootstrap", addr)
@@ -121,5 +121,5 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
             if r.proc.poll() is None:
                 r.proc.kill()
         for d in daemons.values():
-            if d.proc.poll() is None:
-                d.terminate()
+            if d.alive():
+                d.stop()
