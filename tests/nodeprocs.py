@@ -70,14 +70,6 @@ def entry_ids(home: Path) -> set[str]:
     return {r["id"] for r in ledger_rows(home)}
 
 
-def consortium(root: Path, n: int) -> list[Path]:
-    """Home folders `root/n0 .. n{n-1}`: n0 founded the consortium and admitted the others
-    (`tests.factories.make_consortium`: the same `atd` commands, run in-process)."""
-    from tests.factories import make_consortium
-
-    return [h.root for h in make_consortium(root, n)]
-
-
 def status(home: Path) -> dict:
     """`atd node status --json` of `home` as an OS process (the daemon's, or the offline state)."""
     return json.loads(atd("node", "status", "--home", str(home), "--json").stdout)

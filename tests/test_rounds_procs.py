@@ -21,7 +21,8 @@ from atdnode.aggregation import verify_entry
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
-from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
+from tests.factories import make_consortium
+from tests.nodeprocs import ATD, _env, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def _aggregates(home: Path) -> dict[int, dict]:
 
 
 def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Path) -> None:
-    homes = consortium(tmp_path, N)
+    homes = [h.root for h in make_consortium(tmp_path, N)]
     daemons, runs = {}, {}
     try:
         daemons[0] = start_daemon(homes[0])

@@ -6,7 +6,7 @@ from atdnode.face import lazy_face
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "config", "KEYS": "config_schema",
          "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
-         "NodeIdentity": "identity", "DaemonExited": "daemon_proc", "DaemonProcess": "daemon_proc",
+         "NodeIdentity": "identity", "found_consortium": "identity", "DaemonExited": "daemon_proc", "DaemonProcess": "daemon_proc",
          "atd_argv": "daemon_proc", "atd_env": "daemon_proc", "init_home": "identity", "KeyBackupError": "keybackup",
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",

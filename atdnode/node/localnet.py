@@ -8,8 +8,8 @@ Layout::
         daemon.pid      pid of the detached `atd node start` process (written here)
         logs/daemon.log the daemon's rotating log; logs/daemon.out its stdout/stderr
 
-`up` makes the homes with the library calls behind `atd init` (`init_home`) and
-`atd member add` (`Ledger.admit`), then starts each daemon as a detached OS process
+`up` makes the homes with the library calls behind `atd init` and `atd member add`
+(`found_consortium`), then starts each daemon as a detached OS process
 (`DaemonProcess.start`: `atd node start --quiet`, its own session, so it outlives the command) listening on
 127.0.0.1, all at once; once they answer, each new one is told to connect to the founder
 (the founder, when it alone restarted, to the running members) over its control socket. It returns only when
@@ -87,8 +87,7 @@ def create(root: Path, n: int, *, consortium: str = "local") -> list[NodeHome]:
     The joiners' ledgers get the founder's genesis and admissions merged (what their first
     sync would pull), so they know who may talk to them before their daemons start.
     """
-    from atdnode.node.identity import NodeIdentity, init_home
-    from ledger import Ledger
+    from atdnode.node.identity import NodeIdentity, found_consortium
 
     if n < 1:
         raise LocalNetError("a local consortium needs at least one node (-n 1 or more)")
@@ -101,16 +100,7 @@ def create(root: Path, n: int, *, consortium: str = "local") -> list[NodeHome]:
             raise LocalNetError(f"{root / name} already holds an atd node; choose an empty --dir")
     root.mkdir(parents=True, exist_ok=True)
     hs = [NodeHome.at(root / name) for name in names]
-    founder = init_home(hs[0], name=names[0], consortium=consortium)
-    with Ledger.open(hs[0].ledger_db) as led:
-        genesis = led.query(kind="genesis")[0]
-        joiners = [init_home(h, name=name, join=genesis.id.hex()) for h, name in zip(hs[1:], names[1:])]
-        for name, ident in zip(names[1:], joiners):
-            led.admit(founder.signer, ident.public_key, admin=False, name=name)
-        known = [e.to_bytes() for e in led.query()]
-    for h in hs[1:]:
-        with Ledger.open(h.ledger_db) as led:
-            led.merge(known)
+    genesis = found_consortium(hs, consortium, name_admissions=True, share_ledger=True)
     manifest = {"nodes": names, "genesis": genesis.id.hex(), "consortium": consortium,
                 "founder": NodeIdentity.load(hs[0]).peer_id, "created": time.time()}
     tmp = root / (MANIFEST + ".tmp")
