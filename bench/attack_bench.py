@@ -68,17 +68,17 @@ def main() -> None:
         d = start_daemon(victim)
         try:
             time.sleep(3)
-            baseline = rss_mb(d.proc.pid)
+            baseline = rss_mb(d.pid)
             att = start_attacker(evil, d.addrs, args.duration, args.sync_streams, args.blob_streams)
             peak, t0 = baseline, time.monotonic()
             while att.poll() is None and time.monotonic() - t0 < args.duration + 30:
-                peak = max(peak, rss_mb(d.proc.pid))
+                peak = max(peak, rss_mb(d.pid))
                 time.sleep(0.25)
             out, _ = att.communicate(timeout=30)
-            hwm = rss_mb(d.proc.pid, "VmHWM")
-            alive = d.proc.poll() is None
+            hwm = rss_mb(d.pid, "VmHWM")
+            alive = d.alive()
         finally:
-            d.terminate()
+            d.stop()
     stats = json.loads(out.strip().splitlines()[-1])
     print(json.dumps({
         "slowloris_rss": {"baseline_mb": round(baseline, 1), "peak_mb": round(peak, 1), "hwm_mb": round(hwm, 1),

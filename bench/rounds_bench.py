@@ -115,15 +115,15 @@ def memory_rounds(a, train: dict, classes: list[str]) -> dict:
 
 
 def process_rounds(a) -> dict:
-    from tests.nodeprocs import ATD, _env, start_daemon, wait_until
-    from tests.nodeprocs import consortium, status
+    from tests.factories import make_consortium
+    from tests.nodeprocs import ATD, _env, start_daemon, status, wait_until
 
     args = ["--rounds", str(a.rounds), "--weighting", a.weighting, "--img-size", str(a.img_size), "--patch-size", "7",
             "--embed-dim", str(a.embed_dim), "--depth", str(a.depth), "--heads", "2", "--batch-size", "32",
             "--lr", "3e-3", "--seed", str(a.seed), "--deadline", "300", "--json"] \
         + (["--adversarial", "--pgd-steps", "2"] if a.adversarial else [])
     with tempfile.TemporaryDirectory(prefix="atd-rounds-bench-") as tmp:
-        homes = consortium(Path(tmp), a.nodes)
+        homes = [h.root for h in make_consortium(Path(tmp), a.nodes)]
         daemons = [start_daemon(homes[0])]
         addr = status(homes[0])["addrs"][0]
         daemons += [start_daemon(h, "--bootstrap", addr) for h in homes[1:]]
@@ -140,7 +140,7 @@ def process_rounds(a) -> dict:
             traffic = [status(h)["bytes"] for h in homes]
         finally:
             for d in daemons:
-                d.terminate()
+                d.stop()
     per_round = []
     for r in range(a.rounds):
         reps = [rep for node in reports for rep in node if rep["round"] == r]

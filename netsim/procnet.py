@@ -7,20 +7,17 @@ on a private bridge, with `tc netem` shaping latency / rate / loss (see `netns.p
 Where namespaces are not available, the report says so and the run goes on without them.
 
 The driver talks to each daemon the way the CLI does: homes made in-process
-(`homes.make_consortium`), entries appended to the node's ledger file (the daemon
+(`homes.make_consortium`), daemons started and stopped as `atd local` and the tests do
+(`atdnode.node.DaemonProcess`), entries appended to the node's ledger file (the daemon
 gossips them), state read over the control socket (`atd node status`), blobs fetched
-through the control socket (`atd fetch`). Readiness is a signal — a daemon prints its
-listen address only when ready — and every wait has a deadline.
+through the control socket (`atd fetch`). Readiness is a signal — the daemon announces
+itself in HOME/daemon.json once it listens — and every wait has a deadline.
 
 Faults: kill = SIGKILL, leave = SIGTERM for good, restart = start again on the same home.
 Partitions and slow links need namespaces; without them they are `FaultUnsupported`.
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 from functools import partial
 from pathlib import Path
@@ -29,7 +26,7 @@ from typing import Awaitable, Callable, Collection, TypeVar
 import trio
 
 from atdnode import bodies
-from atdnode.node import control
+from atdnode.node import DaemonProcess, control
 from atdnode.blobs import BlobStore
 from atdnode.errors import DaemonError
 from ledger import Ledger, Signer, peer_id_from_public_key
@@ -38,8 +35,8 @@ from netsim.homes import make_consortium
 from netsim.scenario import NetworkSpec
 
 T = TypeVar("T")
-ATD = [sys.executable, "-m", "cli.app"]
 READY_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
 
 
 def run_trio(fn: Callable[[], Awaitable[T]]) -> T:
@@ -47,20 +44,10 @@ def run_trio(fn: Callable[[], Awaitable[T]]) -> T:
     return trio.run(fn)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 class _Node:
     def __init__(self) -> None:
-        self.proc: trio.Process | None = None
+        self.proc: DaemonProcess | None = None
         self.addr: str | None = None
-        self.log = None
         self.bytes_done = {"sent": 0, "received": 0}  # counters of earlier incarnations
         self.blob_bytes = {"sent": 0, "received": 0}  # payload of blobs fetched via `fetch`
         self.bytes_now = {"sent": 0, "received": 0}
@@ -86,6 +73,7 @@ class ProcCluster:
         self._ledgers: dict[str, Ledger] = {}  # the driver's own handle on each node's ledger file
         self._ledgers_lock = threading.Lock()
         self._pid_of = {Signer.from_seed(k).public_key: self.c.peer_ids[n] for n, k in self.c.seeds.items()}
+        self._waiters: trio.CapacityLimiter | None = None  # worker threads that wait on daemons
         self.netns = None
         if network.namespaces == "auto":
             from netsim.netns import NetnsLab, netns_available
@@ -146,75 +134,59 @@ class ProcCluster:
         ip = self.netns.ip(name) if self.netns is not None else "127.0.0.1"
         return f"/ip4/{ip}/tcp/0"
 
+    async def _in_thread(self, fn, *args):
+        """`fn(*args)` (a blocking wait on a daemon) in a worker thread: one per daemon, so
+        100 daemons starting or stopping at once do not queue behind trio's default 40."""
+        if self._waiters is None:
+            self._waiters = trio.CapacityLimiter(max(1, len(self.names)))
+        return await trio.to_thread.run_sync(partial(fn, *args), limiter=self._waiters, abandon_on_cancel=True)
+
     async def start(self, name: str, bootstrap: list[str] = ()) -> None:
-        """Start `name`'s daemon; returns once it printed its address (deadline)."""
+        """Start `name`'s daemon; returns once it announced itself (deadline)."""
         if self.alive(name):
             return
         node = self.nodes[name]
         home = self.c.homes[name]
-        args = [*ATD, "node", "start", "--home", str(home.root), "--listen", self._listen(name),
-                "--sync-interval", str(self.sync_interval)]
+        args = ["--listen", self._listen(name), "--sync-interval", str(self.sync_interval)]
         if not self.auto_fetch:
             args.append("--no-auto-fetch")
         for b in bootstrap:
             if self.nodes[b].addr:
                 args += ["--bootstrap", self.nodes[b].addr]
-        if self.netns is not None:
-            args = self.netns.wrap(name, args)
-        node.log = open(home.root / "netsim-daemon.log", "ab")
-        node.proc = await trio.lowlevel.open_process(args, stdout=subprocess.PIPE, stderr=node.log, env=_env())
-        line = b""
-        with trio.move_on_after(self.ready_timeout):
-            while not line.endswith(b"\n"):
-                chunk = await node.proc.stdout.receive_some(4096)
-                if not chunk:
-                    break
-                line += chunk
-        if not line.endswith(b"\n"):
-            node.proc.kill()
+        wrap = self.netns.wrap(name, []) if self.netns is not None else ()
+        node.proc = await self._in_thread(partial(DaemonProcess.start, home, *args, out=home.root / "netsim-daemon.log",
+                                                  wrap=wrap, one_thread=True))
+        try:
+            addrs = await self._in_thread(node.proc.wait_ready, self.ready_timeout)
+        except DaemonError:
+            await self._in_thread(node.proc.kill)
             self.status[name] = "failed to start"
-            raise DaemonError(f"{name}: daemon printed no address within {self.ready_timeout:g} s "
-                              f"(see {home.root / 'netsim-daemon.log'})")
-        node.addr = line.decode().splitlines()[0].strip()
+            raise
+        node.addr = addrs[0]
         node.bytes_now = {"sent": 0, "received": 0}
         self.status[name] = "running"
-
-    async def _wait_exit(self, name: str, timeout: float) -> bool:
-        p = self.nodes[name].proc
-        with trio.move_on_after(timeout):
-            await p.wait()
-            return True
-        return False
 
     def _retire(self, name: str) -> None:
         node = self.nodes[name]
         for k in ("sent", "received"):
             node.bytes_done[k] += node.bytes_now[k]
         node.bytes_now = {"sent": 0, "received": 0}
-        if node.log is not None:
-            node.log.close()
-            node.log = None
 
     async def kill(self, name: str) -> None:
         """SIGKILL: the process dies at once."""
         await self._refresh_bytes(name)
-        p = self.nodes[name].proc
-        if p is not None and p.returncode is None:
-            p.kill()
-            await self._wait_exit(name, 30)
+        d = self.nodes[name].proc
+        if d is not None:
+            await self._in_thread(d.kill)
         self._retire(name)
         self.status[name] = "killed"
 
     async def stop(self, name: str, *, status: str = "stopped") -> None:
         """SIGTERM and wait for the clean shutdown (SIGKILL after 30 s)."""
         await self._refresh_bytes(name)
-        p = self.nodes[name].proc
-        if p is not None and p.returncode is None:
-            p.send_signal(signal.SIGTERM)
-            if not await self._wait_exit(name, 30):
-                p.kill()
-                await self._wait_exit(name, 10)
-                self.notes.append(f"{name} ignored SIGTERM for 30 s and was killed")
+        d = self.nodes[name].proc
+        if d is not None and await self._in_thread(d.stop, STOP_TIMEOUT) == "killed":
+            self.notes.append(f"{name} ignored SIGTERM for {STOP_TIMEOUT:g} s and was killed")
         self._retire(name)
         self.status[name] = status
 
@@ -295,7 +267,7 @@ class ProcCluster:
             return []
 
     async def apeers(self, name: str) -> list[str]:
-        if not self.alive(name):  # on the loop: a trio Process's returncode may not be read in a worker thread
+        if not self.alive(name):
             return []
         sock = self.c.homes[name].control_socket
         try:

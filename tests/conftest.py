@@ -6,9 +6,9 @@ Factories (plain functions, importable from their modules; never import another 
   `daemon_on(net, home)` (a real `NodeDaemon` on the in-memory network), `append`, `ids`, `cli`,
   `cli_json`, `transports(kind, n)` (bare transports, both kinds), `run`, and
   `wait_for(cond, what, timeout)`: the one way to wait inside a trio run.
-- `tests/nodeprocs.py`: daemons as OS processes (`start_daemon` returns once the daemon printed
-  its address), `atd(...)` as a subprocess, `consortium(root, n)` made by the CLI processes,
-  `status(home)`, and `wait_until(cond, timeout, what)`: the one way to wait outside trio.
+- `tests/nodeprocs.py`: daemons as OS processes (the library's `DaemonProcess`; `start_daemon`
+  returns once the daemon announced itself), `atd(...)` as a subprocess, `status(home)`, and
+  `wait_until(cond, timeout, what)`: the one way to wait outside trio.
 - `tests/vgs_homes.py`: homes with trained tiny ViTs (the `disjoint` and `skewed` trios).
 - `tests/atd_forkserver.py`: `forkserver(root, env)`, `atd` commands each forked from one
   interpreter that imported torch, timm, scikit-learn and matplotlib once (the README
@@ -16,8 +16,8 @@ Factories (plain functions, importable from their modules; never import another 
 - `tests/blobnet.py`, `tests/splitnet.py`, `tests/split_checks.py`, `tests/browser.py`,
   `tests/medimg.py`, `tests/mdblocks.py`, `tests/netsim_tiny.py`: narrower helpers.
 
-Fixtures here: `short_tmp` (a short folder: AF_UNIX socket paths under it fit), `consortium` (N fresh homes under tmp_path), `procs` (start daemons as OS
-processes; all are stopped when the test ends), `vgs_template` (the trained trios, built once
+Fixtures here: `short_tmp` (a short folder: AF_UNIX socket paths under it fit), `consortium` (N
+fresh homes under tmp_path), `vgs_template` (the trained trios, built once
 per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a test to change).
 
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
@@ -62,7 +62,6 @@ import pytest
 
 from atdnode.node import NodeHome
 from tests.factories import make_consortium
-from tests.nodeprocs import Daemon, start_daemon
 
 
 # The longest test files, longest first (a file's setup and tests on one worker, from
@@ -149,26 +148,6 @@ def consortium(tmp_path: Path) -> Callable[[int], list[NodeHome]]:
         return make_consortium(tmp_path / f"c{made}", n)
 
     return make
-
-
-@pytest.fixture
-def procs() -> Iterator[Callable[..., Daemon]]:
-    """`procs(home, *args, timeout=60)`: `atd node start` as an OS process, returned once it
-    listens; every daemon still running when the test ends gets SIGTERM (then SIGKILL)."""
-    started: list[Daemon] = []
-
-    def start(home: Path | NodeHome, *args: str, timeout: float = 60) -> Daemon:
-        d = start_daemon(home.root if isinstance(home, NodeHome) else home, *args, timeout=timeout)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        if d.proc.poll() is None:
-            try:
-                d.terminate()
-            except AssertionError:
-                pass  # it ignored SIGTERM: terminate() already killed it; the test itself decides
 
 
 def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,7 +1,7 @@
 """Shared test factories: a consortium of N homes, in-process daemons, transports, one wait.
 
 `tests/conftest.py` offers these as fixtures; test modules may also import them directly
-(never from another test module). Process-based daemons live in `tests/nodeprocs.py`,
+(never from another test module). Daemons as OS processes: `tests/nodeprocs.py`;
 trained VGS-ATD homes in `tests/vgs_homes.py`.
 
 Waiting is on a condition with a deadline, never a fixed sleep: `wait_for` inside a trio run,
@@ -18,7 +18,7 @@ from typing import AsyncIterator, Callable
 import trio
 from typer.testing import CliRunner
 
-from atdnode.node import NodeDaemon, NodeHome, NodeIdentity
+from atdnode.node import NodeDaemon, NodeHome, NodeIdentity, found_consortium
 from atdnode.transport import MemoryNetwork, MemoryTransport, Transport
 from cli.app import app
 from ledger import Entry, Ledger
@@ -65,17 +65,12 @@ def cli_json(*args: str) -> dict:
 
 
 def make_consortium(root: Path, n: int) -> list[NodeHome]:
-    """Homes `root/n0 .. n{n-1}`: n0 founds consortium "test" and admits the others (`atd init`,
-    `atd member add`, in-process). Nothing runs; no entry beyond genesis and admissions."""
-    homes = [root / f"n{i}" for i in range(n)]
-    cli("init", "--home", str(homes[0]), "--genesis", "--consortium", "test")
-    with Ledger.open(homes[0] / "ledger.db") as led:
-        genesis = led.query(kind="genesis")[0].id.hex()
-    for h in homes[1:]:
-        cli("init", "--home", str(h), "--join", genesis)
-        peer = cli("id", "--home", str(h)).strip()
-        cli("member", "add", "--home", str(homes[0]), peer)
-    return [NodeHome.at(h) for h in homes]
+    """Homes `root/n0 .. n{n-1}`: n0 founds consortium "test" and admits the others
+    (`found_consortium`: what `atd init` and `atd member add` do). Nothing runs; no entry
+    beyond genesis and admissions, and the joiners' ledgers are empty."""
+    homes = [NodeHome.at(root / f"n{i}") for i in range(n)]
+    found_consortium(homes, "test")
+    return homes
 
 
 def ids(home: NodeHome) -> set[bytes]:

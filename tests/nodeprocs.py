@@ -1,27 +1,23 @@
-"""Helpers for tests that run real `atd` daemons as separate OS processes on 127.0.0.1.
+"""Helpers for tests that run real `atd` daemons and commands as separate OS processes on 127.0.0.1.
 
-Readiness is a signal, never a sleep: `start_daemon` returns once the daemon printed its
-listen address (it prints only when it is ready), and `wait_until` polls a condition
-with a deadline (for state that has no push signal, such as "this ledger now holds X").
+Daemons are `atdnode.node.DaemonProcess`es (the library's, as `atd local` and netsim start
+them): `start_daemon` starts one with the tests' defaults and returns once it announced
+itself. Readiness is a signal, never a sleep; `wait_until` polls a condition with a
+deadline (for state that has no push signal, such as "this ledger now holds X").
 """
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from atdnode.node import control
-from atdnode.node import NodeHome
+from atdnode.node import DaemonProcess, NodeHome, atd_argv, atd_env, control
 from ledger import Ledger
 
-ATD = [sys.executable, "-m", "cli.app"]
+ATD = atd_argv()
 
 
 def atd(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -37,66 +33,19 @@ def atd_json(*args: str) -> object:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return atd_env(one_thread=True)
 
 
-class Daemon:
-    """A running `atd node start` process whose stdout lines are collected in the background."""
-
-    def __init__(self, home: Path, args: list[str]) -> None:
-        self.home = home
-        self.log = open(home / "test-daemon.stderr", "ab")
-        self.proc = subprocess.Popen(
-            [*ATD, "node", "start", "--home", str(home), *args],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=_env(),
-        )
-        self.lines: "queue.Queue[str]" = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        self.addrs: list[str] = []
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.strip())
-
-    def wait_ready(self, timeout: float = 60) -> list[str]:
-        try:
-            first = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"daemon at {self.home} printed no address within {timeout}s: {self.stderr()}")
-        self.addrs = [first]
-        return self.addrs
-
-    def stderr(self) -> str:
-        try:
-            return (self.home / "test-daemon.stderr").read_text()[-4000:]
-        except OSError:
-            return ""
-
-    def kill9(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def terminate(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"daemon at {self.home} ignored SIGTERM")
-        self.log.close()
-        return self.proc.returncode
+def spawn_daemon(home: Path | NodeHome, *args: str) -> DaemonProcess:
+    """`atd node start --home HOME ARGS` as a child process, not yet ready (`wait_ready`);
+    its output goes to HOME/test-daemon.stderr."""
+    h = home if isinstance(home, NodeHome) else NodeHome.at(home)
+    return DaemonProcess.start(h, *args, out=h.root / "test-daemon.stderr", one_thread=True)
 
 
-def start_daemon(home: Path, *args: str, timeout: float = 60) -> Daemon:
-    d = Daemon(home, ["--listen", "/ip4/127.0.0.1/tcp/0", "--sync-interval", "2", *args])
+def start_daemon(home: Path | NodeHome, *args: str, timeout: float = 60) -> DaemonProcess:
+    """A daemon on 127.0.0.1 syncing every 2 s, returned once it announced itself."""
+    d = spawn_daemon(home, "--listen", "/ip4/127.0.0.1/tcp/0", "--sync-interval", "2", *args)
     d.wait_ready(timeout)
     return d
 
@@ -119,14 +68,6 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: 
 def entry_ids(home: Path) -> set[str]:
     """Ids (hex) of every entry in `home`'s ledger, read in-process."""
     return {r["id"] for r in ledger_rows(home)}
-
-
-def consortium(root: Path, n: int) -> list[Path]:
-    """Home folders `root/n0 .. n{n-1}`: n0 founded the consortium and admitted the others
-    (`tests.factories.make_consortium`: the same `atd` commands, run in-process)."""
-    from tests.factories import make_consortium
-
-    return [h.root for h in make_consortium(root, n)]
 
 
 def status(home: Path) -> dict:

@@ -72,7 +72,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         return all(want <= ids(h) for h in homes)
 
     def record_peak(i: int) -> None:
-        peaks[f"n{i}:{daemons[i].proc.pid}"] = hwm_mb(daemons[i].proc.pid)
+        peaks[f"n{i}:{daemons[i].pid}"] = hwm_mb(daemons[i].pid)
 
     try:
         for i in range(N):
@@ -97,12 +97,12 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
 
         # n3: kill -9, restore the older copy of its home, restart
         record_peak(3)
-        daemons[3].kill9()
+        daemons[3].kill()
         shutil.rmtree(homes[3].root)
         shutil.copytree(tmp_path / "n3-old", homes[3].root)
         # n4: kill -9, cut its WAL in half, restart
         record_peak(4)
-        daemons[4].kill9()
+        daemons[4].kill()
         wal = Path(str(homes[4].ledger_db) + "-wal")
         assert wal.stat().st_size > 0, "nothing to cut: the fault would be vacuous"
         os.truncate(wal, wal.stat().st_size // 2)
@@ -142,7 +142,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
                 assert committed <= {e.id for e in led.all_entries()}, f"n{i} lost committed entries"
     finally:
         for d in daemons.values():
-            d.terminate()
+            d.stop()
     print("entries lost locally before restart:", lost, "peak RSS (MB):", {k: round(v) for k, v in peaks.items()})
     assert max(peaks.values()) < RSS_BOUND_MB, peaks
 
@@ -222,7 +222,7 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
         for d in daemons.values():
-            d.terminate()
+            d.stop()
     assert [[r["blob"] for r in reps] for reps in reports][0] == [r["blob"] for r in reports[1]]  # bit-identical
     for rep in reports[0]:
         assert rep["blob"] != init and rep["entry"] not in (fake.id.hex(), lone.id.hex())

@@ -14,9 +14,8 @@ import pytest
 
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, control
-from tests.factories import append, cli, cli_json, weights_body
-from tests.nodeprocs import (atd, atd_all, consortium, entry_ids, ledger_rows, live_status, start_daemon,
-                             status, wait_until)
+from tests.factories import append, cli, cli_json, make_consortium, weights_body
+from tests.nodeprocs import atd, atd_all, entry_ids, ledger_rows, live_status, start_daemon, status, wait_until
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
         "--depth", "1", "--heads", "2", "--epochs", "1", "--batch-size", "64", "--seed", "0"]
@@ -30,7 +29,7 @@ def holds_all(home: Path, n: int) -> bool:
 
 
 def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
-    homes = consortium(tmp_path, 3)
+    homes = [h.root for h in make_consortium(tmp_path, 3)]
     daemons = []
     try:
         d1 = start_daemon(homes[0])
@@ -63,11 +62,11 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
         assert sorted(out["inputs"]) == sorted(e["id"] for e in weights) and len({e["author"] for e in weights}) == 3
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
 
 
 def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path: Path) -> None:
-    homes = consortium(tmp_path, 3)
+    homes = [h.root for h in make_consortium(tmp_path, 3)]
     daemons = {}
     try:
         daemons[0] = start_daemon(homes[0])
@@ -103,7 +102,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         wait_until(lambda: not fetcher.is_alive() or (partial.is_dir() and any(partial.iterdir())), 60,
                    "node 3's download to start")
         assert fetcher.is_alive(), box  # killed mid-download, or nothing shows failover
-        daemons[0].kill9()
+        daemons[0].kill()
         fetcher.join(180)
         assert "reply" in box, box.get("error")
         assert BlobStore(homes[2] / "blobs").get_bytes(blob) == blob_file.read_bytes()
@@ -113,5 +112,5 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         assert report["chunks_from"].get(node2, 0) > 0, report
     finally:
         for d in daemons.values():
-            if d.proc.poll() is None:
-                d.terminate()
+            if d.alive():
+                d.stop()

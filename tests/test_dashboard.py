@@ -167,7 +167,7 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         assert get(url + "models/..%2f..%2fnode.key/confusion.png")[0] == 404
 
         # a member that should be reachable goes down: the page says so
-        daemons[2].terminate()
+        daemons[2].stop()
         c_id = next(m["peer_id"] for m in s["members"] if m["name"] == "c")
         wait_until(lambda: c_id not in json.loads(get(url + "api/state")[2])["node"]["peers"], 60, "c to drop")
         dom = browser("--dump-dom", url)
@@ -178,7 +178,7 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         assert len(re.findall(r"peer-warning", dom)) == 1
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
 
 
 def test_bulk_and_stream_bytes_are_counted_by_protocol(tmp_path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from tests.mdblocks import fenced_blocks
-from tests.nodeprocs import ATD, Daemon, atd, start_daemon, wait_until
+from tests.nodeprocs import ATD, atd, spawn_daemon, start_daemon, wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
@@ -102,7 +102,7 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     argv = shlex.split(unit()["ExecStart"][0])
     assert argv[2:5] == ["node", "start", "--home"]
     rest = [re.sub(r":\d+$", ":0", a) for a in argv[6:]]  # --dashboard 127.0.0.1:0
-    second = Daemon(b, rest)  # `atd node start --home b ...` exactly as the unit runs it
+    second = spawn_daemon(b, *rest)  # `atd node start --home b ...` exactly as the unit runs it
     assert second.proc.args[:len(ATD)] == ATD and second.proc.args[len(ATD):] == ["node", "start", "--home", str(b), *rest]
     try:
         addr = second.wait_ready(120)[0]
@@ -114,8 +114,8 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
         with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=30) as r:
             assert r.status == 200
     finally:
-        second.terminate()
-        first.terminate()
+        second.stop()
+        first.stop()
     assert second.proc.returncode == 0
 
 

@@ -174,7 +174,7 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
         assert new != old and new.startswith("12D3KooW")
         wait_until(lambda: new in members(a) and members(a)[old]["revoked"], 60, "a learned the rotation")
         assert members(a)[new]["name"] == "bee" and not members(a)[new]["revoked"]
-        db.terminate()
+        db.stop()
         daemons.remove(db)
         db = start_daemon(b, "--bootstrap", da.addrs[0])
         daemons.append(db)
@@ -184,7 +184,7 @@ def test_rotate_a_running_node_and_peers_follow(tmp_path: Path) -> None:
         atd("ledger", "verify", "--home", str(b))
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
     # the old backup still decrypts (it is the old key, now retired: a restored copy cannot sign)
     restored = tmp_path / "restored"
     assert atd("key", "import", str(tmp_path / "b.keys"), "--home", str(restored), "--passphrase-file",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from atdnode.node import localnet
-from atdnode.node import LocalNetError
+from atdnode.node import LocalNetError, localnet
+from atdnode.node import daemon_proc
 
 # A launcher that starts slowly and, while it does, shows no command line in /proc (it blanks
 # its arguments in place, as setproctitle does), then becomes `python -m cli.app ARGS`.
@@ -34,7 +34,7 @@ os.execv(sys.executable, [sys.executable, "-m", "cli.app", *sys.argv[1:]])
 def _launcher(tmp_path: Path, monkeypatch, code: str) -> None:
     script = tmp_path / "launcher.py"
     script.write_text(code)
-    monkeypatch.setattr(localnet, "_atd_argv", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(daemon_proc, "atd_argv", lambda: [sys.executable, str(script)])
 
 
 @pytest.mark.slow

@@ -162,7 +162,7 @@ def test_outsider_and_revoked_member_get_no_gossip_and_lose_bulk_at_once(tmp_pat
         trio.run(main)
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
     print(report)
     assert report["outsider_got"] == 0, report
     # Closed, not kept: a connection the founder keeps lasts the whole `connected_for` limit

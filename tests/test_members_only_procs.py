@@ -73,7 +73,7 @@ def test_never_admitted_and_revoked_nodes_get_nothing(tmp_path: Path) -> None:
         assert peer[m] in _status(f)["peers"]
     finally:
         for d in daemons:
-            d.terminate()
+            d.stop()
         os.umask(umask)
     with Ledger.open(f / "ledger.db") as led:
         stats = led.stats()

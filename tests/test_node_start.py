@@ -1,6 +1,6 @@
 """`atd node start` as an OS process: config.toml's listen/bootstrap, a busy home, a busy
 port, malformed and unreachable addresses. Each failure is one line; waits use readiness
-signals (the printed address, a log line), never fixed sleeps."""
+signals (the daemon announcing itself, a log line), never fixed sleeps."""
 from __future__ import annotations
 
 import errno
@@ -10,7 +10,7 @@ import pytest
 
 from atdnode.node import NodeConfig, NodeHome
 from ledger import Signer, peer_id_from_public_key
-from tests.nodeprocs import Daemon, atd, start_daemon, wait_until
+from tests.nodeprocs import atd, spawn_daemon, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def test_config_listen_busy_home_and_exclusive_port(homes):
     a, b = homes
     port = _free_port()
     _set_config(a, listen=[f"/ip4/127.0.0.1/tcp/{port}"])
-    d = Daemon(a, [])  # no --listen: config.toml's listen
+    d = spawn_daemon(a)  # no --listen: config.toml's listen
     try:
         addr = d.wait_ready(90)[0]
         assert addr.startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooW"), addr
@@ -69,7 +69,7 @@ def test_config_listen_busy_home_and_exclusive_port(homes):
         # ... and its log keeps the traceback for IT (stderr had only the one line)
         assert "daemon stopped by an error" in (b / "logs" / "daemon.log").read_text()
     finally:
-        assert d.terminate() == 0
+        assert d.stop() == "stopped" and d.returncode == 0
         _set_config(a, listen=["/ip4/127.0.0.1/tcp/0"])
 
 
@@ -105,18 +105,18 @@ def test_config_bootstrap_is_dialled_and_unreachable_peers_reported_within_secon
         other = peer_id_from_public_key(Signer.from_seed(b"y" * 32).public_key)  # (dials to one peer queue up)
         silent = f"/ip4/127.0.0.1/tcp/{hole.getsockname()[1]}/p2p/{other}"
         _set_config(b, bootstrap=[dead, silent, da.addrs[0]])
-        db = Daemon(b, ["--listen", "/ip4/127.0.0.1/tcp/0"])  # no --bootstrap: config.toml's
+        db = spawn_daemon(b, "--listen", "/ip4/127.0.0.1/tcp/0")  # no --bootstrap: config.toml's
         try:
             db.wait_ready(90)
-            wait_until(lambda: f"could not reach bootstrap {dead}: dialing" in db.stderr(), 20,
+            wait_until(lambda: f"could not reach bootstrap {dead}: dialing" in db.output(), 20,
                        "the refused bootstrap dial to be reported with its reason")
             # reported after 5 s of silence, before the 15 s dial timeout
-            wait_until(lambda: f"could not reach bootstrap {silent} within 5 s" in db.stderr(), 12,
+            wait_until(lambda: f"could not reach bootstrap {silent} within 5 s" in db.output(), 12,
                        "the silent bootstrap peer to be reported")
             wait_until(lambda: pa in atd("peers", "--home", str(b)).stdout, 60, "b to connect to a via config.toml")
         finally:
-            db.terminate()
+            db.stop()
             hole.close()
     finally:
-        da.terminate()
+        da.stop()
         _set_config(b, bootstrap=[])

@@ -21,7 +21,8 @@ from atdnode.aggregation import verify_entry
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
-from tests.nodeprocs import ATD, _env, consortium, live_status, start_daemon, wait_until
+from tests.factories import make_consortium
+from tests.nodeprocs import ATD, _env, live_status, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +78,7 @@ def _aggregates(home: Path) -> dict[int, dict]:
 
 
 def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Path) -> None:
-    homes = consortium(tmp_path, N)
+    homes = [h.root for h in make_consortium(tmp_path, N)]
     daemons, runs = {}, {}
     try:
         daemons[0] = start_daemon(homes[0])
@@ -90,7 +91,7 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
             runs[KILLED].next(600)
         runs[KILLED].proc.kill()  # it is training round KILL_ROUND now
         runs[KILLED].proc.wait()
-        daemons[KILLED].kill9()
+        daemons[KILLED].kill()
         # the others finish round KILL_ROUND without it; the restarted node rejoins after that
         wait_until(lambda: KILL_ROUND in _aggregates(homes[0]), 600, f"round {KILL_ROUND}'s aggregate")
         daemons[KILLED] = start_daemon(homes[KILLED], "--bootstrap", addr)
@@ -121,5 +122,5 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
             if r.proc.poll() is None:
                 r.proc.kill()
         for d in daemons.values():
-            if d.proc.poll() is None:
-                d.terminate()
+            if d.alive():
+                d.stop()

@@ -431,7 +431,7 @@ def test_acceptance_three_processes_pfesta_and_festa_report(tmp_path: Path) -> N
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        server.terminate()
+        server.stop()
     metrics = {(o["algorithm"], o["task"]["name"]): o["metrics"] for o in outs + festa_out}
     assert set(metrics) == {("pfesta", "digit"), ("pfesta", "ink"), ("festa", "digit"), ("festa", "ink")}
     digit_majority = majority_rate(jobs[0][2])  # 0.147 on this shard's held-out split

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from atdnode.blobs import BlobStore
-from atdnode.node import NodeHome, NodeIdentity, init_home
+from atdnode.node import NodeHome, NodeIdentity, found_consortium
 from atdnode.learning import ModelConfig, TrainOptions, resolve_config, train
 from atdnode.models import ModelRegistry, publish_weights
 from ledger import Ledger
@@ -35,13 +35,7 @@ def cfg() -> ModelConfig:
 def consortium(root: Path, names: list[str]) -> list[NodeHome]:
     """Homes `root/NAME`; the first founds the consortium and admits the others; all say hello."""
     homes = [NodeHome.at(root / n) for n in names]
-    founder = init_home(homes[0], name=names[0], consortium="demo")
-    with Ledger.open(homes[0].ledger_db) as led:
-        genesis = led.genesis_id.hex()
-    for h, n in zip(homes[1:], names[1:]):
-        ident = init_home(h, name=n, join=genesis)
-        with Ledger.open(homes[0].ledger_db) as led:
-            led.admit(founder.signer, ident.public_key, name=n)
+    found_consortium(homes, "demo", name_admissions=True)
     sync(homes)
     for h, n in zip(homes, names):
         say_hello(h, n)

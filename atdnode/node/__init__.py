@@ -1,4 +1,4 @@
-"""The node itself: its home, identity, configuration, daemon and local control."""
+"""The node itself: its home, identity, configuration, daemon (in-process, or as an OS process) and local control."""
 from __future__ import annotations
 
 from atdnode.face import lazy_face
@@ -8,7 +8,8 @@ _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "con
          "SettingKey": "config_schema:Key", "setting_problem": "config_schema:problem",
          "setting_rows": "config_schema:doc_rows", "check_card": "config_schema",
          "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
-         "NodeIdentity": "identity", "init_home": "identity", "KeyBackupError": "keybackup",
+         "NodeIdentity": "identity", "found_consortium": "identity", "DaemonExited": "daemon_proc", "DaemonProcess": "daemon_proc",
+         "atd_argv": "daemon_proc", "atd_env": "daemon_proc", "init_home": "identity", "KeyBackupError": "keybackup",
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
          "sklearn_warnings_to_log": "logs", "loop_rng": "rngs", "FetchProgress": "snapshot",

@@ -5,7 +5,8 @@ Files in the node home (see atdnode.node.home): ``node.key`` and ``x25519.key``,
 ConfigError). Loading refuses a key file that others can read, like ssh does.
 
 `init_home` is the whole of ``atd init``: directories, keys, config, ledger, and the
-genesis entry (founder) or the pinned genesis id (joining node).
+genesis entry (founder) or the pinned genesis id (joining node). `found_consortium` makes
+fresh homes one consortium with it (`atd local`, the tests).
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from atdnode.errors import ConfigError
 from atdnode.node.home import NodeHome
-from ledger import Ledger, Signer
+from ledger import Entry, Ledger, Signer
 from ledger.errors import LedgerError
 
 KEY_LEN = 32
@@ -145,3 +146,24 @@ def init_home(
     cfg.genesis_id = pin.hex() if pin is not None else None
     cfg.save(home)
     return ident
+
+
+def found_consortium(homes: Sequence[NodeHome], consortium: str, *, name_admissions: bool = False,
+                     share_ledger: bool = False) -> Entry:
+    """Make fresh homes one consortium, as `atd init --genesis` on the first, `atd init --join`
+    on the others and `atd member add` of each on the first would: `homes[0]` founds
+    `consortium` and admits the others (each home's name is its folder's name).
+    `name_admissions`: each admission records the node's name. `share_ledger`: each joiner's
+    ledger gets the founder's genesis and admissions merged (what its first sync would pull),
+    so it knows who may talk to it before its daemon starts. Returns the genesis entry."""
+    founder = init_home(homes[0], consortium=consortium)
+    with Ledger.open(homes[0].ledger_db) as led:
+        genesis = led.query(kind="genesis")[0]
+        for h in homes[1:]:
+            ident = init_home(h, join=genesis.id.hex())
+            led.admit(founder.signer, ident.public_key, admin=False, name=h.root.name if name_admissions else None)
+        known = [e.to_bytes() for e in led.query()] if share_ledger else []
+    for h in homes[1:] if known else ():
+        with Ledger.open(h.ledger_db) as led:
+            led.merge(known)
+    return genesis

@@ -20,7 +20,6 @@ from typing import Any
 
 from atdnode.face import lazy_face
 
-SPLIT_PROTOCOL = "/atd/split/1.0.0"
 # node role -> algorithm served
 SERVER_ROLES = {"festa-server": "festa", "pfesta-server": "pfesta", "msd-server": "msd"}
 
@@ -43,9 +42,9 @@ _FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": 
          "run_compare": "compare", "render_compare": "compare_view:render",
          "write_compare_png": "compare_view:write_png", "finetune_from_entry": "finetune",
          "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",
-         "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session",
+         "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session", "SPLIT_PROTOCOL": "session",
          "DEFAULT_BODY": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
          "parse_task": "settings",
          "accept_clients": "secret", "adopt_secret": "secret"}
-__all__ = [*_FACE] + ["SERVER_ROLES", "SPLIT_PROTOCOL", "role_services"]
+__all__ = [*_FACE] + ["SERVER_ROLES", "role_services"]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

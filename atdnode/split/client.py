@@ -29,12 +29,11 @@ from atdnode.learning import resolve_device
 from atdnode.errors import AtdError
 from atdnode.retry import retry
 from atdnode.replication import SYNC_PROTOCOL, LedgerAccess, ledger_guard, pull, serve_sync
-from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.report import make_record, write_record
 from atdnode.split.roles import ROLES, Task, prepare
 from atdnode.split.secret import (acceptance, check_adopted, create_secret, ensure_hello, ensure_joined, open_secret,
                                   service_entry)
-from atdnode.split.session import RemoteError, SplitChannel
+from atdnode.split.session import SPLIT_PROTOCOL, RemoteError, SplitChannel
 from atdnode.transport import Stream, Transport, TransportError
 from ledger import Ledger, public_key_from_peer_id
 from ledger.errors import LedgerError

@@ -28,12 +28,11 @@ from typing import Any
 import trio
 
 from atdnode.node import NodeHome
-from atdnode.split import SPLIT_PROTOCOL
 from atdnode.split.campaign import Campaign
 from atdnode.split.host import Session
 from atdnode.split.msd_campaign import MSDCampaign
 from atdnode.split.rounds import Board, Member
-from atdnode.split.session import MalformedFrame, SplitChannel, meta_int
+from atdnode.split.session import SPLIT_PROTOCOL, MalformedFrame, SplitChannel, meta_int
 from atdnode.split.settings import SplitSettings
 from atdnode.transport import FrameError, PeerLimits, Stream, TransportError, lease_or_reset
 from ledger.errors import LedgerError

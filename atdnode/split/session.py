@@ -35,6 +35,8 @@ from protocols.comm_cost import ByteCounter
 from protocols.split_state import SplitProtocolError
 from protocols.tensor_frames import LENGTH_PREFIX_BYTES, Frame, FrameDecodeError, decode_frame, encode_frame
 
+SPLIT_PROTOCOL = "/atd/split/1.0.0"  # the stream protocol id both ends speak
+
 CONTROL_KINDS = ("info", "offer", "secret", "secret_ok", "join", "welcome", "done", "bye", "error")
 EVAL_KINDS = ("eval_forward", "eval_out")
 OFFLOAD_BYTES = 1 << 20  # encode / decode bigger frames in a worker thread
