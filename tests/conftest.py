@@ -60,8 +60,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from atdnode.node import NodeHome
+from atdnode.node import DaemonProcess, NodeHome
 from tests.factories import make_consortium
+from tests.nodeprocs import start_daemon
 
 
 # The longest test files, longest first (a file's setup and tests on one worker, from
@@ -148,6 +149,23 @@ def consortium(tmp_path: Path) -> Callable[[int], list[NodeHome]]:
         return make_consortium(tmp_path / f"c{made}", n)
 
     return make
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., DaemonProcess]]:
+    """`procs(home, *args, timeout=60)`: `atd node start` as an OS process, returned once it
+    announced itself (`tests.nodeprocs.start_daemon`); every daemon still running when the
+    test ends is stopped (SIGTERM, then SIGKILL)."""
+    started: list[DaemonProcess] = []
+
+    def start(home: Path | NodeHome, *args: str, timeout: float = 60) -> DaemonProcess:
+        d = start_daemon(home, *args, timeout=timeout)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
 
 
 def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
