@@ -2,11 +2,15 @@
 
 `HOME_OPT` is the one `--home` option: when it is absent the home comes from the
 ATD_HOME environment variable, so `export ATD_HOME=/srv/atd/node1` once is enough.
-Every command taking a node home uses it (`test_cli_errors` checks that), and opens the home
+Every command taking a node home uses it (`test_cli_errors` checks that), and opens the node
 with `node_home` (one prologue: the home must have been made by `atd init`), e.g.
 
     def cmd(home: Path = HOME_OPT) -> None:
         h = node_home(home)
+
+`node_home` returns a `NodeHandle` (atdnode.node.handle): the command passes it down, so its config,
+ledger, blob store and model registry are opened once per command; its ledger closes when the
+command ends.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from atdnode.node import NodeHome
+    from atdnode.node import NodeHandle
 
 HOME_ENV = "ATD_HOME"
 
@@ -25,11 +29,18 @@ HOME_HELP = "Node home directory (made by `atd init`)."
 HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP)
 
 
-def node_home(home: Path) -> "NodeHome":
-    """The node home at `home`, which `atd init` made (ConfigError, one line, otherwise)."""
-    from atdnode.node import NodeHome
+def node_home(home: Path) -> "NodeHandle":
+    """The node at `home`, which `atd init` made (ConfigError, one line, otherwise), opened once for
+    the running command (closed when it ends)."""
+    import click
 
-    return NodeHome.at(home).require()
+    from atdnode.node import open_node
+
+    node = open_node(home)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(node.close)
+    return node
 
 
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:

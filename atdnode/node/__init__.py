@@ -6,6 +6,7 @@ from atdnode.face import lazy_face
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "config", "KEYS": "config_schema",
          "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
+         "NodeHandle": "handle", "open_node": "handle",
          "NodeIdentity": "identity", "init_home": "identity", "KeyBackupError": "keybackup",
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
