@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atdnode.errors import AtdError, ConfigError
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.models import ModelRecord, ModelRegistry
 
 KEEP_POLICIES = ("best", "consortium")
@@ -42,10 +42,8 @@ SELECT_BY = "balanced_accuracy"
 
 def keep_policy(home: NodeHome) -> str:
     """`[aggregate] keep` of the node's config.toml (default best)."""
-    from atdnode.node import NodeConfig
-
     try:
-        table = NodeConfig.load(home).extra.get("aggregate", {})
+        table = NodeHandle.of(home).config.extra.get("aggregate", {})
     except ConfigError:
         return DEFAULT_KEEP
     keep = table.get("keep", DEFAULT_KEEP) if isinstance(table, dict) else None
@@ -82,7 +80,7 @@ def model_in_use(home: NodeHome) -> InUse:
     """The model `atd classify` / `atd predict` use without `--model`: the newest record, or,
     when the newest is an aggregate whose keep decision kept the node's own model, that own
     model (AtdError when the registry is empty)."""
-    reg = ModelRegistry(home)
+    reg = ModelRegistry.of(home)
     rec = reg.get("latest")
     prov = rec.provenance
     if prov.get("kept") == "own":
@@ -105,7 +103,7 @@ def default_model(home: NodeHome) -> ModelRecord:
 def resolve_model(home: NodeHome, ref: str | None) -> ModelRecord:
     """A model named on a command line: an id or unique prefix, or `latest` / None for the
     model in use (`model_in_use`)."""
-    return default_model(home) if ref in (None, "latest") else ModelRegistry(home).get(ref)
+    return default_model(home) if ref in (None, "latest") else ModelRegistry.of(home).get(ref)
 
 
 def use_of(home: NodeHome, record: ModelRecord) -> dict:
@@ -128,7 +126,7 @@ def kept_details(home: NodeHome, model_id: str | None) -> dict:
     """The keep fields of a registered aggregate (for `atd aggregate`'s output)."""
     if not model_id:
         return {}
-    prov = ModelRegistry(home).get(model_id).provenance
+    prov = ModelRegistry.of(home).get(model_id).provenance
     return {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy", "warning") if k in prov}
 
 

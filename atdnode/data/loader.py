@@ -166,12 +166,11 @@ def training_window(spec: "str | DataSource", seed: int = 0) -> tuple[float, flo
     return resolve_data(spec, seed).auto_window()
 
 
-def declared_splits(spec: str) -> list[str]:
+def declared_splits(spec: "str | DataSource") -> list[str]:
     """The splits a source declares itself (train / val / test folders, npz keys, a `split`
     column of `labels=`), in SPLITS order; [] when its sides come from the seeded 80/20 split.
     Reads no pixels."""
-    ds = DataSpec.parse(spec)
-    cat, _ = open_catalog(ds)
+    cat = spec.cat if isinstance(spec, DataSource) else open_catalog(DataSpec.parse(spec))[0]
     return [s for s in SPLITS if (cat.sides == s).any()]
 
 

@@ -14,9 +14,10 @@ with `NodeConfig.load`.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from ledger import Ledger
 
@@ -33,6 +34,17 @@ class NodeHandle(NodeHome):
     def of(cls, home: NodeHome) -> "NodeHandle":
         """`home` itself when it is a handle, else a new handle on the same folder."""
         return home if isinstance(home, NodeHandle) else cls(home.root)
+
+    @classmethod
+    @contextmanager
+    def using(cls, home: NodeHome) -> Iterator["NodeHandle"]:
+        """`home`'s handle for a block: `home` itself when it is a handle (its owner closes it),
+        else one opened for the block and closed after it."""
+        if isinstance(home, NodeHandle):
+            yield home
+            return
+        with cls(home.root) as node:
+            yield node
 
     @cached_property
     def config(self) -> NodeConfig:

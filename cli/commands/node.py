@@ -160,7 +160,7 @@ def _offline_status(h: NodeHome) -> dict:
         "addrs": [],
         "peers": [],
         "ledger": {"heads": heads, "entries": sum(heads.values())},
-        "blobs": len(BlobStore(h.blobs_dir).list()),
+        "blobs": len(BlobStore.of(h).list()),
     }
 
 
@@ -193,7 +193,7 @@ def fetch(
 
     h = node_home(home)
     blob = resolve_blob(h, blob)
-    store = BlobStore(h.blobs_dir)
+    store = BlobStore.of(h)
     call = lambda: control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)  # noqa: E731
     with bars(), progress.task(f"fetch {blob[:12]}", total=announced_size(h, blob), unit="bytes") as step:
         got = lambda: partial_bytes(store, blob)  # noqa: E731
