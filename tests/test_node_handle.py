@@ -26,7 +26,8 @@ TINY = ["--img-size", "16", "--patch-size", "8", "--embed-dim", "32", "--depth",
 def test_parts_open_once_and_the_ledger_closes(consortium, tmp_path):
     (home,) = consortium(1)
     node = open_node(home.root)
-    assert isinstance(node, NodeHome) and node == home and node.ledger_db == home.ledger_db
+    assert isinstance(node, NodeHome) and node == home and home == node and {home: 1}[node] == 1
+    assert node.ledger_db == home.ledger_db
     assert node.config is node.config and node.config.name == NodeConfig.load(home).name
     assert BlobStore.of(node) is BlobStore.of(node) and BlobStore.of(node).root == home.blobs_dir
     assert ModelRegistry.of(node) is ModelRegistry.of(node) and ModelRegistry.of(node).dir == home.models_dir
@@ -108,7 +109,7 @@ def test_a_command_opens_each_part_once_and_parses_its_data_once(consortium, cou
     run("classify", "classify", "--home", str(a.root), "--data", "digits?classes=0,1,2&limit=60")
     for name, n in seen.items():
         assert all(n.get(part, 0) <= 1 for part in ("config", "ledger", "store", "registry")), (name, n)
-    for name in ("train a", "train b"):
+    for name in ("train a", "train b", "aggregate"):
         assert seen[name]["spec"] == 1 and seen[name]["catalogue"] == 1, (name, seen[name])
     assert seen["classify"]["catalogue"] == 1  # its split chosen and read from one listing (it also parses
     # the model's own training spec, to compare sources)

@@ -137,12 +137,13 @@ class DataSource:
         return self._window
 
 
-def resolve_data(spec: "str | DataSource", seed: int = 0) -> DataSource:
-    """`spec` parsed and its catalogue opened (a `DataSource` is returned as it is: it was
-    resolved with its own seed). DataError / ConfigError for a bad spec or source."""
+def resolve_data(spec: "str | DataSource", seed: int = 0, *, parsed: DataSpec | None = None) -> DataSource:
+    """`spec` parsed (unless the caller passes it `parsed`) and its catalogue opened (a
+    `DataSource` is returned as it is: it was resolved with its own seed). DataError /
+    ConfigError for a bad spec or source."""
     if isinstance(spec, DataSource):
         return spec
-    ds = DataSpec.parse(spec)
+    ds = parsed if parsed is not None else DataSpec.parse(spec)
     dseed = ds.seed if ds.seed is not None else seed
     cat, where = open_catalog(ds)
     if len(cat.keys) == 0:

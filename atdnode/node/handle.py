@@ -78,8 +78,7 @@ class NodeHandle(NodeHome):
     def __eq__(self, other: object) -> bool:  # the same node as a plain home on the same folder
         return isinstance(other, NodeHome) and other.root == self.root
 
-    def __hash__(self) -> int:
-        return hash(self.root)
+    __hash__ = NodeHome.__hash__  # equal to the plain home: the same hash
 
     def __reduce__(self):  # the folder travels (to a DDP rank, a worker process), never open parts
         return (type(self), (self.root,))
