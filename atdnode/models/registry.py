@@ -30,6 +30,8 @@ from atdnode.node import NodeHome
 if TYPE_CHECKING:  # torch is imported lazily: `atd models` should not pay for it
     import torch
 
+    from ledger import Ledger
+
 
 @dataclass
 class ModelRecord:
@@ -152,7 +154,7 @@ class ModelRegistry:
             return e, f"{e.get('data', '?')} [{e.get('split', '?')}]"
         return record.metrics, ("training test split" if record.metrics else "")
 
-    def add_recorded(self, record: ModelRecord, entry_id: bytes, led) -> str:
+    def add_recorded(self, record: ModelRecord, entry_id: bytes, led: "Ledger") -> str:
         """`add(record)` for a model an aggregate entry describes, only once ledger `led` holds
         that entry (own appends are durable when `append` returns), so a crash can never
         leave a record without its entry. ConfigError when it does not."""

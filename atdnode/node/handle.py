@@ -7,8 +7,9 @@ opens one per command (`cli.options.node_home`) and passes it down. A handle is 
 same paths), so it goes wherever a home goes; a function given a plain home works on a handle of
 its own (`NodeHandle.of`), as before. `close()` (or leaving its `with` block) closes the ledger.
 
-Rooms above this floor keep their own part here: `BlobStore.of(home)` and `ModelRegistry.of(home)`
-are `NodeHandle.of(home).part(...)` with their constructor, so the handle need not import them.
+The blob store and the registry live in rooms above this one (atdnode.blobs, atdnode.models): each
+keeps its part on the handle through `part` (`BlobStore.of(home)`, `ModelRegistry.of(home)`), so
+the handle imports neither and the layering holds.
 The config is read once: a command that changes config.toml (`atd config set`) reads it again
 with `NodeConfig.load`.
 """
