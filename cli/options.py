@@ -10,12 +10,13 @@ with `node_home` (one prologue: the home must have been made by `atd init`), e.g
 
 `node_home` returns a `NodeHandle` (atdnode.node.handle): the command passes it down, so its config,
 ledger, blob store and model registry are opened once per command; its ledger closes when the
-command ends.
+command ends (`closing_nodes`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import typer
 
@@ -29,18 +30,28 @@ HOME_HELP = "Node home directory (made by `atd init`)."
 HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP)
 
 
+_OPENED: list["NodeHandle"] = []  # the nodes the running command opened (`closing_nodes` closes them)
+
+
 def node_home(home: Path) -> "NodeHandle":
     """The node at `home`, which `atd init` made (ConfigError, one line, otherwise), opened once for
-    the running command (closed when it ends)."""
-    import click
-
+    the running command (closed when it ends: `closing_nodes`)."""
     from atdnode.node import open_node
 
     node = open_node(home)
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.call_on_close(node.close)
+    _OPENED.append(node)
     return node
+
+
+@contextmanager
+def closing_nodes() -> Iterator[None]:
+    """Close, when the command ends (however it ends), the nodes it opened with `node_home`; the
+    app holds it around every command (`cli.app`)."""
+    try:
+        yield
+    finally:
+        while _OPENED:
+            _OPENED.pop().close()
 
 
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:

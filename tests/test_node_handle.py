@@ -58,8 +58,8 @@ def test_parts_open_once_and_the_ledger_closes(consortium, tmp_path):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of config loads, ledger / blob store / registry opens, data spec parses and
-    catalogue scans, reset by the test between commands."""
+    """Counts of config loads, ledger / blob store / registry opens, data spec parses,
+    catalogue scans and handles closed with an open ledger, reset by the test between commands."""
     n: collections.Counter = collections.Counter()
 
     def count_classmethod(cls, name, key):
@@ -83,6 +83,12 @@ def counted(monkeypatch):
     count_classmethod(DataSpec, "parse", "spec")
     count_init(BlobStore, "store")
     count_init(ModelRegistry, "registry")
+    close = NodeHandle.close
+
+    def closing(self):
+        n.update(["closed with its ledger"] if "ledger" in self.__dict__ else [])
+        close(self)
+    monkeypatch.setattr(NodeHandle, "close", closing)
     scan = loader.open_catalog
     monkeypatch.setattr(loader, "open_catalog", lambda *a, **k: (n.update(["catalogue"]), scan(*a, **k))[1])
     return n
@@ -114,3 +120,5 @@ def test_a_command_opens_each_part_once_and_parses_its_data_once(consortium, cou
     assert seen["classify"]["catalogue"] == 1  # its split chosen and read from one listing (it also parses
     # the model's own training spec, to compare sources)
     assert seen["train a"]["store"] == seen["aggregate"]["ledger"] == 1  # counted where they are opened
+    for name in ("publish n0", "publish n1", "aggregate"):  # the command closed the ledger it opened
+        assert seen[name]["ledger"] == seen[name]["closed with its ledger"] == 1, (name, seen[name])

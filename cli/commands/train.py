@@ -88,9 +88,10 @@ def train_cmd(
         _relaunch(nproc_per_node)
         return
     main = int(os.environ.get("RANK", "0")) == 0
-    source = resolve_data(data)  # parsed and listed once for the sizes and every split
     sizes = dict(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth, heads=heads)
+    source: "str | DataSource" = data  # resolved in `train`, after its device is checked
     if all(v is None for v in sizes.values()) and init_from is None and not pretrained:
+        source = resolve_data(data)  # parsed and listed once: for the sizes and for every split
         sizes = _auto_sizes(h, source, device, say=main and not as_json)
     cfg = model_config(model, **sizes, in_chans=in_chans, mlp_ratio=mlp_ratio)
     transform = None
