@@ -107,7 +107,7 @@ def known_blobs(home: NodeHome) -> set[str]:
     from atdnode.blobs import BlobStore
     from ledger import Ledger
 
-    out = set(BlobStore(home.blobs_dir).list())
+    out = set(BlobStore.of(home).list())
     if home.ledger_db.exists():
         led = Ledger.open(home.ledger_db)
         try:

@@ -20,6 +20,7 @@ import typer
 from cli import commands
 from cli.commands.models import reporting_removals
 from cli.helpfmt import WorkflowGroup
+from cli.options import closing_nodes
 
 app = typer.Typer(
     name="atd",
@@ -60,6 +61,7 @@ def _around_every_command(
     # the library enforces the model size limit wherever a model is registered; the CLI
     # prints the models it removed (cli.commands.models.reporting_removals)
     ctx.with_resource(reporting_removals())
+    ctx.with_resource(closing_nodes())  # the node each command opens (cli.options.node_home) closes with it
 
 
 def _register_all() -> None:

@@ -2,21 +2,26 @@
 
 `HOME_OPT` is the one `--home` option: when it is absent the home comes from the
 ATD_HOME environment variable, so `export ATD_HOME=/srv/atd/node1` once is enough.
-Every command taking a node home uses it (`test_cli_errors` checks that), and opens the home
+Every command taking a node home uses it (`test_cli_errors` checks that), and opens the node
 with `node_home` (one prologue: the home must have been made by `atd init`), e.g.
 
     def cmd(home: Path = HOME_OPT) -> None:
         h = node_home(home)
+
+`node_home` returns a `NodeHandle` (atdnode.node.handle): the command passes it down, so its config,
+ledger, blob store and model registry are opened once per command; its ledger closes when the
+command ends (`closing_nodes`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import typer
 
 if TYPE_CHECKING:
-    from atdnode.node import NodeHome
+    from atdnode.node import NodeHandle
 
 HOME_ENV = "ATD_HOME"
 
@@ -25,11 +30,28 @@ HOME_HELP = "Node home directory (made by `atd init`)."
 HOME_OPT = typer.Option(..., "--home", envvar=HOME_ENV, show_envvar=True, help=HOME_HELP)
 
 
-def node_home(home: Path) -> "NodeHome":
-    """The node home at `home`, which `atd init` made (ConfigError, one line, otherwise)."""
-    from atdnode.node import NodeHome
+_OPENED: list["NodeHandle"] = []  # the nodes the running command opened (`closing_nodes` closes them)
 
-    return NodeHome.at(home).require()
+
+def node_home(home: Path) -> "NodeHandle":
+    """The node at `home`, which `atd init` made (ConfigError, one line, otherwise), opened once for
+    the running command (closed when it ends: `closing_nodes`)."""
+    from atdnode.node import open_node
+
+    node = open_node(home)
+    _OPENED.append(node)
+    return node
+
+
+@contextmanager
+def closing_nodes() -> Iterator[None]:
+    """Close, when the command ends (however it ends), the nodes it opened with `node_home`; the
+    app holds it around every command (`cli.app`)."""
+    try:
+        yield
+    finally:
+        while _OPENED:
+            _OPENED.pop().close()
 
 
 def home_option(help: str = HOME_HELP) -> typer.models.OptionInfo:

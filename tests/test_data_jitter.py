@@ -57,10 +57,10 @@ def test_variants_multiply_the_data_without_train_test_leakage() -> None:
     assert np.array_equal(a, b) and not np.array_equal(b, c)  # variant 0 is the K = 1 data set
     # the split deals source digits (groups): all 3 variants of a digit land on one side, so
     # no test image is a re-rendering of a training digit; the test digits are those of K = 1
-    from atdnode.data.loader import _labelled_catalog
+    from atdnode.data import resolve_data
 
-    sides3 = _labelled_catalog("digits-jitter?variants=3", 0)[6]
-    sides1 = _labelled_catalog("digits-jitter", 0)[6]
+    sides3 = resolve_data("digits-jitter?variants=3").sides
+    sides1 = resolve_data("digits-jitter").sides
     src = np.arange(3 * 1797) % 1797
     test_src, train_src = set(src[sides3 == "test"]), set(src[sides3 == "train"])
     assert test_src and not test_src & train_src

@@ -475,9 +475,9 @@ def test_a_killed_aggregate_leaves_no_model_without_its_entry(tmp_path: Path) ->
         kept = led.append(signer, "aggregate", {"i": 1})
         lost = Entry.create(signer, seq=kept.seq + 1, prev=kept.id, lamport=kept.lamport + 1, kind="aggregate",
                             body={"i": 2})  # signed, never stored: what a crash before the append leaves
-    good = reg.add_recorded(record(kept), kept.id, home.ledger_db)
-    with pytest.raises(ConfigError, match="not in the ledger"):
-        reg.add_recorded(record(lost), lost.id, home.ledger_db)
+        good = reg.add_recorded(record(kept), kept.id, led)
+        with pytest.raises(ConfigError, match="not in the ledger"):
+            reg.add_recorded(record(lost), lost.id, led)
     assert [r.id for r in reg.list()] == [good]
     orphan = reg.add(record(lost))  # the crash as an older version left it: record first, no entry
     trained = reg.add(ModelRecord(model={}, labels=["a"], label_fp="fp", samples=1, metrics={}, blobs={}))

@@ -36,7 +36,7 @@ import torch
 from atdnode import bodies
 from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError, BlobError
-from atdnode.node import NodeHome, NodeIdentity
+from atdnode.node import NodeHandle, NodeHome, NodeIdentity
 from atdnode.learning import ModelConfig, ModelConfigError
 from atdnode.models import ModelRecord, ModelRegistry, load_weights, read_meta, register_model, save_weights
 from ledger import Entry, Ledger
@@ -84,14 +84,9 @@ class AggregateResult:
 
 @contextmanager
 def opened(home: NodeHome) -> Iterator[tuple[NodeIdentity, BlobStore, Ledger]]:
-    """The node's identity, blob store and ledger (closed on exit)."""
-    ident = NodeIdentity.load(home)
-    store = BlobStore(home.blobs_dir)
-    led = Ledger.open(home.ledger_db)
-    try:
-        yield ident, store, led
-    finally:
-        led.close()
+    """The node's identity, blob store and ledger, from its handle (`NodeHandle.using`)."""
+    with NodeHandle.using(home) as node:
+        yield NodeIdentity.load(node), BlobStore.of(node), node.ledger
 
 
 def entry_of(led: Ledger, ref: str, kinds: tuple[str, ...], what: str = "input") -> Entry:
@@ -121,7 +116,7 @@ def typed_body(e: Entry, what: str = "input") -> dict:
 
 def own_model(home: NodeHome, ref: str = "latest") -> ModelRecord:
     """The node's own current model (its config, head and data spec anchor aggregation)."""
-    return ModelRegistry(home).get(ref)
+    return ModelRegistry.of(home).get(ref)
 
 
 def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[str] | None = None,
@@ -355,7 +350,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
     if judge is not None:
         rec.provenance.update(judge(rec))
     model_id = register_model(home, rec, recorded_in=entry.id)  # only once the entry is durable; applies the size limit
-    reg = ModelRegistry(home)
+    reg = ModelRegistry.of(home)
     for name, c in (rec.provenance.get("candidates") or {}).items():
         if isinstance(c, dict) and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
             reg.add_evaluation(c.get("model") or model_id, {  # each candidate's score, as `atd classify` would record it

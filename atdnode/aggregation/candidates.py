@@ -13,7 +13,7 @@ from __future__ import annotations
 from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, score_record
-from atdnode.data import DataSpec, load_dataset
+from atdnode.data import DataSpec, load_dataset, resolve_data
 from atdnode.errors import AtdError, DataError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
@@ -31,12 +31,13 @@ class NoValSplit(AtdError):
 def validation_data(spec: str, img_size: int, in_chans: int):
     """(labelled images, split name) the node scores candidates on: `val` (the source's or the
     carved one); `test` only where the spec forces it (`val=test`); NoValSplit with `val=train`."""
-    how = DataSpec.parse(spec).val
-    if how == "test":
-        return load_dataset(spec, img_size, in_chans, "test"), "test (val=test)"
-    if how == "train":
+    ds = DataSpec.parse(spec)
+    if ds.val == "train":
         raise NoValSplit(f"{spec}: no val split (val=train merges it into training)")
-    return load_dataset(spec, img_size, in_chans, "val"), "val"
+    source = resolve_data(spec, parsed=ds)
+    if ds.val == "test":
+        return load_dataset(source, img_size, in_chans, "test"), "test (val=test)"
+    return load_dataset(source, img_size, in_chans, "val"), "val"
 
 
 def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec: str) -> dict:

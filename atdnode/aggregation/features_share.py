@@ -34,7 +34,7 @@ from atdnode.blobs import BlobStore
 from atdnode.data import DataSpec, label_fingerprint, load_dataset
 from atdnode.errors import AtdError, BlobError
 from atdnode.learning import ModelConfig, build_model, extract_features, load_part, part_spec
-from atdnode.node import NodeHome, NodeIdentity
+from atdnode.node import NodeHandle, NodeHome, NodeIdentity
 from atdnode.models import ModelRecord, ModelRegistry, load_weights
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key, public_key_from_peer_id
 from protocols.feature_crypto import ALG, FeatureCryptoError, envelope_info, open_sealed, seal
@@ -171,13 +171,13 @@ def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = Non
                    batch_size: int = 256, device: str | None = None) -> SharedFeatures:
     """Seal the CLS features of this node's data (model `model`'s extractor) to `to`; record it.
     The features are extracted on `device` (atdnode.learning.device rule); what is sealed is CPU float32."""
+    home = NodeHandle.of(home)  # its store, registry and ledger: opened once for the steps below
     ident = NodeIdentity.load(home)
-    store = BlobStore(home.blobs_dir)
-    record = ModelRegistry(home).get(model)
+    store = BlobStore.of(home)
+    record = ModelRegistry.of(home).get(model)
     spec = data_spec_of(record, data_spec)
     cfg = ModelConfig.from_dict(record.model)
-    with Ledger.open(home.ledger_db) as led:
-        keys = recipient_keys(led, to)
+    keys = recipient_keys(home.ledger, to)
     ext = extractor_blob(store, record)
     X, y, classes = node_features(home, store, cfg, ext, spec, batch_size=batch_size, device=device)
     try:
@@ -190,8 +190,7 @@ def share_features(home: NodeHome, *, to: list[str], data_spec: str | None = Non
             "shape": [int(X.shape[0]), int(X.shape[1])], "classes": list(classes),
             "label_fp": label_fingerprint(classes), "samples": int(len(y)), "model": record.model,
             "model_id": record.id, "extractor": ext, "provenance": prov, "alg": ALG}
-    with Ledger.open(home.ledger_db) as led:
-        entry = bodies.append(led, ident.signer, "features", body)
+    entry = bodies.append(home.ledger, ident.signer, "features", body)
     return SharedFeatures(entry=entry, blob=blob, size=len(sealed), recipients=sorted(keys), shape=body["shape"])
 
 

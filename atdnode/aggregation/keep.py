@@ -30,7 +30,7 @@ and, through `use_of` here, the model card).
 from __future__ import annotations
 
 from atdnode.errors import ConfigError
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.models import ModelRecord, ModelRegistry, model_in_use
 
 KEEP_POLICIES = ("best", "consortium")
@@ -40,10 +40,8 @@ SELECT_BY = "balanced_accuracy"
 
 def keep_policy(home: NodeHome) -> str:
     """`[aggregate] keep` of the node's config.toml (default best)."""
-    from atdnode.node import NodeConfig
-
     try:
-        table = NodeConfig.load(home).extra.get("aggregate", {})
+        table = NodeHandle.of(home).config.extra.get("aggregate", {})
     except ConfigError:
         return DEFAULT_KEEP
     keep = table.get("keep", DEFAULT_KEEP) if isinstance(table, dict) else None
@@ -86,5 +84,5 @@ def kept_details(home: NodeHome, model_id: str | None) -> dict:
     """The keep fields of a registered aggregate (for `atd aggregate`'s output)."""
     if not model_id:
         return {}
-    prov = ModelRegistry(home).get(model_id).provenance
+    prov = ModelRegistry.of(home).get(model_id).provenance
     return {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy", "warning") if k in prov}

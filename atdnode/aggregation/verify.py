@@ -22,7 +22,7 @@ from atdnode.aggregation.aggregate import (
 )
 from atdnode.blobs import BlobStore
 from atdnode.aggregation.hierarchical import _MAX_DEPTH, combine_stored_groups, group_stats
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from ledger import Entry, Ledger
 
 
@@ -68,9 +68,9 @@ def verify_entry(led: Ledger, store: BlobStore, entry: Entry) -> str:
 
 def verify_aggregate(home: NodeHome, entry_id: str) -> str:
     """Recompute an `aggregate` entry from its inputs; return the result hash or raise AggregateError."""
-    store = BlobStore(home.blobs_dir)
-    with Ledger.open(home.ledger_db) as led:
-        return verify_entry(led, store, entry_of(led, entry_id, ("aggregate",), "aggregate"))
+    with NodeHandle.using(home) as node:
+        led = node.ledger
+        return verify_entry(led, BlobStore.of(node), entry_of(led, entry_id, ("aggregate",), "aggregate"))
 
 
 def recompute_hierarchical(led: Ledger, store: BlobStore, entry: Entry, depth: int = 0) -> str:

@@ -27,13 +27,16 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from atdnode.blobs.fs import IO_BUF, fsync, fsync_dir, remove_quiet, write_all, write_error
 from atdnode.blobs.partial import PartialBlob
 from atdnode.errors import BlobError
 from atdnode.blobs.manifest import (_HEX, DEFAULT_CHUNK_SIZE, MAX_BLOB_SIZE, MAX_CHUNK_SIZE,  # noqa: F401 (re-exported)
                               Manifest, check_hash)
+
+if TYPE_CHECKING:
+    from atdnode.node import NodeHome
 
 _PIPELINE_MIN = 4 * IO_BUF  # below this, hashing in a second thread is not worth a thread
 
@@ -55,6 +58,13 @@ class BlobStore:
         except OSError as e:
             raise write_error(e, f"blob store directory {self.root}") from None
         self._sweep_tmp()
+
+    @classmethod
+    def of(cls, home: "NodeHome") -> "BlobStore":
+        """The blob store of node `home`, opened once per `NodeHandle` (atdnode.node.handle)."""
+        from atdnode.node import NodeHandle
+
+        return NodeHandle.of(home).part(_node_store)
 
     def _sweep_tmp(self, max_age_s: float = 3600.0) -> None:
         """Delete temp files a crashed writer left behind (old enough not to be in use)."""
@@ -320,3 +330,7 @@ def _copy_hashing_inline(src: BinaryIO, dst_fd: int | None, what: str, buf: byte
         if dst_fd is not None:
             write_all(dst_fd, mv)
         n += r
+
+
+def _node_store(home: "NodeHome") -> BlobStore:
+    return BlobStore(home.blobs_dir)

@@ -35,6 +35,6 @@ _FACE = {"IMAGE_EXTS": "images", "contact_sheet": "inspect", "inspect_data": "in
          "caution_for": "sanity", "caution_of": "sanity", "metric_text": "sanity", "require_classes": "sanity",
          "MEAN": "select", "STD": "select", "split_indices": "select", "DataSpec": "spec", "did_you_mean": "spec",
          "UnlabelledReader": "unlabelled",
-         "declared_splits": "loader", "peek": "loader", "without_val": "spec"}
+         "declared_splits": "loader", "peek": "loader", "DataSource": "loader", "resolve_data": "loader", "without_val": "spec"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

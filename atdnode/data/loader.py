@@ -11,9 +11,14 @@ one carved from its training split (`select.carve_val`: seeded, stratified, whol
 nothing (no selection can then be made); `val=test` forces selection on the test split
 (every number it chose is then flagged, `atdnode.aggregation.candidates`). The report's
 `val_origin` says which, and the training run and the model's record carry it.
+
+A command that reads several splits of one spec parses it once: `resolve_data(spec)` parses the
+spec, lists its catalogue, builds its label space and sides, and keeps each side's selection, and
+`load_dataset` / `peek` / `training_window` take that `DataSource` in place of the spec string.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -97,10 +102,48 @@ def _auto(cat: Catalog, train_idx: np.ndarray, where: str) -> tuple[float, float
     return auto_window(samples, where)
 
 
-def _labelled_catalog(spec: str, seed: int):
-    """(spec, data seed, catalog, where, class names, label per sample, split side per sample,
-    val origin)."""
-    ds = DataSpec.parse(spec)
+@dataclass
+class DataSource:
+    """A data spec parsed, its catalogue listed and its label space and sides made, once
+    (`resolve_data`): every split a command reads comes from it. `seed` is the data seed in use
+    (the spec's `seed=`, else the default it was resolved with)."""
+
+    spec: str
+    ds: DataSpec
+    seed: int
+    cat: Catalog
+    where: str
+    names: list[str]
+    labels: np.ndarray
+    sides: np.ndarray  # split side per sample
+    val_origin: str
+    _selected: dict = field(default_factory=dict, repr=False)
+    _window: tuple[float, float] | None = field(default=None, repr=False)
+
+    def selected(self, side: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """classes= / shard= / limit= applied to the samples of `side`: (indices into the
+        catalogue, class names kept, new labels); made once per side (`ALL`: every sample)."""
+        if side not in self._selected:
+            base = np.arange(len(self.sides)) if side == ALL else np.flatnonzero(self.sides == side)
+            sel, keep, new = _select(self.labels[base], self.names, self.ds, self.seed, self.where,
+                                     None if self.cat.groups is None else self.cat.groups[base])
+            self._selected[side] = (base[sel], keep, new)
+        return self._selected[side]
+
+    def auto_window(self) -> tuple[float, float]:
+        """window=auto's percentiles over the training split (`_auto`), computed once."""
+        if self._window is None:
+            self._window = _auto(self.cat, np.flatnonzero(self.sides == "train"), self.where)
+        return self._window
+
+
+def resolve_data(spec: "str | DataSource", seed: int = 0, *, parsed: DataSpec | None = None) -> DataSource:
+    """`spec` parsed (unless the caller passes it `parsed`) and its catalogue opened (a
+    `DataSource` is returned as it is: it was resolved with its own seed). DataError /
+    ConfigError for a bad spec or source."""
+    if isinstance(spec, DataSource):
+        return spec
+    ds = parsed if parsed is not None else DataSpec.parse(spec)
     dseed = ds.seed if ds.seed is not None else seed
     cat, where = open_catalog(ds)
     if len(cat.keys) == 0:
@@ -109,37 +152,36 @@ def _labelled_catalog(spec: str, seed: int):
     mapping = read_class_map(ds.class_map) if ds.class_map else cat.names
     names, labels = label_space(cat.keys, mapping, ids=cat.ids, where=where,
                                 map_name="classes file" if ds.class_map else "source's class list")
-    return (ds, dseed, cat, where, names, labels, *_sides(cat, labels, ds, dseed))
+    sides, val_origin = _sides(cat, labels, ds, dseed)
+    return DataSource(spec=spec, ds=ds, seed=dseed, cat=cat, where=where, names=names, labels=labels, sides=sides,
+                      val_origin=val_origin)
 
 
-def training_window(spec: str, seed: int = 0) -> tuple[float, float] | str | None:
+def training_window(spec: "str | DataSource", seed: int = 0) -> tuple[float, float] | str | None:
     """The `window=` a spec's training split was scaled with: its lo,hi or minmax as given,
     `window=auto`'s percentiles recomputed over the same training images (DataError when the
     source is not readable here), None when the spec gives no window."""
-    window = DataSpec.parse(spec).window
+    window = spec.ds.window if isinstance(spec, DataSource) else DataSpec.parse(spec).window
     if window != "auto":
         return window
-    _, _, cat, where, _, _, sides, _ = _labelled_catalog(spec, seed)
-    return _auto(cat, np.flatnonzero(sides == "train"), where)
+    return resolve_data(spec, seed).auto_window()
 
 
-def declared_splits(spec: str) -> list[str]:
+def declared_splits(spec: "str | DataSource") -> list[str]:
     """The splits a source declares itself (train / val / test folders, npz keys, a `split`
     column of `labels=`), in SPLITS order; [] when its sides come from the seeded 80/20 split.
     Reads no pixels."""
-    ds = DataSpec.parse(spec)
-    cat, _ = open_catalog(ds)
+    cat = spec.cat if isinstance(spec, DataSource) else open_catalog(DataSpec.parse(spec))[0]
     return [s for s in SPLITS if (cat.sides == s).any()]
 
 
-def peek(spec: str, seed: int = 0, *, files: int = 8) -> tuple[int, int]:
+def peek(spec: "str | DataSource", seed: int = 0, *, files: int = 8) -> tuple[int, int]:
     """(training images, median native side in pixels) of a spec, reading the pixels of at
     most `files` samples spread over the train side (what `atdnode.learning.autosize`
     chooses a model size from); DataError when none of them can be read."""
-    ds, dseed, cat, where, names, labels, sides, _ = _labelled_catalog(spec, seed)
-    base = np.flatnonzero(sides == "train")
-    sel = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])[0]
-    train = base[sel]
+    src = resolve_data(spec, seed)
+    cat, where = src.cat, src.where
+    train = src.selected("train")[0]
     pick = np.unique(np.linspace(0, len(train) - 1, min(len(train), files)).round().astype(int)) if len(train) else []
     sides_px = []
     for i in pick:
@@ -153,10 +195,10 @@ def peek(spec: str, seed: int = 0, *, files: int = 8) -> tuple[int, int]:
     return len(train), int(np.median(sides_px))
 
 
-def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
+def load_dataset(spec: "str | DataSource", img_size: int, in_chans: int = 3, split: str = "train", seed: int = 0, *,
                  progress: Callable[[int, int], None] | None = None) -> LabeledImages:
     """Load one split (train / val / test, or `all`: every sample of every side) of a data
-    spec, ready for a model of `img_size` x `in_chans`.
+    spec (or of a `DataSource` resolved from one), ready for a model of `img_size` x `in_chans`.
 
     `seed` is the default for the spec's `seed=` (80/20 split, shard, subset); it is a data
     seed, deliberately separate from the training seed. The result's `report` says what
@@ -165,23 +207,22 @@ def load_dataset(spec: str, img_size: int, in_chans: int = 3, split: str = "trai
     """
     if split not in SPLITS + (ALL,):
         raise DataError(f"unknown split {split!r} (train, val, test or all)")
-    ds, dseed, cat, where, names, labels, sides, val_origin = _labelled_catalog(spec, seed)
-    if split == ALL:
-        sides = np.full(len(sides), ALL)
-    present = [s for s in SPLITS + (ALL,) if (sides == s).any()]
+    src = resolve_data(spec, seed)
+    spec, ds, cat, where, val_origin = src.spec, src.ds, src.cat, src.where, src.val_origin
+    present = [ALL] if split == ALL else [s for s in SPLITS if (src.sides == s).any()]
     if split not in present:
         raise DataError(f"{where}: no {split} split (has {', '.join(present)})")
-    listed, chosen = {}, None
+    listed = {}
     for s in present:
-        base = np.flatnonzero(sides == s)
-        sel, keep, new = _select(labels[base], names, ds, dseed, where, None if cat.groups is None else cat.groups[base])
+        _, keep, new = src.selected(s)
         listed[s] = {c: int(n) for c, n in zip(keep, np.bincount(new, minlength=len(keep)).tolist())}
-        if s == split:
-            chosen = (base[sel], keep, new)
-    idx, keep, new = chosen
+    idx, keep, new = src.selected(split)
     if len(idx) == 0:
         raise DataError(f"{spec}: the {split} split is empty")
-    auto = _auto(cat, np.flatnonzero(sides == "train"), where) if ds.window == "auto" else None
+    if ds.window != "auto":
+        auto = None
+    else:  # `all` reads every side as one: no training split to take the window from
+        auto = src.auto_window() if split != ALL else _auto(cat, np.zeros(0, dtype=np.int64), where)
     stats = ReadStats()
     done = [0]
 

@@ -31,9 +31,9 @@ import torch
 
 from atdnode import progress
 from atdnode.blobs import BlobStore
-from atdnode.data import load_dataset
+from atdnode.data import DataSource, load_dataset, resolve_data
 from atdnode.data import caution_for
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.learning.metrics import STORED, named_metrics, save_confusion_png, save_reliability_png
 from atdnode.learning.model import ModelConfig
 from atdnode.learning.predict import ClassifyError, class_probabilities, load_full_model  # noqa: F401 (re-exported)
@@ -118,9 +118,9 @@ def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int
     return named_metrics(y_true, y_pred, classes=space, probs=p_space), space, kind, names
 
 
-def choose_split(record: ModelRecord, data_spec: str, split: str) -> tuple[str, str]:
+def choose_split(record: ModelRecord, data_spec: "str | DataSource", split: str) -> tuple[str, str]:
     """(split to score, why, in words) for `split` = auto | all | train | val | test (see the
-    module docstring)."""
+    module docstring); `data_spec` may be the `DataSource` the caller resolved."""
     from atdnode.data import declared_splits
     from atdnode.data import DataSpec
 
@@ -131,7 +131,8 @@ def choose_split(record: ModelRecord, data_spec: str, split: str) -> tuple[str, 
         pick = "test" if "test" in declared else declared[-1]
         return pick, f"the data declares its splits ({', '.join(declared)})"
     trained = (record.provenance or {}).get("data")
-    if isinstance(trained, str) and _same_source(trained, data_spec, DataSpec):
+    spec = data_spec.spec if isinstance(data_spec, DataSource) else data_spec
+    if isinstance(trained, str) and _same_source(trained, spec, DataSpec):
         return "test", "the model was trained on this data's seeded 80 % train split; its 20 % test split is unseen"
     return "all", "the data declares no splits: every image is scored"
 
@@ -160,15 +161,17 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     from atdnode.learning.device import resolve_device
     from atdnode.models import chosen_on_test, resolve_model
 
+    home = NodeHandle.of(home)  # its config and registry: opened once for the steps below
     dev = resolve_device(device, home=home)  # a bad choice fails before any data loads
     record = resolve_model(home, model)
     cfg = ModelConfig.from_dict(record.model)
     from atdnode.data import public_data_spec as public_spec  # progress and figure titles name no local path
 
-    split, why = choose_split(record, data_spec, split)
+    source = resolve_data(data_spec)  # parsed and listed once for the split's choice and its reading
+    split, why = choose_split(record, source, split)
     with progress.task(f"reading {public_spec(data_spec)} [{split}]", total=None):
-        data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, split)
-    store = BlobStore(home.blobs_dir)
+        data = load_dataset(source, cfg.img_size, cfg.in_chans, split)
+    store = BlobStore.of(home)
     with progress.task(f"classifying {len(data.labels)} images with model {record.id[:12]}", total=len(data.labels)) as t:
         metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
         t.update(len(data.labels))
@@ -178,7 +181,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
     caution = caution_for(dict(zip(data.classes, data.class_counts())))
     if caution is not None:  # a small split: every metric it affects carries the warning
         metrics["caution"] = caution.to_json()
-    chosen = chosen_on_test(record) or (chosen_on_test(ModelRegistry(home).get("latest")) if model == "latest" else None)
+    chosen = chosen_on_test(record) or (chosen_on_test(ModelRegistry.of(home).get("latest")) if model == "latest" else None)
     if chosen and split == "test":  # the model was picked on this very split (val=test), kept or not
         metrics["warning"] = chosen
     tag = hashlib.sha256(f"{data_spec}|{split}".encode()).hexdigest()[:8]
@@ -189,7 +192,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
                              f"(acc {metrics['accuracy']:.3f}, n={metrics['n']})")
     rel = save_reliability_png(metrics["calibration"], png.with_name(png.stem + "-reliability.png"),
                                title=f"{kind} {record.id[:8]} on {public_spec(data_spec)} {split}: reliability")
-    ModelRegistry(home).add_evaluation(record.id, {
+    ModelRegistry.of(home).add_evaluation(record.id, {
         "data": data_spec, "split": split, "kind": kind, "png": str(png), "reliability_png": str(rel),
         "confusion": metrics["confusion"], "classes": list(space),  # the model card redraws it
         **{k: metrics[k] for k in STORED if k in metrics}})

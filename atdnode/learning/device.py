@@ -64,9 +64,9 @@ def configured_device(home: "NodeHome | None") -> str | None:
     """The `[compute] device` of HOME/config.toml, or None (no home, no file, no key)."""
     if home is None or not home.config_file.exists():
         return None
-    from atdnode.node import NodeConfig
+    from atdnode.node import NodeHandle
 
-    return NodeConfig.load(home).compute_device()
+    return NodeHandle.of(home).config.compute_device()
 
 
 def default_device(local_rank: int = 0) -> torch.device:

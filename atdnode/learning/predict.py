@@ -165,7 +165,7 @@ def predict(home: NodeHome, inputs: list[str], *, model: str | None = None, out:
     record = model_record(home, model)
     cfg = ModelConfig.from_dict(record.model)
     reader = UnlabelledReader(inputs, cfg.img_size, cfg.in_chans, window=model_window(record))
-    predictor = Predictor(BlobStore(home.blobs_dir), record, dev)
+    predictor = Predictor(BlobStore.of(home), record, dev)
     report = progress or (lambda stage, done, total: None)
     files: list[str] = []
     parts: list[np.ndarray] = []

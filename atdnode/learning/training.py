@@ -1,10 +1,11 @@
 """Local training of a node's ViT (`atd train`): resumable, deterministic on CPU.
 
-`train(home, data_spec, cfg, opts)` loads the data, builds (or initialises) the model
-(`atdnode.learning.train_start`), runs the epochs (`atdnode.learning.trainer.Trainer`) with a checkpoint after
-each finished one under HOME/runs/<run key> (`atdnode.learning.train_options.run_key`), evaluates on
-the test split (`atdnode.learning.evaluation`), stores the full / extractor / head weight sets in the
-blob store and registers the model (`atdnode.models.gc.register_model`, which applies the
+`train(home, data_spec, cfg, opts)` loads the data (the spec resolved once for its three
+splits), builds (or initialises) the model (`atdnode.learning.train_start`), runs the epochs
+(`atdnode.learning.trainer.Trainer`) with a checkpoint after each finished one under
+HOME/runs/<run key> (`atdnode.learning.train_options.run_key`), evaluates on the test split
+(`atdnode.learning.evaluation`), stores the full / extractor / head weight sets in the blob
+store and registers the model (`atdnode.models.gc.register_model`, which applies the
 `[models]` size limit). Training shares nothing.
 
 Determinism: the initial weights come from `torch.manual_seed(seed)`; each epoch's
@@ -23,11 +24,11 @@ import torch
 
 from atdnode import progress
 from atdnode.learning import ddp
-from atdnode.data import load_dataset
+from atdnode.data import DataSource, load_dataset, resolve_data
 from atdnode.data import caution_for, require_classes
 from atdnode.learning.evaluation import evaluate, heldout_loss_accuracy
 from atdnode.learning.features import extract_features, predict_classes
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.progress import RunEta
 from atdnode.learning.metrics import save_confusion_png
 from atdnode.learning.model import ModelConfig, export_part
@@ -50,14 +51,16 @@ __all__ = ["train", "TrainOptions", "BatchTransform", "AdversarialTransform", "r
            "base_fingerprint", "extract_features", "predict_classes"]
 
 
-def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) -> ModelRecord | None:
+def train(home: NodeHome, data_spec: str | DataSource, cfg: ModelConfig, opts: TrainOptions) -> ModelRecord | None:
     """Train (or resume, or return the finished result of) the run these arguments define.
 
+    `data_spec`: a spec, or the `DataSource` the caller resolved it to (`resolve_data`).
     `cfg.num_classes` is set from the data's label space. Returns the registry record on
     the main process (None on other DDP ranks).
     """
     from atdnode.blobs import BlobStore
 
+    home = NodeHandle.of(home)  # its config, store and registry: opened once for every step below
     log = opts.log or (lambda _msg: None)
     ctx = ddp.init_from_env(opts.device, home=home)
     prev_det = torch.are_deterministic_algorithms_enabled()
@@ -66,11 +69,13 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         home.make_dirs()
-        store = BlobStore(home.blobs_dir)
-        data = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "train")
+        store = BlobStore.of(home)
+        source = resolve_data(data_spec)
+        data_spec = source.spec
+        data = load_dataset(source, cfg.img_size, cfg.in_chans, "train")
         require_classes(data)  # one class: a "perfect" model that knows nothing
-        test = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "test")
-        val = load_dataset(data_spec, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
+        test = load_dataset(source, cfg.img_size, cfg.in_chans, "test")
+        val = load_dataset(source, cfg.img_size, cfg.in_chans, "val") if "val" in data.report.splits else None
         for part in (data, val, test):  # the loader's report: counts, scaling used, skipped files
             if part is not None:
                 log(part.report.summary())
@@ -83,7 +88,7 @@ def train(home: NodeHome, data_spec: str, cfg: ModelConfig, opts: TrainOptions) 
         state = ck.read()
         if state.get("done"):
             log(f"run {key} already finished: model {state['model_id']}")
-            return ModelRegistry(home).get(state["model_id"]) if ctx.is_main else None
+            return ModelRegistry.of(home).get(state["model_id"]) if ctx.is_main else None
         model, prov = build_start(home, store, cfg, data, opts)
         model.to(ctx.device)
         if not state and fresh_head(prov, opts):  # LP-FT's probe (a resumed run has done it)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.models.registry import ModelRecord, ModelRegistry, RunCheckpoint
 
 
@@ -59,17 +59,14 @@ def _hex_strings(v, out: set[str]) -> None:
 
 def served_blobs(home: NodeHome) -> dict[str, str]:
     """{blob hash: "entry-id-prefix (kind)"} for every 64-hex string named in an entry body."""
-    from ledger import Ledger
-
     out: dict[str, str] = {}
-    with Ledger.open(home.ledger_db) as led:
-        for e in led.query():
-            if e.kind in ("genesis", "member", "hello"):
-                continue
-            found: set[str] = set()
-            _hex_strings(e.body, found)
-            for h in found:
-                out.setdefault(h, f"{e.id.hex()[:16]} ({e.kind})")
+    for e in NodeHandle.of(home).ledger.query():
+        if e.kind in ("genesis", "member", "hello"):
+            continue
+        found: set[str] = set()
+        _hex_strings(e.body, found)
+        for h in found:
+            out.setdefault(h, f"{e.id.hex()[:16]} ({e.kind})")
     return out
 
 
@@ -87,11 +84,12 @@ def check_removable(record: ModelRecord, served: dict[str, str]) -> None:
 
 def remove_model(home: NodeHome, ref: str, *, served: dict[str, str] | None = None) -> Removed:
     """Remove model `ref` (id or unique prefix) and the files only it uses; ModelServed if served."""
-    reg = ModelRegistry(home)
+    node = NodeHandle.of(home)
+    reg = ModelRegistry.of(node)
     rec = reg.get(ref)
-    served = served_blobs(home) if served is None else served
+    served = served_blobs(node) if served is None else served
     check_removable(rec, served)
-    store = BlobStore(home.blobs_dir)
+    store = BlobStore.of(node)
     others = {b for r in reg.list() if r.id != rec.id for b in model_blobs(r)}
     gone, size = [], 0
     for blob in model_blobs(rec):
@@ -110,20 +108,19 @@ def remove_model(home: NodeHome, ref: str, *, served: dict[str, str] | None = No
 
 def size_limit(home: NodeHome) -> int:
     """`[models] max_bytes` from config.toml (0: no limit; also for a home without config.toml)."""
-    from atdnode.node import NodeConfig
-
     if not home.config_file.is_file():
         return 0
-    return NodeConfig.load(home).setting("models.max_bytes")  # checked as it loads
+    return NodeHandle.of(home).config.setting("models.max_bytes")  # checked as it loads
 
 
 def enforce_limit(home: NodeHome, limit: int | None = None) -> list[Removed]:
     """Remove the oldest unserved models (never the newest) until model blobs fit `limit`."""
-    limit = size_limit(home) if limit is None else limit
+    node = NodeHandle.of(home)
+    limit = size_limit(node) if limit is None else limit
     if not limit:
         return []
-    reg = ModelRegistry(home)
-    store = BlobStore(home.blobs_dir)
+    reg = ModelRegistry.of(node)
+    store = BlobStore.of(node)
     recs = reg.list()
 
     def total() -> int:
@@ -132,14 +129,14 @@ def enforce_limit(home: NodeHome, limit: int | None = None) -> list[Removed]:
 
     if total() <= limit:
         return []
-    served = served_blobs(home)
+    served = served_blobs(node)
     removed = []
     for rec in recs[:-1]:  # oldest first; the newest model stays
         if total() <= limit:
             break
         if any(b in served for b in model_blobs(rec)):
             continue
-        gone = remove_model(home, rec.id, served=served)
+        gone = remove_model(node, rec.id, served=served)
         log.warning("removed old model %s (%.1f MB) to stay under the size limit", gone.model_id, gone.bytes / 1e6)
         removed.append(gone)
     return removed
@@ -151,7 +148,8 @@ def register_model(home: NodeHome, record: ModelRecord, *, recorded_in: bytes | 
     the aggregate entry the model is the result of (`ModelRegistry.add_recorded`: only
     registered once the ledger holds it). Returns the model id. The one way a model is
     registered: every writer calls it."""
-    reg = ModelRegistry(home)
-    model_id = reg.add(record) if recorded_in is None else reg.add_recorded(record, recorded_in, home.ledger_db)
-    enforce_limit(home)
+    node = NodeHandle.of(home)
+    reg = ModelRegistry.of(node)
+    model_id = reg.add(record) if recorded_in is None else reg.add_recorded(record, recorded_in, node.ledger)
+    enforce_limit(node)
     return model_id

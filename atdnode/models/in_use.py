@@ -28,7 +28,7 @@ def model_in_use(home: NodeHome) -> InUse:
     """The model `atd classify` / `atd predict` use without `--model`: the newest record, or,
     when the newest is an aggregate whose keep decision kept the node's own model, that own
     model (AtdError when the registry is empty)."""
-    reg = ModelRegistry(home)
+    reg = ModelRegistry.of(home)
     rec = reg.get("latest")
     prov = rec.provenance
     if prov.get("kept") == "own":
@@ -51,7 +51,7 @@ def default_model(home: NodeHome) -> ModelRecord:
 def resolve_model(home: NodeHome, ref: str | None) -> ModelRecord:
     """A model named on a command line: an id or unique prefix, or `latest` / None for the
     model in use (`model_in_use`)."""
-    return default_model(home) if ref in (None, "latest") else ModelRegistry(home).get(ref)
+    return default_model(home) if ref in (None, "latest") else ModelRegistry.of(home).get(ref)
 
 
 def chosen_on_test(record: ModelRecord) -> str | None:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from atdnode import bodies
 from atdnode.blobs import BlobStore
 from atdnode.errors import ConfigError
-from atdnode.node import NodeHome, NodeIdentity
+from atdnode.node import NodeHandle, NodeHome, NodeIdentity
 from atdnode.models.registry import ModelRecord, ModelRegistry
 from atdnode.models.weights import PARTS, load_weights, read_meta, save_weights
-from ledger import Entry, Ledger
+from ledger import Entry
 
 
 
@@ -71,18 +71,15 @@ def part_blob(store: BlobStore, record: ModelRecord, part: str) -> str:
 
 def publish_weights(home: NodeHome, *, model: str = "latest", part: str = "extractor") -> Published:
     """Sign and record a `weights` entry for `part` of model `model` (id, prefix or latest)."""
+    home = NodeHandle.of(home)
     ident = NodeIdentity.load(home)
-    record = ModelRegistry(home).get(model)
-    store = BlobStore(home.blobs_dir)
+    record = ModelRegistry.of(home).get(model)
+    store = BlobStore.of(home)
     blob = part_blob(store, record, part)
     meta_part = read_meta(store, blob).get("part")
     if meta_part != part:
         raise ConfigError(f"blob {blob[:12]} holds {meta_part} weights, not {part}")
     provenance = [p for p in record.provenance.get("entries", []) if isinstance(p, str)]
     body = weights_body(store, blob, part=part, record=record, provenance=provenance)
-    led = Ledger.open(home.ledger_db)
-    try:
-        entry = bodies.append(led, ident.signer, "weights", body)
-    finally:
-        led.close()
+    entry = bodies.append(home.ledger, ident.signer, "weights", body)
     return Published(entry=entry, blob=blob, size=body["size"])

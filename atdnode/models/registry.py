@@ -30,6 +30,8 @@ from atdnode.node import NodeHome
 if TYPE_CHECKING:  # torch is imported lazily: `atd models` should not pay for it
     import torch
 
+    from ledger import Ledger
+
 
 @dataclass
 class ModelRecord:
@@ -86,6 +88,13 @@ class ModelRegistry:
     def __init__(self, home: NodeHome) -> None:
         self.dir = home.models_dir
         self.evals_dir = home.models_dir / "evals"
+
+    @classmethod
+    def of(cls, home: NodeHome) -> "ModelRegistry":
+        """The model registry of node `home`, opened once per `NodeHandle` (atdnode.node.handle)."""
+        from atdnode.node import NodeHandle
+
+        return NodeHandle.of(home).part(cls)
 
     def add(self, record: ModelRecord) -> str:
         record.id = record.content_id()
@@ -145,15 +154,11 @@ class ModelRegistry:
             return e, f"{e.get('data', '?')} [{e.get('split', '?')}]"
         return record.metrics, ("training test split" if record.metrics else "")
 
-    def add_recorded(self, record: ModelRecord, entry_id: bytes, ledger_db: Path) -> str:
-        """`add(record)` for a model an aggregate entry describes, only once the ledger holds
+    def add_recorded(self, record: ModelRecord, entry_id: bytes, led: "Ledger") -> str:
+        """`add(record)` for a model an aggregate entry describes, only once ledger `led` holds
         that entry (own appends are durable when `append` returns), so a crash can never
         leave a record without its entry. ConfigError when it does not."""
-        from ledger import Ledger
-
-        with Ledger.open(ledger_db) as led:
-            stored = led.state(entry_id) is not None
-        if not stored:
+        if led.state(entry_id) is None:
             raise ConfigError(f"aggregate entry {entry_id.hex()[:16]} is not in the ledger: its model is not registered")
         return self.add(record)
 

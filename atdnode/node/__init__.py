@@ -10,6 +10,7 @@ _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "con
          "set_key": "config_set", "control": "control:", "NodeDaemon": "daemon", "NodeHome": "home",
          "NodeIdentity": "identity", "found_consortium": "identity", "DaemonExited": "daemon_proc", "DaemonProcess": "daemon_proc",
          "atd_argv": "daemon_proc", "atd_env": "daemon_proc", "init_home": "identity", "KeyBackupError": "keybackup",
+         "NodeHandle": "handle", "open_node": "handle",
          "export_keys": "keybackup", "import_keys": "keybackup", "rotate_key": "keybackup",
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
          "sklearn_warnings_to_log": "logs", "loop_rng": "rngs", "FetchProgress": "snapshot",

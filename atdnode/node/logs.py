@@ -24,9 +24,9 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def log_limits(home: NodeHome) -> tuple[int, int]:
     """(max_bytes, backups) from config.toml's [logs] table (defaults when absent)."""
-    from atdnode.node.config import NodeConfig
+    from atdnode.node.handle import NodeHandle
 
-    cfg = NodeConfig.load(home)  # checks both (atdnode.node.config_schema)
+    cfg = NodeHandle.of(home).config  # checks both (atdnode.node.config_schema)
     return cfg.setting("logs.max_bytes"), cfg.setting("logs.backups")
 
 

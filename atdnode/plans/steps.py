@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.spec import PlanError
-from ledger import Ledger
 
 
 @dataclass
@@ -46,8 +45,7 @@ def _own_entries(home: NodeHome, kind: str):
     from atdnode.node import NodeIdentity
 
     me = NodeIdentity.load(home).public_key
-    with Ledger.open(home.ledger_db) as led:
-        return led.query(kind=kind, author=me)
+    return NodeHandle.of(home).ledger.query(kind=kind, author=me)
 
 
 def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
@@ -62,9 +60,8 @@ def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanP
         starts = _ids(inputs, step["init_from"])
         if not starts:
             raise PlanError(f"no weights of step {step['init_from']!r} to start from")
-        with Ledger.open(home.ledger_db) as led:
-            start = led.get(starts[0]).body["blob"]
-        if not BlobStore(home.blobs_dir).has(start):
+        start = NodeHandle.of(home).ledger.get(starts[0]).body["blob"]
+        if not BlobStore.of(home).has(start):
             raise PlanError(f"the start {start[:16]} is not in this node's store")
     keys = ("epochs", "lr", "batch_size", "seed", "augment", "weight_decay", "warmup_epochs")
     opts = TrainOptions(init_from=start, epoch_eval=False, plots=False, **{k: step[k] for k in keys if k in step})
@@ -115,7 +112,7 @@ def _share(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanP
     from atdnode.aggregation import share_features
     from atdnode.models import ModelRegistry
 
-    model = ModelRegistry(home).get("latest").id
+    model = ModelRegistry.of(home).get("latest").id
     if "data" not in step:  # shared before a kill: the same entry, not a second one
         for e in _own_entries(home, "features"):
             if e.body.get("model_id") == model and sorted(e.body.get("recipients") or []) == sorted(step["to"]):
@@ -142,5 +139,6 @@ RUNNERS = {"train": _train, "publish": _publish, "aggregate": _aggregate, "share
 
 
 def run_step(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    """Carry out `step` of `plan` on this node with `inputs`; errors propagate (the caller records them)."""
-    return RUNNERS[step["kind"]](home, plan, step, inputs, policy)
+    """Carry out `step` of `plan` on this node with `inputs`; errors propagate (the caller records them).
+    The node is opened once for the step (`NodeHandle`) and passed to the library calls."""
+    return RUNNERS[step["kind"]](NodeHandle.of(home), plan, step, inputs, policy)

@@ -101,9 +101,9 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry, made_by
 
-    reg = ModelRegistry(home)
+    reg = ModelRegistry.of(home)
     rec = resolve_model(home, model)
-    store = BlobStore(home.blobs_dir)
+    store = BlobStore.of(home)
     with Ledger.open(home.ledger_db) as led:
         ms = led.membership()
         steps = _steps(led, rec)

@@ -39,7 +39,7 @@ from torch import nn
 from atdnode import bodies
 from atdnode.blobs import BlobStore
 from atdnode.errors import AtdError, ConfigError, WeightsError
-from atdnode.node import NodeHome, NodeIdentity
+from atdnode.node import NodeHandle, NodeHome, NodeIdentity
 from atdnode.learning import ModelConfig, build_model, export_part, extractor_state, load_part, resolve_config
 from atdnode.models import ModelRecord, ModelRegistry, load_weights, register_model
 from atdnode.split.secret import SplitSecretError, open_secret
@@ -134,7 +134,7 @@ def _campaign_parts(home: NodeHome, led: Ledger, camp: Campaign) -> tuple[dict, 
         raise BaseBuildError(f"cannot assemble the MSD base of campaign {camp.service[:12]}: {e} "
                              "(only the campaign's client members hold its embedder)") from None
     b = camp.body_entry.body
-    store = BlobStore(home.blobs_dir)
+    store = BlobStore.of(home)
     if not store.has(b.get("blob", "")):
         raise BaseBuildError(f"the distilled body blob {str(b.get('blob'))[:12]} of entry "
                              f"{camp.body_entry.id.hex()[:12]} is not in the local store (a client of the round "
@@ -150,15 +150,15 @@ def _campaign_parts(home: NodeHome, led: Ledger, camp: Campaign) -> tuple[dict, 
 def build_base(home: NodeHome, campaign: str = "latest") -> ModelRecord:
     """Assemble the MSD base of ``campaign`` on this (client) node, store its extractor weight
     set and register it as a model; returns the record (same id on every client)."""
-    with Ledger.open(home.ledger_db) as led:
-        camp = find_campaign(led, campaign)
-        embedder, body = _campaign_parts(home, led, camp)
+    home = NodeHandle.of(home)  # its ledger, store and registry: opened once for the steps below
+    camp = find_campaign(home.ledger, campaign)
+    embedder, body = _campaign_parts(home, home.ledger, camp)
     model, cfg = assemble(camp.split, embedder, body)
     entry = camp.body_entry.id.hex()
     prov = {"kind": BASE_KIND, "campaign": camp.service, "body_entry": entry, "secret_entry": camp.secret,
             "entries": [camp.service, entry], "base": f"msd:{entry[:32]}", "init_from": None}
     samples = int(camp.body_entry.body.get("samples", 0))
-    store = BlobStore(home.blobs_dir)
+    store = BlobStore.of(home)
     blob = export_part(store, model, cfg, "extractor", labels=[], label_fp="", samples=samples,
                        extra={"base": prov["base"], "provenance": {"kind": BASE_KIND, "campaign": camp.service,
                                                                     "body_entry": entry}})
@@ -182,7 +182,8 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     readers = the campaign's client members (its secret's recipients; never the server)."""
     from atdnode.models import part_blob, weights_body
 
-    reg = ModelRegistry(home)
+    home = NodeHandle.of(home)
+    reg = ModelRegistry.of(home)
     if model == "latest":
         bases = [r for r in reg.list() if r.provenance.get("kind") == BASE_KIND]
         if not bases:
@@ -194,25 +195,25 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
         raise BaseBuildError(f"model {record.id} is not an MSD base (it was made by "
                              f"{record.provenance.get('kind') or 'training'})")
     ident = NodeIdentity.load(home)
-    store = BlobStore(home.blobs_dir)
+    store = BlobStore.of(home)
     blob = part_blob(store, record, "extractor")
-    with Ledger.open(home.ledger_db) as led:
-        secret = led.get(record.provenance["secret_entry"])
-        if secret is None:
-            raise BaseBuildError(f"the campaign's secret entry {record.provenance['secret_entry'][:12]} is not in "
-                                 "the local ledger")
-        readers = sorted(set(secret.body["recipients"]) - {ident.peer_id})
-        body = weights_body(store, blob, part="extractor", record=record,
-                            provenance=[record.provenance["campaign"], record.provenance["body_entry"]])
-        body.update({"algorithm": BASE_KIND, bodies.READERS: readers})
-        entry = bodies.append(led, ident.signer, "weights", body)
+    led = home.ledger
+    secret = led.get(record.provenance["secret_entry"])
+    if secret is None:
+        raise BaseBuildError(f"the campaign's secret entry {record.provenance['secret_entry'][:12]} is not in "
+                             "the local ledger")
+    readers = sorted(set(secret.body["recipients"]) - {ident.peer_id})
+    body = weights_body(store, blob, part="extractor", record=record,
+                        provenance=[record.provenance["campaign"], record.provenance["body_entry"]])
+    body.update({"algorithm": BASE_KIND, bodies.READERS: readers})
+    entry = bodies.append(led, ident.signer, "weights", body)
     return PublishedBase(entry=entry, blob=blob, readers=readers)
 
 
 def base_extractor_blob(home: NodeHome, ref: str) -> str | None:
     """The extractor blob of registered model ``ref`` (id or unique prefix), or None when no
     model matches (what `atd train --init-from` tries after files and blobs)."""
-    reg = ModelRegistry(home)
+    reg = ModelRegistry.of(home)
     ids = [p.stem for p in reg.dir.glob("*.json")] if reg.dir.is_dir() else []
     if not any(i.startswith(ref) for i in ids):
         return None

@@ -75,7 +75,7 @@ def _pgd(home: NodeHome, model: str, eps: str, step: str, steps: int):
     from cli.options import fraction
     from protocols.adversarial import AdversarialError, PGDConfig
 
-    chans = int(ModelRegistry(home).get(model).model["in_chans"])
+    chans = int(ModelRegistry.of(home).get(model).model["in_chans"])
     try:
         return PGDConfig(eps=fraction(eps), step=fraction(step), steps=steps, mean=(MEAN,) * chans,
                          std=(STD,) * chans)

@@ -75,12 +75,14 @@ def start(
     if role is not None:
         cfg.role = role
         cfg.save(h)
-    daemon = NodeDaemon(h, sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
+    # the daemon outlives this command's handle: it gets the plain home, opens its own ledger and
+    # store, and reads config.toml again where a setting may change while it runs
+    daemon = NodeDaemon(NodeHome(h.root), sync_interval=sync_interval, auto_fetch=not no_auto_fetch)
     web = None
     if bind is not None:  # read-only web page + /metrics + /healthz beside the daemon (atdnode.report.dashboard)
         from atdnode.report import Dashboard
 
-        web = Dashboard(h, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
+        web = Dashboard(daemon.home, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -160,7 +162,7 @@ def _offline_status(h: NodeHome) -> dict:
         "addrs": [],
         "peers": [],
         "ledger": {"heads": heads, "entries": sum(heads.values())},
-        "blobs": len(BlobStore(h.blobs_dir).list()),
+        "blobs": len(BlobStore.of(h).list()),
     }
 
 
@@ -193,7 +195,7 @@ def fetch(
 
     h = node_home(home)
     blob = resolve_blob(h, blob)
-    store = BlobStore(h.blobs_dir)
+    store = BlobStore.of(h)
     call = lambda: control.call(h.control_socket, "fetch", blob=blob, timeout_s=timeout, timeout=timeout + 30)  # noqa: E731
     with bars(), progress.task(f"fetch {blob[:12]}", total=announced_size(h, blob), unit="bytes") as step:
         got = lambda: partial_bytes(store, blob)  # noqa: E731

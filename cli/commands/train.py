@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -18,6 +18,9 @@ from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, 
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
 from cli.errors import CliError
 from cli.progress import bars
+
+if TYPE_CHECKING:
+    from atdnode.data import DataSource
 
 HELP = f"""Train a timm ViT on this node's private images and register it locally.
 
@@ -73,6 +76,7 @@ def train_cmd(
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Train with N processes via torchrun (DDP)."),
     as_json: bool = typer.Option(False, "--json", help="Print the registry record as JSON."),
 ) -> None:
+    from atdnode.data import resolve_data
     from atdnode.learning import train
 
     h = node_home(home)
@@ -85,8 +89,10 @@ def train_cmd(
         return
     main = int(os.environ.get("RANK", "0")) == 0
     sizes = dict(img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth, heads=heads)
+    source: "str | DataSource" = data  # resolved in `train`, after its device is checked
     if all(v is None for v in sizes.values()) and init_from is None and not pretrained:
-        sizes = _auto_sizes(h, data, device, say=main and not as_json)
+        source = resolve_data(data)  # parsed and listed once: for the sizes and for every split
+        sizes = _auto_sizes(h, source, device, say=main and not as_json)
     cfg = model_config(model, **sizes, in_chans=in_chans, mlp_ratio=mlp_ratio)
     transform = None
     if adversarial:
@@ -103,7 +109,7 @@ def train_cmd(
                         mlflow=mlflow)
     try:
         with bars(quiet=as_json or not main):
-            rec = train(h, data, cfg, opts)
+            rec = train(h, source, cfg, opts)
     except KeyboardInterrupt:  # the finished epochs are on disk; say so and exit 130
         raise CliError("interrupted; run the same command again to continue from the last finished epoch",
                        exit_code=130) from None
@@ -129,7 +135,7 @@ def train_cmd(
         typer.echo(f"  curves       {h.root / rec.files['curves_png']}  (per epoch: {h.root / rec.files['history_csv']})")
 
 
-def _auto_sizes(home: NodeHome, data: str, device: str | None, *, say: bool) -> dict:
+def _auto_sizes(home: NodeHome, data: "DataSource", device: str | None, *, say: bool) -> dict:
     """Model sizes chosen from the data (`atdnode.learning.autosize`), said in one line on stderr."""
     from atdnode.data import peek
     from atdnode.learning import choose_size
