@@ -108,6 +108,30 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
 
 
 @pytest.mark.slow
+def test_an_aggregate_step_carried_out_again_after_a_kill_signs_nothing_new(vgs):
+    """Killed between the library call and the `plan_step` entry: carried out again, each aggregate
+    step (horizontal; vertical with shared features; hierarchical, whose group models are entries
+    too) finds the aggregate it signed instead of signing a second one."""
+    from atdnode.plans import PlanPolicy
+    from atdnode.plans.spec import step_inputs
+    from atdnode.plans.steps import Inputs, run_step
+
+    homes, plan = vgs
+    ids = peer_ids(homes)
+    with Ledger.open(homes[0].ledger_db) as led:
+        view = load_view(led, plan)
+        before = [e.id for e in led.query(kind="aggregate")]
+    for sid in ("horizontal", "vertical", "hierarchical"):
+        step = view.step(sid)
+        entries = {ref: [r for m in view.step(ref)["members"] for r in view.results[(ref, m)]["results"]]
+                   for ref in step_inputs(step)}
+        got = run_step(homes[0], view.body, step, Inputs(entries=entries, own={}), PlanPolicy.load(homes[0]))
+        assert got.results == view.results[(sid, ids[0])]["results"], sid
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert [e.id for e in led.query(kind="aggregate")] == before
+
+
+@pytest.mark.slow
 def test_member_that_declines_runs_nothing_and_others_go_on(vgs):
     homes, _ = vgs
     ids = peer_ids(homes)

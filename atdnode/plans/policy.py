@@ -3,7 +3,7 @@
     [plans]
     auto_accept_from = ["node1"]     # proposers (names or peer ids) whose plans this node accepts
                                      # by itself when following them; others wait for `atd plan accept`
-    kinds = ["train", "publish", "wait", "aggregate", "share_features", "classify"]
+    kinds = ["train", "publish", "wait", "aggregate", "share_features", "classify", "rounds", "split"]
                                      # step kinds this node carries out (default: all); a plan giving
                                      # it another kind is declined, never run
     [plans.data]                     # data spec names a plan may use -> this node's own data
@@ -50,7 +50,7 @@ class PlanPolicy:
         for s in steps:
             if s["kind"] not in self.kinds:
                 return f"step {s['id']}: this node does not run {s['kind']} steps (config plans.kinds)"
-            for key in ("data",):
+            for key in ("data", "test_data"):
                 if key in s and s[key] not in self.data:
                     return f"step {s['id']}: data name {s[key]!r} is not mapped in config [plans.data]"
         return None
