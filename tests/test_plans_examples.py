@@ -2,7 +2,7 @@
 (real daemons, `atd` as OS processes): the daemons carry out the `rounds` and `split` steps with the
 library functions `atd rounds` and `atd split join` call. The FedAvg campaign is deterministic, so the
 by-hand `atd rounds` commands (another campaign name, the same options) give the same global model;
-a p-FESTA session is not (the embedder secret is drawn at random), so there each member's step
+(the same tensors: the blobs' metadata name the campaign); a p-FESTA session is not (the embedder secret is drawn at random), so there each member's step
 records the task metric of the comm record its session wrote."""
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ ROUNDS = {"node1": "digits?shard=1/3&limit=150", "node2": "digits?shard=2/3&limi
 SPLIT = {"node2": "digits?shard=1/2&limit=120", "node3": "digits?shard=2/2&limit=120"}
 VIT = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "8", "--embed-dim", "32",
        "--depth", "1", "--heads", "2"]
+
+
+def _tensors(home: Path, blob: str) -> dict[str, list]:
+    from safetensors.torch import load_file
+
+    from atdnode.blobs import BlobStore
+
+    return {k: v.flatten().tolist() for k, v in load_file(BlobStore(NodeHome.at(home).blobs_dir).path(blob)).items()}
 
 
 def _plan_run(d: Path, example: str) -> tuple[str, list[dict]]:
@@ -60,7 +68,8 @@ def test_rounds_and_pfesta_examples_run_with_one_command(tmp_path: Path) -> None
                              "fedavg", *VIT, "--local-epochs", "1", "--batch-size", "16", "--deadline", "300",
                              "--name", "by-hand", "--json"] for n, spec in ROUNDS.items()])
         blobs = {json.loads(p.stdout.splitlines()[-1])["blob"] for p in by_hand}
-        assert blobs == {final["body"]["blob"]}
+        assert len(blobs) == 1
+        assert _tensors(d / "node1", blobs.pop()) == _tensors(d / "node1", final["body"]["blob"])
 
         for name, spec in SPLIT.items():  # the data name `own` of the split example
             h = NodeHome.at(d / name)

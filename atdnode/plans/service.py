@@ -37,6 +37,7 @@ import trio
 from atdnode import bodies
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
+from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.runner import Advance, PlanBusy, advance, follower_lock
 from atdnode.plans.state import load_view
 from atdnode.replication import IDLE_POLL_S, LEDGER_RECHECK_S, ledger_stamp
@@ -46,10 +47,13 @@ log = logging.getLogger("atd.plans")
 
 
 def plan_services(home: NodeHome, config: Any) -> list:
-    """The daemon's plan service, unless config.toml says `[plans] daemon = false`."""
-    table = config.extra.get("plans", {})
-    if isinstance(table, dict) and table.get("daemon") is False:
-        return []
+    """The daemon's plan service, unless config.toml says `[plans] daemon = false`. A malformed
+    `[plans]` table does not stop the daemon: the service logs why it runs no plan."""
+    try:
+        if not PlanPolicy.from_config(config).daemon:
+            return []
+    except AtdError:
+        pass
     return [PlanService(home)]
 
 

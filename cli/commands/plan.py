@@ -95,10 +95,10 @@ def follow_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
 
 def _daemon_runs_plans(h) -> bool:
     """Whether a daemon runs on home `h` and carries out its plans (`[plans] daemon`, default true)."""
-    from atdnode.node import NodeConfig, control
+    from atdnode.node import control
+    from atdnode.plans import PlanPolicy
 
-    table = NodeConfig.load(h).extra.get("plans", {})
-    return control.daemon_running(h.control_socket) and not (isinstance(table, dict) and table.get("daemon") is False)
+    return control.daemon_running(h.control_socket) and PlanPolicy.load(h).daemon
 
 
 def _watch(h, plan: str, timeout: Optional[float], as_json: bool) -> None:
