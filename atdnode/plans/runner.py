@@ -3,7 +3,9 @@
 `propose` checks a plan file and signs it as a `plan` entry. `decide` signs this member's
 `plan_decision` (once: a second, different decision is refused). `advance` does, once, every
 one of this member's steps whose inputs are present and records each result (or failure,
-one line) as a `plan_step` entry; `follow` repeats it until every own step has a result.
+one line) as a `plan_step` entry. The node's daemon calls it (atdnode.plans.service);
+`follow` repeats it in the foreground until every own step has a result (a node whose
+daemon does not carry out plans); `watch` only reads every member's progress.
 
 Finished means "this member's `plan_step` for the step is on the ledger", so a follower
 killed at any point and started again skips finished steps; the library calls behind a

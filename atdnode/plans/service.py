@@ -106,8 +106,9 @@ class PlanService:
         except PlanBusy:  # `atd plan follow` carries it out here now
             self.active.discard(plan)
             return
-        except AtdError as exc:  # e.g. a malformed [plans] table: one line per distinct reason
-            self._warn(f"plan {plan[:16]}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a malformed [plans] table, a busy disk: one line per
+            # distinct reason; the daemon and the other plans go on, and this one is tried again
+            self._warn(f"plan {plan[:16]}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
             return
         self.last[plan] = adv
         if adv.finished or (adv.decision is None and time.time() > last):
