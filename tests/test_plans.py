@@ -366,3 +366,19 @@ def test_plan_run_proposes_accepts_and_follows(tmp_path, capsys):
     assert [(r["step"], r["state"]) for r in rows] == [("base", "done"), ("base_pub", "done")]
     with Ledger.open(homes[0].ledger_db) as led:
         assert [e.id.hex() for e in led.query(kind="weights")] == rows[1]["results"]
+
+
+def test_daemon_runs_plans_unless_the_policy_says_no(tmp_path):
+    """`[plans] daemon = false` keeps plans out of the daemon (then `atd plan follow`); a malformed
+    value is a ConfigError naming the key."""
+    from atdnode.errors import ConfigError
+    from atdnode.plans import PlanPolicy, PlanService, plan_services
+
+    homes = _small_consortium(tmp_path)
+    assert [type(s) for s in plan_services(homes[0], NodeConfig.load(homes[0]))] == [PlanService]
+    _policy(homes[0], "node1", daemon=False)
+    assert plan_services(homes[0], NodeConfig.load(homes[0])) == [] and not PlanPolicy.load(homes[0]).daemon
+    cfg = NodeConfig.load(homes[0])
+    cfg.extra["plans"]["daemon"] = "no"
+    with pytest.raises(ConfigError, match="plans.daemon"):
+        PlanPolicy.from_config(cfg)

