@@ -303,6 +303,11 @@ TRAIN = {"id": "t", "kind": "train", "members": ["12D3KooWaaaa"], "data": "own"}
      "groups must map"),
     ([{"id": "s", "kind": "share_features", "members": ["12D3KooWaaaa"], "to": ["12D3KooWzzzz"]}],
      "12D3KooWzzzz is not in the consortium"),
+    ([{"id": "j", "kind": "split", "members": ["12D3KooWaaaa"], "server": "12D3KooWzzzz", "task": "t",
+       "data": "own"}], "12D3KooWzzzz is not in the consortium"),
+    ([{"id": "r", "kind": "rounds", "members": sorted(MEMBERS), "data": "own"}], "rounds steps need 'rounds'"),
+    ([{"id": "r", "kind": "rounds", "members": sorted(MEMBERS), "data": "own", "rounds": 2, "script": "x"}],
+     "rounds steps have no option 'script'"),
     ([TRAIN, dict(TRAIN)], "unique id"),
     ([], "at least one step"),
 ])
