@@ -60,7 +60,7 @@ def test_schema_defaults_are_the_readers_defaults(tmp_path):
            "bulk.enabled": cfg.bulk_options()["bulk"], "bulk.port": cfg.bulk_options()["bulk_port"],
            "listen": NodeConfig().listen, "network.announce": cfg.announce(), "aggregate.keep": keep_policy(h),
            "bootstrap": NodeConfig().bootstrap, "role": NodeConfig().role,
-           "plans.auto_accept_from": list(PlanPolicy.load(h).auto_accept_from),
+           "plans.auto_accept_from": list(PlanPolicy.load(h).auto_accept_from), "plans.daemon": PlanPolicy.load(h).daemon,
            **{f"peers.{f.name}": getattr(peers, f.name) for f in dataclasses.fields(peers)},  # every [peers] key
            **{f"card.{k}": v for k, v in card_statement(h).items()},  # every [card] key
            "quota.author_entries": AuthorQuota().author_entries, "quota.author_bytes": AuthorQuota().author_bytes}
@@ -155,7 +155,7 @@ def test_every_declared_setting_can_be_set(tmp_path):
               "peers.max": ("20", 20), "peers.target": ("3", 3), "peers.low_latency_share": ("0.25", 0.25),
               "network.announce": ("/ip4/127.0.0.1/tcp/4003", ["/ip4/127.0.0.1/tcp/4003"]),
               "aggregate.keep": ("consortium", "consortium"), "plans.auto_accept_from": ("node1", ["node1"]),
-              "plans.kinds": ("train,publish", ["train", "publish"]),
+              "plans.kinds": ("train,publish", ["train", "publish"]), "plans.daemon": ("false", False),
               **{f"card.{f}": ("chest X-rays, adults", "chest X-rays, adults") for f in
                  ("intended_use", "out_of_scope_use", "data_description", "limitations")}}
     for k in KEYS:  # any other key: one more than its default (every other key is a number)

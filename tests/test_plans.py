@@ -108,6 +108,30 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
 
 
 @pytest.mark.slow
+def test_an_aggregate_step_carried_out_again_after_a_kill_signs_nothing_new(vgs):
+    """Killed between the library call and the `plan_step` entry: carried out again, each aggregate
+    step (horizontal; vertical with shared features; hierarchical, whose group models are entries
+    too) finds the aggregate it signed instead of signing a second one."""
+    from atdnode.plans import PlanPolicy
+    from atdnode.plans.spec import step_inputs
+    from atdnode.plans.steps import Inputs, run_step
+
+    homes, plan = vgs
+    ids = peer_ids(homes)
+    with Ledger.open(homes[0].ledger_db) as led:
+        view = load_view(led, plan)
+        before = [e.id for e in led.query(kind="aggregate")]
+    for sid in ("horizontal", "vertical", "hierarchical"):
+        step = view.step(sid)
+        entries = {ref: [r for m in view.step(ref)["members"] for r in view.results[(ref, m)]["results"]]
+                   for ref in step_inputs(step)}
+        got = run_step(homes[0], view.body, step, Inputs(entries=entries, own={}), PlanPolicy.load(homes[0]))
+        assert got.results == view.results[(sid, ids[0])]["results"], sid
+    with Ledger.open(homes[0].ledger_db) as led:
+        assert [e.id for e in led.query(kind="aggregate")] == before
+
+
+@pytest.mark.slow
 def test_member_that_declines_runs_nothing_and_others_go_on(vgs):
     homes, _ = vgs
     ids = peer_ids(homes)
@@ -279,6 +303,11 @@ TRAIN = {"id": "t", "kind": "train", "members": ["12D3KooWaaaa"], "data": "own"}
      "groups must map"),
     ([{"id": "s", "kind": "share_features", "members": ["12D3KooWaaaa"], "to": ["12D3KooWzzzz"]}],
      "12D3KooWzzzz is not in the consortium"),
+    ([{"id": "j", "kind": "split", "members": ["12D3KooWaaaa"], "server": "12D3KooWzzzz", "task": "t",
+       "data": "own"}], "12D3KooWzzzz is not in the consortium"),
+    ([{"id": "r", "kind": "rounds", "members": sorted(MEMBERS), "data": "own"}], "rounds steps need 'rounds'"),
+    ([{"id": "r", "kind": "rounds", "members": sorted(MEMBERS), "data": "own", "rounds": 2, "script": "x"}],
+     "rounds steps have no option 'script'"),
     ([TRAIN, dict(TRAIN)], "unique id"),
     ([], "at least one step"),
 ])
@@ -342,3 +371,19 @@ def test_plan_run_proposes_accepts_and_follows(tmp_path, capsys):
     assert [(r["step"], r["state"]) for r in rows] == [("base", "done"), ("base_pub", "done")]
     with Ledger.open(homes[0].ledger_db) as led:
         assert [e.id.hex() for e in led.query(kind="weights")] == rows[1]["results"]
+
+
+def test_daemon_runs_plans_unless_the_policy_says_no(tmp_path):
+    """`[plans] daemon = false` keeps plans out of the daemon (then `atd plan follow`); a malformed
+    value is a ConfigError naming the key."""
+    from atdnode.errors import ConfigError
+    from atdnode.plans import PlanPolicy, PlanService, plan_services
+
+    homes = _small_consortium(tmp_path)
+    assert [type(s) for s in plan_services(homes[0], NodeConfig.load(homes[0]))] == [PlanService]
+    _policy(homes[0], "node1", daemon=False)
+    assert plan_services(homes[0], NodeConfig.load(homes[0])) == [] and not PlanPolicy.load(homes[0]).daemon
+    cfg = NodeConfig.load(homes[0])
+    cfg.extra["plans"]["daemon"] = "no"
+    with pytest.raises(ConfigError, match="plans.daemon"):
+        PlanPolicy.from_config(cfg)

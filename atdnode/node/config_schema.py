@@ -113,6 +113,8 @@ KEYS: tuple[Key, ...] = (
         "itself; others wait for `atd plan accept`"),
     Key("plans.kinds", list, "(every step kind)", "plan step kinds this node carries out; a plan giving it another "
         "kind is declined ([plans.data] maps a plan's data names to this node's data specs)"),
+    Key("plans.daemon", bool, True, "the daemon carries out the plans this node accepted (false: only "
+        "`atd plan follow` does)"),
 )
 BY_PATH = {k.path: k for k in KEYS}
 # tables config.toml may hold that another command owns (not set with `atd config set`)

@@ -38,7 +38,8 @@ their loops in one nursery and offers the public API (`append`, `sync_with`, `fe
 * `atdnode.peers.dialer.PeerDialer`: the membership gate on connections, dialling, back-offs;
 * `atdnode.blobs.autofetch.AutoFetcher`: blob auto-fetch with the reader policy;
 * `atdnode.node.daemon_control.DaemonControl`: the control socket's requests and the status;
-* `atdnode.node.disk_trouble.DiskTrouble`: one log line per episode of disk errors.
+* `atdnode.node.disk_trouble.DiskTrouble`: one log line per episode of disk errors;
+* `atdnode.plans.service.PlanService`: carries out the plans this node accepted (a service).
 
 A web front (the dashboard) runs beside it: `run(..., web=front)` starts `front.serve` in the
 daemon's nursery before `daemon.json` is written (its URL goes there and to the status). The
@@ -70,6 +71,7 @@ from atdnode.node.identity import NodeIdentity
 from atdnode.node.snapshot import NodeSnapshot, campaign_states, fetch_progress
 from atdnode.models import ModelRegistry
 from atdnode.split import role_services
+from atdnode.plans import plan_services
 from atdnode.transport import Transport
 from ledger import Entry, Ledger
 
@@ -142,7 +144,8 @@ class NodeDaemon:
         # Extension point: role services (e.g. a split-learning server). Each has
         # `install(daemon)` (called once the transport runs: register stream handlers) and
         # `async run(daemon)` (started in the daemon's nursery). Tests may append their own.
-        self.services: list = role_services(home, self.config)
+        # Every node also carries out the plans it accepted (atdnode.plans.service).
+        self.services: list = role_services(home, self.config) + plan_services(home, self.config)
 
     def _libp2p_transport(self) -> Transport:
         from atdnode.transport import GossipConfig, Libp2pTransport

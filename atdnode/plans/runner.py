@@ -3,7 +3,9 @@
 `propose` checks a plan file and signs it as a `plan` entry. `decide` signs this member's
 `plan_decision` (once: a second, different decision is refused). `advance` does, once, every
 one of this member's steps whose inputs are present and records each result (or failure,
-one line) as a `plan_step` entry; `follow` repeats it until every own step has a result.
+one line) as a `plan_step` entry. The node's daemon calls it (atdnode.plans.service);
+`follow` repeats it in the foreground until every own step has a result (a node whose
+daemon does not carry out plans); `watch` only reads every member's progress.
 
 Finished means "this member's `plan_step` for the step is on the ledger", so a follower
 killed at any point and started again skips finished steps; the library calls behind a
@@ -33,7 +35,7 @@ from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.spec import PlanError, build_plan, check_plan, step_inputs
-from atdnode.plans.state import ACCEPT, DECLINE, DONE, FAILED, PlanView, load_view, members_of
+from atdnode.plans.state import ACCEPT, DECLINE, DONE, FAILED, PlanView, load_view, members_of, progress
 from atdnode.plans.steps import Inputs, run_step
 from ledger import Ledger, peer_id_from_public_key
 
@@ -238,6 +240,7 @@ def advance(home: NodeHome, plan: str, *, policy: PlanPolicy | None = None, now:
 def _run_and_record(home: NodeHome, ident: NodeIdentity, view: PlanView, step: dict, inputs: Inputs,
                     policy: PlanPolicy) -> None:
     body = {"plan": view.id, "step": step["id"], "results": [], "missing": inputs.missing, "started": time.time()}
+    log.info("plan %s: step %s starts", view.id[:16], step["id"])
     try:
         own_failed = [sid for sid, b in inputs.own.items() if b["status"] == FAILED]
         if own_failed:
@@ -253,6 +256,11 @@ def _run_and_record(home: NodeHome, ident: NodeIdentity, view: PlanView, step: d
     with Ledger.open(home.ledger_db) as led:
         if (step["id"], ident.peer_id) not in load_view(led, view.id, check=False).results:
             bodies.append(led, ident.signer, bodies.PLAN_STEP_KIND, body)
+            log.info("plan %s: step %s %s in %.1f s", view.id[:16], step["id"], body["status"], body["seconds"])
+
+
+class PlanBusy(PlanError):
+    """Another process (a follower, or the daemon) carries out this plan on this home now."""
 
 
 @contextmanager
@@ -264,7 +272,7 @@ def follower_lock(home: NodeHome, plan: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise PlanError(f"plan {plan[:16]} is already being followed on this node") from None
+            raise PlanBusy(f"plan {plan[:16]} is already being followed on this node") from None
         yield
     finally:
         os.close(fd)
@@ -303,3 +311,27 @@ def follow(home: NodeHome, plan: str, *, poll: float = 0.25, timeout: float | No
                 return adv
             if not adv.ran:
                 time.sleep(poll)
+
+
+def watch(home: NodeHome, plan: str, *, poll: float = 0.5, timeout: float | None = None,
+          on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Progress rows (`state.progress`) of `plan` as this node's ledger shows them, once every
+    member's every step has a result or the member declined, or once the plan's last deadline
+    passed, or after `timeout` s (rows still `waiting` then). `on_row` sees each row once, when it gets its result. Reads only: the
+    members' daemons (or followers) carry the plan out."""
+    end = None if timeout is None else time.monotonic() + timeout
+    seen: set[tuple[str, str]] = set()
+    while True:
+        with Ledger.open(home.ledger_db) as led:
+            view = load_view(led, plan, check=False)
+        rows = progress(view)
+        for r in rows:
+            if r["state"] != "waiting" and (r["step"], r["member"]) not in seen:
+                seen.add((r["step"], r["member"]))
+                if on_row:
+                    on_row(r)
+        if all(r["state"] != "waiting" for r in rows) or time.time() > max(view.deadline(s) for s in view.steps):
+            return rows
+        if end is not None and time.monotonic() > end:
+            return rows
+        time.sleep(poll)

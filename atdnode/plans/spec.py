@@ -51,9 +51,18 @@ STEP_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
                   "features": (list,), **_ENSEMBLE},
     "share_features": {"to": (list,), "data": (str,)},
     "classify": {"data": (str,), "split": (str,)},
+    # an `atd rounds` campaign (FedAvg / FedWAvg / a robust aggregator) among the step's members
+    "rounds": {"data": (str,), "rounds": (int,), "aggregator": (str,), "byzantine": (int,), "q": NUM,
+               "local_epochs": (int,), "batch_size": (int,), "lr": NUM, "seed": (int,), "round_deadline": NUM,
+               "min_peers": (int,), "absent_grace": NUM, "name": (str,)},
+    # `atd split join`: each member joins the split-learning campaign of `server` (a member
+    # running a festa-server / pfesta-server / msd-server role) for `task`
+    "split": {"server": (str,), "task": (str,), "data": (str,), "test_data": (str,), "rounds": (int,),
+              "seed": (int,), "lr": NUM},
 }
 REQUIRED = {"train": ("data",), "publish": ("model",), "wait": ("inputs",), "aggregate": ("mode",),
-            "share_features": ("to",), "classify": ("data",)}
+            "share_features": ("to",), "classify": ("data",), "rounds": ("data", "rounds"),
+            "split": ("server", "task", "data")}
 # option -> the kinds of step it may name (its results are this step's inputs)
 STEP_REFS = {"init_from": ("publish",), "model": ("train",), "inputs": ("publish", "aggregate", "share_features",
                                                                           "wait"),
@@ -133,7 +142,7 @@ def check_plan(body: Mapping, members: set[str]) -> None:
                 raise PlanError(f"{where}: member {m} is not in the plan's members")
             if m not in members:
                 raise PlanError(f"{where}: member {m} is not in the consortium")
-        for m in step.get("to") or []:
+        for m in [*(step.get("to") or []), *([step["server"]] if "server" in step else [])]:
             if m not in members:
                 raise PlanError(f"{where}: member {m} is not in the consortium")
         groups = step.get("groups") or {}
@@ -182,6 +191,8 @@ def build_plan(doc: Mapping, *, resolve, members: set[str], now: int | None = No
         if not isinstance(raw, dict):
             raise PlanError("plan file: steps must be tables ([[steps]])")
         step = dict(raw)
+        if isinstance(step.get("server"), str):
+            step["server"] = resolve(step["server"])
         for key in ("members", "to"):
             if key in step:
                 _typed(f"step {step.get('id')}", key, step[key], (list,))

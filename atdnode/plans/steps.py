@@ -4,7 +4,9 @@ train -> `atdnode.learning.training.train` (`atd train`), publish ->
 `atdnode.models.publish.publish_weights` (`atd publish-weights`), aggregate ->
 `atdnode.aggregation.modes.aggregate` (`atd aggregate`), share_features ->
 `atdnode.aggregation.features_share.share_features` (`atd share-features`), classify ->
-`atdnode.learning.classify.classify` (`atd classify`); wait only passes on what arrived.
+`atdnode.learning.classify.classify` (`atd classify`), rounds ->
+`atdnode.rounds.RoundRunner` (`atd rounds`), split -> `atdnode.split.join` (`atd split
+join`); wait only passes on what arrived.
 
 `run_step` gets the step's inputs (`Inputs`: per referenced step, the result entry ids that
 arrived, in plan order) and returns what the member's `plan_step` entry records. Steps that
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from atdnode.node import NodeHandle, NodeHome
 from atdnode.plans.policy import PlanPolicy
 from atdnode.plans.spec import PlanError
+from ledger import Ledger
 
 
 @dataclass
@@ -49,12 +52,10 @@ def _own_entries(home: NodeHome, kind: str):
 
 
 def _train(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
-    from atdnode.learning import TrainOptions, resolve_config
-    from atdnode.learning import train
+    from atdnode.learning import TrainOptions, train
     from atdnode.blobs import BlobStore
 
-    m = dict(plan.get("model") or {})
-    cfg = resolve_config(m.pop("name", DEFAULT_MODEL), num_heads=m.pop("heads", None), **m)
+    cfg = _model_config(plan)
     start = None
     if "init_from" in step:
         starts = _ids(inputs, step["init_from"])
@@ -91,12 +92,11 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
     ids = _ids(inputs, step.get("inputs"))
     groups = [GroupSpec(name, tuple(_ids(inputs, refs))) for name, refs in (step.get("groups") or {}).items()]
     features = _ids(inputs, step["features"]) if "features" in step else None
-    if mode != "hierarchical":
-        if not ids:
-            raise PlanError("no inputs arrived")
-        for e in _own_entries(home, "aggregate"):  # aggregated before a kill
-            if e.body.get("mode") == mode and e.body.get("inputs") == ids and features is None:
-                return StepOutcome(results=[e.id.hex()], model=None)
+    if mode != "hierarchical" and not ids:
+        raise PlanError("no inputs arrived")
+    found = _signed_aggregate(home, mode, ids, groups, features)
+    if found is not None:  # aggregated before a kill: the same entry, not a second one
+        return StepOutcome(results=[found], model=None)
     hidden = tuple(int(x) for x in step.get("mlp_hidden", "256").split(",") if x.strip())
     opts = EnsembleOptions(**{k: step[k] for k in ("pca_components", "mlp_max_iter", "rf_trees", "seed", "prior")
                               if k in step}, mlp_hidden=hidden)
@@ -106,6 +106,41 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
                     data_spec=policy.data_spec(step["data"]) if "data" in step else None,
                     features=features, options=opts)
     return StepOutcome(results=[res.entry.id.hex()], model=res.model_id)
+
+
+def _signed_aggregate(home: NodeHome, mode: str, ids: list[str], groups: list, features: list[str] | None) -> str | None:
+    """The id of an `aggregate` this node signed for the same mode, inputs (hierarchical: the same
+    groups of the same inputs) and named features, or None."""
+    with Ledger.open(home.ledger_db) as led:
+        for e in _own_entries(home, "aggregate"):
+            b = e.body
+            if b.get("mode") != mode:
+                continue
+            if features is not None and sorted((b.get("ensemble") or {}).get("features") or []) != sorted(features):
+                continue
+            if mode != "hierarchical":
+                if b.get("inputs") == ids:
+                    return e.id.hex()
+                continue
+            recorded = b.get("groups") or []
+            if [g.get("name") for g in recorded] == [g.name for g in groups] and all(
+                    _same_group(led, g.get("entry"), list(spec.refs)) for g, spec in zip(recorded, groups)):
+                return e.id.hex()
+    return None
+
+
+def _same_group(led: Ledger, entry: str | None, refs: list[str]) -> bool:
+    """Whether the group model `entry` of a hierarchical aggregate is the one `refs` make: that
+    aggregate itself (one aggregate named), or the group average of exactly those weights."""
+    if not isinstance(entry, str):
+        return False
+    if refs == [entry]:
+        return True
+    try:
+        e = led.get(entry)
+    except ValueError:
+        return False
+    return e is not None and e.body.get("mode") == "group" and list(e.body.get("inputs") or []) == refs
 
 
 def _share(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
@@ -134,11 +169,53 @@ def _wait(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPo
     return StepOutcome(results=_ids(inputs, step["inputs"]))
 
 
-RUNNERS = {"train": _train, "publish": _publish, "aggregate": _aggregate, "share_features": _share,
+def _model_config(plan: dict):
+    from atdnode.learning import resolve_config
+
+    m = dict(plan.get("model") or {})
+    return resolve_config(m.pop("name", DEFAULT_MODEL), num_heads=m.pop("heads", None), **m)
+
+
+def _rounds(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
+    """`atd rounds` with the step's options; resumes at the campaign's current round (RoundRunner),
+    so a step carried out again after a kill trains no finished round again."""
+    import trio
+
+    from atdnode.rounds import RoundRunner, RoundsConfig, round_candidates
+
+    names = {"local_epochs": "local_epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed", "q": "q",
+             "round_deadline": "deadline", "min_peers": "min_peers", "absent_grace": "absent_grace", "name": "name",
+             "byzantine": "byzantine"}
+    conf = RoundsConfig(data=policy.data_spec(step["data"]), cfg=_model_config(plan), rounds=step["rounds"],
+                        weighting=step.get("aggregator", "fedwavg"), **{names[k]: step[k] for k in names if k in step})
+    runner = RoundRunner(home, conf)
+    reports = trio.run(runner.run)
+    if reports:
+        return StepOutcome(results=[reports[-1].entry], metrics={"rounds": len(reports), **{
+            k: v for k, v in reports[-1].metrics.items() if isinstance(v, (int, float))}})
+    blob = trio.run(runner.global_blob, step["rounds"])  # every round was over before this run (a kill)
+    with Ledger.open(home.ledger_db) as led:
+        last = next(e for e in round_candidates(led, runner.campaign, step["rounds"] - 1) if e.body.get("blob") == blob)
+    return StepOutcome(results=[last.id.hex()], metrics={"rounds": 0})
+
+
+def _split(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
+    """`atd split join` for the step's task; the session's task metrics are the step's metrics."""
+    from atdnode.split import JoinOptions, join
+
+    opts = JoinOptions(server=step["server"], task=step["task"], data=policy.data_spec(step["data"]),
+                       test_data=policy.data_spec(step["test_data"]) if "test_data" in step else None,
+                       **{k: step[k] for k in ("rounds", "seed", "lr") if k in step})
+    res = join(home, opts)
+    return StepOutcome(results=[], metrics={k: v for k, v in res.metrics.items() if isinstance(v, (int, float))})
+
+
+RUNNERS = {"rounds": _rounds, "split": _split, "train": _train, "publish": _publish, "aggregate": _aggregate, "share_features": _share,
            "classify": _classify, "wait": _wait}
 
 
 def run_step(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
     """Carry out `step` of `plan` on this node with `inputs`; errors propagate (the caller records them).
     The node is opened once for the step (`NodeHandle`) and passed to the library calls."""
-    return RUNNERS[step["kind"]](NodeHandle.of(home), plan, step, inputs, policy)
+    with NodeHandle.using(home) as node:
+        return RUNNERS[step["kind"]](node, plan, step, inputs, policy)

@@ -87,17 +87,50 @@ TIMEOUT_OPT = typer.Option(None, "--timeout", help="Give up after this many seco
 def follow_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix)."), home: Path = HOME_OPT,
                timeout: Optional[float] = TIMEOUT_OPT,
                as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Carry out this member's steps as their inputs arrive (the daemon replicates and fetches);
-    resumable: run it again after a kill and finished steps are skipped."""
+    """Carry out this member's steps here, in the foreground, as their inputs arrive: for a node
+    whose daemon does not carry out plans (`[plans] daemon = false`); the daemon still
+    replicates and fetches. Resumable: run it again after a kill and finished steps are skipped."""
     _follow(home, plan, timeout, as_json)
+
+
+def _daemon_runs_plans(h) -> bool:
+    """Whether a daemon runs on home `h` and carries out its plans (`[plans] daemon`, default true)."""
+    from atdnode.node import control
+    from atdnode.plans import PlanPolicy
+
+    return control.daemon_running(h.control_socket) and PlanPolicy.load(h).daemon
+
+
+def _watch(h, plan: str, timeout: Optional[float], as_json: bool) -> None:
+    from atdnode.plans import member_names, watch
+    from ledger import Ledger
+
+    with Ledger.open(h.ledger_db) as led:
+        names = member_names(led)
+    rows = watch(h, plan, timeout=timeout, on_row=None if as_json else lambda r: typer.echo(_row_line(r, names)))
+    waiting = [r for r in rows if r["state"] == "waiting" and r["decision"] == "accept"]
+    failed = [r for r in rows if r["state"] == "failed"]
+    if as_json:
+        typer.echo(json.dumps({"plan": plan, "steps": rows}))
+    if waiting:
+        raise CliError(f"plan {plan[:16]}: {len(waiting)} member step(s) have no result yet (timed out or past "
+                       f"the plan's last deadline; `atd plan status {plan[:16]}`)")
+    if failed:
+        raise CliError(f"plan {plan[:16]}: {len(failed)} member step(s) failed, first {failed[0]['step']}: "
+                       f"{failed[0]['reason']}")
+    if not as_json:
+        done = sum(r["state"] == "done" for r in rows)
+        typer.echo(f"plan {plan[:16]}: {done} of {len(rows)} member steps done"
+                   + (f", {len(rows) - done} left out (declined or undecided)" if done < len(rows) else ""))
 
 
 @plan_app.command("run")
 def run_cmd(file: Path = typer.Argument(..., help="Plan file (TOML)."), home: Path = HOME_OPT,
             timeout: Optional[float] = TIMEOUT_OPT,
             as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Propose a plan, accept it here and follow it (`propose` + `accept` + `follow`); a proposer
-    that takes no part in its own plan only proposes it."""
+    """Propose a plan, accept it here, and show every member's step results as they arrive until
+    the plan is over; the members' daemons carry it out. Without a daemon carrying out plans on
+    this home, this node's own steps run in this process (`atd plan follow`)."""
     from atdnode.node import NodeIdentity
     from atdnode.plans import decide, load_view
     from ledger import Ledger
@@ -108,10 +141,13 @@ def run_cmd(file: Path = typer.Argument(..., help="Plan file (TOML)."), home: Pa
     h = node_home(home)
     with Ledger.open(h.ledger_db) as led:
         members = load_view(led, plan).body["members"]
-    if NodeIdentity.load(h).peer_id not in members:
-        return
-    decide(h, plan, "accept")
-    _follow(home, plan, timeout, as_json)
+    member = NodeIdentity.load(h).peer_id in members
+    if member:
+        decide(h, plan, "accept")
+    if _daemon_runs_plans(h):
+        _watch(h, plan, timeout, as_json)
+    elif member:
+        _follow(home, plan, timeout, as_json)
 
 
 @plan_app.command("status")
@@ -130,11 +166,16 @@ def status_cmd(plan: str = typer.Argument(..., help="Plan id (or unique prefix).
         return
     typer.echo(f"plan {view.id[:16]} {view.body['name']!r} by {names.get(view.author, view.author[-8:])}")
     for r in rows:
-        who = names.get(r["member"], r["member"][-8:])
-        acc = r["metrics"].get("accuracy")
-        extra = (f"accuracy {acc:.3f} " if isinstance(acc, (int, float)) else "") + (r["reason"] or (f"without {', '.join(names.get(m, m[-8:]) for m in r['missing'])}"
-                                if r["missing"] else ""))
-        typer.echo(f"  {r['step']:<14} {r['kind']:<15} {who:<12} {r['decision']:<10} {r['state']:<9} {extra}".rstrip())
+        typer.echo(_row_line(r, names))
+
+
+def _row_line(r: dict, names: dict[str, str]) -> str:
+    """One member's state of one step, as `atd plan status` prints it."""
+    who = names.get(r["member"], r["member"][-8:])
+    acc = r["metrics"].get("accuracy")
+    extra = (f"accuracy {acc:.3f} " if isinstance(acc, (int, float)) else "") + (
+        r["reason"] or (f"without {', '.join(names.get(m, m[-8:]) for m in r['missing'])}" if r["missing"] else ""))
+    return f"  {r['step']:<14} {r['kind']:<15} {who:<12} {r['decision']:<10} {r['state']:<9} {extra}".rstrip()
 
 
 def register(app: typer.Typer) -> None:
