@@ -5,7 +5,7 @@ Runs a scenario once per seed (every method of its report: VGS-ATD, centralized,
 and the reference ensembles — on each site's own raw pixels, on the pooled raw pixels, on the
 shared start's features alone), or summarises reports already written by `atd netsim run
 --json`/`--out` (`--reports DIR/report.json ...`), and prints one JSON object: per method, per site
-and overall, accuracy and balanced accuracy per seed with their mean, spread and the 95 %
+and overall, accuracy, balanced accuracy and AUROC per seed with their mean, spread and the 95 %
 bootstrap interval of each run; then the bars, each against baselines of the same run:
 
 * `site_vs_alone`: every site's default model (what `atd classify` uses after keep = best)
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GAP_POINTS = 2.0
 ALONE = ("ensemble-raw-own", "local")
-KEYS = ("accuracy", "balanced_accuracy")
+KEYS = ("accuracy", "balanced_accuracy", "auroc")
 
 
 def spread(xs: list[float]) -> dict:
