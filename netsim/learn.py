@@ -121,7 +121,8 @@ def global_probs(probs: np.ndarray, own: list[str], space: list[str]) -> np.ndar
     """(N, len(space)): the columns of `probs` (N, len(own)) placed at their classes' positions
     in `space` (a superset); classes the predictor does not know get probability 0."""
     out = np.zeros((len(probs), len(space)), dtype=np.float64)
-    out[:, to_global(np.arange(len(own)), own, space)] = probs
+    if len(probs):  # (an empty batch may come back as (0, 0))
+        out[:, to_global(np.arange(len(own)), own, space)] = probs
     return out
 
 
