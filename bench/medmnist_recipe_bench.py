@@ -17,7 +17,8 @@ Every number is scored on the site's val split (carved from its share by the sce
 `val_fraction`, never trained on): balanced accuracy (what keep = best judges by) and AUROC
 (`netsim.learn.score_probs`). No test image is read. A recipe's figure is the mean over
 sites of its consortium model's val balanced accuracy; with `--seeds` several, the mean
-over seeds. No daemons, no ledger: a cheap screen before the full `atd netsim run`
+over seeds. No daemons, no ledger, no encryption and no keep decision (each site's consortium
+model is scored, not the model keep = best would pick): a cheap screen before the full `atd netsim run`
 (`bench/medmnist_bench.py`) that the claims rest on. Prints one JSON object.
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
