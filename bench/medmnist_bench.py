@@ -5,7 +5,7 @@ Runs a scenario once per seed (every method of its report: VGS-ATD, centralized,
 and the reference ensembles — on each site's own raw pixels, on the pooled raw pixels, on the
 shared start's features alone), or summarises reports already written by `atd netsim run
 --json`/`--out` (`--reports DIR/report.json ...`), and prints one JSON object: per method, per site
-and overall, accuracy and balanced accuracy per seed with their mean, spread and the 95 %
+and overall, accuracy, balanced accuracy and AUROC per seed with their mean, spread and the 95 %
 bootstrap interval of each run; then the bars, each against baselines of the same run:
 
 * `site_vs_alone`: every site's default model (what `atd classify` uses after keep = best)
@@ -14,6 +14,7 @@ bootstrap interval of each run; then the bars, each against baselines of the sam
 * `vgs_vs_start`: VGS-ATD overall > the start's features alone (ensemble-untrained).
 
     python bench/medmnist_bench.py --scenario breastmnist --seeds 0 1 2
+    python bench/medmnist_bench.py --scenario retinamnist --seeds 1 --out runs/retina   # one seed a process
     python bench/medmnist_bench.py --reports runs/breast-*/report.json --wall 326 300 310
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GAP_POINTS = 2.0
 ALONE = ("ensemble-raw-own", "local")
-KEYS = ("accuracy", "balanced_accuracy")
+KEYS = ("accuracy", "balanced_accuracy", "auroc")
 
 
 def spread(xs: list[float]) -> dict:
@@ -76,11 +77,13 @@ def main() -> None:
     ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--reports", nargs="+", help="run nothing: summarise these report.json files")
-    ap.add_argument("--wall", type=float, nargs="+", help="with --reports: each run's wall time (s)")
+    ap.add_argument("--wall", type=float, nargs="+", help="with --reports: each run's wall time (s; default: the reports')")
+    ap.add_argument("--out", help="write each run's report (report.json, report.md) under OUT/seed-N")
     args = ap.parse_args()
     walls: list[float] = list(args.wall or [])
     if args.reports:
         reports = [json.loads(Path(p).read_text()) for p in args.reports]
+        walls = walls or [r.get("wall_s") for r in reports]  # each report's own wall time
     else:
         import torch
 
@@ -93,7 +96,7 @@ def main() -> None:
         reports = []
         for seed in args.seeds:
             t0 = time.perf_counter()
-            reports.append(run_scenario(base.replace(seed=seed)))
+            reports.append(run_scenario(base.replace(seed=seed), Path(args.out) / f"seed-{seed}" if args.out else None))
             walls.append(round(time.perf_counter() - t0, 1))
     seeds = [r["scenario"].get("seed") for r in reports]
     print(json.dumps({"scenario": reports[0]["scenario"].get("name"), "seeds": seeds, "wall_s": walls,

@@ -51,8 +51,9 @@ from netsim.learn import (
     expand_head,
     full_state,
     model_config,
-    predict,
-    score,
+    global_probs,
+    predict_proba,
+    score_probs,
     state_bytes,
     to_global,
     train_model,
@@ -99,12 +100,15 @@ def transfer_s(net: NetworkSpec, nbytes: int) -> float:
     return net.latency_ms / 1000.0 + (nbytes * 8 / (bw * 1e6) if bw else 0.0)
 
 
-Predictor = Callable[[torch.Tensor], np.ndarray]  # images -> indices into the global label space
+Predictor = Callable[[torch.Tensor], np.ndarray]  # images -> (N, classes) probabilities over the global label space
 
 
 def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors: dict[str, Predictor]) -> None:
     """Fill per-node metrics (own test set) and overall metrics (mean over nodes on the
-    phase's pooled test set) from each node's predictor."""
+    phase's pooled test set) from each node's predictor: accuracy and the rest of its arg-max,
+    AUROC of its probabilities (`netsim.learn.score_probs`), each with its 95 % interval; the
+    overall intervals are the nodes' intervals on the pooled test set, bound by bound averaged
+    (every node is scored on the same images, so their errors are far from independent)."""
     pooled = data.pooled_test(phase)
     space = data.label_space
     pooled_true = to_global(pooled.labels.numpy(), pooled.classes, space)
@@ -116,16 +120,20 @@ def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors:
             res.per_node[name] = {"status": res.outcomes.get(name, "no model")}
             continue
         y_true = to_global(nd.test.labels.numpy(), nd.classes, space)
-        res.per_node[name] = score(y_true, pred(nd.test.images))
-        overall.append(score(pooled_true, pred(pooled.images)))
+        res.per_node[name] = score_probs(y_true, pred(nd.test.images))
+        overall.append(score_probs(pooled_true, pred(pooled.images)))
     if overall:
-        res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in METRICS}
+        keys = METRICS + (("auroc",) if all("auroc" in o for o in overall) else ())
+        res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in keys}
+        for k in ("accuracy", "balanced_accuracy", "auroc"):  # the nodes' intervals on the same pooled set, averaged
+            if all(f"{k}_ci95" in o for o in overall):
+                res.overall[f"{k}_ci95"] = [round(float(np.mean([o[f"{k}_ci95"][i] for o in overall])), 6) for i in (0, 1)]
         res.overall["n"] = int(len(pooled))
         res.overall["nodes"] = len(overall)
 
 
 def model_predictor(model: nn.Module, classes: list[str], space: list[str]) -> Predictor:
-    return lambda images: to_global(predict(model, images), classes, space)
+    return lambda images: global_probs(predict_proba(model, images), classes, space)
 
 
 def extractor_start(cfg: ModelConfig, base: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:

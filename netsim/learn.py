@@ -13,7 +13,10 @@ Metrics (`score`) are the node's (`atdnode.learning.metrics.classification_metri
 over the classes present in the test set, so a node whose test data holds 3 classes is not
 penalised for the 7 it never sees; predictions of other classes count as errors. Accuracy and
 balanced accuracy come with the scorer's 95 % intervals (`accuracy_ci95`: Wilson;
-`balanced_accuracy_ci95`: a seeded percentile bootstrap).
+`balanced_accuracy_ci95`: a seeded percentile bootstrap); given the predicted probabilities,
+`auroc` with its `auroc_ci95` (`atdnode.learning.metrics.auroc_summary`: two classes, the
+positive class's; more, the one-vs-rest macro over the classes present, each over the global
+label space).
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ from torch import nn
 
 from atdnode.learning import ddp
 from atdnode.data import LabeledImages
-from atdnode.learning import (ModelConfig, TrainOptions, Trainer, build_model, classification_metrics, freeze_blocks,
-                              load_part, predict_classes, probe_head, resolve_config, resolve_device)
+from atdnode.learning import (ModelConfig, TrainOptions, Trainer, auroc_summary, build_model, classification_metrics,
+                              freeze_blocks, load_part, predict_classes, probe_head, resolve_config, resolve_device,
+                              softmax_probabilities)
 from protocols.aggregation import HEAD_PREFIXES
 from protocols.rounds import LAST_LAYER
 
@@ -96,6 +100,16 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> np
         model.cpu()
 
 
+@torch.no_grad()
+def predict_proba(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> np.ndarray:
+    """(N, K) softmax probabilities over the model's own label space, computed on the node's
+    device; the model is left on the CPU."""
+    try:
+        return softmax_probabilities(model, images, batch_size, device=resolve_device(None))
+    finally:
+        model.cpu()
+
+
 def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
     """Map indices into `own` to indices into `space` (a superset)."""
     pos = {c: i for i, c in enumerate(space)}
@@ -103,16 +117,35 @@ def to_global(pred: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
     return table[pred]
 
 
-def score(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+def global_probs(probs: np.ndarray, own: list[str], space: list[str]) -> np.ndarray:
+    """(N, len(space)): the columns of `probs` (N, len(own)) placed at their classes' positions
+    in `space` (a superset); classes the predictor does not know get probability 0."""
+    out = np.zeros((len(probs), len(space)), dtype=np.float64)
+    if len(probs):  # (an empty batch may come back as (0, 0))
+        out[:, to_global(np.arange(len(own)), own, space)] = probs
+    return out
+
+
+def score(y_true: np.ndarray, y_pred: np.ndarray, probs: np.ndarray | None = None) -> dict[str, float]:
     """Accuracy and macro precision / sensitivity (recall) / F1 over the classes in `y_true`:
     `atdnode.learning.metrics.classification_metrics` (the scorer of `atd train` and `atd classify`),
-    rounded to 6 places, without the confusion matrix."""
+    rounded to 6 places, without the confusion matrix; given `probs` (N, classes of the label
+    space `y_true` indexes), AUROC with its interval (`auroc_summary`)."""
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
     m = classification_metrics(y_true, y_pred, labels=np.union1d(y_true, y_pred))
     ci = m.get("ci", {})  # the scorer's intervals: Wilson for accuracy, a seeded bootstrap for the rest
-    return {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]} | {
+    out = {k: round(m[k], 6) for k in METRICS} | {"n": m["n"]} | {
         f"{k}_ci95": [round(float(x), 6) for x in ci[k]] for k in ("accuracy", "balanced_accuracy") if ci.get(k)}
+    auc = None if probs is None else auroc_summary(y_true, probs)
+    if auc is not None:
+        out |= {"auroc": round(auc["auroc"], 6), "auroc_ci95": [round(float(x), 6) for x in auc["ci"]]}
+    return out
+
+
+def score_probs(y_true: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """`score` of the arg-max of `probs` (N, classes of the label space), with AUROC."""
+    return score(y_true, np.asarray(probs).argmax(1), probs)
 
 
 def state_bytes(tensors: dict[str, torch.Tensor]) -> int:

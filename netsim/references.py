@@ -28,7 +28,7 @@ import torch
 
 from atdnode.aggregation import REFERENCES, EnsembleOptions, fit_reference
 from netsim.baselines import PhaseResult, data_phases, evaluate_phase
-from netsim.learn import model_config, to_global
+from netsim.learn import global_probs, model_config
 from netsim.nodedata import ScenarioData
 from netsim.scenario import Scenario
 
@@ -112,7 +112,9 @@ def _predictor(ref, ens, space: list[str]):
         from atdnode.aggregation import reference_features
 
         X = reference_features(ref.kind, images, model=ref.model)
-        return to_global(ens.predict(X).astype(np.int64), ref.classes, space)
+        probs = np.zeros((len(X), len(ref.classes)))
+        probs[:, ens.classes_.astype(np.int64)] = ens.predict_proba(X)  # the soft vote, prior-corrected
+        return global_probs(probs, ref.classes, space)
 
     return pred
 

@@ -13,7 +13,7 @@ from typing import Any
 
 TIMING_KEYS = {"ready_s", "compute_s", "wall_s", "took_s", "seconds", "started", "finished", "publish_s",
                "time_to_converge_s", "complete_at_s", "at_s", "sim_s", "out_dir", "network_s"}
-METRIC_KEYS = ("accuracy", "balanced_accuracy", "precision", "sensitivity", "f1")
+METRIC_KEYS = ("accuracy", "balanced_accuracy", "auroc", "precision", "sensitivity", "f1")
 
 
 def strip_timing(obj: Any) -> Any:
@@ -119,7 +119,7 @@ def robust_lines(report: dict) -> list[str]:
     return out
 
 
-COMPARISON_HEADER = ["method", "phase", "accuracy", "balanced acc.", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
+COMPARISON_HEADER = ["method", "phase", "accuracy", "balanced acc.", "AUROC", "precision", "sensitivity", "F1", "bytes sent", "ready (s)",
                      "compute (s)"]
 
 
@@ -160,10 +160,11 @@ def markdown(report: dict) -> str:
                 for node, m in sorted(ph.get("per_node", {}).items()):
                     b = ph.get("bytes", {}).get(node, {})
                     rows.append([method, str(ph["phase"]), node, _ci(m, "accuracy"), _ci(m, "balanced_accuracy"),
-                                 _fmt(m.get("f1")),
+                                 _ci(m, "auroc"), _fmt(m.get("f1")),
                                  human_bytes(b.get("sent", 0)), human_bytes(b.get("received", 0)),
                                  ph.get("outcomes", {}).get(node, m.get("status", ""))])
-        parts.append(_table(["method", "phase", "node", "accuracy [95 % CI]", "balanced acc. [95 % CI]", "F1", "sent",
+        parts.append(_table(["method", "phase", "node", "accuracy [95 % CI]", "balanced acc. [95 % CI]",
+                             "AUROC [95 % CI]", "F1", "sent",
                              "received", "ended with"], rows))
     if report.get("plan"):
         parts.append(plan_markdown(report["plan"]))

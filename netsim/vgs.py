@@ -56,7 +56,7 @@ from atdnode.errors import AtdError
 from atdnode.learning import TrainOptions
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import FaultOutcome, apply_fault, pick_bootstrap
-from netsim.learn import model_config, to_global
+from netsim.learn import global_probs, model_config
 from netsim.nodedata import ScenarioData, node_spec
 from netsim.references import ensemble_options
 from netsim.scenario import Scenario
@@ -457,8 +457,8 @@ class VgsRunner:
         model_id, space, ops = self.state[n].model_id, self.data.label_space, self.ops[n]
 
         def pred(images: torch.Tensor) -> np.ndarray:
-            names, idx = ops.predict(model_id, images)
-            return to_global(idx, names, space)
+            names, probs = ops.probabilities(model_id, images)
+            return global_probs(probs, names, space)
 
         return pred
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from atdnode.models import default_model
 from netsim.baselines import PhaseResult
-from netsim.learn import score, to_global
+from netsim.learn import global_probs, score_probs, to_global
 from netsim.nodedata import ScenarioData
 from netsim.vgs_ops import NodeOps
 
@@ -40,9 +40,9 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
             entry["model"] = "consortium"
             continue
         nd = data.nodes[n]
-        names, pred = ops[n].predict(use.id, nd.test.images)
+        names, probs = ops[n].probabilities(use.id, nd.test.images)
         y_true = to_global(nd.test.labels.numpy(), nd.classes, data.label_space)
-        res.per_node[n] = {**score(y_true, to_global(pred, names, data.label_space)), "model": "own"}
+        res.per_node[n] = {**score_probs(y_true, global_probs(probs, names, data.label_space)), "model": "own"}
         res.notes.append(f"{n} keeps its own model: {_why(ops[n], model_id)} — its per-node accuracy (and "
                          "forgetting) scores its own model (what `atd classify` uses); overall scores the consortium's")
         kept_own.append(n)

@@ -149,3 +149,11 @@ class NodeOps:
 
         names, pred, _ = predict_names(self.store, self.registry.get(model_id), images)
         return names, pred
+
+    def probabilities(self, model_id: str, images: torch.Tensor) -> tuple[list[str], np.ndarray]:
+        """(classes, (N, K) probabilities over them): what `atd classify`'s prediction is the arg-max of."""
+        from atdnode.learning import class_probabilities, resolve_device
+
+        names, probs, _ = class_probabilities(self.store, self.registry.get(model_id), images,
+                                              device=resolve_device(None))
+        return names, probs

@@ -57,6 +57,31 @@ def test_binary_figures_and_per_class_n_from_a_known_confusion():
     assert "binary" not in classification_metrics([0, 1, 2], [0, 1, 1], labels=range(3))
 
 
+def test_auroc_summary_is_the_positive_class_or_the_one_vs_rest_macro():
+    from sklearn.metrics import roc_auc_score
+
+    from atdnode.learning import auroc_summary
+
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 4, 400)
+    p = rng.dirichlet([1, 1, 1, 1], 400)
+    p[np.arange(400), y] += rng.random(400)  # informative, not perfect
+    p /= p.sum(1, keepdims=True)
+    s = auroc_summary(y, p)
+    assert s["auroc"] == pytest.approx(roc_auc_score(y, p, multi_class="ovr", average="macro"), abs=1e-12)
+    assert 0.5 < s["ci"][0] < s["auroc"] < s["ci"][1] < 1
+    # a class absent from y_true is left out of the macro (its column is all negatives)
+    wide = np.c_[p, np.zeros(400)]
+    assert auroc_summary(y, wide)["auroc"] == pytest.approx(s["auroc"])
+    # two classes: the positive class's AUROC; a one-class test set has none
+    yb = (y > 1).astype(int)
+    pb = np.c_[p[:, :2].sum(1), p[:, 2:].sum(1)]
+    assert auroc_summary(yb, pb)["auroc"] == pytest.approx(roc_auc_score(yb, pb[:, 1]), abs=1e-12)
+    assert auroc_summary(np.zeros(5, dtype=int), np.tile([0.6, 0.4], (5, 1))) is None
+    with pytest.raises(ValueError, match="shape"):
+        auroc_summary(y, p[:10])
+
+
 def test_expected_calibration_error_known_answers():
     n = 1000
     y = np.zeros(n, dtype=int)
@@ -122,14 +147,14 @@ def test_demo_table_fits_80_columns(capsys, monkeypatch):
     from cli.commands.netsim_cmd import print_summary
 
     monkeypatch.setenv("COLUMNS", "80")
-    phase = {"phase": 3, "overall": {"accuracy": 0.954321, "precision": 0.951234, "sensitivity": 0.949876,
+    phase = {"phase": 3, "overall": {"accuracy": 0.954321, "auroc": 0.987654, "precision": 0.951234, "sensitivity": 0.949876,
                                      "f1": 0.950123}, "bytes": {"h1": {"sent": 999_900_000}},
              "ready_s": 1234.5, "compute_s": 12345.6}  # a long run on a slow machine: the widest cells
     report = {"scenario": {"name": "atd-demo"}, "backend": "process", "wall_s": 300.0,
               "methods": {m: [phase] for m in ("vgs-atd", "centralized", "fedavg", "swarm", "local")}}
     print_summary(report, None)
     out = capsys.readouterr().out
-    assert "0.954" in out and "0.950" in out and "12345.6" in out and "…" not in out
+    assert "0.954" in out and "0.988" in out and "0.950" in out and "12345.6" in out and "auc" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 80
 
 

@@ -58,7 +58,7 @@ def test_a_missing_data_set_is_one_line_naming_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # fits an ensemble per site
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-def test_each_sites_own_raw_ensemble_is_scored_with_intervals() -> None:
+def test_each_sites_own_raw_ensemble_is_scored_with_intervals_and_auroc() -> None:
     import json
 
     from netsim.references import OWN_RAW, run_reference
@@ -76,6 +76,9 @@ def test_each_sites_own_raw_ensemble_is_scored_with_intervals() -> None:
             lo, hi = m["accuracy_ci95"]
             assert 0 <= lo <= m["accuracy"] <= hi <= 1
             assert m["balanced_accuracy_ci95"][0] <= m["balanced_accuracy"] <= m["balanced_accuracy_ci95"][1]
+            assert m["auroc"] > 0.7 and m["auroc_ci95"][0] <= m["auroc"] <= m["auroc_ci95"][1], (n, m)  # chance 0.5
             assert "own" in res_own.outcomes[n] and "pooled" in res_pooled.outcomes[n]
+    for res in own + pooled:
+        assert res.overall["auroc_ci95"][0] <= res.overall["auroc"] <= res.overall["auroc_ci95"][1]
     # fitted on less data than the pooled reference: not the same numbers
     assert [r.overall["accuracy"] for r in own] != [r.overall["accuracy"] for r in pooled]

@@ -120,12 +120,14 @@ def val_run(tmp_path_factory) -> tuple[list[dict], object, Path]:
 def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
     """A node whose own model beats the consortium's on its val split keeps it (`[aggregate] keep
     = best`); its per-node accuracy and the forgetting score that model, overall the consortium's."""
-    from atdnode.learning import predict_names
+    import torch
+
+    from atdnode.learning import class_probabilities, predict_names
     from atdnode.node import NodeHome
     from atdnode.models import default_model
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry
-    from netsim.learn import score, to_global
+    from netsim.learn import global_probs, score, score_probs, to_global
     from netsim.report import forgetting, kept_lines
 
     phases, data, work = val_run
@@ -141,8 +143,13 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
             names, pred, _ = predict_names(store, rec, nd.test.images)
             return score(y, to_global(pred, names, data.label_space))["accuracy"]
 
+        def auc(rec) -> float:
+            names, probs, _ = class_probabilities(store, rec, nd.test.images, device=torch.device("cpu"))
+            return score_probs(y, global_probs(probs, names, data.label_space))["auroc"]
+
         kept = default_model(home)
         assert m["accuracy"] == acc(kept), n  # the model `atd classify` uses by default
+        assert m["auroc"] == pytest.approx(auc(kept)) and m["auroc_ci95"][0] <= m["auroc"] <= m["auroc_ci95"][1]
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
         if prov["kept"] == "own":
@@ -155,6 +162,7 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
             differs |= acc(cons) != m["accuracy"]
         else:
             assert m["model"] == "consortium" and kept.id == cons.id
+    assert last["overall"]["auroc_ci95"][0] <= last["overall"]["auroc"] <= last["overall"]["auroc_ci95"][1]
     assert own_nodes and differs, "the tiny run (measured: a2 and b1 keep their own in phase 3) must exercise it"
     report = {"methods": {"vgs-atd": phases}}
     f = forgetting(report["methods"], ["a1", "a2"])["vgs-atd"]

@@ -16,6 +16,6 @@ _FACE = {"predict_names": "classify", "score_record": "classify", "run_classify"
          "SCRATCH_LR_192": "train_options", "TrainOptions": "train_options", "Trainer": "trainer",
          "OPTIMIZERS": "train_options",
          "train": "training", "save_curves_png": "trainlog",
-         "save_reliability_png": "metrics", "interval_text": "metrics", "wilson": "metrics", "named_metrics": "metrics", "STORED": "metrics", "choose_size": "autosize"}
+         "save_reliability_png": "metrics", "interval_text": "metrics", "wilson": "metrics", "named_metrics": "metrics", "auroc_summary": "metrics", "softmax_probabilities": "evaluation", "class_probabilities": "predict", "STORED": "metrics", "choose_size": "autosize"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

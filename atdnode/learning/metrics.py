@@ -23,6 +23,10 @@
   second one (index 1); ``sensitivity`` (true-positive rate, n = positives),
   ``specificity`` (true-negative rate, n = negatives), both with Wilson intervals, and
   given ``probs``, ``auroc`` with a bootstrap interval (None when only one class is present);
+- ``auroc_summary(y_true, probs)`` (a function of its own, the figure netsim reports beside
+  accuracy): AUROC with a bootstrap interval for any number of classes -- two: the positive
+  class's (index 1); more: the one-vs-rest macro average over the classes present in y_true
+  (Hand & Till's "OvR macro", as sklearn's ``roc_auc_score(multi_class="ovr", average="macro")``);
 - ``calibration`` (given ``probs``, the predicted probabilities over ``labels``):
   top-label expected calibration error over ``ECE_BINS`` equal-width confidence bins
   (Guo et al. 2017, eq. 3) with a bootstrap interval, and the bins (n, mean confidence,
@@ -32,6 +36,7 @@ Intervals are deterministic: the bootstrap draws from ``numpy.random.default_rng
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,6 +113,28 @@ def auroc(y: np.ndarray, score: np.ndarray, counts: np.ndarray | None = None) ->
     if counts is not None:
         return a
     return None if np.isnan(a[0]) else float(a[0])
+
+
+def auroc_summary(y_true, probs, *, seed: int = 0) -> dict | None:
+    """{"auroc", "ci"} of `probs` (N, K) for `y_true` (indices into the K columns): with K = 2
+    the positive class's AUROC (column 1), else the one-vs-rest macro over the classes present
+    in `y_true`; the interval is a seeded percentile bootstrap (each resample averages the
+    classes it holds both ways). None when no class has positives and negatives."""
+    y = np.asarray(y_true, dtype=np.int64)
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[0] != len(y):
+        raise ValueError(f"probabilities of shape {probs.shape} for {len(y)} labels")
+    cols = [1] if probs.shape[1] == 2 else [int(c) for c in np.unique(y) if (y != c).any()]
+    values = [auroc((y == c).astype(np.int64), probs[:, c]) for c in cols]
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    counts = _resamples(len(y), seed + 3)
+    boot = np.vstack([auroc((y == c).astype(np.int64), probs[:, c], counts) for c in cols])  # (classes, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample that holds no class both ways: NaN
+        per_resample = np.nanmean(boot, 0)
+    return {"auroc": float(np.mean(values)), "ci": _percentile(per_resample)}
 
 
 def calibration(y_true: np.ndarray, probs: np.ndarray, *, bins: int = ECE_BINS, seed: int = 0) -> dict:

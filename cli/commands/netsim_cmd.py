@@ -132,12 +132,12 @@ def print_summary(report: dict, out: Path | None) -> None:
                       pad_edge=False, collapse_padding=True,
                       caption="overall = mean over nodes on the phase's pooled test set; sent = all nodes, "
                               "this phase; ready / cpu = seconds")
-        short = ["method", "ph", "acc", "bal", "prec", "sens", "F1", "sent", "ready", "cpu"]
+        short = ["method", "ph", "acc", "bal", "auc", None, None, "F1", "sent", "ready", "cpu"]  # None: report.md only
         assert len(short) == len(COMPARISON_HEADER)
-        for h in short:
+        for h in filter(None, short):
             table.add_column(h, justify="left" if h == "method" else "right", no_wrap=True)
         for row in comparison_rows(report):
-            table.add_row(*row)
+            table.add_row(*(cell for cell, h in zip(row, short) if h))
         console.print(table)
         for line in verified_lines(report):
             console.print(line)

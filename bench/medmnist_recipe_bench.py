@@ -1,0 +1,195 @@
+"""Benchmark: which start and recipe the real-image scenarios (netsim/scenarios/breastmnist.toml,
+retinamnist.toml) ship, judged on the sites' val splits only.
+
+A pooled, in-process replay of the scenarios' one vertical step (`netsim.vgs` `_vertical`,
+VGS-ATD §3.2) with the library's trainer (`netsim.learn.train_model`) and ensemble
+(`protocols.vgs.fit_vertical_ensemble`, the scenario's `[ensemble]`):
+
+    the first site trains from the start S (the consortium init, or the sites' MSD base);
+    the others fine-tune its extractor (a fresh head; LP-FT's probe first when probe > 0);
+    the consortium's extractor is the uniform mean of the three (`weighting = "uniform"`);
+    each site's consortium model is the ensemble on that extractor's features of every
+    site's training data, with the site's own class-prior correction.
+
+Beside it, per site, what the site has alone: its raw-pixel ensemble on its own images
+(`ensemble-raw-own`) and its local model (trained on its own images from S, end to end).
+Every number is scored on the site's val split (carved from its share by the scenario's
+`val_fraction`, never trained on): balanced accuracy (what keep = best judges by) and AUROC
+(`netsim.learn.score_probs`). No test image is read. A recipe's figure is the mean over
+sites of its consortium model's val balanced accuracy; with `--seeds` several, the mean
+over seeds. No daemons, no ledger, no encryption and no keep decision (each site's consortium
+model is scored, not the model keep = best would pick): a cheap screen before the full `atd netsim run`
+(`bench/medmnist_bench.py`) that the claims rest on. Prints one JSON object.
+
+Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
+img (input side; 28-px images are resized, `atdnode.data`), patch, start scratch|msd, lr,
+probe (LP-FT probe epochs), msd_steps); a key left out keeps the scenario's value.
+
+    nice -n 10 python bench/medmnist_recipe_bench.py --scenario breastmnist \\
+        --recipe base: e40:epochs=40 noaug:augment=0 msd:start=msd,lr=3e-4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
+        "patch": int, "start": str, "lr": float, "probe": int, "msd_steps": int}
+
+
+def parse_recipe(text: str) -> tuple[str, dict]:
+    """"NAME:key=value,..." -> (NAME, {key: value}); unknown keys are refused."""
+    name, _, rest = text.partition(":")
+    out = {}
+    for kv in filter(None, rest.split(",")):
+        k, _, v = kv.partition("=")
+        if k not in KEYS:
+            raise SystemExit(f"recipe {name}: unknown key {k!r} (one of {', '.join(KEYS)})")
+        out[k] = KEYS[k](v)
+    return name, out
+
+
+def apply_recipe(scn, r: dict):
+    """The scenario with recipe `r`'s [model] / [train] values."""
+    m = scn.model
+    model = replace(m, embed_dim=r.get("embed_dim", m.embed_dim), depth=r.get("depth", m.depth),
+                    num_heads=r.get("heads", m.num_heads), img_size=r.get("img", m.img_size),
+                    patch_size=r.get("patch", m.patch_size))
+    t = scn.train
+    train = replace(t, epochs=r.get("epochs", t.epochs), augment=r.get("augment", t.augment), lr=r.get("lr", t.lr),
+                    probe_epochs=r.get("probe", t.probe_epochs))
+    return scn.replace(model=model, train=train)
+
+
+def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
+    """Per site: the consortium model's, its raw-pixel ensemble's and its local model's val
+    balanced accuracy and AUROC under `recipe` at `seed`."""
+    from atdnode.aggregation import fit_reference
+    from atdnode.learning import build_model, extract_features, extractor_state
+    from netsim.learn import global_probs, model_config, predict_proba, score_probs, to_global, train_model
+    from netsim.msdbase import base_scenario
+    from netsim.nodedata import load_scenario_data
+    from netsim.references import ensemble_options
+    from protocols.vgs import fit_vertical_ensemble
+
+    t0 = time.perf_counter()
+    scn = apply_recipe(scn, recipe).replace(seed=seed)
+    data = load_scenario_data(scn)
+    space, sites = data.label_space, list(data.nodes)
+    start_kind = recipe.get("start", "scratch")
+    if start_kind == "msd":
+        from bench.jitter_recipe_bench import msd_start
+
+        scn = base_scenario(scn)
+        start = msd_start(scn, data, seed, recipe.get("msd_steps", scn.msd.steps))
+    else:  # netsim.vgs.consortium_init: the founder's seeded init
+        torch.manual_seed(seed + sum(map(ord, sites[0])))
+        start = extractor_state(build_model(model_config(scn.model, len(data.nodes[sites[0]].classes))))
+    spec = scn.train
+    opts = ensemble_options(scn)
+
+    def train(node: str, init: dict):
+        nd = data.nodes[node]
+        return train_model(model_config(scn.model, len(nd.classes)), nd.train, spec, seed=seed + sum(map(ord, node)),
+                           init=init, init_part="extractor").model
+
+    first = train(sites[0], start)
+    tuned = [first] + [train(n, extractor_state(first)) for n in sites[1:]]
+    states = [extractor_state(m) for m in tuned]
+    mean = {k: sum(s[k].double() for s in states).div(len(states)).to(states[0][k].dtype) for k in states[0]}
+    consortium = build_model(model_config(scn.model, 2))
+    consortium.load_state_dict(mean, strict=False)
+    consortium.eval()
+
+    def feats(images: torch.Tensor) -> np.ndarray:
+        return extract_features(consortium, _Images(images))[0]
+
+    parts = [(feats(data.nodes[n].train.images), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
+             for n in sites]
+    out: dict = {}
+    for i, n in enumerate(sites):
+        nd = data.nodes[n]
+        y = to_global(nd.val.labels.numpy(), nd.classes, space)
+        ens, classes = fit_vertical_ensemble(parts, own=i, **replace(opts, seed=seed).kwargs())
+        p = np.zeros((len(nd.val), len(classes)))
+        p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats(nd.val.images))
+        raw = fit_reference("ensemble-raw", [nd.train], model_config(scn.model, len(nd.classes)),
+                            **replace(opts, seed=seed).kwargs())
+        pr = np.zeros((len(nd.val), len(raw.classes)))
+        pr[:, raw.ensemble.classes_.astype(np.int64)] = raw.ensemble.predict_proba(nd.val.images.reshape(len(nd.val), -1).numpy())
+        local = tuned[0] if i == 0 else train(n, start)
+        rows = {"consortium": global_probs(p, classes, space), "raw-own": global_probs(pr, raw.classes, space),
+                "local": global_probs(predict_proba(local, nd.val.images), nd.classes, space)}
+        out[n] = {k: {m: round(v.get(m, float("nan")), 4) for m in ("balanced_accuracy", "auroc")}
+                  for k, v in ((k, score_probs(y, q)) for k, q in rows.items())}
+        out[n]["val_n"] = len(nd.val)
+        log(json.dumps({"seed": seed, "site": n, **out[n]}))
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def summary(runs: list[dict]) -> dict:
+    """Mean over seeds of the mean over sites, per row and metric."""
+    sites = [k for k in runs[0] if isinstance(runs[0][k], dict)]
+    res = {}
+    for row in ("consortium", "raw-own", "local"):
+        for m in ("balanced_accuracy", "auroc"):
+            per_seed = [statistics.fmean(r[s][row][m] for s in sites) for r in runs]
+            res[f"{row}_{m}"] = round(statistics.fmean(per_seed), 4)
+            res[f"{row}_{m}_runs"] = [round(x, 4) for x in per_seed]
+    res["consortium_minus_best_alone_points"] = round(100 * statistics.fmean(
+        statistics.fmean(r[s]["consortium"]["balanced_accuracy"]
+                         - max(r[s]["raw-own"]["balanced_accuracy"], r[s]["local"]["balanced_accuracy"]) for s in sites)
+        for r in runs), 1)
+    return res
+
+
+class _Images:
+    """The (images, labels) pair `extract_features` reads."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.images, self.labels = x, torch.zeros(len(x), dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
+    ap.add_argument("--recipe", nargs="+", default=["scenario:"], help="NAME:key=value,... (see the docstring)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = ap.parse_args()
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    from netsim.scenario import load_scenario, shipped_scenario
+
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    torch.set_num_threads(1)
+    scn = load_scenario(Path(args.scenario) if args.scenario.endswith(".toml") else shipped_scenario(args.scenario))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    recipes = dict(parse_recipe(r) for r in args.recipe)
+    out = {}
+    for name, r in recipes.items():
+        runs = [run_recipe(scn, r, s, log) for s in args.seeds]
+        out[name] = {"recipe": r, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+        log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k != "runs"}}))
+    best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
+    print(json.dumps({"bench": "medmnist_recipe", "scenario": scn.name, "seeds": args.seeds, "judged_on": "val",
+                      "winner": best, "recipes": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
