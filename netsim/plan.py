@@ -40,7 +40,7 @@ from atdnode.node import NodeConfig, NodeHome
 from ledger import Ledger
 from netsim.baselines import PhaseResult, evaluate_phase
 from netsim.faults import pick_bootstrap
-from netsim.learn import to_global
+from netsim.learn import global_probs
 from netsim.nodedata import ScenarioData, node_spec
 from netsim.plan_check import METHOD, data_names, read_plan
 from netsim.scenario_spec import Scenario
@@ -193,17 +193,18 @@ class PlanRunner:
         return {"aggregates": len(done), "verified": ok}
 
     def _predictor(self, n: str, model_id: str):
-        """What `atd classify` predicts with the model, into the scenario's label space."""
+        """The probabilities `atd classify` takes its prediction from (the arg-max), in the
+        scenario's label space."""
         from atdnode.blobs import BlobStore
-        from atdnode.learning import predict_names
+        from atdnode.learning import class_probabilities, resolve_device
         from atdnode.models import ModelRegistry
 
         store, record = BlobStore(self.homes[n].blobs_dir), ModelRegistry(self.homes[n]).get(model_id)
         space = self.data.label_space
 
         def pred(images: torch.Tensor) -> np.ndarray:
-            names, idx, _ = predict_names(store, record, images)
-            return to_global(idx, names, space)
+            names, probs, _ = class_probabilities(store, record, images, device=resolve_device(None))
+            return global_probs(probs, names, space)
 
         return pred
 
