@@ -43,7 +43,7 @@ _FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": 
          "write_compare_png": "compare_view:write_png", "finetune_from_entry": "finetune",
          "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",
          "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session", "SPLIT_PROTOCOL": "session",
-         "DEFAULT_BODY": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
+         "ACCEPT_POLICIES": "settings", "DEFAULT_BODY": "settings", "EMBEDDER_HEADS": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
          "parse_task": "settings",
          "accept_clients": "secret", "adopt_secret": "secret"}
 __all__ = [*_FACE] + ["SERVER_ROLES", "role_services"]

@@ -13,8 +13,12 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.split import DEFAULT_BODY, SplitSettings
+from atdnode.split import ACCEPT_POLICIES, DEFAULT_BODY, EMBEDDER_HEADS, SplitSettings
+from cli.choices import choice
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT, node_home
+
+Head = choice("Head", EMBEDDER_HEADS)
+Accept = choice("Accept", ACCEPT_POLICIES)
 
 
 def _kept(first) -> str:
@@ -53,10 +57,10 @@ def configure(
     msd_steps: Optional[int] = typer.Option(None, show_default=_kept(200), help="MSD: distillation steps on the server."),
     msd_batch: Optional[int] = typer.Option(None, show_default=_kept(128), help="MSD: distillation batch size."),
     seed: Optional[int] = typer.Option(None, show_default=_kept(_S.seed), help="Seed of the server body."),
-    head: Optional[str] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
+    head: Optional[Head] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: a fixed embedder (the paper's) or a learnable one."),
     pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
                                              help="p-FESTA ablation: whether the embedder adds a position table."),
-    accept: Optional[str] = typer.Option(None, show_default=_kept(_S.accept),
+    accept: Optional[Accept] = typer.Option(None, show_default=_kept(_S.accept),
                                          help="p-FESTA / MSD: 'members' (the daemon accepts every member that joins "
                                               "and asks) or 'manual' (only members accepted with `atd split accept`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
