@@ -36,7 +36,7 @@ def role_services(home: Any, config: Any) -> list:
 
 
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
-_FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": "base", "build_base": "base",
+_FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "build_base": "base",
          "publish_base": "base", "JoinOptions": "client", "SplitJoinError": "client", "join": "client",
          "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare",
          "run_compare": "compare", "render_compare": "compare_view:render",

@@ -65,7 +65,7 @@ def aggregate(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
-    from atdnode.ids import resolve_entry_ids
+    from atdnode.node import resolve_entry_ids
 
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it

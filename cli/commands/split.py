@@ -132,7 +132,7 @@ def join(
     for name in ("libp2p", "multiaddr", "async_service"):
         # py-libp2p logs the cancellation of its tasks at shutdown as errors; keep them for -v
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
 
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
@@ -167,7 +167,7 @@ def accept(
     works while the daemon runs. With `[split] accept = "members"` the daemon accepts every
     member that joins and asks; with "manual" only the members accepted here."""
     from atdnode.errors import ConfigError
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
     from atdnode.node import NodeIdentity
     from atdnode.split import SplitSecretError
     from atdnode.split import accept_clients
