@@ -16,10 +16,14 @@ from enum import StrEnum
 
 
 class Choice(StrEnum):
-    """A member reads as its name everywhere: str(), format(), repr(), ==, JSON."""
+    """A member reads as its name everywhere: str(), format(), repr(), ==, JSON, and pickles
+    as the plain string (a worker process needs no enumeration made at run time)."""
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+    def __reduce_ex__(self, protocol):
+        return str, (self.value,)
 
 
 def choice(name: str, names: Iterable[str]) -> type[Choice]:

@@ -144,7 +144,7 @@ def test_the_choice_options_are_enumerations():
             ("aggregate", "--classifier"), ("aggregate", "--prior"), ("rounds", "--weighting"),
             ("rounds", "--aggregator"), ("publish-weights", "--part"), ("classify", "--split"),
             ("demo", "--backend"), ("netsim run", "--backend"), ("netsim run", "--method"),
-            ("split configure", "--head"), ("split configure", "--accept")} <= found, found
+            ("split configure", "--head"), ("split configure", "--accept"), ("split compare", "--method")} <= found, found
 
 
 @pytest.mark.parametrize("path,opt,names", CHOICE_OPTIONS, ids=[f"{' '.join(p)} {o}" for p, o, _ in CHOICE_OPTIONS])

@@ -106,7 +106,7 @@ def _choice_options() -> dict[tuple[tuple[str, ...], str], tuple[str, ...]]:
     """Every option whose value is one of a fixed set, with the set as its registry names it."""
     from atdnode.data import ALL, SPLITS
     from atdnode.models import PARTS
-    from atdnode.split import ACCEPT_POLICIES, EMBEDDER_HEADS
+    from atdnode.split import ACCEPT_POLICIES, EMBEDDER_HEADS, METHODS
     from netsim.scenario_choices import Backend, Method
     from protocols.weightings import CLASSIFIERS, MODES, PRIORS, ROUND_AGGREGATORS, weightings
 
@@ -118,7 +118,8 @@ def _choice_options() -> dict[tuple[tuple[str, ...], str], tuple[str, ...]]:
             (("publish-weights",), "--part"): PARTS, (("classify",), "--split"): ("auto", ALL, *reversed(SPLITS)),
             (("demo",), "--backend"): tuple(Backend), (("netsim", "run"), "--backend"): tuple(Backend),
             (("netsim", "run"), "--method"): tuple(Method),
-            (("split", "configure"), "--head"): EMBEDDER_HEADS, (("split", "configure"), "--accept"): ACCEPT_POLICIES}
+            (("split", "configure"), "--head"): EMBEDDER_HEADS, (("split", "configure"), "--accept"): ACCEPT_POLICIES,
+            (("split", "compare"), "--method"): METHODS}
 
 
 def test_every_choice_option_lists_the_choices_of_its_registry():

@@ -38,7 +38,7 @@ def role_services(home: Any, config: Any) -> list:
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "build_base": "base",
          "publish_base": "base", "JoinOptions": "client", "SplitJoinError": "client", "join": "client",
-         "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare",
+         "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare_view",
          "run_compare": "compare", "render_compare": "compare_view:render",
          "write_compare_png": "compare_view:write_png", "finetune_from_entry": "finetune",
          "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",

@@ -13,12 +13,13 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.split import ACCEPT_POLICIES, DEFAULT_BODY, EMBEDDER_HEADS, SplitSettings
+from atdnode.split import ACCEPT_POLICIES, DEFAULT_BODY, EMBEDDER_HEADS, METHODS, SplitSettings
 from cli.choices import choice
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT, node_home
 
 Head = choice("Head", EMBEDDER_HEADS)
 Accept = choice("Accept", ACCEPT_POLICIES)
+CompareMethod = choice("CompareMethod", METHODS)
 
 
 def _kept(first) -> str:
@@ -221,7 +222,7 @@ def compare(
     unify_every: int = typer.Option(2, help="Average tails/heads (and FL models) every n rounds."),
     samples: int = typer.Option(350, help="Images per client (2 clients per task, disjoint)."),
     img_size: int = typer.Option(28, help="Image size (digits upscaled)."),
-    method: List[str] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
+    method: List[CompareMethod] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
     jobs: int = typer.Option(1, help="Worker processes (each run is single-threaded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
 ) -> None:
@@ -230,7 +231,7 @@ def compare(
     bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
     from rich.progress import Progress
 
-    from atdnode.split import (METHODS, CompareSetting, render_compare as render, run_compare,
+    from atdnode.split import (CompareSetting, render_compare as render, run_compare,
                                write_compare_png as write_png)
     from cli.errors import CliError
 
