@@ -82,6 +82,7 @@ from typing import Any
 
 from atdnode.errors import AtdError
 from ledger import Entry, Ledger, Signer
+from protocols.weightings import CLASSIFIERS as _CLASSIFIER_REGISTRY
 
 
 class BodyError(AtdError):
@@ -119,7 +120,7 @@ def one_of(*values: str) -> Format:
 
 PARTS = ("full", "extractor", "head", "body")
 MODES = ("horizontal", "vertical", "group", "hierarchical", "round")
-CLASSIFIERS = ("ensemble", "head")
+CLASSIFIERS = tuple(_CLASSIFIER_REGISTRY)
 
 
 @dataclass(frozen=True)

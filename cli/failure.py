@@ -60,7 +60,8 @@ def one_line(text: str) -> str:
 
 
 def _usage_line(exc: BaseException) -> str:
-    msg = one_line(exc.format_message())  # type: ignore[attr-defined]
+    # typer words a bad choice "Value error, 'x' is not one of ..."; the first two words say nothing
+    msg = one_line(exc.format_message()).replace(": Value error, ", ": ")  # type: ignore[attr-defined]
     param = getattr(exc, "param", None)
     envvar = getattr(param, "envvar", None)
     if envvar and type(exc).__name__ == "MissingParameter" and str(envvar) not in msg:

@@ -20,77 +20,20 @@ import sys
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields, replace
-from enum import StrEnum
 from typing import Any
 
 from atdnode.aggregation import EnsembleOptions
 from atdnode.errors import AtdError
 from atdnode.learning import OPTIMIZERS, TrainOptions
 from atdnode.node import SettingKey, setting_problem
-from protocols.ensemble import PRIORS
 from protocols.vit_config import INT_FIELDS, ModelConfig, ModelConfigError
+from netsim.scenario_choices import Backend, Base, FaultKind, GroupStart, Method, Partition, Peers
 from protocols.weightings import MODES as MODE_REGISTRY
-from protocols.weightings import weightings
+from protocols.weightings import PRIORS, weightings
 
 
 class ScenarioError(AtdError):
     """A scenario file is missing, not TOML, or has a bad value (the message names the key)."""
-
-
-# ------------------------------------------------------------------ choices
-
-class Backend(StrEnum):
-    MEMORY = "memory"  # in-process nodes over an in-memory transport (netsim.memsim)
-    PROCESS = "process"  # one `atd node start` process per node (netsim.procnet)
-
-
-class Method(StrEnum):
-    VGS_ATD = "vgs-atd"
-    CENTRALIZED = "centralized"
-    FEDAVG = "fedavg"
-    SWARM = "swarm"
-    LOCAL = "local"
-    FAT_FEDAVG = "fat-fedavg"  # adversarial `atd rounds` (netsim.fat), opt-in
-    FAT_FEDWAVG = "fat-fedwavg"
-    PLAN = "plan"  # carries out [scenario] plan on the nodes (netsim.plan)
-
-
-class Base(StrEnum):
-    SCRATCH = "scratch"
-    MSD = "msd"  # VGS-ATD starts from a base the nodes build by masked sampling distillation (netsim.msdbase)
-    PUBLIC = "public"  # every method starts from W_p, a designated client's ViT on a public pool (netsim.publicbase)
-
-
-class Partition(StrEnum):
-    IID = "iid"
-    LABEL_SKEW = "label_skew"
-    QUANTITY_SKEW = "quantity_skew"
-    DISJOINT = "disjoint"
-    NON_IID2 = "non_iid2"  # non_iid*: the FedWAvg paper's
-    NON_IID4 = "non_iid4"
-    CLASS_SHARES = "class_shares"
-
-
-class FaultKind(StrEnum):
-    KILL = "kill"
-    RESTART = "restart"
-    PARTITION = "partition"
-    HEAL = "heal"
-    SLOW_LINK = "slow_link"
-    LATE_JOIN = "late_join"
-    LEAVE = "leave"
-
-
-class GroupStart(StrEnum):
-    """Where a new group of a hierarchical phase starts (netsim.vgs._hierarchical)."""
-
-    BASE = "base"  # the consortium's shared base (the paper, §3.3)
-    CONSORTIUM = "consortium"  # the latest fused extractor of the consortium's existing group (a deviation)
-
-
-class Peers(StrEnum):
-    DAEMON = "daemon"  # NodeDaemon
-    LITE = "lite"  # gossip-only, for 1000+ nodes
 
 
 DEFAULT_METHODS = ("vgs-atd", "centralized", "fedavg", "swarm", "local")
@@ -148,7 +91,7 @@ FOREIGN: dict[str, dict[str, dict]] = {
         "pca_components": {"doc": "PCA width before the ensemble's members", "above": 0},
         "mlp_max_iter": {"doc": "MLP iterations (older name: mlp_epochs)", "above": 0},
         "rf_trees": {"doc": "random-forest trees", "above": 0},
-        "prior": {"doc": "class-prior correction (protocols.ensemble)", "choices": PRIORS},
+        "prior": {"doc": "class-prior correction (protocols.ensemble)", "choices": tuple(PRIORS)},
     },
 }
 

@@ -43,6 +43,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 from threadpoolctl import threadpool_limits
 
+from protocols.weightings import PRIORS
+
 if TYPE_CHECKING:  # scikit-learn is imported where a model is fitted: predicting is numpy only,
     # so `atd classify` / `aggregate --mode horizontal` / `--verify` never pay ~1.5 s for it
     from sklearn.calibration import CalibratedClassifierCV
@@ -52,7 +54,6 @@ if TYPE_CHECKING:  # scikit-learn is imported where a model is fitted: predictin
 __all__ = ["EnsembleClassifier", "EnsembleError", "MEMBERS", "FORMAT", "PRIORS", "prior_ratio"]
 
 MEMBERS = ("mlp", "rf", "svm")
-PRIORS = ("none", "balanced", "node")
 FORMAT = "atd-ensemble-v1"
 _META_KEY = "atd-ensemble"
 

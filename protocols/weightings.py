@@ -1,6 +1,7 @@
 """The weightings and the VGS-ATD modes, registered once: a weighting's name, what it counts
 per input, its rule, one line of help and where it applies; a mode's name, help, default
-weighting and which weightings apply to it. Every list of weighting names (the CLI's choices and help, each mode's
+weighting and which weightings apply to it; the choices of the ensemble a mode fits
+(`CLASSIFIERS`, `PRIORS`). Every list of weighting names (the CLI's choices and help, each mode's
 check, netsim's scenario keys) is read from here; nothing switches on a weighting's name but
 `protocols.aggregation.compute_weights` and `protocols.rounds.round_weights`.
 
@@ -174,6 +175,23 @@ ROUND_AGGREGATORS: dict[str, str] = {  # `atd rounds --aggregator`: name -> one 
     "krum": "Krum: the input closest to its n-f-2 nearest others (Blanchard et al. 2017)",
     "multi-krum": "Multi-Krum: the mean of the n-f inputs Krum scores best (Blanchard et al. 2017)",
 }  # their rules: protocols.rounds.AGGREGATORS (torch), which takes its names and help from here
+
+
+CLASSIFIERS: dict[str, str] = {  # what predicts for a horizontal aggregate: name -> one line of help
+    "ensemble": "the paper's default: fused extractor -> CLS -> PCA -> MLP + RF + SVM",
+    "head": "the averaged-head model predicts directly",
+}
+
+PRIORS: dict[str, str] = {  # the ensemble's class-prior correction (protocols.ensemble): name -> help
+    "none": "no correction",
+    "balanced": "uniform class prior",
+    "node": "this node's class proportions",
+}
+
+
+def choices_help(registry: dict[str, str]) -> str:
+    """`name (help) | ...` over a registry of names and one-line helps."""
+    return " | ".join(f"{name} ({text})" for name, text in registry.items())
 
 
 def weighting_help_by_mode() -> str:

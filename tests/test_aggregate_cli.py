@@ -133,7 +133,7 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
                       (["--mode", "horizontal", "--group", f"g={weights}"], "--group applies"),
                       (["--classifier", "head", "--features", weights], "--features / --data"),
                       (["--mode", "vertical", "--classifier", "head"], "--mode horizontal only"),
-                      (["--mode", "diagonal"], "choose from horizontal, vertical, hierarchical"),
+                      (["--mode", "hierarchical", "--weighting", "uniform"], "does not apply to --mode hierarchical"),
                       (["--mode", "vertical", "--mlp-hidden", "64,x"], "--mlp-hidden")):
         err = fails("aggregate", "--home", str(a.root), *args)
         assert why in str(err), (args, err)

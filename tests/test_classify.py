@@ -52,7 +52,6 @@ def test_classes_the_model_does_not_know_count_as_errors(trio, tmp_path):
     (["--data", "digits?classes=7,8"], ClassifyError, "none of the data's"),
     (["--data", "digits?classes=x"], DataError, "unknown classes"),
     (["--data", "digits", "--model", "nope"], ConfigError, "not found"),
-    (["--data", "digits", "--split", "bogus"], DataError, "unknown split"),
     (["--data", "digits?val=train", "--split", "val"], DataError, "no val split"),
 ])
 def test_classify_errors(trio, args, error, why):

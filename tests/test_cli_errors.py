@@ -124,6 +124,49 @@ def test_every_command_fails_in_one_line(path, fn, junk, capsys, monkeypatch):
         one_line_failure(capsys, _argv(path, fn, junk, None))
 
 
+def _choices(ann) -> tuple[str, ...] | None:
+    """The names an option annotated `ann` (an enumeration, maybe Optional or a list) accepts."""
+    import enum
+
+    while typing.get_origin(ann) in (list, typing.Union):
+        ann = next(a for a in typing.get_args(ann) if a is not type(None))
+    return tuple(m.value for m in ann) if isinstance(ann, type) and issubclass(ann, enum.Enum) else None
+
+
+CHOICE_OPTIONS = [(path, (info.param_decls or ("--" + name.replace("_", "-"),))[0], names)
+                  for path, fn in COMMANDS for name, info, ann in _params(fn)
+                  if isinstance(info, typer.models.OptionInfo) and (names := _choices(ann))]
+
+
+def test_the_choice_options_are_enumerations():
+    found = {(" ".join(path), opt) for path, opt, _ in CHOICE_OPTIONS}
+    assert {("aggregate", "--mode"), ("aggregate", "--weighting"), ("aggregate", "--group-weighting"),
+            ("aggregate", "--classifier"), ("aggregate", "--prior"), ("rounds", "--weighting"),
+            ("rounds", "--aggregator"), ("publish-weights", "--part"), ("classify", "--split"),
+            ("demo", "--backend"), ("netsim run", "--backend"), ("netsim run", "--method"),
+            ("split configure", "--head"), ("split configure", "--accept"), ("split compare", "--method")} <= found, found
+
+
+@pytest.mark.parametrize("path,opt,names", CHOICE_OPTIONS, ids=[f"{' '.join(p)} {o}" for p, o, _ in CHOICE_OPTIONS])
+def test_a_value_outside_a_choice_is_a_one_line_usage_error(path, opt, names, junk, capsys):
+    # refused before any other parameter is looked at: no home, no required argument needed
+    err = one_line_failure(capsys, [*path, opt, "no-such-choice"])
+    assert f"'{opt}'" in err and "'no-such-choice'" in err and "Value error" not in err, err
+    assert all(f"'{n}'" in err for n in names), (names, err)
+
+
+def test_dependent_choices_keep_their_one_line_cross_check(junk, capsys):
+    from atdnode.aggregation import AggregateError, check_arguments
+
+    err = one_line_failure(capsys, ["rounds", "--home", str(junk), "--rounds", "1", "--weighting", "fedavg",
+                                    "--aggregator", "median"])
+    assert "--weighting fedavg and --aggregator median: give one" in err, err
+    with pytest.raises(AggregateError, match="--weighting uniform does not apply to --mode hierarchical: "
+                                             "choose from sqrt-classes, model-count"):
+        check_arguments("hierarchical", weighting="uniform")
+    check_arguments("hierarchical", weighting="model-count")  # applies: no error
+
+
 def test_group_without_a_subcommand_shows_help_not_a_traceback(capsys):
     run(["ledger"])  # exit code: 2 from click >= 8.2, 0 before
     out, err = capsys.readouterr()

@@ -75,8 +75,9 @@ def test_brackets_from_the_source_are_printed():
 
 
 def _row(shown: str, opt: str) -> str:
-    """The option's own row of the help (rendered unwrapped)."""
-    m = re.search(r"^ +(?:-\w, )?" + re.escape(opt) + r"\b.*$", shown, re.M)
+    """The option's own row of the help (rendered unwrapped; an option whose name and choices
+    fill the first column has its help on the next, deeper-indented line)."""
+    m = re.search(r"^ +(?:-\w, )?" + re.escape(opt) + r"\b.*(?:\n {3,}\S.*)*", shown, re.M)
     assert m, (opt, shown)
     return m.group(0)
 
@@ -99,6 +100,35 @@ def test_every_option_has_help_and_shows_its_default():
             if p.is_flag and re.search(re.escape(name) + r"\s+<", row):
                 bad.append((" ".join(path), name, "flag shown with a value"))
     assert not bad, "\n".join(map(str, bad))
+
+
+def _choice_options() -> dict[tuple[tuple[str, ...], str], tuple[str, ...]]:
+    """Every option whose value is one of a fixed set, with the set as its registry names it."""
+    from atdnode.data import ALL, SPLITS
+    from atdnode.models import PARTS
+    from atdnode.split import ACCEPT_POLICIES, EMBEDDER_HEADS, METHODS
+    from netsim.scenario_choices import Backend, Method
+    from protocols.weightings import CLASSIFIERS, MODES, PRIORS, ROUND_AGGREGATORS, weightings
+
+    return {(("aggregate",), "--mode"): tuple(MODES),
+            (("aggregate",), "--weighting"): tuple(dict.fromkeys(weightings("average") + weightings("group"))),
+            (("aggregate",), "--group-weighting"): weightings("average"),
+            (("aggregate",), "--classifier"): tuple(CLASSIFIERS), (("aggregate",), "--prior"): tuple(PRIORS),
+            (("rounds",), "--weighting"): weightings("round"), (("rounds",), "--aggregator"): tuple(ROUND_AGGREGATORS),
+            (("publish-weights",), "--part"): PARTS, (("classify",), "--split"): ("auto", ALL, *reversed(SPLITS)),
+            (("demo",), "--backend"): tuple(Backend), (("netsim", "run"), "--backend"): tuple(Backend),
+            (("netsim", "run"), "--method"): tuple(Method),
+            (("split", "configure"), "--head"): EMBEDDER_HEADS, (("split", "configure"), "--accept"): ACCEPT_POLICIES,
+            (("split", "compare"), "--method"): METHODS}
+
+
+def test_every_choice_option_lists_the_choices_of_its_registry():
+    missing = []
+    for (path, opt), names in _choice_options().items():
+        row = _row(_help(list(path)), opt)
+        if "|".join(names) not in row:
+            missing.append((" ".join(path), opt, names, row.strip()[:120]))
+    assert not missing, "\n".join(map(str, missing))
 
 
 def test_split_configure_shows_what_each_setting_falls_back_to():

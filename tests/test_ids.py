@@ -9,7 +9,8 @@ import pytest
 
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity, init_home
-from atdnode.ids import IdError, MIN_PREFIX, resolve_blob, resolve_entry, resolve_entry_ids, resolve_peer, unique
+from atdnode.ids import IdError, MIN_PREFIX, resolve_entry, unique
+from atdnode.node import resolve_blob, resolve_entry_ids, resolve_peer
 from cli.app import run
 from ledger import Ledger, Signer, peer_id_from_public_key
 

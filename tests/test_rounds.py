@@ -129,9 +129,10 @@ def test_bad_weighting_or_aggregator_is_a_one_line_error(tmp_path):
     import sys
 
     (a,) = consortium(tmp_path, ["a"])
-    cases = {("--weighting", "median"): "error: --weighting 'median': choose from fedavg, fedwavg",
-             ("--aggregator", "mode"): "error: --aggregator 'mode': choose from fedavg, fedwavg, median, trimmed-mean, "
-                                       "krum, multi-krum"}
+    cases = {("--weighting", "median"): "error: Invalid value for '--weighting': 'median' is not one of 'fedavg', "
+                                        "'fedwavg'. Try 'atd rounds --help'.",
+             ("--aggregator", "mode"): "error: Invalid value for '--aggregator': 'mode' is not one of 'fedavg', "
+                                       "'fedwavg', 'median', 'trimmed-mean', 'krum', 'multi-krum'. Try 'atd rounds --help'."}
     for args, line in cases.items():
         proc = subprocess.run([sys.executable, "-m", "cli.app", "rounds", "--home", str(a.root), "--rounds", "1", *args],
                               capture_output=True, text=True, timeout=300)

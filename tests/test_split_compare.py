@@ -140,7 +140,7 @@ def test_cli_writes_report_and_plot(tmp_path):
 def test_cli_rejects_an_unknown_method(tmp_path, capsys):
     rc = run(["split", "compare", "--method", "carrier-pigeon", "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
-    assert rc != 0 and "unknown method" in err and len(err.strip().splitlines()) == 1
+    assert rc != 0 and "'carrier-pigeon' is not one of 'festa'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r.json").exists()
 
 

@@ -24,8 +24,8 @@ from atdnode.learning import ModelConfig
 from ledger import Entry, Ledger
 from protocols.ensemble import EnsembleError
 from protocols.vgs import fit_vertical_ensemble
+from protocols.weightings import CLASSIFIERS  # horizontal: fused extractor + ensemble (paper), or averaged heads
 
-CLASSIFIERS = ("ensemble", "head")  # horizontal: fused extractor + ensemble (paper), or averaged heads
 DEFAULT_PRIOR = "balanced"  # class-prior correction, chosen by measurement (bench/prior_bench.py)
 
 

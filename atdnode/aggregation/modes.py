@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from atdnode.aggregation.aggregate import AggregateError, AggregateResult
 from atdnode.node import NodeHome
 from atdnode.aggregation.ensemble import CLASSIFIERS, EnsembleOptions
-from protocols.weightings import MODES
+from protocols.weightings import MODES, weightings
 
 
 def default_weighting(mode: str, weighting: str | None = None) -> str:
@@ -25,10 +25,14 @@ def default_weighting(mode: str, weighting: str | None = None) -> str:
 
 def check_arguments(mode: str, *, inputs: Sequence[str] | None = None, groups: Sequence = (),
                     classifier: str = "ensemble", data_spec: str | None = None,
-                    features: Sequence[str] | None = None, strict: bool = False) -> None:
+                    features: Sequence[str] | None = None, strict: bool = False,
+                    weighting: str | None = None) -> None:
     """AggregateError (one line, naming the CLI option) where an argument does not fit `mode`."""
     if mode not in MODES:
         raise AggregateError(f"--mode {mode!r}: choose from {', '.join(MODES)}")
+    if weighting is not None and weighting not in weightings(MODES[mode].weightings):
+        raise AggregateError(f"--weighting {weighting} does not apply to --mode {mode}: choose from "
+                             f"{', '.join(weightings(MODES[mode].weightings))}")
     if groups and mode != "hierarchical":
         raise AggregateError("--group applies to --mode hierarchical only")
     if mode == "hierarchical" and inputs:

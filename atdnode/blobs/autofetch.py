@@ -14,29 +14,35 @@ while `auto_fetch` is on, with a per-blob back-off (1 s doubling to 60 s; 30 s d
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
-from atdnode.replication import LedgerAccess, MembershipGate
 from atdnode.blobs.readers import BlobReaders
 from atdnode.blobs.store import BlobStore
 from atdnode.errors import DaemonError
 from atdnode.retry import Backoff
 from atdnode.transport import Transport, TransportError
-from atdnode.blobs.xfer import BlobService
+from atdnode.blobs.xfer import BlobService, MemberGate
 from ledger import Ledger
 
 log = logging.getLogger("atd.daemon")
 
 IDLE_WAKE_S = 300.0  # with nothing wanted, the fetch loop still looks again this often
+T = TypeVar("T")
+
+
+class LedgerJobs(Protocol):
+    """The daemon's ledger (`atdnode.replication.LedgerAccess`): runs `fn(ledger)` in its thread."""
+
+    async def run(self, fn: Callable[[Ledger], T]) -> T: ...
 
 
 class AutoFetcher:
     """What one daemon wants of the blobs its ledger announces, and the loop that gets them."""
 
-    def __init__(self, *, ledger: LedgerAccess, me: bytes, store: BlobStore, transport: Transport,
-                 gate: MembershipGate, blobs: BlobService, readers: BlobReaders,
+    def __init__(self, *, ledger: LedgerJobs, me: bytes, store: BlobStore, transport: Transport,
+                 gate: MemberGate, blobs: BlobService, readers: BlobReaders,
                  disk_trouble: Callable[[str, BaseException], Awaitable[None]], poll_interval: float,
                  auto_fetch: bool) -> None:
         self.ledger, self.me, self.store, self.transport = ledger, me, store, transport

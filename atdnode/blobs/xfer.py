@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 
@@ -61,9 +61,6 @@ from atdnode.blobs.fetch import BlobFetcher, FetchConfig
 from atdnode.blobs.bulk import MAX_CONNS, BulkConn  # noqa: F401  (BulkConn re-exported)
 from atdnode.blobs.bulk_server import BulkConns, ChunkReader, serve_bulk
 
-if TYPE_CHECKING:
-    from atdnode.replication import MembershipGate
-
 log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 60.0  # server: a request stream (or bulk connection) silent this long is closed
@@ -71,11 +68,19 @@ READ_AHEAD_BYTES = 4 << 20  # server: chunks read ahead of the stream, per strea
 PER_PEER_STREAMS = 6  # server: streams one peer may hold at once (of max_streams slots)
 
 
+class MemberGate(Protocol):
+    """Who may use the blob protocol: the daemon's `atdnode.replication.MembershipGate`
+    (members only), which replication keeps current from the ledger."""
+
+    def allows(self, peer: str) -> bool: ...
+    async def admit(self, stream: Stream, what: str) -> bool: ...
+
+
 class BlobServer:
     """Serves blobs held in `store` to peers (the inbound side of `/atd/blob/1.0.0`)."""
 
     def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, max_streams: int = 32,
-                 gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
+                 gate: MemberGate | None = None, may_read: Callable[[str, str], bool] | None = None,
                  bulk_port: int = 0, per_peer: int = PER_PEER_STREAMS) -> None:
         """`gate`: members-only access (None: serve anyone -- only for tools without a ledger);
         `may_read(peer, blob)`: per-blob reader lists; `bulk_port`: 0 = a fresh port per offer;
@@ -307,7 +312,7 @@ class BlobService:
     """
 
     def __init__(self, transport: Transport, store: BlobStore, *, bulk: bool = True, config: Any = None,
-                 gate: "MembershipGate | None" = None, may_read: Callable[[str, str], bool] | None = None,
+                 gate: MemberGate | None = None, may_read: Callable[[str, str], bool] | None = None,
                  bulk_port: int = 0) -> None:
         self.server = BlobServer(transport, store, bulk=bulk, gate=gate, may_read=may_read, bulk_port=bulk_port)
         self.fetcher = BlobFetcher(transport, store, config or FetchConfig(bulk=bulk))

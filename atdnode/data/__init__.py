@@ -30,7 +30,7 @@ from atdnode.face import lazy_face
 
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"IMAGE_EXTS": "images", "contact_sheet": "inspect", "inspect_data": "inspect", "LabeledImages": "labeled",
-         "label_fingerprint": "labeled", "SPLITS": "layout", "load_dataset": "loader", "training_window": "loader",
+         "label_fingerprint": "labeled", "SPLITS": "spec", "ALL": "spec", "load_dataset": "loader", "training_window": "loader",
          "source_kind": "public_spec", "public_data_spec": "public_spec:public_spec", "DataReport": "report",
          "caution_for": "sanity", "caution_of": "sanity", "metric_text": "sanity", "require_classes": "sanity",
          "MEAN": "select", "STD": "select", "split_indices": "select", "DataSpec": "spec", "did_you_mean": "spec",

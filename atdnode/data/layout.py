@@ -21,9 +21,8 @@ import numpy as np
 
 from atdnode.data.intensity import Scaling
 from atdnode.data.labels import read_label_csv
+from atdnode.data.spec import SPLITS
 from atdnode.errors import DataError
-
-SPLITS = ("train", "val", "test")
 
 
 class Skip(Exception):

@@ -29,13 +29,11 @@ from atdnode.data.arrays import digits_catalog, npz_catalog
 from atdnode.data.intensity import AUTO_FILES, auto_window, sample_pixels
 from atdnode.data.labeled import LabeledImages
 from atdnode.data.labels import label_space, read_class_map
-from atdnode.data.layout import SPLITS, Catalog, Skip
+from atdnode.data.layout import Catalog, Skip
 from atdnode.data.report import DataReport
 from atdnode.data.select import ReadStats, _select, carve_val, carved_note, split_indices, to_tensor
-from atdnode.data.spec import DataSpec
+from atdnode.data.spec import ALL, SPLITS, DataSpec
 from atdnode.errors import DataError
-
-ALL = "all"  # load_dataset's split for every sample, whatever its side
 
 
 def open_catalog(ds: DataSpec) -> tuple[Catalog, str]:

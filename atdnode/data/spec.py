@@ -32,6 +32,8 @@ from urllib.parse import parse_qsl
 
 from atdnode.errors import DataError
 
+SPLITS = ("train", "val", "test")  # the sides a source's samples lie on
+ALL = "all"  # load_dataset's split for every sample, whatever its side
 SOURCES = ("digits", "digits-jitter", "npz", "folder", "dicom", "nifti")
 _BUILTIN = ("digits", "digits-jitter")  # no path
 _FILE_SOURCES = ("folder", "dicom", "nifti")

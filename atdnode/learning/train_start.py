@@ -56,9 +56,9 @@ def resolve_init(home: NodeHome, store, init_from: str | None) -> tuple[str | No
                 h = hits[0]
         if len(h) == 64 and store.has(h):
             return h, None
-    from atdnode.split import base_extractor_blob  # a registered model, e.g. an MSD base
+    from atdnode.models import extractor_blob_of  # a registered model, e.g. an MSD base
 
-    h = base_extractor_blob(home, init_from)
+    h = extractor_blob_of(home, init_from)
     if h is not None and store.has(h):
         return h, None
     raise ConfigError(f"--init-from {init_from}: neither a file, a blob in {home.blobs_dir} nor a model id")

@@ -6,7 +6,8 @@ from atdnode.face import lazy_face
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"enforce_limit": "gc", "register_model": "gc", "remove_model": "gc", "size_limit": "gc",
          "part_blob": "publish", "publish_weights": "publish", "weights_body": "publish", "ModelRecord": "registry",
-         "ModelRegistry": "registry", "RunCheckpoint": "registry", "made_by": "registry", "PARTS": "weights",
+         "ModelRegistry": "registry", "RunCheckpoint": "registry", "made_by": "registry",
+         "extractor_blob_of": "registry", "PARTS": "weights",
          "WeightsBlobError": "weights", "load_weights": "weights", "read_meta": "weights",
          "save_weights": "weights", "load_ensemble": "weights", "save_ensemble": "weights",
          "InUse": "in_use", "model_in_use": "in_use", "default_model": "in_use", "resolve_model": "in_use",

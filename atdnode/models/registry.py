@@ -283,3 +283,14 @@ class RunCheckpoint:
                 (self.dir / name).unlink(missing_ok=True)
         _write_json(self.state_file, {"epoch": st.get("epoch"), "history": st.get("history", []),
                                       "done": True, "model_id": model_id})
+
+
+def extractor_blob_of(home: NodeHome, ref: str) -> str | None:
+    """The extractor blob of registered model ``ref`` (id or unique prefix), or None when no
+    model matches (what `atd train --init-from` tries after files and blobs; an MSD base is one such model)."""
+    reg = ModelRegistry.of(home)
+    ids = [p.stem for p in reg.dir.glob("*.json")] if reg.dir.is_dir() else []
+    if not any(i.startswith(ref) for i in ids):
+        return None
+    record = reg.get(ref)  # an ambiguous or too short prefix is an IdError naming the matches
+    return record.blobs.get("extractor") or record.blobs.get("full")

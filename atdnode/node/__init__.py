@@ -15,6 +15,7 @@ _FACE = {"check_bootstrap": "addrs", "check_listen": "addrs", "NodeConfig": "con
          "LocalNetError": "localnet", "localnet": "localnet:", "file_handler": "logs", "setup_logging": "logs",
          "sklearn_warnings_to_log": "logs", "loop_rng": "rngs", "FetchProgress": "snapshot",
          "NodeSnapshot": "snapshot",
-         "check_announce": "addrs", "advertised": "advertise"}
+         "check_announce": "addrs", "advertised": "advertise",
+         "resolve_blob": "lookup", "resolve_entry_ids": "lookup", "resolve_peer": "lookup"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)

@@ -10,20 +10,28 @@ a peer with no hello has the addresses it was given as a bootstrap peer, if any.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol, TypeVar
 
 from atdnode.peers.dialpolicy import addresses_newest_first
-from atdnode.replication import LedgerAccess
 from ledger import Ledger
 from ledger.errors import BadPeerId
 from ledger.keys import public_key_from_peer_id
+
+
+T = TypeVar("T")
+
+
+class LedgerJobs(Protocol):
+    """The daemon's ledger (`atdnode.replication.LedgerAccess`): runs `fn(ledger)` in its thread."""
+
+    async def run(self, fn: Callable[[Ledger], T]) -> T: ...
 
 
 class HelloAddresses:
     """Addresses of the members a dialer looks at (module doc); `cache[peer]` once read
     (an empty tuple: no hello and no bootstrap address, nothing to dial)."""
 
-    def __init__(self, ledger: LedgerAccess, bootstrap: dict[str, list[str]],
+    def __init__(self, ledger: LedgerJobs, bootstrap: dict[str, list[str]],
                  members: Callable[[], "set[bytes]"]) -> None:
         self.ledger = ledger
         self.bootstrap = bootstrap  # peer -> addresses given on the command line

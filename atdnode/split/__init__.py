@@ -36,14 +36,14 @@ def role_services(home: Any, config: Any) -> list:
 
 
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
-_FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "base_extractor_blob": "base", "build_base": "base",
+_FACE = {"BASE_MODEL": "base", "BaseBuildError": "base", "build_base": "base",
          "publish_base": "base", "JoinOptions": "client", "SplitJoinError": "client", "join": "client",
-         "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare",
+         "run_join": "client", "single_error": "client", "CompareSetting": "compare", "METHODS": "compare_view",
          "run_compare": "compare", "render_compare": "compare_view:render",
          "write_compare_png": "compare_view:write_png", "finetune_from_entry": "finetune",
          "SplitReportError": "report", "load_records": "report", "records_dir": "report", "report_row": "report",
          "render_report": "report:render", "SplitSecretError": "secret", "RemoteError": "session", "SPLIT_PROTOCOL": "session",
-         "DEFAULT_BODY": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
+         "ACCEPT_POLICIES": "settings", "DEFAULT_BODY": "settings", "EMBEDDER_HEADS": "settings", "SplitConfigError": "settings", "SplitSettings": "settings",
          "parse_task": "settings",
          "accept_clients": "secret", "adopt_secret": "secret"}
 __all__ = [*_FACE] + ["SERVER_ROLES", "role_services"]

@@ -208,14 +208,3 @@ def publish_base(home: NodeHome, model: str = "latest") -> PublishedBase:
     body.update({"algorithm": BASE_KIND, bodies.READERS: readers})
     entry = bodies.append(led, ident.signer, "weights", body)
     return PublishedBase(entry=entry, blob=blob, readers=readers)
-
-
-def base_extractor_blob(home: NodeHome, ref: str) -> str | None:
-    """The extractor blob of registered model ``ref`` (id or unique prefix), or None when no
-    model matches (what `atd train --init-from` tries after files and blobs)."""
-    reg = ModelRegistry.of(home)
-    ids = [p.stem for p in reg.dir.glob("*.json")] if reg.dir.is_dir() else []
-    if not any(i.startswith(ref) for i in ids):
-        return None
-    record = reg.get(ref)  # an ambiguous or too short prefix is an IdError naming the matches
-    return record.blobs.get("extractor") or record.blobs.get("full")

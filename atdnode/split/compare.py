@@ -46,10 +46,9 @@ from protocols.festa import SplitRunResult
 from protocols.split_baselines import (CENTRAL_KINDS, FL_KINDS, SL_KINDS, ClientData, run_central, run_fl,
                                        run_sl)
 from atdnode.learning import ModelConfig
+from atdnode.split.compare_view import METHODS
 from protocols.split_parts import TaskSpec, build_plain_embedder, digits_images, split_config
 
-METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
-           "central", "fl", "sl")
 FORMULA_TEXT = {"T_FL": "2R/n (Ph+Pb+Pt)", "T_SL": "2BR(F+G)", "T_FESTA": "2BR(F+G) + 2R/n (Ph+Pt)",
                 "T_pFESTA": "DF + BR(F+G) + 2R Pt/n", "T_MSD": "DF + Pb (MSD Eq. 9)",
                 "T_FL_SSL": "4R/n (Ph+Pb+Pt) (MSD Eq. 8: teacher + student, up and down)",

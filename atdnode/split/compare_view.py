@@ -1,12 +1,16 @@
-"""`atd split compare`'s report shown: a plain-text table with the orderings, and a PNG.
+"""`atd split compare`'s methods, and its report shown: a plain-text table with the orderings, and a PNG.
 
 The report itself (a JSON-able dict) is made by `atdnode.split.compare`; this module only
-reads it.
+reads it. The methods are named here, where loading them costs no torch (`atd split compare
+--method` lists them in its help).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+METHODS = ("festa", "pfesta", "festa_single", "pfesta_single", "pfesta_learnable_head", "pfesta_no_pos_embed",
+           "central", "fl", "sl")
 
 
 def render(report: dict[str, Any]) -> str:

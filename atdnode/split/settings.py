@@ -36,6 +36,7 @@ from atdnode.errors import ConfigError
 
 CONFIG_KEY = "split"
 ACCEPT_POLICIES = ("members", "manual")  # who a p-FESTA / MSD server accepts as clients (module doc)
+EMBEDDER_HEADS = ("fixed", "learnable")  # p-FESTA's embedder: protocols.pfesta.HEADS, named here without torch
 MAX_FRAME_DEFAULT = 64 << 20  # largest split frame accepted (a batch of ViT-B features is ~20 MB)
 
 
@@ -101,8 +102,8 @@ class SplitSettings:
             raise SplitConfigError(f"split.part_weighting must be 'uniform' or 'samples', got {self.part_weighting!r}")
         if not isinstance(self.class_token, bool):
             raise SplitConfigError("split.class_token must be true or false")
-        if self.head not in ("fixed", "learnable"):
-            raise SplitConfigError(f"split.head must be 'fixed' or 'learnable', got {self.head!r}")
+        if self.head not in EMBEDDER_HEADS:
+            raise SplitConfigError(f"split.head must be one of {', '.join(EMBEDDER_HEADS)}, got {self.head!r}")
         if not isinstance(self.pos_embed, bool):
             raise SplitConfigError("split.pos_embed must be true or false")
         if self.accept not in ACCEPT_POLICIES:

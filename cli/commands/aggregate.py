@@ -9,8 +9,10 @@ import typer
 
 from atdnode.learning import apply_device
 from atdnode.node import sklearn_warnings_to_log
+from cli.choices import choice
 from cli.options import DEVICE_OPT, HOME_OPT, node_home
-from protocols.weightings import mode_help, weighting_help_by_mode, weightings
+from protocols.weightings import (CLASSIFIERS, MODES, PRIORS, choices_help, help_for, mode_help,
+                                  weighting_help_by_mode, weightings)
 from cli.errors import CliError
 from cli.progress import bars
 
@@ -29,6 +31,13 @@ HELP = "\n\n".join([
 ])
 
 
+Mode = choice("Mode", MODES)
+Weighting = choice("Weighting", dict.fromkeys(weightings("average") + weightings("group")))
+GroupWeighting = choice("GroupWeighting", weightings("average"))
+Classifier = choice("Classifier", CLASSIFIERS)
+Prior = choice("Prior", PRIORS)
+
+
 def _split(values: Optional[List[str]]) -> list[str] | None:
     out = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
     return out or None
@@ -36,27 +45,27 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
 
 def aggregate(
     home: Path = HOME_OPT,
-    mode: str = typer.Option("horizontal", "--mode", help=f"{mode_help()}."),
-    weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{weighting_help_by_mode()}."),
+    mode: Mode = typer.Option("horizontal", "--mode", help=f"{mode_help()}."),
+    weighting: Optional[Weighting] = typer.Option(None, "--weighting", help=f"{weighting_help_by_mode()}."),
     inputs: Optional[List[str]] = typer.Option(None, "--inputs", help="Weights entry ids (or unique prefixes) to combine, repeatable or comma-separated (default: every compatible one held)."),
     group: Optional[List[str]] = typer.Option(None, "--group", help="Hierarchical: NAME=WEIGHTS_ENTRY,... (averaged once into the group's model), or NAME=AGGREGATE_ENTRY (reused as it); repeatable."),
-    group_weighting: str = typer.Option("uniform", "--group-weighting", help=f"Hierarchical: how a new group averages its members ({' | '.join(weightings('average'))})."),
+    group_weighting: GroupWeighting = typer.Option("uniform", "--group-weighting", help=f"Hierarchical: how a new group averages its members: {help_for('average')}."),
     features: Optional[List[str]] = typer.Option(None, "--features", help="Vertical/hierarchical: use exactly these features entries (default: every one sealed to this node that fits)."),
     data: Optional[str] = typer.Option(None, "--data", help="Vertical/hierarchical: this node's data spec for its own features (default: its model's training data)."),
-    classifier: str = typer.Option("ensemble", "--classifier", help="Horizontal: ensemble (paper default: fused extractor -> CLS -> PCA -> MLP + RF + SVM) | head (the averaged-head model predicts directly)."),
+    classifier: Classifier = typer.Option("ensemble", "--classifier", help=f"Horizontal: {choices_help(CLASSIFIERS)}."),
     q: float = typer.Option(1.0, "--q", help="FedWAvg softmax scale q (the reference is this node's current model: its previous global model, or its own)."),
     pca_components: int = typer.Option(500, "--pca-components", min=1, help="Ensemble PCA components (capped by feature width and samples)."),
     mlp_max_iter: int = typer.Option(300, "--mlp-max-iter", min=1, help="Ensemble MLP max iterations."),
     mlp_hidden: str = typer.Option("256", "--mlp-hidden", help="Ensemble MLP hidden layer sizes, comma-separated."),
     rf_trees: int = typer.Option(100, "--rf-trees", min=1, help="Ensemble random-forest trees."),
     seed: int = typer.Option(0, "--seed", help="Ensemble seed."),
-    prior: str = typer.Option("balanced", "--prior", help="Ensemble class-prior correction: balanced (uniform class prior) | node (this node's class proportions) | none."),
+    prior: Prior = typer.Option("balanced", "--prior", help=f"Ensemble class-prior correction: {choices_help(PRIORS)}."),
     strict: bool = typer.Option(False, "--strict", help="Hierarchical: refuse groups that do not descend from one shared base (default: warn)."),
     verify: Optional[str] = typer.Option(None, "--verify", help="Recompute this aggregate entry (id or unique prefix) from its inputs and check its weights and result hash."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     device: Optional[str] = DEVICE_OPT,
 ) -> None:
-    from atdnode.ids import resolve_entry_ids
+    from atdnode.node import resolve_entry_ids
 
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
@@ -70,13 +79,10 @@ def aggregate(
         typer.echo(json.dumps({"verified": True, "blob": blob}) if as_json else f"aggregate {verify[:16]} verifies: {blob}")
         return
     from atdnode.aggregation import check_arguments, default_weighting, run_aggregate
-    from protocols.ensemble import PRIORS
 
     ids, feats = _split(inputs), _split(features)
     check_arguments(mode, inputs=ids, groups=group or (), classifier=classifier, data_spec=data, features=feats,
-                    strict=strict)  # before any entry id is resolved
-    if prior not in PRIORS:
-        raise CliError(f"--prior {prior!r}: choose from {', '.join(PRIORS)}")
+                    strict=strict, weighting=weighting)  # before any entry id is resolved
     ids = ids and resolve_entry_ids(h, ids, ("weights",), what="input")  # ids or unique prefixes -> full ids
     feats = feats and resolve_entry_ids(h, feats, ("features",), what="features")
     from atdnode.aggregation import EnsembleOptions

@@ -8,8 +8,12 @@ from typing import Optional
 import typer
 
 from atdnode.node import NodeHome, sklearn_warnings_to_log
+from atdnode.data import ALL, SPLITS
+from cli.choices import choice
 from cli.options import DEVICE_OPT, HOME_OPT, node_home
 from cli.errors import CliError
+
+Split = choice("Split", ("auto", ALL, *reversed(SPLITS)))  # auto: atdnode.learning.classify.choose_split
 
 
 def classify(
@@ -17,7 +21,7 @@ def classify(
     data: str = typer.Option(..., "--data", help="Data spec, e.g. `digits` or `npz:PATH?classes=a,b` (see `atd train --help`)."),
     model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest` "
                               "(the model in use, marked * by `atd models`)."),
-    split: str = typer.Option("auto", "--split", help="auto | all | test | val | train. auto: every image of a "
+    split: Split = typer.Option("auto", "--split", help="Which images to score. auto: every image of a "
                               "data source without splits; the test split of one with train/val/test folders "
                               "(or of the data the model was trained on)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Confusion-matrix PNG path (default: HOME/classify/MODEL-SPEC.png)."),

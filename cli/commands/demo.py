@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from netsim.scenario_choices import Backend
+
 HELP = """Run a small VGS-ATD scenario end to end and print how it compares.
 
 Seven hospitals learn on the embedded digits (no download): three with the same classes learn horizontally, two with new classes join vertically (sealed CLS features, one ensemble over all classes), and a second group joins hierarchically. Each node is a real `atd node start` daemon on 127.0.0.1 (signed ledger over libp2p gossip, weights and features as blobs). The same partitions are then used for centralized, FedAvg, swarm and local-only training, and the comparison table is printed. Takes a few minutes on 2 CPU cores; the full report (JSON, Markdown, PNG plots) goes to --out.
@@ -20,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
 def demo_cmd(
     out: Path = typer.Option(Path("atd-demo"), "--out", help="Directory for report.json, report.md and the PNG plots."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="process (real daemons, default) or memory."),
+    backend: Optional[Backend] = typer.Option(None, "--backend", help="process: real daemons (default); memory: one process, a simulated network."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Scenario seed (default 0)."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),
 ) -> None:

@@ -37,7 +37,7 @@ def show(
     lamport clock, author (last 8 characters of the peer id) #seq, kind, entry id, body."""
     import time
 
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
     from ledger import parse_author
 
     key = parse_author(resolve_peer(node_home(home), author)) if author else None

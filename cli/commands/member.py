@@ -47,7 +47,7 @@ def revoke(
     home: Path = HOME_OPT,
 ) -> None:
     """Revoke a member for good: its entries beyond those already in this ledger are refused."""
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
     from ledger import parse_author
 
     key = parse_author(resolve_peer(node_home(home), peer_id))
@@ -68,7 +68,7 @@ def restore(
     An admin (the founder, for an admin's identity) names the owner's new key, which must be
     one of the keys the old key rotated to; it then carries the identity (membership,
     admin flag, name, reader access) and the thief's rotation is evidence."""
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
     from ledger import parse_author
 
     old_key = parse_author(resolve_peer(node_home(home), old))

@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from cli.options import DEVICE_OPT
+from netsim.scenario_choices import Backend, Method
 
 netsim_app = typer.Typer(help="Run many nodes on this machine: scenarios, faults, VGS-ATD against baselines.",
                          no_args_is_help=True)
@@ -42,9 +43,9 @@ def resolve_scenario(ref: str):
 def run_cmd(
     scenario: str = typer.Argument(..., help="Scenario TOML file, or a shipped scenario name."),
     out: Path = typer.Option(Path("netsim-out"), "--out", help="Directory for report.json, report.md, PNGs."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Override the scenario's back-end: memory | process."),
+    backend: Optional[Backend] = typer.Option(None, "--backend", help="Override the scenario's back-end."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the scenario's seed."),
-    methods: Optional[List[str]] = typer.Option(None, "--method", help="Only these methods (repeatable)."),
+    methods: Optional[List[Method]] = typer.Option(None, "--method", help="Only these methods (repeatable)."),
     keep_homes: Optional[Path] = typer.Option(None, "--keep-homes", help="Keep the node homes under this directory."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0: one, fastest for these tiny models)."),

@@ -190,7 +190,7 @@ def fetch(
     shows the bytes the daemon has recorded so far against the size the ledger announces."""
     from atdnode import progress
     from atdnode.blobs import BlobStore, partial_bytes
-    from atdnode.ids import resolve_blob
+    from atdnode.node import resolve_blob
     from cli.progress import bars, while_polling
 
     h = node_home(home)

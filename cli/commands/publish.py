@@ -6,13 +6,17 @@ from pathlib import Path
 
 import typer
 
+from atdnode.models import PARTS
+from cli.choices import choice
 from cli.options import HOME_OPT, node_home
+
+Part = choice("Part", PARTS)
 
 
 def publish_weights(
     home: Path = HOME_OPT,
     model: str = typer.Option("latest", "--model", help="Model id (or unique prefix) from `atd models`, or `latest`."),
-    part: str = typer.Option("extractor", "--part", help="extractor (default: the head stays private) | head | full."),
+    part: Part = typer.Option("extractor", "--part", help="The weight set to publish (by default the extractor: the head stays private)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Record a signed `weights` entry for a trained model and serve its blob.

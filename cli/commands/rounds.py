@@ -13,9 +13,12 @@ from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
                          PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
-from protocols.weightings import ROUND_AGGREGATORS, help_for, weightings
+from cli.choices import choice
+from protocols.weightings import ROUND_AGGREGATORS, weightings
 
 ROUND_WEIGHTINGS = weightings("round")  # the weighted means (as protocols.rounds; this module loads no torch)
+RoundWeighting = choice("RoundWeighting", ROUND_WEIGHTINGS)
+Aggregator = choice("Aggregator", ROUND_AGGREGATORS)
 
 HELP = "\n\n".join([
     "Train a global model over several rounds with the consortium's other members, no server.",
@@ -33,9 +36,9 @@ HELP = "\n\n".join([
 def rounds(
     home: Path = HOME_OPT,
     n_rounds: int = typer.Option(..., "--rounds", min=1, help="Number of rounds."),
-    weighting: Optional[str] = typer.Option(None, "--weighting", help=f"{' | '.join(ROUND_WEIGHTINGS)} (the weighted "
+    weighting: Optional[RoundWeighting] = typer.Option(None, "--weighting", help=f"{' | '.join(ROUND_WEIGHTINGS)} (the weighted "
                                             "means; same as --aggregator)."),
-    aggregator: Optional[str] = typer.Option(None, "--aggregator", help="How a round's inputs become the global "
+    aggregator: Optional[Aggregator] = typer.Option(None, "--aggregator", help="How a round's inputs become the global "
                                              "model (default fedwavg): " + "; ".join(
                                                  f"{name}: {text}" for name, text in ROUND_AGGREGATORS.items()) + "."),
     byzantine: int = typer.Option(1, "--byzantine", min=0, help="f, the hostile members a robust aggregator "
@@ -75,13 +78,9 @@ def rounds(
     from cli.progress import bars
     from ledger import Ledger
 
-    if weighting is not None and weighting not in ROUND_WEIGHTINGS:
-        raise RoundsError(f"--weighting {weighting!r}: choose from {', '.join(ROUND_WEIGHTINGS)}")
     if weighting is not None and aggregator is not None and weighting != aggregator:
         raise RoundsError(f"--weighting {weighting} and --aggregator {aggregator}: give one")
     rule = aggregator or weighting or "fedwavg"
-    if rule not in ROUND_AGGREGATORS:
-        raise RoundsError(f"--aggregator {rule!r}: choose from {', '.join(ROUND_AGGREGATORS)}")
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr

@@ -28,7 +28,7 @@ def share_features(
     """
     from atdnode.aggregation import share_features as do_share
 
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
 
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it

@@ -13,8 +13,13 @@ from typing import List, Optional
 import typer
 
 from atdnode.learning import apply_device
-from atdnode.split import DEFAULT_BODY, SplitSettings
+from atdnode.split import ACCEPT_POLICIES, DEFAULT_BODY, EMBEDDER_HEADS, METHODS, SplitSettings
+from cli.choices import choice
 from cli.options import DEVICE_OPT, HOME_ENV, HOME_OPT, node_home
+
+Head = choice("Head", EMBEDDER_HEADS)
+Accept = choice("Accept", ACCEPT_POLICIES)
+CompareMethod = choice("CompareMethod", METHODS)
 
 
 def _kept(first) -> str:
@@ -53,10 +58,10 @@ def configure(
     msd_steps: Optional[int] = typer.Option(None, show_default=_kept(200), help="MSD: distillation steps on the server."),
     msd_batch: Optional[int] = typer.Option(None, show_default=_kept(128), help="MSD: distillation batch size."),
     seed: Optional[int] = typer.Option(None, show_default=_kept(_S.seed), help="Seed of the server body."),
-    head: Optional[str] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: 'fixed' embedder (the paper's) or 'learnable'."),
+    head: Optional[Head] = typer.Option(None, show_default=_kept(_S.head), help="p-FESTA ablation: a fixed embedder (the paper's) or a learnable one."),
     pos_embed: Optional[bool] = typer.Option(None, "--pos-embed/--no-pos-embed",
                                              help="p-FESTA ablation: whether the embedder adds a position table."),
-    accept: Optional[str] = typer.Option(None, show_default=_kept(_S.accept),
+    accept: Optional[Accept] = typer.Option(None, show_default=_kept(_S.accept),
                                          help="p-FESTA / MSD: 'members' (the daemon accepts every member that joins "
                                               "and asks) or 'manual' (only members accepted with `atd split accept`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the resulting settings as JSON."),
@@ -128,7 +133,7 @@ def join(
     for name in ("libp2p", "multiaddr", "async_service"):
         # py-libp2p logs the cancellation of its tasks at shutdown as errors; keep them for -v
         logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.CRITICAL)
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
 
     h = node_home(home)
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
@@ -163,7 +168,7 @@ def accept(
     works while the daemon runs. With `[split] accept = "members"` the daemon accepts every
     member that joins and asks; with "manual" only the members accepted here."""
     from atdnode.errors import ConfigError
-    from atdnode.ids import resolve_peer
+    from atdnode.node import resolve_peer
     from atdnode.node import NodeIdentity
     from atdnode.split import SplitSecretError
     from atdnode.split import accept_clients
@@ -217,7 +222,7 @@ def compare(
     unify_every: int = typer.Option(2, help="Average tails/heads (and FL models) every n rounds."),
     samples: int = typer.Option(350, help="Images per client (2 clients per task, disjoint)."),
     img_size: int = typer.Option(28, help="Image size (digits upscaled)."),
-    method: List[str] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
+    method: List[CompareMethod] = typer.Option([], "--method", help="Run only these methods (repeatable; default: all)."),
     jobs: int = typer.Option(1, help="Worker processes (each run is single-threaded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of a table."),
 ) -> None:
@@ -226,7 +231,7 @@ def compare(
     bytes per method, the cost formulas beside them, and which of the papers' orderings hold."""
     from rich.progress import Progress
 
-    from atdnode.split import (METHODS, CompareSetting, render_compare as render, run_compare,
+    from atdnode.split import (CompareSetting, render_compare as render, run_compare,
                                write_compare_png as write_png)
     from cli.errors import CliError
 
