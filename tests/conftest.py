@@ -23,7 +23,8 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
 `claims` tier (3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
-`pytest --claims tests/test_vgs_claims_public.py`.
+`pytest --claims tests/test_vgs_claims_public.py`; a few expensive repeats of a claim that
+a cheaper default test covers are in it too (`pytest --claims -m claims`).
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
 files with a slow test, then the rest; in the fast tier (no slow test selected) the files in
