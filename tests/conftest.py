@@ -61,9 +61,20 @@ from typing import Callable, Iterator
 
 import pytest
 
+import typer.testing
+
 from atdnode.node import NodeHome
+from cli.app import app as _atd_app, click_command
 from tests.factories import make_consortium
 from tests.nodeprocs import Daemon, start_daemon
+
+# typer's test runner (`CliRunner().invoke(app, ...)`) rebuilds the click command from `app` on
+# every call (~40 ms of CPU, most of a short command line's cost); the suite runs thousands of
+# command lines in-process, so they share the one `cli.app.click_command` builds (what `atd`
+# itself runs). Another Typer app still gets its own.
+if hasattr(typer.testing, "_get_command"):
+    _typer_get_command = typer.testing._get_command
+    typer.testing._get_command = lambda a: click_command() if a is _atd_app else _typer_get_command(a)
 
 
 # The longest test files, longest first (a file's setup and tests on one worker, from
