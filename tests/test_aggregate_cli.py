@@ -44,7 +44,7 @@ def fine_tuned(home) -> list[str]:
         return [e.id.hex() for e in led.query(kind="weights")][1:]
 
 
-@pytest.mark.slow  # three aggregations (one fits the ensemble) and five scorings of the digits test split
+@pytest.mark.slow  # three aggregations (one fits the ensemble), five scorings of the digits test split
 def test_horizontal_on_skewed_nodes_beats_every_single_node(skewed):
     single = {h.root.name: cli("classify", "--home", str(h.root), "--data", "digits", "--model", latest(h).id)["accuracy"]
               for h in skewed}
