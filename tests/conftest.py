@@ -96,22 +96,22 @@ LONGEST_FIRST = (
 # LONGEST_FIRST lose their slow tests there, so this order replaces it when no slow test was
 # selected: longest first, short files fill the end.
 FAST_LONGEST_FIRST = (
-    "test_split_network.py",  # 24
-    "test_aggregate_cli.py",  # 21
-    "test_members_only.py",  # 17
+    "test_netsim_faults.py",  # 19
     "test_gossip_mesh.py",  # 17
-    "test_training.py",  # 17
     "test_dialer.py",  # 14
-    "test_cli_errors.py",  # 14
     "test_bulk_secure.py",  # 13
-    "test_vertical_node.py",  # 12
-    "test_netsim_faults.py",  # 12
-    "test_blobxfer.py",  # 11
-    "test_split_compare.py",  # 10
-    "test_gossip_latency.py",  # 9
-    "test_rounds.py",  # 8
+    "test_blobxfer.py",  # 10
+    "test_baselines_from_base.py",  # 10
+    "test_peerset_daemons.py",  # 9
     "test_transport_contract.py",  # 8
-    "test_msd_base.py",  # 8
+    "test_gossip_latency.py",  # 8
+    "test_split_network.py",  # 7
+    "test_rounds.py",  # 7
+    "test_msd_base.py",  # 7
+    "test_fat.py",  # 7
+    "test_ensemble.py",  # 7
+    "test_training.py",  # 6
+    "test_ledger_merge.py",  # 6
 )
 
 
