@@ -11,11 +11,14 @@ non-zero; none shows a traceback (`cli.failure`).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 import sys
 
 import typer
+import typer.core
+import typer.main
 
 from cli import commands
 from cli.commands.models import reporting_removals
@@ -75,13 +78,21 @@ def _register_all() -> None:
 _register_all()
 
 
+@functools.cache
+def click_command() -> typer.core.TyperGroup:
+    """`app` as the click command typer builds from it, built once per process: calling
+    `app` (or typer's test runner) rebuilds it from every command's signature each time
+    (~40 ms of CPU), which in-process callers running many command lines pay per line."""
+    return typer.main.get_command(app)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run one `atd` command line; return its exit code. Never raises, never prints a
     traceback: every failure is one `error: ...` line on stderr (see `cli.failure`)."""
     from cli.failure import report
 
     try:
-        rc = app(args=argv, prog_name="atd", standalone_mode=False)
+        rc = click_command()(args=argv, prog_name="atd", standalone_mode=False)
     except BaseException as exc:  # noqa: BLE001 - the one place that reports everything
         return report(exc)
     # non-standalone mode returns the code of a typer.Exit (e.g. 130 after Ctrl-C)

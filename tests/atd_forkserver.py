@@ -97,6 +97,9 @@ def serve(path: str, warm: tuple[str, ...] = WARM) -> None:
         from atdnode.plots import pyplot
 
         pyplot()  # matplotlib.pyplot on the Agg back-end, as a command that draws imports it
+        from cli.app import click_command
+
+        click_command()  # the command tree `run` builds once per process: built here, every fork has it
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(16)

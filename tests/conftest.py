@@ -23,7 +23,8 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
 `claims` tier (3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
-`pytest --claims tests/test_vgs_claims_public.py`.
+`pytest --claims tests/test_vgs_claims_public.py`; a few expensive repeats of a claim that
+a cheaper default test covers are in it too (`pytest --claims -m claims`).
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
 files with a slow test, then the rest; in the fast tier (no slow test selected) the files in
@@ -60,9 +61,20 @@ from typing import Callable, Iterator
 
 import pytest
 
+import typer.testing
+
 from atdnode.node import DaemonProcess, NodeHome
+from cli.app import app as _atd_app, click_command
 from tests.factories import make_consortium
 from tests.nodeprocs import start_daemon
+
+# typer's test runner (`CliRunner().invoke(app, ...)`) rebuilds the click command from `app` on
+# every call (~40 ms of CPU, most of a short command line's cost); the suite runs thousands of
+# command lines in-process, so they share the one `cli.app.click_command` builds (what `atd`
+# itself runs). Another Typer app still gets its own.
+if hasattr(typer.testing, "_get_command"):
+    _typer_get_command = typer.testing._get_command
+    typer.testing._get_command = lambda a: click_command() if a is _atd_app else _typer_get_command(a)
 
 
 # The longest test files, longest first (a file's setup and tests on one worker, from
@@ -84,22 +96,22 @@ LONGEST_FIRST = (
 # LONGEST_FIRST lose their slow tests there, so this order replaces it when no slow test was
 # selected: longest first, short files fill the end.
 FAST_LONGEST_FIRST = (
-    "test_split_network.py",  # 24
-    "test_aggregate_cli.py",  # 21
-    "test_members_only.py",  # 17
+    "test_netsim_faults.py",  # 19
     "test_gossip_mesh.py",  # 17
-    "test_training.py",  # 17
     "test_dialer.py",  # 14
-    "test_cli_errors.py",  # 14
     "test_bulk_secure.py",  # 13
-    "test_vertical_node.py",  # 12
-    "test_netsim_faults.py",  # 12
-    "test_blobxfer.py",  # 11
-    "test_split_compare.py",  # 10
-    "test_gossip_latency.py",  # 9
-    "test_rounds.py",  # 8
+    "test_blobxfer.py",  # 10
+    "test_baselines_from_base.py",  # 10
+    "test_peerset_daemons.py",  # 9
     "test_transport_contract.py",  # 8
-    "test_msd_base.py",  # 8
+    "test_gossip_latency.py",  # 8
+    "test_split_network.py",  # 7
+    "test_rounds.py",  # 7
+    "test_msd_base.py",  # 7
+    "test_fat.py",  # 7
+    "test_ensemble.py",  # 7
+    "test_training.py",  # 6
+    "test_ledger_merge.py",  # 6
 )
 
 

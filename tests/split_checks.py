@@ -17,6 +17,8 @@ from protocols.inversion_attack import AttackConfig, paper_attack
 from protocols.split_parts import TaskSpec, build_plain_embedder
 from protocols.split_state import load_state
 
+DIGIT = TaskSpec("digit", "classification", 10)
+
 
 def campaign_secret(home: NodeHome, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """The adopted embedder secret as client ``home`` used it (named in its p-FESTA comm
@@ -47,22 +49,29 @@ def files_containing(root: Path, needles: list[bytes]) -> list[str]:
     return hits
 
 
-def attack_margin(server_home: NodeHome, client_home: NodeHome, spec: str, public_specs: list[tuple[str, str]],
-                  cfg: ModelConfig, ac: AttackConfig = AttackConfig()) -> tuple[dict, dict]:
-    """The paper's attacker on what the server stored for the client (permuted uploads) and
-    on the same images' in-order embeddings (what a non-permuting client would have sent;
-    made here with the client's secret, as an oracle). Public images: ``public_specs``,
-    disjoint from the client's. Returns (without permutation, with permutation)."""
+def in_order_and_stored(server_home: NodeHome, client_home: NodeHome, spec: str,
+                        cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the server stored for the client (its permuted uploads, (M, N, D)), the same
+    images' in-order embeddings (what a non-permuting client would have sent; made here
+    with the client's secret, as an oracle) and the images: (in_order, stored, images)."""
     client = NodeIdentity.load(client_home).peer_id
     tensors, _ = load_state(Path(server_home.root) / "split" / "server" / "pfesta" / "state")
     stored = tensors[f"store.{client}"]  # (M, N, D): exactly what the server holds
-    task = TaskSpec("digit", "classification", 10)
-    x, _ = prepare(load_dataset(spec, cfg.img_size, cfg.in_chans, "train", seed=0), task, cfg.patch_size)
-    public = torch.cat([prepare(load_dataset(s, cfg.img_size, cfg.in_chans, split, seed=0), task,
-                                cfg.patch_size)[0] for s, split in public_specs])
+    x, _ = prepare(load_dataset(spec, cfg.img_size, cfg.in_chans, "train", seed=0), DIGIT, cfg.patch_size)
     emb = build_plain_embedder(cfg, state=campaign_secret(client_home, cfg))
     with torch.no_grad():
         in_order = emb(x)
+    return in_order, stored, x
+
+
+def attack_margin(server_home: NodeHome, client_home: NodeHome, spec: str, public_specs: list[tuple[str, str]],
+                  cfg: ModelConfig, ac: AttackConfig = AttackConfig()) -> tuple[dict, dict]:
+    """The paper's attacker on what the server stored for the client (permuted uploads) and
+    on the same images' in-order embeddings (`in_order_and_stored`). Public images:
+    ``public_specs``, disjoint from the client's. Returns (without permutation, with permutation)."""
+    in_order, stored, x = in_order_and_stored(server_home, client_home, spec, cfg)
+    public = torch.cat([prepare(load_dataset(s, cfg.img_size, cfg.in_chans, split, seed=0), DIGIT,
+                                cfg.patch_size)[0] for s, split in public_specs])
     assert stored.shape == in_order.shape
     plain = paper_attack(in_order, x, public, cfg, permuted=False, ac=ac)
     perm = paper_attack(stored, x, public, cfg, permuted=True, ac=ac)

@@ -44,6 +44,7 @@ def fine_tuned(home) -> list[str]:
         return [e.id.hex() for e in led.query(kind="weights")][1:]
 
 
+@pytest.mark.slow  # three aggregations (one fits the ensemble), five scorings of the digits test split
 def test_horizontal_on_skewed_nodes_beats_every_single_node(skewed):
     single = {h.root.name: cli("classify", "--home", str(h.root), "--data", "digits", "--model", latest(h).id)["accuracy"]
               for h in skewed}
@@ -153,10 +154,11 @@ def test_aggregate_errors_are_one_line(disjoint, tmp_path, monkeypatch, capsys):
 def test_default_inputs_skip_what_does_not_fit(disjoint):
     a = disjoint[0]
     # horizontal by default takes every held extractor; a head-only publication is not a candidate
+    # (the inputs are chosen before the classifier: `--classifier head` spares the ensemble's fit)
     from atdnode.models import publish_weights
 
     head = publish_weights(a, part="head")
-    out = cli("aggregate", "--home", str(a.root))
+    out = cli("aggregate", "--home", str(a.root), "--classifier", "head")
     assert head.entry.id.hex() not in out["inputs"] and len(out["inputs"]) == 3
     err = fails("aggregate", "--home", str(a.root), "--inputs", head.entry.id.hex())
     assert isinstance(err, AggregateError) and "head set" in str(err)

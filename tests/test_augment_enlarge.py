@@ -37,7 +37,7 @@ def test_the_trainer_sees_the_enlarged_set_and_in_place_keeps_its_size() -> None
                           in_chans=1, num_classes=2)
     seen = {}
     for mode in ("enlarge", "inplace"):
-        opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10, augment_mode=mode)
+        opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10, augment_mode=mode, plots=False)
         t = Trainer(build_model(cfg), d, opts, ddp.DistContext())
         t.train_epoch(0)
         seen[mode] = (len(t.sources), t.steps_per_epoch)
@@ -50,7 +50,7 @@ def test_the_progress_total_counts_the_augmented_extras() -> None:
     d = data()
     cfg = resolve_config("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2,
                           in_chans=1, num_classes=2)
-    opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10)
+    opts = TrainOptions(epochs=1, batch_size=8, lr=1e-3, augment_threshold=10, plots=False)
     t = Trainer(build_model(cfg), d, opts, ddp.DistContext())
     advanced = []
     t.train_epoch(0, lambda n, loss, acc: advanced.append(n))

@@ -68,7 +68,7 @@ def test_acceptance_dicom_tree_trains_one_epoch_and_equals_16bit_png(tmp_path):
     logs: list[str] = []
     cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
                           in_chans=1)
-    rec = train(home, spec, cfg, TrainOptions(epochs=1, batch_size=8, lr=1e-3, seed=0, log=logs.append))
+    rec = train(home, spec, cfg, TrainOptions(epochs=1, batch_size=8, lr=1e-3, seed=0, log=logs.append, plots=False))
     assert rec.labels == ["lesion", "normal"] and rec.samples == len(load_dataset(spec, 16, 1, "train"))
     assert len(rec.metrics["history"]) == 1 and rec.metrics["n"] == len(load_dataset(spec, 16, 1, "test"))
     text = "\n".join(logs)

@@ -230,7 +230,8 @@ def test_training_evaluates_the_val_split_each_epoch(tmp_path):
     logs: list[str] = []
     cfg = resolve_config("vit_tiny_patch16_224", img_size=8, patch_size=4, embed_dim=32, depth=1, num_heads=2,
                           in_chans=1)
-    rec = train(home, f"npz:{tmp_path / 'm.npz'}", cfg, TrainOptions(epochs=2, batch_size=32, lr=1e-3, log=logs.append))
+    rec = train(home, f"npz:{tmp_path / 'm.npz'}", cfg,
+                TrainOptions(epochs=2, batch_size=32, lr=1e-3, log=logs.append, plots=False))
     assert rec.samples == 200 and rec.metrics["n"] == 50  # val is neither trained on nor the test set
     hist = rec.metrics["history"]
     assert len(hist) == 2

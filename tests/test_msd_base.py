@@ -141,7 +141,7 @@ def _trained(home, init):
     cfg = resolve_config("vit_base_patch16_gap_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
                           num_heads=2, in_chans=1, mlp_ratio=2.0)
     return train(home, "digits?shard=1/2&limit=80", cfg, TrainOptions(epochs=1, batch_size=32, init_from=init,
-                                                                       augment=False, epoch_eval=False))
+                                                                       augment=False, epoch_eval=False, plots=False))
 
 
 # ---------------------------------------------------------------------------- netsim

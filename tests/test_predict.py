@@ -47,7 +47,7 @@ def trained(tmp_path_factory):
     cfg = resolve_config("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
                           num_heads=2, in_chans=1)
     rec = train(home, f"folder:{root}", cfg, TrainOptions(epochs=4, batch_size=16, lr=3e-3, augment=False,
-                                                          epoch_eval=False, device="cpu"))
+                                                          epoch_eval=False, device="cpu", plots=False))
     return home, root, rec
 
 
@@ -156,7 +156,7 @@ def test_the_training_window_applies_to_new_images(trained, tmp_path):
     cfg = resolve_config("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=32, depth=1,
                           num_heads=2, in_chans=1)
     rec = train(home, f"folder:{root}?window=0,128", cfg, TrainOptions(epochs=1, batch_size=16, lr=3e-3, augment=False,
-                                                                      epoch_eval=False, device="cpu"))
+                                                                      epoch_eval=False, device="cpu", plots=False))
     new = [f"folder:{root / 'test' / 'bright'}"]
     inherited = predict(home, new, model=rec.id, device="cpu")
     assert inherited.scaling == {"window 0..128": len(inherited.files)}

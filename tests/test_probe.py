@@ -37,7 +37,8 @@ def data(n: int = 96, classes: int = 3, seed: int = 0) -> LabeledImages:
 
 
 def opts(**kw) -> TrainOptions:
-    return TrainOptions(**{"epochs": 1, "batch_size": 16, "lr": 1e-3, "seed": 0, "augment": False, **kw})
+    return TrainOptions(**{"epochs": 1, "batch_size": 16, "lr": 1e-3, "seed": 0, "augment": False, "plots": False,
+                           **kw})
 
 
 def test_probe_moves_the_head_only_and_restores_what_trains():

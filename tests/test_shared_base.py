@@ -34,7 +34,7 @@ def test_nodes_starting_from_one_checkpoint_file_share_their_base(tmp_path):
     for h, init, seed in zip(homes, starts, (1, 2, 1)):
         recs.append(train(h, "digits?classes=0,1", cfg(), TrainOptions(
             epochs=1, batch_size=16, lr=3e-3, warmup_epochs=0.2, init_from=init, seed=seed, augment=False,
-            device="cpu")))
+            device="cpu", plots=False)))
         ids.append(publish_weights(h, part="full").entry.id.hex())
     assert [r.provenance["init_part"] for r in recs] == ["checkpoint", "checkpoint", None]
     sync(homes)

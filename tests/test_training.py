@@ -34,7 +34,9 @@ def cfg() -> ModelConfig:
 
 
 def opts(**kw) -> TrainOptions:
-    base = dict(epochs=2, batch_size=32, lr=1e-3, seed=0)
+    """No confusion / curves PNGs unless a test asks (`plots=True`): drawing them cost more
+    CPU than these trainings; test_train_stores_weights_and_registers_the_model checks them."""
+    base = dict(epochs=2, batch_size=32, lr=1e-3, seed=0, plots=False)
     base.update(kw)
     return TrainOptions(**base)
 
@@ -48,7 +50,7 @@ def new_home(path: Path) -> NodeHome:
 def test_train_stores_weights_and_registers_the_model(tmp_path):
     home = new_home(tmp_path / "n")
     logs: list[str] = []
-    rec = train(home, DATA, cfg(), opts(log=logs.append))
+    rec = train(home, DATA, cfg(), opts(log=logs.append, plots=True))
     assert rec.samples == 200 and rec.labels == [str(i) for i in range(10)] and rec.model["num_classes"] == 10
     m = rec.metrics
     assert m["n"] == 200 and sum(map(sum, m["confusion"])) == 200 and len(m["history"]) == 2
@@ -72,7 +74,7 @@ def test_train_stores_weights_and_registers_the_model(tmp_path):
     assert ModelRegistry(home).get("latest").id == rec.id == ModelRegistry(home).get(rec.id[:6]).id
     assert [r.id for r in ModelRegistry(home).list()] == [rec.id]
     # the same command again: the finished run is reported, not retrained
-    again = train(home, DATA, cfg(), opts(log=logs.append))
+    again = train(home, DATA, cfg(), opts(log=logs.append, plots=True))
     assert again.id == rec.id and "already finished" in logs[-1]
 
 

@@ -35,6 +35,7 @@ def vertical(home, *extra: str) -> dict:
     return cli("aggregate", "--home", str(home.root), "--mode", "vertical", *ENSEMBLE_ARGS, *extra)
 
 
+@pytest.mark.slow  # six ensemble fits (PCA, MLP, RF, SVM), six scorings; the fast tier keeps the cheaper tests
 def test_disjoint_labels_give_every_node_one_ten_class_classifier(trio):
     pids = peer_ids(trio)
     first = [vertical(h) for h in trio]
