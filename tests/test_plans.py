@@ -127,8 +127,72 @@ def test_an_aggregate_step_carried_out_again_after_a_kill_signs_nothing_new(vgs)
                    for ref in step_inputs(step)}
         got = run_step(homes[0], view.body, step, Inputs(entries=entries, own={}), PlanPolicy.load(homes[0]))
         assert got.results == view.results[(sid, ids[0])]["results"], sid
+        assert got.model == view.results[(sid, ids[0])]["model"], sid  # the model registered then, not a second
     with Ledger.open(homes[0].ledger_db) as led:
         assert [e.id for e in led.query(kind="aggregate")] == before
+
+
+@pytest.mark.slow
+def test_an_aggregate_step_killed_before_registering_its_model_registers_it_again(vgs, tmp_path):
+    """Killed between the aggregate entry and registering its model (node1's hierarchical step, on a
+    copy of its home): carried out again, the step registers the model from the entry it finds (the
+    record the run that was not killed wrote, keep decision included), so the classify step after it
+    scores the model that run scored."""
+    import shutil
+
+    from atdnode.models import ModelRegistry
+    from atdnode.plans import PlanPolicy
+    from atdnode.plans.spec import step_inputs
+    from atdnode.plans.steps import Inputs, run_step
+
+    homes, plan = vgs
+    me = peer_ids(homes)[0]
+    home = NodeHome.at(shutil.copytree(homes[0].root, tmp_path / "node1"))
+    with Ledger.open(home.ledger_db) as led:
+        view = load_view(led, plan)
+    agg = view.results[("hierarchical", me)]["results"][0]
+    reg = ModelRegistry(home)
+    (before,) = [r for r in reg.list() if r.provenance.get("aggregate") == agg]
+    for rec in reg.list():  # the kill came before its record was written (and any later test's models)
+        if rec.created >= before.created:
+            reg.path(rec.id).unlink()
+    policy = PlanPolicy.load(home)
+    step = view.step("hierarchical")
+    entries = {ref: [r for m in view.step(ref)["members"] for r in view.results[(ref, m)]["results"]]
+               for ref in step_inputs(step)}
+    got = run_step(home, view.body, step, Inputs(entries=entries, own={}), policy)
+    assert got.results == [agg] and got.model and reg.get("latest").id == got.model
+    unchanged = ("id", "created")  # the record `atd aggregate` wrote, keep decision included
+    assert {k: v for k, v in reg.get(got.model).to_dict().items() if k not in unchanged} == \
+        {k: v for k, v in before.to_dict().items() if k not in unchanged}
+    scored = run_step(home, view.body, view.step("classify_hier"), Inputs(entries={}, own={}), policy)
+    first = view.results[("classify_hier", me)]
+    assert (scored.model, scored.metrics) == (first["model"], first["metrics"])  # the model it used, its scores
+
+
+@pytest.mark.slow  # one round of a tiny ViT on 100 images
+def test_a_rounds_step_does_not_wait_for_a_member_that_declined(tmp_path):
+    """node2 declines a rounds plan and stays in the consortium: node1's rounds run without
+    waiting for it (each round would otherwise wait for every member until `round_deadline`)."""
+    homes = consortium(tmp_path, NAMES[:2])
+    ids = peer_ids(homes)
+    for h, n in zip(homes, NAMES):
+        _policy(h, n)
+    deadline = 60
+    doc = {"name": "rounds-without-node2", "deadline": 600, "model": tomllib.loads(VGS.read_text())["model"],
+           "steps": [{"id": "fedavg", "kind": "rounds", "members": NAMES[:2], "data": "own", "rounds": 1,
+                      "aggregator": "fedavg", "batch_size": 16, "round_deadline": deadline}]}
+    plan = propose(homes[0], doc)
+    sync(homes)
+    decide(homes[1], plan, "decline", "no capacity this week")
+    sync(homes)
+    adv = advance(homes[0], plan)
+    assert adv.ran == ["fedavg"] and adv.finished
+    res = _results(homes[0], plan)[("fedavg", ids[0])]
+    assert res["status"] == "done" and res["seconds"] < deadline / 2, res
+    with Ledger.open(homes[0].ledger_db) as led:
+        agg = led.get(res["results"][0]).body
+    assert agg["mode"] == "round" and agg["participants"] == [ids[0]] and agg["missing"] == [ids[1]]
 
 
 @pytest.mark.slow

@@ -228,8 +228,9 @@ def advance(home: NodeHome, plan: str, *, policy: PlanPolicy | None = None, now:
                 missing += miss
         if waiting:
             break  # a member carries out its own steps in plan order
-        _run_and_record(home, ident, view, step, Inputs(entries=entries, own=own, missing=sorted(set(missing))),
-                        policy)
+        declined = [m for m in step["members"] if view.decision(m) == DECLINE]
+        _run_and_record(home, ident, view, step, Inputs(entries=entries, own=own, missing=sorted(set(missing)),
+                                                        declined=declined), policy)
         out.ran.append(step["id"])
     with Ledger.open(home.ledger_db) as led:
         view = load_view(led, view.id, check=False)

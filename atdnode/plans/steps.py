@@ -11,7 +11,8 @@ join`); wait only passes on what arrived.
 `run_step` gets the step's inputs (`Inputs`: per referenced step, the result entry ids that
 arrived, in plan order) and returns what the member's `plan_step` entry records. Steps that
 sign an entry first look for one this node already signed for the same thing (a run killed
-between the library call and its `plan_step`), so a resumed plan never signs twice.
+between the library call and its `plan_step`), so a resumed plan never signs twice; an
+aggregate found so has its model registered if the killed run had not (`_signed_model`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Inputs:
     entries: dict[str, list[str]]  # referenced step id -> result entry ids (plan order)
     own: dict[str, dict]  # referenced step id -> this member's own plan_step body (train: its model)
     missing: list[str] = field(default_factory=list)  # peer ids left out (declined, failed, late)
+    declined: list[str] = field(default_factory=list)  # the step's members that declined the plan
 
 
 @dataclass
@@ -95,8 +97,8 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
     if mode != "hierarchical" and not ids:
         raise PlanError("no inputs arrived")
     found = _signed_aggregate(home, mode, ids, groups, features)
-    if found is not None:  # aggregated before a kill: the same entry, not a second one
-        return StepOutcome(results=[found], model=None)
+    if found is not None:  # aggregated before a kill: the same entry, not a second one, and its model
+        return StepOutcome(results=[found], model=_signed_model(home, found, step, policy))
     hidden = tuple(int(x) for x in step.get("mlp_hidden", "256").split(",") if x.strip())
     opts = EnsembleOptions(**{k: step[k] for k in ("pca_components", "mlp_max_iter", "rf_trees", "seed", "prior")
                               if k in step}, mlp_hidden=hidden)
@@ -127,6 +129,30 @@ def _signed_aggregate(home: NodeHome, mode: str, ids: list[str], groups: list, f
                     _same_group(led, g.get("entry"), list(spec.refs)) for g, spec in zip(recorded, groups)):
                 return e.id.hex()
     return None
+
+
+def _signed_model(home: NodeHome, entry: str, step: dict, policy: PlanPolicy) -> str:
+    """The registered model of aggregate `entry` this node signed: the one registered for it, or
+    (a run killed between the entry and registering its model) registered now as `atd aggregate`
+    registers it (`register_global`: the fused extractor on the node's own model, the ensemble
+    the entry records, the keep decision judged on the same data)."""
+    from atdnode.aggregation import judge_with, register_global
+    from atdnode.blobs import BlobStore
+    from atdnode.models import ModelRegistry
+
+    reg = ModelRegistry.of(home)
+    done = [r.id for r in reg.list() if r.provenance.get("aggregate") == entry]
+    if done:
+        return done[-1]
+    e = NodeHandle.of(home).ledger.get(entry)
+    b, base, store = e.body, reg.get("latest"), BlobStore.of(home)  # the node's own model, as `atd aggregate` takes it
+    spec = policy.data_spec(step["data"]) if "data" in step else base.provenance.get("data")
+    ens = b.get("ensemble") or {}
+    prov = {"data": spec, **({"ensemble_classes": ens.get("classes"), "features": ens.get("features")} if ens else {}),
+            **({"groups": b.get("groups")} if b["mode"] == "hierarchical" else {})}
+    return register_global(home, store, base=base, blob=b["blob"], part=b["part"], entry=e, kind=f"global-{b['mode']}",
+                           extra_blobs={"ensemble": ens["blob"]} if ens else None, extra_provenance=prov,
+                           judge=judge_with(home, store, spec) if spec else None)
 
 
 def _same_group(led: Ledger, entry: str | None, refs: list[str]) -> bool:
@@ -178,7 +204,9 @@ def _model_config(plan: dict):
 
 def _rounds(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: PlanPolicy) -> StepOutcome:
     """`atd rounds` with the step's options; resumes at the campaign's current round (RoundRunner),
-    so a step carried out again after a kill trains no finished round again."""
+    so a step carried out again after a kill trains no finished round again. Each round waits
+    for the step's members that did not decline the plan (`RoundsConfig.members`): a member
+    outside the step, or one that declined but stays online, is named missing at once."""
     import trio
 
     from atdnode.rounds import RoundRunner, RoundsConfig, round_candidates
@@ -187,7 +215,9 @@ def _rounds(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: Plan
              "round_deadline": "deadline", "min_peers": "min_peers", "absent_grace": "absent_grace", "name": "name",
              "byzantine": "byzantine"}
     conf = RoundsConfig(data=policy.data_spec(step["data"]), cfg=_model_config(plan), rounds=step["rounds"],
-                        weighting=step.get("aggregator", "fedwavg"), **{names[k]: step[k] for k in names if k in step})
+                        weighting=step.get("aggregator", "fedwavg"),
+                        members=frozenset(step["members"]) - set(inputs.declined),
+                        **{names[k]: step[k] for k in names if k in step})
     runner = RoundRunner(home, conf)
     reports = trio.run(runner.run)
     if reports:

@@ -8,13 +8,15 @@ its daemon and clock is a `atdnode.rounds.fabric.Fabric`.
 Round t on each member: if round t is already over (a *closed* aggregate: final and a
 majority of its participants trained round t+1 from it), adopt it (a late member); else
 train from global t-1 (`atdnode.learning.training.train`, the library behind `atd train`),
-publish, wait until the inputs of every live member (all members; with a daemon, not those
-disconnected from it for `absent_grace` s, nor, at the peer-set target, members outside the
-set that sat out the previous round: `RoundRunner._live`) or of --min-peers members are
-held, or the deadline passes, then adopt an aggregate that narrows nothing this node held
-in time, or record the aggregate over every input it holds (the coordinator, smallest
-publishing peer id, at once; the others after one more deadline, or at once when some
-aggregate left out an input they held). The rules and how two members' views converge are
+publish, wait until the inputs of every live member (all members, or those in
+`RoundsConfig.members` when given: a plan's rounds step gives its members that did not
+decline; with a daemon, not those disconnected from it for `absent_grace` s, nor, at the
+peer-set target, members outside the set that sat out the previous round:
+`RoundRunner._live`) or of --min-peers members are held, or the deadline passes, then
+adopt an aggregate that narrows nothing this node held in time, or record the aggregate
+over every input it holds (the coordinator, smallest publishing peer id, at once; the
+others after one more deadline, or at once when some aggregate left out an input they
+held). The rules and how two members' views converge are
 in the module doc of `atdnode.rounds.rules`.
 
 Adoption always recomputes: every aggregate, ours aside, is verified here from its
@@ -97,6 +99,7 @@ class RoundsConfig:
     seed: int = 0
     deadline: float = 120.0  # seconds to wait for the round's inputs after publishing
     min_peers: int | None = None  # None: every live member
+    members: frozenset[str] | None = None  # peer ids waited for (None: every active member); the others are named missing
     absent_grace: float = 20.0  # a member not connected to our daemon this long is not waited for
     name: str = ""
     batch_transform: object | None = None  # atdnode.learning.train_options.AdversarialTransform
@@ -326,6 +329,8 @@ class RoundRunner:
         members'), the round closed, or the deadline: the held inputs. An aggregate recorded
         meanwhile does not end the wait (module doc of `atdnode.rounds.rules`, rule 1)."""
         until = self.fabric.now() + self.c.deadline
+        if self.c.members is not None:  # members outside the campaign's set are not waited for
+            expected = [p for p in expected if p in self.c.members]
         gone_since: dict[str, float] = {}
         recent = set(expected)  # round 0: every member
         if rnd > 0:
