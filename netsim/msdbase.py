@@ -93,7 +93,6 @@ def campaign_settings(scn: Scenario, data: ScenarioData) -> dict:
 def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lambda _m: None) -> MSDBase:
     """Run the MSD campaign over the scenario's nodes and assemble each node's base (see the
     module doc); the base files are written under ``work/base``."""
-    from atdnode.node import NodeConfig
     from atdnode.split import SplitSettings
 
     names = list(data.nodes)
@@ -102,9 +101,6 @@ def run_msd_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lamb
     cons = make_consortium(work / "h", [SERVER] + names, seed=scn.seed, consortium="netsim-msd",
                            roles={SERVER: "msd-server"})
     server_home = cons.homes[SERVER]
-    cfg = NodeConfig.load(server_home)
-    cfg.role = "msd-server"
-    cfg.save(server_home)
     settings = campaign_settings(scn, data)
     SplitSettings.from_dict(settings).save(server_home)
     specs = {n: node_spec(data.nodes[n], work / 'data' / f'{n}.npz') for n in names}

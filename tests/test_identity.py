@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from atdnode.node import NodeConfig, NodeHome, NodeIdentity, init_home
+from atdnode.node import NodeConfig, NodeHome, NodeIdentity, found_consortium, init_home
 from atdnode.errors import ConfigError
 from ledger import Ledger, Signer, peer_id_from_public_key
 
@@ -103,3 +103,37 @@ def test_init_home_founder_and_joiner(tmp_path):
         init_home(NodeHome.at(tmp_path / "c"), join="nothex")
     with pytest.raises(ConfigError, match="either"):
         init_home(NodeHome.at(tmp_path / "d"), consortium="x", join=cfg.genesis_id)
+
+
+def test_found_consortium_seeded_keys_genesis_members_and_roles(tmp_path):
+    """Seeded keys repeat the same consortium byte for byte; the genesis admits the joiners;
+    each joiner starts with the founder's ledger and the consortium's name; roles reach the
+    configs."""
+    keys = [(bytes([i]) * 32, bytes([100 + i]) * 32) for i in range(3)]
+
+    def found(root):
+        homes = [NodeHome.at(root / n) for n in ("s", "a", "b")]
+        g = found_consortium(homes, "sim", admit_in_genesis=True, share_ledger=True, keys=keys,
+                             roles={"s": "msd-server"})
+        return homes, g
+
+    homes, g = found(tmp_path / "one")
+    assert found(tmp_path / "two")[1].id == g.id  # reproducible: same keys, same genesis
+    assert g.id != found_consortium([NodeHome.at(tmp_path / "r" / n) for n in "xyz"], "sim", admit_in_genesis=True).id
+    ids = [NodeIdentity.load(h) for h in homes]
+    assert [i.public_key for i in ids] == [Signer.from_seed(k).public_key for k, _ in keys]
+    assert ids[1].x25519_public == NodeIdentity.create(NodeHome.at(tmp_path / "x"), seeds=keys[1]).x25519_public
+    assert [m for m, _ in g.body["members"]] == [ids[1].public_key, ids[2].public_key]
+    for h in homes:
+        cfg = NodeConfig.load(h)
+        assert (cfg.consortium, cfg.genesis_id, cfg.role) == ("sim", g.id.hex(), "msd-server" if h is homes[0] else "node")
+        with Ledger.open(h.ledger_db) as led:
+            assert [e.kind for e in led.all_entries()] == ["genesis"]  # no admission entries
+            assert all(led.membership().is_member(i.public_key) for i in ids)
+    with pytest.raises(ConfigError, match="2 key seeds for 3"):
+        found_consortium([NodeHome.at(tmp_path / "e" / n) for n in "abc"], "sim", keys=keys[:2])
+    with pytest.raises(ConfigError, match="carry no names"):
+        found_consortium([NodeHome.at(tmp_path / "f" / n) for n in "ab"], "sim", admit_in_genesis=True,
+                         name_admissions=True)
+    with pytest.raises(ConfigError, match="32-byte"):
+        NodeIdentity.create(NodeHome.at(tmp_path / "g"), seeds=(b"short", b"x" * 32))

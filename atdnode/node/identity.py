@@ -6,7 +6,7 @@ ConfigError). Loading refuses a key file that others can read, like ssh does.
 
 `init_home` is the whole of ``atd init``: directories, keys, config, ledger, and the
 genesis entry (founder) or the pinned genesis id (joining node). `found_consortium` makes
-fresh homes one consortium with it (`atd local`, the tests).
+fresh homes one consortium with it (`atd local`, netsim, the tests).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -74,14 +74,18 @@ class NodeIdentity:
         return self.x25519_private.public_key().public_bytes_raw()
 
     @classmethod
-    def create(cls, home: NodeHome) -> "NodeIdentity":
-        """Generate and store fresh keys in `home` (directories created); ConfigError if a key exists."""
+    def create(cls, home: NodeHome, *, seeds: tuple[bytes, bytes] | None = None) -> "NodeIdentity":
+        """Generate and store fresh keys in `home` (directories created); ConfigError if a key exists.
+        `seeds` (the Ed25519 and the X25519 32-byte secrets) gives reproducible keys instead of
+        random ones: a simulation derives them from its scenario's seed, so peer ids repeat."""
         home.make_dirs()
         for path in (home.key_file, home.x25519_key_file):
             if path.exists():
                 raise ConfigError(f"{path} already exists; refusing to overwrite a node key")
-        signer = Signer.generate()
-        x = X25519PrivateKey.generate()
+        if seeds is not None and any(len(s) != KEY_LEN for s in seeds):
+            raise ConfigError(f"node key seeds must be two {KEY_LEN}-byte secrets")
+        signer = Signer.generate() if seeds is None else Signer.from_seed(seeds[0])
+        x = X25519PrivateKey.generate() if seeds is None else X25519PrivateKey.from_private_bytes(seeds[1])
         _write_secret(home.key_file, signer.seed)
         _write_secret(home.x25519_key_file, x.private_bytes_raw())
         return cls(signer, x)
@@ -108,19 +112,30 @@ def init_home(
     name: str | None = None,
     consortium: str | None = None,
     join: str | None = None,
+    role: str = "node",
+    members: Sequence[bytes] = (),
+    entries: Sequence[bytes] = (),
 ) -> NodeIdentity:
     """Create a node home: keys, config.toml, ledger.db, blob dirs.
 
-    With `consortium`, this node founds it: its ledger gets the signed genesis entry. With
-    `join` (hex genesis id), the ledger is pinned to that consortium and will accept only
-    its genesis. Neither: the node joins later (`config.genesis_id` stays unset).
-    A home holding only both key files (`atd key import`) keeps them. ConfigError if the
-    home already holds a node or the arguments conflict.
+    With `consortium`, this node founds it: its ledger gets the signed genesis entry, which
+    admits `members` (public keys; not admins) from the start. With `join` (hex genesis id),
+    the ledger is pinned to that consortium and will accept only its genesis, and starts
+    with `entries` (encoded entries of that consortium: what its first sync would pull)
+    merged, the config learning the consortium's name from them as `atd ledger sync` does.
+    Neither: the node joins later (`config.genesis_id` stays unset). `role` goes into
+    config.toml, hence into the node's signed hello. A home holding only both key files (`atd key import`,
+    `NodeIdentity.create`) keeps them. ConfigError if the home already holds a node or the
+    arguments conflict.
     """
     from atdnode.node.config import NodeConfig
 
     if consortium is not None and join is not None:
         raise ConfigError("choose either --genesis (found a consortium) or --join GENESIS_ID, not both")
+    if members and consortium is None:
+        raise ConfigError("only the founder's genesis admits members")
+    if entries and join is None:
+        raise ConfigError("only a joining node starts with its consortium's entries")
     pin: bytes | None = None
     if join is not None:
         try:
@@ -136,11 +151,14 @@ def init_home(
         home.make_dirs()
     else:
         ident = NodeIdentity.create(home)
-    cfg = NodeConfig(name=name or home.root.name, consortium=consortium)
+    cfg = NodeConfig(name=name or home.root.name, consortium=consortium, role=role)
     try:
         with Ledger.open(home.ledger_db, genesis_id=pin) as led:
             if consortium is not None:
-                pin = led.create_genesis(ident.signer, consortium).id
+                pin = led.create_genesis(ident.signer, consortium, [(k, False) for k in members]).id
+            elif entries:
+                led.merge(entries)
+                cfg.consortium = led.membership().consortium
     except LedgerError as exc:
         raise ConfigError(f"cannot create the ledger: {exc}") from None
     cfg.genesis_id = pin.hex() if pin is not None else None
@@ -149,21 +167,35 @@ def init_home(
 
 
 def found_consortium(homes: Sequence[NodeHome], consortium: str, *, name_admissions: bool = False,
-                     share_ledger: bool = False) -> Entry:
+                     share_ledger: bool = False, admit_in_genesis: bool = False,
+                     keys: Sequence[tuple[bytes, bytes]] | None = None,
+                     roles: Mapping[str, str] | None = None) -> Entry:
     """Make fresh homes one consortium, as `atd init --genesis` on the first, `atd init --join`
     on the others and `atd member add` of each on the first would: `homes[0]` founds
     `consortium` and admits the others (each home's name is its folder's name).
-    `name_admissions`: each admission records the node's name. `share_ledger`: each joiner's
-    ledger gets the founder's genesis and admissions merged (what its first sync would pull),
-    so it knows who may talk to it before its daemon starts. Returns the genesis entry."""
-    founder = init_home(homes[0], consortium=consortium)
+
+    `name_admissions`: each admission records the node's name. `admit_in_genesis`: the
+    genesis itself lists the others as members (no admission entries; they carry no name).
+    `share_ledger`: each joiner's ledger gets the founder's genesis and admissions merged,
+    and its config the consortium's name (what its first `atd ledger sync` would pull), so
+    it knows who may talk to it before its daemon starts. `keys`: one (Ed25519, X25519)
+    seed pair per home, for reproducible keys (`NodeIdentity.create`). `roles`: home name ->
+    the node's role (default "node"). Returns the genesis entry."""
+    if keys is not None and len(keys) != len(homes):
+        raise ConfigError(f"{len(keys)} key seeds for {len(homes)} homes")
+    if admit_in_genesis and name_admissions:
+        raise ConfigError("members admitted in the genesis carry no names; name_admissions needs admissions")
+    # every node's keys first (as `atd key import` would: init_home keeps them): the founder
+    # admits the joiners by key, and each joiner starts with the founder's whole ledger
+    joiners = [NodeIdentity.create(h, seeds=None if keys is None else keys[i]) for i, h in enumerate(homes)][1:]
+    role = {h.root.name: (roles or {}).get(h.root.name, "node") for h in homes}
+    founder = init_home(homes[0], consortium=consortium, role=role[homes[0].root.name],
+                        members=[j.public_key for j in joiners] if admit_in_genesis else ())
     with Ledger.open(homes[0].ledger_db) as led:
         genesis = led.query(kind="genesis")[0]
-        for h in homes[1:]:
-            ident = init_home(h, join=genesis.id.hex())
-            led.admit(founder.signer, ident.public_key, admin=False, name=h.root.name if name_admissions else None)
+        for h, j in zip(homes[1:], joiners) if not admit_in_genesis else ():
+            led.admit(founder.signer, j.public_key, admin=False, name=h.root.name if name_admissions else None)
         known = [e.to_bytes() for e in led.query()] if share_ledger else []
-    for h in homes[1:] if known else ():
-        with Ledger.open(h.ledger_db) as led:
-            led.merge(known)
+    for h in homes[1:]:
+        init_home(h, join=genesis.id.hex(), role=role[h.root.name], entries=known)
     return genesis
