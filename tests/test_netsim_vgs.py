@@ -152,7 +152,7 @@ def test_cli_netsim_run_and_errors(tmp_path: Path) -> None:
     res = runner.invoke(app, ["netsim", "run", str(f), "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert "centralized" in res.output and (tmp_path / "out" / "report.md").is_file()
-    res = runner.invoke(app, ["netsim", "run", str(f), "--backend", "cloud"])
-    assert isinstance(res.exception, ScenarioError) and "scenario.backend" in str(res.exception)
+    res = runner.invoke(app, ["netsim", "run", str(f), "--backend", "cloud"])  # a usage error listing the choices
+    assert res.exit_code == 2 and "'cloud' is not one of 'memory', 'process'" in res.output, res.output
     res = runner.invoke(app, ["netsim", "run", "no_such_scenario"])
     assert isinstance(res.exception, ScenarioError) and "no shipped scenario" in str(res.exception)
