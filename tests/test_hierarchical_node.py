@@ -107,12 +107,13 @@ def test_group_option_errors(trio):
                       (["--group", "g1"], "NAME=ENTRY_ID"),
                       (["--group", f"g1={wa}", "--group", f"g1={wb}"], "distinct"),
                       (["--group", f"g1={wa}", "--weighting", "uniform"], "sqrt-classes, model-count"),
-                      (["--group", f"g1={wa}", "--group-weighting", "model-count"], "--group-weighting"),
                       (["--group", f"g1={wa},{'0' * 64}"], "not in this node's ledger")):
         r = runner.invoke(app, base + args)
         assert isinstance(r.exception, AggregateError) and why in str(r.exception), (args, r.exception)
     r = runner.invoke(app, base + ["--inputs", wa])
     assert r.exit_code != 0 and "--group" in str(r.exception)
+    r = runner.invoke(app, base + ["--group", f"g1={wa}", "--group-weighting", "model-count"])  # not a group weighting
+    assert r.exit_code == 2 and "--group-weighting" in r.output and "'model-count' is not one of" in r.output, r.output
 
 
 def test_groups_from_different_bases_warn_and_strict_refuses(trio):
