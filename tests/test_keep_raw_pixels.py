@@ -10,6 +10,8 @@ ties go to the learned models.
 """
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,9 @@ from atdnode.aggregation.ensemble import EnsembleOptions
 from atdnode.aggregation.keep import choose, use_of
 from atdnode.blobs import BlobStore
 from atdnode.learning import run_classify as classify
-from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, model_in_use
-from tests.factories import make_consortium
+from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, learned_model_in_use, model_in_use
+from atdnode.report import collect_card
+from tests.factories import cli, make_consortium
 from tests.vgs_homes import train_node
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -64,7 +67,7 @@ def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tm
     reg = ModelRegistry(home)
     own = reg.get("latest")
     store = BlobStore.of(home)
-    cons = ModelRecord.from_dict({**own.to_dict(), "id": "", "created": own.created + 1,
+    cons = ModelRecord.from_dict({**own.to_dict(), "id": "", "created": time.time(),
                                   "provenance": {**own.provenance, "kind": "global-vertical"}})
     verdict = judge_candidates(home, store, own, cons, spec, OPTS)
     c = verdict["candidates"]
@@ -83,3 +86,9 @@ def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tm
     assert res.metrics["balanced_accuracy"] > learned.metrics["balanced_accuracy"] + 0.2, (res.metrics, learned.metrics)
     assert use_of(home, raw)["status"] == "in use"
     assert use_of(home, reg.get(agg))["status"] == "not kept" and raw.id in use_of(home, reg.get(agg))["why"]
+    card = collect_card(home)  # the model in use: says what it is and why it is in use
+    assert card.model_id == raw.id and card.made_by == RAW_PIXELS and "raw pixels" in card.arch
+    assert card.use["status"] == "in use" and "raw-pixel ensemble scores" in card.use["why"]
+    assert learned_model_in_use(home).id == own.id  # the next decision's "own" candidate: the learned model
+    out = cli("models", "--home", str(home.root))  # marked in use, made by raw-pixels, the decision shown
+    assert re.search(rf"^\* +{raw.id} .* raw-pixels ", out, re.M) and "kept raw-pixels" in out, out

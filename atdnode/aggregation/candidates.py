@@ -66,11 +66,13 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec:
     return out
 
 
-def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=None) -> ModelRecord:
+def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=None, *,
+                        before: float | None = None) -> ModelRecord:
     """The node's raw-pixel ensemble as an unregistered record: `fit_own_raw` (the same PCA ->
     MLP + RF + SVM ensemble, the same class-prior correction, `options`: the aggregation's
     `EnsembleOptions`) on the raw pixels of the training split of `spec` alone, at `own`'s
-    input size; its ensemble saved as a blob, provenance kind `RAW_PIXELS`."""
+    input size; its ensemble saved as a blob, provenance kind `RAW_PIXELS`; created before time
+    `before` where given (the record of the decision it is judged in)."""
     from atdnode.aggregation.ensemble import EnsembleOptions
     from atdnode.aggregation.ensemble_refs import fit_own_raw
 
@@ -85,6 +87,8 @@ def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=N
                                   "ensemble_options": opts.kwargs(), "beside": own.id,
                                   "what": "PCA -> MLP + RF + SVM on the raw pixels of this node's own training "
                                           f"images alone (no learned features), class-prior correction {opts.prior}"})
+    if before is not None:  # registered before the decision's own record, which stays the newest
+        rec.created = min(rec.created, before - 1e-3)
     rec.id = rec.content_id()
     return rec
 
@@ -102,7 +106,7 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
         cands = {"own": own, "consortium": consortium}
         if policy == "best":
             val_spec(spec)  # NoValSplit before fitting anything
-            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, spec, options)
+            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, spec, options, before=consortium.created)
         scores = score_candidates(store, cands, spec)
     except NoValSplit as exc:
         return {"kept": "consortium", "kept_why": f"{exc}: makes no choice; takes the consortium's model"}
