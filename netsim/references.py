@@ -26,7 +26,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from atdnode.aggregation import REFERENCES, EnsembleOptions, fit_reference
+from atdnode.aggregation import REFERENCES, EnsembleOptions, fit_own_raw, fit_reference
 from netsim.baselines import PhaseResult, data_phases, evaluate_phase
 from netsim.learn import global_probs, model_config
 from netsim.nodedata import ScenarioData
@@ -81,7 +81,8 @@ OWN_RAW = "ensemble-raw-own"
 
 def _run_own_raw(scn: Scenario, data: ScenarioData, log: Callable[[str], None]) -> list[PhaseResult]:
     """ensemble-raw-own: per node, the ensemble on raw pixels of its own training data only,
-    with the scenario's class-prior correction for its own class counts (as VGS-ATD's)."""
+    with the scenario's class-prior correction for its own class counts (as VGS-ATD's):
+    `atdnode.aggregation.fit_own_raw`, the keep decision's raw-pixel candidate."""
     opts = ensemble_options(scn)
     out = []
     for phase in data_phases(data):
@@ -92,13 +93,8 @@ def _run_own_raw(scn: Scenario, data: ScenarioData, log: Callable[[str], None]) 
         preds = {}
         for n in names:
             nd = data.nodes[n]
-            cfg = model_config(scn.model, len(nd.classes))
-            ref = fit_reference("ensemble-raw", [nd.train], cfg, **{**opts.kwargs(), "prior": "none"})
-            counts = dict(zip(nd.classes, np.bincount(nd.train.labels.numpy(), minlength=len(nd.classes)).tolist()))
-            fitted = np.array([counts[ref.classes[int(i)]] for i in ref.ensemble.classes_])  # the classes it saw
-            ens = ref.ensemble.with_prior(opts.prior, fitted,
-                                          {int(i): int(k) for i, k in zip(ref.ensemble.classes_, fitted)})
-            preds[n] = _predictor(ref, ens, data.label_space)
+            ref = fit_own_raw(nd.train, model_config(scn.model, len(nd.classes)), **opts.kwargs())
+            preds[n] = _predictor(ref, ref.ensemble, data.label_space)
             res.outcomes[n] = f"{OWN_RAW} (its own {len(nd.train)} images, prior {opts.prior})"
         res.compute_s = res.ready_s = time.perf_counter() - t0
         res.notes.append("reference: nothing sent (each hospital alone, no learning)")

@@ -94,16 +94,21 @@ def verified_lines(report: dict) -> list[str]:
 
 def kept_lines(report: dict) -> list[str]:
     """Per VGS-ATD phase whose nodes had a val split: which model the per-node numbers (and
-    forgetting) score — the one `atd classify` uses by default — and why (`netsim.vgs_keep`)."""
+    forgetting) score — the one `atd classify` uses by default: its own, its raw-pixel ensemble
+    or the consortium's — and why (`netsim.vgs_keep`)."""
     out = []
     for ph in report.get("methods", {}).get("vgs-atd", []):
-        own = sorted(n for n, m in ph.get("per_node", {}).items() if isinstance(m, dict) and m.get("model") == "own")
-        if any(isinstance(m, dict) and "model" in m for m in ph.get("per_node", {}).values()):
-            rest = sorted(n for n, m in ph["per_node"].items() if isinstance(m, dict) and m.get("model") == "consortium")
+        def kept(what: str) -> list[str]:
+            return sorted(n for n, m in ph.get("per_node", {}).items() if isinstance(m, dict) and m.get("model") == what)
+
+        own, raw, rest = kept("own"), kept("raw-pixels"), kept("consortium")
+        if own or raw or rest:
             out.append(f"VGS-ATD phase {ph['phase']}: per-node accuracy and forgetting score the model `atd classify` "
-                       f"uses by default — its own for {', '.join(own) or 'no node'}, the consortium's for "
+                       f"uses by default — its own for {', '.join(own) or 'no node'}, its raw-pixel ensemble for "
+                       f"{', '.join(raw) or 'no node'}, the consortium's for "
                        f"{', '.join(rest) or 'no node'}; overall scores every node's consortium model")
-            out += [f"VGS-ATD phase {ph['phase']}: {n}" for n in ph.get("notes", []) if " keeps its own model: " in n]
+            out += [f"VGS-ATD phase {ph['phase']}: {n}" for n in ph.get("notes", [])
+                    if " keeps its own model: " in n or " keeps its raw-pixel ensemble: " in n]
     return out
 
 

@@ -6,20 +6,21 @@ node's `[aggregate] keep` policy (default best, `atdnode.aggregation.keep`) deci
 classify` uses by default (`atdnode.models.default_model`). The report then scores:
 
 * per node (own test data; hence the report's forgetting): the model `atd classify` uses by
-  default — its own where the node kept its own, else the consortium's;
+  default — its own where the node kept its own, its raw-pixel ensemble where that scored
+  best on its val split, else the consortium's;
 * overall (the phase's pooled test set): the consortium's model of every node, as without
   a val split (what the consortium learned, not what each node chose).
 
 `score_kept` rewrites the per-node entries of the nodes that kept their own model, tags
-every entry with the model it scored (`"model"`: "own" | "consortium") and adds one note
-per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
+every entry with the model it scored (`"model"`: "own" | "raw-pixels" | "consortium") and adds one
+note per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
 Without a val split (val_fraction 0) netsim does none of this: the nodes' data specs say
 `val=train` (`netsim.nodedata.node_spec`), so no node makes a choice — none on its test data —
 and every node takes the consortium's model.
 """
 from __future__ import annotations
 
-from atdnode.models import default_model
+from atdnode.models import default_model, is_raw_pixels
 from netsim.baselines import PhaseResult
 from netsim.learn import global_probs, score_probs, to_global
 from netsim.nodedata import ScenarioData
@@ -42,28 +43,32 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
         nd = data.nodes[n]
         names, probs = ops[n].probabilities(use.id, nd.test.images)
         y_true = to_global(nd.test.labels.numpy(), nd.classes, data.label_space)
-        res.per_node[n] = {**score_probs(y_true, global_probs(probs, names, data.label_space)), "model": "own"}
-        res.notes.append(f"{n} keeps its own model: {_why(ops[n], model_id)} — its per-node accuracy (and "
-                         "forgetting) scores its own model (what `atd classify` uses); overall scores the consortium's")
+        kept = "raw-pixels" if is_raw_pixels(use) else "own"
+        res.per_node[n] = {**score_probs(y_true, global_probs(probs, names, data.label_space)), "model": kept}
+        what = "its raw-pixel ensemble" if kept != "own" else "its own model"
+        res.notes.append(f"{n} keeps {what}: {_why(ops[n], model_id, kept)} — its per-node accuracy (and "
+                         f"forgetting) scores {what} (what `atd classify` uses); overall scores the consortium's")
         kept_own.append(n)
     if consortium:
         rest = [n for n in consortium if n not in kept_own]
         res.notes.append("per-node accuracy: the model `atd classify` uses by default ([aggregate] keep, judged on "
-                         f"each node's val split): its own for {', '.join(kept_own) or 'no node'}, the consortium's "
+                         f"each node's val split): its own (model or raw-pixel ensemble) for {', '.join(kept_own) or 'no node'}, the consortium's "
                          f"for {', '.join(rest) or 'no node'}; overall: every node's consortium model")
 
 
-def _why(ops: NodeOps, model_id: str) -> str:
-    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record."""
+def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
+    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record
+    (`kept`: the candidate kept, "own" or "raw-pixels")."""
     from atdnode.aggregation import SELECT_BY
 
     prov = ops.registry.get(model_id).provenance
     cand = prov.get("candidates") or {}
     by = SELECT_BY if SELECT_BY in (cand.get("own") or {}) else "accuracy"
     try:
-        own, cons = cand["own"][by], cand["consortium"][by]
+        mine, cons = cand[kept][by], cand["consortium"][by]
     except (KeyError, TypeError):
         return str(prov.get("kept_why") or "its aggregate kept its own model")
     split = cand.get("scored_on", "?")
-    return f"own {own:.3f} > consortium {cons:.3f} ({by.replace('_', ' ')}) on its {split} " + \
+    others = "".join(f", {c} {cand[c][by]:.3f}" for c in ("own", "raw-pixels") if c != kept and c in cand)
+    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others} ({by.replace('_', ' ')}) on its {split} " + \
         ("split" if split == "val" else "data")

@@ -62,7 +62,7 @@ def test_made_by_latest_metrics_rm_and_limit(tmp_path: Path) -> None:
     # aggregation scored both candidates on the node's own data: `atd models` shows it
     c = agg["candidates"]
     assert ms[g]["latest_metrics"]["accuracy"] == c["consortium"]["accuracy"]
-    assert ms[g]["latest_source"] == f"{c['data']} [{c['scored_on']}]" and agg["kept"] in ("own", "consortium")
+    assert ms[g]["latest_source"] == f"{c['data']} [{c['scored_on']}]" and agg["kept"] in ("own", "consortium", "raw-pixels")
     assert (f"candidates on its {c['scored_on']} data (balanced accuracy): own {c['own']['balanced_accuracy']:.3f}"
             in cli("models", "--home", home))
     # `atd classify` scores the aggregated model; `atd models` shows that score, not 0.000

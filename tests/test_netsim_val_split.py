@@ -152,23 +152,27 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
         assert m["auroc"] == pytest.approx(auc(kept)) and m["auroc_ci95"][0] <= m["auroc"] <= m["auroc_ci95"][1]
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
-        if prov["kept"] == "own":
-            by = "balanced_accuracy"  # the judge (atdnode.aggregation.keep.SELECT_BY)
-            own, con = prov["candidates"]["own"][by], prov["candidates"]["consortium"][by]
-            assert m["model"] == "own" and kept.id != cons.id and own > con
-            assert any(note.startswith(f"{n} keeps its own model: own {own:.3f} > consortium {con:.3f} (balanced "
-                                       "accuracy) on its val split") for note in last["notes"]), last["notes"]
+        if prov["kept"] in ("own", "raw-pixels"):  # its own model, or its own raw-pixel ensemble
+            by, k = "balanced_accuracy", prov["kept"]  # the judge (atdnode.aggregation.keep.SELECT_BY)
+            own, con = prov["candidates"][k][by], prov["candidates"]["consortium"][by]
+            what = "its own model" if k == "own" else "its raw-pixel ensemble"
+            assert m["model"] == k and kept.id != cons.id and own > con
+            assert any(note.startswith(f"{n} keeps {what}: {k} {own:.3f} > consortium {con:.3f}")
+                       and "(balanced accuracy) on its val split" in note for note in last["notes"]), last["notes"]
             own_nodes.append(n)
             differs |= acc(cons) != m["accuracy"]
         else:
             assert m["model"] == "consortium" and kept.id == cons.id
     assert last["overall"]["auroc_ci95"][0] <= last["overall"]["auroc"] <= last["overall"]["auroc_ci95"][1]
-    assert own_nodes and differs, "the tiny run (measured: a2 and b1 keep their own in phase 3) must exercise it"
+    assert own_nodes and differs, "the tiny run (a node keeping its own model or raw-pixel ensemble) must exercise it"
     report = {"methods": {"vgs-atd": phases}}
     f = forgetting(report["methods"], ["a1", "a2"])["vgs-atd"]
     assert f[str(last["phase"])] == pytest.approx(np.mean([last["per_node"][n]["accuracy"] for n in ("a1", "a2")]))
     lines = kept_lines(report)
-    assert any(f"its own for {', '.join(sorted(own_nodes))}" in line for line in lines), lines
+    for k in ("own", "raw-pixels"):
+        mine = sorted(n for n in own_nodes if last["per_node"][n]["model"] == k)
+        assert any(f"{'its own' if k == 'own' else 'its raw-pixel ensemble'} for {', '.join(mine) or 'no node'}" in line
+                   for line in lines), lines
     # every trained VGS-ATD model saw the node's train part only
     for n, nd in data.nodes.items():
         trained = [r for r in ModelRegistry(NodeHome(work / "homes" / n)).list() if not r.provenance.get("kind")]

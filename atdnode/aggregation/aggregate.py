@@ -115,8 +115,13 @@ def typed_body(e: Entry, what: str = "input") -> dict:
 
 
 def own_model(home: NodeHome, ref: str = "latest") -> ModelRecord:
-    """The node's own current model (its config, head and data spec anchor aggregation)."""
-    return ModelRegistry.of(home).get(ref)
+    """The node's own current model (its config, head and data spec anchor aggregation): `ref`, or
+    for "latest" the newest record with weights (a raw-pixel ensemble the node kept has none)."""
+    from atdnode.models import is_raw_pixels
+
+    reg = ModelRegistry.of(home)
+    learned = [r for r in reg.list() if not is_raw_pixels(r)] if ref == "latest" else []
+    return learned[-1] if learned else reg.get(ref)
 
 
 def select_inputs(home: NodeHome, led: Ledger, store: BlobStore, *, ids: list[str] | None = None,

@@ -1,5 +1,6 @@
 """Scoring the candidates of an aggregation on the node's own data (policy in
-`atdnode.aggregation.keep`): the node's own current model and the consortium's new one, each with `atd
+`atdnode.aggregation.keep`): the node's own current model, the consortium's new one and the node's
+own raw-pixel ensemble (`raw_pixel_candidate`: fitted on its own training split only), each with `atd
 classify`'s predictor (`atdnode.learning.classify.score_record`), on the data spec's `val` split —
 the source's, or the one the loader carves from the training split when the source has none
 (`atdnode.data.loader`; `val_from` in the scores says which). Never on test data, unless the
@@ -13,11 +14,11 @@ from __future__ import annotations
 from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, score_record
-from atdnode.data import DataSpec, load_dataset, resolve_data
+from atdnode.data import DataSpec, label_fingerprint, load_dataset, resolve_data
 from atdnode.errors import AtdError, DataError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
-from atdnode.models import ModelRecord, default_model
+from atdnode.models import RAW_PIXELS, ModelRecord, learned_model_in_use, register_model, save_ensemble
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "
@@ -28,12 +29,18 @@ class NoValSplit(AtdError):
     """The data spec has no val split to judge on (`val=train`)."""
 
 
-def validation_data(spec: str, img_size: int, in_chans: int):
-    """(labelled images, split name) the node scores candidates on: `val` (the source's or the
-    carved one); `test` only where the spec forces it (`val=test`); NoValSplit with `val=train`."""
+def val_spec(spec: str) -> DataSpec:
+    """`spec` parsed; NoValSplit where it has no val split (`val=train`)."""
     ds = DataSpec.parse(spec)
     if ds.val == "train":
         raise NoValSplit(f"{spec}: no val split (val=train merges it into training)")
+    return ds
+
+
+def validation_data(spec: str, img_size: int, in_chans: int):
+    """(labelled images, split name) the node scores candidates on: `val` (the source's or the
+    carved one); `test` only where the spec forces it (`val=test`); NoValSplit with `val=train`."""
+    ds = val_spec(spec)
     source = resolve_data(spec, parsed=ds)
     if ds.val == "test":
         return load_dataset(source, img_size, in_chans, "test"), "test (val=test)"
@@ -59,28 +66,65 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec:
     return out
 
 
-def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consortium: ModelRecord, spec: str | None) -> dict:
-    """Score both candidates and apply the policy; the fields for the new record's provenance
-    (`candidates`, `kept`, `kept_why`), or {"kept_why": reason} when it cannot score."""
+def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=None, *,
+                        before: float | None = None) -> ModelRecord:
+    """The node's raw-pixel ensemble as an unregistered record: `fit_own_raw` (the same PCA ->
+    MLP + RF + SVM ensemble, the same class-prior correction, `options`: the aggregation's
+    `EnsembleOptions`) on the raw pixels of the training split of `spec` alone, at `own`'s
+    input size; its ensemble saved as a blob, provenance kind `RAW_PIXELS`; created before time
+    `before` where given (the record of the decision it is judged in)."""
+    from atdnode.aggregation.ensemble import EnsembleOptions
+    from atdnode.aggregation.ensemble_refs import fit_own_raw
+
+    opts = options or EnsembleOptions()
+    cfg = ModelConfig.from_dict(own.model)
+    train = load_dataset(resolve_data(spec), cfg.img_size, cfg.in_chans, "train")
+    with progress.task(f"fitting its raw-pixel ensemble on {len(train.labels)} own training images", total=None):
+        ref = fit_own_raw(train, cfg, **opts.kwargs())
+    rec = ModelRecord(model=own.model, labels=list(ref.classes), label_fp=label_fingerprint(list(ref.classes)),
+                      samples=int(len(train.labels)), metrics={}, blobs={"ensemble": save_ensemble(store, ref.ensemble)},
+                      provenance={"kind": RAW_PIXELS, "data": spec, "ensemble_classes": list(ref.classes),
+                                  "ensemble_options": opts.kwargs(), "beside": own.id,
+                                  "what": "PCA -> MLP + RF + SVM on the raw pixels of this node's own training "
+                                          f"images alone (no learned features), class-prior correction {opts.prior}"})
+    if before is not None:  # registered before the decision's own record, which stays the newest
+        rec.created = min(rec.created, before - 1e-3)
+    rec.id = rec.content_id()
+    return rec
+
+
+def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consortium: ModelRecord, spec: str | None,
+                     options=None) -> dict:
+    """Score the candidates (own, consortium and, under policy best, the node's raw-pixel
+    ensemble) and apply the policy; the fields for the new record's provenance (`candidates`,
+    `kept`, `kept_why`), or {"kept_why": reason} when it cannot score. A kept raw-pixel ensemble
+    is registered here (before the consortium's record, which stays the newest)."""
     policy = keep_policy(home)
     if not spec:
         return {"kept": "consortium", "kept_why": "no data spec to score on; takes the consortium's model"}
     try:
-        scores = score_candidates(store, {"own": own, "consortium": consortium}, spec)
+        cands = {"own": own, "consortium": consortium}
+        if policy == "best":
+            val_spec(spec)  # NoValSplit before fitting anything
+            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, spec, options, before=consortium.created)
+        scores = score_candidates(store, cands, spec)
     except NoValSplit as exc:
         return {"kept": "consortium", "kept_why": f"{exc}: makes no choice; takes the consortium's model"}
     except (AtdError, ValueError) as exc:
         return {"kept": "consortium", "kept_why": f"could not score the candidates ({str(exc)[:200]}); "
                                                   "takes the consortium's model"}
     kept, why = choose(policy, scores)
+    if kept == RAW_PIXELS:
+        register_model(home, cands[RAW_PIXELS])
     out = {"candidates": scores, "kept": kept, "kept_why": why, "keep_policy": policy}
     if "warning" in scores:
         out["warning"] = scores["warning"]
     return out
 
 
-def judge_with(home: NodeHome, store: BlobStore, spec: str | None):
-    """`register_global`'s `judge`: the new record against the model the node uses now
-    (`atdnode.models.default_model`, read when the judge runs, before the new record is added:
-    an earlier aggregate the node did not keep is not its "own")."""
-    return lambda consortium: judge_candidates(home, store, default_model(home), consortium, spec)
+def judge_with(home: NodeHome, store: BlobStore, spec: str | None, options=None):
+    """`register_global`'s `judge`: the new record against the learned model the node uses now
+    (`atdnode.models.learned_model_in_use`, read when the judge runs, before the new record is
+    added: an earlier aggregate the node did not keep is not its "own") and its raw-pixel
+    ensemble under the aggregation's ensemble `options`."""
+    return lambda consortium: judge_candidates(home, store, learned_model_in_use(home), consortium, spec, options)

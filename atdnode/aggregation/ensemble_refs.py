@@ -12,6 +12,10 @@ to the same ensemble, same options, same data, on
 (`protocols.vgs.fit_vertical_ensemble`, the one `atd aggregate` calls) on one or more
 labelled image sets (e.g. the pooled data of a phase's nodes); netsim, `atd split compare`
 and the claim tests all call it, so there is one implementation of each baseline.
+`fit_own_raw` is what a hospital has alone: the ensemble on the raw pixels of its own training
+images only, with the class-prior correction for its own class counts; netsim's
+`ensemble-raw-own` reference and the keep decision's raw-pixel candidate
+(`atdnode.aggregation.candidates`) both call it.
 """
 from __future__ import annotations
 
@@ -40,7 +44,9 @@ def reference_features(kind: str, images: torch.Tensor, cfg: ModelConfig | None 
                        model: torch.nn.Module | None = None) -> np.ndarray:
     """(N, D) float32 inputs of the reference ensemble `kind` for `images` (N, C, H, W)."""
     if kind == "ensemble-raw":
-        return images.reshape(len(images), -1).float().numpy().astype(np.float32)
+        from atdnode.learning import pixel_features
+
+        return pixel_features(images)
     if kind != "ensemble-untrained":
         raise ValueError(f"unknown reference {kind!r} (one of {', '.join(REFERENCES)})")
     from atdnode.learning import extract_features
@@ -76,3 +82,15 @@ def fit_reference(kind: str, parts: Sequence[LabeledImages], cfg: ModelConfig, *
     feats = [(reference_features(kind, p.images, model=model), p.labels.numpy(), list(p.classes)) for p in parts]
     ens, classes = fit_vertical_ensemble(feats, own=own, **ensemble)
     return ReferenceEnsemble(kind, ens, list(classes), model)
+
+
+def fit_own_raw(train: LabeledImages, cfg: ModelConfig, *, prior: str, **ensemble) -> ReferenceEnsemble:
+    """The ensemble on the raw pixels of `train` (one node's own training images) alone, under
+    the class-prior correction `prior` for its own class counts (the fitted members with
+    `EnsembleClassifier.with_prior`, as a node's own `prior="node"` fit gives); `ensemble`: the
+    other `EnsembleClassifier` keyword arguments."""
+    ref = fit_reference("ensemble-raw", [train], cfg, **{**ensemble, "prior": "none"})
+    counts = dict(zip(train.classes, np.bincount(train.labels.numpy(), minlength=len(train.classes)).tolist()))
+    fitted = np.array([counts[ref.classes[int(i)]] for i in ref.ensemble.classes_])  # the classes it saw
+    ens = ref.ensemble.with_prior(prior, fitted, {int(i): int(k) for i, k in zip(ref.ensemble.classes_, fitted)})
+    return ReferenceEnsemble(ref.kind, ens, ref.classes, None)

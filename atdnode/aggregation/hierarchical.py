@@ -289,7 +289,7 @@ def aggregate_hierarchical(home: NodeHome, groups: list[GroupSpec], *, weighting
         prov.update(ensemble_classes=fit.classes, features=fit.features)
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry,
                                kind="global-hierarchical", extra_blobs=extra, extra_provenance=prov,
-                               judge=judge_with(home, store, spec) if judge and spec else None)
+                               judge=judge_with(home, store, spec, options) if judge and spec else None)
     details = {"groups": [{**o.record(), "blob": o.entry.body["blob"], "reused": o.reused} for o in outs]}
     if warning:
         details["warnings"] = [warning]

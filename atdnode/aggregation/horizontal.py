@@ -100,7 +100,7 @@ def aggregate_horizontal(home: NodeHome, *, weighting: str = "uniform", inputs: 
                    "samples": fit.samples}
     model_id = register_global(home, store, base=base, blob=blob, part=part, entry=entry, kind="global-horizontal",
                                extra_blobs=extra, extra_provenance=prov,
-                               judge=judge_with(home, store, judge_on) if judge_on else None)
+                               judge=judge_with(home, store, judge_on, options) if judge_on else None)
     if warning:
         details["warnings"] = [warning]
     from atdnode.aggregation.keep import kept_details

@@ -1,9 +1,13 @@
 """Collaboration never silently makes a hospital worse; which model the node uses.
 
 After every aggregation the node scores each candidate — its own current model (what it
-predicted with before: `own`) and the consortium's aggregate (`consortium`) — on its own
-validation data, with `atd classify`'s predictor (`atdnode.aggregation.candidates.judge_candidates`,
-which applies `choose` below):
+predicted with before: `own`), the consortium's aggregate (`consortium`) and what it has
+alone with no learning at all (`raw-pixels`: the PCA -> MLP + RF + SVM ensemble on the raw
+pixels of its own training images, with the same class-prior correction,
+`atdnode.aggregation.ensemble_refs.fit_own_raw`) — on its own validation data, with `atd
+classify`'s predictor (`atdnode.aggregation.candidates.judge_candidates`, which applies
+`choose` below), so a node never deploys a model that scores worse on its val split than what
+it has alone:
 
 * the data spec's `val` split: the source's, or one carved from its training split when the
   source has none (`atdnode.data.loader`) — never its test split unless the spec forces it
@@ -11,9 +15,12 @@ which applies `choose` below):
 * the scores go into the new model's record (`provenance["candidates"]`, shown by
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
-  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model only where it
-  scores at least the node's own, `consortium` always takes it. `provenance["kept"]` /
-  `["kept_why"]` say what was kept and why.
+  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model where it
+  scores at least each other candidate, else the best of the node's own model and its raw-pixel
+  ensemble (ties: own); `consortium` always takes it. `provenance["kept"]` / `["kept_why"]`
+  say what was kept and why. A kept raw-pixel ensemble is registered as a model of its own
+  (provenance kind `raw-pixels`, `atdnode.learning.predict.RAW_PIXELS`: no weights, its
+  ensemble reads flattened pixels) that `atd classify` and `atd predict` use.
 
 The judge is `SELECT_BY`, balanced accuracy (the mean of the per-class recalls): hospitals'
 val splits are skewed, and on a split that is 96 % one class a model that always answers
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 from atdnode.errors import ConfigError
 from atdnode.node import NodeHandle, NodeHome
-from atdnode.models import ModelRecord, ModelRegistry, model_in_use
+from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, model_in_use
 
 KEEP_POLICIES = ("best", "consortium")
 DEFAULT_KEEP = "best"
@@ -50,18 +57,32 @@ def keep_policy(home: NodeHome) -> str:
     return keep
 
 
+CANDIDATES = ("consortium", "own", RAW_PIXELS)  # the order ties are broken in
+WHAT = {"consortium": "the consortium's model", "own": "its own model",
+        RAW_PIXELS: "its own raw-pixel ensemble"}
+
+
 def choose(policy: str, scores: dict) -> tuple[str, str]:
-    """(kept candidate, why) under `policy`, judged by `SELECT_BY` (records without it: accuracy)."""
-    by = SELECT_BY if SELECT_BY in scores["own"] and SELECT_BY in scores["consortium"] else "accuracy"
-    own, cons = scores["own"][by], scores["consortium"][by]
+    """(kept candidate, why) under `policy`, judged by `SELECT_BY` (records without it: accuracy).
+    `scores` holds "own" and "consortium" and, where it was scored, "raw-pixels"; under `best`
+    the highest score wins, ties in `CANDIDATES` order."""
+    names = [c for c in CANDIDATES if isinstance(scores.get(c), dict)]
+    by = SELECT_BY if all(SELECT_BY in scores[c] for c in names) else "accuracy"
+    val = {c: scores[c][by] for c in names}
     where = f"({by.replace('_', ' ')}) on its {scores['scored_on']} data"
     if "warning" in scores:
         where += f" — WARNING: {scores['warning']}"
     if policy == "consortium":
-        return "consortium", f"policy consortium (consortium {cons:.3f}, own {own:.3f} {where})"
-    if cons >= own:
-        return "consortium", f"the consortium's model scores {cons:.3f} >= its own {own:.3f} {where}"
-    return "own", f"its own model scores {own:.3f} > the consortium's {cons:.3f} {where}; keeps its own"
+        return "consortium", f"policy consortium (consortium {val['consortium']:.3f}, own {val['own']:.3f} {where})"
+    kept = max(names, key=lambda c: (val[c], -names.index(c)))
+    raw = f" and its raw-pixel ensemble {val[RAW_PIXELS]:.3f}" if RAW_PIXELS in val else ""
+    if kept == "consortium":
+        return kept, f"the consortium's model scores {val['consortium']:.3f} >= its own {val['own']:.3f}{raw} {where}"
+    if kept == "own":
+        raw = f" (>= its raw-pixel ensemble {val[RAW_PIXELS]:.3f})" if RAW_PIXELS in val else ""
+        return kept, f"its own model scores {val['own']:.3f} > the consortium's {val['consortium']:.3f}{raw} {where}; keeps its own"
+    return kept, (f"its raw-pixel ensemble scores {val[RAW_PIXELS]:.3f} > the consortium's {val['consortium']:.3f} "
+                  f"and its own model {val['own']:.3f} {where}; uses the raw-pixel ensemble (no learned model beat it)")
 
 
 def use_of(home: NodeHome, record: ModelRecord) -> dict:
@@ -71,11 +92,12 @@ def use_of(home: NodeHome, record: ModelRecord) -> dict:
     if record.id == use.record.id:
         return {"status": "in use", "why": use.why, "in_use": use.record.id}
     prov = record.provenance
-    if prov.get("kept") == "own":
-        own = (prov.get("candidates") or {}).get("own", {}).get("model")
+    if prov.get("kept") in ("own", RAW_PIXELS):
+        kept = prov["kept"]
+        other = (prov.get("candidates") or {}).get(kept, {}).get("model")
         return {"status": "not kept", "in_use": use.record.id,
-                "why": f"the node kept its own model {own} (policy {prov.get('keep_policy', DEFAULT_KEEP)}): "
-                       f"{prov.get('kept_why')}"}
+                "why": f"the node kept {WHAT[kept]} {other} "
+                       f"(policy {prov.get('keep_policy', DEFAULT_KEEP)}): {prov.get('kept_why')}"}
     return {"status": "not in use", "in_use": use.record.id,
             "why": f"the node uses {use.record.id} ({use.why})"}
 

@@ -67,7 +67,7 @@ def aggregate_vertical(home: NodeHome, *, weighting: str = "uniform", inputs: li
                                extra_blobs={"ensemble": fit.blob},
                                extra_provenance={"data": spec, "ensemble_classes": fit.classes,
                                                  "features": fit.features},
-                               judge=judge_with(home, store, spec) if judge else None)
+                               judge=judge_with(home, store, spec, options) if judge else None)
     details = {"ensemble": fit.blob, "classes": fit.classes, "features": fit.features, "skipped": fit.skipped,
                "samples": fit.samples, **({"warnings": [warning]} if warning else {})}
     from atdnode.aggregation.keep import kept_details

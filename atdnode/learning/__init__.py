@@ -11,7 +11,7 @@ _FACE = {"predict_names": "classify", "score_record": "classify", "run_classify"
          "classification_metrics": "metrics", "save_confusion_png": "metrics",
          "ModelConfig": "model", "ModelConfigError": "model", "build_model": "model", "export_part": "model",
          "extractor_state": "model", "freeze_blocks": "model", "load_part": "model", "part_spec": "model",
-         "resolve_config": "model", "ClassifyError": "predict", "run_predict": "predict:predict",
+         "resolve_config": "model", "ClassifyError": "predict", "pixel_features": "predict", "run_predict": "predict:predict",
          "probe_head": "probe", "AdversarialTransform": "train_options", "FINETUNE_LR": "train_options",
          "SCRATCH_LR_192": "train_options", "TrainOptions": "train_options", "Trainer": "trainer",
          "OPTIMIZERS": "train_options",

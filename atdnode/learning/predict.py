@@ -4,7 +4,9 @@ The model is a registry record, chosen as `atd classify` chooses it (`--model`, 
 the one `atd classify` uses). It predicts the way `atd classify` scores it
 (`atdnode.learning.classify`): a record with an ensemble (vertical / hierarchical aggregation)
 through CLS features of its extractor -> PCA -> the soft-voting ensemble, over the
-ensemble's classes; any other record through its own head, softmax over its labels. The
+ensemble's classes; a raw-pixel record (`atdnode.models.RAW_PIXELS`: the node's own raw-pixel ensemble, kept
+by the keep decision, `atdnode.aggregation.keep`) through its flattened pixels -> the same
+ensemble, with no extractor; any other record through its own head, softmax over its labels. The
 predicted class is the argmax of the probabilities (the ensemble's `predict` is the same
 argmax), so a prediction here equals `atd classify`'s on the same image.
 
@@ -31,10 +33,15 @@ from atdnode.learning.device import use_amp
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.learning.model import ModelConfig, build_model, cls_features, load_part, part_spec
-from atdnode.models import ModelRecord, ModelRegistry, load_weights
+from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, is_raw_pixels, load_weights
 
 DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
 Progress = Callable[[str, int, int], None]  # (stage, done, total): files read and predicted
+
+
+def pixel_features(images: torch.Tensor) -> np.ndarray:
+    """(N, C*H*W) float32: the flattened pixels a raw-pixel ensemble reads."""
+    return images.reshape(len(images), -1).float().numpy().astype(np.float32)
 
 
 class ClassifyError(AtdError):
@@ -116,7 +123,8 @@ class Predictor:
 
     def __init__(self, store: BlobStore, record: ModelRecord, device: torch.device) -> None:
         self.device = device
-        self.model = load_full_model(store, record).to(device)
+        self.raw = is_raw_pixels(record)
+        self.model = None if self.raw else load_full_model(store, record).to(device)
         self.ensemble = None
         ens_blob = record.blobs.get("ensemble")
         if ens_blob:
@@ -126,9 +134,11 @@ class Predictor:
             self.ensemble = load_ensemble(store, ens_blob)
             if not self.classes or int(self.ensemble.classes_.max()) >= len(self.classes):
                 raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
+        elif self.raw:
+            raise ClassifyError(f"model {record.id} is a raw-pixel model without its ensemble")
         else:
             self.classes = list(record.labels)
-        self.kind = "model" if self.ensemble is None else "ensemble"
+        self.kind = RAW_PIXELS if self.raw else "model" if self.ensemble is None else "ensemble"
 
     @torch.no_grad()
     def probabilities(self, images: torch.Tensor, batch_size: int = 256) -> np.ndarray:
@@ -136,6 +146,12 @@ class Predictor:
         out = np.zeros((len(images), len(self.classes)), dtype=np.float64)
         dev = self.device
         for s in range(0, len(images), batch_size):
+            if self.raw:
+                p = np.zeros((len(images[s:s + batch_size]), len(self.classes)))
+                p[:, self.ensemble.classes_.astype(np.int64)] = self.ensemble.predict_proba(
+                    pixel_features(images[s:s + batch_size]))
+                out[s:s + len(p)] = p
+                continue
             x = images[s:s + batch_size].to(dev, non_blocking=True)  # (B, C, H, W)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_amp(dev)):
                 y = self.model(x) if self.ensemble is None else cls_features(self.model, x)  # (B, K) | (B, D)

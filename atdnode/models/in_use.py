@@ -2,7 +2,7 @@
 
 An aggregate's record says what the node's keep decision kept (`provenance["kept"]`,
 `["candidates"]`, `["kept_why"]`: written by `atdnode.aggregation.keep`); from that alone
-`model_in_use` names the model `atd classify` and `atd predict` use without `--model`, the
+`model_in_use` names the model (a learned one, or the node's raw-pixel ensemble) `atd classify` and `atd predict` use without `--model`, the
 dashboard's badge, `atd models`' mark and the model card.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from atdnode.errors import AtdError
-from atdnode.models.registry import ModelRecord, ModelRegistry
+from atdnode.models.registry import ModelRecord, ModelRegistry, is_raw_pixels
 from atdnode.node import NodeHome
 
 
@@ -31,16 +31,31 @@ def model_in_use(home: NodeHome) -> InUse:
     reg = ModelRegistry.of(home)
     rec = reg.get("latest")
     prov = rec.provenance
-    if prov.get("kept") == "own":
-        own = (prov.get("candidates") or {}).get("own", {}).get("model")
-        if isinstance(own, str):
+    kept = prov.get("kept")
+    if kept in ("own", "raw-pixels"):  # its own model, or its own raw-pixel ensemble
+        other = (prov.get("candidates") or {}).get(kept, {}).get("model")
+        if isinstance(other, str):
             try:
-                return InUse(reg.get(own), f"kept over the consortium's model {rec.id}: {prov.get('kept_why')}", rec)
+                return InUse(reg.get(other), f"kept over the consortium's model {rec.id}: {prov.get('kept_why')}", rec)
             except AtdError:
-                return InUse(rec, f"the newest model (the own model {own} it kept is no longer registered)")
+                return InUse(rec, f"the newest model (the {kept} model {other} it kept is no longer registered)")
     if prov.get("kept") == "consortium":
         return InUse(rec, f"the newest model, kept: {prov.get('kept_why')}")
     return InUse(rec, "the newest model")
+
+
+def learned_model_in_use(home: NodeHome) -> ModelRecord:
+    """The learned model the node uses: `model_in_use`, or, where that is its raw-pixel
+    ensemble, the own model the same keep decision judged beside it (the "own" candidate
+    of the next decision)."""
+    use = model_in_use(home)
+    if not is_raw_pixels(use.record) or use.not_kept is None:
+        return use.record
+    own = (use.not_kept.provenance.get("candidates") or {}).get("own", {}).get("model")
+    try:
+        return ModelRegistry.of(home).get(own) if isinstance(own, str) else use.not_kept
+    except AtdError:
+        return use.not_kept
 
 
 def default_model(home: NodeHome) -> ModelRecord:

@@ -65,6 +65,14 @@ class ModelRecord:
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+RAW_PIXELS = "raw-pixels"  # provenance kind of a node's raw-pixel ensemble: no weights, it reads flattened pixels
+
+
+def is_raw_pixels(record: "ModelRecord") -> bool:
+    """Whether `record` is a raw-pixel ensemble (`atdnode.aggregation.keep`: what a node has alone)."""
+    return (record.provenance or {}).get("kind") == RAW_PIXELS
+
+
 MADE_BY = {"global-horizontal": "horizontal", "global-vertical": "vertical", "global-hierarchical": "hierarchical"}
 
 

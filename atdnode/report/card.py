@@ -99,7 +99,7 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
     from atdnode.aggregation import use_of
     from atdnode.models import resolve_model
     from atdnode.blobs import BlobStore
-    from atdnode.models import ModelRegistry, made_by
+    from atdnode.models import ModelRegistry, is_raw_pixels, made_by
 
     reg = ModelRegistry.of(home)
     rec = resolve_model(home, model)
@@ -126,7 +126,9 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
                 data_fp=prov.get("data_fp"), consortium=ms.consortium, members=members, steps=steps,
                 evaluations=_evaluations(reg, rec), ledger_check=check, ledger_ok=ledger_ok, use=use,
                 statement=card_statement(home), keep=keep, in_use=use["status"] == "in use",
-                arch=_arch(rec.model))
+                arch=_arch(rec.model) if not is_raw_pixels(rec) else
+                f"{prov.get('what') or 'an ensemble on raw pixels, no learned features'}; input "
+                f"{rec.model.get('img_size')} px")
 
 
 def _arch(model: dict) -> str:

@@ -128,7 +128,8 @@ def aggregate(
     if cands:
         by = "balanced_accuracy" if "balanced_accuracy" in cands["own"] else "accuracy"
         typer.echo(f"  candidates on this node's {cands['scored_on']} data ({cands.get('val_from') or '?'}), "
-                   f"{by.replace('_', ' ')}: own model {cands['own'][by]:.3f}, consortium {cands['consortium'][by]:.3f}")
+                   f"{by.replace('_', ' ')}: own model {cands['own'][by]:.3f}, consortium {cands['consortium'][by]:.3f}"
+                   + (f", own raw-pixel ensemble {cands['raw-pixels'][by]:.3f}" if "raw-pixels" in cands else ""))
         if cands.get("warning"):
             typer.echo(f"  WARNING: {cands['warning']}")
     if d.get("kept_why"):

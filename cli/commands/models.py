@@ -101,7 +101,9 @@ def _list(home: Path, as_json: bool) -> None:
             by = "balanced_accuracy" if "balanced_accuracy" in cands.get("own", {}) else "accuracy"
             typer.echo(f"{'':19}  candidates on its {cands.get('scored_on')} data ({by.replace('_', ' ')}): own "
                        f"{cands.get('own', {}).get(by, float('nan')):.3f}, consortium "
-                       f"{cands.get('consortium', {}).get(by, float('nan')):.3f}; kept {r.provenance['kept']}"
+                       f"{cands.get('consortium', {}).get(by, float('nan')):.3f}"
+                       + (f", raw-pixels {cands['raw-pixels'].get(by, float('nan')):.3f}" if "raw-pixels" in cands else "")
+                       + f"; kept {r.provenance['kept']}"
                        + (f" — WARNING: {cands['warning']}" if cands.get("warning") else ""))
         marked = marked or caution is not None
     typer.echo(f"* in use: {use.record.id}, {use.why} (keep policy: [aggregate] keep = {keep_policy(h)})")

@@ -1,0 +1,94 @@
+"""A node never deploys a model that scores worse on its val split than what it has alone.
+
+The keep decision's third candidate is the node's own raw-pixel ensemble
+(`atdnode.aggregation.ensemble_refs.fit_own_raw`, fitted on its own training split only). Here the
+classes differ by brightness — plain to an ensemble on raw pixels — and the learned model barely
+trained (a near-zero learning rate), so on the val split the raw-pixel ensemble scores best: the
+decision keeps it, registers it as a raw-pixel model, and `atd classify` without `--model`, the
+model card's use line and `atd models` then use it. `choose` alone: the highest val score wins,
+ties go to the learned models.
+"""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atdnode.aggregation.candidates import judge_candidates
+from atdnode.aggregation.ensemble import EnsembleOptions
+from atdnode.aggregation.keep import choose, use_of
+from atdnode.blobs import BlobStore
+from atdnode.learning import run_classify as classify
+from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, learned_model_in_use, model_in_use
+from atdnode.report import collect_card
+from tests.factories import cli, make_consortium
+from tests.vgs_homes import train_node
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+OPTS = EnsembleOptions(pca_components=8, mlp_hidden=(16,), mlp_max_iter=100, rf_trees=10)
+
+
+def _brightness_npz(path: Path) -> str:
+    """Two classes told apart by brightness (dark vs bright noise), train / val / test splits."""
+    rng = np.random.default_rng(0)
+
+    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % 2
+        x = rng.integers(0, 120, size=(n, 16, 16)) + 100 * y[:, None, None]
+        return x.astype(np.uint8), y.astype(np.int64)
+
+    (tx, ty), (vx, vy), (sx, sy) = split(48), split(24), split(24)
+    np.savez(path, train_images=tx, train_labels=ty, val_images=vx, val_labels=vy, test_images=sx,
+             test_labels=sy, classes=np.array(["dark", "bright"]))
+    return f"npz:{path}"
+
+
+def _scores(own: float, cons: float, raw: float) -> dict:
+    return {"scored_on": "val", **{k: {"model": k, "kind": "model", "balanced_accuracy": v, "accuracy": v}
+                                   for k, v in (("own", own), ("consortium", cons), (RAW_PIXELS, raw))}}
+
+
+def test_choose_takes_the_best_candidate_on_val_and_ties_go_to_the_learned_models() -> None:
+    assert choose("best", _scores(0.6, 0.7, 0.8))[0] == RAW_PIXELS
+    assert choose("best", _scores(0.8, 0.7, 0.8))[0] == "own"
+    assert choose("best", _scores(0.6, 0.8, 0.8))[0] == "consortium"
+    assert choose("consortium", _scores(0.6, 0.7, 0.9))[0] == "consortium"
+    kept, why = choose("best", _scores(0.6, 0.7, 0.8))
+    assert "raw-pixel ensemble scores 0.800 > the consortium's 0.700 and its own model 0.600" in why
+
+
+def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tmp_path: Path) -> None:
+    spec = _brightness_npz(tmp_path / "bright.npz")
+    home = make_consortium(tmp_path / "homes", 1)[0]
+    train_node(home, spec, epochs=1, lr=1e-7)  # a learned model that learned next to nothing
+    reg = ModelRegistry(home)
+    own = reg.get("latest")
+    store = BlobStore.of(home)
+    cons = ModelRecord.from_dict({**own.to_dict(), "id": "", "created": time.time(),
+                                  "provenance": {**own.provenance, "kind": "global-vertical"}})
+    verdict = judge_candidates(home, store, own, cons, spec, OPTS)
+    c = verdict["candidates"]
+    assert c["scored_on"] == "val" and c[RAW_PIXELS]["kind"] == RAW_PIXELS
+    assert c[RAW_PIXELS]["balanced_accuracy"] > max(c["own"]["balanced_accuracy"], c["consortium"]["balanced_accuracy"])
+    assert verdict["kept"] == RAW_PIXELS and "raw-pixel ensemble" in verdict["kept_why"], verdict
+    raw = reg.get(c[RAW_PIXELS]["model"])  # registered, with no weights: its ensemble reads pixels
+    assert raw.provenance["kind"] == RAW_PIXELS and "full" not in raw.blobs and raw.provenance["beside"] == own.id
+    cons.provenance.update(verdict)
+    agg = reg.add(cons)  # the aggregate's record, newest: the one the decision is written in
+    use = model_in_use(home)
+    assert use.record.id == raw.id and use.not_kept.id == agg
+    res = classify(home, spec, split="test")  # no --model: the model in use
+    learned = classify(home, spec, model=own.id, split="test")
+    assert res.model_id == raw.id and res.kind == RAW_PIXELS
+    assert res.metrics["balanced_accuracy"] > learned.metrics["balanced_accuracy"] + 0.2, (res.metrics, learned.metrics)
+    assert use_of(home, raw)["status"] == "in use"
+    assert use_of(home, reg.get(agg))["status"] == "not kept" and raw.id in use_of(home, reg.get(agg))["why"]
+    card = collect_card(home)  # the model in use: says what it is and why it is in use
+    assert card.model_id == raw.id and card.made_by == RAW_PIXELS and "raw pixels" in card.arch
+    assert card.use["status"] == "in use" and "raw-pixel ensemble scores" in card.use["why"]
+    assert learned_model_in_use(home).id == own.id  # the next decision's "own" candidate: the learned model
+    out = cli("models", "--home", str(home.root))  # marked in use, made by raw-pixels, the decision shown
+    assert re.search(rf"^\* +{raw.id} .* raw-pixels ", out, re.M) and "kept raw-pixels" in out, out
