@@ -4,7 +4,7 @@ from __future__ import annotations
 from atdnode.face import lazy_face
 
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
-_FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_global": "aggregate",
+_FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_global": "aggregate", "own_model": "aggregate",
          "result_meta": "aggregate", "check_recorded_cosines": "check", "check_recorded_weights": "check",
          "check_result": "check", "EnsembleOptions": "ensemble",
          "REFERENCES": "ensemble_refs", "fit_reference": "ensemble_refs", "fit_own_raw": "ensemble_refs",

@@ -15,7 +15,7 @@ from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, score_record
 from atdnode.data import DataSpec, label_fingerprint, load_dataset, resolve_data
-from atdnode.errors import AtdError, DataError
+from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
 from atdnode.models import RAW_PIXELS, ModelRecord, learned_model_in_use, register_model, save_ensemble
@@ -115,11 +115,25 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
                                                   "takes the consortium's model"}
     kept, why = choose(policy, scores)
     if kept == RAW_PIXELS:
-        register_model(home, cands[RAW_PIXELS])
+        raw = cands[RAW_PIXELS]
+        same = _registered_like(home, raw)
+        if same is not None:  # the same ensemble, registered by a run killed before its decision's record
+            scores[RAW_PIXELS]["model"] = same.id
+        else:
+            register_model(home, raw)
     out = {"candidates": scores, "kept": kept, "kept_why": why, "keep_policy": policy}
     if "warning" in scores:
         out["warning"] = scores["warning"]
     return out
+
+
+def _registered_like(home: NodeHome, raw: ModelRecord) -> ModelRecord | None:
+    """A registered raw-pixel record with `raw`'s ensemble, data and learned model beside it."""
+    from atdnode.models import ModelRegistry, is_raw_pixels
+
+    key = (raw.blobs.get("ensemble"), raw.provenance.get("data"), raw.provenance.get("beside"))
+    return next((r for r in ModelRegistry.of(home).list() if is_raw_pixels(r) and
+                 (r.blobs.get("ensemble"), r.provenance.get("data"), r.provenance.get("beside")) == key), None)
 
 
 def judge_with(home: NodeHome, store: BlobStore, spec: str | None, options=None):

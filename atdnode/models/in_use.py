@@ -27,9 +27,11 @@ class InUse:
 def model_in_use(home: NodeHome) -> InUse:
     """The model `atd classify` / `atd predict` use without `--model`: the newest record, or,
     when the newest is an aggregate whose keep decision kept the node's own model, that own
-    model (AtdError when the registry is empty)."""
+    model, or its raw-pixel ensemble (AtdError when the registry is empty)."""
     reg = ModelRegistry.of(home)
-    rec = reg.get("latest")
+    # a raw-pixel ensemble is in use only through the keep decision that kept it: one left
+    # without its decision (a run killed between the two records) is never the newest model
+    rec = next((r for r in reversed(reg.list()) if not is_raw_pixels(r)), None) or reg.get("latest")
     prov = rec.provenance
     kept = prov.get("kept")
     if kept in ("own", "raw-pixels"):  # its own model, or its own raw-pixel ensemble

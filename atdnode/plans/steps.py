@@ -96,12 +96,12 @@ def _aggregate(home: NodeHome, plan: dict, step: dict, inputs: Inputs, policy: P
     features = _ids(inputs, step["features"]) if "features" in step else None
     if mode != "hierarchical" and not ids:
         raise PlanError("no inputs arrived")
-    found = _signed_aggregate(home, mode, ids, groups, features)
-    if found is not None:  # aggregated before a kill: the same entry, not a second one, and its model
-        return StepOutcome(results=[found], model=_signed_model(home, found, step, policy))
     hidden = tuple(int(x) for x in step.get("mlp_hidden", "256").split(",") if x.strip())
     opts = EnsembleOptions(**{k: step[k] for k in ("pca_components", "mlp_max_iter", "rf_trees", "seed", "prior")
                               if k in step}, mlp_hidden=hidden)
+    found = _signed_aggregate(home, mode, ids, groups, features)
+    if found is not None:  # aggregated before a kill: the same entry, not a second one, and its model
+        return StepOutcome(results=[found], model=_signed_model(home, found, step, policy, opts))
     res = aggregate(home, mode, weighting=step.get("weighting"), inputs=ids or None, groups=groups,
                     group_weighting=step.get("group_weighting", "uniform"), q=float(step.get("q", 1.0)),
                     classifier=step.get("classifier", "ensemble"),
@@ -131,12 +131,12 @@ def _signed_aggregate(home: NodeHome, mode: str, ids: list[str], groups: list, f
     return None
 
 
-def _signed_model(home: NodeHome, entry: str, step: dict, policy: PlanPolicy) -> str:
+def _signed_model(home: NodeHome, entry: str, step: dict, policy: PlanPolicy, options) -> str:
     """The registered model of aggregate `entry` this node signed: the one registered for it, or
     (a run killed between the entry and registering its model) registered now as `atd aggregate`
     registers it (`register_global`: the fused extractor on the node's own model, the ensemble
-    the entry records, the keep decision judged on the same data)."""
-    from atdnode.aggregation import judge_with, register_global
+    the entry records, the keep decision judged on the same data with the step's ensemble `options`)."""
+    from atdnode.aggregation import judge_with, own_model, register_global
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry
 
@@ -145,14 +145,14 @@ def _signed_model(home: NodeHome, entry: str, step: dict, policy: PlanPolicy) ->
     if done:
         return done[-1]
     e = NodeHandle.of(home).ledger.get(entry)
-    b, base, store = e.body, reg.get("latest"), BlobStore.of(home)  # the node's own model, as `atd aggregate` takes it
+    b, base, store = e.body, own_model(home), BlobStore.of(home)  # the node's own model, as `atd aggregate` takes it
     spec = policy.data_spec(step["data"]) if "data" in step else base.provenance.get("data")
     ens = b.get("ensemble") or {}
     prov = {"data": spec, **({"ensemble_classes": ens.get("classes"), "features": ens.get("features")} if ens else {}),
             **({"groups": b.get("groups")} if b["mode"] == "hierarchical" else {})}
     return register_global(home, store, base=base, blob=b["blob"], part=b["part"], entry=e, kind=f"global-{b['mode']}",
                            extra_blobs={"ensemble": ens["blob"]} if ens else None, extra_provenance=prov,
-                           judge=judge_with(home, store, spec) if spec else None)
+                           judge=judge_with(home, store, spec, options) if spec else None)
 
 
 def _same_group(led: Ledger, entry: str | None, refs: list[str]) -> bool:
