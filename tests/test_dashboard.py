@@ -81,6 +81,7 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
     from atdnode.learning import run_classify as classify
     from atdnode.aggregation import EnsembleOptions
     from atdnode.aggregation.vertical import aggregate_vertical
+    from atdnode.models import model_in_use
 
     a, b, c = disjoint
     res = aggregate_vertical(a, options=EnsembleOptions(pca_components=32, mlp_hidden=(64,), mlp_max_iter=120,
@@ -122,7 +123,9 @@ def test_dashboard_in_a_real_browser(disjoint) -> None:
         model_row = next(r for r in re.findall(r'<tr class="model">.*?</tr>', dom, re.S) if res.model_id in r)
         assert f"accuracy {acc:.3f}" in text_of(model_row) and "<td>vertical</td>" in model_row
         assert f'<a class="cm-link" href="/classify/{cls.png.name}"' in model_row  # click: full size
-        assert "default for atd classify" in model_row  # the newest model is `latest`
+        in_use = model_in_use(a).record.id  # the aggregate, or what its keep decision kept
+        assert "default for atd classify" in next(r for r in re.findall(r'<tr class="model">.*?</tr>', dom, re.S)
+                                                  if in_use in r)
         assert len(re.findall(r"default for atd classify", dom)) == 1
         bars = dict(re.findall(r'<g class="acc-bar" data-model="(\w+)" data-kind="(\w+)"', dom))
         assert bars[res.model_id] == "consortium" and "local" in bars.values()

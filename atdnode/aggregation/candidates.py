@@ -14,7 +14,7 @@ from __future__ import annotations
 from atdnode import progress
 from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, score_record
-from atdnode.data import DataSpec, label_fingerprint, load_dataset, resolve_data
+from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, resolve_data
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
@@ -37,22 +37,26 @@ def val_spec(spec: str) -> DataSpec:
     return ds
 
 
-def validation_data(spec: str, img_size: int, in_chans: int):
-    """(labelled images, split name) the node scores candidates on: `val` (the source's or the
-    carved one); `test` only where the spec forces it (`val=test`); NoValSplit with `val=train`."""
-    ds = val_spec(spec)
-    source = resolve_data(spec, parsed=ds)
-    if ds.val == "test":
+def validation_data(source: DataSource, img_size: int, in_chans: int):
+    """(labelled images, split name) the node scores candidates on, from the resolved spec
+    (`judged_source`): `val` (the source's or the carved one); `test` only where the spec
+    forces it (`val=test`)."""
+    if source.ds.val == "test":
         return load_dataset(source, img_size, in_chans, "test"), "test (val=test)"
     return load_dataset(source, img_size, in_chans, "val"), "val"
 
 
-def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec: str) -> dict:
+def judged_source(spec: str) -> DataSource:
+    """`spec` parsed and resolved once for a keep decision; NoValSplit with `val=train`."""
+    return resolve_data(spec, parsed=val_spec(spec))
+
+
+def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], source: DataSource) -> dict:
     """{"scored_on": split, "val_from", "data": spec, name: {"model", "balanced_accuracy", "accuracy",
     "f1", "n"}} for each candidate (plus "warning" when scored on test)."""
     cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
-    data, split = validation_data(spec, cfg.img_size, cfg.in_chans)
-    out: dict = {"scored_on": split, "val_from": data.report.val_origin if data.report else "", "data": spec}
+    data, split = validation_data(source, cfg.img_size, cfg.in_chans)
+    out: dict = {"scored_on": split, "val_from": data.report.val_origin if data.report else "", "data": source.spec}
     if split.startswith("test"):
         out["warning"] = TEST_WARNING
     with progress.task(f"scoring {' and '.join(candidates)} on {len(data.labels)} {split.split()[0]} images",
@@ -66,11 +70,11 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], spec:
     return out
 
 
-def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=None, *,
+def raw_pixel_candidate(store: BlobStore, own: ModelRecord, source: DataSource, options=None, *,
                         before: float | None = None) -> ModelRecord:
     """The node's raw-pixel ensemble as an unregistered record: `fit_own_raw` (the same PCA ->
     MLP + RF + SVM ensemble, the same class-prior correction, `options`: the aggregation's
-    `EnsembleOptions`) on the raw pixels of the training split of `spec` alone, at `own`'s
+    `EnsembleOptions`) on the raw pixels of the training split of `source` (the resolved spec) alone, at `own`'s
     input size; its ensemble saved as a blob, provenance kind `RAW_PIXELS`; created before time
     `before` where given (the record of the decision it is judged in)."""
     from atdnode.aggregation.ensemble import EnsembleOptions
@@ -78,7 +82,7 @@ def raw_pixel_candidate(store: BlobStore, own: ModelRecord, spec: str, options=N
 
     opts = options or EnsembleOptions()
     cfg = ModelConfig.from_dict(own.model)
-    train = load_dataset(resolve_data(spec), cfg.img_size, cfg.in_chans, "train")
+    train, spec = load_dataset(source, cfg.img_size, cfg.in_chans, "train"), source.spec
     with progress.task(f"fitting its raw-pixel ensemble on {len(train.labels)} own training images", total=None):
         ref = fit_own_raw(train, cfg, **opts.kwargs())
     rec = ModelRecord(model=own.model, labels=list(ref.classes), label_fp=label_fingerprint(list(ref.classes)),
@@ -104,10 +108,10 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
         return {"kept": "consortium", "kept_why": "no data spec to score on; takes the consortium's model"}
     try:
         cands = {"own": own, "consortium": consortium}
+        source = judged_source(spec)  # NoValSplit before fitting anything
         if policy == "best":
-            val_spec(spec)  # NoValSplit before fitting anything
-            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, spec, options, before=consortium.created)
-        scores = score_candidates(store, cands, spec)
+            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, source, options, before=consortium.created)
+        scores = score_candidates(store, cands, source)
     except NoValSplit as exc:
         return {"kept": "consortium", "kept_why": f"{exc}: makes no choice; takes the consortium's model"}
     except (AtdError, ValueError) as exc:
