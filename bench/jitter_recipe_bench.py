@@ -170,7 +170,7 @@ def run(scn, args, log) -> dict:
 
     def holdout_ensemble(model, fit, hold) -> float:
         """The ensemble on `model`'s features of `fit`, scored on `hold` (one node's own data)."""
-        X = [extract_features(model, _Images(d.images))[0] for d in (fit, hold)]
+        X = [extract_features(model, d)[0] for d in (fit, hold)]
         ens, _ = fit_vertical_ensemble([(X[0], fit.labels.numpy(), list(fit.classes))], own=0, **kw)
         return round(float((ens.predict(X[1]) == hold.labels.numpy()).mean()), 4)
 
@@ -189,17 +189,17 @@ def run(scn, args, log) -> dict:
     def score(phase: int, extractor) -> float:
         """Ensemble on `extractor`'s features (None: raw pixels) of the present nodes' training
         data, scored on the phase's pooled test set."""
-        def feats(images: torch.Tensor) -> np.ndarray:
+        def feats(split) -> np.ndarray:
             if extractor is None:
-                return images.reshape(len(images), -1).numpy()
-            return extract_features(ext(extractor), _Images(images))[0]
+                return split.images.reshape(len(split.images), -1).numpy()
+            return extract_features(ext(extractor), split)[0]
 
-        parts = [(feats(data.nodes[n].train.images), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
+        parts = [(feats(data.nodes[n].train), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
                  for n in data.present(phase)]
         ens, classes = fit_vertical_ensemble(parts, own=0, **kw)
         te = data.pooled_test(phase)
         y = to_global(te.labels.numpy(), te.classes, space)
-        pred = to_global(ens.predict(feats(te.images)), list(classes), space)
+        pred = to_global(ens.predict(feats(te)), list(classes), space)
         return round(float((pred == y).mean()), 4)
 
     def e2e(phase: int, models: dict) -> float:
@@ -340,16 +340,6 @@ def choose_lr(data, founders: list[str], args, train_at, ens_at) -> dict:
         for k in ("accuracy", "ensemble"):
             r[f"pooled_{k}"] = round(sum(v[k] * v["holdout"] for v in list(r.values()) if isinstance(v, dict)) / n, 4)
     return res
-
-
-class _Images:
-    """The (images, labels) pair `extract_features` reads."""
-
-    def __init__(self, x: torch.Tensor) -> None:
-        self.images, self.labels = x, torch.zeros(len(x), dtype=torch.int64)
-
-    def __len__(self) -> int:
-        return len(self.images)
 
 
 def main() -> None:

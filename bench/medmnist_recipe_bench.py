@@ -111,10 +111,10 @@ def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
     consortium.load_state_dict(mean, strict=False)
     consortium.eval()
 
-    def feats(images: torch.Tensor) -> np.ndarray:
-        return extract_features(consortium, _Images(images))[0]
+    def feats(split) -> np.ndarray:
+        return extract_features(consortium, split)[0]
 
-    parts = [(feats(data.nodes[n].train.images), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
+    parts = [(feats(data.nodes[n].train), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
              for n in sites]
     out: dict = {}
     for i, n in enumerate(sites):
@@ -122,7 +122,7 @@ def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
         y = to_global(nd.val.labels.numpy(), nd.classes, space)
         ens, classes = fit_vertical_ensemble(parts, own=i, **replace(opts, seed=seed).kwargs())
         p = np.zeros((len(nd.val), len(classes)))
-        p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats(nd.val.images))
+        p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats(nd.val))
         raw = fit_reference("ensemble-raw", [nd.train], model_config(scn.model, len(nd.classes)),
                             **replace(opts, seed=seed).kwargs())
         pr = np.zeros((len(nd.val), len(raw.classes)))
@@ -152,16 +152,6 @@ def summary(runs: list[dict]) -> dict:
                          - max(r[s]["raw-own"]["balanced_accuracy"], r[s]["local"]["balanced_accuracy"]) for s in sites)
         for r in runs), 1)
     return res
-
-
-class _Images:
-    """The (images, labels) pair `extract_features` reads."""
-
-    def __init__(self, x: torch.Tensor) -> None:
-        self.images, self.labels = x, torch.zeros(len(x), dtype=torch.int64)
-
-    def __len__(self) -> int:
-        return len(self.images)
 
 
 def main() -> None:
