@@ -19,7 +19,7 @@ about one model, read from the signed ledger and the node's registry.
 - every evaluation: the training test split and each later `atd classify`, with metrics,
   confusion matrix and (training) curves;
 - the whole ledger's re-verification, in plain words (`ledger_words`);
-- what the data owner says in `[card]` of config.toml (`atdnode.report.statement`): intended
+- what the data owner says in `[card]` of config.toml (`card_statement`): intended
   and out-of-scope use, a description of the data, limitations;
 - whether this node uses the model (`atdnode.aggregation.keep.use_of`): in use, or not kept
   by the keep decision after an aggregation, and why;
@@ -37,10 +37,19 @@ from dataclasses import dataclass, field
 from atdnode.bodies import fits
 from atdnode.data import public_data_spec as public_spec, source_kind
 from atdnode.errors import AtdError
-from atdnode.node import NodeHome
+from atdnode.node import NodeConfig, NodeHome, check_card
 from ledger import Entry, Ledger, LedgerError, peer_id_from_public_key
 
 MAX_STEPS = 500  # a card follows at most this many entries back (hierarchies are shallow)
+
+
+def card_statement(home: NodeHome) -> dict[str, str]:
+    """What the data owner says on the card: the free-text fields of `[card]` in config.toml
+    (intended use, out-of-scope use, data description, limitations), {field: text}, "" when
+    unset. Checked by the settings' own rule (`atdnode.node.config_schema.check_card`, which
+    `atd config set` also applies): a field that is not a string, is too long, or looks like a
+    local path is a ConfigError naming the key; the data is described, never located."""
+    return check_card(NodeConfig.load(home).extra.get("card"))
 
 
 @dataclass
@@ -115,8 +124,6 @@ def collect(home: NodeHome, model: str = "latest") -> Card:
             check, ledger_ok = ledger_words(led.verify()), True
         except LedgerError as exc:
             check, ledger_ok = f"The ledger does NOT re-verify on this node: {exc}", False
-    from atdnode.report.statement import card_statement
-
     prov = rec.provenance or {}
     use = use_of(home, rec)
     keep = {k: prov[k] for k in ("candidates", "kept", "kept_why", "keep_policy") if k in prov}

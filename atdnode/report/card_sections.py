@@ -6,7 +6,7 @@ caveats and recommendations -- preceded by a plain-language summary and followed
 
 Deviations from the template: "factors" is reported per site (the member that trained or
 scored a model) and per class, the only groups atd knows; demographic factors are left to
-the data owner's free text (`[card]`, `atdnode.report.statement`), since atd never sees
+the data owner's free text (`[card]`, `atdnode.report.card.card_statement`), since atd never sees
 patient attributes. Every number carries n and a 95 % interval: the interval recorded by
 `atdnode.learning.metrics`, or for a figure recorded without one (a peer's reported test
 accuracy) Wilson's interval from its n.
