@@ -1,10 +1,11 @@
-"""Claims on real images, one seed: netsim/scenarios/breastmnist.toml (three sites with class
-shares 40/60, 10/90, 90/10 of the shared BreastMNIST, scored on its official test split).
+"""Claims on real images, one seed, in the default suite: netsim/scenarios/breastmnist.toml
+(three sites with class shares 40/60, 10/90, 90/10 of the shared BreastMNIST, scored on its
+official test split; about a minute of CPU on the memory back-end). The three seeds are
+`python bench/medmnist_bench.py --scenario breastmnist --seeds 0 1 2`.
 
-Its own tier (`claims`, `pytest --claims tests/test_claims_breastmnist.py`): one run of the
-scenario trains VGS-ATD's daemons, centralized, FedAvg, local and the reference ensembles,
-minutes on 2 cores — over the suite's budget. Every margin is against a baseline measured in
-the same run:
+Every margin is against a baseline measured in the same run, judged by balanced accuracy
+(`bench.medmnist_bench.JUDGED_BY`; why: that module's doc — on this 73 %-benign test split a
+constant "benign" scores 0.731 accuracy, above centralized - 2 points):
 
 * every site's default model (what `atd classify` uses after keep = best) scores at least its
   own raw-pixel ensemble (same class-prior correction) and its own local model;
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.medmnist_bench import GAP_POINTS, JUDGED_BY
 from netsim.run import run_scenario
 from netsim.scenario import load_scenario, shipped_scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.claims, pytest.mark.timeout(3600)]
-GAP_TO_CENTRALIZED = 0.02
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -29,20 +30,26 @@ def report(tmp_path_factory) -> dict:
 
 
 def _overall(report: dict, method: str) -> float:
-    return report["methods"][method][0]["overall"]["accuracy"]
+    return report["methods"][method][0]["overall"][JUDGED_BY]
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet: a site with a 40/60 share keeps below its own raw-pixel "
-                   "ensemble, and a site's val split of two minority images cannot tell its models apart")
+@pytest.mark.xfail(strict=True, reason="not met at seed 0: s1's own raw-pixel ensemble beats the consortium's "
+                   "model, and s2's val split (two minority images) kept its own model")
 def test_every_site_is_better_off_than_alone(report: dict) -> None:
     vgs = report["methods"]["vgs-atd"][0]["per_node"]
     for alone in ("ensemble-raw-own", "local"):
         theirs = report["methods"][alone][0]["per_node"]
         for site, m in vgs.items():
-            assert m["accuracy"] >= theirs[site]["accuracy"], (site, alone, m["accuracy"], theirs[site]["accuracy"])
+            assert m[JUDGED_BY] >= theirs[site][JUDGED_BY], (site, alone, m[JUDGED_BY], theirs[site][JUDGED_BY])
 
 
 def test_the_consortium_is_near_centralized_and_worth_more_than_its_start(report: dict) -> None:
     vgs = _overall(report, "vgs-atd")
-    assert vgs >= _overall(report, "centralized") - GAP_TO_CENTRALIZED
+    assert vgs >= _overall(report, "centralized") - GAP_POINTS / 100
     assert vgs > _overall(report, "ensemble-untrained")
+
+
+def test_every_method_is_above_chance(report: dict) -> None:
+    """The judge's floor: a constant answer scores 1/2 balanced accuracy on two classes."""
+    assert _overall(report, "vgs-atd") > 0.5 + 0.05
+    assert _overall(report, "centralized") > 0.5
