@@ -23,7 +23,12 @@ model is scored, not the model keep = best would pick): a cheap screen before th
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
 img (input side; 28-px images are resized, `atdnode.data`), patch, start scratch|msd, lr,
-probe (LP-FT probe epochs), msd_steps); a key left out keeps the scenario's value.
+probe (LP-FT probe epochs), probe_lr, msd_steps); a key left out keeps the scenario's value.
+
+Each recipe after the first is also compared with the first, seed by seed (`vs_first`: the
+paired difference in points of the consortium's val balanced accuracy and AUROC, its mean and
+its spread over seeds); `clear` says the mean balanced-accuracy gain exceeds that spread. The
+winner is the recipe with the highest mean val balanced accuracy (AUROC breaks ties).
 
     nice -n 10 python bench/medmnist_recipe_bench.py --scenario breastmnist \\
         --recipe base: e40:epochs=40 noaug:augment=0 msd:start=msd,lr=3e-4
@@ -44,7 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
-        "patch": int, "start": str, "lr": float, "probe": int, "msd_steps": int}
+        "patch": int, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
 
 
 def parse_recipe(text: str) -> tuple[str, dict]:
@@ -67,7 +72,7 @@ def apply_recipe(scn, r: dict):
                     patch_size=r.get("patch", m.patch_size))
     t = scn.train
     train = replace(t, epochs=r.get("epochs", t.epochs), augment=r.get("augment", t.augment), lr=r.get("lr", t.lr),
-                    probe_epochs=r.get("probe", t.probe_epochs))
+                    probe_epochs=r.get("probe", t.probe_epochs), probe_lr=r.get("probe_lr", t.probe_lr))
     return scn.replace(model=model, train=train)
 
 
@@ -154,6 +159,20 @@ def summary(runs: list[dict]) -> dict:
     return res
 
 
+def versus(first: dict, other: dict) -> dict:
+    """`other` against `first`, seed by seed: the paired difference in points of the consortium's
+    val balanced accuracy and AUROC (mean over sites), its mean and spread (population standard
+    deviation over seeds), and whether the balanced-accuracy gain is clear of that spread."""
+    out = {}
+    for m, short in (("balanced_accuracy", "bal_acc"), ("auroc", "auroc")):
+        d = [100 * (b - a) for a, b in zip(first[f"consortium_{m}_runs"], other[f"consortium_{m}_runs"])]
+        out[short] = {"points_runs": [round(x, 1) for x in d], "mean": round(statistics.fmean(d), 1),
+                      "spread": round(statistics.pstdev(d), 1) if len(d) > 1 else None}
+    b = out["bal_acc"]
+    out["clear"] = b["spread"] is not None and b["mean"] > b["spread"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
@@ -176,6 +195,9 @@ def main() -> None:
         runs = [run_recipe(scn, r, s, log) for s in args.seeds]
         out[name] = {"recipe": r, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
         log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k != "runs"}}))
+    first = next(iter(out))
+    for name in list(out)[1:]:
+        out[name]["vs_first"] = versus(out[first], out[name])
     best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
     print(json.dumps({"bench": "medmnist_recipe", "scenario": scn.name, "seeds": args.seeds, "judged_on": "val",
                       "winner": best, "recipes": out}, indent=1))
