@@ -32,6 +32,8 @@ winner is the recipe with the highest mean val balanced accuracy (AUROC breaks t
 
     nice -n 10 python bench/medmnist_recipe_bench.py --scenario breastmnist \\
         --recipe base: e40:epochs=40 noaug:augment=0 msd:start=msd,lr=3e-4
+
+`--merge A.json B.json` summarises outputs of separate runs (other seeds, same recipes) as one.
 """
 from __future__ import annotations
 
@@ -173,12 +175,50 @@ def versus(first: dict, other: dict) -> dict:
     return out
 
 
+def scored(recipe: dict, runs: list[dict]) -> dict:
+    """One recipe's entry: its summary over `runs` (one per seed), wall times and the runs."""
+    return {"recipe": recipe, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+
+
+def verdict(scenario: str, seeds: list[int], out: dict) -> dict:
+    """The bench's JSON object: every recipe against the first, and the winner."""
+    first = next(iter(out))
+    for name in list(out)[1:]:
+        out[name]["vs_first"] = versus(out[first], out[name])
+    best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
+    return {"bench": "medmnist_recipe", "scenario": scenario, "seeds": seeds, "judged_on": "val", "winner": best,
+            "recipes": out}
+
+
+def merge(paths: list[Path]) -> dict:
+    """Several outputs of this bench (one scenario, different seeds) as one: the recipes every
+    output holds under the same name and values, their runs joined in the order given."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    if len({d["scenario"] for d in docs}) != 1:
+        raise SystemExit(f"--merge: outputs of different scenarios ({', '.join(sorted({d['scenario'] for d in docs}))})")
+    seeds = [s for d in docs for s in d["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--merge: a seed appears twice ({seeds})")
+    out = {}
+    for name, entry in docs[0]["recipes"].items():
+        if all(d["recipes"].get(name, {}).get("recipe") == entry["recipe"] for d in docs):
+            out[name] = scored(entry["recipe"], [r for d in docs for r in d["recipes"][name]["runs"]])
+    if not out:
+        raise SystemExit("--merge: no recipe is in every output with the same values")
+    return verdict(docs[0]["scenario"], seeds, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
     ap.add_argument("--recipe", nargs="+", default=["scenario:"], help="NAME:key=value,... (see the docstring)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                    help="summarise earlier outputs of this bench (different seeds) instead of running")
     args = ap.parse_args()
+    if args.merge:
+        print(json.dumps(merge(args.merge), indent=1))
+        return
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -192,15 +232,9 @@ def main() -> None:
     recipes = dict(parse_recipe(r) for r in args.recipe)
     out = {}
     for name, r in recipes.items():
-        runs = [run_recipe(scn, r, s, log) for s in args.seeds]
-        out[name] = {"recipe": r, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+        out[name] = scored(r, [run_recipe(scn, r, s, log) for s in args.seeds])
         log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k != "runs"}}))
-    first = next(iter(out))
-    for name in list(out)[1:]:
-        out[name]["vs_first"] = versus(out[first], out[name])
-    best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
-    print(json.dumps({"bench": "medmnist_recipe", "scenario": scn.name, "seeds": args.seeds, "judged_on": "val",
-                      "winner": best, "recipes": out}, indent=1))
+    print(json.dumps(verdict(scn.name, args.seeds, out), indent=1))
 
 
 if __name__ == "__main__":
