@@ -23,10 +23,17 @@ model is scored, not the model keep = best would pick): a cheap screen before th
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
 img (input side; 28-px images are resized, `atdnode.data`), patch, start scratch|msd, lr,
-probe (LP-FT probe epochs), msd_steps); a key left out keeps the scenario's value.
+probe (LP-FT probe epochs), probe_lr, msd_steps); a key left out keeps the scenario's value.
+
+Each recipe after the first is also compared with the first, seed by seed (`vs_first`: the
+paired difference in points of the consortium's val balanced accuracy and AUROC, its mean and
+its spread over seeds); `clear` says the mean balanced-accuracy gain exceeds that spread. The
+winner is the recipe with the highest mean val balanced accuracy (AUROC breaks ties).
 
     nice -n 10 python bench/medmnist_recipe_bench.py --scenario breastmnist \\
         --recipe base: e40:epochs=40 noaug:augment=0 msd:start=msd,lr=3e-4
+
+`--merge A.json B.json` summarises outputs of separate runs (other seeds, same recipes) as one.
 """
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
-        "patch": int, "start": str, "lr": float, "probe": int, "msd_steps": int}
+        "patch": int, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
 
 
 def parse_recipe(text: str) -> tuple[str, dict]:
@@ -67,7 +74,7 @@ def apply_recipe(scn, r: dict):
                     patch_size=r.get("patch", m.patch_size))
     t = scn.train
     train = replace(t, epochs=r.get("epochs", t.epochs), augment=r.get("augment", t.augment), lr=r.get("lr", t.lr),
-                    probe_epochs=r.get("probe", t.probe_epochs))
+                    probe_epochs=r.get("probe", t.probe_epochs), probe_lr=r.get("probe_lr", t.probe_lr))
     return scn.replace(model=model, train=train)
 
 
@@ -154,12 +161,64 @@ def summary(runs: list[dict]) -> dict:
     return res
 
 
+def versus(first: dict, other: dict) -> dict:
+    """`other` against `first`, seed by seed: the paired difference in points of the consortium's
+    val balanced accuracy and AUROC (mean over sites), its mean and spread (population standard
+    deviation over seeds), and whether the balanced-accuracy gain is clear of that spread."""
+    out = {}
+    for m, short in (("balanced_accuracy", "bal_acc"), ("auroc", "auroc")):
+        d = [100 * (b - a) for a, b in zip(first[f"consortium_{m}_runs"], other[f"consortium_{m}_runs"])]
+        out[short] = {"points_runs": [round(x, 1) for x in d], "mean": round(statistics.fmean(d), 1),
+                      "spread": round(statistics.pstdev(d), 1) if len(d) > 1 else None}
+    b = out["bal_acc"]
+    out["clear"] = b["spread"] is not None and b["mean"] > b["spread"]
+    return out
+
+
+def scored(recipe: dict, runs: list[dict]) -> dict:
+    """One recipe's entry: its summary over `runs` (one per seed), wall times and the runs."""
+    return {"recipe": recipe, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+
+
+def verdict(scenario: str, seeds: list[int], out: dict) -> dict:
+    """The bench's JSON object: every recipe against the first, and the winner."""
+    first = next(iter(out))
+    for name in list(out)[1:]:
+        out[name]["vs_first"] = versus(out[first], out[name])
+    best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
+    return {"bench": "medmnist_recipe", "scenario": scenario, "seeds": seeds, "judged_on": "val", "winner": best,
+            "recipes": out}
+
+
+def merge(paths: list[Path]) -> dict:
+    """Several outputs of this bench (one scenario, different seeds) as one: the recipes every
+    output holds under the same name and values, their runs joined in the order given."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    if len({d["scenario"] for d in docs}) != 1:
+        raise SystemExit(f"--merge: outputs of different scenarios ({', '.join(sorted({d['scenario'] for d in docs}))})")
+    seeds = [s for d in docs for s in d["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--merge: a seed appears twice ({seeds})")
+    out = {}
+    for name, entry in docs[0]["recipes"].items():
+        if all(d["recipes"].get(name, {}).get("recipe") == entry["recipe"] for d in docs):
+            out[name] = scored(entry["recipe"], [r for d in docs for r in d["recipes"][name]["runs"]])
+    if not out:
+        raise SystemExit("--merge: no recipe is in every output with the same values")
+    return verdict(docs[0]["scenario"], seeds, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
     ap.add_argument("--recipe", nargs="+", default=["scenario:"], help="NAME:key=value,... (see the docstring)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                    help="summarise earlier outputs of this bench (different seeds) instead of running")
     args = ap.parse_args()
+    if args.merge:
+        print(json.dumps(merge(args.merge), indent=1))
+        return
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -173,12 +232,9 @@ def main() -> None:
     recipes = dict(parse_recipe(r) for r in args.recipe)
     out = {}
     for name, r in recipes.items():
-        runs = [run_recipe(scn, r, s, log) for s in args.seeds]
-        out[name] = {"recipe": r, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+        out[name] = scored(r, [run_recipe(scn, r, s, log) for s in args.seeds])
         log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k != "runs"}}))
-    best = max(out, key=lambda k: (out[k]["consortium_balanced_accuracy"], out[k]["consortium_auroc"]))
-    print(json.dumps({"bench": "medmnist_recipe", "scenario": scn.name, "seeds": args.seeds, "judged_on": "val",
-                      "winner": best, "recipes": out}, indent=1))
+    print(json.dumps(verdict(scn.name, args.seeds, out), indent=1))
 
 
 if __name__ == "__main__":
