@@ -151,7 +151,7 @@ def headline(report: dict) -> str | None:
     if not vgs or "ensemble-raw" not in acc:
         return None
     phases = sorted(vgs)
-    start = None if report.get("msd_base") else next((k for k in START_REFERENCES if k in acc), None)
+    start = None if "msd_base" in report else next((k for k in START_REFERENCES if k in acc), None)
     parts = [_versus("raw pixels", vgs, acc["ensemble-raw"], phases)]
     parts.append(_versus(START_REFERENCES[start], vgs, acc[start], phases) if start
                  else "the start's own features were not scored in this run (no claim about them)")

@@ -130,6 +130,10 @@ def _scenario_info(scn: Scenario) -> dict:
 def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> None:
     from netsim.nodedata import load_scenario_data
 
+    if scn.base == "public" and scn.public.file:  # a shipped W_p missing or changed: refused before any work
+        from netsim.publicbase import shipped_public_base
+
+        shipped_public_base(scn)
     progress("loading and partitioning the data")
     data = load_scenario_data(scn)
     report["label_space"] = data.label_space

@@ -1,0 +1,74 @@
+"""`atd demo`: its shipped public start W_p (hash-checked, a one-line error when missing or
+changed), its headline (what the run measured, never more), and its claim: the consortium's
+learned features beat the same ensemble on raw pixels and on the start's own features, in
+the same run."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+
+def _demo():
+    from netsim.scenario import load_scenario, shipped_scenario
+
+    return load_scenario(shipped_scenario("demo"))
+
+
+def test_shipped_w_p_matches_its_recipe_hash_and_a_missing_or_changed_file_is_refused(tmp_path: Path) -> None:
+    from atdnode.errors import WeightsError
+    from netsim.publicbase import file_sha256, load_extractor, shipped_public_base
+
+    scn = _demo()
+    f = shipped_public_base(scn)
+    assert file_sha256(f) == scn.public.sha256 and f.stat().st_size < 1_000_000  # a small checked file
+    wp = load_extractor(f)
+    assert wp["patch_embed.proj.weight"].shape[0] == scn.model.embed_dim  # W_p of the demo's [model]
+    changed = tmp_path / f.name
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    changed.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=f"has sha256 {file_sha256(changed)}, not the scenario's"):
+        shipped_public_base(scn.replace(public=replace(scn.public, file=str(changed))))
+    with pytest.raises(WeightsError, match="is missing; rebuild it .*bench/public_base_build.py"):
+        shipped_public_base(scn.replace(public=replace(scn.public, file=str(tmp_path / "gone.safetensors"))))
+
+
+def test_demo_scenario_copied_without_its_w_p_is_refused_in_one_line_before_any_work(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from netsim.scenario import shipped_scenario
+
+    toml = tmp_path / "demo.toml"  # its [public] file is relative to the scenario: not next to the copy
+    shutil.copyfile(shipped_scenario("demo"), toml)
+    res = CliRunner().invoke(app, ["netsim", "run", str(toml), "--out", str(tmp_path / "out")])
+    assert res.exit_code != 0
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "public base file" in lines[0] and "is missing" in lines[0], res.output
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def _report(accs: dict[str, list[float]], **extra) -> dict:
+    return {"methods": {m: [{"phase": p + 1, "overall": {"accuracy": a}} for p, a in enumerate(v)]
+                        for m, v in accs.items()}, **extra}
+
+
+def test_headline_says_what_the_run_measured_and_nothing_more() -> None:
+    from netsim.references import headline
+
+    win = headline(_report({"vgs-atd": [0.8, 0.7], "ensemble-raw": [0.6, 0.65], "ensemble-public": [0.75, 0.6],
+                            "ensemble-untrained": [0.3, 0.2], "centralized": [0.82, 0.74]}))
+    assert win == ("The consortium's learned features beat raw pixels in every phase (+20.0 / +5.0 points) and "
+                   "beat the shared start W_p's features in every phase (+5.0 / +10.0 points); phase 2 (pooled test "
+                   "set): VGS-ATD 0.700, raw pixels 0.650, start 0.600, centralized 0.740")
+    mixed = headline(_report({"vgs-atd": [0.8, 0.6], "ensemble-raw": [0.9, 0.5], "ensemble-untrained": [0.85, 0.7]}))
+    assert mixed.startswith("The consortium's learned features beat raw pixels in phase 2 only (-10.0 / +10.0 points) "
+                            "and do NOT beat the shared start's (an untrained extractor's) features in any phase "
+                            "(-5.0 / -10.0 points)")
+    assert "centralized" not in mixed  # not run: not named
+    msd = headline(_report({"vgs-atd": [0.8], "ensemble-raw": [0.6], "ensemble-untrained": [0.3]}, msd_base={}))
+    assert "the start's own features were not scored in this run (no claim about them)" in msd
+    assert headline(_report({"centralized": [0.9], "ensemble-raw": [0.5]})) is None  # no VGS-ATD: no headline
