@@ -72,3 +72,30 @@ def test_headline_says_what_the_run_measured_and_nothing_more() -> None:
     msd = headline(_report({"vgs-atd": [0.8], "ensemble-raw": [0.6], "ensemble-untrained": [0.3]}, msd_base={}))
     assert "the start's own features were not scored in this run (no claim about them)" in msd
     assert headline(_report({"centralized": [0.9], "ensemble-raw": [0.5]})) is None  # no VGS-ATD: no headline
+
+
+# how far (points of overall accuracy, same run) the learned features must beat each
+# reference in the demo's last phase, where every hospital is in the consortium
+MARGIN_RAW, MARGIN_START = 2.0, 2.0
+
+
+@pytest.mark.slow
+def test_demo_learned_features_beat_raw_pixels_and_the_start_in_the_same_run(tmp_path: Path) -> None:
+    """`atd demo`'s scenario on the in-memory back-end (the same daemons, one process): the
+    headline's claim, with margins against the references this very run measured."""
+    import torch
+
+    from netsim.run import run_scenario
+
+    torch.set_num_threads(1)
+    rep = run_scenario(_demo().replace(backend="memory"), tmp_path / "out")
+    acc = {m: {ph["phase"]: ph["overall"]["accuracy"] for ph in v} for m, v in rep["methods"].items()}
+    last = max(acc["vgs-atd"])
+    vgs, raw, start = (acc[m][last] for m in ("vgs-atd", "ensemble-raw", "ensemble-public"))
+    assert 100 * (vgs - raw) >= MARGIN_RAW, acc
+    assert 100 * (vgs - start) >= MARGIN_START, acc
+    assert "centralized" in acc and rep["public_base"]["sha256"] == _demo().public.sha256  # the shipped W_p
+    # the headline says so, with this run's points
+    assert rep["headline"].startswith("The consortium's learned features beat raw pixels in ")
+    assert f"+{100 * (vgs - start):.1f} points)" in rep["headline"] and f"VGS-ATD {vgs:.3f}" in rep["headline"]
+    assert "beat the shared start W_p's features in " in rep["headline"]
