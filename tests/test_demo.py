@@ -36,18 +36,16 @@ def test_shipped_w_p_matches_its_recipe_hash_and_a_missing_or_changed_file_is_re
         shipped_public_base(scn.replace(public=replace(scn.public, file=str(tmp_path / "gone.safetensors"))))
 
 
-def test_demo_scenario_copied_without_its_w_p_is_refused_in_one_line_before_any_work(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from cli.app import app
+def test_demo_scenario_copied_without_its_w_p_is_refused_in_one_line_before_any_work(tmp_path: Path, capsys) -> None:
+    from cli.app import run
     from netsim.scenario import shipped_scenario
 
     toml = tmp_path / "demo.toml"  # its [public] file is relative to the scenario: not next to the copy
     shutil.copyfile(shipped_scenario("demo"), toml)
-    res = CliRunner().invoke(app, ["netsim", "run", str(toml), "--out", str(tmp_path / "out")])
-    assert res.exit_code != 0
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "public base file" in lines[0] and "is missing" in lines[0], res.output
+    code = run(["netsim", "run", str(toml), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code != 0 and "Traceback" not in out + err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "public base file" in err and "is missing" in err, err
     assert not (tmp_path / "out" / "report.json").exists()
 
 
