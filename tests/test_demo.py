@@ -1,7 +1,8 @@
 """`atd demo`: its shipped public start W_p (hash-checked, a one-line error when missing or
-changed), its headline (what the run measured, never more), and its claim: the consortium's
-learned features beat the same ensemble on raw pixels and on the start's own features, in
-the same run."""
+changed), its headline (what the run measured, never more), and its claims against the
+references measured in the same run: the consortium's learned features beat the same
+ensemble on W_p's own features; against raw pixels they do not yet (a strict xfail). The
+demo run costs minutes of CPU, so those two are in the `claims` tier (`pytest --claims`)."""
 from __future__ import annotations
 
 import shutil
@@ -77,23 +78,41 @@ def test_headline_says_what_the_run_measured_and_nothing_more() -> None:
 MARGIN_RAW, MARGIN_START = 2.0, 2.0
 
 
-@pytest.mark.slow
-def test_demo_learned_features_beat_raw_pixels_and_the_start_in_the_same_run(tmp_path: Path) -> None:
-    """`atd demo`'s scenario on the in-memory back-end (the same daemons, one process): the
-    headline's claim, with margins against the references this very run measured."""
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> dict:
+    """`atd demo`'s scenario on the in-memory back-end (the same daemons, one process)."""
     import torch
 
     from netsim.run import run_scenario
 
     torch.set_num_threads(1)
-    rep = run_scenario(_demo().replace(backend="memory"), tmp_path / "out")
+    return run_scenario(_demo().replace(backend="memory"), tmp_path_factory.mktemp("demo") / "out")
+
+
+def _last(rep: dict) -> tuple[float, float, float]:
     acc = {m: {ph["phase"]: ph["overall"]["accuracy"] for ph in v} for m, v in rep["methods"].items()}
     last = max(acc["vgs-atd"])
-    vgs, raw, start = (acc[m][last] for m in ("vgs-atd", "ensemble-raw", "ensemble-public"))
-    assert 100 * (vgs - raw) >= MARGIN_RAW, acc
-    assert 100 * (vgs - start) >= MARGIN_START, acc
-    assert "centralized" in acc and rep["public_base"]["sha256"] == _demo().public.sha256  # the shipped W_p
-    # the headline says so, with this run's points
-    assert rep["headline"].startswith("The consortium's learned features beat raw pixels in ")
-    assert f"+{100 * (vgs - start):.1f} points)" in rep["headline"] and f"VGS-ATD {vgs:.3f}" in rep["headline"]
-    assert "beat the shared start W_p's features in " in rep["headline"]
+    return tuple(acc[m][last] for m in ("vgs-atd", "ensemble-raw", "ensemble-public"))
+
+
+@pytest.mark.claims
+@pytest.mark.slow
+def test_demo_learned_features_beat_the_start_and_the_headline_says_what_was_measured(demo_run: dict) -> None:
+    vgs, raw, start = _last(demo_run)
+    assert 100 * (vgs - start) >= MARGIN_START, (vgs, start)
+    assert "centralized" in demo_run["methods"]
+    assert demo_run["public_base"]["sha256"] == _demo().public.sha256  # the shipped W_p, checked
+    h = demo_run["headline"]
+    assert "beat the shared start W_p's features in " in h and f"VGS-ATD {vgs:.3f}" in h
+    assert f"{100 * (vgs - raw):+.1f} points)" in h and f"{100 * (vgs - start):+.1f} points)" in h
+    assert ("do NOT beat raw pixels" in h) == all(  # the raw-pixel verdict is the run's, phase by phase
+        ph["overall"]["accuracy"] <= r["overall"]["accuracy"]
+        for ph, r in zip(demo_run["methods"]["vgs-atd"], demo_run["methods"]["ensemble-raw"]))
+
+
+@pytest.mark.claims
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="on the test split raw pixels still win at this scale (RESULTS.md, atd demo)")
+def test_demo_learned_features_beat_raw_pixels(demo_run: dict) -> None:
+    vgs, raw, _ = _last(demo_run)
+    assert 100 * (vgs - raw) >= MARGIN_RAW, (vgs, raw)
