@@ -1,4 +1,4 @@
-"""`atd demo`: the VGS-ATD three phases with real node daemons, end to end, in about two minutes."""
+"""`atd demo`: the VGS-ATD three phases with real node daemons, end to end, in a few minutes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from netsim.scenario_choices import Backend
 
 HELP = """Run a small VGS-ATD scenario end to end and print how it compares.
 
-Four hospitals learn on embedded jittered digits (no download), each starting from a shared public model W_p that a designated client pretrained on OTHER digit classes (shipped with atd, its SHA-256 checked): two with the same classes learn horizontally, one with new classes joins vertically (sealed CLS features, one ensemble over all classes), and a second group joins hierarchically. Each node is a real `atd node start` daemon on 127.0.0.1 (signed ledger over libp2p gossip, weights and features as blobs). The same partitions are then used for centralized and local-only training, and the same ensemble is fitted on raw pixels and on W_p's own features; the table and a headline (do the learned features beat raw pixels and the start alone, by how many points) are printed. About two minutes on 2 CPU cores; the full report (JSON, Markdown, PNG plots) goes to --out.
+Four hospitals learn on embedded jittered digits (no download), each starting from a shared public model W_p that a designated client pretrained on OTHER digit classes (shipped with atd, its SHA-256 checked): two with the same classes learn horizontally, one with new classes joins vertically (sealed CLS features, one ensemble over all classes), and a second group joins hierarchically. Each node is a real `atd node start` daemon on 127.0.0.1 (signed ledger over libp2p gossip, weights and features as blobs). The same partitions are then used for centralized and local-only training, and the same ensemble is fitted on raw pixels and on W_p's own features; the table and a headline (do the learned features beat raw pixels and the start alone, by how many points) are printed. About 230 s of CPU (a few minutes on 2 cores); the full report (JSON, Markdown, PNG plots) goes to --out.
 
 Use --backend memory to run the daemons in one process on a simulated network instead, and --quick for the smoke scenario (seven daemons on the 8 px digits, where raw pixels win).
 """
