@@ -97,7 +97,7 @@ def _last(rep: dict) -> tuple[float, float, float]:
 
 @pytest.mark.claims
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the demo run: ~190 s of CPU, 10 minutes at load 7
+@pytest.mark.timeout(1800)  # the demo run: ~140 s of CPU, 10 minutes at load 7
 def test_demo_learned_features_beat_the_start_and_the_headline_says_what_was_measured(demo_run: dict) -> None:
     vgs, raw, start = _last(demo_run)
     assert 100 * (vgs - start) >= MARGIN_START, (vgs, start)
