@@ -9,7 +9,7 @@
         test set, next to the same fine-tuning from a random body (same seeds). Ratio = MSD
         accuracy / scratch accuracy, per candidate.
 
-    python bench/msd_base_bench.py --probe demo [--steps-list 0,300,1000,2000] [--seeds 3]
+    python bench/msd_base_bench.py --probe demo_quick [--steps-list 0,300,1000,2000] [--seeds 3]
         How long the MSD campaign must run: the base's features as they are (no fine-tuning)
         under the scenario's last-phase ensemble (`EnsembleClassifier` with its
         ``[ensemble]`` settings, fitted on every node's training features, scored on the
@@ -17,7 +17,7 @@
         embedder is the one netsim's campaign draws from the seed; ratio = accuracy / the
         random body's. This is what VGS-ATD's features start from in every phase.
 
-    python bench/msd_base_bench.py --campaign demo
+    python bench/msd_base_bench.py --campaign demo_quick
         MSD campaign wall time and measured bytes per client for the scenario's nodes
         (`netsim.msdbase.run_msd_base`: real daemon, sessions and ledger, in-memory network).
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from atdnode.data import MEAN, STD, LabeledImages, load_dataset
-from atdnode.data import without_val
+from atdnode.data import DataSpec, without_val
 from netsim.partition import NodeSplit, _rng, class_subset, partition_cohort, write_npz
 from netsim.scenario import Scenario, ScenarioError
 
@@ -163,9 +163,11 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
         if d.name not in used:
             continue
         prefix = d.name if d.namespace else None
-        spec = without_val(d.spec)  # the whole training split is dealt; each node's val comes from its share
+        spec, scored = without_val(d.spec), "test"  # the whole training split is dealt; each node's val comes from its share
+        if scn.score_split == "val":  # a selection run: the source's val split (carved from train) stands in for test
+            spec, scored = _with_val(d.spec, scn.source), "val"
         trains[d.name] = _prepare(load_dataset(spec, m.img_size, m.in_chans, "train", seed=scn.seed), prefix)
-        tests[d.name] = _prepare(load_dataset(spec, m.img_size, m.in_chans, "test", seed=scn.seed), prefix)
+        tests[d.name] = _prepare(load_dataset(spec, m.img_size, m.in_chans, scored, seed=scn.seed), prefix)
     pools = _cohort_pools(scn, trains, spaced)
     nodes: dict[str, NodeData] = {}
     test_index: dict[str, dict[str, np.ndarray]] = {}
@@ -190,6 +192,15 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
     order = list(dict.fromkeys(c for ds in trains for c in trains[ds].classes))  # by name, first seen
     have = {c for d in nodes.values() for c in d.classes}
     return ScenarioData(nodes=nodes, label_space=[c for c in order if c in have], tests=tests, test_index=test_index)
+
+
+def _with_val(spec: str, source: str) -> str:
+    """`spec` keeping its val split apart (`val=val`, carved from train where the source has
+    none): what a `score_split = "val"` run deals (train) and scores on (val)."""
+    if DataSpec.parse(spec).val != "val":
+        raise ScenarioError(f"{source}: scenario.score_split = \"val\" needs data sets whose val split stays apart "
+                            f"({spec} says val={DataSpec.parse(spec).val})")
+    return spec
 
 
 def _global(c: str, ds: str, spaced: set[str]) -> str:

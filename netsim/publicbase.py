@@ -114,19 +114,35 @@ class PublicBaseRun:
 
 
 def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=lambda _m: None) -> PublicBaseRun:
+    """W_p for the run: the scenario's shipped file (`[public] file`, checked against its
+    `sha256`) or, without one, the designated client's training in the run (`build_public_base`).
+    Deviation, as for the MSD base: the file reaches the VGS-ATD nodes as a local file, not
+    over the run's simulated network."""
+    if DESIGNATED in data.nodes:
+        raise ScenarioError(f"{scn.source}: base = \"public\" needs the node name {DESIGNATED!r} for its designated client")
+    if scn.public.file:
+        f = shipped_public_base(scn)
+        info = {"designated": DESIGNATED, "pool": scn.public.spec, "epochs": scn.public.epochs, "lr": scn.public.lr,
+                "file": f.name, "sha256": scn.public.sha256, "bytes": f.stat().st_size}
+        progress(f"public base: W_p from {f.name} (sha256 checked; built by {DESIGNATED} from the recipe: "
+                 f"{scn.public.epochs} epochs at {scn.public.lr:g} on {scn.public.spec})")
+    else:
+        f, info = build_public_base(scn, work, progress=progress)
+    info.update(finetune_lr=scn.public.finetune_lr, finetune_epochs=scn.public.finetune_epochs)
+    return PublicBaseRun(files={n: f for n in data.nodes}, extractor=load_extractor(f), model=scn.model, info=info)
+
+
+def build_public_base(scn: Scenario, work: Path, *, progress=lambda _m: None) -> tuple[Path, dict]:
     """The designated client (node `DESIGNATED`, a home of its own consortium) trains W_p on
     the pool's training split with `atd train`'s library function (`atdnode.learning.training.train`:
     the scenario's [model] and [train] recipe at [public] epochs / lr), publishes its extractor
-    (`atd publish-weights --part extractor`: a signed weights entry) and hands the weight-set
-    file to every node. Deviation, as for the MSD base: the file reaches the VGS-ATD nodes as
-    a local file, not over the run's simulated network."""
+    (`atd publish-weights --part extractor`: a signed weights entry); returns the weight-set
+    file (`work/base/wp.safetensors`) and what building it cost and scored."""
     from atdnode.blobs import BlobStore
     from atdnode.models import publish_weights
     from atdnode.learning import train
     from netsim.homes import make_consortium
 
-    if DESIGNATED in data.nodes:
-        raise ScenarioError(f"{scn.source}: base = \"public\" needs the node name {DESIGNATED!r} for its designated client")
     p = scn.public
     home = make_consortium(work / "h", [DESIGNATED], seed=scn.seed, consortium="netsim-public").homes[DESIGNATED]
     opts = replace(scn.train, epochs=p.epochs, lr=p.lr, seed=scn.seed + PUBLIC_SEED_SALT, init_from=None,
@@ -141,10 +157,35 @@ def run_public_base(scn: Scenario, data: ScenarioData, work: Path, *, progress=l
     f = Path(shutil.copyfile(BlobStore(home.blobs_dir).path(pub.blob), out / "wp.safetensors"))
     info = {"designated": DESIGNATED, "pool": p.spec, "pool_train_images": rec.samples,
             "pool_test_accuracy": round(float(rec.metrics["accuracy"]), 4), "epochs": p.epochs, "lr": p.lr,
-            "finetune_lr": p.finetune_lr, "finetune_epochs": p.finetune_epochs, "train_s": round(wall, 3),
-            "entry": pub.entry.id.hex(), "blob": pub.blob, "bytes": pub.size, "data_fp": rec.provenance.get("data_fp")}
+            "train_s": round(wall, 3), "entry": pub.entry.id.hex(), "blob": pub.blob, "bytes": pub.size,
+            "sha256": file_sha256(f), "data_fp": rec.provenance.get("data_fp")}
     progress(f"public base: W_p scores {info['pool_test_accuracy']:.3f} on the pool's test split ({wall:.0f} s)")
-    return PublicBaseRun(files={n: f for n in data.nodes}, extractor=load_extractor(f), model=scn.model, info=info)
+    return f, info
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+REBUILD = "python bench/public_base_build.py SCENARIO --write"
+
+
+def shipped_public_base(scn: Scenario) -> Path:
+    """The scenario's shipped W_p file, refused (WeightsError, one line) when it is missing or
+    its SHA-256 is not `[public] sha256`."""
+    from atdnode.errors import WeightsError
+
+    f = Path(scn.public.file)
+    if not f.is_file():
+        raise WeightsError(f"{scn.source}: the public base file {f} is missing; rebuild it from the scenario's "
+                           f"[public] recipe with `{REBUILD}`")
+    got = file_sha256(f)
+    if got != scn.public.sha256:
+        raise WeightsError(f"{scn.source}: the public base file {f} has sha256 {got}, not the scenario's "
+                           f"{scn.public.sha256}; restore it or rebuild it with `{REBUILD}`")
+    return f
 
 
 def load_extractor(path: Path, what: str = "public base") -> dict[str, torch.Tensor]:

@@ -133,3 +133,47 @@ def verdicts(methods: dict[str, list[dict]]) -> list[str]:
                    f"inputs {raw:.3f}, on an untrained extractor {unt:.3f}"
                    + (f", on W_p's features {pub:.3f}" if pub is not None else "") + ")")
     return out
+
+
+START_REFERENCES = {"ensemble-public": "the shared start W_p's features",
+                    "ensemble-untrained": "the shared start's (an untrained extractor's) features"}
+
+
+def headline(report: dict) -> str | None:
+    """One line: do the consortium's learned features (VGS-ATD) beat the same ensemble on raw
+    pixels and on the shared start's features alone (W_p under base = "public", the untrained
+    extractor from scratch), by how many points per phase (overall accuracy, same run), with the
+    last phase's numbers and centralized beside them. None without VGS-ATD or raw pixels; a
+    start this run did not score (the MSD base) is said to be unmeasured, never claimed."""
+    methods = report.get("methods", {})
+    acc = {m: {ph["phase"]: ph.get("overall", {}).get("accuracy") for ph in v} for m, v in methods.items()}
+    vgs = {p: a for p, a in acc.get("vgs-atd", {}).items() if a is not None}
+    if not vgs or "ensemble-raw" not in acc:
+        return None
+    phases = sorted(vgs)
+    start = None if "msd_base" in report else next((k for k in START_REFERENCES if k in acc), None)
+    parts = [_versus("raw pixels", vgs, acc["ensemble-raw"], phases)]
+    parts.append(_versus(START_REFERENCES[start], vgs, acc[start], phases) if start
+                 else "the start's own features were not scored in this run (no claim about them)")
+    last = phases[-1]
+    nums = [f"VGS-ATD {vgs[last]:.3f}", f"raw pixels {acc['ensemble-raw'].get(last, float('nan')):.3f}"]
+    if start:
+        nums.append(f"start {acc[start].get(last, float('nan')):.3f}")
+    if acc.get("centralized", {}).get(last) is not None:
+        nums.append(f"centralized {acc['centralized'][last]:.3f}")
+    return f"The consortium's learned features {' and '.join(parts)}; phase {last} (pooled test set): {', '.join(nums)}"
+
+
+def _versus(name: str, vgs: dict[int, float], ref: dict[int, float | None], phases: list[int]) -> str:
+    """"beat raw pixels in every phase (+18.2 / +12.0 points)", "beat ... in phase 3 only (...)",
+    or "do NOT beat ... in any phase (...)": points = 100 x (VGS-ATD - reference)."""
+    diff = {p: 100 * (vgs[p] - ref[p]) for p in phases if ref.get(p) is not None}
+    pts = " / ".join(f"{d:+.1f}" for d in diff.values()) + " points"
+    won = [p for p, d in diff.items() if d > 0]
+    if not diff:
+        return f"were not compared with {name} (not scored in this run)"
+    if len(won) == len(phases):
+        return f"beat {name} in every phase ({pts})"
+    if not won:
+        return f"do NOT beat {name} in any phase ({pts})"
+    return f"beat {name} in phase{'s' * (len(won) > 1)} {', '.join(map(str, won))} only ({pts})"

@@ -147,6 +147,8 @@ def markdown(report: dict) -> str:
         parts += [f"\n{line}.\n" for line in verified_lines(report) + kept_lines(report) + robust_lines(report)]
         if report.get("feature_verdicts"):
             parts.append("\n## Do the learned features earn their place?\n\n")
+            if report.get("headline"):
+                parts.append(f"**{report['headline']}.**\n\n")
             parts += [f"- {line}.\n" for line in report["feature_verdicts"]]
         if report.get("base_comparison"):  # `atd netsim run --base msd,scratch`
             parts.append("\n## Accuracy per phase by base (scratch: random init; msd: the nodes' MSD base)\n\n")

@@ -120,6 +120,7 @@ def base_comparison(methods: dict[str, list[dict]]) -> list[dict]:
 
 def _scenario_info(scn: Scenario) -> dict:
     return {"name": scn.name, "description": scn.description, "seed": scn.seed, "source": scn.source,
+            "score_split": scn.score_split,
             "methods": list(scn.methods), "model": asdict(scn.model), "train": {k: getattr(scn.train, k) for k in TRAIN_KEYS},
             "baselines": asdict(scn.baselines), "network": {k: v for k, v in asdict(scn.network).items()
                                                            if k != "links"},
@@ -129,9 +130,16 @@ def _scenario_info(scn: Scenario) -> dict:
 def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> None:
     from netsim.nodedata import load_scenario_data
 
+    if scn.base == "public" and scn.public.file:  # a shipped W_p missing or changed: refused before any work
+        from netsim.publicbase import shipped_public_base
+
+        shipped_public_base(scn)
     progress("loading and partitioning the data")
     data = load_scenario_data(scn)
     report["label_space"] = data.label_space
+    if scn.score_split == "val":
+        report["notes"].append("score_split val: a selection run; every number below is on the data sets' val "
+                               "splits (carved from their training splits), the test splits were not read")
     for n, d in data.nodes.items():
         report["nodes"][n] = {"phase": d.phase, "group": d.group, "cohort": d.cohort, "dataset": d.dataset,
                               "classes": d.classes, "train": len(d.train), "test": len(d.test),
@@ -188,7 +196,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
                 report["notes"] += _no_probe_note(m, scn, "public")
             report["methods"][m] = [r.to_dict() for r in run_baseline(m, scn, data, log=progress, base=start)]
     if "vgs-atd" in methods:  # and with the same ensemble on raw inputs and on an untrained extractor
-        from netsim.references import OWN_RAW, REFERENCES, run_reference, verdicts
+        from netsim.references import OWN_RAW, REFERENCES, headline, run_reference, verdicts
 
         for kind in (*REFERENCES, OWN_RAW):
             progress(f"reference {kind}")
@@ -202,6 +210,7 @@ def _learning(scn: Scenario, work: Path, report: dict, progress: Progress) -> No
                 model=lambda cfg: base_model(cfg, wp.extractor))]
         report["feature_verdicts"] = verdicts(report["methods"])
         report["notes"] += report["feature_verdicts"]
+        report["headline"] = headline(report)
     if base is not None:  # every listed baseline again from the same base: the gap at equal starts
         from netsim.msdbase import base_tensors
 

@@ -100,6 +100,8 @@ def scenario_from_dict(raw: dict, *, source: str = "<dict>", base_dir: Path | No
         else:
             got[sec.name] = read_section(sec, src.table(raw, sec.name), sec.name, src)
     got["datasets"] = tuple(_resolve_dataset(d, base_dir) for d in got["datasets"])
+    if got["public"].file and base_dir is not None:  # a shipped W_p is relative to the scenario file
+        got["public"] = replace(got["public"], file=str((base_dir / Path(got["public"].file).expanduser()).resolve()))
     scn = Scenario(**head, **got, source=source)
     validate(scn)
     return scn

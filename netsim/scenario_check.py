@@ -145,6 +145,8 @@ def _check_public(c: Source, s: Scenario) -> None:
         specs = {d.name: DataSpec.parse(d.spec) for d in s.datasets}
     except DataError as exc:
         raise c.fail("public.spec", str(exc)) from None
+    if p.file and len(p.sha256) != 64 or any(ch not in "0123456789abcdef" for ch in p.sha256):
+        raise c.fail("public.sha256", "a shipped W_p file needs its SHA-256 as 64 lower-case hex digits")
     for d in s.datasets:
         if d.spec == p.spec:
             raise c.fail("public.spec", f"is data set {d.name!r}'s own spec: the pool must be disjoint from the nodes' data")

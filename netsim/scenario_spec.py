@@ -129,6 +129,10 @@ class PublicSpec:
     finetune_lr: float | None = key(None, "every method's rate when it starts from W_p (unset: [train] lr)",
                                     above=0)
     finetune_epochs: int | None = key(None, "every method's epochs from W_p (unset: [train] epochs)", above=0)
+    file: str = key("", "W_p built once from this recipe and shipped: its extractor's safetensors file, relative "
+                        "to the scenario file (`bench/public_base_build.py` rebuilds it); \"\": trained in the run",
+                    blank=True)
+    sha256: str = key("", "the file's SHA-256 (hex); a file that differs is refused", blank=True)
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,9 @@ class Scenario:
     val_fraction: float = key(0.0, "share of each node's training split held out as its val split (stratified, "
                               "seeded; never trained on), on which `atd aggregate` judges its keep choice; 0: none",
                               low=0, below=1)
+    score_split: str = key("test", "the split every method is scored on: test (the report), or val (a recipe-selection "
+                           "run: each data set's val split, carved from its training split where it has none, stands "
+                           "in for its test split, which is never read)", choices=("test", "val"))
     plan: str = key("", "a plan file (`atd plan`'s TOML), relative to the scenario file, that method \"plan\" "
                     "carries out on the nodes with the functions `atd plan` calls (netsim.plan); \"\": none",
                     blank=True)

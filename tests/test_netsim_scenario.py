@@ -2,6 +2,7 @@
 deterministic, disjoint and shaped as asked."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ def with_(**sections) -> dict:
 
 
 def test_shipped_scenarios_load() -> None:
-    for name in ("three_phase", "demo"):
+    for name in ("three_phase", "demo", "demo_quick"):
         s = load_scenario(shipped_scenario(name))
         assert s.learning and s.phase_numbers() == [1, 2, 3]
         assert [s.phase(p).mode for p in (1, 2, 3)] == ["horizontal", "vertical", "hierarchical"]
@@ -259,3 +260,26 @@ def test_interfaces_scenario_options_table_is_current():
     assert "| `cohorts[].partition` | str | `\"iid\"` | one of iid, label_skew," in table
     with pytest.raises(ValueError, match="no generated scenario-options section"):
         scenario_doc.update_doc("# no section\n")
+
+
+def test_score_split_val_deals_and_scores_inside_the_training_split_and_never_reads_test() -> None:
+    from atdnode.data import load_dataset, without_val
+    from netsim.nodedata import load_scenario_data, to_uint8
+
+    scn = load_scenario(shipped_scenario("demo_quick"))
+    m = scn.model
+
+    def rows(x) -> set[bytes]:  # uint8 pixels: what the nodes' files hold
+        return {r.tobytes() for r in to_uint8(x.images)}
+
+    train = rows(load_dataset(without_val("digits"), m.img_size, m.in_chans, "train", seed=scn.seed))
+    test = rows(load_dataset("digits", m.img_size, m.in_chans, "test", seed=scn.seed))
+    usual, sel = load_scenario_data(scn), load_scenario_data(scn.replace(score_split="val"))
+    assert rows(usual.tests["digits"]) <= test  # the report's run scores on the test split
+    scored = rows(sel.tests["digits"])
+    dealt = set().union(*(rows(d.train) for d in sel.nodes.values()))
+    assert scored and scored <= train and not scored & test  # a selection run scores inside train
+    assert not scored & dealt and dealt <= train  # on images no node trains on
+    with pytest.raises(ScenarioError, match="score_split"):
+        bad = scn.replace(score_split="val", datasets=(replace(scn.datasets[0], spec="digits?val=train"),))
+        load_scenario_data(bad)

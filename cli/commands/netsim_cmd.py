@@ -173,5 +173,9 @@ def print_summary(report: dict, out: Path | None) -> None:
             console.print(f"  fault {f['kind']} {f['target']} at {f['at_s']} s: {f['status']} {f['detail']}")
     for note in report.get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
+    if report.get("headline"):  # the run's claim, last: measured in this run against its own baselines
+        from rich.text import Text
+
+        console.print(Text(f"Headline: {report['headline']}.", style="bold"))
     if out is not None:
         console.print(f"report: {Path(out) / 'report.md'} (+ report.json, PNG plots) in {report['wall_s']:.0f} s")
