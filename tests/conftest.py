@@ -82,20 +82,20 @@ if hasattr(typer.testing, "_get_command"):
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
     "test_vgs_claims.py",  # the shipped three_phase scenario: one netsim run with every baseline
-    "test_fat.py",
-    "test_rounds_procs.py",
-    "test_aggregate_cli.py",  # builds the trained `skewed` trio (vgs_template) for the files after it
     "test_chaos.py",
+    "test_fat.py",
     "test_daemon_procs.py",
-    "test_plans.py",
-    "test_training.py",
-    "test_reconstruction.py",
     "test_readme.py",
+    "test_rounds_procs.py",
+    "test_aggregate_cli.py",  # trains the `skewed` trio (vgs_template) the files after it copy
+    "test_reconstruction.py",
     "test_cli_train.py",
-    "test_model_card.py",
     "test_split_network.py",
-    "test_netsim_vgs.py",
+    "test_local.py",
+    "test_plans.py",
+    "test_model_card.py",
     "test_netsim_procnet.py",
+    "test_msd.py",
 )
 
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
@@ -104,26 +104,26 @@ LONGEST_FIRST = (
 # end. The first file to ask `vgs_template` for a trio pays for training it (its other users
 # wait on its lock), so the files that use it start early.
 FAST_LONGEST_FIRST = (
-    "test_aggregate_cli.py",
+    "test_aggregate_cli.py",  # trains both vgs_template trios in the fast tier
     "test_aggregate_skip.py",
     "test_netsim_faults.py",
     "test_split_compare.py",
+    "test_module_shape.py",
+    "test_horizontal_skew.py",
     "test_ensemble.py",
     "test_hierarchical_node.py",
-    "test_module_shape.py",
-    "test_training.py",
-    "test_baselines_from_base.py",
-    "test_classify.py",
     "test_split_repro.py",
-    "test_hierarchical_mixed_groups.py",
-    "test_horizontal_skew.py",
-    "test_msd_base.py",
-    "test_sync_connect.py",
+    "test_gossip_mesh.py",
     "test_fat.py",
-    "test_festa.py",
-    "test_rounds.py",
+    "test_bulk_secure.py",
+    "test_baselines_from_base.py",
+    "test_memsim_start.py",
+    "test_msd_base.py",
+    "test_blobxfer.py",
     "test_split_network.py",
-    "test_peerset_daemons.py",
+    "test_dialer.py",
+    "test_sync_connect.py",
+    "test_classify.py",
 )
 
 
