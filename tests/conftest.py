@@ -101,29 +101,30 @@ LONGEST_FIRST = (
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
 # summed from a run's junit XML). The files in LONGEST_FIRST lose their slow tests there, so
 # this order replaces it when no slow test was selected: longest first, short files fill the
-# end. The first file to ask `vgs_template` for a trio pays for training it (its other users
-# wait on its lock), so the files that use it start early.
+# end. The first file to ask `vgs_template` for a trio trains it while its other users wait on
+# its lock: test_aggregate_cli trains both, the files beside it use no trio, and the other trio
+# users (test_aggregate_skip, test_hierarchical_node, test_classify...) come once they are built.
 FAST_LONGEST_FIRST = (
     "test_aggregate_cli.py",  # trains both vgs_template trios in the fast tier
-    "test_aggregate_skip.py",
     "test_netsim_faults.py",
+    "test_gossip_mesh.py",
     "test_split_compare.py",
+    "test_ensemble.py",
+    "test_dialer.py",
+    "test_bulk_secure.py",
+    "test_aggregate_skip.py",
+    "test_peerset_daemons.py",
+    "test_split_repro.py",
     "test_module_shape.py",
     "test_horizontal_skew.py",
-    "test_ensemble.py",
-    "test_hierarchical_node.py",
-    "test_split_repro.py",
-    "test_gossip_mesh.py",
-    "test_fat.py",
-    "test_bulk_secure.py",
-    "test_baselines_from_base.py",
-    "test_memsim_start.py",
-    "test_msd_base.py",
     "test_blobxfer.py",
+    "test_hierarchical_node.py",
+    "test_training.py",
+    "test_rounds.py",
     "test_split_network.py",
-    "test_dialer.py",
-    "test_sync_connect.py",
-    "test_classify.py",
+    "test_gossip_latency.py",
+    "test_transport_contract.py",
+    "test_baselines_from_base.py",
 )
 
 
