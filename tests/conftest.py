@@ -81,37 +81,50 @@ if hasattr(typer.testing, "_get_command"):
 # `--durations=0` of a whole run). Only the order matters; a file missing here runs after
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
-    "test_vgs_claims.py",
-    "test_fat.py",
-    "test_split_network.py",
+    "test_vgs_claims.py",  # the shipped three_phase scenario: one netsim run with every baseline
     "test_chaos.py",
+    "test_fat.py",
     "test_daemon_procs.py",
+    "test_readme.py",
     "test_rounds_procs.py",
-    "test_plans_procs.py",  # ~145 s: three daemons, three followers, a kill and a restart
-    "test_readme.py",  # ~175 s before its `atd` commands were forked from a warm interpreter, ~60 s after
+    "test_aggregate_cli.py",  # trains the `skewed` trio (vgs_template) the files after it copy
+    "test_reconstruction.py",
+    "test_cli_train.py",
+    "test_split_network.py",
+    "test_local.py",
+    "test_plans.py",
+    "test_model_card.py",
+    "test_netsim_procnet.py",
+    "test_msd.py",
 )
 
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
-# summed from a run's junit XML; seconds at load ~3 in the comments). The files in
-# LONGEST_FIRST lose their slow tests there, so this order replaces it when no slow test was
-# selected: longest first, short files fill the end.
+# summed from a run's junit XML). The files in LONGEST_FIRST lose their slow tests there, so
+# this order replaces it when no slow test was selected: longest first, short files fill the
+# end. The first file to ask `vgs_template` for a trio trains it while its other users wait on
+# its lock: test_aggregate_cli trains both, the files beside it use no trio, and the other trio
+# users (test_aggregate_skip, test_hierarchical_node, test_classify...) come once they are built.
 FAST_LONGEST_FIRST = (
-    "test_netsim_faults.py",  # 19
-    "test_gossip_mesh.py",  # 17
-    "test_dialer.py",  # 14
-    "test_bulk_secure.py",  # 13
-    "test_blobxfer.py",  # 10
-    "test_baselines_from_base.py",  # 10
-    "test_peerset_daemons.py",  # 9
-    "test_transport_contract.py",  # 8
-    "test_gossip_latency.py",  # 8
-    "test_split_network.py",  # 7
-    "test_rounds.py",  # 7
-    "test_msd_base.py",  # 7
-    "test_fat.py",  # 7
-    "test_ensemble.py",  # 7
-    "test_training.py",  # 6
-    "test_ledger_merge.py",  # 6
+    "test_aggregate_cli.py",  # trains both vgs_template trios in the fast tier
+    "test_netsim_faults.py",
+    "test_gossip_mesh.py",
+    "test_split_compare.py",
+    "test_ensemble.py",
+    "test_dialer.py",
+    "test_bulk_secure.py",
+    "test_aggregate_skip.py",
+    "test_peerset_daemons.py",
+    "test_split_repro.py",
+    "test_module_shape.py",
+    "test_horizontal_skew.py",
+    "test_blobxfer.py",
+    "test_hierarchical_node.py",
+    "test_training.py",
+    "test_rounds.py",
+    "test_split_network.py",
+    "test_gossip_latency.py",
+    "test_transport_contract.py",
+    "test_baselines_from_base.py",
 )
 
 

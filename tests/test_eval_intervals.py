@@ -40,6 +40,25 @@ def test_auroc_equals_sklearn_with_ties_and_bootstrap_is_seeded():
     assert auroc(np.ones(5, dtype=int), np.arange(5.0)) is None  # one class: no AUROC
 
 
+def test_each_bootstrap_auroc_is_sklearns_with_the_resample_as_weights():
+    from sklearn.metrics import roc_auc_score
+
+    from atdnode.learning.metrics import _resamples
+
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 2, 60)
+    score = np.round(0.4 * y + rng.random(60) * 0.6, 1)  # ties within and across the classes
+    counts = _resamples(len(y), 7, 50)
+    boot = auroc(y, score, counts)
+    assert boot.shape == (50,) and not counts.flags.writeable  # the shared table cannot be changed
+    for w, a in zip(counts, boot):
+        assert a == pytest.approx(roc_auc_score(y, score, sample_weight=w), abs=1e-12)
+    assert _resamples(len(y), 7, 50) is counts and not np.array_equal(_resamples(len(y), 8, 50), counts)
+    one = np.zeros((1, 60), dtype=np.int64)
+    one[0, y == 1] = 1  # a resample of positives only: no AUROC
+    assert np.isnan(auroc(y, score, one)[0])
+
+
 def test_binary_figures_and_per_class_n_from_a_known_confusion():
     # 40 positives (30 found), 60 negatives (54 cleared)
     y = np.array([1] * 40 + [0] * 60)

@@ -10,6 +10,7 @@ ties go to the learned models.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -76,6 +77,9 @@ def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tm
     assert verdict["kept"] == RAW_PIXELS and "raw-pixel ensemble" in verdict["kept_why"], verdict
     raw = reg.get(c[RAW_PIXELS]["model"])  # registered, with no weights: its ensemble reads pixels
     assert raw.provenance["kind"] == RAW_PIXELS and "full" not in raw.blobs and raw.provenance["beside"] == own.id
+    # the home indexes the fit: the next decision on the same data and options does not fit it again
+    assert [json.loads(p.read_text())["ensemble"] for p in (home.cache_dir / "own-raw").glob("*.json")] == \
+        [raw.blobs["ensemble"]]
     cons.provenance.update(verdict)
     agg = reg.add(cons)  # the aggregate's record, newest: the one the decision is written in
     use = model_in_use(home)

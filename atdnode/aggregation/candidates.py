@@ -18,7 +18,7 @@ from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, 
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
-from atdnode.models import RAW_PIXELS, ModelRecord, learned_model_in_use, register_model, save_ensemble
+from atdnode.models import RAW_PIXELS, ModelRecord, learned_model_in_use, register_model
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "
@@ -71,23 +71,24 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], sourc
 
 
 def raw_pixel_candidate(store: BlobStore, own: ModelRecord, source: DataSource, options=None, *,
-                        before: float | None = None) -> ModelRecord:
+                        before: float | None = None, home: NodeHome | None = None) -> ModelRecord:
     """The node's raw-pixel ensemble as an unregistered record: `fit_own_raw` (the same PCA ->
     MLP + RF + SVM ensemble, the same class-prior correction, `options`: the aggregation's
     `EnsembleOptions`) on the raw pixels of the training split of `source` (the resolved spec) alone, at `own`'s
     input size; its ensemble saved as a blob, provenance kind `RAW_PIXELS`; created before time
-    `before` where given (the record of the decision it is judged in)."""
+    `before` where given (the record of the decision it is judged in). With `home`, an ensemble
+    fitted before on the same inputs is taken from its index (`atdnode.aggregation.own_raw_index`)."""
     from atdnode.aggregation.ensemble import EnsembleOptions
-    from atdnode.aggregation.ensemble_refs import fit_own_raw
+    from atdnode.aggregation.own_raw_index import own_raw_blob
 
     opts = options or EnsembleOptions()
     cfg = ModelConfig.from_dict(own.model)
     train, spec = load_dataset(source, cfg.img_size, cfg.in_chans, "train"), source.spec
-    with progress.task(f"fitting its raw-pixel ensemble on {len(train.labels)} own training images", total=None):
-        ref = fit_own_raw(train, cfg, **opts.kwargs())
-    rec = ModelRecord(model=own.model, labels=list(ref.classes), label_fp=label_fingerprint(list(ref.classes)),
-                      samples=int(len(train.labels)), metrics={}, blobs={"ensemble": save_ensemble(store, ref.ensemble)},
-                      provenance={"kind": RAW_PIXELS, "data": spec, "ensemble_classes": list(ref.classes),
+    with progress.task(f"its raw-pixel ensemble on {len(train.labels)} own training images", total=None):
+        got = own_raw_blob(home, store, train, cfg, **opts.kwargs())
+    rec = ModelRecord(model=own.model, labels=list(got.classes), label_fp=label_fingerprint(list(got.classes)),
+                      samples=int(len(train.labels)), metrics={}, blobs={"ensemble": got.blob},
+                      provenance={"kind": RAW_PIXELS, "data": spec, "ensemble_classes": list(got.classes),
                                   "ensemble_options": opts.kwargs(), "beside": own.id,
                                   "what": "PCA -> MLP + RF + SVM on the raw pixels of this node's own training "
                                           f"images alone (no learned features), class-prior correction {opts.prior}"})
@@ -110,7 +111,8 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
         cands = {"own": own, "consortium": consortium}
         source = judged_source(spec)  # NoValSplit before fitting anything
         if policy == "best":
-            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, source, options, before=consortium.created)
+            cands[RAW_PIXELS] = raw_pixel_candidate(store, own, source, options, before=consortium.created,
+                                                   home=home)
         scores = score_candidates(store, cands, source)
     except NoValSplit as exc:
         return {"kept": "consortium", "kept_why": f"{exc}: makes no choice; takes the consortium's model"}

@@ -15,12 +15,20 @@ and the claim tests all call it, so there is one implementation of each baseline
 `fit_own_raw` is what a hospital has alone: the ensemble on the raw pixels of its own training
 images only, with the class-prior correction for its own class counts; netsim's
 `ensemble-raw-own` reference and the keep decision's raw-pixel candidate
-(`atdnode.aggregation.candidates`) both call it.
+(`atdnode.aggregation.candidates`) both call it. The fit is seeded and reads nothing but its
+inputs, and a node judges every aggregation against the same one, so it is computed once per
+`own_raw_key` (its inputs' digest) in a process; `atdnode.aggregation.own_raw_index` keeps it
+across processes in the node home.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,11 +92,59 @@ def fit_reference(kind: str, parts: Sequence[LabeledImages], cfg: ModelConfig, *
     return ReferenceEnsemble(kind, ens, list(classes), model)
 
 
+OWN_RAW_FORMAT = 1  # part of `own_raw_key`: raise it when `fit_own_raw` computes something else
+OWN_RAW_KEPT = 8  # fits `fit_own_raw` keeps in memory (least recently used dropped first)
+_own_raw: OrderedDict[str, tuple[dict[str, np.ndarray], dict[str, Any], list[str]]] = OrderedDict()
+_own_raw_lock = threading.Lock()
+
+
+def own_raw_key(train: LabeledImages, **ensemble) -> str:
+    """Hex digest of everything `fit_own_raw(train, cfg, **ensemble)` reads: the images (dtype,
+    shape — the input size and channels — and bytes), the labels, the class names, the ensemble
+    options (the seed and the prior among them), and what computes the fit (`OWN_RAW_FORMAT`,
+    numpy's and scikit-learn's versions). Equal keys mean the same fit, bit for bit; any
+    difference in one of them gives another key."""
+    import sklearn
+
+    images = np.ascontiguousarray(train.images.detach().cpu().numpy())
+    labels = np.ascontiguousarray(train.labels.detach().cpu().numpy())
+    head = {"format": OWN_RAW_FORMAT, "numpy": np.__version__, "sklearn": sklearn.__version__,
+            "classes": list(train.classes), "ensemble": ensemble,
+            "images": [images.dtype.str, list(images.shape)], "labels": [labels.dtype.str, list(labels.shape)]}
+    h = hashlib.blake2b(digest_size=24)
+    h.update(json.dumps(head, sort_keys=True, default=list).encode())
+    h.update(memoryview(images).cast("B"))
+    h.update(memoryview(labels).cast("B"))
+    return h.hexdigest()
+
+
 def fit_own_raw(train: LabeledImages, cfg: ModelConfig, *, prior: str, **ensemble) -> ReferenceEnsemble:
     """The ensemble on the raw pixels of `train` (one node's own training images) alone, under
     the class-prior correction `prior` for its own class counts (the fitted members with
     `EnsembleClassifier.with_prior`, as a node's own `prior="node"` fit gives); `ensemble`: the
-    other `EnsembleClassifier` keyword arguments."""
+    other `EnsembleClassifier` keyword arguments.
+
+    The last `OWN_RAW_KEPT` fits of this process are kept by `own_raw_key`: the same inputs
+    again return a new `ReferenceEnsemble` rebuilt from the kept arrays (what refitting gives;
+    callers may change what they get). A fit that raises keeps nothing."""
+    key = own_raw_key(train, prior=prior, **ensemble)
+    with _own_raw_lock:
+        hit = _own_raw.get(key)
+        if hit is not None:
+            _own_raw.move_to_end(key)
+    if hit is not None:
+        arrays, meta, classes = hit
+        return ReferenceEnsemble("ensemble-raw", EnsembleClassifier.from_arrays(arrays, meta), list(classes), None)
+    ref = _fit_own_raw(train, cfg, prior=prior, **ensemble)
+    arrays, meta = ref.ensemble.to_arrays()  # copies: the caller's ensemble stays its own
+    with _own_raw_lock:
+        _own_raw[key] = (arrays, meta, list(ref.classes))
+        while len(_own_raw) > OWN_RAW_KEPT:
+            _own_raw.popitem(last=False)
+    return ref
+
+
+def _fit_own_raw(train: LabeledImages, cfg: ModelConfig, *, prior: str, **ensemble) -> ReferenceEnsemble:
     ref = fit_reference("ensemble-raw", [train], cfg, **{**ensemble, "prior": "none"})
     counts = dict(zip(train.classes, np.bincount(train.labels.numpy(), minlength=len(train.classes)).tolist()))
     fitted = np.array([counts[ref.classes[int(i)]] for i in ref.ensemble.classes_])  # the classes it saw

@@ -36,6 +36,7 @@ Intervals are deterministic: the bootstrap draws from ``numpy.random.default_rng
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -67,10 +68,30 @@ def _percentile(values: np.ndarray) -> list[float]:
     return [float(lo), float(hi)]
 
 
+RESAMPLES_CACHED = 4_000_000  # the largest (b, n) bootstrap count table `_resamples` keeps (16 MB as int32)
+
+
 def _resamples(n: int, seed: int, b: int = BOOTSTRAP) -> np.ndarray:
-    """(b, n) bootstrap counts: how often each sample is drawn in each resample."""
+    """(b, n) bootstrap counts: how often each sample is drawn in each resample (read-only,
+    int32, stored sample-major: `counts.T[idx]` gathers whole samples).
+
+    A pure function of (n, seed, b): drawing 1000 multinomials is most of a small scoring's
+    cost, and a run scores many predictors on one test set (the same n and seed), so the last
+    few tables up to `RESAMPLES_CACHED` cells are kept and shared."""
+    if n * b <= RESAMPLES_CACHED:
+        return _drawn(n, seed, b)
+    return _draw(n, seed, b)
+
+
+def _draw(n: int, seed: int, b: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=b)
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=b)  # (b, n); each row sums to n
+    out = np.ascontiguousarray(counts.T, dtype=np.int32).T
+    out.flags.writeable = False
+    return out
+
+
+_drawn = functools.lru_cache(maxsize=4)(_draw)
 
 
 def _macro_from_confusions(cm: np.ndarray, present: np.ndarray) -> dict[str, np.ndarray]:
@@ -101,18 +122,35 @@ def _grouped(counts: np.ndarray, group: np.ndarray, size: int) -> np.ndarray:
 def auroc(y: np.ndarray, score: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray | float | None:
     """Area under the ROC curve of `score` for `y` (1 positive, 0 negative), ties counted half
     (the Mann-Whitney statistic); None without both classes. With `counts` (b, n) bootstrap
-    counts, the (b,) AUROCs of the resamples (NaN where a resample lacks a class)."""
-    uniq, inv = np.unique(score, return_inverse=True)
-    w = np.ones((1, len(y))) if counts is None else counts.astype(np.float64)
-    wp = _grouped(w * (y == 1), inv, len(uniq))
-    wn = _grouped(w * (y == 0), inv, len(uniq))
-    below = np.cumsum(wn, 1) - wn  # negative weight strictly below each score
-    pos, neg = wp.sum(1), wn.sum(1)
+    counts, the (b,) AUROCs of the resamples (NaN where a resample lacks a class).
+
+    Computed exactly, in integers: with the samples sorted by score and C[k] the weight of the
+    first k negatives, a positive in the tie group holding negatives a..b-1 beats C[a] of
+    negative weight and ties C[b] - C[a], so twice the statistic is the sum over positives of
+    w * (C[a] + C[b]), divided by 2 * P * N (positive and negative weight)."""
+    y = np.asarray(y)
+    n = len(y)
+    order = np.argsort(score, kind="stable")
+    s, neg, pos = score[order], y[order] == 0, y[order] == 1
+    new_group = np.r_[True, s[1:] != s[:-1]] if n else np.zeros(0, dtype=bool)
+    group = np.cumsum(new_group) - 1  # each sorted sample's tie group
+    starts = np.flatnonzero(new_group)
+    ends = np.r_[starts[1:], n] - 1
+    negs_through = np.cumsum(neg)
+    a, b = (negs_through[starts] - neg[starts])[group[pos]], negs_through[ends][group[pos]]  # per positive
+    # (n, b') sample-major weights; each count is at most n, so int32 holds every product below
+    kind = np.int32 if 2 * n * n < 2**31 else np.int64
+    w = np.ones((n, 1), dtype=kind) if counts is None else counts.T[order].astype(kind, copy=False)
+    c = np.zeros((int(neg.sum()) + 1, w.shape[1]), dtype=kind)
+    np.cumsum(w[neg], 0, out=c[1:])  # C[k]: the weight of the first k negatives
+    wp = w[pos]
+    twice = (wp * (c[a] + c[b])).sum(0, dtype=np.int64)
+    p_w, n_w = wp.sum(0, dtype=np.int64), c[-1].astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where((pos > 0) & (neg > 0), (wp * (below + 0.5 * wn)).sum(1) / (pos * neg), np.nan)
+        out = np.where((p_w > 0) & (n_w > 0), twice / (2.0 * p_w * n_w), np.nan)
     if counts is not None:
-        return a
-    return None if np.isnan(a[0]) else float(a[0])
+        return out
+    return None if np.isnan(out[0]) else float(out[0])
 
 
 def auroc_summary(y_true, probs, *, seed: int = 0) -> dict | None:

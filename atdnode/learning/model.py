@@ -31,13 +31,21 @@ def resolve_config(name: str, **overrides: float | None) -> ModelConfig:
 
     Each override is checked first (`protocols.vit_config.check_field`: ModelConfigError for
     a bad value, before timm sees it). The model is built on the meta device, so resolving
-    even a ViT-Base costs nothing.
+    even a ViT-Base allocates nothing; the answer depends only on the arguments (and the
+    installed timm), so each is built once per process.
     """
     given = {k: v for k, v in overrides.items() if v is not None}
     for k, v in given.items():
         check_field(k, v)
+    return _resolved(name, tuple(sorted(given.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(name: str, given: tuple[tuple[str, float], ...]) -> ModelConfig:
+    """`resolve_config`'s checked arguments resolved (ModelConfig is frozen: one shared value;
+    an argument timm refuses raises each time, nothing is kept)."""
     with torch.device("meta"):
-        model = _create(name, given)
+        model = _create(name, dict(given))
     return ModelConfig(name=name, **_read_arch(model))
 
 

@@ -9,6 +9,7 @@
       models/         local model registry (see atdnode.models.registry)
       runs/           resumable training checkpoints
       features/       cached CLS features
+      cache/          other results kept to skip recomputing them (atdnode.aggregation.own_raw_index)
       logs/           daemon logs
       control.sock    local control endpoint of a running daemon
       daemon.lock     held (flock) by the running daemon: one daemon per home
@@ -70,6 +71,10 @@ class NodeHome:
     @property
     def features_dir(self) -> Path:
         return self.root / "features"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
 
     @property
     def logs_dir(self) -> Path:
