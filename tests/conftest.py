@@ -28,7 +28,7 @@ a cheaper default test covers are in it too (`pytest --claims -m claims`).
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
 files with a slow test, then the rest; in the fast tier (no slow test selected) the files in
-`FAST_LONGEST_FIRST` first, then the rest. With `-n 2 --dist loadfile --no-loadscope-reorder`
+`FAST_LONGEST_FIRST` first, then the rest. With `-n 3 --dist loadfile --no-loadscope-reorder`
 xdist hands files to its workers in this order, so the longest start at once and short files
 fill the end, instead of a 3-minute file starting last and running alone.
 """
