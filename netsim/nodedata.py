@@ -197,9 +197,10 @@ def load_scenario_data(scn: Scenario) -> ScenarioData:
 def _with_val(spec: str, source: str) -> str:
     """`spec` keeping its val split apart (`val=val`, carved from train where the source has
     none): what a `score_split = "val"` run deals (train) and scores on (val)."""
-    if DataSpec.parse(spec).val != "val":
+    val = DataSpec.parse(spec).val
+    if val != "val":
         raise ScenarioError(f"{source}: scenario.score_split = \"val\" needs data sets whose val split stays apart "
-                            f"({spec} says val={DataSpec.parse(spec).val})")
+                            f"({spec} says val={val})")
     return spec
 
 
