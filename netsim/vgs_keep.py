@@ -57,7 +57,7 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
 
 
 def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
-    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record
+    """"own 0.800 > consortium 0.710 (one-SE rule: SE 0.040) (balanced accuracy) on its val split" from the aggregate's keep record
     (`kept`: the candidate kept, "own" or "raw-pixels")."""
     from atdnode.aggregation import SELECT_BY
 
@@ -70,5 +70,7 @@ def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
         return str(prov.get("kept_why") or "its aggregate kept its own model")
     split = cand.get("scored_on", "?")
     others = "".join(f", {c} {cand[c][by]:.3f}" for c in ("own", "raw-pixels") if c != kept and c in cand)
-    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others} ({by.replace('_', ' ')}) on its {split} " + \
+    se = cand[kept].get("se")
+    rule = f" (one-SE rule: SE {se:.3f})" if isinstance(se, (int, float)) and by == SELECT_BY else ""
+    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others}{rule} ({by.replace('_', ' ')}) on its {split} " + \
         ("split" if split == "val" else "data")
