@@ -13,7 +13,9 @@ classify` uses by default (`atdnode.models.default_model`). The report then scor
 
 `score_kept` rewrites the per-node entries of the nodes that kept their own model, tags
 every entry with the model it scored (`"model"`: "own" | "raw-pixels" | "consortium") and adds one
-note per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ...").
+note per such node ("h1 keeps its own model: own 0.800 > consortium 0.710 on its val split ..."),
+and one per node that kept the consortium's model although another candidate scored higher on
+val, by no more than one SE of the difference (`atdnode.aggregation.keep`'s one-SE rule).
 Without a val split (val_fraction 0) netsim does none of this: the nodes' data specs say
 `val=train` (`netsim.nodedata.node_spec`), so no node makes a choice — none on its test data —
 and every node takes the consortium's model.
@@ -39,6 +41,9 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
         use = default_model(ops[n].home)
         if use.id == model_id:
             entry["model"] = "consortium"
+            held = _within_se(ops[n], model_id)
+            if held:
+                res.notes.append(f"{n} keeps the consortium's model: {held}")
             continue
         nd = data.nodes[n]
         names, probs = ops[n].probabilities(use.id, nd.test.images)
@@ -57,7 +62,7 @@ def score_kept(res: PhaseResult, data: ScenarioData, ops: dict[str, NodeOps], co
 
 
 def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
-    """"own 0.800 > consortium 0.710 (balanced accuracy) on its val split" from the aggregate's keep record
+    """"own 0.800 > consortium 0.710 (one-SE rule: SE 0.040) (balanced accuracy) on its val split" from the aggregate's keep record
     (`kept`: the candidate kept, "own" or "raw-pixels")."""
     from atdnode.aggregation import SELECT_BY
 
@@ -70,5 +75,21 @@ def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
         return str(prov.get("kept_why") or "its aggregate kept its own model")
     split = cand.get("scored_on", "?")
     others = "".join(f", {c} {cand[c][by]:.3f}" for c in ("own", "raw-pixels") if c != kept and c in cand)
-    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others} ({by.replace('_', ' ')}) on its {split} " + \
+    se = cand[kept].get("se")
+    rule = f" (one-SE rule: SE {se:.3f})" if isinstance(se, (int, float)) and by == SELECT_BY else ""
+    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others}{rule} ({by.replace('_', ' ')}) on its {split} " + \
         ("split" if split == "val" else "data")
+
+
+def _within_se(ops: NodeOps, model_id: str) -> str:
+    """"raw-pixels 0.657 > consortium 0.586 by no more than one SE (0.090) (balanced accuracy) on its
+    val split" for the candidates that scored higher than the consortium's model the node kept
+    (the one-SE rule, `atdnode.aggregation.keep.choose`); "" when none did."""
+    from atdnode.aggregation import SELECT_BY
+
+    cand = ops.registry.get(model_id).provenance.get("candidates") or {}
+    cons = (cand.get("consortium") or {}).get(SELECT_BY)
+    higher = [f"{k} {cand[k][SELECT_BY]:.3f} > consortium {cons:.3f} by no more than one SE ({cand[k]['se']:.3f})"
+              for k in ("own", "raw-pixels") if isinstance(cons, (int, float)) and isinstance(cand.get(k), dict)
+              and "se" in cand[k] and cand[k].get(SELECT_BY, 0.0) > cons]
+    return f"{', '.join(higher)} ({SELECT_BY.replace('_', ' ')}) on its val split" if higher else ""

@@ -37,7 +37,8 @@ def _overall(report: dict, method: str) -> float:
 
 
 @pytest.mark.xfail(strict=True, reason="not met at seed 0: s1's own raw-pixel ensemble beats the consortium's "
-                   "model, and s2's val split (two minority images) kept its own model")
+                   "model it keeps, and s2 keeps its own model, better on its val split by more than one SE "
+                   "(the one-SE rule) but a constant answer on the test split")
 def test_every_site_is_better_off_than_alone(report: dict) -> None:
     vgs = report["methods"]["vgs-atd"][0]["per_node"]
     for alone in ("ensemble-raw-own", "local"):

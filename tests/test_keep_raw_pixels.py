@@ -5,8 +5,10 @@ The keep decision's third candidate is the node's own raw-pixel ensemble
 classes differ by brightness — plain to an ensemble on raw pixels — and the learned model barely
 trained (a near-zero learning rate), so on the val split the raw-pixel ensemble scores best: the
 decision keeps it, registers it as a raw-pixel model, and `atd classify` without `--model`, the
-model card's use line and `atd models` then use it. `choose` alone: the highest val score wins,
-ties go to the learned models.
+model card's use line and `atd models` then use it. `choose` alone: the one-standard-error rule
+— the consortium's model stays unless another candidate beats it on val by more than one SE of
+the paired difference (`paired_balanced_accuracy_se`: seeded, class-stratified, paired); then
+the best of the others wins, ties to the learned model.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from atdnode.aggregation.candidates import judge_candidates
 from atdnode.aggregation.ensemble import EnsembleOptions
 from atdnode.aggregation.keep import choose, use_of
 from atdnode.blobs import BlobStore
+from atdnode.learning import paired_balanced_accuracy_se
 from atdnode.learning import run_classify as classify
 from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, learned_model_in_use, model_in_use
 from atdnode.report import collect_card
@@ -47,18 +50,57 @@ def _brightness_npz(path: Path) -> str:
     return f"npz:{path}"
 
 
-def _scores(own: float, cons: float, raw: float) -> dict:
-    return {"scored_on": "val", **{k: {"model": k, "kind": "model", "balanced_accuracy": v, "accuracy": v}
-                                   for k, v in (("own", own), ("consortium", cons), (RAW_PIXELS, raw))}}
+def _scores(own: float, cons: float, raw: float, se_own: float | None = None, se_raw: float | None = None) -> dict:
+    out = {"scored_on": "val", **{k: {"model": k, "kind": "model", "balanced_accuracy": v, "accuracy": v}
+                                  for k, v in (("own", own), ("consortium", cons), (RAW_PIXELS, raw))}}
+    for k, se in (("own", se_own), (RAW_PIXELS, se_raw)):
+        if se is not None:
+            out[k]["se"] = se
+    return out
 
 
-def test_choose_takes_the_best_candidate_on_val_and_ties_go_to_the_learned_models() -> None:
+def test_choose_without_a_recorded_se_takes_the_best_candidate_and_ties_go_to_the_learned_models() -> None:
     assert choose("best", _scores(0.6, 0.7, 0.8))[0] == RAW_PIXELS
     assert choose("best", _scores(0.8, 0.7, 0.8))[0] == "own"
     assert choose("best", _scores(0.6, 0.8, 0.8))[0] == "consortium"
     assert choose("consortium", _scores(0.6, 0.7, 0.9))[0] == "consortium"
     kept, why = choose("best", _scores(0.6, 0.7, 0.8))
     assert "raw-pixel ensemble scores 0.800 > the consortium's 0.700 and its own model 0.600" in why
+
+
+def test_a_difference_within_one_se_keeps_the_consortium() -> None:
+    # a tiny skewed val split: own and raw pixels score higher, each by less than one SE of the difference
+    kept, why = choose("best", _scores(0.750, 0.523, 0.682, se_own=0.25, se_raw=0.20))
+    assert kept == "consortium", why
+    assert "none beats it by more than one SE" in why and "own 0.750 (+0.227, SE 0.250)" in why, why
+    assert choose("best", _scores(0.750, 0.523, 0.682))[0] == "own"  # the same scores with no SE: the best
+    assert choose("best", _scores(0.75, 0.5, 0.625, se_own=0.25, se_raw=0.125))[0] == "consortium"  # exactly 1 SE
+
+
+def test_a_clear_difference_keeps_the_better_candidate() -> None:
+    kept, why = choose("best", _scores(0.750, 0.523, 0.682, se_own=0.10, se_raw=0.10))
+    assert kept == "own" and "keeps its own (one-SE rule: own 0.750 (+0.227, SE 0.100)" in why, why
+    assert choose("best", _scores(0.60, 0.50, 0.90, se_own=0.2, se_raw=0.1))[0] == RAW_PIXELS
+    # once one beats the consortium clearly, the best of the others wins (ties: its own model)
+    assert choose("best", _scores(0.80, 0.50, 0.70, se_own=0.4, se_raw=0.1))[0] == "own"
+    assert choose("best", _scores(0.70, 0.50, 0.70, se_own=0.1, se_raw=0.1))[0] == "own"
+
+
+def test_the_paired_se_is_seeded_stratified_and_paired() -> None:
+    y = np.repeat([0, 1], 50)
+    a = y.copy()
+    b = y.copy()
+    b[:10] = 1  # b misses 10 of class 0's 50; both right on class 1
+    se = paired_balanced_accuracy_se(y, a, b, seed=0)
+    assert se == paired_balanced_accuracy_se(y, a, b, seed=0) != paired_balanced_accuracy_se(y, a, b, seed=1)
+    # stratified: class 0 keeps its 50, the recall difference is Binomial(50, 0.2) / 50, halved by the mean
+    assert abs(se - np.sqrt(0.2 * 0.8 / 50) / 2) < 0.003, se
+    # paired: two predictors with the very same errors differ by exactly 0 in every resample
+    assert paired_balanced_accuracy_se(y, b, b.copy()) == 0.0
+    # the same difference on a class four times larger is half as noisy
+    y4, a4, b4 = np.repeat([0, 1], 200), np.repeat([0, 1], 200), np.repeat([0, 1], 200)
+    b4[:40] = 1
+    assert abs(paired_balanced_accuracy_se(y4, a4, b4) / se - 0.5) < 0.1
 
 
 def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tmp_path: Path) -> None:
@@ -75,6 +117,9 @@ def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tm
     assert c["scored_on"] == "val" and c[RAW_PIXELS]["kind"] == RAW_PIXELS
     assert c[RAW_PIXELS]["balanced_accuracy"] > max(c["own"]["balanced_accuracy"], c["consortium"]["balanced_accuracy"])
     assert verdict["kept"] == RAW_PIXELS and "raw-pixel ensemble" in verdict["kept_why"], verdict
+    # the one-SE rule's evidence: each other candidate's SE beside the consortium's, and the why says so
+    assert "se" not in c["consortium"] and 0 < c[RAW_PIXELS]["se"] < c[RAW_PIXELS]["balanced_accuracy"] - \
+        c["consortium"]["balanced_accuracy"] and "one-SE rule: raw pixels" in verdict["kept_why"], verdict
     raw = reg.get(c[RAW_PIXELS]["model"])  # registered, with no weights: its ensemble reads pixels
     assert raw.provenance["kind"] == RAW_PIXELS and "full" not in raw.blobs and raw.provenance["beside"] == own.id
     # the home indexes the fit: the next decision on the same data and options does not fit it again

@@ -161,8 +161,13 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
                        and "(balanced accuracy) on its val split" in note for note in last["notes"]), last["notes"]
             own_nodes.append(n)
             differs |= acc(cons) != m["accuracy"]
-        else:
+        else:  # the consortium's: a candidate that scored higher on val did so by no more than one SE, noted
             assert m["model"] == "consortium" and kept.id == cons.id
+            c, by = prov["candidates"], "balanced_accuracy"
+            higher = [k for k in ("own", "raw-pixels") if k in c and c[k][by] > c["consortium"][by]]
+            assert all(c[k][by] - c["consortium"][by] <= c[k]["se"] for k in higher), c
+            assert bool(higher) == any(note.startswith(f"{n} keeps the consortium's model: ") and
+                                       "by no more than one SE" in note for note in last["notes"]), last["notes"]
     assert last["overall"]["auroc_ci95"][0] <= last["overall"]["auroc"] <= last["overall"]["auroc_ci95"][1]
     assert own_nodes and differs, "the tiny run (a node keeping its own model or raw-pixel ensemble) must exercise it"
     report = {"methods": {"vgs-atd": phases}}

@@ -11,9 +11,11 @@ split at all (`val=train`) the node makes no choice and takes the consortium's m
 """
 from __future__ import annotations
 
+import numpy as np
+
 from atdnode import progress
 from atdnode.blobs import BlobStore
-from atdnode.learning import ModelConfig, score_record
+from atdnode.learning import ModelConfig, paired_balanced_accuracy_se, score_record
 from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, resolve_data
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
@@ -51,9 +53,13 @@ def judged_source(spec: str) -> DataSource:
     return resolve_data(spec, parsed=val_spec(spec))
 
 
-def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], source: DataSource) -> dict:
+def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], source: DataSource, *,
+                     seed: int = 0) -> dict:
     """{"scored_on": split, "val_from", "data": spec, name: {"model", "balanced_accuracy", "accuracy",
-    "f1", "n"}} for each candidate (plus "warning" when scored on test)."""
+    "f1", "n"}} for each candidate (plus "warning" when scored on test); beside the consortium's,
+    each other candidate's "se": the standard error of its balanced accuracy minus the
+    consortium's on the same images (`paired_balanced_accuracy_se`, seeded by `seed`), which the
+    one-standard-error rule of `choose` weighs."""
     cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
     data, split = validation_data(source, cfg.img_size, cfg.in_chans)
     out: dict = {"scored_on": split, "val_from": data.report.val_origin if data.report else "", "data": source.spec}
@@ -61,12 +67,16 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], sourc
         out["warning"] = TEST_WARNING
     with progress.task(f"scoring {' and '.join(candidates)} on {len(data.labels)} {split.split()[0]} images",
                        total=len(candidates)) as t:
+        preds = {}
         for name, rec in candidates.items():
-            m, _, kind, _ = score_record(store, rec, data)
+            m, _, kind, _, preds[name] = score_record(store, rec, data)
             out[name] = {"model": rec.id, "kind": kind,
                          "balanced_accuracy": round(float(m["balanced_accuracy"]), 6),
                          "accuracy": round(float(m["accuracy"]), 6), "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
             t.advance()
+    y = np.asarray(data.labels, dtype=np.int64)  # indices into the classes every y_pred indexes (theirs first)
+    for name in [n for n in preds if n != "consortium" and "consortium" in preds]:
+        out[name]["se"] = round(paired_balanced_accuracy_se(y, preds[name], preds["consortium"], seed=seed), 6)
     return out
 
 

@@ -15,9 +15,9 @@ it has alone:
 * the scores go into the new model's record (`provenance["candidates"]`, shown by
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
-  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model where it
-  scores at least each other candidate, else the best of the node's own model and its raw-pixel
-  ensemble (ties: own); `consortium` always takes it. `provenance["kept"]` / `["kept_why"]`
+  default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model unless
+  another candidate beats it by more than one standard error (below), else the best of the
+  node's own model and its raw-pixel ensemble (ties: own); `consortium` always takes it. `provenance["kept"]` / `["kept_why"]`
   say what was kept and why. A kept raw-pixel ensemble is registered as a model of its own
   (provenance kind `raw-pixels`, `atdnode.learning.predict.RAW_PIXELS`: no weights, its
   ensemble reads flattened pixels) that `atd classify` and `atd predict` use.
@@ -29,6 +29,17 @@ AUROC because it judges the decisions `atd classify` makes (argmax, with the cla
 correction applied), is defined the same way for two classes and for many, and needs only
 the predictions every candidate kind (head or ensemble) yields; AUROC ranks scores and can
 rate a model whose every answer is the majority class highly.
+
+`best` is the one-standard-error rule (Breiman, Friedman, Olshen & Stone 1984, CART ch. 3;
+Hastie, Tibshirani & Friedman, The Elements of Statistical Learning §7.10): among candidates
+whose scores differ by less than their noise, take the one preferred before looking — here the
+consortium's model, trained on the most data. A hospital's val split is small (tens of images,
+a few of the rarer class), so its ranking of candidates a few points apart is noise, and
+"the highest val score" picks whichever candidate the draw of those few images favoured, often
+a model that answers the majority class. So the consortium's model is kept unless another
+candidate beats it by more than one standard error of the paired difference in balanced
+accuracy, estimated by a seeded, class-stratified paired bootstrap over the val images
+(`atdnode.learning.metrics.paired_balanced_accuracy_se`; each candidate's "se" in the scores).
 
 Which model the node uses follows from those records alone (`atdnode.models.model_in_use`,
 in the registry's room, read by `atd classify`, `atd predict`, the dashboard, `atd models`
@@ -64,25 +75,41 @@ WHAT = {"consortium": "the consortium's model", "own": "its own model",
 
 def choose(policy: str, scores: dict) -> tuple[str, str]:
     """(kept candidate, why) under `policy`, judged by `SELECT_BY` (records without it: accuracy).
-    `scores` holds "own" and "consortium" and, where it was scored, "raw-pixels"; under `best`
-    the highest score wins, ties in `CANDIDATES` order."""
+    `scores` holds "own" and "consortium" and, where it was scored, "raw-pixels", each other
+    candidate with its "se" beside the consortium's (`score_candidates`; none: 0). Under `best`
+    the one-standard-error rule: the consortium's model is kept unless another candidate scores
+    more than one SE above it; if one does, the highest-scoring of the others, ties in
+    `CANDIDATES` order."""
     names = [c for c in CANDIDATES if isinstance(scores.get(c), dict)]
     by = SELECT_BY if all(SELECT_BY in scores[c] for c in names) else "accuracy"
     val = {c: scores[c][by] for c in names}
+    se = {c: float(scores[c].get("se", 0.0)) if by == SELECT_BY else 0.0 for c in names if c != "consortium"}
     where = f"({by.replace('_', ' ')}) on its {scores['scored_on']} data"
     if "warning" in scores:
         where += f" — WARNING: {scores['warning']}"
     if policy == "consortium":
         return "consortium", f"policy consortium (consortium {val['consortium']:.3f}, own {val['own']:.3f} {where})"
-    kept = max(names, key=lambda c: (val[c], -names.index(c)))
+
+    def vs(c: str) -> str:  # "own 0.750 (+0.227, SE 0.180)"
+        return f"{c.replace('-', ' ')} {val[c]:.3f} ({val[c] - val['consortium']:+.3f}, SE {se[c]:.3f})"
+
+    beat = [c for c in se if val[c] - val["consortium"] > se[c]]
+    has_se = any(se.values())
     raw = f" and its raw-pixel ensemble {val[RAW_PIXELS]:.3f}" if RAW_PIXELS in val else ""
-    if kept == "consortium":
-        return kept, f"the consortium's model scores {val['consortium']:.3f} >= its own {val['own']:.3f}{raw} {where}"
+    if not beat and has_se:
+        return "consortium", (f"the consortium's model scores {val['consortium']:.3f}; none beats it by more than "
+                              f"one SE ({', '.join(vs(c) for c in se)}) {where}")
+    if not beat:
+        return "consortium", f"the consortium's model scores {val['consortium']:.3f} >= its own {val['own']:.3f}{raw} {where}"
+    kept = max(se, key=lambda c: (val[c], -names.index(c)))
+    rule = f" (one-SE rule: {', '.join(vs(c) for c in beat)})" if has_se else ""
     if kept == "own":
         raw = f" (>= its raw-pixel ensemble {val[RAW_PIXELS]:.3f})" if RAW_PIXELS in val else ""
-        return kept, f"its own model scores {val['own']:.3f} > the consortium's {val['consortium']:.3f}{raw} {where}; keeps its own"
+        return kept, (f"its own model scores {val['own']:.3f} > the consortium's {val['consortium']:.3f}{raw} {where}; "
+                      f"keeps its own{rule}")
     return kept, (f"its raw-pixel ensemble scores {val[RAW_PIXELS]:.3f} > the consortium's {val['consortium']:.3f} "
-                  f"and its own model {val['own']:.3f} {where}; uses the raw-pixel ensemble (no learned model beat it)")
+                  f"and its own model {val['own']:.3f} {where}; uses the raw-pixel ensemble (no learned model beat "
+                  f"it){rule}")
 
 
 def use_of(home: NodeHome, record: ModelRecord) -> dict:

@@ -100,9 +100,11 @@ def robust_accuracy_on(store: BlobStore, record: ModelRecord, data, *, pgd,
 
 
 def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int = 256,
-                 device: torch.device | str | None = None) -> tuple[dict, list[str], str, list[str]]:
-    """(metrics, confusion-matrix classes, kind, the classifier's classes) of `record` on
-    labelled images `data` (the model runs on `device`, atdnode.learning.device rule)."""
+                 device: torch.device | str | None = None) -> tuple[dict, list[str], str, list[str], np.ndarray]:
+    """(metrics, confusion-matrix classes, kind, the classifier's classes, the predicted index
+    into the confusion-matrix classes per image) of `record` on labelled images `data` (whose
+    label indices are the same indices: its classes come first); the model runs on `device`
+    (atdnode.learning.device rule)."""
     from atdnode.learning.device import resolve_device
 
     names, probs, kind = class_probabilities(store, record, data.images, device=resolve_device(device),
@@ -115,7 +117,7 @@ def score_record(store: BlobStore, record: ModelRecord, data, *, batch_size: int
     y_pred = np.asarray([index[names[int(p)]] for p in probs.argmax(1)], dtype=np.int64)
     p_space = np.zeros((len(y_true), len(space)), dtype=np.float64)  # a class it does not know: probability 0
     p_space[:, [index[c] for c in names]] = probs
-    return named_metrics(y_true, y_pred, classes=space, probs=p_space), space, kind, names
+    return named_metrics(y_true, y_pred, classes=space, probs=p_space), space, kind, names, y_pred
 
 
 def choose_split(record: ModelRecord, data_spec: "str | DataSource", split: str) -> tuple[str, str]:
@@ -173,7 +175,7 @@ def classify(home: NodeHome, data_spec: str, *, model: str = "latest", split: st
         data = load_dataset(source, cfg.img_size, cfg.in_chans, split)
     store = BlobStore.of(home)
     with progress.task(f"classifying {len(data.labels)} images with model {record.id[:12]}", total=len(data.labels)) as t:
-        metrics, space, kind, names = score_record(store, record, data, batch_size=batch_size, device=dev)
+        metrics, space, kind, names, _ = score_record(store, record, data, batch_size=batch_size, device=dev)
         t.update(len(data.labels))
     if pgd is not None:
         with progress.task(f"PGD attack on {len(data.labels)} images", total=None):

@@ -30,7 +30,10 @@
 - ``calibration`` (given ``probs``, the predicted probabilities over ``labels``):
   top-label expected calibration error over ``ECE_BINS`` equal-width confidence bins
   (Guo et al. 2017, eq. 3) with a bootstrap interval, and the bins (n, mean confidence,
-  accuracy) that a reliability plot draws (`save_reliability_png`).
+  accuracy) that a reliability plot draws (`save_reliability_png`);
+- ``paired_balanced_accuracy_se(y_true, pred_a, pred_b)``: the standard error of the difference
+  in balanced accuracy of two predictors on the same samples, by a class-stratified paired
+  bootstrap (what the keep decision's one-standard-error rule weighs, `atdnode.aggregation.keep`).
 
 Intervals are deterministic: the bootstrap draws from ``numpy.random.default_rng(seed)``.
 """
@@ -173,6 +176,31 @@ def auroc_summary(y_true, probs, *, seed: int = 0) -> dict | None:
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample that holds no class both ways: NaN
         per_resample = np.nanmean(boot, 0)
     return {"auroc": float(np.mean(values)), "ci": _percentile(per_resample)}
+
+
+def paired_balanced_accuracy_se(y_true, pred_a, pred_b, *, seed: int = 0, b: int = BOOTSTRAP) -> float:
+    """The standard error of balanced_accuracy(pred_a) - balanced_accuracy(pred_b) on the same
+    samples: the standard deviation over `b` seeded bootstrap resamples that draw each class's
+    samples from that class alone (its size, hence its weight in the balanced accuracy, stays
+    fixed: stratified) and score both predictors on each resample (paired).
+
+    A class of n_c samples falls into four cells (a right and b right, a only, b only, neither);
+    a resample of it is a multinomial draw of n_c over the cells' shares, and its recall
+    difference is (a only - b only) / n_c — the same distribution as resampling the samples
+    themselves, drawn per class rather than per sample. 0.0 when the predictors agree on
+    every sample."""
+    y, pa, pb = (np.asarray(v, dtype=np.int64) for v in (y_true, pred_a, pred_b))
+    if not (y.shape == pa.shape == pb.shape):
+        raise ValueError(f"{len(y)} labels, {len(pa)} and {len(pb)} predictions")
+    rng = np.random.default_rng(seed)
+    diff = np.zeros(b, dtype=np.float64)
+    classes = np.unique(y)
+    for c in classes:
+        ra, rb = pa[y == c] == c, pb[y == c] == c
+        cells = np.array([(ra & rb).sum(), (ra & ~rb).sum(), (~ra & rb).sum(), (~ra & ~rb).sum()], dtype=np.float64)
+        draws = rng.multinomial(int(cells.sum()), cells / cells.sum(), size=b)  # (b, 4)
+        diff += (draws[:, 1] - draws[:, 2]) / cells.sum()
+    return float(np.std(diff / max(len(classes), 1), ddof=1)) if len(classes) and b > 1 else 0.0
 
 
 def calibration(y_true: np.ndarray, probs: np.ndarray, *, bins: int = ECE_BINS, seed: int = 0) -> dict:

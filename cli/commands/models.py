@@ -99,11 +99,16 @@ def _list(home: Path, as_json: bool) -> None:
         cands = r.provenance.get("candidates")
         if isinstance(cands, dict) and r.provenance.get("kept"):  # what the node kept, and why
             by = "balanced_accuracy" if "balanced_accuracy" in cands.get("own", {}) else "accuracy"
+
+            def score(k: str) -> str:  # "0.750 (SE 0.180)": the SE of its difference from the consortium's
+                se = cands.get(k, {}).get("se") if by == "balanced_accuracy" else None
+                return f"{cands.get(k, {}).get(by, float('nan')):.3f}" + (f" (SE {se:.3f})" if se is not None else "")
+
             typer.echo(f"{'':19}  candidates on its {cands.get('scored_on')} data ({by.replace('_', ' ')}): own "
-                       f"{cands.get('own', {}).get(by, float('nan')):.3f}, consortium "
-                       f"{cands.get('consortium', {}).get(by, float('nan')):.3f}"
-                       + (f", raw-pixels {cands['raw-pixels'].get(by, float('nan')):.3f}" if "raw-pixels" in cands else "")
+                       f"{score('own')}, consortium {score('consortium')}"
+                       + (f", raw-pixels {score('raw-pixels')}" if "raw-pixels" in cands else "")
                        + f"; kept {r.provenance['kept']}"
+                       + (" (one-SE rule)" if "se" in cands.get("own", {}) else "")
                        + (f" — WARNING: {cands['warning']}" if cands.get("warning") else ""))
         marked = marked or caution is not None
     typer.echo(f"* in use: {use.record.id}, {use.why} (keep policy: [aggregate] keep = {keep_policy(h)})")
