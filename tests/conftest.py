@@ -84,7 +84,7 @@ LONGEST_FIRST = (
     "test_vgs_claims.py",  # the shipped three_phase scenario: one netsim run with every baseline
     "test_chaos.py",
     "test_fat.py",
-    "test_claims_breastmnist.py",  # the shipped BreastMNIST scenario, one netsim run (~45 s CPU)
+    "test_claims_medmnist.py",  # the shipped RetinaMNIST scenario, one netsim run (~2 min CPU)
     "test_daemon_procs.py",
     "test_readme.py",
     "test_rounds_procs.py",
