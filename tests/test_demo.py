@@ -1,8 +1,9 @@
 """`atd demo`: its shipped public start W_p (hash-checked, a one-line error when missing or
 changed), its headline (what the run measured, never more), and its claims against the
 references measured in the same run: the consortium's learned features beat the same
-ensemble on W_p's own features; against raw pixels they do not yet (a strict xfail). The
-demo run costs minutes of CPU, so those two are in the `claims` tier (`pytest --claims`)."""
+ensemble on W_p's own features in the last phase and on raw pixels in the first (the
+founders' digits); against raw pixels in the last phase they do not yet (a strict xfail). The
+demo run costs minutes of CPU, so those claims are in the `claims` tier (`pytest --claims`)."""
 from __future__ import annotations
 
 import shutil
@@ -74,7 +75,8 @@ def test_headline_says_what_the_run_measured_and_nothing_more() -> None:
 
 
 # how far (points of overall accuracy, same run) the learned features must beat each
-# reference in the demo's last phase, where every hospital is in the consortium
+# reference: in the demo's last phase, where every hospital is in the consortium, and (raw
+# pixels) in its first
 MARGIN_RAW, MARGIN_START = 2.0, 2.0
 
 
@@ -89,17 +91,18 @@ def demo_run(tmp_path_factory) -> dict:
     return run_scenario(_demo().replace(backend="memory"), tmp_path_factory.mktemp("demo") / "out")
 
 
-def _last(rep: dict) -> tuple[float, float, float]:
+def _at(rep: dict, phase: int | None = None) -> tuple[float, float, float]:
+    """VGS-ATD, raw pixels and W_p alone in `phase` (None: the last phase)."""
     acc = {m: {ph["phase"]: ph["overall"]["accuracy"] for ph in v} for m, v in rep["methods"].items()}
-    last = max(acc["vgs-atd"])
-    return tuple(acc[m][last] for m in ("vgs-atd", "ensemble-raw", "ensemble-public"))
+    p = max(acc["vgs-atd"]) if phase is None else phase
+    return tuple(acc[m][p] for m in ("vgs-atd", "ensemble-raw", "ensemble-public"))
 
 
 @pytest.mark.claims
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the demo run: ~140 s of CPU, 10 minutes at load 7
+@pytest.mark.timeout(1800)  # the demo run: ~130 s of CPU, 10 minutes at load 7
 def test_demo_learned_features_beat_the_start_and_the_headline_says_what_was_measured(demo_run: dict) -> None:
-    vgs, raw, start = _last(demo_run)
+    vgs, raw, start = _at(demo_run)
     assert 100 * (vgs - start) >= MARGIN_START, (vgs, start)
     assert "centralized" in demo_run["methods"]
     assert demo_run["public_base"]["sha256"] == _demo().public.sha256  # the shipped W_p, checked
@@ -114,7 +117,16 @@ def test_demo_learned_features_beat_the_start_and_the_headline_says_what_was_mea
 @pytest.mark.claims
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="on the test split raw pixels still win at this scale (RESULTS.md, atd demo)")
+def test_demo_learned_features_beat_raw_pixels_on_the_founders_digits(demo_run: dict) -> None:
+    vgs, raw, _ = _at(demo_run, 1)
+    assert 100 * (vgs - raw) >= MARGIN_RAW, (vgs, raw)
+
+
+@pytest.mark.claims
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="on the test split raw pixels still tie or win in the last phase (RESULTS.md, atd demo)")
 def test_demo_learned_features_beat_raw_pixels(demo_run: dict) -> None:
-    vgs, raw, _ = _last(demo_run)
+    vgs, raw, _ = _at(demo_run)
     assert 100 * (vgs - raw) >= MARGIN_RAW, (vgs, raw)
