@@ -36,6 +36,7 @@ import hashlib
 import logging
 import math
 import random
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection, Iterator, TypeVar
@@ -387,9 +388,17 @@ class MemCluster:
     async def append(self, name: str, kind: str, body: dict) -> int:
         """Append a signed entry to `name`'s ledger; returns its seq. A running node signs
         and gossips it at once (`NodeDaemon.append`); a node that is down gets it the way a
-        CLI command writes it (straight into its ledger) and gossips it when it starts."""
+        CLI command writes it (straight into its ledger) and gossips it when it starts. A node
+        killed while the append waits on its ledger dies before the entry commits (SQLite rolls
+        the open transaction back): the entry is then written as to a down node."""
         if self.alive(name) and self.daemons[name].head_confirmed:
-            return (await self.daemons[name].append(kind, body)).seq
+            try:
+                return (await self.daemons[name].append(kind, body)).seq
+            except sqlite3.ProgrammingError:  # "Cannot operate on a closed database"
+                scope = self._scopes.get(name)
+                if scope is None or not scope.cancel_called:
+                    raise
+                await self._done[name].wait()
         signer = Signer.from_seed(self.c.seeds[name])
         await trio.lowlevel.checkpoint()
         return self._ledger_call(name, lambda led: bodies.append(led, signer, kind, body)).seq
