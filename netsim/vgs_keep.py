@@ -83,7 +83,8 @@ def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
 
 def _within_se(ops: NodeOps, model_id: str) -> str:
     """"raw-pixels 0.657 > consortium 0.586 by no more than one SE (0.090) (balanced accuracy) on its
-    val split" for the candidates that scored higher than the consortium's model the node kept
+    val split" (the split they were scored on) for the candidates that scored higher than the
+    consortium's model the node kept
     (the one-SE rule, `atdnode.aggregation.keep.choose`); "" when none did."""
     from atdnode.aggregation import SELECT_BY
 
@@ -92,4 +93,6 @@ def _within_se(ops: NodeOps, model_id: str) -> str:
     higher = [f"{k} {cand[k][SELECT_BY]:.3f} > consortium {cons:.3f} by no more than one SE ({cand[k]['se']:.3f})"
               for k in ("own", "raw-pixels") if isinstance(cons, (int, float)) and isinstance(cand.get(k), dict)
               and "se" in cand[k] and cand[k].get(SELECT_BY, 0.0) > cons]
-    return f"{', '.join(higher)} ({SELECT_BY.replace('_', ' ')}) on its val split" if higher else ""
+    split = cand.get("scored_on", "?")
+    where = f"on its {split} " + ("split" if split == "val" else "data")  # as `_why` says it
+    return f"{', '.join(higher)} ({SELECT_BY.replace('_', ' ')}) {where}" if higher else ""
