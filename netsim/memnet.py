@@ -389,16 +389,19 @@ class MemCluster:
         """Append a signed entry to `name`'s ledger; returns its seq. A running node signs
         and gossips it at once (`NodeDaemon.append`); a node that is down gets it the way a
         CLI command writes it (straight into its ledger) and gossips it when it starts. A node
-        killed while the append waits on its ledger dies before the entry commits (SQLite rolls
-        the open transaction back): the entry is then written as to a down node."""
+        killed or stopped while the append waits on its ledger closes it before the entry
+        commits (SQLite rolls the open transaction back): the entry is then written as to a
+        down node."""
         if self.alive(name) and self.daemons[name].head_confirmed:
+            daemon, done = self.daemons[name], self._done[name]
             try:
-                return (await self.daemons[name].append(kind, body)).seq
+                return (await daemon.append(kind, body)).seq
             except sqlite3.ProgrammingError:  # "Cannot operate on a closed database"
-                scope = self._scopes.get(name)
-                if scope is None or not scope.cancel_called:
+                # a kill closes the ledger in the same step that sets `done`; a clean stop
+                # closes it (`closed`) as the last thing its daemon does
+                if not (done.is_set() or daemon.ledger.closed):
                     raise
-                await self._done[name].wait()
+                await done.wait()
         signer = Signer.from_seed(self.c.seeds[name])
         await trio.lowlevel.checkpoint()
         return self._ledger_call(name, lambda led: bodies.append(led, signer, kind, body)).seq

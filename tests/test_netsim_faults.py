@@ -2,13 +2,17 @@
 clock is simulated), plus the gossip-only peers used for 1,000-node runs."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
+import trio
 
+from ledger import Ledger
+from netsim.memnet import MemCluster
 from netsim.report import strip_timing
 from netsim.run import run_gossip_scenario
-from netsim.scenario import scenario_from_dict
+from netsim.scenario import NetworkSpec, scenario_from_dict
 
 
 def scenario(nodes: int = 4, entries: int = 24, faults: list | None = None, **topo) -> object:
@@ -161,3 +165,49 @@ def test_churn_during_a_partition_then_heal(tmp_path: Path, peers: str, nodes: i
     assert rep["converged"] and rep["time_to_converge_s"] >= 3.0
     assert all(v["complete"] and v["status"] == "running" for v in rep["nodes"].values())
     assert all(rep["nodes"][n]["held"] == rep["entries"] == 20 for n in churn)
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_append_racing_a_shutdown_is_written_as_to_a_down_node(tmp_path: Path, how: str) -> None:
+    """Real clock, real threads: the node's ledger closes while an append waits in its worker
+    thread (the race a real-clock run under load hit). The append is not lost and raises
+    nothing: it is written the way a down node gets it."""
+    c = MemCluster(tmp_path, ["n0"], seed=5, network=NetworkSpec(latency_ms=5), established=True)
+    entered, release = threading.Event(), threading.Event()
+    out: dict = {}
+
+    async def main() -> None:
+        async with c.running():
+            await c.start("n0")
+            daemon = c.daemons["n0"]
+            assert daemon.head_confirmed  # the append takes the running node's path
+            led = daemon.ledger.ledger
+            real = led.append_many
+
+            def held(*a, **k):
+                entered.set()
+                release.wait(30)
+                return real(*a, **k)
+
+            led.append_many = held
+
+            async def appender() -> None:
+                out["seq"] = await c.append("n0", "metrics", {"raced": how})
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(appender)
+                await trio.to_thread.run_sync(entered.wait, 30)
+                if how == "kill":
+                    await c.kill("n0")  # closes the ledger under the waiting thread
+                else:
+                    c.daemons["n0"].stop()
+                release.set()
+                if how == "stop":
+                    await c.stop("n0")
+            out["status"] = c.status["n0"]
+
+    trio.run(main)
+    assert out["status"] == ("killed" if how == "kill" else "stopped")
+    with Ledger.open(c.c.homes["n0"].ledger_db) as led:
+        mine = [e for author in led.heads() for e in led.entries_after(author, 0) if e.kind == "metrics"]
+    assert [e.body for e in mine] == [{"raced": how}] and mine[0].seq == out["seq"]

@@ -86,6 +86,11 @@ class LedgerAccess:
             raise NodeStopping("the node is shutting down")
         return fn(self.ledger)
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` ran: the daemon that owns this ledger is shutting down."""
+        return self._closed
+
     async def close(self) -> None:
         """Close the ledger after the call in progress (the limiter serialises them)."""
         def shut(_led: Ledger) -> None:
