@@ -289,7 +289,9 @@ class MemCluster:
         return _Run()
 
     def alive(self, name: str) -> bool:
-        return self.status.get(name) == "running"
+        """Running, and not yet past the step that closes its ledger (a kill marks the status
+        only once that step is done; a read in between would meet a closed database)."""
+        return self.status.get(name) == "running" and name in self._scopes
 
     def address(self, name: str) -> str:
         return f"/memory/{name}/p2p/{self.c.peer_ids[name]}"
