@@ -24,9 +24,7 @@ VGS = ROOT / "examples" / "vgs.toml"
 NAMES = ["node1", "node2", "node3"]
 SHARDS = {"node1": "digits?shard=1/3&limit=300", "node2": "digits?shard=2/3&limit=300",
           "node3": "digits?shard=3/3&limit=300"}
-# the horizontal step's ensemble as small as the plan's other ensembles (the step has none set: the
-# defaults' raw-pixel candidate alone costs ~20 CPU-s); what these tests check is the plan machinery
-SMALL = dict(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)
+SMALL = dict(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)  # the example's ensembles
 SMALL_ARGS = ["--pca-components", "16", "--mlp-hidden", "32", "--mlp-max-iter", "100", "--rf-trees", "20"]
 VIT = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "8", "--embed-dim", "32",
        "--depth", "1", "--heads", "2", "--batch-size", "16", "--no-augment"]
@@ -55,10 +53,8 @@ def _results(home: NodeHome, plan: str) -> dict[tuple[str, str], dict]:
 
 
 def _doc(**change) -> dict:
-    """examples/vgs.toml with `change`, its horizontal step's ensemble `SMALL`."""
     doc = tomllib.loads(VGS.read_text())
     doc.update(change)
-    next(s for s in doc["steps"] if s["id"] == "horizontal").update(SMALL)
     return doc
 
 
