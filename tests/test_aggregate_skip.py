@@ -16,7 +16,7 @@ from atdnode.node import NodeIdentity
 from atdnode.models import load_weights, save_weights
 from cli.app import app
 from ledger import Ledger
-from tests.vgs_homes import copy_homes
+from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes
 
 runner = CliRunner()
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -34,7 +34,8 @@ def test_default_aggregation_skips_a_nan_weight_set(vgs_template, tmp_path):
         bad_blob = save_weights(store, tensors, meta)
         body = {**good.body, "blob": bad_blob, "size": store.size(bad_blob), "manifest": store.manifest(bad_blob).hash}
         bad = led.append(NodeIdentity.load(a).signer, "weights", body)
-    r = runner.invoke(app, ["aggregate", "--home", str(a.root), "--mode", "horizontal", "--json"])
+    r = runner.invoke(app, ["aggregate", "--home", str(a.root), "--mode", "horizontal", *ENSEMBLE_ARGS,
+                                "--json"])
     assert r.exit_code == 0, (r.output, r.exception)
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert bad.id.hex() not in out["inputs"] and len(out["inputs"]) >= 2

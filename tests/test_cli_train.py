@@ -63,15 +63,14 @@ def test_models_empty_and_errors(tmp_path):
     assert isinstance(r.exception, ConfigError)
 
 
-@pytest.mark.slow  # an atd process
-def test_errors_print_one_line_without_traceback(tmp_path):
+def test_errors_print_one_line_without_traceback(tmp_path, capsys):
+    """`cli.app.run`, what the console script runs (its process: tests/test_device.py)."""
+    from cli.app import run
+
     home = _home(tmp_path)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--home", str(home), "--data",
-                        f"folder:{tmp_path / 'missing'}", *TINY], capture_output=True, text=True, env=env, cwd=REPO,
-                       timeout=300)
-    assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing'}: no such folder"]
+    capsys.readouterr()
+    assert run(["train", "--home", str(home), "--data", f"folder:{tmp_path / 'missing'}", *TINY]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {tmp_path / 'missing'}: no such folder"]
 
 
 def test_a_bad_model_config_is_one_typed_line(tmp_path, capsys):

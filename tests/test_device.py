@@ -79,13 +79,29 @@ def test_index_past_the_last_gpu(monkeypatch):
 @pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
 @pytest.mark.parametrize("cmd", [["train", "--data", "digits"], ["classify", "--data", "digits"],
                                  ["split", "join", "--server", "x", "--task", "t", "--data", "digits"]])
+def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd, capsys, monkeypatch):
+    """Each command: the error comes before any data loads (no run dir), one line (`cli.app.run`,
+    what the console script runs; the process itself is checked below)."""
+    from atdnode.learning import ENV
+    from cli.app import run
+
+    monkeypatch.delenv(ENV, raising=False)  # whatever the command sets stays in this test
+    home = _home(tmp_path)
+    capsys.readouterr()
+    assert run([*cmd, "--home", str(home.root), "--device", "cuda"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "CUDA is not available" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (home.root / "runs").exists() or not any((home.root / "runs").iterdir())
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="needs a machine without CUDA")
 @pytest.mark.slow  # an atd process
-def test_cli_cuda_on_cpu_machine_is_one_line_error(tmp_path, cmd):
-    """As pip installs it: the error comes before any data loads (no run dir, no traceback)."""
+def test_cli_cuda_on_cpu_machine_process_is_one_line_error(tmp_path):
+    """As pip installs it: `atd train --device cuda` exits non-zero with one line on stderr."""
     home = _home(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([sys.executable, "-m", "cli.app", *cmd, "--home", str(home.root), "--device", "cuda"],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "cli.app", "train", "--data", "digits", "--home", str(home.root),
+                        "--device", "cuda"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert r.returncode != 0
     err = r.stderr.strip()
     assert "CUDA is not available" in err and "Traceback" not in err and len(err.splitlines()) == 1, err

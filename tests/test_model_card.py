@@ -28,7 +28,7 @@ from atdnode.node import NodeIdentity
 from cli.app import app
 from ledger import Ledger, peer_id_from_public_key
 from tests.browser import browser, text_of
-from tests.vgs_homes import copy_homes, peer_ids
+from tests.vgs_homes import copy_homes, peer_ids, small_ensemble
 
 runner = CliRunner()
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
@@ -60,7 +60,8 @@ def test_model_card_matches_the_ledger(skewed, tmp_path):
     with Ledger.open(a.ledger_db) as led:
         weights = led.query(kind="weights")
     tuned = weights[1:]  # a's base, then the three fine-tuned full sets
-    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
+    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head",
+                               options=small_ensemble())
     classify(a, "digits?limit=200", model=res.model_id)
     said = {"intended_use": "Second reader for handwritten digit triage in the demo ward",
             "data_description": "Scanned forms from three sites, 2019-2021, all writers adults"}
@@ -117,7 +118,8 @@ def test_model_card_shows_a_forged_or_unchecked_aggregate(skewed, tmp_path):
     a, b, c = skewed
     with Ledger.open(a.ledger_db) as led:
         tuned = led.query(kind="weights")[1:]
-    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head")
+    res = aggregate_horizontal(a, inputs=[e.id.hex() for e in tuned], classifier="head",
+                               options=small_ensemble())
     ident = NodeIdentity.load(a)
     with Ledger.open(a.ledger_db) as led:  # the same result claimed with other weights
         body = {**led.get(res.entry.id).body, "weights": [0.5, 0.25, 0.25]}

@@ -10,6 +10,7 @@ import pytest
 
 from atdnode.node import NodeConfig, NodeHome
 from ledger import Signer, peer_id_from_public_key
+from tests.factories import cli
 from tests.nodeprocs import atd, spawn_daemon, start_daemon, wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,10 +40,11 @@ def _free_port() -> int:
 def homes(tmp_path_factory):
     root = tmp_path_factory.mktemp("start")
     a, b = root / "a", root / "b"
-    atd("init", "--home", str(a), "--genesis", "--consortium", "c")
-    genesis = atd("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").stdout.split('"id": "')[1][:64]
-    pb = atd("init", "--home", str(b), "--join", genesis).stdout.strip()
-    atd("member", "add", "--home", str(a), pb)
+    # the homes as `atd` makes them, in-process (what is tested here is `atd node start`'s process)
+    cli("init", "--home", str(a), "--genesis", "--consortium", "c")
+    genesis = cli("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").split('"id": "')[1][:64]
+    pb = cli("init", "--home", str(b), "--join", genesis).strip().splitlines()[-1]  # its peer id
+    cli("member", "add", "--home", str(a), pb)
     return a, b
 
 

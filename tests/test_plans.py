@@ -24,6 +24,8 @@ VGS = ROOT / "examples" / "vgs.toml"
 NAMES = ["node1", "node2", "node3"]
 SHARDS = {"node1": "digits?shard=1/3&limit=300", "node2": "digits?shard=2/3&limit=300",
           "node3": "digits?shard=3/3&limit=300"}
+SMALL = dict(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)  # the example's ensembles
+SMALL_ARGS = ["--pca-components", "16", "--mlp-hidden", "32", "--mlp-max-iter", "100", "--rf-trees", "20"]
 VIT = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "8", "--embed-dim", "32",
        "--depth", "1", "--heads", "2", "--batch-size", "16", "--no-augment"]
 
@@ -88,7 +90,8 @@ def test_vgs_plan_runs_every_step_and_matches_by_hand(vgs):
 
     assert verify_aggregate(homes[1], h_entry) == h_body["blob"]
     # by hand: the same aggregate command on node1 gives the same result blob
-    out = cli("aggregate", "--home", str(homes[0].root), "--mode", "horizontal", "--inputs", ",".join(pubs))
+    out = cli("aggregate", "--home", str(homes[0].root), "--mode", "horizontal", "--inputs", ",".join(pubs),
+              *SMALL_ARGS)
     assert h_body["blob"] in out
     # by hand: node2's fine-tune command is the very run the plan made (same run key -> same model)
     with Ledger.open(homes[1].ledger_db) as led:
@@ -202,7 +205,7 @@ def test_member_that_declines_runs_nothing_and_others_go_on(vgs):
     doc = tomllib.loads(VGS.read_text())
     doc["steps"] = doc["steps"][:6]  # base .. horizontal (train runs are finished ones: same run keys)
     doc["name"] = "without-node3"
-    doc["steps"][5].update(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)  # a cheap ensemble
+    doc["steps"][5].update(SMALL)
     plan = propose(homes[0], doc)
     decide(homes[0], plan, "accept")
     sync(homes)
@@ -233,7 +236,7 @@ def test_late_member_is_left_out_after_the_deadline(vgs):
     _policy(homes[2], "node3", auto_accept_from=[])
     doc = tomllib.loads(VGS.read_text())
     doc.update(name="late", deadline=300, steps=doc["steps"][:6])
-    doc["steps"][5].update(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)
+    doc["steps"][5].update(SMALL)
     plan = propose(homes[0], doc)
     decide(homes[0], plan, "accept")
     sync(homes)
@@ -392,7 +395,7 @@ def test_a_result_naming_anothers_entry_is_left_out(vgs):
     ids = peer_ids(homes)
     doc = tomllib.loads(VGS.read_text())
     doc.update(name="hostile", steps=doc["steps"][:6])
-    doc["steps"][5].update(pca_components=16, mlp_hidden="32", mlp_max_iter=100, rf_trees=20)
+    doc["steps"][5].update(SMALL)
     plan = propose(homes[0], doc)
     decide(homes[0], plan, "accept")
     sync(homes)
