@@ -34,8 +34,8 @@ DEADLINE = "150"  # generous: live members are waited for, a dead one is not
 # how long a disconnected member is still waited for: the restarted node must reconnect within
 # it (after the others' next local training); 5 nodes on a loaded 2-core machine need ~60
 GRACE = os.environ.get("ATD_ROUNDS_GRACE", "20")
-ARGS = ["--rounds", str(R), "--weighting", "fedwavg", "--adversarial", "--pgd-steps", "2", "--img-size", "16",
-        "--patch-size", "8", "--embed-dim", "32", "--depth", "1", "--heads", "2", "--batch-size", "32", "--lr", "3e-3",
+ARGS = ["--rounds", str(R), "--weighting", "fedwavg", "--adversarial", "--pgd-steps", "2", "--img-size", "28",
+        "--patch-size", "7", "--embed-dim", "32", "--depth", "1", "--heads", "2", "--batch-size", "32", "--lr", "3e-3",
         "--deadline", DEADLINE, "--absent-grace", GRACE, "--json"]
 
 
