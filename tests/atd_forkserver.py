@@ -15,8 +15,10 @@ tests of tests/nodeprocs.py do.
 Protocol (one connection per command, a Unix socket): the client sends one JSON line
 {argv, cwd, env} with its fds 0, 1, 2 attached (SCM_RIGHTS); the server forks; the child
 takes the fds, directory and environment, runs the command, flushes, writes its exit code
-as one line and `os._exit`s with it. The server is single-threaded (it forks, so it must
-be), reaps its children, and stops when its socket file is removed or it is killed.
+as one line and `os._exit`s with it; the child dies (SIGKILL) when the client dies first, so
+killing the client kills the command. The server is single-threaded (it forks, so it must
+be), reaps its children, and stops when its socket file is removed (killing and reaping the
+commands still running) or when it is killed.
 
 Use: `with forkserver(tmp_path) as client: ...` gives the argv prefix of a client (a
 `bin/atd` shim execs it).
@@ -31,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import Iterator
@@ -58,11 +61,30 @@ WARM = ("cli.app", "torch", "timm", "atdnode.learning.model", "atdnode.learning.
         "sklearn.calibration", "sklearn.decomposition", "sklearn.ensemble", "sklearn.frozen",
         "sklearn.model_selection", "sklearn.neural_network", "sklearn.preprocessing", "sklearn.svm")
 
+# what the commands that load no torch import (`atd local`, `ledger`, `member`, `key`, `config`,
+# `node status`): the CLI alone (~0.7 s of CPU per cold start, nothing per fork)
+CLI_ONLY = ("cli.app",)
+
+
+def _die_with_client(conn: socket.socket) -> None:
+    """In the forked child: SIGKILL this process once the client's end of `conn` closes
+    before the exit code was sent (the client was killed: the command dies with it, as a
+    command killed with -9 does). The client sends nothing after its request, so `recv`
+    returns only when the client is gone."""
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            if not conn.recv(1):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
 
 def _run_child(conn: socket.socket, fds: list[int], req: dict) -> None:
-    """In the forked child: become the command's process, run it, report, exit."""
+    """In the forked child: become the command's process, run it, report, exit. Killing the
+    client kills the command (`_die_with_client`)."""
     code = 255
     try:
+        _die_with_client(conn)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -97,18 +119,20 @@ def serve(path: str, warm: tuple[str, ...] = WARM) -> None:
         from atdnode.plots import pyplot
 
         pyplot()  # matplotlib.pyplot on the Agg back-end, as a command that draws imports it
+    if "cli.app" in warm:
         from cli.app import click_command
 
         click_command()  # the command tree `run` builds once per process: built here, every fork has it
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(16)
-    srv.settimeout(1.0)
+    srv.settimeout(0.2)
     print("ready", flush=True)
+    children: set[int] = set()
     while os.path.exists(path):
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+            while pid := os.waitpid(-1, os.WNOHANG)[0]:
+                children.discard(pid)
         try:
             conn, _ = srv.accept()
         except TimeoutError:
@@ -119,12 +143,22 @@ def serve(path: str, warm: tuple[str, ...] = WARM) -> None:
             msg += conn.recv(1 << 20)
         sys.stdout.flush()
         sys.stderr.flush()
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             srv.close()
             _run_child(conn, fds, json.loads(msg))
+        children.add(pid)
         for fd in fds:
             os.close(fd)
         conn.close()
+    # the socket is gone: a command still running is killed; every child is reaped, so the CPU
+    # time of the commands counts in this process's (and so in its starter's) rusage
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 @contextlib.contextmanager
@@ -148,6 +182,10 @@ def forkserver(root: Path, env: dict[str, str], warm: tuple[str, ...] = WARM) ->
             sock.unlink()
         if sock.parent != root:
             sock.parent.rmdir()
+        try:  # it sees its socket gone within 0.2 s, kills and reaps what still runs, and exits
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -20,16 +20,32 @@ from ledger import Ledger
 ATD = atd_argv()
 
 
-def atd(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run one `atd` command to completion; return the completed process (text mode)."""
-    proc = subprocess.run([*ATD, *args], capture_output=True, text=True, timeout=timeout, env=_env())
+def atd(*args: str, check: bool = True, timeout: float = 300, prefix: list[str] = ATD) -> subprocess.CompletedProcess:
+    """Run one `atd` command to completion; return the completed process (text mode).
+    `prefix`: the argv prefix of an `atd` (default a plain interpreter; a fork server's client,
+    tests/atd_forkserver.py)."""
+    proc = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=timeout, env=_env())
     if check and proc.returncode != 0:
         raise AssertionError(f"atd {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def atd_json(*args: str) -> object:
-    return json.loads(atd(*args).stdout)
+def atd_json(*args: str, prefix: list[str] = ATD) -> object:
+    return json.loads(atd(*args, prefix=prefix).stdout)
+
+
+class WarmAtd:
+    """`atd` and `atd_json` with the argv prefix of a fork server's client: each command a
+    process forked from an interpreter that imported the CLI once (tests/atd_forkserver.py)."""
+
+    def __init__(self, prefix: list[str]) -> None:
+        self.prefix = prefix
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        return atd(*args, check=check, timeout=timeout, prefix=self.prefix)
+
+    def json(self, *args: str) -> object:
+        return atd_json(*args, prefix=self.prefix)
 
 
 def _env() -> dict[str, str]:
@@ -48,6 +64,26 @@ def start_daemon(home: Path | NodeHome, *args: str, timeout: float = 60) -> Daem
     d = spawn_daemon(home, "--listen", "/ip4/127.0.0.1/tcp/0", "--sync-interval", "2", *args)
     d.wait_ready(timeout)
     return d
+
+
+def start_daemons(homes: list[Path] | list[NodeHome], *args: str, timeout: float = 60,
+                  first: DaemonProcess | None = None) -> list[DaemonProcess]:
+    """`start_daemon` for every home: the first alone, then the others side by side, each
+    bootstrapping from the first (their start-ups overlap instead of queueing); returned once
+    all announced themselves, in the order of `homes`. `first`: the first home's daemon,
+    already running (only the others start)."""
+    mine = [] if first else [first := start_daemon(homes[0], *args, timeout=timeout)]
+    rest = [spawn_daemon(h, "--listen", "/ip4/127.0.0.1/tcp/0", "--sync-interval", "2", *args, "--bootstrap",
+                         first.addrs[0]) for h in homes[1:]]
+    try:
+        for d in rest:
+            d.wait_ready(timeout)
+    except BaseException:  # none is left running: the caller never got them
+        for d in [*mine, *rest]:
+            if d.alive():
+                d.kill()
+        raise
+    return [first, *rest]
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
@@ -90,9 +126,10 @@ def ledger_rows(home: Path | NodeHome, kind: str | None = None) -> list[dict]:
         return [e.to_json() for e in led.query(kind=kind)]
 
 
-def atd_all(*commands: list[str], timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Run several `atd` commands at once (e.g. each node trains on its own data); all must succeed."""
-    procs = [subprocess.Popen([*ATD, *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+def atd_all(*commands: list[str], timeout: float = 600, prefix: list[str] = ATD) -> list[subprocess.CompletedProcess]:
+    """Run several `atd` commands at once (e.g. each node trains on its own data); all must succeed.
+    `prefix`: the argv prefix of an `atd` (default a plain interpreter; a fork server's client)."""
+    procs = [subprocess.Popen([*prefix, *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
              for c in commands]
     done = []
     for c, p in zip(commands, procs):

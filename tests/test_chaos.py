@@ -12,6 +12,7 @@ Also a hostile member in `atd rounds` (test_hostile_member_cannot_steer_atd_roun
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,8 +26,9 @@ import pytest
 from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
+from tests.atd_forkserver import forkserver
 from tests.factories import append, ids, make_consortium, weights_body
-from tests.nodeprocs import _env, atd, live_status, start_daemon, wait_until
+from tests.nodeprocs import _env, atd, live_status, start_daemons, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +66,10 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
     peaks: dict[str, float] = {}
     attacker = None
 
-    def start(i: int) -> None:
-        args = ("--bootstrap", daemons[0].addrs[0]) if i else ()
-        daemons[i] = start_daemon(homes[i].root, *args, timeout=120)
+    def restart(*nodes: int) -> None:  # side by side, bootstrapping from n0
+        for i, d in zip(nodes, start_daemons([homes[0].root, *(homes[i].root for i in nodes)], timeout=120,
+                                             first=daemons[0])[1:]):
+            daemons[i] = d
 
     def converged(want: set[bytes]) -> bool:
         return all(want <= ids(h) for h in homes)
@@ -75,8 +78,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         peaks[f"n{i}:{daemons[i].pid}"] = hwm_mb(daemons[i].pid)
 
     try:
-        for i in range(N):
-            start(i)
+        daemons.update(enumerate(start_daemons([h.root for h in homes], timeout=120)))
         blob1 = publish_blob(homes[1], 1)
         wait_until(lambda: all(live_status(h)["blobs"] >= 1 and not live_status(h)["wanted"] for h in homes), 120,
                    "every node to fetch the first blob")
@@ -109,8 +111,7 @@ def test_five_daemons_survive_attack_restore_and_wal_cut(tmp_path: Path) -> None
         lost = {3: len(committed - ids(homes[3])), 4: len(committed - ids(homes[4]))}
         assert lost[3] > 0  # the older copy lacks the round-1 entries
         assert lost[4] > 0, "the WAL cut lost no committed entry: the fault would be vacuous"
-        start(3)
-        start(4)
+        restart(3, 4)
 
         # during the attack: members keep syncing and fetching
         blob2 = publish_blob(homes[2], 2)
@@ -173,17 +174,17 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
     from atdnode.rounds import active_members
     from atdnode.rounds.rules import aggregate_round_body
     from atdnode.models import load_weights, save_weights
-    from tests.nodeprocs import ATD
-
     a, b, m = make_consortium(tmp_path, 3)
     daemons, runs = {}, []
+    warm_server = contextlib.ExitStack()
     try:
-        daemons[0] = start_daemon(a.root, timeout=120)
-        for i, h in ((1, b), (2, m)):
-            daemons[i] = start_daemon(h.root, "--bootstrap", daemons[0].addrs[0], timeout=120)
+        # the two `atd rounds` are forked from one interpreter that imported torch once
+        # (tests/atd_forkserver.py)
+        warm = warm_server.enter_context(forkserver(tmp_path, _env()))
+        daemons.update(enumerate(start_daemons([a.root, b.root, m.root], timeout=120)))
         wait_until(lambda: all(len(live_status(h)["peers"]) >= 2 for h in (a, b, m)), 120, "a full mesh")
         for k, h in enumerate((a, b)):
-            runs.append(subprocess.Popen([*ATD, "rounds", "--home", str(h.root), "--data",
+            runs.append(subprocess.Popen([*warm, "rounds", "--home", str(h.root), "--data",
                                           f"digits?shard={k + 1}/2&limit=160", *ROUNDS_ARGS],
                                          stdout=subprocess.PIPE, stderr=open(tmp_path / f"rounds{k}.stderr", "wb"),
                                          text=True, env=_env()))
@@ -223,6 +224,7 @@ def test_hostile_member_cannot_steer_atd_rounds(tmp_path: Path) -> None:
                 p.kill()
         for d in daemons.values():
             d.stop()
+        warm_server.close()
     assert [[r["blob"] for r in reps] for reps in reports][0] == [r["blob"] for r in reports[1]]  # bit-identical
     for rep in reports[0]:
         assert rep["blob"] != init and rep["entry"] not in (fake.id.hex(), lone.id.hex())

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from atdnode.blobs import BlobStore
-from atdnode.node import NodeHome, control
+from atdnode.node import NodeHome, NodeIdentity, control
 from tests.factories import append, cli, cli_json, make_consortium, weights_body
-from tests.nodeprocs import atd, atd_all, entry_ids, ledger_rows, live_status, start_daemon, status, wait_until
+from tests.atd_forkserver import forkserver
+from tests.nodeprocs import _env, atd, atd_all, entry_ids, ledger_rows, live_status, start_daemon, start_daemons, status, wait_until
 
 TINY = ["--model", "vit_tiny_patch16_224", "--img-size", "16", "--patch-size", "4", "--embed-dim", "32",
         "--depth", "1", "--heads", "2", "--epochs", "1", "--batch-size", "64", "--seed", "0"]
@@ -32,17 +33,18 @@ def test_three_processes_train_publish_aggregate(tmp_path: Path) -> None:
     homes = [h.root for h in make_consortium(tmp_path, 3)]
     daemons = []
     try:
-        d1 = start_daemon(homes[0])
-        daemons.append(d1)
+        daemons += start_daemons(homes)
         addr = status(homes[0])["addrs"][0]  # `atd node status` as a process once; polls below are in-process
-        assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/")
-        for h in homes[1:]:
-            daemons.append(start_daemon(h, "--bootstrap", addr))
-        # the three nodes train at once (as three hospitals would), then publish, aggregate and
-        # verify (`atd publish-weights`, `aggregate`, `aggregate --verify` run by typer's runner
-        # in this process: they read the home on disk and do not talk to the daemon, and each
-        # start-up with torch and timm costs ~5 s of CPU; the same commands as processes: test_readme)
-        atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY] for k, h in enumerate(homes, start=1)))
+        assert "/p2p/" in addr and addr.startswith("/ip4/127.0.0.1/tcp/") and addr in daemons[0].addrs
+        # the three nodes train at once (as three hospitals would): three `atd train` processes
+        # forked from one interpreter that imported torch and timm once (tests/atd_forkserver.py);
+        # then publish, aggregate and verify (`atd publish-weights`, `aggregate`, `aggregate
+        # --verify` run by typer's runner in this process: they read the home on disk and do not
+        # talk to the daemon, and each start-up with torch and timm costs ~5 s of CPU; the same
+        # commands as processes: test_readme)
+        with forkserver(tmp_path, _env()) as warm:
+            atd_all(*(["train", "--home", str(h), "--data", f"digits?shard={k}/3", *TINY]
+                      for k, h in enumerate(homes, start=1)), prefix=warm)
         for h in homes:
             cli("publish-weights", "--home", str(h), "--part", "extractor")
         wait_until(lambda: len({e["body"]["blob"] for e in ledger_rows(homes[0], "weights")}) == 3,
@@ -70,7 +72,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
     daemons = {}
     try:
         daemons[0] = start_daemon(homes[0])
-        addr = live_status(homes[0])["addrs"][0]
+        addr = daemons[0].addrs[0]
         daemons[1] = start_daemon(homes[1], "--bootstrap", addr, "--no-auto-fetch")
         # node 3 is offline while node 1 publishes a 150 MB blob
         blob_file = tmp_path / "big.bin"
@@ -83,7 +85,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         # node 3 comes back late: it catches up by sync and fetches even though node 1 dies
         daemons[2] = start_daemon(homes[2], "--bootstrap", addr, "--no-auto-fetch")
         wait_until(lambda: entry_ids(homes[2]) >= entry_ids(homes[0]), 60, "node 3 to catch up by sync")
-        node1, node2 = (atd("id", "--home", str(h)).stdout.strip() for h in homes[:2])
+        node1, node2 = (NodeIdentity.load(NodeHome.at(h)).peer_id for h in homes[:2])
         wait_until(lambda: node2 in live_status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
         # node 3 fetches from both holders (what `atd fetch` asks its daemon, here with the daemon's
         # report); node 1 is killed -9 as soon as the download is under way

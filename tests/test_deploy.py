@@ -17,7 +17,8 @@ import pytest
 
 from atdnode.node import NodeConfig, NodeHome, NodeIdentity
 from tests.mdblocks import fenced_blocks
-from tests.nodeprocs import ATD, atd, spawn_daemon, start_daemon, wait_until
+from tests.factories import make_consortium
+from tests.nodeprocs import ATD, atd, live_status, spawn_daemon, start_daemon, wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
@@ -89,12 +90,7 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
     """The ExecStart line (no --listen, no --bootstrap) with this test's home: the daemon
     listens and dials where config.toml says (loopback here) and answers /healthz on the
     unit's loopback dashboard (port 0 here: a free one)."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    atd("init", "--home", str(a), "--genesis", "--consortium", "deploy")
-    genesis = atd("ledger", "show", "--home", str(a), "--kind", "genesis", "--json").stdout
-    gid = re.search(r'"id": "([0-9a-f]{64})"', genesis).group(1)
-    atd("init", "--home", str(b), "--join", gid)
-    atd("member", "add", "--home", str(a), NodeIdentity.load(NodeHome.at(b)).peer_id)
+    a, b = (h.root for h in make_consortium(tmp_path, 2))  # what `atd init` and `atd member add` do
     first = start_daemon(a)
     cfg = NodeConfig.load(NodeHome.at(b))
     cfg.listen, cfg.bootstrap = ["/ip4/127.0.0.1/tcp/0"], [first.addrs[0]]
@@ -108,7 +104,10 @@ def test_unit_command_starts_a_daemon_from_config_toml(tmp_path: Path) -> None:
         addr = second.wait_ready(120)[0]
         assert addr.startswith("/ip4/127.0.0.1/tcp/")
         peer_a = NodeIdentity.load(NodeHome.at(a)).peer_id
-        wait_until(lambda: peer_a in atd("peers", "--home", str(b)).stdout, 60, "b to dial a from config.toml")
+        # polled over b's control socket in-process (an `atd` start-up per poll costs ~0.7 s of CPU);
+        # what `atd peers` prints is checked once the connection is there
+        wait_until(lambda: peer_a in live_status(b)["peers"], 60, "b to dial a from config.toml")
+        assert peer_a in atd("peers", "--home", str(b)).stdout
         url = json.loads(atd("node", "status", "--home", str(b), "--json").stdout)["dashboard"]
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(url.rstrip("/") + "/healthz", timeout=30) as r:

@@ -146,3 +146,26 @@ def test_forkserver_runs_each_command_as_its_own_process(tmp_path: Path) -> None
         assert len(bad.stderr.splitlines()) == 1, bad.stderr
         usage = subprocess.run([*atd, "no-such-command"], env=env, capture_output=True, text=True, timeout=60)
         assert usage.returncode == 2 and "no-such-command" in usage.stderr, usage
+
+
+def test_forkserver_command_dies_with_its_client(tmp_path: Path) -> None:
+    """Killing a client (-9) kills the command it runs, as killing a plain `atd` process does
+    (tests kill `atd rounds` mid-round this way)."""
+    import psutil
+
+    from tests.nodeprocs import wait_until
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("ATD_HOME", None)
+    home = str(tmp_path / "h")
+    with forkserver(tmp_path, env, warm=("cli.app",)) as atd:
+        assert subprocess.run([*atd, "init", "--home", home], env=env, capture_output=True, timeout=60).returncode == 0
+        server = next(p for p in psutil.process_iter(["cmdline"])
+                      if "tests.atd_forkserver" in (p.info["cmdline"] or []) and atd[-1] in p.info["cmdline"])
+        client = subprocess.Popen([*atd, "ledger", "wait", "--home", home, "--timeout", "120", "ab" * 32], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (command,) = wait_until(lambda: server.children(), 60, "the server to fork the command")
+        client.kill()
+        client.wait()
+        gone, alive = psutil.wait_procs([command], timeout=30)
+        assert gone and not alive, "the command outlived its killed client"

@@ -22,7 +22,8 @@ from atdnode.blobs import BlobStore
 from atdnode.node import NodeHome, NodeIdentity
 from ledger import Ledger
 from tests.factories import make_consortium
-from tests.nodeprocs import ATD, _env, live_status, start_daemon, wait_until
+from tests.atd_forkserver import forkserver
+from tests.nodeprocs import _env, live_status, start_daemon, start_daemons, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +42,11 @@ ARGS = ["--rounds", str(R), "--weighting", "fedwavg", "--adversarial", "--pgd-st
 class Rounds:
     """A running `atd rounds` whose JSON lines (one per round) are collected."""
 
-    def __init__(self, home: Path, k: int) -> None:
+    def __init__(self, warm: list[str], home: Path, k: int) -> None:
+        """`atd rounds` for node `k` forked from the warm interpreter `warm` (killing `proc`
+        kills the command)."""
         self.err = open(home / "test-rounds.stderr", "ab")
-        self.proc = subprocess.Popen([*ATD, "rounds", "--home", str(home), "--data", f"digits?shard={k + 1}/{N}&limit={720 // N}",
+        self.proc = subprocess.Popen([*warm, "rounds", "--home", str(home), "--data", f"digits?shard={k + 1}/{N}&limit={720 // N}",
                                       *ARGS], stdout=subprocess.PIPE, stderr=self.err, text=True, env=_env())
         self.lines: "queue.Queue[dict]" = queue.Queue()
         self.reports: list[dict] = []
@@ -79,14 +82,19 @@ def _aggregates(home: Path) -> dict[int, dict]:
 
 def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Path) -> None:
     homes = [h.root for h in make_consortium(tmp_path, N)]
+    # the `atd rounds` commands are forked from one interpreter that imported torch once
+    # (tests/atd_forkserver.py); the daemons start meanwhile
+    with forkserver(tmp_path, _env()) as warm:
+        _kill_and_rejoin(warm, homes)
+
+
+def _kill_and_rejoin(warm: list[str], homes: list[Path]) -> None:
     daemons, runs = {}, {}
     try:
-        daemons[0] = start_daemon(homes[0])
-        addr = live_status(homes[0])["addrs"][0]
-        for k in range(1, N):
-            daemons[k] = start_daemon(homes[k], "--bootstrap", addr)
+        daemons = dict(enumerate(start_daemons(homes)))
+        addr = daemons[0].addrs[0]
         wait_until(lambda: all(len(live_status(h)["peers"]) >= N - 1 for h in homes), 120, "a full mesh")
-        runs = {k: Rounds(h, k) for k, h in enumerate(homes)}
+        runs = {k: Rounds(warm, h, k) for k, h in enumerate(homes)}
         for _ in range(KILL_ROUND):
             runs[KILLED].next(600)
         runs[KILLED].proc.kill()  # it is training round KILL_ROUND now
@@ -97,7 +105,7 @@ def test_rounds_fedwavg_adversarial_on_daemons_with_kill_and_rejoin(tmp_path: Pa
         daemons[KILLED] = start_daemon(homes[KILLED], "--bootstrap", addr)
         wait_until(lambda: KILL_ROUND in _aggregates(homes[KILLED]), 120, "the restarted node to learn the round")
         before = runs[KILLED].reports
-        runs[KILLED] = Rounds(homes[KILLED], KILLED)
+        runs[KILLED] = Rounds(warm, homes[KILLED], KILLED)
         reports = {k: r.finish(900) for k, r in runs.items()}
         reports[KILLED] = before + reports[KILLED]
         final = _aggregates(homes[0])

@@ -20,7 +20,9 @@ from atdnode.split.session import SplitChannel
 from atdnode.transport import MemoryNetwork, MemoryTransport, StreamClosed, TransportError
 from ledger import Ledger
 from protocols.comm_cost import ByteCounter
+from tests.atd_forkserver import forkserver
 from tests.factories import daemon_on, make_consortium, wait_for
+from tests.nodeprocs import _env, start_daemon
 from tests.splitnet import BASE, TOKENS, check_record, client, configure, data, majority_rate
 
 torch.set_num_threads(1)
@@ -399,11 +401,16 @@ def acceptance(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A p-FESTA server and two clients with two tasks run as three OS processes on loopback.
     For the comparison the same two clients also join a FESTA server with the same setting,
     over real libp2p too, inside this test's process (three more interpreters would only add
-    start-up time). Returns the homes (p-FESTA server, clients), the jobs and the clients'
-    JSON outputs; run once for the tests below."""
-    from tests.nodeprocs import ATD, _env, start_daemon
+    start-up time). The two `atd split join` processes are forked from one interpreter that
+    imported torch once (tests/atd_forkserver.py). Returns the homes (p-FESTA server, clients),
+    the jobs and the clients' JSON outputs; run once for the tests below."""
+    root = tmp_path_factory.mktemp("acceptance")
+    with forkserver(root, _env()) as warm:
+        return _acceptance_run(root, warm)
 
-    homes = make_consortium(tmp_path_factory.mktemp("acceptance"), 4)
+
+def _acceptance_run(root: Path, warm: list[str]) -> dict:
+    homes = make_consortium(root, 4)
     ps, fs, c1, c2 = (Path(h.root) for h in homes)
     setting = ["--task", "digit:classification:10", "--task", "ink:segmentation::0.5", "--rounds", "3",
                "--steps", "4", "--unify-every", "1", "--batch-size", "16", "--clients", "2",
@@ -417,7 +424,7 @@ def acceptance(tmp_path_factory: pytest.TempPathFactory) -> dict:
         peer = NodeIdentity.load(NodeHome.at(ps)).peer_id
         for c, task, spec in jobs:
             procs.append(subprocess.Popen(
-                [*ATD, "split", "join", "--home", str(c), "--server", peer, "--server-addr", server.addrs[0],
+                [*warm, "split", "join", "--home", str(c), "--server", peer, "--server-addr", server.addrs[0],
                  "--task", task, "--data", spec, "--json"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
         festa_out = trio.run(_festa_over_libp2p, NodeHome.at(fs), [(NodeHome.at(c), t, d) for c, t, d in jobs],
