@@ -38,6 +38,7 @@ method allows (FedAvg rounds, local training) and in sequence where it does not 
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,11 +109,13 @@ def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors:
     phase's pooled test set) from each node's predictor: accuracy and the rest of its arg-max,
     AUROC of its probabilities (`netsim.learn.score_probs`), each with its 95 % interval; the
     overall intervals are the nodes' intervals on the pooled test set, bound by bound averaged
-    (every node is scored on the same images, so their errors are far from independent)."""
+    (every node is scored on the same images, so their errors are far from independent). Nodes
+    whose probabilities on the pooled set are identical (one global model) are scored once."""
     pooled = data.pooled_test(phase)
     space = data.label_space
     pooled_true = to_global(pooled.labels.numpy(), pooled.classes, space)
     overall = []
+    on_pooled: dict[bytes, dict] = {}  # nodes holding one model give identical probabilities: scored once
     for name in data.present(phase):
         nd = data.nodes[name]
         pred = predictors.get(name)
@@ -121,7 +124,11 @@ def evaluate_phase(res: PhaseResult, data: ScenarioData, phase: int, predictors:
             continue
         y_true = to_global(nd.test.labels.numpy(), nd.classes, space)
         res.per_node[name] = score_probs(y_true, pred(nd.test.images))
-        overall.append(score_probs(pooled_true, pred(pooled.images)))
+        probs = np.ascontiguousarray(pred(pooled.images), dtype=np.float64)
+        key = hashlib.blake2b(probs.tobytes(), digest_size=32).digest() + repr(probs.shape).encode()
+        if key not in on_pooled:
+            on_pooled[key] = score_probs(pooled_true, probs)
+        overall.append(on_pooled[key])
     if overall:
         keys = METRICS + (("auroc",) if all("auroc" in o for o in overall) else ())
         res.overall = {k: round(float(np.mean([o[k] for o in overall])), 6) for k in keys}
