@@ -23,7 +23,8 @@ per run, shared by xdist workers) and `vgs_trio` (a private copy of one for a te
 Tiers: `pytest -m "not slow"` is the fast tier (every change); `pytest` runs everything.
 Mark a test `slow` when it starts OS processes or trains for more than a few seconds. The
 `claims` tier (3-seed accuracy claims, ~20 minutes on 2 cores) runs only with
-`pytest --claims tests/test_vgs_claims_public.py`; a few expensive repeats of a claim that
+`pytest --claims tests/test_vgs_claims_public.py`; the paper's claims on the synthetic
+`three_phase` scenario (tests/test_vgs_claims.py) and a few expensive repeats of a claim that
 a cheaper default test covers are in it too (`pytest --claims -m claims`).
 
 Order (`pytest_collection_modifyitems`): the files in `LONGEST_FIRST` first, then the other
@@ -81,7 +82,6 @@ if hasattr(typer.testing, "_get_command"):
 # `--durations=0` of a whole run). Only the order matters; a file missing here runs after
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
-    "test_vgs_claims.py",  # the shipped three_phase scenario: one netsim run with every baseline
     "test_chaos.py",
     "test_fat.py",
     "test_claims_medmnist.py",  # the shipped RetinaMNIST scenario, one netsim run (~2 min CPU)

@@ -17,7 +17,7 @@ from netsim.scenario import scenario_from_dict
 from tests.netsim_tiny import TINY
 
 # every test here runs netsim's learning (several trained ViTs per scenario): 28 s of CPU in all
-# (the per-baseline runs are checked on tests/test_vgs_claims.py's run)
+# (the per-baseline runs are checked on tests/test_vgs_claims.py's run, in the claims tier)
 pytestmark = pytest.mark.slow
 
 torch.set_num_threads(1)

@@ -29,8 +29,11 @@ starts to hold, so it gets promoted), and the verdict test fails if the report s
 so. The setting where learned features do win, with every claim checked over three seeds, is
 `netsim/scenarios/jitter_public.toml` (tests/test_vgs_claims_public.py, `pytest --claims`).
 
-One seed: the scenario's run is the whole cost of this module (three seeds would take the
-suite's budget); a 4-node consortium at the same recipe does not hold these claims (RESULTS.md),
+Tier: `claims` (`pytest --claims tests/test_vgs_claims.py`). The default suite's claims test
+is the one on real images (tests/test_claims_medmnist.py: every site better off than alone,
+near centralized, worth more than its start); this synthetic run costs about three minutes of
+CPU, and its forgetting bar holds at seed 0 but not at seed 1 (RESULTS.md), so one seed of it
+is not a gate. One seed: the scenario's run is the whole cost of this module; a 4-node consortium at the same recipe does not hold these claims (RESULTS.md),
 so the test keeps the shipped 8 nodes. To keep the run cheap without changing a number, the
 simulated nodes that hold the same features share one ensemble fit (netsim.fit_share), the
 simulation skips fsync (atdnode.blobs.fs.volatile_disk) and small blobs verify without large
@@ -47,7 +50,7 @@ from netsim.references import verdicts
 from netsim.run import run_scenario
 from netsim.scenario import load_scenario, shipped_scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.claims, pytest.mark.timeout(1800)]
 E2E = ("fedavg", "swarm", "local")
 REFERENCES = ("ensemble-raw", "ensemble-untrained")
 MAX_FORGETTING = 0.02  # accuracy points (as a fraction) a phase-1 node may lose later
