@@ -35,6 +35,8 @@ def small_ensemble():
     from atdnode.aggregation.ensemble import EnsembleOptions
 
     return EnsembleOptions(pca_components=32, mlp_hidden=(64,), mlp_max_iter=120, rf_trees=30)
+
+
 DISJOINT = {"a": "digits?classes=0,1,2", "b": "digits?classes=3,4,5", "c": "digits?classes=6,7,8,9"}
 
 
