@@ -82,21 +82,24 @@ if hasattr(typer.testing, "_get_command"):
 # `--durations=0` of a whole run). Only the order matters; a file missing here runs after
 # them, files with a slow test before the others. tests/test_suite_shape.py checks the names.
 LONGEST_FIRST = (
-    "test_chaos.py",
-    "test_fat.py",
     "test_claims_medmnist.py",  # the shipped RetinaMNIST scenario, one netsim run (~2 min CPU)
-    "test_daemon_procs.py",
-    "test_readme.py",
-    "test_rounds_procs.py",
+    "test_fat.py",
     "test_aggregate_cli.py",  # trains the `skewed` trio (vgs_template) the files after it copy
+    "test_readme.py",
     "test_reconstruction.py",
-    "test_cli_train.py",
-    "test_split_network.py",
-    "test_local.py",
-    "test_plans.py",
-    "test_model_card.py",
-    "test_netsim_procnet.py",
+    "test_chaos.py",
     "test_msd.py",
+    "test_plans_procs.py",
+    "test_plans_examples.py",
+    "test_daemon_procs.py",
+    "test_netsim_procnet.py",
+    "test_split_network.py",
+    "test_rounds_procs.py",
+    "test_local.py",
+    "test_training.py",
+    "test_netsim_vgs.py",
+    "test_rounds_attacks.py",
+    "test_plans.py",
 )
 
 # The fast tier's longest files, longest first (`-m "not slow"`, setup and tests of a file
