@@ -120,7 +120,6 @@ FAST_LONGEST_FIRST = (
     "test_peerset_daemons.py",
     "test_split_repro.py",
     "test_module_shape.py",
-    "test_horizontal_skew.py",
     "test_blobxfer.py",
     "test_hierarchical_node.py",
     "test_training.py",

@@ -15,6 +15,7 @@ from tests.vgs_homes import ENSEMBLE_ARGS, copy_homes, sync
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
 
+@pytest.mark.slow  # fine-tunes and aggregates on three homes
 def test_hierarchical_groups_one_horizontal_one_vertical(vgs_template, tmp_path):
     a, b, c = copy_homes(vgs_template("disjoint"), tmp_path / "h")
     with Ledger.open(a.ledger_db) as led:  # a: digits 0-2, b: 3-5, c: 6-9; each published its extractor

@@ -42,6 +42,7 @@ def two_class_npz(root: Path) -> dict[str, str]:
     return specs
 
 
+@pytest.mark.slow  # trains three ViTs and their ensembles
 def test_horizontal_on_skewed_class_ratios_beats_majority_and_worst_node(tmp_path: Path) -> None:
     specs = two_class_npz(tmp_path)
     homes = consortium(tmp_path / "homes", list(RATIOS))

@@ -120,6 +120,7 @@ def test_festa_same_result_with_clients_in_opposite_order(digits):
         assert all(torch.equal(v, p2[cid][k]) for k, v in p1[cid].items()), cid
 
 
+@pytest.mark.slow  # a p-FESTA campaign at 28 px
 def test_pfesta_two_tasks_at_28px_do_not_collapse_to_one_class(digits):
     """The compare setting (an imbalanced 2-class task + digits, 28 px, default body and lr,
     6 rounds x 20 steps): before the tail's BatchNorm was calibrated at the final body, this
