@@ -47,6 +47,7 @@ import trio.testing
 from atdnode import bodies
 from atdnode.node import NodeConfig, NodeDaemon
 from atdnode.peers import PeerSetConfig, gossip_degrees
+from atdnode.replication import NodeStopping
 from atdnode.transport import LinkConditions, MemoryNetwork, MemoryTransport, TransportError
 from ledger import Ledger, Signer, peer_id_from_public_key, public_key_from_peer_id
 from netsim.homes import Consortium, make_consortium
@@ -398,9 +399,10 @@ class MemCluster:
             daemon, done = self.daemons[name], self._done[name]
             try:
                 return (await daemon.append(kind, body)).seq
-            except sqlite3.ProgrammingError:  # "Cannot operate on a closed database"
-                # a kill closes the ledger in the same step that sets `done`; a clean stop
-                # closes it (`closed`) as the last thing its daemon does
+            except (sqlite3.ProgrammingError, NodeStopping):
+                # a kill closes the raw ledger under a call in flight ("Cannot operate on a
+                # closed database") in the same step that sets `done`; a clean stop closes it
+                # through its access (`closed`), which then refuses every call (NodeStopping)
                 if not (done.is_set() or daemon.ledger.closed):
                     raise
                 await done.wait()
