@@ -77,8 +77,12 @@ def _why(ops: NodeOps, model_id: str, kept: str = "own") -> str:
     others = "".join(f", {c} {cand[c][by]:.3f}" for c in ("own", "raw-pixels") if c != kept and c in cand)
     se = cand[kept].get("se")
     rule = f" (one-SE rule: SE {se:.3f})" if isinstance(se, (int, float)) and by == SELECT_BY else ""
-    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others}{rule} ({by.replace('_', ' ')}) on its {split} " + \
-        ("split" if split == "val" else "data")
+    return f"{kept} {mine:.3f} > consortium {cons:.3f}{others}{rule} ({by.replace('_', ' ')}) {_where(split)}"
+
+
+def _where(split: str) -> str:
+    """"on its val split" / "on its test (no val split) data": the split the candidates were scored on."""
+    return f"on its {split} " + ("split" if split == "val" else "data")
 
 
 def _within_se(ops: NodeOps, model_id: str) -> str:
@@ -93,6 +97,4 @@ def _within_se(ops: NodeOps, model_id: str) -> str:
     higher = [f"{k} {cand[k][SELECT_BY]:.3f} > consortium {cons:.3f} by no more than one SE ({cand[k]['se']:.3f})"
               for k in ("own", "raw-pixels") if isinstance(cons, (int, float)) and isinstance(cand.get(k), dict)
               and "se" in cand[k] and cand[k].get(SELECT_BY, 0.0) > cons]
-    split = cand.get("scored_on", "?")
-    where = f"on its {split} " + ("split" if split == "val" else "data")  # as `_why` says it
-    return f"{', '.join(higher)} ({SELECT_BY.replace('_', ' ')}) {where}" if higher else ""
+    return f"{', '.join(higher)} ({SELECT_BY.replace('_', ' ')}) {_where(cand.get('scored_on', '?'))}" if higher else ""
