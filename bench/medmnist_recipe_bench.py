@@ -12,7 +12,9 @@ VGS-ATD §3.2) with the library's trainer (`netsim.learn.train_model`) and ensem
     site's training data, with the site's own class-prior correction.
 
 Beside it, per site, what the site has alone: its raw-pixel ensemble on its own images
-(`ensemble-raw-own`) and its local model (trained on its own images from S, end to end).
+(`ensemble-raw-own`) and its local model (trained on its own images from S, end to end); and
+`blend`, the mean of the consortium model's and the raw-pixel ensemble's class probabilities
+(a screen of a candidate the node does not build: it won nothing on the val splits, RESULTS.md).
 Every number is scored on the site's val split (carved from its share by the scenario's
 `val_fraction`, never trained on): balanced accuracy (what keep = best judges by) and AUROC
 (`netsim.learn.score_probs`). No test image is read. A recipe's figure is the mean over
@@ -137,6 +139,7 @@ def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
         local = tuned[0] if i == 0 else train(n, start)
         rows = {"consortium": global_probs(p, classes, space), "raw-own": global_probs(pr, raw.classes, space),
                 "local": global_probs(predict_proba(local, nd.val.images), nd.classes, space)}
+        rows["blend"] = (rows["consortium"] + rows["raw-own"]) / 2
         out[n] = {k: {m: round(v.get(m, float("nan")), 4) for m in ("balanced_accuracy", "auroc")}
                   for k, v in ((k, score_probs(y, q)) for k, q in rows.items())}
         out[n]["val_n"] = len(nd.val)
@@ -149,7 +152,7 @@ def summary(runs: list[dict]) -> dict:
     """Mean over seeds of the mean over sites, per row and metric."""
     sites = [k for k in runs[0] if isinstance(runs[0][k], dict)]
     res = {}
-    for row in ("consortium", "raw-own", "local"):
+    for row in [r for r in ("consortium", "raw-own", "local", "blend") if r in runs[0][sites[0]]]:
         for m in ("balanced_accuracy", "auroc"):
             per_seed = [statistics.fmean(r[s][row][m] for s in sites) for r in runs]
             res[f"{row}_{m}"] = round(statistics.fmean(per_seed), 4)

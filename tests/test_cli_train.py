@@ -115,7 +115,10 @@ def test_ctrl_c_exits_130_and_keeps_the_finished_epochs(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "cli.app", "train", "--home", str(home), "--data", "digits?limit=60",
            *TINY[:-6], "--epochs", "200", "--batch-size", "30"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    # Ctrl-C at a terminal: SIGINT at its default disposition. A shell's background job (`pytest &`)
+    # ignores SIGINT and its children inherit that, and Python then installs no handler for it.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in p.stderr:  # readiness: an epoch is checkpointed
             if line.startswith("epoch 1/200 finished"):
