@@ -1,17 +1,26 @@
-"""Who a round waits for when the daemon keeps a bounded peer set.
+"""Who a round waits for: members when the daemon keeps a bounded peer set, and the coordinator.
 
 `RoundRunner._live` is exercised on a scripted fabric (connected peers, peer target, a
 clock the test moves): with every member reachable (below the target) a member that is
 not connected is given up after the grace; at the target, a member outside the peer set
 that took part in the previous round is still waited for, one that did not is not.
+
+A whole round runs on three in-process homes whose inputs are all held, on a fabric whose
+clock `sleep` moves: the coordinator never records, and a member waits for its aggregate
+until the deadline while it stays connected, for the grace only once it has gone away (it
+crashed before its aggregate left it), then records the aggregate itself.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
 import trio
 
-from atdnode.rounds import Fabric, RoundRunner
+from atdnode.models import load_weights, save_weights
+from atdnode.rounds import Fabric, RoundRunner, RoundsConfig
+from tests.vgs_homes import cfg, consortium, peer_ids, sync
 
 MEMBERS = [f"m{i:02d}" for i in range(12)]
 ME = MEMBERS[0]
@@ -62,3 +71,42 @@ def test_at_the_peer_target_previous_participants_outside_the_set_are_still_wait
 def test_without_a_daemon_every_member_is_waited_for() -> None:
     runner = SimpleNamespace(fabric=Fabric(), me=ME, c=SimpleNamespace(absent_grace=GRACE))
     assert trio.run(RoundRunner._live, runner, MEMBERS, {}, set()) == MEMBERS
+
+
+class ClockFabric(ScriptedFabric):
+    """A scripted fabric whose `sleep` moves its clock (a wait costs no wall time)."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+        await trio.lowlevel.checkpoint()
+
+
+def publish_untrained(r: RoundRunner, scale: float) -> None:
+    """Round 0's input of `r`: the shared initial model x `scale` (no training)."""
+    tensors, meta = load_weights(r.store, r.init)
+    blob = save_weights(r.store, {k: v * scale if v.is_floating_point() else v for k, v in tensors.items()}, meta)
+    base = r._base()
+    r.publish(0, replace(base, blobs={"full": blob}, provenance={**base.provenance, "start": r.init}))
+
+
+@pytest.mark.parametrize("coordinator_stays", [True, False])
+def test_a_coordinator_that_went_away_is_passed_over_after_the_grace(tmp_path, coordinator_stays: bool) -> None:
+    homes = consortium(tmp_path, ["a", "b", "c"])
+    order = sorted(range(3), key=lambda i: peer_ids(homes)[i])  # order[0]: the coordinator
+    coordinator, me, third = (peer_ids(homes)[i] for i in order)
+    deadline = 40.0
+    fabric = ClockFabric([third, *([coordinator] if coordinator_stays else [])], target=8)  # what `me` sees
+    runners = []
+    for i, k in enumerate(order):
+        conf = RoundsConfig(data=f"digits?shard={k + 1}/3&limit=90", cfg=cfg(), rounds=1, weighting="fedavg",
+                            deadline=deadline, absent_grace=GRACE)
+        runners.append(RoundRunner(homes[k], conf, fabric=fabric if i == 1 else None))
+        publish_untrained(runners[-1], 1.0 + i / 10)
+    sync(homes)  # every input reached every member; the coordinator records nothing
+    rep = trio.run(runners[1].run_round, 0)
+    waited = fabric.now()
+    assert len(rep.inputs) == 3 and rep.coordinator and not rep.missing  # recorded by `me`, over every input
+    if coordinator_stays:
+        assert waited >= deadline
+    else:
+        assert GRACE <= waited < GRACE + 5

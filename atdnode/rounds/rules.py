@@ -41,7 +41,9 @@ Which verified aggregate a member adopts (nobody can stall or narrow a round):
    aggregate that names a member of H as `missing` is not adopted (`narrows`); among the
    others the first that verifies in `candidate_order` (final, larger input set, hash of
    the inputs) is. If none does, the member records the aggregate over every valid input
-   it holds -- at once when it is the coordinator (smallest publisher) or some aggregate
+   it holds -- at once when it is the coordinator (smallest publisher; one disconnected
+   from the member's daemon for the grace period is passed over, so a coordinator that
+   crashed before its aggregate left it does not hold the round up) or some aggregate
    narrowed, else after waiting one more deadline for the coordinator's. So an aggregate
    leaving out an input that reached honest members in time is answered by the full one,
    and being larger it also comes first for every member that holds both.

@@ -16,8 +16,8 @@ peer-set target, members outside the set that sat out the previous round:
 adopt an aggregate that narrows nothing this node held in time, or record the aggregate
 over every input it holds (the coordinator, smallest publishing peer id, at once; the
 others after one more deadline, or at once when some aggregate left out an input they
-held). The rules and how two members' views converge are
-in the module doc of `atdnode.rounds.rules`.
+held; a coordinator gone for `absent_grace` s is passed over for the next publisher). The
+rules and how two members' views converge are in the module doc of `atdnode.rounds.rules`.
 
 Adoption always recomputes: every aggregate, ours aside, is verified here from its
 inputs (with the campaign's aggregator, `protocols.rounds.AGGREGATORS`) before its global
@@ -266,6 +266,14 @@ class RoundRunner:
         return [p for p in expected
                 if now - gone_since.get(p, now) < self.c.absent_grace or (bounded and p in recent)]
 
+    async def _coordinator(self, publishers: list[str], gone_since: dict[str, float]) -> str:
+        """Who records the round's aggregate: the smallest of `publishers` (the authors of the
+        inputs held) that `_live` still waits for, this node when none is. Every publisher
+        counts as recent (it published this round), so at the peer target one outside the
+        peer set is still waited for; below it one disconnected for the grace is not."""
+        live = await self._live(publishers, gone_since, set(publishers))
+        return choose_coordinator(live or [self.me])
+
     # -- one round
     def train_round(self, rnd: int, start: str) -> ModelRecord:
         opts = TrainOptions(epochs=self.c.local_epochs, batch_size=self.c.batch_size, lr=self.c.lr,
@@ -385,15 +393,21 @@ class RoundRunner:
     async def settle(self, rnd: int, held: list[Entry], expected: list[str], start: str) -> Entry:
         """After the wait: adopt a closed or admissible aggregate (`_pick_global`), else record
         the aggregate over every valid input held -- at once as the coordinator or when some
-        aggregate narrowed the round, else after one more deadline for the coordinator's."""
+        aggregate narrowed the round, else once this node becomes the coordinator or after one
+        more deadline for the coordinator's. The coordinator is the smallest publisher held
+        still live (`_coordinator`): one that went away before its aggregate reached this
+        node is passed over after the grace, not waited for until the deadline."""
         agg = await self._pick_global(rnd)
-        if agg is None and not self._narrowed(rnd) and choose_coordinator([_signer(e) for e in held]) != self.me:
-            until = self.fabric.now() + self.c.deadline
-            while agg is None and self.fabric.now() < until and not self._narrowed(rnd):
-                if self._superseded(rnd):
-                    raise _Superseded()
-                await self.fabric.sleep(POLL_S)
-                agg = await self._pick_global(rnd, until)
+        publishers = [_signer(e) for e in held]
+        gone_since: dict[str, float] = {}
+        until = self.fabric.now() + self.c.deadline
+        while agg is None and self.fabric.now() < until and not self._narrowed(rnd):
+            if await self._coordinator(publishers, gone_since) == self.me:
+                break
+            if self._superseded(rnd):
+                raise _Superseded()
+            await self.fabric.sleep(POLL_S)
+            agg = await self._pick_global(rnd, until)
         if agg is None:
             with self._led() as led:
                 inputs = [e for e in round_weights_entries(led, self.campaign, rnd, start)
