@@ -20,7 +20,12 @@ def _has_hello(home, peer: str) -> bool:
 
 
 def test_unreachable_member_is_one_warning_and_in_status(tmp_path: Path, caplog) -> None:
+    from atdnode.node import NodeConfig
+
     homes = make_consortium(tmp_path, 2)
+    cfg = NodeConfig.load(homes[0])
+    cfg.extra["peers"] = {"redial_after_s": 0.0}  # d0 dials d1 again as soon as it is gone (default: 30 s later)
+    cfg.save(homes[0])
     net = MemoryNetwork(seed=26)
 
     async def main() -> None:
@@ -119,3 +124,37 @@ def test_rotation_pace_ignores_connect_pulls_and_new_hellos_but_not_periodic_pul
     assert pace.due() == 180.0 + 60.0
     # what made each rotation due, in the daemon's stats (`atd node status`)
     assert dialer.d.stats.get("rotations_quiet") == 1 and dialer.d.stats.get("rotations_learned") == 1
+
+
+def test_a_settled_daemon_dials_a_member_as_soon_as_its_first_hello_arrives(tmp_path: Path) -> None:
+    """d1 holds every member it has an address for (d0; d2 has said no hello yet), so its
+    peer-set loop idles for IDLE_TICK_S. d2 starts, bootstrapping from d0 only, and dials
+    nobody itself (`[peers] target = 1`): d1 must dial d2 once d2's hello reaches it, not at
+    its next idle tick (`atd local up` waits for every daemon to reach every other)."""
+    from atdnode.node import NodeConfig
+    from atdnode.peers.dialer import IDLE_TICK_S
+
+    homes = make_consortium(tmp_path, 3)
+    cfg = NodeConfig.load(homes[2])
+    cfg.extra["peers"] = {"target": 1}
+    cfg.save(homes[2])
+    net = MemoryNetwork(seed=27)
+
+    async def main() -> None:
+        d0, d1, d2 = (daemon_on(net, h) for h in homes)
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            peer0, peer2 = d0.transport.peer_id, d2.transport.peer_id
+            await wait_for(lambda: set(d1.transport.peers()) == {peer0} and d1.replica.head_confirmed.is_set(),
+                           "d1 connected to d0")
+            await nursery.start(d2.run, [], [a0[0]])
+            await wait_for(lambda: _has_hello(homes[1], peer2), "d2's hello reaches d1", interval=0.01)
+            heard = trio.current_time()
+            await wait_for(lambda: peer2 in d1.transport.peers(), "d1 dials d2", interval=0.01)
+            assert trio.current_time() - heard < IDLE_TICK_S / 2
+            assert d1.transport.dialled(peer2) is True  # d1 dialled d2, not d2 d1
+            for d in (d0, d1, d2):
+                d.stop()
+
+    trio.run(main)

@@ -83,13 +83,20 @@ class PeerDialer:
         that this node was revoked stops its dialling (logged once)."""
         if changed:
             self.policy.membership_changed()
-            self.hellos_seen += 1
+            self.hellos_changed()
             self.fit_mesh()
         if revoked and self.policy.learned_revoked():
             log.warning("this node was revoked from the consortium: it stops dialling and pulling from members "
                         "(until a member that re-admitted it connects)")
         elif not revoked and self.policy.revoked and self.policy.readmitted():
             log.warning("this node was admitted to the consortium again: dialling members")
+
+    def hellos_changed(self) -> None:
+        """Members' hello entries (their addresses) may have changed: the peer-set loop re-reads
+        them and runs a round now, so a member whose first hello just arrived is dialled at
+        once, not at the next idle tick (IDLE_TICK_S)."""
+        self.hellos_seen += 1
+        self.changed.set()
 
     def fit_mesh(self) -> None:
         """The gossip mesh follows the consortium's size (`peerset.gossip_degrees`; a small
@@ -278,7 +285,8 @@ class PeerDialer:
         """Seconds until the next peer-set round unless a connection wakes it first: one
         second while it has members to dial (or knows of none yet); IDLE_TICK_S (or until the
         next rotation) once it holds `target` peers or every member it knows of (an idle daemon's
-        peer set is not re-planned every second). A lost peer is replaced within that."""
+        peer set is not re-planned every second). A lost peer is replaced within that; a new
+        hello wakes the loop at once (`hellos_changed`)."""
         d = self.d
         tick = max(d.poll_interval * 4, 1.0)
         now_peers = set(d.transport.peers())

@@ -13,8 +13,8 @@ entries (their addresses):
   one first, the newest connection first among equals (so an established topology
   stays put and a dialler that finds a full node moves on), keeping the lowest-RTT share;
 * a peer that drops is replaced on the next maintenance tick (the daemon wakes on every
-  connect, each second while it has members to dial, and every 5 s once it holds `target`
-  peers or every member it knows: `atdnode.peers.dialer.IDLE_TICK_S`);
+  connect and on every new hello, each second while it has members to dial, and every 5 s
+  once it holds `target` peers or every member it knows: `atdnode.peers.dialer.IDLE_TICK_S`);
 * every `rotate_s` one random member not connected is dialled and the least useful peer
   dropped (`plan_rotation`): sets at `target` would otherwise never change, and two
   sides of a healed partition, each at `target` within itself, would never meet again.

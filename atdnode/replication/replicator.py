@@ -189,7 +189,7 @@ class Replicator:
     async def after_merge(self, kinds: set[str] | None = None) -> None:
         """Refresh what depends on the log, but only for the kinds of entries that changed it."""
         if kinds is None or kinds & {"hello", "member", "genesis"}:
-            self.dialer.hellos_seen += 1  # the peer-set loop re-reads hello entries (of members)
+            self.dialer.hellos_changed()  # the peer-set loop re-reads hello entries (of members) now
         if kinds is None or kinds & {"genesis", "member"}:
             await self.refresh_members()
             await self.dialer.drop_non_members()
