@@ -37,6 +37,7 @@ log = logging.getLogger("atd.daemon")
 
 DIAL_TIMEOUT = 10.0  # seconds one address may take to answer
 IDLE_TICK_S = 5.0  # the peer-set round of a settled daemon runs at least this often (see _tick)
+MIN_ROUND_GAP_S = 0.2  # and at most this often: a flood of hellos or connections wakes it no faster
 
 
 class PeerDialer:
@@ -93,8 +94,9 @@ class PeerDialer:
 
     def hellos_changed(self) -> None:
         """Members' hello entries (their addresses) may have changed: the peer-set loop re-reads
-        them and runs a round now, so a member whose first hello just arrived is dialled at
-        once, not at the next idle tick (IDLE_TICK_S)."""
+        them and runs a round now (at most one round per MIN_ROUND_GAP_S, however many hellos
+        merge), so a member whose first hello just arrived is dialled at once, not at the next
+        idle tick (IDLE_TICK_S)."""
         self.hellos_seen += 1
         self.changed.set()
 
@@ -220,6 +222,7 @@ class PeerDialer:
         while True:
             self.changed = trio.Event()
             now = trio.current_time()
+            started = now
             connected = set(d.transport.peers())
             gone = set(d.peerset.since) - connected
             await mark_tried(sorted(gone), now)  # it dropped (or dropped us): replace it
@@ -280,6 +283,7 @@ class PeerDialer:
                         await prune(peer, now)
             with trio.move_on_after(self._tick(order, addrs.cache, pace.due())):
                 await self.changed.wait()
+            await trio.sleep_until(started + MIN_ROUND_GAP_S)  # each wake-up is free; a round is not
 
     def _tick(self, order: list[str], addrs: dict[str, tuple[str, ...]], next_rotation: float) -> float:
         """Seconds until the next peer-set round unless a connection wakes it first: one
