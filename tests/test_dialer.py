@@ -158,3 +158,37 @@ def test_a_settled_daemon_dials_a_member_as_soon_as_its_first_hello_arrives(tmp_
                 d.stop()
 
     trio.run(main)
+
+
+def test_a_flood_of_hellos_runs_at_most_one_peer_set_round_per_gap(tmp_path: Path) -> None:
+    """Every merged hello wakes the peer-set loop, but a member that floods hellos buys no more
+    than one round per MIN_ROUND_GAP_S: a second of wake-ups every millisecond runs a handful
+    of rounds, not hundreds."""
+    from atdnode.peers.dialer import MIN_ROUND_GAP_S
+
+    homes = make_consortium(tmp_path, 2)
+    net = MemoryNetwork(seed=31)
+
+    async def main() -> None:
+        d0, d1 = (daemon_on(net, h) for h in homes)
+        async with trio.open_nursery() as nursery:
+            a0 = await nursery.start(d0.run, [], [])
+            await nursery.start(d1.run, [], [a0[0]])
+            await wait_for(lambda: d0.transport.peer_id in d1.transport.peers(), "d1 connected to d0")
+            rounds: list[float] = []
+            tick = d1.dialer._tick  # called once at the end of every peer-set round
+
+            def counted(*args: object) -> float:
+                rounds.append(trio.current_time())
+                return tick(*args)
+
+            d1.dialer._tick = counted
+            start = trio.current_time()
+            while trio.current_time() - start < 1.0:
+                d1.dialer.hellos_changed()
+                await trio.sleep(0.001)
+            assert 1 <= len(rounds) <= 1.0 / MIN_ROUND_GAP_S + 2, len(rounds)
+            for d in (d0, d1):
+                d.stop()
+
+    trio.run(main)
