@@ -8,7 +8,8 @@ that took part in the previous round is still waited for, one that did not is no
 A whole round runs on three in-process homes whose inputs are all held, on a fabric whose
 clock `sleep` moves: the coordinator never records, and a member waits for its aggregate
 until the deadline while it stays connected, for the grace only once it has gone away (it
-crashed before its aggregate left it), then records the aggregate itself.
+crashed before its aggregate left it), then records the aggregate itself. A connected
+member that signed an input of a later round (it resumed past this one) is not waited for.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import trio
 
 from atdnode.models import load_weights, save_weights
 from atdnode.rounds import Fabric, RoundRunner, RoundsConfig
+from ledger import Ledger
 from tests.vgs_homes import cfg, consortium, peer_ids, sync
 
 MEMBERS = [f"m{i:02d}" for i in range(12)]
@@ -81,12 +83,12 @@ class ClockFabric(ScriptedFabric):
         await trio.lowlevel.checkpoint()
 
 
-def publish_untrained(r: RoundRunner, scale: float) -> None:
-    """Round 0's input of `r`: the shared initial model x `scale` (no training)."""
+def publish_untrained(r: RoundRunner, scale: float, rnd: int = 0) -> None:
+    """Round `rnd`'s input of `r`: the shared initial model x `scale` (no training)."""
     tensors, meta = load_weights(r.store, r.init)
     blob = save_weights(r.store, {k: v * scale if v.is_floating_point() else v for k, v in tensors.items()}, meta)
     base = r._base()
-    r.publish(0, replace(base, blobs={"full": blob}, provenance={**base.provenance, "start": r.init}))
+    r.publish(rnd, replace(base, blobs={"full": blob}, provenance={**base.provenance, "start": r.init}))
 
 
 @pytest.mark.parametrize("coordinator_stays", [True, False])
@@ -110,3 +112,36 @@ def test_a_coordinator_that_went_away_is_passed_over_after_the_grace(tmp_path, c
         assert waited >= deadline
     else:
         assert GRACE <= waited < GRACE + 5
+
+
+@pytest.mark.parametrize("later_input_by", ["silent", "other", "misfit", None])
+def test_a_member_that_moved_past_the_round_is_not_waited_for(tmp_path, later_input_by: str | None) -> None:
+    """Every member stays connected; `silent` publishes no round-0 input. With its own round-1
+    input held (it resumed past round 0) the round ends at once; with none, with a round-1
+    input signed by another member, or with a `weights` entry of its own whose body does not
+    fit the spec (round "1"), `silent` is waited for until the deadline."""
+    homes = consortium(tmp_path, ["a", "b", "c"])
+    ids = peer_ids(homes)
+    order = sorted(range(3), key=lambda i: ids[i])
+    me, other, silent = order[0], order[1], order[2]  # `me`, the smaller publisher, coordinates
+    deadline = 40.0
+    fabric = ClockFabric([ids[other], ids[silent]], target=8)  # what `me` sees
+    runners = {}
+    for k in order:
+        conf = RoundsConfig(data=f"digits?shard={k + 1}/3&limit=90", cfg=cfg(), rounds=2, weighting="fedavg",
+                            deadline=deadline, absent_grace=GRACE)
+        runners[k] = RoundRunner(homes[k], conf, fabric=fabric if k == me else None)
+    publish_untrained(runners[me], 1.0)
+    publish_untrained(runners[other], 1.1)
+    if later_input_by == "misfit":
+        with Ledger.open(homes[silent].ledger_db) as led:
+            led.append(runners[silent].ident.signer, "weights", {"campaign": runners[silent].campaign, "round": "1"})
+    elif later_input_by is not None:
+        publish_untrained(runners[silent if later_input_by == "silent" else other], 1.2, rnd=1)
+    sync(homes)
+    rep = trio.run(runners[me].run_round, 0)
+    assert rep.coordinator and len(rep.inputs) == 2 and rep.missing == [ids[silent]]
+    if later_input_by == "silent":
+        assert fabric.now() < 5
+    else:
+        assert fabric.now() >= deadline

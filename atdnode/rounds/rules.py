@@ -33,7 +33,8 @@ round's deadline is not adopted.
 
 Which verified aggregate a member adopts (nobody can stall or narrow a round):
 1. Wait. After publishing its input a member waits for the input of every live member
-   (every active member but one disconnected from its daemon for the grace period;
+   (every active member but one disconnected from its daemon for the grace period, or one
+   that signed an input of a later round: it resumed past this one, `moved_past`;
    `--min-peers` shortens it on request) until the round's deadline. An aggregate that
    appears meanwhile does not end the wait, so a fast member cannot hurry it.
 2. Narrowing. Let H be the authors of the valid inputs (this round, trained from the
@@ -189,6 +190,14 @@ def round_weights_entries(led: Ledger, campaign: str, rnd: int, start: str | Non
             if a not in by_author or e.id.hex() < by_author[a].id.hex():
                 by_author[a] = e
     return sorted(by_author.values(), key=lambda e: e.id.hex())
+
+
+def moved_past(led: Ledger, campaign: str, rnd: int) -> set[str]:
+    """Members that published an input of a later round of `campaign` than `rnd` (the signers
+    of those entries, whatever their bodies say; a body that does not fit the spec counts
+    for none): they resumed past round `rnd` and will not publish its input."""
+    return {signer(e) for e in led.query(kind="weights")
+            if fits(e) and e.body.get("campaign") == campaign and type(r := e.body.get("round")) is int and r > rnd}
 
 
 def round_candidates(led: Ledger, campaign: str, rnd: int) -> list[Entry]:

@@ -10,14 +10,15 @@ majority of its participants trained round t+1 from it), adopt it (a late member
 train from global t-1 (`atdnode.learning.training.train`, the library behind `atd train`),
 publish, wait until the inputs of every live member (all members, or those in
 `RoundsConfig.members` when given: a plan's rounds step gives its members that did not
-decline; with a daemon, not those disconnected from it for `absent_grace` s, nor, at the
-peer-set target, members outside the set that sat out the previous round:
-`RoundRunner._live`) or of --min-peers members are held, or the deadline passes, then
-adopt an aggregate that narrows nothing this node held in time, or record the aggregate
-over every input it holds (the coordinator, smallest publishing peer id, at once; the
-others after one more deadline, or at once when some aggregate left out an input they
-held; a coordinator gone for `absent_grace` s is passed over for the next publisher). The
-rules and how two members' views converge are in the module doc of `atdnode.rounds.rules`.
+decline; not one that signed an input of a later round; with a daemon, not those
+disconnected from it for `absent_grace` s, nor, at the peer-set target, members outside
+the set that sat out the previous round: `RoundRunner._live`) or of --min-peers members
+are held, or the deadline passes, then adopt an aggregate that narrows nothing this node
+held in time, or record the aggregate over every input it holds (the coordinator, smallest
+publishing peer id, at once; the others after one more deadline, or at once when some
+aggregate left out an input they held; a coordinator gone for `absent_grace` s is passed
+over for the next publisher). The rules and how two members' views converge are in the
+module doc of `atdnode.rounds.rules`.
 
 Adoption always recomputes: every aggregate, ours aside, is verified here from its
 inputs (with the campaign's aggregator, `protocols.rounds.AGGREGATORS`) before its global
@@ -56,6 +57,7 @@ from atdnode.rounds.rules import (
     compute_round,
     current_round,
     init_blob,
+    moved_past,
     narrows,
     round_aggregate,
     round_candidates,
@@ -334,8 +336,10 @@ class RoundRunner:
 
     async def wait_inputs(self, rnd: int, expected: list[str], start: str) -> list[Entry]:
         """Until every live member's input (trained from `start`) is held (or --min-peers
-        members'), the round closed, or the deadline: the held inputs. An aggregate recorded
-        meanwhile does not end the wait (module doc of `atdnode.rounds.rules`, rule 1)."""
+        members'), the round closed, or the deadline: the held inputs. A member that signed
+        an input of a later round is not waited for (`rules.moved_past`). An aggregate
+        recorded meanwhile does not end the wait (module doc of `atdnode.rounds.rules`,
+        rule 1)."""
         until = self.fabric.now() + self.c.deadline
         if self.c.members is not None:  # members outside the campaign's set are not waited for
             expected = [p for p in expected if p in self.c.members]
@@ -356,7 +360,11 @@ class RoundRunner:
             if self.c.min_peers:
                 enough = len(held) >= self.c.min_peers
             else:  # every live member: all members, or (daemon running) those connected to it
-                enough = set(await self._live(expected, gone_since, recent)) <= {_signer(e) for e in held}
+                awaited = set(await self._live(expected, gone_since, recent)) - {_signer(e) for e in held}
+                if awaited:  # one that resumed past this round will not publish its input
+                    with self._led() as led:
+                        awaited -= moved_past(led, self.campaign, rnd)
+                enough = not awaited
             if over or enough or self.fabric.now() >= until:
                 self._held[rnd] = {_signer(e) for e in held}
                 return held
