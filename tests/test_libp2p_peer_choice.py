@@ -7,7 +7,9 @@ peer's address (as identify or a past connection teaches it) and its connector i
 by hand: no dial may follow.
 
 Also here: a garbled pubsub RPC (it crashed daemons of the 100-daemon run) ends that peer's
-pubsub stream, never the host.
+pubsub stream, never the host. And a host with many peers stops at once: py-libp2p's close
+waits a fixed 0.2 s per connection, and closed them one after another
+(`atdnode.transport._libp2p.swarm`).
 """
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from atdnode.transport import Libp2pTransport
-from tests.factories import run
+from tests.factories import run, seed
 from tests.factories import transports as nodes
+
+PEERS = 6
+STOP_BOUND_S = 0.8  # one close round is 0.2 s of sleeps; one after another, PEERS rounds took >= 1.2 s
 
 
 async def _known_peer_is_not_dialled() -> None:
@@ -58,3 +63,24 @@ async def _garbled_pubsub_rpc_drops_the_stream() -> None:
 
 def test_a_garbled_pubsub_rpc_ends_the_stream_not_the_host() -> None:
     run(_garbled_pubsub_rpc_drops_the_stream, timeout=60)
+
+
+async def _hub_stop_s() -> float:
+    async with nodes("libp2p", PEERS) as peers:
+        hub = Libp2pTransport(seed(PEERS))
+        async with hub.run(["/ip4/127.0.0.1/tcp/0"]):
+            for p in peers:
+                await p.connect(hub.addrs()[0])
+            assert len(hub.peers()) == PEERS
+            began = trio.current_time()
+        return trio.current_time() - began
+
+
+def test_a_host_closes_its_connections_side_by_side_when_it_stops() -> None:
+    took: list[float] = []
+
+    async def main() -> None:
+        took.append(await _hub_stop_s())
+
+    run(main, timeout=60)
+    assert took[0] < STOP_BOUND_S, f"stopping a host with {PEERS} peers took {took[0]:.2f} s"

@@ -73,6 +73,9 @@ def test_config_listen_busy_home_and_exclusive_port(homes):
     finally:
         assert d.stop() == "stopped" and d.returncode == 0
         _set_config(a, listen=["/ip4/127.0.0.1/tcp/0"])
+    # the stop was clean: daemon.json removed, the ledger closed (its WAL checkpointed into ledger.db)
+    assert not (a / "daemon.json").exists()
+    assert not NodeHome.at(a).ledger_db.with_suffix(".db-wal").exists()
 
 
 @pytest.mark.parametrize("flag,bad,want", [

@@ -85,21 +85,23 @@ def start(
         web = Dashboard(daemon.home, daemon.store, daemon.snapshot, host=bind[0], port=bind[1], public=dashboard_public)
 
     async def main() -> None:
+        listening = trio.CancelScope()
+
+        async def on_signals() -> None:
+            with listening, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    daemon.stop()
+                    return
+
         async with trio.open_nursery() as nursery:
-
-            async def on_signals() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        daemon.stop()
-                        return
-
             nursery.start_soon(on_signals)
             addrs = await nursery.start(functools.partial(daemon.run, web=web, announce=announce), list(listen), list(bootstrap))
             for a in addrs:
                 typer.echo(a)
             sys.stdout.flush()
             await daemon.stopped()
-            nursery.cancel_scope.cancel()
+            listening.cancel()  # (a stop over the control socket leaves it listening); `run` then ends
+            # by itself after its clean stop (announced seq saved, daemon.json removed, ledger closed)
 
     try:
         trio.run(main)
