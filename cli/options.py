@@ -91,7 +91,7 @@ def model_config(model: str, *, img_size: int | None, patch_size: int | None, em
 
     return resolve_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
                            num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio,
-                          stem=None if stem is None else str(stem))
+                           stem=None if stem is None else str(stem))
 
 
 # --- federated adversarial training (PGD) options, shared by `atd train` and `atd rounds` ---
