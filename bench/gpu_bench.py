@@ -29,6 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from protocols.vit_config import STEMS
+
 MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
 
 
@@ -106,8 +108,6 @@ def plain_infer(model, images, batch: int, dev: torch.device, features: bool) ->
 
 def train_rates(cfg, data, a, dev) -> dict:
     """images/s of atd (default, no augmentation[, compiled]) and of the plain loop."""
-    import timm
-
     from atdnode.learning.ddp import DistContext
     from atdnode.learning import TrainOptions, Trainer, build_model
 
@@ -127,7 +127,7 @@ def train_rates(cfg, data, a, dev) -> dict:
         out[name] = {"samples_per_epoch": len(t.sources), "images_per_s": len(t.sources) * a.epochs / secs}
         del t
     torch.manual_seed(0)
-    plain = timm.create_model(cfg.name, pretrained=False, **{k: v for k, v in cfg.to_dict().items() if k != "name"}).to(dev)
+    plain = build_model(cfg).to(dev)  # the same timm model (a conv stem too) as `ours`
     opt = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.05)
     plain_train(plain, opt, data.images, data.labels, a.batch_size, dev, 0)
     secs = timed(lambda: [plain_train(plain, opt, data.images, data.labels, a.batch_size, dev, e + 1)
@@ -137,13 +137,11 @@ def train_rates(cfg, data, a, dev) -> dict:
 
 
 def infer_rates(cfg, data, a, dev) -> dict:
-    import timm
-
     from atdnode.learning import build_model, extract_features, predict_classes
 
     torch.manual_seed(0)
     ours = build_model(cfg).to(dev)
-    plain = timm.create_model(cfg.name, pretrained=False, **{k: v for k, v in cfg.to_dict().items() if k != "name"}).to(dev)
+    plain = build_model(cfg).to(dev)  # the same timm model (a conv stem too) as `ours`
     fb, n = 256, len(data)
     runs = {"features_atd": lambda: extract_features(ours, data, fb, device=dev),
             "features_plain": lambda: plain_infer(plain, data.images, fb, dev, True),
@@ -202,9 +200,10 @@ def bench_model(name: str, a, dev: torch.device) -> dict:
     from atdnode.learning import build_model, resolve_config
 
     if a.dry_run:
-        cfg = resolve_config("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+        cfg = resolve_config("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                             stem=a.stem)
     else:
-        cfg = resolve_config(name)
+        cfg = resolve_config(name, stem=a.stem)
     cfg = cfg.with_classes(2)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -244,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pfesta-steps", type=int, default=30)
     ap.add_argument("--pfesta-samples", type=int, default=1024)
     ap.add_argument("--compile", action="store_true", help="also time atd with torch.compile")
+    ap.add_argument("--stem", choices=STEMS, default="patch", help="the models' stem (protocols.vit_config)")
     a = ap.parse_args(argv)
     if a.dry_run:
         dev = torch.device("cpu")

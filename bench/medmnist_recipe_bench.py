@@ -24,8 +24,9 @@ model is scored, not the model keep = best would pick): a cheap screen before th
 (`bench/medmnist_bench.py`) that the claims rest on. Prints one JSON object.
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
-img (input side; 28-px images are resized, `atdnode.data`), patch, start scratch|msd, lr,
-probe (LP-FT probe epochs), probe_lr, msd_steps); a key left out keeps the scenario's value.
+img (input side; 28-px images are resized, `atdnode.data`), patch, stem patch|conv (the ViT's
+patch embedding or a conv stem, `protocols.vit_stem`), start scratch|msd, lr, probe (LP-FT
+probe epochs), probe_lr, msd_steps); a key left out keeps the scenario's value.
 
 Each recipe after the first is also compared with the first, seed by seed (`vs_first`: the
 paired difference in points of the consortium's val balanced accuracy and AUROC, its mean and
@@ -52,8 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from protocols.vit_config import STEMS  # noqa: E402
+
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
-        "patch": int, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
+        "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
 
 
 def parse_recipe(text: str) -> tuple[str, dict]:
@@ -65,6 +68,10 @@ def parse_recipe(text: str) -> tuple[str, dict]:
         if k not in KEYS:
             raise SystemExit(f"recipe {name}: unknown key {k!r} (one of {', '.join(KEYS)})")
         out[k] = KEYS[k](v)
+    if out.get("stem", "patch") not in STEMS:
+        raise SystemExit(f"recipe {name}: stem must be one of {', '.join(STEMS)}, got {out['stem']!r}")
+    if out.get("stem") == "conv" and out.get("start") == "msd":
+        raise SystemExit(f"recipe {name}: the MSD base has timm's patch embedding: stem=conv needs start=scratch")
     return name, out
 
 
@@ -73,7 +80,7 @@ def apply_recipe(scn, r: dict):
     m = scn.model
     model = replace(m, embed_dim=r.get("embed_dim", m.embed_dim), depth=r.get("depth", m.depth),
                     num_heads=r.get("heads", m.num_heads), img_size=r.get("img", m.img_size),
-                    patch_size=r.get("patch", m.patch_size))
+                    patch_size=r.get("patch", m.patch_size), stem=r.get("stem", m.stem))
     t = scn.train
     train = replace(t, epochs=r.get("epochs", t.epochs), augment=r.get("augment", t.augment), lr=r.get("lr", t.lr),
                     probe_epochs=r.get("probe", t.probe_epochs), probe_lr=r.get("probe_lr", t.probe_lr))

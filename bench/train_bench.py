@@ -18,13 +18,13 @@ import json
 import statistics
 import time
 
-import timm
 import torch
 import torch.nn.functional as F
 
 from atdnode.data import load_dataset
 from atdnode.learning.ddp import DistContext, pick_device
 from atdnode.learning import TrainOptions, Trainer, build_model, extract_features, resolve_config
+from protocols.vit_config import STEMS
 
 
 def plain_epoch(model, opt, images, labels, batch_size, seed, device) -> None:
@@ -63,13 +63,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--data", default="digits")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--stem", choices=STEMS, default="patch", help="patch or conv (protocols.vit_config)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     device = pick_device()
     cfg = resolve_config(a.model, img_size=a.img_size, patch_size=a.patch_size, embed_dim=a.embed_dim,
-                          depth=a.depth, num_heads=a.heads)
+                          depth=a.depth, num_heads=a.heads, stem=a.stem)
     data = load_dataset(a.data, cfg.img_size, cfg.in_chans, "train")
     cfg = cfg.with_classes(len(data.classes))
     n = len(data)
@@ -82,7 +83,7 @@ def main() -> None:
     aug = Trainer(build_model(cfg).to(device), data, TrainOptions(epochs=a.reps + 1, batch_size=a.batch_size),
                   DistContext(device=device))
     torch.manual_seed(0)
-    plain = timm.create_model(cfg.name, pretrained=False, **{k: v for k, v in cfg.to_dict().items() if k != "name"}).to(device)
+    plain = build_model(cfg).to(device)  # the same timm model (a conv stem too) as `ours`
     popt = torch.optim.AdamW(plain.parameters(), lr=3e-3, weight_decay=0.05)
 
     # warm-up pass each, then alternate

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Iterator
 
 import typer
 
+from cli.choices import choice
+from protocols.vit_config import STEMS
+
 if TYPE_CHECKING:
     from atdnode.node import NodeHandle
 
@@ -75,15 +78,20 @@ DEPTH_OPT = typer.Option(None, "--depth", min=1, help="Number of blocks (default
 HEADS_OPT = typer.Option(None, "--heads", min=1, help="Attention heads (default: the model's).")
 IN_CHANS_OPT = typer.Option(None, "--in-chans", min=1, help="Input channels (default: the model's, 3).")
 MLP_RATIO_OPT = typer.Option(None, "--mlp-ratio", help="MLP width / embedding width (default: the model's, 4).")
+Stem = choice("Stem", STEMS)
+STEM_OPT = typer.Option(None, "--stem", help="Image to tokens: patch (timm's patch embedding) or conv (a small "
+                        "convolutional stem, Xiao et al. 2021; needs a power-of-two patch size). Default: patch.")
 
 
 def model_config(model: str, *, img_size: int | None, patch_size: int | None, embed_dim: int | None,
-                 depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None):
+                 depth: int | None, heads: int | None, in_chans: int | None, mlp_ratio: float | None,
+                 stem: str | None = None):
     """The `ModelConfig` the model options above describe (None: timm's default for `model`)."""
     from atdnode.learning import resolve_config
 
     return resolve_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                           num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
+                           num_heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio,
+                           stem=None if stem is None else str(stem))
 
 
 # --- federated adversarial training (PGD) options, shared by `atd train` and `atd rounds` ---

@@ -41,7 +41,7 @@ METRICS = ("accuracy", "balanced_accuracy", "precision", "sensitivity", "f1")
 def model_config(spec: ModelConfig, num_classes: int) -> ModelConfig:
     return resolve_config(spec.name, img_size=spec.img_size, patch_size=spec.patch_size,
                            embed_dim=spec.embed_dim, depth=spec.depth, num_heads=spec.num_heads,
-                           in_chans=spec.in_chans, num_classes=num_classes, mlp_ratio=spec.mlp_ratio)
+                           in_chans=spec.in_chans, num_classes=num_classes, mlp_ratio=spec.mlp_ratio, stem=spec.stem)
 
 
 @dataclass

@@ -66,7 +66,7 @@ def check_plan_scenario(c: Source, s: Scenario) -> None:
     m = dict(doc.get("model") or {})
     try:
         cfg = resolve_config(m.pop("name", "vit_tiny_patch16_224"), num_heads=m.pop("heads", None), **m)
-    except (AtdError, TypeError) as exc:
+    except (AtdError, TypeError, ValueError) as exc:  # ValueError: ModelConfigError
         raise c.fail("scenario.plan", f"{Path(s.plan).name}: model: {exc}") from None
     for key in ("img_size", "in_chans"):
         if getattr(cfg, key) != getattr(s.model, key):

@@ -22,6 +22,9 @@ def check(s: Scenario) -> None:
         raise c.fail("msd.student_views", "need at least two views in all (teacher_views + student_views)")
     if m.student_keep > m.teacher_keep:
         raise c.fail("msd.student_keep", f"need student_keep <= teacher_keep, got {m.student_keep}, {m.teacher_keep}")
+    if s.base == "msd" and s.model.stem != "patch":
+        raise c.fail("model.stem", "the MSD base is split-learned with timm's patch embedding: "
+                                   "use stem = \"patch\" with base = \"msd\"")
     if s.train.freeze_blocks > s.model.depth:
         raise c.fail("train.freeze_blocks", f"{s.train.freeze_blocks} out of range 0..{s.model.depth}")
     names = s.node_names()

@@ -26,7 +26,7 @@ from atdnode.aggregation import EnsembleOptions
 from atdnode.errors import AtdError
 from atdnode.learning import OPTIMIZERS, TrainOptions
 from atdnode.node import SettingKey, setting_problem
-from protocols.vit_config import INT_FIELDS, ModelConfig, ModelConfigError
+from protocols.vit_config import INT_FIELDS, STEMS, ModelConfig, ModelConfigError
 from netsim.scenario_choices import Backend, Base, FaultKind, GroupStart, Method, Partition, Peers
 from protocols.weightings import MODES as MODE_REGISTRY
 from protocols.weightings import PRIORS, weightings
@@ -74,6 +74,8 @@ FOREIGN: dict[str, dict[str, dict]] = {
             ("num_heads", "attention heads"), ("in_chans", "image channels"),
             ("num_classes", "head width (set per node from its label space)"))},
         "mlp_ratio": {"doc": "MLP width / embed_dim", "above": 0},
+        "stem": {"doc": "image to tokens: patch (timm's patch embedding) or conv (a conv stem, Xiao et al. 2021; "
+                        "patch_size a power of two; not with base = \"msd\")", "choices": STEMS},
     },
     "train": {
         "epochs": {"doc": "training epochs of each model", "above": 0},

@@ -7,6 +7,11 @@ All transformer parts are timm's: a client *head* is a depth-0 timm ``VisionTran
 A *tail* is timm-style final norm + a task head. Nothing here is re-implemented
 transformer code.
 
+The split parts build timm's patch embedding only: a `ModelConfig` with ``stem = "conv"``
+(`protocols.vit_stem`) is refused with a ModelConfigError naming the field (`split_config`,
+`split_dict` and every part built from a config). A conv stem's BatchNorm statistics would
+have to travel with the clients' secret embedder, which nothing here carries.
+
 Task kinds (per-task loss weights live in :class:`TaskSpec`):
 
 - ``classification`` — pooled token -> logits, cross-entropy, metric accuracy;
@@ -30,7 +35,7 @@ from torch import nn
 
 from protocols.seeding import seeded
 
-from protocols.vit_config import ModelConfig, ModelConfigError  # noqa: F401 (the error split_config raises)
+from protocols.vit_config import ModelConfig, ModelConfigError
 
 TASK_KINDS = ("classification", "regression", "segmentation")
 
@@ -49,6 +54,7 @@ def split_config(body: Mapping | None = None, **overrides: Any) -> ModelConfig:
     """:data:`SPLIT_MODEL` with the :data:`SPLIT_FIELDS` of ``body`` and ``overrides``
     (other keys ignored, as a newer peer may add some); ModelConfigError (a ValueError) if
     the shape is unusable. Integral floats (``8.0``) are taken as integers."""
+    _patch_only({**(body or {}), **overrides}.get("stem", "patch"))
     given = {k: v for k, v in {**(body or {}), **overrides}.items() if k in SPLIT_FIELDS}
     for k, v in given.items():
         if k != "mlp_ratio" and isinstance(v, float) and v.is_integer():
@@ -58,7 +64,14 @@ def split_config(body: Mapping | None = None, **overrides: Any) -> ModelConfig:
 
 def split_dict(cfg: ModelConfig) -> dict:
     """The split shape's wire form (the :data:`SPLIT_FIELDS` of ``cfg``)."""
+    _patch_only(cfg.stem)
     return {k: getattr(cfg, k) for k in SPLIT_FIELDS}
+
+
+def _patch_only(stem: Any) -> None:
+    if stem != "patch":
+        raise ModelConfigError(f"split learning builds timm's patch embedding: stem {stem!r} is not supported "
+                               f"(use stem \"patch\")", field="stem")
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,7 @@ class TaskSpec:
 
 
 def _vit(cfg: ModelConfig, depth: int, **kw) -> VisionTransformer:
+    _patch_only(cfg.stem)
     return VisionTransformer(img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans,
                              embed_dim=cfg.embed_dim, depth=depth, num_heads=cfg.num_heads,
                              mlp_ratio=cfg.mlp_ratio, num_classes=0, **kw)

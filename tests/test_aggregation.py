@@ -400,3 +400,32 @@ def test_heads_are_comparable_only_over_one_ordered_label_list():
     assert heads_comparable([["x", "y", "z"], ["x", "y", "z"]])
     assert not heads_comparable([["x", "y", "z"], ["z", "y", "x"]])  # same set, other order
     assert not heads_comparable([]) and heads_comparable([["a"]])
+
+
+def test_conv_stem_extractors_average_with_their_batch_norm_buffers(tmp_path):
+    """Two conv-stem extractors (protocols.vit_stem) trained on different numbers of batches
+    average through the streaming average: running statistics as floats, and the stem's
+    num_batches_tracked an int64 that is the same on every model (its BatchNorm keeps no count,
+    so the equal-integers rule holds)."""
+    from atdnode.learning import build_model, extractor_state, resolve_config
+
+    cfg = resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2,
+                         num_classes=2, stem="conv")
+    paths, states = [], []
+    for seed, batches in ((0, 1), (1, 3)):
+        torch.manual_seed(seed)
+        m = build_model(cfg).train()
+        for _ in range(batches):
+            m(torch.randn(4, 3, 16, 16))
+        states.append(extractor_state(m))
+        paths.append(tmp_path / f"x{seed}.safetensors")
+        save_file(states[-1], paths[-1])
+    out = weighted_average([safetensors_loader(p) for p in paths], [0.5, 0.5],
+                           key_filter=part_filter(include_head=False))
+    assert set(out) == set(states[0])
+    count = "patch_embed.stem.1.num_batches_tracked"
+    assert out[count].dtype == torch.int64 and out[count].tolist() == 0
+    mean = "patch_embed.stem.1.running_mean"
+    assert not torch.equal(states[0][mean], states[1][mean])
+    assert torch.allclose(out[mean], (states[0][mean] + states[1][mean]) / 2)
+    m.load_state_dict(out, strict=False)  # the average is a model again

@@ -83,6 +83,29 @@ def test_a_bad_model_config_is_one_typed_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["error: mlp_ratio must be a positive number, got 0.0"]
 
 
+def test_train_with_a_conv_stem(tmp_path, capsys):
+    """--stem conv trains a conv-stem ViT (protocols.vit_stem), recorded in the model config
+    and so in the run key; a patch size it cannot halve to is one typed line."""
+    from cli.app import run
+
+    home = _home(tmp_path)
+    data = ["--data", "digits?classes=0,1&limit=40"]
+    r = runner.invoke(app, ["train", "--home", str(home), *data, *TINY, "--stem", "conv", "--json"])
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout[r.stdout.index("{"):])
+    assert rec["model"]["stem"] == "conv"
+    r = runner.invoke(app, ["train", "--home", str(home), *data, *TINY, "--json"])
+    patch = json.loads(r.stdout[r.stdout.index("{"):])
+    assert "stem" not in patch["model"] and patch["id"] != rec["id"]  # another run, not the conv one reused
+    r = runner.invoke(app, ["train", "--home", str(home), *data, *TINY, "--stem", "cnn"])
+    assert r.exit_code == 2 and "patch" in r.output and "conv" in r.output  # a usage error naming the choices
+    capsys.readouterr()
+    assert run(["train", "--home", str(home), *data, *TINY[:2], "--img-size", "24", "--patch-size", "6",
+                *TINY[6:], "--stem", "conv"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: stem conv needs a patch_size that is a power of two (2, 4, 8, 16, 32, ...), got 6"]
+
+
 def test_help_documents_the_learning_rate():
     r = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0

@@ -35,6 +35,14 @@ def test_dry_run_prints_every_figure(capsys):
     assert m["pfesta"]["server_steps_per_s"] > 0 and m["pfesta"]["plain_steps_per_s"] > 0
 
 
+def test_dry_run_builds_a_conv_stem_on_both_sides(capsys):
+    """--stem conv: atd's side and the plain loop run the same conv-stem ViT (build_model)."""
+    assert _bench().main(["--dry-run", "--stem", "conv"]) == 0
+    (m,) = json.loads(capsys.readouterr().out)["models"].values()
+    assert m["model"]["stem"] == "conv" and m["plain"]["images_per_s"] > 0
+    assert m["inference_images_per_s"]["features_plain"] > 0
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.slow  # a bench process
 def test_without_cuda_it_refuses_in_one_line():

@@ -5,14 +5,16 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from atdnode.blobs import BlobStore
 from atdnode.data import label_fingerprint
 from atdnode.errors import ConfigError, WeightsError
 from atdnode.learning import (ModelConfig, build_model, export_part, extractor_state, freeze_blocks, load_part,
                               resolve_config)
-from atdnode.learning.model import cls_features, head_state, import_part, part_state, split_at
+from atdnode.learning.model import cls_features, head_state, hold_frozen_norms, import_part, part_state, split_at
 from protocols.vit_config import ModelConfigError
+from protocols.vit_stem import ConvStem
 
 torch.set_num_threads(1)
 NAME = "vit_tiny_patch16_224"
@@ -238,3 +240,78 @@ def test_extract_features_matches_cls_features_and_restores_mode():
     with torch.no_grad():
         want = cls_features(m, data.images).numpy()
     assert np.allclose(feats, want, atol=1e-5)
+
+
+# --- a conv stem (stem = "conv", protocols.vit_stem) -------------------------------------
+
+def test_conv_stem_is_built_read_back_and_part_of_the_extractor(store):
+    cfg = tiny(stem="conv", in_chans=1)
+    assert cfg.stem == "conv" and cfg.in_chans == 1  # read back (proj sees the stem's 16 channels)
+    assert tiny().stem == "patch" and "stem" not in tiny().to_dict()
+    m = build_model(cfg)  # its "timm built a different model" check reads the stem back too
+    assert isinstance(m.patch_embed, ConvStem) and m.patch_embed.num_patches == 16
+    assert [c.out_channels for c in m.patch_embed.stem if isinstance(c, nn.Conv2d)] == [8, 16]
+    assert m.patch_embed.proj.kernel_size == (1, 1) and m.patch_embed.proj.out_channels == 32
+    assert m(torch.randn(2, 1, 16, 16)).shape == (2, 5)
+    stem = {k for k in m.state_dict() if k.startswith("patch_embed.")}
+    assert {"patch_embed.stem.0.weight", "patch_embed.stem.1.running_var", "patch_embed.proj.weight"} <= stem
+    assert stem <= set(extractor_state(m)) and not stem & set(head_state(m))
+    with torch.no_grad():
+        m.patch_embed.stem[1].running_mean.add_(0.5)  # a trained stem's statistics travel with it
+    h = export_part(store, m, cfg, "extractor", labels=LABELS, label_fp=FP)
+    dst = build_model(cfg)
+    import_part(store, h, dst, cfg, label_fp=None)
+    assert torch.equal(dst.patch_embed.stem[1].running_mean, m.patch_embed.stem[1].running_mean)
+    bad = extractor_state(m)
+    bad["patch_embed.stem.1.running_var"][0] = float("nan")
+    with pytest.raises(WeightsError, match="patch_embed.stem.1.running_var has NaN"):
+        load_part(dst, bad, "extractor")
+
+
+@pytest.mark.parametrize("kw, match", [({"stem": "cnn"}, "stem must be one of patch, conv, got 'cnn'"),
+                                       ({"stem": "conv", "img_size": 24, "patch_size": 6}, "power of two"),
+                                       ({"stem": "conv", "patch_size": 6}, "power of two")])  # timm's 224 px
+def test_a_bad_stem_is_a_model_config_error(kw, match):
+    with pytest.raises(ModelConfigError, match=match):
+        resolve_config(NAME, **kw)
+
+
+def test_conv_stem_has_no_pretrained_weights():
+    with pytest.raises(ConfigError, match="stem conv starts from random init"):
+        build_model(tiny(stem="conv"), pretrained=True)  # refused before any hub is asked
+
+
+def test_conv_stem_weights_do_not_enter_a_patch_model(store, tmp_path):
+    conv, patch = tiny(stem="conv"), tiny()
+    src = build_model(conv)
+    h = export_part(store, src, conv, "extractor", labels=LABELS, label_fp=FP)
+    with pytest.raises(WeightsError, match=r"stem conv \(weights\) vs patch \(model\)"):
+        import_part(store, h, build_model(patch), patch, label_fp=FP)
+    h = export_part(store, build_model(patch), patch, "full", labels=LABELS, label_fp=FP)
+    with pytest.raises(WeightsError, match=r"stem patch \(weights\) vs conv \(model\)"):
+        import_part(store, h, build_model(conv), conv, label_fp=FP, labels=LABELS)
+    with pytest.raises(WeightsError, match="unexpected.*patch_embed.stem"):
+        load_part(build_model(patch), extractor_state(src), "extractor")
+    path = tmp_path / "conv.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()}, str(path))
+    with pytest.raises(WeightsError, match="does not fit"):
+        build_model(patch, checkpoint=path)
+    assert build_model(conv, checkpoint=path) is not None  # its own model takes it
+
+
+def test_freezing_holds_a_conv_stem_batch_norm():
+    """A frozen stem stays as it was while the model trains: its BatchNorm layers go to eval
+    mode (`hold_frozen_norms`, after each `model.train()` of the trainer)."""
+    m = build_model(tiny(stem="conv"))
+    norms = [x for x in m.patch_embed.stem if isinstance(x, nn.BatchNorm2d)]
+    m.train()
+    hold_frozen_norms(m)
+    assert len(norms) == 2 and all(b.training for b in norms)  # trainable: batch statistics, as usual
+    freeze_blocks(m, 1)
+    assert not any(p.requires_grad for p in m.patch_embed.parameters())
+    m.train()
+    hold_frozen_norms(m)
+    assert not any(b.training for b in norms) and m.blocks[0].training
+    before = {k: v.clone() for k, v in m.patch_embed.state_dict().items()}
+    m(torch.randn(4, 3, 16, 16))
+    assert all(torch.equal(before[k], v) for k, v in m.patch_embed.state_dict().items())

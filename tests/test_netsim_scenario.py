@@ -36,6 +36,9 @@ def test_shipped_scenarios_load() -> None:
     (with_(model={"img_size": 10, "patch_size": 4}), "model.patch_size"),
     (with_(model={"depth": "two"}), "model.depth"),
     (with_(model={"mlp_ratio": 0}), "model.mlp_ratio"),
+    (with_(model={"stem": "cnn"}), "model.stem: must be one of patch, conv"),
+    (with_(model={"stem": "conv", "img_size": 18, "patch_size": 6}), "model.patch_size: stem conv needs a patch_size"),
+    (with_(scenario={"name": "t", "base": "msd"}, model={"stem": "conv"}), "model.stem: the MSD base"),
     (with_(train={"freeze_blocks": 9}), "train.freeze_blocks"),
     (with_(network={"loss": 1.5}), "network.loss"),
     (with_(cohorts=[{"name": "a", "nodes": ["h1"], "dataset": "mnist"}]), "cohorts[0].dataset"),
@@ -103,6 +106,15 @@ def test_a_scenario_changed_after_loading_is_checked_against_the_declaration() -
                           ({"base": "imagenet"}, "scenario.base"), ({"deadline_s": 0.0}, "scenario.deadline_s")):
         with pytest.raises(ScenarioError, match=rf"^x\.toml: {where}: must be "):
             validate(s.replace(**change))
+
+
+def test_model_stem_reads_into_the_config_the_nodes_build() -> None:
+    """[model] stem = "conv" reaches the ModelConfig netsim's nodes resolve (netsim.learn)."""
+    from netsim.learn import model_config
+
+    s = scenario_from_dict(with_(model={"stem": "conv"}))
+    assert s.model.stem == "conv" and scenario_from_dict(BASE).model.stem == "patch"
+    assert model_config(s.model, 3).stem == "conv" and model_config(s.model, 3).to_dict()["stem"] == "conv"
 
 
 def test_unset_and_float_keys_read_as_declared() -> None:

@@ -386,6 +386,20 @@ def test_check_plan_refuses_what_no_member_can_carry_out(steps, says):
     check_plan(_body(TRAIN), MEMBERS)  # the same checks pass a good plan
 
 
+def test_a_plans_model_may_name_a_stem():
+    """[model] stem (atd train --stem) is a plan's model key: checked by every member, built by
+    each train step."""
+    from atdnode.plans import check_plan
+    from atdnode.plans.steps import _model_config
+
+    model = {"name": "vit_tiny_patch16_224", "img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1,
+             "heads": 2, "stem": "conv"}
+    check_plan(dict(_body(TRAIN), model=model), MEMBERS)
+    assert _model_config({"model": model}).stem == "conv"
+    with pytest.raises(PlanError, match="model: stem must be one of patch, conv, got 'cnn'"):
+        check_plan(dict(_body(TRAIN), model=dict(model, stem="cnn")), MEMBERS)
+
+
 @pytest.mark.slow
 def test_a_result_naming_anothers_entry_is_left_out(vgs):
     """node3 signs its plan_step results naming node2's weights entry: node1 aggregates without it."""

@@ -25,8 +25,8 @@ torch.set_num_threads(1)
 ARCH = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2)
 
 
-def cfg(classes: int = 3):
-    return resolve_config("vit_tiny_patch16_224", num_classes=classes, **ARCH)
+def cfg(classes: int = 3, **kw):
+    return resolve_config("vit_tiny_patch16_224", num_classes=classes, **ARCH, **kw)
 
 
 def data(n: int = 96, classes: int = 3, seed: int = 0) -> LabeledImages:
@@ -41,9 +41,10 @@ def opts(**kw) -> TrainOptions:
                            **kw})
 
 
-def test_probe_moves_the_head_only_and_restores_what_trains():
+@pytest.mark.parametrize("stem", ["patch", "conv"])  # conv: the stem's BatchNorm statistics stay too
+def test_probe_moves_the_head_only_and_restores_what_trains(stem):
     torch.manual_seed(0)
-    model = build_model(cfg())
+    model = build_model(cfg(stem=stem))
     freeze_blocks(model, 1)  # the caller's setting: embeddings + block 0 frozen
     before = {k: v.clone() for k, v in model.state_dict().items()}
     grads = {k: p.requires_grad for k, p in model.named_parameters()}

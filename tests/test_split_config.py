@@ -8,7 +8,7 @@ import torch
 
 from atdnode.learning import ModelConfig, build_model, resolve_config
 from atdnode.split import DEFAULT_BODY, SplitSettings
-from protocols.split_parts import SPLIT_MODEL, SplitBody, split_config, split_dict
+from protocols.split_parts import SPLIT_MODEL, SplitBody, build_head, split_config, split_dict
 from protocols.vit_config import ModelConfigError
 
 
@@ -61,3 +61,43 @@ def test_model_config_dict_leaves_out_the_usual_mlp_ratio():
         ModelConfig.from_dict({**old, "mlp_ratio": "wide"})
     assert resolve_config("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=1,
                            num_heads=2, mlp_ratio=2.0).mlp_ratio == 2.0
+
+
+def test_model_config_dict_leaves_out_the_patch_stem():
+    """Entries written before stem existed read back as "patch", and a patch config writes no
+    stem key (its run key and bodies unchanged); a conv config writes it and reads it back."""
+    old = {"name": "vit_tiny_patch16_224", "img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
+           "num_heads": 2, "in_chans": 1, "num_classes": 3}
+    cfg = ModelConfig.from_dict(old)
+    assert cfg.stem == "patch" and cfg.to_dict() == old
+    conv = replace(cfg, stem="conv")
+    assert conv.to_dict() == {**old, "stem": "conv"} and ModelConfig.from_dict(conv.to_dict()) == conv
+    assert conv.diff(cfg) == ["stem conv != patch"]
+    assert "conv stem" in conv.arch() and "stem" not in cfg.arch()
+    with pytest.raises(ModelConfigError, match="stem must be one of patch, conv, got 'cnn'"):
+        ModelConfig.from_dict({**old, "stem": "cnn"})
+
+
+@pytest.mark.parametrize("kw, match, field", [
+    ({"stem": "Conv"}, "stem must be one of patch, conv, got 'Conv'", "stem"),
+    ({"stem": "conv", "img_size": 24, "patch_size": 6}, r"power of two \(2, 4, 8, 16, 32, \.\.\.\), got 6", "patch_size"),
+    ({"stem": "conv", "img_size": 16, "patch_size": 1}, "power of two", "patch_size"),
+    ({"stem": "conv", "img_size": 32, "patch_size": 16, "embed_dim": 8, "num_heads": 2}, "embed_dim >= patch_size",
+     "embed_dim")])
+def test_a_bad_stem_is_one_line_naming_its_field(kw, match, field):
+    with pytest.raises(ModelConfigError, match=match) as err:
+        ModelConfig(**kw)
+    assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_split_parts_refuse_a_conv_stem():
+    """The split parts build timm's patch embedding only (protocols.split_parts): a conv-stem
+    config is refused by name, not built as a patch model."""
+    conv = replace(split_config(), stem="conv")
+    for make in (split_dict, lambda c: SplitBody(c, seed=0), build_head):
+        with pytest.raises(ModelConfigError, match="stem 'conv' is not supported") as err:
+            make(conv)
+        assert err.value.field == "stem"
+    with pytest.raises(ModelConfigError, match="stem 'conv'"):
+        split_config({"stem": "conv"})
+    assert split_config({"stem": "patch"}) == split_config()

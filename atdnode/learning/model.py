@@ -8,7 +8,8 @@ attention pooling where the model has them); the *head* is the classifier (`head
 
 A `ModelConfig` (`protocols.vit_config`, pure data) is fully resolved by `resolve_config`:
 fields the user did not override are read back from the model timm builds, so two nodes
-compare configs field by field.
+compare configs field by field. ``stem = "conv"`` builds the same timm ViT with
+`protocols.vit_stem.ConvStem` as its ``embed_layer``; the stem is part of the extractor.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from atdnode.models import PARTS
 # the configuration dataclass lives at the ground floor (protocols import it too); it is
 # re-exported here for the node's callers
 from protocols.vit_config import CLASSIFIER, DEFAULT_MLP_RATIO, ModelConfig, ModelConfigError, check_field  # noqa: F401
+from protocols.vit_stem import ConvStem
 
 
-def resolve_config(name: str, **overrides: float | None) -> ModelConfig:
+def resolve_config(name: str, **overrides: float | str | None) -> ModelConfig:
     """Config of `timm.create_model(name, **overrides)`; `None` overrides take timm's default.
 
     Each override is checked first (`protocols.vit_config.check_field`: ModelConfigError for
@@ -41,7 +43,7 @@ def resolve_config(name: str, **overrides: float | None) -> ModelConfig:
 
 
 @functools.lru_cache(maxsize=64)
-def _resolved(name: str, given: tuple[tuple[str, float], ...]) -> ModelConfig:
+def _resolved(name: str, given: tuple[tuple[str, float | str], ...]) -> ModelConfig:
     """`resolve_config`'s checked arguments resolved (ModelConfig is frozen: one shared value;
     an argument timm refuses raises each time, nothing is kept)."""
     with torch.device("meta"):
@@ -50,6 +52,7 @@ def _resolved(name: str, given: tuple[tuple[str, float], ...]) -> ModelConfig:
 
 
 def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
+    """timm's `name` with `kwargs` (ModelConfig fields; ``stem`` becomes timm's ``embed_layer``)."""
     import timm
 
     if not is_vit_name(name):
@@ -59,8 +62,16 @@ def _create(name: str, kwargs: dict, *, pretrained: bool = False) -> nn.Module:
         hint = did_you_mean(name.replace("-", "_").lower(), timm.list_models("vit_*"))
         raise ConfigError(f"{what}{hint}: atd trains timm ViTs (vit_*, e.g. vit_tiny_patch16_224; "
                           f"timm.list_models('vit_*') lists them)")
+    kwargs = dict(kwargs)
+    if kwargs.pop("stem", "patch") == "conv":
+        if pretrained:
+            raise ConfigError(f"timm's pretrained {name!r} has a patch embedding: stem conv starts from random init "
+                              f"or an atd weight set")
+        kwargs["embed_layer"] = ConvStem
     try:
         model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    except ModelConfigError:  # the conv stem's own rule (patch size), one line as it stands
+        raise
     except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
         raise ConfigError(f"timm cannot build {name!r} with {kwargs}: {exc}") from None
     for attr in ("patch_embed", "blocks", "forward_features", "forward_head", "reset_classifier"):
@@ -103,9 +114,10 @@ def _read_arch(model: nn.Module) -> dict:
         embed_dim=int(model.embed_dim),
         depth=len(model.blocks),
         num_heads=int(model.blocks[0].attn.num_heads),
-        in_chans=int(pe.proj.in_channels),
+        in_chans=int(pe.in_chans if isinstance(pe, ConvStem) else pe.proj.in_channels),
         num_classes=int(model.num_classes),
         mlp_ratio=_mlp_ratio(model),
+        stem="conv" if isinstance(pe, ConvStem) else "patch",
     )
 
 
@@ -237,7 +249,9 @@ def cls_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def freeze_blocks(model: nn.Module, k: int) -> None:
-    """Freeze the embeddings and the first `k` blocks (VGS-ATD node-to-node transfer)."""
+    """Freeze the embeddings (a conv stem's too) and the first `k` blocks (VGS-ATD node-to-node
+    transfer). A frozen stem's BatchNorm statistics are held as well while training
+    (`hold_frozen_norms`, which the trainer applies after each ``model.train()``)."""
     if not 0 <= k <= len(model.blocks):
         raise ConfigError(f"--freeze-blocks {k} out of range 0..{len(model.blocks)}")
     if k == 0:
@@ -245,6 +259,16 @@ def freeze_blocks(model: nn.Module, k: int) -> None:
     front, _ = split_at(model, k)
     for p in front.parameters():
         p.requires_grad_(False)
+
+
+def hold_frozen_norms(model: nn.Module) -> None:
+    """Put every BatchNorm whose parameters are all frozen (`freeze_blocks`) in eval mode, so
+    that training leaves it unchanged: in training mode it would normalise by batch statistics
+    and move its running statistics, though its weights stay put. Call after ``model.train()``."""
+    for m in model.modules():
+        params = list(m.parameters(recurse=False))
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and params and not any(p.requires_grad for p in params):
+            m.eval()
 
 
 # --- the cut for split learning ---------------------------------------------------------
@@ -328,8 +352,9 @@ def check_meta(meta: dict, cfg: ModelConfig, *, label_fp: str | None, labels: li
     except ModelConfigError as exc:
         raise WeightsError(f"{what}: {exc}") from None
     ignore = ("num_classes",) if part == "extractor" else ()
+    # the model's dict fields, and stem always (a patch model's dict leaves it out)
     d = [f"{f} {getattr(theirs, f)} (weights) vs {getattr(cfg, f)} (model)"
-         for f in cfg.to_dict() if f not in ignore and getattr(theirs, f) != getattr(cfg, f)]
+         for f in dict.fromkeys([*cfg.to_dict(), "stem"]) if f not in ignore and getattr(theirs, f) != getattr(cfg, f)]
     if d:
         raise WeightsError(f"{what} ({part}) were made for another model: {', '.join(d)}")
     if part != "extractor" and label_fp is not None and meta.get("label_fp") != label_fp:

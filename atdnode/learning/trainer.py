@@ -22,6 +22,7 @@ from atdnode.learning.augment import SmallClassAugment
 from atdnode.data import LabeledImages
 from atdnode.learning.devdata import DeviceImages
 from atdnode.learning.device import to_device, use_amp
+from atdnode.learning.model import hold_frozen_norms
 from atdnode.errors import ConfigError
 from atdnode.learning.train_options import OPTIMIZERS, SGD_MOMENTUM, TrainOptions
 
@@ -119,6 +120,7 @@ class Trainer:
         opts, ctx = self.opts, self.ctx
         torch.manual_seed(opts.seed * 7919 + epoch)  # dropout / drop-path, if the model has any
         self.net.train()
+        hold_frozen_norms(self.model)  # a frozen conv stem keeps its BatchNorm statistics
         order = self.epoch_order(epoch)
         stats = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count (this rank)
         shown = LaggedStats(self.device)

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from atdnode.errors import AtdError
+from protocols.vit_config import STEMS
 
 NUM = (int, float)
 
@@ -68,7 +69,7 @@ STEP_REFS = {"init_from": ("publish",), "model": ("train",), "inputs": ("publish
                                                                           "wait"),
              "features": ("share_features",), "after": tuple(STEP_KINDS)}
 MODEL_KEYS = {"name": (str,), "img_size": (int,), "patch_size": (int,), "embed_dim": (int,), "depth": (int,),
-              "heads": (int,), "in_chans": (int,), "mlp_ratio": NUM}
+              "heads": (int,), "in_chans": (int,), "mlp_ratio": NUM, "stem": (str,)}
 MODES = ("horizontal", "vertical", "hierarchical")
 LATE = ("proceed",)
 DEFAULT_DEADLINE = 3600
@@ -168,6 +169,8 @@ def check_plan(body: Mapping, members: set[str]) -> None:
             if name not in MODEL_KEYS:
                 raise PlanError(f"model: unknown key {name!r}")
             _typed("model", name, value, MODEL_KEYS[name])
+            if name == "stem" and value not in STEMS:
+                raise PlanError(f"model: stem must be one of {', '.join(STEMS)}, got {value!r}")
 
 
 def _members_of(steps: list, sid: str) -> list[str]:

@@ -244,7 +244,7 @@ def _summary(e: Entry) -> dict:
     m = e.body.get("model")
     if isinstance(m, dict):
         out["model"] = {k: m[k] for k in ("name", "img_size", "patch_size", "embed_dim", "depth", "num_heads",
-                                          "in_chans") if k in m}
+                                          "in_chans", "stem") if k in m}
     return out
 
 

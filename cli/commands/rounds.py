@@ -12,7 +12,7 @@ from atdnode.learning import apply_device
 from atdnode.node import NodeHome, sklearn_warnings_to_log
 from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
-                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
+                         PGD_STEP_OPT, PGD_STEPS_OPT, STEM_OPT, Stem, model_config, pgd_transform)
 from cli.choices import choice
 from protocols.weightings import ROUND_AGGREGATORS, weightings
 
@@ -55,6 +55,7 @@ def rounds(
     heads: Optional[int] = HEADS_OPT,
     in_chans: Optional[int] = IN_CHANS_OPT,
     mlp_ratio: Optional[float] = MLP_RATIO_OPT,
+    stem: Optional[Stem] = STEM_OPT,
     local_epochs: int = typer.Option(1, "--local-epochs", min=1, help="Local epochs per round."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Local batch size."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak AdamW rate (default as `atd train`)."),
@@ -85,7 +86,7 @@ def rounds(
     apply_device(device, h)  # checked before anything loads; every step of the command uses it
     sklearn_warnings_to_log(h)  # scikit-learn's warnings go to HOME/logs/cli.log, not stderr
     cfg = model_config(model, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                       heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio)
+                       heads=heads, in_chans=in_chans, mlp_ratio=mlp_ratio, stem=stem)
     transform = None
     if adversarial:
         transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,

@@ -15,7 +15,7 @@ from atdnode.node import NodeHome, sklearn_warnings_to_log
 from atdnode.learning import FINETUNE_LR, SCRATCH_LR_192, TrainOptions
 from cli.options import (node_home, ADV_RATIO_OPT, ADVERSARIAL_HELP, DEPTH_OPT, DEVICE_OPT, EMBED_DIM_OPT, HEADS_OPT, HOME_OPT,
                          IMG_SIZE_OPT, IN_CHANS_OPT, MLP_RATIO_OPT, MODEL_OPT, PATCH_SIZE_OPT, PGD_EPS_OPT,
-                         PGD_STEP_OPT, PGD_STEPS_OPT, model_config, pgd_transform)
+                         PGD_STEP_OPT, PGD_STEPS_OPT, STEM_OPT, Stem, model_config, pgd_transform)
 from cli.errors import CliError
 from cli.progress import bars
 
@@ -49,6 +49,7 @@ def train_cmd(
     heads: Optional[int] = HEADS_OPT,
     in_chans: Optional[int] = IN_CHANS_OPT,
     mlp_ratio: Optional[float] = MLP_RATIO_OPT,
+    stem: Optional[Stem] = STEM_OPT,
     epochs: int = typer.Option(3, "--epochs", min=1, help="Training epochs."),
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="Global batch size over all processes (small data sets need many steps; raise it for large ones / GPUs)."),
     lr: Optional[float] = typer.Option(None, "--lr", help=f"Peak AdamW learning rate (default: {FINETUNE_LR:g} from weights; from scratch {SCRATCH_LR_192:g} x 192/embed-dim)."),
@@ -93,7 +94,7 @@ def train_cmd(
     if all(v is None for v in sizes.values()) and init_from is None and not pretrained:
         source = resolve_data(data)  # parsed and listed once: for the sizes and for every split
         sizes = _auto_sizes(h, source, device, say=main and not as_json)
-    cfg = model_config(model, **sizes, in_chans=in_chans, mlp_ratio=mlp_ratio)
+    cfg = model_config(model, **sizes, in_chans=in_chans, mlp_ratio=mlp_ratio, stem=stem)
     transform = None
     if adversarial:
         transform = pgd_transform(adv_ratio=adv_ratio, pgd_eps=pgd_eps, pgd_step=pgd_step, pgd_steps=pgd_steps,
