@@ -39,23 +39,24 @@ winner is the recipe with the highest mean val balanced accuracy (AUROC breaks t
 
 `--keep-rules` also judges the rules a node could decide by which model it uses after the
 aggregation (`atdnode.aggregation.keep`), without a test image. Per site and seed, its three
-candidates (`keep.CANDIDATES`): "consortium" (its consortium model above), "own" (its model of
-the vertical step, end to end: what a node's own model is there) and "raw-pixels" (its raw-pixel
+candidates (`keep.CANDIDATES`): "consortium" (its consortium model above), "own" (its model of the
+vertical step, end to end: what a node's own model is there) and "raw-pixels" (its raw-pixel
 ensemble, `raw-own` above). Each rule of `KEEP_RULES` picks one on the site's own val split, through
-`keep.choose` on scores shaped as `atdnode.aggregation.candidates.score_candidates` builds them:
-R1 policy best (the one-SE rule, SE from the library's `paired_balanced_accuracy_se`, seed 0);
-R2 the one-SE rule with the SE of a Bayesian bootstrap under Jeffreys pseudo-counts
-(`jeffreys_paired_se`); R3 the consortium unless every class has `MIN_PER_CLASS` val images, else
+`keep.choose` on scores shaped as `atdnode.aggregation.candidates.score_candidates` builds them: R1
+policy best (the one-SE rule, SE from the library's `paired_balanced_accuracy_se`, seed 0); R2 the
+one-SE rule with the SE of a Bayesian bootstrap under Jeffreys pseudo-counts
+(`atdnode.learning.metrics.jeffreys_paired_balanced_accuracy_se`); R3 the consortium unless every
+class of the label space has `MIN_PER_CLASS` val images (one absent from the split has none), else
 R1; R4 policy consortium; R5 the highest val balanced accuracy (no SE). The pick is scored on the
-other sites' val splits pooled: images the site's decision never saw, and, since every site's
-images are dealt from one pool by class shares and balanced accuracy does not depend on class
-priors, an independent held-out estimate of the same quantity (a simulation's privilege: a real
-node never sees them). `keep_rules` in each recipe's entry (`keep_summary`): per rule the mean
-held-out balanced accuracy of the kept candidate over sites x seeds, its regret (the best
-candidate's held-out score minus the kept one's), how often it keeps each candidate, and per site
-its paired difference in points against R1 over seeds; each site's run holds the per-seed detail
-("keep": val scores, SEs, picks, held-out scores). The held-out set is itself small (the other
-sites' val splits: 48 images on BreastMNIST), so a site's held-out score is an estimate too.
+other sites' val splits pooled: images the site's decision never saw, and, since every site's images
+are dealt from one pool by class shares and balanced accuracy does not depend on class priors, an
+independent held-out estimate of the same quantity (a simulation's privilege: a real node never sees
+them). `keep_rules` in each recipe's entry (`keep_summary`): per rule the mean held-out balanced
+accuracy of the kept candidate over sites x seeds, its regret (the best candidate's held-out score
+minus the kept one's), how often it keeps each candidate, and per site its paired difference in
+points against R1 over seeds; each site's run holds the per-seed detail ("keep": val scores, SEs,
+picks, held-out scores). The held-out set is itself small (the other sites' val splits: 48 images on
+BreastMNIST), so a site's held-out score is an estimate too.
 
 `--merge A.json B.json` summarises outputs of separate runs (other seeds, same recipes) as one.
 """
@@ -203,27 +204,10 @@ def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
     return float(np.mean([np.mean(pred[y == c] == c) for c in np.unique(y)]))
 
 
-def jeffreys_paired_se(y_true, pred_a, pred_b, *, seed: int = 0, b: int = 1000) -> float:
-    """`atdnode.learning.metrics.paired_balanced_accuracy_se` with a Bayesian bootstrap (Rubin
-    1981) under Jeffreys pseudo-counts: each class's shares of the four cells (both right, a only,
-    b only, neither) drawn from Dirichlet(cells + 0.5) rather than the empirical multinomial, so a
-    class on which the two predictors agree, or disagree the same way on every sample, still
-    contributes variance (the empirical bootstrap reports none for it)."""
-    y, pa, pb = (np.asarray(v, dtype=np.int64) for v in (y_true, pred_a, pred_b))
-    rng = np.random.default_rng(seed)
-    diff = np.zeros(b, dtype=np.float64)
-    classes = np.unique(y)
-    for c in classes:
-        ra, rb = pa[y == c] == c, pb[y == c] == c
-        cells = np.array([(ra & rb).sum(), (ra & ~rb).sum(), (~ra & rb).sum(), (~ra & ~rb).sum()], dtype=np.float64)
-        shares = rng.dirichlet(cells + 0.5, size=b)  # (b, 4)
-        diff += shares[:, 1] - shares[:, 2]
-    return float(np.std(diff / max(len(classes), 1), ddof=1)) if len(classes) and b > 1 else 0.0
-
-
 KEEP_RULES = {
     "R1_best": "policy best: the one-SE rule, SE from the class-stratified paired bootstrap",
-    "R2_jeffreys": "the one-SE rule, SE from a Bayesian bootstrap with Jeffreys pseudo-counts (jeffreys_paired_se)",
+    "R2_jeffreys": "the one-SE rule, SE from a Bayesian bootstrap with Jeffreys pseudo-counts "
+                   "(jeffreys_paired_balanced_accuracy_se)",
     "R3_min5": f"the consortium unless every class has at least {MIN_PER_CLASS} val images, else R1",
     "R4_consortium": "policy consortium: always the consortium's model",
     "R5_argmax": "the highest val balanced accuracy, no SE (ties in CANDIDATES order)",
@@ -240,13 +224,13 @@ def keep_entry(val_y: dict, preds: dict, site: str, k: int) -> dict:
     `val_y` {site: labels}; `preds` {site: {candidate: predicted indices}}, both in the label space
     of `k` classes (R3 counts each of them in the site's val split)."""
     from atdnode.aggregation.keep import CANDIDATES, choose
-    from atdnode.learning import paired_balanced_accuracy_se
+    from atdnode.learning import jeffreys_paired_balanced_accuracy_se, paired_balanced_accuracy_se
 
     y, own = val_y[site], preds[site]
     val = {c: round(balanced_accuracy(y, own[c]), 6) for c in CANDIDATES}
     se = {c: round(paired_balanced_accuracy_se(y, own[c], own["consortium"], seed=0), 6)
           for c in CANDIDATES if c != "consortium"}  # seed 0: as judge_candidates scores
-    se_j = {c: round(jeffreys_paired_se(y, own[c], own["consortium"], seed=0), 6) for c in se}
+    se_j = {c: round(jeffreys_paired_balanced_accuracy_se(y, own[c], own["consortium"], seed=0), 6) for c in se}
 
     def scores(ses: dict) -> dict:  # score_candidates' shape
         return {"scored_on": "val", **{c: {"balanced_accuracy": val[c], **({"se": ses[c]} if c in ses else {})}
