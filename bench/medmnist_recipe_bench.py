@@ -19,8 +19,9 @@ Every number is scored on the site's val split (carved from its share by the sce
 `val_fraction`, never trained on): balanced accuracy (what keep = best judges by) and AUROC
 (`netsim.learn.score_probs`). No test image is read. A recipe's figure is the mean over
 sites of its consortium model's val balanced accuracy; with `--seeds` several, the mean
-over seeds. No daemons, no ledger, no encryption and no keep decision (each site's consortium
-model is scored, not the model keep = best would pick): a cheap screen before the full `atd netsim run`
+over seeds. No daemons, no ledger, no encryption and no keep decision in these figures (each site's
+consortium model is scored, not the model keep = best would pick; `--keep-rules` below judges that
+decision): a cheap screen before the full `atd netsim run`
 (`bench/medmnist_bench.py`) that the claims rest on. Prints one JSON object.
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
@@ -35,6 +36,27 @@ winner is the recipe with the highest mean val balanced accuracy (AUROC breaks t
 
     nice -n 10 python bench/medmnist_recipe_bench.py --scenario breastmnist \\
         --recipe base: e40:epochs=40 noaug:augment=0 msd:start=msd,lr=3e-4
+
+`--keep-rules` also judges the rules a node could decide by which model it uses after the
+aggregation (`atdnode.aggregation.keep`), without a test image. Per site and seed, its three
+candidates (`keep.CANDIDATES`): "consortium" (its consortium model above), "own" (its model of the
+vertical step, end to end: what a node's own model is there) and "raw-pixels" (its raw-pixel
+ensemble, `raw-own` above). Each rule of `KEEP_RULES` picks one on the site's own val split, through
+`keep.choose` on scores shaped as `atdnode.aggregation.candidates.score_candidates` builds them: R1
+policy best (the one-SE rule, SE from the library's `paired_balanced_accuracy_se`, seed 0); R2 the
+one-SE rule with the SE of a Bayesian bootstrap under Jeffreys pseudo-counts
+(`atdnode.learning.metrics.jeffreys_paired_balanced_accuracy_se`); R3 the consortium unless every
+class of the label space has `MIN_PER_CLASS` val images (one absent from the split has none), else
+R1; R4 policy consortium; R5 the highest val balanced accuracy (no SE). The pick is scored on the
+other sites' val splits pooled: images the site's decision never saw, and, since every site's images
+are dealt from one pool by class shares and balanced accuracy does not depend on class priors, an
+independent held-out estimate of the same quantity (a simulation's privilege: a real node never sees
+them). `keep_rules` in each recipe's entry (`keep_summary`): per rule the mean held-out balanced
+accuracy of the kept candidate over sites x seeds, its regret (the best candidate's held-out score
+minus the kept one's), how often it keeps each candidate, and per site its paired difference in
+points against R1 over seeds; each site's run holds the per-seed detail ("keep": val scores, SEs,
+picks, held-out scores). The held-out set is itself small (the other sites' val splits: 48 images on
+BreastMNIST), so a site's held-out score is an estimate too.
 
 `--merge A.json B.json` summarises outputs of separate runs (other seeds, same recipes) as one.
 """
@@ -53,7 +75,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from atdnode.models import RAW_PIXELS  # noqa: E402
 from protocols.vit_config import STEMS  # noqa: E402
+
+MIN_PER_CLASS = 5  # rule R3 of KEEP_RULES: fewer val images of a class than this and the consortium is kept
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
         "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
@@ -87,9 +112,10 @@ def apply_recipe(scn, r: dict):
     return scn.replace(model=model, train=train)
 
 
-def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
+def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> dict:
     """Per site: the consortium model's, its raw-pixel ensemble's and its local model's val
-    balanced accuracy and AUROC under `recipe` at `seed`."""
+    balanced accuracy and AUROC under `recipe` at `seed`; with `keep_rules`, its "keep" entry
+    (`keep_entry`)."""
     from atdnode.aggregation import fit_reference
     from atdnode.learning import build_model, extract_features, extractor_state
     from netsim.learn import global_probs, model_config, predict_proba, score_probs, to_global, train_model
@@ -132,26 +158,124 @@ def run_recipe(scn, recipe: dict, seed: int, log) -> dict:
 
     parts = [(feats(data.nodes[n].train), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
              for n in sites]
+    val_feats = {n: feats(data.nodes[n].val) for n in sites}
+    val_y = {n: to_global(data.nodes[n].val.labels.numpy(), data.nodes[n].classes, space) for n in sites}
     out: dict = {}
     for i, n in enumerate(sites):
         nd = data.nodes[n]
-        y = to_global(nd.val.labels.numpy(), nd.classes, space)
+        y = val_y[n]
         ens, classes = fit_vertical_ensemble(parts, own=i, **replace(opts, seed=seed).kwargs())
-        p = np.zeros((len(nd.val), len(classes)))
-        p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(feats(nd.val))
         raw = fit_reference("ensemble-raw", [nd.train], model_config(scn.model, len(nd.classes)),
                             **replace(opts, seed=seed).kwargs())
-        pr = np.zeros((len(nd.val), len(raw.classes)))
-        pr[:, raw.ensemble.classes_.astype(np.int64)] = raw.ensemble.predict_proba(nd.val.images.reshape(len(nd.val), -1).numpy())
+
+        def cons_probs(m: str) -> np.ndarray:  # the site's consortium model on site m's val split
+            p = np.zeros((len(val_feats[m]), len(classes)))
+            p[:, ens.classes_.astype(np.int64)] = ens.predict_proba(val_feats[m])
+            return global_probs(p, classes, space)
+
+        def raw_probs(m: str) -> np.ndarray:  # the site's raw-pixel ensemble on site m's val split
+            v = data.nodes[m].val
+            pr = np.zeros((len(v), len(raw.classes)))
+            flat = v.images.reshape(len(v), -1).numpy()
+            pr[:, raw.ensemble.classes_.astype(np.int64)] = raw.ensemble.predict_proba(flat)
+            return global_probs(pr, raw.classes, space)
+
         local = tuned[0] if i == 0 else train(n, start)
-        rows = {"consortium": global_probs(p, classes, space), "raw-own": global_probs(pr, raw.classes, space),
+        rows = {"consortium": cons_probs(n), "raw-own": raw_probs(n),
                 "local": global_probs(predict_proba(local, nd.val.images), nd.classes, space)}
         rows["blend"] = (rows["consortium"] + rows["raw-own"]) / 2
         out[n] = {k: {m: round(v.get(m, float("nan")), 4) for m in ("balanced_accuracy", "auroc")}
                   for k, v in ((k, score_probs(y, q)) for k, q in rows.items())}
         out[n]["val_n"] = len(nd.val)
+        if keep_rules:  # the node's three candidates (`atdnode.aggregation.keep.CANDIDATES`) on every val split
+            own = tuned[i]
+            preds = {m: {"consortium": cons_probs(m).argmax(1), RAW_PIXELS: raw_probs(m).argmax(1),
+                         "own": global_probs(predict_proba(own, data.nodes[m].val.images), nd.classes,
+                                             space).argmax(1)} for m in sites}
+            out[n]["keep"] = keep_entry(val_y, preds, n, len(space))
         log(json.dumps({"seed": seed, "site": n, **out[n]}))
     out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
+    """The mean over the classes present in `y` of their recall (what `atd classify`'s scorer,
+    `atdnode.learning.metrics.classification_metrics`, reports as balanced accuracy)."""
+    return float(np.mean([np.mean(pred[y == c] == c) for c in np.unique(y)]))
+
+
+KEEP_RULES = {
+    "R1_best": "policy best: the one-SE rule, SE from the class-stratified paired bootstrap",
+    "R2_jeffreys": "the one-SE rule, SE from a Bayesian bootstrap with Jeffreys pseudo-counts "
+                   "(jeffreys_paired_balanced_accuracy_se)",
+    "R3_min5": f"the consortium unless every class has at least {MIN_PER_CLASS} val images, else R1",
+    "R4_consortium": "policy consortium: always the consortium's model",
+    "R5_argmax": "the highest val balanced accuracy, no SE (ties in CANDIDATES order)",
+}
+
+
+def keep_entry(val_y: dict, preds: dict, site: str, k: int) -> dict:
+    """For `site`: its candidates' balanced accuracy on its own val split ("val") with each other
+    candidate's SE beside the consortium's ("se": the library's, "se_jeffreys"), the candidate each
+    rule of `KEEP_RULES` keeps, judged on that split alone through `atdnode.aggregation.keep.choose`
+    on scores shaped as `score_candidates` builds them ("picks"), and each candidate's balanced
+    accuracy on the other sites' val splits pooled ("heldout": images the site's decision never
+    saw, from the same class-conditional pool; balanced accuracy does not depend on the priors).
+    `val_y` {site: labels}; `preds` {site: {candidate: predicted indices}}, both in the label space
+    of `k` classes (R3 counts each of them in the site's val split)."""
+    from atdnode.aggregation.keep import CANDIDATES, choose
+    from atdnode.learning import jeffreys_paired_balanced_accuracy_se, paired_balanced_accuracy_se
+
+    y, own = val_y[site], preds[site]
+    val = {c: round(balanced_accuracy(y, own[c]), 6) for c in CANDIDATES}
+    se = {c: round(paired_balanced_accuracy_se(y, own[c], own["consortium"], seed=0), 6)
+          for c in CANDIDATES if c != "consortium"}  # seed 0: as judge_candidates scores
+    se_j = {c: round(jeffreys_paired_balanced_accuracy_se(y, own[c], own["consortium"], seed=0), 6) for c in se}
+
+    def scores(ses: dict) -> dict:  # score_candidates' shape
+        return {"scored_on": "val", **{c: {"balanced_accuracy": val[c], **({"se": ses[c]} if c in ses else {})}
+                                       for c in CANDIDATES}}
+
+    per_class = np.bincount(y, minlength=k)
+    few = int(per_class.min()) < MIN_PER_CLASS
+    picks = {"R1_best": choose("best", scores(se))[0], "R2_jeffreys": choose("best", scores(se_j))[0],
+             "R4_consortium": choose("consortium", scores(se))[0],
+             "R5_argmax": choose("best", scores({c: 0.0 for c in se}))[0]}
+    picks["R3_min5"] = "consortium" if few else picks["R1_best"]
+    others = [m for m in val_y if m != site]
+    hy = np.concatenate([val_y[m] for m in others])
+    held = {c: round(balanced_accuracy(hy, np.concatenate([preds[m][c] for m in others])), 6) for c in CANDIDATES}
+    return {"val": val, "se": se, "se_jeffreys": se_j, "val_per_class": per_class.tolist(),
+            "picks": {r: picks[r] for r in KEEP_RULES}, "heldout": held, "heldout_n": int(len(hy))}
+
+
+def keep_summary(runs: list[dict]) -> dict:
+    """Per rule of `KEEP_RULES`, over sites x seeds: the mean held-out balanced accuracy of the
+    candidate it keeps, the mean regret (the best candidate's held-out score minus the kept one's),
+    how often it keeps each candidate, and per site its paired difference in points against R1
+    (mean and population standard deviation over seeds)."""
+    from atdnode.aggregation.keep import CANDIDATES
+
+    sites = [k for k in runs[0] if isinstance(runs[0][k], dict) and "keep" in runs[0][k]]
+    cells = [r[s]["keep"] for r in runs for s in sites]
+    oracle = [max(k["heldout"].values()) for k in cells]
+    out = {"oracle_heldout_balanced_accuracy": round(statistics.fmean(oracle), 4),
+           "candidate_heldout_balanced_accuracy": {c: round(statistics.fmean(k["heldout"][c] for k in cells), 4)
+                                                   for c in CANDIDATES},
+           "cells": len(cells), "rules": {}}
+    for rule, what in KEEP_RULES.items():
+        got = [k["heldout"][k["picks"][rule]] for k in cells]
+        per_site = {}
+        for s in sites:
+            d = [100 * (r[s]["keep"]["heldout"][r[s]["keep"]["picks"][rule]]
+                        - r[s]["keep"]["heldout"][r[s]["keep"]["picks"]["R1_best"]]) for r in runs]
+            per_site[s] = {"points_runs": [round(x, 1) for x in d], "mean": round(statistics.fmean(d), 1),
+                           "spread": round(statistics.pstdev(d), 1) if len(d) > 1 else None}
+        out["rules"][rule] = {
+            "what": what, "heldout_balanced_accuracy": round(statistics.fmean(got), 4),
+            "regret": round(statistics.fmean(o - g for o, g in zip(oracle, got)), 4),
+            "picks": {c: sum(k["picks"][rule] == c for k in cells) for c in CANDIDATES},
+            "vs_R1_points_per_site": per_site}
     return out
 
 
@@ -186,8 +310,11 @@ def versus(first: dict, other: dict) -> dict:
 
 
 def scored(recipe: dict, runs: list[dict]) -> dict:
-    """One recipe's entry: its summary over `runs` (one per seed), wall times and the runs."""
-    return {"recipe": recipe, **summary(runs), "wall_s": [x["wall_s"] for x in runs], "runs": runs}
+    """One recipe's entry: its summary over `runs` (one per seed), the keep rules' (`keep_summary`)
+    where the runs scored them, wall times and the runs."""
+    sites = [k for k in runs[0] if isinstance(runs[0][k], dict)]
+    keep = {"keep_rules": keep_summary(runs)} if all("keep" in r[s] for r in runs for s in sites) else {}
+    return {"recipe": recipe, **summary(runs), **keep, "wall_s": [x["wall_s"] for x in runs], "runs": runs}
 
 
 def verdict(scenario: str, seeds: list[int], out: dict) -> dict:
@@ -223,6 +350,8 @@ def main() -> None:
     ap.add_argument("--scenario", default="breastmnist", help="a shipped scenario name or a TOML path")
     ap.add_argument("--recipe", nargs="+", default=["scenario:"], help="NAME:key=value,... (see the docstring)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--keep-rules", action="store_true",
+                    help="also score the keep rules (KEEP_RULES) on held-out val splits; see the docstring")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                     help="summarise earlier outputs of this bench (different seeds) instead of running")
     args = ap.parse_args()
@@ -242,8 +371,8 @@ def main() -> None:
     recipes = dict(parse_recipe(r) for r in args.recipe)
     out = {}
     for name, r in recipes.items():
-        out[name] = scored(r, [run_recipe(scn, r, s, log) for s in args.seeds])
-        log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k != "runs"}}))
+        out[name] = scored(r, [run_recipe(scn, r, s, log, args.keep_rules) for s in args.seeds])
+        log(json.dumps({"recipe": name, **{k: v for k, v in out[name].items() if k not in ("runs", "keep_rules")}}))
     print(json.dumps(verdict(scn.name, args.seeds, out), indent=1))
 
 

@@ -24,7 +24,7 @@ from atdnode.aggregation.candidates import judge_candidates
 from atdnode.aggregation.ensemble import EnsembleOptions
 from atdnode.aggregation.keep import choose, use_of
 from atdnode.blobs import BlobStore
-from atdnode.learning import paired_balanced_accuracy_se
+from atdnode.learning import jeffreys_paired_balanced_accuracy_se, paired_balanced_accuracy_se
 from atdnode.learning import run_classify as classify
 from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, learned_model_in_use, model_in_use
 from atdnode.report import collect_card
@@ -101,6 +101,21 @@ def test_the_paired_se_is_seeded_stratified_and_paired() -> None:
     y4, a4, b4 = np.repeat([0, 1], 200), np.repeat([0, 1], 200), np.repeat([0, 1], 200)
     b4[:40] = 1
     assert abs(paired_balanced_accuracy_se(y4, a4, b4) / se - 0.5) < 0.1
+
+
+def test_the_jeffreys_se_sees_variance_where_the_stratified_bootstrap_sees_none() -> None:
+    y = np.repeat([0, 1], [21, 3])
+    a, b = y.copy(), y.copy()
+    b[21:] = 0  # a right on all 3 of class 1, b wrong on all of them; both right on class 0
+    assert paired_balanced_accuracy_se(y, a, b) == 0.0  # the empirical bootstrap sees no variance
+    se = jeffreys_paired_balanced_accuracy_se(y, a, b, seed=0)
+    assert se == jeffreys_paired_balanced_accuracy_se(y, a, b, seed=0) != jeffreys_paired_balanced_accuracy_se(y, a, b, seed=1)
+    # class 1: a-only share ~ Beta(3.5, 1.5) less the b-only share; class 0: Dirichlet(21.5, .5, .5, .5); ~0.13
+    assert 0.10 < se < 0.16, se
+    # on a large split it agrees with the empirical bootstrap
+    y4, a4, b4 = np.repeat([0, 1], 200), np.repeat([0, 1], 200), np.repeat([0, 1], 200)
+    b4[:40] = 1
+    assert abs(jeffreys_paired_balanced_accuracy_se(y4, a4, b4) / paired_balanced_accuracy_se(y4, a4, b4) - 1) < 0.1
 
 
 def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ _FACE = {"predict_names": "classify", "score_record": "classify", "run_classify"
          "apply_device": "device", "configured_device": "device", "parse_device": "device",
          "resolve_device": "device", "extract_features": "features", "predict_classes": "features",
          "classification_metrics": "metrics", "save_confusion_png": "metrics",
-         "paired_balanced_accuracy_se": "metrics",
+         "paired_balanced_accuracy_se": "metrics", "jeffreys_paired_balanced_accuracy_se": "metrics",
          "ModelConfig": "model", "ModelConfigError": "model", "build_model": "model", "export_part": "model",
          "extractor_state": "model", "freeze_blocks": "model", "load_part": "model", "part_spec": "model",
          "resolve_config": "model", "ClassifyError": "predict", "pixel_features": "predict", "run_predict": "predict:predict",

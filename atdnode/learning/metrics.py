@@ -33,7 +33,9 @@
   accuracy) that a reliability plot draws (`save_reliability_png`);
 - ``paired_balanced_accuracy_se(y_true, pred_a, pred_b)``: the standard error of the difference
   in balanced accuracy of two predictors on the same samples, by a class-stratified paired
-  bootstrap (what the keep decision's one-standard-error rule weighs, `atdnode.aggregation.keep`).
+  bootstrap (what the keep decision's one-standard-error rule weighs, `atdnode.aggregation.keep`);
+  ``jeffreys_paired_balanced_accuracy_se``: the same by a Bayesian bootstrap with Jeffreys
+  pseudo-counts (a candidate the keep decision does not use).
 
 Intervals are deterministic: the bootstrap draws from ``numpy.random.default_rng(seed)``.
 """
@@ -178,6 +180,20 @@ def auroc_summary(y_true, probs, *, seed: int = 0) -> dict | None:
     return {"auroc": float(np.mean(values)), "ci": _percentile(per_resample)}
 
 
+def _paired_cells(y_true, pred_a, pred_b) -> tuple[np.ndarray, np.ndarray]:
+    """(the classes present in `y_true`, (K, 4) counts per class of its samples that both
+    predictors get right, a only, b only, neither)."""
+    y, pa, pb = (np.asarray(v, dtype=np.int64) for v in (y_true, pred_a, pred_b))
+    if not (y.shape == pa.shape == pb.shape):
+        raise ValueError(f"{len(y)} labels, {len(pa)} and {len(pb)} predictions")
+    classes = np.unique(y)
+    cells = np.zeros((len(classes), 4), dtype=np.float64)
+    for i, c in enumerate(classes):
+        ra, rb = pa[y == c] == c, pb[y == c] == c
+        cells[i] = [(ra & rb).sum(), (ra & ~rb).sum(), (~ra & rb).sum(), (~ra & ~rb).sum()]
+    return classes, cells
+
+
 def paired_balanced_accuracy_se(y_true, pred_a, pred_b, *, seed: int = 0, b: int = BOOTSTRAP) -> float:
     """The standard error of balanced_accuracy(pred_a) - balanced_accuracy(pred_b) on the same
     samples: the standard deviation over `b` seeded bootstrap resamples that draw each class's
@@ -189,17 +205,30 @@ def paired_balanced_accuracy_se(y_true, pred_a, pred_b, *, seed: int = 0, b: int
     difference is (a only - b only) / n_c — the same distribution as resampling the samples
     themselves, drawn per class rather than per sample. 0.0 when the predictors agree on
     every sample."""
-    y, pa, pb = (np.asarray(v, dtype=np.int64) for v in (y_true, pred_a, pred_b))
-    if not (y.shape == pa.shape == pb.shape):
-        raise ValueError(f"{len(y)} labels, {len(pa)} and {len(pb)} predictions")
+    classes, cells = _paired_cells(y_true, pred_a, pred_b)
     rng = np.random.default_rng(seed)
     diff = np.zeros(b, dtype=np.float64)
-    classes = np.unique(y)
-    for c in classes:
-        ra, rb = pa[y == c] == c, pb[y == c] == c
-        cells = np.array([(ra & rb).sum(), (ra & ~rb).sum(), (~ra & rb).sum(), (~ra & ~rb).sum()], dtype=np.float64)
-        draws = rng.multinomial(int(cells.sum()), cells / cells.sum(), size=b)  # (b, 4)
-        diff += (draws[:, 1] - draws[:, 2]) / cells.sum()
+    for row in cells:
+        draws = rng.multinomial(int(row.sum()), row / row.sum(), size=b)  # (b, 4)
+        diff += (draws[:, 1] - draws[:, 2]) / row.sum()
+    return float(np.std(diff / max(len(classes), 1), ddof=1)) if len(classes) and b > 1 else 0.0
+
+
+def jeffreys_paired_balanced_accuracy_se(y_true, pred_a, pred_b, *, seed: int = 0, b: int = BOOTSTRAP) -> float:
+    """`paired_balanced_accuracy_se` by a Bayesian bootstrap (Rubin 1981) under Jeffreys
+    pseudo-counts: each class's shares of the four cells drawn from Dirichlet(cells + 0.5)
+    rather than resampled from the empirical shares, so a class on which the two predictors
+    agree on every sample, or on which one is right wherever the other is wrong, still
+    contributes variance (the empirical bootstrap draws such a class identically every time).
+    Positive whenever `y_true` is non-empty, even for identical predictors. A candidate rule
+    weighed by `bench/medmnist_recipe_bench.py --keep-rules`; the keep decision uses
+    `paired_balanced_accuracy_se`."""
+    classes, cells = _paired_cells(y_true, pred_a, pred_b)
+    rng = np.random.default_rng(seed)
+    diff = np.zeros(b, dtype=np.float64)
+    for row in cells:
+        shares = rng.dirichlet(row + 0.5, size=b)  # (b, 4)
+        diff += shares[:, 1] - shares[:, 2]
     return float(np.std(diff / max(len(classes), 1), ddof=1)) if len(classes) and b > 1 else 0.0
 
 
