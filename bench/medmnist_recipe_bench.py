@@ -43,11 +43,11 @@ candidates (`keep.CANDIDATES`): "consortium" (its consortium model above), "own"
 vertical step, end to end: what a node's own model is there) and "raw-pixels" (its raw-pixel
 ensemble, `raw-own` above). Each rule of `KEEP_RULES` picks one on the site's own val split, through
 `keep.choose` on scores shaped as `atdnode.aggregation.candidates.score_candidates` builds them: R1
-policy best (the one-SE rule, SE from the library's `paired_balanced_accuracy_se`, seed 0); R2 the
+the one-SE rule alone (SE from the library's `paired_balanced_accuracy_se`, seed 0); R2 the
 one-SE rule with the SE of a Bayesian bootstrap under Jeffreys pseudo-counts
-(`atdnode.learning.metrics.jeffreys_paired_balanced_accuracy_se`); R3 the consortium unless every
-class of the label space has `MIN_PER_CLASS` val images (one absent from the split has none), else
-R1; R4 policy consortium; R5 the highest val balanced accuracy (no SE). The pick is scored on the
+(`atdnode.learning.metrics.jeffreys_paired_balanced_accuracy_se`); R3 policy best as a node runs
+it: the consortium unless every class of the site's own has `keep.MIN_VAL_PER_CLASS` val images
+(one absent from the split has none), else R1; R4 policy consortium; R5 the highest val balanced accuracy (no SE). The pick is scored on the
 other sites' val splits pooled: images the site's decision never saw, and, since every site's images
 are dealt from one pool by class shares and balanced accuracy does not depend on class priors, an
 independent held-out estimate of the same quantity (a simulation's privilege: a real node never sees
@@ -78,7 +78,6 @@ import torch  # noqa: E402
 from atdnode.models import RAW_PIXELS  # noqa: E402
 from protocols.vit_config import STEMS  # noqa: E402
 
-MIN_PER_CLASS = 5  # rule R3 of KEEP_RULES: fewer val images of a class than this and the consortium is kept
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
         "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
@@ -192,7 +191,7 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
             preds = {m: {"consortium": cons_probs(m).argmax(1), RAW_PIXELS: raw_probs(m).argmax(1),
                          "own": global_probs(predict_proba(own, data.nodes[m].val.images), nd.classes,
                                              space).argmax(1)} for m in sites}
-            out[n]["keep"] = keep_entry(val_y, preds, n, len(space))
+            out[n]["keep"] = keep_entry(val_y, preds, n, [space.index(c) for c in nd.classes])
         log(json.dumps({"seed": seed, "site": n, **out[n]}))
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
@@ -205,24 +204,26 @@ def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
 
 
 KEEP_RULES = {
-    "R1_best": "policy best: the one-SE rule, SE from the class-stratified paired bootstrap",
+    "R1_best": "the one-SE rule alone, SE from the class-stratified paired bootstrap",
     "R2_jeffreys": "the one-SE rule, SE from a Bayesian bootstrap with Jeffreys pseudo-counts "
                    "(jeffreys_paired_balanced_accuracy_se)",
-    "R3_min5": f"the consortium unless every class has at least {MIN_PER_CLASS} val images, else R1",
+    "R3_min5": "policy best: the consortium unless every class has at least MIN_VAL_PER_CLASS (5) val images, "
+               "else R1 (atdnode.aggregation.keep)",
     "R4_consortium": "policy consortium: always the consortium's model",
     "R5_argmax": "the highest val balanced accuracy, no SE (ties in CANDIDATES order)",
 }
 
 
-def keep_entry(val_y: dict, preds: dict, site: str, k: int) -> dict:
+def keep_entry(val_y: dict, preds: dict, site: str, classes: list[int]) -> dict:
     """For `site`: its candidates' balanced accuracy on its own val split ("val") with each other
     candidate's SE beside the consortium's ("se": the library's, "se_jeffreys"), the candidate each
     rule of `KEEP_RULES` keeps, judged on that split alone through `atdnode.aggregation.keep.choose`
     on scores shaped as `score_candidates` builds them ("picks"), and each candidate's balanced
     accuracy on the other sites' val splits pooled ("heldout": images the site's decision never
     saw, from the same class-conditional pool; balanced accuracy does not depend on the priors).
-    `val_y` {site: labels}; `preds` {site: {candidate: predicted indices}}, both in the label space
-    of `k` classes (R3 counts each of them in the site's val split)."""
+    `val_y` {site: labels}; `preds` {site: {candidate: predicted indices}}, both in the label space;
+    `classes`: the site's own classes in it (R3 counts each of them in the site's val split, as
+    `score_candidates` counts the node's data's classes)."""
     from atdnode.aggregation.keep import CANDIDATES, choose
     from atdnode.learning import jeffreys_paired_balanced_accuracy_se, paired_balanced_accuracy_se
 
@@ -232,16 +233,19 @@ def keep_entry(val_y: dict, preds: dict, site: str, k: int) -> dict:
           for c in CANDIDATES if c != "consortium"}  # seed 0: as judge_candidates scores
     se_j = {c: round(jeffreys_paired_balanced_accuracy_se(y, own[c], own["consortium"], seed=0), 6) for c in se}
 
-    def scores(ses: dict) -> dict:  # score_candidates' shape
-        return {"scored_on": "val", **{c: {"balanced_accuracy": val[c], **({"se": ses[c]} if c in ses else {})}
-                                       for c in CANDIDATES}}
+    per_class = np.bincount(y, minlength=max(classes) + 1)[classes]
 
-    per_class = np.bincount(y, minlength=k)
-    few = int(per_class.min()) < MIN_PER_CLASS
+    def scores(ses: dict, counts: bool = False) -> dict:  # score_candidates' shape (counts: with val_class_counts)
+        return {"scored_on": "val", **{c: {"balanced_accuracy": val[c], **({"se": ses[c]} if c in ses else {})}
+                                       for c in CANDIDATES},
+                **({"val_class_counts": {str(c): int(n) for c, n in zip(classes, per_class)}} if counts else {})}
+
+    # R3 is policy best as the node runs it (`choose` with the split's class counts); R1 the
+    # one-SE rule alone (the same call without them)
     picks = {"R1_best": choose("best", scores(se))[0], "R2_jeffreys": choose("best", scores(se_j))[0],
+             "R3_min5": choose("best", scores(se, counts=True))[0],
              "R4_consortium": choose("consortium", scores(se))[0],
              "R5_argmax": choose("best", scores({c: 0.0 for c in se}))[0]}
-    picks["R3_min5"] = "consortium" if few else picks["R1_best"]
     others = [m for m in val_y if m != site]
     hy = np.concatenate([val_y[m] for m in others])
     held = {c: round(balanced_accuracy(hy, np.concatenate([preds[m][c] for m in others])), 6) for c in CANDIDATES}

@@ -156,3 +156,20 @@ def test_the_raw_pixel_ensemble_is_kept_when_best_on_val_and_classify_uses_it(tm
     assert learned_model_in_use(home).id == own.id  # the next decision's "own" candidate: the learned model
     out = cli("models", "--home", str(home.root))  # marked in use, made by raw-pixels, the decision shown
     assert re.search(rf"^\* +{raw.id} .* raw-pixels ", out, re.M) and "kept raw-pixels" in out, out
+
+
+def test_a_val_split_with_too_few_images_of_a_class_cannot_overturn_the_consortium() -> None:
+    from atdnode.aggregation.keep import MIN_VAL_PER_CLASS
+
+    clear = _scores(0.95, 0.5, 0.6, se_own=0.01, se_raw=0.01)  # own beats the consortium by 45 SEs
+    assert choose("best", clear)[0] == "own"  # records without the counts: the one-SE rule alone
+    few = {**clear, "val_class_counts": {"benign": 22, "malignant": MIN_VAL_PER_CLASS - 3}}
+    kept, why = choose("best", few)
+    assert kept == "consortium", why
+    assert "the split holds 2 image(s) of class 'malignant' (fewer than 5)" in why and "too few to rank" in why, why
+    absent = {**clear, "val_class_counts": {"a": 30, "b": 0, "c": 1}}  # a class the split lacks counts as none
+    assert choose("best", absent)[0] == "consortium" and "0 image(s) of class 'b' (fewer than 5; 2 classes short)" \
+        in choose("best", absent)[1]
+    enough = {**clear, "val_class_counts": {"benign": 19, "malignant": MIN_VAL_PER_CLASS}}
+    assert choose("best", enough)[0] == "own"  # five of each: the one-SE rule decides
+    assert choose("consortium", few)[0] == "consortium"

@@ -122,6 +122,7 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
     = best`); its per-node accuracy and the forgetting score that model, overall the consortium's."""
     import torch
 
+    from atdnode.aggregation.keep import short_class
     from atdnode.learning import class_probabilities, predict_names
     from atdnode.node import NodeHome
     from atdnode.models import default_model
@@ -161,6 +162,10 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
                        and "(balanced accuracy) on its val split" in note for note in last["notes"]), last["notes"]
             own_nodes.append(n)
             differs |= acc(cons) != m["accuracy"]
+        elif short_class(prov["candidates"]):  # too few val images of a class to rank them: the consortium's, noted
+            assert m["model"] == "consortium" and kept.id == cons.id and "too few to rank" in prov["kept_why"]
+            assert any(note.startswith(f"{n} keeps the consortium's model: the split holds ") and
+                       "too few to rank the candidates" in note for note in last["notes"]), last["notes"]
         else:  # the consortium's: a candidate that scored higher on val did so by no more than one SE, noted
             assert m["model"] == "consortium" and kept.id == cons.id
             c, by = prov["candidates"], "balanced_accuracy"

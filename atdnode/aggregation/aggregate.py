@@ -357,7 +357,7 @@ def register_global(home: NodeHome, store: BlobStore, *, base: ModelRecord, blob
     model_id = register_model(home, rec, recorded_in=entry.id)  # only once the entry is durable; applies the size limit
     reg = ModelRegistry.of(home)
     for name, c in (rec.provenance.get("candidates") or {}).items():
-        if isinstance(c, dict) and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
+        if isinstance(c, dict) and "kind" in c and reg.path(c.get("model") or model_id).is_file():  # not one the size limit removed
             reg.add_evaluation(c.get("model") or model_id, {  # each candidate's score, as `atd classify` would record it
                 "data": rec.provenance["candidates"]["data"], "split": rec.provenance["candidates"]["scored_on"],
                 "kind": c["kind"], "n": c["n"], "accuracy": c["accuracy"], "f1": c["f1"], "candidate": name,

@@ -16,7 +16,8 @@ it has alone:
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
   default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model unless
-  another candidate beats it by more than one standard error (below), else the best of the
+  the val split holds at least five images of every class and another candidate beats it by
+  more than one standard error there (below), else the best of the
   node's own model and its raw-pixel ensemble (ties: own); `consortium` always takes it. `provenance["kept"]` / `["kept_why"]`
   say what was kept and why. A kept raw-pixel ensemble is registered as a model of its own
   (provenance kind `raw-pixels`, `atdnode.learning.predict.RAW_PIXELS`: no weights, its
@@ -41,6 +42,21 @@ candidate beats it by more than one standard error of the paired difference in b
 accuracy, estimated by a seeded, class-stratified paired bootstrap over the val images
 (`atdnode.learning.metrics.paired_balanced_accuracy_se`; each candidate's "se" in the scores).
 
+Before any of that, a val split too small to rank the candidates cannot overturn the
+consortium: when it holds fewer than `MIN_VAL_PER_CLASS` (5) images of some class of the
+node's data (none, for a class the split lacks; classes only other nodes hold do not count:
+balanced accuracy on this split never weighs them), `best` keeps the consortium's model and
+says which class was short. A class's recall measured on n images moves in steps of 1/n and
+its 95 % interval spans most of [0, 1] for n < 5 (Clopper–Pearson, 2 of 2 right: 0.16-1.0),
+and the bootstrap sees no variance at all in a class where one candidate is right on every
+image and the other on none — exactly the split where a model that always answers the
+majority class looks best. Five is the usual least count per cell for a count to be treated as
+evidence (Cochran 1954, "Some methods for strengthening the common χ² tests"). The rule was
+chosen on val data only: `bench/medmnist_recipe_bench.py --keep-rules` scores each rule's pick
+on the other sites' val splits (balanced accuracy does not depend on the class prior, and every
+site draws from the same pool), where it beat the one-SE rule alone on both shared real-image
+sets (numbers in RESULTS.md, "Real medical images").
+
 Which model the node uses follows from those records alone (`atdnode.models.model_in_use`,
 in the registry's room, read by `atd classify`, `atd predict`, the dashboard, `atd models`
 and, through `use_of` here, the model card).
@@ -52,6 +68,7 @@ from atdnode.node import NodeHandle, NodeHome
 from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, model_in_use
 
 KEEP_POLICIES = ("best", "consortium")
+MIN_VAL_PER_CLASS = 5  # fewer val images of a class than this: the split cannot overturn the consortium
 DEFAULT_KEEP = "best"
 SELECT_BY = "balanced_accuracy"
 
@@ -73,13 +90,30 @@ WHAT = {"consortium": "the consortium's model", "own": "its own model",
         RAW_PIXELS: "its own raw-pixel ensemble"}
 
 
+def short_class(scores: dict) -> str:
+    """"the split holds 2 image(s) of class '1' (fewer than 5)" when the scores' val split
+    (`val_class_counts`) holds fewer than `MIN_VAL_PER_CLASS` images of some class (the
+    scarcest named, and how many classes are short); "" otherwise, or when the scores predate
+    the counts."""
+    counts = scores.get("val_class_counts")
+    if not isinstance(counts, dict):
+        return ""
+    short = sorted((int(n), str(c)) for c, n in counts.items() if int(n) < MIN_VAL_PER_CLASS)
+    if not short:
+        return ""
+    n, c = short[0]
+    more = f"; {len(short)} classes short" if len(short) > 1 else ""
+    return f"the split holds {n} image(s) of class {c!r} (fewer than {MIN_VAL_PER_CLASS}{more})"
+
+
 def choose(policy: str, scores: dict) -> tuple[str, str]:
     """(kept candidate, why) under `policy`, judged by `SELECT_BY` (records without it: accuracy).
     `scores` holds "own" and "consortium" and, where it was scored, "raw-pixels", each other
-    candidate with its "se" beside the consortium's (`score_candidates`; none: 0). Under `best`
-    the one-standard-error rule: the consortium's model is kept unless another candidate scores
-    more than one SE above it; if one does, the highest-scoring of the others, ties in
-    `CANDIDATES` order."""
+    candidate with its "se" beside the consortium's (`score_candidates`; none: 0), and, where
+    scored, "val_class_counts". Under `best`: the consortium's model when the split holds fewer
+    than `MIN_VAL_PER_CLASS` images of some class; else the one-standard-error rule: the
+    consortium's model is kept unless another candidate scores more than one SE above it; if
+    one does, the highest-scoring of the others, ties in `CANDIDATES` order."""
     names = [c for c in CANDIDATES if isinstance(scores.get(c), dict)]
     by = SELECT_BY if all(SELECT_BY in scores[c] for c in names) else "accuracy"
     val = {c: scores[c][by] for c in names}
@@ -89,6 +123,11 @@ def choose(policy: str, scores: dict) -> tuple[str, str]:
         where += f" — WARNING: {scores['warning']}"
     if policy == "consortium":
         return "consortium", f"policy consortium (consortium {val['consortium']:.3f}, own {val['own']:.3f} {where})"
+    short = short_class(scores)
+    if short:
+        others = ", ".join(f"{x.replace('-', ' ')} {val[x]:.3f}" for x in names if x != "consortium")
+        return "consortium", (f"the consortium's model scores {val['consortium']:.3f} ({others}) {where}, but {short}: "
+                              f"too few to rank the candidates, keeps the consortium's model")
 
     def vs(c: str) -> str:  # "own 0.750 (+0.227, SE 0.180)"
         return f"{c.replace('-', ' ')} {val[c]:.3f} ({val[c] - val['consortium']:+.3f}, SE {se[c]:.3f})"
