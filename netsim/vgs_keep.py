@@ -92,7 +92,7 @@ def _within_se(ops: NodeOps, model_id: str) -> str:
     (the one-SE rule, `atdnode.aggregation.keep.choose`); "" when none did."""
     from atdnode.aggregation import SELECT_BY
 
-    from atdnode.aggregation.keep import short_class
+    from atdnode.aggregation import short_class
 
     cand = ops.registry.get(model_id).provenance.get("candidates") or {}
     cons = (cand.get("consortium") or {}).get(SELECT_BY)

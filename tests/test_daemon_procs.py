@@ -7,6 +7,8 @@ offline while entries were published catches up when it returns.
 """
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -88,8 +90,11 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         node1, node2 = (NodeIdentity.load(NodeHome.at(h)).peer_id for h in homes[:2])
         wait_until(lambda: node2 in live_status(homes[2])["peers"], 60, "node 3 to dial node 2 from its hello entry")
         # node 3 fetches from both holders (what `atd fetch` asks its daemon, here with the daemon's
-        # report); node 1 is killed -9 as soon as the download is under way
+        # report); node 1 is frozen (SIGSTOP) before the fetch starts, so whatever node 3 asks of it
+        # is still outstanding when it is killed -9 once node 2's chunks are arriving: over loopback
+        # a running node 1 could serve its whole share before any poll saw the download start
         box: dict = {}
+        os.kill(daemons[0].pid, signal.SIGSTOP)
 
         def fetch() -> None:
             try:
@@ -104,7 +109,7 @@ def test_offline_node_catches_up_and_killed_holder_does_not_stall_fetch(tmp_path
         wait_until(lambda: not fetcher.is_alive() or (partial.is_dir() and any(partial.iterdir())), 60,
                    "node 3's download to start")
         assert fetcher.is_alive(), box  # killed mid-download, or nothing shows failover
-        daemons[0].kill()
+        daemons[0].kill()  # SIGKILL ends a stopped process too
         fetcher.join(180)
         assert "reply" in box, box.get("error")
         assert BlobStore(homes[2] / "blobs").get_bytes(blob) == blob_file.read_bytes()

@@ -13,7 +13,8 @@ _FACE = {"AggregateError": "aggregate", "average_blobs": "aggregate", "register_
          "share_features": "features_share", "GroupSpec": "hierarchical",
          "check_arguments": "modes", "default_weighting": "modes", "run_aggregate": "modes:aggregate",
          "verify_aggregate": "verify", "verify_entry": "verify",
-         "use_of": "keep", "keep_policy": "keep", "SELECT_BY": "keep", "TEST_WARNING": "candidates",
+         "use_of": "keep", "keep_policy": "keep", "SELECT_BY": "keep", "short_class": "keep",
+         "MIN_VAL_PER_CLASS": "keep", "TEST_WARNING": "candidates",
          "judge_with": "candidates"}
 __all__ = [*_FACE]
 __getattr__, __dir__ = lazy_face(__name__, _FACE)
