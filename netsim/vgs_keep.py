@@ -89,10 +89,10 @@ def _within_se(ops: NodeOps, model_id: str) -> str:
     """"raw-pixels 0.657 > consortium 0.586 by no more than one SE (0.090) (balanced accuracy) on its
     val split" (the split they were scored on) for the candidates that scored higher than the
     consortium's model the node kept
-    (the one-SE rule, `atdnode.aggregation.keep.choose`); "" when none did."""
-    from atdnode.aggregation import SELECT_BY
-
-    from atdnode.aggregation import short_class
+    (the one-SE rule, `atdnode.aggregation.keep.choose`); when the val split held too few images
+    of a class to rank them, that instead ("the split holds 2 image(s) of class '0' (fewer than 5)
+    on its val split, too few to rank the candidates"); "" when neither."""
+    from atdnode.aggregation import SELECT_BY, short_class
 
     cand = ops.registry.get(model_id).provenance.get("candidates") or {}
     cons = (cand.get("consortium") or {}).get(SELECT_BY)

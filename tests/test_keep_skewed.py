@@ -21,6 +21,7 @@ from atdnode.aggregation import EnsembleOptions, share_features
 from atdnode.aggregation.keep import MIN_VAL_PER_CLASS
 from atdnode.models import ModelRegistry, publish_weights
 from atdnode.aggregation.vertical import aggregate_vertical
+from tests.factories import cli
 from tests.vgs_homes import consortium, peer_ids, sync, train_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")]
@@ -80,6 +81,7 @@ def test_vertical_with_every_nodes_features_never_silently_makes_a_node_worse(tm
         assert set(c["val_class_counts"]) == {"neg", "pos"}, c
         if short:
             assert d["kept"] == "consortium" and "too few to rank the candidates" in d["kept_why"], d
+            assert "; kept consortium (the split holds " in cli("models", "--home", str(h.root)), n  # and `atd models` says so
         elif d["kept"] == "consortium":
             assert not beat, d
         elif d["kept"] == "own":  # it keeps its own and says why

@@ -64,7 +64,7 @@ def list_cmd(
 
 
 def _list(home: Path, as_json: bool) -> None:
-    from atdnode.aggregation import keep_policy
+    from atdnode.aggregation import keep_policy, short_class
     from atdnode.models import model_in_use
     from atdnode.data import caution_of
     from atdnode.models import ModelRegistry, made_by
@@ -108,7 +108,8 @@ def _list(home: Path, as_json: bool) -> None:
                        f"{score('own')}, consortium {score('consortium')}"
                        + (f", raw-pixels {score('raw-pixels')}" if "raw-pixels" in cands else "")
                        + f"; kept {r.provenance['kept']}"
-                       + (" (one-SE rule)" if "se" in cands.get("own", {}) else "")
+                       + (f" ({short_class(cands)})" if short_class(cands) else
+                          " (one-SE rule)" if "se" in cands.get("own", {}) else "")
                        + (f" — WARNING: {cands['warning']}" if cands.get("warning") else ""))
         marked = marked or caution is not None
     typer.echo(f"* in use: {use.record.id}, {use.why} (keep policy: [aggregate] keep = {keep_policy(h)})")
