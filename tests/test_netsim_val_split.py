@@ -153,6 +153,8 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
         assert m["auroc"] == pytest.approx(auc(kept)) and m["auroc_ci95"][0] <= m["auroc"] <= m["auroc_ci95"][1]
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
+        # the too-few-images rule counts only where the node holds every class of the consortium's model
+        assert ("val_class_counts" in prov["candidates"]) == (set(cons.labels) <= set(nd.classes)), n
         if prov["kept"] in ("own", "raw-pixels"):  # its own model, or its own raw-pixel ensemble
             by, k = "balanced_accuracy", prov["kept"]  # the judge (atdnode.aggregation.keep.SELECT_BY)
             own, con = prov["candidates"][k][by], prov["candidates"]["consortium"][by]

@@ -58,8 +58,9 @@ def judged_source(spec: str) -> DataSource:
 def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], source: DataSource, *,
                      seed: int = 0) -> dict:
     """{"scored_on": split, "val_from", "data": spec, name: {"model", "balanced_accuracy", "accuracy",
-    "f1", "n"}} for each candidate (plus "warning" when scored on test), and "val_class_counts":
-    {class: images} over the classes of the node's data (0 for a class the split lacks); beside the consortium's,
+    "f1", "n"}} for each candidate (plus "warning" when scored on test), and, when the node's data holds
+    every class of the consortium's model, "val_class_counts": {class: images} over the classes
+    of the node's data (0 for a class the split lacks); beside the consortium's,
     each other candidate's "se": the standard error of its balanced accuracy minus the
     consortium's on the same images (`paired_balanced_accuracy_se`, seeded by `seed`), which the
     one-standard-error rule of `choose` weighs."""
@@ -78,8 +79,11 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], sourc
                          "accuracy": round(float(m["accuracy"]), 6), "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
             t.advance()
     y = np.asarray(data.labels, dtype=np.int64)  # indices into the classes every y_pred indexes (theirs first)
-    counts = collections.Counter(data.classes[int(i)] for i in y)  # per class of the node's data (absent: 0)
-    out["val_class_counts"] = {str(c): int(counts.get(c, 0)) for c in data.classes}
+    if "consortium" in candidates and set(candidates["consortium"].labels) <= set(data.classes):
+        # per class of the node's data (absent: 0); only where the node's data covers the
+        # consortium's label space, the case the rule was measured on (`keep.MIN_VAL_PER_CLASS`)
+        counts = collections.Counter(data.classes[int(i)] for i in y)
+        out["val_class_counts"] = {str(c): int(counts.get(c, 0)) for c in data.classes}
     for name in [n for n in preds if n != "consortium" and "consortium" in preds]:
         out[name]["se"] = round(paired_balanced_accuracy_se(y, preds[name], preds["consortium"], seed=seed), 6)
     return out

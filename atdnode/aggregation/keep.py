@@ -16,8 +16,9 @@ it has alone:
   `atd models` and printed by `atd aggregate`) and into each model's evaluations;
 * the policy `[aggregate] keep` in config.toml decides which model `atd classify` uses by
   default (`atdnode.models.default_model`): `best` (default) keeps the consortium's model unless
-  the val split holds at least five images of every class and another candidate beats it by
-  more than one standard error there (below), else the best of the
+  the val split holds at least five images of every class (where the node holds all the
+  consortium's classes) and another candidate beats it by more than one standard error there
+  (below), else the best of the
   node's own model and its raw-pixel ensemble (ties: own); `consortium` always takes it. `provenance["kept"]` / `["kept_why"]`
   say what was kept and why. A kept raw-pixel ensemble is registered as a model of its own
   (provenance kind `raw-pixels`, `atdnode.learning.predict.RAW_PIXELS`: no weights, its
@@ -43,10 +44,13 @@ accuracy, estimated by a seeded, class-stratified paired bootstrap over the val 
 (`atdnode.learning.metrics.paired_balanced_accuracy_se`; each candidate's "se" in the scores).
 
 Before any of that, a val split too small to rank the candidates cannot overturn the
-consortium: when it holds fewer than `MIN_VAL_PER_CLASS` (5) images of some class of the
-node's data (none, for a class the split lacks; classes only other nodes hold do not count:
-balanced accuracy on this split never weighs them), `best` keeps the consortium's model and
-says which class was short. A class's recall measured on n images moves in steps of 1/n and
+consortium: when the node's data holds every class of the consortium's model and its val split
+holds fewer than `MIN_VAL_PER_CLASS` (5) images of one of them (none, for a class the split
+lacks), `best` keeps the consortium's model and says which class was short. A node that holds
+only some of the consortium's classes (a vertical joiner, a label-skewed founder) is judged by
+the one-SE rule alone: its own model knows only its classes, so its advantage on its own data is
+one of label space, not of a few images' luck, and the measurement below covers nodes that share
+the consortium's label space only. A class's recall measured on n images moves in steps of 1/n and
 its 95 % interval spans most of [0, 1] for n < 5 (Clopper–Pearson, 2 of 2 right: 0.16-1.0),
 and the bootstrap sees no variance at all in a class where one candidate is right on every
 image and the other on none — exactly the split where a model that always answers the
@@ -55,7 +59,7 @@ evidence (Cochran 1954, "Some methods for strengthening the common χ² tests").
 chosen on val data only: `bench/medmnist_recipe_bench.py --keep-rules` scores each rule's pick
 on the other sites' val splits (balanced accuracy does not depend on the class prior, and every
 site draws from the same pool), where it beat the one-SE rule alone on both shared real-image
-sets (numbers in RESULTS.md, "Real medical images").
+sets, whose sites all hold every class (numbers in RESULTS.md, "Real medical images").
 
 Which model the node uses follows from those records alone (`atdnode.models.model_in_use`,
 in the registry's room, read by `atd classify`, `atd predict`, the dashboard, `atd models`
