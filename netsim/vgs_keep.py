@@ -96,8 +96,9 @@ def _within_se(ops: NodeOps, model_id: str) -> str:
 
     cand = ops.registry.get(model_id).provenance.get("candidates") or {}
     cons = (cand.get("consortium") or {}).get(SELECT_BY)
-    if short_class(cand):  # the split could not rank them: say so, not "within one SE"
-        return f"{short_class(cand)} {_where(cand.get('scored_on', '?'))}, too few to rank the candidates"
+    short = short_class(cand)
+    if short:  # the split could not rank them: say so, not "within one SE"
+        return f"{short} {_where(cand.get('scored_on', '?'))}, too few to rank the candidates"
     higher = [f"{k} {cand[k][SELECT_BY]:.3f} > consortium {cons:.3f} by no more than one SE ({cand[k]['se']:.3f})"
               for k in ("own", "raw-pixels") if isinstance(cons, (int, float)) and isinstance(cand.get(k), dict)
               and "se" in cand[k] and cand[k].get(SELECT_BY, 0.0) > cons]

@@ -108,7 +108,7 @@ def _list(home: Path, as_json: bool) -> None:
                        f"{score('own')}, consortium {score('consortium')}"
                        + (f", raw-pixels {score('raw-pixels')}" if "raw-pixels" in cands else "")
                        + f"; kept {r.provenance['kept']}"
-                       + (f" ({short_class(cands)})" if short_class(cands) else
+                       + (f" ({short})" if (short := short_class(cands)) else
                           " (one-SE rule)" if "se" in cands.get("own", {}) else "")
                        + (f" — WARNING: {cands['warning']}" if cands.get("warning") else ""))
         marked = marked or caution is not None
