@@ -27,7 +27,9 @@ decision): a cheap screen before the full `atd netsim run`
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
 img (input side; 28-px images are resized, `atdnode.data`), patch, stem patch|conv (the ViT's
 patch embedding or a conv stem, `protocols.vit_stem`), start scratch|msd, lr, probe (LP-FT
-probe epochs), probe_lr, msd_steps); a key left out keeps the scenario's value.
+probe epochs), probe_lr, msd_steps, tta 0/1 (the consortium's features averaged over each image
+and its mirror image, for fitting and scoring: a screen of test-time augmentation, not built in
+the library), pca (the ensemble's PCA width)); a key left out keeps the scenario's value.
 
 Each recipe after the first is also compared with the first, seed by seed (`vs_first`: the
 paired difference in points of the consortium's val balanced accuracy and AUROC, its mean and
@@ -80,7 +82,8 @@ from protocols.vit_config import STEMS  # noqa: E402
 
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
-        "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int}
+        "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int,
+        "tta": lambda v: bool(int(v)), "pca": int}
 
 
 def parse_recipe(text: str) -> tuple[str, dict]:
@@ -138,6 +141,8 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
         start = extractor_state(build_model(model_config(scn.model, len(data.nodes[sites[0]].classes))))
     spec = scn.train
     opts = ensemble_options(scn)
+    if "pca" in recipe:
+        opts = replace(opts, pca_components=recipe["pca"])
 
     def train(node: str, init: dict):
         nd = data.nodes[node]
@@ -153,7 +158,11 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
     consortium.eval()
 
     def feats(split) -> np.ndarray:
-        return extract_features(consortium, split)[0]
+        x = extract_features(consortium, split)[0]
+        if not recipe.get("tta"):
+            return x
+        flipped = replace(split, images=split.images.flip(-1))
+        return (x + extract_features(consortium, flipped)[0]) / 2  # the mean over the image and its mirror
 
     parts = [(feats(data.nodes[n].train), data.nodes[n].train.labels.numpy(), list(data.nodes[n].classes))
              for n in sites]
