@@ -173,3 +173,14 @@ def test_a_val_split_with_too_few_images_of_a_class_cannot_overturn_the_consorti
     enough = {**clear, "val_class_counts": {"benign": 19, "malignant": MIN_VAL_PER_CLASS}}
     assert choose("best", enough)[0] == "own"  # five of each: the one-SE rule decides
     assert choose("consortium", few)[0] == "consortium"
+
+
+def test_answer_classes_are_the_ensembles_for_an_aggregate_and_the_heads_otherwise() -> None:
+    from atdnode.models import answer_classes
+
+    common = dict(model={}, label_fp="", samples=1, metrics={})
+    aggregate = ModelRecord(labels=["0", "1"], blobs={"extractor": "e", "ensemble": "b"},
+                            provenance={"ensemble_classes": ["0", "1", "2", "3"]}, **common)
+    assert answer_classes(aggregate) == ["0", "1", "2", "3"]  # the union the consortium answers, not the node's own
+    trained = ModelRecord(labels=["0", "1"], blobs={"full": "f"}, provenance={"ensemble_classes": ["x"]}, **common)
+    assert answer_classes(trained) == ["0", "1"]  # no ensemble: its head's classes

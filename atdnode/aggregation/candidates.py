@@ -22,7 +22,7 @@ from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, 
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
-from atdnode.models import RAW_PIXELS, ModelRecord, learned_model_in_use, register_model
+from atdnode.models import RAW_PIXELS, ModelRecord, answer_classes, learned_model_in_use, register_model
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "
@@ -79,7 +79,7 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], sourc
                          "accuracy": round(float(m["accuracy"]), 6), "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
             t.advance()
     y = np.asarray(data.labels, dtype=np.int64)  # indices into the classes every y_pred indexes (theirs first)
-    if "consortium" in candidates and set(candidates["consortium"].labels) <= set(data.classes):
+    if "consortium" in candidates and set(answer_classes(candidates["consortium"])) <= set(data.classes):
         # per class of the node's data (absent: 0); only where the node's data covers the
         # consortium's label space, the case the rule was measured on (`keep.MIN_VAL_PER_CLASS`)
         counts = collections.Counter(data.classes[int(i)] for i in y)

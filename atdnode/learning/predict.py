@@ -33,7 +33,7 @@ from atdnode.learning.device import use_amp
 from atdnode.errors import AtdError
 from atdnode.node import NodeHome
 from atdnode.learning.model import ModelConfig, build_model, cls_features, load_part, part_spec
-from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, is_raw_pixels, load_weights
+from atdnode.models import RAW_PIXELS, ModelRecord, ModelRegistry, answer_classes, is_raw_pixels, load_weights
 
 DEFAULT_MODEL = "latest"  # what `atd classify` scores when --model is not given
 Progress = Callable[[str, int, int], None]  # (stage, done, total): files read and predicted
@@ -130,14 +130,14 @@ class Predictor:
         if ens_blob:
             from atdnode.models import load_ensemble
 
-            self.classes = list(record.provenance.get("ensemble_classes") or [])
+            self.classes = answer_classes(record)
             self.ensemble = load_ensemble(store, ens_blob)
             if not self.classes or int(self.ensemble.classes_.max()) >= len(self.classes):
                 raise ClassifyError(f"model {record.id}: its ensemble classes are not recorded correctly")
         elif self.raw:
             raise ClassifyError(f"model {record.id} is a raw-pixel model without its ensemble")
         else:
-            self.classes = list(record.labels)
+            self.classes = answer_classes(record)
         self.kind = RAW_PIXELS if self.raw else "model" if self.ensemble is None else "ensemble"
 
     @torch.no_grad()

@@ -6,7 +6,7 @@ from atdnode.face import lazy_face
 # The names other rooms, the CLI and netsim import from here (atdnode/face.py).
 _FACE = {"enforce_limit": "gc", "register_model": "gc", "remove_model": "gc", "size_limit": "gc",
          "part_blob": "publish", "publish_weights": "publish", "weights_body": "publish", "ModelRecord": "registry",
-         "ModelRegistry": "registry", "RAW_PIXELS": "registry", "is_raw_pixels": "registry",
+         "ModelRegistry": "registry", "RAW_PIXELS": "registry", "is_raw_pixels": "registry", "answer_classes": "registry",
          "RunCheckpoint": "registry", "made_by": "registry",
          "extractor_blob_of": "registry", "PARTS": "weights",
          "WeightsBlobError": "weights", "load_weights": "weights", "read_meta": "weights",

@@ -73,6 +73,15 @@ def is_raw_pixels(record: "ModelRecord") -> bool:
     return (record.provenance or {}).get("kind") == RAW_PIXELS
 
 
+def answer_classes(record: "ModelRecord") -> list[str]:
+    """The classes `record`'s model answers: its ensemble's (`provenance["ensemble_classes"]`,
+    the union of the consortium's label spaces for an aggregate) where it predicts with one,
+    else its head's, `labels` (for an aggregate, the node's own label space)."""
+    if record.blobs.get("ensemble"):
+        return list((record.provenance or {}).get("ensemble_classes") or [])
+    return list(record.labels)
+
+
 MADE_BY = {"global-horizontal": "horizontal", "global-vertical": "vertical", "global-hierarchical": "hierarchical"}
 
 
