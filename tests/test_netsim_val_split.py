@@ -125,7 +125,9 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
     from atdnode.aggregation.keep import short_class
     from atdnode.learning import class_probabilities, predict_names
     from atdnode.node import NodeHome
+    from atdnode.aggregation.candidates import consortium_classes
     from atdnode.models import answer_classes, default_model
+    from atdnode.node import NodeHandle
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry
     from netsim.learn import global_probs, score, score_probs, to_global
@@ -133,7 +135,7 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
 
     phases, data, work = val_run
     last = phases[-1]
-    own_nodes, differs, subset_nodes = [], False, 0
+    own_nodes, differs, subset_nodes, interim_passes = [], False, 0, 0
     for n, m in last["per_node"].items():
         home = NodeHome(work / "homes" / n)
         store, cons = BlobStore(home.blobs_dir), ModelRegistry(home).get("latest")
@@ -154,11 +156,17 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
         prov = cons.provenance
         assert prov["candidates"]["scored_on"] == "val"  # judged on the held-out split, not on test
         # the too-few-images rule counts only where the node holds every class of the consortium's model
-        # (the consortium's model answers its ensemble's classes, the union of the label spaces;
-        # its record's labels are the node's own)
-        covers = set(answer_classes(cons)) <= set(nd.classes)
-        assert ("val_class_counts" in prov["candidates"]) == covers, n
-        subset_nodes += not covers
+        # against the consortium's label space: every input's labels, also in a pass that fused
+        # the peers' extractors before their features arrived (its ensemble answers only the
+        # node's own classes); the record's labels are the node's own
+        with NodeHandle.using(home) as node:
+            for rec in ModelRegistry(home).list():
+                if "candidates" not in rec.provenance:
+                    continue
+                covers = set(consortium_classes(node.ledger, rec)) <= set(nd.classes)
+                assert ("val_class_counts" in rec.provenance["candidates"]) == covers, (n, rec.id)
+                subset_nodes += not covers
+                interim_passes += not covers and set(answer_classes(rec)) <= set(nd.classes)
         if prov["kept"] in ("own", "raw-pixels"):  # its own model, or its own raw-pixel ensemble
             by, k = "balanced_accuracy", prov["kept"]  # the judge (atdnode.aggregation.keep.SELECT_BY)
             own, con = prov["candidates"][k][by], prov["candidates"]["consortium"][by]
@@ -180,7 +188,8 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
             assert bool(higher) == any(note.startswith(f"{n} keeps the consortium's model: ") and
                                        "by no more than one SE" in note for note in last["notes"]), last["notes"]
     assert last["overall"]["auroc_ci95"][0] <= last["overall"]["auroc"] <= last["overall"]["auroc_ci95"][1]
-    assert subset_nodes, "the tiny run must hold a node with only some of the consortium's classes"
+    assert subset_nodes and interim_passes, "the tiny run must hold a node with only some of the consortium's " \
+                                            "classes, and a pass of it that answered only its own"
     assert own_nodes and differs, "the tiny run (a node keeping its own model or raw-pixel ensemble) must exercise it"
     report = {"methods": {"vgs-atd": phases}}
     f = forgetting(report["methods"], ["a1", "a2"])["vgs-atd"]

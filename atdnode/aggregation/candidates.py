@@ -20,9 +20,10 @@ from atdnode.blobs import BlobStore
 from atdnode.learning import ModelConfig, paired_balanced_accuracy_se, score_record
 from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, resolve_data
 from atdnode.errors import AtdError
-from atdnode.node import NodeHome
+from atdnode.node import NodeHandle, NodeHome
 from atdnode.aggregation.keep import choose, keep_policy
 from atdnode.models import RAW_PIXELS, ModelRecord, answer_classes, learned_model_in_use, register_model
+from ledger import Ledger
 
 
 TEST_WARNING = ("chosen on the test split (val=test): its test numbers are optimistic, "
@@ -55,15 +56,45 @@ def judged_source(spec: str) -> DataSource:
     return resolve_data(spec, parsed=val_spec(spec))
 
 
+MAX_INPUT_DEPTH = 8  # aggregates of aggregates followed this deep (a hierarchy of groups); a hash chain has no cycles
+
+
+def consortium_classes(led: Ledger, record: ModelRecord) -> list[str]:
+    """The consortium's label space for aggregate `record`: the classes its model answers
+    (`answer_classes`) and the labels of every model that went into its aggregate entry
+    (`provenance["aggregate"]`): a `weights` input's labels, an `aggregate` input's own inputs
+    (a hierarchical group), followed `MAX_INPUT_DEPTH` deep. A pass that fused the peers'
+    extractors before their features arrived answers only the node's own classes, yet its
+    consortium holds every input's; an entry this ledger lacks adds nothing."""
+    out = dict.fromkeys(answer_classes(record))
+    todo, seen = [(record.provenance.get("aggregate"), 0)], set()
+    while todo:
+        ref, depth = todo.pop()
+        if not isinstance(ref, str) or ref in seen or depth > MAX_INPUT_DEPTH:
+            continue
+        seen.add(ref)
+        try:
+            e = led.get(bytes.fromhex(ref))
+        except ValueError:
+            continue
+        body = e.body if e is not None and isinstance(e.body, dict) else {}
+        labels = body.get("labels") if e is not None and e.kind == "weights" else None
+        out.update(dict.fromkeys(str(c) for c in labels or ()))
+        if e is not None and e.kind == "aggregate":
+            todo.extend((i, depth + 1) for i in body.get("inputs") or () if isinstance(i, str))
+    return list(out)
+
+
 def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], source: DataSource, *,
-                     seed: int = 0) -> dict:
+                     seed: int = 0, space: list[str] | None = None) -> dict:
     """{"scored_on": split, "val_from", "data": spec, name: {"model", "balanced_accuracy", "accuracy",
     "f1", "n"}} for each candidate (plus "warning" when scored on test), and, when the node's data holds
     every class of the consortium's model, "val_class_counts": {class: images} over the classes
     of the node's data (0 for a class the split lacks); beside the consortium's,
     each other candidate's "se": the standard error of its balanced accuracy minus the
     consortium's on the same images (`paired_balanced_accuracy_se`, seeded by `seed`), which the
-    one-standard-error rule of `choose` weighs."""
+    one-standard-error rule of `choose` weighs. `space`: the consortium's label space
+    (`consortium_classes`; default: the classes its model answers)."""
     cfg = ModelConfig.from_dict(next(iter(candidates.values())).model)
     data, split = validation_data(source, cfg.img_size, cfg.in_chans)
     out: dict = {"scored_on": split, "val_from": data.report.val_origin if data.report else "", "data": source.spec}
@@ -79,7 +110,7 @@ def score_candidates(store: BlobStore, candidates: dict[str, ModelRecord], sourc
                          "accuracy": round(float(m["accuracy"]), 6), "f1": round(float(m["f1"]), 6), "n": int(m["n"])}
             t.advance()
     y = np.asarray(data.labels, dtype=np.int64)  # indices into the classes every y_pred indexes (theirs first)
-    if "consortium" in candidates and set(answer_classes(candidates["consortium"])) <= set(data.classes):
+    if "consortium" in candidates and set(space or answer_classes(candidates["consortium"])) <= set(data.classes):
         # per class of the node's data (absent: 0); only where the node's data covers the
         # consortium's label space, the case the rule was measured on (`keep.MIN_VAL_PER_CLASS`)
         counts = collections.Counter(data.classes[int(i)] for i in y)
@@ -132,7 +163,9 @@ def judge_candidates(home: NodeHome, store: BlobStore, own: ModelRecord, consort
         if policy == "best":
             cands[RAW_PIXELS] = raw_pixel_candidate(store, own, source, options, before=consortium.created,
                                                    home=home)
-        scores = score_candidates(store, cands, source)
+        with NodeHandle.using(home) as node:
+            space = consortium_classes(node.ledger, consortium)
+        scores = score_candidates(store, cands, source, space=space)
     except NoValSplit as exc:
         return {"kept": "consortium", "kept_why": f"{exc}: makes no choice; takes the consortium's model"}
     except (AtdError, ValueError) as exc:
