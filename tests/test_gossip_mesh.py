@@ -245,7 +245,7 @@ def test_small_consortium_mesh_sends_fewer_copies_and_covers_a_lost_origin_link(
                            "link down", 10)
             xid, topic = x.transport._pubsub.my_id, x.topic
             # X's mesh lost the author (if it held it) and grafts another peer at its next heartbeat
-            await wait_for(lambda: any(xid in r.mesh.get(topic, ()) for r in routers[1:4]), "X in a relay's mesh", 15)
+            await wait_for(lambda: any(xid in r.mesh.get(topic, ()) for r in routers[1:4]), "X in a relay's mesh", 30)
             pulls = x.stats["sync_pulls"]
             later = [await origin.append("metrics", {"after": k}) for k in range(10)]
             await wait_for(lambda: {e.id for e in later} <= ids(homes[4]), "relayed delivery to X", 30)
