@@ -78,7 +78,7 @@ def entry_body(r: random.Random) -> tuple[str, dict]:
 def consumers(home, led: Ledger) -> int:
     """Run every reader of bodies over `led`'s log; returns how many calls raised a typed error
     (an untyped one fails the test)."""
-    from atdnode.aggregation import hierarchical
+    from atdnode.aggregation import lineage
     from atdnode.aggregation import announced_key
     from atdnode.aggregation.features_share import addressed_to
     from atdnode.aggregation import verify_entry
@@ -102,9 +102,9 @@ def consumers(home, led: Ledger) -> int:
     for e in led.query(kind="aggregate")[:SAMPLE]:  # (each of these reads the log: a sample of each kind)
         calls += [lambda e=e: rules.final(led, e), lambda e=e: rules.absent_inputs(led, e),
                   lambda e=e: rules.round_inputs(led, e), lambda e=e: rules.verify_round(led, store, e),
-                  lambda e=e: verify_entry(led, store, e), lambda e=e: hierarchical.group_stats(led, e)]
+                  lambda e=e: verify_entry(led, store, e), lambda e=e: lineage.group_stats(led, e)]
     for e in led.query(kind="weights")[:SAMPLE]:
-        calls += [lambda e=e: hierarchical.weights_leaves(led, e.id.hex())]
+        calls += [lambda e=e: lineage.weights_leaves(led, e.id.hex())]
     for e in led.query(kind="hello")[:SAMPLE]:
         calls += [lambda e=e: announced_key(led, e.author)]
     for e in (led.query(kind="split_secret") + led.query(kind="split_join"))[:SAMPLE]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from atdnode.aggregation.hierarchical import group_stats
+from atdnode.aggregation.lineage import group_stats
 from atdnode.node import NodeIdentity
 from ledger import Ledger
 from tests.factories import cli_json as cli

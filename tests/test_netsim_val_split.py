@@ -124,10 +124,9 @@ def test_per_node_scores_the_kept_model_and_says_why(val_run) -> None:
 
     from atdnode.aggregation.keep import short_class
     from atdnode.learning import class_probabilities, predict_names
-    from atdnode.node import NodeHome
+    from atdnode.node import NodeHandle, NodeHome
     from atdnode.aggregation.candidates import consortium_classes
     from atdnode.models import answer_classes, default_model
-    from atdnode.node import NodeHandle
     from atdnode.blobs import BlobStore
     from atdnode.models import ModelRegistry
     from netsim.learn import global_probs, score, score_probs, to_global

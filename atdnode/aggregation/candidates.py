@@ -21,7 +21,9 @@ from atdnode.learning import ModelConfig, paired_balanced_accuracy_se, score_rec
 from atdnode.data import DataSource, DataSpec, label_fingerprint, load_dataset, resolve_data
 from atdnode.errors import AtdError
 from atdnode.node import NodeHandle, NodeHome
+from atdnode.aggregation.aggregate import AggregateError, entry_of
 from atdnode.aggregation.keep import choose, keep_policy
+from atdnode.aggregation.lineage import group_stats
 from atdnode.models import RAW_PIXELS, ModelRecord, answer_classes, learned_model_in_use, register_model
 from ledger import Ledger
 
@@ -56,32 +58,19 @@ def judged_source(spec: str) -> DataSource:
     return resolve_data(spec, parsed=val_spec(spec))
 
 
-MAX_INPUT_DEPTH = 8  # aggregates of aggregates followed this deep (a hierarchy of groups); a hash chain has no cycles
-
-
 def consortium_classes(led: Ledger, record: ModelRecord) -> list[str]:
     """The consortium's label space for aggregate `record`: the classes its model answers
-    (`answer_classes`) and the labels of every model that went into its aggregate entry
-    (`provenance["aggregate"]`): a `weights` input's labels, an `aggregate` input's own inputs
-    (a hierarchical group), followed `MAX_INPUT_DEPTH` deep. A pass that fused the peers'
-    extractors before their features arrived answers only the node's own classes, yet its
-    consortium holds every input's; an entry this ledger lacks adds nothing."""
+    (`answer_classes`) and the union of the label spaces of the weight sets behind its aggregate
+    entry (`provenance["aggregate"]`; `atdnode.aggregation.lineage.group_stats`, which
+    follows hierarchical groups). A pass that fused the peers' extractors before their features
+    arrived answers only the node's own classes, yet its consortium holds every input's; where
+    the entries behind it cannot be read from this ledger, the answered classes alone."""
     out = dict.fromkeys(answer_classes(record))
-    todo, seen = [(record.provenance.get("aggregate"), 0)], set()
-    while todo:
-        ref, depth = todo.pop()
-        if not isinstance(ref, str) or ref in seen or depth > MAX_INPUT_DEPTH:
-            continue
-        seen.add(ref)
-        try:
-            e = led.get(bytes.fromhex(ref))
-        except ValueError:
-            continue
-        body = e.body if e is not None and isinstance(e.body, dict) else {}
-        labels = body.get("labels") if e is not None and e.kind == "weights" else None
-        out.update(dict.fromkeys(str(c) for c in labels or ()))
-        if e is not None and e.kind == "aggregate":
-            todo.extend((i, depth + 1) for i in body.get("inputs") or () if isinstance(i, str))
+    try:
+        entry = entry_of(led, record.provenance.get("aggregate"), ("aggregate",), "aggregate")
+        out.update(dict.fromkeys(group_stats(led, entry)[2]))
+    except AggregateError:
+        pass
     return list(out)
 
 

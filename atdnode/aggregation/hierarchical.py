@@ -33,7 +33,6 @@ from atdnode.aggregation.aggregate import (
     blob_fields,
     common_base,
     entry_of,
-    typed_body,
     extractor_of,
     fedwavg_reference,
     heads_averaged,
@@ -47,6 +46,7 @@ from atdnode.aggregation.aggregate import (
 from atdnode.blobs import BlobStore
 from atdnode.errors import BlobError
 from atdnode.aggregation.candidates import judge_with
+from atdnode.aggregation.lineage import group_stats, weights_leaves
 from atdnode.aggregation.features_share import data_spec_of
 from atdnode.node import NodeHome, NodeIdentity
 from atdnode.learning import ModelConfig
@@ -57,7 +57,6 @@ from protocols.aggregation import AggregationError, part_filter, safetensors_loa
 from protocols.hierarchical import GROUP_WEIGHTINGS, Combination, GroupModel, combine_groups
 from protocols.vgs import heads_comparable
 
-_MAX_DEPTH = 8  # nested hierarchical groups
 
 
 @dataclass(frozen=True)
@@ -87,57 +86,6 @@ class GroupOutcome:
     def record(self) -> dict:
         return {"name": self.name, "entry": self.entry.id.hex(), "n_classes": self.n_classes,
                 "n_models": self.n_models}
-
-
-def group_stats(led: Ledger, entry: Entry, depth: int = 0) -> tuple[int, int, list[str]]:
-    """(C_i, n_i, union of label spaces) of an aggregate entry used as a group, read from the
-    signed entries (so a verifier recomputes them): C_i is the size of the union of the label
-    spaces of the weight sets behind it, n_i the number of base models behind it — a weight
-    set published from a global model counts the models that global model averaged
-    (its `provenance`), recursively, each base model once (Eq. 11/12)."""
-    if depth > _MAX_DEPTH:
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]}: groups nested deeper than {_MAX_DEPTH}")
-    if typed_body(entry, "group").get("mode") == "hierarchical":
-        leaves, labels = set(), set()
-        for h in entry.body.get("inputs") or []:
-            _, _, ls = group_stats(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-            leaves |= _group_leaves(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-            labels |= set(ls)
-        return max(1, len(labels)), len(leaves), sorted(labels)
-    members = [entry_of(led, h, ("weights",)) for h in entry.body.get("inputs") or []]
-    if not members:
-        raise AggregateError(f"aggregate {entry.id.hex()[:16]} names no inputs")
-    labels = sorted({str(c) for e in members for c in e.body.get("labels") or []})
-    return max(1, len(labels)), len(_group_leaves(led, entry, depth)), labels
-
-
-def _group_leaves(led: Ledger, entry: Entry, depth: int = 0) -> set[str]:
-    """The base models (weights entry ids) behind an aggregate entry."""
-    if entry.body.get("mode") == "hierarchical":
-        out: set[str] = set()
-        for h in entry.body.get("inputs") or []:
-            out |= _group_leaves(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-        return out
-    return set().union(*(weights_leaves(led, h) for h in entry.body.get("inputs") or []))
-
-
-def weights_leaves(led: Ledger, ref: str, depth: int = 0) -> set[str]:
-    """A weights entry stands for itself, or — when it was published from a global model —
-    for the base models that model averaged (the weights entries in its provenance)."""
-    e = entry_of(led, ref, ("weights",))
-    prov = [p for p in e.body.get("provenance") or [] if isinstance(p, str)]
-    if depth >= _MAX_DEPTH or not prov:
-        return {ref}
-    out: set[str] = set()
-    for p in prov:
-        try:
-            raw = bytes.fromhex(p)
-        except ValueError:
-            continue
-        pe = led.get(raw) if len(raw) == 32 else None
-        if pe is not None and pe.kind == "weights":
-            out |= weights_leaves(led, p, depth + 1)
-    return out or {ref}
 
 
 def _group_labels(led: Ledger, entry: Entry) -> list[str] | None:

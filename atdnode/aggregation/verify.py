@@ -21,7 +21,8 @@ from atdnode.aggregation.aggregate import (
     result_meta,
 )
 from atdnode.blobs import BlobStore
-from atdnode.aggregation.hierarchical import _MAX_DEPTH, combine_stored_groups, group_stats
+from atdnode.aggregation.hierarchical import combine_stored_groups
+from atdnode.aggregation.lineage import _MAX_DEPTH, group_stats
 from atdnode.node import NodeHandle, NodeHome
 from ledger import Entry, Ledger
 
