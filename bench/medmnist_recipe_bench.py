@@ -26,7 +26,8 @@ decision): a cheap screen before the full `atd netsim run`
 
 Recipes: `--recipe NAME:key=value,...` (keys: epochs, augment 0/1, embed_dim, depth, heads,
 img (input side; 28-px images are resized, `atdnode.data`), patch, stem patch|conv (the ViT's
-patch embedding or a conv stem, `protocols.vit_stem`), start scratch|msd, lr, probe (LP-FT
+patch embedding or a conv stem, `protocols.vit_stem`), start scratch|msd|public (with pool=SPEC:
+a W_p pretrained on another published data set, `public_start`; pool_epochs), lr, probe (LP-FT
 probe epochs), probe_lr, msd_steps, tta 0/1 (the consortium's features averaged over each image
 and its mirror image, for fitting and scoring: a screen of test-time augmentation, not built in
 the library), pca (the ensemble's PCA width)); a key left out keeps the scenario's value.
@@ -83,7 +84,7 @@ from protocols.vit_config import STEMS  # noqa: E402
 
 KEYS = {"epochs": int, "augment": lambda v: bool(int(v)), "embed_dim": int, "depth": int, "heads": int, "img": int,
         "patch": int, "stem": str, "start": str, "lr": float, "probe": int, "probe_lr": float, "msd_steps": int,
-        "tta": lambda v: bool(int(v)), "pca": int}
+        "tta": lambda v: bool(int(v)), "pca": int, "pool": str, "pool_epochs": int}
 
 
 def parse_recipe(text: str) -> tuple[str, dict]:
@@ -97,6 +98,8 @@ def parse_recipe(text: str) -> tuple[str, dict]:
         out[k] = KEYS[k](v)
     if out.get("stem", "patch") not in STEMS:
         raise SystemExit(f"recipe {name}: stem must be one of {', '.join(STEMS)}, got {out['stem']!r}")
+    if (out.get("start") == "public") != ("pool" in out):
+        raise SystemExit(f"recipe {name}: start=public and pool=SPEC go together")
     if out.get("stem") == "conv" and out.get("start") == "msd":
         raise SystemExit(f"recipe {name}: the MSD base has timm's patch embedding: stem=conv needs start=scratch")
     return name, out
@@ -136,6 +139,8 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
 
         scn = base_scenario(scn)
         start = msd_start(scn, data, seed, recipe.get("msd_steps", scn.msd.steps))
+    elif start_kind == "public":
+        start = public_start(scn, recipe["pool"], seed, recipe.get("pool_epochs", 30), log)
     else:  # netsim.vgs.consortium_init: the founder's seeded init
         torch.manual_seed(seed + sum(map(ord, sites[0])))
         start = extractor_state(build_model(model_config(scn.model, len(data.nodes[sites[0]].classes))))
@@ -204,6 +209,31 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
         log(json.dumps({"seed": seed, "site": n, **out[n]}))
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def public_start(scn, pool: str, seed: int, epochs: int, log) -> dict:
+    """A public W_p's extractor tensors (VGS-ATD §3.2): the scenario's model pretrained
+    (`netsim.publicbase.train_public_base`, the scenario's [train] recipe at `epochs`, seeded
+    like netsim's designated client) on the training split of the public data set `pool` (a
+    data spec disjoint from the sites' data: another published set), source val joined."""
+    from atdnode.data import load_dataset, without_val
+    from netsim.publicbase import PUBLIC_SEED_SALT, train_public_base
+
+    spec, m = without_val(pool), scn.model
+    t = replace(scn.train, probe_epochs=0)  # W_p trains from scratch: nothing to probe
+    key = (spec, repr(m), repr(t), seed, epochs)
+    if key in _PUBLIC:  # recipes that differ only after the start share one W_p per seed
+        return _PUBLIC[key]
+    got = train_public_base(m, t, (load_dataset(spec, m.img_size, m.in_chans, "train", seed=seed),
+                                           load_dataset(spec, m.img_size, m.in_chans, "test", seed=seed)),
+                            seed=seed + PUBLIC_SEED_SALT, epochs=epochs, lr=scn.train.lr)
+    log(json.dumps({"seed": seed, "public_base": pool, "pool_train_images": got.train_images,
+                    "pool_test_accuracy": round(got.test_accuracy, 4), "train_s": round(got.seconds, 1)}))
+    _PUBLIC[key] = got.extractor
+    return got.extractor
+
+
+_PUBLIC: dict = {}
 
 
 def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:
