@@ -211,6 +211,9 @@ def run_recipe(scn, recipe: dict, seed: int, log, keep_rules: bool = False) -> d
     return out
 
 
+_PUBLIC: dict = {}  # W_p per (pool, model, recipe, seed, epochs), for this process's recipes
+
+
 def public_start(scn, pool: str, seed: int, epochs: int, log) -> dict:
     """A public W_p's extractor tensors (VGS-ATD §3.2): the scenario's model pretrained
     (`netsim.publicbase.train_public_base`, the scenario's [train] recipe at `epochs`, seeded
@@ -224,16 +227,13 @@ def public_start(scn, pool: str, seed: int, epochs: int, log) -> dict:
     key = (spec, repr(m), repr(t), seed, epochs)
     if key in _PUBLIC:  # recipes that differ only after the start share one W_p per seed
         return _PUBLIC[key]
-    got = train_public_base(m, t, (load_dataset(spec, m.img_size, m.in_chans, "train", seed=seed),
-                                           load_dataset(spec, m.img_size, m.in_chans, "test", seed=seed)),
-                            seed=seed + PUBLIC_SEED_SALT, epochs=epochs, lr=scn.train.lr)
+    pool_splits = tuple(load_dataset(spec, m.img_size, m.in_chans, side, seed=seed) for side in ("train", "test"))
+    got = train_public_base(m, t, pool_splits, seed=seed + PUBLIC_SEED_SALT, epochs=epochs, lr=scn.train.lr)
     log(json.dumps({"seed": seed, "public_base": pool, "pool_train_images": got.train_images,
                     "pool_test_accuracy": round(got.test_accuracy, 4), "train_s": round(got.seconds, 1)}))
     _PUBLIC[key] = got.extractor
     return got.extractor
 
-
-_PUBLIC: dict = {}
 
 
 def balanced_accuracy(y: np.ndarray, pred: np.ndarray) -> float:

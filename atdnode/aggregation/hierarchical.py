@@ -58,7 +58,6 @@ from protocols.hierarchical import GROUP_WEIGHTINGS, Combination, GroupModel, co
 from protocols.vgs import heads_comparable
 
 
-
 @dataclass(frozen=True)
 class GroupSpec:
     name: str

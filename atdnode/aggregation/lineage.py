@@ -22,9 +22,9 @@ def group_stats(led: Ledger, entry: Entry, depth: int = 0) -> tuple[int, int, li
     if typed_body(entry, "group").get("mode") == "hierarchical":
         leaves, labels = set(), set()
         for h in entry.body.get("inputs") or []:
-            _, _, ls = group_stats(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-            leaves |= _group_leaves(led, entry_of(led, h, ("aggregate",), "group"), depth + 1)
-            labels |= set(ls)
+            group = entry_of(led, h, ("aggregate",), "group")
+            labels |= set(group_stats(led, group, depth + 1)[2])
+            leaves |= _group_leaves(led, group, depth + 1)
         return max(1, len(labels)), len(leaves), sorted(labels)
     members = [entry_of(led, h, ("weights",)) for h in entry.body.get("inputs") or []]
     if not members:
